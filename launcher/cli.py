@@ -1,0 +1,136 @@
+"""What each task does, between parsing its options (tasks.py) and the core modules: load, plan, run, render."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher import runs, sandbox
+from launcher.errors import LauncherError
+from launcher.inventory import Cluster, Job, load_inventory
+from launcher.plan import plan_launch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
+    """The inventory's job, with the script and/or arguments replaced from the command line."""
+    base = cluster.job
+    if script is None and base is None:
+        raise LauncherError(f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script")
+    try:
+        words = tuple(shlex.split(args)) if args is not None else None
+    except ValueError as exc:
+        raise LauncherError(f"--args: cannot split {args!r}: {exc}") from None
+    if base is None:
+        return Job(script=str(script), args=words or ())
+    return replace(base, script=script or base.script, args=base.args if words is None else words)
+
+
+def launch(hosts: str, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
+           opts: runs.Options | None = None) -> int:
+    cluster = load_inventory(hosts)
+    plan = plan_launch(cluster, _job(cluster, script, args))
+    opts = opts or runs.Options()
+    if dry_run:
+        opts.out.write(plan.describe() + "\n")
+        return 0
+    return runs.launch(plan, opts)
+
+
+def _when(ts: float | None) -> str:
+    return _dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else ""
+
+
+def _state_table(title: str, states: list[runs.NodeState], stop: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("node", "run", "state", "exit", "started", "ended", *(("stopped", "left") if stop else ())):
+        table.add_column(column)
+    colours = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "dim",
+               "unreachable": "red", "error": "red", "lost": "red"}
+    for s in states:
+        state = f"[{colours.get(s.state, 'white')}]{s.state}[/]"
+        exit_code = "" if s.exit_code is None else str(s.exit_code)
+        row = [s.host, s.run_id or "", state, exit_code, _when(s.started_at), _when(s.ended_at)]
+        if stop:
+            row += [str(s.found), str(s.left)]
+        table.add_row(*row)
+    return table
+
+
+def _problems(console: Console, states: list[runs.NodeState]) -> None:
+    for s in states:
+        if s.detail:
+            console.print(f"{s.host}: {s.detail}", markup=False, highlight=False)
+
+
+def status(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+    cluster = load_inventory(hosts)
+    states = runs.status(cluster, run_id, opts)
+    console = Console(file=(opts or runs.Options()).out)
+    console.print(_state_table(f"run {run_id or '(latest)'} on {len(states)} node(s)", states, stop=False))
+    _problems(console, states)
+    return 1 if any(s.state in ("unreachable", "error") for s in states) else 0
+
+
+def stop(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+    cluster = load_inventory(hosts)
+    states = runs.stop(cluster, run_id, opts)
+    console = Console(file=(opts or runs.Options()).out)
+    if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
+        console.print(f"nothing was running on {len(states)} node(s)"
+                      + (f" (run {states[0].run_id})" if states and states[0].run_id else ""))
+    else:
+        console.print(_state_table(f"stop run {run_id or '(latest)'}", states, stop=True))
+    _problems(console, states)
+    left = sum(s.left for s in states)
+    if left:
+        console.print(f"[red]{left} process(es) of the run could not be killed[/]")
+    return 1 if left or any(s.state in ("unreachable", "error") for s in states) else 0
+
+
+def logs(hosts: str, run_id: str | None = None, node: str | None = None, rank: int | None = None,
+         follow: bool = False, opts: runs.Options | None = None) -> int:
+    return runs.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
+
+
+def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = 29500) -> sandbox.Sandbox:
+    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port)
+    print(f"sandbox: {len(box.nodes)} sshd node(s) up "
+          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {_rel(box.inventory)}")
+    print(f"try: inv launch --hosts {_rel(box.inventory)}    (and `inv sandbox.down` when done)")
+    return box
+
+
+def sandbox_down() -> None:
+    for line in sandbox.down():
+        print(line)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def demo() -> int:
+    """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
+    box = sandbox_up(2, nproc_per_node=2)
+    try:
+        return launch(str(box.inventory), script="train/ddp.py", args="--epochs 2")
+    finally:
+        sandbox_down()
+
+
+def main_error(exc: LauncherError) -> tuple[str, int]:
+    """The message and exit code a task shows for a launcher error (one sentence, no traceback)."""
+    return str(exc), getattr(exc, "exit_code", 1) or 1
+
+
+__all__ = ["demo", "launch", "logs", "main_error", "sandbox_down", "sandbox_up", "status", "stop"]

@@ -1,0 +1,57 @@
+"""Every error the launcher reports to a user: typed, carrying data, each saying what to do."""
+
+from __future__ import annotations
+
+
+class LauncherError(Exception):
+    """Base of every error the launcher reports to a user (one clear message, no traceback)."""
+
+    exit_code: int = 1
+
+
+class InventoryError(LauncherError):
+    """The hosts inventory is malformed; the message names the file, line, entry and field."""
+
+    def __init__(self, path: str, message: str, *, entry: str | None = None, line: int | None = None):
+        self.path = path
+        self.entry = entry
+        self.line = line
+        self.reason = message
+        where = path if line is None else f"{path}:{line}"
+        what = f"{entry}: " if entry else ""
+        super().__init__(f"{where}: {what}{message}")
+
+
+class ConnectError(LauncherError):
+    """One or more nodes could not be reached; carries one failure per node."""
+
+    def __init__(self, failures: list[NodeFailure]):
+        self.failures = failures
+        lines = [f"cannot reach {len(failures)} node(s); nothing was started:"]
+        lines += [f"  {f}" for f in failures]
+        super().__init__("\n".join(lines))
+
+
+class NodeFailure:
+    """Why one node failed (a value, not an exception): its kind, detail and the likely fix."""
+
+    kinds = ("unresolvable", "refused", "timeout", "auth", "host-key-unknown", "host-key-changed",
+             "key-file", "ssh", "remote")
+
+    def __init__(self, host: str, kind: str, detail: str, fix: str = ""):
+        self.host, self.kind, self.detail, self.fix = host, kind, detail, fix
+
+    def __str__(self) -> str:
+        text = f"{self.host}: {self.kind}: {self.detail}"
+        return f"{text} (fix: {self.fix})" if self.fix else text
+
+    def __repr__(self) -> str:
+        return f"NodeFailure({self.host!r}, {self.kind!r}, {self.detail!r})"
+
+
+class RunFailed(LauncherError):
+    """A launched run failed on at least one node; carries the root cause for the report."""
+
+    def __init__(self, message: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(message)

@@ -1,0 +1,342 @@
+"""The hosts inventory: YAML text -> a validated, typed `Cluster` (pure: no DNS, no SSH, no files but the one read)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from launcher.errors import InventoryError
+
+HostKeyPolicy = Literal["strict", "accept-new"]
+HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
+DEFAULT_MASTER_PORT = 29500
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# ssh aliases, DNS names, IPv4 and IPv6 literals; never starting with '-' (it would read as an ssh option).
+_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]*\Z")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable set for torchrun on a node."""
+
+    name: str
+    value: str | None = None
+    """The literal value, or None when it is read from the controller's environment."""
+    from_env: str | None = None
+    """Name of the controller's environment variable to copy at launch time."""
+    secret: bool = False
+    """Never shown in argv, dry-runs or logs; sent over stdin and kept in a 0600 file on the node."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node of the cluster."""
+
+    name: str
+    """How the controller reaches it: an ssh alias (from ssh config) or an address."""
+    addr: str
+    """How the other nodes reach it (defaults to `name`); also what the doctor resolves on every node."""
+    python: str
+    """The interpreter on the node; torchrun runs as `PYTHON -m torch.distributed.run`."""
+    workdir: str
+    """Directory on the node where the job's script lives and torchrun starts."""
+    nproc_per_node: int | Literal["auto"]
+    """Worker processes on this node (usually its GPU count), or "auto" (torchrun decides)."""
+    user: str | None = None
+    """ssh user; None leaves it to ssh config (then the local user)."""
+    port: int | None = None
+    """ssh port; None leaves it to ssh config (then 22)."""
+    identity_file: str | None = None
+    """ssh private key; ssh config and ssh-agent are honoured too."""
+    env: tuple[EnvVar, ...] = ()
+    """Extra environment for torchrun on this node (defaults' env merged with the host's)."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where torchrun's static rendezvous (the c10d store) listens: on the first node by default."""
+
+    master_addr: str
+    master_port: int = DEFAULT_MASTER_PORT
+
+
+@dataclass(frozen=True)
+class Job:
+    """What torchrun runs on every node."""
+
+    script: str
+    """Path of the training script, relative to each node's workdir (or absolute)."""
+    args: tuple[str, ...] = ()
+    """Arguments for the script, passed byte for byte."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A validated inventory: the nodes in rank order, the rendezvous point and the job."""
+
+    source: str
+    """The file it was read from (for messages)."""
+    hosts: tuple[Host, ...]
+    rendezvous: Rendezvous
+    job: Job | None = None
+    ssh_config: str | None = None
+    """An ssh config file to read instead of ~/.ssh/config."""
+    host_key_policy: HostKeyPolicy = "strict"
+    """strict: only hosts in known_hosts; accept-new: learn an unknown host's key once, refuse a changed one."""
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Line numbers of entries in the source ("hosts[1]" -> 7), for messages of later checks."""
+
+    def host(self, name: str) -> Host:
+        """The host called `name` (KeyError if there is none)."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    @property
+    def world_size(self) -> int | None:
+        """Total worker processes, or None when some node says "auto"."""
+        counts = [h.nproc_per_node for h in self.hosts]
+        return None if "auto" in counts else sum(int(c) for c in counts)
+
+
+TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy")
+HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_node", "env")
+RENDEZVOUS_KEYS = ("master_addr", "master_port")
+JOB_KEYS = ("script", "args")
+ENV_KEYS = ("value", "from_env", "secret")
+DEFAULTS: dict[str, Any] = {"python": "python3", "workdir": "~", "nproc_per_node": 1}
+
+
+def load_inventory(path: str | Path) -> Cluster:
+    """Read and validate the inventory file at `path`."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(source, "no such file (see hosts/example.yaml for the format)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(source, f"cannot read it: {exc}") from None
+    return parse_inventory(text, source)
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
+    """Validate inventory YAML text; every problem raises `InventoryError` naming source, line, entry, field."""
+    try:
+        root_node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InventoryError(source, f"not valid YAML: {problem}",
+                             line=mark.line + 1 if mark else None) from None
+    lines = _line_numbers(root_node, source)
+    return _Parser(source, lines).cluster(data)
+
+
+def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
+    """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently."""
+    lines: dict[str, int] = {}
+
+    def walk(n: yaml.Node, path: str) -> None:
+        lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in n.value:
+                name = str(key.value)
+                child = f"{path}.{name}" if path else name
+                if name in seen:
+                    raise InventoryError(source, "appears twice in the same mapping",
+                                         entry=child, line=key.start_mark.line + 1)
+                seen.add(name)
+                lines[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, f"{path}[{i}]")
+
+    if node is not None:
+        walk(node, "")
+    return lines
+
+
+def _describe(value: Any) -> str:
+    return "nothing" if value is None else f"{value!r} ({type(value).__name__})"
+
+
+class _Parser:
+    """Turns the loaded YAML into typed objects; knows where each entry was, to say so in errors."""
+
+    def __init__(self, source: str, lines: dict[str, int]):
+        self.source = source
+        self.lines = lines
+
+    def fail(self, entry: str, message: str) -> InventoryError:
+        line = self.lines.get(entry)
+        parent = entry
+        while line is None and parent:  # fall back to the nearest enclosing entry that has a line
+            parent = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parent)
+            line = self.lines.get(parent)
+        return InventoryError(self.source, message, entry=entry or None, line=line)
+
+    def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(entry, f"must be a mapping, got {_describe(value)}")
+        for key in value:
+            if not isinstance(key, str) or key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
+                where = f"{entry}.{key}" if entry else str(key)
+                raise self.fail(where, f"unknown key {key!r}{hint}")
+        return value
+
+    def cluster(self, data: Any) -> Cluster:
+        if data is None:
+            raise self.fail("", "the file is empty; it needs at least a `hosts:` list")
+        top = self.mapping(data, "", TOP_KEYS)
+        defaults = self.mapping(top.get("defaults"), "defaults", HOST_KEYS)
+        raw_hosts = top.get("hosts")
+        if raw_hosts is None:
+            raise self.fail("hosts", "is missing: list at least one host")
+        if not isinstance(raw_hosts, list):
+            raise self.fail("hosts", f"must be a list of host names or mappings, got {_describe(raw_hosts)}")
+        if not raw_hosts:
+            raise self.fail("hosts", "is empty: list at least one host")
+        hosts = tuple(self.host(raw, f"hosts[{i}]", defaults) for i, raw in enumerate(raw_hosts))
+        seen: dict[str, int] = {}
+        for i, host in enumerate(hosts):
+            if host.name in seen:
+                raise self.fail(f"hosts[{i}]", f"host {host.name!r} is listed twice (also hosts[{seen[host.name]}])")
+            seen[host.name] = i
+        policy = top.get("host_key_policy", "strict")
+        if policy not in HOST_KEY_POLICIES:
+            choices = ", ".join(HOST_KEY_POLICIES)
+            raise self.fail("host_key_policy", f"must be one of {choices}, got {_describe(policy)}")
+        ssh_config = top.get("ssh_config")
+        if ssh_config is not None:
+            ssh_config = self.text(ssh_config, "ssh_config")
+        return Cluster(
+            source=self.source,
+            hosts=hosts,
+            rendezvous=self.rendezvous(top.get("rendezvous"), hosts[0]),
+            job=self.job(top["job"]) if top.get("job") is not None else None,
+            ssh_config=ssh_config,
+            host_key_policy=policy,
+            lines=self.lines,
+        )
+
+    def host(self, raw: Any, entry: str, defaults: dict[str, Any]) -> Host:
+        if isinstance(raw, str):
+            raw = {"name": raw}
+        elif not isinstance(raw, dict):
+            raise self.fail(entry, f"must be a host name or a mapping with `name:`, got {_describe(raw)}")
+        fields = self.mapping(raw, entry, ("name", "addr", *HOST_KEYS))
+        if "name" not in fields:
+            raise self.fail(entry, "has no `name:` (the ssh alias or address of the node)")
+        name = self.host_name(fields["name"], f"{entry}.name")
+        merged = {**DEFAULTS, **defaults, **fields}
+
+        def get(key: str, check: Callable[[Any, str], Any]) -> Any:
+            where = f"{entry}.{key}" if key in fields else f"defaults.{key}"
+            return None if merged.get(key) is None else check(merged[key], where)
+
+        env = {**self.env(defaults.get("env"), "defaults.env"), **self.env(fields.get("env"), f"{entry}.env")}
+        return Host(
+            name=name,
+            addr=self.host_name(fields["addr"], f"{entry}.addr") if fields.get("addr") is not None else name,
+            python=get("python", self.text),
+            workdir=get("workdir", self.text),
+            nproc_per_node=get("nproc_per_node", self.nproc),
+            user=get("user", self.text),
+            port=get("port", self.port),
+            identity_file=get("identity_file", self.text),
+            env=tuple(env.values()),
+        )
+
+    def rendezvous(self, raw: Any, first: Host) -> Rendezvous:
+        fields = self.mapping(raw, "rendezvous", RENDEZVOUS_KEYS)
+        addr = fields.get("master_addr")
+        port = fields.get("master_port")
+        return Rendezvous(
+            master_addr=first.addr if addr is None else self.host_name(addr, "rendezvous.master_addr"),
+            master_port=DEFAULT_MASTER_PORT if port is None else self.port(port, "rendezvous.master_port"),
+        )
+
+    def job(self, raw: Any) -> Job:
+        fields = self.mapping(raw, "job", JOB_KEYS)
+        if fields.get("script") is None:
+            raise self.fail("job", "has no `script:` (the training script, relative to workdir)")
+        args = fields.get("args") or []
+        if not isinstance(args, list):
+            raise self.fail("job.args", f"must be a list of words, got {_describe(args)}")
+        words = tuple(self.word(a, f"job.args[{i}]") for i, a in enumerate(args))
+        return Job(script=self.text(fields["script"], "job.script"), args=words)
+
+    def env(self, raw: Any, entry: str) -> dict[str, EnvVar]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise self.fail(entry, f"must be a mapping of NAME: value, got {_describe(raw)}")
+        out: dict[str, EnvVar] = {}
+        for name, value in raw.items():
+            where = f"{entry}.{name}"
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise self.fail(where, f"{name!r} is not a valid environment variable name "
+                                "(letters, digits and _, not starting with a digit)")
+            if isinstance(value, dict):
+                spec = self.mapping(value, where, ENV_KEYS)
+                if ("value" in spec) == ("from_env" in spec):
+                    raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
+                secret = spec.get("secret", False)
+                if not isinstance(secret, bool):
+                    raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
+                from_env = spec.get("from_env")
+                if from_env is not None and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
+                    raise self.fail(f"{where}.from_env",
+                                    f"must be an environment variable name, got {_describe(from_env)}")
+                literal = self.word(spec["value"], f"{where}.value") if "value" in spec else None
+                out[name] = EnvVar(name, value=literal, from_env=from_env, secret=secret)
+            else:
+                out[name] = EnvVar(name, value=self.word(value, where))
+        return out
+
+    def text(self, value: Any, entry: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(entry, f"must be a non-empty string, got {_describe(value)}")
+        if "\0" in value or "\n" in value:
+            raise self.fail(entry, "must not contain a newline or NUL character")
+        return value
+
+    def word(self, value: Any, entry: str) -> str:
+        # Numbers are fine as arguments (`--epochs: 3`); booleans and lists are almost always a mistake.
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise self.fail(entry, f"must be a string or a number, got {_describe(value)}")
+        if isinstance(value, str) and "\0" in value:
+            raise self.fail(entry, "must not contain a NUL character")
+        return str(value)
+
+    def host_name(self, value: Any, entry: str) -> str:
+        if not isinstance(value, str) or not _HOST_NAME.match(value):
+            raise self.fail(entry, f"must be a host name, ssh alias or IP address, got {_describe(value)}")
+        return value
+
+    def port(self, value: Any, entry: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise self.fail(entry, f"must be a port number from 1 to 65535, got {_describe(value)}")
+        return value
+
+    def nproc(self, value: Any, entry: str) -> int | Literal["auto"]:
+        if value == "auto":
+            return "auto"
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(entry, f'must be a positive integer or "auto", got {_describe(value)}')
+        return value

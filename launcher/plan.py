@@ -1,0 +1,152 @@
+"""Pure planning: a `Cluster` and a `Job` -> the exact torchrun command, environment and run directory per node.
+
+Nothing here touches the network, the file system or `os.environ`: a plan is a value that can be printed
+(`--dry-run`), compared in tests, and handed to the transport.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+import shlex
+from dataclasses import dataclass
+
+from launcher.inventory import Cluster, EnvVar, Host, Job
+
+RUNS_ROOT = "~/.cache/ddp-launcher/runs"
+"""Where each node keeps its run directories (command, pid, log, exit code)."""
+RUN_ID_ENV = "DDP_LAUNCHER_RUN"
+"""Set in every process of a run: how `stop` finds the run's processes even when they left its process group."""
+SECRET_MASK = "<secret>"
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    """A run id that sorts by start time and never repeats: `20261122-031500-a1b2c3`."""
+    now = now or _dt.datetime.now()
+    return f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """Everything needed to start one node's part of a run."""
+
+    host: Host
+    node_rank: int
+    rank_offset: int | None
+    """Global rank of this node's local rank 0 (None when an earlier node says nproc_per_node: auto)."""
+    argv: tuple[str, ...]
+    """The torchrun command line, as words (never joined into a shell string for execution)."""
+    env: tuple[EnvVar, ...]
+    """Environment for torchrun; secrets and from_env values are resolved only at launch time."""
+    workdir: str
+    run_dir: str
+    """This node's run directory; `~` is the node's home."""
+
+    def shell_line(self) -> str:
+        """The command as a shell line a user could paste on the node, secrets masked (for --dry-run)."""
+        words = [f"{v.name}={_shown_value(v)}" for v in self.env]
+        env = f"env {' '.join(words)} " if words else ""
+        return f"cd {quote_path(self.workdir)} && {env}{shlex.join(self.argv)}"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The run id, the nodes' commands in rank order, and why each torchrun flag is there."""
+
+    run_id: str
+    cluster: Cluster
+    job: Job
+    nodes: tuple[NodeCommand, ...]
+
+    def describe(self) -> str:
+        """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
+        rdzv = self.cluster.rendezvous
+        world = self.cluster.world_size
+        lines = [
+            f"run {self.run_id}: {len(self.nodes)} node(s), world size {world if world else 'auto'}, "
+            f"rendezvous at {rdzv.master_addr}:{rdzv.master_port}",
+            "",
+        ]
+        for node in self.nodes:
+            host = node.host
+            lines.append(f"node {node.node_rank}: {host.name}" + (f" (reached by peers as {host.addr})"
+                                                                   if host.addr != host.name else ""))
+            lines.append(f"  $ {node.shell_line()}")
+            lines.append(f"  run dir {node.run_dir}: torchrun runs under setsid, its output in {node.run_dir}/log")
+        lines += [
+            "",
+            "why each flag is there:",
+            "  -m torch.distributed.run    torchrun, by the node's own interpreter (no PATH surprises)",
+            f"  --nnodes {len(self.nodes)}                 every node must be there before training starts",
+            "  --node-rank i               this node's place; ranks follow the inventory order",
+            "  --nproc-per-node G          worker processes on this node (usually its GPU count)",
+            "  --master-addr/--master-port where the first node's rendezvous store listens",
+            "  --tee 3 --log-dir           per-rank logs on the node, and rank-prefixed lines on the console",
+        ]
+        return "\n".join(lines)
+
+
+def _shown_value(var: EnvVar) -> str:
+    if var.secret:
+        return SECRET_MASK
+    if var.from_env is not None:
+        return f"${var.from_env}"  # shown as a reference: it is read from the controller at launch time
+    return shlex.quote(var.value or "")
+
+
+def quote_path(path: str) -> str:
+    """Quote a remote path for a POSIX shell, keeping a leading `~/` meaning the node's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str) -> tuple[str, ...]:
+    """The torchrun words for one node."""
+    host = cluster.hosts[node_rank]
+    rdzv = cluster.rendezvous
+    return (
+        host.python, "-m", "torch.distributed.run",
+        "--nnodes", str(len(cluster.hosts)),
+        "--node-rank", str(node_rank),
+        "--nproc-per-node", str(host.nproc_per_node),
+        "--master-addr", rdzv.master_addr,
+        "--master-port", str(rdzv.master_port),
+        "--tee", "3",
+        "--log-dir", f"{run_dir}/ranks",
+        job.script, *job.args,
+    )
+
+
+def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
+    """Global rank of each node's local rank 0; None from the first node with nproc_per_node "auto" on."""
+    offsets: dict[str, int | None] = {}
+    offset: int | None = 0
+    for host in cluster.hosts:
+        offsets[host.name] = offset
+        offset = None if offset is None or host.nproc_per_node == "auto" else offset + int(host.nproc_per_node)
+    return offsets
+
+
+def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None) -> LaunchPlan:
+    """Plan a run of `job` (default: the inventory's) on every node of `cluster`."""
+    job = job or cluster.job
+    if job is None:
+        raise ValueError("no job: give a script, or a `job:` entry in the inventory")
+    run_id = run_id or new_run_id()
+    offsets = rank_offsets(cluster)
+    nodes = []
+    for rank, host in enumerate(cluster.hosts):
+        run_dir = f"{RUNS_ROOT}/{run_id}/{host.name}"
+        nodes.append(NodeCommand(
+            host=host,
+            node_rank=rank,
+            rank_offset=offsets[host.name],
+            argv=torchrun_argv(cluster, job, rank, run_dir),
+            env=host.env,
+            workdir=host.workdir,
+            run_dir=run_dir,
+        ))
+    return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes))

@@ -1,0 +1,116 @@
+"""Invoke tasks: parse options, call `launcher`, turn its errors into one line and an exit code. Nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from invoke import Collection, Context, Exit, task
+
+from launcher import cli, runs
+from launcher.errors import LauncherError
+
+HOSTS_HELP = "inventory file (default: launcher.hosts in invoke.yaml)"
+
+
+def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a task body; a LauncherError becomes its message and exit code, never a traceback."""
+
+    @wraps(fn)
+    def wrapper(c: Context, *args: Any, **kwargs: Any) -> None:
+        try:
+            code = fn(c, *args, **kwargs)
+        except LauncherError as exc:
+            message, code = cli.main_error(exc)
+            raise Exit(f"error: {message}", code) from None
+        if code:
+            raise Exit(code=code)
+
+    return wrapper
+
+
+def _options(c: Context, **overrides: Any) -> runs.Options:
+    conf = c.config.get("launcher", {})
+    values = {
+        "connect_timeout": float(conf.get("connect_timeout", 10)),
+        "grace": float(conf.get("grace", 10)),
+        "heartbeat_timeout": float(conf.get("heartbeat_timeout", 30)),
+        "log_dir": Path(conf.get("log_dir", "logs")),
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return runs.Options(**values)
+
+
+def _hosts(c: Context, hosts: str | None) -> str:
+    return hosts or c.config.get("launcher", {}).get("hosts", "hosts/cluster.yaml")
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "script": "script to run instead of the inventory's job.script (relative to each node's workdir)",
+    "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
+    "dry-run": "print each node's exact command and why each flag is there; start nothing",
+    "detach": "start the run and return; use status, logs and stop on it later",
+    "grace": "seconds between TERM and KILL when the run is stopped",
+    "connect-timeout": "seconds to wait for each node's SSH connection",
+})
+@_reported
+def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, grace=None, connect_timeout=None):
+    """Start torchrun on every node of the inventory at once and stream their output."""
+    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout)
+    return cli.launch(_hosts(c, hosts), script=script, args=args, dry_run=dry_run, opts=opts)
+
+
+@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",
+            "grace": "seconds between TERM and KILL"})
+@_reported
+def stop(c, hosts=None, run=None, grace=None):
+    """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
+    return cli.stop(_hosts(c, hosts), run, _options(c, grace=grace))
+
+
+@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)"})
+@_reported
+def status(c, hosts=None, run=None):
+    """Per node: running / exited (code) / stopped / unreachable, and since when."""
+    return cli.status(_hosts(c, hosts), run, _options(c))
+
+
+@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",
+            "follow": "keep printing as the run writes, until it ends", "node": "only this node",
+            "rank": "only this global rank's lines"})
+@_reported
+def logs(c, hosts=None, run=None, follow=False, node=None, rank=None):
+    """Replay a run's log from the nodes, prefixed by node and rank."""
+    rank = int(rank) if rank is not None else None
+    return cli.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c))
+
+
+@task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
+            "master-port": "rendezvous port written to the inventory"})
+@_reported
+def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=29500):
+    """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
+    cli.sandbox_up(int(nodes), nproc_per_node=int(nproc_per_node), master_port=int(master_port))
+
+
+@task
+@_reported
+def sandbox_down(c):
+    """Stop the sandbox's sshd nodes (exactly the processes it started)."""
+    cli.sandbox_down()
+
+
+@task
+@_reported
+def demo(c):
+    """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
+    return cli.demo()
+
+
+sandbox = Collection("sandbox")
+sandbox.add_task(sandbox_up, "up")
+sandbox.add_task(sandbox_down, "down")
+ns = Collection(launch, stop, status, logs, demo, sandbox)

@@ -1,0 +1,62 @@
+"""Helpers for integration tests: run `inv` as a user would, find a run's processes, read its output."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+
+
+def inv(*args: str, log_dir: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None,
+        **popen: object) -> subprocess.CompletedProcess[str]:
+    """Run `inv ARGS` from the repo root, as a user would, and capture its output."""
+    full_env = {**os.environ, **(env or {})}
+    if log_dir is not None:
+        full_env["INVOKE_LAUNCHER_LOG_DIR"] = str(log_dir)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout, check=False, **popen)  # type: ignore[call-overload]
+
+
+def inv_background(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[bytes]:
+    """Start `inv ARGS` in its own process group (so a test can signal it like a terminal would)."""
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(log_dir)}
+    with open(out, "wb") as sink:
+        return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_id_of(output: str) -> str:
+    match = RUN_ID.search(output)
+    assert match, f"no run id in output:\n{output}"
+    return match.group(1)
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes of a run on any sandbox node: they all carry DDP_LAUNCHER_RUN=<run id>/<node>."""
+    needle = f"DDP_LAUNCHER_RUN={run_id}/".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(var.startswith(needle) for var in environ.split(b"\0")):
+            pids.append(int(entry))
+    return pids
+
+
+def edit_inventory(path: Path, **changes: object) -> Path:
+    """Rewrite an inventory with top-level changes (e.g. job=..., rendezvous=...); returns the path."""
+    data = yaml.safe_load(path.read_text())
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,0 +1,98 @@
+"""`inv launch` on a sandbox of real sshd nodes: one world across nodes, prefixed output, logs, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port
+from helpers import REPO, edit_inventory, inv, run_id_of, run_processes
+
+from launcher import sandbox
+from launcher.plan import RUNS_ROOT
+
+pytestmark = pytest.mark.integration
+
+HOSTILE_ARGS = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/launcher-pwned)", "`id`", "a;b", "x\ny",
+                "ünïcödé ✓", "--flag=$HOME", "", "*", "\\", "-"]
+
+
+def test_ddp_across_two_nodes_is_one_world(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
+    logs = tmp_path / "logs"
+    result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py",
+                 "--args", "--epochs 1 --dataset-size 256 --batch-size 16", log_dir=logs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    # Every rank reports from its own node: 4 ranks, one world, node-1 holds ranks 2 and 3.
+    for rank, node in [(0, "node-0"), (1, "node-0"), (2, "node-1"), (3, "node-1")]:
+        assert re.search(rf"^{node} r{rank} +\| rank {rank}/4 .*host {node}", out, re.M), out
+    checksums = re.findall(r"\| CHECKSUM rank=(\d) sha256=([0-9a-f]{64})", out)
+    assert sorted(r for r, _ in checksums) == ["0", "1", "2", "3"], out
+    assert len({h for _, h in checksums}) == 1, "replicas diverged"
+    run_id = run_id_of(result.stderr)
+    assert "connected 2/2" in result.stderr and "started 2/2" in result.stderr
+    for node in ("node-0", "node-1"):
+        mirrored = (logs / run_id / f"{node}.log").read_text()
+        assert mirrored.count("CHECKSUM") == 2
+    assert run_processes(run_id) == []
+
+
+def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=HOSTILE_ARGS)
+    out_dir = tmp_path / "echo"
+    out_dir.mkdir()
+    hostile_env = "a b $(touch /tmp/launcher-pwned) `id` ; \"' \n ✓"
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"ECHO_OUT_DIR": str(out_dir), "ECHO_HOSTILE": hostile_env}
+    box.inventory.write_text(yaml.safe_dump(data, allow_unicode=True))
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for record in records:
+        assert record["argv"] == HOSTILE_ARGS
+        assert record["env"]["ECHO_HOSTILE"] == hostile_env
+        assert record["cwd"] == str(REPO)
+    assert [r["host"] for r in records] == ["node-0", "node-1"]
+    assert not Path("/tmp/launcher-pwned").exists()
+
+
+def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/exit_on_node.py", script_args=["1", "3"])
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr
+    assert "node-0: exit code" in result.stderr and "stopped by the launcher" in result.stderr
+    assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_dead_node_fails_before_anything_starts(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(3, master_port=free_port(), script="tests/scripts/sleeper.py")
+    sandbox.stop_node(box.state_dir, 2)
+    runs_root = Path(os.path.expanduser(RUNS_ROOT))
+    before = set(runs_root.iterdir()) if runs_root.exists() else set()
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 1
+    assert "node-2: refused: connection refused" in result.stderr, result.stderr
+    assert "nothing was started" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    after = set(runs_root.iterdir()) if runs_root.exists() else set()
+    assert after == before, "a run directory was created although a node was down"
+
+
+def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=2, master_port=29999)
+    edit_inventory(box.inventory, job={"script": "train/ddp.py", "args": ["--epochs", 3, "it's"]})
+    sandbox.down(box.state_dir)  # a dry run must not even connect
+    result = inv("launch", "--hosts", str(box.inventory), "--dry-run", log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "-m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr node-0 " \
+           "--master-port 29999" in out
+    assert "--node-rank 1" in out and "train/ddp.py --epochs 3 'it'\"'\"'s'" in out
+    assert "why each flag is there" in out
+    assert not (tmp_path / "logs").exists()
