@@ -133,6 +133,9 @@ def spawn(request, run_dir):
     env = dict(os.environ)
     env.update(request["env"])
     env[RUN_ID_ENV] = request["mark"]
+    # torchrun's --tee copies worker lines to its own stdout, a file here: unbuffered, they reach the log
+    # (and the launcher) as they are printed, not in 8 KiB blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     log = open(os.path.join(run_dir, "log"), "ab")
     try:
         proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,

@@ -1,0 +1,90 @@
+"""Shared pytest fixtures: `make_sandbox` (a local cluster of real sshd nodes per test) and `free_port`."""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from launcher import sandbox
+from launcher.sandbox import Sandbox
+
+# Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.
+_SUBNETS = itertools.count(10)
+_LAST_SUBNET = 250
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: starts real sshd servers and processes")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for master ports: every node shares one port space)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SandboxFactory:
+    """`make_sandbox(nodes=2, **up_kwargs)`: a sandbox with its own state folder and addresses, downed at teardown."""
+
+    def __init__(self, root: Path):
+        self._root = root
+        self.state_dirs: list[Path] = []
+        """State folders of the sandboxes made (or tried), in order."""
+        self._locks: list[IO[str]] = []
+
+    def reserve_base(self) -> str:
+        """A base address 127.0.K.2 that no other sandbox of any test process uses until teardown."""
+        for k in _SUBNETS:
+            if k > _LAST_SUBNET:
+                break
+            # Other pytest processes (colleagues, xdist) count from 10 too: a held lock means K is taken.
+            handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            self._locks.append(handle)
+            return f"127.0.{k}.2"
+        raise RuntimeError("no free sandbox subnet left in this test process")
+
+    def __call__(self, nodes: int = 2, **up_kwargs: Any) -> Sandbox:
+        folder = self._root / f"sandbox-{len(self.state_dirs)}"
+        up_kwargs.setdefault("state_dir", folder / "state")
+        up_kwargs.setdefault("inventory", folder / "sandbox.yaml")
+        up_kwargs.setdefault("ssh_port", 2222)
+        if "base_addr" not in up_kwargs:
+            up_kwargs["base_addr"] = self.reserve_base()
+        self.state_dirs.append(Path(up_kwargs["state_dir"]))  # before `up`: teardown covers a failed start
+        return sandbox.up(nodes, **up_kwargs)
+
+    def close(self) -> None:
+        """Down every sandbox made (each even if another fails), then free their addresses."""
+        errors = []
+        for state_dir in self.state_dirs:
+            try:
+                sandbox.down(state_dir)
+            except Exception as exc:
+                errors.append(exc)
+        for handle in self._locks:
+            handle.close()
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def make_sandbox(tmp_path: Path) -> Iterator[SandboxFactory]:
+    """Factory of local sshd clusters for one test; every one is downed at teardown, pass or fail."""
+    factory = SandboxFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close()

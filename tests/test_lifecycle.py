@@ -1,0 +1,138 @@
+"""A run's lifecycle on real sshd nodes: Ctrl-C, a killed launcher, fail fast, detach, stop, status, logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port
+from helpers import inv, inv_background, run_id_of, run_processes
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1) -> float:
+    """Seconds until predicate() held; fails the test after `timeout`."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"condition not met within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+def started_run(out: Path, workers: int, timeout: float = 60) -> str:
+    """Wait until the launch written to `out` has `workers` processes printing; return its run id."""
+    def ready() -> bool:
+        text = out.read_text(errors="replace")
+        return "started" in text and text.count("tick 0") >= workers
+
+    wait_for(ready, timeout)
+    return run_id_of(out.read_text())
+
+
+@pytest.fixture
+def sleeper_box(make_sandbox):
+    return make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+
+
+def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None:
+    out = tmp_path / "launch.out"
+    proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    run_id = started_run(out, workers=2)
+    assert len(run_processes(run_id)) >= 4  # torchrun and its worker on each node
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+    assert proc.wait(timeout=15) == 130
+    assert time.monotonic() - t0 < 15
+    assert run_processes(run_id) == []
+    assert "stopping the run on every node" in out.read_text()
+
+
+def test_killed_launcher_stops_the_run_by_itself(sleeper_box, tmp_path: Path) -> None:
+    out = tmp_path / "launch.out"
+    proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    run_id = started_run(out, workers=2)
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the nodes must notice on their own
+    proc.wait()
+    wait_for(lambda: not run_processes(run_id), timeout=45)
+
+
+def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_box, tmp_path: Path) -> None:
+    hosts = str(sleeper_box.inventory)
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "torchrun", "sleeper.py"])
+    try:
+        result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+        assert result.returncode == 0, result.stderr
+        run_id = run_id_of(result.stderr)
+        assert "detached" in result.stderr
+        wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
+
+        running = inv("status", "--hosts", hosts)
+        assert running.returncode == 0, running.stderr
+        assert running.stdout.count("running") == 2 and run_id in running.stdout
+
+        follow = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "--hosts", hosts, "--follow",
+                                   "--node", "node-1"], cwd=Path(__file__).parent.parent,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = follow.stdout.readline()  # a line arrives while the run is still going
+        assert first.startswith("node-1"), first
+        time.sleep(1)
+
+        stopped = inv("stop", "--hosts", hosts, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert run_processes(run_id) == []
+        rest, _ = follow.communicate(timeout=30)  # --follow ends when the run does
+        assert "tick" in rest and "node-0" not in rest
+        assert decoy.poll() is None, "inv stop killed a process that only looked like a torchrun"
+
+        again = inv("stop", "--hosts", hosts, timeout=60)
+        assert again.returncode == 0
+        assert "nothing was running" in again.stdout
+
+        after = inv("status", "--hosts", hosts)
+        assert after.stdout.count("stopped") == 2, after.stdout
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"])
+    hosts = str(box.inventory)
+    # Sandbox nodes share this machine's home, so "latest" may be another test's run: ask for an unknown id.
+    before = inv("status", "--hosts", hosts, "--run", "20000101-000000-000000")
+    assert before.returncode == 0 and before.stdout.count("none") == 2, before.stdout
+    (tmp_path / "echo").mkdir()
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"ECHO_OUT_DIR": str(tmp_path / "echo")}
+    box.inventory.write_text(yaml.safe_dump(data))
+    launched = inv("launch", "--hosts", hosts, log_dir=tmp_path / "logs")
+    assert launched.returncode == 0, launched.stderr
+    run_id = run_id_of(launched.stderr)
+    status = inv("status", "--hosts", hosts, "--run", run_id)
+    assert status.stdout.count("exited") == 2, status.stdout
+    replay = inv("logs", "--hosts", hosts, "--run", run_id, "--rank", "1")
+    assert replay.returncode == 0, replay.stderr
+    assert "node-1 r1" in replay.stdout and "echoed rank 1 of 2 on node-1" in replay.stdout
+    assert "node-0" not in replay.stdout
+
+
+def test_a_rank_that_raises_fails_the_run_fast_with_its_exception(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=1, master_port=free_port())
+    t0 = time.monotonic()
+    result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args",
+                 "--epochs 50 --dataset-size 256 --batch-size 8 --sleep-per-step 0.05 --fail-at 5 --fail-rank 1",
+                 log_dir=tmp_path / "logs", timeout=120)
+    elapsed = time.monotonic() - t0
+    assert result.returncode != 0
+    assert elapsed < 60
+    assert "root cause: node-1, rank 1" in result.stderr, result.stderr
+    assert "injected failure at step 5 on rank 1" in result.stderr
+    assert run_processes(run_id_of(result.stderr)) == []
