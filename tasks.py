@@ -39,8 +39,20 @@ def _options(c: Context, **overrides: Any) -> runs.Options:
         "heartbeat_timeout": float(conf.get("heartbeat_timeout", 30)),
         "log_dir": Path(conf.get("log_dir", "logs")),
     }
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = _number(key, value) if key in ("grace", "connect_timeout") else value
     return runs.Options(**values)
+
+
+def _number(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise Exit(f"error: --{name.replace('_', '-')} must be a number of seconds, got {value!r}", 2) from None
+    if number < 0:
+        raise Exit(f"error: --{name.replace('_', '-')} must not be negative, got {value!r}", 2)
+    return number
 
 
 def _hosts(c: Context, hosts: str | None) -> str:
@@ -53,14 +65,17 @@ def _hosts(c: Context, hosts: str | None) -> str:
     "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
     "dry-run": "print each node's exact command and why each flag is there; start nothing",
     "detach": "start the run and return; use status, logs and stop on it later",
+    "skip-doctor": "start without the doctor's fast checks (versions, DNS, port, script) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
 })
 @_reported
-def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, grace=None, connect_timeout=None):
+def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
+           connect_timeout=None):
     """Start torchrun on every node of the inventory at once and stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout)
-    return cli.launch(_hosts(c, hosts), script=script, args=args, dry_run=dry_run, opts=opts)
+    return cli.launch(_hosts(c, hosts), script=script, args=args, dry_run=dry_run, doctor=not skip_doctor,
+                      opts=opts)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",

@@ -19,7 +19,7 @@ DEFAULT_MASTER_PORT = 29500
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # ssh aliases, DNS names, IPv4 and IPv6 literals; never starting with '-' (it would read as an ssh option).
-_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]*\Z")
+_HOST_NAME = re.compile(r"[A-Za-z0-9_:\[][A-Za-z0-9_.:%\[\]-]*\Z")
 
 
 @dataclass(frozen=True)
@@ -127,26 +127,59 @@ def load_inventory(path: str | Path) -> Cluster:
     return parse_inventory(text, source)
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose bad scalars (`2024-13-01`, `!!int abc`) fail as YAML errors with a line, not ValueError."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.tag.rsplit(':', 1)[-1]} value {node.value!r} ({exc})",
+                node.start_mark) from None
+
+
 def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
     """Validate inventory YAML text; every problem raises `InventoryError` naming source, line, entry, field."""
+    loader: _Loader | None = None
     try:
-        root_node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = _Loader(text)
+        root_node = loader.get_single_node()
+        lines = _line_numbers(root_node, source)  # before constructing, which rewrites merge keys (`<<`) in place
+        data = None if root_node is None else loader.construct_document(root_node)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InventoryError(source, f"not valid YAML: {problem}",
-                             line=mark.line + 1 if mark else None) from None
-    lines = _line_numbers(root_node, source)
+        raise _yaml_error(exc, text, source) from None
+    except RecursionError:
+        raise InventoryError(source, "not valid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     return _Parser(source, lines).cluster(data)
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
+    """PyYAML's error as one line: the problem, where it is, and where the construct it was reading began."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow; it knows only the offset
+        line = text.count("\n", 0, exc.position) + 1
+        return InventoryError(source, f"not valid YAML: character {chr(exc.character)!r} is not allowed", line=line)
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark and (not mark or context_mark.line != mark.line):
+        problem += f" ({context} on line {context_mark.line + 1})"
+    return InventoryError(source, f"not valid YAML: {problem}", line=mark.line + 1 if mark else None)
 
 
 def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
     """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently."""
     lines: dict[str, int] = {}
+    walked: set[int] = set()
 
     def walk(n: yaml.Node, path: str) -> None:
         lines.setdefault(path, n.start_mark.line + 1)
+        if id(n) in walked:  # an alias: walked where its anchor is (it may contain itself, or nest exponentially)
+            return
+        walked.add(id(n))
         if isinstance(n, yaml.MappingNode):
             seen: set[str] = set()
             for key, value in n.value:
@@ -182,7 +215,8 @@ class _Parser:
         line = self.lines.get(entry)
         parent = entry
         while line is None and parent:  # fall back to the nearest enclosing entry that has a line
-            parent = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parent)
+            shorter = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parent)
+            parent = shorter if shorter != parent else ""  # a top-level name, or a key we cannot split: the root
             line = self.lines.get(parent)
         return InventoryError(self.source, message, entry=entry or None, line=line)
 
@@ -247,7 +281,12 @@ class _Parser:
 
         def get(key: str, check: Callable[[Any, str], Any]) -> Any:
             where = f"{entry}.{key}" if key in fields else f"defaults.{key}"
-            return None if merged.get(key) is None else check(merged[key], where)
+            value = merged.get(key)
+            if value is None and key not in DEFAULTS:  # null leaves user, port, key to ssh config
+                return None
+            if value is None and key == "workdir":
+                raise self.fail(where, 'must be a directory, got nothing (a bare ~ is null in YAML: write "~")')
+            return check(value, where)
 
         env = {**self.env(defaults.get("env"), "defaults.env"), **self.env(fields.get("env"), f"{entry}.env")}
         return Host(
@@ -275,7 +314,7 @@ class _Parser:
         fields = self.mapping(raw, "job", JOB_KEYS)
         if fields.get("script") is None:
             raise self.fail("job", "has no `script:` (the training script, relative to workdir)")
-        args = fields.get("args") or []
+        args = [] if fields.get("args") is None else fields["args"]
         if not isinstance(args, list):
             raise self.fail("job.args", f"must be a list of words, got {_describe(args)}")
         words = tuple(self.word(a, f"job.args[{i}]") for i, a in enumerate(args))
@@ -300,7 +339,7 @@ class _Parser:
                 if not isinstance(secret, bool):
                     raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
                 from_env = spec.get("from_env")
-                if from_env is not None and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
+                if "from_env" in spec and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
                     raise self.fail(f"{where}.from_env",
                                     f"must be an environment variable name, got {_describe(from_env)}")
                 literal = self.word(spec["value"], f"{where}.value") if "value" in spec else None

@@ -41,12 +41,15 @@ class NodeCommand:
     workdir: str
     run_dir: str
     """This node's run directory; `~` is the node's home."""
+    home_words: tuple[int, ...] = ()
+    """Indices of argv words whose leading `~/` means the node's home (the interpreter, the log dir)."""
 
     def shell_line(self) -> str:
         """The command as a shell line a user could paste on the node, secrets masked (for --dry-run)."""
         words = [f"{v.name}={_shown_value(v)}" for v in self.env]
         env = f"env {' '.join(words)} " if words else ""
-        return f"cd {quote_path(self.workdir)} && {env}{shlex.join(self.argv)}"
+        argv = " ".join(quote_path(w) if i in self.home_words else shlex.quote(w) for i, w in enumerate(self.argv))
+        return f"cd {quote_path(self.workdir)} && {env}{argv}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class LaunchPlan:
 
 def _shown_value(var: EnvVar) -> str:
     if var.secret:
-        return SECRET_MASK
+        return shlex.quote(SECRET_MASK)
     if var.from_env is not None:
         return f"${var.from_env}"  # shown as a reference: it is read from the controller at launch time
     return shlex.quote(var.value or "")
@@ -135,16 +138,20 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
     job = job or cluster.job
     if job is None:
         raise ValueError("no job: give a script, or a `job:` entry in the inventory")
+    if job.script.startswith("-"):
+        raise ValueError(f"the script {job.script!r} starts with '-': torchrun would read it as an option")
     run_id = run_id or new_run_id()
     offsets = rank_offsets(cluster)
     nodes = []
     for rank, host in enumerate(cluster.hosts):
         run_dir = f"{RUNS_ROOT}/{run_id}/{host.name}"
+        argv = torchrun_argv(cluster, job, rank, run_dir)
         nodes.append(NodeCommand(
             host=host,
             node_rank=rank,
             rank_offset=offsets[host.name],
-            argv=torchrun_argv(cluster, job, rank, run_dir),
+            argv=argv,
+            home_words=(0, argv.index("--log-dir") + 1),
             env=host.env,
             workdir=host.workdir,
             run_dir=run_dir,

@@ -78,14 +78,13 @@ def resolve_env(command: NodeCommand, environ: dict[str, str]) -> dict[str, str]
 
 
 def start_request(plan: LaunchPlan, command: NodeCommand, env: dict[str, str], opts: Options) -> dict[str, Any]:
-    log_dir_index = command.argv.index("--log-dir") + 1
     return {
         "action": "start",
         "run_dir": command.run_dir,
         "mark": f"{plan.run_id}/{command.host.name}",
         "workdir": command.workdir,
         "argv": list(command.argv),
-        "expand_home": [0, log_dir_index],
+        "expand_home": list(command.home_words),
         "env": env,
         "secret_names": [v.name for v in command.env if v.secret],
         "node_rank": command.node_rank,
@@ -361,7 +360,7 @@ class _Run:
 
     def _failure(self, failed: list[_Session]) -> RunFailed:
         """The report of a failed run: the root cause (node, rank, exit code, its log) and the other nodes."""
-        if self.failure is not None and not any(s.started for s in failed):
+        if self.failure is not None:
             others = [s.name for s in self.sessions.values() if s.started]
             stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
             return RunFailed(f"run {self.plan.run_id} could not start: {self.failure}{stopped}", 1)

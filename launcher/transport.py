@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import socket
@@ -27,6 +28,9 @@ from launcher.errors import NodeFailure
 from launcher.inventory import Cluster, Host
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
+# Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
+# typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -289,6 +293,9 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
         return NodeFailure(name, "refused", f"connection refused by {where}",
                            "is sshd running on the node, and is the port right?")
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        return NodeFailure(name, "timeout", f"{where} accepted the connection but sent no SSH greeting in time",
+                           "is it an SSH server on that port, and is the node overloaded?")
     if isinstance(exc, socket.timeout | TimeoutError):
         return NodeFailure(name, "timeout", f"no answer from {where} in time",
                            "is the node up, and does a firewall let you through?")

@@ -1,0 +1,781 @@
+"""The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
+
+Pure checks first (probe results -> `Finding`s, tested with canned data), then the I/O (`run_doctor`: connect,
+probe all nodes in parallel, evaluate), then the output (`render_table`, `report_json`) and the launch path's
+`preflight`. The probe itself is `launcher/probe.py`, a stdlib-only script sent over each node's connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import shlex
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.errors import LauncherError, NodeFailure
+from launcher.inventory import Cluster, Host
+from launcher.plan import quote_path
+from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
+
+Status = Literal["ok", "warn", "fail"]
+CheckMode = Literal["all", "fast"]
+
+PROBE_SOURCE = Path(__file__).with_name("probe.py").read_text(encoding="utf-8")
+# The only code on the node's command line: it runs the probe's source, sent as the first stdin line.
+BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
+
+CHECKS = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script",
+          "gpus", "packages", "disk", "clock", "iface")
+FAST_CHECKS = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script")
+"""What matters for starting a run: `launch` checks these before it starts anything."""
+MIN_DISK_BYTES = 1 << 30
+MAX_CLOCK_SKEW_S = 5.0
+LISTEN_WINDOW_S = 3.0
+"""How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
+_RANK = {"ok": 0, "warn": 1, "fail": 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's verdict on one node."""
+
+    host: str
+    check: str
+    """One of CHECKS."""
+    status: Status
+    detail: str
+    """What was found, in a line."""
+    fix: str = ""
+    """What to do about it (empty when ok)."""
+
+
+@dataclass(frozen=True)
+class ProbeFailed:
+    """The probe ran on the node but gave no answer: its exit code and the tail of its output."""
+
+    exit_code: int
+    """-1 when it did not finish in time."""
+    stderr: str = ""
+    stdout: str = ""
+
+
+Outcome = dict[str, Any] | NodeFailure | ProbeFailed
+"""Per node: the probe's JSON answer, why SSH failed, or why the probe failed."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the pure checks look at."""
+
+    cluster: Cluster
+    outcomes: Mapping[str, Outcome]
+    """Host name -> outcome, for every host of the cluster."""
+    listener: Mapping[str, Any] | None = None
+    """The master's listen-mode answer ({"free": ...}), {"failed": why}, or None when none was started."""
+    clock: tuple[float, float] | None = None
+    """The controller's time.time() just before the probes were sent and just after the last answer."""
+    probe_timeout: float | None = None
+    """How long each probe had (for the message of one that ran out of it)."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Small helpers.
+
+
+def _names(hosts: Iterable[str], limit: int = 4) -> str:
+    hosts = list(hosts)
+    if len(hosts) <= limit:
+        return ", ".join(hosts)
+    return f"{', '.join(hosts[:limit])} and {len(hosts) - limit} more"
+
+
+def _majority(values: Mapping[str, Any], prefer: Any = None) -> Any:
+    """The most common value; a tie goes to `prefer` when it is among the tied, else to the first seen."""
+    counts = Counter(values.values())
+    best = max(counts.values())
+    tied = [v for v, c in counts.items() if c == best]
+    return prefer if prefer in tied else tied[0]
+
+
+def _probes(ev: Evidence) -> dict[str, dict[str, Any]]:
+    """The hosts whose probe answered, in inventory order."""
+    return {h.name: o for h in ev.cluster.hosts if isinstance(o := ev.outcomes.get(h.name), dict)}
+
+
+def _master(ev: Evidence) -> Host:
+    """torchrun's rendezvous store runs on node rank 0: the first host."""
+    return ev.cluster.hosts[0]
+
+
+def _compare(ev: Evidence, values: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """The majority value (ties: the master's) and the hosts that have it."""
+    major = _majority(values, values.get(_master(ev).name))
+    return major, [h for h, v in values.items() if v == major]
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # unreachable
+
+
+def requested_names(cluster: Cluster) -> list[str]:
+    """Every name a node must resolve: each host's addr (how peers reach it) and master_addr."""
+    names = [h.addr for h in cluster.hosts]
+    return list(dict.fromkeys([*names, cluster.rendezvous.master_addr]))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The checks: each a pure function of the evidence.
+
+
+def check_ssh(ev: Evidence) -> list[Finding]:
+    out = []
+    for host in ev.cluster.hosts:
+        outcome = ev.outcomes.get(host.name)
+        if isinstance(outcome, NodeFailure):
+            out.append(Finding(host.name, "ssh", "fail", f"{outcome.kind}: {outcome.detail}", outcome.fix))
+        elif outcome is not None:
+            out.append(Finding(host.name, "ssh", "ok", "connected"))
+    return out
+
+
+def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Finding:
+    text = (failed.stderr or failed.stdout).strip()
+    last = text.splitlines()[-1] if text else ""
+    python = host.python
+    if failed.exit_code in (126, 127) or "No such file" in text:
+        return Finding(host.name, "python", "fail", f"python {python} cannot run on {host.name}: {last or 'not found'}",
+                       f"set `python:` for {host.name} in the inventory to an interpreter that exists there "
+                       f"(`ssh {host.name} 'command -v python3'`)")
+    if failed.exit_code == -1:
+        within = f"within {timeout:g} s" if timeout else "in time"
+        return Finding(host.name, "python", "fail", f"the probe did not answer {within}",
+                       f"is {host.name} overloaded, or does its python hang at start? "
+                       f"try `ssh {host.name} {shlex.quote(python)} -c pass`")
+    return Finding(host.name, "python", "fail", f"the probe failed (exit {failed.exit_code}): {last or 'no output'}",
+                   f"run `ssh {host.name} {shlex.quote(python)} -V`: the probe needs Python 3.8 or newer")
+
+
+def check_python(ev: Evidence) -> list[Finding]:
+    out = []
+    for host in ev.cluster.hosts:
+        outcome = ev.outcomes.get(host.name)
+        if isinstance(outcome, ProbeFailed):
+            out.append(_probe_failure(host, outcome, ev.probe_timeout))
+    probes = _probes(ev)
+    if not probes:
+        return out
+    full = {h: p["python"]["version"] for h, p in probes.items()}
+    minor = {h: ".".join(v.split(".")[:2]) for h, v in full.items()}
+    major_minor, _ = _compare(ev, minor)
+    major_full, same_full = _compare(ev, {h: v for h, v in full.items() if minor[h] == major_minor})
+    for h, p in probes.items():
+        exe = p["python"]["executable"]
+        if minor[h] != major_minor:
+            same = [x for x, v in minor.items() if v == major_minor]
+            out.append(Finding(h, "python", "fail",
+                               f"Python {full[h]} here, {major_minor} on {_names(same)}",
+                               f"point `python` for {h} at a Python {major_minor} interpreter "
+                               f"(like {probes[same[0]]['python']['executable']} on {same[0]})"))
+        elif full[h] != major_full:
+            out.append(Finding(h, "python", "warn", f"Python {full[h]} here, {major_full} on {_names(same_full)}",
+                               f"use the same Python build everywhere ({major_full}) to rule out subtle differences"))
+        else:
+            out.append(Finding(h, "python", "ok", f"Python {full[h]} ({exe})"))
+    return out
+
+
+def check_torch(ev: Evidence) -> list[Finding]:
+    probes = _probes(ev)
+    out = []
+    have = {h: p["torch"]["version"] for h, p in probes.items() if p["torch"].get("version")}
+    major, same = _compare(ev, have) if have else (None, [])
+    cuda = {h: probes[h]["torch"].get("cuda") or "none" for h in have
+            if have[h] == major and probes[h]["torch"].get("cuda_known")}
+    major_cuda, same_cuda = _compare(ev, cuda) if cuda else (None, [])
+    nccl = {h: probes[h]["torch"]["nccl"] for h in have if probes[h]["torch"].get("nccl")}
+    major_nccl, same_nccl = _compare(ev, nccl) if nccl else (None, [])
+    for h, p in probes.items():
+        exe = p["python"]["executable"]
+        if h not in have:
+            hint = f"install torch=={major} there" if major else "install torch there"
+            out.append(Finding(h, "torch", "fail", f"torch is not installed for {exe}",
+                               f"{hint} (`{exe} -m pip install torch`), or point `python` for {h} at the "
+                               "interpreter of the environment that has it"))
+        elif have[h] != major:
+            out.append(Finding(h, "torch", "fail", f"torch {have[h]} here, {major} on {_names(same)}",
+                               f"install torch=={major} for {exe} on {h} (`{exe} -m pip install torch=={major}`), "
+                               f"or point its `python` at an environment that has it"))
+        elif h in cuda and cuda[h] != major_cuda:
+            out.append(Finding(h, "torch", "fail", f"torch built for CUDA {cuda[h]} here, {major_cuda} on "
+                               f"{_names(same_cuda)}", f"install the same torch build (CUDA {major_cuda}) on {h}"))
+        elif h in nccl and nccl[h] != major_nccl:
+            out.append(Finding(h, "torch", "warn", f"NCCL {nccl[h]} here, {major_nccl} on {_names(same_nccl)}",
+                               f"install the same NCCL ({major_nccl}) on {h}: mixed NCCL versions can hang"))
+        else:
+            extra = f", CUDA {cuda.get(h, '?')}" + (f", NCCL {nccl[h]}" if h in nccl else "")
+            out.append(Finding(h, "torch", "ok", f"torch {have[h]}{extra}"))
+    return out
+
+
+def _views(ev: Evidence, name: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Per probed host: the addresses `name` resolves to there, or the error."""
+    views, errors = {}, {}
+    for h, p in _probes(ev).items():
+        answer = p.get("resolve", {}).get(name)
+        if answer is None:
+            continue
+        if answer.get("addrs"):
+            views[h] = answer["addrs"]
+        else:
+            errors[h] = answer.get("error", "no address")
+    return views, errors
+
+
+def _consensus(ev: Evidence, name: str, views: Mapping[str, list[str]]) -> tuple[tuple[str, ...], str] | None:
+    """What the peers agree `name` is (a sorted address set) and the address to put in /etc/hosts.
+
+    A node is not asked about its own address (its /etc/hosts may hold the 127.0.1.1 trap); on a tie the view
+    that holds the owner's own address wins.
+    """
+    owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
+    judges = {h: tuple(sorted(v)) for h, v in views.items() if h != owner} or {
+        h: tuple(sorted(v)) for h, v in views.items()}
+    if not judges:
+        return None
+    own = set(views.get(owner, [])) if owner else set()
+    prefer = next((s for s in judges.values() if own & set(s)), None)
+    chosen = _majority(judges, prefer)
+    first = next(views[h][0] for h, s in judges.items() if s == chosen)
+    return chosen, first
+
+
+def check_dns(ev: Evidence) -> list[Finding]:
+    problems: dict[str, list[Finding]] = {h: [] for h in _probes(ev)}
+    names = requested_names(ev.cluster)
+    for name in names:
+        owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
+        views, errors = _views(ev, name)
+        agreed = _consensus(ev, name, views)
+        for h, error in errors.items():
+            if agreed:
+                fix = f'add "{agreed[1]} {name}" to /etc/hosts on {h}'
+            else:
+                fix = (f"no node can resolve {name}: fix the name in {ev.cluster.source}, or add it to DNS "
+                       "or /etc/hosts on every node")
+            problems[h].append(Finding(h, "dns", "fail", f"{h} cannot resolve {name} ({error})", fix))
+        for h, addrs in views.items():
+            if h == owner or agreed is None or tuple(sorted(addrs)) == agreed[0]:
+                continue  # a node's view of its own name is the hostname check's business
+            others = [x for x, v in views.items() if tuple(sorted(v)) == agreed[0] and x != h]
+            problems[h].append(Finding(
+                h, "dns", "fail",
+                f"{h} resolves {name} to {', '.join(addrs)}, {_names(others)} to {', '.join(agreed[0])}",
+                f'make {name} resolve to {agreed[1]} on {h}: "{agreed[1]} {name}" in its /etc/hosts, or fix DNS'))
+    out = []
+    for h, found in problems.items():
+        out += found or [Finding(h, "dns", "ok", f"resolves {len(names)} name(s) like its peers")]
+    return out
+
+
+def _loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"
+
+
+def check_hostname(ev: Evidence) -> list[Finding]:
+    """The 127.0.1.1 trap: a node's own hostname resolves, on it, to an address its peers don't use for it."""
+    out = []
+    for host in ev.cluster.hosts:
+        p = _probes(ev).get(host.name)
+        if p is None:
+            continue
+        me = p["self"]
+        hostname = me["hostname"]
+        views, _ = _views(ev, host.addr)
+        peer_views = {h: v for h, v in views.items() if h != host.name}
+        agreed = _consensus(ev, host.addr, peer_views) if peer_views else None
+        good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
+        lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
+        if me.get("error"):
+            fix = f'add "{good} {hostname}" to /etc/hosts on {host.name}' if good else \
+                f"make {hostname} resolvable on {host.name} (/etc/hosts or DNS)"
+            out.append(Finding(host.name, "hostname", "fail",
+                               f"its own hostname {hostname} does not resolve there ({me['error']}): "
+                               "gloo cannot pick an address", fix))
+            continue
+        addrs = me.get("addrs", [])
+        if agreed is None or set(addrs) & set(agreed[0]):
+            out.append(Finding(host.name, "hostname", "ok", f"{hostname} -> {', '.join(addrs)}"))
+            continue
+        trap = all(_loopback(a) for a in addrs)
+        if lines:
+            fix = f'on {host.name}, replace "{lines[0]}" in /etc/hosts with "{good} {hostname}"'
+        else:
+            fix = f'make {hostname} resolve to {good} on {host.name} ("{good} {hostname}" in /etc/hosts)'
+        detail = (f"{hostname} resolves to {', '.join(addrs)} on {host.name}, but its peers reach it at "
+                  f"{', '.join(agreed[0])}")
+        if trap:
+            out.append(Finding(host.name, "hostname", "fail",
+                               f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach", fix))
+        else:
+            out.append(Finding(host.name, "hostname", "warn",
+                               f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it", fix))
+    return out
+
+
+def check_port(ev: Evidence) -> list[Finding]:
+    master = _master(ev)
+    port = ev.cluster.rendezvous.master_port
+    listener = ev.listener
+    if listener is None or master.name not in _probes(ev):
+        return []  # the master is unreachable or its python failed: those findings say it
+    if "failed" in listener:
+        return [Finding(master.name, "port", "fail", f"could not check port {port}: {listener['failed']}",
+                        f"retry; if it persists run `ssh {master.name} ss -ltnp 'sport = :{port}'`")]
+    if listener.get("free"):
+        return [Finding(master.name, "port", "ok", f"port {port} is free on {master.name}")]
+    holders = listener.get("holders") or []
+    who = "; ".join(f"pid {h['pid']} ({h['command'][:60] or '?'}) {h['state']}" for h in holders)
+    states = listener.get("states") or []
+    why = who or ("something listens on it" if "listening" in states else
+                  "a socket holds it (maybe one in TIME_WAIT, or in another container)")
+    stop = f"stop pid {holders[0]['pid']}" if holders else f"find its owner with `ss -ltnp 'sport = :{port}'`"
+    return [Finding(master.name, "port", "fail",
+                    f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
+                    f"{stop} on {master.name}, or set rendezvous.master_port to a free port")]
+
+
+def check_tcp(ev: Evidence) -> list[Finding]:
+    listener = ev.listener
+    if not listener or not listener.get("free"):
+        return []  # no listener of ours was up: the port finding says why
+    master = _master(ev)
+    rdzv = ev.cluster.rendezvous
+    target = f"{rdzv.master_addr}:{rdzv.master_port}"
+    out = []
+    for h, p in _probes(ev).items():
+        tcp = p.get("tcp")
+        if tcp is None:
+            continue
+        if tcp.get("ok"):
+            took = tcp.get("elapsed", 0.0)
+            out.append(Finding(h, "tcp", "ok", f"reached {target} ({tcp.get('peer')}) in {took:.2f} s"))
+            continue
+        error = tcp.get("error", "failed")
+        if error.startswith("cannot resolve"):
+            fix = f"make {rdzv.master_addr} resolvable on {h} (see its dns finding)"
+        elif error.startswith("something else"):
+            fix = (f"{rdzv.master_addr} leads to another machine from {h}: it must be {master.name}'s address "
+                   f"(check DNS or /etc/hosts on {h})")
+        else:
+            fix = (f"let {h} reach TCP port {rdzv.master_port} on {master.name} (firewall, security group), "
+                   f"and check that {rdzv.master_addr} resolves to {master.name}'s address there")
+        out.append(Finding(h, "tcp", "fail", f"{h} cannot open a TCP connection to {target}: {error}", fix))
+    return out
+
+
+def check_script(ev: Evidence) -> list[Finding]:
+    job = ev.cluster.job
+    if job is None:
+        return []
+    probes = {h: p for h, p in _probes(ev).items() if p.get("script") is not None}
+    hashes = {h: p["script"]["sha256"] for h, p in probes.items() if p["script"].get("sha256")}
+    major, same = _compare(ev, hashes) if hashes else (None, [])
+    ref = same[0] if same else None
+    out = []
+    for h, p in probes.items():
+        info = p["script"]
+        workdir = p["workdir"]["path"]
+        source = f"e.g. `rsync -a {ref}:{shlex.quote(probes[ref]['workdir']['path'])}/ {h}:{shlex.quote(workdir)}/`" \
+            if ref else "from your checkout"
+        if h not in hashes:
+            where = info["path"] if p["workdir"]["exists"] else f"{info['path']} (workdir {workdir} does not exist)"
+            out.append(Finding(h, "script", "fail", f"{job.script} is missing on {h}: {where}",
+                               f"copy the code to {h} ({source}), or fix `workdir` for {h}"))
+        elif hashes[h] != major:
+            out.append(Finding(h, "script", "fail",
+                               f"{job.script} differs on {h} (sha256 {hashes[h][:12]}), "
+                               f"{_names(same)} have {major[:12]}",
+                               f"sync the code so every node runs the same script ({source})"))
+        else:
+            out.append(Finding(h, "script", "ok", f"{job.script} sha256 {hashes[h][:12]}"))
+    return out
+
+
+def check_gpus(ev: Evidence) -> list[Finding]:
+    out = []
+    for host in ev.cluster.hosts:
+        gpus = (_probes(ev).get(host.name) or {}).get("gpus")
+        if gpus is None:
+            continue
+        nproc = host.nproc_per_node
+        count = gpus.get("count", 0)
+        if gpus.get("error"):
+            out.append(Finding(host.name, "gpus", "warn", gpus["error"],
+                               f"check the driver on {host.name} (`nvidia-smi`)"))
+        elif count == 0:
+            extra = "; nproc_per_node auto starts one worker per CPU core" if nproc == "auto" else ""
+            out.append(Finding(host.name, "gpus", "ok", f"no GPUs: gloo on CPU{extra}"))
+        elif nproc != "auto" and int(nproc) > count:
+            out.append(Finding(host.name, "gpus", "fail", f"nproc_per_node is {nproc} but {count} GPU(s) visible",
+                               f"set nproc_per_node: {count} (or auto) for {host.name}, or expose more GPUs "
+                               "(CUDA_VISIBLE_DEVICES)"))
+        else:
+            names = ", ".join(gpus.get("names") or [])
+            out.append(Finding(host.name, "gpus", "ok", f"{count} GPU(s) {names}, nproc_per_node {nproc}".strip()))
+        for busy in gpus.get("busy") or []:
+            pids = ", ".join(str(p) for p in busy.get("pids", [])) or "no pid visible"
+            out.append(Finding(host.name, "gpus", "warn",
+                               f"GPU {busy['index']} is busy ({pids}; {busy.get('memory_used_mib') or 0:.0f} MiB, "
+                               f"{busy.get('utilization') or 0:.0f}% used)",
+                               f"wait for those processes or stop them before launching (`nvidia-smi` on {host.name})"))
+    return out
+
+
+def _package_diff(mine: list[str], theirs: list[str], limit: int = 5) -> tuple[int, str]:
+    a = dict(item.split("==", 1) for item in mine)
+    b = dict(item.split("==", 1) for item in theirs)
+    words = [f"{n} {a[n]} (not {b[n]})" for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
+    words += [f"+{n} {a[n]}" for n in sorted(a.keys() - b.keys())]
+    words += [f"-{n} {b[n]}" for n in sorted(b.keys() - a.keys())]
+    shown = ", ".join(words[:limit]) + (f" and {len(words) - limit} more" if len(words) > limit else "")
+    return len(words), shown
+
+
+def check_packages(ev: Evidence) -> list[Finding]:
+    probes = {h: p["packages"] for h, p in _probes(ev).items() if p.get("packages")}
+    if not probes:
+        return []
+    major, same = _compare(ev, {h: p["sha256"] for h, p in probes.items()})
+    ref = same[0]
+    out = []
+    for h, pkgs in probes.items():
+        if pkgs["sha256"] == major:
+            out.append(Finding(h, "packages", "ok", f"{pkgs['count']} distributions, the same as {_names(same)}"))
+            continue
+        count, shown = _package_diff(pkgs["list"], probes[ref]["list"])
+        out.append(Finding(h, "packages", "warn", f"{count} difference(s) from {ref}: {shown}",
+                           f"install the same packages on {h} as on {ref} (compare `pip freeze` on both)"))
+    return out
+
+
+def check_disk(ev: Evidence) -> list[Finding]:
+    out = []
+    for h, p in _probes(ev).items():
+        free = p.get("disk_free")
+        if free is None:
+            continue
+        where = p["workdir"]["path"]
+        if free < MIN_DISK_BYTES:
+            out.append(Finding(h, "disk", "warn", f"only {_human_bytes(free)} free for {where}",
+                               f"free space on {h}: checkpoints and logs are written there"))
+        else:
+            out.append(Finding(h, "disk", "ok", f"{_human_bytes(free)} free"))
+    return out
+
+
+def check_clock(ev: Evidence) -> list[Finding]:
+    if ev.clock is None:
+        return []
+    sent, received = ev.clock
+    out = []
+    for h, p in _probes(ev).items():
+        when = p.get("time")
+        if when is None:
+            continue
+        # The node read its clock between `sent` and `received`: anything outside is skew (a lower bound).
+        skew = when - received if when > received else (when - sent if when < sent else 0.0)
+        if abs(skew) > MAX_CLOCK_SKEW_S:
+            way = "ahead of" if skew > 0 else "behind"
+            out.append(Finding(h, "clock", "warn", f"clock {abs(skew):.1f} s {way} the controller's",
+                               f"enable time sync on {h} (chrony, systemd-timesyncd): logs and timeouts compare times"))
+        else:
+            out.append(Finding(h, "clock", "ok", f"within {max(abs(skew), received - sent):.1f} s of the controller"))
+    return out
+
+
+def check_iface(ev: Evidence) -> list[Finding]:
+    out = []
+    master_addr = ev.cluster.rendezvous.master_addr
+    for h, p in _probes(ev).items():
+        route = p.get("route")
+        if route is None:
+            continue
+        if route.get("error", "").startswith("gai error"):
+            continue  # master_addr does not resolve there: the dns finding says so
+        if route.get("error"):
+            out.append(Finding(h, "iface", "warn", f"no route toward {master_addr}: {route['error']}",
+                               f"check {h}'s routes and name resolution for {master_addr}"))
+        else:
+            out.append(Finding(h, "iface", "ok", f"{route.get('iface') or '?'} {route['ip']} toward {master_addr} "
+                               "(for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)"))
+    return out
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[Evidence], list[Finding]]] = {
+    "ssh": check_ssh, "python": check_python, "torch": check_torch, "dns": check_dns, "hostname": check_hostname,
+    "port": check_port, "tcp": check_tcp, "script": check_script, "gpus": check_gpus, "packages": check_packages,
+    "disk": check_disk, "clock": check_clock, "iface": check_iface,
+}
+
+
+def selected_checks(checks: str) -> tuple[str, ...]:
+    if checks == "all":
+        return CHECKS
+    if checks == "fast":
+        return FAST_CHECKS
+    raise ValueError(f"checks must be 'all' or 'fast', got {checks!r}")
+
+
+def evaluate(ev: Evidence, checks: str = "all") -> list[Finding]:
+    """Run the selected checks; findings in inventory order, then check order."""
+    names = selected_checks(checks)
+    findings = [f for name in names for f in CHECK_FUNCTIONS[name](ev)]
+    order = {h.name: i for i, h in enumerate(ev.cluster.hosts)}
+    return sorted(findings, key=lambda f: (order.get(f.host, len(order)), names.index(f.check)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# I/O: connect, probe every node in parallel, evaluate.
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the doctor found: the findings, each node's probe data, and how long it took."""
+
+    source: str
+    """The inventory file."""
+    hosts: tuple[str, ...]
+    checks: tuple[str, ...]
+    """The checks that were run, in column order."""
+    findings: tuple[Finding, ...]
+    probes: Mapping[str, dict[str, Any] | None]
+    """Host -> the probe's answer (None when there is none; `errors` says why)."""
+    errors: Mapping[str, str] = field(default_factory=dict)
+    listener: Mapping[str, Any] | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """connect_s, probe_s, total_s (seconds, on the controller)."""
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (warnings allowed)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == "fail"]
+
+    @property
+    def problems(self) -> list[Finding]:
+        """Failures and warnings, in order."""
+        return [f for f in self.findings if f.status != "ok"]
+
+
+def probe_command(python: str) -> str:
+    """The shell command that runs the probe under the node's interpreter (`~/` kept as the node's home)."""
+    return f"{quote_path(python)} -c {shlex.quote(BOOTSTRAP)}"
+
+
+def probe_input(request: Mapping[str, Any]) -> bytes:
+    return (json.dumps(PROBE_SOURCE) + "\n" + json.dumps(request) + "\n").encode()
+
+
+def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What one node's probe is asked (pure)."""
+    rdzv = cluster.rendezvous
+    request: dict[str, Any] = {
+        "mode": "probe", "checks": checks, "names": requested_names(cluster),
+        "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
+        "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir,
+        "script": cluster.job.script if cluster.job else None,
+    }
+    visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
+    if visible is not None:
+        request["cuda_visible_devices"] = visible
+    if connect:
+        request["connect"] = dict(connect)
+    return request
+
+
+def _outcome(result: Result | NodeFailure) -> Outcome:
+    if isinstance(result, NodeFailure):
+        return result
+    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    if result.exit_code == 0:
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+            if isinstance(answer, dict):
+                return answer
+        except (ValueError, IndexError):
+            pass
+    return ProbeFailed(result.exit_code if result.exit_code != 0 else 1, err[-2000:], out[-2000:])
+
+
+def _start_listener(node: Node, cluster: Cluster, token: str, max_s: float) -> Any:
+    """Open the master's listen-mode session; its stdin stays open until every probe has answered."""
+    host = cluster.host(node.name)
+    channel = node.open_channel(probe_command(host.python))
+    channel.send(probe_input({"mode": "listen", "master_port": cluster.rendezvous.master_port,
+                              "token": token, "max_s": max_s}))
+    return channel
+
+
+def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
+               ) -> tuple[dict[str, Outcome], dict[str, Any] | None, tuple[float, float]]:
+    master = cluster.hosts[0]
+    token = secrets.token_hex(8)
+    listener: dict[str, Any] | None = None
+    channel = None
+    if master.name in nodes:
+        try:
+            channel = _start_listener(nodes[master.name], cluster, token, timeout + 5)
+        except Exception as exc:  # the connection dropped: said as a port finding, never a traceback
+            listener = {"failed": str(classify(nodes[master.name].target, exc))}
+    window = min(LISTEN_WINDOW_S, timeout / 2)
+    connect = {"token": token, "window": window} if channel is not None else None
+    hosts = [h for h in cluster.hosts if h.name in nodes]
+    commands = {h.name: probe_command(h.python) for h in hosts}
+    inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
+    sent = time.time()
+    results = run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
+    received = time.time()
+    if channel is not None:
+        channel.close_stdin()  # every probe has answered: the listener can stop
+        answer = _outcome(channel.collect(2.0))
+        channel.close()
+        if isinstance(answer, dict):
+            listener = answer
+        elif isinstance(answer, ProbeFailed) and answer.exit_code not in (126, 127):
+            listener = {"failed": (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]}
+        # 126/127: the master's python is missing; its python finding says so.
+    return {h: _outcome(r) for h, r in results.items()}, listener, (sent, received)
+
+
+def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, connect_timeout: float = 10.0,
+               checks: CheckMode = "all") -> Report:
+    """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
+
+    Each phase is bounded by `connect_timeout`: a dead node fails its connect within it, a hung one its probe.
+    """
+    names = selected_checks(checks)
+    start = time.monotonic()
+    ours = {h.name for h in cluster.hosts}
+    given = {name: node for name, node in (nodes or {}).items() if name in ours}
+    missing = [h for h in cluster.hosts if h.name not in given]
+    opened, failures = connect_all(cluster, missing, connect_timeout) if missing else ({}, [])
+    connected = time.monotonic()
+    try:
+        outcomes, listener, clock = _probe_all(cluster, {**given, **opened}, checks, connect_timeout)
+    finally:
+        close_all(opened.values())
+    probed = time.monotonic()
+    outcomes.update({f.host: f for f in failures})
+    for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
+        outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
+    findings = evaluate(Evidence(cluster, outcomes, listener, clock, connect_timeout), checks)
+    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
+              for h, o in outcomes.items() if not isinstance(o, dict)}
+    return Report(
+        source=cluster.source,
+        hosts=tuple(h.name for h in cluster.hosts),
+        checks=names,
+        findings=tuple(findings),
+        probes={h.name: o if isinstance(o := outcomes[h.name], dict) else None for h in cluster.hosts},
+        errors=errors,
+        listener=listener,
+        timings={"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
+                 "total_s": round(time.monotonic() - start, 3)},
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Output.
+
+MARKS = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[bold red]✗[/]"}
+
+
+def _worst(findings: Iterable[Finding]) -> Status | None:
+    statuses = [f.status for f in findings]
+    return max(statuses, key=_RANK.__getitem__) if statuses else None
+
+
+def render_table(report: Report, console: Console) -> None:
+    """One row per node, one column per check (✓ ok, ! warn, ✗ fail), then each problem and its fix."""
+    table = Table(title=f"doctor: {len(report.hosts)} node(s) from {report.source}", title_justify="left")
+    table.add_column("node")
+    for check in report.checks:
+        table.add_column(check, justify="center")
+    for host in report.hosts:
+        cells = []
+        for check in report.checks:
+            worst = _worst(f for f in report.findings if f.host == host and f.check == check)
+            cells.append(MARKS[worst] if worst else "[dim]·[/]")
+        table.add_row(host, *cells)
+    console.print(table)
+    for f in report.problems:
+        mark = MARKS[f.status]
+        console.print(f"{mark} {f.host} {f.check}: ", end="", highlight=False)
+        console.print(f.detail, markup=False, highlight=False)
+        if f.fix:
+            console.print("    fix: ", end="", style="dim", highlight=False)
+            console.print(f.fix, markup=False, highlight=False)
+    failed = len(report.failures)
+    warned = len(report.problems) - failed
+    took = report.timings.get("total_s", 0.0)
+    if report.ok and not warned:
+        console.print(f"[green]all {len(report.checks)} checks passed on {len(report.hosts)} node(s)[/] "
+                      f"in {took:.1f} s", highlight=False)
+    else:
+        console.print(f"{failed} failure(s), {warned} warning(s) in {took:.1f} s", highlight=False)
+
+
+def report_json(report: Report) -> str:
+    """The report for scripts: ok, findings, per-node probe data and errors, timings."""
+    return json.dumps({
+        "ok": report.ok,
+        "inventory": report.source,
+        "checks": list(report.checks),
+        "findings": [dataclasses.asdict(f) for f in report.findings],
+        "nodes": {h: {"probe": report.probes.get(h), "error": report.errors.get(h)} for h in report.hosts},
+        "listener": report.listener,
+        "timings": dict(report.timings),
+    }, indent=2)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The launch path.
+
+
+class DoctorFailed(LauncherError):
+    """The doctor's fast checks failed before a launch; nothing was started. Carries the report."""
+
+    exit_code = 1
+
+    def __init__(self, report: Report):
+        self.report = report
+        lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
+        for f in report.failures:
+            lines.append(f"  {f.host} {f.check}: {f.detail}")
+            if f.fix:
+                lines.append(f"    fix: {f.fix}")
+        lines.append("run `inv doctor` for the full report")
+        super().__init__("\n".join(lines))
+
+
+def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, timeout: float = 10.0) -> None:
+    """The fast checks on the launch's open connections; raises DoctorFailed when one fails."""
+    report = run_doctor(cluster, nodes, connect_timeout=timeout, checks="fast")
+    if not report.ok:
+        raise DoctorFailed(report)

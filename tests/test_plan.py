@@ -1,0 +1,381 @@
+"""The pure launch plan: torchrun's words per node, rank order and offsets, run dirs, quoting and redaction."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import shlex
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.inventory import Cluster, EnvVar, Job, parse_inventory
+from launcher.plan import (
+    RUNS_ROOT,
+    SECRET_MASK,
+    LaunchPlan,
+    NodeCommand,
+    new_run_id,
+    plan_launch,
+    quote_path,
+    rank_offsets,
+)
+
+HETERO = """\
+    defaults: {python: /opt/venv/bin/python, workdir: ~/project}
+    hosts:
+      - {name: gpu01, nproc_per_node: 4}
+      - {name: gpu02, addr: 10.0.0.2, nproc_per_node: 2}
+    rendezvous: {master_port: 29611}
+    job: {script: train/ddp.py, args: [--epochs, 3]}
+"""
+
+NASTY_WORDS = [
+    "plain",
+    "two words",
+    "",
+    " ",
+    "it's",
+    'say "hi"',
+    "$(rm -rf ~)",
+    "`id`",
+    "a; rm -rf /",
+    "a && b || c",
+    "line one\nline two",
+    "tab\there",
+    "ünïcødé ✓ 日本",
+    "$HOME",
+    "${PATH}",
+    "*",
+    "~",
+    "~/x",
+    "--nnodes",
+    "-m",
+    "\\",
+    "'\"'\"'",
+    "a|b>c<d",
+    "#not a comment",
+    "!event",
+]
+
+
+def cluster(text: str) -> Cluster:
+    return parse_inventory(textwrap.dedent(text), "test.yaml")
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    """The value after flag `name` among torchrun's own options (before the script)."""
+    i = argv.index(name)
+    return argv[i + 1]
+
+
+def after_cd(node: NodeCommand) -> list[str]:
+    """The words of `shell_line()` after `cd <workdir> &&` (and `env NAME=value...` when there is an env)."""
+    words = shlex.split(node.shell_line())
+    assert words[0] == "cd" and words[2] == "&&", words
+    words = words[3:]
+    if node.env:
+        assert words[0] == "env", words
+        words = words[1 + len(node.env):]
+    return words
+
+
+def as_shell_reads(node: NodeCommand) -> list[str]:
+    """argv as the node's shell reads it from shell_line(): `~/` in home words becomes $HOME (unexpanded by shlex)."""
+    return [("$HOME/" + w[2:] if i in node.home_words and w.startswith("~/") else w) for i, w in enumerate(node.argv)]
+
+
+# --- argv ----------------------------------------------------------------------------------------------------
+
+
+def test_heterogeneous_nodes() -> None:
+    plan = plan_launch(cluster(HETERO), run_id="r1")
+    first, second = plan.nodes
+    assert [n.host.name for n in plan.nodes] == ["gpu01", "gpu02"]
+    for node, rank, nproc in ((first, 0, "4"), (second, 1, "2")):
+        assert node.argv[:3] == ("/opt/venv/bin/python", "-m", "torch.distributed.run")
+        assert flag(node.argv, "--nnodes") == "2"
+        assert flag(node.argv, "--node-rank") == str(rank)
+        assert flag(node.argv, "--nproc-per-node") == nproc
+        assert flag(node.argv, "--master-addr") == "gpu01"
+        assert flag(node.argv, "--master-port") == "29611"
+        assert node.node_rank == rank
+    assert (first.rank_offset, second.rank_offset) == (0, 4)
+    assert plan.cluster.world_size == 6
+
+
+def test_the_whole_argv_of_a_node() -> None:
+    node = plan_launch(cluster(HETERO), run_id="r1").nodes[1]
+    assert node.argv == (
+        "/opt/venv/bin/python", "-m", "torch.distributed.run",
+        "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+        "--master-addr", "gpu01", "--master-port", "29611",
+        "--tee", "3", "--log-dir", f"{RUNS_ROOT}/r1/gpu02/ranks",
+        "train/ddp.py", "--epochs", "3",
+    )
+
+
+def test_master_addr_is_the_first_hosts_addr_on_every_node() -> None:
+    plan = plan_launch(cluster("""\
+        hosts: [{name: gpu01, addr: 10.0.0.1}, {name: gpu02, addr: 10.0.0.2}, gpu03]
+        job: {script: t.py}
+    """))
+    assert {flag(n.argv, "--master-addr") for n in plan.nodes} == {"10.0.0.1"}
+    assert {flag(n.argv, "--master-port") for n in plan.nodes} == {"29500"}
+
+
+@pytest.mark.parametrize(("nprocs", "offsets"), [
+    ([4, 2], [0, 4]),
+    ([8, 8, 4, 1], [0, 8, 16, 20]),
+    ([4, "auto", 2], [0, 4, None]),
+    (["auto", 2], [0, None]),
+    ([1, 2, "auto"], [0, 1, 3]),
+])
+def test_rank_offsets(nprocs: list[int | str], offsets: list[int | None]) -> None:
+    hosts = ", ".join(f"{{name: n{i}, nproc_per_node: {p}}}" for i, p in enumerate(nprocs))
+    c = cluster(f"hosts: [{hosts}]\njob: {{script: t.py}}\n")
+    assert rank_offsets(c) == {f"n{i}": o for i, o in enumerate(offsets)}
+    plan = plan_launch(c, run_id="r")
+    assert [n.rank_offset for n in plan.nodes] == offsets
+    assert [flag(n.argv, "--nproc-per-node") for n in plan.nodes] == [str(p) for p in nprocs]
+
+
+def test_ranks_follow_inventory_order() -> None:
+    plan = plan_launch(cluster("hosts: [zeta, alpha, mid, '10.0.0.1']\njob: {script: t.py}\n"), run_id="r")
+    assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("zeta", 0), ("alpha", 1), ("mid", 2),
+                                                                ("10.0.0.1", 3)]
+    assert [flag(n.argv, "--node-rank") for n in plan.nodes] == ["0", "1", "2", "3"]
+    assert {flag(n.argv, "--nnodes") for n in plan.nodes} == {"4"}
+
+
+@pytest.mark.parametrize("args", [(), ("--epochs", "3"), tuple(NASTY_WORDS)])
+def test_script_and_args_come_last_exactly_as_given(args: tuple[str, ...]) -> None:
+    job = Job(script="dir with space/train $(x).py", args=args)
+    for node in plan_launch(cluster(HETERO), job, run_id="r").nodes:
+        assert node.argv[-len(args) - 1:] == (job.script, *args)
+        assert node.argv.index(job.script) == len(node.argv) - len(args) - 1
+
+
+def test_the_inventory_job_is_the_default_and_another_job_replaces_it() -> None:
+    c = cluster(HETERO)
+    assert plan_launch(c, run_id="r").job == Job("train/ddp.py", ("--epochs", "3"))
+    other = Job("eval.py", ("--x",))
+    plan = plan_launch(c, other, run_id="r")
+    assert plan.job == other
+    assert all(n.argv[-2:] == ("eval.py", "--x") for n in plan.nodes)
+
+
+def test_no_job_at_all_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no job"):
+        plan_launch(cluster("hosts: [a]\n"))
+
+
+def test_run_dir_per_node_and_log_dir_inside_it() -> None:
+    plan = plan_launch(cluster(HETERO), run_id="20261122-031500-a1b2c3")
+    assert RUNS_ROOT == "~/.cache/ddp-launcher/runs"
+    for node in plan.nodes:
+        assert node.run_dir == f"~/.cache/ddp-launcher/runs/20261122-031500-a1b2c3/{node.host.name}"
+        assert flag(node.argv, "--log-dir") == f"{node.run_dir}/ranks"
+    assert plan.run_id == "20261122-031500-a1b2c3"
+
+
+def test_a_plan_gets_a_fresh_run_id() -> None:
+    c = cluster(HETERO)
+    one, two = plan_launch(c), plan_launch(c)
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", one.run_id)
+    assert one.run_id != two.run_id
+    assert one.nodes[0].run_dir.endswith(f"/{one.run_id}/gpu01")
+
+
+def test_env_and_workdir_come_from_the_host() -> None:
+    plan = plan_launch(cluster("""\
+        defaults: {env: {A: "1"}, workdir: /srv/a}
+        hosts: [a, {name: b, env: {A: "2", B: x}, workdir: ~/b}]
+        job: {script: t.py}
+    """), run_id="r")
+    a, b = plan.nodes
+    assert (a.workdir, [(v.name, v.value) for v in a.env]) == ("/srv/a", [("A", "1")])
+    assert (b.workdir, [(v.name, v.value) for v in b.env]) == ("~/b", [("A", "2"), ("B", "x")])
+
+
+def test_a_script_that_reads_as_an_option_is_refused() -> None:
+    with pytest.raises(ValueError, match="starts with '-'"):
+        plan_launch(cluster(HETERO), Job("--nnodes"), run_id="r")
+
+
+def test_planning_is_a_value() -> None:
+    c = cluster(HETERO)
+    assert plan_launch(c, run_id="r") == plan_launch(c, run_id="r")
+    assert isinstance(plan_launch(c, run_id="r"), LaunchPlan)
+
+
+# --- shell_line ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", NASTY_WORDS)
+def test_shell_line_round_trips_every_word(word: str) -> None:
+    c = cluster("hosts: [{name: a, workdir: '~/dir with space'}]\n")
+    host = dataclasses.replace(c.hosts[0], env=(EnvVar("PLAIN", value=word), EnvVar("OTHER", value=word)))
+    c = dataclasses.replace(c, hosts=(host,))
+    job = Job(script="t.py" if not word or word.startswith("-") else word, args=(word, f"--opt={word}", word))
+    node = plan_launch(c, job, run_id="r").nodes[0]
+    assert after_cd(node) == as_shell_reads(node)
+    words = shlex.split(node.shell_line())
+    assert words[:5] == ["cd", "$HOME/dir with space", "&&", "env", f"PLAIN={word}"]
+    assert words[5] == f"OTHER={word}"
+
+
+def test_shell_line_without_env_has_no_env_word() -> None:
+    node = plan_launch(cluster(HETERO), run_id="r").nodes[0]
+    assert node.shell_line().startswith('cd "$HOME"/project && /opt/venv/bin/python -m torch.distributed.run ')
+    assert after_cd(node) == as_shell_reads(node)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(exclude_characters="\0", exclude_categories=["Cs"])), max_size=5))
+def test_shell_line_round_trips_any_args(args: list[str]) -> None:
+    node = plan_launch(cluster("hosts: [a]\n"), Job("t.py", tuple(args)), run_id="r").nodes[0]
+    assert after_cd(node) == as_shell_reads(node)
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
+def test_a_real_shell_reads_the_same_words(tmp_path: Path) -> None:
+    """What `sh` makes of the line (not only shlex): the words, the directory, nothing executed by accident."""
+    (tmp_path / "my project").mkdir()
+    c = cluster("hosts: [{name: a, workdir: '~/my project', env: {GREETING: 'hi $(touch pwned) `touch pwned`'}}]\n")
+    args = tuple(w for w in NASTY_WORDS if w)
+    node = plan_launch(c, Job("t.py", args), run_id="r").nodes[0]
+    line = node.shell_line()
+    # Replace the program with printf, keeping the shell's parsing of everything else.
+    line = line.replace("&& env ", '&& pwd && env printf "%s\\0" ', 1)
+    out = subprocess.run(["sh", "-c", line], capture_output=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         cwd=tmp_path, check=True, timeout=10).stdout.decode()
+    where, _, printed = out.partition("\n")
+    assert where == str(tmp_path / "my project")
+    home = [str(tmp_path) + w[1:] if i in node.home_words and w.startswith("~/") else w  # `~/`: the home
+            for i, w in enumerate(node.argv)]
+    assert printed.split("\0")[:-1] == [f"GREETING={node.env[0].value}", *home]
+    assert not list(tmp_path.rglob("pwned"))
+
+
+# --- secrets -------------------------------------------------------------------------------------------------
+
+
+SECRETS = """\
+    defaults:
+      env:
+        PASSWORD: {value: hunter2-literal, secret: true}
+    hosts:
+      - name: a
+        env:
+          TOKEN: {from_env: MY_TOKEN, secret: true}
+          COPIED: {from_env: WANDB_KEY}
+          OPEN: visible-value
+      - b
+    job: {script: t.py}
+"""
+
+
+def test_secret_values_never_appear_in_shell_line_or_describe() -> None:
+    plan = plan_launch(cluster(SECRETS), run_id="r")
+    text = plan.describe()
+    lines = [n.shell_line() for n in plan.nodes]
+    for shown in (text, *lines):
+        assert "hunter2" not in shown
+        assert "MY_TOKEN" not in shown  # even the name of a secret's source stays out
+    a, b = lines
+    assert shlex.split(a)[3:8] == ["env", f"PASSWORD={SECRET_MASK}", f"TOKEN={SECRET_MASK}", "COPIED=$WANDB_KEY",
+                                   "OPEN=visible-value"]
+    assert shlex.split(b)[3:5] == ["env", f"PASSWORD={SECRET_MASK}"]
+    assert "TOKEN" not in b
+    assert a in text and b in text
+
+
+def test_secrets_stay_in_the_plan_for_the_transport() -> None:
+    node = plan_launch(cluster(SECRETS), run_id="r").nodes[0]
+    by_name = {v.name: v for v in node.env}
+    assert by_name["PASSWORD"].value == "hunter2-literal" and by_name["PASSWORD"].secret
+    assert by_name["TOKEN"].from_env == "MY_TOKEN" and by_name["TOKEN"].secret
+
+
+# --- describe ------------------------------------------------------------------------------------------------
+
+
+def test_describe_names_every_node_the_world_and_the_rendezvous() -> None:
+    text = plan_launch(cluster(HETERO), run_id="r1").describe()
+    assert text.startswith("run r1: 2 node(s), world size 6, rendezvous at gpu01:29611\n")
+    assert "node 0: gpu01\n" in text
+    assert "node 1: gpu02 (reached by peers as 10.0.0.2)\n" in text
+    assert f"run dir {RUNS_ROOT}/r1/gpu02" in text
+    assert "why each flag is there:" in text
+
+
+def test_describe_with_auto_says_auto() -> None:
+    text = plan_launch(cluster("hosts: [{name: a, nproc_per_node: auto}]\njob: {script: t.py}\n")).describe()
+    assert "world size auto" in text
+
+
+# --- quote_path ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "quoted"), [
+    ("~", '"$HOME"'),
+    ("~/x", '"$HOME"/x'),
+    ("~/my project", "\"$HOME\"/'my project'"),
+    ("~/$(id)", "\"$HOME\"/'$(id)'"),
+    ("/opt/venv/bin/python", "/opt/venv/bin/python"),
+    ("/a b/c", "'/a b/c'"),
+    ("relative/dir", "relative/dir"),
+    ("~user/x", "'~user/x'"),
+    ("~x", "'~x'"),
+    ("$HOME/x", "'$HOME/x'"),
+    ("it's", "'it'\"'\"'s'"),
+    ("/a;rm -rf /", "'/a;rm -rf /'"),
+])
+def test_quote_path(path: str, quoted: str) -> None:
+    assert quote_path(path) == quoted
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
+@pytest.mark.parametrize(("path", "expected"), [
+    ("~", "{home}"),
+    ("~/x", "{home}/x"),
+    ("~/my project/$(touch pwned)", "{home}/my project/$(touch pwned)"),
+    ("~user/x", "~user/x"),
+    ("$HOME/x", "$HOME/x"),
+    ("/a b/`touch pwned`", "/a b/`touch pwned`"),
+])
+def test_quote_path_means_the_same_to_a_real_shell(tmp_path: Path, path: str, expected: str) -> None:
+    home = tmp_path / "home dir"
+    home.mkdir()
+    out = subprocess.run(["sh", "-c", f"printf '%s' {quote_path(path)}"], capture_output=True, check=True,
+                         env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout=10).stdout.decode()
+    assert out == expected.format(home=home)
+    assert not list(tmp_path.rglob("pwned"))
+
+
+# --- run ids -------------------------------------------------------------------------------------------------
+
+
+def test_run_ids_sort_by_time() -> None:
+    start = dt.datetime(2026, 11, 22, 3, 15, 0)
+    times = [start + dt.timedelta(seconds=s) for s in (0, 1, 59, 60, 3600, 86400, 86400 * 40, 86400 * 400)]
+    ids = [new_run_id(t) for t in times]
+    assert sorted(ids) == ids
+    assert sorted(reversed(ids)) == ids
+    assert new_run_id(dt.datetime(2026, 1, 2, 3, 4, 5)).startswith("20260102-030405-")
+    assert new_run_id(dt.datetime(2025, 12, 31, 23, 59, 59)) < new_run_id(dt.datetime(2026, 1, 1, 0, 0, 0))
+
+
+def test_run_ids_differ_even_in_the_same_second() -> None:
+    now = dt.datetime(2026, 11, 22, 3, 15, 0)
+    ids = {new_run_id(now) for _ in range(10)}
+    assert len(ids) == 10
+    assert all(re.fullmatch(r"20261122-031500-[0-9a-f]{6}", i) for i in ids)
+    assert new_run_id() != new_run_id()
