@@ -76,7 +76,7 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
 
         running = inv("status", "--hosts", hosts)
         assert running.returncode == 0, running.stderr
-        assert running.stdout.count("running") == 2 and run_id in running.stdout
+        assert running.stdout.count("running") == 2 and run_id in running.stdout, running.stdout
 
         follow = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "--hosts", hosts, "--follow",
                                    "--node", "node-1"], cwd=Path(__file__).parent.parent,
@@ -88,8 +88,8 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
         stopped = inv("stop", "--hosts", hosts, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert run_processes(run_id) == []
-        rest, _ = follow.communicate(timeout=30)  # --follow ends when the run does
-        assert "tick" in rest and "node-0" not in rest
+        rest, errors = follow.communicate(timeout=30)  # --follow ends when the run does
+        assert "tick" in rest and "node-0" not in rest, rest + errors
         assert decoy.poll() is None, "inv stop killed a process that only looked like a torchrun"
 
         again = inv("stop", "--hosts", hosts, timeout=60)

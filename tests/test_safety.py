@@ -209,9 +209,9 @@ def test_connection_errors_are_one_line_per_node_with_a_fix(make_sandbox, tmp_pa
     assert time.monotonic() - t0 < 20
     err = result.stderr
     assert "cannot reach 5 node(s); nothing was started" in err, err
-    assert "stranger: auth:" in err and "ssh-copy-id" in err
-    assert "silent: timeout:" in err
-    assert "refused: refused: connection refused" in err
-    assert "no-such-node.invalid: unresolvable:" in err
-    assert "keyless: key-file: identity_file" in err and "missing_key does not exist" in err
+    assert "stranger: auth:" in err and "ssh-copy-id" in err, err
+    assert "silent: timeout:" in err, err
+    assert "refused: refused: connection refused" in err, err
+    assert "no-such-node.invalid: unresolvable:" in err, err
+    assert "keyless: key-file: identity_file" in err and "missing_key does not exist" in err, err
     assert "Traceback" not in err
