@@ -78,6 +78,16 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
                       opts=opts)
 
 
+@task(help={"hosts": HOSTS_HELP, "json": "print the findings as JSON (for scripts)",
+            "fast": "only the checks launch runs first (ssh, python, torch, dns, hostname, port, tcp, script)",
+            "connect-timeout": "seconds to wait for each node's SSH connection"})
+@_reported
+def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None):
+    """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
+    return cli.doctor(_hosts(c, hosts), as_json=json, checks="fast" if fast else "all",
+                      opts=_options(c, connect_timeout=connect_timeout))
+
+
 @task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",
             "grace": "seconds between TERM and KILL"})
 @_reported
@@ -128,4 +138,4 @@ def demo(c):
 sandbox = Collection("sandbox")
 sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
-ns = Collection(launch, stop, status, logs, demo, sandbox)
+ns = Collection(launch, doctor, stop, status, logs, demo, sandbox)

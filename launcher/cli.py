@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from launcher import doctor as doctor_checks
 from launcher import runs, sandbox
 from launcher.errors import LauncherError
 from launcher.inventory import Cluster, Job, load_inventory
@@ -43,7 +44,26 @@ def launch(hosts: str, *, script: str | None = None, args: str | None = None, dr
     if dry_run:
         opts.out.write(plan.describe() + "\n")
         return 0
+    if doctor and opts.preflight is None:
+        timeout = opts.connect_timeout
+        opts.preflight = lambda cluster, nodes: doctor_checks.preflight(cluster, nodes, timeout=timeout)
     return runs.launch(plan, opts)
+
+
+def doctor(hosts: str, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
+    """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails."""
+    opts = opts or runs.Options()
+    report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks)
+    if as_json:
+        opts.out.write(doctor_checks.report_json(report) + "\n")
+    else:
+        doctor_checks.render_table(report, _console(opts))
+    return 0 if report.ok else 1
+
+
+def _console(opts: runs.Options) -> Console:
+    """A console on the task's output; wide enough for a table when it is a file or a pipe, not a terminal."""
+    return Console(file=opts.out, width=None if opts.out.isatty() else 160)
 
 
 def _when(ts: float | None) -> str:
@@ -75,7 +95,7 @@ def _problems(console: Console, states: list[runs.NodeState]) -> None:
 def status(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
     states = runs.status(cluster, run_id, opts)
-    console = Console(file=(opts or runs.Options()).out)
+    console = _console(opts or runs.Options())
     console.print(_state_table(f"run {run_id or '(latest)'} on {len(states)} node(s)", states, stop=False))
     _problems(console, states)
     return 1 if any(s.state in ("unreachable", "error") for s in states) else 0
@@ -84,7 +104,7 @@ def status(hosts: str, run_id: str | None = None, opts: runs.Options | None = No
 def stop(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
     states = runs.stop(cluster, run_id, opts)
-    console = Console(file=(opts or runs.Options()).out)
+    console = _console(opts or runs.Options())
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
         console.print(f"nothing was running on {len(states)} node(s)"
                       + (f" (run {states[0].run_id})" if states and states[0].run_id else ""))
@@ -136,4 +156,4 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["demo", "launch", "logs", "main_error", "sandbox_down", "sandbox_up", "status", "stop"]
+__all__ = ["demo", "doctor", "launch", "logs", "main_error", "sandbox_down", "sandbox_up", "status", "stop"]

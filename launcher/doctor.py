@@ -379,6 +379,9 @@ def check_tcp(ev: Evidence) -> list[Finding]:
         elif error.startswith("something else"):
             fix = (f"{rdzv.master_addr} leads to another machine from {h}: it must be {master.name}'s address "
                    f"(check DNS or /etc/hosts on {h})")
+        elif error.startswith("connected to"):
+            fix = (f"check that {rdzv.master_addr} is {master.name}'s address on {h} (DNS or /etc/hosts); "
+                   f"if it is, {master.name} was too busy to answer: run the doctor again")
         else:
             fix = (f"let {h} reach TCP port {rdzv.master_port} on {master.name} (firewall, security group), "
                    f"and check that {rdzv.master_addr} resolves to {master.name}'s address there")
@@ -649,17 +652,20 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     commands = {h.name: probe_command(h.python) for h in hosts}
     inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
     sent = time.time()
-    results = run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
-    received = time.time()
-    if channel is not None:
-        channel.close_stdin()  # every probe has answered: the listener can stop
-        answer = _outcome(channel.collect(2.0))
-        channel.close()
-        if isinstance(answer, dict):
-            listener = answer
-        elif isinstance(answer, ProbeFailed) and answer.exit_code not in (126, 127):
-            listener = {"failed": (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]}
-        # 126/127: the master's python is missing; its python finding says so.
+    try:
+        results = run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
+        received = time.time()
+        if channel is not None:
+            channel.close_stdin()  # every probe has answered: the listener can stop
+            answer = _outcome(channel.collect(2.0))
+            if isinstance(answer, dict):
+                listener = answer
+            elif isinstance(answer, ProbeFailed) and answer.exit_code not in (126, 127):
+                listener = {"failed": (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]}
+            # 126/127: the master's python is missing; its python finding says so.
+    finally:
+        if channel is not None:
+            channel.close()
     return {h: _outcome(r) for h, r in results.items()}, listener, (sent, received)
 
 
@@ -714,9 +720,9 @@ def _worst(findings: Iterable[Finding]) -> Status | None:
 def render_table(report: Report, console: Console) -> None:
     """One row per node, one column per check (✓ ok, ! warn, ✗ fail), then each problem and its fix."""
     table = Table(title=f"doctor: {len(report.hosts)} node(s) from {report.source}", title_justify="left")
-    table.add_column("node")
+    table.add_column("node", no_wrap=True)
     for check in report.checks:
-        table.add_column(check, justify="center")
+        table.add_column(check, justify="center", no_wrap=True, min_width=len(check))
     for host in report.hosts:
         cells = []
         for check in report.checks:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-TOKEN_READ_S = 1.0
+TOKEN_READ_S = 2.0
 RESOLVE_BUDGET_S = 3.0
 SMI_TIMEOUT_S = 3.0
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
@@ -381,10 +381,14 @@ def tcp_connect(addr, port, token, window):
         finally:
             sock.close()  # we close first: the TIME_WAIT stays on our side, not on the master's port
         elapsed = round(time.monotonic() - start, 3)
-        if data.strip().decode(errors="replace") == token:
-            return {"ok": True, "peer": peer, "attempts": attempts, "elapsed": elapsed}
-        return {"ok": False, "peer": peer, "attempts": attempts, "elapsed": elapsed,
-                "error": f"something else answers on {addr}:{port} (not the doctor's listener)"}
+        result = {"ok": data.strip().decode(errors="replace") == token, "peer": peer, "attempts": attempts,
+                  "elapsed": elapsed}
+        if not data:
+            result["error"] = (f"connected to {addr}:{port} ({peer}), but no answer came in {TOKEN_READ_S:g} s: "
+                               "something else listens there, or the master is overloaded")
+        elif not result["ok"]:
+            result["error"] = f"something else answers on {addr}:{port} ({peer}): not the doctor's listener"
+        return result
 
 
 def port_holders(port, budget=1.0):

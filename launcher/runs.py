@@ -117,7 +117,8 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> d
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
-    nodes, failures = connect_all(cluster, hosts, opts.connect_timeout)
+    nodes, failures = connect_all(cluster, hosts, opts.connect_timeout,
+                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
     if failures:
         close_all(nodes.values())
         progress.done(f"connected {len(nodes)}/{len(hosts)}")

@@ -15,8 +15,8 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,14 +340,22 @@ def connect(host: Host, cluster: Cluster, timeout: float = DEFAULT_CONNECT_TIMEO
     return Node(host.name, target, conn)
 
 
-def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None,
-                timeout: float = DEFAULT_CONNECT_TIMEOUT) -> tuple[dict[str, Node], list[NodeFailure]]:
-    """Connect to every host at once; returns the open nodes (in inventory order) and the failures."""
+def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                on_connect: Callable[[int, int], None] | None = None,
+                ) -> tuple[dict[str, Node], list[NodeFailure]]:
+    """Connect to every host at once; returns the open nodes (in inventory order) and the failures.
+
+    `on_connect(done, total)` is called as each connection succeeds or fails (for progress lines).
+    """
     hosts = list(cluster.hosts if hosts is None else hosts)
     if not hosts:
         return {}, []
     with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-        outcomes = list(pool.map(lambda h: connect(h, cluster, timeout), hosts))
+        futures = [pool.submit(connect, h, cluster, timeout) for h in hosts]
+        if on_connect is not None:
+            for done, _ in enumerate(as_completed(futures), 1):
+                on_connect(done, len(hosts))
+        outcomes = [f.result() for f in futures]
     nodes = {o.name: o for o in outcomes if isinstance(o, Node)}
     failures = [o for o in outcomes if isinstance(o, NodeFailure)]
     return nodes, failures

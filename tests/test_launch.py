@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,24 @@ def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_
     assert "--node-rank 1" in out and "train/ddp.py --epochs 3 'it'\"'\"'s'" in out
     assert "why each flag is there" in out
     assert not (tmp_path / "logs").exists()
+
+
+def test_launch_refuses_in_seconds_when_a_node_cannot_resolve_the_master(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
+    runs_root = Path(os.path.expanduser(RUNS_ROOT))
+    before = set(runs_root.iterdir()) if runs_root.exists() else set()
+    t0 = time.monotonic()
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert time.monotonic() - t0 < 30  # torchrun itself would retry "gai error -2" for many minutes
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "nothing was started" in result.stderr
+    assert f'add "{box.nodes[0].addr} node-0" to /etc/hosts on node-1' in result.stderr, result.stderr
+    after = set(runs_root.iterdir()) if runs_root.exists() else set()
+    assert after == before
+
+    report = inv("doctor", "--hosts", str(box.inventory), "--json")
+    assert report.returncode == 1
+    findings = json.loads(report.stdout)["findings"]
+    assert any(f["host"] == "node-1" and f["check"] == "dns" and f["status"] == "fail" for f in findings)
+    table = inv("doctor", "--hosts", str(box.inventory))
+    assert table.returncode == 1 and "node-1" in table.stdout and "fix:" in table.stdout

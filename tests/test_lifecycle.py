@@ -136,3 +136,23 @@ def test_a_rank_that_raises_fails_the_run_fast_with_its_exception(make_sandbox, 
     assert "root cause: node-1, rank 1" in result.stderr, result.stderr
     assert "injected failure at step 5 on rank 1" in result.stderr
     assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_a_silent_launcher_is_treated_as_gone(sleeper_box, tmp_path: Path) -> None:
+    """A frozen launcher or a dead network sends no heartbeats: each node stops its part by itself."""
+    out = tmp_path / "launch.out"
+    env_timeout = {"INVOKE_LAUNCHER_HEARTBEAT_TIMEOUT": "3", "INVOKE_LAUNCHER_GRACE": "1"}
+    os.environ.update(env_timeout)
+    try:
+        proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    finally:
+        for key in env_timeout:
+            del os.environ[key]
+    run_id = started_run(out, workers=2)
+    os.killpg(proc.pid, signal.SIGSTOP)  # the connection stays open, but nothing comes through it
+    try:
+        waited = wait_for(lambda: not run_processes(run_id), timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert waited < 15
+    assert proc.wait(timeout=30) != 0  # it wakes up to find its run stopped, and says so

@@ -1,0 +1,665 @@
+"""The doctor: pure checks on canned probe data, the probe script run locally, then real sshd sandboxes."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import fcntl
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import free_port
+from rich.console import Console
+
+from launcher import doctor, sandbox, transport
+from launcher.doctor import DoctorFailed, Evidence, Finding, ProbeFailed
+from launcher.errors import LauncherError, NodeFailure
+from launcher.inventory import Cluster, load_inventory, parse_inventory
+from launcher.sandbox import Sandbox
+
+ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
+SHA = "ab" * 32
+
+
+def make_cluster(nproc: int | str = 1, master_addr: str = "node-0", job: bool = True) -> Cluster:
+    data: dict[str, Any] = {
+        "defaults": {"python": "/opt/venv/bin/python", "workdir": "~/project", "nproc_per_node": nproc},
+        "hosts": list(ADDRS),
+        "rendezvous": {"master_addr": master_addr, "master_port": 29500},
+    }
+    if job:
+        data["job"] = {"script": "train.py"}
+    return parse_inventory(yaml.safe_dump(data), "hosts/test.yaml")
+
+
+def probe(host: str, names: list[str] | None = None) -> dict[str, Any]:
+    """A healthy probe answer from `host`, as launcher/probe.py prints it."""
+    names = names or list(ADDRS)
+    return {
+        "mode": "probe",
+        "hostname": host,
+        "python": {"version": "3.11.7", "executable": "/opt/venv/bin/python", "implementation": "CPython"},
+        "torch": {"version": "2.13.0", "cuda": "12.8", "cuda_known": True, "nccl": "2.27.3"},
+        "resolve": {n: {"addrs": [ADDRS[n]]} for n in names},
+        "self": {"hostname": host, "hosts_lines": [f"{ADDRS[host]} {host}"], "addrs": [ADDRS[host]]},
+        "workdir": {"path": "/home/u/project", "exists": True},
+        "script": {"path": "/home/u/project/train.py", "sha256": SHA, "size": 100},
+        "route": {"ip": ADDRS[host], "iface": "eth0"},
+        "disk_free": 50 << 30,
+        "gpus": {"count": 1, "total": 1, "smi": True, "names": ["H100"], "busy": []},
+        "packages": {"sha256": "p" * 64, "count": 2, "list": ["numpy==2.1.0", "torch==2.13.0"]},
+        "tcp": {"ok": True, "peer": ADDRS["node-0"], "attempts": 1, "elapsed": 0.01},
+        "elapsed": 0.05,
+        "time": 1000.5,
+    }
+
+
+def evidence(cluster: Cluster | None = None, listener: dict[str, Any] | None = None, **outcomes: Any) -> Evidence:
+    cluster = cluster or make_cluster()
+    found: dict[str, Any] = {h.name: probe(h.name) for h in cluster.hosts}
+    found.update({k.replace("_", "-"): v for k, v in outcomes.items()})
+    return Evidence(cluster, found, listener if listener is not None else {"free": True, "accepted": 3},
+                    clock=(1000.0, 1001.0), probe_timeout=10.0)
+
+
+def findings(ev: Evidence, check: str, host: str | None = None) -> list[Finding]:
+    out = [f for f in doctor.evaluate(ev) if f.check == check]
+    return [f for f in out if f.host == host] if host else out
+
+
+def only(ev: Evidence, check: str, host: str) -> Finding:
+    (found,) = findings(ev, check, host)
+    return found
+
+
+def problems(ev: Evidence, checks: str = "all") -> list[Finding]:
+    return [f for f in doctor.evaluate(ev, checks) if f.status != "ok"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure checks.
+
+
+def test_healthy_cluster_is_all_ok_with_one_finding_per_node_and_check() -> None:
+    ev = evidence()
+    found = doctor.evaluate(ev)
+    assert [f for f in found if f.status != "ok"] == []
+    for host in ADDRS:
+        checks = [f.check for f in found if f.host == host]
+        expected = [c for c in doctor.CHECKS if c != "port" or host == "node-0"]
+        assert checks == expected, host
+    assert only(ev, "port", "node-0").detail == "port 29500 is free on node-0"
+    assert only(ev, "gpus", "node-1").detail == "1 GPU(s) H100, nproc_per_node 1"
+
+
+def test_fast_mode_runs_only_the_checks_that_matter_for_starting() -> None:
+    ev = evidence(node_1={**probe("node-1"), "disk_free": 1, "packages": {"sha256": "x", "count": 0, "list": []}})
+    assert {f.check for f in doctor.evaluate(ev, "fast")} == set(doctor.FAST_CHECKS)
+    assert problems(ev, "fast") == []
+    assert {f.check for f in problems(ev, "all")} == {"disk", "packages"}
+    with pytest.raises(ValueError, match="'all' or 'fast'"):
+        doctor.evaluate(ev, "quick")
+
+
+@pytest.mark.parametrize(("kind", "detail", "fix"), [
+    ("refused", "connection refused by 10.0.0.3:22", "is sshd running on the node, and is the port right?"),
+    ("auth", "root@10.0.0.3:22 refused every key offered", "check `user` and `identity_file`"),
+    ("host-key-changed", "the host key of 10.0.0.3:22 differs", "ssh-keygen -R 10.0.0.3"),
+])
+def test_ssh_failures_keep_their_kind_and_fix(kind: str, detail: str, fix: str) -> None:
+    ev = evidence(node_2=NodeFailure("node-2", kind, detail, fix))
+    assert only(ev, "ssh", "node-2") == Finding("node-2", "ssh", "fail", f"{kind}: {detail}", fix)
+    assert [f.check for f in doctor.evaluate(ev) if f.host == "node-2"] == ["ssh"]  # nothing else guessed
+    assert [f for f in problems(ev) if f.host != "node-2"] == []
+
+
+def test_missing_python_is_named_with_the_inventory_fix() -> None:
+    ev = evidence(node_1=ProbeFailed(127, "bash: line 1: /opt/venv/bin/python: No such file or directory\n"))
+    found = only(ev, "python", "node-1")
+    assert found.status == "fail"
+    assert "/opt/venv/bin/python cannot run on node-1" in found.detail
+    assert "No such file or directory" in found.detail
+    assert "set `python:` for node-1" in found.fix
+
+
+def test_probe_that_runs_out_of_time_or_crashes() -> None:
+    ev = evidence(node_1=ProbeFailed(-1), node_2=ProbeFailed(1, "SyntaxError: invalid syntax"))
+    assert only(ev, "python", "node-1").detail == "the probe did not answer within 10 s"
+    crashed = only(ev, "python", "node-2")
+    assert crashed.detail == "the probe failed (exit 1): SyntaxError: invalid syntax"
+    assert "3.8 or newer" in crashed.fix
+
+
+def test_python_minor_version_differs_fails_and_patch_warns() -> None:
+    odd = probe("node-2")
+    odd["python"] = {"version": "3.10.12", "executable": "/usr/bin/python3"}
+    patch = probe("node-1")
+    patch["python"] = {"version": "3.11.4", "executable": "/opt/venv/bin/python"}
+    ev = evidence(node_2=odd)
+    found = only(ev, "python", "node-2")
+    assert (found.status, found.detail) == ("fail", "Python 3.10.12 here, 3.11 on node-0, node-1")
+    assert "Python 3.11 interpreter (like /opt/venv/bin/python on node-0)" in found.fix
+    warned = only(evidence(node_1=patch), "python", "node-1")
+    assert (warned.status, warned.detail) == ("warn", "Python 3.11.4 here, 3.11.7 on node-0, node-2")
+
+
+def test_torch_version_differs_names_the_odd_node_and_the_majority() -> None:
+    odd = probe("node-2")
+    odd["torch"] = {**odd["torch"], "version": "2.12.0"}
+    found = only(evidence(node_2=odd), "torch", "node-2")
+    assert found.status == "fail"
+    assert found.detail == "torch 2.12.0 here, 2.13.0 on node-0, node-1"
+    assert "torch==2.13.0" in found.fix
+    assert only(evidence(node_2=odd), "torch", "node-0").status == "ok"
+
+
+def test_torch_tie_goes_to_the_master() -> None:
+    odd = probe("node-1")
+    odd["torch"] = {**odd["torch"], "version": "2.12.0"}
+    cluster = parse_inventory(yaml.safe_dump({"hosts": ["node-0", "node-1"]}))
+    ev = Evidence(cluster, {"node-0": probe("node-0"), "node-1": odd}, {"free": True})
+    assert only(ev, "torch", "node-1").detail == "torch 2.12.0 here, 2.13.0 on node-0"
+
+
+def test_torch_missing_cuda_and_nccl_differences() -> None:
+    missing = probe("node-0")
+    missing["torch"] = {"version": None}
+    cuda = probe("node-1")
+    cuda["torch"] = {**cuda["torch"], "cuda": "12.1"}
+    nccl = probe("node-2")
+    nccl["torch"] = {**nccl["torch"], "nccl": "2.21.5"}
+    cluster = parse_inventory(yaml.safe_dump({"hosts": ["node-0", "node-1", "node-2", "node-3"]}))
+    extra = probe("node-2")
+    ev = Evidence(cluster, {"node-0": missing, "node-1": cuda, "node-2": nccl, "node-3": extra}, {"free": True})
+    gone = only(ev, "torch", "node-0")
+    assert (gone.status, gone.detail) == ("fail", "torch is not installed for /opt/venv/bin/python")
+    assert "torch==2.13.0" in gone.fix
+    assert only(ev, "torch", "node-1").detail == "torch built for CUDA 12.1 here, 12.8 on node-2, node-3"
+    warned = only(ev, "torch", "node-2")
+    assert (warned.status, warned.detail) == ("warn", "NCCL 2.21.5 here, 2.27.3 on node-1, node-3")
+    assert only(ev, "torch", "node-3").detail == "torch 2.13.0, CUDA 12.8, NCCL 2.27.3"
+
+
+def test_unresolvable_name_gives_the_exact_hosts_line() -> None:
+    blind = probe("node-1")
+    blind["resolve"]["node-0"] = {"error": "gai error -2: Name or service not known"}
+    found = only(evidence(node_1=blind), "dns", "node-1")
+    assert found.status == "fail"
+    assert found.detail == "node-1 cannot resolve node-0 (gai error -2: Name or service not known)"
+    assert found.fix == 'add "10.0.0.1 node-0" to /etc/hosts on node-1'
+    assert only(evidence(node_1=blind), "dns", "node-0").status == "ok"
+
+
+def test_nodes_disagreeing_on_an_address() -> None:
+    odd = probe("node-2")
+    odd["resolve"]["node-1"] = {"addrs": ["10.9.9.9"]}
+    found = only(evidence(node_2=odd), "dns", "node-2")
+    assert found.detail == "node-2 resolves node-1 to 10.9.9.9, node-0, node-1 to 10.0.0.2"
+    assert found.fix == 'make node-1 resolve to 10.0.0.2 on node-2: "10.0.0.2 node-1" in its /etc/hosts, or fix DNS'
+
+
+def test_a_master_alias_nobody_resolves() -> None:
+    cluster = make_cluster(master_addr="master.internal")
+    outcomes = {}
+    for host in ADDRS:
+        p = probe(host)
+        p["resolve"]["master.internal"] = {"error": "gai error -2: Name or service not known"}
+        outcomes[host] = p
+    ev = Evidence(cluster, outcomes, {"free": True})
+    for host in ADDRS:
+        found = only(ev, "dns", host)
+        assert found.status == "fail"
+        assert found.fix.startswith("no node can resolve master.internal: fix the name in hosts/test.yaml")
+
+
+def test_the_127_0_1_1_trap() -> None:
+    trapped = probe("node-1")
+    trapped["self"] = {"hostname": "node-1", "hosts_lines": ["127.0.1.1 node-1"], "addrs": ["127.0.1.1"]}
+    trapped["resolve"]["node-1"] = {"addrs": ["127.0.1.1"]}  # its own view of its name: not a dns finding
+    ev = evidence(node_1=trapped)
+    found = only(ev, "hostname", "node-1")
+    assert found.status == "fail"
+    assert found.detail.startswith("node-1 resolves to 127.0.1.1 on node-1, but its peers reach it at 10.0.0.2")
+    assert found.fix == 'on node-1, replace "127.0.1.1 node-1" in /etc/hosts with "10.0.0.2 node-1"'
+    assert {(f.host, f.check) for f in problems(ev)} == {("node-1", "hostname")}
+
+
+def test_hostname_on_another_routable_address_only_warns_and_unresolvable_fails() -> None:
+    other = probe("node-1")
+    other["self"] = {"hostname": "gpu1", "hosts_lines": [], "addrs": ["192.168.5.2"]}
+    found = only(evidence(node_1=other), "hostname", "node-1")
+    assert found.status == "warn"
+    assert found.fix == 'make gpu1 resolve to 10.0.0.2 on node-1 ("10.0.0.2 gpu1" in /etc/hosts)'
+    lost = probe("node-2")
+    lost["self"] = {"hostname": "gpu2", "hosts_lines": [], "error": "gai error -2: Name or service not known"}
+    found = only(evidence(node_2=lost), "hostname", "node-2")
+    assert found.status == "fail"
+    assert found.fix == 'add "10.0.0.3 gpu2" to /etc/hosts on node-2'
+
+
+def test_master_port_taken_names_the_holder_and_skips_the_tcp_check() -> None:
+    listener = {"free": False, "error": "[Errno 98] Address already in use", "states": ["listening"],
+                "holders": [{"pid": 4242, "command": "python -m torch.distributed.run", "state": "listening"}]}
+    ev = evidence(listener=listener)
+    found = only(ev, "port", "node-0")
+    assert found.status == "fail"
+    assert found.detail == ("master_port 29500 is taken on node-0 ([Errno 98] Address already in use): "
+                            "pid 4242 (python -m torch.distributed.run) listening")
+    assert found.fix == "stop pid 4242 on node-0, or set rendezvous.master_port to a free port"
+    assert findings(ev, "tcp") == []
+    assert findings(ev, "port", "node-1") == []
+    failed = only(evidence(listener={"failed": "node-0: refused: gone"}), "port", "node-0")
+    assert failed.status == "fail" and "could not check port 29500" in failed.detail
+
+
+def test_worker_that_cannot_reach_the_master_port() -> None:
+    refused = probe("node-1")
+    refused["tcp"] = {"ok": False, "error": "[Errno 111] Connection refused", "attempts": 40}
+    other = probe("node-2")
+    other["tcp"] = {"ok": False, "error": "something else answers on node-0:29500 (not the doctor's listener)"}
+    ev = evidence(node_1=refused, node_2=other)
+    found = only(ev, "tcp", "node-1")
+    assert found.detail == "node-1 cannot open a TCP connection to node-0:29500: [Errno 111] Connection refused"
+    assert "let node-1 reach TCP port 29500 on node-0" in found.fix
+    assert "leads to another machine from node-2" in only(ev, "tcp", "node-2").fix
+    assert only(ev, "tcp", "node-0").status == "ok"
+
+
+def test_script_missing_or_different() -> None:
+    gone = probe("node-1")
+    gone["script"] = {"path": "/home/u/project/train.py", "error": "[Errno 2] No such file or directory"}
+    changed = probe("node-2")
+    changed["script"] = {"path": "/home/u/project/train.py", "sha256": "cd" * 32, "size": 90}
+    ev = evidence(node_1=gone, node_2=changed)
+    missing = only(ev, "script", "node-1")
+    assert missing.detail == "train.py is missing on node-1: /home/u/project/train.py"
+    assert "rsync -a node-0:/home/u/project/ node-1:/home/u/project/" in missing.fix
+    differs = only(ev, "script", "node-2")
+    assert differs.detail == f"train.py differs on node-2 (sha256 {'cd' * 6}), node-0 have {'ab' * 6}"
+    assert findings(evidence(make_cluster(job=False)), "script") == []
+
+
+def test_gpu_count_busy_gpus_and_cpu_only_nodes() -> None:
+    few = probe("node-0")
+    few["gpus"] = {"count": 4, "names": ["H100"], "busy": [{"index": 2, "pids": [777], "memory_used_mib": 30000.0,
+                                                             "utilization": 97.0}]}
+    cpu = probe("node-1")
+    cpu["gpus"] = {"count": 0, "busy": None, "smi": False}
+    ev = evidence(make_cluster(nproc=8), node_0=few, node_1=cpu)
+    short, busy = findings(ev, "gpus", "node-0")
+    assert (short.status, short.detail) == ("fail", "nproc_per_node is 8 but 4 GPU(s) visible")
+    assert "set nproc_per_node: 4" in short.fix
+    assert (busy.status, busy.detail) == ("warn", "GPU 2 is busy (777; 30000 MiB, 97% used)")
+    assert only(ev, "gpus", "node-1") == Finding("node-1", "gpus", "ok", "no GPUs: gloo on CPU")
+    assert only(evidence(make_cluster(nproc="auto"), node_1=cpu), "gpus", "node-1").status == "ok"
+
+
+def test_package_differences_are_listed() -> None:
+    odd = probe("node-2")
+    odd["packages"] = {"sha256": "q" * 64, "count": 3, "list": ["numpy==2.1.0", "torch==2.12.0", "wandb==0.19.0"]}
+    found = only(evidence(node_2=odd), "packages", "node-2")
+    assert found.status == "warn"
+    assert found.detail == "2 difference(s) from node-0: torch 2.12.0 (not 2.13.0), +wandb 0.19.0"
+
+
+def test_low_disk_and_clock_skew_warn() -> None:
+    low = probe("node-1")
+    low["disk_free"] = 300 << 20
+    late = probe("node-2")
+    late["time"] = 990.0  # 10 s before the controller sent the probes
+    ev = evidence(node_1=low, node_2=late)
+    assert only(ev, "disk", "node-1").detail == "only 300.0 MiB free for /home/u/project"
+    clock = only(ev, "clock", "node-2")
+    assert (clock.status, clock.detail) == ("warn", "clock 10.0 s behind the controller's")
+    assert only(ev, "clock", "node-0").status == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output, the launch path, the command line.
+
+
+def _report(ev: Evidence, checks: str = "all") -> doctor.Report:
+    return doctor.Report(source="hosts/test.yaml", hosts=tuple(ADDRS), checks=doctor.selected_checks(checks),
+                         findings=tuple(doctor.evaluate(ev, checks)),
+                         probes={h: o if isinstance(o, dict) else None for h, o in ev.outcomes.items()},
+                         errors={}, listener=ev.listener, timings={"total_s": 0.5})
+
+
+def test_render_table_marks_each_check_and_lists_each_fix() -> None:
+    blind = probe("node-1")
+    blind["resolve"]["node-0"] = {"error": "gai error -2: Name or service not known"}
+    low = probe("node-2")
+    low["disk_free"] = 1 << 20
+    console = Console(record=True, width=200, color_system=None)
+    doctor.render_table(_report(evidence(node_1=blind, node_2=low)), console)
+    text = console.export_text()
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ node-")}
+    assert rows["node-1"].count("✗") == 1 and rows["node-2"].count("!") == 1
+    assert rows["node-0"].count("✓") == len(doctor.CHECKS)
+    assert '✗ node-1 dns: node-1 cannot resolve node-0' in text
+    assert 'fix: add "10.0.0.1 node-0" to /etc/hosts on node-1' in text
+    assert "1 failure(s), 1 warning(s)" in text
+
+
+def test_report_json_holds_the_same_findings() -> None:
+    report = _report(evidence(node_2=NodeFailure("node-2", "refused", "connection refused", "start sshd")))
+    data = json.loads(doctor.report_json(report))
+    assert data["ok"] is False
+    assert [Finding(**f) for f in data["findings"]] == list(report.findings)
+    assert data["nodes"]["node-0"]["probe"]["hostname"] == "node-0"
+    assert data["nodes"]["node-2"]["probe"] is None
+
+
+def test_doctor_failed_lists_failures_and_fixes() -> None:
+    blind = probe("node-1")
+    blind["resolve"]["node-0"] = {"error": "gai error -2: Name or service not known"}
+    error = DoctorFailed(_report(evidence(node_1=blind), "fast"))
+    assert isinstance(error, LauncherError) and error.exit_code == 1
+    text = str(error)
+    assert text.startswith("the doctor found 1 problem(s); nothing was started:")
+    assert '    fix: add "10.0.0.1 node-0" to /etc/hosts on node-1' in text
+
+
+def test_probe_command_quotes_the_interpreter() -> None:
+    assert doctor.probe_command("~/my env/bin/python").startswith("\"$HOME\"/'my env/bin/python' -c ")
+    assert doctor.probe_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -c 'import sys,json;")
+    request = doctor.probe_request(make_cluster(), make_cluster().hosts[1], "fast", {"token": "t", "window": 1})
+    assert request["names"] == ["node-0", "node-1", "node-2"] and request["is_master"] is False
+    assert request["script"] == "train.py" and request["workdir"] == "~/project"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The probe script itself, run here without SSH.
+
+
+def test_probe_source_is_python_3_8() -> None:
+    ast.parse(doctor.PROBE_SOURCE, feature_version=(3, 8))
+
+
+def _run_probe(request: dict[str, Any], env: dict[str, str] | None = None,
+               python: str = sys.executable) -> dict[str, Any]:
+    result = subprocess.run([python, "-c", doctor.BOOTSTRAP], input=doctor.probe_input(request),
+                            capture_output=True, timeout=30, env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    return json.loads(result.stdout)
+
+
+def test_probe_runs_here_and_reads_versions_without_importing_torch(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    request = {"mode": "probe", "checks": "all", "names": ["localhost", "no-such-host.invalid"],
+               "master_addr": "127.0.0.1", "master_port": 29500, "workdir": str(tmp_path), "script": "train.py"}
+    started = time.monotonic()
+    answer = _run_probe(request)
+    assert time.monotonic() - started < 5
+    assert answer["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    assert answer["resolve"]["localhost"]["addrs"]
+    assert "error" in answer["resolve"]["no-such-host.invalid"]
+    assert answer["script"]["size"] == 12 and len(answer["script"]["sha256"]) == 64
+    assert answer["route"]["ip"] == "127.0.0.1" and answer["route"]["iface"] == "lo"
+    assert any(p.startswith("pytest==") for p in answer["packages"]["list"])
+    assert answer["elapsed"] < 2
+
+
+def _python_3_8() -> str | None:
+    """A working Python 3.8 here (on PATH, or a sibling pyenv version), if there is one."""
+    candidates = [shutil.which("python3.8"), *map(str, Path(sys.base_prefix).parent.glob("3.8*/bin/python3.8"))]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-V"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def test_probe_runs_under_python_3_8(tmp_path: Path) -> None:
+    python = _python_3_8()
+    if python is None:
+        pytest.skip("no Python 3.8 on this machine")
+    request = {"mode": "probe", "checks": "all", "names": ["localhost"], "master_addr": "127.0.0.1",
+               "master_port": 29500, "workdir": str(tmp_path), "script": "missing.py"}
+    answer = _run_probe(request, python=python)
+    assert answer["python"]["version"].startswith("3.8.")
+    assert "error" in answer["script"] and answer["packages"]["count"] >= 1
+
+
+def test_probe_reads_gpus_from_nvidia_smi(tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   'case "$1" in\n'
+                   "  --query-gpu=*) printf '0, GPU-aaa, NVIDIA H100, 1, 81559, 0\\n1, GPU-bbb, NVIDIA H100, "
+                   "40000, 81559, 99\\n' ;;\n"
+                   "  *) printf 'GPU-bbb, 4242\\n' ;;\n"
+                   "esac\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    request = {"mode": "probe", "checks": "all", "names": [], "workdir": str(tmp_path), "script": None}
+    gpus = _run_probe(request, env)["gpus"]
+    assert gpus["count"] == 2 and gpus["names"] == ["NVIDIA H100"]
+    assert gpus["busy"] == [{"index": 1, "pids": [4242], "memory_used_mib": 40000.0, "utilization": 99.0}]
+    only_first = _run_probe({**request, "cuda_visible_devices": "0"}, env)["gpus"]
+    assert (only_first["count"], only_first["busy"]) == (1, [])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On real sshd nodes.
+
+BASE_SUBNET = 50  # this module's shared sandbox: 127.0.50.2...; conftest's factory skips a locked subnet
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """One healthy 3-node sandbox for the tests that only change the inventory or the ports."""
+    lock = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{BASE_SUBNET}.lock", "a")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        pytest.skip(f"127.0.{BASE_SUBNET}.x is in use by another test process")
+    folder = tmp_path_factory.mktemp("doctor-sandbox")
+    try:
+        box = sandbox.up(3, state_dir=folder / "state", inventory=folder / "sandbox.yaml",
+                         base_addr=f"127.0.{BASE_SUBNET}.2", master_port=free_port())
+        yield box
+    finally:
+        sandbox.down(folder / "state")
+        lock.close()
+
+
+def _edited(box: Sandbox, path: Path, edits: dict[int, dict[str, Any]]) -> Cluster:
+    """The sandbox's inventory with each host of `edits` turned into a mapping with those fields, at `path`."""
+    data = yaml.safe_load(box.inventory.read_text())
+    for host, fields in edits.items():
+        entry = data["hosts"][host]
+        data["hosts"][host] = {**({"name": entry} if isinstance(entry, str) else entry), **fields}
+    path.write_text(yaml.safe_dump(data))
+    return load_inventory(path)
+
+
+def _bad(report: doctor.Report) -> list[tuple[str, str]]:
+    return [(f.host, f.check) for f in report.problems]
+
+
+@pytest.mark.integration
+def test_healthy_sandbox_is_all_green(healthy: Sandbox) -> None:
+    cluster = load_inventory(healthy.inventory)
+    report = doctor.run_doctor(cluster)
+    assert report.ok, doctor.report_json(report)
+    assert [f for f in report.findings if f.status == "fail"] == []
+    assert [f for f in report.problems if f.check not in ("disk", "clock")] == []
+    for host in report.hosts:
+        assert {f.check for f in report.findings if f.host == host} >= {"ssh", "python", "torch", "dns", "tcp"}
+    assert report.listener and report.listener["free"] and report.listener["accepted"] == 3
+    assert report.probes["node-1"]["hostname"] == "node-1"
+    assert report.timings["total_s"] < 15
+
+
+@pytest.mark.integration
+def test_json_output_parses_and_holds_the_same_findings(healthy: Sandbox) -> None:
+    report = doctor.run_doctor(load_inventory(healthy.inventory), checks="fast")
+    data = json.loads(doctor.report_json(report))
+    assert data["checks"] == list(doctor.FAST_CHECKS)
+    assert [Finding(**f) for f in data["findings"]] == list(report.findings)
+    assert data["nodes"]["node-2"]["probe"]["self"]["hostname"] == "node-2"
+
+
+@pytest.mark.integration
+def test_script_missing_on_one_node_and_different_on_another(healthy: Sandbox, tmp_path: Path) -> None:
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    (other / "train").mkdir(parents=True)
+    empty.mkdir()
+    (other / "train" / "ddp.py").write_text("print('not the same script')\n")
+    cluster = _edited(healthy, tmp_path / "inv.yaml", {1: {"workdir": str(empty)}, 2: {"workdir": str(other)}})
+    report = doctor.run_doctor(cluster, checks="fast")
+    assert _bad(report) == [("node-1", "script"), ("node-2", "script")]
+    missing, differs = report.problems
+    assert missing.detail == f"train/ddp.py is missing on node-1: {empty}/train/ddp.py"
+    assert differs.detail.startswith("train/ddp.py differs on node-2") and "node-0 have" in differs.detail
+    assert "rsync" in differs.fix
+
+
+@pytest.mark.integration
+def test_missing_python_on_one_node(healthy: Sandbox, tmp_path: Path) -> None:
+    cluster = _edited(healthy, tmp_path / "inv.yaml", {2: {"python": "/nonexistent/bin/python3"}})
+    report = doctor.run_doctor(cluster, checks="fast")
+    assert _bad(report) == [("node-2", "python")]
+    assert "/nonexistent/bin/python3 cannot run on node-2" in report.problems[0].detail
+
+
+@pytest.mark.integration
+def test_master_port_taken(healthy: Sandbox) -> None:
+    cluster = load_inventory(healthy.inventory)
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", cluster.rendezvous.master_port))
+        squatter.listen()
+        report = doctor.run_doctor(cluster, checks="fast")
+    assert _bad(report) == [("node-0", "port")]
+    (found,) = report.problems
+    assert found.detail.startswith(f"master_port {cluster.rendezvous.master_port} is taken on node-0 ")
+    assert f"pid {os.getpid()}" in found.detail  # this test process holds it
+    assert found.fix.startswith(f"stop pid {os.getpid()} on node-0")
+
+
+@pytest.mark.integration
+def test_preflight_uses_open_connections_and_raises_when_a_check_fails(healthy: Sandbox, tmp_path: Path) -> None:
+    cluster = load_inventory(healthy.inventory)
+    nodes, failures = transport.connect_all(cluster)
+    assert failures == []
+    try:
+        doctor.preflight(cluster, nodes)
+        broken = _edited(healthy, tmp_path / "inv.yaml", {1: {"python": "/nonexistent/python"}})
+        with pytest.raises(DoctorFailed, match="nothing was started") as caught:
+            doctor.preflight(broken, nodes)
+        assert "  node-1 python: python /nonexistent/python cannot run on node-1" in str(caught.value)
+        assert "fix: set `python:` for node-1" in str(caught.value)
+        assert nodes["node-1"].run("true").exit_code == 0  # still open: preflight closes only what it opens
+    finally:
+        transport.close_all(nodes.values())
+
+
+@pytest.mark.integration
+def test_node_cannot_resolve_the_master(make_sandbox) -> None:
+    box = make_sandbox(3, master_port=free_port(), unresolvable={1: [0]})
+    report = doctor.run_doctor(load_inventory(box.inventory), checks="fast")
+    assert _bad(report) == [("node-1", "dns"), ("node-1", "tcp")]
+    dns, tcp = report.problems
+    assert dns.detail.startswith("node-1 cannot resolve node-0 (gai error -2")
+    assert dns.fix == f'add "{box.nodes[0].addr} node-0" to /etc/hosts on node-1'
+    assert "cannot resolve node-0" in tcp.detail
+
+
+@pytest.mark.integration
+def test_another_torch_on_one_node(make_sandbox, tmp_path: Path) -> None:
+    site = tmp_path / "fake-env" / "site"
+    (site / "torch-2.12.0.dist-info").mkdir(parents=True)
+    (site / "torch-2.12.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.12.0\n")
+    wrapper = tmp_path / "fake-env" / "python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    box = make_sandbox(3, master_port=free_port(), python_override={2: str(wrapper)})
+    report = doctor.run_doctor(load_inventory(box.inventory))
+    fails = [f for f in report.findings if f.status == "fail"]
+    assert [(f.host, f.check) for f in fails] == [("node-2", "torch")]
+    real = report.probes["node-0"]["torch"]["version"]
+    assert fails[0].detail == f"torch 2.12.0 here, {real} on node-0, node-1"
+    pkgs = [f for f in report.problems if f.check == "packages"]
+    assert [f.host for f in pkgs] == ["node-2"] and f"torch 2.12.0 (not {real})" in pkgs[0].detail
+
+
+@pytest.mark.integration
+def test_a_node_whose_sshd_is_down(make_sandbox) -> None:
+    box = make_sandbox(3, master_port=free_port())
+    sandbox.stop_node(box.state_dir, 2)
+    started = time.monotonic()
+    report = doctor.run_doctor(load_inventory(box.inventory), connect_timeout=5.0)
+    assert time.monotonic() - started < 5.0
+    assert [(f.host, f.check, f.status) for f in report.problems] == [("node-2", "ssh", "fail")]
+    found = report.problems[0]
+    assert found.detail.startswith("refused: connection refused by")
+    assert "sshd" in found.fix
+    console = Console(record=True, width=200, color_system=None)
+    doctor.render_table(report, console)
+    assert "✗ node-2 ssh: refused" in console.export_text()
+
+
+def _running(marker: str) -> list[int]:
+    """Pids whose command line holds `marker` (to wait for what a test started; never to kill by name)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.integration
+def test_a_slow_node_does_not_hold_the_report(healthy: Sandbox, tmp_path: Path) -> None:
+    # A node that hangs until its session goes away (then its next write fails: SIGPIPE).
+    slow = tmp_path / "hung-python"
+    slow.write_text("#!/bin/sh\nwhile :; do echo still starting || exit 1; sleep 0.2; done\n")
+    slow.chmod(0o755)
+    cluster = _edited(healthy, tmp_path / "inv.yaml", {2: {"python": str(slow)}})
+    started = time.monotonic()
+    report = doctor.run_doctor(cluster, connect_timeout=3.0, checks="fast")
+    assert time.monotonic() - started < 3.0 + 2.5
+    assert _bad(report) == [("node-2", "python")], report.problems
+    assert report.problems[0].detail == "the probe did not answer within 3 s"
+    deadline = time.monotonic() + 5
+    while _running(str(slow)) and time.monotonic() < deadline:  # the node's side ends by itself
+        time.sleep(0.1)
+    assert _running(str(slow)) == []
+
+
+@pytest.mark.integration
+def test_the_127_0_1_1_trap_on_a_node(make_sandbox) -> None:
+    box = make_sandbox(3, master_port=free_port(), self_loopback_trap=[1])
+    report = doctor.run_doctor(load_inventory(box.inventory), checks="fast")
+    assert _bad(report) == [("node-1", "hostname")]
+    (found,) = report.problems
+    assert found.detail.startswith(f"node-1 resolves to 127.0.1.1 on node-1, but its peers reach it at "
+                                   f"{box.nodes[1].addr}")
+    assert found.fix == f'on node-1, replace "127.0.1.1 node-1" in /etc/hosts with "{box.nodes[1].addr} node-1"'
+
+
+def test_canned_probe_is_what_the_real_probe_prints(tmp_path: Path) -> None:
+    """Keep the canned data honest: it has the real probe's keys (gpus/packages only in "all" mode)."""
+    request = {"mode": "probe", "checks": "all", "names": ["localhost"], "master_addr": "127.0.0.1",
+               "master_port": 29500, "workdir": str(tmp_path), "script": "x.py", "connect": None}
+    real = _run_probe(request)
+    canned = copy.deepcopy(probe("node-0"))
+    canned.pop("tcp")
+    assert set(real) == set(canned)
+    for key in ("python", "self", "workdir", "route"):
+        assert set(canned[key]) <= set(real[key]) | {"error"}, key

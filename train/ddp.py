@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Data-parallel training with DistributedDataParallel on a synthetic regression task.
+
+Under torchrun (one process per GPU; with Gloo, per CPU slot):
+
+    python -m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 4 \\
+        --master-addr HOST --master-port 29500 train/ddp.py --epochs 2
+
+or alone, as a world of one process: ``python train/ddp.py``.
+
+Lines other programs may parse (stdout; each written whole, so ranks' lines never mix):
+  rank R/W local_rank L host H backend B device D     every rank, first
+  per-rank batch size B, world size W, global batch size G, steps per epoch N, total steps T
+                                                      rank 0, once
+  epoch E step S loss L samples/s X                   rank 0, every --log-every steps
+  resumed from PATH at step S epoch E batch K         rank 0, with --resume
+  checkpoint saved PATH step S epoch E by rank 0      rank 0, after each save; E is the
+                                                      epoch a resume continues in
+  stopping after epoch N (--stop-after-epoch) ...     rank 0
+  finished at step S in Ts (X samples/s)              rank 0
+  CHECKSUM rank=R sha256=<64 hex>                     every rank, last (also after a stop)
+--fail-at S --fail-rank R makes rank R raise RuntimeError("injected failure at step S on
+rank R") before its S-th optimizer step (1-based global count: a run resumed past S goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import io
+import itertools
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler, TensorDataset
+
+IN_FEATURES = 16
+CHECKPOINT_NAME = "checkpoint.pt"
+PEER_FAILURE_GRACE_S = 5.0
+
+
+def say(msg: str) -> None:
+    # One write per line: with several ranks sharing a pipe (and python -u), print()'s
+    # separate writes of text and newline could interleave with other ranks' lines.
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="auto: nccl when CUDA is available, else gloo",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="process-group timeout in seconds (collectives, barriers)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset-size", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layer")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps; 0 = no limit")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--log-every", type=int, default=10, help="steps between loss logs; 0 = never")
+    p.add_argument("--checkpoint-dir", default=None, help="no checkpoints when unset")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save every K steps; 0 = only at the end of each epoch (and of the run)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/checkpoint.pt if it exists")
+    p.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        default=0,
+        help="exit with code 0 once N epochs are done in total, as if interrupted",
+    )
+    p.add_argument("--fail-at", type=int, default=0, help="raise during global step N (1-based); 0 = never")
+    p.add_argument("--fail-rank", type=int, default=0, help="the global rank that raises for --fail-at")
+    p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep after each step")
+    p.add_argument("--save-weights", default=None, help="rank 0 saves the final model state_dict here")
+    p.add_argument(
+        "--reference-world-size",
+        type=int,
+        default=0,
+        help="single process only: emulate a DDP run of W ranks (one step = the union of their batches)",
+    )
+    args = p.parse_args(argv)
+    for name in ("dataset_size", "batch_size", "hidden"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint-dir")
+    return args
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+
+def init_distributed(args: argparse.Namespace) -> World:
+    cuda = torch.cuda.is_available()
+    backend = ("nccl" if cuda else "gloo") if args.backend == "auto" else args.backend
+    if backend == "nccl" and not cuda:
+        raise RuntimeError("--backend nccl needs CUDA, and none is available")
+    launched = "RANK" in os.environ  # set by torchrun
+    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if launched else 0
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init, so NCCL binds each rank to its own GPU
+    timeout = timedelta(seconds=args.timeout)
+    if launched:
+        # env://: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from torchrun
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    else:
+        # A real group of one keeps the code path (DDP, samplers, barriers) identical.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return World(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
+
+
+def make_dataset(seed: int, size: int) -> TensorDataset:
+    # Its own generator: identical on every rank and independent of model init.
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, IN_FEATURES, generator=g)
+    w1 = torch.randn(IN_FEATURES, 32, generator=g) / IN_FEATURES**0.5
+    w2 = torch.randn(32, 1, generator=g) / 32**0.5
+    y = torch.tanh(x @ w1) @ w2 + 0.05 * torch.randn(size, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+def make_model(hidden: int) -> nn.Module:
+    # No dropout or batch norm: nothing rank-dependent, so W ranks equal one big batch.
+    return nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+class StepBatches(Sampler[list[int]]):
+    """The sample indices of each optimizer step of one epoch, from the `skip`-th step on.
+
+    Normally `samplers` is this rank's DistributedSampler. With --reference-world-size it
+    holds one per emulated rank, and a step's batch is the union of their batches.
+    """
+
+    def __init__(self, samplers: Sequence[DistributedSampler], batch_size: int, skip: int = 0) -> None:
+        self.samplers, self.batch_size, self.skip = samplers, batch_size, skip
+
+    def _per_rank(self) -> list[BatchSampler]:
+        # drop_last: every step sees full, equal-size batches on every rank
+        return [BatchSampler(s, self.batch_size, drop_last=True) for s in self.samplers]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Skipping index lists, not loaded batches: resuming costs no data loading.
+        for batches in itertools.islice(zip(*self._per_rank(), strict=True), self.skip, None):
+            yield [i for batch in batches for i in batch]
+
+    def __len__(self) -> int:
+        return max(0, len(self._per_rank()[0]) - self.skip)
+
+
+def checksum(module: nn.Module) -> str:
+    h = hashlib.sha256()
+    for t in module.state_dict().values():
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """Write to a temp file in the same directory, fsync, rename: readers see the old
+    file or the complete new one, never a torn write, even if we die mid-save."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # persist the rename itself
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: Path, w: World) -> dict[str, Any] | None:
+    """Every rank loads the checkpoint onto its own device. Without a shared filesystem
+    only rank 0's node has the current file; a rank whose copy is missing or differs gets
+    rank 0's bytes over the process group, so that all ranks resume from the same state."""
+    data = path.read_bytes() if path.exists() else None
+    digests: list[str | None] = [None] * w.world_size
+    dist.all_gather_object(digests, None if data is None else hashlib.sha256(data).hexdigest())
+    if digests[0] is None:
+        if data is not None:
+            say(f"rank {w.rank}: ignoring {path}: rank 0 has no checkpoint")
+        return None
+    if any(d != digests[0] for d in digests):
+        payload = [data if w.rank == 0 else None]
+        dist.broadcast_object_list(payload, src=0)
+        if digests[w.rank] != digests[0]:
+            say(f"rank {w.rank}: local checkpoint missing or different, using rank 0's")
+            data = payload[0]
+    assert data is not None
+    return torch.load(io.BytesIO(data), map_location=w.device, weights_only=True)
+
+
+def barrier(w: World) -> None:
+    # NCCL wants to know the device; Gloo takes no device_ids
+    if w.device.type == "cuda":
+        dist.barrier(device_ids=[w.device.index])
+    else:
+        dist.barrier()
+
+
+def train(args: argparse.Namespace, w: World) -> None:
+    ref_w = args.reference_world_size
+    if ref_w and w.world_size != 1:
+        raise RuntimeError("--reference-world-size is only valid in a single process (no torchrun)")
+    # Samplers of the ranks this process trains for: its own, or all emulated ones.
+    replicas, ranks = (ref_w, range(ref_w)) if ref_w else (w.world_size, [w.rank])
+    global_batch = args.batch_size * replicas
+
+    torch.manual_seed(args.seed)  # same seed everywhere: replicas start equal
+    dataset = make_dataset(args.seed, args.dataset_size)
+    # shuffle seeded by seed + epoch (set_epoch): a new order each epoch, the same on all ranks
+    samplers = [
+        DistributedSampler(dataset, num_replicas=replicas, rank=r, shuffle=True, seed=args.seed, drop_last=True)
+        for r in ranks
+    ]
+    steps_per_epoch = len(StepBatches(samplers, args.batch_size))
+    if steps_per_epoch == 0:
+        raise RuntimeError(
+            f"--dataset-size {args.dataset_size} gives no full batch of {args.batch_size} per rank for {replicas} ranks"
+        )
+    total_steps = args.epochs * steps_per_epoch
+    if args.max_steps > 0:
+        total_steps = min(total_steps, args.max_steps)
+
+    module = make_model(args.hidden).to(w.device)
+    ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
+    optimizer = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=args.momentum)
+    step, start_epoch, start_done = 0, 0, 0
+    if args.resume and ckpt_path is not None:
+        ckpt = load_checkpoint(ckpt_path, w)
+        if ckpt is None:
+            if w.rank == 0:
+                say(f"no checkpoint at {ckpt_path}, starting from scratch")
+        else:
+            module.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            step, start_epoch, start_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_step"]
+            if ckpt["global_batch"] != global_batch:
+                # Another world size partitions the data differently; the best we can do
+                # is skip as many samples as were consumed. Not bit-exact.
+                start_done = start_done * ckpt["global_batch"] // global_batch
+                if w.rank == 0:
+                    say(
+                        f"warning: checkpoint global batch {ckpt['global_batch']} != {global_batch}; "
+                        "resumed position is approximate"
+                    )
+            if start_done >= steps_per_epoch:
+                start_epoch, start_done = start_epoch + 1, 0
+            if w.rank == 0:
+                say(f"resumed from {ckpt_path} at step {step} epoch {start_epoch} batch {start_done}")
+    # DDP broadcasts rank 0's parameters at construction and averages gradients in backward.
+    model = DDP(module, device_ids=[w.device.index] if w.device.type == "cuda" else None)
+    loss_fn = nn.MSELoss()  # a mean, so W per-rank means average to the global-batch mean
+
+    if w.rank == 0:
+        what = f"reference world size {ref_w} (one process)" if ref_w else f"world size {w.world_size}"
+        say(
+            f"per-rank batch size {args.batch_size}, {what}, global batch size {global_batch}, "
+            f"steps per epoch {steps_per_epoch}, total steps {total_steps}"
+        )
+
+    saved_step = step  # the state on disk (if any) is already this one
+
+    def save(epoch: int, done: int) -> None:
+        nonlocal saved_step
+        if ckpt_path is None or step == saved_step:
+            return
+        if done >= steps_per_epoch:
+            epoch, done = epoch + 1, 0
+        if w.rank == 0:  # replicas are identical, one writer suffices
+            save_atomic(
+                {
+                    "model": module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "epoch_step": done,
+                    "step": step,
+                    "world_size": w.world_size,
+                    "global_batch": global_batch,
+                    "args": vars(args),
+                },
+                ckpt_path,
+            )
+            say(f"checkpoint saved {ckpt_path} step {step} epoch {epoch} by rank {w.rank}")
+        barrier(w)  # nobody runs ahead (or exits) before the checkpoint is complete
+        saved_step = step
+
+    t_start = t_log = time.perf_counter()
+    step_log, step_first = step, step
+    epoch, done = start_epoch, start_done
+    for epoch in range(start_epoch, args.epochs):
+        done = start_done if epoch == start_epoch else 0
+        if step >= total_steps:
+            break
+        if 0 < args.stop_after_epoch <= epoch:
+            if w.rank == 0:
+                say(f"stopping after epoch {epoch} (--stop-after-epoch); continue with --resume")
+            break
+        for s in samplers:
+            s.set_epoch(epoch)
+        loader = DataLoader(
+            dataset, batch_sampler=StepBatches(samplers, args.batch_size, done), pin_memory=w.device.type == "cuda"
+        )
+        for x, y in loader:
+            if args.fail_at == step + 1 and args.fail_rank == w.rank:
+                raise RuntimeError(f"injected failure at step {step + 1} on rank {w.rank}")
+            x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            step, done = step + 1, done + 1
+            if args.log_every > 0 and step % args.log_every == 0:
+                avg = loss.detach().clone()
+                dist.all_reduce(avg)  # SUM: Gloo has no AVG
+                now = time.perf_counter()
+                if w.rank == 0:
+                    rate = (step - step_log) * global_batch / max(now - t_log, 1e-9)
+                    say(f"epoch {epoch} step {step} loss {avg.item() / w.world_size:.6f} samples/s {rate:.1f}")
+                t_log, step_log = now, step
+            if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+                save(epoch, done)
+            if args.sleep_per_step > 0:
+                time.sleep(args.sleep_per_step)
+            if step >= total_steps:
+                break
+        if done < steps_per_epoch:
+            break  # --max-steps ended the run inside this epoch
+        save(epoch + 1, 0)
+        done = 0
+        epoch += 1  # the position after a complete epoch (if this was the last one)
+    save(epoch, done)  # no-op unless --max-steps stopped between periodic checkpoints
+
+    elapsed = time.perf_counter() - t_start
+    if w.rank == 0:
+        rate = (step - step_first) * global_batch / max(elapsed, 1e-9)
+        say(f"finished at step {step} in {elapsed:.2f}s ({rate:.1f} samples/s)")
+        if args.save_weights:
+            save_atomic({k: v.detach().cpu() for k, v in module.state_dict().items()}, Path(args.save_weights))
+    say(f"CHECKSUM rank={w.rank} sha256={checksum(module)}")
+
+
+class AtomicErrorHandler(ErrorHandler):
+    """torch's handler writes the error file in place. torchrun stops the other ranks as
+    soon as one fails; one stopped while recording its own follow-on error leaves a torn
+    file, and torchrun then crashes (JSONDecodeError) instead of printing its root-cause
+    report. Write a temp file and rename it: torchrun sees no file or a whole one."""
+
+    def _get_error_file_path(self) -> str | None:
+        path = super()._get_error_file_path()
+        return f"{path}.{os.getpid()}.tmp" if path else None
+
+    def record_exception(self, e: BaseException) -> None:
+        super().record_exception(e)  # to the temp path
+        tmp, final = self._get_error_file_path(), super()._get_error_file_path()
+        if tmp and final and os.path.exists(tmp):
+            os.replace(tmp, final)
+
+
+def is_comm_error(e: BaseException) -> bool:
+    # Gloo raises plain RuntimeErrors that name its sources; NCCL and the store raise
+    # DistError (absent from older torch).
+    return isinstance(e, getattr(dist, "DistError", ())) or "gloo" in str(e).lower()
+
+
+# A crash's traceback goes to torchrun's error file and from there to its root-cause report.
+@functools.partial(record, error_handler=AtomicErrorHandler())
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    w = init_distributed(args)
+    try:
+        say(
+            f"rank {w.rank}/{w.world_size} local_rank {w.local_rank} host {socket.gethostname()} "
+            f"backend {w.backend} device {w.device}"
+        )
+        train(args, w)
+    except Exception as e:
+        if w.world_size > 1 and is_comm_error(e):
+            # Most likely a peer crashed and broke the connection. torchrun names the earliest
+            # error as the root cause (1 s resolution, ties to the lowest rank), which would
+            # often be this follow-on error; wait, so torchrun sees the crash first and stops us.
+            time.sleep(PEER_FAILURE_GRACE_S)
+        raise
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main() or 0  # @record turns SystemExit(0) (--help) into None
+    except Exception:
+        traceback.print_exc()  # @record has already written torchrun's error file
+        code = 1
+    # Skip the interpreter's teardown. Gloo's worker threads outlive destroy_process_group
+    # (DDP keeps the group referenced) and may still be freeing the last backward's
+    # allreduce, which needs the GIL; in a finalizing interpreter that aborts the process
+    # (SIGABRT, "terminate called without an active exception") after a good run.
+    # Everything is saved, fsynced and flushed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
