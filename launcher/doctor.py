@@ -350,7 +350,7 @@ def check_port(ev: Evidence) -> list[Finding]:
     who = "; ".join(f"pid {h['pid']} ({h['command'][:60] or '?'}) {h['state']}" for h in holders)
     states = listener.get("states") or []
     why = who or ("something listens on it" if "listening" in states else
-                  "a socket holds it (maybe one in TIME_WAIT, or in another container)")
+                  "a socket listens on it (perhaps in another container or network namespace)")
     stop = f"stop pid {holders[0]['pid']}" if holders else f"find its owner with `ss -ltnp 'sport = :{port}'`"
     return [Finding(master.name, "port", "fail",
                     f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",

@@ -11,7 +11,7 @@ Two modes:
   the interface toward the master, free disk, the clock; last, when asked, a TCP connection to
   master_addr:master_port that must answer with the doctor's token (so we know it reached *our* listener).
 - listen (the master, a second session started just before the probes): bind master_port on 0.0.0.0 with
-  SO_REUSEADDR off (is it free, as torchrun will need it?), answer every connection with the token, and stop
+  SO_REUSEADDR on, as torchrun's store binds (is it free?), answer every connection with the token, and stop
   when the launcher closes stdin (or after max_s, whatever happens to the launcher).
 """
 
@@ -438,7 +438,9 @@ def listen(request):
     reply = {"mode": "listen", "hostname": socket.gethostname(), "port": port}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)  # as strict as a fresh bind can be
+        # As torchrun's store binds: SO_REUSEADDR lets the last run's TIME_WAIT sockets pass, while a socket
+        # that still listens on the port (a live store, another server) makes the bind fail.
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
         server.listen(128)
     except OSError as exc:

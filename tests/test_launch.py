@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from _train_helpers import (
+    assert_replicas_in_sync,
+    assert_state_dicts_close,
+    assert_state_dicts_equal,
+    load,
+    run,
+    single_cmd,
+)
 from conftest import free_port
 from helpers import REPO, edit_inventory, inv, run_id_of, run_processes
 
@@ -22,25 +31,49 @@ HOSTILE_ARGS = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/launcher
                 "ünïcödé ✓", "--flag=$HOME", "", "*", "\\", "-"]
 
 
-def test_ddp_across_two_nodes_is_one_world(make_sandbox, tmp_path: Path) -> None:
+TRAIN = "--epochs 2 --dataset-size 256 --batch-size 16 --log-every 2"
+
+
+def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly(make_sandbox, tmp_path: Path) -> None:
+    """2 nodes x 2 processes through `inv launch`: one world, the single-process math, exact resume."""
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
     logs = tmp_path / "logs"
-    result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py",
-                 "--args", "--epochs 1 --dataset-size 256 --batch-size 16", log_dir=logs)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+
+    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = " ".join((TRAIN, *extra))
+        result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
+                     log_dir=logs)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
+    out = whole.stdout
     # Every rank reports from its own node: 4 ranks, one world, node-1 holds ranks 2 and 3.
     for rank, node in [(0, "node-0"), (1, "node-0"), (2, "node-1"), (3, "node-1")]:
         assert re.search(rf"^{node} r{rank} +\| rank {rank}/4 .*host {node}", out, re.M), out
-    checksums = re.findall(r"\| CHECKSUM rank=(\d) sha256=([0-9a-f]{64})", out)
-    assert sorted(r for r, _ in checksums) == ["0", "1", "2", "3"], out
-    assert len({h for _, h in checksums}) == 1, "replicas diverged"
-    run_id = run_id_of(result.stderr)
-    assert "connected 2/2" in result.stderr and "started 2/2" in result.stderr
+    checksum = assert_replicas_in_sync(out, world_size=4)
+    run_id = run_id_of(whole.stderr)
+    assert "connected 2/2" in whole.stderr and "started 2/2" in whole.stderr
     for node in ("node-0", "node-1"):
-        mirrored = (logs / run_id / f"{node}.log").read_text()
-        assert mirrored.count("CHECKSUM") == 2
+        assert (logs / run_id / f"{node}.log").read_text().count("CHECKSUM") == 2
     assert run_processes(run_id) == []
+
+    # DDP is the math the guides promise: the same weights as one process taking the 4 ranks' batches per step.
+    reference = run(single_cmd(*TRAIN.split(), "--reference-world-size", "4", "--save-weights",
+                               str(tmp_path / "reference.pt")))
+    assert reference.returncode == 0, reference.output
+    assert_state_dicts_close(load(tmp_path / "whole.pt"), load(tmp_path / "reference.pt"), atol=1e-5)
+
+    # Interrupted after epoch 1, relaunched with --resume: exactly the uninterrupted weights.
+    ckpt = tmp_path / "ckpt"
+    first = launch(f"--checkpoint-dir {ckpt} --stop-after-epoch 1")
+    saved = [line for line in first.stdout.splitlines() if "checkpoint saved" in line]
+    assert saved and all(line.startswith("node-0 r0 ") for line in saved), "only rank 0 writes checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt"]  # no half-written temp file left
+    resumed = launch(f"--checkpoint-dir {ckpt} --resume --save-weights {tmp_path / 'resumed.pt'}")
+    assert "resumed from" in resumed.stdout
+    assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
+    assert assert_replicas_in_sync(resumed.stdout, world_size=4) == checksum
 
 
 def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) -> None:

@@ -289,6 +289,13 @@ def train(args: argparse.Namespace, w: World) -> None:
     # DDP broadcasts rank 0's parameters at construction and averages gradients in backward.
     model = DDP(module, device_ids=[w.device.index] if w.device.type == "cuda" else None)
     loss_fn = nn.MSELoss()  # a mean, so W per-rank means average to the global-batch mean
+    if step > 0:
+        # DDP re-buckets gradients after its first backward pass, and the bucket layout decides the order in
+        # which the all-reduce adds the ranks' floats. An uninterrupted run took its first pass long ago; a
+        # resumed one must too, or its steps would differ in the last bits. One pass, gradients discarded.
+        x, y = dataset[: args.batch_size]
+        loss_fn(model(x.to(w.device)), y.to(w.device)).backward()
+        optimizer.zero_grad(set_to_none=True)
 
     if w.rank == 0:
         what = f"reference world size {ref_w} (one process)" if ref_w else f"world size {w.world_size}"
