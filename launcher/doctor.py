@@ -23,15 +23,13 @@ from rich.table import Table
 
 from launcher.errors import LauncherError, NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.plan import quote_path
+from launcher.remote import program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
 Status = Literal["ok", "warn", "fail"]
 CheckMode = Literal["all", "fast"]
 
 PROBE_SOURCE = Path(__file__).with_name("probe.py").read_text(encoding="utf-8")
-# The only code on the node's command line: it runs the probe's source, sent as the first stdin line.
-BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
 
 CHECKS = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script",
           "gpus", "packages", "disk", "clock", "iface")
@@ -586,13 +584,12 @@ class Report:
         return [f for f in self.findings if f.status != "ok"]
 
 
-def probe_command(python: str) -> str:
-    """The shell command that runs the probe under the node's interpreter (`~/` kept as the node's home)."""
-    return f"{quote_path(python)} -c {shlex.quote(BOOTSTRAP)}"
+probe_command = python_command
 
 
 def probe_input(request: Mapping[str, Any]) -> bytes:
-    return (json.dumps(PROBE_SOURCE) + "\n" + json.dumps(request) + "\n").encode()
+    """The probe's source and its request, for its stdin."""
+    return program_input(PROBE_SOURCE, request)
 
 
 def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None) -> dict[str, Any]:

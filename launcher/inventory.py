@@ -261,7 +261,7 @@ class _Parser:
         return Cluster(
             source=self.source,
             hosts=hosts,
-            rendezvous=self.rendezvous(top.get("rendezvous"), hosts[0]),
+            rendezvous=self.rendezvous(top.get("rendezvous"), hosts),
             job=self.job(top["job"]) if top.get("job") is not None else None,
             ssh_config=ssh_config,
             host_key_policy=policy,
@@ -301,10 +301,17 @@ class _Parser:
             env=tuple(env.values()),
         )
 
-    def rendezvous(self, raw: Any, first: Host) -> Rendezvous:
+    def rendezvous(self, raw: Any, hosts: tuple[Host, ...]) -> Rendezvous:
         fields = self.mapping(raw, "rendezvous", RENDEZVOUS_KEYS)
         addr = fields.get("master_addr")
         port = fields.get("master_port")
+        first = hosts[0]
+        other = next((h for h in hosts[1:] if addr in (h.name, h.addr) and addr not in (first.name, first.addr)), None)
+        if other is not None:
+            # torchrun's static rendezvous store listens on node rank 0; every other node would wait for it at
+            # master_addr, where nothing listens, until a timeout.
+            raise self.fail("rendezvous.master_addr", f"is {addr!r}, a node that is not the first host: torchrun's "
+                            f"store runs on node rank 0 ({first.name}); list {other.name} first, or drop master_addr")
         return Rendezvous(
             master_addr=first.addr if addr is None else self.host_name(addr, "rendezvous.master_addr"),
             master_port=DEFAULT_MASTER_PORT if port is None else self.port(port, "rendezvous.master_port"),

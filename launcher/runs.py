@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import queue
-import shlex
 import signal
 import sys
 import threading
@@ -22,12 +21,11 @@ from typing import IO, Any
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
 from launcher.logs import NodeLog, failed_rank, root_cause_block, supports_colour
-from launcher.plan import RUN_ID_ENV, LaunchPlan, NodeCommand, quote_path, rank_offsets
+from launcher.plan import RUN_ID_ENV, LaunchPlan, NodeCommand, rank_offsets
+from launcher.remote import program_input, python_command
 from launcher.transport import DEFAULT_CONNECT_TIMEOUT, Channel, Node, Result, close_all, connect_all, run_all
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
-# The only code on the node's command line: it reads the agent's source, then the request, from stdin.
-BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
 HEARTBEAT_SECONDS = 5.0
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
@@ -54,13 +52,12 @@ class Options:
     """Checks run on the open connections before anything starts (the doctor's fast checks)."""
 
 
-def agent_command(python: str) -> str:
-    """The shell command that runs the agent under the node's interpreter."""
-    return f"{quote_path(python)} -c {shlex.quote(BOOTSTRAP)}"
+agent_command = python_command
 
 
 def agent_input(request: dict[str, Any]) -> bytes:
-    return (json.dumps(AGENT_SOURCE) + "\n" + json.dumps(request) + "\n").encode()
+    """The agent's source and one request, for its stdin."""
+    return program_input(AGENT_SOURCE, request)
 
 
 def resolve_env(command: NodeCommand, environ: dict[str, str]) -> dict[str, str]:

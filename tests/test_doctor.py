@@ -23,7 +23,7 @@ import yaml
 from conftest import free_port
 from rich.console import Console
 
-from launcher import doctor, sandbox, transport
+from launcher import doctor, remote, sandbox, transport
 from launcher.doctor import DoctorFailed, Evidence, Finding, ProbeFailed
 from launcher.errors import LauncherError, NodeFailure
 from launcher.inventory import Cluster, load_inventory, parse_inventory
@@ -390,7 +390,7 @@ def test_probe_source_is_python_3_8() -> None:
 
 def _run_probe(request: dict[str, Any], env: dict[str, str] | None = None,
                python: str = sys.executable) -> dict[str, Any]:
-    result = subprocess.run([python, "-c", doctor.BOOTSTRAP], input=doctor.probe_input(request),
+    result = subprocess.run([python, "-c", remote.BOOTSTRAP], input=doctor.probe_input(request),
                             capture_output=True, timeout=30, env=env)
     assert result.returncode == 0, result.stderr.decode()
     return json.loads(result.stdout)

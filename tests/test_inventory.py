@@ -822,3 +822,11 @@ def test_damaged_valid_text_gives_a_cluster_or_an_inventory_error(data: st.DataO
         j = data.draw(st.integers(i, min(len(text), i + 12)), label="to")
         text = text[:i] + data.draw(st.text(max_size=6), label="insert") + text[j:]
     outcome(text)
+
+
+def test_master_addr_on_another_node_is_refused() -> None:
+    text = "hosts: [a, {name: b, addr: 10.0.0.2}]\nrendezvous: {master_addr: 10.0.0.2}\n"
+    with pytest.raises(InventoryError, match=r"c\.yaml:2: rendezvous\.master_addr: is '10\.0\.0\.2', a node that is "
+                                             r"not the first host: .*node rank 0 \(a\); list b first"):
+        parse_inventory(text, "c.yaml")
+    assert parse_inventory("hosts: [a, b]\nrendezvous: {master_addr: 10.0.0.1}\n").rendezvous.master_addr == "10.0.0.1"
