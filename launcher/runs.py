@@ -308,7 +308,8 @@ class _Run:
         while any(s.exit_code is None for s in self.sessions.values()):
             try:
                 self._pump(0.2)
-                if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
+                # Several beats per timeout, so one late beat (a loaded controller) never stops a healthy run.
+                if time.monotonic() - last_beat > min(HEARTBEAT_SECONDS, self.opts.heartbeat_timeout / 4):
                     last_beat = time.monotonic()
                     for s in self.sessions.values():
                         if s.exit_code is None:
