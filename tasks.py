@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -128,6 +130,14 @@ def sandbox_down(c):
     cli.sandbox_down()
 
 
+@task(help={"quick": "fewer sizes and repeats (a few minutes)",
+            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu"})
+def bench(c, quick=False, only=None):
+    """Benchmarks on the sandbox against a plain ssh loop and local torchrun; table + bench/results/latest.*"""
+    words = [sys.executable, "bench/run.py", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
+    c.run(shlex.join(words), pty=False)
+
+
 @task
 @_reported
 def demo(c):
@@ -138,4 +148,4 @@ def demo(c):
 sandbox = Collection("sandbox")
 sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
-ns = Collection(launch, doctor, stop, status, logs, demo, sandbox)
+ns = Collection(launch, doctor, stop, status, logs, demo, bench, sandbox)

@@ -49,7 +49,7 @@ class NodeLog:
         self._start = f"\x1b[{code}m" if colour else ""
         self._end = "\x1b[0m" if colour else ""
         self._label = label
-        self._blank = " " * (len(label) + 4)
+        self._cache: dict[bytes, bytes] = {b"": self.prefix(None).encode()}
 
     def prefix(self, local_rank: int | None) -> str:
         if local_rank is None:
@@ -61,25 +61,50 @@ class NodeLog:
         return f"{self._start}{tag} |{self._end} "
 
     def format(self, line: bytes) -> str:
-        match = _RANK_PREFIX.match(line)
-        local = int(match.group(1)) if match else None
-        body = line[match.end():] if match else line
-        text = body.decode("utf-8", errors="replace").rstrip("\r")
-        self.tail.append(text if local is None else f"[local rank {local}] {text}")
-        return self.prefix(local) + text
+        """One line as shown on the console (and remembered in the tail)."""
+        parts: list[bytes] = []
+        self._format_lines([line], parts)
+        return parts[0].decode("utf-8", errors="replace")
+
+    def _split_rank(self, line: bytes) -> tuple[bytes, int | None, bytes]:
+        """(torchrun's `[default3]:` tag or b"", the local rank or None, the rest of the line)."""
+        if line[:1] == b"[":
+            match = _RANK_PREFIX.match(line)
+            if match:
+                return line[:match.end()], int(match.group(1)), line[match.end():]
+        return b"", None, line
+
+    def _format_lines(self, lines: list[bytes], parts: list[bytes]) -> None:
+        # The hot path of a chatty job (a million lines): one cached prefix per torchrun tag, bytes until the end.
+        cache = self._cache
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line.rstrip(b"\r")
+            end = line.find(b"]:", 0, 24) if line[:1] == b"[" else -1
+            prefix = cache.get(line[:end + 2]) if end > 0 else cache.get(b"")
+            if prefix is None:
+                tag, local, _ = self._split_rank(line)
+                prefix = cache[tag] = (self.prefix(local)).encode()
+                end = len(tag) - 2
+            parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
+        for line in lines[-TAIL_LINES:]:
+            _, local, body = self._split_rank(line)
+            text = body.decode("utf-8", errors="replace").rstrip("\r")
+            self.tail.append(text if local is None else f"[local rank {local}] {text}")
 
     def feed(self, data: bytes, out: IO[str] | None) -> None:
         if self._mirror is not None:
             self._mirror.write(data)
-        lines = self.splitter.feed(data)
-        self._print(lines, out)
+        self._print(self.splitter.feed(data), out)
 
     def _print(self, lines: list[bytes], out: IO[str] | None) -> None:
         if not lines:
             return
-        text = "\n".join(self.format(line) for line in lines) + "\n"
+        parts: list[bytes] = []
+        self._format_lines(lines, parts)
         if out is not None:
-            out.write(text)
+            parts.append(b"")
+            out.write(b"\n".join(parts).decode("utf-8", errors="replace"))
 
     def close(self, out: IO[str] | None) -> None:
         self._print(self.splitter.flush(), out)

@@ -49,3 +49,19 @@ def test_failures_are_typed_with_a_fix(exc: BaseException, kind: str, words: str
     failure = classify(SSHTarget(name="gpu01", hostname="10.0.0.1", port=22, user="me"), exc)
     assert failure.kind == kind and failure.host == "gpu01" and words in failure.detail
     assert "\n" not in str(failure)
+
+
+def test_log_lines_get_node_and_rank_prefixes_and_stay_whole() -> None:
+    import io
+
+    from launcher.logs import NodeLog
+
+    log = NodeLog("node-1", 1, 6, rank_offset=2, mirror=None, colour=False)
+    out = io.StringIO()
+    stream = b"torchrun banner\n[default0]:first\n[default1]:sec" + b"ond\r\n[0]:not a rank tag\n[default1]:tail"
+    for i in range(0, len(stream), 7):  # arbitrary chunk boundaries, as a channel delivers them
+        log.feed(stream[i:i + 7], out)
+    log.close(out)
+    assert out.getvalue().splitlines() == ["node-1     | torchrun banner", "node-1 r2  | first", "node-1 r3  | second",
+                                           "node-1     | [0]:not a rank tag", "node-1 r3  | tail"]
+    assert list(log.tail)[-2:] == ["[0]:not a rank tag", "[local rank 1] tail"]
