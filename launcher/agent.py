@@ -108,8 +108,17 @@ def stop_run(run_dir, mark, grace):
     found = signal_run(run_dir, mark, signal.SIGTERM)
     if found and not os.path.exists(os.path.join(run_dir, "stop_requested")):
         write_atomic(os.path.join(run_dir, "stop_requested"), str(time.time()))
+    pgid = read_text(os.path.join(run_dir, "pgid"))
+    leader = {int(pgid)} if pgid else set()
     deadline = time.time() + grace
-    while marked_pids(mark) and time.time() < deadline:
+    while True:
+        left = set(marked_pids(mark))
+        if not left or time.time() >= deadline:
+            break
+        if left <= leader:
+            # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
+            # has nothing left to save, so do not make the user wait for it.
+            signal_run(run_dir, mark, signal.SIGKILL)
         time.sleep(0.05)
     if marked_pids(mark):
         signal_run(run_dir, mark, signal.SIGKILL)

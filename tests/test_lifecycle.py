@@ -67,6 +67,7 @@ def test_killed_launcher_stops_the_run_by_itself(sleeper_box, tmp_path: Path) ->
 def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_box, tmp_path: Path) -> None:
     hosts = str(sleeper_box.inventory)
     decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "torchrun", "sleeper.py"])
+    run_id = None
     try:
         result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
         assert result.returncode == 0, result.stderr
@@ -101,6 +102,8 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
     finally:
         decoy.kill()
         decoy.wait()
+        if run_id is not None and run_processes(run_id):  # a detached run outlives its sandbox: stop it here
+            inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
 
 
 def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
