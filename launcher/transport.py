@@ -293,7 +293,9 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
         return NodeFailure(name, "refused", f"connection refused by {where}",
                            "is sshd running on the node, and is the port right?")
-    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+    # A server that accepts TCP but never completes the handshake: Paramiko says "banner" or, when its reader
+    # thread gave up first, "No existing session".
+    if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or "No existing session" in str(exc)):
         return NodeFailure(name, "timeout", f"{where} accepted the connection but sent no SSH greeting in time",
                            "is it an SSH server on that port, and is the node overloaded?")
     if isinstance(exc, socket.timeout | TimeoutError):

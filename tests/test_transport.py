@@ -41,6 +41,7 @@ def test_no_connection_ever_accepts_an_unknown_key_silently(tmp_path: Path) -> N
     (NoValidConnectionsError({("127.0.0.1", 22): ConnectionRefusedError()}), "refused", "connection refused"),
     (TimeoutError(), "timeout", "no answer"),
     (paramiko.SSHException("Error reading SSH protocol banner"), "timeout", "no SSH greeting"),
+    (paramiko.SSHException("No existing session"), "timeout", "no SSH greeting"),
     (paramiko.AuthenticationException("no"), "auth", "refused every key"),
     (paramiko.SSHException("Server '[h]:22' not found in known_hosts"), "host-key-unknown", "not in known_hosts"),
     (ValueError("odd"), "ssh", "ValueError: odd"),
