@@ -327,6 +327,9 @@ def action_stop(request):
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     mark = "%s/%s" % (run_id, request["node"])
     found, left = stop_run(run_dir, mark, request.get("grace", 10))
+    deadline = time.time() + 2  # the run's keeper records the exit code a moment after torchrun is gone
+    while found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline:
+        time.sleep(0.02)
     result = describe(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
     return reply(result)
