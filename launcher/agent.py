@@ -57,8 +57,16 @@ def read_text(path, default=None):
         return default
 
 
+def node_path(path):
+    """A path as this node means it: `~` is its home, and ~/.cache its XDG cache home when one is set."""
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if cache and (path == "~/.cache" or path.startswith("~/.cache/")):
+        return cache + path[len("~/.cache"):]
+    return os.path.expanduser(path)
+
+
 def run_dir_of(request):
-    return os.path.expanduser(request["run_dir"])
+    return node_path(request["run_dir"])
 
 
 def marked_pids(mark):
@@ -131,7 +139,7 @@ def stop_run(run_dir, mark, grace):
 def spawn(request, run_dir):
     """Start torchrun in its own session; its output goes to the run's log file."""
     os.makedirs(run_dir, mode=0o700)
-    home = os.path.expanduser
+    home = node_path
     argv = [home(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
     public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
@@ -283,7 +291,7 @@ def attend(request, run_dir, proc):
 def find_run_dir(request):
     """The requested run's directory on this node, or the latest run's when no id is given."""
     node = request["node"]
-    root = os.path.expanduser(RUNS_ROOT)
+    root = node_path(RUNS_ROOT)
     run_id = request.get("run_id")
     if not run_id:
         runs = sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))
@@ -341,7 +349,7 @@ def action_status(request):
 
 
 def action_runs(request):
-    root = os.path.expanduser(RUNS_ROOT)
+    root = node_path(RUNS_ROOT)
     node = request["node"]
     return reply({"runs": sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))})
 

@@ -99,11 +99,21 @@ def node_addresses(base_addr: str, count: int) -> list[str]:
     return [str(base + i) for i in range(count)]
 
 
-def render_sshd_config(addr: str, port: int, host_key: Path, pid_file: Path, authorized_keys: Path) -> str:
-    """sshd_config of one node: root by key only, many sessions at once, quiet log."""
+def node_cache(state_dir: Path, index: int) -> Path:
+    """Node `index`'s XDG cache home: its run directories are under ddp-launcher/runs there."""
+    return state_dir / node_name(index) / "cache"
+
+
+def render_sshd_config(addr: str, port: int, host_key: Path, pid_file: Path, authorized_keys: Path,
+                       cache_home: Path | None = None) -> str:
+    """sshd_config of one node: root by key only, many sessions at once, quiet log, its own cache home."""
+    # The nodes share this machine's home; a cache folder of their own keeps each node's run directories
+    # (~/.cache/ddp-launcher) apart, as on separate machines, so "the latest run" means this sandbox's.
+    own_cache = [f"SetEnv XDG_CACHE_HOME={_config_path(cache_home)}"] if cache_home is not None else []
     return "\n".join(
         [
             f"ListenAddress {addr}:{port}",
+            *own_cache,
             f"HostKey {_config_path(host_key)}",
             f"PidFile {_config_path(pid_file)}",
             f"AuthorizedKeysFile {_config_path(authorized_keys)}",
@@ -452,6 +462,7 @@ def _write_node_files(
             folder / "ssh_host_ed25519_key",
             folder / "sshd.pid",
             state_dir / "authorized_keys",
+            node_cache(state_dir, index),
         ),
         encoding="utf-8",
     )

@@ -54,6 +54,18 @@ def run_processes(run_id: str) -> list[int]:
     return pids
 
 
+def node_runs(box, index: int) -> Path:
+    """Sandbox node `index`'s own run directories (each node has its own cache home, as on separate machines)."""
+    from launcher.sandbox import node_cache
+
+    return node_cache(box.state_dir, index) / "ddp-launcher" / "runs"
+
+
+def runs_on(box) -> list[Path]:
+    """Every run directory on every node of a sandbox."""
+    return [d for i in range(len(box.nodes)) if node_runs(box, i).exists() for d in node_runs(box, i).iterdir()]
+
+
 def edit_inventory(path: Path, **changes: object) -> Path:
     """Rewrite an inventory with top-level changes (e.g. job=..., rendezvous=...); returns the path."""
     data = yaml.safe_load(path.read_text())

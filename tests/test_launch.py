@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -20,10 +19,9 @@ from _train_helpers import (
     single_cmd,
 )
 from conftest import free_port
-from helpers import REPO, edit_inventory, inv, run_id_of, run_processes
+from helpers import REPO, edit_inventory, inv, run_id_of, run_processes, runs_on
 
 from launcher import sandbox
-from launcher.plan import RUNS_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -104,24 +102,15 @@ def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) 
     assert run_processes(run_id_of(result.stderr)) == []
 
 
-def runs_of(box, runs_root: Path, before: set[Path]) -> list[Path]:
-    """Run directories created since `before` for this sandbox (other tests may launch meanwhile)."""
-    port = str(yaml.safe_load(box.inventory.read_text())["rendezvous"]["master_port"])
-    new = (set(runs_root.iterdir()) if runs_root.exists() else set()) - before
-    return [d for d in new for c in d.glob("*/command.json") if port in json.loads(c.read_text())["argv"]]
-
-
 def test_dead_node_fails_before_anything_starts(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(3, master_port=free_port(), script="tests/scripts/sleeper.py")
     sandbox.stop_node(box.state_dir, 2)
-    runs_root = Path(os.path.expanduser(RUNS_ROOT))
-    before = set(runs_root.iterdir()) if runs_root.exists() else set()
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 1
     assert "node-2: refused: connection refused" in result.stderr, result.stderr
     assert "nothing was started" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert not runs_of(box, runs_root, before), "a run directory was created although a node was down"
+    assert runs_on(box) == [], "a run directory was created although a node was down"
 
 
 def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_path: Path) -> None:
@@ -140,15 +129,13 @@ def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_
 
 def test_launch_refuses_in_seconds_when_a_node_cannot_resolve_the_master(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
-    runs_root = Path(os.path.expanduser(RUNS_ROOT))
-    before = set(runs_root.iterdir()) if runs_root.exists() else set()
     t0 = time.monotonic()
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert time.monotonic() - t0 < 30  # torchrun itself would retry "gai error -2" for many minutes
     assert result.returncode == 1, result.stdout + result.stderr
     assert "nothing was started" in result.stderr
     assert f'add "{box.nodes[0].addr} node-0" to /etc/hosts on node-1' in result.stderr, result.stderr
-    assert not runs_of(box, runs_root, before)
+    assert runs_on(box) == []
 
     report = inv("doctor", "--hosts", str(box.inventory), "--json")
     assert report.returncode == 1

@@ -75,7 +75,7 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
         assert "detached" in result.stderr
         wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
 
-        running = inv("status", "--hosts", hosts)
+        running = inv("status", "--hosts", hosts, "--run", run_id)
         assert running.returncode == 0, running.stderr
         assert running.stdout.count("running") == 2 and run_id in running.stdout, running.stdout
 
@@ -97,7 +97,7 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
         assert again.returncode == 0
         assert "nothing was running" in again.stdout
 
-        after = inv("status", "--hosts", hosts)
+        after = inv("status", "--hosts", hosts, "--run", run_id)
         assert after.stdout.count("stopped") == 2, after.stdout
     finally:
         decoy.kill()

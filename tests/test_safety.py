@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import free_port
-from helpers import inv, run_id_of, run_processes
+from helpers import inv, node_runs, run_id_of, run_processes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,12 +146,13 @@ def test_secrets_never_show_in_argv_dry_run_logs_or_run_dir(make_sandbox, tmp_pa
         assert any(secret.encode() in Path(f"/proc/{p}/environ").read_bytes() for p in workers)  # it arrived
     finally:
         inv("stop", "--hosts", str(box.inventory), "--run", run_id, timeout=60)
-    run_root = Path(os.path.expanduser(RUNS_ROOT)) / run_id
-    for folder in (run_root, logs):
-        for path in folder.rglob("*") if folder.exists() else []:
+    run_dirs = [node_runs(box, i) / run_id for i in range(2)]
+    assert all(d.is_dir() for d in run_dirs)
+    for folder in (*run_dirs, logs):
+        for path in folder.rglob("*"):
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
-    command = json.loads((run_root / "node-0" / "command.json").read_text())
+    command = json.loads((run_dirs[0] / "node-0" / "command.json").read_text())
     assert command["secret_env"] == ["ECHO_TOKEN"] and "ECHO_TOKEN" not in command["env"]
 
 

@@ -301,3 +301,9 @@ def test_up_over_a_sandbox_whose_nodes_died(make_sandbox) -> None:
         sandbox.stop_node(sb.state_dir, index)
     again = sandbox.up(2, state_dir=sb.state_dir, inventory=sb.inventory, base_addr=sb.nodes[0].addr, ssh_port=2222)
     assert sandbox.running(again.state_dir) == {"node-0": True, "node-1": True}
+
+
+def test_each_node_keeps_its_runs_in_its_own_cache_home() -> None:
+    text = sandbox.render_sshd_config("127.0.0.3", 2222, Path("/s/k"), Path("/s/p"), Path("/s/a"), Path("/s/node-1/cache"))
+    assert "SetEnv XDG_CACHE_HOME=/s/node-1/cache" in text.splitlines()
+    assert sandbox.node_cache(Path("/s"), 1) == Path("/s/node-1/cache")
