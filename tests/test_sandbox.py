@@ -304,6 +304,7 @@ def test_up_over_a_sandbox_whose_nodes_died(make_sandbox) -> None:
 
 
 def test_each_node_keeps_its_runs_in_its_own_cache_home() -> None:
-    text = sandbox.render_sshd_config("127.0.0.3", 2222, Path("/s/k"), Path("/s/p"), Path("/s/a"), Path("/s/node-1/cache"))
+    text = sandbox.render_sshd_config("127.0.0.3", 2222, Path("/s/k"), Path("/s/p"), Path("/s/a"),
+                                      Path("/s/node-1/cache"))
     assert "SetEnv XDG_CACHE_HOME=/s/node-1/cache" in text.splitlines()
     assert sandbox.node_cache(Path("/s"), 1) == Path("/s/node-1/cache")
