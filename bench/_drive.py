@@ -1,0 +1,136 @@
+"""Driver for the fan-out figure: launch a plan whose torchrun is replaced by a light command, then exit.
+
+    python bench/_drive.py INVENTORY [--preflight] [--log-dir DIR] [--trace OUT.json] [-- ARGV...]
+
+It is started as a fresh process so that its time includes the launcher's own start-up (imports), like a user's
+`inv launch`. Default light command: `<the host's python> -c pass`. Exit code: the launch's.
+
+--trace writes a timeline (time.time() stamps) of the launcher's phases, found by wrapping a few of its functions
+from the outside (nothing in launcher/ is changed): imports, each host's `ssh -G` and connect, preflight, each
+channel opened, each node's agent `started`/`exited` events (stamped by the node), and the end of `launch`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+T0 = time.perf_counter()
+MAIN_WALL = time.time()
+
+
+def _install_trace() -> dict:
+    """Wrap launcher functions to stamp the phases of a launch; returns the dict the stamps go into."""
+    import json
+    import threading
+
+    from launcher import runs, transport
+
+    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None}
+    lock = threading.Lock()
+
+    def wrap(module, name, record):
+        original = getattr(module, name)
+
+        def wrapper(*a, **kw):
+            start = time.time()
+            try:
+                return original(*a, **kw)
+            finally:
+                with lock:
+                    record(a, start, time.time())
+
+        setattr(module, name, wrapper)
+
+    wrap(transport, "resolve_target", lambda a, s, e: trace["resolve"].__setitem__(a[0].name, (s, e)))
+    wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
+    wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
+
+    original_on_event = runs._Run._on_event
+
+    def on_event(self, session, line):
+        try:
+            event = json.loads(line)
+            kind = event.get("event")
+            if kind == "started":
+                trace["started"][session.name] = (event.get("time"), time.time())
+            elif kind == "exited":
+                trace["exited"][session.name] = (event.get("time"), time.time())
+        except (ValueError, AttributeError):
+            pass
+        return original_on_event(self, session, line)
+
+    runs._Run._on_event = on_event
+    return trace
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import dataclasses
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("inventory")
+    parser.add_argument("--preflight", action="store_true", help="run the doctor's fast checks first")
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--timings", action="store_true", help="print phase times to stderr as JSON")
+    parser.add_argument("--trace", default=None, help="write a timeline of the launcher's phases (JSON) here")
+    parser.add_argument("--torchrun", action="store_true", help="keep the plan's torchrun command (no light command)")
+    parser.add_argument("light", nargs="*", help="the light command (default: PYTHON -c pass)")
+    args = parser.parse_args(argv)
+
+    from launcher import runs
+    from launcher.inventory import load_inventory
+    from launcher.plan import plan_launch
+
+    t_import = time.perf_counter()
+    trace = _install_trace() if args.trace else None
+    cluster = load_inventory(args.inventory)
+    plan = plan_launch(cluster)
+    nodes = tuple(
+        dataclasses.replace(c, argv=tuple(args.light) if args.light else (c.host.python, "-c", "pass"),
+                            home_words=(0,))
+        for c in plan.nodes
+    )
+    if not args.torchrun:
+        plan = dataclasses.replace(plan, nodes=nodes)
+    opts = runs.Options(out=sys.stdout, err=sys.stderr)
+    if args.log_dir:
+        opts.log_dir = Path(args.log_dir)
+    if args.preflight:
+        from launcher.doctor import preflight
+
+        opts.preflight = preflight
+        if trace is not None:
+            def traced_preflight(cluster, nodes, _inner=preflight):
+                start = time.time()
+                try:
+                    return _inner(cluster, nodes)
+                finally:
+                    trace["preflight"] = (start, time.time())
+
+            opts.preflight = traced_preflight
+    if trace is not None:
+        trace["main"] = MAIN_WALL
+        trace["imported"] = time.time() - (time.perf_counter() - t_import)
+        trace["planned"] = time.time()
+    try:
+        code = runs.launch(plan, opts)
+    finally:
+        if trace is not None:
+            import json
+
+            trace["returned"] = time.time()
+            Path(args.trace).write_text(json.dumps(trace))
+    if args.timings:
+        import json
+
+        print(json.dumps({"import_s": round(t_import - T0, 4), "launch_s": round(time.perf_counter() - t_import, 4)}),
+              file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,323 @@
+"""Shared pieces of the benchmarks: sandboxes on private addresses, the baselines, timing and statistics.
+
+Every figure is compared with a baseline measured in the same run, at the same N, interleaved with it (launcher,
+baseline, launcher, baseline, ...), so that the load of whatever else runs on this small machine falls on both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from launcher import sandbox  # noqa: E402
+
+BENCH = REPO / "bench"
+RESULTS = BENCH / "results"
+RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+MARK_ENV = "DDP_LAUNCHER_RUN"
+RUNS_ROOT = Path(os.path.expanduser("~/.cache/ddp-launcher/runs"))
+"""Where the agent keeps run directories on each node (the sandbox's nodes share this machine's home)."""
+OUR_RUNS: set[str] = set()
+"""Run ids this bench started; their run directories are removed at the end (the log figure's are large)."""
+
+
+def note_runs(text: str) -> list[str]:
+    """Remember the run ids printed in a launcher's output; returns them."""
+    ids = sorted(set(RUN_ID.findall(text)))
+    OUR_RUNS.update(ids)
+    return ids
+
+
+def node_run_dir(box: Box, index: int, run_id: str) -> Path:
+    """Node `index`'s run directory of `run_id`: in the node's own cache home when the sandbox gives each node one
+    (sandbox.node_cache), else in the home the nodes share."""
+    shared = RUNS_ROOT / run_id / f"node-{index}"
+    node_cache = getattr(sandbox, "node_cache", None)
+    if node_cache is None:
+        return shared
+    own = node_cache(box.box.state_dir, index) / "ddp-launcher" / "runs" / run_id / f"node-{index}"
+    return own if own.exists() or not shared.exists() else shared
+
+
+def remove_run_dirs() -> int:
+    """Remove the run directories of this bench's runs (only ours: colleagues' tests may be reading theirs)."""
+    import shutil
+
+    removed = 0
+    for run_id in sorted(OUR_RUNS):
+        if run_processes(run_id):
+            continue
+        path = RUNS_ROOT / run_id
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    OUR_RUNS.clear()
+    return removed
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Statistics.
+
+
+def stats(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of a list of seconds (or any numbers), and the raw values."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "runs": []}
+    return {"median": round(statistics.median(vals), 4), "min": round(min(vals), 4), "max": round(max(vals), 4),
+            "runs": [round(v, 4) for v in vals]}
+
+
+def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if not a or not b or not a.get("median") or not b.get("median"):
+        return None
+    return round(a["median"] / b["median"], 3)
+
+
+def paired_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """Median of run-by-run ratios a[k]/b[k] (runs interleaved, so a slow spell of the machine hits both)."""
+    if not a or not b or len(a["runs"]) != len(b["runs"]) or not a["runs"]:
+        return None
+    return round(statistics.median(x / y for x, y in zip(a["runs"], b["runs"], strict=True) if y), 3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sandboxes that never collide with the tests' (they count K from 10; we take 200 and up).
+
+
+def reserve_subnet(first: int = 200) -> tuple[str, IO[str]]:
+    """A base address 127.0.K.2 that no other sandbox uses (the same lock files as the tests' factory)."""
+    for k in range(first, 251):
+        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return f"127.0.{k}.2", handle
+    raise SystemExit("no free sandbox subnet in 127.0.200-250")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Box:
+    """A running sandbox for the bench: its files, python and master port."""
+
+    box: sandbox.Sandbox
+    n: int
+    master_port: int
+    python: str
+    root: Path
+
+    @property
+    def inventory(self) -> Path:
+        return self.box.inventory
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.box.ssh_config
+
+    @property
+    def addrs(self) -> list[str]:
+        return [node.addr for node in self.box.nodes]
+
+    @property
+    def tmp_words(self) -> str:
+        """`TMPDIR=...` for a baseline's torchrun: without --log-dir it leaves a torchelastic_* folder in $TMPDIR;
+        this one goes away with the bench's scratch folder."""
+        return f"TMPDIR={shlex.quote(str(self.root))} "
+
+
+@contextlib.contextmanager
+def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args: Sequence[str] = (),
+               nproc_per_node: int = 1) -> Iterator[Box]:
+    """A sandbox of `n` nodes on a free 127.0.K.2+ and a free master port; always brought down."""
+    base, lock = reserve_subnet()
+    folder = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=root))
+    state = folder / "state"
+    port = free_port()
+    try:
+        box = sandbox.up(n, state_dir=state, inventory=folder / "sandbox.yaml", base_addr=base, master_port=port,
+                         script=script, script_args=list(script_args), nproc_per_node=nproc_per_node,
+                         ready_timeout=30.0)
+        yield Box(box, n, port, sandbox._default_python(), folder)
+    finally:
+        try:
+            sandbox.down(state)
+        finally:
+            lock.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Processes.
+
+
+@dataclass
+class Timed:
+    seconds: float
+    code: int
+    stdout: str
+    stderr: str
+    cpu_s: float = 0.0
+    """User + system CPU seconds of the process and the children it waited for."""
+    maxrss_kb: int = 0
+    """Peak resident set size of the largest of those (kB)."""
+
+
+def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] | None = None,
+              stdout: int | IO[Any] | None = subprocess.PIPE, cwd: Path = REPO) -> Timed:
+    """Run a process to its end; wall time from spawn to exit, with its CPU and peak memory from wait4()."""
+    full_env = {**os.environ, **(env or {})}
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=full_env, stdout=stdout, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    out_chunks: list[bytes] = []
+    err_chunks: list[bytes] = []
+    # Read both pipes without deadlock; threads keep the wait4() for this exact pid (its own rusage).
+    import threading
+
+    def drain(pipe: IO[bytes] | None, into: list[bytes]) -> None:
+        if pipe is None:
+            return
+        for chunk in iter(lambda: pipe.read(1 << 16), b""):
+            into.append(chunk)
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, out_chunks), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, err_chunks), daemon=True)]
+    for t in readers:
+        t.start()
+    deadline = start + timeout
+    status = None
+    usage = None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.002)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for t in readers:
+        t.join(10)
+    return Timed(seconds, proc.returncode, b"".join(out_chunks).decode("utf-8", "replace"),
+                 b"".join(err_chunks).decode("utf-8", "replace"),
+                 cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kb=usage.ru_maxrss)
+
+
+def ssh_loop_script(ssh_config: Path, commands: Sequence[str]) -> str:
+    """Baseline (a): `for i ...; do ssh -F CFG node-i "CMD_i" & done; wait` as one bash script."""
+    config = shlex.quote(str(ssh_config))
+    lines = [f"ssh -F {config} node-{i} {shlex.quote(cmd)} &" for i, cmd in enumerate(commands)]
+    return "\n".join([*lines, "wait"])
+
+
+def ssh_loop(ssh_config: Path, commands: Sequence[str], *, timeout: float = 300, stdout: Any = subprocess.PIPE
+             ) -> Timed:
+    return run_timed(["bash", "-c", ssh_loop_script(ssh_config, commands)], timeout=timeout, stdout=stdout)
+
+
+def pids_with_env(needle: bytes) -> list[int]:
+    """Live processes whose environment has a variable starting with `needle` (e.g. b"DDP_LAUNCHER_RUN=id/")."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(var.startswith(needle) for var in environ.split(b"\0")):
+            found.append(int(entry))
+    return found
+
+
+def run_processes(run_id: str) -> list[int]:
+    """The tests' definition: every live process of a launcher run carries DDP_LAUNCHER_RUN=<run id>/<node>."""
+    return pids_with_env(f"{MARK_ENV}={run_id}/".encode())
+
+
+def kill_marked(needle: bytes, timeout: float = 10.0) -> int:
+    """KILL every process whose environment carries `needle`; returns how many there were."""
+    pids = pids_with_env(needle)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while pids_with_env(needle) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie has no environment: the tests' scan skips it too)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def wait_gone(find: Callable[[], list[int]], timeout: float, poll: float = 0.02,
+              start: float | None = None) -> tuple[float | None, int, float | None]:
+    """Wait until `find` (a full /proc scan) finds nothing.
+
+    Between full scans only the pids found so far are watched (a scan of every process's environment every 20 ms
+    would take a good part of a core from the very stop it measures); a full scan confirms the end.
+    Returns (seconds until none was left, or None on timeout; how many were left at the end; seconds until the
+    first of them was gone, i.e. when the stop reached the processes), all from `start` (default: now).
+    """
+    start = time.perf_counter() if start is None else start
+    watched = set(find())
+    first_drop = None
+    while True:
+        now = time.perf_counter() - start
+        live = {pid for pid in watched if _alive(pid)}
+        if first_drop is None and live != watched:
+            first_drop = now
+        if not live:
+            again = set(find())
+            if not again:
+                return now, 0, first_drop if first_drop is not None else now
+            watched = again
+            continue
+        if now > timeout:
+            return None, len(set(find())), first_drop
+        time.sleep(poll)
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

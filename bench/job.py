@@ -1,0 +1,116 @@
+"""Figure 2 (a real job): train/ddp.py for a few steps on N nodes, 1 process each.
+
+`inv launch --hosts INV` against (a) the ssh loop running the same torchrun command on every node and (d) the
+floor: the same torchrun processes started locally, without SSH. Each run gets a fresh master port.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from common import REPO, Box, free_port, log, note_runs, paired_ratio, ratio, run_timed, sandbox_of, ssh_loop, stats
+
+JOB_ARGS = ["--max-steps", "20", "--dataset-size", "512"]
+SCRIPT = "train/ddp.py"
+TARGET = 1.05
+
+
+def torchrun_words(python: str, n: int, rank: int, master: str, port: int) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(rank),
+            "--nproc-per-node", "1", "--master-addr", master, "--master-port", str(port), SCRIPT, *JOB_ARGS]
+
+
+def with_port(box: Box, port: int, root: Path) -> Path:
+    """A copy of the sandbox's inventory with another master port (one per run: no TIME_WAIT surprises)."""
+    data = yaml.safe_load(box.inventory.read_text())
+    data["rendezvous"]["master_port"] = port
+    path = root / f"inventory-{port}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def check(result: Any, what: str) -> None:
+    text = result.stdout + result.stderr
+    if result.code != 0 or "finished at step" not in text:
+        raise RuntimeError(f"{what} failed (exit {result.code}):\n{text[-3000:]}")
+
+
+FAILURES: list[dict[str, Any]] = []
+"""Launches that failed, kept for the report (and retried): a figure should not hide them."""
+
+
+def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
+    for attempt in range(tries):
+        inventory = with_port(box, free_port(), root)
+        result = run_timed([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), *extra],
+                           timeout=180, env={"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")})
+        note_runs(result.stderr)
+        try:
+            check(result, "inv launch")
+            return result
+        except RuntimeError as exc:
+            FAILURES.append({"nodes": box.n, "code": result.code, "seconds": round(result.seconds, 3),
+                             "stderr_tail": str(exc)[-1500:]})
+            log(f"real job: inv launch failed on {box.n} nodes (exit {result.code}), try {attempt + 1}/{tries}")
+            if attempt == tries - 1:
+                raise
+
+
+def ssh_run(box: Box) -> Any:
+    port = free_port()
+    commands = [f"cd {shlex.quote(str(REPO))} && {box.tmp_words}"
+                + shlex.join(torchrun_words(box.python, box.n, i, "node-0", port)) for i in range(box.n)]
+    result = ssh_loop(box.ssh_config, commands, timeout=180)
+    check(result, "the ssh loop")
+    return result
+
+
+def local_run(box: Box) -> Any:
+    port = free_port()
+    script = "\n".join([f"{shlex.join(torchrun_words(box.python, box.n, i, '127.0.0.1', port))} &"
+                        for i in range(box.n)] + ["wait"])
+    result = run_timed(["bash", "-c", script], timeout=180, env={"TMPDIR": str(box.root)})
+    check(result, "the local torchrun")
+    return result
+
+
+def run(sizes: list[int], repeat: int, root: Path, skip_doctor_too: bool, warm_up: bool = True) -> dict[str, Any]:
+    rows = []
+    for n in sizes:
+        # --skip-doctor (what the preflight costs) at the smallest N only, where it weighs most: time is short.
+        with_skip = skip_doctor_too and n == sizes[0]
+        variants = ["ssh_loop", "launcher", "local"] + (["launcher_skip_doctor"] if with_skip else [])
+        with sandbox_of(n, root, script=SCRIPT, script_args=JOB_ARGS) as box:
+            log(f"real job: {n} nodes")
+            if warm_up:
+                ssh_run(box)  # untimed: the first sessions of a fresh sandbox are slower
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            cpu: dict[str, list[float]] = {v: [] for v in variants}
+            for rep in range(repeat):
+                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                for variant in order:
+                    if variant == "ssh_loop":
+                        result = ssh_run(box)
+                    elif variant == "local":
+                        result = local_run(box)
+                    else:
+                        result = launcher_run(box, root, ["--skip-doctor"] if variant.endswith("doctor") else [])
+                    times[variant].append(result.seconds)
+                    cpu[variant].append(result.cpu_s)
+            row: dict[str, Any] = {"nodes": n, **{v: {**stats(times[v]), "controller_cpu_s": stats(cpu[v])}
+                                                  for v in variants}}
+            row["launcher_over_a_paired"] = paired_ratio(row["launcher"], row["ssh_loop"])
+            row["launcher_over_a"] = ratio(row["launcher"], row["ssh_loop"])
+            row["launcher_over_d"] = ratio(row["launcher"], row["local"])
+            row["a_over_d"] = ratio(row["ssh_loop"], row["local"])
+            row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= TARGET
+            if with_skip:
+                row["skip_doctor_over_a"] = ratio(row["launcher_skip_doctor"], row["ssh_loop"])
+            rows.append(row)
+            log(f"real job {n}: a {row['ssh_loop']['median']:.2f}s, inv launch {row['launcher']['median']:.2f}s, "
+                f"local {row['local']['median']:.2f}s")
+    return {"rows": rows, "job": f"{SCRIPT} {' '.join(JOB_ARGS)}", "repeat": repeat, "failed_launches": FAILURES}

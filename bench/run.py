@@ -1,0 +1,281 @@
+"""Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
+
+    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu]
+
+Figures (each the median of >= 3 runs, with min and max; baselines measured in the same run, interleaved):
+  fanout  a light command on N nodes: the launcher (a fresh process, imports included) vs (a) the ssh loop
+  job     train/ddp.py, 20 steps, on 2 and 4 nodes: `inv launch` vs (a) vs (d) local torchrun without SSH
+  doctor  run_doctor vs (a) one light command over ssh, same N
+  stop    SIGINT to an attached launcher, `inv stop` on a detached run: time until no process of the run is left;
+          (d) SIGTERM straight to local torchruns (torchrun's own exit time); (a) Ctrl-C on the ssh loop: how many
+          remote processes stay (the bench then kills them by their mark)
+  logs    1,000,000 lines from a 2-node job through `inv launch` vs the same job writing to a local file
+  cpu     the launcher's own CPU seconds and peak memory at N = 16 (from the fan-out runs)
+--quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, 3 runs each, fewer diagnostics (~4-5 minutes
+on 2 busy cores); the whole run takes ~12 minutes. Prints a table, writes bench/results/latest.json and
+bench/results/latest.md (with --only: bench/results/only-<figures>.json/.md, so the full table stays).
+To see where the launcher's fan-out time goes: `python bench/trace_fanout.py`.
+Sandboxes use 127.0.200.2 and up (the tests' lock files tell which are free) and free master ports; every
+sandbox is brought down and every process the bench started is gone when it ends, even on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import REPO, RESULTS, log, machine, remove_run_dirs
+
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu")
+
+
+def plan(quick: bool, only: set[str]) -> dict[str, Any]:
+    """What to run: sizes and repeats per figure."""
+    full = {
+        "fanout": {"sizes": [2, 4, 8, 16], "repeat": 5},
+        "job": {"sizes": [2, 4], "repeat": 3, "skip_doctor_too": True, "warm_up": True},
+        "doctor": {"sizes": [2, 4, 8, 16], "repeat": 3},
+        "stop": {"repeat": 3, "baselines_every_run": True},
+        "logs": {"repeat": 3, "diagnostics": True},
+    }
+    short = {
+        "fanout": {"sizes": [4, 16], "repeat": 3},
+        "job": {"sizes": [2], "repeat": 3, "skip_doctor_too": False, "warm_up": False},
+        "doctor": {"sizes": [4, 8], "repeat": 3},
+        "stop": {"repeat": 3, "baselines_every_run": False},
+        "logs": {"repeat": 3, "diagnostics": False},
+    }
+    chosen = dict(short if quick else full)
+    if only:
+        if "cpu" in only and "fanout" not in only:
+            chosen["fanout"] = {"sizes": [16], "repeat": chosen["fanout"]["repeat"]}
+            only = only | {"fanout"}
+        chosen = {k: v for k, v in chosen.items() if k in only}
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering: one row per figure and N.
+
+
+def cell(s: dict[str, Any] | None, unit: str = "s", digits: int = 2) -> str:
+    if not s or s.get("median") is None:
+        return "–"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f}) {unit}"
+
+
+def verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("met" if ok else "MISSED")
+
+
+def failed_row(out: list[list[str]], label: str, figure: dict[str, Any]) -> None:
+    """A row for launches that failed and were retried (the figure itself is from the runs that worked)."""
+    failed = figure.get("failed_launches") or []
+    if failed:
+        last = " ".join(failed[-1]["stderr_tail"].split())[-200:]
+        with_preflight = sum(bool(f.get("preflight")) for f in failed)
+        out.append([f"{label}: failed launches (retried)", ",".join(sorted({str(f["nodes"]) for f in failed})),
+                    f"{len(failed)} failed" + (f" ({with_preflight} with preflight)" if with_preflight else "")
+                    + f"; last: {last}", "", "", "", "0 expected", "MISSED"])
+
+
+def rows(results: dict[str, Any]) -> list[list[str]]:
+    """[figure, N, launcher, (a) ssh loop, (d) floor, ratio, target, verdict]"""
+    out: list[list[str]] = []
+    fan = results.get("fanout")
+    if fan:
+        for r in fan["rows"]:
+            out.append(["fan-out, light cmd", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]), "",
+                        f"{r['launcher_over_a']:.2f}x (a)", "≤ 1.00x (a)", verdict(r["launcher_ok"])])
+            if fan["preflight_available"]:
+                out.append(["fan-out + preflight", str(r["nodes"]), cell(r["launcher_preflight"]),
+                            cell(r["ssh_loop"]), "", f"{r['preflight_over_a']:.2f}x (a)", "≤ 1.25x (a)",
+                            verdict(r["preflight_ok"])])
+        if not fan["preflight_available"]:
+            out.append(["fan-out + preflight", "", "skipped: no launcher.doctor.preflight", "", "", "", "", "–"])
+        failed_row(out, "fan-out", fan)
+    job = results.get("job")
+    if job:
+        for r in job["rows"]:
+            out.append(["real job (ddp.py 20 steps)", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]),
+                        cell(r["local"]), f"{r['launcher_over_a']:.2f}x (a), {r['launcher_over_d']:.2f}x (d)",
+                        "≤ 1.05x (a)", verdict(r["launcher_ok"])])
+            if "launcher_skip_doctor" in r:
+                out.append(["real job, --skip-doctor", str(r["nodes"]), cell(r["launcher_skip_doctor"]),
+                            cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)", "", "–"])
+        failed_row(out, "real job", job)
+    doc = results.get("doctor")
+    if doc:
+        if not doc["rows"]:
+            out.append(["doctor", "", doc.get("note", "skipped"), "", "", "", "≤ 1.5x (a)", "–"])
+        for r in doc["rows"]:
+            out.append(["doctor (run_doctor, all)", str(r["nodes"]), cell(r["doctor"]), cell(r["ssh_loop"]), "",
+                        f"{r['doctor_over_a']:.2f}x (a)", "≤ 1.5x (a)", verdict(r["doctor_ok"])])
+    stop = results.get("stop")
+    if stop:
+        floor = stop.get("local_sigterm")
+        floor_cell = f"{cell(floor)} (SIGTERM to local torchruns)" if floor else ""
+        for key, label in (("sigint", "stop: Ctrl-C attached"), ("inv_stop", "stop: inv stop, detached")):
+            s = stop[key]
+            out.append([label, str(stop["nodes"]), cell(s) + f"; {s['left_total']} left, {s['timeouts']} timed out; "
+                        f"first process gone at {cell(s['first_gone'])}", "", floor_cell, "", "≤ 2 s, 0 left",
+                        verdict(stop[f"{key}_ok"])])
+        failed = stop.get("start_failures") or []
+        if failed:
+            first = " ".join(failed[0]["error"].split())[:160]
+            out.append(["stop: runs that did not come up", str(stop["nodes"]),
+                        f"{len(failed)} ({', '.join(sorted({f['way'] for f in failed}))}), retried; first: {first}",
+                        "", "", "", "0 expected", "MISSED"])
+        a = stop["ssh_loop_sigint"]
+        out.append(["stop: (a) Ctrl-C on ssh loop", str(stop["nodes"]), "",
+                    f"{a['left']['median']:.0f} of {a['remote_before']['median']:.0f} remote procs left after "
+                    f"{a['watched_s']:.0f} s (min {a['left']['min']:.0f}, {len(a['left']['runs'])} runs); "
+                    f"{a['ssh_clients_left']['median']:.0f} ssh clients left running", "", "", "",
+                    "–"])
+    logs = results.get("logs")
+    if logs:
+        lines_note = "every line once, whole, in order" if logs["lines_ok"] else f"LINES BAD: {logs['line_problems']}"
+        out.append([f"logs: {logs['total_lines']:,} lines, 2 nodes", "2",
+                    f"{cell(logs['launcher'])}; launcher process "
+                    f"{logs['launcher_controller_cpu_s']['median']:.1f} CPU s",
+                    cell(logs.get("ssh_loop")) if "ssh_loop" in logs else "", cell(logs["local"]),
+                    f"{logs['launcher_over_floor']:.2f}x (d)", "≤ 1.10x (d)", verdict(logs["launcher_ok"])])
+        out.append(["logs: launcher's output check", "2", lines_note, "", "", "", "", "–"])
+        failed_row(out, "logs", logs)
+        if "local_tee" in logs:
+            out.append(["logs: (d) with --tee 3 (diagnostic)", "2", "", "", cell(logs["local_tee"]),
+                        f"launcher {logs['launcher_over_floor_tee']:.2f}x this", "", "–"])
+    cpu = results.get("cpu")
+    if cpu:
+        out.append(["launcher CPU, peak RSS", str(cpu["nodes"]),
+                    f"{cell(cpu['launcher_cpu_s'], 'CPU s')}, {cpu['launcher_maxrss_mb']:.0f} MB",
+                    f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')}, {cpu['ssh_loop_maxrss_mb']:.0f} MB (largest ssh)",
+                    "", "", "(figure only)", "–"])
+    return out
+
+
+HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(d) floor: local, no SSH", "ratio", "target",
+          ""]
+
+
+def print_table(table_rows: list[list[str]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for name in HEADER:
+        table.add_column(name, overflow="fold")
+    for row in table_rows:
+        style = "red" if row[-1] == "MISSED" else None
+        table.add_row(*row, style=style)
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
+
+
+def markdown(table_rows: list[list[str]], command: str, when: str, info: dict[str, Any], wall_s: float) -> str:
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [f"Benchmarks: `{command}` on {when} ({info['cpus']} CPUs, Python {info['python']}, "
+             f"load average at start {info['loadavg'][0]:.1f}; took {wall_s:.0f} s).",
+             "Times are the median of the runs with (min–max); baselines measured in the same run.", "",
+             "| " + " | ".join(h or "verdict" for h in HEADER) + " |",
+             "|" + "|".join("---" for _ in HEADER) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in table_rows]
+    return "\n".join(lines) + "\n"
+
+
+def cpu_figure(fan: dict[str, Any]) -> dict[str, Any] | None:
+    big = [r for r in fan["rows"] if r["nodes"] == 16] or fan["rows"][-1:]
+    if not big:
+        return None
+    r = big[0]
+    return {"nodes": r["nodes"], "launcher_cpu_s": r["launcher"]["cpu_s"],
+            "launcher_maxrss_mb": r["launcher"]["maxrss_mb"],
+            "ssh_loop_cpu_s": r["ssh_loop"]["cpu_s"], "ssh_loop_maxrss_mb": r["ssh_loop"]["maxrss_mb"],
+            "note": "wait4() rusage of the driver process (with its `ssh -G` children); of the bash loop (with its "
+                    "ssh clients) for (a); the nodes' side (sshd, bash, agents) is not included"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer N, 3 runs each (about 4 minutes)")
+    parser.add_argument("--only", default="", help=f"comma-separated figures: {', '.join(FIGURES)}")
+    args = parser.parse_args()
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    unknown = only - set(FIGURES)
+    if unknown:
+        parser.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
+    command = "python bench/run.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+    todo = plan(args.quick, only)
+    started = time.monotonic()
+    when = _dt.datetime.now().isoformat(timespec="seconds")
+    info = machine()
+    results: dict[str, Any] = {}
+    root = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
+    log(f"{command}: {', '.join(todo)}; scratch in {root}")
+    try:
+        import doctor_fig
+        import fanout
+        import job
+        import logs_fig
+        import stop
+
+        for name, conf in todo.items():
+            t0 = time.monotonic()
+            try:
+                if name == "fanout":
+                    results["fanout"] = fanout.run(conf["sizes"], conf["repeat"], root)
+                    if not only or "cpu" in only:
+                        results["cpu"] = cpu_figure(results["fanout"])
+                    if only == {"cpu"}:
+                        del results["fanout"]
+                elif name == "job":
+                    # `inv launch` runs the doctor's fast checks first when cli.py wires them in; then measure
+                    # --skip-doctor too, to show what the preflight costs.
+                    skip_too = conf["skip_doctor_too"] and "preflight" in (REPO / "launcher" / "cli.py").read_text()
+                    results["job"] = job.run(conf["sizes"], conf["repeat"], root, skip_doctor_too=skip_too,
+                                             warm_up=conf["warm_up"])
+                elif name == "doctor":
+                    results["doctor"] = doctor_fig.run(conf["sizes"], conf["repeat"], root)
+                elif name == "stop":
+                    results["stop"] = stop.run(conf["repeat"], root, conf["baselines_every_run"])
+                elif name == "logs":
+                    results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
+            except Exception as exc:  # one figure failing still leaves the others' figures
+                log(f"{name} FAILED: {type(exc).__name__}: {exc}")
+                results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            log(f"{name} took {time.monotonic() - t0:.0f} s")
+    finally:
+        remove_run_dirs()
+        shutil.rmtree(root, ignore_errors=True)
+    wall = time.monotonic() - started
+    table_rows = rows(results)
+    errors = {k: v for k, v in results.items() if k.endswith("_error")}
+    for key, text in errors.items():
+        table_rows.append([key.removesuffix("_error"), "", "ERROR: " + " ".join(text.split())[-300:], "", "", "", "",
+                           "–"])
+    title = f"{command} — {when}, {info['cpus']} CPUs, {wall:.0f} s"
+    print_table(table_rows, title)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    # A partial run (--only) does not overwrite the last full table: it goes to only-<figures>.*
+    stem = f"only-{'-'.join(sorted(only))}" if only else "latest"
+    (RESULTS / f"{stem}.json").write_text(json.dumps({
+        "command": command, "argv": [shlex.quote(a) for a in sys.argv], "when": when, "machine": info,
+        "loadavg_at_end": machine()["loadavg"], "wall_s": round(wall, 1), "results": results}, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(table_rows, command, when, info, wall))
+    print(f"wrote {RESULTS.relative_to(REPO)}/{stem}.json and {stem}.md in {wall:.0f} s")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
