@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fcntl
 import json
 import os
 import platform
@@ -57,24 +56,11 @@ def ssh_loop(ssh_config: Path, count: int) -> None:
 
 
 def reserve_subnet(first: int = 200) -> tuple[str, IO[str]]:
-    """A base address 127.0.K.2 no other sandbox uses (same lock files as the tests' factory)."""
-    for k in range(first, 251):
-        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        return f"127.0.{k}.2", handle
-    raise SystemExit("no free sandbox subnet")
+    """A base address 127.0.K.2 no other sandbox uses (K from 200: the tests count from 10)."""
+    return sandbox.reserve_base_addr(first, 250)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+free_port = sandbox.free_port
 
 
 def bench_size(count: int, repeat: int, root: Path) -> dict[str, Any]:

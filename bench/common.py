@@ -7,12 +7,10 @@ baseline, launcher, baseline, ...), so that the load of whatever else runs on th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -104,22 +102,11 @@ def paired_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | 
 
 
 def reserve_subnet(first: int = 200) -> tuple[str, IO[str]]:
-    """A base address 127.0.K.2 that no other sandbox uses (the same lock files as the tests' factory)."""
-    for k in range(first, 251):
-        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        return f"127.0.{k}.2", handle
-    raise SystemExit("no free sandbox subnet in 127.0.200-250")
+    """A base address 127.0.K.2 no other sandbox uses (K from 200: the tests count from 10)."""
+    return sandbox.reserve_base_addr(first, 250)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+free_port = sandbox.free_port
 
 
 @dataclass

@@ -13,12 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import yaml
 
@@ -97,6 +98,30 @@ def node_addresses(base_addr: str, count: int) -> list[str]:
     if base not in loopback or last > int(loopback.broadcast_address) - 1:
         raise SandboxError(f"{count} nodes from {base_addr} do not fit in 127.0.0.0/8; pick another base address.")
     return [str(base + i) for i in range(count)]
+
+
+def reserve_base_addr(first: int = 10, last: int = 250) -> tuple[str, IO[str]]:
+    """A base address 127.0.K.2 (K from `first` to `last`) that no other sandbox on this machine holds.
+
+    Held through a lock file per K (tests, benchmarks and people share this machine's loopback range); keep the
+    returned handle open while the sandbox lives, close it to free K.
+    """
+    for k in range(first, last + 1):
+        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return f"127.0.{k}.2", handle
+    raise SandboxError(f"no free sandbox subnet left in 127.0.{first}-{last}.x")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (a master port: every sandbox node shares one port space)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def node_cache(state_dir: Path, index: int) -> Path:

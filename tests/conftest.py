@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import fcntl
 import itertools
-import socket
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -24,11 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: starts real sshd servers and processes")
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for master ports: every node shares one port space)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+free_port = sandbox.free_port
 
 
 class SandboxFactory:
@@ -41,20 +34,10 @@ class SandboxFactory:
         self._locks: list[IO[str]] = []
 
     def reserve_base(self) -> str:
-        """A base address 127.0.K.2 that no other sandbox of any test process uses until teardown."""
-        for k in _SUBNETS:
-            if k > _LAST_SUBNET:
-                break
-            # Other pytest processes (colleagues, xdist) count from 10 too: a held lock means K is taken.
-            handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            self._locks.append(handle)
-            return f"127.0.{k}.2"
-        raise RuntimeError("no free sandbox subnet left in this test process")
+        """A base address 127.0.K.2 that no other sandbox of any process uses until teardown."""
+        base, handle = sandbox.reserve_base_addr(next(_SUBNETS), _LAST_SUBNET)
+        self._locks.append(handle)
+        return base
 
     def __call__(self, nodes: int = 2, **up_kwargs: Any) -> Sandbox:
         folder = self._root / f"sandbox-{len(self.state_dirs)}"
