@@ -196,9 +196,14 @@ class Channel:
 
     @property
     def finished(self) -> bool:
-        """True once the command exited and all its output has been read."""
-        return (self._chan.exit_status_ready() and not self._chan.recv_ready()
-                and not self._chan.recv_stderr_ready())
+        """True once the command exited and all its output has been read.
+
+        sshd may send the exit status before the last data: only the end of the stream (EOF, or the channel
+        closing) says nothing more is coming.
+        """
+        chan = self._chan
+        return (chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                and not chan.recv_ready() and not chan.recv_stderr_ready())
 
     @property
     def closed(self) -> bool:
