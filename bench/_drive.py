@@ -132,5 +132,22 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def peak_rss_kb() -> int:
+    """This process's own peak resident memory (VmHWM). Not ru_maxrss from wait4(): a child forked from a big
+    parent (the bench) keeps the parent's high-water mark across exec, which would hide a smaller launcher."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+    finally:
+        print(f"bench-driver-peak-rss-kb: {peak_rss_kb()}", file=sys.stderr)
+    sys.exit(code)

@@ -171,7 +171,8 @@ class Timed:
     cpu_s: float = 0.0
     """User + system CPU seconds of the process and the children it waited for."""
     maxrss_kb: int = 0
-    """Peak resident set size of the largest of those (kB)."""
+    """ru_maxrss from wait4() (kB). Beware: a forked child keeps its parent's high-water mark across exec, so
+    this is at least the bench's own size; the fan-out driver reports its own VmHWM instead."""
 
 
 def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] | None = None,

@@ -7,6 +7,7 @@ running the same command. With the doctor's fast checks (`Options(preflight=...)
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,14 @@ def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
                 for variant in order:
                     result = baseline(box) if variant == "ssh_loop" else drive(box, root, variant != "launcher")
                     times[variant].append(result.seconds)
-                    usage[variant].append((result.cpu_s, result.maxrss_kb))
+                    match = re.search(r"bench-driver-peak-rss-kb: (\d+)", result.stderr)
+                    usage[variant].append((result.cpu_s, int(match.group(1)) if match else 0))
             row: dict[str, Any] = {"nodes": n}
             for variant in variants:
                 row[variant] = stats(times[variant])
                 row[variant]["cpu_s"] = stats([u[0] for u in usage[variant]])
-                row[variant]["maxrss_mb"] = round(max(u[1] for u in usage[variant]) / 1024, 1)
+                if variant != "ssh_loop":  # the driver's own VmHWM; nothing comparable for bash + ssh clients
+                    row[variant]["peak_rss_mb"] = stats([round(u[1] / 1024, 1) for u in usage[variant]])
             row["launcher_over_a"] = ratio(row["launcher"], row["ssh_loop"])
             row["launcher_over_a_paired"] = paired_ratio(row["launcher"], row["ssh_loop"])
             row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= TARGET_PLAIN

@@ -158,8 +158,8 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     cpu = results.get("cpu")
     if cpu:
         out.append(["launcher CPU, peak RSS", str(cpu["nodes"]),
-                    f"{cell(cpu['launcher_cpu_s'], 'CPU s')}, {cpu['launcher_maxrss_mb']:.0f} MB",
-                    f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')}, {cpu['ssh_loop_maxrss_mb']:.0f} MB (largest ssh)",
+                    f"{cell(cpu['launcher_cpu_s'], 'CPU s')}; peak RSS {cell(cpu['launcher_peak_rss_mb'], 'MB', 0)}",
+                    f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')} (bash + {cpu['nodes']} ssh clients)",
                     "", "", "(figure only)", "–"])
     return out
 
@@ -200,10 +200,10 @@ def cpu_figure(fan: dict[str, Any]) -> dict[str, Any] | None:
         return None
     r = big[0]
     return {"nodes": r["nodes"], "launcher_cpu_s": r["launcher"]["cpu_s"],
-            "launcher_maxrss_mb": r["launcher"]["maxrss_mb"],
-            "ssh_loop_cpu_s": r["ssh_loop"]["cpu_s"], "ssh_loop_maxrss_mb": r["ssh_loop"]["maxrss_mb"],
-            "note": "wait4() rusage of the driver process (with its `ssh -G` children); of the bash loop (with its "
-                    "ssh clients) for (a); the nodes' side (sshd, bash, agents) is not included"}
+            "launcher_peak_rss_mb": r["launcher"]["peak_rss_mb"], "ssh_loop_cpu_s": r["ssh_loop"]["cpu_s"],
+            "note": "CPU: wait4() rusage of the driver process (with its `ssh -G` children), of the bash loop (with "
+                    "its ssh clients) for (a); the nodes' side (sshd, bash, agents) is not included. Peak RSS: the "
+                    "driver's own VmHWM at exit"}
 
 
 def main() -> int:
