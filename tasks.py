@@ -57,6 +57,16 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
+def _integer(name: str, value: Any, minimum: int = 0) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise Exit(f"error: --{name.replace('_', '-')} must be a whole number, got {value!r}", 2) from None
+    if number < minimum:
+        raise Exit(f"error: --{name.replace('_', '-')} must be at least {minimum}, got {value!r}", 2)
+    return number
+
+
 def _hosts(c: Context, hosts: str | None) -> str:
     return hosts or c.config.get("launcher", {}).get("hosts", "hosts/cluster.yaml")
 
@@ -111,7 +121,7 @@ def status(c, hosts=None, run=None):
 @_reported
 def logs(c, hosts=None, run=None, follow=False, node=None, rank=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
-    rank = int(rank) if rank is not None else None
+    rank = _integer("rank", rank) if rank is not None else None
     return cli.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c))
 
 
@@ -120,7 +130,8 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None):
 @_reported
 def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=29500):
     """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
-    cli.sandbox_up(int(nodes), nproc_per_node=int(nproc_per_node), master_port=int(master_port))
+    cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=_integer("nproc_per_node", nproc_per_node, 1),
+                   master_port=_integer("master_port", master_port, 1))
 
 
 @task
