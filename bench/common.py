@@ -231,24 +231,8 @@ def ssh_loop(ssh_config: Path, commands: Sequence[str], *, timeout: float = 300,
     return run_timed(["bash", "-c", ssh_loop_script(ssh_config, commands)], timeout=timeout, stdout=stdout)
 
 
-def pids_with_env(needle: bytes) -> list[int]:
-    """Live processes whose environment has a variable starting with `needle` (e.g. b"DDP_LAUNCHER_RUN=id/")."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if any(var.startswith(needle) for var in environ.split(b"\0")):
-            found.append(int(entry))
-    return found
-
-
-def run_processes(run_id: str) -> list[int]:
-    """The tests' definition: every live process of a launcher run carries DDP_LAUNCHER_RUN=<run id>/<node>."""
-    return pids_with_env(f"{MARK_ENV}={run_id}/".encode())
+pids_with_env = sandbox.pids_with_env
+run_processes = sandbox.run_processes
 
 
 def kill_marked(needle: bytes, timeout: float = 10.0) -> int:

@@ -24,6 +24,7 @@ from typing import IO, Any, NamedTuple
 import yaml
 
 from launcher.errors import LauncherError
+from launcher.plan import RUN_ID_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
@@ -122,6 +123,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def pids_with_env(prefix: bytes) -> list[int]:
+    """Live processes on this machine (so on every sandbox node) with an environment entry starting with `prefix`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if any(var.startswith(prefix) for var in environ.split(b"\0")):
+            found.append(int(entry))
+    return found
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes of a launcher run on any sandbox node: each carries DDP_LAUNCHER_RUN=<run id>/<node>."""
+    return pids_with_env(f"{RUN_ID_ENV}={run_id}/".encode())
 
 
 def node_cache(state_dir: Path, index: int) -> Path:

@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from launcher.sandbox import free_port as free_port  # re-exported for the train tests
+from launcher.sandbox import pids_with_env
 
 if TYPE_CHECKING:
     import torch
@@ -35,12 +37,6 @@ INJECTED_FAILURE = "injected failure"
 # Tagging each run's environment lets us find its processes (torchrun's workers get
 # their own sessions, so a process group would not cover them).
 TAG_VAR = "DDP_TRAIN_TEST_RUN"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_cmd(nproc: int, port: int, *train_args: str) -> list[str]:
@@ -77,17 +73,7 @@ class RunResult:
 
 
 def _tagged_pids(tag: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours
-            continue
-        if f"{TAG_VAR}={tag}".encode() in environ.split(b"\0"):
-            pids.append(int(entry.name))
-    return pids
+    return pids_with_env(f"{TAG_VAR}={tag}".encode())  # the tag is a uuid: no other tag starts with it
 
 
 def _reap(tag: str, grace: float) -> list[int]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from launcher import sandbox
+
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
@@ -38,20 +40,7 @@ def run_id_of(output: str) -> str:
     return match.group(1)
 
 
-def run_processes(run_id: str) -> list[int]:
-    """Live processes of a run on any sandbox node: they all carry DDP_LAUNCHER_RUN=<run id>/<node>."""
-    needle = f"DDP_LAUNCHER_RUN={run_id}/".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if any(var.startswith(needle) for var in environ.split(b"\0")):
-            pids.append(int(entry))
-    return pids
+run_processes = sandbox.run_processes
 
 
 def node_runs(box, index: int) -> Path:
