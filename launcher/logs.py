@@ -60,12 +60,6 @@ class NodeLog:
             tag = f"{self._label} r{self.rank_offset + local_rank:<2}"
         return f"{self._start}{tag} |{self._end} "
 
-    def format(self, line: bytes) -> str:
-        """One line as shown on the console (and remembered in the tail)."""
-        parts: list[bytes] = []
-        self._format_lines([line], parts)
-        return parts[0].decode("utf-8", errors="replace")
-
     def _split_rank(self, line: bytes) -> tuple[bytes, int | None, bytes]:
         """(torchrun's `[default3]:` tag or b"", the local rank or None, the rest of the line)."""
         if line[:1] == b"[":
