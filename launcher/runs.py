@@ -10,46 +10,26 @@ import json
 import os
 import queue
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
 from launcher.logs import NodeLog, failed_rank, root_cause_block, supports_colour
+from launcher.options import Options
 from launcher.plan import RUN_ID_ENV, LaunchPlan, NodeCommand, rank_offsets
 from launcher.remote import program_input, python_command
-from launcher.transport import DEFAULT_CONNECT_TIMEOUT, Channel, Node, Result, close_all, connect_all, run_all
+from launcher.transport import Channel, Node, Result, close_all, connect_all, run_all
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
 HEARTBEAT_SECONDS = 5.0
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
               "ProcessGroupNCCL", "Socket Timeout", "SignalException", "Signals.SIGTERM")
-
-
-@dataclass
-class Options:
-    """How a launch behaves; the task layer fills it from the command line and invoke.yaml."""
-
-    detach: bool = False
-    grace: float = 10.0
-    """Seconds between TERM and KILL when a run is stopped."""
-    heartbeat_timeout: float = 30.0
-    """A node stops its part by itself when the launcher has been silent this long."""
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    log_dir: Path = Path("logs")
-    """Where the controller mirrors each node's output: <log_dir>/<run_id>/<node>.log."""
-    out: IO[str] = field(default_factory=lambda: sys.stdout)
-    """Where node output goes (prefixed lines)."""
-    err: IO[str] = field(default_factory=lambda: sys.stderr)
-    """Where the launcher's own progress and reports go."""
-    preflight: Callable[[Cluster, dict[str, Node]], None] | None = None
-    """Checks run on the open connections before anything starts (the doctor's fast checks)."""
 
 
 agent_command = python_command

@@ -26,8 +26,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from launcher.errors import NodeFailure
 from launcher.inventory import Cluster, Host
+from launcher.options import DEFAULT_CONNECT_TIMEOUT
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())

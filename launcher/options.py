@@ -1,0 +1,126 @@
+"""How a launch behaves, and the one home of every default: invoke.yaml, the tasks and the node agent read them here.
+
+The node agent has no defaults of its own: every number it uses arrives in its request (see `runs.start_request`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import LauncherError
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication)."""
+DEFAULT_GRACE = 10.0
+"""Seconds between TERM and KILL when a run is stopped."""
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+"""A node stops its part of an attached run by itself after this long without a word from the launcher."""
+DEFAULT_SILENCE_TIMEOUT = 30.0
+"""The launcher fails a run when a node has sent nothing (not even its agent's heartbeat) for this long."""
+DEFAULT_CONSOLE_BUFFER = 10_000
+"""Lines the console may lag behind the run before it skips lines (they still land in the log files)."""
+HEARTBEAT_DIVISOR = 4
+"""Heartbeats go this many times per timeout, so that one late beat never stops a healthy run."""
+MAX_LINE_BYTES = 64 * 1024
+"""A line longer than this (output without newlines) is cut into pieces of this size, each marked."""
+DEFAULT_HOSTS = "hosts/cluster.yaml"
+DEFAULT_LOG_DIR = "logs"
+ACTION_MARGIN = 20.0
+"""Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """Seconds between two heartbeats for a given timeout (at most 5 s)."""
+    return min(5.0, timeout / HEARTBEAT_DIVISOR)
+
+
+@dataclass
+class Options:
+    """How a launch (and stop, status, logs) behaves; the task layer fills it from the command line and invoke.yaml."""
+
+    detach: bool = False
+    """Start the run and return; status, logs and stop work on it later."""
+    grace: float = DEFAULT_GRACE
+    """Seconds between TERM and KILL when a run is stopped."""
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    """A node stops its part by itself when the launcher has been silent this long."""
+    silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
+    """The run fails when a node has sent nothing for this long (`node-1 stopped answering`)."""
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """Seconds to wait for each node's SSH connection."""
+    console_buffer: int = DEFAULT_CONSOLE_BUFFER
+    """Lines the console may lag behind before lines are skipped on it (never in the log files)."""
+    log_dir: Path = Path(DEFAULT_LOG_DIR)
+    """Where the controller mirrors each node's output: <log_dir>/<run_id>/<node>.log."""
+    out: IO[str] = field(default_factory=lambda: sys.stdout)
+    """Where node output goes (prefixed lines)."""
+    err: IO[str] = field(default_factory=lambda: sys.stderr)
+    """Where the launcher's own progress and reports go."""
+    preflight: Callable[..., None] | None = None
+    """Checks run on the open connections before anything starts (the doctor's fast checks)."""
+
+    @property
+    def action_timeout(self) -> float:
+        """How long a stop/status action may take on a node: the grace period plus a margin, never less."""
+        return self.grace + ACTION_MARGIN
+
+
+# name -> (kind, minimum, whether the minimum itself is allowed); checked for invoke.yaml and the command line alike.
+_NUMBERS: dict[str, tuple[type, float, bool]] = {
+    "grace": (float, 0.0, True),
+    "heartbeat_timeout": (float, 0.0, False),
+    "silence_timeout": (float, 0.0, False),
+    "connect_timeout": (float, 0.0, False),
+    "console_buffer": (int, 1, True),
+}
+CONFIG_KEYS = ("hosts", "log_dir", *_NUMBERS)
+"""The keys `launcher:` in invoke.yaml may hold."""
+
+
+def number(name: str, value: Any, source: str) -> float | int:
+    """`value` as the number option `name` needs; a LauncherError naming `source` (e.g. `--grace`) otherwise."""
+    kind, minimum, inclusive = _NUMBERS[name]
+    shown = str(value)[:40]
+    what = "a whole number" if kind is int else "a number of seconds"
+    if isinstance(value, bool):
+        raise LauncherError(f"{source} must be {what}, got {shown!r}")
+    try:
+        result = kind(value)
+    except (TypeError, ValueError):
+        raise LauncherError(f"{source} must be {what}, got {shown!r}") from None
+    if kind is float and not math.isfinite(result):
+        raise LauncherError(f"{source} must be a finite number of seconds, got {shown!r}")
+    if result < minimum or (result == minimum and not inclusive):
+        bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
+        raise LauncherError(f"{source} must be {bound}, got {shown!r}")
+    return result
+
+
+def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml") -> Options:
+    """Options from invoke.yaml's `launcher:` section, then command-line overrides (None means not given).
+
+    Every value is checked: a wrong one in invoke.yaml names `invoke.yaml: launcher.KEY`, one on the command line
+    names `--key`.
+    """
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise LauncherError(f"{config_name}: launcher.{unknown[0]}: unknown key; known keys: {', '.join(CONFIG_KEYS)}")
+    names = {f.name for f in fields(Options)}
+    values: dict[str, Any] = {}
+    for key, value in config.items():
+        if key in _NUMBERS:
+            values[key] = number(key, value, f"{config_name}: launcher.{key}")
+        elif key == "log_dir":
+            values[key] = Path(str(value))
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in names:
+            raise LauncherError(f"unknown option {key!r}")
+        values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
+    return Options(**values)
