@@ -18,6 +18,8 @@ RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 """Set in every process of a run: how `stop` finds the run's processes even when they left its process group."""
 SECRET_MASK = "<secret>"
+RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
+"""What every run id looks like (`new_run_id`); ids given by a user are checked against it wherever they arrive."""
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
