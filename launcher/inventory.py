@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +20,13 @@ DEFAULT_MASTER_PORT = 29500
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # ssh aliases, DNS names, IPv4 and IPv6 literals; never starting with '-' (it would read as an ssh option).
 _HOST_NAME = re.compile(r"[A-Za-z0-9_:\[][A-Za-z0-9_.:%\[\]-]*\Z")
+_STR_TAG = "tag:yaml.org,2002:str"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_SHOWN = 70
+"""At most this many characters of a value in a message (entries get twice that)."""
+_BRACKETS: dict[type, str] = {list: "[]", tuple: "()", set: "{}"}
+_FALSE = ("false", "no", "off")
+"""How YAML 1.1 spells false (any case)."""
 
 
 @dataclass(frozen=True)
@@ -128,14 +135,33 @@ def load_inventory(path: str | Path) -> Cluster:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader whose bad scalars (`2024-13-01`, `!!int abc`) fail as YAML errors with a line, not ValueError."""
+    """SafeLoader that notes which scalars were plain, and whose bad scalars (`2024-13-01`, `!!int abc`) fail as
+    YAML errors with a line, not ValueError."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.guessed: set[int] = set()
+        """ids of plain, untagged scalar nodes: YAML 1.1 typed them from their text (`010` -> 8, `yes` -> True)."""
+        self.hidden: set[int] = set()
+        """ids of the nodes of env entries with `secret:`, whose text no error may quote."""
+
+    def compose_scalar_node(self, anchor: str | None) -> yaml.ScalarNode:
+        event = self.peek_event()
+        node = super().compose_scalar_node(anchor)
+        if event.tag in (None, "!") and event.implicit[0]:  # no quotes, no `!!tag`: the type is YAML's guess
+            self.guessed.add(id(node))
+        return node
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
         except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError) as exc:
+            what = "(not shown: the entry is secret)"  # the exception's text quotes the value too
+            if id(node) not in self.hidden:
+                text = node.value if isinstance(node, yaml.ScalarNode) else "..."  # a collection's repr can be a bomb
+                what = f"{_render(text)} ({_shorten(str(exc), _SHOWN)})"
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {node.tag.rsplit(':', 1)[-1]} value {node.value!r} ({exc})",
+                None, None, f"cannot read {_shorten(node.tag.rsplit(':', 1)[-1], _SHOWN)} value {what}",
                 node.start_mark) from None
 
 
@@ -146,7 +172,9 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
         loader = _Loader(text)
         root_node = loader.get_single_node()
         lines = _line_numbers(root_node, source)  # before constructing, which rewrites merge keys (`<<`) in place
+        loader.hidden = _secret_nodes(root_node)
         data = None if root_node is None else loader.construct_document(root_node)
+        written = _written_texts(root_node, loader.guessed)  # after: merge keys are resolved in the nodes as in data
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, text, source) from None
     except RecursionError:
@@ -154,7 +182,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
     finally:
         if loader is not None:
             loader.dispose()
-    return _Parser(source, lines).cluster(data)
+    return _Parser(source, lines, written).cluster(data)
 
 
 def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
@@ -163,7 +191,7 @@ def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
         line = text.count("\n", 0, exc.position) + 1
         return InventoryError(source, f"not valid YAML: character {chr(exc.character)!r} is not allowed", line=line)
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    problem = _shorten(getattr(exc, "problem", None) or " ".join(str(exc).split()), 4 * _SHOWN)  # may quote a tag
     context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
     if context and context_mark and (not mark or context_mark.line != mark.line):
         problem += f" ({context} on line {context_mark.line + 1})"
@@ -183,11 +211,13 @@ def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
         if isinstance(n, yaml.MappingNode):
             seen: set[str] = set()
             for key, value in n.value:
+                if not isinstance(key, yaml.ScalarNode):  # constructing refuses it (unhashable); its text may be a bomb
+                    continue
                 name = str(key.value)
                 child = f"{path}.{name}" if path else name
                 if name in seen:
                     raise InventoryError(source, "appears twice in the same mapping",
-                                         entry=child, line=key.start_mark.line + 1)
+                                         entry=_shorten(child, 2 * _SHOWN), line=key.start_mark.line + 1)
                 seen.add(name)
                 lines[child] = key.start_mark.line + 1
                 walk(value, child)
@@ -200,16 +230,114 @@ def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
     return lines
 
 
+def _says_secret(node: yaml.MappingNode) -> bool:
+    """Whether a mapping (an env entry) has `secret:` with anything but false: a malformed flag hides too."""
+    return any(isinstance(k, yaml.ScalarNode) and k.value == "secret"
+               and not (isinstance(v, yaml.ScalarNode) and v.tag == _BOOL_TAG and v.value.lower() in _FALSE)
+               for k, v in node.value)
+
+
+def _secret_nodes(root: yaml.Node | None) -> set[int]:
+    """ids of every node inside an env entry that says `secret:`: what no error may quote."""
+    hidden: set[int] = set()
+    seen: set[tuple[int, bool]] = set()  # a node is visited at most twice (open, secret): aliases may nest 10**9 deep
+    stack: list[tuple[yaml.Node, bool]] = [] if root is None else [(root, False)]
+    while stack:
+        node, secret = stack.pop()
+        if (id(node), secret) in seen:
+            continue
+        seen.add((id(node), secret))
+        if secret:
+            hidden.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, secret) for item in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            inner = secret or _says_secret(node)
+            stack += [(value, inner) for _, value in node.value]
+    return hidden
+
+
+def _pairs(node: yaml.Node | None) -> dict[str, yaml.Node]:
+    """A mapping node's values by string key; the last one wins, as in the dict that YAML builds from it."""
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.tag == _STR_TAG}
+
+
+def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
+    """Entry -> source text of each plain job argument and env value: `010` reaches the node as 010, not 8.
+
+    Runs on the constructed nodes, whose merge keys (`<<`) are resolved in place, so paths match the data.
+    """
+    top = _pairs(root)
+    found: dict[str, yaml.Node | None] = {}
+    args = _pairs(top.get("job")).get("args")
+    if isinstance(args, yaml.SequenceNode):
+        found.update((f"job.args[{i}]", item) for i, item in enumerate(args.value))
+    envs = {"defaults.env": _pairs(top.get("defaults")).get("env")}
+    hosts = top.get("hosts")
+    if isinstance(hosts, yaml.SequenceNode):
+        envs.update((f"hosts[{i}].env", _pairs(host).get("env")) for i, host in enumerate(hosts.value))
+    for entry, env in envs.items():
+        for name, node in _pairs(env).items():
+            found[f"{entry}.{name}"] = node
+            found[f"{entry}.{name}.value"] = _pairs(node).get("value")
+    return {entry: node.value for entry, node in found.items()
+            if isinstance(node, yaml.ScalarNode) and id(node) in guessed}
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _render(value: Any, limit: int = _SHOWN) -> str:
+    """`repr(value)` cut at `limit` characters, built piece by piece: an alias bomb (10**9 leaves) costs no more."""
+    out: list[str] = []
+    size = 0
+    for piece in _repr_pieces(value, limit):
+        out.append(piece)
+        size += len(piece)
+        if size > limit:
+            break
+    return _shorten("".join(out), limit)
+
+
+def _repr_pieces(value: Any, limit: int) -> Iterator[str]:
+    """The pieces of `repr(value)` in order, lazily; every container yields a bracket before going deeper, so
+    `_render` stops after at most `limit` levels even in a list that contains itself."""
+    if isinstance(value, dict):
+        yield "{"
+        for i, (key, item) in enumerate(value.items()):
+            yield ", " if i else ""
+            yield from _repr_pieces(key, limit)
+            yield ": "
+            yield from _repr_pieces(item, limit)
+        yield "}"
+    elif type(value) in _BRACKETS and value:  # YAML builds lists, sets (`!!set`) and tuples (`!!omap`)
+        opening, closing = _BRACKETS[type(value)]
+        yield opening
+        for i, item in enumerate(value):
+            yield ", " if i else ""
+            yield from _repr_pieces(item, limit)
+        yield ",)" if type(value) is tuple and len(value) == 1 else closing
+    elif isinstance(value, str | bytes):
+        yield repr(value[: limit + 1])  # longer than the limit either way, and never copied whole
+    else:
+        yield repr(value)
+
+
 def _describe(value: Any) -> str:
-    return "nothing" if value is None else f"{value!r} ({type(value).__name__})"
+    return "nothing" if value is None else f"{_render(value)} ({type(value).__name__})"
 
 
 class _Parser:
     """Turns the loaded YAML into typed objects; knows where each entry was, to say so in errors."""
 
-    def __init__(self, source: str, lines: dict[str, int]):
+    def __init__(self, source: str, lines: dict[str, int], written: Mapping[str, str]):
         self.source = source
         self.lines = lines
+        self.written = written
+        """Entry -> the source text of a plain job argument or env value (see `_written_texts`)."""
 
     def fail(self, entry: str, message: str) -> InventoryError:
         line = self.lines.get(entry)
@@ -218,7 +346,7 @@ class _Parser:
             shorter = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", parent)
             parent = shorter if shorter != parent else ""  # a top-level name, or a key we cannot split: the root
             line = self.lines.get(parent)
-        return InventoryError(self.source, message, entry=entry or None, line=line)
+        return InventoryError(self.source, message, entry=_shorten(entry, 2 * _SHOWN) or None, line=line)
 
     def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if value is None:
@@ -230,7 +358,7 @@ class _Parser:
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
                 where = f"{entry}.{key}" if entry else str(key)
-                raise self.fail(where, f"unknown key {key!r}{hint}")
+                raise self.fail(where, f"unknown key {_render(key)}{hint}")
         return value
 
     def cluster(self, data: Any) -> Cluster:
@@ -249,7 +377,8 @@ class _Parser:
         seen: dict[str, int] = {}
         for i, host in enumerate(hosts):
             if host.name in seen:
-                raise self.fail(f"hosts[{i}]", f"host {host.name!r} is listed twice (also hosts[{seen[host.name]}])")
+                raise self.fail(f"hosts[{i}]", f"host {_render(host.name)} is listed twice "
+                                f"(also hosts[{seen[host.name]}])")
             seen[host.name] = i
         policy = top.get("host_key_policy", "strict")
         if policy not in HOST_KEY_POLICIES:
@@ -288,7 +417,9 @@ class _Parser:
                 raise self.fail(where, 'must be a directory, got nothing (a bare ~ is null in YAML: write "~")')
             return check(value, where)
 
-        env = {**self.env(defaults.get("env"), "defaults.env"), **self.env(fields.get("env"), f"{entry}.env")}
+        base = self.env(defaults.get("env"), "defaults.env")
+        secrets = frozenset(name for name, var in base.items() if var.secret)  # a host's override stays secret
+        env = {**base, **self.env(fields.get("env"), f"{entry}.env", secrets)}
         return Host(
             name=name,
             addr=self.host_name(fields["addr"], f"{entry}.addr") if fields.get("addr") is not None else name,
@@ -310,8 +441,9 @@ class _Parser:
         if other is not None:
             # torchrun's static rendezvous store listens on node rank 0; every other node would wait for it at
             # master_addr, where nothing listens, until a timeout.
-            raise self.fail("rendezvous.master_addr", f"is {addr!r}, a node that is not the first host: torchrun's "
-                            f"store runs on node rank 0 ({first.name}); list {other.name} first, or drop master_addr")
+            raise self.fail("rendezvous.master_addr", f"is {_render(addr)}, a node that is not the first host: "
+                            f"torchrun's store runs on node rank 0 ({first.name}); list {other.name} first, "
+                            "or drop master_addr")
         return Rendezvous(
             master_addr=first.addr if addr is None else self.host_name(addr, "rendezvous.master_addr"),
             master_port=DEFAULT_MASTER_PORT if port is None else self.port(port, "rendezvous.master_port"),
@@ -327,7 +459,8 @@ class _Parser:
         words = tuple(self.word(a, f"job.args[{i}]") for i, a in enumerate(args))
         return Job(script=self.text(fields["script"], "job.script"), args=words)
 
-    def env(self, raw: Any, entry: str) -> dict[str, EnvVar]:
+    def env(self, raw: Any, entry: str, secret: frozenset[str] = frozenset()) -> dict[str, EnvVar]:
+        """`NAME: value` entries; errors never show the values of the names in `secret`."""
         if raw is None:
             return {}
         if not isinstance(raw, dict):
@@ -336,24 +469,36 @@ class _Parser:
         for name, value in raw.items():
             where = f"{entry}.{name}"
             if not isinstance(name, str) or not _ENV_NAME.match(name):
-                raise self.fail(where, f"{name!r} is not a valid environment variable name "
+                raise self.fail(where, f"{_render(name)} is not a valid environment variable name "
                                 "(letters, digits and _, not starting with a digit)")
             if isinstance(value, dict):
-                spec = self.mapping(value, where, ENV_KEYS)
-                if ("value" in spec) == ("from_env" in spec):
-                    raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
-                secret = spec.get("secret", False)
-                if not isinstance(secret, bool):
-                    raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
-                from_env = spec.get("from_env")
-                if "from_env" in spec and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
-                    raise self.fail(f"{where}.from_env",
-                                    f"must be an environment variable name, got {_describe(from_env)}")
-                literal = self.word(spec["value"], f"{where}.value") if "value" in spec else None
-                out[name] = EnvVar(name, value=literal, from_env=from_env, secret=secret)
+                out[name] = self.env_spec(name, value, where, name in secret)
             else:
-                out[name] = EnvVar(name, value=self.word(value, where))
+                out[name] = EnvVar(name, value=self.word(value, where, secret=name in secret))
         return out
+
+    def env_spec(self, name: str, raw: dict[Any, Any], where: str, hidden: bool) -> EnvVar:
+        """The `{value: ...}` / `{from_env: ...}` form; once it says `secret: true`, no error shows its values."""
+        spec = self.mapping(raw, where, ENV_KEYS)
+        if ("value" in spec) == ("from_env" in spec):
+            raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
+        secret = spec.get("secret", False)
+        if not isinstance(secret, bool):
+            raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
+        hidden = hidden or secret
+        from_env = spec.get("from_env")
+        if "from_env" in spec and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
+            # it may be the secret itself, pasted where its variable's name belongs
+            raise self.fail(f"{where}.from_env",
+                            f"must be an environment variable name, got {self.show(from_env, hidden)}")
+        literal = self.word(spec["value"], f"{where}.value", secret=hidden) if "value" in spec else None
+        return EnvVar(name, value=literal, from_env=from_env, secret=secret)
+
+    def show(self, value: Any, secret: bool) -> str:
+        """The value for a message, or only its type when it belongs to a secret entry."""
+        if secret and value is not None:
+            return f"a value of type {type(value).__name__} (not shown: the entry is secret)"
+        return _describe(value)
 
     def text(self, value: Any, entry: str) -> str:
         if not isinstance(value, str) or not value.strip():
@@ -362,10 +507,20 @@ class _Parser:
             raise self.fail(entry, "must not contain a newline or NUL character")
         return value
 
-    def word(self, value: Any, entry: str) -> str:
-        # Numbers are fine as arguments (`--epochs: 3`); booleans and lists are almost always a mistake.
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise self.fail(entry, f"must be a string or a number, got {_describe(value)}")
+    def word(self, value: Any, entry: str, secret: bool = False) -> str:
+        """A job argument or env value: the text as written, for a plain scalar; a string or a number otherwise."""
+        written = self.written.get(entry)
+        if value is None:
+            raise self.fail(entry, "must be a string or a number, got nothing; write '' for an empty string")
+        # true/false are booleans in every YAML version, and almost always a mistake here; yes/no/on/off only in 1.1
+        if written is not None and not (isinstance(value, bool) and written.lower() in ("true", "false")):
+            return written  # `010`, `1:30`, `1.10`, `yes`: as typed, not as YAML 1.1 reads them (8, 90, 1.1, True)
+        if isinstance(value, bool):
+            raise self.fail(entry, f"must be a string or a number, got {self.show(value, secret)}; "
+                            "quote it if you mean the word")
+        # Numbers are fine as arguments (`--epochs: 3`); lists and mappings are almost always a mistake.
+        if not isinstance(value, str | int | float):
+            raise self.fail(entry, f"must be a string or a number, got {self.show(value, secret)}")
         if isinstance(value, str) and "\0" in value:
             raise self.fail(entry, "must not contain a NUL character")
         return str(value)

@@ -8,6 +8,7 @@ import operator
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -639,6 +640,184 @@ def test_host_lookup_and_line_numbers() -> None:
 def test_source_defaults_to_a_placeholder() -> None:
     with pytest.raises(InventoryError, match=r"^<inventory>:1: hosts: is empty"):
         parse_inventory("hosts: []\n")
+
+
+# --- job arguments and env values arrive as written ----------------------------------------------------------
+
+
+def written(value: str) -> Cluster:
+    """An inventory with `value` as a job argument and as every form of env value, in defaults and on a host."""
+    return parse(f"""\
+        defaults:
+          env:
+            D: {value}
+            DV: {{value: {value}}}
+        hosts:
+          - name: a
+            env:
+              H: {value}
+              HV: {{value: {value}, secret: true}}
+        job:
+          script: x.py
+          args:
+            - {value}
+    """)
+
+
+def written_values(cluster: Cluster) -> list[str | None]:
+    assert cluster.job is not None
+    return [*cluster.job.args, *(var.value for var in cluster.hosts[0].env)]
+
+
+@pytest.mark.parametrize("value", [
+    "010", "0123", "1:30", "1.10", "3.0", "-0", "+1", "0x10", "0b101", "1_000", "1e3", "1.5e+3", ".inf", ".NaN",
+    "yes", "No", "on", "OFF", "2024-01-01", "2024-01-01 10:00:00", "plain words",
+])
+def test_plain_args_and_env_values_reach_the_node_as_written(value: str) -> None:
+    assert written_values(written(value)) == [value] * 5  # not YAML 1.1's 8, 90, 1.1, True, date(2024, 1, 1)
+
+
+@pytest.mark.parametrize(("value", "reads"), [
+    ("'010'", "010"), ('"1:30"', "1:30"), ("'yes'", "yes"), ("'true'", "true"), ("''", ""),
+    ("!!str 0x10", "0x10"), ("! 011", "011"),
+    ("!!int 010", "8"), ("!!float 1", "1.0"),  # a tag asks YAML to read the value: it is what the user asked for
+])
+def test_quoted_values_stay_and_tagged_values_are_what_yaml_reads(value: str, reads: str) -> None:
+    assert written_values(written(value)) == [reads] * 5
+
+
+def test_values_as_written_through_anchors_aliases_and_merge_keys() -> None:
+    cluster = parse("""\
+        defaults:
+          env: &common {A: &v 010, B: {value: 1:30}, C: 1.10}
+        hosts:
+          - name: a
+            env: {<<: *common, C: '1.10x', D: *v}
+          - name: b
+            env:
+              <<: [{A: 0x10}, *common]
+              B: 0o7
+        job: {script: x.py, args: [*v, 1e3]}
+    """)
+    a, b = cluster.hosts
+    assert [(v.name, v.value) for v in a.env] == [("A", "010"), ("B", "1:30"), ("C", "1.10x"), ("D", "010")]
+    assert [(v.name, v.value) for v in b.env] == [("A", "0x10"), ("B", "0o7"), ("C", "1.10")]
+    assert cluster.job == Job("x.py", args=("010", "1e3"))
+
+
+@pytest.mark.parametrize("value", ["~", "null", "NULL", ""])
+def test_an_empty_arg_or_env_value_says_how_to_write_an_empty_string(value: str) -> None:
+    message = "must be a string or a number, got nothing; write '' for an empty string"
+    exc = error(f"hosts: [a]\njob:\n  script: x.py\n  args:\n    - ok\n    - {value}\n")
+    assert str(exc) == f"{SRC}:6: job.args[1]: {message}"
+    exc = error(f"hosts:\n  - name: a\n    env:\n      A: {value}\n")
+    assert str(exc) == f"{SRC}:4: hosts[0].env.A: {message}"
+    exc = error(f"defaults:\n  env:\n    A:\n      value: {value}\nhosts: [a]\n")
+    assert str(exc) == f"{SRC}:4: defaults.env.A.value: {message}"
+
+
+@pytest.mark.parametrize(("value", "shown"), [("true", "True"), ("False", "False"), ("TRUE", "True")])
+def test_true_and_false_say_quote_it(value: str, shown: str) -> None:
+    message = f"must be a string or a number, got {shown} (bool); quote it if you mean the word"
+    exc = error(f"hosts: [a]\njob:\n  script: x.py\n  args: [--flag, {value}]\n")
+    assert str(exc) == f"{SRC}:4: job.args[1]: {message}"
+    exc = error(f"hosts:\n  - name: a\n    env:\n      A: {{value: {value}}}\n")
+    assert str(exc) == f"{SRC}:4: hosts[0].env.A.value: {message}"
+    assert written_values(written(f'"{value}"')) == [value] * 5
+
+
+# --- what errors quote ---------------------------------------------------------------------------------------
+
+
+BOMB = "[&a [x,x,x,x,x,x,x,x,x,x]," + ",".join(f"&{b} [{','.join([f'*{a}'] * 10)}]"
+                                               for a, b in zip("abcdefgh", "bcdefghi", strict=True)) + "]"
+"""A "billion laughs": 10**9 x's in 400 bytes of aliases, whose repr would be gigabytes."""
+
+
+@pytest.mark.parametrize(("text", "entry", "line"), [
+    ("hosts: [a]\njob:\n  script: x.py\n  args: [{bomb}]\n", "job.args[0]", 4),
+    ("hosts: [a]\njob:\n  script: {bomb}\n", "job.script", 3),
+    ("hosts:\n  - {bomb}\n", "hosts[0]", 2),
+    ("hosts:\n  - name: {bomb}\n", "hosts[0].name", 2),
+    ("defaults:\n  python: {bomb}\nhosts: [a]\n", "defaults.python", 2),
+    ("hosts:\n  - name: a\n    env:\n      A: {bomb}\n", "hosts[0].env.A", 4),
+    ("hosts:\n  - name: a\n    env:\n      A:\n        value: {bomb}\n", "hosts[0].env.A.value", 5),
+    ("hosts: [a]\nrendezvous:\n  master_port: {bomb}\n", "rendezvous.master_port", 3),
+    ("hosts: [a]\nhost_key_policy: {bomb}\n", "host_key_policy", 2),
+    ("hosts: [a]\nssh_config: {bomb}\n", "ssh_config", 2),
+])
+def test_an_alias_bomb_in_an_error_is_short_and_fast(text: str, entry: str, line: int) -> None:
+    start = time.perf_counter()
+    exc = error(text.format(bomb=BOMB))
+    assert time.perf_counter() - start < 0.5
+    assert len(str(exc)) < 500, len(str(exc))
+    assert str(exc).startswith(f"{SRC}:{line}: {entry}: "), str(exc)
+    assert str(exc).endswith("… (list)"), str(exc)
+
+
+def test_an_alias_bomb_as_a_key_is_refused_fast() -> None:
+    start = time.perf_counter()
+    exc = error(f"hosts:\n  - name: a\n    env: {{? {BOMB} : 1}}\n")
+    assert time.perf_counter() - start < 0.5
+    assert str(exc) == f"{SRC}:3: not valid YAML: found unhashable key"
+
+
+def test_long_values_and_keys_are_cut_in_messages() -> None:
+    long = "y" * 100_000
+    exc = error(f"hosts: [a]\njob:\n  script: x.py\n  args: [[{long}]]\n")
+    assert str(exc) == f"{SRC}:4: job.args[0]: must be a string or a number, got ['{'y' * 67}… (list)"
+    exc = error(f"hosts: [a]\n{long[:1000]}: 1\n")  # YAML allows keys of up to 1024 characters
+    assert str(exc) == f"{SRC}:2: {'y' * 139}…: unknown key '{'y' * 68}…; known keys: {', '.join(TOP_KEYS)}"
+    exc = error(f"hosts: [a]\nssh_config: !!int {long}\n")
+    assert len(str(exc)) < 500 and str(exc).startswith(f"{SRC}:2: not valid YAML: cannot read int value 'yyy")
+
+
+HIDDEN = "abc123secret"
+
+
+@pytest.mark.parametrize(("spec", "line", "sentence"), [
+    ("{value: [abc123secret], secret: true}", 4, "hosts[0].env.TOKEN.value: must be a string or a number, "
+     "got a value of type list (not shown: the entry is secret)"),
+    ("{secret: true, value: {k: abc123secret}}", 4, "hosts[0].env.TOKEN.value: must be a string or a number, "
+     "got a value of type dict (not shown: the entry is secret)"),
+    ("{value: !!binary YWJjMTIzc2VjcmV0, secret: true}", 4, "hosts[0].env.TOKEN.value: must be a string or a "
+     "number, got a value of type bytes (not shown: the entry is secret)"),
+    ("{from_env: abc123secret-value, secret: true}", 4, "hosts[0].env.TOKEN.from_env: must be an environment "
+     "variable name, got a value of type str (not shown: the entry is secret)"),
+    ("{value: !!int abc123secret, secret: true}", 4,
+     "not valid YAML: cannot read int value (not shown: the entry is secret)"),
+    ("{value: !!float abc123secret, secret: true}", 4,
+     "not valid YAML: cannot read float value (not shown: the entry is secret)"),
+    ("{value: [!!timestamp abc123secret], secret: true}", 4,
+     "not valid YAML: cannot read timestamp value (not shown: the entry is secret)"),
+])
+def test_secret_values_are_never_quoted_in_errors(spec: str, line: int, sentence: str) -> None:
+    exc = error(f"hosts:\n  - name: a\n    env:\n      TOKEN: {spec}\n")
+    assert str(exc) == f"{SRC}:{line}: {sentence}"
+    assert HIDDEN not in str(exc)
+    assert HIDDEN in str(error(f"hosts:\n  - name: a\n    env:\n      TOKEN: {spec.replace('true', 'false')}\n"))
+
+
+def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
+    exc = error(f"""\
+        defaults:
+          env: {{TOKEN: {{from_env: TOKEN, secret: true}}}}
+        hosts:
+          - name: a
+            env:
+              TOKEN: [{HIDDEN}]
+    """)
+    assert str(exc) == (f"{SRC}:6: hosts[0].env.TOKEN: must be a string or a number, "
+                        "got a value of type list (not shown: the entry is secret)")
+    exc = error("defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\nhosts: [{name: a, env: {TOKEN: true}}]\n")
+    assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: must be a string or a number, "
+                        "got a value of type bool (not shown: the entry is secret); quote it if you mean the word")
+
+
+def test_a_secret_value_as_written_is_kept() -> None:
+    env = parse("hosts: [{name: a, env: {PIN: {value: 0123, secret: true}}}]\n").hosts[0].env
+    assert env == (EnvVar("PIN", value="0123", secret=True),)
+
 
 
 # --- the example file ----------------------------------------------------------------------------------------
