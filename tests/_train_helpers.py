@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -39,9 +40,9 @@ INJECTED_FAILURE = "injected failure"
 TAG_VAR = "DDP_TRAIN_TEST_RUN"
 
 
-def torchrun_cmd(nproc: int, port: int, *train_args: str) -> list[str]:
+def torchrun_cmd(nproc: int, port: int, *train_args: str, python: str = sys.executable) -> list[str]:
     return [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nnodes",
@@ -87,10 +88,13 @@ def _reap(tag: str, grace: float) -> list[int]:
     return pids
 
 
-def run(cmd: Sequence[str], *, timeout: float = 120, env: Mapping[str, str] | None = None) -> RunResult:
-    """Run a command to completion; fail if it times out or leaves processes behind."""
+def run(cmd: Sequence[str], *, timeout: float = 120, env: Mapping[str, str | None] | None = None) -> RunResult:
+    """Run a command to completion; fail if it times out or leaves processes behind.
+
+    `env` adds to this process's environment; a None value removes that variable."""
     tag = uuid.uuid4().hex
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), TAG_VAR: tag}
+    merged = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), TAG_VAR: tag}
+    full_env = {k: v for k, v in merged.items() if v is not None}
     start = time.monotonic()
     proc = subprocess.Popen(
         list(cmd),
@@ -156,12 +160,15 @@ def load(path: str | os.PathLike[str]) -> Any:
 
 
 def state_dict_checksum(state: Mapping[str, torch.Tensor]) -> str:
-    """The program's CHECKSUM: sha256 over the state_dict's tensors, in order, as float32 bytes."""
+    """The program's CHECKSUM: sha256 over the state_dict's tensors, in order, as float32 bytes (C order, native
+    byte order). Packed from the values with struct, not read from memory as the program does: an independent
+    check, and no numpy (neither torch nor this project depends on it)."""
     import torch
 
     h = hashlib.sha256()
     for t in state.values():
-        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        values = t.detach().to("cpu", torch.float32).flatten().tolist()  # float32 -> float -> "f" is exact
+        h.update(struct.pack(f"={len(values)}f", *values))
     return h.hexdigest()
 
 

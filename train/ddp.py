@@ -26,6 +26,7 @@ rank R") before its S-th optimizer step (1-based global count: a run resumed pas
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import hashlib
 import io
@@ -180,10 +181,20 @@ class StepBatches(Sampler[list[int]]):
         return max(0, len(self._per_rank()[0]) - self.skip)
 
 
+def float32_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's values as float32 in C order and native byte order (what numpy's tobytes() gives).
+
+    Read straight from the contiguous CPU copy's memory: torch does not depend on numpy, so a node may lack it.
+    """
+    t = t.detach().to("cpu", torch.float32).contiguous()
+    return ctypes.string_at(t.data_ptr(), t.nbytes)
+
+
 def checksum(module: nn.Module) -> str:
+    """sha256 over the state_dict's tensors, in order, as float32 bytes: equal on every rank whose weights are."""
     h = hashlib.sha256()
     for t in module.state_dict().values():
-        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        h.update(float32_bytes(t))
     return h.hexdigest()
 
 

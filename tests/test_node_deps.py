@@ -1,0 +1,214 @@
+"""The node-side programs need nothing that this project does not declare: run them where nothing else is installed.
+
+train/ddp.py runs on the nodes under torch and this project's declared dependencies; launcher/agent.py and
+launcher/probe.py are stdlib-only programs sent to any Python 3.8+. The test machine's Python may hold more:
+numpy there once hid a `.numpy()` call that failed on every rank of a fresh venv.
+
+So each program runs here under a venv of this interpreter that holds only what it may use. For train/ddp.py that is
+the declared closure: pyproject.toml's dependencies plus its torch extra, and what they require, recursively, with
+each distribution's files (its RECORD) symlinked from this interpreter's install, so a package outside the closure
+(numpy) cannot be imported. For the agent and the probe it is an empty venv: the standard library alone.
+Linking takes a second or two; `pip install torch==2.13.0 -e .` into a fresh venv took ~40 s here and needs a
+package index (from PyPI, a bare torch pin pulls the multi-GB CUDA build), so this suite does not do that.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import _train_helpers as h
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from launcher import doctor, remote, runs
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest itself requires tomli before 3.11
+    import tomli as tomllib
+
+pytestmark = pytest.mark.integration
+
+REPO = h.REPO
+STDLIB_PROGRAMS = ("launcher/agent.py", "launcher/probe.py")
+# Nothing from the caller's environment may widen the venvs' sys.path.
+CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "PYTHONHOME": None}
+
+
+@dataclass(frozen=True)
+class Env:
+    python: Path
+    """The venv's interpreter."""
+    distributions: frozenset[str]
+    """Canonical names of the distributions linked into it."""
+
+
+def declared_requirements() -> list[Requirement]:
+    """pyproject.toml's dependencies and its torch extra: what a node running train/ddp.py is told to install."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["torch"]]]
+
+
+def closure(requirements: Iterable[Requirement]) -> dict[str, metadata.Distribution]:
+    """The installed distributions that `requirements` need, recursively, by canonical name (markers evaluated here)."""
+    found: dict[str, metadata.Distribution] = {}
+    expanded: set[tuple[str, str]] = set()
+    todo = [(req, "") for req in requirements]  # (requirement, the extra of its dependent that it comes with)
+    while todo:
+        req, extra = todo.pop()
+        if req.marker and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(req.name)
+        try:
+            dist = found.get(name) or metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{req} is required but not installed here: run scripts/setup")
+        if not req.specifier.contains(dist.version, prereleases=True):
+            pytest.fail(f"{req} is required but {name} {dist.version} is installed here: run scripts/setup")
+        found[name] = dist
+        for wanted in ("", *sorted(req.extras)):
+            if (name, wanted) not in expanded:
+                expanded.add((name, wanted))
+                todo += [(Requirement(r), wanted) for r in dist.requires or []]
+    return found
+
+
+def make_venv(folder: Path) -> tuple[Path, Path]:
+    """An empty venv (no pip, no system site-packages): its interpreter and its site-packages."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
+    python = folder / "bin" / "python"
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(subprocess.check_output([python, "-I", "-c", where], text=True).strip())
+    assert site.is_dir() and site.is_relative_to(folder), f"unexpected site-packages {site}"
+    return python, site
+
+
+def link_distribution(dist: metadata.Distribution, site: Path) -> None:
+    """Symlink every file of `dist`'s RECORD (code, compiled bytecode, metadata) into `site`, file by file: folders
+    that several distributions share (namespace packages) get only this distribution's files."""
+    if dist.files is None:
+        pytest.fail(f"{dist.name} {dist.version} has no RECORD, so its files are unknown: reinstall it with pip")
+    root = Path(dist.locate_file(""))
+    folders: set[Path] = set()
+    for file in dist.files:
+        if file.is_absolute() or file.parts[0] == "..":
+            continue  # console scripts and data outside site-packages: the tests run `python -m`
+        target = site / file
+        if target.parent not in folders:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            folders.add(target.parent)
+        if not target.is_symlink():
+            target.symlink_to(root / file)
+
+
+@pytest.fixture(scope="session")
+def declared_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """A venv holding only the declared closure (torch and this project's dependencies), linked from this install."""
+    python, site = make_venv(tmp_path_factory.mktemp("declared-env"))
+    dists = closure(declared_requirements())
+    for dist in dists.values():
+        link_distribution(dist, site)
+    return Env(python, frozenset(dists))
+
+
+@pytest.fixture(scope="session")
+def stdlib_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """A venv with nothing installed: what a node's bare Python offers the agent and the probe."""
+    python, _ = make_venv(tmp_path_factory.mktemp("stdlib-env"))
+    return Env(python, frozenset())
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of every module the file imports, at any depth (lazy imports inside functions included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - {"__future__"}
+
+
+def run_on_node(python: Path, stdin: bytes, cwd: Path, **env: str) -> dict:
+    """Run `PYTHON -c BOOTSTRAP` through a shell with the program and its request on stdin, as the launcher does on
+    a node (cwd: the node's home); its JSON reply (the last stdout line), or a failure that shows what it printed."""
+    full_env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV} | env
+    result = subprocess.run(
+        ["sh", "-c", remote.python_command(str(python))],
+        input=stdin,
+        capture_output=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=60,
+    )
+    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("program", STDLIB_PROGRAMS)
+def test_stdlib_programs_import_only_the_standard_library(program: str) -> None:
+    # Every import, including those inside functions that the runs below do not reach.
+    # (sys.stdlib_module_names is this Python's; the nodes' 3.8+ has all of these programs' modules.)
+    outside = sorted(imported_modules(REPO / program) - set(sys.stdlib_module_names))
+    assert outside == [], f"{program} imports {outside}, which a node's bare Python does not have"
+
+
+def test_probe_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
+    request = {"mode": "probe", "checks": "all", "names": ["localhost"], "workdir": str(REPO), "script": "train/ddp.py"}
+    reply = run_on_node(stdlib_env.python, doctor.probe_input(request), tmp_path)
+    assert reply["mode"] == "probe"
+    assert reply["python"]["executable"] == str(stdlib_env.python)
+    assert reply["script"]["sha256"]
+    assert reply["packages"]["count"] == 0, reply["packages"]  # the venv really is bare
+
+
+def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
+    # `runs` executes the whole module (every top-level import) and a full request/reply round.
+    request = runs.agent_input({"action": "runs", "node": "node-0"})
+    reply = run_on_node(stdlib_env.python, request, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    assert reply == {"runs": []}
+
+
+def test_declared_env_holds_the_declared_closure_and_nothing_else(declared_env: Env, tmp_path: Path) -> None:
+    # The probe's own package listing (every dist-info folder on sys.path) checks the fixture from inside.
+    request = {"mode": "probe", "checks": "all", "names": []}
+    reply = run_on_node(declared_env.python, doctor.probe_input(request), tmp_path)
+    listed = {item.partition("==")[0] for item in reply["packages"]["list"]}
+    assert listed == declared_env.distributions
+    assert {"torch", "fabric"} <= listed and "numpy" not in listed
+    assert reply["torch"]["version"] == metadata.version("torch")
+
+
+def test_ddp_imports_resolve_in_the_declared_env(declared_env: Env) -> None:
+    # Every import, including those inside functions that one short run does not reach. The script's own folder
+    # comes first on sys.path, as when it is run.
+    check = (
+        "import importlib.util, sys; sys.path.insert(0, sys.argv[1]); "
+        "print(' '.join(n for n in sys.argv[2:] if importlib.util.find_spec(n) is None))"
+    )
+    names = sorted(imported_modules(h.TRAIN_SCRIPT))
+    out = subprocess.check_output(
+        [declared_env.python, "-I", "-c", check, str(h.TRAIN_SCRIPT.parent), *names], text=True
+    )
+    assert out.split() == [], f"train/ddp.py imports {out.split()}, which no declared dependency provides"
+
+
+def test_ddp_trains_in_the_declared_env(declared_env: Env, tmp_path: Path) -> None:
+    # One short real run: 64 samples / (2 ranks x 8) = 4 steps.
+    weights = tmp_path / "weights.pt"
+    args = ["--dataset-size", "64", "--batch-size", "8", "--epochs", "1", "--save-weights", str(weights)]
+    r = h.run(h.torchrun_cmd(2, h.free_port(), *args, python=str(declared_env.python)), env=CLEAN_ENV)
+    assert r.returncode == 0, r.describe()
+    digest = h.assert_replicas_in_sync(r.output, 2)
+    assert digest == h.state_dict_checksum(h.load(weights)), r.describe()
