@@ -6,15 +6,18 @@ import shlex
 import sys
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any
 
 from invoke import Collection, Context, Exit, task
 
-from launcher import cli, runs
+from launcher import cli, options, runs
 from launcher.errors import LauncherError
+from launcher.inventory import DEFAULT_MASTER_PORT
 
 HOSTS_HELP = "inventory file (default: launcher.hosts in invoke.yaml)"
+RUN_HELP = "run id (default: the latest on each node)"
+USAGE = 2
+"""Exit code for wrong input on the command line or in invoke.yaml (found before anything is contacted)."""
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,42 +36,34 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _options(c: Context, **overrides: Any) -> runs.Options:
-    conf = c.config.get("launcher", {})
-    values = {
-        "connect_timeout": float(conf.get("connect_timeout", 10)),
-        "grace": float(conf.get("grace", 10)),
-        "heartbeat_timeout": float(conf.get("heartbeat_timeout", 30)),
-        "log_dir": Path(conf.get("log_dir", "logs")),
-    }
-    for key, value in overrides.items():
-        if value is not None:
-            values[key] = _number(key, value) if key in ("grace", "connect_timeout") else value
-    return runs.Options(**values)
-
-
-def _number(name: str, value: Any) -> float:
+def _options(c: Context, **overrides: Any) -> options.Options:
+    """invoke.yaml's `launcher:` section, then the command line's values (None: not given), every number checked."""
     try:
-        number = float(value)
-    except ValueError:
-        raise Exit(f"error: --{name.replace('_', '-')} must be a number of seconds, got {value!r}", 2) from None
-    if number < 0:
-        raise Exit(f"error: --{name.replace('_', '-')} must not be negative, got {value!r}", 2)
-    return number
+        return options.from_config(c.config.get("launcher", {}), overrides)
+    except LauncherError as exc:
+        raise Exit(f"error: {exc}", USAGE) from None
+
+
+def _run_id(run: str | None) -> str | None:
+    """`--run` as given, once it looks like a run id (it names a directory on every node)."""
+    try:
+        return runs.check_run_id(run)
+    except LauncherError as exc:
+        raise Exit(f"error: {exc}", USAGE) from None
 
 
 def _integer(name: str, value: Any, minimum: int = 0) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise Exit(f"error: --{name.replace('_', '-')} must be a whole number, got {value!r}", 2) from None
+        raise Exit(f"error: --{name.replace('_', '-')} must be a whole number, got {value!r}", USAGE) from None
     if number < minimum:
-        raise Exit(f"error: --{name.replace('_', '-')} must be at least {minimum}, got {value!r}", 2)
+        raise Exit(f"error: --{name.replace('_', '-')} must be at least {minimum}, got {value!r}", USAGE)
     return number
 
 
 def _hosts(c: Context, hosts: str | None) -> str:
-    return hosts or c.config.get("launcher", {}).get("hosts", "hosts/cluster.yaml")
+    return hosts or c.config.get("launcher", {}).get("hosts", options.DEFAULT_HOSTS)
 
 
 @task(help={
@@ -80,12 +75,15 @@ def _hosts(c: Context, hosts: str | None) -> str:
     "skip-doctor": "start without the doctor's fast checks (versions, DNS, port, script) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
+    "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
+    "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
-           connect_timeout=None):
+           connect_timeout=None, silence_timeout=None, heartbeat_timeout=None):
     """Start torchrun on every node of the inventory at once and stream their output."""
-    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout)
+    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout,
+                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout)
     return cli.launch(_hosts(c, hosts), script=script, args=args, dry_run=dry_run, doctor=not skip_doctor,
                       opts=opts)
 
@@ -100,35 +98,34 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None):
                       opts=_options(c, connect_timeout=connect_timeout))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",
-            "grace": "seconds between TERM and KILL"})
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL"})
 @_reported
 def stop(c, hosts=None, run=None, grace=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
-    return cli.stop(_hosts(c, hosts), run, _options(c, grace=grace))
+    return cli.stop(_hosts(c, hosts), _run_id(run), _options(c, grace=grace))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)"})
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP})
 @_reported
 def status(c, hosts=None, run=None):
     """Per node: running / exited (code) / stopped / unreachable, and since when."""
-    return cli.status(_hosts(c, hosts), run, _options(c))
+    return cli.status(_hosts(c, hosts), _run_id(run), _options(c))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the latest on each node)",
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
             "follow": "keep printing as the run writes, until it ends", "node": "only this node",
             "rank": "only this global rank's lines"})
 @_reported
 def logs(c, hosts=None, run=None, follow=False, node=None, rank=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
     rank = _integer("rank", rank) if rank is not None else None
-    return cli.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c))
+    return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
             "master-port": "rendezvous port written to the inventory"})
 @_reported
-def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=29500):
+def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=DEFAULT_MASTER_PORT):
     """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
     cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=_integer("nproc_per_node", nproc_per_node, 1),
                    master_port=_integer("master_port", master_port, 1))

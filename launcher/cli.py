@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from launcher import doctor as doctor_checks
 from launcher import runs, sandbox
@@ -84,18 +85,21 @@ def _when(ts: float | None) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else ""
 
 
+_COLOURS = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "dim",
+            "unreachable": "red", "error": "red", "lost": "red"}
+
+
 def _state_table(title: str, states: list[runs.NodeState], stop: bool) -> Table:
-    table = Table(title=title, title_justify="left")
+    """One row per node. Title and cells are `Text`: node names, run ids and states come from users and nodes,
+    and a `[/]` in them must print as it is, never be read as Rich markup."""
+    table = Table(title=Text(title), title_justify="left")
     for column in ("node", "run", "state", "exit", "started", "ended", *(("stopped", "left") if stop else ())):
         table.add_column(column)
-    colours = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "dim",
-               "unreachable": "red", "error": "red", "lost": "red"}
     for s in states:
-        state = f"[{colours.get(s.state, 'white')}]{s.state}[/]"
-        exit_code = "" if s.exit_code is None else str(s.exit_code)
-        row = [s.host, s.run_id or "", state, exit_code, _when(s.started_at), _when(s.ended_at)]
-        if stop:
-            row += [str(s.found), str(s.left)]
+        cells = [s.host, s.run_id or "", s.state, "" if s.exit_code is None else s.exit_code, _when(s.started_at),
+                 _when(s.ended_at), *((s.found, s.left) if stop else ())]
+        row = [Text(str(cell)) for cell in cells]
+        row[2].stylize(_COLOURS.get(str(s.state), "white"))
         table.add_row(*row)
     return table
 
@@ -121,7 +125,8 @@ def stop(hosts: str, run_id: str | None = None, opts: runs.Options | None = None
     console = _console(opts or runs.Options())
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
         console.print(f"nothing was running on {len(states)} node(s)"
-                      + (f" (run {states[0].run_id})" if states and states[0].run_id else ""))
+                      + (f" (run {states[0].run_id})" if states and states[0].run_id else ""),
+                      markup=False, highlight=False)
     else:
         console.print(_state_table(f"stop run {run_id or '(latest)'}", states, stop=True))
     _problems(console, states)

@@ -2,23 +2,138 @@
 
 from __future__ import annotations
 
+import io
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
-from helpers import inv
+import yaml
+from helpers import REPO, inv
+from rich.console import Console
+
+from launcher import cli, options, runs
+from launcher.errors import LauncherError
+
+EXAMPLE = ["--hosts", "hosts/example.yaml"]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["launch", "--hosts", "hosts/no-such.yaml"], "hosts/no-such.yaml: no such file"),
-    (["launch", "--hosts", "hosts/example.yaml", "--connect-timeout", "soon"],
-     "--connect-timeout must be a number of seconds, got 'soon'"),
-    (["launch", "--hosts", "hosts/example.yaml", "--grace", "-1"], "--grace must not be negative"),
-    (["launch", "--hosts", "hosts/example.yaml", "--args", "'unclosed"], "--args: cannot split"),
-    (["launch", "--hosts", "hosts/example.yaml", "--script", "--evil"], "starts with '-'"),
-    (["logs", "--hosts", "hosts/example.yaml", "--rank", "three"], "--rank must be a whole number, got 'three'"),
-    (["logs", "--hosts", "hosts/example.yaml", "--node", "nope"], "no host named 'nope'"),
-    (["sandbox.up", "--nodes", "0"], "--nodes must be at least 1"),
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["launch", "--hosts", "hosts/no-such.yaml"], 1, "hosts/no-such.yaml: no such file"),
+    (["launch", *EXAMPLE, "--connect-timeout", "soon"], 2,
+     "error: --connect-timeout must be a number of seconds, got 'soon'"),
+    (["launch", *EXAMPLE, "--connect-timeout", "abc"], 2,
+     "error: --connect-timeout must be a number of seconds, got 'abc'"),
+    (["launch", *EXAMPLE, "--grace", "-1"], 2, "error: --grace must be at least 0, got '-1'"),
+    (["launch", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
+    (["launch", *EXAMPLE, "--grace", "inf"], 2, "error: --grace must be a finite number of seconds, got 'inf'"),
+    (["launch", *EXAMPLE, "--silence-timeout", "0"], 2, "error: --silence-timeout must be more than 0, got '0'"),
+    (["launch", *EXAMPLE, "--heartbeat-timeout", "soon"], 2,
+     "error: --heartbeat-timeout must be a number of seconds, got 'soon'"),
+    (["stop", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
+    (["doctor", *EXAMPLE, "--connect-timeout", "-5"], 2, "error: --connect-timeout must be more than 0, got '-5'"),
+    (["launch", *EXAMPLE, "--args", "'unclosed"], 1, "--args: cannot split"),
+    (["launch", *EXAMPLE, "--script", "--evil"], 1, "starts with '-'"),
+    (["logs", *EXAMPLE, "--rank", "three"], 2, "error: --rank must be a whole number, got 'three'"),
+    (["logs", *EXAMPLE, "--node", "nope"], 1, "no host named 'nope'"),
+    (["sandbox.up", "--nodes", "0"], 2, "error: --nodes must be at least 1"),
 ])
-def test_bad_options_get_one_sentence(args: list[str], message: str) -> None:
+def test_bad_options_get_one_sentence(args: list[str], code: int, message: str) -> None:
     result = inv(*args, timeout=60)
-    assert result.returncode != 0
+    assert result.returncode == code, result.stderr
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("task", ["stop", "status", "logs"])
+@pytest.mark.parametrize("run", ["../../x", "x[/]", "20261122-031500-A1B2C3", "20261122-031500-a1b2c3/.."])
+def test_run_must_be_a_run_id(task: str, run: str) -> None:
+    """Checked before the inventory is read or any node contacted: a missing inventory is not even noticed."""
+    result = inv(task, "--hosts", "hosts/no-such.yaml", "--run", run, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: --run must be a run id like 20261122-031500-a1b2c3, got {run!r}"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("GRACE", "nan", "launcher.grace must be a finite number of seconds, got 'nan'"),
+    ("GRACE", "-inf", "launcher.grace must be a finite number of seconds, got '-inf'"),
+    ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be more than 0, got '0.0'"),
+    ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be at least 1, got '0'"),
+])
+def test_bad_config_value_gets_one_sentence(variable: str, value: str, message: str) -> None:
+    """Invoke reads INVOKE_LAUNCHER_X as config, like a value written in invoke.yaml."""
+    result = inv("status", *EXAMPLE, env={f"INVOKE_LAUNCHER_{variable}": value}, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: invoke.yaml: {message}"
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unknown_config_key_in_a_config_file(tmp_path: Path) -> None:
+    """A misspelt key in an Invoke config file (here a runtime one, `-f`) is named with the keys that exist."""
+    config = tmp_path / "conf.yaml"
+    config.write_text("launcher:\n  gracee: 5\n")
+    result = inv("-f", str(config), "status", *EXAMPLE, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "error: invoke.yaml: launcher.gracee: unknown key; known keys: hosts, log_dir, grace" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unknown_config_key() -> None:
+    with pytest.raises(LauncherError, match=r"^invoke.yaml: launcher.gracee: unknown key; known keys: hosts, "):
+        options.from_config({"gracee": 5}, {})
+
+
+def test_invoke_yaml_equals_the_options_defaults() -> None:
+    """invoke.yaml shows the defaults to users; options.py is where they live. The two never drift."""
+    config = yaml.safe_load((REPO / "invoke.yaml").read_text())["launcher"]
+    assert set(config) == set(options.CONFIG_KEYS)
+    defaults = {f.name: f.default for f in fields(options.Options)}
+    assert config.pop("hosts") == options.DEFAULT_HOSTS
+    assert Path(config.pop("log_dir")) == defaults["log_dir"]
+    for key, value in config.items():
+        assert value == defaults[key], key
+        # Same type too: Invoke casts INVOKE_LAUNCHER_GRACE=2.5 to the type it finds in invoke.yaml.
+        assert type(value) is type(defaults[key]), key
+
+
+def test_command_line_overrides_config() -> None:
+    opts = options.from_config({"grace": 10.0, "log_dir": "somewhere"}, {"grace": "2.5", "silence_timeout": None})
+    assert (opts.grace, opts.silence_timeout, opts.log_dir) == (2.5, options.DEFAULT_SILENCE_TIMEOUT, Path("somewhere"))
+
+
+def _render(renderable: object) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def test_state_table_prints_markup_as_text() -> None:
+    states = [runs.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
+              runs.NodeState("[red]n2", "[/]", None, exit_code=3)]
+    text = _render(cli._state_table("stop run [/]x", states, stop=True))
+    for shown in ("stop run [/]x", "x[/]y", "r[bold]1[/]", "[red]n2", "[/]"):
+        assert shown in text, text
+
+
+@pytest.mark.parametrize("task", ["status", "stop"])
+def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What nodes answer (run id, state, detail) reaches the console unchanged, through the task's own printing."""
+    found = 1 if task == "stop" else 0
+    states = [runs.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
+              runs.NodeState("n2", "none", "id[/]")]
+    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(runs, task, lambda cluster, run_id, opts: states)
+    out = io.StringIO()
+    getattr(cli, task)("hosts.yaml", "id[/]", options.Options(out=out))
+    text = out.getvalue()
+    assert "n[/]1: odd [/] detail" in text
+    assert "id[/]" in text
+    assert "n[/]1" in text
+
+
+def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(runs, "stop", lambda cluster, run_id, opts: [runs.NodeState("n1", "none", "x[/]")])
+    out = io.StringIO()
+    assert cli.stop("hosts.yaml", None, options.Options(out=out)) == 0
+    assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"
