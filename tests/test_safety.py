@@ -70,7 +70,8 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     request = {"action": "start", "run_dir": f"{RUNS_ROOT}/{run_id}/node-0", "mark": f"{run_id}/node-0",
                "workdir": str(workdir), "argv": [host.python, "-c", program, *args], "expand_home": [0],
-               "env": {"HOSTILE": value}, "secret_names": [], "detach": False}
+               "env": {"HOSTILE": value}, "secret_names": [], "detach": False, "grace": 5.0,
+               "heartbeat_timeout": 30.0, "alive_interval": 5.0}
     channel = node.open_channel(agent_command(host.python))
     channel.send(agent_input(request))  # stdin stays open: for an attached run, EOF means "launcher gone"
     result = channel.collect(timeout=30)
@@ -215,3 +216,61 @@ def test_connection_errors_are_one_line_per_node_with_a_fix(make_sandbox, tmp_pa
     assert "no-such-node.invalid: unresolvable:" in err, err
     assert "keyless: key-file: identity_file" in err and "missing_key does not exist" in err, err
     assert "Traceback" not in err
+
+
+# --- host keys in global known_hosts files (GlobalKnownHostsFile) ------------------------------------------
+
+
+def with_global_known_hosts(box, tmp_path: Path, user_lines: list[str], global_lines: list[str]) -> Path:
+    """Point the sandbox's inventory at an ssh config whose GlobalKnownHostsFile is a file of `global_lines`."""
+    box.known_hosts.write_text("".join(f"{line}\n" for line in user_lines))
+    global_file = tmp_path / "ssh_known_hosts"
+    global_file.write_text("".join(f"{line}\n" for line in global_lines))
+    config = tmp_path / "ssh_config"
+    config.write_text(box.ssh_config.read_text() + f"\nHost *\n    GlobalKnownHostsFile {global_file}\n")
+    set_inventory(box.inventory, ssh_config=str(config))
+    return global_file
+
+
+def test_host_key_in_a_global_known_hosts_file_is_trusted_and_never_copied(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port())
+    lines = box.known_hosts.read_text().splitlines()
+    global_file = with_global_known_hosts(box, tmp_path, lines[:1], ["# managed by the admins", lines[1]])
+    for policy in ("strict", "accept-new"):
+        set_inventory(box.inventory, host_key_policy=policy)
+        nodes, failures = connect_all(load_inventory(box.inventory))
+        for node in nodes.values():
+            node.close()
+        assert not failures and sorted(nodes) == ["node-0", "node-1"], failures
+    assert box.known_hosts.read_text().splitlines() == lines[:1]  # nothing learnt, nothing copied from /etc
+    assert global_file.read_text().splitlines() == ["# managed by the admins", lines[1]]
+
+
+def test_host_key_changed_in_a_global_known_hosts_file_is_refused_naming_it(make_sandbox, tmp_path: Path) -> None:
+    """A host the global file records with another key is changed, not unknown: accept-new must not learn it."""
+    box = make_sandbox(2, master_port=free_port())
+    lines = box.known_hosts.read_text().splitlines()
+    addr = lines[1].split()[0]
+    global_file = with_global_known_hosts(box, tmp_path, lines[:1], ["# managed by the admins",
+                                                                     f"{addr} {other_key(tmp_path)}"])
+    for policy in ("strict", "accept-new"):
+        set_inventory(box.inventory, host_key_policy=policy)
+        nodes, failures = connect_all(load_inventory(box.inventory))
+        for node in nodes.values():
+            node.close()
+        assert sorted(nodes) == ["node-0"] and [f.kind for f in failures] == ["host-key-changed"], failures
+        message = str(failures[0])
+        assert f"differs from the one in {global_file}:2" in message and "ssh-keygen -R" in message, message
+        assert "\n" not in message
+    assert box.known_hosts.read_text().splitlines() == lines[:1]
+
+
+def test_host_key_the_user_recorded_passes_beside_a_stale_global_one(make_sandbox, tmp_path: Path) -> None:
+    """As OpenSSH: a key is good when any known_hosts file records it (Paramiko alone would read /etc's only)."""
+    box = make_sandbox(2, master_port=free_port())
+    lines = box.known_hosts.read_text().splitlines()
+    with_global_known_hosts(box, tmp_path, lines, [f"{lines[1].split()[0]} {other_key(tmp_path)}"])
+    nodes, failures = connect_all(load_inventory(box.inventory))
+    for node in nodes.values():
+        node.close()
+    assert not failures and sorted(nodes) == ["node-0", "node-1"], failures

@@ -1,16 +1,34 @@
-"""Transport pure parts: ssh config resolution (as OpenSSH does it), host key policies, failure messages."""
+"""Transport: ssh config resolution (as OpenSSH does it), host key policies, failure messages; connect timeouts,
+keepalives and non-blocking sends against real listeners and sshd nodes (marked `integration`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import paramiko
 import pytest
+from conftest import free_port
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from launcher.inventory import parse_inventory
-from launcher.transport import SSHTarget, _AcceptNewPolicy, _connection, classify, resolve_target
+from launcher.inventory import load_inventory, parse_inventory
+from launcher.transport import (
+    Node,
+    SSHTarget,
+    _AcceptNewPolicy,
+    _connection,
+    _host_matches,
+    _known_keys,
+    classify,
+    connect,
+    connect_all,
+    resolve_target,
+)
 
 
 def test_ssh_config_include_and_wildcards_are_honoured(tmp_path: Path) -> None:
@@ -57,7 +75,7 @@ def test_log_lines_get_node_and_rank_prefixes_and_stay_whole() -> None:
 
     from launcher.logs import NodeLog
 
-    log = NodeLog("node-1", 1, 6, rank_offset=2, mirror=None, colour=False)
+    log = NodeLog("node-1", 1, 6, rank_offset=2, colour=False)
     out = io.StringIO()
     stream = b"torchrun banner\n[default0]:first\n[default1]:sec" + b"ond\r\n[0]:not a rank tag\n[default1]:tail"
     for i in range(0, len(stream), 7):  # arbitrary chunk boundaries, as a channel delivers them
@@ -66,3 +84,189 @@ def test_log_lines_get_node_and_rank_prefixes_and_stay_whole() -> None:
     assert out.getvalue().splitlines() == ["node-1     | torchrun banner", "node-1 r2  | first", "node-1 r3  | second",
                                            "node-1     | [0]:not a rank tag", "node-1 r3  | tail"]
     assert list(log.tail)[-2:] == ["[0]:not a rank tag", "[local rank 1] tail"]
+
+
+def test_ssh_config_gives_global_known_hosts_and_keepalive(tmp_path: Path) -> None:
+    """`ssh -G` prints GlobalKnownHostsFile (OpenSSH's two /etc files by default) and ServerAliveInterval."""
+    config = tmp_path / "config"
+    config.write_text(f"Host tuned\n  GlobalKnownHostsFile {tmp_path}/g1 {tmp_path}/g2\n  ServerAliveInterval 7\n"
+                      "  UserKnownHostsFile none\n")
+    cluster = parse_inventory(f"ssh_config: {config}\nhosts: [tuned, plain]\n")
+    tuned = resolve_target(cluster.hosts[0], cluster.ssh_config)
+    assert tuned.global_known_hosts_files == (f"{tmp_path}/g1", f"{tmp_path}/g2")
+    assert tuned.server_alive_interval == 7 and tuned.known_hosts_files == ()  # `none` is no file called "none"
+    plain = resolve_target(cluster.hosts[1], cluster.ssh_config)
+    assert plain.global_known_hosts_files == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+    assert plain.server_alive_interval == 0
+
+
+def test_known_keys_come_from_user_then_global_files_with_their_lines(tmp_path: Path) -> None:
+    """Comments, blanks and @-marker lines skipped, blanks of any width, hashed names, wildcards and `!`."""
+    keys = [paramiko.Ed25519Key.from_private_key_file(str(_keygen(tmp_path / f"k{i}"))) for i in range(3)]
+    line = [f"{k.get_name()} {k.get_base64()}" for k in keys]
+    user, system = tmp_path / "known_hosts", tmp_path / "ssh_known_hosts"
+    hashed = paramiko.HostKeys.hash_host("[10.0.0.1]:2222")
+    user.write_text(f"# mine\n\n[10.0.0.9]:2222 {line[0]}\n{hashed} {line[1]}\n")
+    system.write_text(f"@revoked * {line[2]}\n[10.0.0.*]:2222,!bad  {line[2]}  comment\n@cert-authority * {line[0]}\n")
+    target = SSHTarget(name="a", hostname="10.0.0.1", port=2222, known_hosts_files=(str(user),),
+                       global_known_hosts_files=(str(system), str(tmp_path / "absent")))
+    found = _known_keys(target)
+    assert [(k.key, k.where) for k in found] == [(keys[1], f"{user}:4"), (keys[2], f"{system}:2")]
+
+
+def _keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+@pytest.mark.parametrize(("patterns", "name", "matches"), [
+    (["[10.0.0.1]:2222"], "[10.0.0.1]:2222", True),  # brackets are literal, not a character class
+    (["[10.0.0.1]:2222"], "[10.0.0.1]:2223", False),
+    (["gpu*.cluster", "10.0.0.?"], "GPU07.cluster", True),
+    (["gpu*.cluster", "!gpu13.cluster"], "gpu13.cluster", False),
+    ([paramiko.HostKeys.hash_host("[10.0.0.1]:2222")], "[10.0.0.1]:2222", True),
+    ([paramiko.HostKeys.hash_host("10.0.0.1")], "10.0.0.2", False),
+])
+def test_known_hosts_names_match_as_openssh_reads_them(patterns: list[str], name: str, matches: bool) -> None:
+    assert _host_matches(patterns, name) is matches
+
+
+# --- against real listeners and sshd ------------------------------------------------------------------------
+
+
+def _silent(sock: socket.socket) -> None:
+    """Accept connections and never say a word."""
+    sock.listen()
+    held = []
+    while True:
+        try:
+            held.append(sock.accept()[0])
+        except OSError:
+            return
+
+
+def _greets_then_stalls(sock: socket.socket) -> None:
+    """Send an SSH greeting, then never take part in the key exchange."""
+    sock.listen()
+    held = []
+    while True:
+        try:
+            conn = sock.accept()[0]
+        except OSError:
+            return
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+        held.append(conn)
+
+
+@pytest.fixture
+def listener(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A local port that misbehaves as `request.param` says; yields the port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    filler = None
+    if request.param == "full-backlog":  # the accept queue is full: the kernel drops new SYNs, connect() hangs
+        sock.listen(0)
+        filler = socket.create_connection(sock.getsockname())
+    else:
+        serve = _silent if request.param == "silent" else _greets_then_stalls
+        threading.Thread(target=serve, args=(sock,), daemon=True).start()
+    yield sock.getsockname()[1]
+    sock.close()
+    if filler is not None:
+        filler.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("listener", ["silent", "greets-then-stalls", "full-backlog"], indirect=True)
+def test_a_fractional_connect_timeout_bounds_every_stage(listener: int) -> None:
+    """0.5 s reaches Paramiko as 0.5 s: Fabric's own connect_timeout made it int(0.5) == 0, i.e. no timeout, so
+    the TCP connect hung for the kernel's minutes and a stalled key exchange for Paramiko's 15 s."""
+    cluster = parse_inventory(f"hosts: [{{name: 127.0.0.1, port: {listener}, user: root}}]\n")
+    t0 = time.monotonic()
+    outcome = connect(cluster.hosts[0], cluster, timeout=0.5)
+    took = time.monotonic() - t0
+    assert not isinstance(outcome, Node)
+    assert outcome.kind == "timeout" and "\n" not in str(outcome), outcome
+    assert took < 2, took
+
+
+def _keepalives(node: Node) -> list[str]:
+    """Record the global requests the node's transport sends from now on (Paramiko's keepalive is one)."""
+    sent: list[str] = []
+    transport = node.connection.client.get_transport()
+    assert transport is not None
+    transport.global_request = lambda kind, *args, **kwargs: sent.append(kind)
+    return sent
+
+
+@pytest.mark.integration
+def test_keepalives_follow_the_ssh_config_unless_given(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(1, master_port=free_port())
+    cluster = load_inventory(box.inventory)
+    config = tmp_path / "alive_config"
+    config.write_text(box.ssh_config.read_text() + "\nHost *\n    ServerAliveInterval 1\n")
+    alive = dataclasses.replace(cluster, ssh_config=str(config))
+    host = cluster.hosts[0]
+    given_nodes, failures = connect_all(cluster, keepalive=0.3)  # below a second: Paramiko's least, 1 s
+    assert not failures
+    nodes = {"config 1 s": connect(host, alive), "given 0.3 s": given_nodes[host.name],
+             "config none": connect(host, cluster), "given 0 over config": connect(host, alive, keepalive=0)}
+    sent = {label: _keepalives(node) for label, node in nodes.items() if isinstance(node, Node)}
+    assert len(sent) == 4, nodes
+    time.sleep(2.5)
+    for node in nodes.values():
+        node.close()
+    assert "keepalive@lag.net" in sent["config 1 s"] and "keepalive@lag.net" in sent["given 0.3 s"], sent
+    assert sent["config none"] == [] and sent["given 0 over config"] == [], sent
+
+
+@pytest.mark.integration
+def test_a_non_blocking_send_never_waits(make_sandbox) -> None:
+    """A node that stops reading fills the window; a heartbeat must then be dropped, never waited for."""
+    box = make_sandbox(1, master_port=free_port())
+    cluster = load_inventory(box.inventory)
+    node = connect(cluster.hosts[0], cluster)
+    assert isinstance(node, Node), node
+    try:
+        stuck = node.open_channel("sleep 60")  # never reads its stdin
+        chunk, sent, took = b"x" * 16384, 0, []
+        for _ in range(600):  # the window (about 2 MB) and the pipe run out long before 9.8 MB
+            t0 = time.monotonic()
+            ok = stuck.send(chunk, block=False)
+            took.append(time.monotonic() - t0)
+            if not ok:
+                break
+            sent += len(chunk)
+        assert not ok and 0 < sent < 8 << 20, sent
+        assert not stuck.closed and max(took) < 0.5, max(took)
+        stuck.close()
+        t0 = time.monotonic()
+        assert stuck.send(b"hb\n", block=False) is False and stuck.send(b"hb\n") is False
+        ended = node.open_channel("true")
+        ended.close_stdin()
+        assert ended.send(b"hb\n", block=False) is False and ended.send(b"late") is False  # sendall spun here
+        assert time.monotonic() - t0 < 0.5
+        ended.close()
+    finally:
+        node.close()
+
+
+@pytest.mark.integration
+def test_a_proxy_jump_connects_sends_and_closes_both_hops(make_sandbox, tmp_path: Path) -> None:
+    """node-1 through node-0: host keys checked on both hops, a non-blocking send through the jump host's channel,
+    and closing the node closes the jump connection too (Fabric leaves it open)."""
+    box = make_sandbox(2, master_port=free_port())
+    config = tmp_path / "jump_config"
+    config.write_text(box.ssh_config.read_text().replace("Host node-1\n", "Host node-1\n    ProxyJump node-0\n"))
+    cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
+    node = connect(cluster.hosts[1], cluster, timeout=5)
+    assert isinstance(node, Node), node
+    gateway = node.connection.gateway
+    try:
+        assert node.run("hostname", timeout=30).stdout.strip() == b"node-1"
+        channel = node.open_channel("cat >/dev/null")
+        assert channel.send(b"hb\n", block=False) is True
+        channel.close()
+    finally:
+        node.close()
+    assert not gateway.is_connected
