@@ -6,8 +6,9 @@ It is started as a fresh process so that its time includes the launcher's own st
 `inv launch`. Default light command: `<the host's python> -c pass`. Exit code: the launch's.
 
 --trace writes a timeline (time.time() stamps) of the launcher's phases, found by wrapping a few of its functions
-from the outside (nothing in launcher/ is changed): imports, each host's `ssh -G` and connect, preflight, each
-channel opened, each node's agent `started`/`exited` events (stamped by the node), and the end of `launch`.
+from the outside and from the run's typed events (`Options.on_event`): imports, each host's `ssh -G` and connect,
+preflight, each channel opened, each node's agent `started`/`exited` events (stamped by the node), and the end of
+`launch`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ MAIN_WALL = time.time()
 
 def _install_trace() -> dict:
     """Wrap launcher functions to stamp the phases of a launch; returns the dict the stamps go into."""
-    import json
     import threading
 
-    from launcher import runs, transport
+    from launcher import supervise, transport
 
     trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None}
     lock = threading.Lock()
@@ -46,21 +46,13 @@ def _install_trace() -> dict:
     wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
     wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
 
-    original_on_event = runs._Run._on_event
+    def on_event(event):  # typed node events: nothing in launcher/ is wrapped for these
+        if isinstance(event, supervise.Started):
+            trace["started"][event.node] = (event.node_time or event.time, event.time)
+        elif isinstance(event, supervise.Ended):
+            trace["exited"][event.node] = (event.node_time or event.time, event.time)
 
-    def on_event(self, session, line):
-        try:
-            event = json.loads(line)
-            kind = event.get("event")
-            if kind == "started":
-                trace["started"][session.name] = (event.get("time"), time.time())
-            elif kind == "exited":
-                trace["exited"][session.name] = (event.get("time"), time.time())
-        except (ValueError, AttributeError):
-            pass
-        return original_on_event(self, session, line)
-
-    runs._Run._on_event = on_event
+    trace["on_event"] = on_event
     return trace
 
 
@@ -113,6 +105,7 @@ def main(argv: list[str]) -> int:
 
             opts.preflight = traced_preflight
     if trace is not None:
+        opts.on_event = trace.pop("on_event")
         trace["main"] = MAIN_WALL
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()

@@ -18,6 +18,9 @@ Kept compatible with Python 3.8: it runs under whatever interpreter the node has
 
 import json
 import os
+import queue
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -26,17 +29,33 @@ import time
 
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
+RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"  # launcher.plan's: a run id that names no other path
 
 
 def emit(event, **fields):
-    """One JSON event line on stderr, for the launcher."""
+    """One JSON event line on stderr, for the launcher; while attached, through a writer thread of its own."""
     fields["event"] = event
     fields.setdefault("time", time.time())
+    line = (json.dumps(fields) + "\n").encode()
+    if _EVENTS is not None:
+        _EVENTS.put(line)
+    else:
+        write_all(2, line)  # a failure means the launcher is gone; the run directory still records everything
+
+
+# While a run is attached, events go through this queue: the supervision never waits on a launcher that reads
+# slowly or not at all (a stopped sshd, a full pipe).
+_EVENTS = None
+
+
+def write_all(fd, data):
+    """Write all of `data` to a file descriptor, unbuffered; False when the reader is gone."""
     try:
-        sys.stderr.write(json.dumps(fields) + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # the launcher is gone; the run directory still records everything
+        while data:
+            data = data[os.write(fd, data):]
+        return True
+    except OSError:
+        return False
 
 
 def write_atomic(path, text, mode=0o644):
@@ -70,20 +89,8 @@ def run_dir_of(request):
 
 
 def marked_pids(mark):
-    """Pids of live processes whose environment carries this run's mark (zombies have no environment)."""
-    needle = ("%s=%s\0" % (RUN_ID_ENV, mark)).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if (b"\0" + needle) in (b"\0" + env):
-            found.append(int(entry))
-    return found
+    """Pids of this user's live processes whose environment carries the run's mark (zombies have none)."""
+    return list(marked_processes(mark))
 
 
 def alive(pid):
@@ -94,36 +101,197 @@ def alive(pid):
         return False
 
 
-def signal_run(run_dir, mark, sig):
-    """Send `sig` to the run's process group and to every process carrying its mark; returns how many."""
-    targets = set(marked_pids(mark))
-    pgid = read_text(os.path.join(run_dir, "pgid"))
-    if pgid:
+def start_time(pid):
+    """When the process started (clock ticks after boot, /proc/<pid>/stat field 22), or None when there is none.
+
+    With the pid it names one process for good: a pid reused by a later process comes with a later start time.
+    """
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22; fields 1-2 are before the ")"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid, start):
+    """Whether `pid` is still the process that started at `start`, and runs as this agent's user."""
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.geteuid():
+            return False
+    except OSError:
+        return False
+    return start is not None and start_time(pid) == start
+
+
+def is_marked(pid, start, mark):
+    """Whether `pid` is still the process that started at `start`, this user's, and carries the run's mark."""
+    if not same_process(pid, start):
+        return False
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
+    # The start time again: the environment just read was that process's, not a successor's on a reused pid.
+    return needle in b"\0" + env and start_time(pid) == start
+
+
+def marked_processes(mark):
+    """This user's live processes that carry the run's mark, as {pid: start time}."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        start = start_time(int(entry))
+        if start is not None and is_marked(int(entry), start, mark):
+            found[int(entry)] = start
+    return found
+
+
+def signal_process(pid, start, sig):
+    """Send `sig` to `pid` only if it is still the process seen (same start time and user); True when sent.
+
+    With a pidfd (Python 3.9+ on Linux 5.3+) the check and the signal reach the same process for certain; without
+    one, the pid would have to die and be reused between two system calls.
+    """
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
         try:
-            os.killpg(int(pgid), sig)
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
         except OSError:
-            pass
-    for pid in targets:
-        try:
+            pidfd = None  # no pidfds on this kernel (or a sandbox forbids them): the check alone
+    try:
+        if not same_process(pid, start):
+            return False
+        if pidfd is None:
             os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def record_leader(run_dir, pid):
+    """Record torchrun's identity, "<pid> <start time>", in `leader`; returns the start time (None: it is gone).
+
+    Its pid is its process group id (it runs under setsid); `stop` signals that group only while this process
+    still lives, and never on a pid alone, which another process may have by then.
+    """
+    start = start_time(pid)
+    if start is not None:
+        write_atomic(os.path.join(run_dir, "leader"), "%d %d" % (pid, start))
+    return start
+
+
+def leader_of(run_dir):
+    """The run's recorded leader as (pid, start time), or None when there is no (well-formed) record."""
+    words = (read_text(os.path.join(run_dir, "leader")) or "").split()
+    try:
+        pid, start = int(words[0]), int(words[1])
+    except (IndexError, ValueError):
+        return None
+    return (pid, start) if len(words) == 2 and pid > 1 and start >= 0 else None
+
+
+def live_leader(run_dir, mark):
+    """The run's process group id while its leader is still the run's own process (same start, marked), else None.
+
+    A run with only an old `pgid` file gets no group signal at all: that id may be anyone's group by now.
+    """
+    leader = leader_of(run_dir)
+    if leader is not None and is_marked(leader[0], leader[1], mark):
+        return leader[0]
+    return None
+
+
+def names_problem(request):
+    """Why the request's run id or node name cannot be used (they become paths under the runs root), or None."""
+    run_id = request.get("run_id")
+    if run_id not in (None, "") and not (isinstance(run_id, str) and re.fullmatch(RUN_ID_PATTERN, run_id)):
+        return "%r is not a run id: run ids look like 20260131-235959-a1b2c3" % (run_id,)
+    node = request.get("node")
+    if not isinstance(node, str) or node in ("", ".") or "/" in node or ".." in node or "\0" in node:
+        return "%r is not a node name this agent accepts (no '/', no '..', not empty)" % (node,)
+    return None
+
+
+def refuse(message):
+    emit("error", message=message)
+    return 2
+
+
+def stdout_gone():
+    """Whether nobody reads stdout anymore (a pipe or socket whose other end closed), found without writing."""
+    try:
+        poller = select.poll()
+        poller.register(1, 0)  # no events asked for: only POLLERR / POLLHUP can come back
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def follow_log(log, run_dir, run_id, mark):
+    """Copy the log to stdout as it grows until the run ends, is lost, or the launcher is gone; the exit status."""
+    exit_file = os.path.join(run_dir, "exit_code")
+    quiet_checks, next_check = 0, time.time()
+    while True:
+        chunk = log.read(1 << 16)
+        if chunk:
+            if not write_all(1, chunk):
+                return 1  # the launcher is gone: nobody to follow for
+            continue
+        if os.path.exists(exit_file):
+            return 0 if write_all(1, log.read()) else 1
+        if time.time() >= next_check:
+            next_check = time.time() + 1
+            if stdout_gone():
+                return 1
+            # Twice in a row, a second apart: the keeper writes the exit code a moment after torchrun is gone.
+            quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
+            if quiet_checks >= 2:
+                write_all(1, log.read())
+                emit("error", message="run %s was lost on this node: no exit code recorded and none of its "
+                                      "processes alive (its keeper was killed); the log ends here" % run_id)
+                return 1
+        time.sleep(0.1)
+
+
+def signal_run(run_dir, mark, sig):
+    """Send `sig` to the run's process group (while its leader is the run's) and to every process carrying its
+    mark, each re-checked right before; returns how many marked processes got it."""
+    targets = marked_processes(mark)
+    leader = live_leader(run_dir, mark)
+    if leader is not None:
+        try:
+            os.killpg(leader, sig)
         except OSError:
             pass
-    return len(targets)
+    return sum(1 for pid, start in targets.items() if signal_process(pid, start, sig))
 
 
-def stop_run(run_dir, mark, grace):
-    """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left)."""
+def stop_run(run_dir, mark, grace, record=True):
+    """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
+
+    `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop.
+    """
     found = signal_run(run_dir, mark, signal.SIGTERM)
-    if found and not os.path.exists(os.path.join(run_dir, "stop_requested")):
-        write_atomic(os.path.join(run_dir, "stop_requested"), str(time.time()))
-    pgid = read_text(os.path.join(run_dir, "pgid"))
-    leader = {int(pgid)} if pgid else set()
+    if found and record:
+        record_stop(run_dir)
+    leader = leader_of(run_dir)
+    leader_pid = {leader[0]} if leader else set()
     deadline = time.time() + grace
     while True:
         left = set(marked_pids(mark))
         if not left or time.time() >= deadline:
             break
-        if left <= leader:
+        if left <= leader_pid:
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
             # has nothing left to save, so do not make the user wait for it.
             signal_run(run_dir, mark, signal.SIGKILL)
@@ -160,19 +328,41 @@ def spawn(request, run_dir):
     finally:
         log.close()
     write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
+    record_leader(run_dir, proc.pid)
     return proc
 
 
-def finish(proc, run_dir):
-    """Wait for torchrun and record its exit code (128+N for a signal, like a shell)."""
+def finish(proc, run_dir, mark, grace):
+    """Wait for torchrun, sweep what it left, record its exit code (128+N for a signal, like a shell).
+
+    Whatever ended torchrun (its workers, a KILL, a stop), every process still carrying the run's mark is stopped
+    (TERM, grace, KILL) before the exit is recorded: a killed torchrun leaves no worker holding a GPU.
+    """
     code = proc.wait()
     code = 128 - code if code < 0 else code
+    _, left = sweep_run(run_dir, mark, grace)
     write_atomic(os.path.join(run_dir, "exit_code"), str(code))
     write_atomic(os.path.join(run_dir, "ended_at"), repr(time.time()))
-    return code
+    return code, left
+
+
+def record_stop(run_dir):
+    """Note that the run was asked to stop (status then says `stopped`, not `exited`)."""
+    path = os.path.join(run_dir, "stop_requested")
+    if not os.path.exists(path):
+        write_atomic(path, str(time.time()))
+
+
+def sweep_run(run_dir, mark, grace):
+    """Stop what is left of a run that ended by itself, without marking the run as stopped."""
+    return stop_run(run_dir, mark, grace, record=False)
 
 
 def start(request):
+    run_id, _, node = request["mark"].partition("/")
+    problem = names_problem({"run_id": run_id or None, "node": node}) or (None if run_id else "the run has no id")
+    if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
+        return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
@@ -186,7 +376,7 @@ def start(request):
     if os.path.exists(run_dir):
         emit("error", message="run directory %s already exists" % request["run_dir"])
         return 2
-    if request.get("detach"):
+    if request["detach"]:
         return start_detached(request, run_dir)
     try:
         proc = spawn(request, run_dir)
@@ -212,7 +402,7 @@ def start_detached(request, run_dir):
             proc = spawn(request, run_dir)
             os.write(write_fd, ("%d\n" % proc.pid).encode())
             os.close(write_fd)
-            finish(proc, run_dir)
+            finish(proc, run_dir, request["mark"], request["grace"])
         except BaseException as exc:
             try:
                 os.write(write_fd, ("error %s\n" % exc).encode())
@@ -229,67 +419,108 @@ def start_detached(request, run_dir):
     return 0
 
 
-def attend(request, run_dir, proc):
-    """Stream the log, obey stop lines, and stop the run when the launcher is gone."""
-    heartbeat_timeout = request.get("heartbeat_timeout", 30)
-    grace = request.get("grace", 10)
-    state = {"last": time.time(), "stop": None}
+class Attended:
+    """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
 
-    def listen():
-        # A line per heartbeat or command; EOF means the launcher (or its network) is gone.
+    - listen: stdin lines (heartbeats, `stop`, `kill`); EOF means the launcher or its network is gone.
+    - stream: the run's log file -> stdout, as it grows.
+    - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
+      silent node from a quiet one.
+    The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
+    all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
+    """
+
+    def __init__(self, request, run_dir, proc):
+        self.request, self.run_dir, self.proc = request, run_dir, proc
+        self.last_word = time.time()
+        self.stop_word = None
+        self.done = threading.Event()
+        self.streamed_at = time.time()
+
+    def listen(self):
         for line in sys.stdin:
-            state["last"] = time.time()
+            self.last_word = time.time()
             word = line.strip()
             if word in ("stop", "kill"):
-                state["stop"] = word
-        if state["stop"] is None:
-            state["stop"] = "launcher-gone"
+                self.stop_word = word
+        if self.stop_word is None:
+            self.stop_word = "launcher-gone"
 
-    signal.signal(signal.SIGHUP, lambda *_: state.update(stop="launcher-gone"))
-    signal.signal(signal.SIGTERM, lambda *_: state.update(stop="stop"))
-    threading.Thread(target=listen, daemon=True).start()
-    log = open(os.path.join(run_dir, "log"), "rb")
-    out = sys.stdout.buffer
-    stopping = False
-    while True:
-        chunk = log.read(1 << 16)
-        if chunk:
-            try:
-                out.write(chunk)
-                out.flush()
-            except (OSError, ValueError):
-                pass  # the launcher is gone; keep draining so the stop below still happens
-            continue
-        if proc.poll() is not None:
-            break
-        if state["stop"] is None and time.time() - state["last"] > heartbeat_timeout:
-            state["stop"] = "launcher-gone"
-        if state["stop"] is not None and not stopping:
-            stopping = True
-            reason = state["stop"]
-            emit("stopping", reason=reason)
-            threading.Thread(target=stop_run, daemon=True, args=(
-                run_dir, request["mark"], 0 if reason == "kill" else grace)).start()
-        if stopping and state["stop"] == "kill":
-            signal_run(run_dir, request["mark"], signal.SIGKILL)
-        time.sleep(0.05)
-    code = finish(proc, run_dir)
-    rest = log.read()
-    try:
-        out.write(rest)
-        out.flush()
-    except (OSError, ValueError):
-        pass
+    def stream(self):
+        with open(os.path.join(self.run_dir, "log"), "rb") as log:
+            while True:
+                finished = self.done.is_set()  # read before the last read: nothing is written after it is set
+                chunk = log.read(1 << 16)
+                if chunk:
+                    if not write_all(1, chunk):
+                        return
+                    self.streamed_at = time.time()
+                elif finished:
+                    return
+                else:
+                    self.done.wait(0.05)
+
+    def send_events(self):
+        while True:
+            line = _EVENTS.get()
+            if line is None or not write_all(2, line):
+                return
+
+    def tick(self):
+        while not self.done.wait(self.request["alive_interval"]):
+            if _EVENTS.qsize() < 100:  # a launcher that reads nothing gets no pile of beats
+                emit("alive")
+
+    def supervise(self):
+        request = self.request
+        stopping, stop_at = None, None
+        while self.proc.poll() is None:
+            if self.stop_word is None and time.time() - self.last_word > request["heartbeat_timeout"]:
+                self.stop_word = "heartbeat-timeout"
+            if self.stop_word is not None and stopping is None:
+                stopping, stop_at = self.stop_word, time.time()
+                record_stop(self.run_dir)
+                emit("stopping", reason=stopping)
+                threading.Thread(target=stop_run, daemon=True, args=(
+                    self.run_dir, request["mark"], 0 if stopping == "kill" else request["grace"])).start()
+            if stopping is not None and self.stop_word == "kill":
+                signal_run(self.run_dir, request["mark"], signal.SIGKILL)
+            time.sleep(0.05)
+        # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
+        grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.time())
+        code, left = finish(self.proc, self.run_dir, request["mark"], 0 if stopping == "kill" else grace)
+        self.done.set()
+        return code, left, stopping
+
+
+def attend(request, run_dir, proc):
+    """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
+    global _EVENTS
+    _EVENTS = queue.Queue()
+    run = Attended(request, run_dir, proc)
+    signal.signal(signal.SIGHUP, lambda *_: setattr(run, "stop_word", "launcher-gone"))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(run, "stop_word", "stop"))
+    threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
+               for name in ("listen", "stream", "send_events", "tick")}
+    for thread in threads.values():
+        thread.start()
+    code, left, stopping = run.supervise()
     if stopping:
-        # torchrun is gone; make sure its workers (their own sessions) are too before we say so.
-        _, left = stop_run(run_dir, request["mark"], 0)
-        emit("stopped", left=left)
-    emit("exited", code=code)
+        emit("stopped", left=left, reason=stopping)
+    # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
+    while threads["stream"].is_alive() and time.time() - run.streamed_at < request["heartbeat_timeout"]:
+        threads["stream"].join(0.1)
+    emit("exited", code=code, left=left, reason=stopping)
+    _EVENTS.put(None)
+    threads["send_events"].join(5)
     return code
 
 
 def find_run_dir(request):
-    """The requested run's directory on this node, or the latest run's when no id is given."""
+    """The requested run's directory on this node, or the latest run's when no id is given.
+
+    The caller has checked the run id and node name (`names_problem`): both become path components here.
+    """
     node = request["node"]
     root = node_path(RUNS_ROOT)
     run_id = request.get("run_id")
@@ -303,8 +534,9 @@ def find_run_dir(request):
 
 
 def list_runs(root):
+    """The run ids under `root` (anything else there is not a run)."""
     try:
-        return [r for r in os.listdir(root) if not r.startswith(".")]
+        return [r for r in os.listdir(root) if re.fullmatch(RUN_ID_PATTERN, r)]
     except OSError:
         return []
 
@@ -330,11 +562,17 @@ def describe(run_id, run_dir, node):
 
 
 def action_stop(request):
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
+    grace = request.get("grace")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+        return refuse("a stop request needs its grace period (seconds, a number >= 0); got %r" % (grace,))
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     mark = "%s/%s" % (run_id, request["node"])
-    found, left = stop_run(run_dir, mark, request.get("grace", 10))
+    found, left = stop_run(run_dir, mark, grace)
     deadline = time.time() + 2  # the run's keeper records the exit code a moment after torchrun is gone
     while found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline:
         time.sleep(0.02)
@@ -344,36 +582,40 @@ def action_stop(request):
 
 
 def action_status(request):
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
     run_id, run_dir = find_run_dir(request)
     return reply(describe(run_id, run_dir, request["node"]))
 
 
 def action_runs(request):
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
     root = node_path(RUNS_ROOT)
     node = request["node"]
     return reply({"runs": sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))})
 
 
 def action_logs(request):
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         emit("error", message="no run %s on this node" % (run_id or "at all"))
         return 3
     emit("run", run_id=run_id)
-    out = sys.stdout.buffer
     with open(os.path.join(run_dir, "log"), "rb") as log:
+        if request.get("follow"):
+            return follow_log(log, run_dir, run_id, "%s/%s" % (run_id, request["node"]))
         while True:
             chunk = log.read(1 << 16)
-            if chunk:
-                out.write(chunk)
-                out.flush()
-                continue
-            if not request.get("follow") or os.path.exists(os.path.join(run_dir, "exit_code")):
-                rest = log.read()
-                out.write(rest)
-                out.flush()
+            if not chunk:
                 return 0
-            time.sleep(0.1)
+            if not write_all(1, chunk):
+                return 1  # the launcher is gone
 
 
 def reply(obj):

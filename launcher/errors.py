@@ -50,8 +50,15 @@ class NodeFailure:
 
 
 class RunFailed(LauncherError):
-    """A launched run failed on at least one node; carries the root cause for the report."""
+    """A launched run failed on at least one node; carries the root cause (like torch's `ChildFailedError`)."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, *, node: str | None = None, rank: int | None = None,
+                 tail: tuple[str, ...] = ()):
         self.exit_code = exit_code
+        self.node = node
+        """The node of the first failure, if one was found."""
+        self.rank = rank
+        """Its failed global rank, when torchrun named one."""
+        self.tail = tail
+        """The last lines of that node's output."""
         super().__init__(message)

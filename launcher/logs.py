@@ -1,29 +1,40 @@
 """Log lines from many nodes on one console: whole lines, `node-1 r3 |` prefixes, a stable colour per node,
-and a mirror of every node's raw output in `logs/<run_id>/<node>.log` on the controller."""
+a tail per node for the root cause; and torchrun's root-cause block."""
 
 from __future__ import annotations
 
 import re
 import sys
 from collections import deque
-from pathlib import Path
 from typing import IO
+
+from launcher.options import MAX_LINE_BYTES
 
 # torchrun --tee prefixes each worker line with `[<role><local rank>]:`; the role is "default".
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)\]:")
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
 TAIL_LINES = 40
+TAIL_WIDTH = 1000
+CUT_MARK = b" [line cut: no newline within %d bytes]" % MAX_LINE_BYTES
 
 
 class LineSplitter:
-    """Turns a byte stream into whole lines; keeps an unfinished last line until it is completed."""
+    """Turns a byte stream into whole lines; keeps an unfinished last line until it is completed.
 
-    def __init__(self) -> None:
+    Output without newlines is cut every `max_line` bytes: memory stays bounded and no chunk is copied twice.
+    """
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
         self._rest = b""
+        self._max = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
-        data = self._rest + data
+        data = self._rest + data if self._rest else data
         *lines, self._rest = data.split(b"\n")
+        if len(self._rest) >= self._max:
+            rest, cut = self._rest, len(self._rest) - len(self._rest) % self._max
+            lines += [rest[i:i + self._max] + CUT_MARK for i in range(0, cut, self._max)]
+            self._rest = rest[cut:]
         return lines
 
     def flush(self) -> list[bytes]:
@@ -34,16 +45,11 @@ class LineSplitter:
 class NodeLog:
     """One node's output: split into lines, printed with a prefix, mirrored raw to a local file, tail kept."""
 
-    def __init__(self, name: str, index: int, width: int, rank_offset: int | None, mirror: Path | None,
-                 colour: bool):
+    def __init__(self, name: str, index: int, width: int, rank_offset: int | None, colour: bool):
         self.name = name
         self.rank_offset = rank_offset
         self.splitter = LineSplitter()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._mirror: IO[bytes] | None = None
-        if mirror is not None:
-            mirror.parent.mkdir(parents=True, exist_ok=True)
-            self._mirror = open(mirror, "ab")  # noqa: SIM115 - closed in close()
         label = name.ljust(width)
         code = _COLOURS[index % len(_COLOURS)]
         self._start = f"\x1b[{code}m" if colour else ""
@@ -84,27 +90,34 @@ class NodeLog:
         for line in lines[-TAIL_LINES:]:
             _, local, body = self._split_rank(line)
             text = body.decode("utf-8", errors="replace").rstrip("\r")
+            text = text if len(text) <= TAIL_WIDTH else text[:TAIL_WIDTH] + "…"  # a report, not a dump
             self.tail.append(text if local is None else f"[local rank {local}] {text}")
 
-    def feed(self, data: bytes, out: IO[str] | None) -> None:
-        if self._mirror is not None:
-            self._mirror.write(data)
-        self._print(self.splitter.feed(data), out)
+    def format(self, data: bytes) -> tuple[str, int]:
+        """The prefixed text of the whole lines `data` completes, and how many lines that is."""
+        return self._text(self.splitter.feed(data))
 
-    def _print(self, lines: list[bytes], out: IO[str] | None) -> None:
+    def format_rest(self) -> tuple[str, int]:
+        """The prefixed text of an unfinished last line, at the end of the stream."""
+        return self._text(self.splitter.flush())
+
+    def _text(self, lines: list[bytes]) -> tuple[str, int]:
         if not lines:
-            return
+            return "", 0
         parts: list[bytes] = []
         self._format_lines(lines, parts)
-        if out is not None:
-            parts.append(b"")
-            out.write(b"\n".join(parts).decode("utf-8", errors="replace"))
+        parts.append(b"")
+        return b"\n".join(parts).decode("utf-8", errors="replace"), len(lines)
 
-    def close(self, out: IO[str] | None) -> None:
-        self._print(self.splitter.flush(), out)
-        if self._mirror is not None:
-            self._mirror.close()
-            self._mirror = None
+    def feed(self, data: bytes, out: IO[str]) -> None:
+        text, _ = self.format(data)
+        if text:
+            out.write(text)
+
+    def close(self, out: IO[str]) -> None:
+        text, _ = self.format_rest()
+        if text:
+            out.write(text)
 
 
 def supports_colour(stream: IO[str] = sys.stdout) -> bool:

@@ -63,6 +63,9 @@ class Options:
     """Where the launcher's own progress and reports go."""
     preflight: Callable[..., None] | None = None
     """Checks run on the open connections before anything starts (the doctor's fast checks)."""
+    on_event: Callable[[Any], None] | None = None
+    """Called with every typed node event of an attached run (`launcher.supervise`), from the launcher's threads:
+    it must not block. For tools such as the bench."""
 
     @property
     def action_timeout(self) -> float:

@@ -1,6 +1,7 @@
 """A run's lifecycle across nodes: start every node's part at once, stream, fail fast, stop, status, logs.
 
-The node side is `launcher/agent.py`, sent over each node's SSH connection; this module drives it.
+The node side is `launcher/agent.py`, sent over each node's SSH connection; `launcher/supervise.py` drives an
+attached run; this module wires it to the console, the log mirror and the root-cause report.
 """
 
 from __future__ import annotations
@@ -8,29 +9,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
+import re
 import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from launcher import rootcause
+from launcher.console import ConsoleWriter, Mirror
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
-from launcher.logs import NodeLog, failed_rank, root_cause_block, supports_colour
-from launcher.options import Options
-from launcher.plan import RUN_ID_ENV, LaunchPlan, NodeCommand, rank_offsets
+from launcher.logs import NodeLog, supports_colour
+from launcher.options import Options, heartbeat_interval
+from launcher.plan import RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
 from launcher.remote import program_input, python_command
-from launcher.transport import Channel, Node, Result, close_all, connect_all, run_all
+from launcher.supervise import Ended, NodeEvent, Output, RunHandle, Stopping
+from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
-HEARTBEAT_SECONDS = 5.0
-# Messages of a worker that died only because a peer died first: never the root cause when another exists.
-COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
-              "ProcessGroupNCCL", "Socket Timeout", "SignalException", "Signals.SIGTERM")
-
 
 agent_command = python_command
 
@@ -38,6 +37,13 @@ agent_command = python_command
 def agent_input(request: dict[str, Any]) -> bytes:
     """The agent's source and one request, for its stdin."""
     return program_input(AGENT_SOURCE, request)
+
+
+def check_run_id(run_id: str | None) -> str | None:
+    """A run id given by a user, checked against the pattern every run id has (None means the latest)."""
+    if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
+        raise LauncherError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
+    return run_id
 
 
 def resolve_env(command: NodeCommand, environ: dict[str, str]) -> dict[str, str]:
@@ -55,6 +61,7 @@ def resolve_env(command: NodeCommand, environ: dict[str, str]) -> dict[str, str]
 
 
 def start_request(plan: LaunchPlan, command: NodeCommand, env: dict[str, str], opts: Options) -> dict[str, Any]:
+    """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults)."""
     return {
         "action": "start",
         "run_dir": command.run_dir,
@@ -68,6 +75,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: dict[str, str], o
         "detach": opts.detach,
         "grace": opts.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,
+        "alive_interval": heartbeat_interval(opts.silence_timeout),
     }
 
 
@@ -94,8 +102,10 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> d
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
+    # SSH keepalives as often as heartbeats: they keep NAT and firewall state of a quiet run alive.
     nodes, failures = connect_all(cluster, hosts, opts.connect_timeout,
-                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
+                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"),
+                                  keepalive=heartbeat_interval(opts.silence_timeout))
     if failures:
         close_all(nodes.values())
         progress.done(f"connected {len(nodes)}/{len(hosts)}")
@@ -104,49 +114,10 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> d
     return nodes
 
 
-class _Session:
-    """One node's running agent: a reader thread turns its channel into events on a shared queue."""
-
-    def __init__(self, command: NodeCommand, channel: Channel, events: queue.Queue[tuple[str, str, Any]]):
-        self.command = command
-        self.name = command.host.name
-        self.channel = channel
-        self.events = events
-        self.started = False
-        self.exit_code: int | None = None
-        self.exit_time: float | None = None
-        self.error_text: list[str] = []
-        self.stop_sent = False
-        self.stopped_left: int | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True, name=f"read-{self.name}")
-
-    def _read(self) -> None:
-        err_rest = b""
-        while True:
-            out, err = self.channel.read()
-            if out:
-                self.events.put(("out", self.name, out))
-            if err:
-                *lines, err_rest = (err_rest + err).split(b"\n")
-                for line in lines:
-                    self.events.put(("err", self.name, line))
-            if self.channel.finished:
-                self.events.put(("exit", self.name, self.channel.exit_code()))
-                return
-            if self.channel.closed and not out and not err:
-                self.events.put(("lost", self.name, None))
-                return
-            if not out and not err:
-                self.channel.wait_readable(0.5)
-
-    def send(self, word: str) -> None:
-        self.channel.send(f"{word}\n".encode())
-
-
 def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 
-    Returns 0 when every node's torchrun exited 0; raises `RunFailed` with the root cause otherwise.
+    Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
     opts = opts or Options()
     cluster = plan.cluster
@@ -156,7 +127,7 @@ def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
         if opts.preflight is not None:
             opts.preflight(cluster, nodes)
         with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
-            return _Run(plan, opts, nodes, envs).execute()
+            return _Attached(plan, opts, nodes, envs).execute()
     finally:
         close_all(nodes.values())
 
@@ -179,189 +150,102 @@ def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-class _Run:
-    """The controller's view of one run while it is attached."""
+class _Attached:
+    """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
     def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, dict[str, str]]):
-        self.plan = plan
-        self.opts = opts
-        self.nodes = nodes
-        self.envs = envs
-        self.events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+        self.plan, self.opts = plan, opts
+        folder = opts.log_dir / plan.run_id
+        self.log_hint = f"logs: {folder}/"
+        self.console = ConsoleWriter(opts.out, opts.err, opts.console_buffer, f"{folder}/")
+        self.mirror = None if opts.detach else Mirror(folder, self.console)
         colour = supports_colour(opts.out)
         width = max(len(c.host.name) for c in plan.nodes)
-        mirror = opts.log_dir / plan.run_id
-        self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset,
-                                          None if opts.detach else mirror / f"{c.host.name}.log", colour)
+        self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
                      for i, c in enumerate(plan.nodes)}
-        self.sessions: dict[str, _Session] = {}
+        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts) for c in plan.nodes}
+        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event)
         self.interrupts = 0
-        self.failure: str | None = None
-        self.stop_reason: str | None = None
+
+    def _on_event(self, event: NodeEvent) -> None:
+        # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
+        if isinstance(event, Output):
+            if self.mirror is not None:
+                self.mirror.write(event.node, event.data)
+            text, count = self.logs[event.node].format(event.data)
+            self.console.lines(event.node, text, count)
+        elif isinstance(event, Ended):
+            text, count = self.logs[event.node].format_rest()
+            self.console.lines(event.node, text, count)
+        elif isinstance(event, Stopping) and event.reason == "heartbeat-timeout":
+            self.console.message(f"{event.node}: no heartbeat from the launcher in time; the node stops its part")
+        if self.opts.on_event is not None:
+            self.opts.on_event(event)
 
     def execute(self) -> int:
-        progress = _Progress(self.opts.err)
+        handle, total = self.handle, len(self.plan.nodes)
         t0 = time.monotonic()
-        for command in self.plan.nodes:
-            node = self.nodes[command.host.name]
+        try:
             try:
-                channel = node.open_channel(agent_command(command.host.python))
-            except Exception as exc:
-                self._abort_start(f"{command.host.name}: cannot open a session: {exc}")
-                break
-            session = _Session(command, channel, self.events)
-            self.sessions[session.name] = session
-            request = start_request(self.plan, command, self.envs[session.name], self.opts)
-            channel.send(agent_input(request))
-            session.thread.start()
-        total = len(self.plan.nodes)
-        try:
-            while self.failure is None and not all(s.started or s.exit_code is not None
-                                                   for s in self.sessions.values()):
-                self._pump(0.2)
-                progress.update(f"started {sum(s.started for s in self.sessions.values())}/{total}")
-        except KeyboardInterrupt:
-            self._abort_start("interrupted while starting")
-        if self.failure is None:
-            started = sum(s.started for s in self.sessions.values())
-            progress.done(f"started {started}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
-        if self.opts.detach and self.failure is None:
-            self._drain(deadline=time.monotonic() + 30)
-            self.opts.err.write(f"detached: run {self.plan.run_id} keeps going; `inv status`, `inv logs "
-                                f"--follow` and `inv stop` work on it\n")
-            return 0
-        return self._attend()
+                handle.start()
+            except KeyboardInterrupt:
+                handle.abort("interrupted while starting")
+            if handle.start_failure is not None:
+                self._wait()
+                if self.opts.detach:  # a detached node's keeper outlives its agent: stop it by its run id
+                    self._stop_detached(handle.started)
+                others = handle.started
+                stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
+                raise RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
+                                          1)
+            self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
+            if self.opts.detach:
+                self._wait()
+                self.console.message(f"detached: run {self.plan.run_id} keeps going; `inv status`, `inv logs "
+                                     f"--follow` and `inv stop` work on it")
+                return 0
+            return self._report(self._wait())
+        finally:
+            handle.close()
+            self.console.close()
+            if self.mirror is not None:
+                self.mirror.close()
 
-    def _abort_start(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
-            self._stop_all("start failed")
+    def _stop_detached(self, names: list[str]) -> None:
+        nodes = {name: self.handle.nodes[name] for name in names}
+        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.opts.grace}
+        _agent_action(nodes, self.plan.cluster, request, self.opts.action_timeout)
 
-    def _stop_all(self, reason: str, word: str = "stop") -> None:
-        self.stop_reason = self.stop_reason or reason
-        for session in self.sessions.values():
-            if session.exit_code is None and (not session.stop_sent or word == "kill"):
-                session.stop_sent = True
-                session.send(word)
-
-    def _pump(self, timeout: float) -> None:
-        try:
-            kind, name, data = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return
-        session = self.sessions[name]
-        if kind == "out":
-            self.logs[name].feed(data, self.opts.out)
-        elif kind == "err":
-            self._on_event(session, data)
-        elif kind in ("exit", "lost"):
-            session.exit_code = data if kind == "exit" else -1
-            session.exit_time = time.time()
-            self.logs[name].close(self.opts.out)
-            if kind == "lost":
-                session.error_text.append("the connection to the node was lost")
-            if session.exit_code != 0 and not session.stop_sent and not self.opts.detach:
-                if not session.started:
-                    self._abort_start(f"{name}: " + ("; ".join(session.error_text) or
-                                                     f"the agent exited with code {session.exit_code}"))
-                else:
-                    self._stop_all(f"{name} failed")
-
-    def _on_event(self, session: _Session, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-            kind = event["event"]
-        except (ValueError, KeyError, TypeError):
-            text = line.decode("utf-8", errors="replace").strip()
-            if text:
-                session.error_text.append(text)  # the shell's own words, e.g. "python3: command not found"
-            return
-        if kind == "started":
-            session.started = True
-        elif kind == "error":
-            session.error_text.append(event.get("message", "unknown error"))
-        elif kind == "stopped":
-            session.stopped_left = event.get("left")
-
-    def _attend(self) -> int:
-        last_beat = time.monotonic()
-        while any(s.exit_code is None for s in self.sessions.values()):
+    def _wait(self) -> list[rootcause.NodeEnd]:
+        while True:
             try:
-                self._pump(0.2)
-                # Several beats per timeout, so one late beat (a loaded controller) never stops a healthy run.
-                if time.monotonic() - last_beat > min(HEARTBEAT_SECONDS, self.opts.heartbeat_timeout / 4):
-                    last_beat = time.monotonic()
-                    for s in self.sessions.values():
-                        if s.exit_code is None:
-                            s.send("hb")
+                return self.handle.wait()  # type: ignore[return-value]
             except KeyboardInterrupt:
                 self.interrupts += 1
                 if self.interrupts == 1:
-                    self.opts.err.write(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
-                                        f"{self.opts.grace:g}s; Ctrl-C again to kill now)\n")
-                    self._stop_all("interrupted")
+                    self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
+                                         f"{self.opts.grace:g}s; Ctrl-C again to kill now)")
+                    self.handle.stop("interrupted")
                 else:
-                    self.opts.err.write("\nkilling the run on every node now\n")
-                    self._stop_all("interrupted", word="kill")
-        self._drain(deadline=time.monotonic() + 1)
-        return self._report()
+                    self.console.message("\nkilling the run on every node now")
+                    self.handle.stop("interrupted", kill=True)
 
-    def _drain(self, deadline: float) -> None:
-        while time.monotonic() < deadline and not self.events.empty():
-            self._pump(0.05)
-
-    def _report(self) -> int:
-        sessions = list(self.sessions.values())
-        err = self.opts.err
-        log_hint = f"logs: {self.opts.log_dir / self.plan.run_id}/"
+    def _report(self, ends: list[rootcause.NodeEnd]) -> int:
+        ends = [replace(e, tail=tuple(self.logs[e.node].tail)) for e in ends]
+        if self.mirror is not None and self.mirror.failed:
+            self.console.message(f"warning: the log copy in {self.log_hint[6:]} is incomplete ({self.mirror.failed})")
         if self.interrupts:
-            left = sum(s.stopped_left or 0 for s in sessions)
-            err.write(f"run {self.plan.run_id} stopped on {len(sessions)} node(s)"
-                      f"{'' if not left else f'; {left} process(es) could not be killed'}. {log_hint}\n")
+            left = sum(e.left for e in ends)
+            unconfirmed = [e.node for e in ends if e.kind != "exited"]
+            self.console.message(
+                f"run {self.plan.run_id} stopped on {len(ends)} node(s)"
+                + (f"; {left} process(es) could not be killed" if left else "")
+                + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
             return 130
-        failed = [s for s in sessions if s.exit_code != 0]
-        if not failed and self.failure is None:
-            err.write(f"run {self.plan.run_id}: all {len(sessions)} node(s) exited 0. {log_hint}\n")
+        if not any(e.failed for e in ends):
+            self.console.message(f"run {self.plan.run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
             return 0
-        raise self._failure(failed)
-
-    def _origin(self, failed: list[_Session]) -> _Session | None:
-        """The first failure by time, preferring a node whose workers did not merely lose a peer."""
-        own = [s for s in failed if not s.stop_sent] or failed
-        if not own:
-            return None
-
-        def collateral(s: _Session) -> bool:
-            block = "\n".join(root_cause_block(list(self.logs[s.name].tail)))
-            return bool(block) and any(word in block for word in COLLATERAL)
-
-        return sorted(own, key=lambda s: (collateral(s), s.exit_time or 0))[0]
-
-    def _failure(self, failed: list[_Session]) -> RunFailed:
-        """The report of a failed run: the root cause (node, rank, exit code, its log) and the other nodes."""
-        if self.failure is not None:
-            others = [s.name for s in self.sessions.values() if s.started]
-            stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
-            return RunFailed(f"run {self.plan.run_id} could not start: {self.failure}{stopped}", 1)
-        origin = self._origin(failed)
-        lines = [f"run {self.plan.run_id} FAILED"]
-        code = 1
-        if origin is not None:
-            tail = list(self.logs[origin.name].tail)
-            block = root_cause_block(tail)
-            rank, local, worker_code = failed_rank(block)
-            # The worker's own exit code says more than torchrun's (which is 1 for any worker failure).
-            code = worker_code if worker_code else (origin.exit_code or 1)
-            code = 128 - code if code < 0 else code  # a worker killed by signal N: 128+N, like a shell
-            who = origin.name + (f", rank {rank} (local rank {local})" if rank is not None else "")
-            lines.append(f"root cause: {who}, exit code {code}")
-            lines += [f"  {line}" for line in (block or tail[-15:])] + [f"  {t}" for t in origin.error_text]
-        for s in failed:
-            if s is not origin:
-                why = "stopped by the launcher" if s.stop_sent else "failed too"
-                lines.append(f"{s.name}: exit code {s.exit_code} ({why})")
-        lines.append(f"logs: {self.opts.log_dir / self.plan.run_id}/")
-        return RunFailed("\n".join(lines), code if code > 0 else 1)
+        raise rootcause.run_failed(self.plan.run_id, ends, self.log_hint)
 
 
 # --- stop, status, logs: each one agent action per node, all nodes in parallel -----------------------------
@@ -392,9 +276,11 @@ class NodeState:
 
 
 def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[NodeState]:
+    check_run_id(request["run_id"])
     nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
     try:
-        results = _agent_action(nodes, cluster, request)
+        # The action's own limit follows the grace period, so a long grace never reads as a lost node.
+        results = _agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
         close_all(nodes.values())
     states = []
@@ -444,6 +330,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
          follow: bool = False, opts: Options | None = None) -> int:
     """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
     opts = opts or Options()
+    check_run_id(run_id)
     hosts = [h for h in cluster.hosts if node is None or h.name == node]
     if not hosts:
         raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
@@ -456,22 +343,27 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     failures: list[str] = []
 
     def one(index: int, host: Host) -> None:
-        log = NodeLog(host.name, index, width, offsets[host.name], None, colour)
+        log = NodeLog(host.name, index, width, offsets[host.name], colour)
         sink = _RankFilter(opts.out, rank, lock)
-        channel = nodes[host.name].open_channel(agent_command(host.python))
-        channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
-        channel.close_stdin()
-        err = bytearray()
-        while not channel.finished:
-            out, e = channel.read()
-            err += e
-            if out:
-                log.feed(out, sink)
-            elif channel.closed:
-                break
-            else:
-                channel.wait_readable(0.5)
-        log.close(sink)
+        try:
+            channel = nodes[host.name].open_channel(agent_command(host.python))
+            channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
+            channel.close_stdin()
+            err = bytearray()
+            while not channel.finished:
+                out, e = channel.read()
+                err += e
+                if out:
+                    log.feed(out, sink)
+                elif channel.closed:
+                    break
+                else:
+                    channel.wait_readable(0.5)
+        except Exception as exc:  # a channel that fails is this node's failure, never a silent exit 0
+            failures.append(f"{host.name}: {classify(nodes[host.name].target, exc)}")
+            return
+        finally:
+            log.close(sink)
         if channel.exit_code() != 0:
             failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
 

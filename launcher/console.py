@@ -1,0 +1,136 @@
+"""Where a run's output goes on the controller, without ever holding up the run: the console and the log mirror.
+
+The console is written by a thread of its own through a bounded buffer: a reader slower than the job (`| less`,
+Ctrl-S) makes the console skip lines, and say so, but never delays a heartbeat, a failure or a stop. The mirror
+keeps every byte in `<log_dir>/<run_id>/<node>.log`; a disk that fills up costs one warning, not the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import IO
+
+
+class ConsoleWriter:
+    """Node lines (bounded, skippable) and the launcher's own messages (never skipped), in order, on one thread."""
+
+    def __init__(self, out: IO[str], err: IO[str], capacity: int, where: str):
+        self.out, self.err = out, err
+        self.capacity = capacity
+        self.where = where
+        """Where skipped lines can be read (the log folder), for the notice."""
+        self._items: queue.Queue[tuple[IO[str], str, int] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._skipped: Counter[str] = Counter()
+        self.skipped_total = 0
+        self._thread = threading.Thread(target=self._write, daemon=True, name="console")
+        self._thread.start()
+
+    def lines(self, node: str, text: str, count: int) -> None:
+        """A node's prefixed lines; skipped (and counted) when the console is `capacity` lines behind."""
+        if not text:
+            return
+        with self._lock:
+            if self._queued + count > self.capacity:
+                self._skipped[node] += count
+                self.skipped_total += count
+                return
+            self._queued += count
+        self._items.put((self.out, text, count))
+
+    def message(self, text: str) -> None:
+        """One of the launcher's own lines (progress, warnings): never skipped."""
+        self._items.put((self.err, text if text.endswith("\n") else text + "\n", 0))
+
+    def _write(self) -> None:
+        while True:
+            item = self._items.get()
+            if item is None:
+                return
+            stream, text, count = item
+            try:
+                stream.write(text)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a console that went away (closed pipe) must not stop the run; the log files have it all
+            with self._lock:
+                self._queued -= count
+                caught_up = self._queued <= self.capacity // 2 and self._skipped
+            if caught_up:
+                self._notice()
+
+    def _notice(self) -> None:
+        with self._lock:
+            skipped, self._skipped = self._skipped, Counter()
+        text = ", ".join(f"{n} lines of {node}" for node, n in sorted(skipped.items()))
+        try:
+            self.err.write(f"console: skipped {text} (the console was slower than the run); "
+                           f"every line is in {self.where}\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Write everything queued (waiting on a slow reader, never on a dead one), then say what was skipped."""
+        self._items.put(None)
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+        if self._skipped:
+            self._notice()
+
+
+class Mirror:
+    """Every node's raw output in `<folder>/<node>.log` (0600 in a 0700 folder: output can hold tokens).
+
+    A write that fails (a full disk, a read-only folder) disables the mirror with one warning; the run goes on and
+    each node's own log stays complete.
+    """
+
+    def __init__(self, folder: Path, warn: ConsoleWriter | None):
+        self.folder = folder
+        self.warn = warn
+        self._files: dict[str, IO[bytes]] = {}
+        self._lock = threading.Lock()
+        self.failed: str | None = None
+
+    def write(self, node: str, data: bytes) -> None:
+        if self.failed is not None:
+            return
+        try:
+            handle = self._files.get(node)
+            if handle is None:
+                handle = self._open(node)
+            handle.write(data)
+            handle.flush()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _open(self, node: str) -> IO[bytes]:
+        with self._lock:
+            if node not in self._files:
+                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self.folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._files[node] = os.fdopen(fd, "ab", buffering=0)
+            return self._files[node]
+
+    def _fail(self, exc: OSError) -> None:
+        with self._lock:
+            if self.failed is not None:
+                return
+            self.failed = exc.strerror or str(exc)
+        if self.warn is not None:
+            self.warn.message(f"warning: cannot write the log copy in {self.folder}/ ({self.failed}); the run goes "
+                              f"on, and each node keeps its complete log (`inv logs --run {self.folder.name}`)")
+
+    def close(self) -> None:
+        with self._lock:
+            for handle in self._files.values():
+                with contextlib.suppress(OSError):
+                    handle.close()
+            self._files.clear()

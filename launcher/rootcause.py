@@ -1,0 +1,106 @@
+"""Which node's end caused a failed run, and how to say it: pure functions over what the supervisor saw.
+
+Like torch elastic's `ChildFailedError.get_first_failure()`: the first real event by time, never a node that only
+stopped because the launcher (or a lost peer) told it to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.errors import RunFailed
+from launcher.logs import failed_rank, root_cause_block
+
+# Messages of a worker that died only because a peer died first: never the root cause when another exists.
+COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
+              "ProcessGroupNCCL", "Socket Timeout", "SignalException", "Signals.SIGTERM")
+SELF_STOPS = ("heartbeat-timeout", "launcher-gone")
+"""Why a node's agent stops its part without being asked: the launcher went silent, or its connection closed."""
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node's part of a run ended, as the controller saw it."""
+
+    node: str
+    kind: str
+    """exited (the agent reported torchrun's exit), lost (the connection dropped), silent (nothing for too long),
+    agent-died (the agent ended without a report), unanswered (no answer to a stop in time), start-error."""
+    time: float
+    exit_code: int | None = None
+    stop_reason: str | None = None
+    """Why the node's agent stopped the run: stop/kill (the launcher asked), launcher-gone, heartbeat-timeout."""
+    asked_to_stop: bool = False
+    """The launcher had asked this node to stop before it ended: a consequence, not a cause."""
+    silent_for: float = 0.0
+    left: int = 0
+    """Processes of the run the node could not kill."""
+    tail: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """Anything but torchrun's exit 0; a node that stopped its part by itself failed whatever torchrun said."""
+        return self.kind != "exited" or self.exit_code != 0 or self.stop_reason in SELF_STOPS
+
+    @property
+    def collateral(self) -> bool:
+        """Its workers died because a peer did (their root-cause block says so)."""
+        block = "\n".join(root_cause_block(list(self.tail)))
+        return bool(block) and any(word in block for word in COLLATERAL)
+
+
+def first_failure(ends: list[NodeEnd]) -> NodeEnd | None:
+    """The root cause: the earliest failure the launcher did not cause, preferring one that is not collateral."""
+    failed = [e for e in ends if e.failed]
+    own = [e for e in failed if not e.asked_to_stop] or failed
+    if not own:
+        return None
+    return min(own, key=lambda e: (e.collateral, e.time))
+
+
+def headline(end: NodeEnd) -> tuple[str, int, int | None]:
+    """(`root cause: ...` sentence, the launcher's exit code, the failed global rank if known)."""
+    if end.kind == "silent":
+        return f"root cause: {end.node} stopped answering (nothing for {end.silent_for:.0f} s)", 1, None
+    if end.kind == "lost":
+        return f"root cause: {end.node}: the connection to the node was lost", 1, None
+    if end.kind == "agent-died":
+        return f"root cause: {end.node}: the launcher's agent on the node died before torchrun ended", 1, None
+    if end.kind == "unanswered":
+        return f"root cause: {end.node} did not answer the stop in time", 1, None
+    if end.stop_reason == "heartbeat-timeout":
+        return (f"root cause: {end.node} stopped its part by itself: no heartbeat from the launcher in time "
+                f"(a frozen launcher or network)", 1, None)
+    if end.stop_reason == "launcher-gone":
+        return f"root cause: {end.node} stopped its part by itself: its connection to the launcher closed", 1, None
+    rank, local, worker_code = failed_rank(root_cause_block(list(end.tail)))
+    # The worker's own exit code says more than torchrun's (which is 1 for any worker failure).
+    code = worker_code if worker_code else (end.exit_code or 1)
+    code = 128 - code if code < 0 else code  # a worker killed by signal N: 128+N, like a shell
+    who = end.node + (f", rank {rank} (local rank {local})" if rank is not None else "")
+    return f"root cause: {who}, exit code {code}", code if code > 0 else 1, rank
+
+
+def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
+    """The report of a failed run: the root cause (node, rank, exit code, its log) and how the others ended."""
+    origin = first_failure(ends)
+    lines = [f"run {run_id} FAILED"]
+    code, rank = 1, None
+    if origin is not None:
+        sentence, code, rank = headline(origin)
+        block = root_cause_block(list(origin.tail))
+        lines.append(sentence)
+        lines += [f"  {line}" for line in (block or list(origin.tail)[-15:])] + [f"  {t}" for t in origin.errors]
+    for end in ends:
+        if end is origin or not end.failed:
+            continue
+        if end.stop_reason in SELF_STOPS:
+            lines.append(f"{end.node}: stopped its part by itself too ({end.stop_reason})")
+            continue
+        why = "stopped by the launcher" if end.asked_to_stop else "failed too"
+        what = f"exit code {end.exit_code}" if end.kind == "exited" else end.kind
+        lines.append(f"{end.node}: {what} ({why})")
+    lines.append(log_hint)
+    return RunFailed("\n".join(lines), code, node=origin.node if origin else None, rank=rank,
+                     tail=origin.tail if origin else ())

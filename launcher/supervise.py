@@ -1,0 +1,316 @@
+"""One attached run across nodes, shaped like torch elastic's `PContext`: `start`, `wait`, `stop(grace)`, `close`.
+
+Each node's agent (`launcher/agent.py`) runs on a channel of that node's SSH connection. A reader thread per node
+turns its channel into typed events; a heartbeat thread keeps every node's agent sure the launcher is alive; the
+waiting thread decides (fail fast, silence, stop deadlines). Output goes to `on_event` from the reader threads, so
+consumers must not block: nothing here ever waits on a console or a disk.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from launcher.options import Options, heartbeat_interval
+from launcher.plan import LaunchPlan, NodeCommand
+from launcher.remote import program_input, python_command
+from launcher.rootcause import NodeEnd
+from launcher.transport import Channel, Node
+
+STALL = 2.0
+"""A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
+STOP_MARGIN = 5.0
+"""Seconds beyond the grace period that a node gets to confirm a stop before the launcher gives up on it."""
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """Something that happened on one node of a run."""
+
+    node: str
+    time: float
+
+
+@dataclass(frozen=True)
+class Started(NodeEvent):
+    pid: int
+    node_time: float | None = None
+    """When the agent said so, by the node's clock."""
+
+
+@dataclass(frozen=True)
+class Output(NodeEvent):
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Stopping(NodeEvent):
+    reason: str
+
+
+@dataclass(frozen=True)
+class Message(NodeEvent):
+    """An error from the agent, or words of the node's shell (`python3: command not found`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Ended(NodeEvent):
+    """The node's part is over, one way or another (see `NodeEnd.kind`)."""
+
+    end: NodeEnd
+    node_time: float | None = None
+    """When the agent reported the exit, by the node's clock (None when it could not)."""
+
+
+@dataclass
+class _Session:
+    """One node's agent, as the controller sees it."""
+
+    command: NodeCommand
+    channel: Channel
+    heard: float = field(default_factory=time.monotonic)
+    started: bool = False
+    stop_reason: str | None = None
+    asked_to_stop: bool = False
+    messages: list[str] = field(default_factory=list)
+    end: NodeEnd | None = None
+    reported: dict[str, Any] | None = None
+    """The agent's `exited` event, once it came."""
+
+    @property
+    def name(self) -> str:
+        return self.command.host.name
+
+
+class RunHandle:
+    """The controller side of one run: its sessions, heartbeats, and the decisions taken while waiting."""
+
+    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
+                 agent_source: str, on_event: Callable[[NodeEvent], None]):
+        self.plan, self.opts, self.nodes = plan, opts, nodes
+        self.requests = requests
+        self.agent_source = agent_source
+        self.on_event = on_event
+        self.sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+        self._control: queue.Queue[NodeEvent] = queue.Queue()
+        self._closing = threading.Event()
+        self._cleanups: list[threading.Thread] = []
+        self.start_failure: str | None = None
+        self.stop_reason: str | None = None
+        self._stop_deadline: float | None = None
+        self._last_step = time.monotonic()
+        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+
+    # --- start ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open every node's agent session at once (heartbeats flow from the first) and wait until all started.
+
+        Any node that cannot start makes the others stop what they started: a run starts everywhere or nowhere.
+        """
+        self._heartbeat.start()
+        with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
+            for command, error in zip(self.plan.nodes, pool.map(self._open, self.plan.nodes), strict=True):
+                if error is not None:
+                    self._fail_start(f"{command.host.name}: cannot open a session: {error}")
+        while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
+            self._step(0.2)
+
+    def _open(self, command: NodeCommand) -> str | None:
+        try:
+            channel = self.nodes[command.host.name].open_channel(python_command(command.host.python))
+        except Exception as exc:
+            return str(exc)
+        session = _Session(command, channel)
+        with self._lock:
+            self.sessions[session.name] = session
+        channel.send(program_input(self.agent_source, self.requests[session.name]))
+        threading.Thread(target=self._read, args=(session,), daemon=True, name=f"read-{session.name}").start()
+        return None
+
+    def abort(self, reason: str) -> None:
+        """Give up starting: stop what has started (a run starts everywhere or nowhere)."""
+        self._fail_start(reason)
+
+    def _fail_start(self, reason: str) -> None:
+        if self.start_failure is None:
+            self.start_failure = reason
+            self.stop("start failed")
+
+    @property
+    def started(self) -> list[str]:
+        return [s.name for s in self.sessions.values() if s.started]
+
+    # --- the node's channel -> events ---------------------------------------------------------------------
+
+    def _read(self, session: _Session) -> None:
+        channel, name = session.channel, session.name
+        err_rest = b""
+        while True:
+            out, err = channel.read()
+            if out or err:
+                session.heard = time.monotonic()
+            if out:
+                self.on_event(Output(name, time.time(), out))
+            if err:
+                *lines, err_rest = (err_rest + err).split(b"\n")
+                for line in lines:
+                    self._agent_line(session, line)
+            if channel.finished:
+                self._channel_ended(session, channel.exit_code())
+                return
+            if channel.closed and not out and not err:
+                self._end(session, "lost")
+                return
+            if not out and not err:
+                channel.wait_readable(0.5)
+
+    def _agent_line(self, session: _Session, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+            kind = event["event"]
+        except (ValueError, KeyError, TypeError):
+            text = line.decode("utf-8", errors="replace").strip()
+            if text:
+                self._control.put(Message(session.name, time.time(), text))
+            return
+        now = time.time()
+        if kind == "started":
+            session.started = True  # here too: the channel's end may be judged before the waiter sees this
+            if event.get("detached"):
+                session.reported = {"code": 0}  # a detached agent's work ends with the start
+            self._control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
+        elif kind == "error":
+            self._control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
+        elif kind == "stopping":
+            self._control.put(Stopping(session.name, now, str(event.get("reason", "stop"))))
+        elif kind == "exited":
+            session.reported = event
+
+    def _channel_ended(self, session: _Session, status: int) -> None:
+        if session.reported is not None:
+            reason = session.reported.get("reason")
+            self._end(session, "exited", int(session.reported.get("code", status)),
+                      None if reason in (None, "stop", "kill") else str(reason),
+                      left=int(session.reported.get("left", 0)))
+        elif not session.started:
+            self._end(session, "start-error", status)
+        else:
+            self._end(session, "agent-died", status)
+
+    def _end(self, session: _Session, kind: str, code: int | None = None, reason: str | None = None,
+             left: int = 0) -> None:
+        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, session.asked_to_stop,
+                      left=left)
+        self._control.put(Ended(session.name, end.time, end, (session.reported or {}).get("time")))
+
+    # --- heartbeats ------------------------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        interval = heartbeat_interval(self.opts.heartbeat_timeout)
+        while not self._closing.wait(interval):
+            for session in list(self.sessions.values()):
+                if session.end is None:
+                    session.channel.send(b"hb\n", block=False)  # never waits on a node that stopped reading
+
+    # --- waiting and deciding --------------------------------------------------------------------------------
+
+    def _step(self, timeout: float) -> None:
+        """Take one event (or time out), then look at the clock: silent nodes, stop deadlines."""
+        try:
+            event = self._control.get(timeout=timeout)
+        except queue.Empty:
+            event = None
+        if event is not None:
+            self._take(event)
+        now = time.monotonic()
+        if now - self._last_step > STALL:
+            # The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence.
+            for session in list(self.sessions.values()):
+                session.heard = max(session.heard, now)
+        self._last_step = now
+        for session in list(self.sessions.values()):
+            if session.end is not None:
+                continue
+            silent = now - session.heard
+            if silent > self.opts.silence_timeout:
+                self._take(Ended(session.name, time.time(), NodeEnd(
+                    session.name, "silent", time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
+            elif self._stop_deadline is not None and now > self._stop_deadline:
+                self._take(Ended(session.name, time.time(), NodeEnd(
+                    session.name, "unanswered", time.time(), asked_to_stop=True)))
+
+    def _take(self, event: NodeEvent) -> None:
+        session = self.sessions[event.node]
+        if isinstance(event, Ended):
+            if session.end is not None:
+                return
+            session.end = replace(event.end, errors=tuple(session.messages))
+            event = replace(event, end=session.end)
+            if session.end.kind == "agent-died":
+                self._sweep_after_agent(session)
+            if session.end.failed and not session.asked_to_stop:
+                if session.started:
+                    self.stop(f"{session.name} failed")
+                else:
+                    why = "; ".join(session.messages) or f"the agent exited with code {session.end.exit_code}"
+                    self._fail_start(f"{session.name}: {why}")
+        elif isinstance(event, Started):
+            session.started = True
+        elif isinstance(event, Stopping):
+            session.stop_reason = event.reason
+        elif isinstance(event, Message):
+            session.messages.append(event.text)
+        self.on_event(event)
+
+    def _sweep_after_agent(self, session: _Session) -> None:
+        """The agent died (killed) while torchrun may live on: stop the run on that node over a new channel."""
+        node = self.nodes[session.name]
+        request = {"action": "stop", "run_id": self.plan.run_id, "node": session.name, "grace": self.opts.grace}
+
+        def sweep() -> None:
+            try:
+                node.run(python_command(session.command.host.python), program_input(self.agent_source, request),
+                         timeout=self.opts.action_timeout)
+            except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
+                session.messages.append(f"could not stop what the agent left: {exc}")
+
+        thread = threading.Thread(target=sweep, daemon=True, name=f"sweep-{session.name}")
+        self._cleanups.append(thread)
+        thread.start()
+
+    def stop(self, reason: str, kill: bool = False) -> None:
+        """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
+        self.stop_reason = self.stop_reason or reason
+        word = b"kill\n" if kill else b"stop\n"
+        for session in list(self.sessions.values()):
+            if session.end is None and (kill or not session.asked_to_stop):
+                session.asked_to_stop = True
+                session.channel.send(word, block=False)
+        grace = 0.0 if kill else self.opts.grace
+        deadline = time.monotonic() + grace + STOP_MARGIN
+        self._stop_deadline = min(self._stop_deadline or deadline, deadline)
+
+    def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
+        """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(s.end is None for s in self.sessions.values()) or any(t.is_alive() for t in self._cleanups):
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            self._step(0.2)
+        return [self.sessions[c.host.name].end for c in self.plan.nodes if c.host.name in self.sessions]  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Stop heartbeats and close the channels (an attached node then stops what is left by itself)."""
+        self._closing.set()
+        for session in self.sessions.values():
+            session.channel.close()

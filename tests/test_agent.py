@@ -1,0 +1,267 @@
+"""The node agent run locally as the launcher runs it (`python agent.py`, the request on stdin), with no SSH."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher import agent, plan
+
+AGENT = Path(agent.__file__)
+NODE = "node1"
+
+
+class Node:
+    """A private runs root (XDG_CACHE_HOME in a tmp dir) and the processes a test started, ended at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
+        self.env.pop(agent.RUN_ID_ENV, None)
+        self.root = tmp / "cache" / "ddp-launcher" / "runs"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def run_dir(self, run_id: str, **files: str) -> Path:
+        path = self.root / run_id / NODE
+        path.mkdir(parents=True)
+        (path / "log").write_text(files.pop("log", ""))
+        for name, text in files.items():
+            (path / name).write_text(text)
+        return path
+
+    def process(self, *argv: str, mark: str | None = None) -> subprocess.Popen[bytes]:
+        """A process in a session of its own, like torchrun; with `mark`, one of that run's."""
+        env = dict(self.env)
+        if mark is not None:
+            env[agent.RUN_ID_ENV] = mark
+        proc = subprocess.Popen(argv or ("sleep", "60"), env=env, start_new_session=True, stdout=subprocess.PIPE)
+        self.procs.append(proc)
+        return proc
+
+    def request(self, timeout: float = 30, **request: object) -> tuple[subprocess.CompletedProcess[bytes], list]:
+        """Run one agent action; its result and its JSON events."""
+        request.setdefault("node", NODE)
+        done = subprocess.run([sys.executable, str(AGENT)], input=(json.dumps(request) + "\n").encode(),
+                              env=self.env, capture_output=True, timeout=timeout, check=False)
+        return done, [json.loads(line) for line in done.stderr.decode().splitlines()]
+
+    def follower(self, run_id: str, stdout: int | None) -> subprocess.Popen[bytes]:
+        """The agent following the run's log (`logs --follow`), in the background."""
+        request = self.tmp / "follow.json"
+        request.write_text(json.dumps({"action": "logs", "node": NODE, "run_id": run_id, "follow": True}) + "\n")
+        with open(request, "rb") as stdin:
+            proc = subprocess.Popen([sys.executable, str(AGENT)], env=self.env, stdin=stdin, stdout=stdout,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is only what the test started
+            proc.wait()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def dead_pid() -> int:
+    """A pid that no process has now (one that just ended and was reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat, read here rather than trusting the agent's parser."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def errors(events: list) -> list[str]:
+    return [e["message"] for e in events if e["event"] == "error"]
+
+
+def test_node_constants_match_the_controllers() -> None:
+    assert agent.RUN_ID_PATTERN == plan.RUN_ID_PATTERN
+    assert agent.RUN_ID_ENV == plan.RUN_ID_ENV
+    assert agent.RUNS_ROOT == plan.RUNS_ROOT
+
+
+def test_leader_record_round_trip(tmp_path: Path) -> None:
+    start = agent.record_leader(str(tmp_path), os.getpid())
+    assert start == start_time(os.getpid()) == agent.start_time(os.getpid())
+    assert (tmp_path / "leader").read_text() == f"{os.getpid()} {start}"
+    assert agent.leader_of(str(tmp_path)) == (os.getpid(), start)
+
+
+@pytest.mark.parametrize("text", ["", "1234", "x 5", "0 5", "1 5", "-7 5", "12 5 9", "12 -5"])
+def test_malformed_leader_record_names_nobody(tmp_path: Path, text: str) -> None:
+    (tmp_path / "leader").write_text(text)
+    assert agent.leader_of(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no pidfd (python 3.8)"])
+def test_signal_process_spares_a_pid_seen_with_another_start_time(node: Node, monkeypatch, pidfd: bool) -> None:
+    # What a pid that died and was reused between the scan and the kill looks like: same pid, another start.
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    proc = node.process()
+    start = start_time(proc.pid)
+    assert not agent.signal_process(proc.pid, start + 1, signal.SIGKILL)
+    time.sleep(0.2)
+    assert proc.poll() is None
+    assert agent.signal_process(proc.pid, start, signal.SIGKILL)
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("record", ["leader with another start time", "leader unmarked", "only an old pgid"])
+def test_stop_spares_an_unrelated_process_the_run_dir_names(node: Node, record: str) -> None:
+    run_id = plan.new_run_id()
+    other = node.process()  # someone else's job that got the run's old pid (its own session: pgid == pid)
+    start = start_time(other.pid)
+    files = {"pgid": str(other.pid)}
+    if record == "leader with another start time":
+        files["leader"] = f"{other.pid} {start - 1}"
+    elif record == "leader unmarked":
+        files["leader"] = f"{other.pid} {start}"
+    node.run_dir(run_id, exit_code="0", **files)
+    done, events = node.request(action="stop", run_id=run_id, grace=1)
+    assert done.returncode == 0, events
+    answer = json.loads(done.stdout)
+    assert (answer["found"], answer["left"]) == (0, 0)
+    time.sleep(0.3)
+    assert other.poll() is None, "the agent signalled a process that is not the run's"
+
+
+def test_stop_with_a_dead_leader_signals_nothing_else(node: Node) -> None:
+    run_id = plan.new_run_id()
+    bystander = node.process()
+    node.run_dir(run_id, exit_code="0", leader=f"{dead_pid()} 1", pgid=str(bystander.pid))
+    done, events = node.request(action="stop", run_id=run_id, grace=1)
+    assert done.returncode == 0, events
+    assert json.loads(done.stdout)["state"] == "exited"
+    assert bystander.poll() is None
+
+
+def test_stop_ends_marked_processes_and_the_leaders_group(node: Node) -> None:
+    run_id = plan.new_run_id()
+    mark = f"{run_id}/{NODE}"
+    run_dir = node.run_dir(run_id)
+    # torchrun's part: a marked group leader with a child in its group that has lost the mark; killpg reaches it.
+    leader = node.process("sh", "-c", f"env -u {agent.RUN_ID_ENV} sleep 60 & echo $!; wait", mark=mark)
+    child = int(leader.stdout.readline())
+    deadline = time.monotonic() + 5  # until the child has exec'd `env -u`: from then on it carries no mark
+    while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    agent.record_leader(str(run_dir), leader.pid)
+    worker = node.process(mark=mark)  # a worker that left the group (its own session), found by its mark
+    bystander = node.process()
+    done, events = node.request(action="stop", run_id=run_id, grace=5)
+    assert done.returncode == 0, events
+    answer = json.loads(done.stdout)
+    assert (answer["found"], answer["left"]) == (2, 0)
+    assert leader.wait(timeout=5) == -signal.SIGTERM
+    assert worker.wait(timeout=5) == -signal.SIGTERM
+    deadline = time.monotonic() + 5
+    while agent.alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not agent.alive(child), "the leader's group was not signalled"
+    assert bystander.poll() is None
+    assert (run_dir / "stop_requested").exists()
+
+
+@pytest.mark.parametrize("action", ["stop", "status", "logs"])
+@pytest.mark.parametrize("run_id", ["../../victim", "20260101-000000-abcde", "20260101-000000-ABCDEF",
+                                    "20260101-000000-abcdef/../../../victim", 12])
+def test_a_bad_run_id_is_refused(node: Node, action: str, run_id: object) -> None:
+    # ../../victim from the runs root is tmp/cache/victim: a directory that looks like a run's, outside the root.
+    victim = node.tmp / "cache" / "victim" / NODE
+    victim.mkdir(parents=True)
+    (victim / "log").write_text("not a run's log\n")
+    done, events = node.request(action=action, run_id=run_id, grace=1)
+    assert done.returncode == 2
+    assert done.stdout == b""
+    assert errors(events) == [f"{run_id!r} is not a run id: run ids look like 20260131-235959-a1b2c3"]
+
+
+@pytest.mark.parametrize("action", ["stop", "status", "logs", "runs"])
+@pytest.mark.parametrize("name", ["a/b", "..", "x..y", "", None])
+def test_a_bad_node_name_is_refused(node: Node, action: str, name: object) -> None:
+    done, events = node.request(action=action, node=name, run_id=plan.new_run_id(), grace=1)
+    assert done.returncode == 2
+    assert errors(events) == [f"{name!r} is not a node name this agent accepts (no '/', no '..', not empty)"]
+
+
+def test_runs_lists_only_run_ids(node: Node) -> None:
+    run_id = plan.new_run_id()
+    node.run_dir(run_id)
+    node.run_dir("notes")
+    done, _ = node.request(action="runs")
+    assert json.loads(done.stdout) == {"runs": [run_id]}
+
+
+@pytest.mark.parametrize("grace", [None, "10", -1, True])
+def test_stop_needs_a_grace_period_from_the_request(node: Node, grace: object) -> None:
+    run_id = plan.new_run_id()
+    node.run_dir(run_id)
+    worker = node.process(mark=f"{run_id}/{NODE}")
+    request = {"action": "stop", "run_id": run_id}
+    if grace is not None:
+        request["grace"] = grace
+    done, events = node.request(**request)
+    assert done.returncode == 2
+    assert errors(events) == [f"a stop request needs its grace period (seconds, a number >= 0); got {grace!r}"]
+    assert worker.poll() is None
+
+
+def test_follow_ends_on_a_lost_run(node: Node) -> None:
+    run_id = plan.new_run_id()
+    node.run_dir(run_id, log="tick 0\ntick 1\n")  # no exit code, and nothing of it alive: its keeper was killed
+    t0 = time.monotonic()
+    done, events = node.request(timeout=20, action="logs", run_id=run_id, follow=True)
+    assert time.monotonic() - t0 < 5
+    assert done.returncode == 1
+    assert done.stdout == b"tick 0\ntick 1\n"
+    assert errors(events) == [f"run {run_id} was lost on this node: no exit code recorded and none of its processes "
+                              f"alive (its keeper was killed); the log ends here"]
+
+
+def test_follow_keeps_going_while_the_run_lives_and_ends_with_it(node: Node) -> None:
+    run_id = plan.new_run_id()
+    run_dir = node.run_dir(run_id, log="tick 0\n")
+    worker = node.process(mark=f"{run_id}/{NODE}")
+    follower = node.follower(run_id, subprocess.PIPE)
+    time.sleep(3)  # past the lost-run checks: a live marked process keeps it following
+    assert follower.poll() is None
+    with open(run_dir / "log", "a") as log:
+        log.write("tick 1\n")
+    worker.kill()
+    worker.wait()
+    (run_dir / "exit_code").write_text("0")
+    out, err = follower.communicate(timeout=10)
+    assert follower.returncode == 0, err
+    assert out == b"tick 0\ntick 1\n"
+
+
+def test_follow_ends_when_the_launcher_is_gone(node: Node) -> None:
+    run_id = plan.new_run_id()
+    node.run_dir(run_id, log="tick 0\n")
+    node.process(mark=f"{run_id}/{NODE}")  # the run lives on: only the closed stdout can end the follower
+    follower = node.follower(run_id, subprocess.PIPE)
+    assert follower.stdout.readline() == b"tick 0\n"
+    follower.stdout.close()
+    assert follower.wait(timeout=5) == 1

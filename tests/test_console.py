@@ -1,0 +1,97 @@
+"""The console and the log mirror never hold up a run: bounded buffers, cut lines, one warning for a full disk."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+from launcher.console import ConsoleWriter, Mirror
+from launcher.logs import CUT_MARK, LineSplitter, NodeLog
+from launcher.options import MAX_LINE_BYTES
+
+
+class BlockedStream(io.StringIO):
+    """A console whose reader is away until `release` is set (a pipe nobody reads, Ctrl-S)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.release.wait()
+        return super().write(text)
+
+
+def test_a_blocked_console_skips_lines_and_says_where_they_are() -> None:
+    out, err = BlockedStream(), io.StringIO()
+    console = ConsoleWriter(out, err, capacity=10, where="logs/run/")
+    t0 = time.monotonic()
+    for i in range(100):
+        console.lines("node-1", f"node-1 | {i}\n", 1)  # never waits on the blocked console
+    assert time.monotonic() - t0 < 0.5
+    out.release.set()
+    console.close()
+    printed = out.getvalue().splitlines()
+    assert 10 <= len(printed) <= 11 and printed[0] == "node-1 | 0"
+    assert console.skipped_total == 100 - len(printed)
+    assert f"console: skipped {console.skipped_total} lines of node-1" in err.getvalue()
+    assert "every line is in logs/run/" in err.getvalue()
+
+
+def test_messages_are_never_skipped_and_keep_their_order() -> None:
+    out = io.StringIO()
+    console = ConsoleWriter(out, out, capacity=1, where="logs/")
+    console.message("started")
+    console.lines("node-0", "node-0 | a\n", 1)
+    console.message("done")
+    console.close()
+    assert out.getvalue() == "started\nnode-0 | a\ndone\n"
+
+
+def test_a_line_without_newline_is_cut_with_bounded_memory_and_time() -> None:
+    log = NodeLog("node-0", 0, 6, 0, colour=False)
+    chunk = b"x" * 65536
+    lines = xs = 0
+    tracemalloc.start()
+    t0 = time.process_time()
+    for _ in range(256):  # 16 MiB, no newline
+        text, count = log.format(chunk)
+        lines += count
+        xs += text.count("x")
+        assert text.endswith(CUT_MARK.decode() + "\n")
+    cpu = time.process_time() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8 * MAX_LINE_BYTES and cpu < 1.0  # a few pieces at a time, never the whole line
+    assert lines == 256 and xs == 16 * 1024 * 1024
+
+
+def test_the_splitter_keeps_whole_lines_across_chunks() -> None:
+    splitter = LineSplitter(max_line=8)
+    assert splitter.feed(b"ab\ncd") == [b"ab"]
+    assert splitter.feed(b"ef\n") == [b"cdef"]
+    assert splitter.feed(b"0123456789") == [b"01234567" + CUT_MARK]
+    assert splitter.flush() == [b"89"]
+
+
+def test_the_mirror_is_private_and_a_failing_disk_warns_once(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console = ConsoleWriter(out, out, capacity=10, where="x")
+    mirror = Mirror(tmp_path / "logs" / "20261122-000000-abcdef", console)
+    mirror.write("node-0", b"token=abc\n")
+    folder = tmp_path / "logs" / "20261122-000000-abcdef"
+    assert (folder / "node-0.log").read_bytes() == b"token=abc\n"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert oct((folder / "node-0.log").stat().st_mode & 0o777) == "0o600"
+    mirror.close()
+    full = Mirror(Path("/dev/full/cannot"), console)  # a folder that cannot be made: every write fails
+    for _ in range(3):
+        full.write("node-0", b"line\n")
+    console.close()
+    assert out.getvalue().count("warning: cannot write the log copy") == 1
+    assert full.failed is not None
+    assert not os.path.exists("/dev/full/cannot")

@@ -1,0 +1,58 @@
+"""The root-cause choice and the report, as pure functions of how each node's part ended (no network)."""
+
+from __future__ import annotations
+
+from launcher.rootcause import NodeEnd, first_failure, headline, run_failed
+
+BLOCK = ("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-22_07:00:00",
+         "  rank      : 3 (local_rank: 1)", "  exitcode  : 7 (pid: 123)", "=" * 20)
+PEER_LOST = ("Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+             "  exitcode  : 1 (pid: 9)", "  error: Connection closed by peer", "=" * 20)
+
+
+def end(node: str, t: float, **kw) -> NodeEnd:
+    return NodeEnd(node, kw.pop("kind", "exited"), t, **kw)
+
+
+def test_the_first_failure_by_time_that_the_launcher_did_not_cause() -> None:
+    ends = [end("node-0", 5.0, exit_code=1, asked_to_stop=True), end("node-1", 3.0, exit_code=1, tail=BLOCK),
+            end("node-2", 4.0, exit_code=1)]
+    assert first_failure(ends).node == "node-1"
+
+
+def test_a_worker_that_only_lost_its_peer_is_not_the_cause_when_another_failed() -> None:
+    ends = [end("node-0", 1.0, exit_code=1, tail=PEER_LOST), end("node-1", 2.0, exit_code=1, tail=BLOCK)]
+    assert first_failure(ends).node == "node-1"
+
+
+def test_no_failure_no_cause_and_stopped_nodes_are_a_last_resort() -> None:
+    assert first_failure([end("node-0", 1.0, exit_code=0)]) is None
+    only_stopped = [end("node-0", 1.0, exit_code=143, asked_to_stop=True)]
+    assert first_failure(only_stopped).node == "node-0"
+
+
+def test_a_silent_node_and_a_heartbeat_timeout_are_named_as_such_not_as_exit_137() -> None:
+    silent = end("node-1", 1.0, kind="silent", silent_for=30.4)
+    assert headline(silent)[0] == "root cause: node-1 stopped answering (nothing for 30 s)"
+    self_stop = end("node-0", 1.0, exit_code=137, stop_reason="heartbeat-timeout")
+    assert self_stop.failed
+    assert "no heartbeat from the launcher" in headline(self_stop)[0] and "137" not in headline(self_stop)[0]
+    assert end("node-0", 1.0, exit_code=0, stop_reason="launcher-gone").failed
+
+
+def test_the_workers_own_exit_code_and_rank_from_torchruns_block() -> None:
+    sentence, code, rank = headline(end("node-1", 1.0, exit_code=1, tail=BLOCK))
+    assert (sentence, code, rank) == ("root cause: node-1, rank 3 (local rank 1), exit code 7", 7, 3)
+    assert headline(end("node-1", 1.0, exit_code=137))[:2] == ("root cause: node-1, exit code 137", 137)
+
+
+def test_the_report_carries_node_rank_exit_code_and_tail() -> None:
+    ends = [end("node-0", 2.0, exit_code=143, asked_to_stop=True), end("node-1", 1.0, exit_code=1, tail=BLOCK,
+                                                                        errors=("the agent said so",))]
+    failed = run_failed("20261122-000000-abcdef", ends, "logs: logs/x/")
+    assert (failed.node, failed.rank, failed.exit_code, failed.tail) == ("node-1", 3, 7, BLOCK)
+    text = str(failed).splitlines()
+    assert text[0] == "run 20261122-000000-abcdef FAILED"
+    assert text[1] == "root cause: node-1, rank 3 (local rank 1), exit code 7"
+    assert "  the agent said so" in text
+    assert "node-0: exit code 143 (stopped by the launcher)" in text and text[-1] == "logs: logs/x/"

@@ -1,0 +1,301 @@
+"""Supervision that nothing outside the run can break, each failure caused for real on sshd nodes.
+
+A console nobody reads, a torchrun or an agent killed with SIGKILL, a node whose sshd is SIGSTOPped, a full disk
+under the controller's log folder, a line without a newline, a pid reused by a stranger: each test asserts what a
+user would check (exit code, the sentence, every line in logs/, no process of the run left within grace + 2 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from helpers import REPO, inv, node_runs, run_processes
+
+pytestmark = pytest.mark.integration
+
+GRACE = 1.0
+
+
+def env_with(**config: object) -> dict[str, str]:
+    """The environment for `inv` with these invoke.yaml settings (INVOKE_LAUNCHER_*)."""
+    return {**os.environ, **{f"INVOKE_LAUNCHER_{k.upper()}": str(v) for k, v in config.items()}}
+
+
+def launch_background(inventory: Path, log_dir: Path, err: Path, stdout: int | None = None,
+                      **config: object) -> subprocess.Popen[bytes]:
+    """`inv launch` in its own session (signals reach it as from a terminal); stderr to a file."""
+    env = env_with(log_dir=log_dir, grace=GRACE, **config)
+    with open(err, "wb") as sink:
+        return subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory)], cwd=REPO,
+                                env=env, stdout=stdout if stdout is not None else sink, stderr=sink,
+                                start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"{what}: not within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+def the_run(box, node: int) -> Path:
+    """The one run directory of sandbox node `node` (each test uses a fresh sandbox)."""
+    wait_for(lambda: node_runs(box, node).exists() and any(node_runs(box, node).iterdir()), 60, "a run directory")
+    run = next(node_runs(box, node).iterdir())
+    return run / f"node-{node}"
+
+
+def leader_pid(run_dir: Path) -> int:
+    wait_for(lambda: (run_dir / "leader").exists(), 60, "torchrun started")
+    return int((run_dir / "leader").read_text().split()[0])
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def sshd_family(listener: int) -> list[int]:
+    """The node's sshd listener and every sshd process under it (not the agent or torchrun they serve)."""
+    family, todo = [], [listener]
+    while todo:
+        pid = todo.pop()
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                family.append(pid)
+                todo += children(pid)
+        except OSError:
+            continue
+    return family
+
+
+def gone_within(run_id: str, seconds: float) -> None:
+    """No process of the run is left on any node within `seconds` (from now)."""
+    wait_for(lambda: not run_processes(run_id), seconds, f"processes of run {run_id} left: {run_processes(run_id)}")
+
+
+def run_id_of_box(box) -> str:
+    return the_run(box, 0).parent.name
+
+
+@pytest.fixture
+def sleeper_box(make_sandbox):
+    return make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+
+
+def test_a_console_nobody_reads_never_stops_a_healthy_run(make_sandbox, tmp_path: Path) -> None:
+    # 2 nodes x 300 lines of 200 characters at 25 lines/s: 12 s of output, far more than a pipe holds.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["300", "25", "200"])
+    proc = launch_background(box.inventory, tmp_path / "logs", tmp_path / "err", stdout=subprocess.PIPE,
+                             heartbeat_timeout=3, silence_timeout=3, console_buffer=50)
+    try:
+        run_dirs = [the_run(box, i) for i in range(2)]
+        # Nobody reads the launcher's stdout for the whole run (4x the heartbeat timeout): the run goes on.
+        wait_for(lambda: all((d / "exit_code").exists() for d in run_dirs), 60, "the run's end on both nodes")
+        assert [(d / "exit_code").read_text() for d in run_dirs] == ["0", "0"]
+        assert not any((d / "stop_requested").exists() for d in run_dirs)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert proc.returncode == 0, err
+    run_id = run_dirs[0].parent.name
+    for node in ("node-0", "node-1"):
+        mirrored = (tmp_path / "logs" / run_id / f"{node}.log").read_text().splitlines()
+        assert sum(1 for line in mirrored if " line " in f" {line}" or "]:line " in line) == 300, node
+    assert "console: skipped" in err and f"every line is in {tmp_path / 'logs' / run_id}/" in err, err
+    assert out.count(b"| line ") < 600  # the console really skipped some
+
+
+def test_kill_9_of_a_torchrun_leaves_no_worker(sleeper_box, tmp_path: Path) -> None:
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err")
+    try:
+        node1 = the_run(sleeper_box, 1)
+        torchrun = leader_pid(node1)
+        run_id = node1.parent.name
+        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+        os.kill(torchrun, signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        gone_within(run_id, GRACE + 2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 137, err
+    assert "root cause: node-1, exit code 137" in err, err
+    assert (node1 / "exit_code").read_text() == "137"
+
+
+def test_kill_9_of_an_agent_leaves_nothing(sleeper_box, tmp_path: Path) -> None:
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err")
+    try:
+        node1 = the_run(sleeper_box, 1)
+        agent = parent(leader_pid(node1))
+        run_id = node1.parent.name
+        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+        os.kill(agent, signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        gone_within(run_id, GRACE + 2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 1, err
+    assert "root cause: node-1: the launcher's agent on the node died" in err, err
+
+
+def test_a_killed_launcher_leaves_nothing_within_grace(sleeper_box, tmp_path: Path) -> None:
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err")
+    run_id = run_id_of_box(sleeper_box)
+    wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone_within(run_id, GRACE + 2)
+
+
+def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_path: Path) -> None:
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err",
+                             heartbeat_timeout=4, silence_timeout=4)
+    stopped: list[int] = []
+    try:
+        run_id = run_id_of_box(sleeper_box)
+        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+        stopped = sshd_family(sleeper_box.nodes[1].pid)
+        assert len(stopped) >= 2  # the listener and the session of our connection
+        t0 = time.monotonic()
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - t0
+        gone_within(run_id, GRACE + 2)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 1, err
+    assert "root cause: node-1 stopped answering (nothing for 4 s)" in err, err
+    assert took < 4 + GRACE + 5, err  # the silence timeout, then the others' stop
+
+
+def test_ctrl_c_returns_in_time_when_a_node_is_dead(sleeper_box, tmp_path: Path) -> None:
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err",
+                             heartbeat_timeout=60, silence_timeout=60)
+    stopped: list[int] = []
+    try:
+        run_id = run_id_of_box(sleeper_box)
+        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+        stopped = sshd_family(sleeper_box.nodes[1].pid)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 130, err
+    assert took < GRACE + 5 + 3, err  # grace, the stop margin, a few seconds
+    assert "no confirmation from node-1" in err, err
+    # node-1's agent hears nothing more (its sshd was stopped) and stops its part after its heartbeat timeout;
+    # with sshd running again it gets EOF at once and does so now.
+    gone_within(run_id, 60)
+
+
+def test_a_full_disk_under_the_log_folder_costs_one_warning(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["400", "400", "200"])
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(full)], check=True)
+    try:
+        result = inv("launch", "--hosts", str(box.inventory), log_dir=full / "logs", timeout=120)
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warning: cannot write the log copy") == 1, result.stderr
+    assert "No space left on device" in result.stderr
+    assert result.stdout.count("| line ") == 800  # every line still on the console
+    for i in range(2):  # and every node's own log is complete
+        assert (the_run(box, i) / "log").read_text().count("line ") == 400
+
+
+def test_a_16_mib_line_without_newline_is_cut_and_mirrored_whole(make_sandbox, tmp_path: Path) -> None:
+    size = 16 * 1024 * 1024
+    box = make_sandbox(1, master_port=free_port(), script="tests/scripts/chatty.py",
+                       script_args=["--no-newline", str(size)])
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert result.returncode == 0, result.stderr
+    run_id = run_id_of_box(box)
+    mirrored = (tmp_path / "logs" / run_id / "node-0.log").read_bytes()
+    assert mirrored.count(b"x") == size
+    pieces = [line for line in result.stdout.splitlines() if line.startswith("node-0")]
+    assert sum(line.count("x") for line in pieces) == size
+    assert max(len(line) for line in pieces) < 70_000
+    assert sum("[line cut: no newline within 65536 bytes]" in line for line in pieces) == size // 65536
+
+
+def test_inv_stop_spares_a_stranger_with_the_recorded_pid(sleeper_box, tmp_path: Path) -> None:
+    # A run that ended long ago, whose recorded torchrun pid (and group) now belongs to an unrelated process.
+    stranger = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    run_id = "20200101-000000-abcdef"
+    run_dir = node_runs(sleeper_box, 0) / run_id / "node-0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "pgid").write_text(str(stranger.pid))
+    (run_dir / "leader").write_text(f"{stranger.pid} 1")  # the start time of the process that was recorded
+    (run_dir / "log").write_text("")
+    try:
+        result = inv("stop", "--hosts", str(sleeper_box.inventory), "--run", run_id, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        time.sleep(0.5)
+        assert stranger.poll() is None, "inv stop signalled a process that is not the run's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_heartbeat_timeout_is_reported_as_what_it_is(sleeper_box, tmp_path: Path) -> None:
+    """A launcher frozen longer than the heartbeat timeout: the report names the timeout, not `exit code 137`."""
+    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err",
+                             heartbeat_timeout=2, silence_timeout=60)
+    try:
+        run_id = run_id_of_box(sleeper_box)
+        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
+        os.killpg(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: not run_processes(run_id), 30, "the nodes stopping their parts")
+        os.killpg(proc.pid, signal.SIGCONT)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 1, err
+    assert "stopped its part by itself: no heartbeat from the launcher in time" in err, err
+    assert "exit code 137" not in err
