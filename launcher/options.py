@@ -90,7 +90,7 @@ def number(name: str, value: Any, source: str) -> float | int:
     kind, minimum, inclusive = _NUMBERS[name]
     shown = str(value)[:40]
     what = "a whole number" if kind is int else "a number of seconds"
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
         raise LauncherError(f"{source} must be {what}, got {shown!r}")
     try:
         result = kind(value)

@@ -299,3 +299,18 @@ def test_a_heartbeat_timeout_is_reported_as_what_it_is(sleeper_box, tmp_path: Pa
     assert code == 1, err
     assert "stopped its part by itself: no heartbeat from the launcher in time" in err, err
     assert "exit code 137" not in err
+
+
+def test_logs_follow_on_a_lost_run_ends_and_says_so(sleeper_box, tmp_path: Path) -> None:
+    # A run whose keeper was killed: no exit code will ever come, and no process of it is alive.
+    run_id = "20200101-000000-0123ab"
+    run_dir = node_runs(sleeper_box, 0) / run_id / "node-0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "log").write_text("[default0]:tick 0 rank 0\n")
+    t0 = time.monotonic()
+    result = inv("logs", "--hosts", str(sleeper_box.inventory), "--run", run_id, "--node", "node-0", "--follow",
+                 timeout=60)
+    assert time.monotonic() - t0 < 20
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node-0 r0  | tick 0 rank 0" in result.stdout
+    assert "lost" in result.stderr, result.stderr

@@ -1,0 +1,31 @@
+"""The one home of defaults: numbers checked where they arrive, limits that follow the grace period."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import LauncherError
+from launcher.options import Options, from_config, heartbeat_interval
+
+
+def test_a_long_grace_period_never_outlives_the_action_limit() -> None:
+    # A stop with grace G takes up to G seconds on the node: the controller must wait longer than that.
+    for grace in (0.0, 10.0, 43.0, 300.0):
+        assert Options(grace=grace).action_timeout > grace + 5
+
+
+def test_heartbeats_come_several_times_per_timeout() -> None:
+    assert heartbeat_interval(30.0) == 5.0
+    assert heartbeat_interval(2.0) == 0.5
+
+
+@pytest.mark.parametrize(("key", "value", "sentence"), [
+    ("grace", "nan", "invoke.yaml: launcher.grace must be a finite number of seconds, got 'nan'"),
+    ("silence_timeout", 0, "invoke.yaml: launcher.silence_timeout must be more than 0, got '0'"),
+    ("console_buffer", 1.5, "invoke.yaml: launcher.console_buffer must be a whole number, got '1.5'"),
+    ("grace", True, "invoke.yaml: launcher.grace must be a number of seconds, got 'True'"),
+])
+def test_config_values_are_checked_naming_their_key(key: str, value: object, sentence: str) -> None:
+    with pytest.raises(LauncherError) as caught:
+        from_config({key: value}, {})
+    assert str(caught.value) == sentence
