@@ -1,6 +1,6 @@
 """Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
 
-    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu]
+    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures]
 
 Figures (each the median of >= 3 runs, with min and max; baselines measured in the same run, interleaved):
   fanout  a light command on N nodes: the launcher (a fresh process, imports included) vs (a) the ssh loop
@@ -11,6 +11,9 @@ Figures (each the median of >= 3 runs, with min and max; baselines measured in t
           remote processes stay (the bench then kills them by their mark)
   logs    1,000,000 lines from a 2-node job through `inv launch` vs the same job writing to a local file
   cpu     the launcher's own CPU seconds and peak memory at N = 16 (from the fan-out runs)
+  failures  a 2-node sleeper run broken five ways (worker crash, kill -9 of a torchrun, of an agent, of the
+          launcher; a node's sshd SIGSTOPped), grace 1 s, timeouts 4 s: time until no process of the run is left,
+          the launcher's exit code and time, processes left after 60 s (3 runs each; --quick: 1)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, 3 runs each, fewer diagnostics (~4-5 minutes
 on 2 busy cores); the whole run takes ~12 minutes. Prints a table, writes bench/results/latest.json and
 bench/results/latest.md (with --only: bench/results/only-<figures>.json/.md, so the full table stays).
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, RESULTS, log, machine, remove_run_dirs
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -47,6 +50,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "doctor": {"sizes": [2, 4, 8, 16], "repeat": 3},
         "stop": {"repeat": 3, "baselines_every_run": True},
         "logs": {"repeat": 3, "diagnostics": True},
+        "failures": {"repeat": 3},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": 3},
@@ -54,6 +58,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "doctor": {"sizes": [4, 8], "repeat": 3},
         "stop": {"repeat": 3, "baselines_every_run": False},
         "logs": {"repeat": 3, "diagnostics": False},
+        "failures": {"repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -161,7 +166,33 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                     f"{cell(cpu['launcher_cpu_s'], 'CPU s')}; peak RSS {cell(cpu['launcher_peak_rss_mb'], 'MB', 0)}",
                     f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')} (bash + {cpu['nodes']} ssh clients)",
                     "", "", "(figure only)", "–"])
+    failure_rows(out, results.get("failures"))
     return out
+
+
+def failure_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """One row per failure mode: time until nothing of the run is left, the launcher's exit, what stayed."""
+    if not fig:
+        return
+    n = str(fig["nodes"])
+    for s in fig["modes"].values():
+        codes = ",".join("none" if c is None else str(c) for c in s["codes"])
+        if s["launcher_survives"]:
+            exit_part = f"launcher exit {codes} at {cell(s['launcher_exit'])}"
+            if s["launcher_not_exited"]:
+                exit_part += f" ({s['launcher_not_exited']} still running after {fig['cap_s']:.0f} s)"
+        else:
+            exit_part = f"launcher killed ({codes})"
+        left = f"{s['left_total']} left" + (f", {s['timeouts']} over {fig['cap_s']:.0f} s" if s["timeouts"] else "")
+        out.append([f"failure: {s['label']}", n, f"all gone {cell(s['gone'])}; {exit_part}; {left}", "", "",
+                    f"gone − exit {cell(s['gone_after_exit'])}" if s["gone_after_exit"]["median"] is not None
+                    else "", s["target"], verdict(s["ok"])])
+    failed = fig.get("start_failures") or []
+    if failed:
+        first = " ".join(failed[0]["error"].split())[:160]
+        out.append(["failure: runs that did not come up", n,
+                    f"{len(failed)} ({', '.join(sorted({f['way'] for f in failed}))}), retried; first: {first}",
+                    "", "", "", "0 expected", "MISSED"])
 
 
 HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(d) floor: local, no SSH", "ratio", "target",
@@ -225,6 +256,7 @@ def main() -> int:
     log(f"{command}: {', '.join(todo)}; scratch in {root}")
     try:
         import doctor_fig
+        import failures
         import fanout
         import job
         import logs_fig
@@ -251,6 +283,8 @@ def main() -> int:
                     results["stop"] = stop.run(conf["repeat"], root, conf["baselines_every_run"])
                 elif name == "logs":
                     results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
+                elif name == "failures":
+                    results["failures"] = failures.run(conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
