@@ -40,10 +40,7 @@ def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
 def launch(hosts: str, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
            doctor: bool = True, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
-    try:
-        plan = plan_launch(cluster, _job(cluster, script, args))
-    except ValueError as exc:
-        raise LauncherError(f"{cluster.source}: {exc}") from None
+    plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     opts = opts or runs.Options()
     if dry_run:
         opts.out.write(plan.describe() + "\n")

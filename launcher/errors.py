@@ -22,6 +22,15 @@ class InventoryError(LauncherError):
         super().__init__(f"{where}: {what}{message}")
 
 
+class PlanError(LauncherError, ValueError):
+    """The inventory and the job cannot make a plan (no job, a script torchrun would read as an option)."""
+
+    def __init__(self, source: str, message: str):
+        self.source = source
+        self.reason = message
+        super().__init__(f"{source}: {message}")
+
+
 class ConnectError(LauncherError):
     """One or more nodes could not be reached; carries one failure per node."""
 

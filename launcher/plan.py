@@ -11,6 +11,7 @@ import secrets
 import shlex
 from dataclasses import dataclass
 
+from launcher.errors import PlanError
 from launcher.inventory import Cluster, EnvVar, Host, Job
 
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
@@ -139,9 +140,10 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
     """Plan a run of `job` (default: the inventory's) on every node of `cluster`."""
     job = job or cluster.job
     if job is None:
-        raise ValueError("no job: give a script, or a `job:` entry in the inventory")
+        raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
     if job.script.startswith("-"):
-        raise ValueError(f"the script {job.script!r} starts with '-': torchrun would read it as an option")
+        raise PlanError(cluster.source, f"the script {job.script[:60]!r} starts with '-': torchrun would read it as "
+                        f"an option")
     run_id = run_id or new_run_id()
     offsets = rank_offsets(cluster)
     nodes = []
