@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -32,6 +33,18 @@ def inv_background(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[byt
     with open(out, "wb") as sink:
         return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, what: str = "condition", interval: float = 0.1) -> float:
+    """Seconds until predicate() held; fails the test after `timeout`, saying what was awaited."""
+    import pytest
+
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"{what}: not met within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - t0
 
 
 def run_id_of(output: str) -> str:

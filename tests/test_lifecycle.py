@@ -12,19 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import free_port
-from helpers import inv, inv_background, run_id_of, run_processes
+from helpers import inv, inv_background, run_id_of, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.1) -> float:
-    """Seconds until predicate() held; fails the test after `timeout`."""
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
-    return time.monotonic() - t0
 
 
 def started_run(out: Path, workers: int, timeout: float = 60) -> str:

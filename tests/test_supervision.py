@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from helpers import REPO, inv, node_runs, run_processes
+from helpers import REPO, inv, node_runs, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +36,6 @@ def launch_background(inventory: Path, log_dir: Path, err: Path, stdout: int | N
         return subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory)], cwd=REPO,
                                 env=env, stdout=stdout if stdout is not None else sink, stderr=sink,
                                 start_new_session=True)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"{what}: not within {timeout}s")
-        time.sleep(interval)
-    return time.monotonic() - t0
 
 
 def the_run(box, node: int) -> Path:
@@ -129,41 +120,30 @@ def test_a_console_nobody_reads_never_stops_a_healthy_run(make_sandbox, tmp_path
     assert out.count(b"| line ") < 600  # the console really skipped some
 
 
-def test_kill_9_of_a_torchrun_leaves_no_worker(sleeper_box, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("victim", "exit_code", "cause"), [
+    ("torchrun", 137, "root cause: node-1, exit code 137"),
+    ("agent", 1, "root cause: node-1: the launcher's agent on the node died"),
+])
+def test_kill_9_on_a_node_leaves_no_process(sleeper_box, tmp_path: Path, victim: str, exit_code: int,
+                                            cause: str) -> None:
+    """kill -9 of node-1's torchrun (its workers live on in sessions of their own) or of its agent."""
     proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err")
     try:
         node1 = the_run(sleeper_box, 1)
         torchrun = leader_pid(node1)
         run_id = node1.parent.name
         wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
-        os.kill(torchrun, signal.SIGKILL)
+        os.kill(torchrun if victim == "torchrun" else parent(torchrun), signal.SIGKILL)
         code = proc.wait(timeout=60)
         gone_within(run_id, GRACE + 2)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     err = (tmp_path / "err").read_text()
-    assert code == 137, err
-    assert "root cause: node-1, exit code 137" in err, err
-    assert (node1 / "exit_code").read_text() == "137"
-
-
-def test_kill_9_of_an_agent_leaves_nothing(sleeper_box, tmp_path: Path) -> None:
-    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err")
-    try:
-        node1 = the_run(sleeper_box, 1)
-        agent = parent(leader_pid(node1))
-        run_id = node1.parent.name
-        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
-        os.kill(agent, signal.SIGKILL)
-        code = proc.wait(timeout=60)
-        gone_within(run_id, GRACE + 2)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    err = (tmp_path / "err").read_text()
-    assert code == 1, err
-    assert "root cause: node-1: the launcher's agent on the node died" in err, err
+    assert code == exit_code, err
+    assert cause in err, err
+    if victim == "torchrun":
+        assert (node1 / "exit_code").read_text() == "137"
 
 
 def test_a_killed_launcher_leaves_nothing_within_grace(sleeper_box, tmp_path: Path) -> None:
