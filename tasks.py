@@ -11,6 +11,7 @@ from typing import Any
 from invoke import Collection, Context, Exit, task
 
 from launcher import cli, options, runs
+from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.inventory import DEFAULT_MASTER_PORT
 
@@ -72,7 +73,7 @@ def _hosts(c: Context, hosts: str | None) -> str:
     "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
     "dry-run": "print each node's exact command and why each flag is there; start nothing",
     "detach": "start the run and return; use status, logs and stop on it later",
-    "skip-doctor": "start without the doctor's fast checks (versions, DNS, port, script) on every node",
+    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
     "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
@@ -89,7 +90,7 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
 
 
 @task(help={"hosts": HOSTS_HELP, "json": "print the findings as JSON (for scripts)",
-            "fast": "only the checks launch runs first (ssh, python, torch, dns, hostname, port, tcp, script)",
+            "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
             "connect-timeout": "seconds to wait for each node's SSH connection"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None):

@@ -57,7 +57,8 @@ def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]
         t0 = time.monotonic()
         doctor_checks.preflight(cluster, nodes, timeout=opts.connect_timeout)
         opts.err.write(f"checked {len(doctor_checks.FAST_CHECKS)} things on {len(nodes)} node(s) in "
-                       f"{time.monotonic() - t0:.1f}s: versions, DNS, port, script all agree (--skip-doctor skips)\n")
+                       f"{time.monotonic() - t0:.1f}s: {', '.join(doctor_checks.FAST_CHECKS)} all passed "
+                       "(--skip-doctor skips)\n")
 
     return check
 

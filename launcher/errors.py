@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.doctor.evidence import Report
+
 
 class LauncherError(Exception):
     """Base of every error the launcher reports to a user (one clear message, no traceback)."""
@@ -71,3 +76,19 @@ class RunFailed(LauncherError):
         self.tail = tail
         """The last lines of that node's output."""
         super().__init__(message)
+
+
+class DoctorFailed(LauncherError):
+    """The doctor's fast checks failed before a launch; nothing was started. Carries the report."""
+
+    exit_code = 1
+
+    def __init__(self, report: Report):
+        self.report = report
+        lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
+        for f in report.failures:
+            lines.append(f"  {f.host} {f.check}: {f.detail}")
+            if f.fix:
+                lines.append(f"    fix: {f.fix}")
+        lines.append("run `inv doctor` for the full report")
+        super().__init__("\n".join(lines))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -23,9 +24,10 @@ import yaml
 from conftest import free_port
 from rich.console import Console
 
-from launcher import doctor, remote, sandbox, transport
-from launcher.doctor import DoctorFailed, Evidence, Finding, ProbeFailed
-from launcher.errors import LauncherError, NodeFailure
+from launcher import cli, doctor, remote, runs, sandbox, transport
+from launcher.doctor import Evidence, Finding, ProbeFailed
+from launcher.doctor import checks as checks_module
+from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.inventory import Cluster, load_inventory, parse_inventory
 from launcher.sandbox import Sandbox
 
@@ -111,6 +113,33 @@ def test_fast_mode_runs_only_the_checks_that_matter_for_starting() -> None:
     assert {f.check for f in problems(ev, "all")} == {"disk", "packages"}
     with pytest.raises(ValueError, match="'all' or 'fast'"):
         doctor.evaluate(ev, "quick")
+
+
+def test_each_check_is_registered_once_in_column_order_and_fast_ones_are_marked() -> None:
+    assert doctor.CHECKS == ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script",
+                             "gpus", "packages", "disk", "clock", "iface")
+    assert doctor.FAST_CHECKS == ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script")
+    assert doctor.selected_checks("all") == doctor.CHECKS and doctor.selected_checks("fast") == doctor.FAST_CHECKS
+    with pytest.raises(ValueError, match="'dns' is registered twice"):
+        doctor.check("dns")(lambda ev: [])
+    assert doctor.CHECKS == checks_module.CHECKS  # the refused registration left the registry as it was
+    ev = evidence(node_1=ProbeFailed(127, "no python"), node_2=NodeFailure("node-2", "refused", "refused", "fix"))
+    for name in doctor.CHECKS:  # each function's findings carry the name it was registered under
+        assert {f.check for f in getattr(checks_module, f"check_{name}")(evidence())} == {name}
+        assert {f.check for f in getattr(checks_module, f"check_{name}")(ev)} <= {name}
+
+
+def test_task_help_and_preflight_line_name_the_registered_fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tasks
+
+    names = ", ".join(doctor.FAST_CHECKS)
+    assert f"({names})" in tasks.doctor.help["fast"] and f"({names})" in tasks.launch.help["skip-doctor"]
+    monkeypatch.setattr(cli.doctor_checks, "preflight", lambda cluster, nodes, timeout: None)
+    err = io.StringIO()
+    cli._preflight(runs.Options(err=err))(make_cluster(), {})
+    line = err.getvalue()
+    assert line.startswith(f"checked {len(doctor.FAST_CHECKS)} things on 0 node(s) in ")
+    assert line.endswith(f"s: {names} all passed (--skip-doctor skips)\n")
 
 
 @pytest.mark.parametrize(("kind", "detail", "fix"), [
@@ -353,6 +382,25 @@ def test_render_table_marks_each_check_and_lists_each_fix() -> None:
     assert "1 failure(s), 1 warning(s)" in text
 
 
+def test_render_table_prints_names_details_and_fixes_as_plain_text_not_markup() -> None:
+    odd = "x[/]y"
+    report = doctor.Report(
+        source="hosts/[bold]odd[/].yaml", hosts=("node-0", odd), checks=("ssh", "dns"),
+        findings=(Finding("node-0", "ssh", "ok", "connected"),
+                  Finding(odd, "ssh", "fail", "refused: [/] and [red]x[/red]", "fix [/] it [link=x]"),
+                  Finding(odd, "dns", "warn", "[/]")),
+        probes={"node-0": None, odd: None}, timings={"total_s": 0.5})
+    console = Console(record=True, width=200, color_system=None)
+    doctor.render_table(report, console)
+    text = console.export_text()
+    assert "".join(text.split()).startswith("doctor:2node(s)fromhosts/[bold]odd[/].yaml")  # wrapped to the table
+    rows = [line.split()[1::2] for line in text.splitlines() if line.startswith("│ ")]
+    assert rows == [["node-0", "✓", "·"], [odd, "✗", "!"]]
+    assert "✗ x[/]y ssh: refused: [/] and [red]x[/red]\n    fix: fix [/] it [link=x]\n" in text
+    assert "! x[/]y dns: [/]\n" in text
+    assert "1 failure(s), 1 warning(s) in 0.5 s" in text
+
+
 def test_report_json_holds_the_same_findings() -> None:
     report = _report(evidence(node_2=NodeFailure("node-2", "refused", "connection refused", "start sshd")))
     data = json.loads(doctor.report_json(report))
@@ -367,6 +415,7 @@ def test_doctor_failed_lists_failures_and_fixes() -> None:
     blind["resolve"]["node-0"] = {"error": "gai error -2: Name or service not known"}
     error = DoctorFailed(_report(evidence(node_1=blind), "fast"))
     assert isinstance(error, LauncherError) and error.exit_code == 1
+    assert doctor.DoctorFailed is DoctorFailed  # it lives in launcher.errors, still importable from the doctor
     text = str(error)
     assert text.startswith("the doctor found 1 problem(s); nothing was started:")
     assert '    fix: add "10.0.0.1 node-0" to /etc/hosts on node-1' in text

@@ -1,88 +1,46 @@
-"""The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
-
-Pure checks first (probe results -> `Finding`s, tested with canned data), then the I/O (`run_doctor`: connect,
-probe all nodes in parallel, evaluate), then the output (`render_table`, `report_json`) and the launch path's
-`preflight`. The probe itself is `launcher/probe.py`, a stdlib-only script sent over each node's connection.
-"""
+"""The doctor's checks: pure functions from the probes' `Evidence` to `Finding`s, each registered once by name."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import secrets
 import shlex
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from launcher.errors import LauncherError, NodeFailure
+from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
+from launcher.errors import NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.remote import program_input, python_command
-from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
-Status = Literal["ok", "warn", "fail"]
-CheckMode = Literal["all", "fast"]
-
-PROBE_SOURCE = Path(__file__).with_name("probe.py").read_text(encoding="utf-8")
-
-CHECKS = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script",
-          "gpus", "packages", "disk", "clock", "iface")
-FAST_CHECKS = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script")
-"""What matters for starting a run: `launch` checks these before it starts anything."""
 MIN_DISK_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 5.0
-LISTEN_WINDOW_S = 3.0
-"""How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
-_RANK = {"ok": 0, "warn": 1, "fail": 2}
+
+CheckFunction = Callable[[Evidence], list[Finding]]
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One check's verdict on one node."""
+class Check:
+    """A registered check: its name (a column of the table), whether `launch` runs it first, and its function."""
 
-    host: str
-    check: str
-    """One of CHECKS."""
-    status: Status
-    detail: str
-    """What was found, in a line."""
-    fix: str = ""
-    """What to do about it (empty when ok)."""
+    name: str
+    fast: bool
+    run: CheckFunction
 
 
-@dataclass(frozen=True)
-class ProbeFailed:
-    """The probe ran on the node but gave no answer: its exit code and the tail of its output."""
-
-    exit_code: int
-    """-1 when it did not finish in time."""
-    stderr: str = ""
-    stdout: str = ""
+_REGISTRY: dict[str, Check] = {}
+"""Name -> check, in registration order: the order of the definitions below is the order of the table's columns."""
 
 
-Outcome = dict[str, Any] | NodeFailure | ProbeFailed
-"""Per node: the probe's JSON answer, why SSH failed, or why the probe failed."""
+def check(name: str, *, fast: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+    """Register the decorated function as the check `name`; `fast` puts it in the launch's preflight."""
 
+    def register(function: CheckFunction) -> CheckFunction:
+        if name in _REGISTRY:
+            raise ValueError(f"the doctor check {name!r} is registered twice")
+        _REGISTRY[name] = Check(name, fast, function)
+        return function
 
-@dataclass(frozen=True)
-class Evidence:
-    """Everything the pure checks look at."""
-
-    cluster: Cluster
-    outcomes: Mapping[str, Outcome]
-    """Host name -> outcome, for every host of the cluster."""
-    listener: Mapping[str, Any] | None = None
-    """The master's listen-mode answer ({"free": ...}), {"failed": why}, or None when none was started."""
-    clock: tuple[float, float] | None = None
-    """The controller's time.time() just before the probes were sent and just after the last answer."""
-    probe_timeout: float | None = None
-    """How long each probe had (for the message of one that ran out of it)."""
+    return register
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -138,7 +96,9 @@ def requested_names(cluster: Cluster) -> list[str]:
 # The checks: each a pure function of the evidence.
 
 
+@check("ssh", fast=True)
 def check_ssh(ev: Evidence) -> list[Finding]:
+    """Each node's SSH connection: its typed failure and fix, or connected."""
     out = []
     for host in ev.cluster.hosts:
         outcome = ev.outcomes.get(host.name)
@@ -166,7 +126,9 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
                    f"run `ssh {host.name} {shlex.quote(python)} -V`: the probe needs Python 3.8 or newer")
 
 
+@check("python", fast=True)
 def check_python(ev: Evidence) -> list[Finding]:
+    """The probe ran (else why not), and every node's Python matches the majority's version."""
     out = []
     for host in ev.cluster.hosts:
         outcome = ev.outcomes.get(host.name)
@@ -195,7 +157,9 @@ def check_python(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("torch", fast=True)
 def check_torch(ev: Evidence) -> list[Finding]:
+    """torch is installed everywhere, at the same version, CUDA build and NCCL."""
     probes = _probes(ev)
     out = []
     have = {h: p["torch"]["version"] for h, p in probes.items() if p["torch"].get("version")}
@@ -260,7 +224,9 @@ def _consensus(ev: Evidence, name: str, views: Mapping[str, list[str]]) -> tuple
     return chosen, first
 
 
+@check("dns", fast=True)
 def check_dns(ev: Evidence) -> list[Finding]:
+    """Every node resolves master_addr and every peer's addr, to the addresses its peers agree on."""
     problems: dict[str, list[Finding]] = {h: [] for h in _probes(ev)}
     names = requested_names(ev.cluster)
     for name in names:
@@ -292,6 +258,7 @@ def _loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr == "::1"
 
 
+@check("hostname", fast=True)
 def check_hostname(ev: Evidence) -> list[Finding]:
     """The 127.0.1.1 trap: a node's own hostname resolves, on it, to an address its peers don't use for it."""
     out = []
@@ -333,7 +300,9 @@ def check_hostname(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("port", fast=True)
 def check_port(ev: Evidence) -> list[Finding]:
+    """master_port is free on the master (its listen-mode probe could bind it)."""
     master = _master(ev)
     port = ev.cluster.rendezvous.master_port
     listener = ev.listener
@@ -355,7 +324,9 @@ def check_port(ev: Evidence) -> list[Finding]:
                     f"{stop} on {master.name}, or set rendezvous.master_port to a free port")]
 
 
+@check("tcp", fast=True)
 def check_tcp(ev: Evidence) -> list[Finding]:
+    """Every node opened a TCP connection to master_addr:master_port and reached our listener."""
     listener = ev.listener
     if not listener or not listener.get("free"):
         return []  # no listener of ours was up: the port finding says why
@@ -387,7 +358,9 @@ def check_tcp(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("script", fast=True)
 def check_script(ev: Evidence) -> list[Finding]:
+    """The job's script exists on every node, with the same sha256."""
     job = ev.cluster.job
     if job is None:
         return []
@@ -415,7 +388,9 @@ def check_script(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("gpus")
 def check_gpus(ev: Evidence) -> list[Finding]:
+    """Enough visible GPUs for nproc_per_node, and none busy."""
     out = []
     for host in ev.cluster.hosts:
         gpus = (_probes(ev).get(host.name) or {}).get("gpus")
@@ -455,7 +430,9 @@ def _package_diff(mine: list[str], theirs: list[str], limit: int = 5) -> tuple[i
     return len(words), shown
 
 
+@check("packages")
 def check_packages(ev: Evidence) -> list[Finding]:
+    """The same installed distributions everywhere (a warning: differences may not matter)."""
     probes = {h: p["packages"] for h, p in _probes(ev).items() if p.get("packages")}
     if not probes:
         return []
@@ -472,7 +449,9 @@ def check_packages(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("disk")
 def check_disk(ev: Evidence) -> list[Finding]:
+    """At least 1 GiB free in each node's workdir."""
     out = []
     for h, p in _probes(ev).items():
         free = p.get("disk_free")
@@ -487,7 +466,9 @@ def check_disk(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("clock")
 def check_clock(ev: Evidence) -> list[Finding]:
+    """Each node's clock within MAX_CLOCK_SKEW_S of the controller's."""
     if ev.clock is None:
         return []
     sent, received = ev.clock
@@ -507,7 +488,9 @@ def check_clock(ev: Evidence) -> list[Finding]:
     return out
 
 
+@check("iface")
 def check_iface(ev: Evidence) -> list[Finding]:
+    """The interface and address each node would use toward master_addr."""
     out = []
     master_addr = ev.cluster.rendezvous.master_addr
     for h, p in _probes(ev).items():
@@ -525,14 +508,14 @@ def check_iface(ev: Evidence) -> list[Finding]:
     return out
 
 
-CHECK_FUNCTIONS: dict[str, Callable[[Evidence], list[Finding]]] = {
-    "ssh": check_ssh, "python": check_python, "torch": check_torch, "dns": check_dns, "hostname": check_hostname,
-    "port": check_port, "tcp": check_tcp, "script": check_script, "gpus": check_gpus, "packages": check_packages,
-    "disk": check_disk, "clock": check_clock, "iface": check_iface,
-}
+CHECKS: tuple[str, ...] = tuple(_REGISTRY)
+"""Every check, in column order."""
+FAST_CHECKS: tuple[str, ...] = tuple(name for name, c in _REGISTRY.items() if c.fast)
+"""What matters for starting a run: `launch` checks these before it starts anything."""
 
 
 def selected_checks(checks: str) -> tuple[str, ...]:
+    """The names of the checks a mode runs: "all" or "fast"."""
     if checks == "all":
         return CHECKS
     if checks == "fast":
@@ -543,242 +526,6 @@ def selected_checks(checks: str) -> tuple[str, ...]:
 def evaluate(ev: Evidence, checks: str = "all") -> list[Finding]:
     """Run the selected checks; findings in inventory order, then check order."""
     names = selected_checks(checks)
-    findings = [f for name in names for f in CHECK_FUNCTIONS[name](ev)]
+    findings = [f for name in names for f in _REGISTRY[name].run(ev)]
     order = {h.name: i for i, h in enumerate(ev.cluster.hosts)}
     return sorted(findings, key=lambda f: (order.get(f.host, len(order)), names.index(f.check)))
-
-
-# --------------------------------------------------------------------------------------------------------
-# I/O: connect, probe every node in parallel, evaluate.
-
-
-@dataclass(frozen=True)
-class Report:
-    """What the doctor found: the findings, each node's probe data, and how long it took."""
-
-    source: str
-    """The inventory file."""
-    hosts: tuple[str, ...]
-    checks: tuple[str, ...]
-    """The checks that were run, in column order."""
-    findings: tuple[Finding, ...]
-    probes: Mapping[str, dict[str, Any] | None]
-    """Host -> the probe's answer (None when there is none; `errors` says why)."""
-    errors: Mapping[str, str] = field(default_factory=dict)
-    listener: Mapping[str, Any] | None = None
-    timings: Mapping[str, float] = field(default_factory=dict)
-    """connect_s, probe_s, total_s (seconds, on the controller)."""
-
-    @property
-    def ok(self) -> bool:
-        """No check failed (warnings allowed)."""
-        return not self.failures
-
-    @property
-    def failures(self) -> list[Finding]:
-        return [f for f in self.findings if f.status == "fail"]
-
-    @property
-    def problems(self) -> list[Finding]:
-        """Failures and warnings, in order."""
-        return [f for f in self.findings if f.status != "ok"]
-
-
-probe_command = python_command
-
-
-def probe_input(request: Mapping[str, Any]) -> bytes:
-    """The probe's source and its request, for its stdin."""
-    return program_input(PROBE_SOURCE, request)
-
-
-def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What one node's probe is asked (pure)."""
-    rdzv = cluster.rendezvous
-    request: dict[str, Any] = {
-        "mode": "probe", "checks": checks, "names": requested_names(cluster),
-        "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
-        "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir,
-        "script": cluster.job.script if cluster.job else None,
-    }
-    visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
-    if visible is not None:
-        request["cuda_visible_devices"] = visible
-    if connect:
-        request["connect"] = dict(connect)
-    return request
-
-
-def _outcome(result: Result | NodeFailure) -> Outcome:
-    if isinstance(result, NodeFailure):
-        return result
-    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
-    if result.exit_code == 0:
-        try:
-            answer = json.loads(out.strip().splitlines()[-1])
-            if isinstance(answer, dict):
-                return answer
-        except (ValueError, IndexError):
-            pass
-    return ProbeFailed(result.exit_code if result.exit_code != 0 else 1, err[-2000:], out[-2000:])
-
-
-def _start_listener(node: Node, cluster: Cluster, token: str, max_s: float) -> Any:
-    """Open the master's listen-mode session; its stdin stays open until every probe has answered."""
-    host = cluster.host(node.name)
-    channel = node.open_channel(probe_command(host.python))
-    channel.send(probe_input({"mode": "listen", "master_port": cluster.rendezvous.master_port,
-                              "token": token, "max_s": max_s}))
-    return channel
-
-
-def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
-               ) -> tuple[dict[str, Outcome], dict[str, Any] | None, tuple[float, float]]:
-    master = cluster.hosts[0]
-    token = secrets.token_hex(8)
-    listener: dict[str, Any] | None = None
-    channel = None
-    if master.name in nodes:
-        try:
-            channel = _start_listener(nodes[master.name], cluster, token, timeout + 5)
-        except Exception as exc:  # the connection dropped: said as a port finding, never a traceback
-            listener = {"failed": str(classify(nodes[master.name].target, exc))}
-    window = min(LISTEN_WINDOW_S, timeout / 2)
-    connect = {"token": token, "window": window} if channel is not None else None
-    hosts = [h for h in cluster.hosts if h.name in nodes]
-    commands = {h.name: probe_command(h.python) for h in hosts}
-    inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
-    sent = time.time()
-    try:
-        results = run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
-        received = time.time()
-        if channel is not None:
-            channel.close_stdin()  # every probe has answered: the listener can stop
-            answer = _outcome(channel.collect(2.0))
-            if isinstance(answer, dict):
-                listener = answer
-            elif isinstance(answer, ProbeFailed) and answer.exit_code not in (126, 127):
-                listener = {"failed": (answer.stderr.strip().splitlines() or [f"exit {answer.exit_code}"])[-1]}
-            # 126/127: the master's python is missing; its python finding says so.
-    finally:
-        if channel is not None:
-            channel.close()
-    return {h: _outcome(r) for h, r in results.items()}, listener, (sent, received)
-
-
-def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, connect_timeout: float = 10.0,
-               checks: CheckMode = "all") -> Report:
-    """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
-
-    Each phase is bounded by `connect_timeout`: a dead node fails its connect within it, a hung one its probe.
-    """
-    names = selected_checks(checks)
-    start = time.monotonic()
-    ours = {h.name for h in cluster.hosts}
-    given = {name: node for name, node in (nodes or {}).items() if name in ours}
-    missing = [h for h in cluster.hosts if h.name not in given]
-    opened, failures = connect_all(cluster, missing, connect_timeout) if missing else ({}, [])
-    connected = time.monotonic()
-    try:
-        outcomes, listener, clock = _probe_all(cluster, {**given, **opened}, checks, connect_timeout)
-    finally:
-        close_all(opened.values())
-    probed = time.monotonic()
-    outcomes.update({f.host: f for f in failures})
-    for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
-        outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
-    findings = evaluate(Evidence(cluster, outcomes, listener, clock, connect_timeout), checks)
-    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
-              for h, o in outcomes.items() if not isinstance(o, dict)}
-    return Report(
-        source=cluster.source,
-        hosts=tuple(h.name for h in cluster.hosts),
-        checks=names,
-        findings=tuple(findings),
-        probes={h.name: o if isinstance(o := outcomes[h.name], dict) else None for h in cluster.hosts},
-        errors=errors,
-        listener=listener,
-        timings={"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
-                 "total_s": round(time.monotonic() - start, 3)},
-    )
-
-
-# --------------------------------------------------------------------------------------------------------
-# Output.
-
-MARKS = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[bold red]✗[/]"}
-
-
-def _worst(findings: Iterable[Finding]) -> Status | None:
-    statuses = [f.status for f in findings]
-    return max(statuses, key=_RANK.__getitem__) if statuses else None
-
-
-def render_table(report: Report, console: Console) -> None:
-    """One row per node, one column per check (✓ ok, ! warn, ✗ fail), then each problem and its fix."""
-    table = Table(title=f"doctor: {len(report.hosts)} node(s) from {report.source}", title_justify="left")
-    table.add_column("node", no_wrap=True)
-    for check in report.checks:
-        table.add_column(check, justify="center", no_wrap=True, min_width=len(check))
-    for host in report.hosts:
-        cells = []
-        for check in report.checks:
-            worst = _worst(f for f in report.findings if f.host == host and f.check == check)
-            cells.append(MARKS[worst] if worst else "[dim]·[/]")
-        table.add_row(host, *cells)
-    console.print(table)
-    for f in report.problems:
-        mark = MARKS[f.status]
-        console.print(f"{mark} {f.host} {f.check}: ", end="", highlight=False)
-        console.print(f.detail, markup=False, highlight=False)
-        if f.fix:
-            console.print("    fix: ", end="", style="dim", highlight=False)
-            console.print(f.fix, markup=False, highlight=False)
-    failed = len(report.failures)
-    warned = len(report.problems) - failed
-    took = report.timings.get("total_s", 0.0)
-    if report.ok and not warned:
-        console.print(f"[green]all {len(report.checks)} checks passed on {len(report.hosts)} node(s)[/] "
-                      f"in {took:.1f} s", highlight=False)
-    else:
-        console.print(f"{failed} failure(s), {warned} warning(s) in {took:.1f} s", highlight=False)
-
-
-def report_json(report: Report) -> str:
-    """The report for scripts: ok, findings, per-node probe data and errors, timings."""
-    return json.dumps({
-        "ok": report.ok,
-        "inventory": report.source,
-        "checks": list(report.checks),
-        "findings": [dataclasses.asdict(f) for f in report.findings],
-        "nodes": {h: {"probe": report.probes.get(h), "error": report.errors.get(h)} for h in report.hosts},
-        "listener": report.listener,
-        "timings": dict(report.timings),
-    }, indent=2)
-
-
-# --------------------------------------------------------------------------------------------------------
-# The launch path.
-
-
-class DoctorFailed(LauncherError):
-    """The doctor's fast checks failed before a launch; nothing was started. Carries the report."""
-
-    exit_code = 1
-
-    def __init__(self, report: Report):
-        self.report = report
-        lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
-        for f in report.failures:
-            lines.append(f"  {f.host} {f.check}: {f.detail}")
-            if f.fix:
-                lines.append(f"    fix: {f.fix}")
-        lines.append("run `inv doctor` for the full report")
-        super().__init__("\n".join(lines))
-
-
-def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, timeout: float = 10.0) -> None:
-    """The fast checks on the launch's open connections; raises DoctorFailed when one fails."""
-    report = run_doctor(cluster, nodes, connect_timeout=timeout, checks="fast")
-    if not report.ok:
-        raise DoctorFailed(report)

@@ -1,0 +1,61 @@
+"""The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
+
+`evidence` holds the data, `checks` the pure checks (each registered once, by name), `collect` the I/O (connect,
+probe all nodes in parallel, evaluate; `preflight` for launch), `report` the table and the JSON. The probe itself is
+`launcher/probe.py`, a stdlib-only script sent over each node's connection.
+"""
+
+from launcher.doctor.checks import (
+    CHECKS,
+    FAST_CHECKS,
+    MAX_CLOCK_SKEW_S,
+    MIN_DISK_BYTES,
+    Check,
+    check,
+    evaluate,
+    requested_names,
+    selected_checks,
+)
+from launcher.doctor.collect import (
+    LISTEN_WINDOW_S,
+    PROBE_SOURCE,
+    CheckMode,
+    preflight,
+    probe_command,
+    probe_input,
+    probe_request,
+    run_doctor,
+)
+from launcher.doctor.evidence import Evidence, Finding, Outcome, ProbeFailed, Report, Status
+from launcher.doctor.report import MARKS, render_table, report_json
+from launcher.errors import DoctorFailed
+
+__all__ = [
+    "CHECKS",
+    "FAST_CHECKS",
+    "LISTEN_WINDOW_S",
+    "MARKS",
+    "MAX_CLOCK_SKEW_S",
+    "MIN_DISK_BYTES",
+    "PROBE_SOURCE",
+    "Check",
+    "CheckMode",
+    "DoctorFailed",
+    "Evidence",
+    "Finding",
+    "Outcome",
+    "ProbeFailed",
+    "Report",
+    "Status",
+    "check",
+    "evaluate",
+    "preflight",
+    "probe_command",
+    "probe_input",
+    "probe_request",
+    "render_table",
+    "report_json",
+    "requested_names",
+    "run_doctor",
+    "selected_checks",
+]

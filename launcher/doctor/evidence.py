@@ -1,0 +1,88 @@
+"""What the doctor's checks read (`Evidence`) and what they say (`Finding`, gathered in a `Report`): data only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from launcher.errors import NodeFailure
+from launcher.inventory import Cluster
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's verdict on one node."""
+
+    host: str
+    check: str
+    """One of CHECKS."""
+    status: Status
+    detail: str
+    """What was found, in a line."""
+    fix: str = ""
+    """What to do about it (empty when ok)."""
+
+
+@dataclass(frozen=True)
+class ProbeFailed:
+    """The probe ran on the node but gave no answer: its exit code and the tail of its output."""
+
+    exit_code: int
+    """-1 when it did not finish in time."""
+    stderr: str = ""
+    stdout: str = ""
+
+
+Outcome = dict[str, Any] | NodeFailure | ProbeFailed
+"""Per node: the probe's JSON answer, why SSH failed, or why the probe failed."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the pure checks look at."""
+
+    cluster: Cluster
+    outcomes: Mapping[str, Outcome]
+    """Host name -> outcome, for every host of the cluster."""
+    listener: Mapping[str, Any] | None = None
+    """The master's listen-mode answer ({"free": ...}), {"failed": why}, or None when none was started."""
+    clock: tuple[float, float] | None = None
+    """The controller's time.time() just before the probes were sent and just after the last answer."""
+    probe_timeout: float | None = None
+    """How long each probe had (for the message of one that ran out of it)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the doctor found: the findings, each node's probe data, and how long it took."""
+
+    source: str
+    """The inventory file."""
+    hosts: tuple[str, ...]
+    checks: tuple[str, ...]
+    """The checks that were run, in column order."""
+    findings: tuple[Finding, ...]
+    probes: Mapping[str, dict[str, Any] | None]
+    """Host -> the probe's answer (None when there is none; `errors` says why)."""
+    errors: Mapping[str, str] = field(default_factory=dict)
+    listener: Mapping[str, Any] | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """connect_s, probe_s, total_s (seconds, on the controller)."""
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (warnings allowed)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> list[Finding]:
+        """The failed findings, in order."""
+        return [f for f in self.findings if f.status == "fail"]
+
+    @property
+    def problems(self) -> list[Finding]:
+        """Failures and warnings, in order."""
+        return [f for f in self.findings if f.status != "ok"]
