@@ -1,0 +1,56 @@
+"""The controller's side of a run that needs no network: what each node's agent is told, and run ids."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LauncherError
+from launcher.inventory import parse_inventory
+from launcher.options import Options, heartbeat_interval
+from launcher.plan import plan_launch
+from launcher.runs import check_run_id, resolve_env, start_request
+
+INVENTORY = """
+defaults: {python: /usr/bin/python3, env: {A: "1", TOKEN: {from_env: MY_TOKEN, secret: true}}}
+hosts: [node-0, node-1]
+job: {script: train.py}
+"""
+
+
+def agent_reads() -> set[str]:
+    """Every `request["KEY"]` the agent reads without a default."""
+    tree = ast.parse((Path(__file__).parent.parent / "launcher" / "agent.py").read_text())
+    return {node.slice.value for node in ast.walk(tree)
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "request"
+            and isinstance(node.slice, ast.Constant)}
+
+
+def test_the_start_request_carries_every_number_the_agent_uses() -> None:
+    plan = plan_launch(parse_inventory(INVENTORY, "inv.yaml"))
+    opts = Options(grace=3.0, heartbeat_timeout=8.0, silence_timeout=20.0)
+    request = start_request(plan, plan.nodes[1], {"A": "1"}, opts)
+    assert (request["grace"], request["heartbeat_timeout"]) == (3.0, 8.0)
+    assert request["alive_interval"] == heartbeat_interval(20.0) < opts.silence_timeout
+    assert request["mark"] == f"{plan.run_id}/node-1" and request["secret_names"] == ["TOKEN"]
+    # The agent has no defaults of its own: whatever it reads from a start request, the request has.
+    start_keys = agent_reads() - {"node", "run_id", "follow", "action"}
+    assert start_keys <= set(request), start_keys - set(request)
+
+
+def test_from_env_values_are_read_at_launch_and_a_missing_one_is_named() -> None:
+    plan = plan_launch(parse_inventory(INVENTORY, "inv.yaml"))
+    assert resolve_env(plan.nodes[0], {"MY_TOKEN": "s3cret"}) == {"A": "1", "TOKEN": "s3cret"}
+    with pytest.raises(LauncherError, match=r"node-0: env TOKEN is to be copied from \$MY_TOKEN, which is not set"):
+        resolve_env(plan.nodes[0], {})
+
+
+@pytest.mark.parametrize("bad", ["../../x", "x[/]", "20261122-031500-A1B2C3", "20261122-031500-a1b2c3/..", ""])
+def test_run_ids_are_checked(bad: str) -> None:
+    with pytest.raises(LauncherError, match=re.escape("--run must be a run id like 20261122-031500-a1b2c3")):
+        check_run_id(bad)
+    assert check_run_id("20261122-031500-a1b2c3") == "20261122-031500-a1b2c3"
+    assert check_run_id(None) is None
