@@ -1,6 +1,6 @@
 """Figure 3 (the doctor): `run_doctor` (all checks, in this process, connections included) on N nodes against (a)
-the ssh loop running one light command (`PYTHON -c pass`) on every node. bench/bench_doctor.py (another
-engineer's) has the per-phase detail; this is the figure for the summary table.
+the ssh loop running one light command (`PYTHON -c pass`) on every node; each report's `timings` split the doctor's
+own time into connect and probe.
 """
 
 from __future__ import annotations
@@ -11,23 +11,13 @@ from typing import Any
 
 from common import log, ratio, sandbox_of, ssh_loop, stats
 
+from launcher.doctor import run_doctor
+from launcher.inventory import load_inventory
+
 TARGET = 1.5
 
 
-def available() -> bool:
-    try:
-        from launcher.doctor import run_doctor  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
-    if not available():
-        return {"rows": [], "note": "launcher.doctor.run_doctor not found: skipped"}
-    from launcher.doctor import run_doctor
-    from launcher.inventory import load_inventory
-
     rows = []
     for n in sizes:
         with sandbox_of(n, root, script="bench/lines.py") as box:  # a script nobody edits during the bench

@@ -40,6 +40,8 @@ from common import (
     wait_gone,
 )
 
+from launcher.plan import RUN_ID_ENV
+
 NODES = 2
 SCRIPT = "tests/scripts/sleeper.py"
 ARGS = ["0.2"]
@@ -274,7 +276,7 @@ def once(mode: Mode, box: Box, root: Path, k: int) -> dict[str, Any]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         exit_s = None if exited is None else exited - start
-        killed = kill_marked(f"DDP_LAUNCHER_RUN={run_id}/".encode()) if left else 0
+        killed = kill_marked(f"{RUN_ID_ENV}={run_id}/".encode()) if left else 0
         return {"run_id": run_id, "gone_s": None if gone_s is None else round(gone_s, 4), "left": max(left, killed),
                 "launcher_code": code, "launcher_exit_s": None if exit_s is None else round(exit_s, 4),
                 "gone_after_exit_s": None if gone_s is None or exit_s is None else round(gone_s - exit_s, 4),
@@ -288,7 +290,7 @@ def once(mode: Mode, box: Box, root: Path, k: int) -> dict[str, Any]:
                 os.killpg(proc.pid, signal.SIGKILL)
         watcher.join(10)
         if run_id:
-            kill_marked(f"DDP_LAUNCHER_RUN={run_id}/".encode())
+            kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
 
 
 # --------------------------------------------------------------------------------------------------------------

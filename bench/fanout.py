@@ -2,7 +2,7 @@
 
 A light command (`PYTHON -c pass`) in place of torchrun on N nodes: the launcher, started as a fresh process by
 bench/_drive.py (so its imports count, like a user's `inv launch`), against (a), a bash loop of `ssh node-i CMD &`
-running the same command. With the doctor's fast checks (`Options(preflight=...)`) too, when the doctor has them.
+running the same command. With the doctor's fast checks (`Options(preflight=...)`) too.
 """
 
 from __future__ import annotations
@@ -16,15 +16,6 @@ from common import BENCH, Box, log, note_runs, paired_ratio, ratio, run_timed, s
 
 TARGET_PLAIN = 1.0
 TARGET_PREFLIGHT = 1.25
-
-
-def has_preflight() -> bool:
-    try:
-        from launcher.doctor import preflight  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 FAILURES: list[dict[str, Any]] = []
 """Launches that failed (e.g. a preflight check that failed under load): kept for the report, then retried."""
@@ -55,7 +46,6 @@ def baseline(box: Box) -> Any:
 
 
 def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
-    preflight = has_preflight()
     rows = []
     for n in sizes:
         # The inventory's script is only read by the preflight's script check: one of ours, that nobody edits.
@@ -66,7 +56,7 @@ def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
             drive(box, root, False)
             times: dict[str, list[float]] = {"ssh_loop": [], "launcher": [], "launcher_preflight": []}
             usage: dict[str, list[tuple[float, int]]] = {"ssh_loop": [], "launcher": [], "launcher_preflight": []}
-            variants = ["ssh_loop", "launcher"] + (["launcher_preflight"] if preflight else [])
+            variants = ["ssh_loop", "launcher", "launcher_preflight"]
             for rep in range(repeat):
                 order = variants[rep % len(variants):] + variants[:rep % len(variants)]  # rotate the order
                 for variant in order:
@@ -83,14 +73,11 @@ def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
             row["launcher_over_a"] = ratio(row["launcher"], row["ssh_loop"])
             row["launcher_over_a_paired"] = paired_ratio(row["launcher"], row["ssh_loop"])
             row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= TARGET_PLAIN
-            if preflight:
-                row["preflight_over_a"] = ratio(row["launcher_preflight"], row["ssh_loop"])
-                row["preflight_over_a_paired"] = paired_ratio(row["launcher_preflight"], row["ssh_loop"])
-                over = row["preflight_over_a"]
-                row["preflight_ok"] = over is not None and over <= TARGET_PREFLIGHT
+            row["preflight_over_a"] = ratio(row["launcher_preflight"], row["ssh_loop"])
+            row["preflight_over_a_paired"] = paired_ratio(row["launcher_preflight"], row["ssh_loop"])
+            over = row["preflight_over_a"]
+            row["preflight_ok"] = over is not None and over <= TARGET_PREFLIGHT
             rows.append(row)
-            log(f"fan-out {n}: a {row['ssh_loop']['median']:.2f}s, launcher {row['launcher']['median']:.2f}s"
-                + (f", with preflight {row['launcher_preflight']['median']:.2f}s" if preflight else ""))
-    return {"rows": rows, "preflight_available": preflight, "failed_launches": FAILURES,
-            "note": None if preflight else "launcher.doctor.preflight not found: 'with preflight' not measured",
-            "light_command": "PYTHON -c pass", "repeat": repeat}
+            log(f"fan-out {n}: a {row['ssh_loop']['median']:.2f}s, launcher {row['launcher']['median']:.2f}s, "
+                f"with preflight {row['launcher_preflight']['median']:.2f}s")
+    return {"rows": rows, "failed_launches": FAILURES, "light_command": "PYTHON -c pass", "repeat": repeat}

@@ -102,12 +102,8 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         for r in fan["rows"]:
             out.append(["fan-out, light cmd", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]), "",
                         f"{r['launcher_over_a']:.2f}x (a)", "≤ 1.00x (a)", verdict(r["launcher_ok"])])
-            if fan["preflight_available"]:
-                out.append(["fan-out + preflight", str(r["nodes"]), cell(r["launcher_preflight"]),
-                            cell(r["ssh_loop"]), "", f"{r['preflight_over_a']:.2f}x (a)", "≤ 1.25x (a)",
-                            verdict(r["preflight_ok"])])
-        if not fan["preflight_available"]:
-            out.append(["fan-out + preflight", "", "skipped: no launcher.doctor.preflight", "", "", "", "", "–"])
+            out.append(["fan-out + preflight", str(r["nodes"]), cell(r["launcher_preflight"]), cell(r["ssh_loop"]),
+                        "", f"{r['preflight_over_a']:.2f}x (a)", "≤ 1.25x (a)", verdict(r["preflight_ok"])])
         failed_row(out, "fan-out", fan)
     job = results.get("job")
     if job:
@@ -121,8 +117,6 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         failed_row(out, "real job", job)
     doc = results.get("doctor")
     if doc:
-        if not doc["rows"]:
-            out.append(["doctor", "", doc.get("note", "skipped"), "", "", "", "≤ 1.5x (a)", "–"])
         for r in doc["rows"]:
             out.append(["doctor (run_doctor, all)", str(r["nodes"]), cell(r["doctor"]), cell(r["ssh_loop"]), "",
                         f"{r['doctor_over_a']:.2f}x (a)", "≤ 1.5x (a)", verdict(r["doctor_ok"])])
@@ -272,11 +266,9 @@ def main() -> int:
                     if only == {"cpu"}:
                         del results["fanout"]
                 elif name == "job":
-                    # `inv launch` runs the doctor's fast checks first when cli.py wires them in; then measure
-                    # --skip-doctor too, to show what the preflight costs.
-                    skip_too = conf["skip_doctor_too"] and "preflight" in (REPO / "launcher" / "cli.py").read_text()
-                    results["job"] = job.run(conf["sizes"], conf["repeat"], root, skip_doctor_too=skip_too,
-                                             warm_up=conf["warm_up"])
+                    # `inv launch` runs the doctor's fast checks first; --skip-doctor too shows what they cost.
+                    results["job"] = job.run(conf["sizes"], conf["repeat"], root,
+                                             skip_doctor_too=conf["skip_doctor_too"], warm_up=conf["warm_up"])
                 elif name == "doctor":
                     results["doctor"] = doctor_fig.run(conf["sizes"], conf["repeat"], root)
                 elif name == "stop":

@@ -42,6 +42,8 @@ from common import (
 )
 from job import with_port
 
+from launcher.plan import RUN_ID_ENV
+
 NODES = 4
 SCRIPT = "tests/scripts/sleeper.py"
 ARGS = ["0.2"]
@@ -123,7 +125,7 @@ def sigint_attached(box: Box, root: Path, k: int) -> dict[str, Any]:
         if proc.poll() is None:
             _finish(proc, 0.1)
         if run_id:
-            kill_marked(f"DDP_LAUNCHER_RUN={run_id}/".encode())
+            kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
 
 
 def inv_stop_detached(box: Box, root: Path, k: int) -> dict[str, Any]:
@@ -152,7 +154,7 @@ def inv_stop_detached(box: Box, root: Path, k: int) -> dict[str, Any]:
                 "stop_code": code}
     finally:
         if run_id:
-            kill_marked(f"DDP_LAUNCHER_RUN={run_id}/".encode())
+            kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
 
 
 def sigint_ssh_loop(box: Box, root: Path, k: int) -> dict[str, Any]:

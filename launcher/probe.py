@@ -13,6 +13,11 @@ Two modes:
 - listen (the master, a second session started just before the probes): bind master_port on 0.0.0.0 with
   SO_REUSEADDR on, as torchrun's store binds (is it free?), answer every connection with the token, and stop
   when the launcher closes stdin (or after max_s, whatever happens to the launcher).
+
+Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives
+(max_s) and how long a node tries to reach it (connect.window, connect.token_read_s) arrive in the request
+(`launcher.doctor.collect`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
+probe's own local work below (DNS, nvidia-smi, the /proc scan) are its constants, written here only.
 """
 
 import hashlib
@@ -28,10 +33,23 @@ import sys
 import threading
 import time
 
-TOKEN_READ_S = 2.0
 RESOLVE_BUDGET_S = 3.0
 SMI_TIMEOUT_S = 3.0
+HOLDERS_BUDGET_S = 1.0
+"""How long the listen mode may scan /proc for who holds a taken port."""
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+class BadRequest(Exception):
+    """A request the probe cannot work from (a number it needs is missing or not one); the message says which."""
+
+
+def seconds(section, key, where):
+    """`section[key]` as a number of seconds >= 0; BadRequest when the controller did not send one."""
+    value = section.get(key) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise BadRequest(f"the {where} request needs {key} (seconds, a number >= 0); got {value!r}")
+    return float(value)
 
 
 def error_text(exc):
@@ -347,8 +365,9 @@ def disk_free(workdir):
 # --- TCP: the master's listener and every node's connection to it -----------------------------------------
 
 
-def tcp_connect(addr, port, token, window):
-    """Connect to addr:port and read the token; retry refusals for `window` s (the listener may be starting)."""
+def tcp_connect(addr, port, token, window, read_s):
+    """Connect to addr:port and read the token (waiting `read_s` s for it); retry refusals for `window` s (the
+    listener may be starting)."""
     start = time.monotonic()
     deadline = start + window
     attempts = 0
@@ -368,7 +387,7 @@ def tcp_connect(addr, port, token, window):
             continue
         try:
             peer = sock.getpeername()[0]
-            sock.settimeout(TOKEN_READ_S)
+            sock.settimeout(read_s)
             data = b""
             try:
                 while b"\n" not in data and len(data) < 256:
@@ -384,14 +403,14 @@ def tcp_connect(addr, port, token, window):
         result = {"ok": data.strip().decode(errors="replace") == token, "peer": peer, "attempts": attempts,
                   "elapsed": elapsed}
         if not data:
-            result["error"] = (f"connected to {addr}:{port} ({peer}), but no answer came in {TOKEN_READ_S:g} s: "
+            result["error"] = (f"connected to {addr}:{port} ({peer}), but no answer came in {read_s:g} s: "
                                "something else listens there, or the master is overloaded")
         elif not result["ok"]:
             result["error"] = f"something else answers on {addr}:{port} ({peer}): not the doctor's listener"
         return result
 
 
-def port_holders(port, budget=1.0):
+def port_holders(port, budget):
     """Who holds TCP `port` here: state and pid/command when /proc shows them (best effort, time-boxed)."""
     inodes = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -432,9 +451,9 @@ def port_holders(port, budget=1.0):
 
 def listen(request):
     """Mode listen: is master_port free here; then answer connections with the token until stdin closes."""
+    max_s = seconds(request, "max_s", "listen")
     port = request["master_port"]
     token = request["token"].encode() + b"\n"
-    max_s = float(request.get("max_s", 30.0))
     reply = {"mode": "listen", "hostname": socket.gethostname(), "port": port}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -445,7 +464,7 @@ def listen(request):
         server.listen(128)
     except OSError as exc:
         server.close()
-        reply.update(free=False, error=error_text(exc), **port_holders(port))
+        reply.update(free=False, error=error_text(exc), **port_holders(port, HOLDERS_BUDGET_S))
         return reply
     reply.update(free=True, accepted=0, peers=[])
     conns = []
@@ -490,6 +509,10 @@ def listen(request):
 def probe(request):
     """Mode probe: everything the doctor compares across nodes, in one JSON object."""
     started = time.monotonic()
+    connect = request.get("connect")
+    if connect:  # checked first: a request the probe cannot finish gets its error before any work
+        window = seconds(connect, "window", "connect")
+        read_s = seconds(connect, "token_read_s", "connect")
     full = request.get("checks", "all") == "all"
     workdir = os.path.expanduser(request.get("workdir") or "~")
     hostname = socket.gethostname()
@@ -510,10 +533,8 @@ def probe(request):
     if full:
         reply["gpus"] = gpu_info(request.get("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES")))
         reply["packages"] = packages()
-    connect = request.get("connect")
     if connect:  # last: the master's listener has had the most time to come up
-        reply["tcp"] = tcp_connect(request["master_addr"], request["master_port"], connect["token"],
-                                   float(connect.get("window", 3.0)))
+        reply["tcp"] = tcp_connect(request["master_addr"], request["master_port"], connect["token"], window, read_s)
     reply["elapsed"] = round(time.monotonic() - started, 3)
     reply["time"] = time.time()
     return reply
@@ -521,10 +542,16 @@ def probe(request):
 
 def main():
     request = json.loads(sys.stdin.readline())
-    reply = listen(request) if request.get("mode") == "listen" else probe(request)
+    mode = "listen" if request.get("mode") == "listen" else "probe"
+    try:
+        reply, code = (listen if mode == "listen" else probe)(request), 0
+    except BadRequest as exc:  # the controller's bug, said as one line (its finding shows stderr's last line)
+        reply, code = {"mode": mode, "error": str(exc)}, 2
+        sys.stderr.write(f"probe: {exc}\n")
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

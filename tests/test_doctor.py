@@ -500,6 +500,53 @@ def test_probe_reads_gpus_from_nvidia_smi(tmp_path: Path) -> None:
     assert (only_first["count"], only_first["busy"]) == (1, [])
 
 
+def test_the_master_listener_and_a_probe_speak_with_the_controllers_numbers_only() -> None:
+    # The two node sessions of a doctor run, here without SSH, with exactly the requests collect.py builds.
+    port = free_port()
+    listen = {**doctor.listen_request(make_cluster(), "t0ken", 4.0), "master_port": port}
+    listener = subprocess.Popen([sys.executable, "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert listener.stdin is not None
+        listener.stdin.write(doctor.probe_input(listen))
+        listener.stdin.flush()
+        request = {"mode": "probe", "checks": "fast", "names": [], "master_addr": "127.0.0.1", "master_port": port,
+                   "connect": doctor.connect_section("t0ken", 4.0)}
+        tcp = _run_probe(request)["tcp"]
+        assert tcp["ok"] and tcp["peer"] == "127.0.0.1", tcp
+        out, err = listener.communicate(b"", timeout=10)  # stdin closed: every probe has answered
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.communicate()
+    assert listener.returncode == 0, err.decode()
+    answer = json.loads(out)
+    assert answer["free"] and answer["accepted"] == 1 and answer["peers"] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize(("request_", "sentence"), [
+    ({"mode": "listen", "master_port": 1, "token": "t"},
+     "the listen request needs max_s (seconds, a number >= 0); got None"),
+    ({"mode": "listen", "master_port": 1, "token": "t", "max_s": "30"},
+     "the listen request needs max_s (seconds, a number >= 0); got '30'"),
+    ({"mode": "probe", "names": [], "connect": {"token": "t", "token_read_s": 2.0}},
+     "the connect request needs window (seconds, a number >= 0); got None"),
+    ({"mode": "probe", "names": [], "connect": {"token": "t", "window": 3.0, "token_read_s": True}},
+     "the connect request needs token_read_s (seconds, a number >= 0); got True"),
+    ({"mode": "probe", "names": [], "connect": {"token": "t", "window": -1, "token_read_s": 2.0}},
+     "the connect request needs window (seconds, a number >= 0); got -1"),
+])
+def test_the_probe_refuses_a_request_without_its_numbers(request_: dict[str, Any], sentence: str) -> None:
+    # No made-up default: the reply says what is missing, before any work (the listener binds nothing).
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", remote.BOOTSTRAP], input=doctor.probe_input(request_),
+                            capture_output=True, timeout=30)
+    assert time.monotonic() - started < 2
+    assert result.returncode == 2
+    assert json.loads(result.stdout) == {"mode": request_["mode"], "error": sentence}
+    assert result.stderr.decode() == f"probe: {sentence}\n"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # On real sshd nodes.
 

@@ -13,6 +13,7 @@ from launcher.doctor.checks import evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.inventory import Cluster, Host
+from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.remote import program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
@@ -22,6 +23,10 @@ PROBE_SOURCE = resources.files("launcher").joinpath("probe.py").read_text(encodi
 """The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
 LISTEN_WINDOW_S = 3.0
 """How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
+TOKEN_READ_S = 2.0
+"""How long a node waits for the listener's token once connected (no answer: something else listens there)."""
+LISTENER_MARGIN_S = 5.0
+"""The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
 
 probe_command = python_command
 """The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.remote`)."""
@@ -63,12 +68,22 @@ def _outcome(result: Result | NodeFailure) -> Outcome:
     return ProbeFailed(result.exit_code if result.exit_code != 0 else 1, err[-2000:], out[-2000:])
 
 
-def _start_listener(node: Node, cluster: Cluster, token: str, max_s: float) -> Any:
+def listen_request(cluster: Cluster, token: str, timeout: float) -> dict[str, Any]:
+    """What the master's listen-mode probe is asked (pure): it outlives the probes' `timeout` by a margin."""
+    return {"mode": "listen", "master_port": cluster.rendezvous.master_port, "token": token,
+            "max_s": timeout + LISTENER_MARGIN_S}
+
+
+def connect_section(token: str, timeout: float) -> dict[str, Any]:
+    """The `connect` part of each probe's request (pure): every number its TCP check uses."""
+    return {"token": token, "window": min(LISTEN_WINDOW_S, timeout / 2), "token_read_s": TOKEN_READ_S}
+
+
+def _start_listener(node: Node, cluster: Cluster, token: str, timeout: float) -> Any:
     """Open the master's listen-mode session; its stdin stays open until every probe has answered."""
     host = cluster.host(node.name)
     channel = node.open_channel(probe_command(host.python))
-    channel.send(probe_input({"mode": "listen", "master_port": cluster.rendezvous.master_port,
-                              "token": token, "max_s": max_s}))
+    channel.send(probe_input(listen_request(cluster, token, timeout)))
     return channel
 
 
@@ -80,11 +95,10 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     channel = None
     if master.name in nodes:
         try:
-            channel = _start_listener(nodes[master.name], cluster, token, timeout + 5)
+            channel = _start_listener(nodes[master.name], cluster, token, timeout)
         except Exception as exc:  # the connection dropped: said as a port finding, never a traceback
             listener = {"failed": str(classify(nodes[master.name].target, exc))}
-    window = min(LISTEN_WINDOW_S, timeout / 2)
-    connect = {"token": token, "window": window} if channel is not None else None
+    connect = connect_section(token, timeout) if channel is not None else None
     hosts = [h for h in cluster.hosts if h.name in nodes]
     commands = {h.name: probe_command(h.python) for h in hosts}
     inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
@@ -106,8 +120,8 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     return {h: _outcome(r) for h, r in results.items()}, listener, (sent, received)
 
 
-def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, connect_timeout: float = 10.0,
-               checks: CheckMode = "all") -> Report:
+def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
+               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, checks: CheckMode = "all") -> Report:
     """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
 
     Each phase is bounded by `connect_timeout`: a dead node fails its connect within it, a hung one its probe.
@@ -143,7 +157,7 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, connec
     )
 
 
-def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, timeout: float = 10.0) -> None:
+def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
     """The fast checks on the launch's open connections; raises DoctorFailed when one fails."""
     report = run_doctor(cluster, nodes, connect_timeout=timeout, checks="fast")
     if not report.ok:
