@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os.path
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,11 @@ from typing import Any, Literal
 import yaml
 
 from launcher.errors import InventoryError
+from launcher.inventory_fields import ENV_FILE_KEYS as ENV_FILE_KEYS  # re-exported: the inventory's names
+from launcher.inventory_fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
+from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV
+from launcher.inventory_fields import SYNC_KEYS as SYNC_KEYS
+from launcher.inventory_fields import EnvFile, ForwardEnv, NodeFields, SyncSpec, reserved_reason
 
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
@@ -63,7 +69,15 @@ class Host:
     identity_file: str | None = None
     """ssh private key; ssh config and ssh-agent are honoured too."""
     env: tuple[EnvVar, ...] = ()
-    """Extra environment for torchrun on this node (defaults' env merged with the host's)."""
+    """Extra environment for torchrun on this node (defaults' env merged with the host's); it wins over the rest."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run on the node before torchrun (and the doctor's probe), in the same shell, as written."""
+    forward_env: tuple[ForwardEnv, ...] = ()
+    """Controller variables copied at launch, by glob (defaults' list, then the host's); `env` wins over them."""
+    env_file: EnvFile | None = None
+    """A dotenv file read on the controller at launch; forwarded variables and `env` win over its values."""
+    socket_ifname: str | None = None
+    """NCCL_/GLOO_SOCKET_IFNAME on the node: an interface, or "auto" (the one it routes to master_addr through)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,8 @@ class Rendezvous:
 
     master_addr: str
     master_port: int = DEFAULT_MASTER_PORT
+    master_addr_explicit: bool = False
+    """Whether the inventory set master_addr; when it did not, it follows the first host (see `select_hosts`)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,8 @@ class Cluster:
     """An ssh config file to read instead of ~/.ssh/config."""
     host_key_policy: HostKeyPolicy = "strict"
     """strict: only hosts in known_hosts; accept-new: learn an unknown host's key once, refuse a changed one."""
+    sync: SyncSpec | None = None
+    """What to copy from the controller to every node (`sync:`); None: nothing."""
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
     """Line numbers of entries in the source ("hosts[1]" -> 7), for messages of later checks."""
 
@@ -114,8 +132,9 @@ class Cluster:
         return None if "auto" in counts else sum(int(c) for c in counts)
 
 
-TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy")
-HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_node", "env")
+TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync")
+HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_node", "env", "setup", "forward_env",
+             "env_file", "socket_ifname")
 RENDEZVOUS_KEYS = ("master_addr", "master_port")
 JOB_KEYS = ("script", "args")
 ENV_KEYS = ("value", "from_env", "secret")
@@ -124,14 +143,33 @@ DEFAULTS: dict[str, Any] = {"python": "python3", "workdir": "~", "nproc_per_node
 
 def load_inventory(path: str | Path) -> Cluster:
     """Read and validate the inventory file at `path`."""
+    return parse_inventory(read_hosts_file(path), str(path))
+
+
+def read_hosts_file(path: str | Path) -> str:
+    """The text of an inventory or hostfile; a missing or unreadable file is an `InventoryError`."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InventoryError(source, "no such file (see hosts/example.yaml for the format)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(source, f"cannot read it: {exc}") from None
-    return parse_inventory(text, source)
+
+
+def cluster_from_data(data: Any, source: str, lines: Mapping[str, int] | None = None,
+                      folder: str | None = None) -> Cluster:
+    """Validate an inventory already loaded as Python data (a hostfile builds one), exactly as YAML text would be.
+
+    `lines` maps entries ("hosts[1]") to lines of `source`; `folder` is where a relative env_file is (default: the
+    folder of `source`).
+    """
+    return _Parser(source, dict(lines or {}), {}, folder).cluster(data)
+
+
+def is_host_name(text: str) -> bool:
+    """Whether `text` is acceptable as a host name, ssh alias or address (never starting with '-')."""
+    return bool(_HOST_NAME.match(text))
 
 
 class _Loader(yaml.SafeLoader):
@@ -265,7 +303,7 @@ def _pairs(node: yaml.Node | None) -> dict[str, yaml.Node]:
 
 
 def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
-    """Entry -> source text of each plain job argument and env value: `010` reaches the node as 010, not 8.
+    """Entry -> source text of each plain job argument, env value and setup line: `010` stays 010, not 8.
 
     Runs on the constructed nodes, whose merge keys (`<<`) are resolved in place, so paths match the data.
     """
@@ -274,14 +312,18 @@ def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
     args = _pairs(top.get("job")).get("args")
     if isinstance(args, yaml.SequenceNode):
         found.update((f"job.args[{i}]", item) for i, item in enumerate(args.value))
-    envs = {"defaults.env": _pairs(top.get("defaults")).get("env")}
+    sections = {"defaults": top.get("defaults")}
     hosts = top.get("hosts")
     if isinstance(hosts, yaml.SequenceNode):
-        envs.update((f"hosts[{i}].env", _pairs(host).get("env")) for i, host in enumerate(hosts.value))
-    for entry, env in envs.items():
-        for name, node in _pairs(env).items():
-            found[f"{entry}.{name}"] = node
-            found[f"{entry}.{name}.value"] = _pairs(node).get("value")
+        sections.update((f"hosts[{i}]", host) for i, host in enumerate(hosts.value))
+    for entry, section in sections.items():
+        for name, node in _pairs(_pairs(section).get("env")).items():
+            found[f"{entry}.env.{name}"] = node
+            found[f"{entry}.env.{name}.value"] = _pairs(node).get("value")
+        setup = _pairs(section).get("setup")
+        found[f"{entry}.setup"] = setup
+        if isinstance(setup, yaml.SequenceNode):
+            found.update((f"{entry}.setup[{i}]", line) for i, line in enumerate(setup.value))
     return {entry: node.value for entry, node in found.items()
             if isinstance(node, yaml.ScalarNode) and id(node) in guessed}
 
@@ -330,14 +372,16 @@ def _describe(value: Any) -> str:
     return "nothing" if value is None else f"{_render(value)} ({type(value).__name__})"
 
 
-class _Parser:
+class _Parser(NodeFields):
     """Turns the loaded YAML into typed objects; knows where each entry was, to say so in errors."""
 
-    def __init__(self, source: str, lines: dict[str, int], written: Mapping[str, str]):
+    def __init__(self, source: str, lines: dict[str, int], written: Mapping[str, str], folder: str | None = None):
         self.source = source
         self.lines = lines
         self.written = written
-        """Entry -> the source text of a plain job argument or env value (see `_written_texts`)."""
+        """Entry -> the source text of a plain job argument, env value or setup line (see `_written_texts`)."""
+        self.folder = os.path.dirname(source) if folder is None else folder
+        """What a relative env_file is relative to: the inventory's folder."""
 
     def fail(self, entry: str, message: str) -> InventoryError:
         line = self.lines.get(entry)
@@ -394,6 +438,7 @@ class _Parser:
             job=self.job(top["job"]) if top.get("job") is not None else None,
             ssh_config=ssh_config,
             host_key_policy=policy,
+            sync=self.sync(top.get("sync")),
             lines=self.lines,
         )
 
@@ -430,6 +475,7 @@ class _Parser:
             port=get("port", self.port),
             identity_file=get("identity_file", self.text),
             env=tuple(env.values()),
+            **self.node_fields(entry, fields, defaults, env),
         )
 
     def rendezvous(self, raw: Any, hosts: tuple[Host, ...]) -> Rendezvous:
@@ -447,6 +493,7 @@ class _Parser:
         return Rendezvous(
             master_addr=first.addr if addr is None else self.host_name(addr, "rendezvous.master_addr"),
             master_port=DEFAULT_MASTER_PORT if port is None else self.port(port, "rendezvous.master_port"),
+            master_addr_explicit=addr is not None,
         )
 
     def job(self, raw: Any) -> Job:
@@ -471,6 +518,9 @@ class _Parser:
             if not isinstance(name, str) or not _ENV_NAME.match(name):
                 raise self.fail(where, f"{_render(name)} is not a valid environment variable name "
                                 "(letters, digits and _, not starting with a digit)")
+            reserved = reserved_reason(name)
+            if reserved is not None:
+                raise self.fail(where, reserved)
             if isinstance(value, dict):
                 out[name] = self.env_spec(name, value, where, name in secret)
             else:

@@ -12,7 +12,9 @@ import shlex
 from dataclasses import dataclass
 
 from launcher.errors import PlanError
-from launcher.inventory import Cluster, EnvVar, Host, Job
+from launcher.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
+from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV  # defined beside the inventory, which refuses them
+from launcher.inventory_fields import SOCKET_ENV
 
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 """Where each node keeps its run directories (command, pid, log, exit code)."""
@@ -46,13 +48,53 @@ class NodeCommand:
     """This node's run directory; `~` is the node's home."""
     home_words: tuple[int, ...] = ()
     """Indices of argv words whose leading `~/` means the node's home (the interpreter, the log dir)."""
+    unset_env: tuple[str, ...] = RESERVED_ENV
+    """Names (globs allowed) the node's agent removes from the login environment before starting torchrun."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run first, in the same shell that starts torchrun (activate an environment, load modules)."""
+    socket_ifname: str | None = None
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: an interface, or "auto" (found on the node: the interface it routes
+    to master_addr through); None sets neither."""
+    forward_env: tuple[ForwardEnv, ...] = ()
+    """Controller variables to copy at launch (the host's); `env` and socket_ifname win over them."""
+    env_file: EnvFile | None = None
+    """A dotenv file to read on the controller at launch (the host's); everything else wins over its values."""
 
     def shell_line(self) -> str:
-        """The command as a shell line a user could paste on the node, secrets masked (for --dry-run)."""
-        words = [f"{v.name}={_shown_value(v)}" for v in self.env]
+        """The command as a shell line a user could paste on the node, secrets masked (for --dry-run).
+
+        Setup lines come first, joined with `&&`; then `env -u NAME` for each name torchrun sets (the names that a
+        glob in `unset_env` matches, TORCHELASTIC_*, are removed by the agent and named by `describe()`); then the
+        variables in the order in which later ones win: the env file and forwarded globs as `<...>` placeholders,
+        forwarded names as `NAME="$NAME"`, the socket interface (`<iface to HOST>` for auto), the inventory's env.
+        """
+        unset = [f"-u {shlex.quote(name)}" for name in self.unset_env if not _is_glob(name)]
+        words = [*unset, *self._file_and_forwarded(), *self._socket_words(),
+                 *(f"{v.name}={_shown_value(v)}" for v in self.env)]
         env = f"env {' '.join(words)} " if words else ""
         argv = " ".join(quote_path(w) if i in self.home_words else shlex.quote(w) for i, w in enumerate(self.argv))
-        return f"cd {quote_path(self.workdir)} && {env}{argv}"
+        setup = "".join(f"{line} && " for line in self.setup)
+        return f"{setup}cd {quote_path(self.workdir)} && {env}{argv}"
+
+    def _file_and_forwarded(self) -> list[str]:
+        words = []
+        if self.env_file is not None:
+            words.append(shlex.quote(f"<from {self.env_file.path}{', secret' if self.env_file.secret else ''}>"))
+        for item in self.forward_env:
+            if _is_glob(item.pattern):
+                words.append(shlex.quote(f"<forwarded{', secret' if item.secret else ''}: {item.pattern}>"))
+            else:  # a name: its value is the controller's, read at launch
+                words.append(f"{item.pattern}={shlex.quote(SECRET_MASK) if item.secret else _reference(item.pattern)}")
+        return words
+
+    def _socket_words(self) -> list[str]:
+        if self.socket_ifname is None:
+            return []
+        value = self.socket_ifname
+        if value == "auto":
+            master = self.argv[self.argv.index("--master-addr") + 1] if "--master-addr" in self.argv else "master"
+            value = f"<iface to {master}>"
+        return [f"{name}={shlex.quote(value)}" for name in SOCKET_ENV]
 
 
 @dataclass(frozen=True)
@@ -78,7 +120,15 @@ class LaunchPlan:
             lines.append(f"node {node.node_rank}: {host.name}" + (f" (reached by peers as {host.addr})"
                                                                    if host.addr != host.name else ""))
             lines.append(f"  $ {node.shell_line()}")
+            lines += [f"  {line}" for line in _feature_lines(node, rdzv.master_addr)]
             lines.append(f"  run dir {node.run_dir}: torchrun runs under setsid, its output in {node.run_dir}/log")
+        unset = self.nodes[0].unset_env if self.nodes else RESERVED_ENV
+        lines += ["", f"unset from the node's login environment: {', '.join(unset)} (torchrun sets them)"]
+        if self.cluster.sync is not None:
+            sync = self.cluster.sync
+            dest = "each node's workdir" if sync.dest is None else sync.dest
+            skip = f", except {', '.join(sync.exclude)}" if sync.exclude else ""
+            lines.append(f"sync: {sync.src} (on this machine) to {dest}{skip}")
         lines += [
             "",
             "why each flag is there:",
@@ -92,12 +142,41 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
+def _feature_lines(node: NodeCommand, master: str) -> list[str]:
+    """One line per setting for nodes that share nothing, when the node uses it: what it does, and when."""
+    lines = []
+    if node.setup:
+        lines.append(f"setup: {len(node.setup)} line(s) run first, in the shell that then starts torchrun")
+    if node.forward_env:
+        patterns = ", ".join(f"{f.pattern} (secret)" if f.secret else f.pattern for f in node.forward_env)
+        lines.append(f"forward_env: {patterns}: copied from your environment at launch")
+    if node.env_file is not None:
+        hidden = "; its values are secret, never shown" if node.env_file.secret else ""
+        lines.append(f"env_file: {node.env_file.path} is read on this machine at launch{hidden}")
+    if node.socket_ifname == "auto":
+        lines.append(f"socket_ifname auto: {' and '.join(SOCKET_ENV)} name the interface this node routes to "
+                     f"{master} through, found on the node at launch")
+    elif node.socket_ifname is not None:
+        lines.append(f"socket_ifname: {' and '.join(SOCKET_ENV)} are {node.socket_ifname} (the interface NCCL and "
+                     "gloo use)")
+    return lines
+
+
+def _is_glob(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
 def _shown_value(var: EnvVar) -> str:
     if var.secret:
         return shlex.quote(SECRET_MASK)
     if var.from_env is not None:
-        return f"${var.from_env}"  # shown as a reference: it is read from the controller at launch time
+        return _reference(var.from_env)  # it is read from the controller at launch time
     return shlex.quote(var.value or "")
+
+
+def _reference(name: str) -> str:
+    """`"$NAME"`: the variable's value as one word (unquoted, the shell would split it at spaces)."""
+    return f'"${name}"'
 
 
 def quote_path(path: str) -> str:
@@ -159,5 +238,10 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             env=host.env,
             workdir=host.workdir,
             run_dir=run_dir,
+            unset_env=RESERVED_ENV,
+            setup=host.setup,
+            socket_ifname=host.socket_ifname,
+            forward_env=host.forward_env,
+            env_file=host.env_file,
         ))
     return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes))
