@@ -26,6 +26,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launcher import sandbox  # noqa: E402
+from launcher.sandbox import procs  # noqa: E402
+from tests.support.procs import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
 
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
@@ -103,10 +105,7 @@ def paired_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | 
 
 def reserve_subnet(first: int = 200) -> tuple[str, IO[str]]:
     """A base address 127.0.K.2 no other sandbox uses (K from 200: the tests count from 10)."""
-    return sandbox.reserve_base_addr(first, 250)
-
-
-free_port = sandbox.free_port
+    return reserve_base_addr(first, 250)
 
 
 @dataclass
@@ -150,7 +149,7 @@ def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args:
         box = sandbox.up(n, state_dir=state, inventory=folder / "sandbox.yaml", base_addr=base, master_port=port,
                          script=script, script_args=list(script_args), nproc_per_node=nproc_per_node,
                          ready_timeout=30.0)
-        yield Box(box, n, port, sandbox._default_python(), folder)
+        yield Box(box, n, port, sandbox.default_python(), folder)
     finally:
         try:
             sandbox.down(state)
@@ -231,10 +230,6 @@ def ssh_loop(ssh_config: Path, commands: Sequence[str], *, timeout: float = 300,
     return run_timed(["bash", "-c", ssh_loop_script(ssh_config, commands)], timeout=timeout, stdout=stdout)
 
 
-pids_with_env = sandbox.pids_with_env
-run_processes = sandbox.run_processes
-
-
 def kill_marked(needle: bytes, timeout: float = 10.0) -> int:
     """KILL every process whose environment carries `needle`; returns how many there were."""
     pids = pids_with_env(needle)
@@ -245,15 +240,6 @@ def kill_marked(needle: bytes, timeout: float = 10.0) -> int:
     while pids_with_env(needle) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(pids)
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a zombie has no environment: the tests' scan skips it too)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
 def wait_gone(find: Callable[[], list[int]], timeout: float, poll: float = 0.02,
@@ -270,7 +256,7 @@ def wait_gone(find: Callable[[], list[int]], timeout: float, poll: float = 0.02,
     first_drop = None
     while True:
         now = time.perf_counter() - start
-        live = {pid for pid in watched if _alive(pid)}
+        live = {pid for pid in watched if procs.alive(pid)}  # a zombie has no environment: the scans skip it too
         if first_drop is None and live != watched:
             first_drop = now
         if not live:

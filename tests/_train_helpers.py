@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.sandbox import free_port as free_port  # re-exported for the train tests
-from launcher.sandbox import pids_with_env
+from tests.support.procs import free_port as free_port  # re-exported for the train tests
+from tests.support.procs import pids_with_env
 
 if TYPE_CHECKING:
     import torch

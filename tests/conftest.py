@@ -11,6 +11,8 @@ import pytest
 
 from launcher import sandbox
 from launcher.sandbox import Sandbox
+from tests.support.procs import free_port as free_port  # re-exported: tests import it from here
+from tests.support.procs import reserve_base_addr
 
 # Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.
 _SUBNETS = itertools.count(10)
@@ -19,9 +21,6 @@ _LAST_SUBNET = 250
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: starts real sshd servers and processes")
-
-
-free_port = sandbox.free_port
 
 
 class SandboxFactory:
@@ -35,7 +34,7 @@ class SandboxFactory:
 
     def reserve_base(self) -> str:
         """A base address 127.0.K.2 that no other sandbox of any process uses until teardown."""
-        base, handle = sandbox.reserve_base_addr(next(_SUBNETS), _LAST_SUBNET)
+        base, handle = reserve_base_addr(next(_SUBNETS), _LAST_SUBNET)
         self._locks.append(handle)
         return base
 

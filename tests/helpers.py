@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from launcher import sandbox
+from launcher.sandbox import node_cache
+from tests.support.procs import run_processes as run_processes  # re-exported: tests import it from here
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
@@ -53,13 +54,8 @@ def run_id_of(output: str) -> str:
     return match.group(1)
 
 
-run_processes = sandbox.run_processes
-
-
 def node_runs(box, index: int) -> Path:
     """Sandbox node `index`'s own run directories (each node has its own cache home, as on separate machines)."""
-    from launcher.sandbox import node_cache
-
     return node_cache(box.state_dir, index) / "ddp-launcher" / "runs"
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from conftest import free_port
 
 from launcher import sandbox
 from launcher.sandbox import Sandbox, SandboxError, SandboxNode
+from tests.support.procs import gone, processes_mentioning
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure helpers.
@@ -150,27 +152,6 @@ def ssh(sb: Sandbox, node: str, command: str) -> subprocess.CompletedProcess[str
     return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
 
-def gone(pid: int) -> bool:
-    """No such process, or a zombie waiting for pid 1 to reap it."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return True
-    return "\nState:\tZ" in status
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live pids whose command line mentions `text` (sshd keeps `-f STATE/node-i/sshd_config` in its title)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and text in Path(f"/proc/{entry}/cmdline").read_text():
-                found.append(int(entry))
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return [pid for pid in found if pid != os.getpid() and not gone(pid)]
-
-
 @pytest.mark.integration
 def test_nodes_have_their_own_hostname_and_hosts(make_sandbox) -> None:
     host_hosts, host_name = Path("/etc/hosts").read_bytes(), socket.gethostname()
@@ -218,6 +199,57 @@ def test_down_stops_listeners_and_sessions(make_sandbox) -> None:
     assert processes_mentioning(str(sb.state_dir)) == []
     assert sandbox.running(sb.state_dir) == {}
     assert sandbox.down(sb.state_dir) == [f"no sandbox is up in {sb.state_dir}; nothing to stop."]
+
+
+def still_open(sockets: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """The sockets whose server end is not closed within `seconds` (read to EOF or reset; a banner may come first)."""
+    deadline, found = time.monotonic() + seconds, []
+    for sock in sockets:
+        try:
+            while True:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                if not sock.recv(4096):
+                    break
+        except TimeoutError:
+            found.append(sock)
+        except OSError:  # reset: closed too
+            pass
+    return found
+
+
+@pytest.mark.integration
+def test_down_stops_the_connections_a_dying_listener_forked(make_sandbox) -> None:
+    # Connections keep arriving while down stops the node: what the listener forks after down's last look has
+    # no parent once the listener is gone (and a session of its own), and must be stopped all the same.
+    sb = make_sandbox(1)
+    node, clients, done = sb.nodes[0], [], threading.Event()
+
+    def connect() -> None:
+        while not done.is_set():
+            try:
+                client = socket.create_connection((node.addr, node.port), timeout=1)
+            except OSError:
+                time.sleep(0.001)
+                continue
+            clients.append(client)
+            with contextlib.suppress(OSError):
+                client.sendall(b"SSH-2.0-test\r\n")  # past the banner: sshd holds it for its login grace time
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    try:
+        time.sleep(0.1)
+        assert [line.split(": ")[-1] for line in sandbox.down(sb.state_dir)] == ["stopped"]
+    finally:
+        done.set()
+        thread.join()
+    try:
+        assert len(clients) > 1
+        assert still_open(clients, 10) == []
+        assert processes_mentioning(str(sb.state_dir)) == []
+    finally:
+        for client in clients:
+            client.close()
 
 
 @pytest.mark.integration

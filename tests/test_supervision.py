@@ -18,6 +18,8 @@ import pytest
 from conftest import free_port
 from helpers import REPO, inv, node_runs, run_processes, wait_for
 
+from tests.support.procs import parent, sshd_family
+
 pytestmark = pytest.mark.integration
 
 GRACE = 1.0
@@ -48,37 +50,6 @@ def the_run(box, node: int) -> Path:
 def leader_pid(run_dir: Path) -> int:
     wait_for(lambda: (run_dir / "leader").exists(), 60, "torchrun started")
     return int((run_dir / "leader").read_text().split()[0])
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def sshd_family(listener: int) -> list[int]:
-    """The node's sshd listener and every sshd process under it (not the agent or torchrun they serve)."""
-    family, todo = [], [listener]
-    while todo:
-        pid = todo.pop()
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
-                family.append(pid)
-                todo += children(pid)
-        except OSError:
-            continue
-    return family
 
 
 def gone_within(run_id: str, seconds: float) -> None:

@@ -1,0 +1,57 @@
+"""A local cluster for tests and demos: N real sshd servers on loopback addresses, each its own hostname."""
+
+from launcher.errors import SandboxError
+from launcher.sandbox.nodes import (
+    DEFAULT_INVENTORY,
+    DEFAULT_STATE_DIR,
+    MAX_NODES,
+    REPO_ROOT,
+    Sandbox,
+    SandboxNode,
+    down,
+    load,
+    running,
+    stop_node,
+    up,
+)
+from launcher.sandbox.render import (
+    SSHD,
+    TRAP_ADDR,
+    node_addresses,
+    node_cache,
+    node_command,
+    node_name,
+    render_hosts,
+    render_inventory,
+    render_known_hosts,
+    render_ssh_config,
+    render_sshd_config,
+)
+from launcher.sandbox.start import default_python
+
+__all__ = [
+    "DEFAULT_INVENTORY",
+    "DEFAULT_STATE_DIR",
+    "MAX_NODES",
+    "REPO_ROOT",
+    "SSHD",
+    "TRAP_ADDR",
+    "Sandbox",
+    "SandboxError",
+    "SandboxNode",
+    "default_python",
+    "down",
+    "load",
+    "node_addresses",
+    "node_cache",
+    "node_command",
+    "node_name",
+    "render_hosts",
+    "render_inventory",
+    "render_known_hosts",
+    "render_ssh_config",
+    "render_sshd_config",
+    "running",
+    "stop_node",
+    "up",
+]

@@ -1,0 +1,352 @@
+"""The sandbox's lifecycle: up, load, running, stop_node, down; its state file, keys, configs and lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import SandboxError
+from launcher.inventory import DEFAULT_MASTER_PORT
+from launcher.sandbox import procs, start
+from launcher.sandbox.render import (
+    SSHD,
+    config_path,
+    node_addresses,
+    node_cache,
+    node_command,
+    node_name,
+    render_hosts,
+    render_inventory,
+    render_known_hosts,
+    render_ssh_config,
+    render_sshd_config,
+)
+from launcher.sandbox.stop import stop_families
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
+DEFAULT_INVENTORY = REPO_ROOT / "hosts" / "sandbox.yaml"
+MAX_NODES = 200
+
+_STATE_FILE = "sandbox.json"
+_USER_KEY = "id_ed25519"
+_NODE_KEYS = {"name", "addr", "port", "pid", "start_time"}
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    """One sshd server of the sandbox."""
+
+    name: str
+    """Its ssh alias and hostname: node-0, node-1, ..."""
+    addr: str
+    """The loopback address it listens on (and that every node's /etc/hosts gives for `name`)."""
+    port: int
+    """The TCP port it listens on."""
+    pid: int
+    """The sshd listener's process id."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A running sandbox and the files a client needs to use it."""
+
+    state_dir: Path
+    """Folder with keys, configs, logs and sandbox.json."""
+    nodes: tuple[SandboxNode, ...]
+    ssh_config: Path
+    """`ssh -F` this file to reach node-i by name."""
+    known_hosts: Path
+    """Every node's host key, pre-filled."""
+    identity_file: Path
+    """The private key every node accepts for root."""
+    inventory: Path
+    """The launcher inventory written for this sandbox."""
+
+
+def up(
+    nodes: int,
+    *,
+    state_dir: Path = DEFAULT_STATE_DIR,
+    inventory: Path = DEFAULT_INVENTORY,
+    base_addr: str = "127.0.0.2",
+    ssh_port: int = 2222,
+    python: str | None = None,
+    workdir: Path | None = None,
+    nproc_per_node: int = 1,
+    master_port: int = DEFAULT_MASTER_PORT,
+    script: str = "train/ddp.py",
+    script_args: Sequence[str] = (),
+    unresolvable: Mapping[int, Iterable[int]] | None = None,
+    self_loopback_trap: Iterable[int] = (),
+    python_override: Mapping[int, str] | None = None,
+    ready_timeout: float = 10.0,
+) -> Sandbox:
+    """Start `nodes` sshd servers and write their keys, ssh config and inventory; return once all accept TCP.
+
+    Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts;
+    `self_loopback_trap` [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path}
+    gives node i another interpreter in the inventory. Nothing is left running when it raises.
+    """
+    if not 1 <= nodes <= MAX_NODES:
+        raise SandboxError(f"a sandbox has 1 to {MAX_NODES} nodes, got {nodes}.")
+    if not 1 <= ssh_port <= 65535:
+        raise SandboxError(f"ssh port must be 1..65535, got {ssh_port}.")
+    addrs = node_addresses(base_addr, nodes)
+    hidden = {i: set(js) for i, js in (unresolvable or {}).items()}
+    trap = set(self_loopback_trap)
+    overrides = dict(python_override or {})
+    _check_indices(nodes, {*hidden, *(j for js in hidden.values() for j in js), *trap, *overrides})
+    unshare = start.preflight()
+    state_dir, inventory = Path(state_dir).absolute(), Path(inventory).absolute()
+    config_path(state_dir)
+    inventory_text = render_inventory(
+        ssh_config=state_dir / "ssh_config",
+        names=[node_name(i) for i in range(nodes)],
+        python=python or start.default_python(),
+        workdir=Path(workdir).absolute() if workdir else REPO_ROOT,
+        nproc_per_node=nproc_per_node,
+        master_port=master_port,
+        script=script,
+        script_args=script_args,
+        python_override=overrides,
+    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(state_dir):
+        _clear_stale(state_dir)
+        identity, known_hosts, ssh_config = _write_client_files(state_dir, addrs, ssh_port)
+        commands = [
+            _write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare)
+            for i in range(nodes)
+        ]
+        started: list[subprocess.Popen[bytes]] = []
+        try:
+            for i, argv in enumerate(commands):
+                started.append(start.launch(state_dir / node_name(i), argv))
+            start.wait_ready(state_dir, addrs, ssh_port, started, ready_timeout)
+            inventory.parent.mkdir(parents=True, exist_ok=True)
+            inventory.write_text(inventory_text, encoding="utf-8")
+            records = [
+                {
+                    "name": node_name(i),
+                    "addr": addr,
+                    "port": ssh_port,
+                    "pid": p.pid,
+                    "start_time": procs.start_time(p.pid),
+                }
+                for i, (addr, p) in enumerate(zip(addrs, started, strict=True))
+            ]
+            _write_state(state_dir, records, ssh_config, known_hosts, identity, inventory)
+        except BaseException:  # Ctrl-C included: nothing half-started stays behind
+            _stop_started(started)
+            raise
+    return load(state_dir)
+
+
+def load(state_dir: Path = DEFAULT_STATE_DIR) -> Sandbox:
+    """The sandbox recorded in `state_dir` (its processes may have died since; see `running`)."""
+    state = _read_state(Path(state_dir).absolute())
+    return Sandbox(
+        state_dir=Path(state["state_dir"]),
+        nodes=tuple(SandboxNode(n["name"], n["addr"], n["port"], n["pid"]) for n in state["nodes"]),
+        ssh_config=Path(state["ssh_config"]),
+        known_hosts=Path(state["known_hosts"]),
+        identity_file=Path(state["identity_file"]),
+        inventory=Path(state["inventory"]),
+    )
+
+
+def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
+    """Stop every node of the sandbox in `state_dir` and forget it; one line per node says what was done."""
+    state_dir = Path(state_dir).absolute()
+    if not (state_dir / _STATE_FILE).exists():
+        return [f"no sandbox is up in {state_dir}; nothing to stop."]
+    with _locked(state_dir):
+        if not (state_dir / _STATE_FILE).exists():  # another `down` won the race
+            return [f"no sandbox is up in {state_dir}; nothing to stop."]
+        lines = _stop_records(_read_state(state_dir)["nodes"])
+        (state_dir / _STATE_FILE).unlink()
+    return lines
+
+
+def stop_node(state_dir: Path, index: int) -> None:
+    """Stop node `index`'s sshd (and its sessions) to simulate a dead node; the others keep running."""
+    state_dir = Path(state_dir).absolute()
+    with _locked(state_dir):
+        records = _read_state(state_dir)["nodes"]
+        if not 0 <= index < len(records):
+            raise SandboxError(f"the sandbox in {state_dir} has no node {index} (it has {len(records)}).")
+        _stop_records([records[index]])
+
+
+def running(state_dir: Path = DEFAULT_STATE_DIR) -> dict[str, bool]:
+    """Node name -> whether its sshd listener is alive; empty when no sandbox is recorded in `state_dir`."""
+    path = Path(state_dir).absolute() / _STATE_FILE
+    if not path.exists():
+        return {}
+    return {r["name"]: _is_our_sshd(r) for r in _read_state(path.parent)["nodes"]}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files: keys, configs, state.
+
+
+def _check_indices(nodes: int, indices: Iterable[int]) -> None:
+    bad = sorted(i for i in indices if not 0 <= i < nodes)
+    if bad:
+        raise SandboxError(f"fault options name node {bad[0]}, but the sandbox has nodes 0..{nodes - 1}.")
+
+
+def _clear_stale(state_dir: Path) -> None:
+    if not (state_dir / _STATE_FILE).exists():
+        return
+    records = _read_state(state_dir)["nodes"]
+    alive = [r["name"] for r in records if _is_our_sshd(r)]
+    if alive:
+        raise SandboxError(
+            f"a sandbox is already up in {state_dir} ({len(alive)} of {len(records)} nodes running);"
+            " stop it first with `inv sandbox.down`."
+        )
+    _stop_records(records)  # its listeners are gone; this only reaps what this process started
+    (state_dir / _STATE_FILE).unlink()
+
+
+def _ensure_key(path: Path) -> str:
+    """Make an ed25519 key pair at `path` unless there is one (keys outlive `down`); return its public key."""
+    public = Path(f"{path}.pub")
+    if not (path.exists() and public.exists()):
+        path.unlink(missing_ok=True)
+        public.unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
+    return public.read_text(encoding="utf-8")
+
+
+def _write_client_files(state_dir: Path, addrs: Sequence[str], port: int) -> tuple[Path, Path, Path]:
+    identity, known_hosts, ssh_config = (
+        state_dir / _USER_KEY,
+        state_dir / "known_hosts",
+        state_dir / "ssh_config",
+    )
+    (state_dir / "authorized_keys").write_text(_ensure_key(identity), encoding="utf-8")
+    host_keys = []
+    for i, addr in enumerate(addrs):
+        (state_dir / node_name(i)).mkdir(exist_ok=True)
+        host_keys.append((addr, port, _ensure_key(state_dir / node_name(i) / "ssh_host_ed25519_key")))
+    # Pre-filled: many first connections at once would race to learn keys into one file.
+    known_hosts.write_text(render_known_hosts(host_keys), encoding="utf-8")
+    records = [SandboxNode(node_name(i), addr, port, 0) for i, addr in enumerate(addrs)]
+    ssh_config.write_text(render_ssh_config(records, identity, known_hosts), encoding="utf-8")
+    return identity, known_hosts, ssh_config
+
+
+def _write_node_files(
+    state_dir: Path,
+    index: int,
+    addrs: Sequence[str],
+    port: int,
+    hidden: Iterable[int],
+    trap: bool,
+    unshare: str,
+) -> list[str]:
+    """Write node `index`'s sshd_config and hosts file; return the argv that starts it."""
+    folder = state_dir / node_name(index)
+    config, hosts = folder / "sshd_config", folder / "hosts"
+    config.write_text(
+        render_sshd_config(
+            addrs[index],
+            port,
+            folder / "ssh_host_ed25519_key",
+            folder / "sshd.pid",
+            state_dir / "authorized_keys",
+            node_cache(state_dir, index),
+        ),
+        encoding="utf-8",
+    )
+    hosts.write_text(render_hosts(index, addrs, unresolvable=hidden, loopback_trap=trap), encoding="utf-8")
+    (folder / "sshd.pid").unlink(missing_ok=True)  # readiness waits for sshd to write it afresh
+    if index == 0:  # the configs differ only in paths: checking one catches a bad template cheaply
+        check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise SandboxError(f"sshd rejects {config}: {start.last_lines(check.stderr)}")
+    return node_command(node_name(index), hosts, config, unshare)
+
+
+def _write_state(
+    state_dir: Path,
+    nodes: list[dict[str, Any]],
+    ssh_config: Path,
+    known_hosts: Path,
+    identity: Path,
+    inventory: Path,
+) -> None:
+    state = {
+        "state_dir": str(state_dir),
+        "ssh_config": str(ssh_config),
+        "known_hosts": str(known_hosts),
+        "identity_file": str(identity),
+        "inventory": str(inventory),
+        "nodes": nodes,
+    }
+    tmp = state_dir / f"{_STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(state_dir / _STATE_FILE)
+
+
+def _read_state(state_dir: Path) -> dict[str, Any]:
+    path = state_dir / _STATE_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not all(node.keys() >= _NODE_KEYS for node in state["nodes"]):
+            raise ValueError("a node lacks a field")
+        return state
+    except FileNotFoundError:
+        raise SandboxError(f"no sandbox is up in {state_dir}: start one with `inv sandbox.up`.") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SandboxError(f"{path} is unreadable ({exc}); stop stray nodes by hand, then delete it.") from None
+
+
+@contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """Serialize up/down/stop_node on one state folder, across processes."""
+    with open(state_dir / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stopping: only the processes we started, recognized by pid, start time and executable.
+
+
+def _is_our_sshd(record: Mapping[str, Any]) -> bool:
+    start.reap()
+    return procs.alive(record["pid"], record["start_time"]) and procs.exe(record["pid"]) == SSHD
+
+
+def _stop_records(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Stop the recorded listeners that are still ours, and their families; one line per node."""
+    labels = {r["pid"]: f"{r['name']} ({r['addr']}:{r['port']}, pid {r['pid']})" for r in records}
+    lines: dict[int, str] = {}
+    listeners: list[tuple[int, int]] = []
+    for r in records:
+        if _is_our_sshd(r):
+            listeners.append((r["pid"], r["start_time"]))
+            lines[r["pid"]] = "stopped"
+        elif procs.alive(r["pid"], r["start_time"]):
+            lines[r["pid"]] = "left alone: that pid is no longer the sandbox's sshd"
+        else:
+            lines[r["pid"]] = "already stopped"
+    killed = stop_families(listeners)
+    start.reap()
+    return [f"{labels[pid]}: {what}" + (" (needed SIGKILL)" if pid in killed else "") for pid, what in lines.items()]
+
+
+def _stop_started(started: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stop nodes this call just started (they may not have exec'd sshd yet, so no executable check)."""
+    stop_families([(p.pid, procs.start_time(p.pid)) for p in started if p.poll() is None])
+    start.forget(started)
