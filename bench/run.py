@@ -1,6 +1,6 @@
 """Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
 
-    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures]
+    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync]
 
 Figures (each the median of >= 3 runs, with min and max; baselines measured in the same run, interleaved):
   fanout  a light command on N nodes: the launcher (a fresh process, imports included) vs (a) the ssh loop
@@ -14,6 +14,8 @@ Figures (each the median of >= 3 runs, with min and max; baselines measured in t
   failures  a 2-node sleeper run broken five ways (worker crash, kill -9 of a torchrun, of an agent, of the
           launcher; a node's sshd SIGSTOPped), grace 1 s, timeouts 4 s: time until no process of the run is left,
           the launcher's exit code and time, processes left after 60 s (3 runs each; --quick: 1)
+  sync    `inv sync` of a 1,000-file, 50 MB tree to 8 nodes vs a parallel `rsync -a` loop: first sync, nothing
+          changed, one file changed (3 runs; --quick: 1)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, 3 runs each, fewer diagnostics (~4-5 minutes
 on 2 busy cores); the whole run takes ~12 minutes. Prints a table, writes bench/results/latest.json and
 bench/results/latest.md (with --only: bench/results/only-<figures>.json/.md, so the full table stays).
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, RESULTS, log, machine, remove_run_dirs
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -51,6 +53,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "stop": {"repeat": 3, "baselines_every_run": True},
         "logs": {"repeat": 3, "diagnostics": True},
         "failures": {"repeat": 3},
+        "sync": {"repeat": 3},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": 3},
@@ -59,6 +62,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "stop": {"repeat": 3, "baselines_every_run": False},
         "logs": {"repeat": 3, "diagnostics": False},
         "failures": {"repeat": 1},
+        "sync": {"repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -161,6 +165,10 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                     f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')} (bash + {cpu['nodes']} ssh clients)",
                     "", "", "(figure only)", "–"])
     failure_rows(out, results.get("failures"))
+    if results.get("sync"):
+        import sync_fig
+
+        out += sync_fig.rows(results["sync"], cell)
     return out
 
 
@@ -255,6 +263,7 @@ def main() -> int:
         import job
         import logs_fig
         import stop
+        import sync_fig
 
         for name, conf in todo.items():
             t0 = time.monotonic()
@@ -277,6 +286,8 @@ def main() -> int:
                     results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
                 elif name == "failures":
                     results["failures"] = failures.run(conf["repeat"], root)
+                elif name == "sync":
+                    results["sync"] = sync_fig.run(conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import doctor, probe, remote, runs
+from launcher import doctor, probe, remote, runs, sync
 from launcher.inventory import Cluster, parse_inventory
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
 
@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 NODE_PROGRAMS = {
     "launcher/agent.py": runs.AGENT_SOURCE,
     "launcher/probe.py": doctor.PROBE_SOURCE,
+    "launcher/syncd.py": sync.SYNCD_SOURCE,
     "launcher.remote.BOOTSTRAP": remote.BOOTSTRAP,
 }
 """Everything the controller sends a node to run, as it is sent."""
@@ -101,7 +102,7 @@ def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
     assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
 
 
-@pytest.mark.parametrize("program", ["launcher/agent.py", "launcher/probe.py"])
+@pytest.mark.parametrize("program", ["launcher/agent.py", "launcher/probe.py", "launcher/syncd.py"])
 def test_node_programs_make_up_no_numbers(program: str) -> None:
     assert numeric_defaults(NODE_PROGRAMS[program]) == []
 
@@ -119,5 +120,5 @@ def test_node_programs_are_python_3_8(program: str) -> None:
 
 
 def test_node_programs_are_sent_as_they_are_in_the_repository() -> None:
-    for path in ("launcher/agent.py", "launcher/probe.py"):
+    for path in ("launcher/agent.py", "launcher/probe.py", "launcher/syncd.py"):
         assert NODE_PROGRAMS[path] == (REPO / path).read_text(encoding="utf-8"), path

@@ -1,0 +1,461 @@
+"""Code sync: make every node's workdir hold the controller's project tree; only changed files travel.
+
+The local side lists the tree (in a git work tree `git ls-files --cached --others --exclude-standard`, otherwise a
+walk that honours every `.gitignore`), less the inventory's `sync.exclude` patterns (gitignore syntax). Each node
+runs `launcher/syncd.py` over its one SSH connection, all nodes at once: it answers what it has of those paths
+(size, mtime, mode, link target), the controller sends only the entries that differ (rsync's quick check: size and
+mtime), in one stream on the same session, and the node renames them into place once all have arrived.
+Nothing on a node is ever deleted; names that would leave the destination are refused on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import LauncherError, NodeFailure
+from launcher.inventory import Cluster, Host, SyncSpec
+from launcher.remote import host_command, program_input
+from launcher.syncd import Refused, check_link_target, check_name
+from launcher.transport import Channel, Node, classify, close_all, connect_all
+
+SYNCD_SOURCE = resources.files("launcher").joinpath("syncd.py").read_text(encoding="utf-8")
+"""The node side: a stdlib-only program, sent to each node on its stdin."""
+REPLY_TIMEOUT = 60.0
+"""Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""
+SEND_CHUNK = 1 << 20
+"""Bytes per send: small files are packed together into chunks of this size."""
+TIME_UNITS = (10**3, 10**6, 10**9)
+"""Granularities a node's file system may keep mtimes in (µs, ms, s); a time cut to one of them still matches."""
+
+
+class SyncFailed(LauncherError):
+    """The tree could not be synced to some nodes; one sentence each."""
+
+    def __init__(self, failures: Sequence[NodeFailure], what: str = ""):
+        self.failures = list(failures)
+        lines = [f"could not sync the code to {len(self.failures)} node(s){what}:"]
+        lines += [f"  {f}" for f in self.failures]
+        super().__init__("\n".join(lines))
+
+
+def spec_of(cluster: Cluster) -> SyncSpec:
+    """The inventory's `sync:` settings, or their defaults (this tree, to each host's workdir)."""
+    return cluster.sync or SyncSpec()
+
+
+# --- the local tree (no I/O beyond reading it) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file or symlink of the tree."""
+
+    path: str
+    """Relative, `/`-separated."""
+    kind: str
+    """"file" or "link"."""
+    size: int = 0
+    mtime_ns: int = 0
+    mode: int = 0o644
+    target: str | None = None
+    """A link's target (relative, inside the tree)."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The local tree to sync, and what was left out and why."""
+
+    root: Path
+    entries: tuple[Entry, ...]
+    how: str
+    """"git ls-files" or "walk + .gitignore"."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def paths(self) -> set[str]:
+        return {e.path for e in self.entries}
+
+
+def local_tree(src: str | Path, exclude: Sequence[str] = ()) -> Tree:
+    """List the tree at `src`: git's view of it in a work tree, else a walk honouring .gitignore; less `exclude`."""
+    root = Path(src).expanduser().absolute()
+    if not root.is_dir():
+        raise LauncherError(f"sync source {root} is not a directory")
+    from pathspec import GitIgnoreSpec
+
+    excluded = GitIgnoreSpec.from_lines(exclude)
+    names = _git_names(root)
+    how = "git ls-files"
+    if names is None:
+        names, how = list(_walk_names(root, excluded)), "walk + .gitignore"
+    entries, notes = [], []
+    for name in names:
+        if excluded.match_file(name):
+            continue
+        found = _entry(root, name)
+        if isinstance(found, Entry):
+            entries.append(found)
+        elif found:
+            notes.append(found)
+    return Tree(root, tuple(sorted(entries, key=lambda e: e.path)), how, tuple(notes))
+
+
+def _git_names(root: Path) -> list[str] | None:
+    """What git would commit under `root` (tracked and untracked, less ignored); None outside a work tree."""
+    try:
+        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True,
+                                text=True, timeout=30, check=False)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard",
+                                 "-z"], capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git here: the walk honours .gitignore itself
+    if listed.returncode != 0:
+        raise LauncherError(f"`git ls-files` failed in {root}: {listed.stderr.decode(errors='replace').strip()}")
+    return list(dict.fromkeys(os.fsdecode(n) for n in listed.stdout.split(b"\0") if n))  # unmerged: once
+
+
+def _walk_names(root: Path, excluded: Any) -> Iterable[str]:
+    """Every file under `root` that no .gitignore on its way (the deepest deciding) nor `excluded` leaves out."""
+    from pathspec import GitIgnoreSpec
+
+    pending: list[tuple[str, tuple[tuple[str, Any], ...]]] = [("", ())]
+    while pending:
+        rel, specs = pending.pop()
+        here = root / rel
+        ignore = here / ".gitignore"
+        if ignore.is_file():
+            specs = (*specs, (rel, GitIgnoreSpec.from_lines(ignore.read_text(errors="replace").splitlines())))
+        for item in sorted(os.scandir(here), key=lambda d: d.name):
+            path = f"{rel}/{item.name}" if rel else item.name
+            is_dir = item.is_dir(follow_symlinks=False)
+            if item.name == ".git" or _ignored(specs, path, is_dir) or (is_dir and excluded.match_file(path + "/")):
+                continue
+            if is_dir:
+                pending.append((path, specs))
+            else:
+                yield path
+
+
+def _ignored(specs: Sequence[tuple[str, Any]], path: str, is_dir: bool) -> bool:
+    """git's rule: the deepest .gitignore with a matching pattern decides (its last match, `!` re-includes)."""
+    for base, spec in reversed(specs):
+        relative = path[len(base) + 1:] if base else path
+        decided = spec.check_file(relative + "/" if is_dir else relative).include
+        if decided is not None:
+            return bool(decided)
+    return False
+
+
+def _entry(root: Path, name: str) -> Entry | str | None:
+    """The entry for `name`, or a note saying why it does not travel (None: gone since listing)."""
+    try:
+        check_name(name)
+    except Refused as exc:
+        return f"skipped: {exc}"
+    try:
+        st = os.lstat(root / name)
+    except FileNotFoundError:
+        return None  # deleted but still in git's index: nothing to send
+    if stat.S_ISREG(st.st_mode):
+        return Entry(name, "file", st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(root / name)
+        try:
+            check_link_target(name, target)
+        except Refused:
+            return f"skipped symlink {name} -> {target}: it points outside the tree"
+        return Entry(name, "link", target=target)
+    if stat.S_ISDIR(st.st_mode):
+        return f"skipped {name}/: a directory git lists as one entry (a submodule?)"
+    return f"skipped {name}: not a regular file or a symlink"
+
+
+# --- what to send (pure) --------------------------------------------------------------------------------------
+
+
+def is_current(entry: Entry, there: Sequence[Any] | None) -> bool:
+    """rsync's quick check: the node has this entry when kind, size, mode and mtime (or a link's target) match."""
+    if there is None:
+        return False
+    kind, size, mtime_ns, mode, target = there
+    if kind != entry.kind:
+        return False
+    if kind == "link":
+        return target == entry.target
+    return size == entry.size and mode == entry.mode and same_time(entry.mtime_ns, mtime_ns)
+
+
+def same_time(local_ns: int, remote_ns: int) -> bool:
+    """Equal mtimes, allowing a node file system that keeps them in µs, ms or whole seconds."""
+    return local_ns == remote_ns or any(remote_ns % unit == 0 and remote_ns == local_ns - local_ns % unit
+                                        for unit in TIME_UNITS)
+
+
+def changed(entries: Iterable[Entry], manifest: Mapping[str, Sequence[Any]]) -> list[Entry]:
+    """The entries a node lacks or has otherwise."""
+    return [e for e in entries if not is_current(e, manifest.get(e.path))]
+
+
+# --- one node -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeSync:
+    """What one node's sync did."""
+
+    node: str
+    dest: str
+    """The destination as the node resolved it."""
+    sent: int
+    """Entries sent (files and links)."""
+    bytes: int
+    """Content bytes sent."""
+    unchanged: int
+    seconds: float
+
+
+class _Gone(Exception):
+    """The node's side ended (or said why) while the controller was sending."""
+
+
+class _Session:
+    """The controller's end of one node's syncd session: JSON lines in, a header + content stream out."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.buffer = bytearray()
+        self.errors = bytearray()
+        self.pending = bytearray()
+
+    def answer(self, timeout: float) -> dict[str, Any] | None:
+        """The node's next JSON line; None when it ended without one (stderr says why)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            out, err = self.channel.read()
+            self.buffer += out
+            self.errors += err
+            if out or err:
+                continue
+            if self.channel.finished or self.channel.closed:
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from the node's sync program in {timeout:.0f}s")
+            self.channel.wait_readable(0.2)
+        line, _, rest = bytes(self.buffer).partition(b"\n")
+        self.buffer = bytearray(rest)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def send(self, data: bytes, flush: bool = False) -> None:
+        """Queue `data`; what is queued goes out once it reaches SEND_CHUNK (a chunk that size goes as it is)."""
+        if len(data) >= SEND_CHUNK and not self.pending:
+            self._out(data)
+            return
+        self.pending += data
+        if len(self.pending) >= SEND_CHUNK or flush:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self._out(bytes(self.pending))
+            self.pending.clear()
+
+    def _out(self, data: bytes) -> None:
+        if not self.channel.send(data):
+            raise _Gone
+
+    def send_entry(self, root: Path, entry: Entry) -> int:
+        """Send one entry's header and content; returns its content bytes."""
+        if entry.kind == "link":
+            self.send(_header(entry.path, "link", target=entry.target))
+            return 0
+        with open(root / entry.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            self.send(_header(entry.path, "file", size=st.st_size, mtime_ns=st.st_mtime_ns, mode=st.st_mode & 0o777))
+            left = st.st_size
+            if left >= SEND_CHUNK:  # a large file's chunks go out as they are read, not copied into the queue
+                self.flush()
+            while left:
+                chunk = f.read(min(SEND_CHUNK, left))
+                if not chunk:
+                    raise LauncherError(f"{entry.path} shrank while it was being sent; run the sync again")
+                self.send(chunk)
+                left -= len(chunk)
+        return st.st_size
+
+    def why(self) -> str:
+        """The node's own words when it ended without an answer (a missing interpreter, a traceback)."""
+        text = bytes(self.errors).decode(errors="replace").strip().splitlines()
+        if text:
+            return text[-1]
+        return "the connection closed" if self.channel.closed else "the sync program ended without a word"
+
+
+def _header(path: str, kind: str, **fields: Any) -> bytes:
+    return (json.dumps({"path": path, "kind": kind, **fields}) + "\n").encode()
+
+
+def sync_node(node: Node, host: Host, dest: str, tree: Tree) -> NodeSync | NodeFailure:
+    """Bring one node's `dest` up to date with `tree` over one session of its connection."""
+    t0 = time.monotonic()
+    try:
+        session = _Session(node.open_channel(host_command(host)))
+    except Exception as exc:
+        return classify(node.target, exc)
+    try:
+        request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4)}
+        if not session.channel.send(program_input(SYNCD_SOURCE, request)):
+            return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
+        first = session.answer(REPLY_TIMEOUT)
+        if first is None:
+            return NodeFailure(node.name, "sync", f"the sync program did not start: {session.why()}",
+                               f"check `python` for {node.name} in the inventory")
+        if "error" in first:
+            return NodeFailure(node.name, "sync", str(first["error"]))
+        todo = changed(tree.entries, first["manifest"])
+        need, free = sum(e.size for e in todo), first.get("free")
+        if free is not None and need > free:
+            return NodeFailure(node.name, "sync", f"no space: {_size(need)} to write to {first['dest']}, "
+                                                  f"{_size(free)} free there", "free some space on the node")
+        sent = 0
+        try:
+            for entry in todo:
+                sent += session.send_entry(tree.root, entry)
+            session.send(b'{"end": true}\n', flush=True)
+        except _Gone:
+            pass  # the node stopped reading: its answer says why
+        session.channel.close_stdin()
+        last = session.answer(REPLY_TIMEOUT)
+        if last is None or not last.get("ok"):
+            why = str(last["error"]) if last and "error" in last else f"the sync ended early: {session.why()}"
+            return NodeFailure(node.name, "sync", f"{why}; nothing was changed there" if last else why)
+        return NodeSync(node.name, first["dest"], len(todo), sent, len(tree.entries) - len(todo),
+                        time.monotonic() - t0)
+    except TimeoutError as exc:  # before OSError, of which it is one
+        return NodeFailure(node.name, "sync", str(exc), "is the node overloaded, or its disk hung?")
+    except LauncherError as exc:
+        return NodeFailure(node.name, "sync", str(exc))
+    except OSError as exc:
+        return NodeFailure(node.name, "sync", f"cannot read {exc.filename or 'a file'} here: {exc.strerror or exc}")
+    except Exception as exc:
+        return classify(node.target, exc)
+    finally:
+        session.channel.close()
+
+
+def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: SyncSpec
+               ) -> dict[str, NodeSync | NodeFailure]:
+    """Sync every open node at once; one outcome per node, in inventory order."""
+    hosts = [h for h in cluster.hosts if h.name in nodes]
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        futures = {h.name: pool.submit(sync_node, nodes[h.name], h, spec.dest or h.workdir, tree)
+                   for h in hosts}
+        return {name: f.result() for name, f in futures.items()}
+
+
+# --- tasks ----------------------------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def describe_tree(cluster: Cluster, tree: Tree, spec: SyncSpec) -> list[str]:
+    """What will travel, and notes: skipped entries, a job script that is not in the tree."""
+    lines = [f"syncing {tree.root} ({len(tree.entries)} files, {_size(tree.size)}; {tree.how}"
+             + (f"; excluding {', '.join(spec.exclude)}" if spec.exclude else "") + ")"]
+    lines += [f"note: {n}" for n in tree.notes]
+    job = cluster.job
+    if job is not None and spec.dest is None and not os.path.isabs(job.script) \
+            and os.path.normpath(job.script) not in tree.paths:
+        lines.append(f"note: the job's script {job.script} is not in the synced tree (ignored or excluded?)")
+    return lines
+
+
+def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
+    """One line per node: what was sent, or the one-sentence failure."""
+    lines = []
+    for outcome in outcomes.values():
+        if isinstance(outcome, NodeSync):
+            lines.append(f"{outcome.node}: sent {outcome.sent} file(s), {_size(outcome.bytes)} in "
+                         f"{outcome.seconds:.2f}s; {outcome.unchanged} unchanged -> {outcome.dest}")
+        else:
+            lines.append(f"{outcome}")
+    return lines
+
+
+def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> str:
+    done = [o for o in outcomes.values() if isinstance(o, NodeSync)]
+    return (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
+            f"{_size(sum(o.bytes for o in done))} sent")
+
+
+def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str]) -> int:
+    """`inv sync`: every reachable node is synced; 1 when any node could not be (each says why in one line)."""
+    spec = spec_of(cluster)
+    tree = local_tree(spec.src, spec.exclude)
+    for line in describe_tree(cluster, tree, spec):
+        out.write(line + "\n")
+    t0 = time.monotonic()
+    nodes, failures = connect_all(cluster, timeout=connect_timeout)
+    try:
+        outcomes = sync_nodes(cluster, nodes, tree, spec)
+    finally:
+        close_all(nodes.values())
+    unreachable = {f.host: f for f in failures}
+    ordered = {h.name: outcomes.get(h.name) or unreachable[h.name] for h in cluster.hosts}
+    for line in outcome_lines(ordered):
+        out.write(line + "\n")
+    out.write(summary(ordered, time.monotonic() - t0) + "\n")
+    return 1 if any(isinstance(o, NodeFailure) for o in ordered.values()) else 0
+
+
+def before_launch(cluster: Cluster, err: IO[str], then: Callable[[Cluster, dict[str, Node]], None] | None = None
+                  ) -> Callable[[Cluster, dict[str, Node]], None]:
+    """A launch preflight that syncs over the run's own connections, then runs `then` (the doctor's checks).
+
+    The local tree is listed now, before any node is contacted; a node that cannot be synced stops the launch.
+    """
+    spec = spec_of(cluster)
+    tree = local_tree(spec.src, spec.exclude)
+
+    def step(cluster: Cluster, nodes: dict[str, Node]) -> None:
+        for line in describe_tree(cluster, tree, spec):
+            err.write(line + "\n")
+        t0 = time.monotonic()
+        outcomes = sync_nodes(cluster, nodes, tree, spec)
+        for line in outcome_lines({k: v for k, v in outcomes.items() if isinstance(v, NodeSync)}):
+            err.write(line + "\n")
+        err.write(summary(outcomes, time.monotonic() - t0) + "\n")
+        failures = [o for o in outcomes.values() if isinstance(o, NodeFailure)]
+        if failures:
+            raise SyncFailed(failures, "; nothing was started")
+        if then is not None:
+            then(cluster, nodes)
+
+    return step
