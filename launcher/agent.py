@@ -22,6 +22,8 @@ import queue
 import re
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -30,6 +32,7 @@ import time
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"  # launcher.plan's: a run id that names no other path
+SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")  # launcher.inventory_fields': what socket_ifname sets
 
 
 def emit(event, **fields):
@@ -304,6 +307,116 @@ def stop_run(run_dir, mark, grace, record=True):
     return found, len(marked_pids(mark))
 
 
+def unset_match(name, patterns):
+    """Whether `name` is one of `patterns`: an exact name, or a glob ending in `*` (TORCHELASTIC_*)."""
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def socket_env(ifname):
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for an interface name (nothing for None)."""
+    return {} if ifname is None else {name: ifname for name in SOCKET_ENV}
+
+
+def torchrun_env(request, inherited):
+    """torchrun's environment: the login environment less every name `unset_env` matches (a stale RANK or
+    MASTER_ADDR from a .bashrc), then the socket interface, then the request's env, which wins."""
+    env = {k: v for k, v in inherited.items() if not unset_match(k, request["unset_env"])}
+    env.update(socket_env(request["socket_ifname"]))
+    env.update(request["env"])
+    env[RUN_ID_ENV] = request["mark"]
+    # torchrun's --tee copies worker lines to its own stdout, a file here: unbuffered, they reach the log
+    # (and the launcher) as they are printed, not in 8 KiB blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _ipv4_ifaces():
+    """(name, address, netmask) of each IPv4 interface, via ioctl (Linux); empty where that does not work."""
+    import fcntl
+
+    out = []
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            packed = struct.pack("256s", name[:15].encode())
+            try:
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x8915, packed)[20:24])  # SIOCGIFADDR
+                mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x891B, packed)[20:24])  # SIOCGIFNETMASK
+            except OSError:
+                continue
+            out.append((name, addr, mask))
+    finally:
+        sock.close()
+    return out
+
+
+def iface_holding(ip, same_subnet):
+    """The interface that holds address `ip`; with `same_subnet`, else one whose IPv4 subnet contains it (127.0.0.5
+    is on lo, 127.0.0.1/8). None when none does (launcher/probe.py's approach: ioctl, /proc/net/if_inet6)."""
+    if ":" in ip:
+        try:
+            want = socket.inet_pton(socket.AF_INET6, ip).hex()
+            with open("/proc/net/if_inet6") as handle:
+                for line in handle:
+                    words = line.split()
+                    if len(words) >= 6 and words[0] == want:
+                        return words[5]
+        except (OSError, ValueError):
+            pass
+        return None
+    try:
+        ifaces = _ipv4_ifaces()
+        target = struct.unpack("!I", socket.inet_aton(ip))[0]
+    except (OSError, ImportError, AttributeError):
+        return None
+    for name, addr, _ in ifaces:
+        if addr == ip:
+            return name
+    if same_subnet:
+        for name, addr, mask in ifaces:
+            bits = struct.unpack("!I", socket.inet_aton(mask))[0]
+            if struct.unpack("!I", socket.inet_aton(addr))[0] & bits == target & bits:
+                return name
+    return None
+
+
+def route_iface(master_addr, master_port):
+    """(interface, None): the one this node reaches master_addr through; (None, why) when there is none.
+
+    On the master's own node the route is via lo while its peers come in elsewhere: when master_addr is an address
+    an interface here holds, that interface. Otherwise a UDP connect (it sends nothing) gives the source address.
+    """
+    try:
+        infos = socket.getaddrinfo(master_addr, master_port, 0, socket.SOCK_DGRAM)
+    except (OSError, UnicodeError) as exc:
+        return None, "it does not resolve here (%s)" % exc
+    for info in infos:
+        name = iface_holding(info[4][0].split("%")[0], same_subnet=False)
+        if name is not None:
+            return name, None
+    family, _, _, _, sockaddr = infos[0]
+    try:
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.connect(sockaddr)
+            ip = sock.getsockname()[0].split("%")[0]
+        finally:
+            sock.close()
+    except OSError as exc:
+        return None, "no route to it (%s)" % exc
+    name = iface_holding(ip, same_subnet=True)
+    if name is None:
+        return None, "no interface here holds %s, the address this node sends to it from" % ip
+    return name, None
+
+
+def socket_ifname(request):
+    """(interface or None, None) for NCCL/GLOO_SOCKET_IFNAME; (None, why) when `auto` finds no interface."""
+    if request["socket_ifname"] != "auto":
+        return request["socket_ifname"], None
+    return route_iface(request["master_addr"], request["master_port"])
+
+
 def spawn(request, run_dir):
     """Start torchrun in its own session; its output goes to the run's log file."""
     os.makedirs(run_dir, mode=0o700)
@@ -311,16 +424,12 @@ def spawn(request, run_dir):
     argv = [home(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
     public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
-        "argv": argv, "workdir": request["workdir"], "env": public,
-        "secret_env": sorted(request.get("secret_names", [])), "node_rank": request.get("node_rank"),
+        "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
+        "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
+        "node_rank": request.get("node_rank"),
     }, indent=1))
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
-    env = dict(os.environ)
-    env.update(request["env"])
-    env[RUN_ID_ENV] = request["mark"]
-    # torchrun's --tee copies worker lines to its own stdout, a file here: unbuffered, they reach the log
-    # (and the launcher) as they are printed, not in 8 KiB blocks.
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = torchrun_env(request, os.environ)
     log = open(os.path.join(run_dir, "log"), "ab")
     try:
         proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,
@@ -376,6 +485,13 @@ def start(request):
     if os.path.exists(run_dir):
         emit("error", message="run directory %s already exists" % request["run_dir"])
         return 2
+    ifname, problem = socket_ifname(request)
+    if problem is not None:
+        emit("error", message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
+                              "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],
+                                                                                   problem))
+        return 2
+    request = dict(request, socket_ifname=ifname)  # auto, found once: spawn (here or in the keeper) sets this
     if request["detach"]:
         return start_detached(request, run_dir)
     try:

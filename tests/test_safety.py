@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.inventory import load_inventory
-from launcher.plan import RUNS_ROOT
+from launcher.plan import RESERVED_ENV, RUNS_ROOT
 from launcher.runs import agent_command, agent_input
 from launcher.transport import connect_all
 
@@ -71,7 +71,8 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
     request = {"action": "start", "run_dir": f"{RUNS_ROOT}/{run_id}/node-0", "mark": f"{run_id}/node-0",
                "workdir": str(workdir), "argv": [host.python, "-c", program, *args], "expand_home": [0],
                "env": {"HOSTILE": value}, "secret_names": [], "detach": False, "grace": 5.0,
-               "heartbeat_timeout": 30.0, "alive_interval": 5.0}
+               "heartbeat_timeout": 30.0, "alive_interval": 5.0, "unset_env": list(RESERVED_ENV),
+               "socket_ifname": None, "master_addr": "node-0", "master_port": 29500}
     channel = node.open_channel(agent_command(host.python))
     channel.send(agent_input(request))  # stdin stays open: for an attached run, EOF means "launcher gone"
     result = channel.collect(timeout=30)
