@@ -15,10 +15,15 @@ from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.inventory import DEFAULT_MASTER_PORT
 
-HOSTS_HELP = "inventory file (default: launcher.hosts in invoke.yaml)"
+HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "
+              "launcher.defaults and launcher.job in invoke.yaml); default: launcher.hosts in invoke.yaml")
+INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
+EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the latest on each node)"
-USAGE = 2
+USAGE = cli.USAGE
 """Exit code for wrong input on the command line or in invoke.yaml (found before anything is contacted)."""
+HOSTFILE_CONFIG = ("defaults", "job")
+"""invoke.yaml's `launcher:` keys for a hostfile given as --hosts: read by `_hosts`, not by `launcher.options`."""
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -40,7 +45,8 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _options(c: Context, **overrides: Any) -> options.Options:
     """invoke.yaml's `launcher:` section, then the command line's values (None: not given), every number checked."""
     try:
-        return options.from_config(c.config.get("launcher", {}), overrides)
+        config = c.config.get("launcher", {})
+        return options.from_config({k: v for k, v in config.items() if k not in HOSTFILE_CONFIG}, overrides)
     except LauncherError as exc:
         raise Exit(f"error: {exc}", USAGE) from None
 
@@ -63,16 +69,22 @@ def _integer(name: str, value: Any, minimum: int = 0) -> int:
     return number
 
 
-def _hosts(c: Context, hosts: str | None) -> str:
-    return hosts or c.config.get("launcher", {}).get("hosts", options.DEFAULT_HOSTS)
+def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> cli.Hosts:
+    """`--hosts` (default: launcher.hosts), what a hostfile takes from invoke.yaml, and the hosts chosen."""
+    config = c.config.get("launcher", {})
+    return cli.Hosts(hosts or config.get("hosts", options.DEFAULT_HOSTS), config.get("defaults"), config.get("job"),
+                     include, exclude)
 
 
 @task(help={
     "hosts": HOSTS_HELP,
+    "include": INCLUDE_HELP,
+    "exclude": EXCLUDE_HELP,
     "script": "script to run instead of the inventory's job.script (relative to each node's workdir)",
     "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
     "dry-run": "print each node's exact command and why each flag is there; start nothing",
     "detach": "start the run and return; use status, logs and stop on it later",
+    "sync": "first make every node's workdir hold this project tree, as `inv sync` does (over the same connections)",
     "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
@@ -81,22 +93,31 @@ def _hosts(c: Context, hosts: str | None) -> str:
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
-           connect_timeout=None, silence_timeout=None, heartbeat_timeout=None):
+           connect_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False, include=None, exclude=None):
     """Start torchrun on every node of the inventory at once and stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout,
                     silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout)
-    return cli.launch(_hosts(c, hosts), script=script, args=args, dry_run=dry_run, doctor=not skip_doctor,
-                      opts=opts)
+    return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
+                      doctor=not skip_doctor, sync=sync, opts=opts)
 
 
-@task(help={"hosts": HOSTS_HELP, "json": "print the findings as JSON (for scripts)",
+@task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
+            "json": "print the findings as JSON (for scripts)",
             "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
             "connect-timeout": "seconds to wait for each node's SSH connection"})
 @_reported
-def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None):
+def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, include=None, exclude=None):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
-    return cli.doctor(_hosts(c, hosts), as_json=json, checks="fast" if fast else "all",
+    return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout))
+
+
+@task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection"})
+@_reported
+def sync(c, hosts=None, connect_timeout=None):
+    """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
+    files travel, all nodes at once; nothing on a node is deleted."""
+    return cli.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL"})
@@ -140,7 +161,7 @@ def sandbox_down(c):
 
 
 @task(help={"quick": "fewer sizes and repeats (a few minutes)",
-            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu"})
+            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync"})
 def bench(c, quick=False, only=None):
     """Benchmarks on the sandbox against a plain ssh loop and local torchrun; table + bench/results/latest.*"""
     words = [sys.executable, "bench/run.py", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
@@ -157,4 +178,4 @@ def demo(c):
 sandbox = Collection("sandbox")
 sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
-ns = Collection(launch, doctor, stop, status, logs, demo, bench, sandbox)
+ns = Collection(launch, sync, doctor, stop, status, logs, demo, bench, sandbox)

@@ -5,22 +5,88 @@ from __future__ import annotations
 import datetime as _dt
 import shlex
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from launcher import doctor as doctor_checks
-from launcher import runs, sandbox
-from launcher.errors import LauncherError
-from launcher.inventory import Cluster, Job, load_inventory
+from launcher import runs
+from launcher import sync as code_sync
+from launcher.errors import InventoryError, LauncherError, PlanError
+from launcher.hostfile import DEFAULTS_SOURCE, load_hosts, looks_like_hostfile
+from launcher.inventory import DEFAULT_MASTER_PORT, HOST_KEY_POLICIES, Cluster, Job, read_hosts_file
 from launcher.plan import plan_launch
+from launcher.selection import select_hosts
 from launcher.transport import Node
 
+if TYPE_CHECKING:
+    from launcher.sandbox import Sandbox
+
 REPO = Path(__file__).resolve().parent.parent
+USAGE = 2
+"""Exit code for wrong input on the command line (found before anything is contacted); tasks.py uses it too."""
+HOSTFILE_SETTINGS = ("ssh_config", "host_key_policy")
+"""Inventory settings that a hostfile cannot say: for a hostfile, invoke.yaml's `launcher.defaults` may hold them
+beside the host keys (how this machine reaches the nodes, e.g. a cluster's own ssh config)."""
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Where a task's nodes come from: `--hosts`, what a hostfile takes from invoke.yaml, `--include`/`--exclude`."""
+
+    path: str
+    """An inventory (YAML, self-contained) or a DeepSpeed/MPI hostfile (`worker-1 slots=8`)."""
+    defaults: Mapping[str, Any] | None = None
+    """invoke.yaml's `launcher.defaults`, for a hostfile: any key a host may set, and `HOSTFILE_SETTINGS`."""
+    job: Mapping[str, Any] | None = None
+    """invoke.yaml's `launcher.job`, for a hostfile; `--script`/`--args` replace it as they replace an inventory's."""
+    include: str | None = None
+    """`--include` in DeepSpeed's syntax (`worker-1:0,2@worker-2`): only these hosts (and GPUs)."""
+    exclude: str | None = None
+    """`--exclude`: every host but these (or without these GPUs)."""
+
+
+def load_inventory(hosts: str | Hosts) -> Cluster:
+    """The cluster every task works on: the inventory or hostfile, then the `--include`/`--exclude` choice.
+
+    A wrong `--include`/`--exclude` is a `PlanError` of one sentence naming the option and the host, exit code 2.
+    """
+    spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
+    defaults, settings = _split_defaults(spec.defaults)
+    cluster = load_hosts(spec.path, defaults, spec.job)
+    if settings and looks_like_hostfile(read_hosts_file(spec.path)):  # an inventory says its own
+        cluster = _with_settings(cluster, settings)
+    try:
+        return select_hosts(cluster, spec.include, spec.exclude)
+    except PlanError as exc:
+        exc.exit_code = USAGE  # the command line is wrong, not the inventory
+        raise
+
+
+def _split_defaults(defaults: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, dict[str, Any]]:
+    """`launcher.defaults` as host defaults (checked by the hostfile's loader) and `HOSTFILE_SETTINGS`."""
+    if not isinstance(defaults, Mapping):
+        return defaults, {}  # not a mapping: the hostfile's loader names the mistake
+    hosts = {k: v for k, v in defaults.items() if k not in HOSTFILE_SETTINGS}
+    return hosts, {k: v for k, v in defaults.items() if k in HOSTFILE_SETTINGS}
+
+
+def _with_settings(cluster: Cluster, settings: Mapping[str, Any]) -> Cluster:
+    """The hostfile's cluster reached through `launcher.defaults.ssh_config` and `.host_key_policy`."""
+    policy = settings.get("host_key_policy", cluster.host_key_policy)
+    if policy not in HOST_KEY_POLICIES:
+        raise InventoryError(DEFAULTS_SOURCE, f"must be one of {', '.join(HOST_KEY_POLICIES)}, got {policy!r}",
+                             entry="launcher.defaults.host_key_policy")
+    ssh_config = settings.get("ssh_config", cluster.ssh_config)
+    if ssh_config is not None and not (isinstance(ssh_config, str) and ssh_config.strip()):
+        raise InventoryError(DEFAULTS_SOURCE, f"must be the path of an ssh config file, got {ssh_config!r}",
+                             entry="launcher.defaults.ssh_config")
+    return replace(cluster, ssh_config=ssh_config, host_key_policy=policy)
 
 
 def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
@@ -37,8 +103,8 @@ def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
     return replace(base, script=script or base.script, args=base.args if words is None else words)
 
 
-def launch(hosts: str, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
-           doctor: bool = True, opts: runs.Options | None = None) -> int:
+def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
+           doctor: bool = True, sync: bool = False, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
     plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     opts = opts or runs.Options()
@@ -47,7 +113,15 @@ def launch(hosts: str, *, script: str | None = None, args: str | None = None, dr
         return 0
     if doctor and opts.preflight is None:
         opts.preflight = _preflight(opts)
+    if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
+        opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight)
     return runs.launch(plan, opts)
+
+
+def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
+    """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
+    opts = opts or runs.Options()
+    return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out)
 
 
 def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]:
@@ -63,7 +137,7 @@ def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]
     return check
 
 
-def doctor(hosts: str, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
+def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails."""
     opts = opts or runs.Options()
     report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks)
@@ -108,7 +182,7 @@ def _problems(console: Console, states: list[runs.NodeState]) -> None:
             console.print(f"{s.host}: {s.detail}", markup=False, highlight=False)
 
 
-def status(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+def status(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
     states = runs.status(cluster, run_id, opts)
     console = _console(opts or runs.Options())
@@ -117,7 +191,7 @@ def status(hosts: str, run_id: str | None = None, opts: runs.Options | None = No
     return 1 if any(s.state in ("unreachable", "error") for s in states) else 0
 
 
-def stop(hosts: str, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+def stop(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
     states = runs.stop(cluster, run_id, opts)
     console = _console(opts or runs.Options())
@@ -134,12 +208,14 @@ def stop(hosts: str, run_id: str | None = None, opts: runs.Options | None = None
     return 1 if left or any(s.state in ("unreachable", "error") for s in states) else 0
 
 
-def logs(hosts: str, run_id: str | None = None, node: str | None = None, rank: int | None = None,
+def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
          follow: bool = False, opts: runs.Options | None = None) -> int:
     return runs.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
 
 
-def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = 29500) -> sandbox.Sandbox:
+def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT) -> Sandbox:
+    from launcher import sandbox  # a test and demo tool: off the import path of every other task
+
     box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port)
     print(f"sandbox: {len(box.nodes)} sshd node(s) up "
           f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {_rel(box.inventory)}")
@@ -148,6 +224,8 @@ def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = 29500) ->
 
 
 def sandbox_down() -> None:
+    from launcher import sandbox
+
     for line in sandbox.down():
         print(line)
 
@@ -173,4 +251,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["demo", "doctor", "launch", "logs", "main_error", "sandbox_down", "sandbox_up", "status", "stop"]
+__all__ = ["Hosts", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down", "sandbox_up",
+           "status", "stop", "sync"]

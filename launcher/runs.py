@@ -13,7 +13,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -23,9 +23,10 @@ from launcher.console import ConsoleWriter, Mirror
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
 from launcher.logs import NodeLog, supports_colour
+from launcher.node_env import NodeEnv, resolve_env
 from launcher.options import Options, heartbeat_interval
 from launcher.plan import RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
-from launcher.remote import program_input, python_command
+from launcher.remote import host_command, program_input, python_command
 from launcher.supervise import Ended, NodeEvent, Output, RunHandle, Stopping
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
@@ -46,22 +47,16 @@ def check_run_id(run_id: str | None) -> str | None:
     return run_id
 
 
-def resolve_env(command: NodeCommand, environ: dict[str, str]) -> dict[str, str]:
-    """Values for the node's environment; `from_env` ones come from the controller's environment now."""
-    values = {}
-    for var in command.env:
-        if var.from_env is not None:
-            if var.from_env not in environ:
-                raise LauncherError(f"{command.host.name}: env {var.name} is to be copied from ${var.from_env}, "
-                                    f"which is not set here; export it or remove it from the inventory")
-            values[var.name] = environ[var.from_env]
-        else:
-            values[var.name] = var.value or ""
-    return values
+def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options) -> dict[str, Any]:
+    """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
-
-def start_request(plan: LaunchPlan, command: NodeCommand, env: dict[str, str], opts: Options) -> dict[str, Any]:
-    """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults)."""
+    `env` is `resolve_env`'s: the names it marks secret (and the inventory's secret `env`) go in `secret_names`,
+    which the agent keeps out of its run directory's command.json.
+    """
+    secret = {v.name for v in command.env if v.secret}
+    if isinstance(env, NodeEnv):
+        secret |= env.secret_names
+    rdzv = plan.cluster.rendezvous
     return {
         "action": "start",
         "run_dir": command.run_dir,
@@ -69,8 +64,12 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: dict[str, str], o
         "workdir": command.workdir,
         "argv": list(command.argv),
         "expand_home": list(command.home_words),
-        "env": env,
-        "secret_names": [v.name for v in command.env if v.secret],
+        "env": dict(env),
+        "secret_names": sorted(secret),
+        "unset_env": list(command.unset_env),
+        "socket_ifname": command.socket_ifname,
+        "master_addr": rdzv.master_addr,
+        "master_port": rdzv.master_port,
         "node_rank": command.node_rank,
         "detach": opts.detach,
         "grace": opts.grace,
@@ -153,7 +152,7 @@ def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
 class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, dict[str, str]]):
+    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, NodeEnv]):
         self.plan, self.opts = plan, opts
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
@@ -254,7 +253,7 @@ class _Attached:
 def _agent_action(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
                   timeout: float | None = 60) -> dict[str, Result | NodeFailure]:
     hosts = [h for h in cluster.hosts if h.name in nodes]
-    commands = {h.name: agent_command(h.python) for h in hosts}
+    commands = {h.name: host_command(h) for h in hosts}
     inputs = {h.name: agent_input({**request, "node": h.name}) for h in hosts}
     return run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
 
@@ -346,7 +345,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
         log = NodeLog(host.name, index, width, offsets[host.name], colour)
         sink = _RankFilter(opts.out, rank, lock)
         try:
-            channel = nodes[host.name].open_channel(agent_command(host.python))
+            channel = nodes[host.name].open_channel(host_command(host))
             channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
             channel.close_stdin()
             err = bytearray()

@@ -19,7 +19,7 @@ from typing import Any
 
 from launcher.options import Options, heartbeat_interval
 from launcher.plan import LaunchPlan, NodeCommand
-from launcher.remote import program_input, python_command
+from launcher.remote import host_command, program_input
 from launcher.rootcause import NodeEnd
 from launcher.transport import Channel, Node
 
@@ -127,7 +127,7 @@ class RunHandle:
 
     def _open(self, command: NodeCommand) -> str | None:
         try:
-            channel = self.nodes[command.host.name].open_channel(python_command(command.host.python))
+            channel = self.nodes[command.host.name].open_channel(host_command(command.host))
         except Exception as exc:
             return str(exc)
         session = _Session(command, channel)
@@ -279,7 +279,7 @@ class RunHandle:
 
         def sweep() -> None:
             try:
-                node.run(python_command(session.command.host.python), program_input(self.agent_source, request),
+                node.run(host_command(session.command.host), program_input(self.agent_source, request),
                          timeout=self.opts.action_timeout)
             except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
                 session.messages.append(f"could not stop what the agent left: {exc}")

@@ -11,6 +11,7 @@ from typing import Any
 from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.errors import NodeFailure
 from launcher.inventory import Cluster, Host
+from launcher.remote import SETUP_FAILED
 
 MIN_DISK_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 5.0
@@ -113,6 +114,9 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
     text = (failed.stderr or failed.stdout).strip()
     last = text.splitlines()[-1] if text else ""
     python = host.python
+    if failed.exit_code == SETUP_FAILED:  # the node's setup lines, before any python ran
+        return Finding(host.name, "python", "fail", last or "a setup line failed",
+                       f"fix `setup:` for {host.name} in the inventory (its lines run in the node's shell first)")
     if failed.exit_code in (126, 127) or "No such file" in text:
         return Finding(host.name, "python", "fail", f"python {python} cannot run on {host.name}: {last or 'not found'}",
                        f"set `python:` for {host.name} in the inventory to an interpreter that exists there "

@@ -14,7 +14,7 @@ from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.inventory import Cluster, Host
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
-from launcher.remote import program_input, python_command
+from launcher.remote import host_command, program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
 CheckMode = Literal["all", "fast"]
@@ -82,7 +82,7 @@ def connect_section(token: str, timeout: float) -> dict[str, Any]:
 def _start_listener(node: Node, cluster: Cluster, token: str, timeout: float) -> Any:
     """Open the master's listen-mode session; its stdin stays open until every probe has answered."""
     host = cluster.host(node.name)
-    channel = node.open_channel(probe_command(host.python))
+    channel = node.open_channel(host_command(host))
     channel.send(probe_input(listen_request(cluster, token, timeout)))
     return channel
 
@@ -100,7 +100,7 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
             listener = {"failed": str(classify(nodes[master.name].target, exc))}
     connect = connect_section(token, timeout) if channel is not None else None
     hosts = [h for h in cluster.hosts if h.name in nodes]
-    commands = {h.name: probe_command(h.python) for h in hosts}
+    commands = {h.name: host_command(h) for h in hosts}
     inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
     sent = time.time()
     try:

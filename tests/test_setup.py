@@ -1,0 +1,198 @@
+"""Setup lines (`setup:`) run in the node's shell before every node program, in the shell that then starts it.
+
+Unit tests run the node command under a local `sh`, as a node's login shell would; the integration tests use real
+sshd nodes: an activated venv makes a bare `python` the venv's for the doctor's probe, the agent and torchrun alike,
+and a failing line stops the launch with that node's words before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port
+from helpers import inv, node_runs, run_id_of, run_processes, runs_on, wait_for
+
+from launcher.inventory import Host
+from launcher.remote import SETUP_FAILED, host_command, program_input, python_command
+
+ECHO = ("import sys, json, os\nr = json.loads(sys.stdin.readline())\n"
+        "print(json.dumps({'exe': sys.executable, 'r': r, 'x': os.environ.get('X')}))\n")
+"""A node program that answers with its interpreter, its request and $X."""
+
+
+def run_local(command: str, request: dict | None = None, cwd: Path | None = None
+              ) -> subprocess.CompletedProcess[bytes]:
+    """`command` under `sh -c`, the echo program and `request` on its stdin, as a node's shell gets them."""
+    return subprocess.run(["sh", "-c", command], input=program_input(ECHO, request or {"a": 1}), capture_output=True,
+                          cwd=cwd, timeout=60, check=False)
+
+
+def test_without_setup_the_command_is_the_interpreter_alone() -> None:
+    assert python_command("/opt/venv/bin/python") == python_command("/opt/venv/bin/python", ())
+    assert python_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -c 'import sys,json;")
+    assert python_command("python3") == "python3 -c 'import sys,json;exec(json.loads(sys.stdin.readline()))'"
+
+
+def test_host_command_is_the_hosts_setup_then_its_python() -> None:
+    host = Host(name="n", addr="n", python="~/env/bin/python", workdir="~", nproc_per_node=1,
+                setup=("export X=1",))
+    assert host_command(host) == python_command("~/env/bin/python", ("export X=1",))
+    assert host_command(host).endswith("exec \"$HOME\"/env/bin/python -c 'import sys,json;exec(json.loads("
+                                       "sys.stdin.readline()))'")
+
+
+def test_setup_lines_run_in_the_shell_that_then_runs_the_program() -> None:
+    result = run_local(python_command(sys.executable, ("export X=from-setup", "true")))
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer == {"exe": sys.executable, "r": {"a": 1}, "x": "from-setup"}
+
+
+def test_setup_output_goes_to_stderr_and_setup_never_reads_the_program() -> None:
+    """stdout carries the node program's answer (its last line is parsed); the program arrives on stdin."""
+    result = run_local(python_command(sys.executable, ("echo said-by-setup", "cat", "read line || true")))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["r"] == {"a": 1}  # one line, the program's: neither cat nor read ate stdin
+    assert result.stderr == b"said-by-setup\n"
+
+
+@pytest.mark.parametrize(("lines", "failed", "words"), [
+    (["export X=1", "false", "echo never"], "setup line 2 of 3 failed with exit code 1, so nothing was started on "
+                                             "this node: false", b""),
+    (["no-such-command-here --x"], "setup line 1 of 1 failed with exit code 127, so nothing was started on this "
+                                   "node: no-such-command-here --x", b"no-such-command-here: not found"),
+    (["(exit 3)"], "setup line 1 of 1 failed with exit code 3, so nothing was started on this node: (exit 3)", b""),
+])
+def test_a_failing_line_stops_the_command_with_the_shells_words_and_a_sentence(
+        lines: list[str], failed: str, words: bytes) -> None:
+    result = run_local(python_command(sys.executable, lines))
+    assert result.returncode == SETUP_FAILED
+    assert result.stdout == b""  # the program never ran
+    *before, last = result.stderr.decode().splitlines()
+    assert last == failed
+    assert words in "\n".join(before).encode()
+    assert b"never" not in result.stderr
+
+
+@pytest.mark.parametrize("line", [
+    "false 'it''s' \"$(echo once >> count)\"",  # the line runs once; its copy in the message is only printed
+    "false %s%d%% \\n",
+    "false '; rm -rf /'",
+    "false `echo once >> count`",
+])
+def test_the_failing_lines_copy_in_the_message_is_printed_never_run(line: str, tmp_path: Path) -> None:
+    result = run_local(python_command(sys.executable, [line]), cwd=tmp_path)
+    assert result.returncode == SETUP_FAILED
+    assert result.stderr.decode().splitlines()[-1].endswith(f"nothing was started on this node: {line}")
+    if "count" in line:
+        assert (tmp_path / "count").read_text() == "once\n"
+
+
+def test_a_tilde_interpreter_after_setup_is_the_nodes_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "env" / "bin").mkdir(parents=True)
+    (home / "env" / "bin" / "python").symlink_to(sys.executable)
+    result = subprocess.run(["/bin/sh", "-c", python_command("~/env/bin/python", ("true",))],
+                            input=program_input(ECHO, {}), capture_output=True, env={"HOME": str(home), "PATH": ""},
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["exe"] == str(home / "env" / "bin" / "python")
+
+
+# --- on real sshd nodes ----------------------------------------------------------------------------------------
+
+PRINT_EXE = ("import os, shutil, sys\n"
+             "print(f\"exe={sys.executable} which={shutil.which('python')} rank={os.environ['RANK']}\", flush=True)\n")
+
+
+def _with_hosts(box, **edits: object) -> Path:
+    """The sandbox's inventory with `defaults` updated and hosts (by index) turned into mappings with fields."""
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"].update(edits.pop("defaults", {}))
+    for index, fields in edits.pop("hosts", {}).items():
+        entry = data["hosts"][index]
+        data["hosts"][index] = {**({"name": entry} if isinstance(entry, str) else entry), **fields}
+    data.update(edits)
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    return box.inventory
+
+
+@pytest.mark.integration
+def test_an_activated_venv_gives_a_bare_python_to_the_probe_the_agent_and_torchrun(make_sandbox,
+                                                                                    tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    venv_python = str(venv / "bin" / "python")
+    script = tmp_path / "print_exe.py"
+    script.write_text(PRINT_EXE)
+    box = make_sandbox(2, master_port=free_port(), script=str(script))
+    hosts = str(_with_hosts(box, defaults={"python": "python", "setup": [f". {venv}/bin/activate"]}))
+
+    doctor = inv("doctor", "--hosts", hosts, "--json", timeout=120)
+    report = json.loads(doctor.stdout)
+    for node in ("node-0", "node-1"):
+        assert report["nodes"][node]["probe"]["python"]["executable"] == venv_python, doctor.stdout
+    python_findings = [f for f in report["findings"] if f["check"] == "python"]
+    assert [f["status"] for f in python_findings] == ["ok", "ok"], python_findings
+    assert all(venv_python in f["detail"] for f in python_findings)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+    launched = inv("launch", "--hosts", hosts, log_dir=tmp_path / "logs")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    printed = {line.split("|")[0].split()[0]: line.split("|", 1)[1].strip()
+               for line in launched.stdout.splitlines() if "exe=" in line}
+    assert printed == {node: f"exe={venv_python} which={venv_python} rank={rank}"
+                       for rank, node in enumerate(("node-0", "node-1"))}, launched.stdout
+
+    run_id = run_id_of(launched.stderr)  # the agent's other actions run the setup lines too
+    status = inv("status", "--hosts", hosts, "--run", run_id)
+    assert status.returncode == 0 and status.stdout.count("exited") == 2, status.stdout + status.stderr
+
+
+@pytest.mark.integration
+def test_a_failing_setup_line_names_the_node_shows_its_words_and_starts_nothing(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    hosts = str(_with_hosts(box, hosts={1: {"setup": ["module load nope"]}}))
+
+    # The doctor's preflight runs the probe behind the same setup lines: it fails there, before any agent starts.
+    checked = inv("launch", "--hosts", hosts, log_dir=tmp_path / "logs")
+    assert checked.returncode != 0
+    assert "nothing was started" in checked.stderr, checked.stderr
+    assert ("node-1 python: setup line 1 of 1 failed with exit code 127, so nothing "
+            "was started on this node: module load nope") in checked.stderr, checked.stderr
+    assert "node-0 python" not in checked.stderr
+    assert runs_on(box) == []
+    assert "Traceback" not in checked.stdout + checked.stderr
+
+    # Without the doctor, node-1's agent never starts: the start failure shows that node's own words, and what had
+    # started elsewhere is stopped.
+    skipped = inv("launch", "--hosts", hosts, "--skip-doctor", log_dir=tmp_path / "logs")
+    assert skipped.returncode != 0
+    run_id = run_id_of(skipped.stderr)
+    assert f"run {run_id} could not start: node-1: " in skipped.stderr, skipped.stderr
+    assert "module: command not found" in skipped.stderr  # the shell's own words
+    assert "setup line 1 of 1 failed with exit code 127, so nothing was started on this node: module load nope" in (
+        skipped.stderr)
+    wait_for(lambda: run_processes(run_id) == [], timeout=30, what="every process of the run gone")
+    assert not node_runs(box, 1).exists() or list(node_runs(box, 1).iterdir()) == []  # node-1 made no run dir
+
+
+@pytest.mark.integration
+def test_a_false_setup_line_fails_the_doctor_on_that_node(make_sandbox) -> None:
+    box = make_sandbox(2, master_port=free_port())
+    hosts = str(_with_hosts(box, hosts={0: {"setup": ["true", "false"]}}))
+    result = inv("doctor", "--hosts", hosts, "--fast", "--json", timeout=120)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    failed = [(f["host"], f["check"], f["detail"]) for f in report["findings"] if f["status"] == "fail"]
+    assert ("node-0", "python", "setup line 2 of 2 failed with exit code 1, so nothing "
+            "was started on this node: false") in failed, failed
+    fixes = [f["fix"] for f in report["findings"] if f["host"] == "node-0" and f["check"] == "python"]
+    assert fixes == ["fix `setup:` for node-0 in the inventory (its lines run in the node's shell first)"]
+    assert report["nodes"]["node-1"]["probe"]["python"]["executable"]  # the other node answered
