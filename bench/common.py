@@ -25,15 +25,17 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from launcher import sandbox  # noqa: E402
+from launcher import plan, sandbox  # noqa: E402
 from launcher.sandbox import procs  # noqa: E402
 from tests.support.procs import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
 
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
-RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
-MARK_ENV = "DDP_LAUNCHER_RUN"
-RUNS_ROOT = Path(os.path.expanduser("~/.cache/ddp-launcher/runs"))
+RUN_ID = re.compile(rf"run ({plan.RUN_ID_PATTERN})")
+"""A run id as the launcher prints it (`run <id>`); group 1 is the id."""
+MARK_ENV = plan.RUN_ID_ENV
+"""The environment variable every process of a run carries (`<run id>/<node>`)."""
+RUNS_ROOT = Path(os.path.expanduser(plan.RUNS_ROOT))
 """Where the agent keeps run directories on each node (the sandbox's nodes share this machine's home)."""
 OUR_RUNS: set[str] = set()
 """Run ids this bench started; their run directories are removed at the end (the log figure's are large)."""

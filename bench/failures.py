@@ -41,6 +41,7 @@ from common import (
 )
 
 from launcher.plan import RUN_ID_ENV
+from tests.support.procs import children, gone, parent, processes_mentioning, sshd_family
 
 NODES = 2
 SCRIPT = "tests/scripts/sleeper.py"
@@ -96,45 +97,6 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]; None when gone."""
-    text = _read(Path(f"/proc/{pid}/stat"))
-    return text[text.rindex(")") + 2:].split() if text else None
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
-
-
-def _parent(pid: int) -> int:
-    fields = _stat_fields(pid)
-    if fields is None:
-        raise RuntimeError(f"process {pid} is gone")
-    return int(fields[1])
-
-
-def _sshd_family(listener: int) -> list[int]:
-    """The node's sshd listener and every sshd process under it (not the agent or torchrun they serve)."""
-    family, todo = [], [listener]
-    while todo:
-        pid = todo.pop()
-        if _read(Path(f"/proc/{pid}/comm")).strip() == "sshd":
-            family.append(pid)
-            todo += _children(pid)
-    return family
 
 
 def _wait_for(predicate: Any, timeout: float, what: str, poll: float = POLL_S) -> Any:
@@ -194,10 +156,10 @@ def _context(box: Box, out: Path, run_id: str | None) -> str:
 
 def _crash_moment(leader: int) -> float:
     """Watch node 1's worker (torchrun's child running the crashing script) until it exits; when it did."""
-    worker = _wait_for(lambda: [p for p in _children(leader) if CRASH_SCRIPT in _read(Path(f"/proc/{p}/cmdline"))],
+    worker = _wait_for(lambda: sorted(set(children(leader)) & set(processes_mentioning(CRASH_SCRIPT))),
                        UP_TIMEOUT_S, "node-1's worker")[0]
     deadline = time.monotonic() + CAP_S
-    while _alive(worker):
+    while not gone(worker):
         if time.monotonic() > deadline:
             raise RuntimeError(f"node-1's worker {worker} did not exit within {CAP_S:.0f} s")
         time.sleep(0.005)
@@ -213,14 +175,14 @@ def _cause(mode: Mode, box: Box, proc: subprocess.Popen[bytes], node1: Path, sto
         start = time.perf_counter()
         os.kill(leader, signal.SIGKILL)
     elif mode.key == "agent":
-        agent = _parent(leader)
+        agent = parent(leader)  # gone: ProcessLookupError (an OSError), reported below like a run that did not come up
         start = time.perf_counter()
         os.kill(agent, signal.SIGKILL)
     elif mode.key == "launcher":
         start = time.perf_counter()
         os.killpg(proc.pid, signal.SIGKILL)
     else:
-        family = _sshd_family(box.box.nodes[1].pid)
+        family = sshd_family(box.box.nodes[1].pid)
         if len(family) < 2:
             raise RuntimeError(f"node-1's sshd has no session under its listener: {family}")
         start = time.perf_counter()

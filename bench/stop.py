@@ -43,6 +43,7 @@ from common import (
 from job import with_port
 
 from launcher.plan import RUN_ID_ENV
+from launcher.sandbox.procs import table as process_table
 
 NODES = 4
 SCRIPT = "tests/scripts/sleeper.py"
@@ -229,17 +230,8 @@ def sigterm_local(box: Box, root: Path, k: int) -> dict[str, Any]:
 
 
 def _group_members(pgid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                text = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = text[text.rindex(")") + 2:].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                count += 1
-    return count
+    """How many live processes are in process group `pgid`."""
+    return sum(1 for entry in process_table().values() if entry.pgrp == pgid)
 
 
 def run(repeat: int, root: Path, baselines_every_run: bool = True) -> dict[str, Any]:

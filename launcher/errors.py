@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from launcher.doctor.evidence import Report
 
 
@@ -61,6 +63,16 @@ class NodeFailure:
 
     def __repr__(self) -> str:
         return f"NodeFailure({self.host!r}, {self.kind!r}, {self.detail!r})"
+
+
+class SyncFailed(LauncherError):
+    """The tree could not be synced to some nodes; one sentence each."""
+
+    def __init__(self, failures: Sequence[NodeFailure], what: str = ""):
+        self.failures = list(failures)
+        lines = [f"could not sync the code to {len(self.failures)} node(s){what}:"]
+        lines += [f"  {f}" for f in self.failures]
+        super().__init__("\n".join(lines))
 
 
 class RunFailed(LauncherError):

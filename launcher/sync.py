@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.errors import LauncherError, NodeFailure
+from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.inventory import Cluster, Host, SyncSpec
 from launcher.remote import host_command, program_input
 from launcher.syncd import Refused, check_link_target, check_name
@@ -37,16 +37,6 @@ SEND_CHUNK = 1 << 20
 """Bytes per send: small files are packed together into chunks of this size."""
 TIME_UNITS = (10**3, 10**6, 10**9)
 """Granularities a node's file system may keep mtimes in (µs, ms, s); a time cut to one of them still matches."""
-
-
-class SyncFailed(LauncherError):
-    """The tree could not be synced to some nodes; one sentence each."""
-
-    def __init__(self, failures: Sequence[NodeFailure], what: str = ""):
-        self.failures = list(failures)
-        lines = [f"could not sync the code to {len(self.failures)} node(s){what}:"]
-        lines += [f"  {f}" for f in self.failures]
-        super().__init__("\n".join(lines))
 
 
 def spec_of(cluster: Cluster) -> SyncSpec:
