@@ -193,9 +193,9 @@ def record_leader(run_dir, pid):
     return start
 
 
-def leader_of(run_dir):
-    """The run's recorded leader as (pid, start time), or None when there is no (well-formed) record."""
-    words = (read_text(os.path.join(run_dir, "leader")) or "").split()
+def leader_of(run_dir, record="leader"):
+    """The run's recorded leader (or `keeper`) as (pid, start time), or None when there is no well-formed record."""
+    words = (read_text(os.path.join(run_dir, record)) or "").split()
     try:
         pid, start = int(words[0]), int(words[1])
     except (IndexError, ValueError):
@@ -438,6 +438,8 @@ def spawn(request, run_dir):
         log.close()
     write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
     record_leader(run_dir, proc.pid)
+    # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
+    write_atomic(os.path.join(run_dir, "keeper"), "%d %d" % (os.getpid(), start_time(os.getpid())))
     return proc
 
 
@@ -689,8 +691,11 @@ def action_stop(request):
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     mark = "%s/%s" % (run_id, request["node"])
     found, left = stop_run(run_dir, mark, grace)
-    deadline = time.time() + 2  # the run's keeper records the exit code a moment after torchrun is gone
-    while found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline:
+    # The run's keeper records the exit code a moment after torchrun is gone; a dead keeper never will.
+    keeper = leader_of(run_dir, "keeper")
+    deadline = time.time() + 2
+    while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
+           and keeper is not None and same_process(*keeper)):
         time.sleep(0.02)
     result = describe(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
