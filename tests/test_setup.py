@@ -196,3 +196,21 @@ def test_a_false_setup_line_fails_the_doctor_on_that_node(make_sandbox) -> None:
     fixes = [f["fix"] for f in report["findings"] if f["host"] == "node-0" and f["check"] == "python"]
     assert fixes == ["fix `setup:` for node-0 in the inventory (its lines run in the node's shell first)"]
     assert report["nodes"]["node-1"]["probe"]["python"]["executable"]  # the other node answered
+
+
+@pytest.mark.integration
+def test_names_torchrun_sets_never_leak_from_the_login_environment(make_sandbox, tmp_path: Path) -> None:
+    """A login environment (here: a setup line) that exports NODE_RANK and TORCHELASTIC_*: torchrun never sees them.
+
+    torchrun overwrites RANK, MASTER_ADDR and the like for its workers, but not NODE_RANK, which a stale export
+    would hand to every worker as the wrong node.
+    """
+    script = tmp_path / "print_env.py"
+    script.write_text("import os\nprint('seen', os.environ.get('NODE_RANK'), os.environ.get('TORCHELASTIC_X'), "
+                      "os.environ.get('KEPT'), flush=True)\n")
+    box = make_sandbox(2, master_port=free_port(), script=str(script))
+    hosts = str(_with_hosts(box, defaults={"setup": ["export NODE_RANK=5 TORCHELASTIC_X=1 KEPT=yes"]}))
+    launched = inv("launch", "--hosts", hosts, log_dir=tmp_path / "logs")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    seen = [line.split("|", 1)[1].strip() for line in launched.stdout.splitlines() if "| seen" in line]
+    assert seen == ["seen None None yes", "seen None None yes"], launched.stdout
