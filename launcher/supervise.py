@@ -119,9 +119,10 @@ class RunHandle:
         """
         self._heartbeat.start()
         with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
-            for command, error in zip(self.plan.nodes, pool.map(self._open, self.plan.nodes), strict=True):
-                if error is not None:
-                    self._fail_start(f"{command.host.name}: cannot open a session: {error}")
+            errors = list(pool.map(self._open, self.plan.nodes))  # every session open before any stop is sent
+        for command, error in zip(self.plan.nodes, errors, strict=True):
+            if error is not None:
+                self._fail_start(f"{command.host.name}: cannot open a session: {error}")
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self._step(0.2)
 
