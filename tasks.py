@@ -88,14 +88,16 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
+    "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
     "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
     "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
-           connect_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False, include=None, exclude=None):
+           connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
+           include=None, exclude=None):
     """Start torchrun on every node of the inventory at once and stream their output."""
-    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout,
+    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
                     silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout)
     return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
                       doctor=not skip_doctor, sync=sync, opts=opts)
@@ -104,12 +106,15 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
             "json": "print the findings as JSON (for scripts)",
             "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
-            "connect-timeout": "seconds to wait for each node's SSH connection"})
+            "connect-timeout": "seconds to wait for each node's SSH connection",
+            "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
+                             "a late answer is a warning with its time, none a failure"})
 @_reported
-def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, include=None, exclude=None):
+def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
+           exclude=None):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      opts=_options(c, connect_timeout=connect_timeout))
+                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout))
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection"})

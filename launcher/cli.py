@@ -129,10 +129,13 @@ def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]
 
     def check(cluster: Cluster, nodes: dict[str, Node]) -> None:
         t0 = time.monotonic()
-        doctor_checks.preflight(cluster, nodes, timeout=opts.connect_timeout)
+        report = doctor_checks.preflight(cluster, nodes, probe_timeout=opts.probe_timeout,
+                                         connect_timeout=opts.connect_timeout)
         opts.err.write(f"checked {len(doctor_checks.FAST_CHECKS)} things on {len(nodes)} node(s) in "
                        f"{time.monotonic() - t0:.1f}s: {', '.join(doctor_checks.FAST_CHECKS)} all passed "
                        "(--skip-doctor skips)\n")
+        for found in report.problems if report else ():  # warnings only: a failure raised above
+            opts.err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
     return check
 
@@ -140,7 +143,8 @@ def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails."""
     opts = opts or runs.Options()
-    report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks)
+    report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks,
+                                      probe_timeout=opts.probe_timeout)
     if as_json:
         opts.out.write(doctor_checks.report_json(report) + "\n")
     else:

@@ -15,7 +15,17 @@ from typing import IO, Any
 from launcher.errors import LauncherError
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication)."""
+"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
+DEFAULT_PROBE_TIMEOUT = 120.0
+"""Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
+
+The probe's own work is a second or two plus its bounded DNS and TCP waits; what takes long is starting the node's
+Python. From a cold network filesystem (a venv or conda env on NFS/Lustre, an empty page cache) that start takes
+tens of seconds on real clusters, and so did 64 probes sharing the sandbox's 2 cores (a 10 s limit failed 48-51 of
+them). Two minutes fits such a cold start with room to spare; a node slower than that would keep a launch waiting
+as long again when torchrun starts there. A node that answers but slowly is a warning with its time, never a failure
+(`launcher.doctor.checks.slow_probe_limit`); this limit only decides when one that never answers is given up on.
+"""
 DEFAULT_GRACE = 10.0
 """Seconds between TERM and KILL when a run is stopped."""
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
@@ -53,6 +63,8 @@ class Options:
     """The run fails when a node has sent nothing for this long (`node-1 stopped answering`)."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     """Seconds to wait for each node's SSH connection."""
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    """Seconds each node's doctor probe (launch's preflight too) has to answer once sent."""
     console_buffer: int = DEFAULT_CONSOLE_BUFFER
     """Lines the console may lag behind before lines are skipped on it (never in the log files)."""
     log_dir: Path = Path(DEFAULT_LOG_DIR)
@@ -79,6 +91,7 @@ _NUMBERS: dict[str, tuple[type, float, bool]] = {
     "heartbeat_timeout": (float, 0.0, False),
     "silence_timeout": (float, 0.0, False),
     "connect_timeout": (float, 0.0, False),
+    "probe_timeout": (float, 0.0, False),
     "console_buffer": (int, 1, True),
 }
 CONFIG_KEYS = ("hosts", "log_dir", *_NUMBERS)

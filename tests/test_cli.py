@@ -31,6 +31,11 @@ EXAMPLE = ["--hosts", "hosts/example.yaml"]
      "error: --heartbeat-timeout must be a number of seconds, got 'soon'"),
     (["stop", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
     (["doctor", *EXAMPLE, "--connect-timeout", "-5"], 2, "error: --connect-timeout must be more than 0, got '-5'"),
+    (["doctor", *EXAMPLE, "--probe-timeout", "0"], 2, "error: --probe-timeout must be more than 0, got '0'"),
+    (["doctor", *EXAMPLE, "--probe-timeout", "soon"], 2,
+     "error: --probe-timeout must be a number of seconds, got 'soon'"),
+    (["launch", *EXAMPLE, "--probe-timeout", "inf"], 2,
+     "error: --probe-timeout must be a finite number of seconds, got 'inf'"),
     (["launch", *EXAMPLE, "--args", "'unclosed"], 1, "--args: cannot split"),
     (["launch", *EXAMPLE, "--script", "--evil"], 1, "starts with '-'"),
     (["logs", *EXAMPLE, "--rank", "three"], 2, "error: --rank must be a whole number, got 'three'"),
@@ -58,6 +63,7 @@ def test_run_must_be_a_run_id(task: str, run: str) -> None:
     ("GRACE", "nan", "launcher.grace must be a finite number of seconds, got 'nan'"),
     ("GRACE", "-inf", "launcher.grace must be a finite number of seconds, got '-inf'"),
     ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be more than 0, got '0.0'"),
+    ("PROBE_TIMEOUT", "-1", "launcher.probe_timeout must be more than 0, got '-1.0'"),
     ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be at least 1, got '0'"),
 ])
 def test_bad_config_value_gets_one_sentence(variable: str, value: str, message: str) -> None:
@@ -94,6 +100,17 @@ def test_invoke_yaml_equals_the_options_defaults() -> None:
         assert value == defaults[key], key
         # Same type too: Invoke casts INVOKE_LAUNCHER_GRACE=2.5 to the type it finds in invoke.yaml.
         assert type(value) is type(defaults[key]), key
+
+
+def test_probe_timeout_is_an_option_of_its_own() -> None:
+    """The connect timeout bounds SSH set-up only; the probe's answer has its own, longer limit."""
+    assert options.DEFAULT_PROBE_TIMEOUT > options.DEFAULT_CONNECT_TIMEOUT
+    assert "probe_timeout" in options.CONFIG_KEYS
+    opts = options.from_config({"probe_timeout": 60.0}, {"connect_timeout": "5"})
+    assert (opts.probe_timeout, opts.connect_timeout) == (60.0, 5.0)
+    assert options.from_config({}, {"probe_timeout": "30"}).probe_timeout == 30.0
+    with pytest.raises(LauncherError, match=r"^invoke.yaml: launcher.probe_timeout must be more than 0, got '0'$"):
+        options.from_config({"probe_timeout": 0}, {})
 
 
 def test_command_line_overrides_config() -> None:

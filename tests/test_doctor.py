@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import free_port
+from helpers import inv
 from rich.console import Console
 
 from launcher import cli, doctor, remote, runs, sandbox, transport
@@ -29,6 +30,7 @@ from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checks as checks_module
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.inventory import Cluster, load_inventory, parse_inventory
+from launcher.options import DEFAULT_PROBE_TIMEOUT
 from launcher.sandbox import Sandbox
 
 ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
@@ -68,12 +70,14 @@ def probe(host: str, names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def evidence(cluster: Cluster | None = None, listener: dict[str, Any] | None = None, **outcomes: Any) -> Evidence:
+def evidence(cluster: Cluster | None = None, listener: dict[str, Any] | None = None,
+             times: dict[str, float] | None = None, probe_timeout: float = 10.0, **outcomes: Any) -> Evidence:
     cluster = cluster or make_cluster()
     found: dict[str, Any] = {h.name: probe(h.name) for h in cluster.hosts}
     found.update({k.replace("_", "-"): v for k, v in outcomes.items()})
     return Evidence(cluster, found, listener if listener is not None else {"free": True, "accepted": 3},
-                    clock=(1000.0, 1001.0), probe_timeout=10.0)
+                    clock=(1000.0, 1001.0), probe_timeout=probe_timeout,
+                    probe_times=times if times is not None else {h.name: 0.4 for h in cluster.hosts})
 
 
 def findings(ev: Evidence, check: str, host: str | None = None) -> list[Finding]:
@@ -134,12 +138,30 @@ def test_task_help_and_preflight_line_name_the_registered_fast_checks(monkeypatc
 
     names = ", ".join(doctor.FAST_CHECKS)
     assert f"({names})" in tasks.doctor.help["fast"] and f"({names})" in tasks.launch.help["skip-doctor"]
-    monkeypatch.setattr(cli.doctor_checks, "preflight", lambda cluster, nodes, timeout: None)
+    monkeypatch.setattr(cli.doctor_checks, "preflight", lambda cluster, nodes, probe_timeout, connect_timeout: None)
     err = io.StringIO()
     cli._preflight(runs.Options(err=err))(make_cluster(), {})
     line = err.getvalue()
     assert line.startswith(f"checked {len(doctor.FAST_CHECKS)} things on 0 node(s) in ")
     assert line.endswith(f"s: {names} all passed (--skip-doctor skips)\n")
+
+
+def test_launch_preflight_passes_a_slow_node_and_shows_its_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    ev = evidence(times={"node-0": 0.4, "node-1": 0.5, "node-2": 38.2}, probe_timeout=120.0)
+    asked = {}
+
+    def preflight(cluster: Cluster, nodes: dict[str, Any], **timeouts: float) -> doctor.Report:
+        asked.update(timeouts)
+        return _report(ev, "fast")
+
+    monkeypatch.setattr(cli.doctor_checks, "preflight", preflight)
+    err = io.StringIO()
+    cli._preflight(runs.Options(err=err, probe_timeout=120.0, connect_timeout=7.0))(make_cluster(), {})
+    assert asked == {"probe_timeout": 120.0, "connect_timeout": 7.0}  # two limits, each passed as itself
+    first, second = err.getvalue().splitlines()
+    assert first.endswith("all passed (--skip-doctor skips)")
+    assert second == ("  warning: node-2 python: node-2's probe took 38.2 s (the others 0.4-0.5 s): a cold start of "
+                      "its python (a network filesystem?) or a loaded node; launch will wait for it")
 
 
 @pytest.mark.parametrize(("kind", "detail", "fix"), [
@@ -164,11 +186,63 @@ def test_missing_python_is_named_with_the_inventory_fix() -> None:
 
 
 def test_probe_that_runs_out_of_time_or_crashes() -> None:
-    ev = evidence(node_1=ProbeFailed(-1), node_2=ProbeFailed(1, "SyntaxError: invalid syntax"))
-    assert only(ev, "python", "node-1").detail == "the probe did not answer within 10 s"
+    ev = evidence(node_1=ProbeFailed(-1), node_2=ProbeFailed(1, "SyntaxError: invalid syntax"),
+                  times={"node-0": 0.4, "node-1": 10.0, "node-2": 0.3})
+    silent = only(ev, "python", "node-1")
+    assert (silent.status, silent.detail) == ("fail", "the probe did not answer within 10 s (probe_timeout)")
+    assert silent.fix.startswith("is node-1 overloaded, or does its python hang at start? "
+                                 "try `ssh node-1 /opt/venv/bin/python -c pass`")
+    assert silent.fix.endswith("raise --probe-timeout (launcher.probe_timeout in invoke.yaml)")
     crashed = only(ev, "python", "node-2")
     assert crashed.detail == "the probe failed (exit 1): SyntaxError: invalid syntax"
     assert "3.8 or newer" in crashed.fix
+
+
+def test_slow_probe_limit_is_an_outlier_among_peers_or_past_half_the_limit() -> None:
+    # Typical (the median) 0.5 s: 2 s more is the bar; twice as long would be noise at that size.
+    assert doctor.slow_probe_limit([0.4, 0.5, 38.2], 120.0) == pytest.approx(0.5 + doctor.SLOW_PROBE_MARGIN_S)
+    assert doctor.slow_probe_limit([0.4, 3.9], 20.0) == pytest.approx(2.4)  # one of two: the faster sets the norm
+    # A shared slow start (64 nodes on 2 cores): twice the typical node's time.
+    assert doctor.slow_probe_limit([20.0, 25.0, 30.0, 35.0], 120.0) == pytest.approx(50.0)
+    # ... and never more than half the limit, whatever the others took.
+    assert doctor.slow_probe_limit([40.0, 45.0, 50.0], 120.0) == 120.0 * doctor.SLOW_PROBE_SHARE
+    assert doctor.slow_probe_limit([70.0], 120.0) == 60.0
+    assert doctor.slow_probe_limit([70.0], None) == 140.0
+    assert doctor.slow_probe_limit([], 120.0) == float("inf")
+
+
+def test_a_slow_probe_is_a_warning_with_its_time_not_a_failure() -> None:
+    ev = evidence(times={"node-0": 3.1, "node-1": 38.2, "node-2": 5.0}, probe_timeout=120.0)
+    slow = problems(ev)
+    assert [(f.host, f.check, f.status) for f in slow] == [("node-1", "python", "warn")]
+    assert slow[0].detail == ("node-1's probe took 38.2 s (the others 3.1-5.0 s): a cold start of its python "
+                              "(a network filesystem?) or a loaded node; launch will wait for it")
+    assert "`ssh node-1 uptime`" in slow[0].fix and "wait up to --probe-timeout (120 s now)" in slow[0].fix
+    assert [f.status for f in findings(ev, "python", "node-1")] == ["ok", "warn"]  # its version finding stays
+    assert problems(ev, "fast") == slow  # launch's preflight sees it too, and a warning never stops a launch
+    assert _report(ev, "fast").ok
+
+
+def test_probes_all_slow_together_are_not_warned_about_until_past_half_the_limit() -> None:
+    shared = evidence(times={"node-0": 30.0, "node-1": 41.0, "node-2": 35.0}, probe_timeout=120.0)
+    assert problems(shared) == []
+    late = evidence(times={"node-0": 70.0, "node-1": 71.0, "node-2": 72.5}, probe_timeout=120.0)
+    assert [f.host for f in problems(late)] == ["node-0", "node-1", "node-2"]
+    assert [f.status for f in findings(late, "python", "node-0")] == ["ok", "warn"]
+    warned = next(f for f in problems(late) if f.host == "node-2")
+    assert warned.detail.startswith("node-2's probe took 72.5 s (of the 120 s allowed): ")
+
+
+def test_the_default_probe_timeout_fits_a_cold_start_and_the_listener_outlives_it() -> None:
+    # A cold Python start on a network filesystem takes tens of seconds: the default leaves room for it, the
+    # probe's own worst case (DNS budget, refused-connection window, token wait) fits easily, and the master's
+    # listener is asked to live longer than any probe may take.
+    from launcher import probe as probe_module
+
+    assert DEFAULT_PROBE_TIMEOUT >= 60
+    connect = doctor.connect_section("t", DEFAULT_PROBE_TIMEOUT)
+    assert probe_module.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"] < DEFAULT_PROBE_TIMEOUT
+    assert doctor.listen_request(make_cluster(), "t", DEFAULT_PROBE_TIMEOUT)["max_s"] > DEFAULT_PROBE_TIMEOUT
 
 
 def test_python_minor_version_differs_fails_and_patch_warns() -> None:
@@ -363,7 +437,7 @@ def _report(ev: Evidence, checks: str = "all") -> doctor.Report:
     return doctor.Report(source="hosts/test.yaml", hosts=tuple(ADDRS), checks=doctor.selected_checks(checks),
                          findings=tuple(doctor.evaluate(ev, checks)),
                          probes={h: o if isinstance(o, dict) else None for h, o in ev.outcomes.items()},
-                         errors={}, listener=ev.listener, timings={"total_s": 0.5})
+                         errors={}, listener=ev.listener, probe_times=ev.probe_times, timings={"total_s": 0.5})
 
 
 def test_render_table_marks_each_check_and_lists_each_fix() -> None:
@@ -395,19 +469,35 @@ def test_render_table_prints_names_details_and_fixes_as_plain_text_not_markup() 
     text = console.export_text()
     assert "".join(text.split()).startswith("doctor:2node(s)fromhosts/[bold]odd[/].yaml")  # wrapped to the table
     rows = [line.split()[1::2] for line in text.splitlines() if line.startswith("│ ")]
-    assert rows == [["node-0", "✓", "·"], [odd, "✗", "!"]]
+    assert rows == [["node-0", "·", "✓", "·"], [odd, "·", "✗", "!"]]  # no probe time: neither node answered
     assert "✗ x[/]y ssh: refused: [/] and [red]x[/red]\n    fix: fix [/] it [link=x]\n" in text
     assert "! x[/]y dns: [/]\n" in text
     assert "1 failure(s), 1 warning(s) in 0.5 s" in text
 
 
 def test_report_json_holds_the_same_findings() -> None:
-    report = _report(evidence(node_2=NodeFailure("node-2", "refused", "connection refused", "start sshd")))
+    report = _report(evidence(node_2=NodeFailure("node-2", "refused", "connection refused", "start sshd"),
+                              times={"node-0": 0.412, "node-1": 0.5}))
     data = json.loads(doctor.report_json(report))
     assert data["ok"] is False
     assert [Finding(**f) for f in data["findings"]] == list(report.findings)
     assert data["nodes"]["node-0"]["probe"]["hostname"] == "node-0"
     assert data["nodes"]["node-2"]["probe"] is None
+    assert [data["nodes"][h]["probe_s"] for h in ADDRS] == [0.412, 0.5, None]  # no connection, no probe
+
+
+def test_render_table_shows_each_probes_time_and_the_slow_one_with_its_fix() -> None:
+    ev = evidence(times={"node-0": 0.41, "node-1": 0.52, "node-2": 6.04}, probe_timeout=20.0)
+    console = Console(record=True, width=200, color_system=None)
+    doctor.render_table(_report(ev), console)
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "node" in line and "probe" in line)
+    assert header.split()[1:4] == ["node", "┃", "probe"]
+    rows = {line.split()[1]: line.split() for line in text.splitlines() if line.startswith("│ node-")}
+    assert [rows[h][3:5] for h in ADDRS] == [["0.4", "s"], ["0.5", "s"], ["6.0", "s"]]
+    assert rows["node-2"].count("!") == 1
+    assert "! node-2 python: node-2's probe took 6.0 s (the others 0.4-0.5 s): " in text
+    assert "0 failure(s), 1 warning(s)" in text
 
 
 def test_doctor_failed_lists_failures_and_fixes() -> None:
@@ -721,17 +811,18 @@ def _running(marker: str) -> list[int]:
 
 
 @pytest.mark.integration
-def test_a_slow_node_does_not_hold_the_report(healthy: Sandbox, tmp_path: Path) -> None:
+def test_a_hung_node_does_not_hold_the_report(healthy: Sandbox, tmp_path: Path) -> None:
     # A node that hangs until its session goes away (then its next write fails: SIGPIPE).
     slow = tmp_path / "hung-python"
     slow.write_text("#!/bin/sh\nwhile :; do echo still starting || exit 1; sleep 0.2; done\n")
     slow.chmod(0o755)
     cluster = _edited(healthy, tmp_path / "inv.yaml", {2: {"python": str(slow)}})
     started = time.monotonic()
-    report = doctor.run_doctor(cluster, connect_timeout=3.0, checks="fast")
-    assert time.monotonic() - started < 3.0 + 2.5
+    report = doctor.run_doctor(cluster, connect_timeout=30.0, probe_timeout=3.0, checks="fast")
+    assert time.monotonic() - started < 3.0 + 2.5  # the probe's limit bounds it, not the (longer) connect timeout
     assert _bad(report) == [("node-2", "python")], report.problems
-    assert report.problems[0].detail == "the probe did not answer within 3 s"
+    assert report.problems[0].detail == "the probe did not answer within 3 s (probe_timeout)"
+    assert report.probe_times["node-2"] == pytest.approx(3.0, abs=1.0)
     deadline = time.monotonic() + 5
     while _running(str(slow)) and time.monotonic() < deadline:  # the node's side ends by itself
         time.sleep(0.1)
@@ -747,6 +838,36 @@ def test_the_127_0_1_1_trap_on_a_node(make_sandbox) -> None:
     assert found.detail.startswith(f"node-1 resolves to 127.0.1.1 on node-1, but its peers reach it at "
                                    f"{box.nodes[1].addr}")
     assert found.fix == f'on node-1, replace "127.0.1.1 node-1" in /etc/hosts with "{box.nodes[1].addr} node-1"'
+
+
+@pytest.mark.integration
+def test_a_node_slow_to_start_its_python_is_a_warning_with_its_time(make_sandbox, tmp_path: Path) -> None:
+    # Node 2's python takes SLOW_START_S more to start (as from a cold network filesystem), for real, over SSH.
+    slow_start_s = 4
+    wrapper = tmp_path / "cold-python"
+    wrapper.write_text(f"#!/bin/sh\nsleep {slow_start_s}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    box = make_sandbox(3, master_port=free_port(), python_override={2: str(wrapper)})
+    hosts = ["--hosts", str(box.inventory), "--fast", "--json"]
+
+    result = inv("doctor", *hosts, "--probe-timeout", "20", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr  # a warning never fails the doctor
+    data = json.loads(result.stdout)
+    took = data["nodes"]["node-2"]["probe_s"]
+    assert slow_start_s <= took < 20
+    assert all(0 < data["nodes"][h]["probe_s"] < took for h in ("node-0", "node-1"))
+    problems = [(f["host"], f["check"], f["status"]) for f in data["findings"] if f["status"] != "ok"]
+    assert problems == [("node-2", "python", "warn")], data["findings"]
+    (slow,) = [f for f in data["findings"] if f["status"] == "warn"]
+    assert slow["detail"].startswith(f"node-2's probe took {took:.1f} s (the others ")
+    assert slow["detail"].endswith("launch will wait for it")
+
+    result = inv("doctor", *hosts, "--probe-timeout", "1", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    (gone,) = [f for f in data["findings"] if f["host"] == "node-2" and f["status"] == "fail"]
+    assert (gone["check"], gone["detail"]) == ("python", "the probe did not answer within 1 s (probe_timeout)")
+    assert "raise --probe-timeout" in gone["fix"]
 
 
 def test_canned_probe_is_what_the_real_probe_prints(tmp_path: Path) -> None:

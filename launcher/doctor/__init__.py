@@ -10,11 +10,15 @@ from launcher.doctor.checks import (
     FAST_CHECKS,
     MAX_CLOCK_SKEW_S,
     MIN_DISK_BYTES,
+    SLOW_PROBE_FACTOR,
+    SLOW_PROBE_MARGIN_S,
+    SLOW_PROBE_SHARE,
     Check,
     check,
     evaluate,
     requested_names,
     selected_checks,
+    slow_probe_limit,
 )
 from launcher.doctor.collect import (
     LISTEN_WINDOW_S,
@@ -43,6 +47,9 @@ __all__ = [
     "MAX_CLOCK_SKEW_S",
     "MIN_DISK_BYTES",
     "PROBE_SOURCE",
+    "SLOW_PROBE_FACTOR",
+    "SLOW_PROBE_MARGIN_S",
+    "SLOW_PROBE_SHARE",
     "TOKEN_READ_S",
     "Check",
     "CheckMode",
@@ -66,4 +73,5 @@ __all__ = [
     "requested_names",
     "run_doctor",
     "selected_checks",
+    "slow_probe_limit",
 ]

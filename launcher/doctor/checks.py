@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from launcher.remote import SETUP_FAILED
 
 MIN_DISK_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 5.0
+SLOW_PROBE_MARGIN_S = 2.0
+"""A slow probe answered at least this much later than the typical node's (above SSH and interpreter-start noise)."""
+SLOW_PROBE_FACTOR = 2.0
+"""... and took at least this many times as long (a load every node shares is nobody's fault)."""
+SLOW_PROBE_SHARE = 0.5
+"""A probe that used more than this share of probe_timeout is slow whatever its peers took: the next may not fit."""
 
 CheckFunction = Callable[[Evidence], list[Finding]]
 
@@ -87,6 +94,27 @@ def _human_bytes(n: float) -> str:
     return f"{n} B"  # unreachable
 
 
+def slow_probe_limit(times: Iterable[float], timeout: float | None) -> float:
+    """Seconds above which an answered probe is slow (a warning with its time, never a failure).
+
+    Slow means an outlier among its peers: both SLOW_PROBE_MARGIN_S later and SLOW_PROBE_FACTOR times longer than
+    the typical node (the lower median, so that a minority of slow nodes, or one of two, does not set the norm);
+    or past SLOW_PROBE_SHARE of `timeout`, whatever the others took. So 64 nodes that share one slow start (2
+    cores, one cold filesystem) are not warned about until they pass half the limit, while a lone cold node is.
+    """
+    values = list(times)
+    if not values:
+        return float("inf")
+    typical = statistics.median_low(values)
+    limit = max(typical + SLOW_PROBE_MARGIN_S, typical * SLOW_PROBE_FACTOR)
+    return min(limit, timeout * SLOW_PROBE_SHARE) if timeout else limit
+
+
+def _seconds_range(times: list[float]) -> str:
+    low, high = f"{min(times):.1f}", f"{max(times):.1f}"
+    return f"{low} s" if low == high else f"{low}-{high} s"
+
+
 def requested_names(cluster: Cluster) -> list[str]:
     """Every name a node must resolve: each host's addr (how peers reach it) and master_addr."""
     names = [h.addr for h in cluster.hosts]
@@ -122,10 +150,11 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
                        f"set `python:` for {host.name} in the inventory to an interpreter that exists there "
                        f"(`ssh {host.name} 'command -v python3'`)")
     if failed.exit_code == -1:
-        within = f"within {timeout:g} s" if timeout else "in time"
+        within = f"within {timeout:g} s (probe_timeout)" if timeout else "in time"
         return Finding(host.name, "python", "fail", f"the probe did not answer {within}",
                        f"is {host.name} overloaded, or does its python hang at start? "
-                       f"try `ssh {host.name} {shlex.quote(python)} -c pass`")
+                       f"try `ssh {host.name} {shlex.quote(python)} -c pass`; if it only starts slowly (a cold "
+                       "network filesystem), raise --probe-timeout (launcher.probe_timeout in invoke.yaml)")
     return Finding(host.name, "python", "fail", f"the probe failed (exit {failed.exit_code}): {last or 'no output'}",
                    f"run `ssh {host.name} {shlex.quote(python)} -V`: the probe needs Python 3.8 or newer")
 
@@ -158,6 +187,26 @@ def check_python(ev: Evidence) -> list[Finding]:
                                f"use the same Python build everywhere ({major_full}) to rule out subtle differences"))
         else:
             out.append(Finding(h, "python", "ok", f"Python {full[h]} ({exe})"))
+    return out + _slow_probes(ev, probes)
+
+
+def _slow_probes(ev: Evidence, probes: Mapping[str, Any]) -> list[Finding]:
+    """A warning for each answered probe slower than `slow_probe_limit`, with its time and the others'."""
+    times = {h: ev.probe_times[h] for h in probes if h in ev.probe_times}
+    limit = slow_probe_limit(times.values(), ev.probe_timeout)
+    normal = [t for t in times.values() if t <= limit]
+    allowed = f"{ev.probe_timeout:g} s" if ev.probe_timeout else "its limit"
+    out = []
+    for h, took in times.items():
+        if took <= limit:
+            continue
+        others = f"the others {_seconds_range(normal)}" if normal else f"of the {allowed} allowed"
+        out.append(Finding(h, "python", "warn",
+                           f"{h}'s probe took {took:.1f} s ({others}): a cold start of its python (a network "
+                           "filesystem?) or a loaded node; launch will wait for it",
+                           f"nothing to do if it was a cold start; otherwise look at {h}'s load (`ssh {h} uptime`) "
+                           f"and where its python lives; the doctor and launch wait up to --probe-timeout ({allowed} "
+                           "now) for a probe"))
     return out
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any, Literal
 
@@ -13,9 +14,9 @@ from launcher.doctor.checks import evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.options import DEFAULT_CONNECT_TIMEOUT
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.remote import host_command, program_input, python_command
-from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
+from launcher.transport import Node, Result, classify, close_all, connect_all
 
 CheckMode = Literal["all", "fast"]
 
@@ -69,7 +70,8 @@ def _outcome(result: Result | NodeFailure) -> Outcome:
 
 
 def listen_request(cluster: Cluster, token: str, timeout: float) -> dict[str, Any]:
-    """What the master's listen-mode probe is asked (pure): it outlives the probes' `timeout` by a margin."""
+    """What the master's listen-mode probe is asked (pure): it outlives the probes' `timeout` (probe_timeout) by a
+    margin, so a slow node's TCP check still finds it."""
     return {"mode": "listen", "master_port": cluster.rendezvous.master_port, "token": token,
             "max_s": timeout + LISTENER_MARGIN_S}
 
@@ -87,8 +89,27 @@ def _start_listener(node: Node, cluster: Cluster, token: str, timeout: float) ->
     return channel
 
 
+def _run_timed(nodes: Sequence[Node], commands: Mapping[str, str], inputs: Mapping[str, bytes], timeout: float
+               ) -> dict[str, tuple[Result | NodeFailure, float]]:
+    """Run each node's probe, all at once; per node its result and the seconds from sending it to its answer."""
+
+    def one(node: Node) -> tuple[Result | NodeFailure, float]:
+        sent = time.monotonic()
+        try:
+            result: Result | NodeFailure = node.run(commands[node.name], inputs[node.name], timeout)
+        except Exception as exc:  # the connection dropped: a typed failure, never a traceback
+            result = classify(node.target, exc)
+        return result, round(time.monotonic() - sent, 3)
+
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(nodes))) as pool:
+        return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+
+
 def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
-               ) -> tuple[dict[str, Outcome], dict[str, Any] | None, tuple[float, float]]:
+               ) -> tuple[dict[str, Outcome], dict[str, float], dict[str, Any] | None, tuple[float, float]]:
+    """Every connected node's outcome and probe time, the master listener's answer, and the controller's clock."""
     master = cluster.hosts[0]
     token = secrets.token_hex(8)
     listener: dict[str, Any] | None = None
@@ -104,7 +125,7 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
     sent = time.time()
     try:
-        results = run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
+        results = _run_timed([nodes[h.name] for h in hosts], commands, inputs, timeout)
         received = time.time()
         if channel is not None:
             channel.close_stdin()  # every probe has answered: the listener can stop
@@ -117,14 +138,18 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     finally:
         if channel is not None:
             channel.close()
-    return {h: _outcome(r) for h, r in results.items()}, listener, (sent, received)
+    outcomes = {h: _outcome(result) for h, (result, _) in results.items()}
+    times = {h: took for h, (result, took) in results.items() if not isinstance(result, NodeFailure)}
+    return outcomes, times, listener, (sent, received)
 
 
 def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
-               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, checks: CheckMode = "all") -> Report:
+               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, checks: CheckMode = "all",
+               probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Report:
     """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
 
-    Each phase is bounded by `connect_timeout`: a dead node fails its connect within it, a hung one its probe.
+    Two bounds, one per phase: `connect_timeout` for each SSH connection (a dead node fails within it), then
+    `probe_timeout` for each probe's answer once sent (a hung one fails within it; a slow one is timed and warned).
     """
     names = selected_checks(checks)
     start = time.monotonic()
@@ -134,14 +159,14 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
     opened, failures = connect_all(cluster, missing, connect_timeout) if missing else ({}, [])
     connected = time.monotonic()
     try:
-        outcomes, listener, clock = _probe_all(cluster, {**given, **opened}, checks, connect_timeout)
+        outcomes, times, listener, clock = _probe_all(cluster, {**given, **opened}, checks, probe_timeout)
     finally:
         close_all(opened.values())
     probed = time.monotonic()
     outcomes.update({f.host: f for f in failures})
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
-    findings = evaluate(Evidence(cluster, outcomes, listener, clock, connect_timeout), checks)
+    findings = evaluate(Evidence(cluster, outcomes, listener, clock, probe_timeout, times), checks)
     errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
               for h, o in outcomes.items() if not isinstance(o, dict)}
     return Report(
@@ -152,13 +177,19 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
         probes={h.name: o if isinstance(o := outcomes[h.name], dict) else None for h in cluster.hosts},
         errors=errors,
         listener=listener,
+        probe_times={h.name: times[h.name] for h in cluster.hosts if h.name in times},
         timings={"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
                  "total_s": round(time.monotonic() - start, 3)},
     )
 
 
-def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
-    """The fast checks on the launch's open connections; raises DoctorFailed when one fails."""
-    report = run_doctor(cluster, nodes, connect_timeout=timeout, checks="fast")
+def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Report:
+    """The fast checks on the launch's open connections; raises DoctorFailed when one fails.
+
+    Returns the report otherwise: its warnings (a slow node among them) are for the launch to show.
+    """
+    report = run_doctor(cluster, nodes, connect_timeout=connect_timeout, checks="fast", probe_timeout=probe_timeout)
     if not report.ok:
         raise DoctorFailed(report)
+    return report

@@ -52,7 +52,9 @@ class Evidence:
     clock: tuple[float, float] | None = None
     """The controller's time.time() just before the probes were sent and just after the last answer."""
     probe_timeout: float | None = None
-    """How long each probe had (for the message of one that ran out of it)."""
+    """How long each probe had to answer (for the message of one that ran out of it, and the slow threshold)."""
+    probe_times: Mapping[str, float] = field(default_factory=dict)
+    """Host -> seconds from sending its probe to its answer (or to giving up on it), for every host probed."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Report:
     """Host -> the probe's answer (None when there is none; `errors` says why)."""
     errors: Mapping[str, str] = field(default_factory=dict)
     listener: Mapping[str, Any] | None = None
+    probe_times: Mapping[str, float] = field(default_factory=dict)
+    """Host -> seconds from sending its probe to its answer, or to giving up on it (absent: no connection)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """connect_s, probe_s, total_s (seconds, on the controller)."""
 

@@ -27,7 +27,7 @@ def _worst(findings: Iterable[Finding]) -> Status | None:
 
 
 def render_table(report: Report, console: Console) -> None:
-    """One row per node, one column per check (✓ ok, ! warn, ✗ fail), then each problem and its fix.
+    """One row per node: its probe's time, then a column per check (✓ ok, ! warn, ✗ fail); each problem and its fix.
 
     The inventory path, host names, details and fixes come from users and nodes: they are printed as plain `Text`,
     so a `[/]` in them prints as it is instead of being read as Rich markup.
@@ -35,6 +35,7 @@ def render_table(report: Report, console: Console) -> None:
     title = Text(f"doctor: {len(report.hosts)} node(s) from {report.source}", style="table.title")
     table = Table(title=title, title_justify="left")
     table.add_column("node", no_wrap=True)
+    table.add_column("probe", justify="right", no_wrap=True)
     for check in report.checks:
         table.add_column(check, justify="center", no_wrap=True, min_width=len(check))
     for host in report.hosts:
@@ -42,7 +43,8 @@ def render_table(report: Report, console: Console) -> None:
         for check in report.checks:
             worst = _worst(f for f in report.findings if f.host == host and f.check == check)
             cells.append(MARKS[worst].copy() if worst else NONE.copy())
-        table.add_row(Text(host), *cells)
+        took = report.probe_times.get(host)
+        table.add_row(Text(host), Text(f"{took:.1f} s") if took is not None else NONE.copy(), *cells)
     console.print(table)
     for f in report.problems:
         console.print(Text.assemble(MARKS[f.status], f" {f.host} {f.check}: "), end="", highlight=False)
@@ -61,13 +63,14 @@ def render_table(report: Report, console: Console) -> None:
 
 
 def report_json(report: Report) -> str:
-    """The report for scripts: ok, findings, per-node probe data and errors, timings."""
+    """The report for scripts: ok, findings, per node its probe's answer, time (probe_s) and error, timings."""
     return json.dumps({
         "ok": report.ok,
         "inventory": report.source,
         "checks": list(report.checks),
         "findings": [dataclasses.asdict(f) for f in report.findings],
-        "nodes": {h: {"probe": report.probes.get(h), "error": report.errors.get(h)} for h in report.hosts},
+        "nodes": {h: {"probe": report.probes.get(h), "probe_s": report.probe_times.get(h),
+                      "error": report.errors.get(h)} for h in report.hosts},
         "listener": report.listener,
         "timings": dict(report.timings),
     }, indent=2)
