@@ -8,7 +8,9 @@ torch is imported lazily, so importing this module stays cheap.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import signal
@@ -20,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tests.support.procs import free_port as free_port  # re-exported for the train tests
@@ -60,6 +63,17 @@ def torchrun_cmd(nproc: int, port: int, *train_args: str, python: str = sys.exec
 
 def single_cmd(*train_args: str) -> list[str]:
     return [sys.executable, str(TRAIN_SCRIPT), *train_args]
+
+
+@functools.cache
+def import_train_script() -> ModuleType:
+    """train/ddp.py as a module, to test its pure parts in this process (imports torch: a second or two)."""
+    spec = importlib.util.spec_from_file_location("train_ddp", TRAIN_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass

@@ -13,7 +13,13 @@ Lines other programs may parse (stdout; each written whole, so ranks' lines neve
   per-rank batch size B, world size W, global batch size G, steps per epoch N, total steps T
                                                       rank 0, once
   epoch E step S loss L samples/s X                   rank 0, every --log-every steps
-  resumed from PATH at step S epoch E batch K         rank 0, with --resume
+  resumed from PATH at step S epoch E batch K         rank 0, with --resume: K steps of the checkpoint's
+                                                      global batch into epoch E ("sample N" instead of
+                                                      "batch K" where its samples are no whole number of them)
+  resuming at step S (epoch E, sample K) on world size W (was V): per-rank batch B keeps the global batch G
+  resuming at step S (epoch E, sample K) on world size W (was V): per-rank batch B makes the global batch H
+    instead of G: WHY                                 rank 0, with --resume, after the line above, where the
+                                                      world size or --batch-size differs from the checkpoint's
   checkpoint saved PATH step S epoch E by rank 0      rank 0, after each save; E is the
                                                       epoch a resume continues in
   stopping after epoch N (--stop-after-epoch) ...     rank 0
@@ -21,6 +27,11 @@ Lines other programs may parse (stdout; each written whole, so ranks' lines neve
   CHECKSUM rank=R sha256=<64 hex>                     every rank, last (also after a stop)
 --fail-at S --fail-rank R makes rank R raise RuntimeError("injected failure at step S on
 rank R") before its S-th optimizer step (1-based global count: a run resumed past S goes on).
+
+--resume on another world size W' keeps the checkpoint's global batch G (per-rank batch G/W', or the one nearest
+to it where W' does not divide G), goes on with its step count, and re-shards the rest of the epoch: every
+epoch's samples are consumed in one global order, whatever the world size, so the samples consumed before the
+checkpoint are a prefix of it and are skipped. Given the checkpoint and the world size, a resume is deterministic.
 """
 
 from __future__ import annotations
@@ -30,13 +41,12 @@ import ctypes
 import functools
 import hashlib
 import io
-import itertools
 import os
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -51,6 +61,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampl
 
 IN_FEATURES = 16
 CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = 2  # 2: the epoch position in samples, the world size, the RNG states
 PEER_FAILURE_GRACE_S = 5.0
 
 
@@ -77,7 +88,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layer")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps; 0 = no limit")
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="per-rank batch size; on --resume the checkpoint's global batch decides it",
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--log-every", type=int, default=10, help="steps between loss logs; 0 = never")
@@ -158,27 +174,63 @@ def make_model(hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
 
-class StepBatches(Sampler[list[int]]):
-    """The sample indices of each optimizer step of one epoch, from the `skip`-th step on.
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler (shuffled, drop_last) whose epoch can begin `start` samples into the epoch's global order.
 
-    Normally `samplers` is this rank's DistributedSampler. With --reference-world-size it
-    holds one per emulated rank, and a step's batch is the union of their batches.
+    The global order is the epoch's shuffled permutation. Rank r's i-th sample is its position r + W*i, so with
+    per-rank batch B, step k takes positions [kG, (k+1)G) for G = W*B, whatever W and B are: the samples consumed
+    before a checkpoint are a prefix of the order. The rest is dealt round-robin to this sampler's ranks, as
+    DistributedSampler deals a whole epoch; with W unchanged that is exactly the stream a run that went on would
+    have seen. Skipping index lists, not loaded batches: resuming costs no data loading.
     """
 
-    def __init__(self, samplers: Sequence[DistributedSampler], batch_size: int, skip: int = 0) -> None:
-        self.samplers, self.batch_size, self.skip = samplers, batch_size, skip
+    def __init__(self, dataset: TensorDataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Shuffle for `epoch` (seed + epoch, as DistributedSampler), beginning after its first `start` samples."""
+        super().set_epoch(epoch)
+        self.start = start
+
+    def samples_from(self, start: int) -> int:
+        """This rank's share of the epoch from global position `start` on: equal on all ranks, the tail dropped."""
+        return (len(self.dataset) - start) // self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        if self.start == 0:
+            return super().__iter__()
+        # The epoch's whole order is what a one-rank DistributedSampler of the same seed and epoch draws.
+        whole = DistributedSampler(self.dataset, num_replicas=1, rank=0, shuffle=True, seed=self.seed, drop_last=True)
+        whole.set_epoch(self.epoch)
+        rest = list(whole)[self.start :]
+        end = self.samples_from(self.start) * self.num_replicas
+        return iter(rest[self.rank : end : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.samples_from(self.start)
+
+
+class StepBatches(Sampler[list[int]]):
+    """The sample indices of each optimizer step of one epoch (from where the samplers' epochs start).
+
+    Normally `samplers` is this rank's sampler. With --reference-world-size it holds one per
+    emulated rank, and a step's batch is the union of their batches.
+    """
+
+    def __init__(self, samplers: Sequence[ResumableSampler], batch_size: int) -> None:
+        self.samplers, self.batch_size = samplers, batch_size
 
     def _per_rank(self) -> list[BatchSampler]:
         # drop_last: every step sees full, equal-size batches on every rank
         return [BatchSampler(s, self.batch_size, drop_last=True) for s in self.samplers]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Skipping index lists, not loaded batches: resuming costs no data loading.
-        for batches in itertools.islice(zip(*self._per_rank(), strict=True), self.skip, None):
+        for batches in zip(*self._per_rank(), strict=True):
             yield [i for batch in batches for i in batch]
 
     def __len__(self) -> int:
-        return max(0, len(self._per_rank()[0]) - self.skip)
+        return len(self._per_rank()[0])
 
 
 def float32_bytes(t: torch.Tensor) -> bytes:
@@ -247,56 +299,116 @@ def barrier(w: World) -> None:
         dist.barrier()
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where training goes on: `step` optimizer steps taken, the first `sample` samples of `epoch`'s order consumed."""
+
+    step: int = 0
+    epoch: int = 0
+    sample: int = 0
+
+
+def nearest_per_rank_batch(global_batch: int, world_size: int) -> int:
+    """The per-rank batch whose global batch on `world_size` ranks comes nearest `global_batch`: the quotient where
+    it divides; else the nearer of its two neighbours (the smaller on a tie: it needs less memory), at least 1."""
+    lo = max(1, global_batch // world_size)
+    return lo + 1 if (lo + 1) * world_size - global_batch < global_batch - lo * world_size else lo
+
+
+def checkpoint_position(ckpt: dict[str, Any], steps_from: Callable[[int], int]) -> Position:
+    """The position a checkpoint records; an epoch with no full step left for `steps_from` gives way to the next."""
+    # Checkpoints without the format field counted the epoch in steps of their own global batch.
+    sample = ckpt["epoch_samples"] if "format" in ckpt else ckpt["epoch_step"] * ckpt["global_batch"]
+    if steps_from(sample) == 0:
+        return Position(ckpt["step"], ckpt["epoch"] + 1, 0)
+    return Position(ckpt["step"], ckpt["epoch"], sample)
+
+
+def resume_lines(
+    ckpt: dict[str, Any], path: Path, pos: Position, world_size: int, batch_size: int, asked_batch: int
+) -> list[str]:
+    """What rank 0 says on resuming: where; and, with another world size or a per-rank batch other than the one
+    asked for, how the global batch fares."""
+    was_batch, was_world = ckpt["global_batch"], ckpt["world_size"]
+    where = f"batch {pos.sample // was_batch}" if pos.sample % was_batch == 0 else f"sample {pos.sample}"
+    lines = [f"resumed from {path} at step {pos.step} epoch {pos.epoch} {where}"]
+    head = (
+        f"resuming at step {pos.step} (epoch {pos.epoch}, sample {pos.sample}) "
+        f"on world size {world_size} (was {was_world}): per-rank batch {batch_size}"
+    )
+    global_batch = batch_size * world_size
+    if global_batch == was_batch:
+        lines.append(f"{head} keeps the global batch {global_batch}")
+    else:
+        lines.append(
+            f"{head} makes the global batch {global_batch} instead of {was_batch}: {was_batch} samples do not "
+            f"split evenly over {world_size} ranks, and {batch_size} per rank comes nearest"
+        )
+    return lines[:1] if world_size == was_world and batch_size == asked_batch else lines
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The global generators' states. Training draws from none of them today (no dropout; the samplers and the
+    data loader have their own), but a model that did would need them to resume exactly."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"].cpu())  # load_checkpoint maps tensors to the device; these must be on the CPU
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
 def train(args: argparse.Namespace, w: World) -> None:
     ref_w = args.reference_world_size
     if ref_w and w.world_size != 1:
         raise RuntimeError("--reference-world-size is only valid in a single process (no torchrun)")
     # Samplers of the ranks this process trains for: its own, or all emulated ones.
     replicas, ranks = (ref_w, range(ref_w)) if ref_w else (w.world_size, [w.rank])
-    global_batch = args.batch_size * replicas
 
     torch.manual_seed(args.seed)  # same seed everywhere: replicas start equal
     dataset = make_dataset(args.seed, args.dataset_size)
     # shuffle seeded by seed + epoch (set_epoch): a new order each epoch, the same on all ranks
-    samplers = [
-        DistributedSampler(dataset, num_replicas=replicas, rank=r, shuffle=True, seed=args.seed, drop_last=True)
-        for r in ranks
-    ]
-    steps_per_epoch = len(StepBatches(samplers, args.batch_size))
+    samplers = [ResumableSampler(dataset, replicas, r, args.seed) for r in ranks]
+
+    ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
+    ckpt = load_checkpoint(ckpt_path, w) if args.resume and ckpt_path is not None else None
+    if args.resume and ckpt is None and w.rank == 0:
+        say(f"no checkpoint at {ckpt_path}, starting from scratch")
+    # A resume keeps the checkpoint's global batch, whatever the world size, as far as it divides.
+    batch_size = args.batch_size if ckpt is None else nearest_per_rank_batch(ckpt["global_batch"], replicas)
+    global_batch = batch_size * replicas
+
+    def steps_from(sample: int) -> int:
+        """The full steps left in an epoch whose first `sample` samples are consumed."""
+        return samplers[0].samples_from(sample) // batch_size
+
+    steps_per_epoch = steps_from(0)
     if steps_per_epoch == 0:
         raise RuntimeError(
-            f"--dataset-size {args.dataset_size} gives no full batch of {args.batch_size} per rank for {replicas} ranks"
+            f"--dataset-size {args.dataset_size} gives no full batch of {batch_size} per rank for {replicas} ranks"
         )
-    total_steps = args.epochs * steps_per_epoch
+    pos = Position() if ckpt is None else checkpoint_position(ckpt, steps_from)
+    # The step count goes on from the checkpoint: with the global batch kept, to the same total.
+    epochs_left = max(0, args.epochs - pos.epoch)
+    total_steps = pos.step + (steps_from(pos.sample) + (epochs_left - 1) * steps_per_epoch if epochs_left else 0)
     if args.max_steps > 0:
         total_steps = min(total_steps, args.max_steps)
 
     module = make_model(args.hidden).to(w.device)
-    ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
     optimizer = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=args.momentum)
-    step, start_epoch, start_done = 0, 0, 0
-    if args.resume and ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path, w)
-        if ckpt is None:
-            if w.rank == 0:
-                say(f"no checkpoint at {ckpt_path}, starting from scratch")
-        else:
-            module.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            step, start_epoch, start_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_step"]
-            if ckpt["global_batch"] != global_batch:
-                # Another world size partitions the data differently; the best we can do
-                # is skip as many samples as were consumed. Not bit-exact.
-                start_done = start_done * ckpt["global_batch"] // global_batch
-                if w.rank == 0:
-                    say(
-                        f"warning: checkpoint global batch {ckpt['global_batch']} != {global_batch}; "
-                        "resumed position is approximate"
-                    )
-            if start_done >= steps_per_epoch:
-                start_epoch, start_done = start_epoch + 1, 0
-            if w.rank == 0:
-                say(f"resumed from {ckpt_path} at step {step} epoch {start_epoch} batch {start_done}")
+    if ckpt is not None:
+        module.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if "rng" in ckpt:
+            set_rng_state(ckpt["rng"], w.device)
+        if w.rank == 0:
+            for line in resume_lines(ckpt, ckpt_path, pos, replicas, batch_size, args.batch_size):
+                say(line)
+    step = pos.step
     # DDP broadcasts rank 0's parameters at construction and averages gradients in backward.
     model = DDP(module, device_ids=[w.device.index] if w.device.type == "cuda" else None)
     loss_fn = nn.MSELoss()  # a mean, so W per-rank means average to the global-batch mean
@@ -304,35 +416,38 @@ def train(args: argparse.Namespace, w: World) -> None:
         # DDP re-buckets gradients after its first backward pass, and the bucket layout decides the order in
         # which the all-reduce adds the ranks' floats. An uninterrupted run took its first pass long ago; a
         # resumed one must too, or its steps would differ in the last bits. One pass, gradients discarded.
-        x, y = dataset[: args.batch_size]
+        x, y = dataset[:batch_size]
         loss_fn(model(x.to(w.device)), y.to(w.device)).backward()
         optimizer.zero_grad(set_to_none=True)
 
     if w.rank == 0:
         what = f"reference world size {ref_w} (one process)" if ref_w else f"world size {w.world_size}"
         say(
-            f"per-rank batch size {args.batch_size}, {what}, global batch size {global_batch}, "
+            f"per-rank batch size {batch_size}, {what}, global batch size {global_batch}, "
             f"steps per epoch {steps_per_epoch}, total steps {total_steps}"
         )
 
     saved_step = step  # the state on disk (if any) is already this one
 
-    def save(epoch: int, done: int) -> None:
+    def save(epoch: int, sample: int) -> None:
         nonlocal saved_step
         if ckpt_path is None or step == saved_step:
             return
-        if done >= steps_per_epoch:
-            epoch, done = epoch + 1, 0
+        if steps_from(sample) == 0:
+            epoch, sample = epoch + 1, 0
         if w.rank == 0:  # replicas are identical, one writer suffices
             save_atomic(
                 {
+                    "format": CHECKPOINT_FORMAT,
                     "model": module.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    "epoch": epoch,
-                    "epoch_step": done,
                     "step": step,
-                    "world_size": w.world_size,
+                    "epoch": epoch,
+                    "epoch_samples": sample,
                     "global_batch": global_batch,
+                    "per_rank_batch": batch_size,
+                    "world_size": replicas,
+                    "rng": rng_state(w.device),
                     "args": vars(args),
                 },
                 ckpt_path,
@@ -343,9 +458,9 @@ def train(args: argparse.Namespace, w: World) -> None:
 
     t_start = t_log = time.perf_counter()
     step_log, step_first = step, step
-    epoch, done = start_epoch, start_done
-    for epoch in range(start_epoch, args.epochs):
-        done = start_done if epoch == start_epoch else 0
+    epoch, sample = pos.epoch, pos.sample
+    for epoch in range(pos.epoch, args.epochs):
+        sample = pos.sample if epoch == pos.epoch else 0
         if step >= total_steps:
             break
         if 0 < args.stop_after_epoch <= epoch:
@@ -353,9 +468,14 @@ def train(args: argparse.Namespace, w: World) -> None:
                 say(f"stopping after epoch {epoch} (--stop-after-epoch); continue with --resume")
             break
         for s in samplers:
-            s.set_epoch(epoch)
+            s.set_epoch(epoch, sample)
         loader = DataLoader(
-            dataset, batch_sampler=StepBatches(samplers, args.batch_size, done), pin_memory=w.device.type == "cuda"
+            dataset,
+            batch_sampler=StepBatches(samplers, batch_size),
+            pin_memory=w.device.type == "cuda",
+            # Its own generator (for worker seeds; there are no workers): data loading draws nothing from the
+            # global one, whose state a checkpoint then holds as an uninterrupted run has it at that step.
+            generator=torch.Generator().manual_seed(args.seed + epoch),
         )
         for x, y in loader:
             if args.fail_at == step + 1 and args.fail_rank == w.rank:
@@ -365,7 +485,7 @@ def train(args: argparse.Namespace, w: World) -> None:
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
-            step, done = step + 1, done + 1
+            step, sample = step + 1, sample + global_batch
             if args.log_every > 0 and step % args.log_every == 0:
                 avg = loss.detach().clone()
                 dist.all_reduce(avg)  # SUM: Gloo has no AVG
@@ -375,17 +495,17 @@ def train(args: argparse.Namespace, w: World) -> None:
                     say(f"epoch {epoch} step {step} loss {avg.item() / w.world_size:.6f} samples/s {rate:.1f}")
                 t_log, step_log = now, step
             if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
-                save(epoch, done)
+                save(epoch, sample)
             if args.sleep_per_step > 0:
                 time.sleep(args.sleep_per_step)
             if step >= total_steps:
                 break
-        if done < steps_per_epoch:
+        if steps_from(sample) > 0:
             break  # --max-steps ended the run inside this epoch
         save(epoch + 1, 0)
-        done = 0
+        sample = 0
         epoch += 1  # the position after a complete epoch (if this was the last one)
-    save(epoch, done)  # no-op unless --max-steps stopped between periodic checkpoints
+    save(epoch, sample)  # no-op unless --max-steps stopped between periodic checkpoints
 
     elapsed = time.perf_counter() - t_start
     if w.rank == 0:
