@@ -3,8 +3,10 @@
 Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the bootstrap reads this file's source
 from the first stdin line and a JSON request from the second. Actions:
 
-- start: make the run directory, start torchrun under `setsid` (one process group; every process of the run
-  also carries DDP_LAUNCHER_RUN=<run id>/<node> in its environment), record pid, times and exit code.
+- start: check the workdir, python and run directory, say `ready` and wait for `go` (sent once every node is
+  ready: a run starts on all nodes or on none); then make the run directory and start torchrun under `setsid`
+  (one process group; every process of the run also carries DDP_LAUNCHER_RUN=<run id>/<node> in its
+  environment); record pid, times and exit code.
   Attached: stream the log to stdout, obey `stop` lines on stdin, and stop the run by itself when stdin closes
   or heartbeats stop (the launcher died or the network dropped). Detached: a daemon keeps the run; returns at once.
 - stop: TERM the run's process group and every process carrying its mark, a grace period, then KILL; report.
@@ -494,6 +496,13 @@ def start(request):
                                                                                    problem))
         return 2
     request = dict(request, socket_ifname=ifname)  # auto, found once: spawn (here or in the keeper) sets this
+    # Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no process).
+    words = LauncherWords()
+    threading.Thread(target=words.listen, daemon=True, name="listen").start()
+    emit("ready")
+    if not words.wait_for_go(request["heartbeat_timeout"]):
+        emit("aborted", reason=words.stop_word)
+        return 0
     if request["detach"]:
         return start_detached(request, run_dir)
     try:
@@ -502,7 +511,7 @@ def start(request):
         emit("error", message="cannot start torchrun: %s" % exc)
         return 2
     emit("started", pid=proc.pid, run_dir=run_dir)
-    return attend(request, run_dir, proc)
+    return attend(request, run_dir, proc, words)
 
 
 def start_detached(request, run_dir):
@@ -537,23 +546,17 @@ def start_detached(request, run_dir):
     return 0
 
 
-class Attended:
-    """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
+class LauncherWords:
+    """The launcher's words on stdin, read by one thread for the whole start: heartbeats, `go`, `stop`, `kill`.
 
-    - listen: stdin lines (heartbeats, `stop`, `kill`); EOF means the launcher or its network is gone.
-    - stream: the run's log file -> stdout, as it grows.
-    - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
-      silent node from a quiet one.
-    The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
-    all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
+    EOF means the launcher or its network is gone. `decided` is set by `go` and by anything that stops the run.
     """
 
-    def __init__(self, request, run_dir, proc):
-        self.request, self.run_dir, self.proc = request, run_dir, proc
+    def __init__(self):
         self.last_word = time.time()
         self.stop_word = None
-        self.done = threading.Event()
-        self.streamed_at = time.time()
+        self.go = False
+        self.decided = threading.Event()
 
     def listen(self):
         for line in sys.stdin:
@@ -561,8 +564,39 @@ class Attended:
             word = line.strip()
             if word in ("stop", "kill"):
                 self.stop_word = word
+            elif word == "go":
+                self.go = self.stop_word is None
+            if word in ("go", "stop", "kill"):
+                self.decided.set()
         if self.stop_word is None:
             self.stop_word = "launcher-gone"
+        self.decided.set()
+
+    def wait_for_go(self, heartbeat_timeout):
+        """True on `go`; False when the launcher stopped the start, left, or fell silent first."""
+        while not self.decided.wait(0.1):
+            if time.time() - self.last_word > heartbeat_timeout:
+                self.stop_word = "heartbeat-timeout"
+                return False
+        return self.go
+
+
+class Attended:
+    """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
+
+    - words: the launcher's stdin lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
+    - stream: the run's log file -> stdout, as it grows.
+    - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
+      silent node from a quiet one.
+    The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
+    all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
+    """
+
+    def __init__(self, request, run_dir, proc, words):
+        self.request, self.run_dir, self.proc = request, run_dir, proc
+        self.words = words
+        self.done = threading.Event()
+        self.streamed_at = time.time()
 
     def stream(self):
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
@@ -593,15 +627,15 @@ class Attended:
         request = self.request
         stopping, stop_at = None, None
         while self.proc.poll() is None:
-            if self.stop_word is None and time.time() - self.last_word > request["heartbeat_timeout"]:
-                self.stop_word = "heartbeat-timeout"
-            if self.stop_word is not None and stopping is None:
-                stopping, stop_at = self.stop_word, time.time()
+            if self.words.stop_word is None and time.time() - self.words.last_word > request["heartbeat_timeout"]:
+                self.words.stop_word = "heartbeat-timeout"
+            if self.words.stop_word is not None and stopping is None:
+                stopping, stop_at = self.words.stop_word, time.time()
                 record_stop(self.run_dir)
                 emit("stopping", reason=stopping)
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == "kill" else request["grace"])).start()
-            if stopping is not None and self.stop_word == "kill":
+            if stopping is not None and self.words.stop_word == "kill":
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             time.sleep(0.05)
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
@@ -611,15 +645,15 @@ class Attended:
         return code, left, stopping
 
 
-def attend(request, run_dir, proc):
+def attend(request, run_dir, proc, words):
     """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
     global _EVENTS
     _EVENTS = queue.Queue()
-    run = Attended(request, run_dir, proc)
-    signal.signal(signal.SIGHUP, lambda *_: setattr(run, "stop_word", "launcher-gone"))
-    signal.signal(signal.SIGTERM, lambda *_: setattr(run, "stop_word", "stop"))
+    run = Attended(request, run_dir, proc, words)
+    signal.signal(signal.SIGHUP, lambda *_: setattr(words, "stop_word", "launcher-gone"))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(words, "stop_word", "stop"))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
-               for name in ("listen", "stream", "send_events", "tick")}
+               for name in ("stream", "send_events", "tick")}
     for thread in threads.values():
         thread.start()
     code, left, stopping = run.supervise()

@@ -38,6 +38,11 @@ class NodeEvent:
 
 
 @dataclass(frozen=True)
+class Ready(NodeEvent):
+    """The node's agent checked what it could and waits for `go` (sent once every node is ready)."""
+
+
+@dataclass(frozen=True)
 class Started(NodeEvent):
     pid: int
     node_time: float | None = None
@@ -77,6 +82,7 @@ class _Session:
     command: NodeCommand
     channel: Channel
     heard: float = field(default_factory=time.monotonic)
+    ready: bool = False
     started: bool = False
     stop_reason: str | None = None
     asked_to_stop: bool = False
@@ -123,6 +129,12 @@ class RunHandle:
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: cannot open a session: {error}")
+        # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
+        while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
+            self._step(0.2)
+        if self.start_failure is None:
+            for session in self.sessions.values():
+                session.channel.send(b"go\n")
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self._step(0.2)
 
@@ -185,7 +197,10 @@ class RunHandle:
                 self._control.put(Message(session.name, time.time(), text))
             return
         now = time.time()
-        if kind == "started":
+        if kind == "ready":
+            session.ready = True
+            self._control.put(Ready(session.name, now))
+        elif kind == "started":
             session.started = True  # here too: the channel's end may be judged before the waiter sees this
             if event.get("detached"):
                 session.reported = {"code": 0}  # a detached agent's work ends with the start

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -265,3 +266,34 @@ def test_follow_ends_when_the_launcher_is_gone(node: Node) -> None:
     assert follower.stdout.readline() == b"tick 0\n"
     follower.stdout.close()
     assert follower.wait(timeout=5) == 1
+
+
+def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) -> None:
+    """Ready, then nothing until `go`: a stop (another node could not start) leaves no run directory, no process."""
+    run_id = f"20000101-000000-{secrets.token_hex(3)}"
+    request = {"action": "start", "run_dir": f"{agent.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
+               "workdir": str(tmp_path), "argv": [sys.executable, "-c", "open('ran', 'w')"], "expand_home": [],
+               "env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None, "master_addr": "127.0.0.1",
+               "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
+               "alive_interval": 5.0}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for word, ran in (("stop", False), ("go", True)):
+        proc = subprocess.Popen([sys.executable, agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write((json.dumps({**request, "mark": f"{run_id}/node{int(ran)}",
+                                      "run_dir": f"{agent.RUNS_ROOT}/{run_id}/node{int(ran)}"}) + "\n").encode())
+        proc.stdin.flush()
+        first = json.loads(proc.stderr.readline())
+        assert first["event"] == "ready"
+        time.sleep(0.3)
+        assert not (tmp_path / "ran").exists()  # nothing before the word
+        proc.stdin.write(f"{word}\n".encode())
+        proc.stdin.flush()  # stdin stays open while the run lives: EOF would mean "launcher gone"
+        assert proc.wait(timeout=30) == 0
+        proc.stdin.close()
+        events = [json.loads(line)["event"] for line in proc.stderr.read().splitlines()]
+        proc.stderr.close()
+        assert (tmp_path / "ran").exists() is ran, events
+        assert ("aborted" in events) is not ran and ("started" in events) is ran
+        assert (tmp_path / "cache" / "ddp-launcher" / "runs" / run_id / f"node{int(ran)}").exists() is ran

@@ -212,7 +212,7 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
         proc = subprocess.Popen([sys.executable, agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=events, env=env)
         assert proc.stdin is not None
-        proc.stdin.write((json.dumps(full) + "\n").encode())
+        proc.stdin.write((json.dumps(full) + "\ngo\n").encode())  # the launcher's `go`: every node is ready
         proc.stdin.flush()  # stdin stays open: for an attached run, EOF means "launcher gone"
         try:
             code = proc.wait(timeout=30)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import free_port
-from helpers import inv, node_runs, run_id_of, run_processes
+from helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -74,7 +74,7 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
                "heartbeat_timeout": 30.0, "alive_interval": 5.0, "unset_env": list(RESERVED_ENV),
                "socket_ifname": None, "master_addr": "node-0", "master_port": 29500}
     channel = node.open_channel(agent_command(host.python))
-    channel.send(agent_input(request))  # stdin stays open: for an attached run, EOF means "launcher gone"
+    channel.send(agent_input(request) + b"go\n")  # stdin stays open: EOF would mean "launcher gone"
     result = channel.collect(timeout=30)
     channel.close()
     assert result.exit_code == 0, result.stderr
@@ -175,8 +175,10 @@ def test_a_node_that_cannot_start_stops_the_others(make_sandbox, tmp_path: Path)
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 1
     assert "could not start: node-1:" in result.stderr and "/nonexistent/python3" in result.stderr, result.stderr
-    assert "stopped what had started on node-0" in result.stderr
+    # node-0 was ready and waiting for `go`: it is told to stop instead, so nothing started anywhere.
+    assert "; nothing was started" in result.stderr, result.stderr
     assert run_processes(run_id_of(result.stderr)) == []
+    assert runs_on(box) == []
 
 
 def test_connection_errors_are_one_line_per_node_with_a_fix(make_sandbox, tmp_path: Path) -> None:

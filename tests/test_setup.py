@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import free_port
-from helpers import inv, node_runs, run_id_of, run_processes, runs_on, wait_for
+from helpers import inv, run_id_of, run_processes, runs_on, wait_for
 
 from launcher.inventory import Host
 from launcher.remote import SETUP_FAILED, host_command, program_input, python_command
@@ -170,8 +170,8 @@ def test_a_failing_setup_line_names_the_node_shows_its_words_and_starts_nothing(
     assert runs_on(box) == []
     assert "Traceback" not in checked.stdout + checked.stderr
 
-    # Without the doctor, node-1's agent never starts: the start failure shows that node's own words, and what had
-    # started elsewhere is stopped.
+    # Without the doctor, node-1's agent never starts: the start failure shows that node's own words, and node-0's
+    # agent, ready and waiting for `go`, is told to stop instead: nothing starts anywhere.
     skipped = inv("launch", "--hosts", hosts, "--skip-doctor", log_dir=tmp_path / "logs")
     assert skipped.returncode != 0
     run_id = run_id_of(skipped.stderr)
@@ -179,8 +179,9 @@ def test_a_failing_setup_line_names_the_node_shows_its_words_and_starts_nothing(
     assert "module: command not found" in skipped.stderr  # the shell's own words
     assert "setup line 1 of 1 failed with exit code 127, so nothing was started on this node: module load nope" in (
         skipped.stderr)
+    assert "nothing was started" in skipped.stderr, skipped.stderr
     wait_for(lambda: run_processes(run_id) == [], timeout=30, what="every process of the run gone")
-    assert not node_runs(box, 1).exists() or list(node_runs(box, 1).iterdir()) == []  # node-1 made no run dir
+    assert runs_on(box) == []  # no node made a run directory
 
 
 @pytest.mark.integration
