@@ -7,11 +7,13 @@ user would check (exit code, the sentence, every line in logs/, no process of th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -126,26 +128,40 @@ def test_a_killed_launcher_leaves_nothing_within_grace(sleeper_box, tmp_path: Pa
     gone_within(run_id, GRACE + 2)
 
 
-def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_path: Path) -> None:
-    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err",
-                             heartbeat_timeout=4, silence_timeout=4)
-    stopped: list[int] = []
+@contextlib.contextmanager
+def running_launch(box, tmp_path: Path, **config: object) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A launch of the sleeper job, once every node has torchrun and a worker; killed at the end if still there."""
+    proc = launch_background(box.inventory, tmp_path / "logs", tmp_path / "err", **config)
     try:
-        run_id = run_id_of_box(sleeper_box)
+        run_id = run_id_of_box(box)
         wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
-        stopped = sshd_family(sleeper_box.nodes[1].pid)
-        assert len(stopped) >= 2  # the listener and the session of our connection
-        t0 = time.monotonic()
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
-        code = proc.wait(timeout=60)
-        took = time.monotonic() - t0
-        gone_within(run_id, GRACE + 2)
+        yield proc, run_id
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def sshd_stopped(box, index: int) -> Iterator[None]:
+    """Node `index`'s sshd processes (listener and sessions) SIGSTOPped: a node that stops answering."""
+    stopped = sshd_family(box.nodes[index].pid)
+    assert len(stopped) >= 2  # the listener and the session of our connection
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_path: Path) -> None:
+    with running_launch(sleeper_box, tmp_path, heartbeat_timeout=4, silence_timeout=4) as (proc, run_id):
+        t0 = time.monotonic()
+        with sshd_stopped(sleeper_box, 1):
+            code = proc.wait(timeout=60)
+            took = time.monotonic() - t0
+            gone_within(run_id, GRACE + 2)
     err = (tmp_path / "err").read_text()
     assert code == 1, err
     assert "root cause: node-1 stopped answering (nothing for 4 s)" in err, err
@@ -153,25 +169,13 @@ def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_p
 
 
 def test_ctrl_c_returns_in_time_when_a_node_is_dead(sleeper_box, tmp_path: Path) -> None:
-    proc = launch_background(sleeper_box.inventory, tmp_path / "logs", tmp_path / "err",
-                             heartbeat_timeout=60, silence_timeout=60)
-    stopped: list[int] = []
-    try:
-        run_id = run_id_of_box(sleeper_box)
-        wait_for(lambda: len(run_processes(run_id)) >= 4, 60, "torchrun and a worker on each node")
-        stopped = sshd_family(sleeper_box.nodes[1].pid)
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+    with (running_launch(sleeper_box, tmp_path, heartbeat_timeout=60, silence_timeout=60) as (proc, run_id),
+          sshd_stopped(sleeper_box, 1)):
         time.sleep(0.5)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=30)
         took = time.monotonic() - t0
-    finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     err = (tmp_path / "err").read_text()
     assert code == 130, err
     assert took < GRACE + 5 + 3, err  # grace, the stop margin, a few seconds
