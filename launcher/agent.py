@@ -291,10 +291,10 @@ def stop_run(run_dir, mark, grace, record=True):
         record_stop(run_dir)
     leader = leader_of(run_dir)
     leader_pid = {leader[0]} if leader else set()
-    deadline = time.time() + grace
+    deadline = time.monotonic() + grace
     while True:
         left = set(marked_pids(mark))
-        if not left or time.time() >= deadline:
+        if not left or time.monotonic() >= deadline:
             break
         if left <= leader_pid:
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
@@ -303,8 +303,8 @@ def stop_run(run_dir, mark, grace, record=True):
         time.sleep(0.05)
     if marked_pids(mark):
         signal_run(run_dir, mark, signal.SIGKILL)
-        deadline = time.time() + 5
-        while marked_pids(mark) and time.time() < deadline:
+        deadline = time.monotonic() + 5
+        while marked_pids(mark) and time.monotonic() < deadline:
             time.sleep(0.05)
     return found, len(marked_pids(mark))
 
@@ -438,10 +438,15 @@ def spawn(request, run_dir):
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()
-    write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
-    record_leader(run_dir, proc.pid)
-    # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
-    write_atomic(os.path.join(run_dir, "keeper"), "%d %d" % (os.getpid(), start_time(os.getpid())))
+    try:
+        write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
+        record_leader(run_dir, proc.pid)
+        # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
+        write_atomic(os.path.join(run_dir, "keeper"), "%d %d" % (os.getpid(), start_time(os.getpid())))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)  # unrecorded, it would be a run nobody can stop: it never started
+        proc.wait()
+        raise
     return proc
 
 
@@ -454,16 +459,25 @@ def finish(proc, run_dir, mark, grace):
     code = proc.wait()
     code = 128 - code if code < 0 else code
     _, left = sweep_run(run_dir, mark, grace)
-    write_atomic(os.path.join(run_dir, "exit_code"), str(code))
-    write_atomic(os.path.join(run_dir, "ended_at"), repr(time.time()))
+    record(os.path.join(run_dir, "exit_code"), str(code))
+    record(os.path.join(run_dir, "ended_at"), repr(time.time()))
     return code, left
 
 
 def record_stop(run_dir):
-    """Note that the run was asked to stop (status then says `stopped`, not `exited`)."""
+    """Note that the run was asked to stop (status then says `stopped`, not `exited`); best effort."""
     path = os.path.join(run_dir, "stop_requested")
     if not os.path.exists(path):
-        write_atomic(path, str(time.time()))
+        record(path, str(time.time()))
+
+
+def record(path, text):
+    """Bookkeeping that must never stand in the way of a stop or a report (a full disk on the node)."""
+    try:
+        write_atomic(path, text)
+        return True
+    except OSError:
+        return False
 
 
 def sweep_run(run_dir, mark, grace):
@@ -500,7 +514,7 @@ def start(request):
     words = LauncherWords()
     threading.Thread(target=words.listen, daemon=True, name="listen").start()
     emit("ready")
-    if not words.wait_for_go(request["heartbeat_timeout"]):
+    if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
         emit("aborted", reason=words.stop_word)
         return 0
     if request["detach"]:
@@ -553,14 +567,14 @@ class LauncherWords:
     """
 
     def __init__(self):
-        self.last_word = time.time()
+        self.last_word = time.monotonic()
         self.stop_word = None
         self.go = False
         self.decided = threading.Event()
 
     def listen(self):
         for line in sys.stdin:
-            self.last_word = time.time()
+            self.last_word = time.monotonic()
             word = line.strip()
             if word in ("stop", "kill"):
                 self.stop_word = word
@@ -572,12 +586,19 @@ class LauncherWords:
             self.stop_word = "launcher-gone"
         self.decided.set()
 
-    def wait_for_go(self, heartbeat_timeout):
-        """True on `go`; False when the launcher stopped the start, left, or fell silent first."""
+    def wait_for_go(self, heartbeat_timeout, alive_interval):
+        """True on `go`; False when the launcher stopped the start, left, or fell silent first.
+
+        The other nodes may take long to get ready (a cold start): `alive` beats say this one is still here.
+        """
+        beat = time.monotonic()
         while not self.decided.wait(0.1):
-            if time.time() - self.last_word > heartbeat_timeout:
+            if time.monotonic() - self.last_word > heartbeat_timeout:
                 self.stop_word = "heartbeat-timeout"
                 return False
+            if time.monotonic() - beat >= alive_interval:
+                beat = time.monotonic()
+                emit("alive")
         return self.go
 
 
@@ -596,7 +617,7 @@ class Attended:
         self.request, self.run_dir, self.proc = request, run_dir, proc
         self.words = words
         self.done = threading.Event()
-        self.streamed_at = time.time()
+        self.streamed_at = time.monotonic()
 
     def stream(self):
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
@@ -606,7 +627,7 @@ class Attended:
                 if chunk:
                     if not write_all(1, chunk):
                         return
-                    self.streamed_at = time.time()
+                    self.streamed_at = time.monotonic()
                 elif finished:
                     return
                 else:
@@ -627,20 +648,20 @@ class Attended:
         request = self.request
         stopping, stop_at = None, None
         while self.proc.poll() is None:
-            if self.words.stop_word is None and time.time() - self.words.last_word > request["heartbeat_timeout"]:
+            if self.words.stop_word is None and time.monotonic() - self.words.last_word > request["heartbeat_timeout"]:
                 self.words.stop_word = "heartbeat-timeout"
             if self.words.stop_word is not None and stopping is None:
-                stopping, stop_at = self.words.stop_word, time.time()
-                record_stop(self.run_dir)
-                emit("stopping", reason=stopping)
+                stopping, stop_at = self.words.stop_word, time.monotonic()
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == "kill" else request["grace"])).start()
+                emit("stopping", reason=stopping)
             if stopping is not None and self.words.stop_word == "kill":
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             time.sleep(0.05)
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
-        grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.time())
-        code, left = finish(self.proc, self.run_dir, request["mark"], 0 if stopping == "kill" else grace)
+        grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
+        killed = self.words.stop_word == "kill"  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
+        code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
         self.done.set()
         return code, left, stopping
 
@@ -660,7 +681,7 @@ def attend(request, run_dir, proc, words):
     if stopping:
         emit("stopped", left=left, reason=stopping)
     # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
-    while threads["stream"].is_alive() and time.time() - run.streamed_at < request["heartbeat_timeout"]:
+    while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
         threads["stream"].join(0.1)
     emit("exited", code=code, left=left, reason=stopping)
     _EVENTS.put(None)

@@ -15,6 +15,11 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
+MIRROR_QUEUE_CHUNKS = 1024
+"""Chunks (up to 64 KiB each) the log copy may lag behind the run before it gives up with a warning."""
+MIRROR_CLOSE_S = 30.0
+"""How long the launcher waits at the end for the log copy to reach the disk."""
+
 
 class ConsoleWriter:
     """Node lines (bounded, skippable) and the launcher's own messages (never skipped), in order, on one thread."""
@@ -88,49 +93,71 @@ class ConsoleWriter:
 class Mirror:
     """Every node's raw output in `<folder>/<node>.log` (0600 in a 0700 folder: output can hold tokens).
 
-    A write that fails (a full disk, a read-only folder) disables the mirror with one warning; the run goes on and
-    each node's own log stays complete.
+    Written by a thread of its own through a bounded queue: a disk that stalls (a hung NFS mount) never holds up the
+    reader of a node's channel. A write that fails (a full disk, a read-only folder), or a disk too slow to keep up,
+    disables the mirror with one warning; the run goes on and each node's own log stays complete.
     """
 
-    def __init__(self, folder: Path, warn: ConsoleWriter | None):
+    def __init__(self, folder: Path, warn: ConsoleWriter | None, capacity: int = MIRROR_QUEUE_CHUNKS):
         self.folder = folder
         self.warn = warn
         self._files: dict[str, IO[bytes]] = {}
+        self._items: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=capacity)
         self._lock = threading.Lock()
+        self._closed = False
         self.failed: str | None = None
+        self._thread = threading.Thread(target=self._write, daemon=True, name="mirror")
+        self._thread.start()
 
     def write(self, node: str, data: bytes) -> None:
-        if self.failed is not None:
+        """Queue a node's output for the disk; never waits."""
+        if self.failed is not None or self._closed:
             return
         try:
-            handle = self._files.get(node)
-            if handle is None:
-                handle = self._open(node)
-            handle.write(data)
-            handle.flush()
-        except OSError as exc:
-            self._fail(exc)
+            self._items.put_nowait((node, data))
+        except queue.Full:
+            self._fail("the disk is too slow to keep up; the copy stops here")
+
+    def _write(self) -> None:
+        while True:
+            item = self._items.get()
+            if item is None:
+                return
+            if self.failed is not None:
+                continue
+            node, data = item
+            try:
+                handle = self._files.get(node) or self._open(node)
+                handle.write(data)
+            except OSError as exc:
+                self._fail(exc.strerror or str(exc))
 
     def _open(self, node: str) -> IO[bytes]:
-        with self._lock:
-            if node not in self._files:
-                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self.folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                self._files[node] = os.fdopen(fd, "ab", buffering=0)
-            return self._files[node]
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._files[node] = os.fdopen(fd, "ab", buffering=0)
+        return self._files[node]
 
-    def _fail(self, exc: OSError) -> None:
+    def _fail(self, why: str) -> None:
         with self._lock:
             if self.failed is not None:
                 return
-            self.failed = exc.strerror or str(exc)
+            self.failed = why
         if self.warn is not None:
-            self.warn.message(f"warning: cannot write the log copy in {self.folder}/ ({self.failed}); the run goes "
+            self.warn.message(f"warning: cannot write the log copy in {self.folder}/ ({why}); the run goes "
                               f"on, and each node keeps its complete log (`inv logs --run {self.folder.name}`)")
 
-    def close(self) -> None:
-        with self._lock:
-            for handle in self._files.values():
-                with contextlib.suppress(OSError):
-                    handle.close()
-            self._files.clear()
+    def close(self, timeout: float = MIRROR_CLOSE_S) -> None:
+        """Write what is queued (at most `timeout` seconds: a stalled disk does not hold the launcher), then close."""
+        self._closed = True
+        try:
+            self._items.put(None, timeout=timeout)
+        except queue.Full:
+            return  # the writer is stuck on the disk; it is a daemon thread and goes with the process
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return
+        for handle in self._files.values():
+            with contextlib.suppress(OSError):
+                handle.close()
+        self._files.clear()

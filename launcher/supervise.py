@@ -84,6 +84,8 @@ class _Session:
     heard: float = field(default_factory=time.monotonic)
     ready: bool = False
     started: bool = False
+    pending_word: bytes | None = None
+    """A stop word the channel could not take yet."""
     stop_reason: str | None = None
     asked_to_stop: bool = False
     messages: list[str] = field(default_factory=list)
@@ -109,7 +111,8 @@ class RunHandle:
         self._lock = threading.Lock()
         self._control: queue.Queue[NodeEvent] = queue.Queue()
         self._closing = threading.Event()
-        self._cleanups: list[threading.Thread] = []
+        self._cleanups: list[tuple[threading.Thread, float]] = []
+        """Sweeps after dead agents, each with the moment the launcher stops waiting for it."""
         self.start_failure: str | None = None
         self.stop_reason: str | None = None
         self._stop_deadline: float | None = None
@@ -215,18 +218,20 @@ class RunHandle:
     def _channel_ended(self, session: _Session, status: int) -> None:
         if session.reported is not None:
             reason = session.reported.get("reason")
+            # Whether the launcher's stop ended this node is the agent's word: a stop that came after torchrun had
+            # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
             self._end(session, "exited", int(session.reported.get("code", status)),
                       None if reason in (None, "stop", "kill") else str(reason),
-                      left=int(session.reported.get("left", 0)))
+                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in ("stop", "kill"))
         elif not session.started:
             self._end(session, "start-error", status)
         else:
             self._end(session, "agent-died", status)
 
     def _end(self, session: _Session, kind: str, code: int | None = None, reason: str | None = None,
-             left: int = 0) -> None:
-        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, session.asked_to_stop,
-                      left=left)
+             left: int = 0, asked_to_stop: bool | None = None) -> None:
+        asked = session.asked_to_stop if asked_to_stop is None else asked_to_stop
+        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left)
         self._control.put(Ended(session.name, end.time, end, (session.reported or {}).get("time")))
 
     # --- heartbeats ------------------------------------------------------------------------------------------
@@ -257,8 +262,13 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is not None:
                 continue
+            if session.pending_word is not None and session.channel.send(session.pending_word, block=False):
+                session.pending_word = None
             silent = now - session.heard
-            if silent > self.opts.silence_timeout:
+            # Before its agent is ready a node may be starting its python from a cold network filesystem.
+            limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout,
+                                                                        self.opts.probe_timeout)
+            if silent > limit:
                 self._take(Ended(session.name, time.time(), NodeEnd(
                     session.name, "silent", time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
             elif self._stop_deadline is not None and now > self._stop_deadline:
@@ -278,7 +288,10 @@ class RunHandle:
                 if session.started:
                     self.stop(f"{session.name} failed")
                 else:
-                    why = "; ".join(session.messages) or f"the agent exited with code {session.end.exit_code}"
+                    end = session.end
+                    silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
+                    exited = f"the agent exited with code {end.exit_code}"
+                    why = "; ".join(session.messages) or (silent if end.kind == "silent" else exited)
                     self._fail_start(f"{session.name}: {why}")
         elif isinstance(event, Started):
             session.started = True
@@ -287,6 +300,10 @@ class RunHandle:
         elif isinstance(event, Message):
             session.messages.append(event.text)
         self.on_event(event)
+
+    def _cleaning(self) -> bool:
+        """A sweep after a dead agent is still under way, and within its limit (a node gone silent can't hold us)."""
+        return any(thread.is_alive() and time.monotonic() < until for thread, until in self._cleanups)
 
     def _sweep_after_agent(self, session: _Session) -> None:
         """The agent died (killed) while torchrun may live on: stop the run on that node over a new channel."""
@@ -301,7 +318,7 @@ class RunHandle:
                 session.messages.append(f"could not stop what the agent left: {exc}")
 
         thread = threading.Thread(target=sweep, daemon=True, name=f"sweep-{session.name}")
-        self._cleanups.append(thread)
+        self._cleanups.append((thread, time.monotonic() + self.opts.action_timeout + STOP_MARGIN))
         thread.start()
 
     def stop(self, reason: str, kill: bool = False) -> None:
@@ -311,7 +328,8 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
                 session.asked_to_stop = True
-                session.channel.send(word, block=False)
+                if not session.channel.send(word, block=False):
+                    session.pending_word = word  # the channel could not take it now: sent again at the next step
         grace = 0.0 if kill else self.opts.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self._stop_deadline = min(self._stop_deadline or deadline, deadline)
@@ -319,7 +337,7 @@ class RunHandle:
     def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
         """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while any(s.end is None for s in self.sessions.values()) or any(t.is_alive() for t in self._cleanups):
+        while any(s.end is None for s in self.sessions.values()) or self._cleaning():
             if deadline is not None and time.monotonic() > deadline:
                 return None
             self._step(0.2)

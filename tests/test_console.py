@@ -83,15 +83,36 @@ def test_the_mirror_is_private_and_a_failing_disk_warns_once(tmp_path: Path) -> 
     console = ConsoleWriter(out, out, capacity=10, where="x")
     mirror = Mirror(tmp_path / "logs" / "20261122-000000-abcdef", console)
     mirror.write("node-0", b"token=abc\n")
+    mirror.close()  # written by the mirror's own thread: closing waits for it
     folder = tmp_path / "logs" / "20261122-000000-abcdef"
     assert (folder / "node-0.log").read_bytes() == b"token=abc\n"
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert oct((folder / "node-0.log").stat().st_mode & 0o777) == "0o600"
-    mirror.close()
     full = Mirror(Path("/dev/full/cannot"), console)  # a folder that cannot be made: every write fails
     for _ in range(3):
         full.write("node-0", b"line\n")
+    full.close()
     console.close()
     assert out.getvalue().count("warning: cannot write the log copy") == 1
     assert full.failed is not None
     assert not os.path.exists("/dev/full/cannot")
+
+
+def test_a_stalled_disk_never_holds_the_reader_nor_the_end(tmp_path: Path) -> None:
+    """The log file is a FIFO nobody reads: opening it blocks, as a hung network mount would."""
+    folder = tmp_path / "20261122-000000-abcdef"
+    folder.mkdir()
+    os.mkfifo(folder / "node-0.log")
+    out = io.StringIO()
+    console = ConsoleWriter(out, out, capacity=10, where="x")
+    mirror = Mirror(folder, console, capacity=4)
+    t0 = time.monotonic()
+    for _ in range(100):
+        mirror.write("node-0", b"x" * 1000)  # the reader of the node's channel: it must never wait
+    assert time.monotonic() - t0 < 0.5
+    mirror.close(timeout=0.5)
+    assert time.monotonic() - t0 < 2.0
+    console.close()
+    assert out.getvalue().count("warning: cannot write the log copy") == 1
+    assert "too slow to keep up" in out.getvalue()
+    os.close(os.open(folder / "node-0.log", os.O_RDONLY | os.O_NONBLOCK))  # let the stuck writer thread go
