@@ -185,9 +185,11 @@ class _Attached:
         handle, total = self.handle, len(self.plan.nodes)
         t0 = time.monotonic()
         try:
+            interrupted = False
             try:
                 handle.start()
             except KeyboardInterrupt:
+                interrupted = True
                 handle.abort("interrupted while starting")
             if handle.start_failure is not None:
                 self._wait()
@@ -196,7 +198,7 @@ class _Attached:
                 others = handle.started
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
                 raise RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
-                                          1)
+                                130 if interrupted else 1)  # 130: what a shell reports for Ctrl-C
             self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             if self.opts.detach:
                 self._wait()

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import free_port
-from helpers import REPO, inv, node_runs, run_processes, wait_for
+from helpers import REPO, inv, node_runs, run_processes, runs_on, wait_for
 
 from tests.support.procs import parent, sshd_family
 
@@ -269,3 +270,27 @@ def test_logs_follow_on_a_lost_run_ends_and_says_so(sleeper_box, tmp_path: Path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "node-0 r0  | tick 0 rank 0" in result.stdout
     assert "lost" in result.stderr, result.stderr
+
+
+def test_ctrl_c_while_starting_starts_nothing_and_exits_130(sleeper_box, tmp_path: Path) -> None:
+    """Node-1 takes 30 s to get ready (a slow setup line); Ctrl-C meanwhile: node-0, ready and waiting, aborts."""
+    data = yaml.safe_load(sleeper_box.inventory.read_text())
+    data["hosts"][1] = {"name": data["hosts"][1], "setup": ["sleep 30"]}
+    sleeper_box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = env_with(log_dir=tmp_path / "logs", grace=GRACE)
+    with open(tmp_path / "err", "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(sleeper_box.inventory),
+                                 "--skip-doctor"], cwd=REPO, env=env, stdout=sink, stderr=sink,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: "connected 2/2" in (tmp_path / "err").read_text(), 60, "connected")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=GRACE + 5 + 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 130, err
+    assert "could not start: interrupted while starting; nothing was started" in err, err
+    assert runs_on(sleeper_box) == []
