@@ -17,9 +17,9 @@ from rich.text import Text
 from launcher import doctor as doctor_checks
 from launcher import runs
 from launcher import sync as code_sync
-from launcher.errors import InventoryError, LauncherError, PlanError
-from launcher.hostfile import DEFAULTS_SOURCE, load_hosts, looks_like_hostfile
-from launcher.inventory import DEFAULT_MASTER_PORT, HOST_KEY_POLICIES, Cluster, Job, read_hosts_file
+from launcher.errors import LauncherError, PlanError
+from launcher.hostfile import load_hosts
+from launcher.inventory import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.plan import plan_launch
 from launcher.selection import select_hosts
 from launcher.transport import Node
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 USAGE = 2
 """Exit code for wrong input on the command line (found before anything is contacted); tasks.py uses it too."""
-HOSTFILE_SETTINGS = ("ssh_config", "host_key_policy")
-"""Inventory settings that a hostfile cannot say: for a hostfile, invoke.yaml's `launcher.defaults` may hold them
-beside the host keys (how this machine reaches the nodes, e.g. a cluster's own ssh config)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,8 @@ class Hosts:
     path: str
     """An inventory (YAML, self-contained) or a DeepSpeed/MPI hostfile (`worker-1 slots=8`)."""
     defaults: Mapping[str, Any] | None = None
-    """invoke.yaml's `launcher.defaults`, for a hostfile: any key a host may set, and `HOSTFILE_SETTINGS`."""
+    """invoke.yaml's `launcher.defaults`, for a hostfile: any key a host may set, and
+    `hostfile.HOSTFILE_SETTINGS` (how this machine reaches the nodes: ssh_config, host_key_policy)."""
     job: Mapping[str, Any] | None = None
     """invoke.yaml's `launcher.job`, for a hostfile; `--script`/`--args` replace it as they replace an inventory's."""
     include: str | None = None
@@ -57,36 +55,12 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     A wrong `--include`/`--exclude` is a `PlanError` of one sentence naming the option and the host, exit code 2.
     """
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    defaults, settings = _split_defaults(spec.defaults)
-    cluster = load_hosts(spec.path, defaults, spec.job)
-    if settings and looks_like_hostfile(read_hosts_file(spec.path)):  # an inventory says its own
-        cluster = _with_settings(cluster, settings)
+    cluster = load_hosts(spec.path, spec.defaults, spec.job)
     try:
         return select_hosts(cluster, spec.include, spec.exclude)
     except PlanError as exc:
         exc.exit_code = USAGE  # the command line is wrong, not the inventory
         raise
-
-
-def _split_defaults(defaults: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, dict[str, Any]]:
-    """`launcher.defaults` as host defaults (checked by the hostfile's loader) and `HOSTFILE_SETTINGS`."""
-    if not isinstance(defaults, Mapping):
-        return defaults, {}  # not a mapping: the hostfile's loader names the mistake
-    hosts = {k: v for k, v in defaults.items() if k not in HOSTFILE_SETTINGS}
-    return hosts, {k: v for k, v in defaults.items() if k in HOSTFILE_SETTINGS}
-
-
-def _with_settings(cluster: Cluster, settings: Mapping[str, Any]) -> Cluster:
-    """The hostfile's cluster reached through `launcher.defaults.ssh_config` and `.host_key_policy`."""
-    policy = settings.get("host_key_policy", cluster.host_key_policy)
-    if policy not in HOST_KEY_POLICIES:
-        raise InventoryError(DEFAULTS_SOURCE, f"must be one of {', '.join(HOST_KEY_POLICIES)}, got {policy!r}",
-                             entry="launcher.defaults.host_key_policy")
-    ssh_config = settings.get("ssh_config", cluster.ssh_config)
-    if ssh_config is not None and not (isinstance(ssh_config, str) and ssh_config.strip()):
-        raise InventoryError(DEFAULTS_SOURCE, f"must be the path of an ssh config file, got {ssh_config!r}",
-                             entry="launcher.defaults.ssh_config")
-    return replace(cluster, ssh_config=ssh_config, host_key_policy=policy)
 
 
 def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:

@@ -17,6 +17,8 @@ from launcher.inventory import Cluster, cluster_from_data, is_host_name, parse_i
 
 DEFAULTS_SOURCE = "invoke.yaml"
 """Where the `defaults` and `job` given to a hostfile come from, for messages (`invoke.yaml: launcher.defaults...`)."""
+HOSTFILE_SETTINGS = ("ssh_config", "host_key_policy")
+"""Keys of `defaults` that are a whole inventory's settings, not a host's: a hostfile has no other place for them."""
 _SLOTS = re.compile(r"slots=(\d+)\Z")
 _MPICH = re.compile(r"([^:]+):(\d+)\Z")  # MPICH's `host:4` (an IPv6 address has more than one colon)
 _OPTION = re.compile(r"[A-Za-z_]+=\S*\Z")
@@ -44,7 +46,8 @@ def looks_like_hostfile(text: str) -> bool:
 
 def parse_hostfile(text: str, source: str, defaults: Mapping[str, Any] | None = None,
                    job: Mapping[str, Any] | None = None, *, defaults_source: str = DEFAULTS_SOURCE) -> Cluster:
-    """Validate a hostfile: node ranks follow its lines; a host without slots gets defaults' nproc_per_node (or 1).
+    """Validate a hostfile: node ranks follow its lines; a host without slots gets defaults' nproc_per_node (or 1);
+    `ssh_config` and `host_key_policy` in `defaults` are the cluster's.
 
     Errors in a line name `source:line`; errors in `defaults` or `job` name `defaults_source` and the key under
     `launcher.`; a relative `env_file` in `defaults` is relative to `defaults_source`'s folder.
@@ -71,16 +74,23 @@ def parse_hostfile(text: str, source: str, defaults: Mapping[str, Any] | None = 
         raise InventoryError(source, f"no hosts: list one per line ({_FORMAT}; # starts a comment)")
     lines["hosts"] = min(lines.values())
     data: dict[str, Any] = {"hosts": hosts}
-    if defaults is not None:
-        data["defaults"] = dict(defaults) if isinstance(defaults, Mapping) else defaults
+    if isinstance(defaults, Mapping):
+        data["defaults"] = {k: v for k, v in defaults.items() if k not in HOSTFILE_SETTINGS}
+        data.update({k: v for k, v in defaults.items() if k in HOSTFILE_SETTINGS})
+    elif defaults is not None:
+        data["defaults"] = defaults  # not a mapping: the inventory's check names the mistake
     if job is not None:
         data["job"] = dict(job) if isinstance(job, Mapping) else job
     try:
         return cluster_from_data(data, source, lines, folder=dirname(defaults_source))
     except InventoryError as exc:
-        if exc.entry is None or not exc.entry.startswith(("defaults", "job")):
+        if exc.entry in HOSTFILE_SETTINGS:
+            entry = f"launcher.defaults.{exc.entry}"
+        elif exc.entry is not None and exc.entry.startswith(("defaults", "job")):
+            entry = f"launcher.{exc.entry}"
+        else:
             raise
-        raise InventoryError(defaults_source, exc.reason, entry=f"launcher.{exc.entry}") from None
+        raise InventoryError(defaults_source, exc.reason, entry=entry) from None
 
 
 def _error(source: str, line: int, message: str) -> InventoryError:
