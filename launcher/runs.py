@@ -226,15 +226,13 @@ class _Attached:
                 if self.interrupts == 1:
                     self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
                                          f"{self.opts.grace:g}s; Ctrl-C again to kill now)")
-                    self.handle.stop("interrupted")
+                    self.handle.stop()
                 else:
                     self.console.message("\nkilling the run on every node now")
-                    self.handle.stop("interrupted", kill=True)
+                    self.handle.stop(kill=True)
 
     def _report(self, ends: list[rootcause.NodeEnd]) -> int:
         ends = [replace(e, tail=tuple(self.logs[e.node].tail)) for e in ends]
-        if self.mirror is not None and self.mirror.failed:
-            self.console.message(f"warning: the log copy in {self.log_hint[6:]} is incomplete ({self.mirror.failed})")
         if self.interrupts:
             left = sum(e.left for e in ends)
             unconfirmed = [e.node for e in ends if e.kind != "exited"]

@@ -114,7 +114,6 @@ class RunHandle:
         self._cleanups: list[tuple[threading.Thread, float]] = []
         """Sweeps after dead agents, each with the moment the launcher stops waiting for it."""
         self.start_failure: str | None = None
-        self.stop_reason: str | None = None
         self._stop_deadline: float | None = None
         self._last_step = time.monotonic()
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
@@ -160,7 +159,7 @@ class RunHandle:
     def _fail_start(self, reason: str) -> None:
         if self.start_failure is None:
             self.start_failure = reason
-            self.stop("start failed")
+            self.stop()
 
     @property
     def started(self) -> list[str]:
@@ -286,7 +285,7 @@ class RunHandle:
                 self._sweep_after_agent(session)
             if session.end.failed and not session.asked_to_stop:
                 if session.started:
-                    self.stop(f"{session.name} failed")
+                    self.stop()
                 else:
                     end = session.end
                     silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
@@ -321,9 +320,8 @@ class RunHandle:
         self._cleanups.append((thread, time.monotonic() + self.opts.action_timeout + STOP_MARGIN))
         thread.start()
 
-    def stop(self, reason: str, kill: bool = False) -> None:
+    def stop(self, kill: bool = False) -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
-        self.stop_reason = self.stop_reason or reason
         word = b"kill\n" if kill else b"stop\n"
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
