@@ -91,14 +91,16 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
     "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
     "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
+    "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
+               "killed, on the nodes that pass the doctor (default: the inventory's retries)",
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
-           include=None, exclude=None):
+           include=None, exclude=None, retries=None):
     """Start torchrun on every node of the inventory at once and stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
-                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout)
+                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries)
     return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
                       doctor=not skip_doctor, sync=sync, opts=opts)
 
@@ -166,9 +168,9 @@ def sandbox_down(c):
 
 
 @task(help={"quick": "fewer sizes and repeats (a few minutes)",
-            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync"})
+            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic"})
 def bench(c, quick=False, only=None):
-    """Benchmarks on the sandbox against a plain ssh loop and local torchrun; table + bench/results/latest.*"""
+    """Benchmarks on the sandbox against an ssh loop, pdsh and local torchrun: table, JSON, picture in bench/results/"""
     words = [sys.executable, "bench/run.py", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
     c.run(shlex.join(words), pty=False)
 

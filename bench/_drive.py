@@ -1,6 +1,6 @@
 """Driver for the fan-out figure: launch a plan whose torchrun is replaced by a light command, then exit.
 
-    python bench/_drive.py INVENTORY [--preflight] [--log-dir DIR] [--trace OUT.json] [-- ARGV...]
+    python bench/_drive.py INVENTORY [--preflight] [--detach] [--log-dir DIR] [--trace OUT.json] [-- ARGV...]
 
 It is started as a fresh process so that its time includes the launcher's own start-up (imports), like a user's
 `inv launch`. Default light command: `<the host's python> -c pass`. Exit code: the launch's.
@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timings", action="store_true", help="print phase times to stderr as JSON")
     parser.add_argument("--trace", default=None, help="write a timeline of the launcher's phases (JSON) here")
     parser.add_argument("--torchrun", action="store_true", help="keep the plan's torchrun command (no light command)")
+    parser.add_argument("--detach", action="store_true", help="start the run detached and return (inv launch --detach)")
     parser.add_argument("light", nargs="*", help="the light command (default: PYTHON -c pass)")
     args = parser.parse_args(argv)
 
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     opts = runs.Options(out=sys.stdout, err=sys.stderr)
     if args.log_dir:
         opts.log_dir = Path(args.log_dir)
+    opts.detach = args.detach
     if args.preflight:
         from launcher.doctor import preflight
 

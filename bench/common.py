@@ -174,11 +174,16 @@ class Timed:
     maxrss_kb: int = 0
     """ru_maxrss from wait4() (kB). Beware: a forked child keeps its parent's high-water mark across exec, so
     this is at least the bench's own size; the fan-out driver reports its own VmHWM instead."""
+    peak: dict[str, int] | None = None
+    """With `sample=True`: the process tree's peak processes, threads, fds and RSS (kB), sampled (bench/usage.py)."""
 
 
 def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] | None = None,
-              stdout: int | IO[Any] | None = subprocess.PIPE, cwd: Path = REPO) -> Timed:
-    """Run a process to its end; wall time from spawn to exit, with its CPU and peak memory from wait4()."""
+              stdout: int | IO[Any] | None = subprocess.PIPE, cwd: Path = REPO, sample: bool = False) -> Timed:
+    """Run a process to its end; wall time from spawn to exit, with its CPU and peak memory from wait4().
+
+    `sample`: also watch its process tree's threads, fds and memory while it runs (Timed.peak).
+    """
     full_env = {**os.environ, **(env or {})}
     start = time.perf_counter()
     proc = subprocess.Popen(list(argv), cwd=cwd, env=full_env, stdout=stdout, stderr=subprocess.PIPE,
@@ -198,6 +203,11 @@ def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] 
                threading.Thread(target=drain, args=(proc.stderr, err_chunks), daemon=True)]
     for t in readers:
         t.start()
+    sampler = None
+    if sample:
+        from usage import Sampler
+
+        sampler = Sampler(proc.pid).start()
     deadline = start + timeout
     status = None
     usage = None
@@ -217,7 +227,8 @@ def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] 
         t.join(10)
     return Timed(seconds, proc.returncode, b"".join(out_chunks).decode("utf-8", "replace"),
                  b"".join(err_chunks).decode("utf-8", "replace"),
-                 cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kb=usage.ru_maxrss)
+                 cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kb=usage.ru_maxrss,
+                 peak=sampler.stop().as_dict() if sampler else None)
 
 
 def ssh_loop_script(ssh_config: Path, commands: Sequence[str]) -> str:
@@ -227,9 +238,50 @@ def ssh_loop_script(ssh_config: Path, commands: Sequence[str]) -> str:
     return "\n".join([*lines, "wait"])
 
 
-def ssh_loop(ssh_config: Path, commands: Sequence[str], *, timeout: float = 300, stdout: Any = subprocess.PIPE
-             ) -> Timed:
-    return run_timed(["bash", "-c", ssh_loop_script(ssh_config, commands)], timeout=timeout, stdout=stdout)
+def ssh_loop(ssh_config: Path, commands: Sequence[str], *, timeout: float = 300, stdout: Any = subprocess.PIPE,
+             sample: bool = False) -> Timed:
+    return run_timed(["bash", "-c", ssh_loop_script(ssh_config, commands)], timeout=timeout, stdout=stdout,
+                     sample=sample)
+
+
+PDSH = "pdsh"
+
+
+def pdsh_argv(n: int, command: str, fanout: int | None = None) -> list[str]:
+    """Baseline (p): `pdsh -R ssh -f F -w node-[0-(n-1)] CMD`; F defaults to n (all at once, like the ssh loop;
+    pdsh's own default is 32)."""
+    hosts = "node-0" if n == 1 else f"node-[0-{n - 1}]"
+    return [PDSH, "-R", "ssh", "-f", str(fanout or n), "-w", hosts, command]
+
+
+def pdsh_env(ssh_config: Path) -> dict[str, str]:
+    """pdsh's ssh module runs `ssh PDSH_SSH_ARGS`: the sandbox's config, as the ssh loop uses it."""
+    return {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": f"-F {shlex.quote(str(ssh_config))} -2 -a -x -l%u %h"}
+
+
+def pdsh(ssh_config: Path, n: int, command: str, *, timeout: float = 300, fanout: int | None = None,
+         sample: bool = False) -> Timed:
+    return run_timed(pdsh_argv(n, command, fanout), env=pdsh_env(ssh_config), timeout=timeout, sample=sample)
+
+
+def have_pdsh() -> bool:
+    import shutil
+
+    return shutil.which(PDSH) is not None
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:
+    """Least squares y = fixed + per_node * x, with r²; None with fewer than two distinct x."""
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    fixed = my - slope * mx
+    total = sum((y - my) ** 2 for y in ys)
+    residual = sum((y - fixed - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return {"fixed": round(fixed, 4), "per_node": round(slope, 5),
+            "r2": round(1 - residual / total, 4) if total else 1.0, "points": len(xs)}
 
 
 def kill_marked(needle: bytes, timeout: float = 10.0) -> int:

@@ -3,8 +3,9 @@
 
 - `inv launch` attached, its stdout to a file (the lines come back over SSH, prefixed `node-1 r1  | ...`);
 - the floor: the same two torchrun processes started locally, writing to a local file;
-- for the diagnosis: the floor with the launcher's `--tee 3 --log-dir` (torchrun's own tailing), and (a) the ssh
-  loop writing to a local file.
+- for the diagnosis: the floor with `--tee 3 --log-dir` (torchrun's own tailing, one Python call per line: what
+  the launcher used before its agent tailed the `--redirects 3` files itself), and (a) the ssh loop writing to a
+  local file.
 Then the launcher's output is checked: every line arrives once, whole, and in order per rank.
 """
 

@@ -1,24 +1,31 @@
 """Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
 
-    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync]
+    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync,elastic]
 
-Figures (each the median of >= 3 runs, with min and max; baselines measured in the same run, interleaved):
-  fanout  a light command on N nodes: the launcher (a fresh process, imports included) vs (a) the ssh loop
+Figures (each the median of >= 2 runs, with min and max; baselines measured in the same run, interleaved):
+  fanout  a light command (`PYTHON -c pass`) on N = 1, 2, 4, ..., 64 nodes: the launcher (a fresh process, imports
+          included; with the doctor's preflight too up to 16) vs (a) the ssh loop and (p) `pdsh -R ssh -f N`; each
+          run's process tree sampled for threads, fds and memory; least-squares cost per node
   job     train/ddp.py, 20 steps, on 2 and 4 nodes: `inv launch` vs (a) vs (d) local torchrun without SSH
-  doctor  run_doctor vs (a) one light command over ssh, same N
+  doctor  run_doctor vs (a) and (p) running one light command, N = 2, 4, 16, 64
   stop    SIGINT to an attached launcher, `inv stop` on a detached run: time until no process of the run is left;
           (d) SIGTERM straight to local torchruns (torchrun's own exit time); (a) Ctrl-C on the ssh loop: how many
-          remote processes stay (the bench then kills them by their mark)
+          remote processes stay (the bench then kills them by their mark). At scale (N = 1, 4, 16, 64, `sleep 600`
+          in place of torchrun): Ctrl-C and `inv stop` vs a pkill loop over ssh and pdsh (bench/stop_scale.py)
   logs    1,000,000 lines from a 2-node job through `inv launch` vs the same job writing to a local file
-  cpu     the launcher's own CPU seconds and peak memory at N = 16 (from the fan-out runs)
+  cpu     the launcher's own CPU seconds and peak memory at N = 16; with fanout: CPU, memory, processes, threads
+          and fds of the launcher, the ssh loop and pdsh at 16, 32 and 64 nodes
   failures  a 2-node sleeper run broken five ways (worker crash, kill -9 of a torchrun, of an agent, of the
           launcher; a node's sshd SIGSTOPped), grace 1 s, timeouts 4 s: time until no process of the run is left,
           the launcher's exit code and time, processes left after 60 s (3 runs each; --quick: 1)
   sync    `inv sync` of a 1,000-file, 50 MB tree to 8 nodes vs a parallel `rsync -a` loop: first sync, nothing
           changed, one file changed (3 runs; --quick: 1)
---quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, 3 runs each, fewer diagnostics (~4-5 minutes
-on 2 busy cores); the whole run takes ~12 minutes. Prints a table, writes bench/results/latest.json and
-bench/results/latest.md (with --only: bench/results/only-<figures>.json/.md, so the full table stays).
+  elastic from a node's death to training resumed on the 2 nodes left of 3: relaunch with --retries, and a c10d
+          group re-formed by torchrun (3 runs each; --quick: 1)
+--quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
+diagnostics. Prints a table, writes bench/results/latest.json, latest.md and (with matplotlib, the `bench` extra)
+latest.png: seconds against N per method for fan-out, the doctor and stop (with --only:
+bench/results/only-<figures>.*, so the full table stays). pdsh (scripts/setup installs it) is skipped when absent.
 To see where the launcher's fan-out time goes: `python bench/trace_fanout.py`.
 Sandboxes use 127.0.200.2 and up (the tests' lock files tell which are free) and free master ports; every
 sandbox is brought down and every process the bench started is gone when it ends, even on failure.
@@ -29,8 +36,10 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -39,35 +48,41 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import scale_table
 from common import REPO, RESULTS, log, machine, remove_run_dirs
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
     """What to run: sizes and repeats per figure."""
     full = {
-        "fanout": {"sizes": [2, 4, 8, 16], "repeat": 5},
+        # 64 nodes share this machine's 2 cores: every SSH session costs ~0.25 s of it (sshd, root's .bashrc), so
+        # each run at 64 takes ~15 s; fewer runs there keep the whole bench under 20 minutes.
+        "fanout": {"sizes": [1, 2, 4, 8, 16, 32, 64], "repeat": {32: 2, 64: 2}, "default_repeat": 3},
         "job": {"sizes": [2, 4], "repeat": 3, "skip_doctor_too": True, "warm_up": True},
-        "doctor": {"sizes": [2, 4, 8, 16], "repeat": 3},
-        "stop": {"repeat": 3, "baselines_every_run": True},
+        "doctor": {"sizes": [2, 4, 16, 64], "repeat": {64: 2}, "default_repeat": 3},
+        "stop": {"repeat": 3, "baselines_every_run": True, "scale_sizes": [1, 4, 16, 64],
+                 "scale_repeat": {64: 1}},  # 2 runs below 64 (stop_scale's default); one 64-node run is ~2 minutes
         "logs": {"repeat": 3, "diagnostics": True},
         "failures": {"repeat": 3},
         "sync": {"repeat": 3},
+        "elastic": {"repeat": 3},
     }
     short = {
-        "fanout": {"sizes": [4, 16], "repeat": 3},
+        "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
         "job": {"sizes": [2], "repeat": 3, "skip_doctor_too": False, "warm_up": False},
-        "doctor": {"sizes": [4, 8], "repeat": 3},
-        "stop": {"repeat": 3, "baselines_every_run": False},
+        "doctor": {"sizes": [4, 8], "repeat": {}, "default_repeat": 3},
+        "stop": {"repeat": 3, "baselines_every_run": False, "scale_sizes": [4, 16], "scale_repeat": 1},
         "logs": {"repeat": 3, "diagnostics": False},
         "failures": {"repeat": 1},
         "sync": {"repeat": 1},
+        "elastic": {"repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
         if "cpu" in only and "fanout" not in only:
-            chosen["fanout"] = {"sizes": [16], "repeat": chosen["fanout"]["repeat"]}
+            chosen["fanout"] = {**chosen["fanout"], "sizes": [16]}
             only = only | {"fanout"}
         chosen = {k: v for k, v in chosen.items() if k in only}
     return chosen
@@ -103,11 +118,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     out: list[list[str]] = []
     fan = results.get("fanout")
     if fan:
-        for r in fan["rows"]:
-            out.append(["fan-out, light cmd", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]), "",
-                        f"{r['launcher_over_a']:.2f}x (a)", "≤ 1.00x (a)", verdict(r["launcher_ok"])])
-            out.append(["fan-out + preflight", str(r["nodes"]), cell(r["launcher_preflight"]), cell(r["ssh_loop"]),
-                        "", f"{r['preflight_over_a']:.2f}x (a)", "≤ 1.25x (a)", verdict(r["preflight_ok"])])
+        out += scale_table.fanout_rows(fan, cell)
         failed_row(out, "fan-out", fan)
     job = results.get("job")
     if job:
@@ -121,9 +132,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         failed_row(out, "real job", job)
     doc = results.get("doctor")
     if doc:
-        for r in doc["rows"]:
-            out.append(["doctor (run_doctor, all)", str(r["nodes"]), cell(r["doctor"]), cell(r["ssh_loop"]), "",
-                        f"{r['doctor_over_a']:.2f}x (a)", "≤ 1.5x (a)", verdict(r["doctor_ok"])])
+        out += scale_table.doctor_rows(doc, cell, "≤ 1.5x (a)")
     stop = results.get("stop")
     if stop:
         floor = stop.get("local_sigterm")
@@ -158,18 +167,24 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         if "local_tee" in logs:
             out.append(["logs: (d) with --tee 3 (diagnostic)", "2", "", "", cell(logs["local_tee"]),
                         f"launcher {logs['launcher_over_floor_tee']:.2f}x this", "", "–"])
+    if results.get("stop_scale"):
+        out += scale_table.stop_scale_rows(results["stop_scale"], cell)
     cpu = results.get("cpu")
     if cpu:
         out.append(["launcher CPU, peak RSS", str(cpu["nodes"]),
                     f"{cell(cpu['launcher_cpu_s'], 'CPU s')}; peak RSS {cell(cpu['launcher_peak_rss_mb'], 'MB', 0)}",
                     f"{cell(cpu['ssh_loop_cpu_s'], 'CPU s')} (bash + {cpu['nodes']} ssh clients)",
-                    "", "", "(figure only)", "–"])
+                    "", "", "", "(figure only)", "–"])
+    if fan:
+        out += scale_table.cost_rows(fan)
     failure_rows(out, results.get("failures"))
+    elastic_rows(out, results.get("elastic"))
     if results.get("sync"):
         import sync_fig
 
         out += sync_fig.rows(results["sync"], cell)
-    return out
+    # Rows of figures without a pdsh baseline have 8 cells: an empty (p) cell goes in after (a).
+    return [row if len(row) == len(HEADER) else [*row[:4], "", *row[4:]] for row in out]
 
 
 def failure_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
@@ -197,8 +212,20 @@ def failure_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
                     "", "", "", "0 expected", "MISSED"])
 
 
-HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(d) floor: local, no SSH", "ratio", "target",
-          ""]
+def elastic_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """Time from a node's death to training resumed on the two nodes left (3-node runs, bench/elastic.py)."""
+    if not fig:
+        return
+    labels = {"retry": "node death -> resumed: static, --retries 1 (relaunch)",
+              "c10d": "node death -> resumed: c10d 2:3, max_restarts 1 (torchrun)"}
+    for mode, label in labels.items():
+        s = fig.get(mode)
+        if s:
+            out.append([label, "3", f"{cell(s['resumed_s'])}; {s['left']} left", "", "", "", "(figure only)", "–"])
+
+
+HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(p) pdsh -R ssh -f N",
+          "(d) floor: local, no SSH", "ratio", "target", ""]
 
 
 def print_table(table_rows: list[list[str]], title: str) -> None:
@@ -227,6 +254,29 @@ def markdown(table_rows: list[list[str]], command: str, when: str, info: dict[st
     return "\n".join(lines) + "\n"
 
 
+def repeats(conf: dict[str, Any]) -> dict[int, int]:
+    """Runs per N of a figure: its `repeat` exceptions over its `default_repeat`."""
+    return {n: conf["repeat"].get(n, conf["default_repeat"]) for n in conf["sizes"]}
+
+
+def draw_chart(results: dict[str, Any], stem: str, title: str) -> None:
+    """The scale figures as a PNG next to the JSON; one line, and no picture, without matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log("chart skipped: matplotlib is not installed (pip install -e '.[bench]')")
+        return
+    import chart
+
+    try:
+        path = chart.draw(results, RESULTS / f"{stem}.png", title)
+    except Exception as exc:  # a picture is never worth the figures themselves
+        log(f"chart skipped: {type(exc).__name__}: {exc}")
+        return
+    if path is not None:
+        print(f"wrote {path.relative_to(REPO)}")
+
+
 def cpu_figure(fan: dict[str, Any]) -> dict[str, Any] | None:
     big = [r for r in fan["rows"] if r["nodes"] == 16] or fan["rows"][-1:]
     if not big:
@@ -250,6 +300,12 @@ def main() -> int:
         parser.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
     command = "python bench/run.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
     todo = plan(args.quick, only)
+    # Started as a background job of a script (`cmd &`), this process and so every launcher it Ctrl-Cs would have
+    # SIGINT ignored: the stop figures would time out. A handler of our own is reset to the default in children.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A user's install has bytecode caches (pip writes them; an editable install on first import): this machine's
+    # PYTHONDONTWRITEBYTECODE=1 would make every launcher run compile its modules again (~50 ms), a cost no user pays.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.monotonic()
     when = _dt.datetime.now().isoformat(timespec="seconds")
     info = machine()
@@ -258,18 +314,20 @@ def main() -> int:
     log(f"{command}: {', '.join(todo)}; scratch in {root}")
     try:
         import doctor_fig
+        import elastic
         import failures
         import fanout
         import job
         import logs_fig
         import stop
+        import stop_scale
         import sync_fig
 
         for name, conf in todo.items():
             t0 = time.monotonic()
             try:
                 if name == "fanout":
-                    results["fanout"] = fanout.run(conf["sizes"], conf["repeat"], root)
+                    results["fanout"] = fanout.run(conf["sizes"], repeats(conf), root)
                     if not only or "cpu" in only:
                         results["cpu"] = cpu_figure(results["fanout"])
                     if only == {"cpu"}:
@@ -279,15 +337,18 @@ def main() -> int:
                     results["job"] = job.run(conf["sizes"], conf["repeat"], root,
                                              skip_doctor_too=conf["skip_doctor_too"], warm_up=conf["warm_up"])
                 elif name == "doctor":
-                    results["doctor"] = doctor_fig.run(conf["sizes"], conf["repeat"], root)
+                    results["doctor"] = doctor_fig.run(conf["sizes"], repeats(conf), root)
                 elif name == "stop":
                     results["stop"] = stop.run(conf["repeat"], root, conf["baselines_every_run"])
+                    results["stop_scale"] = stop_scale.run(conf["scale_sizes"], conf["scale_repeat"], root)
                 elif name == "logs":
                     results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
                 elif name == "failures":
                     results["failures"] = failures.run(conf["repeat"], root)
                 elif name == "sync":
                     results["sync"] = sync_fig.run(conf["repeat"], root)
+                elif name == "elastic":
+                    results["elastic"] = elastic.run(conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
@@ -311,6 +372,7 @@ def main() -> int:
         "loadavg_at_end": machine()["loadavg"], "wall_s": round(wall, 1), "results": results}, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(table_rows, command, when, info, wall))
     print(f"wrote {RESULTS.relative_to(REPO)}/{stem}.json and {stem}.md in {wall:.0f} s")
+    draw_chart(results, stem, title)
     return 1 if errors else 0
 
 

@@ -3,8 +3,11 @@
 Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the bootstrap reads this file's source
 from the first stdin line and a JSON request from the second. Actions:
 
-- start: check the workdir, python and run directory, say `ready` and wait for `go` (sent once every node is
-  ready: a run starts on all nodes or on none); then make the run directory and start torchrun under `setsid`
+- start: with the doctor on, first run the doctor's probe that came in the request and say `probed` with its
+  answer (the master also holds master_port open meanwhile, and each node connects to it when the launcher says
+  `tcp`, answering `tcp`); check the workdir, python and run directory, say `ready` and wait for `go` (sent once
+  every node is ready and the launcher's checks passed: a run starts on all nodes or on none; `abort` or `stop`
+  instead ends the agent with nothing made); then make the run directory and start torchrun under `setsid`
   (one process group; every process of the run also carries DDP_LAUNCHER_RUN=<run id>/<node> in its
   environment); record pid, times and exit code.
   Attached: stream the log to stdout, obey `stop` lines on stdin, and stop the run by itself when stdin closes
@@ -45,12 +48,14 @@ def emit(event, **fields):
     if _EVENTS is not None:
         _EVENTS.put(line)
     else:
-        write_all(2, line)  # a failure means the launcher is gone; the run directory still records everything
+        with _WRITE_LOCK:  # whole lines, whichever thread says them (a `tcp` answer, an `alive` beat)
+            write_all(2, line)  # a failure means the launcher is gone; the run directory still records everything
 
 
 # While a run is attached, events go through this queue: the supervision never waits on a launcher that reads
 # slowly or not at all (a stopped sshd, a full pipe).
 _EVENTS = None
+_WRITE_LOCK = threading.Lock()
 
 
 def write_all(fd, data):
@@ -268,6 +273,168 @@ def follow_log(log, run_dir, run_id, mark):
         time.sleep(0.1)
 
 
+RANK_TAG = "[default%d@r%d]:"
+"""How the agent tags a worker's line: torchrun --tee's `[<role><local rank>]:` with the global rank added (the
+format torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gave before); launcher.logs reads it."""
+LOCAL_TAG = "[default%d]:"
+"""The tag when the worker's global rank cannot be told (it ended before the agent saw its environment)."""
+
+
+def environ_of(pid):
+    """A process's environment as {name: value} (bytes), or {} when it cannot be read."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(w.partition(b"=")[::2] for w in words if w)
+
+
+def worker_ranks(mark):
+    """{(restart count, local rank): global rank} of the run's live workers, read from their environments."""
+    found = {}
+    for pid in marked_processes(mark):
+        env = environ_of(pid)
+        try:
+            key = (int(env[b"TORCHELASTIC_RESTART_COUNT"]), int(env[b"LOCAL_RANK"]))
+            found[key] = int(env[b"RANK"])
+        except (KeyError, ValueError):
+            continue  # torchrun itself, or a process that is not a worker
+    return found
+
+
+class LogSource:
+    """One file the merger tails: its read position is its open descriptor; `rest` holds an unfinished line."""
+
+    def __init__(self, fd, tag=None, key=None):
+        self.fd, self.tag, self.key, self.rest = fd, tag, key, b""
+
+
+class LogMerger:
+    """torchrun's output (`torchrun.log`) and every worker's files (torchrun --redirects: <ranks>/<rdzv run id>_*/
+    attempt_<restart count>/<local rank>/stdout.log and stderr.log) -> the run's `log`, whole lines only, each
+    worker line tagged `[default<local rank>@r<global rank>]:` with one bytes.replace per chunk (C, not a loop).
+
+    A thread of the process that keeps the run (the attached agent or the detached keeper): it only reads files and
+    appends to one, so it never waits on the launcher. `log` is what the launcher streams and what `inv logs`
+    replays. `close()` (after torchrun and its workers are gone) drains everything, ends unfinished lines, and only
+    then does `finish` record the exit code: a follower that sees the exit code has the whole log.
+    """
+
+    def __init__(self, run_dir, mark, settings):
+        self.run_dir, self.mark = run_dir, mark
+        self.ranks = os.path.join(run_dir, settings["ranks"])
+        self.poll_s, self.chunk = settings["poll_s"], settings["chunk"]
+        self.max_line, self.cut_mark = settings["max_line"], settings["cut_mark"].encode()
+        self.out = os.open(os.path.join(run_dir, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.sources = {}  # path -> LogSource; torchrun's own first
+        self.own = os.path.join(run_dir, "torchrun.log")
+        self.known = {}  # (restart count, local rank) -> global rank, or None when it cannot be told
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True, name="merge-logs")
+
+    def start(self):
+        self.sources[self.own] = LogSource(os.open(self.own, os.O_RDONLY))
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join()
+
+    def run(self):
+        try:
+            while True:
+                stopping = self.stopping.is_set()  # read before the last round: nothing is written after it is set
+                self.discover()
+                # Workers first: what a worker wrote before it failed lands before torchrun's report of the failure.
+                moved = [self.pump(source) for source in list(self.sources.values())[1:]]
+                moved.append(self.pump(self.sources[self.own]))
+                if stopping and not any(moved):
+                    break
+                if self.chunk not in moved:  # nothing more waiting: a trickle is read in chunks, not spun on
+                    self.stopping.wait(self.poll_s)
+            for source in self.sources.values():  # the last line of a file that ends without a newline
+                if source.rest:
+                    self.write(self.tagged(source, source.rest + b"\n"))
+        except Exception as exc:  # a bug here must not take the run's keeper down: the rank files keep it all
+            emit("error", message="the log merger stopped: %s: %s" % (type(exc).__name__, exc))
+        finally:
+            for source in self.sources.values():
+                os.close(source.fd)
+            os.close(self.out)
+
+    def discover(self):
+        """Open each worker file torchrun made since the last look (a c10d restart makes a new attempt_N)."""
+        for run in listdir(self.ranks):
+            for attempt in listdir(os.path.join(self.ranks, run)):
+                if not (attempt.startswith("attempt_") and attempt[8:].isdigit()):
+                    continue
+                base = os.path.join(self.ranks, run, attempt)
+                for local in listdir(base):
+                    if not local.isdigit():
+                        continue
+                    for name in ("stdout.log", "stderr.log"):
+                        path = os.path.join(base, local, name)
+                        if path not in self.sources:
+                            try:
+                                fd = os.open(path, os.O_RDONLY)
+                            except OSError:
+                                continue  # not made yet
+                            self.sources[path] = LogSource(fd, key=(int(attempt[8:]), int(local)))
+
+    def pump(self, source):
+        """Move what `source` holds now to the log, whole lines; how many bytes were read."""
+        try:
+            data = os.read(source.fd, self.chunk)
+        except OSError:
+            return 0
+        read = len(data)
+        if not read:
+            return 0
+        data = source.rest + data if source.rest else data
+        end = data.rfind(b"\n") + 1
+        whole, source.rest = data[:end], data[end:]
+        # No newline for so long: cut, marked as the launcher does, so that the piece with its tag and the mark
+        # stays within max_line (the launcher then never cuts it again).
+        room = self.max_line - len(self.tag_of(source)) - len(self.cut_mark)
+        while len(source.rest) >= room:
+            whole += source.rest[:room] + self.cut_mark + b"\n"
+            source.rest = source.rest[room:]
+        if whole:
+            self.write(self.tagged(source, whole))
+        return read
+
+    def tag_of(self, source):
+        """The source's tag: b"" for torchrun's own lines; a worker's is found with its first bytes (the worker has
+        run by then, so its environment is there to read) and kept."""
+        if source.key is None:
+            return b""
+        if source.tag is None:
+            if source.key not in self.known:
+                self.known.update(worker_ranks(self.mark))
+                self.known.setdefault(source.key, None)
+            rank = self.known[source.key]
+            local = source.key[1]
+            source.tag = (LOCAL_TAG % local if rank is None else RANK_TAG % (local, rank)).encode()
+        return source.tag
+
+    def tagged(self, source, lines):
+        """`lines` (whole, newline-terminated) with the source's tag in front of each, one bytes.replace."""
+        tag = self.tag_of(source)
+        return tag + lines[:-1].replace(b"\n", b"\n" + tag) + b"\n" if tag else lines
+
+    def write(self, data):
+        write_all(self.out, data)  # False on a full disk: lost to the log; the rank files still hold them
+
+
+def listdir(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
 def signal_run(run_dir, mark, sig):
     """Send `sig` to the run's process group (while its leader is the run's) and to every process carrying its
     mark, each re-checked right before; returns how many marked processes got it."""
@@ -325,9 +492,10 @@ def torchrun_env(request, inherited):
     env = {k: v for k, v in inherited.items() if not unset_match(k, request["unset_env"])}
     env.update(socket_env(request["socket_ifname"]))
     env.update(request["env"])
+    env.update(request["launcher_env"])  # after the unset: TORCHELASTIC_* names only the launcher may set
     env[RUN_ID_ENV] = request["mark"]
-    # torchrun's --tee copies worker lines to its own stdout, a file here: unbuffered, they reach the log
-    # (and the launcher) as they are printed, not in 8 KiB blocks.
+    # Workers write to files (torchrun --redirects): unbuffered, their lines reach the log (and the launcher) as
+    # they are printed, not in 8 KiB blocks.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -432,12 +600,18 @@ def spawn(request, run_dir):
     }, indent=1))
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = torchrun_env(request, os.environ)
-    log = open(os.path.join(run_dir, "log"), "ab")
+    # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
+    merger = LogMerger(run_dir, request["mark"], request["log_tail"])
+    own = open(merger.own, "ab")
     try:
         proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=own, stderr=subprocess.STDOUT, start_new_session=True)
+    except BaseException:
+        os.close(merger.out)
+        raise
     finally:
-        log.close()
+        own.close()
+    proc.merger = merger.start()  # `finish` drains it before the exit code is recorded
     try:
         write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
         record_leader(run_dir, proc.pid)
@@ -446,6 +620,7 @@ def spawn(request, run_dir):
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)  # unrecorded, it would be a run nobody can stop: it never started
         proc.wait()
+        merger.close()
         raise
     return proc
 
@@ -459,6 +634,7 @@ def finish(proc, run_dir, mark, grace):
     code = proc.wait()
     code = 128 - code if code < 0 else code
     _, left = sweep_run(run_dir, mark, grace)
+    proc.merger.close()  # every line in `log` before the exit code says the log is complete
     record(os.path.join(run_dir, "exit_code"), str(code))
     record(os.path.join(run_dir, "ended_at"), repr(time.time()))
     return code, left
@@ -491,6 +667,34 @@ def start(request):
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
+    words = LauncherWords()
+    section = request.get("preflight")  # only with the doctor on
+    checks = Preflight(section) if section else None
+    words.on_tcp = checks.tcp if checks is not None else None
+    threading.Thread(target=words.listen, daemon=True, name="listen").start()
+    try:
+        if checks is not None:
+            checks.run()  # the doctor's evidence first: the launcher judges it even when a check below fails
+        code = start_checked(request, run_dir, words)
+    finally:
+        if checks is not None:
+            checks.close()  # master_port is let go before torchrun's store binds it
+    if code is not None:
+        return code
+    if request["detach"]:
+        return start_detached(request, run_dir)
+    try:
+        proc = spawn(request, run_dir)
+    except OSError as exc:
+        emit("error", message="cannot start torchrun: %s" % exc)
+        return 2
+    emit("started", pid=proc.pid, run_dir=run_dir)
+    return attend(request, run_dir, proc, words)
+
+
+def start_checked(request, run_dir, words):
+    """Check what this node can, say `ready` and wait for `go`; None on `go`, else the agent's exit code."""
+    node = request["mark"].partition("/")[2]
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
         emit("error", message="workdir %s does not exist on this node" % request["workdir"])
@@ -509,23 +713,62 @@ def start(request):
                               "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],
                                                                                    problem))
         return 2
-    request = dict(request, socket_ifname=ifname)  # auto, found once: spawn (here or in the keeper) sets this
+    request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the keeper) sets this
     # Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no process).
-    words = LauncherWords()
-    threading.Thread(target=words.listen, daemon=True, name="listen").start()
     emit("ready")
     if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
         emit("aborted", reason=words.stop_word)
         return 0
-    if request["detach"]:
-        return start_detached(request, run_dir)
-    try:
-        proc = spawn(request, run_dir)
-    except OSError as exc:
-        emit("error", message="cannot start torchrun: %s" % exc)
-        return 2
-    emit("started", pid=proc.pid, run_dir=run_dir)
-    return attend(request, run_dir, proc, words)
+    return None
+
+
+class Preflight:
+    """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
+
+    The request's `preflight` section holds the probe's source (launcher/probe.py, run here, never written to disk)
+    and every request and number it needs, from the launcher (launcher.doctor.collect.session_section):
+    - probe: what the probe looks at; its answer goes out as the `probed` event;
+    - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
+      answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
+    - connect: on the launcher's `tcp` word, once every node has probed (so the master's listener is up), this
+      node connects to master_addr:master_port and says what it found as the `tcp` event.
+    """
+
+    def __init__(self, section):
+        self.section = section
+        self.probe = {"__name__": "ddp_launcher_probe"}
+        exec(compile(section["source"], "probe.py", "exec"), self.probe)
+        self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
+
+    def run(self):
+        listen = self.section.get("listen")
+        reply = None
+        if listen:
+            max_s = self.probe["seconds"](listen, "max_s", "listen")
+            server, reply = self.probe["open_listener"](listen["master_port"])
+            if server is not None:
+                stop_r, stop_w = os.pipe()
+                thread = threading.Thread(target=self.probe["serve"], daemon=True, name="listener",
+                                          args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
+                thread.start()
+                self.listener = (thread, stop_w, stop_r)
+        emit("probed", probe=self.probe["probe"](self.section["probe"]), listener=reply)
+
+    def tcp(self):
+        connect = self.section["connect"]
+        seconds = self.probe["seconds"]
+        window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
+        probe = self.section["probe"]
+        emit("tcp", tcp=self.probe["tcp_connect"](probe["master_addr"], probe["master_port"], connect["token"],
+                                                  window, read_s))
+
+    def close(self):
+        if self.listener is not None:
+            thread, stop_w, stop_r = self.listener
+            self.listener = None
+            os.close(stop_w)
+            thread.join()
+            os.close(stop_r)
 
 
 def start_detached(request, run_dir):
@@ -571,16 +814,20 @@ class LauncherWords:
         self.stop_word = None
         self.go = False
         self.decided = threading.Event()
+        self.on_tcp = None
+        """What `tcp` starts (the doctor's TCP check, `Preflight.tcp`), on a thread of its own."""
 
     def listen(self):
         for line in sys.stdin:
             self.last_word = time.monotonic()
             word = line.strip()
-            if word in ("stop", "kill"):
+            if word in ("stop", "kill", "abort"):  # abort: the launcher's checks failed somewhere
                 self.stop_word = word
             elif word == "go":
                 self.go = self.stop_word is None
-            if word in ("go", "stop", "kill"):
+            elif word == "tcp" and self.on_tcp is not None:
+                threading.Thread(target=self.on_tcp, daemon=True, name="tcp").start()
+            if word in ("go", "stop", "kill", "abort"):
                 self.decided.set()
         if self.stop_word is None:
             self.stop_word = "launcher-gone"
@@ -606,7 +853,8 @@ class Attended:
     """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
 
     - words: the launcher's stdin lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
-    - stream: the run's log file -> stdout, as it grows.
+    - stream: the run's log file -> stdout, as it grows (a `LogMerger` thread, started with torchrun, makes that
+      file from torchrun's and its workers' files; it only reads and appends files).
     - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
       silent node from a quiet one.
     The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at

@@ -4,27 +4,24 @@ from __future__ import annotations
 
 import datetime as _dt
 import shlex
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
+from launcher import attempts, runs
 from launcher import doctor as doctor_checks
-from launcher import runs
-from launcher import sync as code_sync
 from launcher.errors import LauncherError, PlanError
 from launcher.hostfile import load_hosts
 from launcher.inventory import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.plan import plan_launch
 from launcher.selection import select_hosts
-from launcher.transport import Node
+from launcher.transport import close_all, connect_all
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
+    from rich.console import Console
+    from rich.table import Table
+
     from launcher.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,30 +85,64 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
     if doctor and opts.preflight is None:
         opts.preflight = _preflight(opts)
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
-        opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight)
-    return runs.launch(plan, opts)
+        from launcher import sync as code_sync
+
+        if isinstance(opts.preflight, doctor_checks.SessionPreflight):  # its checks run in the agents' sessions
+            opts.preflight = replace(opts.preflight, before=code_sync.before_launch(cluster, opts.err))
+        else:
+            opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight)
+    retries = cluster.retries if opts.retries is None else opts.retries
+    if retries and opts.detach:  # no launcher stays to start it again
+        if opts.retries:
+            error = LauncherError("--retries needs an attached run: a detached run has no launcher to start it again")
+            error.exit_code = USAGE
+            raise error
+        opts.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
+        retries = 0
+    if not retries:
+        return runs.launch(plan, opts)
+    return attempts.launch(plan, opts, retries, _health_check(opts, doctor))
+
+
+def _health_check(opts: runs.Options, doctor: bool) -> attempts.HealthCheck:
+    """Between attempts: the nodes that fail the doctor's fast checks (or, with --skip-doctor, cannot be reached)."""
+
+    def failing(cluster: Cluster) -> dict[str, str]:
+        if not doctor:
+            nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+            close_all(nodes.values())
+            return {f.host: str(f) for f in failures}
+        report = doctor_checks.run_doctor(cluster, connect_timeout=opts.connect_timeout, checks="fast",
+                                          probe_timeout=opts.probe_timeout)
+        out: dict[str, str] = {}
+        for found in report.failures:
+            out.setdefault(found.host, f"the doctor's {found.check} check failed: {found.detail}")
+        return out
+
+    return failing
 
 
 def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
     """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
+    from launcher import sync as code_sync
+
     opts = opts or runs.Options()
     return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out)
 
 
-def _preflight(opts: runs.Options) -> Callable[[Cluster, dict[str, Node]], None]:
-    """The doctor's fast checks on launch's open connections; a line says they passed (they raise if not)."""
+def _preflight(opts: runs.Options) -> doctor_checks.SessionPreflight:
+    """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
+    failure raises DoctorFailed, and nothing starts anywhere)."""
 
-    def check(cluster: Cluster, nodes: dict[str, Node]) -> None:
-        t0 = time.monotonic()
-        report = doctor_checks.preflight(cluster, nodes, probe_timeout=opts.probe_timeout,
-                                         connect_timeout=opts.connect_timeout)
-        opts.err.write(f"checked {len(doctor_checks.FAST_CHECKS)} things on {len(nodes)} node(s) in "
-                       f"{time.monotonic() - t0:.1f}s: {', '.join(doctor_checks.FAST_CHECKS)} all passed "
+    def passed(report: doctor_checks.Report, seconds: float) -> None:
+        opts.err.write(f"checked {len(doctor_checks.FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
+                       f"{seconds:.1f}s: {', '.join(doctor_checks.FAST_CHECKS)} all passed "
                        "(--skip-doctor skips)\n")
-        for found in report.problems if report else ():  # warnings only: a failure raised above
+        for found in report.problems:  # warnings only: a failure raised before this
             opts.err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return check
+    return doctor_checks.SessionPreflight(probe_timeout=opts.probe_timeout, connect_timeout=opts.connect_timeout,
+                                          on_pass=passed)
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
@@ -128,6 +159,8 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
 
 def _console(opts: runs.Options) -> Console:
     """A console on the task's output; wide enough for a table when it is a file or a pipe, not a terminal."""
+    from rich.console import Console
+
     return Console(file=opts.out, width=None if opts.out.isatty() else 160)
 
 
@@ -142,6 +175,9 @@ _COLOURS = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "
 def _state_table(title: str, states: list[runs.NodeState], stop: bool) -> Table:
     """One row per node. Title and cells are `Text`: node names, run ids and states come from users and nodes,
     and a `[/]` in them must print as it is, never be read as Rich markup."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=Text(title), title_justify="left")
     for column in ("node", "run", "state", "exit", "started", "ended", *(("stopped", "left") if stop else ())):
         table.add_column(column)
@@ -166,6 +202,13 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | N
     console = _console(opts or runs.Options())
     console.print(_state_table(f"run {run_id or '(latest)'} on {len(states)} node(s)", states, stop=False))
     _problems(console, states)
+    shown = run_id or next((s.run_id for s in states if s.run_id), None)
+    tried = attempts.read_attempts((opts or runs.Options()).log_dir, shown) if shown else []
+    if len(tried) > 1:
+        console.print(f"run {shown} is one of {len(tried)} attempts of a launch (--retries):", markup=False,
+                      highlight=False)
+        for attempt in tried:
+            console.print(f"  {attempt.line()}", markup=False, highlight=False)
     return 1 if any(s.state in ("unreachable", "error") for s in states) else 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -79,7 +79,7 @@ class RunFailed(LauncherError):
     """A launched run failed on at least one node; carries the root cause (like torch's `ChildFailedError`)."""
 
     def __init__(self, message: str, exit_code: int, *, node: str | None = None, rank: int | None = None,
-                 tail: tuple[str, ...] = ()):
+                 tail: tuple[str, ...] = (), ends: tuple[Any, ...] = ()):
         self.exit_code = exit_code
         self.node = node
         """The node of the first failure, if one was found."""
@@ -87,6 +87,8 @@ class RunFailed(LauncherError):
         """Its failed global rank, when torchrun named one."""
         self.tail = tail
         """The last lines of that node's output."""
+        self.ends = ends
+        """How each node's part ended (`launcher.rootcause.NodeEnd`); empty when the run never started."""
         super().__init__(message)
 
 

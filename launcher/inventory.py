@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from launcher.errors import InventoryError
+from launcher.inventory_elastic import DEFAULT_RESUME_ARGS, ELASTIC_KEYS, Elastic, ElasticFields
 from launcher.inventory_fields import ENV_FILE_KEYS as ENV_FILE_KEYS  # re-exported: the inventory's names
 from launcher.inventory_fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
 from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV
@@ -82,12 +83,14 @@ class Host:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where torchrun's static rendezvous (the c10d store) listens: on the first node by default."""
+    """Where torchrun's rendezvous store listens (on the first node by default), and how the group forms."""
 
     master_addr: str
     master_port: int = DEFAULT_MASTER_PORT
     master_addr_explicit: bool = False
     """Whether the inventory set master_addr; when it did not, it follows the first host (see `select_hosts`)."""
+    elastic: Elastic = field(default_factory=Elastic)
+    """static (every node, fixed ranks) or c10d with MIN:MAX nodes; torchrun's own restarts."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Job:
     """Path of the training script, relative to each node's workdir (or absolute)."""
     args: tuple[str, ...] = ()
     """Arguments for the script, passed byte for byte."""
+    resume_args: tuple[str, ...] = DEFAULT_RESUME_ARGS
+    """Added to `args` when the launcher retries a failed run (`retries`): how the script resumes its checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ class Cluster:
     """strict: only hosts in known_hosts; accept-new: learn an unknown host's key once, refuse a changed one."""
     sync: SyncSpec | None = None
     """What to copy from the controller to every node (`sync:`); None: nothing."""
+    retries: int = 0
+    """How often the launcher relaunches a run that lost a node (`retries:`; `inv launch --retries` wins)."""
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
     """Line numbers of entries in the source ("hosts[1]" -> 7), for messages of later checks."""
 
@@ -132,11 +139,11 @@ class Cluster:
         return None if "auto" in counts else sum(int(c) for c in counts)
 
 
-TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync")
+TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync", "retries")
 HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_node", "env", "setup", "forward_env",
              "env_file", "socket_ifname")
-RENDEZVOUS_KEYS = ("master_addr", "master_port")
-JOB_KEYS = ("script", "args")
+RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
+JOB_KEYS = ("script", "args", "resume_args")
 ENV_KEYS = ("value", "from_env", "secret")
 DEFAULTS: dict[str, Any] = {"python": "python3", "workdir": "~", "nproc_per_node": 1}
 
@@ -309,9 +316,13 @@ def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
     """
     top = _pairs(root)
     found: dict[str, yaml.Node | None] = {}
-    args = _pairs(top.get("job")).get("args")
-    if isinstance(args, yaml.SequenceNode):
-        found.update((f"job.args[{i}]", item) for i, item in enumerate(args.value))
+    for key in ("args", "resume_args"):
+        words = _pairs(top.get("job")).get(key)
+        if isinstance(words, yaml.SequenceNode):
+            found.update((f"job.{key}[{i}]", item) for i, item in enumerate(words.value))
+    found["rendezvous.nodes"] = _pairs(top.get("rendezvous")).get("nodes")
+    for name, node in _pairs(_pairs(top.get("rendezvous")).get("conf")).items():
+        found[f"rendezvous.conf.{name}"] = node
     sections = {"defaults": top.get("defaults")}
     hosts = top.get("hosts")
     if isinstance(hosts, yaml.SequenceNode):
@@ -372,7 +383,7 @@ def _describe(value: Any) -> str:
     return "nothing" if value is None else f"{_render(value)} ({type(value).__name__})"
 
 
-class _Parser(NodeFields):
+class _Parser(NodeFields, ElasticFields):
     """Turns the loaded YAML into typed objects; knows where each entry was, to say so in errors."""
 
     def __init__(self, source: str, lines: dict[str, int], written: Mapping[str, str], folder: str | None = None):
@@ -439,6 +450,7 @@ class _Parser(NodeFields):
             ssh_config=ssh_config,
             host_key_policy=policy,
             sync=self.sync(top.get("sync")),
+            retries=self.count(top.get("retries", 0), "retries"),
             lines=self.lines,
         )
 
@@ -494,6 +506,7 @@ class _Parser(NodeFields):
             master_addr=first.addr if addr is None else self.host_name(addr, "rendezvous.master_addr"),
             master_port=DEFAULT_MASTER_PORT if port is None else self.port(port, "rendezvous.master_port"),
             master_addr_explicit=addr is not None,
+            elastic=self.elastic(fields, len(hosts)),
         )
 
     def job(self, raw: Any) -> Job:
@@ -504,7 +517,8 @@ class _Parser(NodeFields):
         if not isinstance(args, list):
             raise self.fail("job.args", f"must be a list of words, got {_describe(args)}")
         words = tuple(self.word(a, f"job.args[{i}]") for i, a in enumerate(args))
-        return Job(script=self.text(fields["script"], "job.script"), args=words)
+        return Job(script=self.text(fields["script"], "job.script"), args=words,
+                   resume_args=self.resume_args(fields.get("resume_args")))
 
     def env(self, raw: Any, entry: str, secret: frozenset[str] = frozenset()) -> dict[str, EnvVar]:
         """`NAME: value` entries; errors never show the values of the names in `secret`."""

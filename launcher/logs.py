@@ -10,8 +10,10 @@ from typing import IO
 
 from launcher.options import MAX_LINE_BYTES
 
-# torchrun --tee prefixes each worker line with `[<role><local rank>]:`; the role is "default".
-_RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)\]:")
+# The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.agent.LogMerger), or
+# `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is
+# "default".
+_RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
 TAIL_LINES = 40
 TAIL_WIDTH = 1000
@@ -37,6 +39,17 @@ class LineSplitter:
             self._rest = rest[cut:]
         return lines
 
+    def feed_block(self, data: bytes) -> bytes:
+        """The whole lines `data` completes, as one block of bytes ending in a newline (or b""): no list of lines.
+
+        Cut pieces come as lines of their own, marked, as `feed` makes them."""
+        data = self._rest + data if self._rest else data
+        end = data.rfind(b"\n") + 1
+        block, self._rest = data[:end], data[end:]
+        if len(self._rest) >= self._max:
+            block += b"".join(line + b"\n" for line in self.feed(b""))
+        return block
+
     def flush(self) -> list[bytes]:
         rest, self._rest = self._rest, b""
         return [rest] if rest else []
@@ -56,23 +69,42 @@ class NodeLog:
         self._end = "\x1b[0m" if colour else ""
         self._label = label
         self._cache: dict[bytes, bytes] = {b"": self.prefix(None).encode()}
+        self._ranks: dict[int, int] = {}
+        """Global rank of each local rank, as torchrun's tags last said (c10d assigns them at each rendezvous)."""
 
-    def prefix(self, local_rank: int | None) -> str:
+    def prefix(self, local_rank: int | None, global_rank: int | None = None) -> str:
         if local_rank is None:
             tag = self._label + "    "
+        elif global_rank is not None:
+            tag = f"{self._label} r{global_rank:<2}"
         elif self.rank_offset is None:
             tag = f"{self._label} l{local_rank:<2}"
         else:
             tag = f"{self._label} r{self.rank_offset + local_rank:<2}"
         return f"{self._start}{tag} |{self._end} "
 
-    def _split_rank(self, line: bytes) -> tuple[bytes, int | None, bytes]:
-        """(torchrun's `[default3]:` tag or b"", the local rank or None, the rest of the line)."""
+    def _split_rank(self, line: bytes) -> tuple[bytes, int | None, int | None, bytes]:
+        """(torchrun's `[default3@r7]:` tag or b"", the local rank or None, the global rank or None, the rest)."""
         if line[:1] == b"[":
             match = _RANK_PREFIX.match(line)
             if match:
-                return line[:match.end()], int(match.group(1)), line[match.end():]
-        return b"", None, line
+                global_rank = int(match.group(2)) if match.group(2) is not None else None
+                return line[:match.end()], int(match.group(1)), global_rank, line[match.end():]
+        return b"", None, None, line
+
+    def _new_tag(self, line: bytes, parts: list[bytes]) -> tuple[bytes, int]:
+        """The prefix of a tag not seen before (and where its tag ends); a line saying so when a rank moved."""
+        tag, local, global_rank, _ = self._split_rank(line)
+        if local is not None and global_rank is not None:
+            before = self._ranks.get(local)
+            if before is not None and before != global_rank:
+                note = f"local rank {local} is now global rank {global_rank} (was {before}): the group re-formed"
+                parts.append(self._cache[b""] + note.encode())
+                for old in [t for t in self._cache if t]:  # a tag seen before the change may come back later
+                    del self._cache[old]
+            self._ranks[local] = global_rank
+        prefix = self._cache[tag] = self.prefix(local, global_rank).encode()
+        return prefix, len(tag) - 2
 
     def _format_lines(self, lines: list[bytes], parts: list[bytes]) -> None:
         # The hot path of a chatty job (a million lines): one cached prefix per torchrun tag, bytes until the end.
@@ -83,19 +115,45 @@ class NodeLog:
             end = line.find(b"]:", 0, 24) if line[:1] == b"[" else -1
             prefix = cache.get(line[:end + 2]) if end > 0 else cache.get(b"")
             if prefix is None:
-                tag, local, _ = self._split_rank(line)
-                prefix = cache[tag] = (self.prefix(local)).encode()
-                end = len(tag) - 2
+                prefix, end = self._new_tag(line, parts)
             parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
-        for line in lines[-TAIL_LINES:]:
-            _, local, body = self._split_rank(line)
+        self._keep_tail(lines[-TAIL_LINES:])
+
+    def _keep_tail(self, lines: list[bytes]) -> None:
+        for line in lines:
+            _, local, global_rank, body = self._split_rank(line)
             text = body.decode("utf-8", errors="replace").rstrip("\r")
             text = text if len(text) <= TAIL_WIDTH else text[:TAIL_WIDTH] + "…"  # a report, not a dump
-            self.tail.append(text if local is None else f"[local rank {local}] {text}")
+            if local is not None:
+                text = f"[local rank {local}{'' if global_rank is None else f', rank {global_rank}'}] {text}"
+            self.tail.append(text)
 
     def format(self, data: bytes) -> tuple[str, int]:
         """The prefixed text of the whole lines `data` completes, and how many lines that is."""
-        return self._text(self.splitter.feed(data))
+        block = self.splitter.feed_block(data)
+        if not block:
+            return "", 0
+        text, count = self._bulk(block)
+        if text is None:  # a line without a known tag (torchrun's own, a new or moved rank): one line at a time
+            return self._text(block.split(b"\n")[:-1])
+        return text, count
+
+    def _bulk(self, block: bytes) -> tuple[str | None, int]:
+        """A block whose every line starts with a tag seen before, prefixed with one bytes.replace per tag (C, not
+        a loop over a million lines); (None, 0) when some line does not."""
+        count = block.count(b"\n")
+        text = b"\n" + block
+        while b"\r\n" in text:  # a line's trailing carriage returns, as `_format_lines` drops them
+            text = text.replace(b"\r\n", b"\n")
+        found = [(b"\n" + tag, b"\n" + prefix) for tag, prefix in self._cache.items() if tag]
+        counts = [text.count(tag) for tag, _ in found]  # no tag is the start of another: each ends in `]:`
+        if sum(counts) != count:
+            return None, 0
+        for (tag, prefix), n in zip(found, counts, strict=True):
+            if n:
+                text = text.replace(tag, prefix)
+        self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
+        return text[1:].decode("utf-8", errors="replace"), count
 
     def format_rest(self) -> tuple[str, int]:
         """The prefixed text of an unfinished last line, at the end of the stream."""

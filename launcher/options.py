@@ -16,6 +16,12 @@ from launcher.errors import LauncherError
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
+DEFAULT_FANOUT = 64
+"""At most this many SSH handshakes (and short node commands: stop, status, logs) under way at once; more nodes go
+in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting to all 64 nodes took 1.7-1.9 s and
+0.5-0.6 CPU s of the launcher whatever the limit from 16 to 64 (2.0 s at 8, 2.3-2.5 s at 4), so a lower limit
+buys nothing on the controller. A lower one is for what sits in between: a ProxyJump host whose sshd refuses
+handshakes beyond its `MaxStartups` (10 by default)."""
 DEFAULT_PROBE_TIMEOUT = 120.0
 """Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
 
@@ -32,12 +38,24 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 """A node stops its part of an attached run by itself after this long without a word from the launcher."""
 DEFAULT_SILENCE_TIMEOUT = 30.0
 """The launcher fails a run when a node has sent nothing (not even its agent's heartbeat) for this long."""
-DEFAULT_CONSOLE_BUFFER = 10_000
-"""Lines the console may lag behind the run before it skips lines (they still land in the log files)."""
+DEFAULT_CONSOLE_BUFFER = 100_000
+"""Lines the console may lag behind the run before it skips lines (they still land in the log files). Output
+arrives in blocks of up to 64 KiB (~2,000 short lines) from each node: 10,000 lines, a few blocks, made a console
+writing to a file skip lines of a chatty job in bursts; 100,000 short lines are ~8 MB."""
 HEARTBEAT_DIVISOR = 4
 """Heartbeats go this many times per timeout, so that one late beat never stops a healthy run."""
 MAX_LINE_BYTES = 64 * 1024
 """A line longer than this (output without newlines) is cut into pieces of this size, each marked."""
+LOG_POLL_S = 0.05
+"""Seconds a node's agent waits before it looks again at quiet worker log files: the most a line lags there."""
+LOG_CHUNK = 64 * 1024
+"""Bytes a node's agent reads from one worker's log file at a time (a full read means more waits: no pause)."""
+DEFAULT_RETRY_WAIT = 3.0
+"""Seconds between a failed attempt and the doctor's checks before the next (`--retries`): what a node that is
+rebooting, or a port in TIME_WAIT, needs to show what it is."""
+DEFAULT_RETRY_COOLDOWN = 300.0
+"""A node that caused two failed attempts sits out the attempts that start within this many seconds (Horovod's
+blacklist with a cool-down): one more try after it may have been fixed, never a loop on a bad node."""
 DEFAULT_HOSTS = "hosts/cluster.yaml"
 DEFAULT_LOG_DIR = "logs"
 ACTION_MARGIN = 20.0
@@ -75,6 +93,12 @@ class Options:
     """Where the launcher's own progress and reports go."""
     preflight: Callable[..., None] | None = None
     """Checks run on the open connections before anything starts (the doctor's fast checks)."""
+    retries: int | None = None
+    """How often a run that lost a node is started again (None: the inventory's `retries`)."""
+    retry_wait: float = DEFAULT_RETRY_WAIT
+    """Seconds between a failed attempt and the checks before the next."""
+    retry_cooldown: float = DEFAULT_RETRY_COOLDOWN
+    """Seconds a node that caused two failed attempts sits out."""
     on_event: Callable[[Any], None] | None = None
     """Called with every typed node event of an attached run (`launcher.supervise`), from the launcher's threads:
     it must not block. For tools such as the bench."""
@@ -93,8 +117,13 @@ _NUMBERS: dict[str, tuple[type, float, bool]] = {
     "connect_timeout": (float, 0.0, False),
     "probe_timeout": (float, 0.0, False),
     "console_buffer": (int, 1, True),
+    "retry_wait": (float, 0.0, True),
+    "retry_cooldown": (float, 0.0, True),
+    "retries": (int, 0, True),
 }
-CONFIG_KEYS = ("hosts", "log_dir", *_NUMBERS)
+COMMAND_LINE_ONLY = ("retries",)
+"""Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
+CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY))
 """The keys `launcher:` in invoke.yaml may hold."""
 
 

@@ -23,6 +23,18 @@ RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 SECRET_MASK = "<secret>"
 RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
 """What every run id looks like (`new_run_id`); ids given by a user are checked against it wherever they arrive."""
+RANKS_DIR = "ranks"
+"""torchrun's --log-dir, inside the run directory: its workers write their output there (--redirects), one
+stdout.log and stderr.log per local rank and restart; the node's agent merges them into the run's log, each line
+tagged with its local and global rank (`[default1@r3]:`, read from the worker's environment; `launcher.logs`
+turns the tags into `node-1 r3 |`). torchrun's --tee would hand every line to a Python thread of its own."""
+LAUNCHER_ENV: tuple[tuple[str, str], ...] = ()
+"""Variables the launcher itself gives torchrun (after the node's agent removed the TORCHELASTIC_* it inherited)."""
+C10D_ENV = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
+"""Also for a c10d rendezvous: torchrun's workers would share the rendezvous' TCP store across rounds, where the
+keys of the round before (the dead workers' gloo addresses) are still there, so a group re-formed after a lost node
+fails with `Gloo connectFullMesh failed ... Connection refused` (seen with torch 2.13). Opting out gives every round
+a fresh store on its rank 0."""
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -59,6 +71,8 @@ class NodeCommand:
     """Controller variables to copy at launch (the host's); `env` and socket_ifname win over them."""
     env_file: EnvFile | None = None
     """A dotenv file to read on the controller at launch (the host's); everything else wins over its values."""
+    launcher_env: tuple[tuple[str, str], ...] = LAUNCHER_ENV
+    """Set for torchrun by the agent after `unset_env` (TORCHELASTIC_* names the inventory may not set)."""
 
     def shell_line(self) -> str:
         """The command as a shell line a user could paste on the node, secrets masked (for --dry-run).
@@ -70,7 +84,8 @@ class NodeCommand:
         """
         unset = [f"-u {shlex.quote(name)}" for name in self.unset_env if not _is_glob(name)]
         words = [*unset, *self._file_and_forwarded(), *self._socket_words(),
-                 *(f"{v.name}={_shown_value(v)}" for v in self.env)]
+                 *(f"{v.name}={_shown_value(v)}" for v in self.env),
+                 *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env)]
         env = f"env {' '.join(words)} " if words else ""
         argv = " ".join(quote_path(w) if i in self.home_words else shlex.quote(w) for i, w in enumerate(self.argv))
         setup = "".join(f"{line} && " for line in self.setup)
@@ -92,7 +107,8 @@ class NodeCommand:
             return []
         value = self.socket_ifname
         if value == "auto":
-            master = self.argv[self.argv.index("--master-addr") + 1] if "--master-addr" in self.argv else "master"
+            master = next((self.argv[i + 1].rsplit(":", 1)[0] for i, w in enumerate(self.argv)
+                           if w in ("--master-addr", "--rdzv-endpoint")), "master")
             value = f"<iface to {master}>"
         return [f"{name}={shlex.quote(value)}" for name in SOCKET_ENV]
 
@@ -109,9 +125,12 @@ class LaunchPlan:
     def describe(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
         rdzv = self.cluster.rendezvous
-        world = self.cluster.world_size
+        elastic = rdzv.elastic
+        world = self.cluster.world_size if elastic.backend == "static" else None
+        low, high = elastic.nodes_range(len(self.nodes))
+        group = "" if elastic.backend == "static" else f" (c10d: trains on {low} to {high} of them)"
         lines = [
-            f"run {self.run_id}: {len(self.nodes)} node(s), world size {world if world else 'auto'}, "
+            f"run {self.run_id}: {len(self.nodes)} node(s){group}, world size {world if world else 'auto'}, "
             f"rendezvous at {rdzv.master_addr}:{rdzv.master_port}",
             "",
         ]
@@ -129,16 +148,34 @@ class LaunchPlan:
             dest = "each node's workdir" if sync.dest is None else sync.dest
             skip = f", except {', '.join(sync.exclude)}" if sync.exclude else ""
             lines.append(f"sync: {sync.src} (on this machine) to {dest}{skip}")
+        lines += ["", "why each flag is there:",
+                  "  -m torch.distributed.run    torchrun, by the node's own interpreter (no PATH surprises)"]
+        if elastic.backend == "static":
+            lines += [
+                f"  --nnodes {len(self.nodes)}                 every node must be there before training starts",
+                "  --node-rank i               this node's place; ranks follow the inventory order",
+                "  --master-addr/--master-port where the first node's rendezvous store listens",
+            ]
+        else:
+            lines += [
+                f"  {f'--nnodes {low}:{high}':<28}training starts with {low} to {high} nodes and goes on while "
+                f"{low} remain",
+                "  --rdzv-backend c10d         ranks are assigned when the group forms, and again after a restart",
+                "  --rdzv-endpoint/--rdzv-id   the store on the first node (is_host=1 there), this run's id",
+                "  --local-addr                the address the other nodes reach this node by",
+            ]
+        if elastic.max_restarts:
+            lines.append(f"  {f'--max-restarts {elastic.max_restarts}':<28}torchrun restarts the workers after a "
+                         "failure (from their checkpoint) this often")
         lines += [
-            "",
-            "why each flag is there:",
-            "  -m torch.distributed.run    torchrun, by the node's own interpreter (no PATH surprises)",
-            f"  --nnodes {len(self.nodes)}                 every node must be there before training starts",
-            "  --node-rank i               this node's place; ranks follow the inventory order",
             "  --nproc-per-node G          worker processes on this node (usually its GPU count)",
-            "  --master-addr/--master-port where the first node's rendezvous store listens",
-            "  --tee 3 --log-dir           per-rank logs on the node, and rank-prefixed lines on the console",
+            "  --redirects 3 --log-dir     each worker writes to files on the node; the launcher's agent tags",
+            "                              their lines with local and global rank and sends them to the console",
         ]
+        if self.cluster.retries:
+            resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
+            lines.append(f"retries: {self.cluster.retries}: a run that loses a node is started again on the nodes "
+                         f"that pass the doctor, with {resume} added")
         return "\n".join(lines)
 
 
@@ -188,27 +225,53 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str) -> tuple[str, ...]:
+def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str, run_id: str) -> tuple[str, ...]:
     """The torchrun words for one node."""
     host = cluster.hosts[node_rank]
     rdzv = cluster.rendezvous
+    elastic = rdzv.elastic
+    if elastic.backend == "c10d":
+        low, high = elastic.nodes_range(len(cluster.hosts))
+        # The first host holds the store (is_host): on loopback or shared addresses torchrun would otherwise let
+        # whichever node binds first hold it. --local-addr: the address peers reach this node by.
+        conf = ",".join(f"{k}={v}" for k, v in (("is_host", "1" if node_rank == 0 else "0"), *elastic.conf))
+        nodes: tuple[str, ...] = ("--nnodes", f"{low}:{high}")
+        group: tuple[str, ...] = (
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{_endpoint_host(rdzv.master_addr)}:{rdzv.master_port}",
+            "--rdzv-id", run_id,
+            "--rdzv-conf", conf,
+            "--local-addr", host.addr,
+        )
+    else:
+        nodes = ("--nnodes", str(len(cluster.hosts)), "--node-rank", str(node_rank))
+        group = (
+            "--master-addr", rdzv.master_addr,
+            "--master-port", str(rdzv.master_port),
+        )
+    restarts = ("--max-restarts", str(elastic.max_restarts)) if elastic.max_restarts else ()
     return (
         host.python, "-m", "torch.distributed.run",
-        "--nnodes", str(len(cluster.hosts)),
-        "--node-rank", str(node_rank),
+        *nodes,
         "--nproc-per-node", str(host.nproc_per_node),
-        "--master-addr", rdzv.master_addr,
-        "--master-port", str(rdzv.master_port),
-        "--tee", "3",
-        "--log-dir", f"{run_dir}/ranks",
+        *group,
+        *restarts,
+        "--redirects", "3",
+        "--log-dir", f"{run_dir}/{RANKS_DIR}",
         job.script, *job.args,
     )
 
 
+def _endpoint_host(addr: str) -> str:
+    """An IPv6 literal in brackets, as torchrun's HOST:PORT endpoint wants it."""
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
 def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
-    """Global rank of each node's local rank 0; None from the first node with nproc_per_node "auto" on."""
+    """Global rank of each node's local rank 0; None from the first node with nproc_per_node "auto" on, and for
+    every node of a c10d rendezvous (ranks are assigned when the group forms)."""
     offsets: dict[str, int | None] = {}
-    offset: int | None = 0
+    offset: int | None = 0 if cluster.rendezvous.elastic.backend == "static" else None
     for host in cluster.hosts:
         offsets[host.name] = offset
         offset = None if offset is None or host.nproc_per_node == "auto" else offset + int(host.nproc_per_node)
@@ -223,12 +286,16 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
     if job.script.startswith("-"):
         raise PlanError(cluster.source, f"the script {job.script[:60]!r} starts with '-': torchrun would read it as "
                         f"an option")
+    low, _ = cluster.rendezvous.elastic.nodes_range(len(cluster.hosts))
+    if len(cluster.hosts) < low:
+        raise PlanError(cluster.source, f"rendezvous.nodes asks for at least {low} node(s); only "
+                        f"{len(cluster.hosts)} are chosen ({', '.join(h.name for h in cluster.hosts)})")
     run_id = run_id or new_run_id()
     offsets = rank_offsets(cluster)
     nodes = []
     for rank, host in enumerate(cluster.hosts):
         run_dir = f"{RUNS_ROOT}/{run_id}/{host.name}"
-        argv = torchrun_argv(cluster, job, rank, run_dir)
+        argv = torchrun_argv(cluster, job, rank, run_dir, run_id)
         nodes.append(NodeCommand(
             host=host,
             node_rank=rank,
@@ -243,5 +310,6 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             socket_ifname=host.socket_ifname,
             forward_env=host.forward_env,
             env_file=host.env_file,
+            launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
         ))
     return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes))

@@ -14,6 +14,10 @@ Two modes:
   SO_REUSEADDR on, as torchrun's store binds (is it free?), answer every connection with the token, and stop
   when the launcher closes stdin (or after max_s, whatever happens to the launcher).
 
+`inv doctor` runs those two modes in sessions of their own. A launch with the doctor on sends this source inside
+the agent's start request instead (`launcher/agent.py`, `Preflight`): the agent runs `probe`, holds the listener
+(`open_listener`, `serve`) on the master, and runs `tcp_connect` when the launcher asks, all in its one session.
+
 Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives
 (max_s) and how long a node tries to reach it (connect.window, connect.token_read_s) arrive in the request
 (`launcher.doctor.collect`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
@@ -449,30 +453,36 @@ def port_holders(port, budget):
     return {"states": sorted(set(inodes.values())), "holders": holders}
 
 
-def listen(request):
-    """Mode listen: is master_port free here; then answer connections with the token until stdin closes."""
-    max_s = seconds(request, "max_s", "listen")
-    port = request["master_port"]
-    token = request["token"].encode() + b"\n"
+def open_listener(port):
+    """Bind `port` on 0.0.0.0 as torchrun's store binds it; (server, reply), the server None when the port is taken.
+
+    SO_REUSEADDR lets the last run's TIME_WAIT sockets pass, while a socket that still listens on the port (a live
+    store, another server) makes the bind fail: the reply then says who holds it.
+    """
     reply = {"mode": "listen", "hostname": socket.gethostname(), "port": port}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        # As torchrun's store binds: SO_REUSEADDR lets the last run's TIME_WAIT sockets pass, while a socket
-        # that still listens on the port (a live store, another server) makes the bind fail.
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
         server.listen(128)
     except OSError as exc:
         server.close()
         reply.update(free=False, error=error_text(exc), **port_holders(port, HOLDERS_BUDGET_S))
-        return reply
+        return None, reply
     reply.update(free=True, accepted=0, peers=[])
+    return server, reply
+
+
+def serve(server, token, deadline, reply, stop_fd):
+    """Answer every connection with the token until `stop_fd` reaches its end (or `deadline`, a monotonic time);
+    then close the server. The standalone listener's `stop_fd` is stdin (the launcher closes it once every probe
+    has answered); the agent's is a pipe it closes on `go` or `abort`, before torchrun binds the port."""
+    token = token.encode() + b"\n"
     conns = []
-    deadline = time.monotonic() + max_s
-    stdin_open = True
+    open_ = True
     try:
-        while stdin_open and time.monotonic() < deadline:
-            ready, _, _ = select.select([server, 0, *conns], [], [], max(0.0, deadline - time.monotonic()))
+        while open_ and time.monotonic() < deadline:
+            ready, _, _ = select.select([server, stop_fd, *conns], [], [], max(0.0, deadline - time.monotonic()))
             for item in ready:
                 if item is server:
                     conn, peer = server.accept()
@@ -487,7 +497,7 @@ def listen(request):
                     reply["accepted"] += 1
                     reply["peers"].append(peer[0])
                 elif isinstance(item, int):
-                    stdin_open = bool(os.read(0, 4096))  # EOF: the launcher has every probe's answer
+                    open_ = bool(os.read(item, 4096))  # its end: every node has its answer
                 else:
                     try:
                         more = item.recv(64)
@@ -501,6 +511,15 @@ def listen(request):
             conn.close()
         server.close()
     return reply
+
+
+def listen(request):
+    """Mode listen: is master_port free here; then answer connections with the token until stdin closes."""
+    max_s = seconds(request, "max_s", "listen")
+    server, reply = open_listener(request["master_port"])
+    if server is None:
+        return reply
+    return serve(server, request["token"], time.monotonic() + max_s, reply, 0)
 
 
 # --- the probe --------------------------------------------------------------------------------------------

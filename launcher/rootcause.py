@@ -82,6 +82,16 @@ def headline(end: NodeEnd) -> tuple[str, int, int | None]:
     return f"root cause: {who}, exit code {code}", code if code > 0 else 1, rank
 
 
+def ended_how(end: NodeEnd) -> str:
+    """A few words on how a node's part ended: `exit code 137`, `the connection was lost`, ..."""
+    if end.kind == "exited":
+        code = end.exit_code if end.exit_code is not None else 1
+        return f"exit code {128 - code if code < 0 else code}"
+    return {"lost": "the connection was lost", "silent": f"silent for {end.silent_for:.0f} s",
+            "agent-died": "the launcher's agent died", "unanswered": "no answer to the stop",
+            "start-error": "it could not start"}.get(end.kind, end.kind)
+
+
 def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
     """The report of a failed run: the root cause (node, rank, exit code, its log) and how the others ended."""
     origin = first_failure(ends)
@@ -103,4 +113,27 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
         lines.append(f"{end.node}: {what} ({why})")
     lines.append(log_hint)
     return RunFailed("\n".join(lines), code, node=origin.node if origin else None, rank=rank,
-                     tail=origin.tail if origin else ())
+                     tail=origin.tail if origin else (), ends=tuple(ends))
+
+
+LOST = {"lost": "the connection to it was lost", "silent": "it stopped answering",
+        "agent-died": "the launcher's agent on it died", "unanswered": "it did not answer the stop"}
+
+
+def retry_reason(ends: list[NodeEnd]) -> str | None:
+    """Why a failed run may succeed when started again: a node was lost, or its processes were killed (a signal).
+    None when the script itself failed (an exception, an exit code): another attempt would fail the same way."""
+    origin = first_failure(ends)
+    if origin is None:
+        return None
+    if origin.kind in LOST:
+        return f"{origin.node} was lost: {LOST[origin.kind]}"
+    if origin.stop_reason in SELF_STOPS:
+        return f"{origin.node} lost the launcher ({origin.stop_reason})"
+    if origin.kind != "exited":
+        return None
+    _, _, worker_code = failed_rank(root_cause_block(list(origin.tail)))
+    for code, whose in ((origin.exit_code, "torchrun"), (worker_code, "a worker")):
+        if code is not None and (code < 0 or code > 128):
+            return f"{origin.node}: {whose} was killed by signal {-code if code < 0 else code - 128}"
+    return None

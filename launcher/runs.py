@@ -22,12 +22,12 @@ from launcher import rootcause
 from launcher.console import ConsoleWriter, Mirror
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
-from launcher.logs import NodeLog, supports_colour
+from launcher.logs import CUT_MARK, NodeLog, supports_colour
 from launcher.node_env import NodeEnv, resolve_env
-from launcher.options import Options, heartbeat_interval
-from launcher.plan import RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
+from launcher.options import ACTION_MARGIN, LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
+from launcher.plan import RANKS_DIR, RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
 from launcher.remote import host_command, program_input, python_command
-from launcher.supervise import Ended, NodeEvent, Output, RunHandle, Stopping
+from launcher.supervise import Ended, Left, NodeEvent, Output, RunHandle, StartGate, Stopping
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
@@ -50,6 +50,8 @@ def check_run_id(run_id: str | None) -> str | None:
 def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
+    With a `StartGate` as `opts.preflight` (the doctor's checks), its `preflight` part: what the agent probes first.
+
     `env` is `resolve_env`'s: the names it marks secret (and the inventory's secret `env`) go in `secret_names`,
     which the agent keeps out of its run directory's command.json.
     """
@@ -57,7 +59,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
     if isinstance(env, NodeEnv):
         secret |= env.secret_names
     rdzv = plan.cluster.rendezvous
-    return {
+    request: dict[str, Any] = {
         "action": "start",
         "run_dir": command.run_dir,
         "mark": f"{plan.run_id}/{command.host.name}",
@@ -65,6 +67,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "argv": list(command.argv),
         "expand_home": list(command.home_words),
         "env": dict(env),
+        "launcher_env": dict(command.launcher_env),
         "secret_names": sorted(secret),
         "unset_env": list(command.unset_env),
         "socket_ifname": command.socket_ifname,
@@ -75,7 +78,17 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "grace": opts.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,
         "alive_interval": heartbeat_interval(opts.silence_timeout),
+        "log_tail": log_tail_settings(),
     }
+    if isinstance(opts.preflight, StartGate):  # the doctor's probe, run by the agent before it says ready
+        request["preflight"] = opts.preflight.node_section(plan.cluster, command.host, plan.run_id)
+    return request
+
+
+def log_tail_settings() -> dict[str, Any]:
+    """How a node's agent merges its workers' files into the run's log (`agent.LogMerger`): every number here."""
+    return {"ranks": RANKS_DIR, "poll_s": LOG_POLL_S, "chunk": LOG_CHUNK, "max_line": MAX_LINE_BYTES,
+            "cut_mark": CUT_MARK.decode()}
 
 
 class _Progress:
@@ -123,7 +136,9 @@ def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
     nodes = connect_or_fail(cluster, cluster.hosts, opts)
     try:
-        if opts.preflight is not None:
+        if isinstance(opts.preflight, StartGate):
+            opts.preflight.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
+        elif opts.preflight is not None:
             opts.preflight(cluster, nodes)
         with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
             return _Attached(plan, opts, nodes, envs).execute()
@@ -178,6 +193,10 @@ class _Attached:
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == "heartbeat-timeout":
             self.console.message(f"{event.node}: no heartbeat from the launcher in time; the node stops its part")
+        elif isinstance(event, Left):
+            low = self.handle.min_nodes
+            self.console.message(f"{event.node} left the run ({rootcause.ended_how(event.end)}); {event.remaining} "
+                                 f"node(s) go on (the c10d group needs {low})")
         if self.opts.on_event is not None:
             self.opts.on_event(event)
 
@@ -244,6 +263,12 @@ class _Attached:
         if not any(e.failed for e in ends):
             self.console.message(f"run {self.plan.run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
             return 0
+        finished = [e.node for e in ends if not e.failed]
+        if len(finished) >= self.handle.min_nodes:  # an elastic run that went on without the nodes it lost
+            left = "; ".join(f"{e.node} left ({rootcause.ended_how(e)})" for e in ends if e.failed)
+            self.console.message(f"run {self.plan.run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); "
+                                 f"{left}. {self.log_hint}")
+            return 0
         raise rootcause.run_failed(self.plan.run_id, ends, self.log_hint)
 
 
@@ -304,6 +329,9 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[No
 
 
 def _agent_error(result: Result) -> str:
+    if result.timed_out is not None:
+        return (f"no answer within {result.timed_out:g} s (the grace period plus {ACTION_MARGIN:g} s): the node is "
+                "slow or hung, and what became of the run there is not known")
     messages = []
     for line in result.stderr.decode("utf-8", errors="replace").splitlines():
         try:

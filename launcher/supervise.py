@@ -12,11 +12,12 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from launcher.inventory import Cluster, Host
 from launcher.options import Options, heartbeat_interval
 from launcher.plan import LaunchPlan, NodeCommand
 from launcher.remote import host_command, program_input
@@ -40,6 +41,55 @@ class NodeEvent:
 @dataclass(frozen=True)
 class Ready(NodeEvent):
     """The node's agent checked what it could and waits for `go` (sent once every node is ready)."""
+
+
+@dataclass(frozen=True)
+class Probed(NodeEvent):
+    """The node's agent ran the doctor's probe in its start session (a launch with the doctor on)."""
+
+
+@dataclass(frozen=True)
+class Reached(NodeEvent):
+    """The node's agent tried to reach the master's listener (the doctor's TCP check) and said what it found."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one node's agent session said for the start's checks, for a `StartGate` to judge."""
+
+    probe: dict[str, Any] | None = None
+    """The probe's answer (its `probed` event)."""
+    listener: dict[str, Any] | None = None
+    """The master's: whether it could bind master_port (and who holds it if not)."""
+    tcp: dict[str, Any] | None = None
+    """Its connection to the master's listener (its `tcp` event)."""
+    took: float | None = None
+    """Seconds from sending the session's request to the probe's answer (or to giving up on it)."""
+    exit_code: int | None = None
+    """The session ended before the probe answered, with this code (125: a setup line failed)."""
+    messages: tuple[str, ...] = ()
+    """What the node's shell or agent said before that end."""
+    timed_out: bool = False
+    """No answer within the gate's `probe_timeout`."""
+    failure: str | None = None
+    """The session could not be opened."""
+
+
+@runtime_checkable
+class StartGate(Protocol):
+    """Checks that every node's agent runs in its start session before `go` (the doctor's: `SessionPreflight`)."""
+
+    probe_timeout: float
+
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
+        """Work on the open connections before any session opens (`launch --sync`)."""
+
+    def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
+        """The start request's `preflight` part for this host."""
+
+    def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
+              seconds: float) -> Any:
+        """Raise a LauncherError when nothing may start; return otherwise."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +117,15 @@ class Message(NodeEvent):
 
 
 @dataclass(frozen=True)
+class Left(NodeEvent):
+    """A node of an elastic (c10d) run failed and the others go on without it: at least MIN nodes remain."""
+
+    end: NodeEnd
+    remaining: int
+    """Nodes still running."""
+
+
+@dataclass(frozen=True)
 class Ended(NodeEvent):
     """The node's part is over, one way or another (see `NodeEnd.kind`)."""
 
@@ -82,6 +141,10 @@ class _Session:
     command: NodeCommand
     channel: Channel
     heard: float = field(default_factory=time.monotonic)
+    opened: float = field(default_factory=time.monotonic)
+    """When its request was sent: a probe's time counts from here."""
+    checked: dict[str, Any] = field(default_factory=dict)
+    """What the agent said for the start's checks: `probed` (probe, listener, at), `tcp`."""
     ready: bool = False
     started: bool = False
     pending_word: bytes | None = None
@@ -114,6 +177,9 @@ class RunHandle:
         self._cleanups: list[tuple[threading.Thread, float]] = []
         """Sweeps after dead agents, each with the moment the launcher stops waiting for it."""
         self.start_failure: str | None = None
+        low, _ = plan.cluster.rendezvous.elastic.nodes_range(len(plan.nodes))
+        self.min_nodes = low if plan.cluster.rendezvous.elastic.backend == "c10d" else len(plan.nodes) + 1
+        """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self._stop_deadline: float | None = None
         self._last_step = time.monotonic()
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
@@ -124,13 +190,19 @@ class RunHandle:
         """Open every node's agent session at once (heartbeats flow from the first) and wait until all started.
 
         Any node that cannot start makes the others stop what they started: a run starts everywhere or nowhere.
+        With a `StartGate` (the doctor's checks) each agent probes first, in the same session; the gate's verdict
+        comes before `go`, and when it raises, every agent is told `abort` and nothing starts anywhere.
         """
+        began = time.monotonic()
         self._heartbeat.start()
         with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
             errors = list(pool.map(self._open, self.plan.nodes))  # every session open before any stop is sent
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: cannot open a session: {error}")
+        gate = self.opts.preflight if isinstance(self.opts.preflight, StartGate) else None
+        if gate is not None:
+            self._check(gate, {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e}, began)
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
         while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
             self._step(0.2)
@@ -138,6 +210,67 @@ class RunHandle:
             for session in self.sessions.values():
                 session.channel.send(b"go\n")
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
+            self._step(0.2)
+
+    def _check(self, gate: StartGate, unopened: dict[str, str], began: float) -> None:
+        """The gate's checks inside the agents' sessions: gather every probe, then the TCP round, then the verdict.
+
+        Round one: each agent's `probed` event (the master's says whether master_port was free, and holds it). A
+        node whose probe has not answered within the gate's probe_timeout, or whose session ended first, is judged
+        on that. Round two, when the master holds the port: `tcp` to every node that probed, each answers `tcp`.
+        """
+        sent = time.time()
+        while True:
+            now = time.monotonic()
+            waiting = [s for s in self.sessions.values() if "probed" not in s.checked and s.end is None
+                       and now - s.opened < gate.probe_timeout]
+            if not waiting:
+                break
+            self._step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
+        master = self.sessions.get(self.plan.cluster.hosts[0].name)
+        listener = master.checked.get("probed", {}).get("listener") if master is not None else None
+        if listener and listener.get("free") and self.start_failure is None:  # else no run can start anyway
+            asked = [s for s in self.sessions.values() if "probed" in s.checked and s.end is None]
+            for session in asked:
+                session.channel.send(b"tcp\n")
+            until = time.monotonic() + gate.probe_timeout
+            while any("tcp" not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
+                self._step(0.2)
+            for session in asked:
+                if session.end is None:
+                    session.checked.setdefault("tcp", {"ok": False, "error": f"no answer to the TCP check within "
+                                                                              f"{gate.probe_timeout:g} s"})
+        facts = {name: self._facts(name, unopened) for name in (c.host.name for c in self.plan.nodes)}
+        try:
+            gate.judge(self.plan.cluster, facts, (sent, time.time()), time.monotonic() - began)
+        except Exception:
+            self._abort_start()
+            raise
+
+    def _facts(self, name: str, unopened: dict[str, str]) -> NodeFacts:
+        """What one node's session said for the checks (a probe past its limit counts as not answering)."""
+        session = self.sessions.get(name)
+        if session is None:
+            return NodeFacts(failure=unopened.get(name, "no session was opened"))
+        probed = session.checked.get("probed")
+        if probed is not None:
+            return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get("tcp"),
+                             took=round(probed["at"] - session.opened, 3))
+        end = session.end
+        if end is None or end.kind == "silent":  # no answer in time (the silence limit is never shorter)
+            return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)
+        return NodeFacts(exit_code=end.exit_code, messages=tuple(session.messages))
+
+    def _abort_start(self) -> None:
+        """The checks failed: `abort` to every agent; wait for those that answer (none has made anything)."""
+        for session in self.sessions.values():
+            if session.end is None:
+                session.asked_to_stop = True
+                if not session.channel.send(b"abort\n", block=False):
+                    session.pending_word = b"abort\n"  # sent again at the next step
+        self._stop_deadline = time.monotonic() + STOP_MARGIN
+        # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
+        while any(s.end is None and "probed" in s.checked for s in self.sessions.values()):
             self._step(0.2)
 
     def _open(self, command: NodeCommand) -> str | None:
@@ -202,6 +335,13 @@ class RunHandle:
         if kind == "ready":
             session.ready = True
             self._control.put(Ready(session.name, now))
+        elif kind == "probed":
+            session.checked["probed"] = {"probe": event.get("probe"), "listener": event.get("listener"),
+                                         "at": time.monotonic()}
+            self._control.put(Probed(session.name, now))
+        elif kind == "tcp":
+            session.checked["tcp"] = event.get("tcp")
+            self._control.put(Reached(session.name, now))
         elif kind == "started":
             session.started = True  # here too: the channel's end may be judged before the waiter sees this
             if event.get("detached"):
@@ -284,7 +424,11 @@ class RunHandle:
             if session.end.kind == "agent-died":
                 self._sweep_after_agent(session)
             if session.end.failed and not session.asked_to_stop:
-                if session.started:
+                remaining = sum(1 for s in self.sessions.values() if s.end is None)
+                if session.started and remaining >= self.min_nodes and self.start_failure is None:
+                    self.on_event(event)  # an elastic group re-forms without the node: the others go on
+                    event = Left(event.node, event.time, session.end, remaining)
+                elif session.started:
                     self.stop()
                 else:
                     end = session.end

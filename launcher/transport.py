@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import select
+import selectors
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from launcher.errors import NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.options import DEFAULT_CONNECT_TIMEOUT
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
@@ -128,6 +129,8 @@ class Result:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    timed_out: float | None = None
+    """The limit (seconds) it ran past without ending, if it did (exit_code is then -1)."""
 
 
 @dataclass(frozen=True)
@@ -348,8 +351,14 @@ class Channel:
             self._chan.shutdown_write()
 
     def wait_readable(self, timeout: float) -> None:
-        """Block until there is output, the command ended, or `timeout` passed."""
-        select.select([self._chan], [], [], timeout)
+        """Block until there is output, the command ended, or `timeout` passed.
+
+        Through `selectors` (epoll/poll), not `select.select`, which refuses a descriptor above 1024: each channel
+        holds a pipe of its own, so ~330 nodes would get there.
+        """
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._chan, selectors.EVENT_READ)
+            selector.select(timeout)
 
     def read(self) -> tuple[bytes, bytes]:
         """Whatever stdout and stderr hold now (empty when nothing new)."""
@@ -394,7 +403,7 @@ class Channel:
             if self.closed and not o and not e:
                 return Result(-1, bytes(out), bytes(err))
             if deadline is not None and time.monotonic() > deadline:
-                return Result(-1, bytes(out), bytes(err))
+                return Result(-1, bytes(out), bytes(err), timed_out=timeout)
             if not o and not e:
                 self.wait_readable(0.2)
 
@@ -516,16 +525,16 @@ def _keep_alive(conn: Connection, seconds: float) -> None:
 
 def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: float = DEFAULT_CONNECT_TIMEOUT,
                 on_connect: Callable[[int, int], None] | None = None, keepalive: float | None = None,
-                ) -> tuple[dict[str, Node], list[NodeFailure]]:
+                fanout: int = DEFAULT_FANOUT) -> tuple[dict[str, Node], list[NodeFailure]]:
     """Connect to every host at once; returns the open nodes (in inventory order) and the failures.
 
     `on_connect(done, total)` is called as each connection succeeds or fails (for progress lines); `timeout` and
-    `keepalive` are `connect`'s.
+    `keepalive` are `connect`'s. At most `fanout` handshakes are under way at a time (a bounded thread pool).
     """
     hosts = list(cluster.hosts if hosts is None else hosts)
     if not hosts:
         return {}, []
-    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+    with ThreadPoolExecutor(max_workers=_workers(fanout, len(hosts))) as pool:
         futures = [pool.submit(connect, h, cluster, timeout, keepalive) for h in hosts]
         if on_connect is not None:
             for done, _ in enumerate(as_completed(futures), 1):
@@ -536,14 +545,25 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: 
     return nodes, failures
 
 
+def _workers(fanout: int, count: int) -> int:
+    """Threads for `count` nodes under a limit of `fanout` (a wrong limit is a bug of the caller: options checks it)."""
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < 1:
+        raise ValueError(f"fanout must be a whole number >= 1, got {fanout!r}")
+    return min(fanout, count)
+
+
 def close_all(nodes: Iterable[Node]) -> None:
     for node in nodes:
         node.close()
 
 
 def run_all(nodes: Sequence[Node], command: str | dict[str, str], stdin: bytes | dict[str, bytes] = b"",
-            timeout: float | None = None) -> dict[str, Result | NodeFailure]:
-    """Run a command (the same, or one per node name) on every node in parallel and collect the results."""
+            timeout: float | None = None, fanout: int = DEFAULT_FANOUT) -> dict[str, Result | NodeFailure]:
+    """Run a command (the same, or one per node name) on every node in parallel and collect the results.
+
+    At most `fanout` commands run at a time: only for commands that finish on their own (never one that waits for
+    the other nodes, as a launch's start does).
+    """
     def one(node: Node) -> Result | NodeFailure:
         cmd = command[node.name] if isinstance(command, dict) else command
         data = stdin[node.name] if isinstance(stdin, dict) else stdin
@@ -554,5 +574,5 @@ def run_all(nodes: Sequence[Node], command: str | dict[str, str], stdin: bytes |
 
     if not nodes:
         return {}
-    with ThreadPoolExecutor(max_workers=min(64, len(nodes))) as pool:
+    with ThreadPoolExecutor(max_workers=_workers(fanout, len(nodes))) as pool:
         return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))

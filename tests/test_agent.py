@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher import agent, plan
+from launcher.runs import log_tail_settings
 
 AGENT = Path(agent.__file__)
 NODE = "node1"
@@ -273,9 +274,10 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     request = {"action": "start", "run_dir": f"{agent.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
                "workdir": str(tmp_path), "argv": [sys.executable, "-c", "open('ran', 'w')"], "expand_home": [],
-               "env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None, "master_addr": "127.0.0.1",
+               "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None,
+               "master_addr": "127.0.0.1",
                "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
-               "alive_interval": 5.0}
+               "alive_interval": 5.0, "log_tail": log_tail_settings()}
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for word, ran in (("stop", False), ("go", True)):
         proc = subprocess.Popen([sys.executable, agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -32,6 +32,7 @@ from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.inventory import Cluster, load_inventory, parse_inventory
 from launcher.options import DEFAULT_PROBE_TIMEOUT
 from launcher.sandbox import Sandbox
+from launcher.supervise import NodeFacts
 
 ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
 SHA = "ab" * 32
@@ -133,35 +134,54 @@ def test_each_check_is_registered_once_in_column_order_and_fast_ones_are_marked(
         assert {f.check for f in getattr(checks_module, f"check_{name}")(ev)} <= {name}
 
 
-def test_task_help_and_preflight_line_name_the_registered_fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_task_help_and_preflight_line_name_the_registered_fast_checks() -> None:
     import tasks
 
     names = ", ".join(doctor.FAST_CHECKS)
     assert f"({names})" in tasks.doctor.help["fast"] and f"({names})" in tasks.launch.help["skip-doctor"]
-    monkeypatch.setattr(cli.doctor_checks, "preflight", lambda cluster, nodes, probe_timeout, connect_timeout: None)
     err = io.StringIO()
-    cli._preflight(runs.Options(err=err))(make_cluster(), {})
-    line = err.getvalue()
-    assert line.startswith(f"checked {len(doctor.FAST_CHECKS)} things on 0 node(s) in ")
-    assert line.endswith(f"s: {names} all passed (--skip-doctor skips)\n")
+    gate = cli._preflight(runs.Options(err=err))  # launch's: the checks run in the agents' sessions, then this
+    gate.judge(make_cluster(), {h: _facts(h) for h in ADDRS}, (1000.0, 1001.0), 0.43)
+    assert err.getvalue() == (f"checked {len(doctor.FAST_CHECKS)} things on 3 node(s) in 0.4s: {names} all passed "
+                              "(--skip-doctor skips)\n")
 
 
-def test_launch_preflight_passes_a_slow_node_and_shows_its_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    ev = evidence(times={"node-0": 0.4, "node-1": 0.5, "node-2": 38.2}, probe_timeout=120.0)
-    asked = {}
+def _facts(host: str, **fields: Any) -> NodeFacts:
+    """What a node's agent session says when its probe answers (the master's listener was free; tcp reached)."""
+    answer = probe(host)
+    tcp = answer.pop("tcp", None)
+    listener = {"free": True, "accepted": 0, "peers": []} if host == "node-0" else None
+    return NodeFacts(**{"probe": answer, "listener": listener, "tcp": tcp, "took": 0.4, **fields})
 
-    def preflight(cluster: Cluster, nodes: dict[str, Any], **timeouts: float) -> doctor.Report:
-        asked.update(timeouts)
-        return _report(ev, "fast")
 
-    monkeypatch.setattr(cli.doctor_checks, "preflight", preflight)
+def test_launch_preflight_passes_a_slow_node_and_shows_its_warning() -> None:
     err = io.StringIO()
-    cli._preflight(runs.Options(err=err, probe_timeout=120.0, connect_timeout=7.0))(make_cluster(), {})
-    assert asked == {"probe_timeout": 120.0, "connect_timeout": 7.0}  # two limits, each passed as itself
+    gate = cli._preflight(runs.Options(err=err, probe_timeout=120.0, connect_timeout=7.0))
+    assert (gate.probe_timeout, gate.connect_timeout) == (120.0, 7.0)  # two limits, each passed as itself
+    facts = {"node-0": _facts("node-0", took=0.4), "node-1": _facts("node-1", took=0.5),
+             "node-2": _facts("node-2", took=38.2)}
+    gate.judge(make_cluster(), facts, (1000.0, 1001.0), 38.5)
     first, second = err.getvalue().splitlines()
     assert first.endswith("all passed (--skip-doctor skips)")
     assert second == ("  warning: node-2 python: node-2's probe took 38.2 s (the others 0.4-0.5 s): a cold start of "
                       "its python (a network filesystem?) or a loaded node; launch will wait for it")
+
+
+def test_launch_preflight_judges_what_the_sessions_said_and_raises_with_the_fix() -> None:
+    err = io.StringIO()
+    gate = cli._preflight(runs.Options(err=err, probe_timeout=5.0))
+    facts = {"node-0": _facts("node-0"), "node-1": NodeFacts(timed_out=True, took=5.0),
+             "node-2": NodeFacts(exit_code=127, messages=("sh: 1: /opt/venv/bin/python: not found",))}
+    with pytest.raises(DoctorFailed, match="nothing was started") as caught:
+        gate.judge(make_cluster(), facts, (1000.0, 1001.0), 5.1)
+    text = str(caught.value)
+    assert "  node-1 python: the probe did not answer within 5 s (probe_timeout)" in text
+    assert "  node-2 python: python /opt/venv/bin/python cannot run on node-2: sh: 1: /opt/venv/bin/python: " in text
+    assert err.getvalue() == ""  # no `all passed` line
+    taken = {"free": False, "error": "[Errno 98] Address already in use", "holders": [], "states": ["listening"]}
+    with pytest.raises(DoctorFailed, match="master_port 29500 is taken on node-0"):
+        gate.judge(make_cluster(), {**{h: _facts(h) for h in ADDRS}, "node-0": _facts("node-0", listener=taken)},
+                   (1000.0, 1001.0), 0.5)
 
 
 @pytest.mark.parametrize(("kind", "detail", "fix"), [

@@ -24,7 +24,7 @@ from launcher.inventory_fields import RESERVED_ENV, SOCKET_ENV, ForwardEnv
 from launcher.node_env import NodeEnv, resolve_env
 from launcher.options import Options
 from launcher.plan import RUNS_ROOT, NodeCommand, plan_launch
-from launcher.runs import start_request
+from launcher.runs import log_tail_settings, start_request
 
 BASE = """
 defaults: {python: /usr/bin/python3}
@@ -169,12 +169,12 @@ def test_unset_env_removes_exact_names_and_star_globs(name: str, removed: bool) 
 
 def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> None:
     request = {"unset_env": list(RESERVED_ENV), "socket_ifname": "lo", "env": {"A": "request", "KEEP": "request"},
-               "mark": "20260101-000000-abcdef/node1"}
+               "launcher_env": {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]"}, "mark": "20260101-000000-abcdef/node1"}
     login = {"RANK": "5", "MASTER_ADDR": "stale", "TORCHELASTIC_X": "1", "KEEP": "login", "HOME": "/root",
-             "PYTHONUNBUFFERED": "0"}
+             "PYTHONUNBUFFERED": "0", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "stale"}
     assert agent.torchrun_env(request, login) == {
         "KEEP": "request", "HOME": "/root", "PYTHONUNBUFFERED": "0", "A": "request", "NCCL_SOCKET_IFNAME": "lo",
-        "GLOO_SOCKET_IFNAME": "lo", agent.RUN_ID_ENV: request["mark"]}
+        "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]", agent.RUN_ID_ENV: request["mark"]}
 
 
 @pytest.mark.parametrize(("wanted", "found"), [("auto", "lo"), ("ib7", "ib7"), (None, None)])
@@ -203,9 +203,10 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     full = {"action": "start", "run_dir": f"{RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
             "workdir": str(tmp_path), "argv": [sys.executable, "-c", DUMP, str(tmp_path / "env.json")],
-            "expand_home": [], "env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
+            "expand_home": [], "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
             "socket_ifname": None, "master_addr": "127.0.0.1", "master_port": 29400, "node_rank": 0,
-            "detach": False, "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0, **request}
+            "detach": False, "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0,
+            "log_tail": log_tail_settings(), **request}
     env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop(agent.RUN_ID_ENV, None)
     with open(tmp_path / "events", "wb") as events:

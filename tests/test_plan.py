@@ -90,7 +90,9 @@ def after_cd(node: NodeCommand) -> list[str]:
     assert words[0] == "cd" and words[2] == "&&", words
     words = words[3:]
     assert words[:1 + len(UNSET)] == ["env", *UNSET], words
-    return words[1 + len(UNSET) + len(node.env):]
+    words = words[1 + len(UNSET) + len(node.env):]
+    assert words[:len(node.launcher_env)] == [f"{k}={v}" for k, v in node.launcher_env], words
+    return words[len(node.launcher_env):]
 
 
 def as_shell_reads(node: NodeCommand) -> list[str]:
@@ -123,7 +125,7 @@ def test_the_whole_argv_of_a_node() -> None:
         "/opt/venv/bin/python", "-m", "torch.distributed.run",
         "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
         "--master-addr", "gpu01", "--master-port", "29611",
-        "--tee", "3", "--log-dir", f"{RUNS_ROOT}/r1/gpu02/ranks",
+        "--redirects", "3", "--log-dir", f"{RUNS_ROOT}/r1/gpu02/ranks",
         "train/ddp.py", "--epochs", "3",
     )
 

@@ -54,3 +54,13 @@ def test_run_ids_are_checked(bad: str) -> None:
         check_run_id(bad)
     assert check_run_id("20261122-031500-a1b2c3") == "20261122-031500-a1b2c3"
     assert check_run_id(None) is None
+
+
+def test_a_node_action_past_its_limit_says_so_not_exit_code_minus_one() -> None:
+    from launcher.runs import _agent_error
+    from launcher.transport import Result
+
+    assert _agent_error(Result(-1, b"", b"", timed_out=30.0)) == (
+        "no answer within 30 s (the grace period plus 20 s): the node is slow or hung, and what became of the run "
+        "there is not known")
+    assert _agent_error(Result(3, b"", b'{"message": "no such run"}\n')) == "no such run"

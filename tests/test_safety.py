@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from launcher.inventory import load_inventory
 from launcher.plan import RESERVED_ENV, RUNS_ROOT
-from launcher.runs import agent_command, agent_input
+from launcher.runs import agent_command, agent_input, log_tail_settings
 from launcher.transport import connect_all
 
 pytestmark = pytest.mark.integration
@@ -70,9 +70,9 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     request = {"action": "start", "run_dir": f"{RUNS_ROOT}/{run_id}/node-0", "mark": f"{run_id}/node-0",
                "workdir": str(workdir), "argv": [host.python, "-c", program, *args], "expand_home": [0],
-               "env": {"HOSTILE": value}, "secret_names": [], "detach": False, "grace": 5.0,
+               "env": {"HOSTILE": value}, "launcher_env": {}, "secret_names": [], "detach": False, "grace": 5.0,
                "heartbeat_timeout": 30.0, "alive_interval": 5.0, "unset_env": list(RESERVED_ENV),
-               "socket_ifname": None, "master_addr": "node-0", "master_port": 29500}
+               "socket_ifname": None, "master_addr": "node-0", "master_port": 29500, "log_tail": log_tail_settings()}
     channel = node.open_channel(agent_command(host.python))
     channel.send(agent_input(request) + b"go\n")  # stdin stays open: EOF would mean "launcher gone"
     result = channel.collect(timeout=30)

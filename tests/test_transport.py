@@ -4,6 +4,8 @@ keepalives and non-blocking sends against real listeners and sshd nodes (marked 
 from __future__ import annotations
 
 import dataclasses
+import os
+import resource
 import socket
 import subprocess
 import threading
@@ -28,6 +30,7 @@ from launcher.transport import (
     connect,
     connect_all,
     resolve_target,
+    run_all,
 )
 
 
@@ -270,3 +273,50 @@ def test_a_proxy_jump_connects_sends_and_closes_both_hops(make_sandbox, tmp_path
     finally:
         node.close()
     assert not gateway.is_connected
+
+
+@pytest.mark.integration
+def test_channels_wait_on_descriptors_above_1024(make_sandbox) -> None:
+    """select.select refuses a descriptor above 1024 (each channel holds a pipe: ~330 nodes); waiting must not."""
+    box = make_sandbox(1, master_port=free_port())
+    cluster = load_inventory(box.inventory)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files ({hard}) is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        node = connect(cluster.hosts[0], cluster)
+        assert isinstance(node, Node), node
+        try:
+            channel = node.open_channel("sleep 0.3; echo late")
+            assert channel._chan.fileno() > 1024
+            channel.close_stdin()
+            result = channel.collect(timeout=30)  # waits in wait_readable until the output comes
+            assert (result.exit_code, result.stdout) == (0, b"late\n")
+            channel.close()
+        finally:
+            node.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.integration
+def test_fanout_bounds_how_many_nodes_are_worked_on_at_once(make_sandbox) -> None:
+    box = make_sandbox(3, master_port=free_port())
+    cluster = load_inventory(box.inventory)
+    nodes, failures = connect_all(cluster, fanout=1)
+    assert not failures and list(nodes) == ["node-0", "node-1", "node-2"]
+    try:
+        t0 = time.monotonic()
+        results = run_all(list(nodes.values()), "sleep 0.5; hostname", fanout=2)
+        took = time.monotonic() - t0
+        assert {name: r.stdout for name, r in results.items()} == {n: f"{n}\n".encode() for n in nodes}
+        assert took >= 0.95, took  # two waves of 0.5 s: the third node waited for a free slot
+        with pytest.raises(ValueError, match="fanout"):
+            run_all(list(nodes.values()), "true", fanout=0)
+    finally:
+        for node in nodes.values():
+            node.close()

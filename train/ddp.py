@@ -32,6 +32,7 @@ rank R") before its S-th optimizer step (1-based global count: a run resumed pas
 to it where W' does not divide G), goes on with its step count, and re-shards the rest of the epoch: every
 epoch's samples are consumed in one global order, whatever the world size, so the samples consumed before the
 checkpoint are a prefix of it and are skipped. Given the checkpoint and the world size, a resume is deterministic.
+When torchrun restarts the workers (TORCHELASTIC_RESTART_COUNT > 0) they resume as with --resume.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="exit with code 0 once N epochs are done in total, as if interrupted",
     )
     p.add_argument("--fail-at", type=int, default=0, help="raise during global step N (1-based); 0 = never")
-    p.add_argument("--fail-rank", type=int, default=0, help="the global rank that raises for --fail-at")
+    p.add_argument("--fail-rank", type=int, default=0,
+                   help="the global rank that raises for --fail-at; -1 = every rank")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep after each step")
     p.add_argument("--save-weights", default=None, help="rank 0 saves the final model state_dict here")
     p.add_argument(
@@ -375,8 +377,10 @@ def train(args: argparse.Namespace, w: World) -> None:
     samplers = [ResumableSampler(dataset, replicas, r, args.seed) for r in ranks]
 
     ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
-    ckpt = load_checkpoint(ckpt_path, w) if args.resume and ckpt_path is not None else None
-    if args.resume and ckpt is None and w.rank == 0:
+    # torchrun restarting the workers (--max-restarts, an elastic group that re-formed) means resume too.
+    resume = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    ckpt = load_checkpoint(ckpt_path, w) if resume and ckpt_path is not None else None
+    if resume and ckpt is None and w.rank == 0:
         say(f"no checkpoint at {ckpt_path}, starting from scratch")
     # A resume keeps the checkpoint's global batch, whatever the world size, as far as it divides.
     batch_size = args.batch_size if ckpt is None else nearest_per_rank_batch(ckpt["global_batch"], replicas)
@@ -478,7 +482,7 @@ def train(args: argparse.Namespace, w: World) -> None:
             generator=torch.Generator().manual_seed(args.seed + epoch),
         )
         for x, y in loader:
-            if args.fail_at == step + 1 and args.fail_rank == w.rank:
+            if args.fail_at == step + 1 and args.fail_rank in (w.rank, -1):
                 raise RuntimeError(f"injected failure at step {step + 1} on rank {w.rank}")
             x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)

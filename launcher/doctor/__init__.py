@@ -1,9 +1,12 @@
 """The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
 
 `evidence` holds the data, `checks` the pure checks (each registered once, by name), `collect` the I/O (connect,
-probe all nodes in parallel, evaluate; `preflight` for launch), `report` the table and the JSON. The probe itself is
-`launcher/probe.py`, a stdlib-only script sent over each node's connection.
+probe all nodes in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own start session),
+`report` the table and the JSON. The probe itself is `launcher/probe.py`, a stdlib-only script sent over each node's
+connection.
 """
+
+from typing import Any
 
 from launcher.doctor.checks import (
     CHECKS,
@@ -26,6 +29,7 @@ from launcher.doctor.collect import (
     PROBE_SOURCE,
     TOKEN_READ_S,
     CheckMode,
+    SessionPreflight,
     connect_section,
     listen_request,
     preflight,
@@ -33,10 +37,23 @@ from launcher.doctor.collect import (
     probe_input,
     probe_request,
     run_doctor,
+    session_section,
+    session_token,
 )
 from launcher.doctor.evidence import Evidence, Finding, Outcome, ProbeFailed, Report, Status
-from launcher.doctor.report import MARKS, render_table, report_json
 from launcher.errors import DoctorFailed
+
+_RENDERING = ("MARKS", "render_table", "report_json")
+"""From launcher.doctor.report, imported when first used: rich is no cost to a launch that only checks."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENDERING:
+        from launcher.doctor import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CHECKS",
@@ -59,6 +76,7 @@ __all__ = [
     "Outcome",
     "ProbeFailed",
     "Report",
+    "SessionPreflight",
     "Status",
     "check",
     "connect_section",
@@ -73,5 +91,7 @@ __all__ = [
     "requested_names",
     "run_doctor",
     "selected_checks",
+    "session_section",
+    "session_token",
     "slow_probe_limit",
 ]

@@ -1,14 +1,19 @@
-"""The doctor's I/O: connect, run the probe (launcher/probe.py) on every node at once, evaluate the answers."""
+"""The doctor's I/O: connect, run the probe (launcher/probe.py) on every node at once, evaluate the answers.
+
+`inv doctor` opens probe sessions of its own (`run_doctor`). A launch asks each node's one agent session to probe
+instead (`SessionPreflight`: `session_section` is what the agent is sent, `judge` decides before `go`).
+"""
 
 from __future__ import annotations
 
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from launcher.doctor.checks import evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
@@ -17,6 +22,9 @@ from launcher.inventory import Cluster, Host
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.remote import host_command, program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all
+
+if TYPE_CHECKING:
+    from launcher.supervise import NodeFacts
 
 CheckMode = Literal["all", "fast"]
 
@@ -151,7 +159,6 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
     Two bounds, one per phase: `connect_timeout` for each SSH connection (a dead node fails within it), then
     `probe_timeout` for each probe's answer once sent (a hung one fails within it; a slow one is timed and warned).
     """
-    names = selected_checks(checks)
     start = time.monotonic()
     ours = {h.name for h in cluster.hosts}
     given = {name: node for name, node in (nodes or {}).items() if name in ours}
@@ -164,32 +171,112 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
         close_all(opened.values())
     probed = time.monotonic()
     outcomes.update({f.host: f for f in failures})
+    timings = {"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
+               "total_s": round(time.monotonic() - start, 3)}
+    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times), checks, timings)
+
+
+def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Report:
+    """Evaluate the evidence; every host gets an outcome (one with none was never connected to)."""
+    cluster, outcomes = ev.cluster, dict(ev.outcomes)
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
-    findings = evaluate(Evidence(cluster, outcomes, listener, clock, probe_timeout, times), checks)
+    ev = Evidence(cluster, outcomes, ev.listener, ev.clock, ev.probe_timeout, ev.probe_times)
     errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
               for h, o in outcomes.items() if not isinstance(o, dict)}
     return Report(
         source=cluster.source,
         hosts=tuple(h.name for h in cluster.hosts),
-        checks=names,
-        findings=tuple(findings),
+        checks=selected_checks(checks),
+        findings=tuple(evaluate(ev, checks)),
         probes={h.name: o if isinstance(o := outcomes[h.name], dict) else None for h in cluster.hosts},
         errors=errors,
-        listener=listener,
-        probe_times={h.name: times[h.name] for h in cluster.hosts if h.name in times},
-        timings={"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
-                 "total_s": round(time.monotonic() - start, 3)},
+        listener=ev.listener,
+        probe_times={h.name: ev.probe_times[h.name] for h in cluster.hosts if h.name in ev.probe_times},
+        timings=dict(timings),
     )
 
 
-def preflight(cluster: Cluster, nodes: Mapping[str, Node], *, probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Report:
-    """The fast checks on the launch's open connections; raises DoctorFailed when one fails.
+def session_token(run_id: str) -> str:
+    """What the master's agent answers every connection with during a launch's check: this run's own words."""
+    return f"ddp-launcher {run_id}"
 
-    Returns the report otherwise: its warnings (a slow node among them) are for the launch to show.
+
+def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -> dict[str, Any]:
+    """The `preflight` part of a launch's start request for `host` (pure): the probe's source and every request and
+    number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
+    token = session_token(run_id)
+    section: dict[str, Any] = {"source": PROBE_SOURCE, "probe": probe_request(cluster, host, "fast", None),
+                               "connect": connect_section(token, timeout)}
+    if host.name == cluster.hosts[0].name:
+        section["listen"] = listen_request(cluster, token, timeout)
+    return section
+
+
+def _session_outcome(host: str, facts: NodeFacts) -> Outcome:
+    """One node's outcome from what its agent session said (`launcher.supervise.NodeFacts`)."""
+    if facts.failure is not None:
+        return NodeFailure(host, "ssh", facts.failure)
+    if facts.probe is not None:
+        return facts.probe if facts.tcp is None else {**facts.probe, "tcp": facts.tcp}
+    if facts.timed_out:
+        return ProbeFailed(-1)
+    return ProbeFailed(facts.exit_code if facts.exit_code not in (None, 0) else 1, "\n".join(facts.messages))
+
+
+@dataclass
+class SessionPreflight:
+    """The doctor's fast checks for `launch`, inside each node's one agent session (set as `Options.preflight`).
+
+    The agent probes before it says `ready` (the master holds master_port meanwhile), the launcher sends `tcp` once
+    every node has answered, then `judge` looks at it all: `go` when every check passed, `abort` everywhere
+    otherwise, so nothing starts anywhere (`launcher.supervise.RunHandle.start`). Called with (cluster, nodes),
+    as any preflight, it runs the same checks over probe sessions of their own instead.
     """
-    report = run_doctor(cluster, nodes, connect_timeout=connect_timeout, checks="fast", probe_timeout=probe_timeout)
-    if not report.ok:
-        raise DoctorFailed(report)
-    return report
+
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    """Seconds each node's probe has to answer, from sending its session's request to its `probed` event."""
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """For the standalone form only: each SSH connection it opens (the launch has its own)."""
+    before: Callable[[Cluster, dict[str, Node]], None] | None = None
+    """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
+    on_pass: Callable[[Report, float], None] | None = None
+    """Told the report (warnings only) and the seconds the checks took, when they all passed."""
+
+    def __call__(self, cluster: Cluster, nodes: Mapping[str, Node], *, probe_timeout: float | None = None,
+                 connect_timeout: float | None = None) -> Report:
+        """The fast checks on open connections, over probe sessions of their own; raises DoctorFailed."""
+        report = run_doctor(cluster, nodes, checks="fast",
+                            connect_timeout=self.connect_timeout if connect_timeout is None else connect_timeout,
+                            probe_timeout=self.probe_timeout if probe_timeout is None else probe_timeout)
+        if not report.ok:
+            raise DoctorFailed(report)
+        return report
+
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
+        """Before the agents' sessions open: `before`, if any."""
+        if self.before is not None:
+            self.before(cluster, nodes)
+
+    def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
+        return session_section(cluster, host, run_id, self.probe_timeout)
+
+    def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
+              seconds: float) -> Report:
+        """The fast checks on what every agent session said; raises DoctorFailed when one fails."""
+        outcomes = {name: _session_outcome(name, f) for name, f in facts.items()}
+        master = facts.get(cluster.hosts[0].name)
+        listener = master.listener if master is not None and master.probe is not None else None
+        times = {name: f.took for name, f in facts.items() if f.took is not None}
+        report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times), "fast",
+                         {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)})
+        if not report.ok:
+            raise DoctorFailed(report)
+        if self.on_pass is not None:
+            self.on_pass(report, seconds)
+        return report
+
+
+preflight = SessionPreflight()
+"""The fast checks with the default limits: called, over sessions of their own; as `Options.preflight`, inside the
+launch's agent sessions."""

@@ -1,0 +1,141 @@
+"""Pure parts of elasticity: the inventory's elastic fields, torchrun's c10d words, which failure is worth a retry,
+which nodes the next attempt runs on, and rank tags that change at a re-rendezvous."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import InventoryError, PlanError
+from launcher.inventory import parse_inventory
+from launcher.logs import NodeLog
+from launcher.plan import plan_launch
+from launcher.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
+from launcher.rootcause import NodeEnd, retry_reason
+from launcher.selection import select_hosts
+
+THREE = """\
+hosts: [node-0, node-1, {name: node-2, addr: 10.0.0.3}]
+rendezvous: {master_addr: node-0, master_port: 29611, backend: c10d, nodes: 2:3, max_restarts: 2,
+             conf: {last_call_timeout: 1}}
+retries: 1
+job: {script: train/ddp.py, args: [--epochs, "2"]}
+"""
+
+
+def flag(argv: tuple[str, ...], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_c10d_words_for_every_node() -> None:
+    plan = plan_launch(parse_inventory(THREE, "c.yaml"), run_id="20261122-101010-abcdef")
+    for i, node in enumerate(plan.nodes):
+        argv = node.argv
+        assert flag(argv, "--nnodes") == "2:3"
+        assert flag(argv, "--rdzv-backend") == "c10d"
+        assert flag(argv, "--rdzv-endpoint") == "node-0:29611"
+        assert flag(argv, "--rdzv-id") == "20261122-101010-abcdef"
+        assert flag(argv, "--rdzv-conf") == f"is_host={1 if i == 0 else 0},last_call_timeout=1"
+        assert flag(argv, "--max-restarts") == "2"
+        assert flag(argv, "--local-addr") == node.host.addr
+        assert "--node-rank" not in argv and "--master-addr" not in argv
+        assert node.rank_offset is None  # ranks come from torchrun's tags
+        assert dict(node.launcher_env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    text = plan.describe()
+    assert "(c10d: trains on 2 to 3 of them)" in text and "retries: 1:" in text
+
+
+def test_static_keeps_its_words_and_adds_max_restarts_only_when_asked() -> None:
+    static = parse_inventory("hosts: [a, b]\nrendezvous: {max_restarts: 1}\n", "s.yaml")
+    argv = plan_launch(static, parse_inventory("hosts: [a]\njob: {script: t.py}\n").job, run_id="r").nodes[1].argv
+    assert flag(argv, "--node-rank") == "1" and flag(argv, "--max-restarts") == "1"
+    assert "--rdzv-backend" not in argv
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("rendezvous: {backend: c10d, nodes: 4:5}", "c.yaml:2: rendezvous.nodes: asks for at least 4 node(s); the "
+                                                "inventory lists 3"),
+    ("rendezvous: {nodes: 2:3}", "rendezvous.nodes: needs `backend: c10d`"),
+    ("rendezvous: {backend: etcd}", "rendezvous.backend: must be one of static, c10d, got 'etcd'"),
+    ("rendezvous: {backend: c10d, conf: {is_host: 1}}", "rendezvous.conf.is_host: is set by the launcher"),
+    ("rendezvous: {backend: c10d, conf: {timeout: 'a b'}}", "rendezvous.conf.timeout: must be a number or a word"),
+    ("rendezvous: {backend: c10d, nodes: 3:2}", "rendezvous.nodes: needs 1 <= MIN <= MAX, got 3:2"),
+    ("retries: -1", "retries: must be a whole number, 0 or more, got -1"),
+    ("retries: true", "retries: must be a whole number"),
+    ("job: {script: t.py, resume_args: --resume}", "job.resume_args: must be a list of words"),
+])
+def test_bad_elastic_fields_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(InventoryError) as err:
+        parse_inventory("hosts: [a, b, c]\n" + text + "\n", "c.yaml")
+    assert message in str(err.value)
+
+
+def test_nodes_as_written_and_fewer_chosen_hosts_than_min() -> None:
+    cluster = parse_inventory("hosts: [a, b, c]\nrendezvous: {backend: c10d, nodes: 2:3}\n", "c.yaml")
+    assert cluster.rendezvous.elastic.nodes_range(3) == (2, 3)  # `2:3` unquoted is 123 in YAML 1.1
+    job = parse_inventory("hosts: [a]\njob: {script: t.py}\n").job
+    with pytest.raises(PlanError, match=r"rendezvous\.nodes asks for at least 2 node"):
+        plan_launch(select_hosts(cluster, "a", None), job)
+
+
+def end(node: str, kind: str = "exited", code: int | None = 1, tail: tuple[str, ...] = (), t: float = 1.0,
+        asked: bool = False) -> NodeEnd:
+    return NodeEnd(node, kind, t, code, asked_to_stop=asked, tail=tail)
+
+
+BLOCK = ("Root Cause (first observed failure):", "[0]:", "  rank      : 2 (local_rank: 0)", "  exitcode  : {code}",
+         "=====")
+
+
+@pytest.mark.parametrize(("ends", "reason"), [
+    ([end("n0", asked=True, code=0), end("n2", "agent-died", None)],
+     "n2 was lost: the launcher's agent on it died"),
+    ([end("n1", "lost", None)], "n1 was lost: the connection to it was lost"),
+    ([end("n1", "silent", None)], "n1 was lost: it stopped answering"),
+    ([end("n2", code=137)], "n2: torchrun was killed by signal 9"),
+    ([end("n2", code=-9)], "n2: torchrun was killed by signal 9"),
+    ([end("n2", tail=tuple(line.format(code=-9) for line in BLOCK))], "n2: a worker was killed by signal 9"),
+    ([end("n2", tail=tuple(line.format(code=1) for line in BLOCK))], None),
+    ([end("n2", code=1)], None),
+    ([end("n2", "start-error", 125)], None),
+])
+def test_only_a_lost_node_or_a_killed_process_is_retried(ends: list[NodeEnd], reason: str | None) -> None:
+    assert retry_reason(ends) == reason
+
+
+def test_next_nodes_keeps_the_order_and_moves_the_master_when_it_is_gone() -> None:
+    cluster = parse_inventory(THREE, "c.yaml")
+    kept = next_nodes(cluster, {"node-2": "unreachable"})
+    assert [h.name for h in kept.cluster.hosts] == ["node-0", "node-1"]
+    assert kept.cluster.rendezvous.master_addr == "node-0" and kept.new_master is None
+    moved = next_nodes(cluster, {"node-0": "unreachable"})
+    assert [h.name for h in moved.cluster.hosts] == ["node-1", "node-2"]
+    assert moved.cluster.rendezvous.master_addr == "node-1" and moved.new_master == "node-1"
+    assert moved.dropped == {"node-0": "unreachable"}
+    assert flag(plan_launch(moved.cluster, run_id="r").nodes[0].argv, "--rdzv-endpoint") == "node-1:29611"
+
+
+def test_a_node_that_failed_twice_cools_down() -> None:
+    times = [100.0 + i for i in range(FAILURES_TO_BLACKLIST)]
+    assert blacklisted({"n1": times[:1]}, 102.0, 300.0) == {}
+    assert "caused 2 failed attempts; cooling down for 299 s more" in blacklisted({"n1": times}, 102.0, 300.0)["n1"]
+    assert blacklisted({"n1": times}, times[-1] + 300.0, 300.0) == {}
+
+
+def test_resume_args_are_added_once() -> None:
+    job = parse_inventory(THREE, "c.yaml").job
+    assert job is not None
+    assert resumed(job).args == ("--epochs", "2", "--resume")
+    assert resumed(resumed(job)).args == ("--epochs", "2", "--resume")
+    custom = parse_inventory("hosts: [a]\njob: {script: t.py, resume_args: [--from, last.pt]}\n").job
+    assert custom is not None and resumed(custom).args == ("--from", "last.pt")
+
+
+def test_rank_tags_follow_torchrun_and_say_when_a_rank_moves() -> None:
+    log = NodeLog("node-1", 0, 6, None, False)
+    text, count = log.format(b"banner\n[default0@r2]:a\n[default1@r3]:b\n[default0@r0]:c\n[default0@r2]:d\n")
+    assert text.splitlines() == [
+        "node-1     | banner", "node-1 r2  | a", "node-1 r3  | b",
+        "node-1     | local rank 0 is now global rank 0 (was 2): the group re-formed", "node-1 r0  | c",
+        "node-1     | local rank 0 is now global rank 2 (was 0): the group re-formed", "node-1 r2  | d"]
+    assert count == 5
+    assert list(log.tail)[-1] == "[local rank 0, rank 2] d"
