@@ -17,13 +17,14 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           and fds of the launcher, the ssh loop and pdsh at 16, 32 and 64 nodes
   failures  a 2-node sleeper run broken five ways (worker crash, kill -9 of a torchrun, of an agent, of the
           launcher; a node's sshd SIGSTOPped), grace 1 s, timeouts 4 s: time until no process of the run is left,
-          the launcher's exit code and time, processes left after 60 s (3 runs each; --quick: 1)
+          the launcher's exit code and time, processes left after 60 s (2 runs each; --quick: 1)
   sync    `inv sync` of a 1,000-file, 50 MB tree to 8 nodes vs a parallel `rsync -a` loop: first sync, nothing
-          changed, one file changed (3 runs; --quick: 1)
+          changed, one file changed (2 runs; --quick: 1)
   elastic from a node's death to training resumed on the 2 nodes left of 3: relaunch with --retries, and a c10d
           group re-formed by torchrun (3 runs each; --quick: 1)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
-diagnostics. Prints a table, writes bench/results/latest.json, latest.md and (with matplotlib, the `bench` extra)
+diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
+latest.md and (with matplotlib, the `bench` extra)
 latest.png: seconds against N per method for fan-out, the doctor and stop (with --only:
 bench/results/only-<figures>.*, so the full table stays). pdsh (scripts/setup installs it) is skipped when absent.
 To see where the launcher's fan-out time goes: `python bench/trace_fanout.py`.
@@ -59,14 +60,17 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
     full = {
         # 64 nodes share this machine's 2 cores: every SSH session costs ~0.25 s of it (sshd, root's .bashrc), so
         # each run at 64 takes ~15 s; fewer runs there keep the whole bench under 20 minutes.
-        "fanout": {"sizes": [1, 2, 4, 8, 16, 32, 64], "repeat": {32: 2, 64: 2}, "default_repeat": 3},
-        "job": {"sizes": [2, 4], "repeat": 3, "skip_doctor_too": True, "warm_up": True},
-        "doctor": {"sizes": [2, 4, 16, 64], "repeat": {64: 2}, "default_repeat": 3},
-        "stop": {"repeat": 3, "baselines_every_run": True, "scale_sizes": [1, 4, 16, 64],
+        # (A full run measured 1,320 s with N = 1 too, the doctor at 4, --skip-doctor jobs, stop at scale at 1,
+        # stop baselines every run, warm-ups, the --tee diagnostic and 3 runs of failures and sync, and 1,236 s
+        # without the first five; those went to stay under 20 minutes.)
+        "fanout": {"sizes": [2, 4, 8, 16, 32, 64], "repeat": {32: 2, 64: 2}, "default_repeat": 3},
+        "job": {"sizes": [2, 4], "repeat": 3, "skip_doctor_too": False, "warm_up": False},
+        "doctor": {"sizes": [2, 16, 64], "repeat": {64: 2}, "default_repeat": 3},
+        "stop": {"repeat": 2, "baselines_every_run": False, "scale_sizes": [4, 16, 64],
                  "scale_repeat": {64: 1}},  # 2 runs below 64 (stop_scale's default); one 64-node run is ~2 minutes
-        "logs": {"repeat": 3, "diagnostics": True},
-        "failures": {"repeat": 3},
-        "sync": {"repeat": 3},
+        "logs": {"repeat": 3, "diagnostics": False},
+        "failures": {"repeat": 2},
+        "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
     }
     short = {

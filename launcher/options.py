@@ -38,10 +38,12 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 """A node stops its part of an attached run by itself after this long without a word from the launcher."""
 DEFAULT_SILENCE_TIMEOUT = 30.0
 """The launcher fails a run when a node has sent nothing (not even its agent's heartbeat) for this long."""
-DEFAULT_CONSOLE_BUFFER = 100_000
+DEFAULT_CONSOLE_BUFFER = 1_000_000
 """Lines the console may lag behind the run before it skips lines (they still land in the log files). Output
-arrives in blocks of up to 64 KiB (~2,000 short lines) from each node: 10,000 lines, a few blocks, made a console
-writing to a file skip lines of a chatty job in bursts; 100,000 short lines are ~8 MB."""
+arrives in blocks of up to 64 KiB (~2,000 short lines) per node, and the console's thread competes for the GIL
+with the nodes' readers: with 10,000 or 100,000 lines, `inv launch > file` of a job printing a million lines in
+a few seconds skipped lines (bench `logs`). A million short lines are ~60 MB, held only while a console (a pager
+left open, Ctrl-S) really is that far behind."""
 HEARTBEAT_DIVISOR = 4
 """Heartbeats go this many times per timeout, so that one late beat never stops a healthy run."""
 MAX_LINE_BYTES = 64 * 1024
