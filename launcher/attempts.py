@@ -117,7 +117,9 @@ def _with_attempts(exc: RunFailed, attempts: list[Attempt], retries: int, reason
     """The last attempt's failure, with every attempt's line (and why there is no other) when there were retries."""
     if retries == 0 or exc.exit_code == 130:
         return exc
-    if reason is None:
+    if not exc.ends:
+        why = "not retried: the run could not start (a retry would not either)"
+    elif reason is None:
         why = "not retried: the script itself failed (a retry would fail the same way)"
     else:
         why = f"no retry left ({retries} allowed)"

@@ -139,3 +139,18 @@ def test_rank_tags_follow_torchrun_and_say_when_a_rank_moves() -> None:
         "node-1     | local rank 0 is now global rank 2 (was 0): the group re-formed", "node-1 r2  | d"]
     assert count == 5
     assert list(log.tail)[-1] == "[local rank 0, rank 2] d"
+
+
+def test_the_report_says_why_there_was_no_retry() -> None:
+    from launcher.attempts import _with_attempts
+    from launcher.errors import RunFailed
+    from launcher.retry import Attempt
+
+    tried = [Attempt(1, "20261122-101010-abcdef", ("n0", "n1"), "n0", 0.0, 5.0, "failed-final", "root cause: n1")]
+    script = _with_attempts(RunFailed("run FAILED", 1, ends=(end("n1"),)), tried, 2, None)
+    assert str(script).endswith("not retried: the script itself failed (a retry would fail the same way)")
+    start = _with_attempts(RunFailed("could not start", 1), tried, 2, None)
+    assert str(start).endswith("not retried: the run could not start (a retry would not either)")
+    spent = _with_attempts(RunFailed("run FAILED", 1, ends=(end("n1", "lost"),)), tried, 1, "n1 was lost")
+    assert "attempt 1 (run 20261122-101010-abcdef) on n0, n1; master n0: root cause: n1 after 5 s" in str(spent)
+    assert str(spent).endswith("no retry left (1 allowed)")
