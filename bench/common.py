@@ -333,3 +333,22 @@ def machine() -> dict[str, Any]:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def read_text(path: Path) -> str:
+    """A file's text as it is now; "" when it is not there (yet)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float) -> Any:
+    """predicate()'s first true value, polled every `poll` s; RuntimeError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")

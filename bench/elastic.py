@@ -15,6 +15,7 @@ process of any of its runs is left. `retry_wait` is 0.5 s (invoke.yaml's default
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import REPO, kill_marked, log, run_processes, sandbox_of, stats, wait_gone
+from common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
 
 from launcher import sandbox
 from launcher.plan import RUN_ID_ENV
@@ -43,22 +44,10 @@ POLL_S = 0.02
 RUN_IDS = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
-def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(POLL_S)
-    raise RuntimeError(f"elastic bench: {what} did not happen within {timeout:.0f} s")
-
+_wait_for = functools.partial(wait_until, poll=POLL_S)
+"""Wait for a condition at this figure's poll interval (common.wait_until)."""
 
 def _launch(inventory: Path, root: Path, ckpt: Path, out: Path, retries: bool) -> subprocess.Popen[bytes]:
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs"),
@@ -102,12 +91,12 @@ def once(mode: str, root: Path, k: int) -> dict[str, Any]:
             box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
         proc = _launch(box.inventory, folder, ckpt, out, retries=mode == "retry")
         try:
-            _wait_for(lambda: "checkpoint saved" in _read(out), CAP_S, "a checkpoint")
-            run_id = RUN_IDS.search(_read(out)).group(1)  # type: ignore[union-attr]
-            before = _read(out).count("resumed from")
+            _wait_for(lambda: "checkpoint saved" in read_text(out), CAP_S, "a checkpoint")
+            run_id = RUN_IDS.search(read_text(out)).group(1)  # type: ignore[union-attr]
+            before = read_text(out).count("resumed from")
             t0 = time.monotonic()
             _kill_node(box, run_id) if mode == "retry" else _kill_torchrun(run_id)
-            _wait_for(lambda: _read(out).count("resumed from") > before, CAP_S, "training resumed")
+            _wait_for(lambda: read_text(out).count("resumed from") > before, CAP_S, "training resumed")
             took = time.monotonic() - t0
             os.killpg(proc.pid, signal.SIGINT)  # the figure is taken: stop the rest of the training
             code = proc.wait(timeout=60)
@@ -115,7 +104,7 @@ def once(mode: str, root: Path, k: int) -> dict[str, Any]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        ids = list(dict.fromkeys(RUN_IDS.findall(_read(out))))
+        ids = list(dict.fromkeys(RUN_IDS.findall(read_text(out))))
         left = 0
         for rid in ids:
             wait_gone(lambda rid=rid: run_processes(rid), 15)

@@ -14,6 +14,7 @@ and how many processes were still there after 60 s (the bench then kills them by
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -34,10 +35,12 @@ from common import (
     log,
     node_run_dir,
     note_runs,
+    read_text,
     run_processes,
     sandbox_of,
     stats,
     wait_gone,
+    wait_until,
 )
 
 from launcher.plan import RUN_ID_ENV
@@ -92,22 +95,10 @@ MODES = (
 # Finding the run's processes.
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
-def _wait_for(predicate: Any, timeout: float, what: str, poll: float = POLL_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-
+_wait_for = functools.partial(wait_until, poll=POLL_S)
+"""Wait for a condition at this figure's poll interval (common.wait_until)."""
 
 def _runs_on(box: Box, index: int) -> set[str]:
     folder = node_run_dir(box, index, "x").parent.parent
@@ -115,7 +106,7 @@ def _runs_on(box: Box, index: int) -> set[str]:
 
 
 def _leader(run_dir: Path) -> int | None:
-    words = _read(run_dir / "leader").split()
+    words = read_text(run_dir / "leader").split()
     return int(words[0]) if words else None
 
 
@@ -147,10 +138,10 @@ def _launch(inventory: Path, root: Path, out: Path) -> subprocess.Popen[bytes]:
 
 def _context(box: Box, out: Path, run_id: str | None) -> str:
     """What the launcher printed and each node's log ends with: for the report when a run did not come up."""
-    parts = [f"launcher output: ...{_read(out)[-800:]}"]
+    parts = [f"launcher output: ...{read_text(out)[-800:]}"]
     if run_id:
         for i in range(NODES):
-            parts.append(f"node-{i} log: ...{_read(node_run_dir(box, i, run_id) / 'log')[-300:]}")
+            parts.append(f"node-{i} log: ...{read_text(node_run_dir(box, i, run_id) / 'log')[-300:]}")
     return "\n".join(parts)
 
 
@@ -220,12 +211,12 @@ def once(mode: Mode, box: Box, root: Path, k: int) -> dict[str, Any]:
     stopped: list[int] = []
     try:
         try:
-            run_id = _wait_for(lambda: ((m := RUN_ID.search(_read(out))) and m.group(1))
+            run_id = _wait_for(lambda: ((m := RUN_ID.search(read_text(out))) and m.group(1))
                                or next(iter(_runs_on(box, 1) - before), None), UP_TIMEOUT_S, "the run id")
             note_runs(f"run {run_id}")
             node1 = node_run_dir(box, 1, run_id)
             if mode.key != "crash":
-                _wait_for(lambda: all("tick" in _read(node_run_dir(box, i, run_id) / "log") for i in range(NODES)),
+                _wait_for(lambda: all("tick" in read_text(node_run_dir(box, i, run_id) / "log") for i in range(NODES)),
                           UP_TIMEOUT_S, "every node to tick", poll=0.05)
             start = _cause(mode, box, proc, node1, stopped)
         except (RuntimeError, OSError) as exc:
@@ -242,7 +233,7 @@ def once(mode: Mode, box: Box, root: Path, k: int) -> dict[str, Any]:
         return {"run_id": run_id, "gone_s": None if gone_s is None else round(gone_s, 4), "left": max(left, killed),
                 "launcher_code": code, "launcher_exit_s": None if exit_s is None else round(exit_s, 4),
                 "gone_after_exit_s": None if gone_s is None or exit_s is None else round(gone_s - exit_s, 4),
-                "root_cause": _root_cause(_read(out))}
+                "root_cause": _root_cause(read_text(out))}
     finally:
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):

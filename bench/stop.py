@@ -13,6 +13,7 @@ The job counts as running once every node's torchrun has a worker printing ticks
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -34,11 +35,13 @@ from common import (
     node_run_dir,
     note_runs,
     pids_with_env,
+    read_text,
     run_processes,
     sandbox_of,
     ssh_loop_script,
     stats,
     wait_gone,
+    wait_until,
 )
 from job import with_port
 
@@ -55,35 +58,23 @@ A_WATCH_S = 3.0
 TICK = re.compile(r"tick \d+ rank (\d+)")
 
 
-def _wait_for(predicate: Any, timeout: float, what: str, poll: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
+_wait_for = functools.partial(wait_until, poll=0.05)
+"""Wait for a condition at this figure's poll interval (common.wait_until)."""
 
 def _context(box: Box, out: Path, run_id: str | None) -> str:
     """What the launcher printed and each node's log ends with: for the report when a run did not come up."""
-    parts = [f"launcher output: ...{_read(out)[-800:]}"]
+    parts = [f"launcher output: ...{read_text(out)[-800:]}"]
     if run_id:
         for i in range(NODES):
-            parts.append(f"node-{i} log: ...{_read(node_run_dir(box, i, run_id) / 'log')[-300:]}")
+            parts.append(f"node-{i} log: ...{read_text(node_run_dir(box, i, run_id) / 'log')[-300:]}")
     return "\n".join(parts)
 
 
 def _ticking(box: Box, run_id: str) -> bool:
     """Every node's run log shows a worker's tick."""
-    return all("tick" in _read(node_run_dir(box, i, run_id) / "log") for i in range(NODES))
+    return all("tick" in read_text(node_run_dir(box, i, run_id) / "log") for i in range(NODES))
 
 
 def _inv(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[bytes]:
@@ -110,7 +101,7 @@ def sigint_attached(box: Box, root: Path, k: int) -> dict[str, Any]:
     run_id = None
     try:
         try:
-            run_id = _wait_for(lambda: (m := RUN_ID.search(_read(out))) and m.group(1), 60, "the run id")
+            run_id = _wait_for(lambda: (m := RUN_ID.search(read_text(out))) and m.group(1), 60, "the run id")
             note_runs(run_id and f"run {run_id}")
             _wait_for(lambda: _ticking(box, run_id), 60, "every node to tick")
         except RuntimeError as exc:
@@ -136,10 +127,10 @@ def inv_stop_detached(box: Box, root: Path, k: int) -> dict[str, Any]:
     try:
         launch = _inv("launch", "--hosts", str(inventory), "--detach", log_dir=root / "logs", out=out)
         if _finish(launch, 60) != 0:
-            raise RuntimeError(f"inv launch --detach failed:\n{_read(out)[-2000:]}")
-        match = RUN_ID.search(_read(out))
+            raise RuntimeError(f"inv launch --detach failed:\n{read_text(out)[-2000:]}")
+        match = RUN_ID.search(read_text(out))
         if not match:
-            raise RuntimeError(f"no run id in:\n{_read(out)[-2000:]}")
+            raise RuntimeError(f"no run id in:\n{read_text(out)[-2000:]}")
         run_id = match.group(1)
         note_runs(f"run {run_id}")
         try:
@@ -174,7 +165,7 @@ def sigint_ssh_loop(box: Box, root: Path, k: int) -> dict[str, Any]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         try:
-            _wait_for(lambda: len(set(TICK.findall(_read(out)))) == NODES, 60, "every rank of the ssh loop to tick")
+            _wait_for(lambda: len(set(TICK.findall(read_text(out)))) == NODES, 60, "every rank of the ssh loop to tick")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{_context(box, out, None)}") from None
         remote_before = len(pids_with_env(mark))
@@ -212,7 +203,7 @@ def sigterm_local(box: Box, root: Path, k: int) -> dict[str, Any]:
                      "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), SCRIPT, *ARGS],
                     cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
         try:
-            _wait_for(lambda: len(set(TICK.findall(_read(out)))) == NODES, 60, "every local rank to tick")
+            _wait_for(lambda: len(set(TICK.findall(read_text(out)))) == NODES, 60, "every local rank to tick")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{_context(box, out, None)}") from None
         start = time.perf_counter()
