@@ -14,12 +14,14 @@ from launcher import cli, options, runs
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.inventory import DEFAULT_MASTER_PORT
+from launcher.slurm import commands as slurm_commands
 
 HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "
               "launcher.defaults and launcher.job in invoke.yaml); default: launcher.hosts in invoke.yaml")
 INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the latest on each node)"
+JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
 USAGE = cli.USAGE
 """Exit code for wrong input on the command line or in invoke.yaml (found before anything is contacted)."""
 HOSTFILE_CONFIG = ("defaults", "job")
@@ -59,6 +61,14 @@ def _run_id(run: str | None) -> str | None:
         raise Exit(f"error: {exc}", USAGE) from None
 
 
+def _slurm_job(job: str, **others: Any) -> str:
+    """`--job` as given, once no option of a run over SSH comes with it (SLURM knows the job's nodes)."""
+    given = [name for name, value in others.items() if value not in (None, False)]
+    if given:
+        raise Exit(f"error: --{given[0].replace('_', '-')} does not apply to a SLURM job (--job)", USAGE)
+    return job
+
+
 def _integer(name: str, value: Any, minimum: int = 0) -> int:
     try:
         number = int(value)
@@ -93,16 +103,18 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
+    "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
+             "master; the inventory gives everything else",
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
-           include=None, exclude=None, retries=None):
-    """Start torchrun on every node of the inventory at once and stream their output."""
+           include=None, exclude=None, retries=None, slurm=False):
+    """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
                     silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries)
     return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
-                      doctor=not skip_doctor, sync=sync, opts=opts)
+                      doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
 
 
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
@@ -127,37 +139,45 @@ def sync(c, hosts=None, connect_timeout=None):
     return cli.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL"})
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
 @_reported
-def stop(c, hosts=None, run=None, grace=None):
+def stop(c, hosts=None, run=None, grace=None, job=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
+    if job:  # scancel: SLURM's KillWait is the grace period
+        return slurm_commands.job_stop(_slurm_job(job, hosts=hosts, run=run, grace=grace), _options(c))
     return cli.stop(_hosts(c, hosts), _run_id(run), _options(c, grace=grace))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP})
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
 @_reported
-def status(c, hosts=None, run=None):
+def status(c, hosts=None, run=None, job=None):
     """Per node: running / exited (code) / stopped / unreachable, and since when."""
+    if job:
+        return slurm_commands.job_status(_slurm_job(job, hosts=hosts, run=run), _options(c))
     return cli.status(_hosts(c, hosts), _run_id(run), _options(c))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
             "follow": "keep printing as the run writes, until it ends", "node": "only this node",
-            "rank": "only this global rank's lines"})
+            "rank": "only this global rank's lines", "job": JOB_HELP})
 @_reported
-def logs(c, hosts=None, run=None, follow=False, node=None, rank=None):
+def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
+    if job:  # the job's output file holds every node's prefixed lines
+        return slurm_commands.job_logs(_slurm_job(job, hosts=hosts, run=run, node=node, rank=rank), follow, _options(c))
     rank = _integer("rank", rank) if rank is not None else None
     return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
-            "master-port": "rendezvous port written to the inventory"})
+            "master-port": "rendezvous port written to the inventory",
+            "slurm": "also start a real SLURM cluster on the nodes (munged, slurmctld, a slurmd in each node); "
+                     "prints the SLURM_CONF to export for srun/salloc"})
 @_reported
-def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=DEFAULT_MASTER_PORT):
+def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=DEFAULT_MASTER_PORT, slurm=False):
     """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
     cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=_integer("nproc_per_node", nproc_per_node, 1),
-                   master_port=_integer("master_port", master_port, 1))
+                   master_port=_integer("master_port", master_port, 1), slurm=slurm)
 
 
 @task
@@ -182,7 +202,33 @@ def demo(c):
     return cli.demo()
 
 
+@task(help={
+    "hosts": HOSTS_HELP + "; the job's nodes are the allocation's, the inventory gives everything else",
+    "nodes": "how many nodes to ask SLURM for (one launcher agent each)",
+    "partition": "the SLURM partition (default: the cluster's default partition)",
+    "time": "time limit in SLURM's form: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the "
+            "partition's)",
+    "gpus-per-node": "GPUs to ask for on each node: a count, or type:count (default: none)",
+    "job-name": "the job's name in squeue (default: ddp)",
+    "dry-run": "print the batch script; submit nothing",
+    "script": "script to run instead of the inventory's job.script (relative to the workdir)",
+    "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
+    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
+})
+@_reported
+def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_node=None, job_name=None,
+                 dry_run=False, script=None, args=None, skip_doctor=False):
+    """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
+    if nodes is None:
+        raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
+    return slurm_commands.slurm_submit(_hosts(c, hosts).path, _integer("nodes", nodes, 1), partition=partition,
+                                       time=time, gpus_per_node=gpus_per_node, dry_run=dry_run, script=script,
+                                       args=args, skip_doctor=skip_doctor, job_name=job_name, opts=_options(c))
+
+
 sandbox = Collection("sandbox")
 sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
-ns = Collection(launch, sync, doctor, stop, status, logs, demo, bench, sandbox)
+slurm = Collection("slurm")
+slurm.add_task(slurm_submit, "submit")
+ns = Collection(launch, sync, doctor, stop, status, logs, demo, bench, sandbox, slurm)

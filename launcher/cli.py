@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher import attempts, runs
+from launcher import attempts, errors, runs
 from launcher import doctor as doctor_checks
 from launcher.errors import LauncherError, PlanError
 from launcher.hostfile import load_hosts
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load 
     from launcher.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
-USAGE = 2
+USAGE = errors.USAGE
 """Exit code for wrong input on the command line (found before anything is contacted); tasks.py uses it too."""
 
 
@@ -75,15 +75,20 @@ def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
 
 
 def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
-           doctor: bool = True, sync: bool = False, opts: runs.Options | None = None) -> int:
+           doctor: bool = True, sync: bool = False, slurm: bool = False, opts: runs.Options | None = None) -> int:
     cluster = load_inventory(hosts)
-    plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     opts = opts or runs.Options()
+    if slurm:  # the allocation's nodes, one srun step
+        from launcher.slurm import commands as slurm_commands
+
+        return slurm_commands.launch(cluster, _job(cluster, script, args), dry_run=dry_run, doctor=doctor,
+                                     sync=sync, opts=opts)
+    plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     if dry_run:
         opts.out.write(plan.describe() + "\n")
         return 0
     if doctor and opts.preflight is None:
-        opts.preflight = _preflight(opts)
+        opts.preflight = preflight(opts)
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher import sync as code_sync
 
@@ -130,7 +135,7 @@ def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
     return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out)
 
 
-def _preflight(opts: runs.Options) -> doctor_checks.SessionPreflight:
+def preflight(opts: runs.Options) -> doctor_checks.SessionPreflight:
     """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
@@ -234,13 +239,21 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
     return runs.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
 
 
-def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT) -> Sandbox:
+def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
+               slurm: bool = False) -> Sandbox:
     from launcher import sandbox  # a test and demo tool: off the import path of every other task
 
-    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port)
+    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port, slurm=slurm)
     print(f"sandbox: {len(box.nodes)} sshd node(s) up "
-          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {_rel(box.inventory)}")
-    print(f"try: inv launch --hosts {_rel(box.inventory)}    (and `inv sandbox.down` when done)")
+          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {relative(box.inventory)}")
+    if box.slurm_conf is None:
+        print(f"try: inv launch --hosts {relative(box.inventory)}    (and `inv sandbox.down` when done)")
+        return box
+    print(f"sandbox: SLURM cluster up (slurmctld, a slurmd on each node, partition main); config {box.slurm_conf}")
+    # SLURM's commands find this cluster only through SLURM_CONF: the shell that runs them needs it.
+    print(f"try: export SLURM_CONF={shlex.quote(str(box.slurm_conf))}; "
+          f"salloc -N {len(box.nodes)} inv launch --slurm --hosts {relative(box.inventory)}"
+          "    (and `inv sandbox.down` when done)")
     return box
 
 
@@ -251,7 +264,7 @@ def sandbox_down() -> None:
         print(line)
 
 
-def _rel(path: Path) -> str:
+def relative(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:

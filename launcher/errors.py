@@ -16,6 +16,16 @@ class LauncherError(Exception):
     exit_code: int = 1
 
 
+USAGE = 2
+"""Exit code for wrong input on the command line (found before anything is contacted)."""
+
+
+class UsageError(LauncherError):
+    """An option on the command line is wrong or does not apply; exit code 2, nothing contacted."""
+
+    exit_code = USAGE
+
+
 class InventoryError(LauncherError):
     """The hosts inventory is malformed; the message names the file, line, entry and field."""
 

@@ -60,6 +60,8 @@ DEFAULT_RETRY_COOLDOWN = 300.0
 blacklist with a cool-down): one more try after it may have been fixed, never a loop on a bad node."""
 DEFAULT_HOSTS = "hosts/cluster.yaml"
 DEFAULT_LOG_DIR = "logs"
+SLURM_STOP_WAIT = 120.0
+"""Seconds `inv stop --job` waits for SLURM to end every process of a job (its KillWait is 30 s by default)."""
 ACTION_MARGIN = 20.0
 """Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
 

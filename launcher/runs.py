@@ -27,7 +27,7 @@ from launcher.node_env import NodeEnv, resolve_env
 from launcher.options import ACTION_MARGIN, LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
 from launcher.plan import RANKS_DIR, RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
 from launcher.remote import host_command, program_input, python_command
-from launcher.supervise import Ended, Left, NodeEvent, Output, RunHandle, StartGate, Stopping
+from launcher.supervise import Ended, Left, NodeEvent, Output, RunHandle, SessionOpener, StartGate, Stopping
 from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
 
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
@@ -140,10 +140,19 @@ def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
             opts.preflight.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
         elif opts.preflight is not None:
             opts.preflight(cluster, nodes)
-        with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
-            return _Attached(plan, opts, nodes, envs).execute()
+        return run_attached(plan, opts, nodes, envs)
     finally:
         close_all(nodes.values())
+
+
+def run_attached(plan: LaunchPlan, opts: Options, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
+                 opener: SessionOpener | None = None) -> int:
+    """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
+
+    SIGTERM and SIGHUP count as Ctrl-C meanwhile: the run is stopped on every node, never orphaned.
+    """
+    with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
+        return _Attached(plan, opts, dict(nodes), envs, opener).execute()
 
 
 @contextlib.contextmanager
@@ -167,7 +176,8 @@ def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
 class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, NodeEnv]):
+    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, NodeEnv],
+                 opener: SessionOpener | None = None):
         self.plan, self.opts = plan, opts
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
@@ -178,7 +188,7 @@ class _Attached:
         self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
                      for i, c in enumerate(plan.nodes)}
         requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts) for c in plan.nodes}
-        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event)
+        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener)
         self.interrupts = 0
 
     def _on_event(self, event: NodeEvent) -> None:

@@ -1,6 +1,7 @@
 """One attached run across nodes, shaped like torch elastic's `PContext`: `start`, `wait`, `stop(grace)`, `close`.
 
-Each node's agent (`launcher/agent.py`) runs on a channel of that node's SSH connection. A reader thread per node
+Each node's agent (`launcher/agent.py`) runs on a channel: by default one of that node's SSH connection, or whatever
+a `SessionOpener` gives (a task of one srun step: `launcher/slurm/step.py`). A reader thread per node
 turns its channel into typed events; a heartbeat thread keeps every node's agent sure the launcher is alive; the
 waiting thread decides (fail fast, silence, stop deadlines). Output goes to `on_event` from the reader threads, so
 consumers must not block: nothing here ever waits on a console or a disk.
@@ -12,7 +13,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +23,7 @@ from launcher.options import Options, heartbeat_interval
 from launcher.plan import LaunchPlan, NodeCommand
 from launcher.remote import host_command, program_input
 from launcher.rootcause import NodeEnd
-from launcher.transport import Channel, Node
+from launcher.transport import Node
 
 STALL = 2.0
 """A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
@@ -92,6 +93,25 @@ class StartGate(Protocol):
         """Raise a LauncherError when nothing may start; return otherwise."""
 
 
+class SessionChannel(Protocol):
+    """A node agent's session as the controller uses it (`transport.Channel` over SSH)."""
+
+    def send(self, data: bytes, block: bool = True) -> bool: ...
+    def read(self) -> tuple[bytes, bytes]: ...
+    def wait_readable(self, timeout: float) -> None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    def exit_code(self) -> int: ...
+    def close(self) -> None: ...
+
+
+SessionOpener = Callable[[Sequence[tuple[NodeCommand, bytes]]], list["SessionChannel | str"]]
+"""Starts every node's agent session at once, each fed its input (program and request); a channel or an error per
+node, in order. The default opens a channel on each node's SSH connection."""
+
+
 @dataclass(frozen=True)
 class Started(NodeEvent):
     pid: int
@@ -139,7 +159,7 @@ class _Session:
     """One node's agent, as the controller sees it."""
 
     command: NodeCommand
-    channel: Channel
+    channel: SessionChannel
     heard: float = field(default_factory=time.monotonic)
     opened: float = field(default_factory=time.monotonic)
     """When its request was sent: a probe's time counts from here."""
@@ -165,8 +185,9 @@ class RunHandle:
     """The controller side of one run: its sessions, heartbeats, and the decisions taken while waiting."""
 
     def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
-                 agent_source: str, on_event: Callable[[NodeEvent], None]):
+                 agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None):
         self.plan, self.opts, self.nodes = plan, opts, nodes
+        self.opener = opener
         self.requests = requests
         self.agent_source = agent_source
         self.on_event = on_event
@@ -195,8 +216,11 @@ class RunHandle:
         """
         began = time.monotonic()
         self._heartbeat.start()
-        with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
-            errors = list(pool.map(self._open, self.plan.nodes))  # every session open before any stop is sent
+        if self.opener is None:
+            with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
+                errors = list(pool.map(self._open, self.plan.nodes))  # every session open before any stop is sent
+        else:
+            errors = self._open_all(self.opener)
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: cannot open a session: {error}")
@@ -278,12 +302,33 @@ class RunHandle:
             channel = self.nodes[command.host.name].open_channel(host_command(command.host))
         except Exception as exc:
             return str(exc)
+        session = self._register(command, channel)
+        channel.send(program_input(self.agent_source, self.requests[session.name]))
+        return None
+
+    def _open_all(self, opener: SessionOpener) -> list[str | None]:
+        """Every session through `opener` at once (an srun step starts all its tasks together)."""
+        inputs = [(c, program_input(self.agent_source, self.requests[c.host.name])) for c in self.plan.nodes]
+        try:
+            opened = opener(inputs)
+        except Exception as exc:
+            return [str(exc)] * len(inputs)
+        errors: list[str | None] = []
+        for command, channel in zip(self.plan.nodes, opened, strict=True):
+            if isinstance(channel, str):
+                errors.append(channel)
+            else:
+                self._register(command, channel)
+                errors.append(None)
+        return errors
+
+    def _register(self, command: NodeCommand, channel: SessionChannel) -> _Session:
+        """Track a node's open session and start reading it."""
         session = _Session(command, channel)
         with self._lock:
             self.sessions[session.name] = session
-        channel.send(program_input(self.agent_source, self.requests[session.name]))
         threading.Thread(target=self._read, args=(session,), daemon=True, name=f"read-{session.name}").start()
-        return None
+        return session
 
     def abort(self, reason: str) -> None:
         """Give up starting: stop what has started (a run starts everywhere or nowhere)."""

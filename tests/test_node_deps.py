@@ -31,6 +31,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from launcher import doctor, remote, runs
+from launcher.inventory import parse_inventory
+from launcher.plan import plan_launch
+from launcher.slurm.step import step_input
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +43,7 @@ else:  # pytest itself requires tomli before 3.11
 pytestmark = pytest.mark.integration
 
 REPO = h.REPO
-STDLIB_PROGRAMS = ("launcher/agent.py", "launcher/probe.py")
+STDLIB_PROGRAMS = ("launcher/agent.py", "launcher/probe.py", "launcher/slurm/selector.py")
 # Nothing from the caller's environment may widen the venvs' sys.path.
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "PYTHONHOME": None}
 
@@ -177,6 +180,15 @@ def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
     # `runs` executes the whole module (every top-level import) and a full request/reply round.
     request = runs.agent_input({"action": "runs", "node": "node-0"})
     reply = run_on_node(stdlib_env.python, request, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    assert reply == {"runs": []}
+
+
+def test_an_srun_task_picks_its_agent_request_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
+    # What every task of a `launch --slurm` step runs first: the selector, then the agent with this node's request.
+    plan = plan_launch(parse_inventory("hosts: [node-0, node-1]\njob: {script: train/ddp.py}\n", "inv.yaml"))
+    stdin = step_input([(c, runs.agent_input({"action": "runs", "node": c.host.name})) for c in plan.nodes])
+    reply = run_on_node(stdlib_env.python, stdin, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
+                        SLURM_NODEID="1", SLURMD_NODENAME="node-1")
     assert reply == {"runs": []}
 
 

@@ -36,7 +36,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    opts = runs.Options(preflight=cli._preflight(runs.Options()))
+    opts = runs.Options(preflight=cli.preflight(runs.Options()))
     request = runs.start_request(plan, plan.nodes[node], {}, opts)
     return {**request, "workdir": str(tmp_path), "argv": [sys.executable, "-c", "pass"]}
 
@@ -125,11 +125,11 @@ def test_the_master_agent_lets_go_of_the_port_before_torchrun_starts(tmp_path: P
 
 
 def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `cli._preflight` is what `launch` sets: the in-session checks, with today's line when they pass.
+    # `cli.preflight` is what `launch` sets: the in-session checks, with today's line when they pass.
     import io
 
     err = io.StringIO()
-    gate = cli._preflight(runs.Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
+    gate = cli.preflight(runs.Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
     assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, runs.StartGate)
     assert (gate.probe_timeout, gate.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))

@@ -1,4 +1,5 @@
-"""A local cluster for tests and demos: N real sshd servers on loopback addresses, each its own hostname."""
+"""A local cluster for tests and demos: N real sshd servers on loopback addresses, each its own hostname, and
+optionally a real SLURM cluster on them."""
 
 from launcher.errors import SandboxError
 from launcher.sandbox.nodes import (
@@ -27,6 +28,7 @@ from launcher.sandbox.render import (
     render_ssh_config,
     render_sshd_config,
 )
+from launcher.sandbox.slurm import SLURM_CONF_NAME, SlurmNode, render_slurm_conf, slurm_conf_path, slurm_env
 from launcher.sandbox.start import default_python
 
 __all__ = [
@@ -34,11 +36,13 @@ __all__ = [
     "DEFAULT_STATE_DIR",
     "MAX_NODES",
     "REPO_ROOT",
+    "SLURM_CONF_NAME",
     "SSHD",
     "TRAP_ADDR",
     "Sandbox",
     "SandboxError",
     "SandboxNode",
+    "SlurmNode",
     "default_python",
     "down",
     "load",
@@ -49,9 +53,12 @@ __all__ = [
     "render_hosts",
     "render_inventory",
     "render_known_hosts",
+    "render_slurm_conf",
     "render_ssh_config",
     "render_sshd_config",
     "running",
+    "slurm_conf_path",
+    "slurm_env",
     "stop_node",
     "up",
 ]

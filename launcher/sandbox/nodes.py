@@ -14,6 +14,7 @@ from typing import Any
 from launcher.errors import SandboxError
 from launcher.inventory import DEFAULT_MASTER_PORT
 from launcher.sandbox import procs, start
+from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (
     SSHD,
     config_path,
@@ -37,6 +38,7 @@ MAX_NODES = 200
 _STATE_FILE = "sandbox.json"
 _USER_KEY = "id_ed25519"
 _NODE_KEYS = {"name", "addr", "port", "pid", "start_time"}
+_DAEMON_KEYS = {"name", "exe", "pid", "start_time"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Sandbox:
     """The private key every node accepts for root."""
     inventory: Path
     """The launcher inventory written for this sandbox."""
+    slurm_conf: Path | None = None
+    """With `up(..., slurm=True)`: the slurm.conf of its SLURM cluster (`SLURM_CONF=` this); else None."""
 
 
 def up(
@@ -87,8 +91,13 @@ def up(
     self_loopback_trap: Iterable[int] = (),
     python_override: Mapping[int, str] | None = None,
     ready_timeout: float = 10.0,
+    slurm: bool = False,
+    slurm_timeout: float = 30.0,
 ) -> Sandbox:
     """Start `nodes` sshd servers and write their keys, ssh config and inventory; return once all accept TCP.
+
+    With `slurm`, also a SLURM cluster on them (munged, slurmctld, a slurmd in each node's namespaces), returned
+    once sinfo shows every node idle (within `slurm_timeout` s); reach it with `slurm_env(state_dir)`.
 
     Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts;
     `self_loopback_trap` [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path}
@@ -104,6 +113,8 @@ def up(
     overrides = dict(python_override or {})
     _check_indices(nodes, {*hidden, *(j for js in hidden.values() for j in js), *trap, *overrides})
     unshare = start.preflight()
+    if slurm:
+        slurm_cluster.preflight()
     state_dir, inventory = Path(state_dir).absolute(), Path(inventory).absolute()
     config_path(state_dir)
     inventory_text = render_inventory(
@@ -126,12 +137,11 @@ def up(
             for i in range(nodes)
         ]
         started: list[subprocess.Popen[bytes]] = []
+        cluster: dict[str, Any] | None = None
         try:
             for i, argv in enumerate(commands):
                 started.append(start.launch(state_dir / node_name(i), argv))
             start.wait_ready(state_dir, addrs, ssh_port, started, ready_timeout)
-            inventory.parent.mkdir(parents=True, exist_ok=True)
-            inventory.write_text(inventory_text, encoding="utf-8")
             records = [
                 {
                     "name": node_name(i),
@@ -142,8 +152,15 @@ def up(
                 }
                 for i, (addr, p) in enumerate(zip(addrs, started, strict=True))
             ]
-            _write_state(state_dir, records, ssh_config, known_hosts, identity, inventory)
+            if slurm:
+                homes = [(r["name"], r["addr"], (r["pid"], r["start_time"])) for r in records]
+                cluster = slurm_cluster.start(state_dir, homes, slurm_timeout)
+            inventory.parent.mkdir(parents=True, exist_ok=True)
+            inventory.write_text(inventory_text, encoding="utf-8")
+            _write_state(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
         except BaseException:  # Ctrl-C included: nothing half-started stays behind
+            if cluster is not None:
+                slurm_cluster.stop(cluster)
             _stop_started(started)
             raise
     return load(state_dir)
@@ -152,6 +169,7 @@ def up(
 def load(state_dir: Path = DEFAULT_STATE_DIR) -> Sandbox:
     """The sandbox recorded in `state_dir` (its processes may have died since; see `running`)."""
     state = _read_state(Path(state_dir).absolute())
+    cluster = state.get("slurm")  # absent in the state files of sandboxes without SLURM, and of older versions
     return Sandbox(
         state_dir=Path(state["state_dir"]),
         nodes=tuple(SandboxNode(n["name"], n["addr"], n["port"], n["pid"]) for n in state["nodes"]),
@@ -159,29 +177,36 @@ def load(state_dir: Path = DEFAULT_STATE_DIR) -> Sandbox:
         known_hosts=Path(state["known_hosts"]),
         identity_file=Path(state["identity_file"]),
         inventory=Path(state["inventory"]),
+        slurm_conf=Path(cluster["conf"]) if cluster else None,
     )
 
 
 def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
-    """Stop every node of the sandbox in `state_dir` and forget it; one line per node says what was done."""
+    """Stop every node of the sandbox in `state_dir` (its SLURM cluster first, if any) and forget it; one line per
+    node and SLURM daemon says what was done."""
     state_dir = Path(state_dir).absolute()
     if not (state_dir / _STATE_FILE).exists():
         return [f"no sandbox is up in {state_dir}; nothing to stop."]
     with _locked(state_dir):
         if not (state_dir / _STATE_FILE).exists():  # another `down` won the race
             return [f"no sandbox is up in {state_dir}; nothing to stop."]
-        lines = _stop_records(_read_state(state_dir)["nodes"])
+        state = _read_state(state_dir)
+        lines = _stop_cluster(state)  # first: its slurmds live in the nodes' namespaces
+        lines += _stop_records(state["nodes"])
         (state_dir / _STATE_FILE).unlink()
     return lines
 
 
 def stop_node(state_dir: Path, index: int) -> None:
-    """Stop node `index`'s sshd (and its sessions) to simulate a dead node; the others keep running."""
+    """Stop node `index`'s sshd (and its sessions, and its slurmd with its job steps) to simulate a dead node;
+    the others keep running."""
     state_dir = Path(state_dir).absolute()
     with _locked(state_dir):
-        records = _read_state(state_dir)["nodes"]
+        state = _read_state(state_dir)
+        records = state["nodes"]
         if not 0 <= index < len(records):
             raise SandboxError(f"the sandbox in {state_dir} has no node {index} (it has {len(records)}).")
+        _stop_cluster(state, [records[index]["name"]])
         _stop_records([records[index]])
 
 
@@ -206,13 +231,15 @@ def _check_indices(nodes: int, indices: Iterable[int]) -> None:
 def _clear_stale(state_dir: Path) -> None:
     if not (state_dir / _STATE_FILE).exists():
         return
-    records = _read_state(state_dir)["nodes"]
+    state = _read_state(state_dir)
+    records = state["nodes"]
     alive = [r["name"] for r in records if _is_our_sshd(r)]
     if alive:
         raise SandboxError(
             f"a sandbox is already up in {state_dir} ({len(alive)} of {len(records)} nodes running);"
             " stop it first with `inv sandbox.down`."
         )
+    _stop_cluster(state)  # a SLURM daemon may outlive the nodes; stopped only if still ours
     _stop_records(records)  # its listeners are gone; this only reaps what this process started
     (state_dir / _STATE_FILE).unlink()
 
@@ -284,6 +311,7 @@ def _write_state(
     known_hosts: Path,
     identity: Path,
     inventory: Path,
+    cluster: dict[str, Any] | None = None,
 ) -> None:
     state = {
         "state_dir": str(state_dir),
@@ -292,6 +320,7 @@ def _write_state(
         "identity_file": str(identity),
         "inventory": str(inventory),
         "nodes": nodes,
+        **({"slurm": cluster} if cluster is not None else {}),
     }
     tmp = state_dir / f"{_STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
@@ -304,6 +333,8 @@ def _read_state(state_dir: Path) -> dict[str, Any]:
         state = json.loads(path.read_text(encoding="utf-8"))
         if not all(node.keys() >= _NODE_KEYS for node in state["nodes"]):
             raise ValueError("a node lacks a field")
+        if "slurm" in state and not all(d.keys() >= _DAEMON_KEYS for d in state["slurm"]["daemons"]):
+            raise ValueError("a SLURM daemon lacks a field")
         return state
     except FileNotFoundError:
         raise SandboxError(f"no sandbox is up in {state_dir}: start one with `inv sandbox.up`.") from None
@@ -344,6 +375,12 @@ def _stop_records(records: Sequence[Mapping[str, Any]]) -> list[str]:
     killed = stop_families(listeners)
     start.reap()
     return [f"{labels[pid]}: {what}" + (" (needed SIGKILL)" if pid in killed else "") for pid, what in lines.items()]
+
+
+def _stop_cluster(state: Mapping[str, Any], nodes: Sequence[str] | None = None) -> list[str]:
+    """Stop the SLURM cluster recorded in `state` (only the slurmds of `nodes`, if given); none: no lines."""
+    cluster = state.get("slurm")
+    return slurm_cluster.stop(cluster, nodes) if cluster else []
 
 
 def _stop_started(started: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -1,0 +1,162 @@
+"""What the SLURM tasks do, between tasks.py and the SLURM modules: `launch --slurm` in an allocation,
+`slurm.submit`, and `status/logs/stop --job` on a submitted job."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from pathlib import Path
+
+from launcher import cli
+from launcher.cli import REPO, relative
+from launcher.errors import LauncherError, UsageError
+from launcher.inventory import Cluster, Job
+from launcher.options import SLURM_STOP_WAIT, Options
+from launcher.plan import plan_launch
+from launcher.slurm import allocation, batch, jobs
+from launcher.slurm import launch as slurm_launch
+from launcher.slurm.jobs import JobState
+
+
+def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options) -> int:
+    """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
+    for given, why in ((sync, "--sync: the nodes of a SLURM cluster share the job's files"),
+                       (opts.retries, "--retries: a SLURM job is requeued by SLURM (sbatch --requeue)"),
+                       (opts.detach, "--detach: submit the job instead (`inv slurm.submit`)")):
+        if given:
+            option, reason = why.split(": ", 1)
+            raise UsageError(f"{option} does not apply to --slurm ({reason})")
+    if cluster.retries:
+        opts.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
+    names = allocation.allocation_nodes(os.environ)
+    plan = plan_launch(allocation.allocation_cluster(cluster, names), job)
+    if dry_run:
+        opts.out.write(plan.describe() + "\n")
+        return 0
+    if doctor and opts.preflight is None:
+        opts.preflight = cli.preflight(opts)
+    return slurm_launch.launch(plan, opts)
+
+
+def _slurm_log_dir(opts: Options) -> Path:
+    """Where submitted jobs keep their script, output and end record: absolute, as the job starts elsewhere."""
+    return (opts.log_dir / "slurm").absolute()
+
+
+def _job_hosts(hosts: str) -> str:
+    """`--hosts` as the job, started in the project directory, finds it (relative to it when inside it)."""
+    path = Path(hosts)
+    if not path.is_file():
+        raise UsageError(f"--hosts: no inventory or hostfile at {hosts!r}")
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path.resolve())
+
+
+def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
+                 gpus_per_node: str | None = None, dry_run: bool = False, script: str | None = None,
+                 args: str | None = None, skip_doctor: bool = False, job_name: str | None = None,
+                 opts: Options | None = None) -> int:
+    """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
+    it); prints the job id and what to do with it."""
+    opts = opts or Options()
+    log_dir = _slurm_log_dir(opts)
+    command = batch.launch_command(sys.executable, _job_hosts(hosts), script=script, args=args,
+                                   skip_doctor=skip_doctor)  # this installation's invoke: the job runs the same code
+    spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(REPO), command=command,
+                           job_name=job_name or batch.DEFAULT_JOB_NAME, partition=partition, time=time,
+                           gpus_per_node=gpus_per_node)
+    text = batch.render_batch_script(spec)  # checks every option first
+    if dry_run:
+        opts.out.write(text)
+        return 0
+    pending = log_dir / f"submit-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.sh"
+    job_id = jobs.submit(text, pending)
+    script_path = log_dir / f"slurm-{job_id}.sh"
+    pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
+    opts.out.write(f"submitted batch job {job_id}\n"
+                   f"  script: {relative(script_path)}\n"
+                   f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
+                   f"  inv status --job {job_id}\n  inv logs --job {job_id} --follow\n  inv stop --job {job_id}\n")
+    return 0
+
+
+def _job_lines(state: JobState) -> list[str]:
+    """One line per fact SLURM (or the job's end record) gave about a job."""
+    lines = [f"job {state.job_id}", f"state: {state.state}"]
+    if state.exit_code is not None:
+        lines.append(f"exit code: {state.exit_code}" + (f" (signal {state.signal})" if state.signal else ""))
+    if state.reason:
+        lines.append(f"reason: {state.reason}")
+    if state.nodes:
+        lines.append(f"nodes: {state.nodes}")
+    if state.output:
+        lines.append(f"output: {relative(state.output)}")
+    lines.append(f"from: {state.source}")
+    return lines
+
+
+def _unknown_job(job_id: str, log_dir: Path) -> LauncherError:
+    return LauncherError(f"SLURM knows no job {job_id}: squeue and scontrol do not list it (they forget an ended job "
+                         "after MinJobAge, 300 s by default), no accounting (sacct) remembers it, and there is no end "
+                         f"record at {relative(Path(batch.record_path(log_dir, job_id)))}")
+
+
+def _known_job(job_id: str, log_dir: Path) -> JobState:
+    """The job's state; a LauncherError when nothing knows the job."""
+    state = jobs.job_state(job_id, log_dir)
+    if not state.known:
+        raise _unknown_job(state.job_id, log_dir)
+    return state
+
+
+def job_status(job_id: str, opts: Options | None = None) -> int:
+    """A SLURM batch job's state, exit code, nodes and output file, one line each."""
+    opts = opts or Options()
+    state = _known_job(job_id, _slurm_log_dir(opts))
+    opts.out.write("\n".join(_job_lines(state)) + "\n")
+    return 0
+
+
+def job_logs(job_id: str, follow: bool = False, opts: Options | None = None) -> int:
+    """Print a SLURM batch job's output file (the launch's prefixed lines); with `follow`, until the job ends."""
+    opts = opts or Options()
+    log_dir = _slurm_log_dir(opts)
+    state, found = (jobs.follow if follow else jobs.read)(job_id, opts.out, log_dir)
+    if not found and not state.known:  # an output file alone is enough: it outlives what SLURM remembers
+        raise _unknown_job(state.job_id, log_dir)
+    if not found and state.ended:  # SLURM writes it on the job's first node: a log dir not shared with this one
+        where = relative(state.output or log_dir)
+        raise LauncherError(f"job {state.job_id} ({state.state}) left no output at {where}: "
+                            "SLURM writes it on the job's first node, so the log dir must be shared with this one")
+    if not found:
+        opts.err.write(f"job {state.job_id} is {state.state}"
+                       + (f" ({state.reason})" if state.reason else "") + ": no output yet (--follow waits)\n")
+    elif follow:
+        opts.err.write(f"job {state.job_id} ended: {state.state}"
+                       + (f", exit code {state.exit_code}" if state.exit_code is not None else "") + "\n")
+    return 0
+
+
+def job_stop(job_id: str, opts: Options | None = None) -> int:
+    """scancel a SLURM batch job and wait until SLURM has ended its processes on every node; 1 when it has not."""
+    opts = opts or Options()
+    log_dir = _slurm_log_dir(opts)
+    before = _known_job(job_id, log_dir)
+    if before.ended:
+        opts.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
+        return 0
+    started = time.monotonic()
+    after = jobs.cancel(before.job_id, SLURM_STOP_WAIT, log_dir)
+    took = time.monotonic() - started
+    where = f" on {before.nodes}" if before.nodes else ""
+    if not after.ended:
+        opts.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
+                       f"all its processes{where} (see `scontrol show job {after.job_id}`)\n")
+        return 1
+    opts.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
+                   "SLURM lists no process of it\n")
+    return 0

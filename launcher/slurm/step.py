@@ -1,0 +1,297 @@
+"""One srun step as the nodes' agent sessions: `srun --nodes N --ntasks-per-node 1 --kill-on-bad-exit --label`.
+
+Under SLURM a run's node programs start as the tasks of one job step instead of one SSH channel per node. The step
+gives every task the same stdin and merges their output, each line labelled with its task id (`--label`), so this
+module turns one srun process into a `SessionChannel` per node for the supervision (`launcher/supervise.py`), which
+stays the same for both transports:
+
+- in: the first bytes are the selector (`selector.py`), the node program and every node's request keyed by node id;
+  after that the launcher's words (`hb`, `go`, `stop`...). A word every node's session sends in one round (they all
+  do) goes to srun once: each agent reads it once.
+- out: a labelled line goes to its node's channel, stdout to stdout and stderr to stderr, the label removed.
+  srun's own lines: `task 1: Exited with exit code 3` ends that node's channel with that code (the tasks that
+  exit 0 end with the step); anything it says before a task spoke is every node's message (it could not start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.plan import NodeCommand
+
+SELECTOR_SOURCE = Path(__file__).with_name("selector.py").read_text(encoding="utf-8")
+_LABELLED = re.compile(rb" *(\d+): ")
+_TASK_END = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
+_EXIT = re.compile(r"Exited with exit code (\d+)")
+_SIGNALS = {signal.strsignal(s) or s.name: 128 + int(s) for s in signal.Signals}
+"""srun names a signal that ended a task by its description (`Killed`, `Terminated`): the shell's 128+n code."""
+STEP_END_WAIT = 5.0
+"""Seconds the step gets to end by itself once its stdin closed (every agent then stops its part) before SIGTERM."""
+
+
+def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
+              cpus_per_task: int | None = None) -> list[str]:
+    """The srun command line of a run's step: one task per allocated node, in the allocation's order."""
+    cpus = ["--cpus-per-task", str(cpus_per_task)] if cpus_per_task else []
+    return ["srun", "--nodes", str(len(names)), "--ntasks-per-node", "1", "--ntasks", str(len(names)), *cpus,
+            "--nodelist", ",".join(names), f"--kill-on-bad-exit={1 if kill_on_bad_exit else 0}", "--label",
+            "--input", "all", "--job-name", job_name, "/bin/sh", "-c", command]
+
+
+def step_input(nodes: Sequence[tuple[NodeCommand, bytes]]) -> bytes:
+    """What the step's stdin starts with: the selector, then the node program and each node's request by node id.
+
+    Each input is `remote.program_input`'s (the program's source line, then its request line); node id i is the
+    plan's node i, which is the allocation's node i (`scontrol show hostnames` order, SLURM's node ids).
+    """
+    source = None
+    parts: dict[str, Any] = {}
+    for index, (command, data) in enumerate(nodes):
+        program, request, *_ = data.decode().split("\n")
+        source = source or program
+        parts[str(index)] = {"name": command.host.name, "request": json.loads(request), "program": "agent.py"}
+    return (json.dumps(SELECTOR_SOURCE) + "\n" + (source or '""') + "\n" + json.dumps(parts) + "\n").encode()
+
+
+class StepChannel:
+    """One node's task of the step, shaped like `transport.Channel` for the supervision."""
+
+    def __init__(self, step: SrunStep, index: int, name: str):
+        self.step, self.index, self.node = step, index, name
+        self._out, self._err = bytearray(), bytearray()
+        self._code: int | None = None
+        """The task's exit code, once srun said it (or the step ended)."""
+
+    def _add(self, out: bytes = b"", err: bytes = b"") -> None:
+        with self.step.ready:
+            self._out += out
+            self._err += err
+            self.step.ready.notify_all()
+
+    def _ended(self, code: int) -> None:
+        with self.step.ready:
+            if self._code is None:
+                self._code = code
+            self.step.ready.notify_all()
+
+    def send(self, data: bytes, block: bool = True) -> bool:
+        return self.step.word(self.index, data)
+
+    def read(self) -> tuple[bytes, bytes]:
+        with self.step.ready:
+            out, err = bytes(self._out), bytes(self._err)
+            self._out.clear()
+            self._err.clear()
+        return out, err
+
+    def wait_readable(self, timeout: float) -> None:
+        with self.step.ready:
+            self.step.ready.wait_for(lambda: self._out or self._err or self._code is not None, timeout)
+
+    @property
+    def finished(self) -> bool:
+        with self.step.ready:
+            return self._code is not None and not self._out and not self._err
+
+    @property
+    def closed(self) -> bool:
+        return self.step.ended and self._code is None
+
+    def exit_code(self) -> int:
+        return -1 if self._code is None else self._code
+
+    def close(self) -> None:
+        self.step.release(self.index)
+
+
+class SrunStep:
+    """A run's srun process and its per-node channels; `open` is the supervision's `SessionOpener`."""
+
+    def __init__(self, names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
+                 env: Mapping[str, str] | None = None, cpus_per_task: int | None = None):
+        self.names = list(names)
+        self.argv = srun_argv(self.names, command, kill_on_bad_exit=kill_on_bad_exit, job_name=job_name,
+                              cpus_per_task=cpus_per_task)
+        self.job_name = job_name
+        self.env = dict(os.environ if env is None else env)
+        self.ready = threading.Condition()
+        self.channels = [StepChannel(self, i, name) for i, name in enumerate(self.names)]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ended = False
+        self.spoke = False
+        """Whether any task said anything (before that, srun's own words are every node's)."""
+        self.srun_lines: list[str] = []
+        """What srun itself said, for the report of a step that would not start."""
+        self._asked: dict[bytes, set[int]] = {}
+        self._write_lock = threading.Lock()
+        self._released: set[int] = set()
+        self._readers: list[threading.Thread] = []
+
+    # --- start ------------------------------------------------------------------------------------------------
+
+    def open(self, nodes: Sequence[tuple[NodeCommand, bytes]]) -> list[StepChannel | str]:
+        """Start the step with every node's input; a channel per node (or srun's error for all)."""
+        try:
+            # Its own session: a Ctrl-C at the terminal is the launcher's to handle (stop words, then the step's
+            # end), not srun's (whose first SIGINT only prints task states).
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=self.env, start_new_session=True)
+        except OSError as exc:
+            return [f"cannot run srun: {exc}"] * len(self.names)
+        for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True)):
+            reader = threading.Thread(target=self._pump, args=(stream, is_err), daemon=True, name="srun-read")
+            reader.start()
+            self._readers.append(reader)
+        threading.Thread(target=self._reap, daemon=True, name="srun-wait").start()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(step_input(nodes))
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # srun ended at once: its words and exit come through the readers
+        os.set_blocking(self.proc.stdin.fileno(), False)  # from now on a word never waits on a stuck srun
+        return list(self.channels)
+
+    # --- in -----------------------------------------------------------------------------------------------------
+
+    def word(self, index: int, data: bytes) -> bool:
+        """Send a launcher word once per round: the first node's session to send it writes it, the others' sends
+        of the same word are absorbed until a session sends it a second time (the next heartbeat, say)."""
+        with self._write_lock:
+            asked = self._asked.setdefault(data, set())
+            if asked and index not in asked:
+                asked.add(index)
+                return True
+            if not self._write(data):
+                return False
+            self._asked[data] = {index}
+            return True
+
+    def _write(self, data: bytes) -> bool:
+        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
+            return False
+        try:
+            return os.write(self.proc.stdin.fileno(), data) == len(data)
+        except (BlockingIOError, BrokenPipeError, OSError):
+            return False
+
+    # --- out ----------------------------------------------------------------------------------------------------
+
+    def _pump(self, stream: IO[bytes], is_err: bool) -> None:
+        rest = b""
+        while True:
+            chunk = stream.read1(1 << 16)  # type: ignore[attr-defined]
+            if not chunk:
+                break
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                self._route(line + b"\n", is_err)
+        if rest:
+            self._route(rest, is_err)
+
+    def _route(self, line: bytes, is_err: bool) -> None:
+        match = _LABELLED.match(line)
+        if match is not None and int(match.group(1)) < len(self.channels):
+            self.spoke = True
+            body = line[match.end():]
+            self.channels[int(match.group(1))]._add(err=body) if is_err else self.channels[int(match.group(1))]._add(
+                out=body)
+            return
+        text = line.decode("utf-8", errors="replace").rstrip("\n")
+        ended = _TASK_END.match(text)
+        if ended is not None:
+            code = _task_code(ended.group(3))
+            for index in _task_ids(ended.group(2)):
+                if index < len(self.channels):
+                    self.channels[index]._ended(code)
+            return
+        self.srun_lines.append(text)
+        if not self.spoke and text.strip():  # srun could not start the step: every node's message
+            for channel in self.channels:
+                channel._add(err=(text + "\n").encode())
+
+    def _reap(self) -> None:
+        assert self.proc is not None
+        code = self.proc.wait()
+        for reader in self._readers:
+            reader.join()
+        with self.ready:  # one moment for all: no channel is ever seen closed without its code
+            # A task srun said nothing about exited 0; when srun itself failed before any task spoke, none ran.
+            for channel in self.channels:
+                channel._ended(0 if self.spoke or code == 0 else code)
+            self.ended = True
+
+    # --- end ----------------------------------------------------------------------------------------------------
+
+    def release(self, index: int) -> None:
+        """A node's session is closed by the supervision; once all are, the step's stdin closes."""
+        self._released.add(index)
+        if len(self._released) == len(self.channels) and self.proc is not None and self.proc.stdin is not None:
+            with self._write_lock, contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+    def close(self, grace: float) -> list[str]:
+        """Make sure the step is over: its stdin closed (each agent stops its part), then SIGTERM to srun (it
+        passes it to the tasks), then scancel of the step and SIGKILL. Returns what had to be done, for a note."""
+        done: list[str] = []
+        proc = self.proc
+        if proc is None:
+            return done
+        for index in range(len(self.channels)):
+            self.release(index)
+        if _waited(proc, STEP_END_WAIT):
+            return done
+        done.append("srun still ran after its stdin closed: SIGTERM")
+        proc.send_signal(signal.SIGTERM)
+        if _waited(proc, grace + STEP_END_WAIT):
+            return done
+        done.append(f"the step outlived SIGTERM: scancel {self.cancel()}")
+        if not _waited(proc, STEP_END_WAIT):
+            proc.kill()
+            proc.wait()
+        return done
+
+    def cancel(self) -> str:
+        """scancel this step (found by its name, the run id, in the job's steps); returns the step id."""
+        job = self.env.get("SLURM_JOB_ID", "")
+        listed = subprocess.run(["squeue", "--steps", "--noheader", "--format", "%i %j", "--jobs", job],
+                                capture_output=True, text=True, env=self.env, timeout=30)
+        steps = [line.split()[0] for line in listed.stdout.splitlines()
+                 if len(line.split()) == 2 and line.split()[1] == self.job_name]
+        for step in steps:
+            subprocess.run(["scancel", step], capture_output=True, env=self.env, timeout=30)
+        return ", ".join(steps) or "(no step listed)"
+
+
+def _waited(proc: subprocess.Popen[bytes], seconds: float) -> bool:
+    try:
+        proc.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _task_code(how: str) -> int:
+    exited = _EXIT.search(how)
+    if exited is not None:
+        return int(exited.group(1))
+    return _SIGNALS.get(how.strip(), 1)
+
+
+def _task_ids(spec: str) -> list[int]:
+    """`1`, `0,2` or `0-3` (srun groups tasks that ended the same way)."""
+    ids: list[int] = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        ids.extend(range(int(low), int(high or low) + 1))
+    return ids
+

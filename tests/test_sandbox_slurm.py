@@ -1,0 +1,170 @@
+"""The sandbox's SLURM cluster: slurm.conf rendered, then srun on real slurmds inside the nodes' namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from launcher import sandbox
+from launcher.sandbox import Sandbox, SandboxError, SlurmNode, procs
+from launcher.sandbox import slurm as slurm_cluster
+from tests.support.procs import gone, processes_mentioning
+
+STEPD = os.path.realpath(slurm_cluster.SLURMSTEPD)
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure: slurm.conf and the environment that points at it.
+
+
+def test_render_slurm_conf() -> None:
+    nodes = [SlurmNode("node-0", "127.0.0.2", 7002), SlurmNode("node-1", "127.0.0.3", 7003)]
+    lines = sandbox.render_slurm_conf(Path("/s/slurm"), 7001, nodes).splitlines()
+    for line in [
+        "SlurmctldHost=localhost(127.0.0.1)",
+        "SlurmctldPort=7001",
+        "AuthType=auth/munge",
+        "AuthInfo=socket=/s/slurm/munge.socket",
+        "StateSaveLocation=/s/slurm/state",
+        "SlurmdSpoolDir=/s/slurm/%n",
+        "SlurmdPidFile=/s/slurm/slurmd-%n.pid",
+        "SlurmdLogFile=/s/slurm/log/slurmd-%n.log",
+        "SlurmctldLogFile=/s/slurm/log/slurmctld.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "ReturnToService=2",
+        "SlurmUser=root",
+        "KillWait=5",
+        "NodeName=node-0 NodeAddr=127.0.0.2 Port=7002 CPUs=2 State=UNKNOWN",
+        "NodeName=node-1 NodeAddr=127.0.0.3 Port=7003 CPUs=2 State=UNKNOWN",
+        "PartitionName=main Nodes=node-[0-1] Default=YES MaxTime=INFINITE State=UP",
+    ]:
+        assert line in lines
+    one = sandbox.render_slurm_conf(Path("/s/slurm"), 7001, nodes[:1]).splitlines()
+    assert "PartitionName=main Nodes=node-0 Default=YES MaxTime=INFINITE State=UP" in one
+
+
+def test_render_slurm_conf_refuses_folders_slurm_would_misread() -> None:
+    nodes = [SlurmNode("node-0", "127.0.0.2", 7002)]
+    with pytest.raises(SandboxError, match="plain characters"):
+        sandbox.render_slurm_conf(Path("/a b/slurm"), 7001, nodes)
+    too_long = "is too long for SLURM: a unix socket under it would take 126 of at most 107 characters"
+    with pytest.raises(SandboxError, match=too_long):
+        sandbox.render_slurm_conf(Path("/" + "x" * 90 + "/slurm"), 7001, nodes)
+    # The spool holds the steps' sockets (a batch step's id is 4294967291): a short folder of its own.
+    long_state = Path("/" + "x" * 80 + "/slurm")
+    conf = sandbox.render_slurm_conf(long_state, 7001, nodes, spool=Path("/tmp/launcher-slurm-0123456789ab"))
+    assert "SlurmdSpoolDir=/tmp/launcher-slurm-0123456789ab/%n" in conf.splitlines()
+    with pytest.raises(SandboxError, match="too long for SLURM"):
+        sandbox.render_slurm_conf(long_state, 7001, nodes)
+
+
+def test_slurm_env_points_at_the_state_folder() -> None:
+    assert sandbox.slurm_env(Path("/s")) == {"SLURM_CONF": "/s/slurm/slurm.conf"}
+    assert sandbox.slurm_conf_path(Path("/s")) == Path("/s/slurm") / sandbox.SLURM_CONF_NAME
+
+
+def test_load_reads_state_files_without_slurm(tmp_path: Path) -> None:
+    node = {"name": "node-0", "addr": "127.0.0.2", "port": 2222, "pid": 1, "start_time": 1}
+    paths = {key: str(tmp_path / key) for key in ("ssh_config", "known_hosts", "identity_file", "inventory")}
+    state = {"state_dir": str(tmp_path), **paths, "nodes": [node]}  # as written before SLURM, or without it
+    (tmp_path / "sandbox.json").write_text(json.dumps(state))
+    assert sandbox.load(tmp_path).slurm_conf is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Real: munged, slurmctld and a slurmd per node.
+
+
+def _env(box: Sandbox) -> dict[str, str]:
+    """This environment less any outer allocation's SLURM_*, pointed at the sandbox's cluster."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | sandbox.slurm_env(box.state_dir)
+
+
+def _srun(box: Sandbox, *words: str) -> list[str]:
+    done = subprocess.run(
+        ["srun", "-N2", "--ntasks-per-node=1", *words], env=_env(box), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted(done.stdout.splitlines())
+
+
+def _wait(what: str, found: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not found():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+def test_srun_runs_on_each_node(make_sandbox) -> None:
+    box = make_sandbox(2, slurm=True)
+    assert box.slurm_conf == sandbox.slurm_conf_path(box.state_dir) and box.slurm_conf.is_file()
+    assert sandbox.load(box.state_dir).slurm_conf == box.slurm_conf
+    assert _srun(box, "--label", "hostname") == ["0: node-0", "1: node-1"]
+    assert _srun(box, "sh", "-c", 'echo "$SLURM_NODEID $(hostname)"') == ["0 node-0", "1 node-1"]
+
+
+@pytest.mark.integration
+def test_srun_tasks_see_their_nodes_hosts_file(make_sandbox) -> None:
+    box = make_sandbox(2, slurm=True, unresolvable={1: [0]})
+    probe = 'getent hosts node-0 >/dev/null && echo "$(hostname) resolves" || echo "$(hostname) cannot"'
+    assert _srun(box, "sh", "-c", probe) == ["node-0 resolves", "node-1 cannot"]
+
+
+@pytest.mark.integration
+def test_down_stops_daemons_and_running_steps(make_sandbox) -> None:
+    box = make_sandbox(2, slurm=True)
+    daemons = json.loads((box.state_dir / "sandbox.json").read_text())["slurm"]["daemons"]
+    assert [d["name"] for d in daemons] == ["munged", "slurmctld", "slurmd node-0", "slurmd node-1"]
+    step = subprocess.Popen(
+        ["srun", "-N2", "--ntasks-per-node=1", "sleep", "300"],
+        env=_env(box),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    # Held open, the nodes' namespaces keep naming them after down, so strays there can still be found.
+    with procs.Namespaces("uts") as nodes:
+        try:
+            for node in box.nodes:
+                nodes.hold(node.pid, procs.start_time(node.pid))
+
+            def stepds() -> list[int]:
+                return [pid for pid in procs.pids() if pid in nodes and procs.exe(pid) == STEPD and procs.alive(pid)]
+
+            _wait("slurmstepd with a task on both nodes", lambda: len([p for p in stepds() if procs.children(p)]) == 2)
+            steps = stepds()
+            tasks = [child for pid in steps for child in procs.children(pid)]
+            lines = sandbox.down(box.state_dir)
+            assert [line for line in lines if line.startswith("SLURM")] == [
+                f"SLURM {d['name']} (pid {d['pid']}): stopped" for d in (daemons[1], *daemons[2:], daemons[0])
+            ]
+            left = [pid for pid in [d["pid"] for d in daemons] + steps + tasks if not gone(pid)]
+            assert not left, f"still alive: {left}"
+            assert not stepds() and not [pid for pid in procs.pids() if pid in nodes and not gone(pid)]
+            assert not processes_mentioning(str(box.state_dir))
+        finally:
+            step.kill()
+            step.wait()
+
+
+@pytest.mark.integration
+def test_failed_start_names_the_log_and_leaves_nothing(make_sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as busy:  # node-1's slurmd port, taken: its slurmd exits right away
+        busy.bind(("", 0))
+        busy.listen()
+        free = slurm_cluster.free_ports
+        monkeypatch.setattr(slurm_cluster, "free_ports", lambda count: [*free(count - 1), busy.getsockname()[1]])
+        with pytest.raises(SandboxError, match=r"slurmd node-1 exited: .*Address already in use.*slurmd-node-1\.log"):
+            make_sandbox(2, slurm=True)
+    state_dir = make_sandbox.state_dirs[-1]
+    assert not (state_dir / "sandbox.json").exists()
+    assert not processes_mentioning(str(state_dir))  # each daemon names a file of its cluster on its command line

@@ -1,0 +1,156 @@
+"""The same job under SLURM, on a real slurmctld with one slurmd per sandbox node (`sandbox.up(slurm=True)`):
+`inv launch --slurm` inside an allocation, and batch jobs through `inv slurm.submit` with status, logs and stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.sandbox import Sandbox, slurm_env
+from tests.conftest import free_port
+from tests.helpers import REPO, run_id_of, run_processes, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHECKSUM = re.compile(r"^node-(\d) r(\d)\s+\| CHECKSUM rank=(\d) sha256=([0-9a-f]{64})$", re.M)
+STEPS_MARK = "steps left:"
+
+
+def _env(box: Sandbox, tmp_path: Path) -> dict[str, str]:
+    # The controller's cache home is every task's (srun passes its environment on): run dirs land under tmp_path.
+    return {**os.environ, **slurm_env(box.state_dir), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs")}
+
+
+def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2,
+                  timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`salloc -N 2 inv launch --slurm ...` as a user types it; then, still inside the allocation, the steps that
+    are left (none may be: a launch ends its step whatever happened)."""
+    launch = " ".join([sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(box.inventory), *args])
+    script = f'{launch}; code=$?; echo "{STEPS_MARK} $(squeue --steps --noheader -j $SLURM_JOB_ID)"; exit $code'
+    return subprocess.run(["salloc", "-N", str(nodes), "sh", "-c", script], cwd=REPO, env=_env(box, tmp_path),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _steps_left(result: subprocess.CompletedProcess[str]) -> str:
+    line = next(line for line in result.stdout.splitlines() if line.startswith(STEPS_MARK))
+    return line[len(STEPS_MARK):].strip()
+
+
+@pytest.fixture
+def slurm_box(make_sandbox) -> Sandbox:
+    return make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True)
+
+
+def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox, tmp_path: Path) -> None:
+    result = salloc_launch(slurm_box, tmp_path, "--args", "'--epochs 1'")
+    assert result.returncode == 0, result.stdout + result.stderr
+    sums = CHECKSUM.findall(result.stdout)
+    assert sorted((int(node), int(rank)) for node, rank, _, _ in sums) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert len({digest for *_, digest in sums}) == 1
+    assert "checked 8 things on 2 node(s)" in result.stderr  # the doctor's fast checks, in the start session
+    assert "all 2 node(s) exited 0" in result.stderr
+    assert _steps_left(result) == ""
+    assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_a_node_that_cannot_resolve_the_master_starts_nothing(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), slurm=True, unresolvable={1: [0]})
+    result = salloc_launch(box, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "node-1 cannot resolve node-0" in result.stderr and "nothing was started" in result.stderr
+    assert "node-0 cannot resolve" not in result.stderr
+    assert not (tmp_path / "cache" / "ddp-launcher" / "runs").exists()  # no run directory anywhere
+    assert _steps_left(result) == ""
+
+
+def test_a_raising_rank_is_the_root_cause_and_the_step_ends_with_nothing_left(slurm_box: Sandbox,
+                                                                                tmp_path: Path) -> None:
+    result = salloc_launch(slurm_box, tmp_path, "--args", "'--epochs 1 --fail-at 5 --fail-rank 3'")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "root cause: node-1, rank 3 (local rank 1), exit code 1" in result.stderr
+    assert "RuntimeError: injected failure at step 5 on rank 3" in result.stderr
+    assert "node-0: exit code" in result.stderr and "stopped by the launcher" in result.stderr
+    assert _steps_left(result) == ""
+    assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_ctrl_c_stops_the_step_on_every_node(slurm_box: Sandbox, tmp_path: Path) -> None:
+    out = tmp_path / "launch.out"
+    launch = [sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(slurm_box.inventory), "--args",
+              "--epochs 500 --sleep-per-step 0.05"]
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(["salloc", "-N", "2", *launch], cwd=REPO, env=_env(slurm_box, tmp_path),
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "epoch 0 step 10 " in out.read_text(), 120, "training under way")
+        run_id = run_id_of(out.read_text())
+        assert len(run_processes(run_id)) >= 6  # 2 agents, 2 torchruns, 4 workers (and their shells)
+        inv_pid = next(p for p in _children_named(proc.pid, "invoke"))
+        os.kill(inv_pid, 2)  # the terminal's Ctrl-C reaches the launcher, not srun (its own session)
+        assert proc.wait(timeout=60) == 130, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert "interrupted: stopping the run on every node" in text and "stopped on 2 node(s)" in text
+    assert run_processes(run_id) == []
+
+
+def _children_named(pid: int, word: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid), "-f", word], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+def _inv(box: Sandbox, tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=_env(box, tmp_path),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _submitted(result: subprocess.CompletedProcess[str]) -> str:
+    match = re.search(r"submitted batch job (\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    return match.group(1)
+
+
+def test_a_submitted_job_runs_to_its_end_and_inv_logs_shows_its_prefixed_output(slurm_box: Sandbox,
+                                                                                 tmp_path: Path) -> None:
+    submitted = _inv(slurm_box, tmp_path, "slurm.submit", "--hosts", str(slurm_box.inventory), "--nodes", "2",
+                     "--time", "10", "--args", "--epochs 1")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = _submitted(submitted)
+    wait_for(lambda: "state: PENDING" not in _inv(slurm_box, tmp_path, "status", "--job", job).stdout
+             and "state: RUNNING" not in _inv(slurm_box, tmp_path, "status", "--job", job).stdout, 150,
+             f"job {job} ended")
+    status = _inv(slurm_box, tmp_path, "status", "--job", job)
+    assert "state: COMPLETED" in status.stdout, status.stdout + _inv(slurm_box, tmp_path, "logs", "--job", job).stdout
+    assert "exit code: 0" in status.stdout and "nodes: node-[0-1]" in status.stdout
+    logs = _inv(slurm_box, tmp_path, "logs", "--job", job)
+    assert logs.returncode == 0, logs.stderr
+    sums = CHECKSUM.findall(logs.stdout)
+    assert sorted((int(node), int(rank)) for node, rank, _, _ in sums) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert len({digest for *_, digest in sums}) == 1
+    assert "checked 8 things on 2 node(s)" in logs.stdout  # the doctor ran inside the job, before torchrun
+    assert "all 2 node(s) exited 0" in logs.stdout
+
+
+def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(slurm_box: Sandbox, tmp_path: Path) -> None:
+    submitted = _inv(slurm_box, tmp_path, "slurm.submit", "--hosts", str(slurm_box.inventory), "--nodes", "2",
+                     "--args", "--epochs 500 --sleep-per-step 0.05")
+    job = _submitted(submitted)
+    output = tmp_path / "logs" / "slurm" / f"slurm-{job}.out"
+    wait_for(lambda: output.exists() and "epoch 0 step 10 " in output.read_text(), 150, "training under way")
+    run_id = run_id_of(output.read_text())
+    assert len(run_processes(run_id)) >= 6
+    stopped = _inv(slurm_box, tmp_path, "stop", "--job", job)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"stopped job {job}" in stopped.stdout
+    assert run_processes(run_id) == []
+    assert subprocess.run(["squeue", "--noheader", "--jobs", job], env=_env(slurm_box, tmp_path),
+                          capture_output=True, text=True).stdout.strip() == ""
+    assert "state: CANCELLED" in _inv(slurm_box, tmp_path, "status", "--job", job).stdout
