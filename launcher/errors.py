@@ -111,12 +111,13 @@ class DoctorFailed(LauncherError):
 
     exit_code = 1
 
-    def __init__(self, report: Report):
+    def __init__(self, report: Report, more: str | None = "run `inv doctor` for the full report"):
         self.report = report
         lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
         for f in report.failures:
             lines.append(f"  {f.host} {f.check}: {f.detail}")
             if f.fix:
                 lines.append(f"    fix: {f.fix}")
-        lines.append("run `inv doctor` for the full report")
+        if more:
+            lines.append(more)
         super().__init__("\n".join(lines))

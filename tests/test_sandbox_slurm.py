@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher import sandbox
-from launcher.sandbox import Sandbox, SandboxError, SlurmNode, procs
+from launcher.sandbox import Sandbox, SandboxError, SlurmNode, node_cache, procs
 from launcher.sandbox import slurm as slurm_cluster
 from tests.support.procs import gone, processes_mentioning
 
@@ -110,6 +110,8 @@ def test_srun_runs_on_each_node(make_sandbox) -> None:
     assert sandbox.load(box.state_dir).slurm_conf == box.slurm_conf
     assert _srun(box, "--label", "hostname") == ["0: node-0", "1: node-1"]
     assert _srun(box, "sh", "-c", 'echo "$SLURM_NODEID $(hostname)"') == ["0 node-0", "1 node-1"]
+    # Each node's tasks have its own cache home (run directories), as its SSH sessions do.
+    assert _srun(box, "sh", "-c", 'echo "$XDG_CACHE_HOME"') == [str(node_cache(box.state_dir, i)) for i in (0, 1)]
 
 
 @pytest.mark.integration

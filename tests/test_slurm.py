@@ -13,7 +13,7 @@ import pytest
 
 from launcher.sandbox import Sandbox, slurm_env
 from tests.conftest import free_port
-from tests.helpers import REPO, run_id_of, run_processes, wait_for
+from tests.helpers import REPO, node_runs, run_id_of, run_processes, runs_on, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,9 +22,7 @@ STEPS_MARK = "steps left:"
 
 
 def _env(box: Sandbox, tmp_path: Path) -> dict[str, str]:
-    # The controller's cache home is every task's (srun passes its environment on): run dirs land under tmp_path.
-    return {**os.environ, **slurm_env(box.state_dir), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-            "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs")}
+    return {**os.environ, **slurm_env(box.state_dir), "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs")}
 
 
 def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2,
@@ -55,6 +53,7 @@ def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox
     assert len({digest for *_, digest in sums}) == 1
     assert "checked 8 things on 2 node(s)" in result.stderr  # the doctor's fast checks, in the start session
     assert "all 2 node(s) exited 0" in result.stderr
+    assert [len(list(node_runs(slurm_box, i).iterdir())) for i in (0, 1)] == [1, 1]  # each node's own run dir
     assert _steps_left(result) == ""
     assert run_processes(run_id_of(result.stderr)) == []
 
@@ -65,7 +64,8 @@ def test_a_node_that_cannot_resolve_the_master_starts_nothing(make_sandbox, tmp_
     assert result.returncode == 1, result.stdout + result.stderr
     assert "node-1 cannot resolve node-0" in result.stderr and "nothing was started" in result.stderr
     assert "node-0 cannot resolve" not in result.stderr
-    assert not (tmp_path / "cache" / "ddp-launcher" / "runs").exists()  # no run directory anywhere
+    assert "inv doctor" not in result.stderr  # it works over SSH: no hint to it under SLURM
+    assert runs_on(box) == []  # no run directory on any node
     assert _steps_left(result) == ""
 
 

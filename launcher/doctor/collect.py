@@ -242,6 +242,8 @@ class SessionPreflight:
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
+    more: str | None = "run `inv doctor` for the full report"
+    """The failure's last line: where to look further (None where `inv doctor` cannot reach the nodes: SLURM)."""
 
     def __call__(self, cluster: Cluster, nodes: Mapping[str, Node], *, probe_timeout: float | None = None,
                  connect_timeout: float | None = None) -> Report:
@@ -271,7 +273,7 @@ class SessionPreflight:
         report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times), "fast",
                          {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)})
         if not report.ok:
-            raise DoctorFailed(report)
+            raise DoctorFailed(report, self.more)
         if self.on_pass is not None:
             self.on_pass(report, seconds)
         return report

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from launcher.errors import SandboxError
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
-from launcher.sandbox.render import config_path
+from launcher.sandbox.render import config_path, node_cache
 from launcher.sandbox.start import last_lines, read_text
 from launcher.sandbox.stop import STOP_LIMIT_S, terminate
 
@@ -29,6 +29,7 @@ SLURMSTEPD = "/usr/sbin/slurmstepd"
 SLURM_DIR_NAME = "slurm"
 """The sandbox's SLURM files live in STATE_DIR/slurm/."""
 SLURM_CONF_NAME = "slurm.conf"
+TASK_PROLOG = "task_prolog.sh"
 CPUS_PER_NODE = 2
 
 _SUN_PATH_MAX = 107  # a unix socket's path, less its NUL
@@ -68,6 +69,12 @@ def slurm_conf_path(state_dir: Path) -> Path:
 def slurm_env(state_dir: Path) -> dict[str, str]:
     """Environment entries that point SLURM's commands (srun, sinfo, salloc, ...) at the sandbox's cluster."""
     return {"SLURM_CONF": str(slurm_conf_path(state_dir))}
+
+
+def render_task_prolog(homes: Mapping[str, Path]) -> str:
+    """The TaskProlog: its `export` lines set a task's environment; each node's tasks get that node's cache home."""
+    cases = "".join(f"    {name}) echo export XDG_CACHE_HOME={config_path(home)} ;;\n" for name, home in homes.items())
+    return f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
 
 
 def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], cpus: int = CPUS_PER_NODE,
@@ -111,6 +118,8 @@ def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], 
         "ReturnToService=2",
         "MpiDefault=none",
         "KillWait=5",
+        # Each node's own cache home for its tasks, as its sshd gives its sessions (srun passes the caller's on).
+        f"TaskProlog={base}/{TASK_PROLOG}",
         *(f"NodeName={n.name} NodeAddr={n.addr} Port={n.port} CPUs={cpus} State=UNKNOWN" for n in nodes),
         f"PartitionName=main Nodes={_node_list([n.name for n in nodes])} Default=YES MaxTime=INFINITE State=UP",
     ]
@@ -174,6 +183,9 @@ def start(state_dir: Path, nodes: Sequence[tuple[str, str, Ident]], timeout: flo
         (spool / name).mkdir(parents=True)
     ports = free_ports(len(nodes) + 1)
     slurm_nodes = [SlurmNode(name, addr, port) for (name, addr, _), port in zip(nodes, ports[1:], strict=True)]
+    prolog = folder / TASK_PROLOG
+    prolog.write_text(render_task_prolog({name: node_cache(state_dir, i) for i, (name, _, _) in enumerate(nodes)}))
+    prolog.chmod(0o755)
     conf = folder / SLURM_CONF_NAME
     conf.write_text(render_slurm_conf(folder, ports[0], slurm_nodes, spool=spool), encoding="utf-8")
     # Another cluster's SLURM_* (say, `inv sandbox.up` run inside an allocation) must not reach our daemons.

@@ -7,6 +7,7 @@ import datetime as _dt
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from launcher import cli
@@ -35,8 +36,8 @@ def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: boo
     if dry_run:
         opts.out.write(plan.describe() + "\n")
         return 0
-    if doctor and opts.preflight is None:
-        opts.preflight = cli.preflight(opts)
+    if doctor and opts.preflight is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
+        opts.preflight = replace(cli.preflight(opts), more=None)
     return slurm_launch.launch(plan, opts)
 
 
