@@ -101,11 +101,11 @@ def test_a_task_on_another_node_than_planned_says_so_and_runs_nothing() -> None:
 
 def test_srun_lines_go_to_their_node_and_its_task_end_ends_that_node_only() -> None:
     step = SrunStep(["gpu-3", "gpu-7", "gpu-9"], "x", kill_on_bad_exit=True, job_name="r")
-    step._route(b"0: hello\n", is_err=False)
-    step._route(b"1: {\"event\": \"ready\"}\n", is_err=True)
-    step._route(b"srun: error: gpu-7: task 1: Exited with exit code 3\n", is_err=True)
-    step._route(b"srun: error: gpu-9: task 2: Killed\n", is_err=True)
-    step._route(b"srun: launch/slurm: _step_signal: Terminating StepId=7.0\n", is_err=True)
+    step._route([b"0: hello"], is_err=False)
+    step._route([b"1: {\"event\": \"ready\"}"], is_err=True)
+    step._route([b"srun: error: gpu-7: task 1: Exited with exit code 3"], is_err=True)
+    step._route([b"srun: error: gpu-9: task 2: Killed"], is_err=True)
+    step._route([b"srun: launch/slurm: _step_signal: Terminating StepId=7.0"], is_err=True)
     first, second, third = step.channels
     assert first.read() == (b"hello\n", b"") and not first.finished
     assert second.read() == (b"", b"{\"event\": \"ready\"}\n")
@@ -117,8 +117,8 @@ def test_srun_lines_go_to_their_node_and_its_task_end_ends_that_node_only() -> N
 
 def test_what_srun_says_before_any_task_spoke_is_every_node_s_message() -> None:
     step = SrunStep(["a", "b"], "x", kill_on_bad_exit=True, job_name="r")
-    step._route(b"srun: error: Unable to create step for job 9: Invalid node name specified\n", is_err=True)
-    step._route(b"srun: error: a,b: tasks 0-1: Terminated\n", is_err=True)
+    step._route([b"srun: error: Unable to create step for job 9: Invalid node name specified"], is_err=True)
+    step._route([b"srun: error: a,b: tasks 0-1: Terminated"], is_err=True)
     for channel in step.channels:
         assert b"Invalid node name" in channel.read()[1]
         assert channel.exit_code() == 143

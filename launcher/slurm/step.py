@@ -193,20 +193,32 @@ class SrunStep:
             if not chunk:
                 break
             *lines, rest = (rest + chunk).split(b"\n")
-            for line in lines:
-                self._route(line + b"\n", is_err)
+            self._route(lines, is_err)
         if rest:
-            self._route(rest, is_err)
+            self._route([rest], is_err)
 
-    def _route(self, line: bytes, is_err: bool) -> None:
-        match = _LABELLED.match(line)
-        if match is not None and int(match.group(1)) < len(self.channels):
-            self.spoke = True
-            body = line[match.end():]
-            self.channels[int(match.group(1))]._add(err=body) if is_err else self.channels[int(match.group(1))]._add(
-                out=body)
-            return
-        text = line.decode("utf-8", errors="replace").rstrip("\n")
+    def _route(self, lines: list[bytes], is_err: bool) -> None:
+        """Each labelled line to its node's channel (a block per node and read, not a lock per line); srun's own
+        lines after what came before them."""
+        blocks: dict[int, list[bytes]] = {}
+
+        def flush() -> None:
+            for index, block in blocks.items():
+                data = b"".join(block)
+                self.channels[index]._add(err=data) if is_err else self.channels[index]._add(out=data)
+            blocks.clear()
+
+        for line in lines:
+            match = _LABELLED.match(line)
+            if match is not None and int(match.group(1)) < len(self.channels):
+                self.spoke = True
+                blocks.setdefault(int(match.group(1)), []).append(line[match.end():] + b"\n")
+            else:
+                flush()
+                self._srun_said(line.decode("utf-8", errors="replace"))
+        flush()
+
+    def _srun_said(self, text: str) -> None:
         ended = _TASK_END.match(text)
         if ended is not None:
             code = _task_code(ended.group(3))
