@@ -134,3 +134,17 @@ def test_a_word_every_session_sends_in_a_round_reaches_srun_once() -> None:
         assert step.proc.stdout.read() == b"hb\ngo\nhb\n"
     finally:
         step.proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("given", "option"), [
+    ({"sync": True}, "--sync"), ({"retries": 2}, "--retries"), ({"detach": True}, "--detach")])
+def test_options_of_an_ssh_launch_are_refused_with_slurm_before_anything_starts(
+        tmp_path, given: dict[str, object], option: str) -> None:
+    from launcher import cli, runs
+
+    inventory = tmp_path / "slurm.yaml"
+    inventory.write_text(INVENTORY)
+    opts = runs.Options(retries=given.get("retries"), detach=bool(given.get("detach")))
+    with pytest.raises(LauncherError, match=f"{option} does not apply to --slurm") as excinfo:
+        cli.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), opts=opts)
+    assert excinfo.value.exit_code == cli.USAGE
