@@ -107,9 +107,9 @@ class SessionChannel(Protocol):
     def close(self) -> None: ...
 
 
-SessionOpener = Callable[[Sequence[tuple[NodeCommand, bytes]]], list["SessionChannel | str"]]
-"""Starts every node's agent session at once, each fed its input (program and request); a channel or an error per
-node, in order. The default opens a channel on each node's SSH connection."""
+SessionOpener = Callable[[str, Sequence[tuple[NodeCommand, dict[str, Any]]]], list["SessionChannel | str"]]
+"""Starts every node's agent session at once from the node program's source and each node's request; a channel or
+an error per node, in order. The default opens a channel on each node's SSH connection."""
 
 
 @dataclass(frozen=True)
@@ -308,11 +308,11 @@ class RunHandle:
 
     def _open_all(self, opener: SessionOpener) -> list[str | None]:
         """Every session through `opener` at once (an srun step starts all its tasks together)."""
-        inputs = [(c, program_input(self.agent_source, self.requests[c.host.name])) for c in self.plan.nodes]
+        requests = [(c, self.requests[c.host.name]) for c in self.plan.nodes]
         try:
-            opened = opener(inputs)
+            opened = opener(self.agent_source, requests)
         except Exception as exc:
-            return [str(exc)] * len(inputs)
+            return [str(exc)] * len(requests)
         errors: list[str | None] = []
         for command, channel in zip(self.plan.nodes, opened, strict=True):
             if isinstance(channel, str):

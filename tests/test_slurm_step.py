@@ -13,7 +13,7 @@ import pytest
 from launcher.errors import LauncherError
 from launcher.inventory import parse_inventory
 from launcher.plan import plan_launch
-from launcher.remote import BOOTSTRAP, program_input
+from launcher.remote import BOOTSTRAP
 from launcher.slurm.allocation import allocation_cluster, allocation_nodes, cpus_per_task
 from launcher.slurm.step import SrunStep, srun_argv, step_input
 
@@ -77,8 +77,7 @@ ECHO_PROGRAM = textwrap.dedent("""\
 def _step_input() -> bytes:
     cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), ["gpu-3", "gpu-7"])
     plan = plan_launch(cluster)
-    return step_input([(c, program_input(ECHO_PROGRAM, {"node": c.host.name, "rank": c.node_rank}))
-                       for c in plan.nodes])
+    return step_input(ECHO_PROGRAM, [(c, {"node": c.host.name, "rank": c.node_rank}) for c in plan.nodes])
 
 
 def test_each_task_runs_the_program_with_its_own_request_then_the_words() -> None:

@@ -8,12 +8,12 @@ else (defaults, job, rendezvous port, env); its host list only lends settings to
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from launcher.errors import LauncherError
 from launcher.inventory import Cluster
+from launcher.slurm.jobs import failure, run_slurm
 
 NOT_IN_ALLOCATION = ("--slurm runs inside a SLURM allocation (SLURM_JOB_ID is not set): start it under `salloc "
                      "-N 2 inv launch --slurm ...`, in an sbatch script, or submit with `inv slurm.submit`")
@@ -39,13 +39,9 @@ def allocation_nodes(env: Mapping[str, str]) -> list[str]:
     if not env.get("SLURM_JOB_ID"):
         raise LauncherError(NOT_IN_ALLOCATION)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    try:
-        shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                               env=dict(env), timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LauncherError(f"cannot expand the allocation's node list {nodelist!r} with scontrol: {exc}") from None
+    shown = run_slurm(["scontrol", "show", "hostnames", nodelist], env=env)
     if shown.returncode != 0:
-        raise LauncherError(f"scontrol show hostnames {nodelist!r} failed: {shown.stderr.strip()}")
+        raise LauncherError(f"scontrol show hostnames {nodelist!r} failed: {failure(shown)}")
     return shown.stdout.split()
 
 

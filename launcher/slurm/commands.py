@@ -23,11 +23,10 @@ from launcher.slurm.jobs import JobState
 
 def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
-    for given, why in ((sync, "--sync: the nodes of a SLURM cluster share the job's files"),
-                       (opts.retries, "--retries: a SLURM job is requeued by SLURM (sbatch --requeue)"),
-                       (opts.detach, "--detach: submit the job instead (`inv slurm.submit`)")):
+    for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
+                                  (opts.retries, "--retries", "a SLURM job is requeued by SLURM (sbatch --requeue)"),
+                                  (opts.detach, "--detach", "submit the job instead (`inv slurm.submit`)")):
         if given:
-            option, reason = why.split(": ", 1)
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     if cluster.retries:
         opts.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
@@ -43,7 +42,7 @@ def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: boo
 
 def _slurm_log_dir(opts: Options) -> Path:
     """Where submitted jobs keep their script, output and end record: absolute, as the job starts elsewhere."""
-    return (opts.log_dir / "slurm").absolute()
+    return (opts.log_dir / jobs.LOG_SUBDIR).absolute()
 
 
 def _job_hosts(hosts: str) -> str:

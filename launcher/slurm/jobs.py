@@ -11,7 +11,7 @@ import codecs
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -20,7 +20,9 @@ from launcher.errors import LauncherError
 from launcher.options import DEFAULT_LOG_DIR
 from launcher.slurm.batch import check_job_id, output_path, record_path
 
-DEFAULT_SLURM_LOG_DIR = Path(DEFAULT_LOG_DIR) / "slurm"
+LOG_SUBDIR = "slurm"
+"""The folder under the launcher's log dir for batch scripts, job output and end records."""
+DEFAULT_SLURM_LOG_DIR = Path(DEFAULT_LOG_DIR) / LOG_SUBDIR
 """Where `inv slurm.submit` writes batch scripts, and its jobs their output and end records."""
 SUBMIT_TIMEOUT = 120.0
 """Seconds sbatch may take (it retries an unreadable slurm.conf for 60 s before it gives up)."""
@@ -116,10 +118,12 @@ def parse_sacct(job_id: str, text: str, output: Path | None) -> JobState | None:
 
 # ---- I/O: SLURM's commands and the job's files ----------------------------------------------------------------------
 
-def _slurm(argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> subprocess.CompletedProcess[str]:
+def run_slurm(argv: Sequence[str], timeout: float = QUERY_TIMEOUT,
+              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one SLURM command; a missing command or a hang is a LauncherError, never a traceback."""
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+                              env=None if env is None else dict(env))
     except FileNotFoundError:
         raise LauncherError(f"{argv[0]} not found: SLURM's commands are not installed on this machine "
                             "(or not on PATH)") from None
@@ -128,7 +132,7 @@ def _slurm(argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> subprocess.Co
                             "(`scontrol ping`)?") from None
 
 
-def _words(result: subprocess.CompletedProcess[str]) -> str:
+def failure(result: subprocess.CompletedProcess[str]) -> str:
     """What a failed SLURM command concluded (its last line: `fatal: ...`, `Batch job submission failed: ...`)."""
     lines = (result.stderr.strip() or result.stdout.strip()).splitlines()
     text = lines[-1].strip()[:300] if lines else f"exit code {result.returncode}"
@@ -141,20 +145,20 @@ def submit(script_text: str, script_path: Path) -> str:
     """Write the batch script to `script_path` (its folder too) and submit it; the job id sbatch gives."""
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script_text, encoding="utf-8")
-    result = _slurm(["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT)
+    result = run_slurm(["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT)
     job_id = result.stdout.strip().split(";")[0]  # `123;cluster` on a federation
     if result.returncode != 0 or not job_id.isdigit():
-        raise LauncherError(f"sbatch did not take {script_path}: {_words(result)}")
+        raise LauncherError(f"sbatch did not take {script_path}: {failure(result)}")
     return job_id
 
 
 def _scontrol(job_id: str, output: Path) -> JobState | None:
     """What the controller holds about the job; None once it has forgotten it (MinJobAge after the end)."""
-    result = _slurm(["scontrol", "-o", "show", "job", job_id])
+    result = run_slurm(["scontrol", "-o", "show", "job", job_id])
     if result.returncode != 0:
         if _FORGOTTEN in result.stderr:
             return None
-        raise LauncherError(f"scontrol show job {job_id} failed: {_words(result)}")
+        raise LauncherError(f"scontrol show job {job_id} failed: {failure(result)}")
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     return state_from_fields(job_id, parse_fields(lines[0]), "scontrol", output) if lines else None
 
@@ -163,7 +167,7 @@ def _sacct(job_id: str, output: Path) -> JobState | None:
     """What accounting remembers; None when it does not know the job or is not set up (`accounting storage is
     disabled`: a cluster without slurmdbd)."""
     try:
-        result = _slurm(["sacct", "-j", job_id, "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList,Reason"],
+        result = run_slurm(["sacct", "-j", job_id, "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList,Reason"],
                         SACCT_TIMEOUT)
     except LauncherError:  # no sacct, or a hung slurmdbd: the end record may still say
         return None
@@ -187,19 +191,19 @@ def job_state(job_id: str, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> JobState:
             or JobState(job_id, UNKNOWN, output=output))
 
 
-def job_output(job_id: str, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> Path:
-    """The job's output file: where SLURM says (StdOut), else where `inv slurm.submit` had it written."""
-    return job_state(job_id, log_dir).output or Path(output_path(log_dir, check_job_id(job_id)))
-
-
 def is_listed(job_id: str) -> bool:
     """Whether squeue still lists the job: it is pending, running, or its processes are being ended."""
-    result = _slurm(["squeue", "-h", "-j", check_job_id(job_id), "-o", "%T"])
+    result = run_slurm(["squeue", "-h", "-j", check_job_id(job_id), "-o", "%T"])
     if result.returncode != 0:
         if _FORGOTTEN in result.stderr:
             return False
-        raise LauncherError(f"squeue -j {job_id} failed: {_words(result)}")
+        raise LauncherError(f"squeue -j {job_id} failed: {failure(result)}")
     return any(line.strip() in LIVE_STATES for line in result.stdout.splitlines())
+
+
+def _output(state: JobState, log_dir: Path) -> Path:
+    """The job's output file: where SLURM says (StdOut), else where `inv slurm.submit` had it written."""
+    return state.output or Path(output_path(log_dir, state.job_id))
 
 
 class _Tail:
@@ -227,14 +231,14 @@ class _Tail:
 def read(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> tuple[JobState, bool]:
     """Print the job's output as it is now; its state, and whether the output file was there."""
     state = job_state(job_id, log_dir)
-    return state, _Tail(state.output or job_output(job_id, log_dir), out).copy()
+    return state, _Tail(_output(state, log_dir), out).copy()
 
 
 def follow(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR,
            poll: float = POLL) -> tuple[JobState, bool]:
     """Print the job's output as it grows, until the job ends; its final state, and whether there was output."""
     state = job_state(job_id, log_dir)
-    tail = _Tail(state.output or job_output(job_id, log_dir), out)
+    tail = _Tail(_output(state, log_dir), out)
     while True:
         found = tail.copy()  # after the state: a job seen ended has written all it will
         if state.ended:
@@ -247,9 +251,9 @@ def cancel(job_id: str, wait: float, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> J
     """scancel the job (SLURM sends TERM to every process of it, KILL after its KillWait), then wait up to `wait`
     seconds until squeue no longer lists it: every node has ended its processes. The state after that."""
     job_id = check_job_id(job_id)
-    result = _slurm(["scancel", job_id])
+    result = run_slurm(["scancel", job_id])
     if result.returncode != 0:
-        raise LauncherError(f"scancel {job_id} failed: {_words(result)}")
+        raise LauncherError(f"scancel {job_id} failed: {failure(result)}")
     deadline = time.monotonic() + wait
     while is_listed(job_id) and time.monotonic() < deadline:
         time.sleep(min(POLL / 2, max(0.0, deadline - time.monotonic())))
@@ -257,5 +261,5 @@ def cancel(job_id: str, wait: float, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> J
 
 
 __all__ = ["DEFAULT_SLURM_LOG_DIR", "LIVE_STATES", "UNKNOWN", "JobState", "cancel", "follow", "is_listed",
-           "job_output", "job_state", "parse_exit", "parse_fields", "parse_sacct", "read", "state_from_fields",
+           "job_state", "parse_exit", "parse_fields", "parse_sacct", "read", "run_slurm", "state_from_fields",
            "submit"]

@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from launcher.errors import LauncherError
 from launcher.plan import NodeCommand
+from launcher.slurm.jobs import run_slurm
 
 SELECTOR_SOURCE = Path(__file__).with_name("selector.py").read_text(encoding="utf-8")
 _LABELLED = re.compile(rb" *(\d+): ")
@@ -47,19 +49,13 @@ def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job
             "--input", "all", "--job-name", job_name, "/bin/sh", "-c", command]
 
 
-def step_input(nodes: Sequence[tuple[NodeCommand, bytes]]) -> bytes:
-    """What the step's stdin starts with: the selector, then the node program and each node's request by node id.
-
-    Each input is `remote.program_input`'s (the program's source line, then its request line); node id i is the
-    plan's node i, which is the allocation's node i (`scontrol show hostnames` order, SLURM's node ids).
-    """
-    source = None
-    parts: dict[str, Any] = {}
-    for index, (command, data) in enumerate(nodes):
-        program, request, *_ = data.decode().split("\n")
-        source = source or program
-        parts[str(index)] = {"name": command.host.name, "request": json.loads(request), "program": "agent.py"}
-    return (json.dumps(SELECTOR_SOURCE) + "\n" + (source or '""') + "\n" + json.dumps(parts) + "\n").encode()
+def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]]]) -> bytes:
+    """What the step's stdin starts with: the selector, then the node program and each node's request by node id
+    (the lines `remote.program_input` would send one node). Node id i is the plan's node i, which is the
+    allocation's node i (`scontrol show hostnames` order, SLURM's node ids)."""
+    parts = {str(i): {"name": command.host.name, "request": dict(request), "program": "agent.py"}
+             for i, (command, request) in enumerate(nodes)}
+    return "".join(json.dumps(line) + "\n" for line in (SELECTOR_SOURCE, source, parts)).encode()
 
 
 class StepChannel:
@@ -71,10 +67,9 @@ class StepChannel:
         self._code: int | None = None
         """The task's exit code, once srun said it (or the step ended)."""
 
-    def _add(self, out: bytes = b"", err: bytes = b"") -> None:
+    def _add(self, data: bytes, is_err: bool) -> None:
         with self.step.ready:
-            self._out += out
-            self._err += err
+            (self._err if is_err else self._out).extend(data)
             self.step.ready.notify_all()
 
     def _ended(self, code: int) -> None:
@@ -138,8 +133,9 @@ class SrunStep:
 
     # --- start ------------------------------------------------------------------------------------------------
 
-    def open(self, nodes: Sequence[tuple[NodeCommand, bytes]]) -> list[StepChannel | str]:
-        """Start the step with every node's input; a channel per node (or srun's error for all)."""
+    def open(self, source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]]]) -> list[StepChannel | str]:
+        """Start the step with the node program and every node's request; a channel per node (or srun's error for
+        all)."""
         try:
             # Its own session: a Ctrl-C at the terminal is the launcher's to handle (stop words, then the step's
             # end), not srun's (whose first SIGINT only prints task states).
@@ -154,7 +150,7 @@ class SrunStep:
         threading.Thread(target=self._reap, daemon=True, name="srun-wait").start()
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(step_input(nodes))
+            self.proc.stdin.write(step_input(source, nodes))
             self.proc.stdin.flush()
         except OSError:
             pass  # srun ended at once: its words and exit come through the readers
@@ -204,8 +200,7 @@ class SrunStep:
 
         def flush() -> None:
             for index, block in blocks.items():
-                data = b"".join(block)
-                self.channels[index]._add(err=data) if is_err else self.channels[index]._add(out=data)
+                self.channels[index]._add(b"".join(block), is_err)
             blocks.clear()
 
         for line in lines:
@@ -229,7 +224,7 @@ class SrunStep:
         self.srun_lines.append(text)
         if not self.spoke and text.strip():  # srun could not start the step: every node's message
             for channel in self.channels:
-                channel._add(err=(text + "\n").encode())
+                channel._add((text + "\n").encode(), is_err=True)
 
     def _reap(self) -> None:
         assert self.proc is not None
@@ -266,7 +261,10 @@ class SrunStep:
         proc.send_signal(signal.SIGTERM)
         if _waited(proc, grace + STEP_END_WAIT):
             return done
-        done.append(f"the step outlived SIGTERM: scancel {self.cancel()}")
+        try:
+            done.append(f"the step outlived SIGTERM: scancel {self.cancel()}")
+        except LauncherError as exc:  # SLURM's commands fail too: SIGKILL to srun is what is left
+            done.append(f"the step outlived SIGTERM and could not be cancelled: {exc}")
         if not _waited(proc, STEP_END_WAIT):
             proc.kill()
             proc.wait()
@@ -275,12 +273,11 @@ class SrunStep:
     def cancel(self) -> str:
         """scancel this step (found by its name, the run id, in the job's steps); returns the step id."""
         job = self.env.get("SLURM_JOB_ID", "")
-        listed = subprocess.run(["squeue", "--steps", "--noheader", "--format", "%i %j", "--jobs", job],
-                                capture_output=True, text=True, env=self.env, timeout=30)
+        listed = run_slurm(["squeue", "--steps", "--noheader", "--format", "%i %j", "--jobs", job], env=self.env)
         steps = [line.split()[0] for line in listed.stdout.splitlines()
                  if len(line.split()) == 2 and line.split()[1] == self.job_name]
         for step in steps:
-            subprocess.run(["scancel", step], capture_output=True, env=self.env, timeout=30)
+            run_slurm(["scancel", step], env=self.env)
         return ", ".join(steps) or "(no step listed)"
 
 
