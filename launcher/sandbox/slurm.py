@@ -20,7 +20,7 @@ from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
 from launcher.sandbox.render import config_path, node_cache
 from launcher.sandbox.start import last_lines, read_text
-from launcher.sandbox.stop import STOP_LIMIT_S, terminate
+from launcher.sandbox.stop import STOP_LIMIT_S, scan, terminate
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -393,7 +393,7 @@ def _stop_all(leaders: Sequence[Ident], strays: Iterable[str], spaces: Sequence[
     The leaders go first, alone: a daemon stops its own helpers, and slurmctld signalled together with its
     slurmscriptd hangs in its shutdown until SIGKILL. Their groups keep the helpers findable afterwards.
     """
-    stray_exes = {os.path.realpath(exe) for exe in strays}
+    stray_exes = frozenset(os.path.realpath(exe) for exe in strays)
     killed: set[int] = set()
     groups: set[int] = set()
     alone = True
@@ -402,23 +402,12 @@ def _stop_all(leaders: Sequence[Ident], strays: Iterable[str], spaces: Sequence[
         for ident in spaces:  # held before any signal: a node's stray steps stay findable after its slurmd dies
             nodes.hold(*ident)
         while True:
-            table = procs.table()
-            groups &= {entry.pgrp for entry in table.values()}  # an empty group's id may be reused: forget it
-            live = [(pid, st) for pid, st in leaders if pid in table and table[pid].start_time == st]
-            found = [
-                (pid, entry.start_time)
-                for pid, entry in table.items()
-                if stray_exes and pid in nodes and procs.exe(pid) in stray_exes
-            ]
-            roots = sorted({*live, *found})
-            targets = sorted({*roots, *procs.family([pid for pid, _ in roots], groups, table)})
+            live, targets, groups = scan(leaders, groups, nodes, stray_exes)
             if not targets:
                 return killed
             if time.monotonic() > deadline:
                 left = ", ".join(str(pid) for pid, _ in targets)
                 raise SandboxError(f"could not stop processes {left} within {STOP_LIMIT_S:g} s; kill them by hand.")
-            groups |= {table[pid].pgrp for pid, _ in targets}
-            groups.discard(os.getpgrp())  # never this process's own group
             if alone and live:
                 killed |= terminate(live)
             else:

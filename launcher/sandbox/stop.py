@@ -34,7 +34,7 @@ def stop_families(leaders: Sequence[Ident]) -> set[int]:
         while True:
             for leader in leaders:  # held before any signal, so that what the leader forks can still be found
                 nodes.hold(*leader)
-            targets, groups = _targets(leaders, groups, nodes)
+            _, targets, groups = scan(leaders, groups, nodes)
             if not targets:
                 return killed
             if time.monotonic() > deadline:
@@ -43,20 +43,20 @@ def stop_families(leaders: Sequence[Ident]) -> set[int]:
             killed |= terminate(targets)
 
 
-def _targets(leaders: Sequence[Ident], groups: set[int], nodes: procs.Namespaces) -> tuple[list[Ident], set[int]]:
-    """From one scan: the live leaders, the sshd processes in the nodes' namespaces, the families of both; and the
-    process groups to follow next time (theirs, and those of `groups` that still have a member)."""
+def scan(leaders: Sequence[Ident], groups: set[int], nodes: procs.Namespaces,
+         strays: frozenset[str] = frozenset({SSHD})) -> tuple[list[Ident], list[Ident], set[int]]:
+    """From one look at the process table: the live leaders; every target (them, the processes of the `strays`
+    executables in the nodes' namespaces, the families of both); and the process groups to follow next time (the
+    targets', and those of `groups` that still have a member; never this process's own)."""
     table = procs.table()
     # A group without a live member never gets one again, and its id may then be reused: forget it.
     groups = groups & {entry.pgrp for entry in table.values()}
     live = [(pid, start) for pid, start in leaders if pid in table and table[pid].start_time == start]
-    servers = [
-        (pid, entry.start_time)
-        for pid, entry in table.items()
-        if pid in nodes and (pid, entry.start_time) not in live and procs.exe(pid) == SSHD
-    ]
-    targets = sorted({*live, *servers, *procs.family([pid for pid, _ in live + servers], groups, table)})
-    return targets, groups | {table[pid].pgrp for pid, _ in targets}
+    found = [(pid, entry.start_time) for pid, entry in table.items()
+             if strays and pid in nodes and procs.exe(pid) in strays]
+    roots = sorted({*live, *found})
+    targets = sorted({*roots, *procs.family([pid for pid, _ in roots], groups, table)})
+    return live, targets, (groups | {table[pid].pgrp for pid, _ in targets}) - {os.getpgrp()}
 
 
 def terminate(targets: Sequence[Ident], grace: float = STOP_GRACE_S) -> set[int]:
