@@ -178,6 +178,17 @@ class Timed:
     """With `sample=True`: the process tree's peak processes, threads, fds and RSS (kB), sampled (bench/usage.py)."""
 
 
+def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> int | None:
+    """The exit code of a process started in a session of its own; None when it had to be killed (its group)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
 def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] | None = None,
               stdout: int | IO[Any] | None = subprocess.PIPE, cwd: Path = REPO, sample: bool = False) -> Timed:
     """Run a process to its end; wall time from spawn to exit, with its CPU and peak memory from wait4().

@@ -29,6 +29,7 @@ from common import (
     REPO,
     RUN_ID,
     Box,
+    finish,
     free_port,
     kill_marked,
     log,
@@ -84,16 +85,6 @@ def _inv(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> int | None:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
-
-
 def sigint_attached(box: Box, root: Path, k: int) -> dict[str, Any]:
     inventory = with_port(box, free_port(), root)
     out = root / f"attached-{k}.out"
@@ -109,13 +100,13 @@ def sigint_attached(box: Box, root: Path, k: int) -> dict[str, Any]:
         start = time.perf_counter()
         os.killpg(proc.pid, signal.SIGINT)
         gone_s, left, first_s = wait_gone(lambda: run_processes(run_id), GONE_TIMEOUT_S, start=start)
-        code = _finish(proc)
+        code = finish(proc)
         exited_s = time.perf_counter() - start
         return {"gone_s": gone_s, "left": left, "first_gone_s": first_s, "launcher_exit_s": exited_s,
                 "launcher_code": code}
     finally:
         if proc.poll() is None:
-            _finish(proc, 0.1)
+            finish(proc, 0.1)
         if run_id:
             kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
 
@@ -126,7 +117,7 @@ def inv_stop_detached(box: Box, root: Path, k: int) -> dict[str, Any]:
     run_id = None
     try:
         launch = _inv("launch", "--hosts", str(inventory), "--detach", log_dir=root / "logs", out=out)
-        if _finish(launch, 60) != 0:
+        if finish(launch, 60) != 0:
             raise RuntimeError(f"inv launch --detach failed:\n{read_text(out)[-2000:]}")
         match = RUN_ID.search(read_text(out))
         if not match:
@@ -141,7 +132,7 @@ def inv_stop_detached(box: Box, root: Path, k: int) -> dict[str, Any]:
         stopper = _inv("stop", "--hosts", str(inventory), "--run", run_id, log_dir=root / "logs",
                        out=root / f"stop-{k}.out")
         gone_s, left, first_s = wait_gone(lambda: run_processes(run_id), GONE_TIMEOUT_S, start=start)
-        code = _finish(stopper)
+        code = finish(stopper)
         return {"gone_s": gone_s, "left": left, "first_gone_s": first_s, "stop_exit_s": time.perf_counter() - start,
                 "stop_code": code}
     finally:
@@ -172,7 +163,7 @@ def sigint_ssh_loop(box: Box, root: Path, k: int) -> dict[str, Any]:
         start = time.perf_counter()
         os.killpg(loop.pid, signal.SIGINT)
         gone_s, left, _ = wait_gone(lambda: pids_with_env(mark), A_WATCH_S, start=start)
-        loop_code = _finish(loop, 5)
+        loop_code = finish(loop, 5)
         ssh_clients_left = _group_members(loop.pid)
         return {"gone_s": gone_s, "left": left, "remote_before": remote_before, "loop_exit_s":
                 time.perf_counter() - start, "loop_code": loop_code, "ssh_clients_left": ssh_clients_left}

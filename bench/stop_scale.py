@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from common import (
     REPO,
     RUN_ID,
     Box,
+    finish,
     fit_line,
     have_pdsh,
     kill_marked,
@@ -92,16 +94,6 @@ def _named(prefix: bytes) -> list[int]:
     return found
 
 
-def _finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> int | None:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
-
-
 def _spawn(argv: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with open(out, "wb") as sink:
         return subprocess.Popen(argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=sink,
@@ -138,13 +130,25 @@ def sigint(box: Box, root: Path, k: int) -> dict[str, Any]:
         start = time.perf_counter()
         os.killpg(proc.pid, signal.SIGINT)
         gone_s, left, _ = wait_gone(lambda: run_processes(run_id), GONE_TIMEOUT_S, start=start)
-        code = _finish(proc)
+        code = finish(proc)
         return {"gone_s": gone_s, "left": left, "exit_s": time.perf_counter() - start, "code": code}
     finally:
         if proc.poll() is None:
-            _finish(proc, 0.1)
+            finish(proc, 0.1)
         if run_id:
             kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
+
+
+def _timed_stop(argv: list[str], out: Path, env: dict[str, str], remaining: Callable[[], list[int]]) -> dict[str, Any]:
+    """Run a stopper: seconds until `remaining()` is empty and until it exits, its exit code, CPU and peak usage."""
+    start = time.perf_counter()
+    stopper = _spawn(argv, out, env)
+    sampler = Sampler(stopper.pid).start()
+    gone_s, left, _ = wait_gone(remaining, GONE_TIMEOUT_S, start=start)
+    _, status, usage = os.wait4(stopper.pid, 0)
+    return {"gone_s": gone_s, "left": left, "exit_s": time.perf_counter() - start,
+            "code": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak": sampler.stop().as_dict()}
 
 
 def inv_stop(box: Box, root: Path, k: int) -> dict[str, Any]:
@@ -152,18 +156,12 @@ def inv_stop(box: Box, root: Path, k: int) -> dict[str, Any]:
     run_id = None
     try:
         launch = _drive(box, root, out, detach=True)
-        if _finish(launch, UP_TIMEOUT_S) != 0:
+        if finish(launch, UP_TIMEOUT_S) != 0:
             raise RuntimeError(f"the detached launch failed:\n{_read(out)[-2000:]}")
         run_id = _launcher_up(box, out)
-        start = time.perf_counter()
-        stopper = _spawn([sys.executable, "-m", "invoke", "stop", "--hosts", str(box.inventory), "--run", run_id],
-                         root / f"scale-stop-{box.n}-{k}.out", {"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")})
-        sampler = Sampler(stopper.pid).start()
-        gone_s, left, _ = wait_gone(lambda: run_processes(run_id), GONE_TIMEOUT_S, start=start)
-        _, status, usage = os.wait4(stopper.pid, 0)
-        stopper.returncode = os.waitstatus_to_exitcode(status)
-        return {"gone_s": gone_s, "left": left, "exit_s": time.perf_counter() - start, "code": stopper.returncode,
-                "cpu_s": usage.ru_utime + usage.ru_stime, "peak": sampler.stop().as_dict()}
+        return _timed_stop([sys.executable, "-m", "invoke", "stop", "--hosts", str(box.inventory), "--run", run_id],
+                           root / f"scale-stop-{box.n}-{k}.out", {"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")},
+                           lambda: run_processes(run_id))
     finally:
         if run_id:
             kill_marked(f"{RUN_ID_ENV}={run_id}/".encode())
@@ -186,14 +184,7 @@ def baseline(box: Box, root: Path, k: int, way: str) -> dict[str, Any]:
     mine = token.encode()
     try:
         _wait_for(lambda: len(_named(mine)) == box.n, f"{way}: a sleep on each of {box.n} nodes")
-        start = time.perf_counter()
-        stopper = _spawn(argv(stop_cmd), root / f"scale-{way}-stop-{box.n}-{k}.out", env)
-        sampler = Sampler(stopper.pid).start()
-        gone_s, left, _ = wait_gone(lambda: _named(mine), GONE_TIMEOUT_S, start=start)
-        _, status, usage = os.wait4(stopper.pid, 0)
-        stopper.returncode = os.waitstatus_to_exitcode(status)
-        return {"gone_s": gone_s, "left": left, "exit_s": time.perf_counter() - start, "code": stopper.returncode,
-                "cpu_s": usage.ru_utime + usage.ru_stime, "peak": sampler.stop().as_dict()}
+        return _timed_stop(argv(stop_cmd), root / f"scale-{way}-stop-{box.n}-{k}.out", env, lambda: _named(mine))
     finally:
         for pid in _named(mine):
             with contextlib.suppress(ProcessLookupError):
