@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tests.support.nodeenv import node_python
 from tests.support.procs import free_port as free_port  # re-exported for the train tests
 from tests.support.procs import pids_with_env
 
@@ -43,9 +44,10 @@ INJECTED_FAILURE = "injected failure"
 TAG_VAR = "DDP_TRAIN_TEST_RUN"
 
 
-def torchrun_cmd(nproc: int, port: int, *train_args: str, python: str = sys.executable) -> list[str]:
+def torchrun_cmd(nproc: int, port: int, *train_args: str, python: str | None = None) -> list[str]:
+    """torchrun of train/ddp.py on this machine, under the nodes' interpreter (declared dependencies only)."""
     return [
-        python,
+        python or node_python(),
         "-m",
         "torch.distributed.run",
         "--nnodes",
@@ -62,7 +64,7 @@ def torchrun_cmd(nproc: int, port: int, *train_args: str, python: str = sys.exec
 
 
 def single_cmd(*train_args: str) -> list[str]:
-    return [sys.executable, str(TRAIN_SCRIPT), *train_args]
+    return [node_python(), str(TRAIN_SCRIPT), *train_args]
 
 
 @functools.cache

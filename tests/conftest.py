@@ -11,6 +11,7 @@ import pytest
 
 from launcher import sandbox
 from launcher.sandbox import Sandbox
+from tests.support.nodeenv import node_python
 from tests.support.procs import free_port as free_port  # re-exported: tests import it from here
 from tests.support.procs import reserve_base_addr
 
@@ -43,6 +44,8 @@ class SandboxFactory:
         up_kwargs.setdefault("state_dir", folder / "state")
         up_kwargs.setdefault("inventory", folder / "sandbox.yaml")
         up_kwargs.setdefault("ssh_port", 2222)
+        # Every node program runs under the declared dependencies only (no numpy): as on a user's node venv.
+        up_kwargs.setdefault("python", node_python())
         if "base_addr" not in up_kwargs:
             up_kwargs["base_addr"] = self.reserve_base()
         self.state_dirs.append(Path(up_kwargs["state_dir"]))  # before `up`: teardown covers a failed start

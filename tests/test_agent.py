@@ -16,6 +16,7 @@ import pytest
 
 from launcher import agent, plan
 from launcher.runs import log_tail_settings
+from tests.support.nodeenv import node_python
 
 AGENT = Path(agent.__file__)
 NODE = "node1"
@@ -51,7 +52,7 @@ class Node:
     def request(self, timeout: float = 30, **request: object) -> tuple[subprocess.CompletedProcess[bytes], list]:
         """Run one agent action; its result and its JSON events."""
         request.setdefault("node", NODE)
-        done = subprocess.run([sys.executable, str(AGENT)], input=(json.dumps(request) + "\n").encode(),
+        done = subprocess.run([node_python(), str(AGENT)], input=(json.dumps(request) + "\n").encode(),
                               env=self.env, capture_output=True, timeout=timeout, check=False)
         return done, [json.loads(line) for line in done.stderr.decode().splitlines()]
 
@@ -60,7 +61,7 @@ class Node:
         request = self.tmp / "follow.json"
         request.write_text(json.dumps({"action": "logs", "node": NODE, "run_id": run_id, "follow": True}) + "\n")
         with open(request, "rb") as stdin:
-            proc = subprocess.Popen([sys.executable, str(AGENT)], env=self.env, stdin=stdin, stdout=stdout,
+            proc = subprocess.Popen([node_python(), str(AGENT)], env=self.env, stdin=stdin, stdout=stdout,
                                     stderr=subprocess.PIPE, start_new_session=True)
         self.procs.append(proc)
         return proc
@@ -280,7 +281,7 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
                "alive_interval": 5.0, "log_tail": log_tail_settings()}
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for word, ran in (("stop", False), ("go", True)):
-        proc = subprocess.Popen([sys.executable, agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([node_python(), agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, cwd=tmp_path)
         assert proc.stdin is not None and proc.stderr is not None
         proc.stdin.write((json.dumps({**request, "mark": f"{run_id}/node{int(ran)}",

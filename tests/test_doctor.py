@@ -33,6 +33,7 @@ from launcher.inventory import Cluster, load_inventory, parse_inventory
 from launcher.options import DEFAULT_PROBE_TIMEOUT
 from launcher.sandbox import Sandbox
 from launcher.supervise import NodeFacts
+from tests.support.nodeenv import node_python
 
 ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
 SHA = "ab" * 32
@@ -548,8 +549,8 @@ def test_probe_source_is_python_3_8() -> None:
 
 
 def _run_probe(request: dict[str, Any], env: dict[str, str] | None = None,
-               python: str = sys.executable) -> dict[str, Any]:
-    result = subprocess.run([python, "-c", remote.BOOTSTRAP], input=doctor.probe_input(request),
+               python: str | None = None) -> dict[str, Any]:
+    result = subprocess.run([python or node_python(), "-c", remote.BOOTSTRAP], input=doctor.probe_input(request),
                             capture_output=True, timeout=30, env=env)
     assert result.returncode == 0, result.stderr.decode()
     return json.loads(result.stdout)
@@ -614,7 +615,7 @@ def test_the_master_listener_and_a_probe_speak_with_the_controllers_numbers_only
     # The two node sessions of a doctor run, here without SSH, with exactly the requests collect.py builds.
     port = free_port()
     listen = {**doctor.listen_request(make_cluster(), "t0ken", 4.0), "master_port": port}
-    listener = subprocess.Popen([sys.executable, "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
+    listener = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert listener.stdin is not None
@@ -649,7 +650,7 @@ def test_the_master_listener_and_a_probe_speak_with_the_controllers_numbers_only
 def test_the_probe_refuses_a_request_without_its_numbers(request_: dict[str, Any], sentence: str) -> None:
     # No made-up default: the reply says what is missing, before any work (the listener binds nothing).
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", remote.BOOTSTRAP], input=doctor.probe_input(request_),
+    result = subprocess.run([node_python(), "-c", remote.BOOTSTRAP], input=doctor.probe_input(request_),
                             capture_output=True, timeout=30)
     assert time.monotonic() - started < 2
     assert result.returncode == 2
@@ -674,7 +675,7 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         pytest.skip(f"127.0.{BASE_SUBNET}.x is in use by another test process")
     folder = tmp_path_factory.mktemp("doctor-sandbox")
     try:
-        box = sandbox.up(3, state_dir=folder / "state", inventory=folder / "sandbox.yaml",
+        box = sandbox.up(3, state_dir=folder / "state", inventory=folder / "sandbox.yaml", python=node_python(),
                          base_addr=f"127.0.{BASE_SUBNET}.2", master_port=free_port())
         yield box
     finally:
@@ -790,7 +791,7 @@ def test_another_torch_on_one_node(make_sandbox, tmp_path: Path) -> None:
     (site / "torch-2.12.0.dist-info").mkdir(parents=True)
     (site / "torch-2.12.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.12.0\n")
     wrapper = tmp_path / "fake-env" / "python"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {node_python()} \"$@\"\n")
     wrapper.chmod(0o755)
     box = make_sandbox(3, master_port=free_port(), python_override={2: str(wrapper)})
     report = doctor.run_doctor(load_inventory(box.inventory))
@@ -865,7 +866,7 @@ def test_a_node_slow_to_start_its_python_is_a_warning_with_its_time(make_sandbox
     # Node 2's python takes SLOW_START_S more to start (as from a cold network filesystem), for real, over SSH.
     slow_start_s = 4
     wrapper = tmp_path / "cold-python"
-    wrapper.write_text(f"#!/bin/sh\nsleep {slow_start_s}\nexec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nsleep {slow_start_s}\nexec {node_python()} \"$@\"\n")
     wrapper.chmod(0o755)
     box = make_sandbox(3, master_port=free_port(), python_override={2: str(wrapper)})
     hosts = ["--hosts", str(box.inventory), "--fast", "--json"]

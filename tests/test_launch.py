@@ -74,6 +74,43 @@ def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly(make_sandbox, tmp
     assert assert_replicas_in_sync(resumed.stdout, world_size=4) == checksum
 
 
+def test_resume_sends_rank_0s_checkpoint_to_a_node_without_one(make_sandbox, tmp_path: Path) -> None:
+    """Nodes that share no disk: only node-0 has the checkpoint, and node-1's ranks get its bytes over the group.
+
+    The nodes run the declared dependencies only (no numpy, tests/support/nodeenv.py), as a user's venv: this path
+    once used all_gather_object, which needs numpy in torch 2.13, and every rank failed on the first retry.
+    """
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
+    data = yaml.safe_load(box.inventory.read_text())
+    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
+    for workdir in workdirs:
+        (workdir / "train").mkdir(parents=True)
+        (workdir / "train" / "ddp.py").write_bytes((REPO / "train" / "ddp.py").read_bytes())
+    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    logs = tmp_path / "logs"
+
+    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = " ".join((TRAIN, "--checkpoint-dir ckpt", *extra))  # relative: each node's own workdir
+        result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
+                     log_dir=logs)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
+    for workdir in workdirs:
+        (workdir / "ckpt" / "checkpoint.pt").unlink(missing_ok=True)
+    launch("--stop-after-epoch 1")
+    assert [(w / "ckpt" / "checkpoint.pt").exists() for w in workdirs] == [True, False]  # rank 0 alone writes
+    resumed = launch(f"--resume --save-weights {tmp_path / 'resumed.pt'}")
+    for rank in (2, 3):
+        assert re.search(rf"^node-1 r{rank} +\| rank {rank}: local checkpoint missing or different, using rank 0's$",
+                         resumed.stdout, re.M), resumed.stdout
+    assert "Numpy is not available" not in resumed.stdout + resumed.stderr
+    assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
+    assert assert_replicas_in_sync(resumed.stdout, 4) == assert_replicas_in_sync(whole.stdout, 4)
+
+
 def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=HOSTILE_ARGS)
     out_dir = tmp_path / "echo"

@@ -5,11 +5,8 @@ launcher/probe.py are stdlib-only programs sent to any Python 3.8+. The test mac
 numpy there once hid a `.numpy()` call that failed on every rank of a fresh venv.
 
 So each program runs here under a venv of this interpreter that holds only what it may use. For train/ddp.py that is
-the declared closure: pyproject.toml's dependencies plus its torch extra, and what they require, recursively, with
-each distribution's files (its RECORD) symlinked from this interpreter's install, so a package outside the closure
-(numpy) cannot be imported. For the agent and the probe it is an empty venv: the standard library alone.
-Linking takes a second or two; `pip install torch==2.13.0 -e .` into a fresh venv took ~40 s here and needs a
-package index (from PyPI, a bare torch pin pulls the multi-GB CUDA build), so this suite does not do that.
+the declared closure (tests/support/nodeenv.py), the same interpreter every sandbox node of the integration tests
+runs its programs with. For the agent and the probe it is an empty venv: the standard library alone.
 """
 
 from __future__ import annotations
@@ -19,26 +16,18 @@ import json
 import os
 import subprocess
 import sys
-import venv
-from collections.abc import Iterable
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import _train_helpers as h
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from launcher import doctor, remote, runs
 from launcher.inventory import parse_inventory
 from launcher.plan import plan_launch
 from launcher.slurm.step import step_input
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pytest itself requires tomli before 3.11
-    import tomli as tomllib
+from tests.support import nodeenv
+from tests.support.nodeenv import Env
 
 pytestmark = pytest.mark.integration
 
@@ -48,87 +37,16 @@ STDLIB_PROGRAMS = ("launcher/agent.py", "launcher/probe.py", "launcher/slurm/sel
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "PYTHONHOME": None}
 
 
-@dataclass(frozen=True)
-class Env:
-    python: Path
-    """The venv's interpreter."""
-    distributions: frozenset[str]
-    """Canonical names of the distributions linked into it."""
-
-
-def declared_requirements() -> list[Requirement]:
-    """pyproject.toml's dependencies and its torch extra: what a node running train/ddp.py is told to install."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["torch"]]]
-
-
-def closure(requirements: Iterable[Requirement]) -> dict[str, metadata.Distribution]:
-    """The installed distributions that `requirements` need, recursively, by canonical name (markers evaluated here)."""
-    found: dict[str, metadata.Distribution] = {}
-    expanded: set[tuple[str, str]] = set()
-    todo = [(req, "") for req in requirements]  # (requirement, the extra of its dependent that it comes with)
-    while todo:
-        req, extra = todo.pop()
-        if req.marker and not req.marker.evaluate({"extra": extra}):
-            continue
-        name = canonicalize_name(req.name)
-        try:
-            dist = found.get(name) or metadata.distribution(req.name)
-        except metadata.PackageNotFoundError:
-            pytest.fail(f"{req} is required but not installed here: run scripts/setup")
-        if not req.specifier.contains(dist.version, prereleases=True):
-            pytest.fail(f"{req} is required but {name} {dist.version} is installed here: run scripts/setup")
-        found[name] = dist
-        for wanted in ("", *sorted(req.extras)):
-            if (name, wanted) not in expanded:
-                expanded.add((name, wanted))
-                todo += [(Requirement(r), wanted) for r in dist.requires or []]
-    return found
-
-
-def make_venv(folder: Path) -> tuple[Path, Path]:
-    """An empty venv (no pip, no system site-packages): its interpreter and its site-packages."""
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
-    python = folder / "bin" / "python"
-    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    site = Path(subprocess.check_output([python, "-I", "-c", where], text=True).strip())
-    assert site.is_dir() and site.is_relative_to(folder), f"unexpected site-packages {site}"
-    return python, site
-
-
-def link_distribution(dist: metadata.Distribution, site: Path) -> None:
-    """Symlink every file of `dist`'s RECORD (code, compiled bytecode, metadata) into `site`, file by file: folders
-    that several distributions share (namespace packages) get only this distribution's files."""
-    if dist.files is None:
-        pytest.fail(f"{dist.name} {dist.version} has no RECORD, so its files are unknown: reinstall it with pip")
-    root = Path(dist.locate_file(""))
-    folders: set[Path] = set()
-    for file in dist.files:
-        if file.is_absolute() or file.parts[0] == "..":
-            continue  # console scripts and data outside site-packages: the tests run `python -m`
-        target = site / file
-        if target.parent not in folders:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            folders.add(target.parent)
-        if not target.is_symlink():
-            target.symlink_to(root / file)
-
-
 @pytest.fixture(scope="session")
-def declared_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    """A venv holding only the declared closure (torch and this project's dependencies), linked from this install."""
-    python, site = make_venv(tmp_path_factory.mktemp("declared-env"))
-    dists = closure(declared_requirements())
-    for dist in dists.values():
-        link_distribution(dist, site)
-    return Env(python, frozenset(dists))
+def declared_env() -> Env:
+    """A venv holding only the declared closure (torch and this project's dependencies): the sandbox nodes' python."""
+    return nodeenv.declared_env()
 
 
 @pytest.fixture(scope="session")
 def stdlib_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     """A venv with nothing installed: what a node's bare Python offers the agent and the probe."""
-    python, _ = make_venv(tmp_path_factory.mktemp("stdlib-env"))
-    return Env(python, frozenset())
+    return nodeenv.build_stdlib_env(tmp_path_factory.mktemp("stdlib-env") / "venv")
 
 
 def imported_modules(path: Path) -> set[str]:

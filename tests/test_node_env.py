@@ -25,6 +25,7 @@ from launcher.node_env import NodeEnv, resolve_env
 from launcher.options import Options
 from launcher.plan import RUNS_ROOT, NodeCommand, plan_launch
 from launcher.runs import log_tail_settings, start_request
+from tests.support.nodeenv import node_python
 
 BASE = """
 defaults: {python: /usr/bin/python3}
@@ -210,7 +211,7 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
     env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop(agent.RUN_ID_ENV, None)
     with open(tmp_path / "events", "wb") as events:
-        proc = subprocess.Popen([sys.executable, agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([node_python(), agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=events, env=env)
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(full) + "\ngo\n").encode())  # the launcher's `go`: every node is ready

@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from helpers import inv, runs_on
 from launcher import cli, doctor, remote, runs
 from launcher.inventory import parse_inventory
 from launcher.plan import plan_launch
+from tests.support.nodeenv import node_python
 
 INVENTORY = """
 hosts: [node-0, node-1]
@@ -38,14 +38,14 @@ def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
     opts = runs.Options(preflight=cli.preflight(runs.Options()))
     request = runs.start_request(plan, plan.nodes[node], {}, opts)
-    return {**request, "workdir": str(tmp_path), "argv": [sys.executable, "-c", "pass"]}
+    return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 
 class Agent:
     """One agent started as the launcher starts it (bootstrap, source and request on stdin), read event by event."""
 
     def __init__(self, request: dict[str, Any], env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stderr is not None
         self.proc.stdin.write(remote.program_input(runs.AGENT_SOURCE, request))
@@ -111,7 +111,7 @@ def test_the_master_agent_lets_go_of_the_port_before_torchrun_starts(tmp_path: P
     # "torchrun" here: a program that binds master_port as torchrun's store does, and says whether it could.
     binds = ("import socket,sys;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
              f"s.bind(('0.0.0.0',{port}));s.listen();print('bound')")
-    request["argv"] = [sys.executable, "-c", binds]
+    request["argv"] = [node_python(), "-c", binds]
     agent = Agent(request, {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     try:
         agent.until("ready")
@@ -213,7 +213,7 @@ def test_a_taken_master_port_starts_nothing_and_names_its_holder(make_sandbox, t
 @pytest.mark.integration
 def test_a_slow_node_is_a_warning_and_one_past_the_probe_limit_starts_nothing(make_sandbox, tmp_path: Path) -> None:
     wrapper = tmp_path / "cold-python"
-    wrapper.write_text(f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nsleep 3\nexec {node_python()} \"$@\"\n")
     wrapper.chmod(0o755)
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")

@@ -21,6 +21,7 @@ from launcher.inventory import load_inventory
 from launcher.plan import RESERVED_ENV, RUNS_ROOT
 from launcher.runs import agent_command, agent_input, log_tail_settings
 from launcher.transport import connect_all
+from tests.support.nodeenv import node_python
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,8 @@ def node_zero(tmp_path_factory):
     from launcher import sandbox
 
     root = tmp_path_factory.mktemp("quoting")
-    box = sandbox.up(1, state_dir=root / "state", inventory=root / "inv.yaml", base_addr="127.0.60.2")
+    box = sandbox.up(1, state_dir=root / "state", inventory=root / "inv.yaml", base_addr="127.0.60.2",
+                     python=node_python())
     try:
         cluster = load_inventory(box.inventory)
         nodes, failures = connect_all(cluster)

@@ -272,23 +272,57 @@ def save_atomic(obj: Any, path: Path) -> None:
         os.close(dir_fd)
 
 
+def _as_bytes(t: torch.Tensor) -> bytes:
+    """A uint8 tensor's bytes (read from the CPU copy's memory: no numpy, see float32_bytes)."""
+    t = t.detach().to("cpu", torch.uint8).contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel())
+
+
+def _gather_digests(data: bytes | None, w: World) -> list[bytes | None]:
+    """Every rank's sha256 of its checkpoint bytes (None: no file), with tensor collectives only.
+
+    Not all_gather_object: in torch 2.13 it calls tensor.numpy() on CPU tensors, and torch does not depend on
+    numpy, so a node built from torch alone failed every resume with `Numpy is not available`.
+    """
+    mine = torch.zeros(33, dtype=torch.uint8)  # a presence byte, then the digest
+    if data is not None:
+        mine[0] = 1
+        mine[1:] = torch.frombuffer(bytearray(hashlib.sha256(data).digest()), dtype=torch.uint8)
+    mine = mine.to(w.device)
+    gathered = [torch.empty_like(mine) for _ in range(w.world_size)]
+    dist.all_gather(gathered, mine)
+    rows = [_as_bytes(t) for t in gathered]
+    return [row[1:] if row[0] else None for row in rows]
+
+
+def _broadcast_bytes(data: bytes | None, w: World) -> bytes:
+    """Rank 0's `data` on every rank: its length, then its bytes, as uint8 tensors (no pickling, no numpy)."""
+    size = torch.tensor([len(data) if w.rank == 0 and data is not None else 0], dtype=torch.int64, device=w.device)
+    dist.broadcast(size, src=0)
+    if w.rank == 0 and data is not None:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(w.device) if data else \
+            torch.empty(0, dtype=torch.uint8, device=w.device)
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=w.device)
+    dist.broadcast(buffer, src=0)
+    return _as_bytes(buffer)
+
+
 def load_checkpoint(path: Path, w: World) -> dict[str, Any] | None:
     """Every rank loads the checkpoint onto its own device. Without a shared filesystem
     only rank 0's node has the current file; a rank whose copy is missing or differs gets
     rank 0's bytes over the process group, so that all ranks resume from the same state."""
     data = path.read_bytes() if path.exists() else None
-    digests: list[str | None] = [None] * w.world_size
-    dist.all_gather_object(digests, None if data is None else hashlib.sha256(data).hexdigest())
+    digests = _gather_digests(data, w)
     if digests[0] is None:
         if data is not None:
             say(f"rank {w.rank}: ignoring {path}: rank 0 has no checkpoint")
         return None
     if any(d != digests[0] for d in digests):
-        payload = [data if w.rank == 0 else None]
-        dist.broadcast_object_list(payload, src=0)
+        payload = _broadcast_bytes(data, w)
         if digests[w.rank] != digests[0]:
             say(f"rank {w.rank}: local checkpoint missing or different, using rank 0's")
-            data = payload[0]
+            data = payload
     assert data is not None
     return torch.load(io.BytesIO(data), map_location=w.device, weights_only=True)
 
