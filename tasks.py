@@ -131,12 +131,13 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout))
 
 
-@task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection"})
+@task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",
+            "silence-timeout": "a node that takes no data for this many seconds (a hung disk) fails its sync"})
 @_reported
-def sync(c, hosts=None, connect_timeout=None):
+def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
-    return cli.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout))
+    return cli.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout, silence_timeout=silence_timeout))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})

@@ -93,9 +93,11 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         from launcher import sync as code_sync
 
         if isinstance(opts.preflight, doctor_checks.SessionPreflight):  # its checks run in the agents' sessions
-            opts.preflight = replace(opts.preflight, before=code_sync.before_launch(cluster, opts.err))
+            opts.preflight = replace(opts.preflight, before=code_sync.before_launch(
+                cluster, opts.err, stall_timeout=opts.silence_timeout))
         else:
-            opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight)
+            opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight,
+                                                     stall_timeout=opts.silence_timeout)
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
         if opts.retries:
@@ -132,7 +134,8 @@ def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
     from launcher import sync as code_sync
 
     opts = opts or runs.Options()
-    return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out)
+    return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out,
+                                stall_timeout=opts.silence_timeout)
 
 
 def preflight(opts: runs.Options) -> doctor_checks.SessionPreflight:

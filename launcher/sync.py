@@ -5,7 +5,9 @@ walk that honours every `.gitignore`), less the inventory's `sync.exclude` patte
 runs `launcher/syncd.py` over its one SSH connection, all nodes at once: it answers what it has of those paths
 (size, mtime, mode, link target), the controller sends only the entries that differ (rsync's quick check: size and
 mtime), in one stream on the same session, and the node renames them into place once all have arrived.
-Nothing on a node is ever deleted; names that would leave the destination are refused on both sides.
+Nothing on a node is ever deleted; names that would leave the destination are refused on both sides. The
+inventory's env files and any file named `.env` never travel (they hold secrets; their values reach the nodes with
+the launch), nor does anything reached through a symlinked folder of the tree (it lies outside it).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import IO, Any
 
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.inventory import Cluster, Host, SyncSpec
+from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.remote import host_command, program_input
-from launcher.syncd import Refused, check_link_target, check_name
+from launcher.syncd import LOCK_NAME, TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
 from launcher.transport import Channel, Node, classify, close_all, connect_all
 
 SYNCD_SOURCE = resources.files("launcher").joinpath("syncd.py").read_text(encoding="utf-8")
@@ -37,6 +40,10 @@ SEND_CHUNK = 1 << 20
 """Bytes per send: small files are packed together into chunks of this size."""
 TIME_UNITS = (10**3, 10**6, 10**9)
 """Granularities a node's file system may keep mtimes in (µs, ms, s); a time cut to one of them still matches."""
+LOCK_WAIT = 60.0
+"""Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
+SECRET_NAMES = (".env",)
+"""File names never synced wherever they are in the tree: dotenv's default name, which holds tokens."""
 
 
 def spec_of(cluster: Cluster) -> SyncSpec:
@@ -81,11 +88,27 @@ class Tree:
         return {e.path for e in self.entries}
 
 
-def local_tree(src: str | Path, exclude: Sequence[str] = ()) -> Tree:
-    """List the tree at `src`: git's view of it in a work tree, else a walk honouring .gitignore; less `exclude`."""
+def env_files(cluster: Cluster) -> list[Path]:
+    """The inventory's env files on this machine: never synced, whatever their `secret:` says."""
+    found = {Path(h.env_file.path).expanduser().absolute() for h in cluster.hosts if h.env_file is not None}
+    return sorted(found)
+
+
+def local_tree(src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence[Path] = ()) -> Tree:
+    """List the tree at `src`: git's view of it in a work tree, else a walk honouring .gitignore; less `exclude`,
+    the files `leave_out` (the inventory's env files), any `.env`, and what lies behind a symlinked folder."""
     root = Path(src).expanduser().absolute()
     if not root.is_dir():
         raise LauncherError(f"sync source {root} is not a directory")
+    try:
+        return _list_tree(root, exclude, leave_out)
+    except OSError as exc:  # an unreadable folder or .gitignore: one sentence, before any node is contacted
+        where = exc.filename or root
+        raise LauncherError(f"cannot read {where} to list the sync tree ({exc.strerror or exc}); fix its "
+                            "permissions or leave it out with sync.exclude") from None
+
+
+def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path]) -> Tree:
     from pathspec import GitIgnoreSpec
 
     excluded = GitIgnoreSpec.from_lines(exclude)
@@ -93,16 +116,54 @@ def local_tree(src: str | Path, exclude: Sequence[str] = ()) -> Tree:
     how = "git ls-files"
     if names is None:
         names, how = list(_walk_names(root, excluded)), "walk + .gitignore"
-    entries, notes = [], []
+    secret_files = {str(p) for p in leave_out}
+    entries, notes, behind_links = [], [], {}
     for name in names:
-        if excluded.match_file(name):
+        base = name.rsplit("/", 1)[-1]
+        if excluded.match_file(name) or base == LOCK_NAME or base.startswith(TEMP_PREFIX):
+            continue  # a sync into this very tree (a shared workdir) is under way: not part of the tree
+        if str(root / name) in secret_files or base in SECRET_NAMES:
+            notes.append(f"left out {name}: an env file (its values reach the nodes with the launch, never as a "
+                         "file)")
+            continue
+        link = _symlinked_folder(root, name)
+        if link is not None:
+            behind_links.setdefault(link, []).append(name)
             continue
         found = _entry(root, name)
         if isinstance(found, Entry):
             entries.append(found)
         elif found:
             notes.append(found)
-    return Tree(root, tuple(sorted(entries, key=lambda e: e.path)), how, tuple(notes))
+    for link, under in behind_links.items():
+        notes.append(f"skipped {len(under)} file(s) under {link}/: {link} is a symlink (-> "
+                     f"{os.readlink(root / link)}), and what lies behind it is not part of the tree")
+    entries, chained = _without_link_chains(entries)
+    return Tree(root, tuple(sorted(entries, key=lambda e: e.path)), how, tuple(notes + chained))
+
+
+def _symlinked_folder(root: Path, name: str) -> str | None:
+    """The first folder on `name`'s way that is a symlink (git still lists files under a folder since replaced by a
+    link), else None."""
+    parts = name.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        if os.path.islink(root.joinpath(*parts[:i])):
+            return "/".join(parts[:i])
+    return None
+
+
+def _without_link_chains(entries: list[Entry]) -> tuple[list[Entry], list[str]]:
+    """The entries less every link whose target passes through another link of the tree, and a note for each."""
+    links = {e.path for e in entries if e.kind == "link"}
+    kept, notes = [], []
+    for e in entries:
+        via = link_chain(e.path, e.target or "", links.__contains__) if e.kind == "link" else None
+        if via is None:
+            kept.append(e)
+        else:
+            notes.append(f"skipped symlink {e.path} -> {e.target}: it passes through the symlink {via}, and a chain "
+                         "of links can lead outside the tree")
+    return kept, notes
 
 
 def _git_names(root: Path) -> list[str] | None:
@@ -129,10 +190,11 @@ def _walk_names(root: Path, excluded: Any) -> Iterable[str]:
     while pending:
         rel, specs = pending.pop()
         here = root / rel
+        items = sorted(os.scandir(here), key=lambda d: d.name)  # first: an unreadable folder is named as such
         ignore = here / ".gitignore"
         if ignore.is_file():
             specs = (*specs, (rel, GitIgnoreSpec.from_lines(ignore.read_text(errors="replace").splitlines())))
-        for item in sorted(os.scandir(here), key=lambda d: d.name):
+        for item in items:
             path = f"{rel}/{item.name}" if rel else item.name
             is_dir = item.is_dir(follow_symlinks=False)
             if item.name == ".git" or _ignored(specs, path, is_dir) or (is_dir and excluded.match_file(path + "/")):
@@ -228,8 +290,9 @@ class _Gone(Exception):
 class _Session:
     """The controller's end of one node's syncd session: JSON lines in, a header + content stream out."""
 
-    def __init__(self, channel: Channel):
+    def __init__(self, channel: Channel, stall_timeout: float):
         self.channel = channel
+        self.stall_timeout = stall_timeout
         self.buffer = bytearray()
         self.errors = bytearray()
         self.pending = bytearray()
@@ -271,15 +334,19 @@ class _Session:
             self.pending.clear()
 
     def _out(self, data: bytes) -> None:
-        if not self.channel.send(data):
+        if not self.channel.send(data, timeout=self.stall_timeout):
             raise _Gone
+
+    def stalled(self) -> bool:
+        """The send gave up while the node's session was still open: it stopped taking data."""
+        return not (self.channel.finished or self.channel.closed)
 
     def send_entry(self, root: Path, entry: Entry) -> int:
         """Send one entry's header and content; returns its content bytes."""
         if entry.kind == "link":
             self.send(_header(entry.path, "link", target=entry.target))
             return 0
-        with open(root / entry.path, "rb") as f:
+        with _open_inside(root, entry.path) as f:
             st = os.fstat(f.fileno())
             self.send(_header(entry.path, "file", size=st.st_size, mtime_ns=st.st_mtime_ns, mode=st.st_mode & 0o777))
             left = st.st_size
@@ -301,22 +368,41 @@ class _Session:
         return "the connection closed" if self.channel.closed else "the sync program ended without a word"
 
 
+def _open_inside(root: Path, path: str) -> IO[bytes]:
+    """Open a file of the tree for reading without following a link: not the file itself (O_NOFOLLOW), nor a folder
+    on its way (one replaced by a symlink since the tree was listed: the real path must be where the name says)."""
+    full = root / path
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+    f = os.fdopen(fd, "rb")
+    real_parent = os.path.realpath(full.parent)
+    if real_parent != os.path.join(os.path.realpath(root), *path.split("/")[:-1]).rstrip("/"):
+        f.close()
+        raise LauncherError(f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync again")
+    return f
+
+
 def _header(path: str, kind: str, **fields: Any) -> bytes:
     return (json.dumps({"path": path, "kind": kind, **fields}) + "\n").encode()
 
 
-def sync_node(node: Node, host: Host, dest: str, tree: Tree) -> NodeSync | NodeFailure:
-    """Bring one node's `dest` up to date with `tree` over one session of its connection."""
+def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
+              stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> NodeSync | NodeFailure:
+    """Bring one node's `dest` up to date with `tree` over one session of its connection.
+
+    `home_ok`: the user named the destination (sync.dest), so a home directory itself is allowed. A node that takes
+    no data for `stall_timeout` seconds (its disk hung) fails its sync.
+    """
     t0 = time.monotonic()
     try:
-        session = _Session(node.open_channel(host_command(host)))
+        session = _Session(node.open_channel(host_command(host)), stall_timeout)
     except Exception as exc:
         return classify(node.target, exc)
     try:
-        request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4)}
+        request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
+                   "home_ok": home_ok, "lock_wait": LOCK_WAIT}
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
             return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
-        first = session.answer(REPLY_TIMEOUT)
+        first = session.answer(REPLY_TIMEOUT + LOCK_WAIT)
         if first is None:
             return NodeFailure(node.name, "sync", f"the sync program did not start: {session.why()}",
                                f"check `python` for {node.name} in the inventory")
@@ -333,7 +419,11 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree) -> NodeSync | NodeF
                 sent += session.send_entry(tree.root, entry)
             session.send(b'{"end": true}\n', flush=True)
         except _Gone:
-            pass  # the node stopped reading: its answer says why
+            if session.stalled():
+                return NodeFailure(node.name, "sync", f"the node took no data for {stall_timeout:g} s (a hung disk?); "
+                                   "what was sent is removed there when the sync program ends, so nothing was changed",
+                                   f"check {node.name}'s disk under {dest}")
+            # else the node stopped reading: its answer says why
         session.channel.close_stdin()
         last = session.answer(REPLY_TIMEOUT)
         if last is None or not last.get("ok"):
@@ -353,14 +443,15 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree) -> NodeSync | NodeF
         session.channel.close()
 
 
-def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: SyncSpec
-               ) -> dict[str, NodeSync | NodeFailure]:
+def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: SyncSpec,
+               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> dict[str, NodeSync | NodeFailure]:
     """Sync every open node at once; one outcome per node, in inventory order."""
     hosts = [h for h in cluster.hosts if h.name in nodes]
     if not hosts:
         return {}
     with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-        futures = {h.name: pool.submit(sync_node, nodes[h.name], h, spec.dest or h.workdir, tree)
+        futures = {h.name: pool.submit(sync_node, nodes[h.name], h, spec.dest or h.workdir, tree,
+                                       home_ok=spec.dest is not None, stall_timeout=stall_timeout)
                    for h in hosts}
         return {name: f.result() for name, f in futures.items()}
 
@@ -405,16 +496,17 @@ def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> s
             f"{_size(sum(o.bytes for o in done))} sent")
 
 
-def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str]) -> int:
+def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str],
+               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> int:
     """`inv sync`: every reachable node is synced; 1 when any node could not be (each says why in one line)."""
     spec = spec_of(cluster)
-    tree = local_tree(spec.src, spec.exclude)
+    tree = local_tree(spec.src, spec.exclude, env_files(cluster))
     for line in describe_tree(cluster, tree, spec):
         out.write(line + "\n")
     t0 = time.monotonic()
     nodes, failures = connect_all(cluster, timeout=connect_timeout)
     try:
-        outcomes = sync_nodes(cluster, nodes, tree, spec)
+        outcomes = sync_nodes(cluster, nodes, tree, spec, stall_timeout)
     finally:
         close_all(nodes.values())
     unreachable = {f.host: f for f in failures}
@@ -425,20 +517,20 @@ def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str]) -> int
     return 1 if any(isinstance(o, NodeFailure) for o in ordered.values()) else 0
 
 
-def before_launch(cluster: Cluster, err: IO[str], then: Callable[[Cluster, dict[str, Node]], None] | None = None
-                  ) -> Callable[[Cluster, dict[str, Node]], None]:
+def before_launch(cluster: Cluster, err: IO[str], then: Callable[[Cluster, dict[str, Node]], None] | None = None,
+                  stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> Callable[[Cluster, dict[str, Node]], None]:
     """A launch preflight that syncs over the run's own connections, then runs `then` (the doctor's checks).
 
     The local tree is listed now, before any node is contacted; a node that cannot be synced stops the launch.
     """
     spec = spec_of(cluster)
-    tree = local_tree(spec.src, spec.exclude)
+    tree = local_tree(spec.src, spec.exclude, env_files(cluster))
 
     def step(cluster: Cluster, nodes: dict[str, Node]) -> None:
         for line in describe_tree(cluster, tree, spec):
             err.write(line + "\n")
         t0 = time.monotonic()
-        outcomes = sync_nodes(cluster, nodes, tree, spec)
+        outcomes = sync_nodes(cluster, nodes, tree, spec, stall_timeout)
         for line in outcome_lines({k: v for k, v in outcomes.items() if isinstance(v, NodeSync)}):
             err.write(line + "\n")
         err.write(summary(outcomes, time.monotonic() - t0) + "\n")

@@ -315,8 +315,9 @@ class Channel:
         self._chan = chan
         self._send_lock = threading.Lock()
 
-    def send(self, data: bytes, block: bool = True) -> bool:
-        """Write to the command's stdin; False when the channel is already gone.
+    def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
+        """Write to the command's stdin; False when the channel is already gone, or (`timeout`) the node took none of
+        the data for that many seconds (a node whose disk hung stops reading).
 
         With `block=False` it never waits on the node (heartbeats, stop words): it sends only when all of `data`
         goes at once (paramiko's `send_ready()` and the window, no key exchange under way, the socket writable)
@@ -329,7 +330,11 @@ class Channel:
             if self._chan.eof_sent:  # after close_stdin Paramiko's sendall spins on 0 bytes until the channel closes
                 return False
             if block:
-                self._chan.sendall(data)
+                self._chan.settimeout(timeout)  # Paramiko waits for window space at most this long
+                try:
+                    self._chan.sendall(data)
+                finally:
+                    self._chan.settimeout(None)
                 return True
             return self._takes_now(len(data)) and self._chan.send(data) == len(data)
         except (OSError, EOFError, paramiko.SSHException):

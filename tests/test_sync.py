@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,10 @@ from helpers import REPO
 
 from launcher import inventory, sandbox
 from launcher.remote import BOOTSTRAP, program_input
+from launcher.sandbox import procs
 from launcher.sync import SYNCD_SOURCE, Entry, changed, is_current, local_tree, same_time
+from tests.support.nodeenv import node_python
+from tests.support.procs import children
 
 SENT = re.compile(r"^(node-\d+): sent (\d+) file\(s\), (.+?) in [\d.]+s; (\d+) unchanged -> (.+)$", re.M)
 
@@ -99,14 +104,79 @@ def test_quick_check_compares_size_mode_mtime_or_link_target() -> None:
     assert changed([f, link], {"l": ["link", 0, 5, 0, "a.py"]}) == [f]
 
 
+def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=True)
+    write(root / "conf" / "credentials", "tracked\n")
+    git(root, "add", "conf/credentials")
+    git(root, "commit", "-q", "-m", "conf")
+    elsewhere = write(tmp_path / "elsewhere" / "credentials", "a key from outside the tree\n").parent
+    (root / "conf" / "credentials").unlink()
+    (root / "conf").rmdir()
+    (root / "conf").symlink_to(elsewhere)  # git still lists conf/credentials
+    tree = local_tree(root)
+    assert "conf/credentials" not in tree.paths
+    assert f"skipped 1 file(s) under conf/: conf is a symlink (-> {elsewhere}), and what lies behind it is not part " \
+           "of the tree" in tree.notes
+
+
+def test_a_chain_of_links_that_leaves_the_tree_is_skipped_and_refused(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    (root / "d").mkdir()
+    (root / "d" / "up").symlink_to("..")  # lexically inside
+    (root / "d" / "e").symlink_to("up/../../outside")  # lexically inside too, but up is the tree's root
+    tree = local_tree(root, exclude=("data/",))
+    assert "d/e" not in tree.paths and "d/up" in tree.paths
+    assert "skipped symlink d/e -> up/../../outside: it passes through the symlink d/up, and a chain of links can " \
+           "lead outside the tree" in tree.notes
+    # The node refuses it as well (a controller of another version, or a link already on the node).
+    dest = tmp_path / "dest"
+    answers, code = syncd(dest, ["d/up", "d/e"], frame("d/up", kind="link", target="..")
+                          + frame("d/e", kind="link", target="up/../../outside") + END)
+    assert code == 1 and answers[-1]["error"] == (
+        "refusing symlink d/e -> up/../../outside: it passes through the symlink d/up, and a chain of links can lead "
+        "outside the destination")
+    assert relative_files(dest) == set()
+
+
+def test_env_files_never_travel(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    write(root / "hosts" / ".env", "HF_TOKEN=hf_secret\n")
+    write(root / "pkg" / ".env", "WANDB_API_KEY=secret\n")
+    write(root / "hosts" / "tokens.env", "A=1\n")
+    tree = local_tree(root, exclude=("data/",), leave_out=[root / "hosts" / "tokens.env"])
+    assert tree.paths == EXPECTED
+    for name in ("hosts/.env", "pkg/.env", "hosts/tokens.env"):
+        assert f"left out {name}: an env file (its values reach the nodes with the launch, never as a file)" \
+            in tree.notes
+
+
+def test_an_unreadable_folder_is_one_sentence(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    (root / "private").mkdir(mode=0o000)
+    # Root reads anything; without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH it sees what a user sees.
+    code = f"from launcher.sync import local_tree\nlocal_tree({str(root)!r}, exclude=('data/',))"
+    result = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c",
+                             "import sys\nfrom launcher.errors import LauncherError\ntry:\n    exec(sys.argv[1])\n"
+                             "except LauncherError as e:\n    print(e)\n    sys.exit(1)\n", code],
+                            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == f"cannot read {root / 'private'} to list the sync tree (Permission denied); fix its " \
+        "permissions or leave it out with sync.exclude\n"
+    (root / "private").chmod(0o755)
+
+
 # --- the node program, run here as a node runs it -------------------------------------------------------------
 
 
-def syncd(dest: Path, paths: list[str], stream: bytes | None) -> tuple[list[dict], int]:
-    """Run launcher/syncd.py through the bootstrap; `stream` (None: none) goes after its first answer."""
-    proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def syncd(dest: Path | str, paths: list[str], stream: bytes | None, env: dict[str, str] | None = None,
+          **request: object) -> tuple[list[dict], int]:
+    """Run launcher/syncd.py through the bootstrap (`env`: changes to the node's environment); `stream` (None: none)
+    goes after its first answer."""
+    proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
     assert proc.stdin and proc.stdout
-    proc.stdin.write(program_input(SYNCD_SOURCE, {"dest": str(dest), "paths": paths, "token": "t0"}))
+    request = {"dest": str(dest), "paths": paths, "token": "t0", "lock_wait": 5.0, **request}
+    proc.stdin.write(program_input(SYNCD_SOURCE, request))
     proc.stdin.flush()
     answers = [json.loads(proc.stdout.readline())]
     if "error" not in answers[0]:
@@ -163,6 +233,78 @@ def test_node_program_writes_nothing_unless_the_whole_stream_arrives(tmp_path: P
     assert code == 0 and answers[-1] == {"ok": True, "entries": 2, "bytes": 6}
     assert (dest / "new.py").read_text() == "whole" and (dest / "pkg" / "model.py").read_text() == "n"
     assert (dest / "new.py").stat().st_mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_a_failed_rename_puts_back_what_was_renamed(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    for name in ("a.py", "b.py", "c.py"):
+        write(dest / name, f"old {name}\n")
+    pinned = write(tmp_path / "pinned", "bind-mounted\n")
+    subprocess.run(["mount", "--bind", str(pinned), str(dest / "b.py")], check=True)  # renaming onto it: EBUSY
+    try:
+        stream = frame("a.py", b"new a") + frame("b.py", b"new b") + frame("c.py", b"new c") + END
+        answers, code = syncd(dest, ["a.py", "b.py", "c.py"], stream)
+    finally:
+        subprocess.run(["umount", str(dest / "b.py")], check=True)
+    assert code == 1
+    assert answers[-1]["error"] == ("renaming b.py into place failed (Device or resource busy); the 1 file(s) "
+                                    "renamed before it were put back: the node keeps its old tree")
+    assert {n: (dest / n).read_text() for n in ("a.py", "b.py", "c.py")} == {
+        "a.py": "old a.py\n", "b.py": "old b.py\n", "c.py": "old c.py\n"}
+    assert relative_files(dest) == {"a.py", "b.py", "c.py"}  # no temporary or kept file left
+
+
+def test_long_and_wide_names_sync(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    wide = "訓" * 84  # 252 bytes: a valid name; a temporary name built from it would not be
+    long_a, long_b = "x" * 200 + "a" * 40, "x" * 200 + "b" * 40  # the same first 200 characters
+    names = [wide, long_a, long_b]
+    stream = b"".join(frame(n, n.encode()[-3:]) for n in names) + END
+    answers, code = syncd(dest, names, stream)
+    assert code == 0, answers
+    assert {n: (dest / n).read_bytes() for n in names} == {n: n.encode()[-3:] for n in names}
+
+
+def test_a_home_directory_itself_is_refused_unless_named(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home)}
+    answers, code = syncd("~", ["train.py"], frame("train.py", b"x") + END, env=env)
+    assert code == 1 and answers[-1]["error"] == (
+        f"refusing to sync into the home directory {home} itself: the tree's dotfiles (.gitignore, .env, .config/) "
+        "would land over the user's own; set a workdir for this host, or sync.dest in the inventory "
+        "(`dest: '~'` if you mean it)")
+    assert list(home.iterdir()) == []
+    answers, code = syncd("~", ["train.py"], frame("train.py", b"x") + END, env=env, home_ok=True)
+    assert code == 0, answers
+    assert (home / "train.py").read_bytes() == b"x"
+
+
+def test_two_syncs_into_one_destination_take_turns(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    first = start_syncd(dest, ["a.py"], lock_wait=5.0)
+    assert "manifest" in json.loads(first.stdout.readline())  # it holds the lock from here to its end
+    answers, code = syncd(dest, ["b.py"], frame("b.py", b"b") + END, lock_wait=0.5)
+    assert code == 1 and answers == [{"error": f"another sync into {dest} is under way (waited 0.5 s for it); run "
+                                               "this one again when it has ended"}]
+    second = start_syncd(dest, ["a.py"], lock_wait=10.0)  # waits for the first, then sees what it wrote
+    first.stdin.write(frame("a.py", b"from the first") + END)
+    first.stdin.close()
+    assert json.loads(first.stdout.readline()) == {"ok": True, "entries": 1, "bytes": 14}
+    manifest = json.loads(second.stdout.readline())["manifest"]
+    assert manifest["a.py"][:2] == ["file", 14]
+    second.stdin.write(END)
+    second.stdin.close()
+    assert json.loads(second.stdout.readline())["ok"] and second.wait(10) == 0 and first.wait(10) == 0
+    assert relative_files(dest) == {"a.py"}  # the lock file went with the last sync
+
+
+def start_syncd(dest: Path, paths: list[str], **request: object) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(program_input(SYNCD_SOURCE, {"dest": str(dest), "paths": paths, "token": "t1", **request}))
+    proc.stdin.flush()
+    return proc
 
 
 # --- on real sshd nodes ---------------------------------------------------------------------------------------
@@ -232,7 +374,7 @@ def test_second_sync_sends_only_the_changed_file(make_sandbox, tmp_path: Path) -
     assert "synced 2/2 node(s)" in second.stdout
     for w in workdirs:
         assert (w / "pkg" / "model.py").read_text() == "W = 2  # changed\n"
-        assert not [p for p in w.rglob("*.sync")]
+        assert not [p for p in w.rglob(".ddp-sync.*")] and not (w / ".ddp-launcher-sync.lock").exists()
 
     third = inv_in(src, "sync", "--hosts", str(box.inventory))
     assert {n: v[0] for n, v in sent(third.stdout).items()} == {"node-0": 0, "node-1": 0}, third.stdout
@@ -284,3 +426,97 @@ def test_launch_starts_nothing_when_a_node_cannot_be_synced(make_sandbox, tmp_pa
     assert re.search(r"^  node-1: sync: \S+/train is a symlink on the node", result.stderr, re.M), result.stderr
     assert "started" not in result.stderr.replace("nothing was started", "") and "Traceback" not in result.stderr
     assert not (tmp_path / "ddp.py").exists() and relative_files(workdirs[1]) == set()
+
+
+@pytest.mark.integration
+def test_env_files_and_files_behind_a_symlinked_folder_never_reach_a_node(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(1, master_port=free_port())
+    src = project(tmp_path / "src", with_git=True)
+    write(src / "conf" / "credentials", "tracked\n")
+    git(src, "add", "conf/credentials")
+    git(src, "commit", "-q", "-m", "conf")
+    elsewhere = write(tmp_path / "elsewhere" / "credentials", "KEY-FROM-OUTSIDE\n").parent
+    (src / "conf" / "credentials").unlink()
+    (src / "conf").rmdir()
+    (src / "conf").symlink_to(elsewhere)
+    write(src / "hosts" / ".env", "HF_TOKEN=hf_never_on_a_node\n")  # the example inventory's env_file
+    workdirs = own_workdirs(box, tmp_path / "nodes")
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env_file"] = {"path": str(src / "hosts" / ".env"), "secret": True}
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    result = inv_in(src, "sync", "--hosts", str(box.inventory))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "note: left out hosts/.env: an env file (its values reach the nodes with the launch, never as a file)" \
+        in result.stdout
+    assert f"note: skipped 1 file(s) under conf/: conf is a symlink (-> {elsewhere})" in result.stdout
+    files = relative_files(workdirs[0])
+    assert "hosts/.env" not in files and "conf/credentials" not in files and "train.py" in files
+    assert not any("KEY-FROM-OUTSIDE" in (workdirs[0] / f).read_text(errors="replace") for f in files)
+
+
+@pytest.mark.integration
+def test_a_sync_into_the_nodes_home_itself_is_refused(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(1, master_port=free_port())
+    src = project(tmp_path / "src", with_git=True)
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["workdir"] = "~"  # what a hostfile gets with no launcher.defaults.workdir
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = inv_in(src, "sync", "--hosts", str(box.inventory))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"^node-0: sync: refusing to sync into the home directory \S+ itself: the tree's dotfiles "
+                     r"\(\.gitignore, \.env, \.config/\) would land over the user's own; set a workdir for this host, "
+                     r"or sync.dest in the inventory \(`dest: '~'` if you mean it\)$", result.stdout, re.M), \
+        result.stdout
+
+
+@pytest.mark.integration
+def test_a_node_that_stops_taking_data_fails_its_sync_within_the_silence_timeout(make_sandbox, tmp_path: Path
+                                                                                 ) -> None:
+    box = make_sandbox(2, master_port=free_port())
+    workdirs = own_workdirs(box, tmp_path / "nodes")
+    src = project(tmp_path / "src", with_git=False)
+    (src / "big.bin").write_bytes(os.urandom(64 << 20))  # far more than the SSH window and the pipes hold
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), "sync", "--hosts", str(box.inventory),
+                             "--silence-timeout", "2"], cwd=src, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    stopped: list[int] = []
+    try:
+        staged = workdirs[0]
+
+        def receiving() -> bool:
+            return staged.exists() and any(p.name.startswith(".ddp-sync.") for p in staged.iterdir())
+
+        deadline = time.monotonic() + 60
+        while not receiving():
+            assert time.monotonic() < deadline and proc.poll() is None, "node-0 never started receiving"
+            time.sleep(0.02)
+        stopped = node_programs(box.nodes[0].pid)
+        for pid in stopped:  # its disk hung, as far as the launcher can tell: it reads nothing more
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert re.search(r"^node-0: sync: the node took no data for 2 s \(a hung disk\?\); what was sent is removed there "
+                     r"when the sync program ends, so nothing was changed \(fix: check node-0's disk under \S+\)$",
+                     out, re.M), out
+    assert sent(out).keys() == {"node-1"} and (workdirs[1] / "big.bin").stat().st_size == 64 << 20
+    assert took < 2 + 10, f"the sync ended {took:.1f} s after node-0 stopped reading"
+    assert "Traceback" not in out + err
+
+
+def node_programs(sshd: int) -> list[int]:
+    """The programs a node's sshd runs for its sessions (not sshd itself): here, its sync program."""
+    found, todo = [], [sshd]
+    while todo:
+        pid = todo.pop()
+        kids = children(pid)
+        todo += kids
+        found += [k for k in kids if (procs.name(k) or "").startswith("python")]
+    return found
