@@ -6,7 +6,7 @@ import difflib
 import os.path
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -475,8 +475,10 @@ class _Parser(NodeFields, ElasticFields):
             return check(value, where)
 
         base = self.env(defaults.get("env"), "defaults.env")
-        secrets = frozenset(name for name, var in base.items() if var.secret)  # a host's override stays secret
-        env = {**base, **self.env(fields.get("env"), f"{entry}.env", secrets)}
+        secrets = frozenset(name for name, var in base.items() if var.secret)
+        own = self.env(fields.get("env"), f"{entry}.env", secrets)
+        # A host's override of a secret default stays secret: its errors, its dry-run line and its command.json.
+        env = {**base, **{name: replace(var, secret=True) if name in secrets else var for name, var in own.items()}}
         return Host(
             name=name,
             addr=self.host_name(fields["addr"], f"{entry}.addr") if fields.get("addr") is not None else name,

@@ -823,6 +823,20 @@ def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
                         "got a value of type bool (not shown: the entry is secret); quote it if you mean the word")
 
 
+def test_a_hosts_plain_value_for_a_secret_default_is_a_secret_value() -> None:
+    cluster = parse("""\
+        defaults:
+          env: {WANDB_API_KEY: {value: X, secret: true}}
+        hosts:
+          - {name: a, env: {WANDB_API_KEY: ghp_hostoverride}}
+          - {name: b, env: {WANDB_API_KEY: {value: Y, secret: false}}}
+          - c
+    """)
+    assert [h.env for h in cluster.hosts] == [(EnvVar("WANDB_API_KEY", value="ghp_hostoverride", secret=True),),
+                                              (EnvVar("WANDB_API_KEY", value="Y", secret=True),),
+                                              (EnvVar("WANDB_API_KEY", value="X", secret=True),)]
+
+
 def test_a_secret_value_as_written_is_kept() -> None:
     env = parse("hosts: [{name: a, env: {PIN: {value: 0123, secret: true}}}]\n").hosts[0].env
     assert env == (EnvVar("PIN", value="0123", secret=True),)

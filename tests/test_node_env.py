@@ -330,3 +330,36 @@ def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sa
         recorded = json.loads(text)
         assert "RANK" not in recorded["env"] and recorded["env"]["NCCL_SOCKET_IFNAME"] == "lo"
         assert recorded["secret_env"] == (["NE_TOKEN"] if index == 0 else ["NE_FILE_SECRET", "NE_TOKEN"])
+
+
+@pytest.mark.integration
+def test_a_hosts_override_of_a_secret_default_is_never_shown_or_stored(make_sandbox, tmp_path: Path) -> None:
+    from conftest import free_port
+    from helpers import inv, node_runs, run_id_of
+
+    default, override = f"ghp_default{secrets.token_hex(8)}", f"ghp_override{secrets.token_hex(8)}"
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "show_env.py"
+    script.write_text(SHOW)
+    box = make_sandbox(1, master_port=free_port(), script=str(script))
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"NE_OUT_DIR": str(out), "NE_TOKEN": {"value": default, "secret": True}}
+    data["hosts"] = [{"name": "node-0", "env": {"NE_TOKEN": override}}]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    logs = tmp_path / "logs"
+
+    dry = inv("launch", "--hosts", str(box.inventory), "--dry-run", log_dir=logs)
+    assert dry.returncode == 0, dry.stderr
+    assert "NE_TOKEN='<secret>'" in dry.stdout, dry.stdout
+    launched = inv("launch", "--hosts", str(box.inventory), log_dir=logs)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    for shown in (dry.stdout, dry.stderr, launched.stdout, launched.stderr):
+        assert override not in shown and default not in shown
+    assert json.loads((out / "rank0.json").read_text()) == {"NE_OUT_DIR": str(out), "NE_TOKEN": override}  # it arrived
+    run_dir = node_runs(box, 0) / run_id_of(launched.stderr) / "node-0"
+    for folder in (run_dir, logs):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert override.encode() not in path.read_bytes(), path
+    assert json.loads((run_dir / "command.json").read_text())["secret_env"] == ["NE_TOKEN"]
