@@ -216,8 +216,8 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
     try:
         loader = _Loader(text)
         root_node = loader.get_single_node()
-        lines = _line_numbers(root_node, source)  # before constructing, which rewrites merge keys (`<<`) in place
         loader.hidden = _secret_nodes(root_node)
+        lines = _line_numbers(root_node, source, loader.hidden)  # before constructing, which rewrites `<<` in place
         data = None if root_node is None else loader.construct_document(root_node)
         written = _written_texts(root_node, loader.guessed)  # after: merge keys are resolved in the nodes as in data
     except yaml.YAMLError as exc:
@@ -243,8 +243,9 @@ def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
     return InventoryError(source, f"not valid YAML: {problem}", line=mark.line + 1 if mark else None)
 
 
-def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
-    """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently."""
+def _line_numbers(node: yaml.Node | None, source: str, hidden: set[int]) -> dict[str, int]:
+    """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently
+    (without quoting a key of a secret entry, the nodes in `hidden` or one that says `secret:`)."""
     lines: dict[str, int] = {}
     walked: set[int] = set()
 
@@ -260,6 +261,9 @@ def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
                     continue
                 name = str(key.value)
                 child = f"{path}.{name}" if path else name
+                if name in seen and (id(n) in hidden or _says_secret(n)):
+                    raise InventoryError(source, "has a key twice (not shown: the entry is secret)",
+                                         entry=_shorten(path, 2 * _SHOWN) or None, line=key.start_mark.line + 1)
                 if name in seen:
                     raise InventoryError(source, "appears twice in the same mapping",
                                          entry=_shorten(child, 2 * _SHOWN), line=key.start_mark.line + 1)
@@ -280,6 +284,11 @@ def _says_secret(node: yaml.MappingNode) -> bool:
     return any(isinstance(k, yaml.ScalarNode) and k.value == "secret"
                and not (isinstance(v, yaml.ScalarNode) and v.tag == _BOOL_TAG and v.value.lower() in _FALSE)
                for k, v in node.value)
+
+
+def _is_secret(value: dict[Any, Any]) -> bool:
+    """Whether a loaded mapping (an env entry) has `secret:` with anything but false, as `_says_secret`."""
+    return "secret" in value and value["secret"] is not False
 
 
 def _secret_nodes(root: yaml.Node | None) -> set[int]:
@@ -404,6 +413,8 @@ class _Parser(NodeFields, ElasticFields):
         return InventoryError(self.source, message, entry=_shorten(entry, 2 * _SHOWN) or None, line=line)
 
     def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        """`value` as a mapping of `allowed` keys; an unknown key of a mapping that says `secret:` is not quoted
+        (`{secret: true, hf_...}`, `value:` forgotten, makes the token a key)."""
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -413,6 +424,11 @@ class _Parser(NodeFields, ElasticFields):
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
                 where = f"{entry}.{key}" if entry else str(key)
+                if _is_secret(value):  # no did-you-mean either: it would say what the secret resembles
+                    line = self.lines.get(where)
+                    raise InventoryError(self.source, "has an unknown key (not shown: the entry is secret); known "
+                                         f"keys: {', '.join(allowed)}",
+                                         entry=_shorten(entry, 2 * _SHOWN), line=line or self.lines.get(entry))
                 raise self.fail(where, f"unknown key {_render(key)}{hint}")
         return value
 
@@ -548,9 +564,7 @@ class _Parser(NodeFields, ElasticFields):
         spec = self.mapping(raw, where, ENV_KEYS)
         if ("value" in spec) == ("from_env" in spec):
             raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
-        secret = spec.get("secret", False)
-        if not isinstance(secret, bool):
-            raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
+        secret = self.secret_flag(spec.get("secret", False), f"{where}.secret")
         hidden = hidden or secret
         from_env = spec.get("from_env")
         if "from_env" in spec and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):

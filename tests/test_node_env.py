@@ -121,15 +121,20 @@ def test_env_file_is_read_by_dotenvs_rules(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize(("text", "sentence"), [
-    ("A=1\nNOVALUE\n", "node-0: env_file {path}: NOVALUE has no value; write NOVALUE= for an empty one"),
+    ("A=1\nghp_s3cret0123456789abcdef\n",  # a token pasted without its name
+     "node-0: env_file {path}, line 2: has no `=`; write NAME=value (NAME= for an empty value)"),
     ("A=1\nB='s3cret never closed\n", "node-0: env_file {path}, line 2: cannot be read as NAME=value"),
-    ("my-key=s3cret\n", "node-0: env_file {path}, line 1: 'my-key' is not a variable name (letters, digits and _, "
-                        "not starting with a digit)"),
+    ("my-key=s3cret\n", "node-0: env_file {path}, line 1: the name before `=` is not a variable name (letters, "
+                        "digits and _, not starting with a digit)"),
+    ("A=1\n\n9s3cret0123456789=x\n", "node-0: env_file {path}, line 3: the name before `=` is not a variable "
+                                     "name (letters, digits and _, not starting with a digit)"),
 ])
-def test_env_file_errors_name_host_file_and_line_never_a_value(tmp_path: Path, text: str, sentence: str) -> None:
+@pytest.mark.parametrize("secret", [True, False])
+def test_env_file_errors_name_host_file_and_line_never_a_value(tmp_path: Path, text: str, sentence: str,
+                                                               secret: bool) -> None:
     path = env_file(tmp_path, text)
     with pytest.raises(LauncherError) as caught:
-        resolve_env(node(tmp_path, env_file=str(path)), {})
+        resolve_env(node(tmp_path, env_file={"path": str(path), "secret": secret}), {})
     assert str(caught.value) == sentence.format(path=path)
     assert "s3cret" not in str(caught.value)
 
@@ -363,3 +368,22 @@ def test_a_hosts_override_of_a_secret_default_is_never_shown_or_stored(make_sand
             if path.is_file():
                 assert override.encode() not in path.read_bytes(), path
     assert json.loads((run_dir / "command.json").read_text())["secret_env"] == ["NE_TOKEN"]
+
+
+def test_inv_launch_never_quotes_a_token_in_an_env_file_or_inventory_error(tmp_path: Path) -> None:
+    from helpers import inv
+
+    token = f"ghp_{secrets.token_hex(12)}"
+    (tmp_path / ".env").write_text(f"A=1\n\n{token}\n")  # pasted without its name
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("defaults: {env_file: {path: .env, secret: true}}\nhosts: [nowhere-1]\njob: {script: t.py}\n")
+    result = inv("launch", "--hosts", str(bare), timeout=60)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: nowhere-1: env_file {tmp_path}/.env, line 3: has no `=`; write NAME=value "
+                             "(NAME= for an empty value)\n")
+    forgotten = tmp_path / "forgotten.yaml"
+    forgotten.write_text(f"hosts:\n  - name: a\n    env:\n      HF_TOKEN: {{secret: true, {token}}}\n")
+    result = inv("launch", "--hosts", str(forgotten), "--dry-run", timeout=60)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: {forgotten}:4: hosts[0].env.HF_TOKEN: has an unknown key (not shown: the "
+                             "entry is secret); known keys: value, from_env, secret\n")
