@@ -31,6 +31,10 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _SHOWN = 70
 """At most this many characters of a value in a message (entries get twice that)."""
+_MAX_MERGED = 100_000
+"""At most this many key/value pairs in all mappings together once merge keys (`<<`) are expanded: a few hundred
+hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _BRACKETS: dict[type, str] = {list: "[]", tuple: "()", set: "{}"}
 _FALSE = ("false", "no", "off")
 """How YAML 1.1 spells false (any case)."""
@@ -216,6 +220,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
     try:
         loader = _Loader(text)
         root_node = loader.get_single_node()
+        _refuse_merge_bombs(root_node, source)  # PyYAML copies what `<<` merges: sizes can double per level
         loader.hidden = _secret_nodes(root_node)
         lines = _line_numbers(root_node, source, loader.hidden)  # before constructing, which rewrites `<<` in place
         data = None if root_node is None else loader.construct_document(root_node)
@@ -241,6 +246,49 @@ def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
     if context and context_mark and (not mark or context_mark.line != mark.line):
         problem += f" ({context} on line {context_mark.line + 1})"
     return InventoryError(source, f"not valid YAML: {problem}", line=mark.line + 1 if mark else None)
+
+
+def _refuse_merge_bombs(root: yaml.Node | None, source: str) -> None:
+    """Refuse a document whose merge keys would expand past `_MAX_MERGED` pairs, before PyYAML copies them.
+
+    A plain alias costs nothing (the constructed object is shared), but each `<<` copies the merged mappings' pairs
+    into the node that merges them: 22 levels of `{<<: [*prev, *prev]}` are 4 million pairs, 20 s and 175 MB.
+    Counted once per node, as PyYAML builds each node once.
+    """
+    sizes: dict[int, int] = {}
+    total = 0
+
+    def size(node: yaml.MappingNode) -> int:  # pairs of this mapping once flattened, as flatten_mapping builds them
+        nonlocal total
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 0  # a mapping that merges itself: PyYAML's own recursion is refused later
+        count = 0
+        for key, value in node.value:
+            merged = [value] if isinstance(value, yaml.MappingNode) else getattr(value, "value", ())
+            if key.tag == _MERGE_TAG:
+                count += sum(size(m) for m in merged if isinstance(m, yaml.MappingNode))
+            else:
+                count += 1
+        sizes[id(node)] = count
+        total += count
+        if total > _MAX_MERGED:
+            raise InventoryError(source, f"not valid YAML: merge keys (<<) expand the mappings to more than "
+                                 f"{_MAX_MERGED} entries", line=node.start_mark.line + 1)
+        return count
+
+    seen: set[int] = set()
+    stack = [] if root is None else [root]
+    while stack:  # every mapping, each once (an alias is the same node)
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            size(node)
+            stack += [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
 
 
 def _line_numbers(node: yaml.Node | None, source: str, hidden: set[int]) -> dict[str, int]:

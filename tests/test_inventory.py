@@ -773,6 +773,22 @@ def test_an_alias_bomb_as_a_key_is_refused_fast() -> None:
     assert str(exc) == f"{SRC}:3: not valid YAML: found unhashable key"
 
 
+def test_a_merge_key_bomb_is_refused_fast() -> None:
+    # each level merges the one before twice: PyYAML would copy 2**21 pairs into x21 (20 s, 175 MB)
+    levels = [f"x{i}: &x{i} {{<<: [*x{i - 1}, *x{i - 1}]}}" for i in range(1, 22)]
+    text = "hosts: [a]\nx0: &x0 {a: 1}\n" + "\n".join(levels) + "\n"
+    start = time.perf_counter()
+    exc = error(text)
+    assert time.perf_counter() - start < 0.5
+    assert str(exc) == f"{SRC}:18: not valid YAML: merge keys (<<) expand the mappings to more than 100000 entries"
+
+
+def test_merge_keys_of_a_real_inventory_still_merge() -> None:
+    hosts = "\n".join(f"  - {{<<: *gpu, name: node-{i}}}" for i in range(500))
+    cluster = parse(f"defaults: &gpu {{nproc_per_node: 8, workdir: /w}}\nhosts:\n{hosts}\n")
+    assert [h.nproc_per_node for h in cluster.hosts] == [8] * 500
+
+
 def test_long_values_and_keys_are_cut_in_messages() -> None:
     long = "y" * 100_000
     exc = error(f"hosts: [a]\njob:\n  script: x.py\n  args: [[{long}]]\n")
