@@ -19,6 +19,7 @@ from launcher.inventory_fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
 from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV
 from launcher.inventory_fields import SYNC_KEYS as SYNC_KEYS
 from launcher.inventory_fields import EnvFile, ForwardEnv, NodeFields, SyncSpec, reserved_reason
+from launcher.options import MAX_NPROC_PER_NODE
 
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
@@ -668,4 +669,7 @@ class _Parser(NodeFields, ElasticFields):
             return "auto"
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(entry, f'must be a positive integer or "auto", got {_describe(value)}')
+        if value > MAX_NPROC_PER_NODE:
+            raise self.fail(entry, f"must be at most {MAX_NPROC_PER_NODE} (worker processes on one node), "
+                            f"got {_describe(value)}")
         return value

@@ -313,6 +313,12 @@ def test_bad_nproc_per_node(value: str, shown: str) -> None:
     assert_error(f"defaults:\n  nproc_per_node: {value}\nhosts: [a]\n", "defaults.nproc_per_node", message, line=2)
 
 
+def test_nproc_per_node_has_an_upper_bound() -> None:
+    message = "must be at most 1024 (worker processes on one node), got 1000000000 (int)"
+    assert_error("hosts:\n  - name: a\n    nproc_per_node: 1000000000\n", "hosts[0].nproc_per_node", message, line=3)
+    assert parse("hosts: [{name: a, nproc_per_node: 1024}]\n").hosts[0].nproc_per_node == 1024
+
+
 def test_nproc_per_node_auto_and_integers() -> None:
     cluster = parse("defaults: {nproc_per_node: auto}\nhosts: [a, {name: b, nproc_per_node: 3}]\n")
     assert [h.nproc_per_node for h in cluster.hosts] == ["auto", 3]
