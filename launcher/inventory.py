@@ -461,9 +461,9 @@ class _Parser(NodeFields, ElasticFields):
             line = self.lines.get(parent)
         return InventoryError(self.source, message, entry=_shorten(entry, 2 * _SHOWN) or None, line=line)
 
-    def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-        """`value` as a mapping of `allowed` keys; an unknown key of a mapping that says `secret:` is not quoted
-        (`{secret: true, hf_...}`, `value:` forgotten, makes the token a key)."""
+    def mapping(self, value: Any, entry: str, allowed: tuple[str, ...], secret: bool = False) -> dict[str, Any]:
+        """`value` as a mapping of `allowed` keys; an unknown key of a `secret` mapping, or of one that says
+        `secret:`, is not quoted (`{secret: true, hf_...}`, `value:` forgotten, makes the token a key)."""
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -473,7 +473,7 @@ class _Parser(NodeFields, ElasticFields):
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
                 where = f"{entry}.{key}" if entry else str(key)
-                if _is_secret(value):  # no did-you-mean either: it would say what the secret resembles
+                if secret or _is_secret(value):  # no did-you-mean either: it would say what the secret resembles
                     line = self.lines.get(where)
                     raise InventoryError(self.source, "has an unknown key (not shown: the entry is secret); known "
                                          f"keys: {', '.join(allowed)}",
@@ -610,7 +610,7 @@ class _Parser(NodeFields, ElasticFields):
 
     def env_spec(self, name: str, raw: dict[Any, Any], where: str, hidden: bool) -> EnvVar:
         """The `{value: ...}` / `{from_env: ...}` form; once it says `secret: true`, no error shows its values."""
-        spec = self.mapping(raw, where, ENV_KEYS)
+        spec = self.mapping(raw, where, ENV_KEYS, secret=hidden)
         if ("value" in spec) == ("from_env" in spec):
             raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
         secret = self.secret_flag(spec.get("secret", False), f"{where}.secret")

@@ -857,6 +857,10 @@ def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
     """)
     assert str(exc) == (f"{SRC}:6: hosts[0].env.TOKEN: must be a string or a number, "
                         "got a value of type list (not shown: the entry is secret)")
+    secret_default = "defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\n"
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: {{{HIDDEN}}}}}}}]\n")  # `value:` forgotten
+    assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: has an unknown key (not shown: the entry is secret); "
+                        "known keys: value, from_env, secret")
     exc = error("defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\nhosts: [{name: a, env: {TOKEN: true}}]\n")
     assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: must be a string or a number, "
                         "got a value of type bool (not shown: the entry is secret); quote it if you mean the word")
