@@ -341,10 +341,17 @@ def _is_secret(value: dict[Any, Any]) -> bool:
 
 
 def _secret_nodes(root: yaml.Node | None) -> set[int]:
-    """ids of every node inside an env entry that says `secret:`: what no error may quote."""
+    """ids of every node inside an env entry that says `secret:`, or a host's entry for a name that the defaults'
+    env marks secret: what no error may quote."""
     hidden: set[int] = set()
     seen: set[tuple[int, bool]] = set()  # a node is visited at most twice (open, secret): aliases may nest 10**9 deep
     stack: list[tuple[yaml.Node, bool]] = [] if root is None else [(root, False)]
+    top = _pairs(root)
+    names = {name for name, node in _pairs(_pairs(top.get("defaults")).get("env")).items()
+             if isinstance(node, yaml.MappingNode) and _says_secret(node)}
+    hosts = top.get("hosts")
+    for host in hosts.value if isinstance(hosts, yaml.SequenceNode) and names else ():
+        stack += [(node, True) for name, node in _pairs(_pairs(host).get("env")).items() if name in names]
     while stack:
         node, secret = stack.pop()
         if (id(node), secret) in seen:

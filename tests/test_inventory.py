@@ -861,6 +861,10 @@ def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
     exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: {{{HIDDEN}}}}}}}]\n")  # `value:` forgotten
     assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: has an unknown key (not shown: the entry is secret); "
                         "known keys: value, from_env, secret")
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: !!int {HIDDEN}}}}}]\n")
+    assert str(exc) == f"{SRC}:3: not valid YAML: cannot read int value (not shown: the entry is secret)"
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: {{value: x, {HIDDEN}: 1, {HIDDEN}: 2}}}}}}]\n")
+    assert str(exc) == f"{SRC}:3: hosts[0].env.TOKEN: has a key twice (not shown: the entry is secret)"
     exc = error("defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\nhosts: [{name: a, env: {TOKEN: true}}]\n")
     assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: must be a string or a number, "
                         "got a value of type bool (not shown: the entry is secret); quote it if you mean the word")
