@@ -69,13 +69,15 @@ def _slurm_job(job: str, **others: Any) -> str:
     return job
 
 
-def _integer(name: str, value: Any, minimum: int = 0) -> int:
+def _integer(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
     try:
         number = int(value)
     except ValueError:
         raise Exit(f"error: --{name.replace('_', '-')} must be a whole number, got {value!r}", USAGE) from None
     if number < minimum:
         raise Exit(f"error: --{name.replace('_', '-')} must be at least {minimum}, got {value!r}", USAGE)
+    if maximum is not None and number > maximum:
+        raise Exit(f"error: --{name.replace('_', '-')} must be at most {maximum}, got {value!r}", USAGE)
     return number
 
 
@@ -177,8 +179,9 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
 @_reported
 def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=DEFAULT_MASTER_PORT, slurm=False):
     """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
-    cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=_integer("nproc_per_node", nproc_per_node, 1),
-                   master_port=_integer("master_port", master_port, 1), slurm=slurm)
+    nproc = _integer("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    port = _integer("master_port", master_port, 1)
+    cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=nproc, master_port=port, slurm=slurm)
 
 
 @task

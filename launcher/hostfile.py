@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.errors import InventoryError
 from launcher.inventory import Cluster, cluster_from_data, is_host_name, parse_inventory, read_hosts_file
+from launcher.options import MAX_NPROC_PER_NODE
 
 DEFAULTS_SOURCE = "invoke.yaml"
 """Where the `defaults` and `job` given to a hostfile come from, for messages (`invoke.yaml: launcher.defaults...`)."""
@@ -104,8 +105,12 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
         if not word.startswith("slots="):
             raise _error(source, line, f"{_shown(word)} is not slots=N; {_FORMAT}")
         match = _SLOTS.match(word)
-        if match is None or int(match[1]) < 1:
+        digits = "" if match is None else match[1].lstrip("0")
+        if not digits:
             raise _error(source, line, f"{_shown(word)} is not slots=N with N a positive integer")
+        if len(digits) > 9 or int(digits) > MAX_NPROC_PER_NODE:  # int() refuses 4,300 digits: never ask it
+            raise _error(source, line, f"{_shown(word)} is more than {MAX_NPROC_PER_NODE} (worker processes on "
+                         "one node)")
         if found:
             raise _error(source, line, "gives slots= twice")
         found["nproc_per_node"] = int(match[1])

@@ -6,7 +6,7 @@ import difflib
 import os.path
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from launcher.inventory_fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
 from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV
 from launcher.inventory_fields import SYNC_KEYS as SYNC_KEYS
 from launcher.inventory_fields import EnvFile, ForwardEnv, NodeFields, SyncSpec, reserved_reason
+from launcher.options import MAX_NPROC_PER_NODE
 
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
@@ -31,6 +32,10 @@ _STR_TAG = "tag:yaml.org,2002:str"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _SHOWN = 70
 """At most this many characters of a value in a message (entries get twice that)."""
+_MAX_MERGED = 100_000
+"""At most this many key/value pairs in all mappings together once merge keys (`<<`) are expanded: a few hundred
+hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _BRACKETS: dict[type, str] = {list: "[]", tuple: "()", set: "{}"}
 _FALSE = ("false", "no", "off")
 """How YAML 1.1 spells false (any case)."""
@@ -216,8 +221,9 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Cluster:
     try:
         loader = _Loader(text)
         root_node = loader.get_single_node()
-        lines = _line_numbers(root_node, source)  # before constructing, which rewrites merge keys (`<<`) in place
+        _refuse_merge_bombs(root_node, source)  # PyYAML copies what `<<` merges: sizes can double per level
         loader.hidden = _secret_nodes(root_node)
+        lines = _line_numbers(root_node, source, loader.hidden)  # before constructing, which rewrites `<<` in place
         data = None if root_node is None else loader.construct_document(root_node)
         written = _written_texts(root_node, loader.guessed)  # after: merge keys are resolved in the nodes as in data
     except yaml.YAMLError as exc:
@@ -243,8 +249,52 @@ def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
     return InventoryError(source, f"not valid YAML: {problem}", line=mark.line + 1 if mark else None)
 
 
-def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
-    """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently."""
+def _refuse_merge_bombs(root: yaml.Node | None, source: str) -> None:
+    """Refuse a document whose merge keys would expand past `_MAX_MERGED` pairs, before PyYAML copies them.
+
+    A plain alias costs nothing (the constructed object is shared), but each `<<` copies the merged mappings' pairs
+    into the node that merges them: 22 levels of `{<<: [*prev, *prev]}` are 4 million pairs, 20 s and 175 MB.
+    Counted once per node, as PyYAML builds each node once.
+    """
+    sizes: dict[int, int] = {}
+    total = 0
+
+    def size(node: yaml.MappingNode) -> int:  # pairs of this mapping once flattened, as flatten_mapping builds them
+        nonlocal total
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 0  # a mapping that merges itself: PyYAML's own recursion is refused later
+        count = 0
+        for key, value in node.value:
+            merged = [value] if isinstance(value, yaml.MappingNode) else getattr(value, "value", ())
+            if key.tag == _MERGE_TAG:
+                count += sum(size(m) for m in merged if isinstance(m, yaml.MappingNode))
+            else:
+                count += 1
+        sizes[id(node)] = count
+        total += count
+        if total > _MAX_MERGED:
+            raise InventoryError(source, f"not valid YAML: merge keys (<<) expand the mappings to more than "
+                                 f"{_MAX_MERGED} entries", line=node.start_mark.line + 1)
+        return count
+
+    seen: set[int] = set()
+    stack = [] if root is None else [root]
+    while stack:  # every mapping, each once (an alias is the same node)
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            size(node)
+            stack += [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+
+
+def _line_numbers(node: yaml.Node | None, source: str, hidden: set[int]) -> dict[str, int]:
+    """Map each entry path ("hosts[1].port") to its line; refuse duplicate keys, which YAML would drop silently
+    (without quoting a key of a secret entry, the nodes in `hidden` or one that says `secret:`)."""
     lines: dict[str, int] = {}
     walked: set[int] = set()
 
@@ -260,6 +310,9 @@ def _line_numbers(node: yaml.Node | None, source: str) -> dict[str, int]:
                     continue
                 name = str(key.value)
                 child = f"{path}.{name}" if path else name
+                if name in seen and (id(n) in hidden or _says_secret(n)):
+                    raise InventoryError(source, "has a key twice (not shown: the entry is secret)",
+                                         entry=_shorten(path, 2 * _SHOWN) or None, line=key.start_mark.line + 1)
                 if name in seen:
                     raise InventoryError(source, "appears twice in the same mapping",
                                          entry=_shorten(child, 2 * _SHOWN), line=key.start_mark.line + 1)
@@ -282,11 +335,23 @@ def _says_secret(node: yaml.MappingNode) -> bool:
                for k, v in node.value)
 
 
+def _is_secret(value: dict[Any, Any]) -> bool:
+    """Whether a loaded mapping (an env entry) has `secret:` with anything but false, as `_says_secret`."""
+    return "secret" in value and value["secret"] is not False
+
+
 def _secret_nodes(root: yaml.Node | None) -> set[int]:
-    """ids of every node inside an env entry that says `secret:`: what no error may quote."""
+    """ids of every node inside an env entry that says `secret:`, or a host's entry for a name that the defaults'
+    env marks secret: what no error may quote."""
     hidden: set[int] = set()
     seen: set[tuple[int, bool]] = set()  # a node is visited at most twice (open, secret): aliases may nest 10**9 deep
     stack: list[tuple[yaml.Node, bool]] = [] if root is None else [(root, False)]
+    top = _pairs(root)
+    names = {name for name, node in _pairs(_pairs(top.get("defaults")).get("env")).items()
+             if isinstance(node, yaml.MappingNode) and _says_secret(node)}
+    hosts = top.get("hosts")
+    for host in hosts.value if isinstance(hosts, yaml.SequenceNode) and names else ():
+        stack += [(node, True) for name, node in _pairs(_pairs(host).get("env")).items() if name in names]
     while stack:
         node, secret = stack.pop()
         if (id(node), secret) in seen:
@@ -403,7 +468,9 @@ class _Parser(NodeFields, ElasticFields):
             line = self.lines.get(parent)
         return InventoryError(self.source, message, entry=_shorten(entry, 2 * _SHOWN) or None, line=line)
 
-    def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    def mapping(self, value: Any, entry: str, allowed: tuple[str, ...], secret: bool = False) -> dict[str, Any]:
+        """`value` as a mapping of `allowed` keys; an unknown key of a `secret` mapping, or of one that says
+        `secret:`, is not quoted (`{secret: true, hf_...}`, `value:` forgotten, makes the token a key)."""
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -413,6 +480,11 @@ class _Parser(NodeFields, ElasticFields):
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
                 where = f"{entry}.{key}" if entry else str(key)
+                if secret or _is_secret(value):  # no did-you-mean either: it would say what the secret resembles
+                    line = self.lines.get(where)
+                    raise InventoryError(self.source, "has an unknown key (not shown: the entry is secret); known "
+                                         f"keys: {', '.join(allowed)}",
+                                         entry=_shorten(entry, 2 * _SHOWN), line=line or self.lines.get(entry))
                 raise self.fail(where, f"unknown key {_render(key)}{hint}")
         return value
 
@@ -475,8 +547,10 @@ class _Parser(NodeFields, ElasticFields):
             return check(value, where)
 
         base = self.env(defaults.get("env"), "defaults.env")
-        secrets = frozenset(name for name, var in base.items() if var.secret)  # a host's override stays secret
-        env = {**base, **self.env(fields.get("env"), f"{entry}.env", secrets)}
+        secrets = frozenset(name for name, var in base.items() if var.secret)
+        own = self.env(fields.get("env"), f"{entry}.env", secrets)
+        # A host's override of a secret default stays secret: its errors, its dry-run line and its command.json.
+        env = {**base, **{name: replace(var, secret=True) if name in secrets else var for name, var in own.items()}}
         return Host(
             name=name,
             addr=self.host_name(fields["addr"], f"{entry}.addr") if fields.get("addr") is not None else name,
@@ -543,12 +617,10 @@ class _Parser(NodeFields, ElasticFields):
 
     def env_spec(self, name: str, raw: dict[Any, Any], where: str, hidden: bool) -> EnvVar:
         """The `{value: ...}` / `{from_env: ...}` form; once it says `secret: true`, no error shows its values."""
-        spec = self.mapping(raw, where, ENV_KEYS)
+        spec = self.mapping(raw, where, ENV_KEYS, secret=hidden)
         if ("value" in spec) == ("from_env" in spec):
             raise self.fail(where, "needs exactly one of `value:` or `from_env:`")
-        secret = spec.get("secret", False)
-        if not isinstance(secret, bool):
-            raise self.fail(f"{where}.secret", f"must be true or false, got {_describe(secret)}")
+        secret = self.secret_flag(spec.get("secret", False), f"{where}.secret")
         hidden = hidden or secret
         from_env = spec.get("from_env")
         if "from_env" in spec and (not isinstance(from_env, str) or not _ENV_NAME.match(from_env)):
@@ -604,4 +676,7 @@ class _Parser(NodeFields, ElasticFields):
             return "auto"
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(entry, f'must be a positive integer or "auto", got {_describe(value)}')
+        if value > MAX_NPROC_PER_NODE:
+            raise self.fail(entry, f"must be at most {MAX_NPROC_PER_NODE} (worker processes on one node), "
+                            f"got {_describe(value)}")
         return value

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from launcher.options import MAX_RETRIES
+
 if TYPE_CHECKING:
     from launcher.errors import InventoryError
 
@@ -114,6 +116,8 @@ class ElasticFields:
     def count(self, value: Any, entry: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(entry, f"must be a whole number, 0 or more, got {self.show(value, False)}")
+        if value > MAX_RETRIES:
+            raise self.fail(entry, f"must be at most {MAX_RETRIES}, got {self.show(value, False)}")
         return value
 
     def resume_args(self, value: Any) -> tuple[str, ...]:

@@ -168,8 +168,9 @@ class NodeFields:
         }
 
     def secret_flag(self, value: Any, entry: str) -> bool:
+        """`secret:`'s value; a malformed one is not quoted (it may be the secret, pasted in the wrong place)."""
         if not isinstance(value, bool):
-            raise self.fail(entry, f"must be true or false, got {self.show(value, False)}")
+            raise self.fail(entry, f"must be true or false, got {self.show(value, True)}")
         return value
 
     def setup(self, raw: Any, entry: str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
 
 from dotenv import dotenv_values
-from dotenv.parser import parse_stream
+from dotenv.parser import Binding, parse_stream
 
 from launcher.errors import LauncherError
 from launcher.inventory import EnvFile
@@ -51,6 +51,12 @@ def is_reserved(name: str) -> bool:
     return any(fnmatchcase(name, reserved) for reserved in RESERVED_ENV)
 
 
+def _line_of(binding: Binding) -> int:
+    """The line of a dotenv entry: python-dotenv's `line` is where the blank lines before it begin."""
+    text = binding.original.string
+    return binding.original.line + text[: len(text) - len(text.lstrip())].count("\n")
+
+
 def read_env_file(host: str, env_file: EnvFile) -> dict[str, str]:
     """The variables of a dotenv file on this machine, by python-dotenv's rules (`${NAME}` expands from the file's
     earlier lines and this machine's environment); a file that cannot be read, a line that cannot be parsed, a
@@ -66,16 +72,18 @@ def read_env_file(host: str, env_file: EnvFile) -> dict[str, str]:
     except UnicodeDecodeError:
         raise LauncherError(f"{where} is not UTF-8 text") from None
     for binding in parse_stream(io.StringIO(text)):
+        # Nothing of the file is quoted: a token pasted without `NAME=` parses as a name.
+        line = f"{where}, line {_line_of(binding)}"
         if binding.error:
-            raise LauncherError(f"{where}, line {binding.original.line}: cannot be read as NAME=value")
+            raise LauncherError(f"{line}: cannot be read as NAME=value")
         if binding.key is not None and not _NAME.match(binding.key):
-            raise LauncherError(f"{where}, line {binding.original.line}: {binding.key[:40]!r} is not a variable "
-                                "name (letters, digits and _, not starting with a digit)")
+            raise LauncherError(f"{line}: the name before `=` is not a variable name (letters, digits and _, not "
+                                "starting with a digit)")
+        if binding.key is not None and binding.value is None:
+            raise LauncherError(f"{line}: has no `=`; write NAME=value (NAME= for an empty value)")
     values = {}
     for name, value in dotenv_values(stream=io.StringIO(text)).items():
-        if value is None:
-            raise LauncherError(f"{where}: {name} has no value; write {name}= for an empty one")
-        values[name] = value
+        values[name] = "" if value is None else value  # None only for the names refused above
     return values
 
 

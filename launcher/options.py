@@ -64,6 +64,18 @@ SLURM_STOP_WAIT = 120.0
 """Seconds `inv stop --job` waits for SLURM to end every process of a job (its KillWait is 30 s by default)."""
 ACTION_MARGIN = 20.0
 """Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
+MAX_SECONDS = 86400.0
+"""The most any time option may be (a day): what select(), thread waits and timers take without overflow."""
+MIN_HEARTBEAT_S = 1.0
+"""The least heartbeat_timeout and silence_timeout may be: a beat every quarter of it, never a busy loop."""
+MIN_WAIT_S = 0.1
+"""The least connect_timeout and probe_timeout may be."""
+MAX_NPROC_PER_NODE = 1024
+"""The most worker processes on one node (nproc_per_node, a hostfile's slots=): more would fork until a limit."""
+MAX_RETRIES = 1000
+"""The most relaunches (`retries`) of one run."""
+MAX_CONSOLE_BUFFER = 100_000_000
+"""The most lines the console may lag behind (`console_buffer`)."""
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -113,17 +125,17 @@ class Options:
         return self.grace + ACTION_MARGIN
 
 
-# name -> (kind, minimum, whether the minimum itself is allowed); checked for invoke.yaml and the command line alike.
-_NUMBERS: dict[str, tuple[type, float, bool]] = {
-    "grace": (float, 0.0, True),
-    "heartbeat_timeout": (float, 0.0, False),
-    "silence_timeout": (float, 0.0, False),
-    "connect_timeout": (float, 0.0, False),
-    "probe_timeout": (float, 0.0, False),
-    "console_buffer": (int, 1, True),
-    "retry_wait": (float, 0.0, True),
-    "retry_cooldown": (float, 0.0, True),
-    "retries": (int, 0, True),
+# name -> (kind, minimum, maximum), both allowed; checked for invoke.yaml and the command line alike.
+_NUMBERS: dict[str, tuple[type, float, float]] = {
+    "grace": (float, 0.0, MAX_SECONDS),
+    "heartbeat_timeout": (float, MIN_HEARTBEAT_S, MAX_SECONDS),
+    "silence_timeout": (float, MIN_HEARTBEAT_S, MAX_SECONDS),
+    "connect_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
+    "probe_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
+    "console_buffer": (int, 1, MAX_CONSOLE_BUFFER),
+    "retry_wait": (float, 0.0, MAX_SECONDS),
+    "retry_cooldown": (float, 0.0, MAX_SECONDS),
+    "retries": (int, 0, MAX_RETRIES),
 }
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
@@ -133,7 +145,7 @@ CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LIN
 
 def number(name: str, value: Any, source: str) -> float | int:
     """`value` as the number option `name` needs; a LauncherError naming `source` (e.g. `--grace`) otherwise."""
-    kind, minimum, inclusive = _NUMBERS[name]
+    kind, minimum, maximum = _NUMBERS[name]
     shown = str(value)[:40]
     what = "a whole number" if kind is int else "a number of seconds"
     if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
@@ -144,9 +156,9 @@ def number(name: str, value: Any, source: str) -> float | int:
         raise LauncherError(f"{source} must be {what}, got {shown!r}") from None
     if kind is float and not math.isfinite(result):
         raise LauncherError(f"{source} must be a finite number of seconds, got {shown!r}")
-    if result < minimum or (result == minimum and not inclusive):
-        bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
-        raise LauncherError(f"{source} must be {bound}, got {shown!r}")
+    if not minimum <= result <= maximum:
+        low, high = (f"{minimum:g}", f"{maximum:g} seconds") if kind is float else (f"{minimum}", f"{maximum}")
+        raise LauncherError(f"{source} must be from {low} to {high}, got {shown!r}")
     return result
 
 

@@ -23,24 +23,35 @@ EXAMPLE = ["--hosts", "hosts/example.yaml"]
      "error: --connect-timeout must be a number of seconds, got 'soon'"),
     (["launch", *EXAMPLE, "--connect-timeout", "abc"], 2,
      "error: --connect-timeout must be a number of seconds, got 'abc'"),
-    (["launch", *EXAMPLE, "--grace", "-1"], 2, "error: --grace must be at least 0, got '-1'"),
+    (["launch", *EXAMPLE, "--grace", "-1"], 2, "error: --grace must be from 0 to 86400 seconds, got '-1'"),
     (["launch", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
     (["launch", *EXAMPLE, "--grace", "inf"], 2, "error: --grace must be a finite number of seconds, got 'inf'"),
-    (["launch", *EXAMPLE, "--silence-timeout", "0"], 2, "error: --silence-timeout must be more than 0, got '0'"),
+    (["launch", *EXAMPLE, "--silence-timeout", "0"], 2,
+     "error: --silence-timeout must be from 1 to 86400 seconds, got '0'"),
     (["launch", *EXAMPLE, "--heartbeat-timeout", "soon"], 2,
      "error: --heartbeat-timeout must be a number of seconds, got 'soon'"),
     (["stop", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
-    (["doctor", *EXAMPLE, "--connect-timeout", "-5"], 2, "error: --connect-timeout must be more than 0, got '-5'"),
-    (["doctor", *EXAMPLE, "--probe-timeout", "0"], 2, "error: --probe-timeout must be more than 0, got '0'"),
+    (["doctor", *EXAMPLE, "--connect-timeout", "-5"], 2,
+     "error: --connect-timeout must be from 0.1 to 86400 seconds, got '-5'"),
+    (["doctor", *EXAMPLE, "--probe-timeout", "0"], 2,
+     "error: --probe-timeout must be from 0.1 to 86400 seconds, got '0'"),
     (["doctor", *EXAMPLE, "--probe-timeout", "soon"], 2,
      "error: --probe-timeout must be a number of seconds, got 'soon'"),
     (["launch", *EXAMPLE, "--probe-timeout", "inf"], 2,
      "error: --probe-timeout must be a finite number of seconds, got 'inf'"),
+    (["launch", *EXAMPLE, "--probe-timeout", "1e10"], 2,  # select() would overflow on the node
+     "error: --probe-timeout must be from 0.1 to 86400 seconds, got '1e10'"),
+    (["launch", *EXAMPLE, "--heartbeat-timeout", "1e-9"], 2,  # beats every 0.25 ns: a busy loop
+     "error: --heartbeat-timeout must be from 1 to 86400 seconds, got '1e-9'"),
+    (["launch", *EXAMPLE, "--retries", "1000000000"], 2, "error: --retries must be from 0 to 1000, got '1000000000'"),
+    (["stop", *EXAMPLE, "--grace", "1e10"], 2, "error: --grace must be from 0 to 86400 seconds, got '1e10'"),
     (["launch", *EXAMPLE, "--args", "'unclosed"], 1, "--args: cannot split"),
     (["launch", *EXAMPLE, "--script", "--evil"], 1, "starts with '-'"),
     (["logs", *EXAMPLE, "--rank", "three"], 2, "error: --rank must be a whole number, got 'three'"),
     (["logs", *EXAMPLE, "--node", "nope"], 1, "no host named 'nope'"),
     (["sandbox.up", "--nodes", "0"], 2, "error: --nodes must be at least 1"),
+    (["sandbox.up", "--nproc-per-node", "100000000"], 2,
+     "error: --nproc-per-node must be at most 1024, got 100000000"),
 ])
 def test_bad_options_get_one_sentence(args: list[str], code: int, message: str) -> None:
     result = inv(*args, timeout=60)
@@ -62,9 +73,9 @@ def test_run_must_be_a_run_id(task: str, run: str) -> None:
 @pytest.mark.parametrize(("variable", "value", "message"), [
     ("GRACE", "nan", "launcher.grace must be a finite number of seconds, got 'nan'"),
     ("GRACE", "-inf", "launcher.grace must be a finite number of seconds, got '-inf'"),
-    ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be more than 0, got '0.0'"),
-    ("PROBE_TIMEOUT", "-1", "launcher.probe_timeout must be more than 0, got '-1.0'"),
-    ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be at least 1, got '0'"),
+    ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be from 0.1 to 86400 seconds, got '0.0'"),
+    ("PROBE_TIMEOUT", "-1", "launcher.probe_timeout must be from 0.1 to 86400 seconds, got '-1.0'"),
+    ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be from 1 to 100000000, got '0'"),
 ])
 def test_bad_config_value_gets_one_sentence(variable: str, value: str, message: str) -> None:
     """Invoke reads INVOKE_LAUNCHER_X as config, like a value written in invoke.yaml."""
@@ -109,7 +120,8 @@ def test_probe_timeout_is_an_option_of_its_own() -> None:
     opts = options.from_config({"probe_timeout": 60.0}, {"connect_timeout": "5"})
     assert (opts.probe_timeout, opts.connect_timeout) == (60.0, 5.0)
     assert options.from_config({}, {"probe_timeout": "30"}).probe_timeout == 30.0
-    with pytest.raises(LauncherError, match=r"^invoke.yaml: launcher.probe_timeout must be more than 0, got '0'$"):
+    with pytest.raises(LauncherError,
+                       match=r"^invoke.yaml: launcher.probe_timeout must be from 0.1 to 86400 seconds, got '0'$"):
         options.from_config({"probe_timeout": 0}, {})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,10 @@ def test_lines_of_the_hosts_are_kept() -> None:
     ("a slots=-1\n", "hosts.txt:1: 'slots=-1' is not slots=N with N a positive integer"),
     ("a slots=\n", "hosts.txt:1: 'slots=' is not slots=N with N a positive integer"),
     ("a slots=2 slots=3\n", "hosts.txt:1: gives slots= twice"),
+    ("a slots=1025\n", "hosts.txt:1: 'slots=1025' is more than 1024 (worker processes on one node)"),
+    ("a\nb slots=1000000000\n", "hosts.txt:2: 'slots=1000000000' is more than 1024 (worker processes on one node)"),
+    pytest.param("a slots=" + "9" * 5000 + "\n", "hosts.txt:1: 'slots=" + "9" * 63 + "…' is more than 1024 "
+                 "(worker processes on one node)", id="5000 digits"),  # int() of 5,000 digits would raise
     ("a max_slots=8\n", "hosts.txt:1: 'max_slots=8' is not slots=N; a line is NAME or NAME slots=N"),
     ("worker-1 slots=2\nthis is bad slots=1\n", "hosts.txt:2: 'is' is not slots=N; a line is NAME or NAME slots=N"),
     ("worker-1 slots=2\nworker-2 slots=1\nworker-1 slots=1\n", "hosts.txt:3: host 'worker-1' is listed twice "
@@ -216,3 +221,16 @@ def test_load_hosts_missing_and_unreadable_files(tmp_path: Path) -> None:
     assert str(info.value) == f"{tmp_path / 'nope'}: no such file (see hosts/example.yaml for the format)"
     with pytest.raises(InventoryError, match="cannot read it"):
         load_hosts(tmp_path)
+
+
+def test_a_huge_slots_count_is_refused_before_exclude_lists_its_gpus(tmp_path: Path) -> None:
+    from helpers import inv
+
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("a slots=1000000000\nb\n")
+    start = time.monotonic()
+    result = inv("launch", "--hosts", str(hostfile), "--exclude", "a:0", "--dry-run", timeout=60)
+    assert time.monotonic() - start < 30  # not 10**9 indices
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: {hostfile}:1: 'slots=1000000000' is more than 1024 (worker processes on one "
+                             "node)\n")

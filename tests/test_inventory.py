@@ -46,6 +46,8 @@ from launcher.plan import plan_launch
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = "hosts/cluster.yaml"
+BAD_FLAG = "must be true or false, got a value of type {} (not shown: the entry is secret)"
+"""A malformed `secret:` is not quoted: it may be the token itself."""
 
 
 def parse(text: str) -> Cluster:
@@ -311,6 +313,12 @@ def test_bad_nproc_per_node(value: str, shown: str) -> None:
     assert_error(f"defaults:\n  nproc_per_node: {value}\nhosts: [a]\n", "defaults.nproc_per_node", message, line=2)
 
 
+def test_nproc_per_node_has_an_upper_bound() -> None:
+    message = "must be at most 1024 (worker processes on one node), got 1000000000 (int)"
+    assert_error("hosts:\n  - name: a\n    nproc_per_node: 1000000000\n", "hosts[0].nproc_per_node", message, line=3)
+    assert parse("hosts: [{name: a, nproc_per_node: 1024}]\n").hosts[0].nproc_per_node == 1024
+
+
 def test_nproc_per_node_auto_and_integers() -> None:
     cluster = parse("defaults: {nproc_per_node: auto}\nhosts: [a, {name: b, nproc_per_node: 3}]\n")
     assert [h.nproc_per_node for h in cluster.hosts] == ["auto", 3]
@@ -458,8 +466,8 @@ def test_env_mapping_form() -> None:
     ("{value: x, from_env: Y}", "hosts[0].env.A", "needs exactly one of `value:` or `from_env:`"),
     ("{secret: true}", "hosts[0].env.A", "needs exactly one of `value:` or `from_env:`"),
     ("{}", "hosts[0].env.A", "needs exactly one of `value:` or `from_env:`"),
-    ("{value: x, secret: 'yes'}", "hosts[0].env.A.secret", "must be true or false, got 'yes' (str)"),
-    ("{value: x, secret: 1}", "hosts[0].env.A.secret", "must be true or false, got 1 (int)"),
+    ("{value: x, secret: 'yes'}", "hosts[0].env.A.secret", BAD_FLAG.format("str")),
+    ("{value: x, secret: 1}", "hosts[0].env.A.secret", BAD_FLAG.format("int")),
     ("{value: x, secret: ~}", "hosts[0].env.A.secret", "must be true or false, got nothing"),
     ("{from_env: 1X}", "hosts[0].env.A.from_env", "must be an environment variable name, got '1X' (str)"),
     ("{from_env: ~}", "hosts[0].env.A.from_env", "must be an environment variable name, got nothing"),
@@ -494,7 +502,7 @@ def test_env_merge_defaults_then_host_and_host_wins() -> None:
     assert b.env == (EnvVar("NCCL_DEBUG", value="INFO"), EnvVar("OMP_NUM_THREADS", value="4"), token,
                      EnvVar("EXTRA", value="x"))
     assert c.env == (EnvVar("NCCL_DEBUG", value="WARN"), EnvVar("OMP_NUM_THREADS", value="4"),
-                     EnvVar("TOKEN", value="plain"))
+                     EnvVar("TOKEN", value="plain", secret=True))  # a secret default's override stays secret
 
 
 # --- job -----------------------------------------------------------------------------------------------------
@@ -771,6 +779,22 @@ def test_an_alias_bomb_as_a_key_is_refused_fast() -> None:
     assert str(exc) == f"{SRC}:3: not valid YAML: found unhashable key"
 
 
+def test_a_merge_key_bomb_is_refused_fast() -> None:
+    # each level merges the one before twice: PyYAML would copy 2**21 pairs into x21 (20 s, 175 MB)
+    levels = [f"x{i}: &x{i} {{<<: [*x{i - 1}, *x{i - 1}]}}" for i in range(1, 22)]
+    text = "hosts: [a]\nx0: &x0 {a: 1}\n" + "\n".join(levels) + "\n"
+    start = time.perf_counter()
+    exc = error(text)
+    assert time.perf_counter() - start < 0.5
+    assert str(exc) == f"{SRC}:18: not valid YAML: merge keys (<<) expand the mappings to more than 100000 entries"
+
+
+def test_merge_keys_of_a_real_inventory_still_merge() -> None:
+    hosts = "\n".join(f"  - {{<<: *gpu, name: node-{i}}}" for i in range(500))
+    cluster = parse(f"defaults: &gpu {{nproc_per_node: 8, workdir: /w}}\nhosts:\n{hosts}\n")
+    assert [h.nproc_per_node for h in cluster.hosts] == [8] * 500
+
+
 def test_long_values_and_keys_are_cut_in_messages() -> None:
     long = "y" * 100_000
     exc = error(f"hosts: [a]\njob:\n  script: x.py\n  args: [[{long}]]\n")
@@ -799,12 +823,27 @@ HIDDEN = "abc123secret"
      "not valid YAML: cannot read float value (not shown: the entry is secret)"),
     ("{value: [!!timestamp abc123secret], secret: true}", 4,
      "not valid YAML: cannot read timestamp value (not shown: the entry is secret)"),
+    ("{secret: true, abc123secret}", 4, "hosts[0].env.TOKEN: has an unknown key (not shown: the entry is secret); "
+     "known keys: value, from_env, secret"),  # `value:` forgotten: the token is a key
+    ("{abc123secret, secret: true}", 4, "hosts[0].env.TOKEN: has an unknown key (not shown: the entry is secret); "
+     "known keys: value, from_env, secret"),
+    ("{secret: true,\n        abc123secret: 1, abc123secret: 2}", 5,
+     "hosts[0].env.TOKEN: has a key twice (not shown: the entry is secret)"),
 ])
 def test_secret_values_are_never_quoted_in_errors(spec: str, line: int, sentence: str) -> None:
     exc = error(f"hosts:\n  - name: a\n    env:\n      TOKEN: {spec}\n")
     assert str(exc) == f"{SRC}:{line}: {sentence}"
     assert HIDDEN not in str(exc)
     assert HIDDEN in str(error(f"hosts:\n  - name: a\n    env:\n      TOKEN: {spec.replace('true', 'false')}\n"))
+
+
+def test_an_unknown_key_of_a_secret_forward_or_env_file_is_not_quoted() -> None:
+    exc = error(f"hosts:\n  - name: a\n    forward_env:\n      - {{pattern: X, secret: true, {HIDDEN}}}\n")
+    assert str(exc) == (f"{SRC}:4: hosts[0].forward_env[0]: has an unknown key (not shown: the entry is secret); "
+                        "known keys: pattern, secret")
+    exc = error(f"hosts:\n  - name: a\n    env_file: {{path: .env, secret: true, {HIDDEN}}}\n")
+    assert str(exc) == (f"{SRC}:3: hosts[0].env_file: has an unknown key (not shown: the entry is secret); "
+                        "known keys: path, secret")
 
 
 def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
@@ -818,9 +857,31 @@ def test_a_hosts_plain_override_of_a_secret_default_is_secret_too() -> None:
     """)
     assert str(exc) == (f"{SRC}:6: hosts[0].env.TOKEN: must be a string or a number, "
                         "got a value of type list (not shown: the entry is secret)")
+    secret_default = "defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\n"
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: {{{HIDDEN}}}}}}}]\n")  # `value:` forgotten
+    assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: has an unknown key (not shown: the entry is secret); "
+                        "known keys: value, from_env, secret")
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: !!int {HIDDEN}}}}}]\n")
+    assert str(exc) == f"{SRC}:3: not valid YAML: cannot read int value (not shown: the entry is secret)"
+    exc = error(secret_default + f"hosts: [{{name: a, env: {{TOKEN: {{value: x, {HIDDEN}: 1, {HIDDEN}: 2}}}}}}]\n")
+    assert str(exc) == f"{SRC}:3: hosts[0].env.TOKEN: has a key twice (not shown: the entry is secret)"
     exc = error("defaults:\n  env: {TOKEN: {from_env: TOKEN, secret: true}}\nhosts: [{name: a, env: {TOKEN: true}}]\n")
     assert str(exc) == (f"{SRC}:3: hosts[0].env.TOKEN: must be a string or a number, "
                         "got a value of type bool (not shown: the entry is secret); quote it if you mean the word")
+
+
+def test_a_hosts_plain_value_for_a_secret_default_is_a_secret_value() -> None:
+    cluster = parse("""\
+        defaults:
+          env: {WANDB_API_KEY: {value: X, secret: true}}
+        hosts:
+          - {name: a, env: {WANDB_API_KEY: ghp_hostoverride}}
+          - {name: b, env: {WANDB_API_KEY: {value: Y, secret: false}}}
+          - c
+    """)
+    assert [h.env for h in cluster.hosts] == [(EnvVar("WANDB_API_KEY", value="ghp_hostoverride", secret=True),),
+                                              (EnvVar("WANDB_API_KEY", value="Y", secret=True),),
+                                              (EnvVar("WANDB_API_KEY", value="X", secret=True),)]
 
 
 def test_a_secret_value_as_written_is_kept() -> None:
@@ -1207,7 +1268,7 @@ def test_forward_env_strings_and_mappings_concatenated_defaults_first() -> None:
     ("[TORCHELASTIC_R*]", "hosts[0].forward_env[0]", "would copy TORCHELASTIC_*, which torchrun sets"),
     ("['*_RUN_ID']", "hosts[0].forward_env[0]", "would copy TORCHELASTIC_RUN_ID, which torchrun sets"),
     ("[{secret: true}]", "hosts[0].forward_env[0]", "has no `pattern:` (a variable name, or a glob such as WANDB_*)"),
-    ("[{pattern: X, secret: 'yes'}]", "hosts[0].forward_env[0].secret", "must be true or false, got 'yes' (str)"),
+    ("[{pattern: X, secret: 'yes'}]", "hosts[0].forward_env[0].secret", BAD_FLAG.format("str")),
     ("[{patern: X}]", "hosts[0].forward_env[0].patern", "unknown key 'patern'; did you mean 'pattern'?"),
     ("[{pattern: X, zzz: 1}]", "hosts[0].forward_env[0].zzz", "unknown key 'zzz'; known keys: pattern, secret"),
 ])
@@ -1265,7 +1326,7 @@ def test_env_file_mapping_form_and_the_host_replaces_the_defaults() -> None:
     ('"a\\nb"', "hosts[0].env_file", "must not contain a newline or NUL character"),
     ("{secret: true}", "hosts[0].env_file", "has no `path:` (a dotenv file on this machine)"),
     ("{path: ''}", "hosts[0].env_file.path", "must be a non-empty string, got '' (str)"),
-    ("{path: .env, secret: 1}", "hosts[0].env_file.secret", "must be true or false, got 1 (int)"),
+    ("{path: .env, secret: 1}", "hosts[0].env_file.secret", BAD_FLAG.format("int")),
     ("{pth: .env}", "hosts[0].env_file.pth", "unknown key 'pth'; did you mean 'path'?"),
 ])
 def test_env_file_errors(value: str, entry: str, reason: str) -> None:

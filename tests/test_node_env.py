@@ -122,15 +122,20 @@ def test_env_file_is_read_by_dotenvs_rules(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize(("text", "sentence"), [
-    ("A=1\nNOVALUE\n", "node-0: env_file {path}: NOVALUE has no value; write NOVALUE= for an empty one"),
+    ("A=1\nghp_s3cret0123456789abcdef\n",  # a token pasted without its name
+     "node-0: env_file {path}, line 2: has no `=`; write NAME=value (NAME= for an empty value)"),
     ("A=1\nB='s3cret never closed\n", "node-0: env_file {path}, line 2: cannot be read as NAME=value"),
-    ("my-key=s3cret\n", "node-0: env_file {path}, line 1: 'my-key' is not a variable name (letters, digits and _, "
-                        "not starting with a digit)"),
+    ("my-key=s3cret\n", "node-0: env_file {path}, line 1: the name before `=` is not a variable name (letters, "
+                        "digits and _, not starting with a digit)"),
+    ("A=1\n\n9s3cret0123456789=x\n", "node-0: env_file {path}, line 3: the name before `=` is not a variable "
+                                     "name (letters, digits and _, not starting with a digit)"),
 ])
-def test_env_file_errors_name_host_file_and_line_never_a_value(tmp_path: Path, text: str, sentence: str) -> None:
+@pytest.mark.parametrize("secret", [True, False])
+def test_env_file_errors_name_host_file_and_line_never_a_value(tmp_path: Path, text: str, sentence: str,
+                                                               secret: bool) -> None:
     path = env_file(tmp_path, text)
     with pytest.raises(LauncherError) as caught:
-        resolve_env(node(tmp_path, env_file=str(path)), {})
+        resolve_env(node(tmp_path, env_file={"path": str(path), "secret": secret}), {})
     assert str(caught.value) == sentence.format(path=path)
     assert "s3cret" not in str(caught.value)
 
@@ -331,3 +336,55 @@ def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sa
         recorded = json.loads(text)
         assert "RANK" not in recorded["env"] and recorded["env"]["NCCL_SOCKET_IFNAME"] == "lo"
         assert recorded["secret_env"] == (["NE_TOKEN"] if index == 0 else ["NE_FILE_SECRET", "NE_TOKEN"])
+
+
+@pytest.mark.integration
+def test_a_hosts_override_of_a_secret_default_is_never_shown_or_stored(make_sandbox, tmp_path: Path) -> None:
+    from conftest import free_port
+    from helpers import inv, node_runs, run_id_of
+
+    default, override = f"ghp_default{secrets.token_hex(8)}", f"ghp_override{secrets.token_hex(8)}"
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "show_env.py"
+    script.write_text(SHOW)
+    box = make_sandbox(1, master_port=free_port(), script=str(script))
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"NE_OUT_DIR": str(out), "NE_TOKEN": {"value": default, "secret": True}}
+    data["hosts"] = [{"name": "node-0", "env": {"NE_TOKEN": override}}]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    logs = tmp_path / "logs"
+
+    dry = inv("launch", "--hosts", str(box.inventory), "--dry-run", log_dir=logs)
+    assert dry.returncode == 0, dry.stderr
+    assert "NE_TOKEN='<secret>'" in dry.stdout, dry.stdout
+    launched = inv("launch", "--hosts", str(box.inventory), log_dir=logs)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    for shown in (dry.stdout, dry.stderr, launched.stdout, launched.stderr):
+        assert override not in shown and default not in shown
+    assert json.loads((out / "rank0.json").read_text()) == {"NE_OUT_DIR": str(out), "NE_TOKEN": override}  # it arrived
+    run_dir = node_runs(box, 0) / run_id_of(launched.stderr) / "node-0"
+    for folder in (run_dir, logs):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert override.encode() not in path.read_bytes(), path
+    assert json.loads((run_dir / "command.json").read_text())["secret_env"] == ["NE_TOKEN"]
+
+
+def test_inv_launch_never_quotes_a_token_in_an_env_file_or_inventory_error(tmp_path: Path) -> None:
+    from helpers import inv
+
+    token = f"ghp_{secrets.token_hex(12)}"
+    (tmp_path / ".env").write_text(f"A=1\n\n{token}\n")  # pasted without its name
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("defaults: {env_file: {path: .env, secret: true}}\nhosts: [nowhere-1]\njob: {script: t.py}\n")
+    result = inv("launch", "--hosts", str(bare), timeout=60)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: nowhere-1: env_file {tmp_path}/.env, line 3: has no `=`; write NAME=value "
+                             "(NAME= for an empty value)\n")
+    forgotten = tmp_path / "forgotten.yaml"
+    forgotten.write_text(f"hosts:\n  - name: a\n    env:\n      HF_TOKEN: {{secret: true, {token}}}\n")
+    result = inv("launch", "--hosts", str(forgotten), "--dry-run", timeout=60)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"error: {forgotten}:4: hosts[0].env.HF_TOKEN: has an unknown key (not shown: the "
+                             "entry is secret); known keys: value, from_env, secret\n")

@@ -21,8 +21,14 @@ def test_heartbeats_come_several_times_per_timeout() -> None:
 
 @pytest.mark.parametrize(("key", "value", "sentence"), [
     ("grace", "nan", "invoke.yaml: launcher.grace must be a finite number of seconds, got 'nan'"),
-    ("silence_timeout", 0, "invoke.yaml: launcher.silence_timeout must be more than 0, got '0'"),
+    ("silence_timeout", 0, "invoke.yaml: launcher.silence_timeout must be from 1 to 86400 seconds, got '0'"),
     ("console_buffer", 1.5, "invoke.yaml: launcher.console_buffer must be a whole number, got '1.5'"),
+    ("heartbeat_timeout", 1e-9, "invoke.yaml: launcher.heartbeat_timeout must be from 1 to 86400 seconds, "
+     "got '1e-09'"),
+    ("probe_timeout", 1e10, "invoke.yaml: launcher.probe_timeout must be from 0.1 to 86400 seconds, "
+     "got '10000000000.0'"),
+    ("retry_cooldown", 86401, "invoke.yaml: launcher.retry_cooldown must be from 0 to 86400 seconds, got '86401'"),
+    ("console_buffer", 10**9, "invoke.yaml: launcher.console_buffer must be from 1 to 100000000, got '1000000000'"),
     ("grace", True, "invoke.yaml: launcher.grace must be a number of seconds, got 'True'"),
 ])
 def test_config_values_are_checked_naming_their_key(key: str, value: object, sentence: str) -> None:

@@ -61,6 +61,8 @@ def test_static_keeps_its_words_and_adds_max_restarts_only_when_asked() -> None:
     ("rendezvous: {backend: c10d, nodes: 3:2}", "rendezvous.nodes: needs 1 <= MIN <= MAX, got 3:2"),
     ("retries: -1", "retries: must be a whole number, 0 or more, got -1"),
     ("retries: true", "retries: must be a whole number"),
+    ("retries: 1000000000", "c.yaml:2: retries: must be at most 1000, got 1000000000 (int)"),
+    ("rendezvous: {max_restarts: 1001}", "c.yaml:2: rendezvous.max_restarts: must be at most 1000, got 1001 (int)"),
     ("job: {script: t.py, resume_args: --resume}", "job.resume_args: must be a list of words"),
 ])
 def test_bad_elastic_fields_name_the_field(text: str, message: str) -> None:

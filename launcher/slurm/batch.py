@@ -44,6 +44,9 @@ class BatchSpec:
     """`--time` in one of SLURM's forms (None: the partition's default limit)."""
     gpus_per_node: str | None = None
     """`--gpus-per-node`: a count, or `type:count` (None: ask for no GPUs)."""
+    umask: int = 0o022
+    """The submitter's umask, set again at the script's start for the files the job writes (its checkpoints):
+    sbatch is given a stricter one so that SLURM creates the output file 0600 (`jobs.OUTPUT_UMASK`)."""
 
     @property
     def output(self) -> str:
@@ -100,6 +103,8 @@ def check_spec(spec: BatchSpec) -> BatchSpec:
                               "an #SBATCH line cannot carry; use a plain path")
     if not spec.command:
         raise UsageError("the batch script needs a command to run")
+    if not 0 <= spec.umask <= 0o777:
+        raise UsageError(f"the batch script's umask must be from 0000 to 0777, got {spec.umask!r}")
     return spec
 
 
@@ -141,6 +146,10 @@ def render_batch_script(spec: BatchSpec) -> str:
         *_directives(spec),
         "# Written by `inv slurm.submit`. The doctor's fast checks run inside the launch below, on every node of the",
         "# allocation, before torchrun starts (unless --skip-doctor): no separate doctor step here.",
+        "",
+        "# SLURM created this job's output file 0600 (SLURM_UMASK=0077 at submit); the job's own files get the",
+        "# submitter's umask.",
+        f"umask {spec.umask:04o}",
         "",
         "# How the job ended, one line as `scontrol show job -o` writes it: `inv status --job` reads it once SLURM",
         "# has forgotten the job (MinJobAge) and no accounting (sacct) remembers it.",

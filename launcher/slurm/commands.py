@@ -45,6 +45,13 @@ def _slurm_log_dir(opts: Options) -> Path:
     return (opts.log_dir / jobs.LOG_SUBDIR).absolute()
 
 
+def _umask() -> int:
+    """This process's umask (reading it means setting it: set it back at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def _job_hosts(hosts: str) -> str:
     """`--hosts` as the job, started in the project directory, finds it (relative to it when inside it)."""
     path = Path(hosts)
@@ -68,7 +75,7 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
                                    skip_doctor=skip_doctor)  # this installation's invoke: the job runs the same code
     spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(REPO), command=command,
                            job_name=job_name or batch.DEFAULT_JOB_NAME, partition=partition, time=time,
-                           gpus_per_node=gpus_per_node)
+                           gpus_per_node=gpus_per_node, umask=_umask())
     text = batch.render_batch_script(spec)  # checks every option first
     if dry_run:
         opts.out.write(text)
@@ -76,7 +83,10 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
     pending = log_dir / f"submit-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.sh"
     job_id = jobs.submit(text, pending)
     script_path = log_dir / f"slurm-{job_id}.sh"
-    pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
+    try:
+        pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
+    except OSError:  # the job is submitted: its script keeps its first name
+        script_path = pending
     opts.out.write(f"submitted batch job {job_id}\n"
                    f"  script: {relative(script_path)}\n"
                    f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"

@@ -8,6 +8,8 @@ the one line the batch script writes when the launch ends (`batch.record_path`).
 from __future__ import annotations
 
 import codecs
+import contextlib
+import os
 import re
 import subprocess
 import time
@@ -24,6 +26,8 @@ LOG_SUBDIR = "slurm"
 """The folder under the launcher's log dir for batch scripts, job output and end records."""
 DEFAULT_SLURM_LOG_DIR = Path(DEFAULT_LOG_DIR) / LOG_SUBDIR
 """Where `inv slurm.submit` writes batch scripts, and its jobs their output and end records."""
+OUTPUT_UMASK = "0077"
+"""The umask slurmstepd creates a batch job's output file with (SLURM_UMASK at submit): 0600, as the local logs."""
 SUBMIT_TIMEOUT = 120.0
 """Seconds sbatch may take (it retries an unreadable slurm.conf for 60 s before it gives up)."""
 QUERY_TIMEOUT = 30.0
@@ -141,11 +145,35 @@ def failure(result: subprocess.CompletedProcess[str]) -> str:
     return text
 
 
+def private_folder(folder: Path) -> None:
+    """Make the log folder (0700: job output can hold tokens, and it sits on a disk every node shares); a folder
+    that others could read is closed. An OSError (read-only, a file in the way, no space) is one LauncherError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if folder.stat().st_mode & 0o077:  # made by an older version, or by mkdir under a lax umask
+            folder.chmod(0o700)
+    except OSError as exc:
+        raise LauncherError(f"cannot use {folder} for SLURM job files: {exc.strerror or exc}; make it writable, "
+                            "or set launcher.log_dir in invoke.yaml") from None
+
+
 def submit(script_text: str, script_path: Path) -> str:
-    """Write the batch script to `script_path` (its folder too) and submit it; the job id sbatch gives."""
-    script_path.parent.mkdir(parents=True, exist_ok=True)
-    script_path.write_text(script_text, encoding="utf-8")
-    result = run_slurm(["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT)
+    """Write the batch script to `script_path` (0600, its folder 0700) and submit it; the job id sbatch gives.
+
+    sbatch gets SLURM_UMASK=0077: slurmstepd creates the job's output file with it (0600); the script sets the
+    submitter's own umask back for everything the job writes itself (`BatchSpec.umask`)."""
+    private_folder(script_path.parent)
+    try:
+        fd = os.open(script_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(script_text)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a half-written script; on a read-only disk there is none
+            script_path.unlink()
+        raise LauncherError(f"cannot write the batch script {script_path}: {exc.strerror or exc}; free some space "
+                            "or make the folder writable (or set launcher.log_dir in invoke.yaml)") from None
+    result = run_slurm(["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT,
+                       env={**os.environ, "SLURM_UMASK": OUTPUT_UMASK})
     job_id = result.stdout.strip().split(";")[0]  # `123;cluster` on a federation
     if result.returncode != 0 or not job_id.isdigit():
         raise LauncherError(f"sbatch did not take {script_path}: {failure(result)}")
