@@ -596,7 +596,7 @@ def spawn(request, run_dir):
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
         "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
         "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
-        "node_rank": request.get("node_rank"),
+        "node_rank": request.get("node_rank"), "nodes": request.get("nodes"),
     }, indent=1))
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = torchrun_env(request, os.environ)
@@ -1022,6 +1022,51 @@ def action_runs(request):
     return reply({"runs": sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))})
 
 
+def live_marks():
+    """The run marks this user's live processes carry, each once: one pass over /proc for every run listed."""
+    needle = ("\0%s=" % RUN_ID_ENV).encode()
+    marks = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not same_process(int(entry), start_time(int(entry))):
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:
+            continue
+        at = env.find(needle)
+        if at >= 0:
+            marks.add(env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace"))
+    return marks
+
+
+def action_list(request):
+    """Every run on this node with its state and the nodes it was started on: what `inv stop` chooses from."""
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
+    root = node_path(RUNS_ROOT)
+    node = request["node"]
+    marks = live_marks()
+    found = []
+    for run_id in sorted(list_runs(root)):
+        run_dir = os.path.join(root, run_id, node)
+        if not os.path.isdir(run_dir):
+            continue
+        try:
+            nodes = json.loads(read_text(os.path.join(run_dir, "command.json"), "{}")).get("nodes")
+        except (ValueError, AttributeError):
+            nodes = None
+        if "%s/%s" % (run_id, node) in marks:
+            state = "running"
+        elif os.path.exists(os.path.join(run_dir, "exit_code")):
+            state = "stopped" if os.path.exists(os.path.join(run_dir, "stop_requested")) else "exited"
+        else:
+            state = "lost"
+        found.append({"run_id": run_id, "state": state, "nodes": nodes})
+    return reply({"runs": found})
+
+
 def action_logs(request):
     problem = names_problem(request)
     if problem:
@@ -1049,7 +1094,7 @@ def reply(obj):
 
 
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,
-           "runs": action_runs}
+           "runs": action_runs, "list": action_list}
 
 
 def main():

@@ -208,9 +208,9 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | N
     cluster = load_inventory(hosts)
     states = runs.status(cluster, run_id, opts)
     console = _console(opts or runs.Options())
-    console.print(_state_table(f"run {run_id or '(latest)'} on {len(states)} node(s)", states, stop=False))
-    _problems(console, states)
     shown = run_id or next((s.run_id for s in states if s.run_id), None)
+    console.print(_state_table(f"run {shown or '(none)'} on {len(states)} node(s)", states, stop=False))
+    _problems(console, states)
     tried = attempts.read_attempts((opts or runs.Options()).log_dir, shown) if shown else []
     if len(tried) > 1:
         console.print(f"run {shown} is one of {len(tried)} attempts of a launch (--retries):", markup=False,
@@ -229,7 +229,8 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | Non
                       + (f" (run {states[0].run_id})" if states and states[0].run_id else ""),
                       markup=False, highlight=False)
     else:
-        console.print(_state_table(f"stop run {run_id or '(latest)'}", states, stop=True))
+        shown = run_id or next((s.run_id for s in states if s.run_id), None)
+        console.print(_state_table(f"stop run {shown or '(none)'}", states, stop=True))
     _problems(console, states)
     left = sum(s.left for s in states)
     if left:

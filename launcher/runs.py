@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from launcher import rootcause
+from launcher import rootcause, runchoice
 from launcher.console import ConsoleWriter, Mirror
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.inventory import Cluster, Host
@@ -74,6 +74,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "master_addr": rdzv.master_addr,
         "master_port": rdzv.master_port,
         "node_rank": command.node_rank,
+        "nodes": [c.host.name for c in plan.nodes],  # recorded on the node: `inv stop` tells this run's nodes
         "detach": opts.detach,
         "grace": opts.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,
@@ -309,10 +310,33 @@ class NodeState:
     detail: str = ""
 
 
+def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str | None:
+    """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
+    inventory as a whole (`launcher.runchoice`); says which on the console, or raises when it is ambiguous."""
+    results = _agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
+    listings: dict[str, list[runchoice.ListedRun]] = {}
+    for name, result in results.items():
+        if isinstance(result, NodeFailure):
+            continue
+        try:
+            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
+            listings[name] = [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes")
+                                                  else None) for r in answer["runs"]]
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue  # an unreadable answer: this node's own action will say what is wrong with it
+    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings)
+    if choice is None:
+        return None  # no run at all on these nodes: each says so
+    opts.err.write(choice.why + "\n")
+    return choice.run_id
+
+
 def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[NodeState]:
     check_run_id(request["run_id"])
     nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
     try:
+        if request["run_id"] is None and nodes:
+            request = {**request, "run_id": chosen_run(cluster, nodes, opts)}
         # The action's own limit follows the grace period, so a long grace never reads as a lost node.
         results = _agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
@@ -353,13 +377,14 @@ def _agent_error(result: Result) -> str:
 
 
 def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
-    """Stop a run (the latest on each node by default): TERM its processes, wait `grace`, KILL the rest."""
+    """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
+    `grace`, KILL the rest."""
     opts = opts or Options()
     return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace}, opts)
 
 
 def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
-    """Each node's view of a run (the latest by default)."""
+    """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
     return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options())
 
 
@@ -373,6 +398,11 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
         raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
                             f"{', '.join(h.name for h in cluster.hosts)})")
     nodes = connect_or_fail(cluster, hosts, opts)
+    try:
+        run_id = run_id or chosen_run(cluster, nodes, opts)
+    except BaseException:
+        close_all(nodes.values())
+        raise
     offsets = rank_offsets(cluster)
     colour = supports_colour(opts.out)
     width = max(len(h.name) for h in hosts)

@@ -149,3 +149,59 @@ def test_a_silent_launcher_is_treated_as_gone(sleeper_box, tmp_path: Path) -> No
         os.killpg(proc.pid, signal.SIGCONT)
     assert waited < 15
     assert proc.wait(timeout=30) != 0  # it wakes up to find its run stopped, and says so
+
+
+def test_stop_without_run_stops_this_inventorys_run_and_never_anothers(make_sandbox, tmp_path: Path) -> None:
+    """Run A on node-0 and node-1, run B on node-1 and node-2: `inv stop --hosts A.yaml` stops A, not B on node-1."""
+    box = make_sandbox(3, script="tests/scripts/sleeper.py", script_args=["0.5"])
+    base = yaml.safe_load(box.inventory.read_text())
+
+    def inventory(name: str, hosts: list[str]) -> str:
+        data = {**base, "hosts": hosts, "rendezvous": {"master_addr": hosts[0], "master_port": free_port()}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return str(path)
+
+    a, b = inventory("A", ["node-0", "node-1"]), inventory("B", ["node-1", "node-2"])
+    started: list[str] = []
+    try:
+        for hosts in (a, b):
+            result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+            assert result.returncode == 0, result.stdout + result.stderr
+            started.append(run_id_of(result.stderr))
+        run_a, run_b = started
+        time.sleep(1)  # B is the newer run on node-1: what each node alone used to pick
+
+        stopped = inv("stop", "--hosts", a, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"run {run_a}: the run of {a} that is running (no --run given)" in stopped.stderr
+        assert run_processes(run_a) == []
+        assert {p.split("/")[1] for p in marks_of(run_b)} == {"node-1", "node-2"}, "B must still run on both nodes"
+
+        # Two runs on this inventory's nodes (another port): which one is meant is not guessed.
+        again = inv("launch", "--hosts", inventory("B2", ["node-1", "node-2"]), "--detach", log_dir=tmp_path / "logs",
+                    timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        started.append(run_id_of(again.stderr))
+        refused = inv("stop", "--hosts", b, timeout=60)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert (f"error: 2 runs of {b} are running: {run_b} (running on node-1, node-2); {started[2]} (running on "
+                "node-1, node-2); name one with --run") in refused.stderr, refused.stderr
+        assert run_processes(run_b) and run_processes(started[2])
+    finally:
+        for run_id in started:
+            if run_processes(run_id):
+                inv("stop", "--hosts", str(box.inventory), "--run", run_id, timeout=60)
+    assert all(run_processes(r) == [] for r in started)
+
+
+def marks_of(run_id: str) -> set[str]:
+    """The run marks (`<run id>/<node>`) its live processes carry."""
+    found = set()
+    for pid in run_processes(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found |= {v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"DDP_LAUNCHER_RUN=")}
+    return found
