@@ -12,8 +12,10 @@ the launch), nor does anything reached through a symlinked folder of the tree (i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import secrets
 import stat
 import subprocess
@@ -179,6 +181,9 @@ def _git_names(root: Path) -> list[str] | None:
         return None  # no git here: the walk honours .gitignore itself
     if listed.returncode != 0:
         raise LauncherError(f"`git ls-files` failed in {root}: {listed.stderr.decode(errors='replace').strip()}")
+    unread = re.search(r"could not open directory '([^']*)': (.*)", listed.stderr.decode(errors="replace"))
+    if unread:  # git only warns, and leaves that folder's files out of every node: an error here
+        raise PermissionError(errno.EACCES, unread[2].strip(), str(root / unread[1].rstrip("/")))
     return list(dict.fromkeys(os.fsdecode(n) for n in listed.stdout.split(b"\0") if n))  # unmerged: once
 
 

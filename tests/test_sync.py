@@ -150,8 +150,9 @@ def test_env_files_never_travel(tmp_path: Path) -> None:
             in tree.notes
 
 
-def test_an_unreadable_folder_is_one_sentence(tmp_path: Path) -> None:
-    root = project(tmp_path / "p", with_git=False)
+@pytest.mark.parametrize("with_git", [True, False], ids=["git ls-files", "walk + .gitignore"])
+def test_an_unreadable_folder_is_one_sentence(tmp_path: Path, with_git: bool) -> None:
+    root = project(tmp_path / "p", with_git=with_git)
     (root / "private").mkdir(mode=0o000)
     # Root reads anything; without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH it sees what a user sees.
     code = f"from launcher.sync import local_tree\nlocal_tree({str(root)!r}, exclude=('data/',))"
