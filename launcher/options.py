@@ -22,6 +22,11 @@ in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting 
 0.5-0.6 CPU s of the launcher whatever the limit from 16 to 64 (2.0 s at 8, 2.3-2.5 s at 4), so a lower limit
 buys nothing on the controller. A lower one is for what sits in between: a ProxyJump host whose sshd refuses
 handshakes beyond its `MaxStartups` (10 by default)."""
+FDS_PER_NODE = 6
+"""Open files a node costs the launcher for a whole run: its socket, Paramiko's channel pipe and event, a selector,
+and room for a ProxyJump hop (measured ~4 without one)."""
+FD_RESERVE = 64
+"""Open files the launcher needs besides its nodes (Python, logs, the console, pipes)."""
 DEFAULT_PROBE_TIMEOUT = 120.0
 """Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
 

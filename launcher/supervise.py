@@ -23,7 +23,7 @@ from launcher.options import Options, heartbeat_interval
 from launcher.plan import LaunchPlan, NodeCommand
 from launcher.remote import host_command, program_input
 from launcher.rootcause import NodeEnd
-from launcher.transport import Node
+from launcher.transport import Node, classify
 
 STALL = 2.0
 """A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
@@ -298,10 +298,11 @@ class RunHandle:
             self._step(0.2)
 
     def _open(self, command: NodeCommand) -> str | None:
+        node = self.nodes[command.host.name]
         try:
-            channel = self.nodes[command.host.name].open_channel(host_command(command.host))
-        except Exception as exc:
-            return str(exc)
+            channel = node.open_channel(host_command(command.host))
+        except Exception as exc:  # a closed connection, a session or command the node's sshd never started
+            return classify(node.target, exc).detail
         session = self._register(command, channel)
         channel.send(program_input(self.agent_source, self.requests[session.name]))
         return None

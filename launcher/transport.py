@@ -8,118 +8,31 @@ starting and streaming a run cost one SSH handshake per node.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
-import re
+import resource
 import select
 import selectors
-import shutil
 import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from launcher.errors import NodeFailure
+from launcher.errors import LauncherError, NodeFailure
+from launcher.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
 from launcher.inventory import Cluster, Host
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, FD_RESERVE, FDS_PER_NODE
+from launcher.sshconfig import MAX_JUMP_DEPTH, SSHTarget, hop_target, parse_jumps, resolve_target
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    """How to reach one host, as OpenSSH itself would (its config already applied)."""
-
-    name: str
-    hostname: str
-    port: int = 22
-    user: str | None = None
-    identity_files: tuple[str, ...] = ()
-    identities_only: bool = False
-    known_hosts_files: tuple[str, ...] = ()
-    """The user's known_hosts files (`UserKnownHostsFile`); accept-new learns into the first."""
-    global_known_hosts_files: tuple[str, ...] = ()
-    """`GlobalKnownHostsFile` (by default /etc/ssh/ssh_known_hosts and ssh_known_hosts2): trusted, never written."""
-    server_alive_interval: float = 0.0
-    """`ServerAliveInterval`: seconds between keepalives, 0 for none."""
-    proxy_jump: str | None = None
-    explicit_identity: str | None = None
-    """The inventory's identity_file, which must exist (unlike ssh's default candidates)."""
-
-
-def resolve_target(host: Host, ssh_config: str | None) -> SSHTarget:
-    """Resolve an inventory host through ssh config, never through local DNS.
-
-    OpenSSH's `ssh -G` applies the config exactly as `ssh` would (Include, Match, wildcards), which Paramiko's
-    own parser does not; without an `ssh` binary we fall back to Paramiko's parser.
-    """
-    args = ["ssh", "-G"]
-    if ssh_config:
-        args += ["-F", os.path.expanduser(ssh_config)]
-    if host.user:
-        args += ["-l", host.user]
-    if host.port:
-        args += ["-p", str(host.port)]
-    args += ["--", host.name]
-    options: dict[str, list[str]] = {}
-    if shutil.which("ssh"):
-        out = subprocess.run(args, capture_output=True, text=True, timeout=10, check=False)
-        if out.returncode == 0:
-            for line in out.stdout.splitlines():
-                key, _, value = line.partition(" ")
-                options.setdefault(key.lower(), []).append(value)
-    if not options:
-        options = _paramiko_options(host.name, ssh_config)
-
-    def first(key: str, default: str | None = None) -> str | None:
-        return options.get(key, [default])[0]
-
-    def files(key: str, default: str) -> tuple[str, ...]:
-        words = (p for v in options.get(key, [default]) for p in v.split())
-        return tuple(os.path.expanduser(p) for p in words if p.lower() != "none")
-
-    jump = first("proxyjump")
-    identity = os.path.expanduser(host.identity_file) if host.identity_file else None
-    identities = tuple(os.path.expanduser(p) for p in options.get("identityfile", []))
-    return SSHTarget(
-        name=host.name,
-        hostname=first("hostname", host.name) or host.name,
-        port=host.port or int(first("port", "22") or 22),
-        user=host.user or first("user"),
-        identity_files=((identity,) if identity else ()) + identities,
-        identities_only=(first("identitiesonly", "no") or "no").lower() == "yes",
-        known_hosts_files=files("userknownhostsfile", "~/.ssh/known_hosts"),
-        global_known_hosts_files=files("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"),
-        server_alive_interval=_seconds(first("serveraliveinterval", "0")),
-        proxy_jump=None if jump in (None, "none") else jump,
-        explicit_identity=identity,
-    )
-
-
-def _seconds(value: str | None) -> float:
-    """`ssh -G` prints intervals in whole seconds; anything else (Paramiko's parser keeps '1m') counts as none."""
-    try:
-        return max(0.0, float(value or 0))
-    except ValueError:
-        return 0.0
-
-
-def _paramiko_options(name: str, ssh_config: str | None) -> dict[str, list[str]]:
-    path = Path(os.path.expanduser(ssh_config or "~/.ssh/config"))
-    if not path.exists():
-        return {}
-    found = paramiko.SSHConfig.from_path(str(path)).lookup(name)
-    return {k.lower(): (v if isinstance(v, list) else [str(v)]) for k, v in found.items()}
 
 
 @dataclass
@@ -133,125 +46,6 @@ class Result:
     """The limit (seconds) it ran past without ending, if it did (exit_code is then -1)."""
 
 
-@dataclass(frozen=True)
-class _KnownKey:
-    """A key that a known_hosts file records for a host, and where (`file:line`)."""
-
-    key: paramiko.PKey
-    where: str
-
-
-def _known_keys(target: SSHTarget) -> list[_KnownKey]:
-    """Every key recorded for the target, in the user's known_hosts files and then the global ones, as ssh reads them.
-
-    Nothing here goes into Paramiko's own host-key stores, so nothing from a global file can ever be saved into the
-    user's file.
-    """
-    name = _key_name(target)
-    found = []
-    for path in (*target.known_hosts_files, *target.global_known_hosts_files):
-        try:
-            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for number, line in enumerate(lines, 1):
-            words = line.split()  # OpenSSH takes any run of blanks between fields; Paramiko one space or tab
-            if not words or words[0].startswith(("#", "@")):  # @cert-authority, @revoked: not host keys
-                continue
-            if not _host_matches(words[0].split(","), name):  # names first: a global file may hold thousands
-                continue
-            try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(words))
-            except (paramiko.SSHException, ValueError):
-                continue
-            if entry is not None:
-                found.append(_KnownKey(entry.key, f"{path}:{number}"))
-    return found
-
-
-def _host_matches(patterns: Sequence[str], name: str) -> bool:
-    """OpenSSH's rule for a known_hosts name list: hashed names, `*` and `?` wildcards, and `!` vetoes the line."""
-    name = name.lower()
-    matched = False
-    for pattern in patterns:
-        if pattern.startswith("|1|"):
-            matched = matched or paramiko.HostKeys.hash_host(name, pattern) == pattern
-            continue
-        regex = re.escape(pattern.removeprefix("!").lower()).replace(r"\*", ".*").replace(r"\?", ".")
-        if re.fullmatch(regex, name):
-            if pattern.startswith("!"):
-                return False
-            matched = True
-    return matched
-
-
-class _HostKeyChanged(paramiko.BadHostKeyException):
-    """The host offered a key that no known_hosts file vouches for, while `where` records another one."""
-
-    def __init__(self, hostname: str, got: paramiko.PKey, expected: _KnownKey):
-        super().__init__(hostname, got, expected.key)
-        self.where = expected.where
-
-
-class _KnownHostsPolicy(paramiko.RejectPolicy):
-    """OpenSSH's check against the user's and the global known_hosts files: the host is let in when any of them
-    records the key it offers; a host recorded with other keys only is refused as changed, an unknown one as unknown.
-
-    Paramiko's own check consults only one file set (global keys hide the user's) and is never given any key here:
-    this policy decides every connection.
-    """
-
-    def __init__(self, known: Sequence[_KnownKey]):
-        self.known = tuple(known)
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if any(k.key == key for k in self.known):
-            return
-        if self.known:
-            same_type = [k for k in self.known if k.key.get_name() == key.get_name()]
-            raise _HostKeyChanged(hostname, key, (same_type or list(self.known))[0])
-        self.unknown_host(client, hostname, key)
-
-    def unknown_host(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        super().missing_host_key(client, hostname, key)  # "Server ... not found in known_hosts"
-
-
-class _AcceptNewPolicy(_KnownHostsPolicy):
-    """OpenSSH's `accept-new`: as strict, except that a host no file knows has its key learnt once, into the user's
-    first known_hosts file; a host that any file (a global one included) records with another key is still refused."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, known: Sequence[_KnownKey], known_hosts: str):
-        super().__init__(known)
-        self.known_hosts = known_hosts
-
-    def unknown_host(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self._lock, open(self.known_hosts, "a", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # other launchers may be learning keys at the same moment
-            f.write(line)
-
-
-def _host_key_order(known: Sequence[_KnownKey]) -> Callable[..., paramiko.Transport]:
-    """A Transport factory that asks the server for the key types known for it first, as OpenSSH orders
-    HostKeyAlgorithms (Paramiko does it only for keys in its own stores, which stay empty here)."""
-    types = {k.key.get_name() for k in known}
-
-    def plain(algorithm: str) -> str:
-        algorithm = algorithm.removesuffix("-cert-v01@openssh.com")
-        return "ssh-rsa" if algorithm.startswith("rsa-sha2-") else algorithm
-
-    def make(sock: object, **kwargs: object) -> paramiko.Transport:
-        transport = paramiko.Transport(sock, **kwargs)
-        options = transport.get_security_options()
-        options.key_types = sorted(options.key_types, key=lambda algorithm: plain(algorithm) not in types)
-        return transport
-
-    return make
-
-
 @dataclass
 class Node:
     """An open SSH connection to one node; commands run on channels of it."""
@@ -259,16 +53,30 @@ class Node:
     name: str
     target: SSHTarget
     connection: Connection
+    timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """The user's connect timeout: it bounds opening a channel and starting its command too."""
+    gateways: tuple[Connection, ...] = ()
+    """The ProxyJump hops' connections, first hop first (Fabric leaves them open: closed with the node)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def open_channel(self, command: str) -> Channel:
-        """Start `command` on the node; the returned channel streams its stdin, stdout and stderr."""
+        """Start `command` on the node; the returned channel streams its stdin, stdout and stderr.
+
+        Both the channel's opening and the command's start wait at most `timeout`: an sshd that stops answering
+        after the connection was made raises `ExecTimeout`, instead of holding the launcher before any other
+        timeout applies.
+        """
         with self._lock:  # opening channels on one transport from several threads is not safe
             transport = self.connection.client.get_transport()
             if transport is None or not transport.is_active():
                 raise ConnectionError(f"{self.name}: the SSH connection is closed")
-            chan = transport.open_session(timeout=DEFAULT_CONNECT_TIMEOUT)
-        chan.exec_command(command)
+            try:
+                chan = transport.open_session(timeout=self.timeout)
+            except paramiko.SSHException as exc:
+                if "Timeout" in str(exc):
+                    raise ExecTimeout(self.name, "open a session", self.timeout) from None
+                raise
+        _exec(chan, command, self.timeout, self.name)
         return Channel(self.name, chan)
 
     def run(self, command: str, stdin: bytes = b"", timeout: float | None = None) -> Result:
@@ -283,10 +91,37 @@ class Node:
             channel.close()
 
     def close(self) -> None:
-        gateway = self.connection.gateway
         self.connection.close()
-        if isinstance(gateway, Connection):  # Fabric leaves a ProxyJump's connection open
+        for gateway in reversed(self.gateways):  # Fabric leaves a ProxyJump's connections open
             gateway.close()
+
+
+class ExecTimeout(TimeoutError):
+    """The node's sshd did not open a session, or start a command, within the connect timeout."""
+
+    def __init__(self, node: str, what: str, seconds: float):
+        super().__init__(f"{node}: the node's sshd did not {what} within {seconds:g} s")
+        self.what, self.seconds = what, seconds
+
+
+def _exec(chan: paramiko.Channel, command: str, timeout: float, node: str) -> None:
+    """`chan.exec_command(command)`, waiting at most `timeout` for the server's answer.
+
+    Paramiko's own exec_command waits on its event with no limit; this sends the same request and waits with one.
+    """
+    message = paramiko.Message()
+    message.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+    message.add_int(chan.remote_chanid)
+    message.add_string("exec")
+    message.add_boolean(True)
+    message.add_string(command)
+    chan._event_pending()
+    chan.transport._send_user_message(message)
+    if not chan.event.wait(timeout):
+        chan.close()
+        raise ExecTimeout(node, "start the command", timeout)
+    if not chan.event_ready:
+        raise chan.transport.get_exception() or paramiko.SSHException("Channel closed.")
 
 
 _SEND_LOCK_WAIT = 0.1
@@ -418,7 +253,7 @@ class Channel:
 
 def _connection(target: SSHTarget, timeout: float, policy: str, gateway: Connection | None) -> Connection:
     identities = [p for p in target.identity_files if os.path.exists(p)]
-    known = _known_keys(target)
+    checker, known = policy_for(target, policy)
     # The timeout goes to Paramiko as is: Fabric's own `connect_timeout` is cut to whole seconds (`int()`) and a
     # resulting 0 is dropped as "no timeout", so `--connect-timeout 0.5` left TCP connect and key exchange unbounded.
     connect_kwargs = {
@@ -429,17 +264,14 @@ def _connection(target: SSHTarget, timeout: float, policy: str, gateway: Connect
         "banner_timeout": timeout,
         "auth_timeout": timeout,
         "channel_timeout": timeout,  # a ProxyJump's channel through this connection to the next host
-        "transport_factory": _host_key_order(known),
+        "transport_factory": host_key_order(known.keys),
     }
     # Our own resolution already applied the ssh config; stop Fabric from applying ~/.ssh/config again, and from
     # taking a connect timeout of its own (from a Fabric config file) beside the one above.
     config = Config(overrides={"load_ssh_configs": False, "timeouts": {"connect": None}}, lazy=True)
     conn = Connection(target.hostname, user=target.user, port=target.port, config=config,
                       connect_kwargs=connect_kwargs, gateway=gateway)
-    if policy == "accept-new" and target.known_hosts_files:
-        conn.client.set_missing_host_key_policy(_AcceptNewPolicy(known, target.known_hosts_files[0]))
-    else:  # strict, or accept-new with `UserKnownHostsFile none`: nowhere to learn into
-        conn.client.set_missing_host_key_policy(_KnownHostsPolicy(known))
+    conn.client.set_missing_host_key_policy(checker)
     return conn
 
 
@@ -450,12 +282,28 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     if isinstance(exc, socket.gaierror):
         return NodeFailure(name, "unresolvable", f"cannot resolve {target.hostname!r}",
                            "check the name, or give it a `HostName` in your ssh config or an address in the inventory")
+    if isinstance(exc, ExecTimeout):
+        return NodeFailure(name, "timeout", f"{where} did not {exc.what} within {exc.seconds:g} s (connect_timeout)",
+                           "is the node overloaded or its sshd stuck? try `ssh` to it; raise --connect-timeout if it "
+                           "is only slow")
+    if isinstance(exc, HostKeyRevoked):
+        return NodeFailure(name, "host-key-revoked",
+                           f"REVOKED HOST KEY DETECTED: the host key of {where} is marked as revoked in {exc.where}: "
+                           "refusing to connect",
+                           "this could mean that a stolen key is being used to impersonate this host: ask the "
+                           "node's administrator (never remove the @revoked line to get in)")
+    if isinstance(exc, HostKeyUnknown):
+        ca = (f"; known_hosts trusts a certificate authority for it ({exc.authorities[0]}), which this launcher "
+              "does not check") if exc.authorities else ""
+        return NodeFailure(name, "host-key-unknown", f"{exc.name} is not in known_hosts (host_key_policy: strict)"
+                           + ca, f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
+                           f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`")
     if isinstance(exc, paramiko.BadHostKeyException):
         line = getattr(exc, "where", "known_hosts")
         return NodeFailure(name, "host-key-changed",
                            f"the host key of {where} differs from the one in {line}: refusing to connect",
                            f"if the node was reinstalled, verify the new key and remove that line "
-                           f"(`ssh-keygen -R {_key_name(target)}`)")
+                           f"(`ssh-keygen -R {key_name(target)}`)")
     if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
         return NodeFailure(name, "refused", f"connection refused by {where}",
                            "is sshd running on the node, and is the port right?")
@@ -481,10 +329,6 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     return NodeFailure(name, "ssh", f"{type(exc).__name__}: {exc}")
 
 
-def _key_name(target: SSHTarget) -> str:
-    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
-
-
 def connect(host: Host, cluster: Cluster, timeout: float = DEFAULT_CONNECT_TIMEOUT,
             keepalive: float | None = None) -> Node | NodeFailure:
     """Open an authenticated connection to one host, or say why not.
@@ -500,14 +344,12 @@ def connect(host: Host, cluster: Cluster, timeout: float = DEFAULT_CONNECT_TIMEO
         return NodeFailure(host.name, "key-file", f"identity_file {target.explicit_identity} does not exist",
                            "fix `identity_file` in the inventory")
     opened: list[tuple[Connection, SSHTarget]] = []
+    failing = target
     try:
         gateway = None
         if target.proxy_jump:
-            jump_host = Host(name=target.proxy_jump.split(",")[0], addr="", python="", workdir="",
-                             nproc_per_node=1)
-            jump = resolve_target(jump_host, cluster.ssh_config)
-            gateway = _connection(jump, timeout, cluster.host_key_policy, None)
-            opened.append((gateway, jump))
+            gateway = _open_jumps(target.proxy_jump, cluster, timeout, opened)
+        failing = target
         conn = _connection(target, timeout, cluster.host_key_policy, gateway)
         opened.append((conn, target))
         conn.open()
@@ -515,10 +357,38 @@ def connect(host: Host, cluster: Cluster, timeout: float = DEFAULT_CONNECT_TIMEO
         for half_open, _ in opened:  # a handshake that timed out still has Paramiko's reader thread and socket
             with contextlib.suppress(Exception):
                 half_open.client.close()
-        return classify(target, exc)
+        failing = opened[-1][1] if opened and not isinstance(exc, LauncherError) else target
+        failure = classify(failing, exc)
+        if failing is not target:
+            return NodeFailure(host.name, failure.kind, f"via the jump host {failing.name}: {failure.detail}",
+                               failure.fix)
+        return NodeFailure(host.name, failure.kind, failure.detail, failure.fix)
     for each, each_target in opened:
         _keep_alive(each, each_target.server_alive_interval if keepalive is None else keepalive)
-    return Node(host.name, target, conn)
+    return Node(host.name, target, conn, timeout, tuple(c for c, _ in opened[:-1]))
+
+
+def _open_jumps(spec: str, cluster: Cluster, timeout: float, opened: list[tuple[Connection, SSHTarget]],
+                depth: int = 0) -> Connection:
+    """Connect ProxyJump's hops in order, each through the one before (`ssh -J a,b`), and return the last.
+
+    As OpenSSH does: each hop is resolved through the ssh config; the first hop's own ProxyJump is followed, the
+    later hops are reached through the hop before them. Each hop's host key is checked under the same policy.
+    Every connection is added to `opened` as it is made (a failure is the last one's).
+    """
+    if depth >= MAX_JUMP_DEPTH:
+        raise LauncherError(f"ProxyJump goes {MAX_JUMP_DEPTH} jump hosts deep (a loop in the ssh config?)")
+    gateway = None
+    for index, hop in enumerate(parse_jumps(spec)):
+        target = hop_target(hop, cluster.ssh_config)
+        if index == 0 and target.proxy_jump:
+            gateway = _open_jumps(target.proxy_jump, cluster, timeout, opened, depth + 1)
+        conn = _connection(target, timeout, cluster.host_key_policy, gateway)
+        opened.append((conn, target))
+        conn.open()  # here, not inside the next hop's open: a failure is this hop's
+        gateway = conn
+    assert gateway is not None  # parse_jumps gives at least one hop
+    return gateway
 
 
 def _keep_alive(conn: Connection, seconds: float) -> None:
@@ -539,6 +409,7 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: 
     hosts = list(cluster.hosts if hosts is None else hosts)
     if not hosts:
         return {}, []
+    ensure_descriptors(len(hosts))
     with ThreadPoolExecutor(max_workers=_workers(fanout, len(hosts))) as pool:
         futures = [pool.submit(connect, h, cluster, timeout, keepalive) for h in hosts]
         if on_connect is not None:
@@ -548,6 +419,26 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: 
     nodes = {o.name: o for o in outcomes if isinstance(o, Node)}
     failures = [o for o in outcomes if isinstance(o, NodeFailure)]
     return nodes, failures
+
+
+def ensure_descriptors(nodes: int) -> None:
+    """Raise the soft limit on open files to the hard one, and say so at once when `nodes` cannot fit under it.
+
+    Each node holds a few descriptors for the whole run (its socket, Paramiko's channel pipe, a selector); past the
+    usual soft limit (1024 on Linux: ~250 nodes; 256 on macOS: ~60) a reader thread died and the run failed as
+    "stopped answering".
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = FD_RESERVE + FDS_PER_NODE * nodes
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = hard if hard == resource.RLIM_INFINITY else min(hard, max(need, soft))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise LauncherError(f"{nodes} node(s) need about {need} open files here and this process may open {soft} "
+                            f"(its hard limit: {hard if hard != resource.RLIM_INFINITY else 'unlimited'}); raise it "
+                            f"with `ulimit -n {need}` (or ask for a higher hard limit), or use fewer nodes at once")
 
 
 def _workers(fanout: int, count: int) -> int:

@@ -18,20 +18,11 @@ import pytest
 from conftest import free_port
 from paramiko.ssh_exception import NoValidConnectionsError
 
+from launcher.errors import NodeFailure
+from launcher.hostkeys import _AcceptNewPolicy, _host_matches, _known_keys
 from launcher.inventory import load_inventory, parse_inventory
-from launcher.transport import (
-    Node,
-    SSHTarget,
-    _AcceptNewPolicy,
-    _connection,
-    _host_matches,
-    _known_keys,
-    classify,
-    connect,
-    connect_all,
-    resolve_target,
-    run_all,
-)
+from launcher.sshconfig import SSHTarget, resolve_target
+from launcher.transport import Node, _connection, classify, connect, connect_all, run_all
 
 
 def test_ssh_config_include_and_wildcards_are_honoured(tmp_path: Path) -> None:
@@ -320,3 +311,117 @@ def test_fanout_bounds_how_many_nodes_are_worked_on_at_once(make_sandbox) -> Non
     finally:
         for node in nodes.values():
             node.close()
+
+
+# --- host keys and ProxyJump as OpenSSH has them (#20.8-10) -------------------------------------------------------
+
+
+def _client_block(name: str, box, known_hosts: Path, *extra: str) -> str:
+    return "\n".join([f"Host {name}", "    User root", f"    IdentityFile {box.identity_file}",
+                      "    IdentitiesOnly yes", f"    UserKnownHostsFile {known_hosts}", *extra]) + "\n"
+
+
+@pytest.mark.integration
+def test_a_revoked_host_key_is_refused_as_openssh_refuses_it(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(1, master_port=free_port())
+    node = box.nodes[0]
+    recorded = box.known_hosts.read_text().splitlines()[0]  # "[addr]:port TYPE KEY": the node's real key
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{recorded}\n@revoked {recorded}\n")  # still listed as a host key, and revoked
+    config = tmp_path / "ssh_config"
+    config.write_text(_client_block("node-0", box, known, f"    HostName {node.addr}", f"    Port {node.port}"))
+    cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
+    failure = connect(cluster.hosts[0], cluster, timeout=5)
+    assert isinstance(failure, NodeFailure) and failure.kind == "host-key-revoked"
+    assert str(failure) == (
+        f"node-0: host-key-revoked: REVOKED HOST KEY DETECTED: the host key of {node.addr}:{node.port} is marked as "
+        f"revoked in {known}:2: refusing to connect (fix: this could mean that a stolen key is being used to "
+        "impersonate this host: ask the node's administrator (never remove the @revoked line to get in))")
+    # OpenSSH itself, with the same files: the same refusal.
+    ssh = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", "node-0", "true"], capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert ssh.returncode == 255 and "REVOKED HOST KEY DETECTED" in ssh.stderr, ssh.stderr
+    # accept-new never learns its way around a revoked key either.
+    learn = dataclasses.replace(cluster, host_key_policy="accept-new")
+    known.write_text(f"@revoked {recorded}\n")
+    again = connect(learn.hosts[0], learn, timeout=5)
+    assert isinstance(again, NodeFailure) and again.kind == "host-key-revoked"
+    assert known.read_text() == f"@revoked {recorded}\n"
+
+
+@pytest.mark.integration
+def test_host_key_alias_names_the_key_checked_and_learnt(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(1, master_port=free_port())
+    node = box.nodes[0]
+    key = " ".join(box.known_hosts.read_text().split()[1:3])
+    known = tmp_path / "known_hosts"
+    config = tmp_path / "ssh_config"
+    config.write_text(_client_block("node-0", box, known, f"    HostName {node.addr}", f"    Port {node.port}",
+                                    "    HostKeyAlias gpu-alias"))
+    cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
+    known.write_text(f"[{node.addr}]:{node.port} {key}\n")  # under its address only: ssh would not find it
+    refused = connect(cluster.hosts[0], cluster, timeout=5)
+    assert isinstance(refused, NodeFailure) and refused.kind == "host-key-unknown"
+    assert refused.detail == "gpu-alias is not in known_hosts (host_key_policy: strict)"
+    known.write_text(f"gpu-alias {key}\n")
+    ok = connect(cluster.hosts[0], cluster, timeout=5)
+    assert isinstance(ok, Node), ok
+    ok.close()
+    known.write_text("")
+    learnt = connect(cluster.hosts[0], dataclasses.replace(cluster, host_key_policy="accept-new"), timeout=5)
+    assert isinstance(learnt, Node), learnt
+    learnt.close()
+    assert known.read_text() == f"gpu-alias {key}\n"  # learnt under the alias, as ssh writes it
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["two hops", "a hop's own ProxyJump"])
+def test_a_node_reached_only_through_two_jump_hosts(make_sandbox, tmp_path: Path, how: str) -> None:
+    """node-2 is `HostName node-2`, a name only the nodes resolve: it is reached through node-0, then node-1."""
+    box = make_sandbox(3, master_port=free_port())
+    n0, n1, n2 = box.nodes
+    config = tmp_path / "ssh_config"
+    known = box.known_hosts
+    target = ["    HostName node-2", f"    Port {n2.port}", f"    HostKeyAlias [{n2.addr}]:{n2.port}"]
+    if how == "two hops":  # `ssh -J jump0,root@ADDR:PORT`, the second hop written as user@host:port
+        blocks = [_client_block("jump0", box, known, f"    HostName {n0.addr}", f"    Port {n0.port}"),
+                  _client_block(n1.addr, box, known),
+                  _client_block("node-2", box, known, *target, f"    ProxyJump jump0,root@{n1.addr}:{n1.port}")]
+    else:  # the target names one jump host, which names its own
+        blocks = [_client_block("jump0", box, known, f"    HostName {n0.addr}", f"    Port {n0.port}"),
+                  _client_block("jump1", box, known, f"    HostName {n1.addr}", f"    Port {n1.port}",
+                                "    ProxyJump jump0"),
+                  _client_block("node-2", box, known, *target, "    ProxyJump jump1")]
+    config.write_text("\n".join(blocks))
+    cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
+    node = connect(cluster.hosts[2], cluster, timeout=10)
+    assert isinstance(node, Node), node
+    try:
+        assert node.run("hostname", timeout=30).stdout.strip() == b"node-2"
+        assert [g.host for g in node.gateways] == [n0.addr, n1.addr]
+    finally:
+        node.close()
+    assert not any(g.is_connected for g in node.gateways)
+    direct = dataclasses.replace(cluster, ssh_config=str(write_config(tmp_path, blocks[-1].split("    ProxyJump")[0])))
+    failure = connect(direct.hosts[2], direct, timeout=5)
+    assert isinstance(failure, NodeFailure) and failure.kind == "unresolvable"  # not reachable without the hops
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "direct_config"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.integration
+def test_a_failing_jump_host_is_named(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port())
+    n0, n1 = box.nodes
+    config = tmp_path / "ssh_config"
+    config.write_text(_client_block("jump0", box, box.known_hosts, f"    HostName {n0.addr}", "    Port 1")
+                      + _client_block("node-1", box, box.known_hosts, f"    HostName {n1.addr}", f"    Port {n1.port}",
+                                      "    ProxyJump jump0"))
+    cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
+    failure = connect(cluster.hosts[1], cluster, timeout=5)
+    assert isinstance(failure, NodeFailure)
+    assert str(failure).startswith(f"node-1: refused: via the jump host jump0: connection refused by {n0.addr}:1")
