@@ -993,9 +993,12 @@ def action_stop(request):
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     mark = "%s/%s" % (run_id, request["node"])
+    keeper = leader_of(run_dir, "keeper")
+    if request.get("kill_keeper") and keeper is not None and same_process(*keeper):
+        # The launcher found this run's agent silent (stopped, stuck): it can neither stop its run nor record it.
+        signal_process(keeper[0], keeper[1], signal.SIGKILL)
     found, left = stop_run(run_dir, mark, grace)
     # The run's keeper records the exit code a moment after torchrun is gone; a dead keeper never will.
-    keeper = leader_of(run_dir, "keeper")
     deadline = time.time() + 2
     while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
            and keeper is not None and same_process(*keeper)):

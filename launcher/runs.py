@@ -263,6 +263,8 @@ class _Attached:
 
     def _report(self, ends: list[rootcause.NodeEnd]) -> int:
         ends = [replace(e, tail=tuple(self.logs[e.node].tail)) for e in ends]
+        for line in self.handle.unswept_lines(self.plan.cluster.source):
+            self.console.message(line)
         if self.interrupts:
             left = sum(e.left for e in ends)
             unconfirmed = [e.node for e in ends if e.kind != "exited"]

@@ -29,6 +29,12 @@ STALL = 2.0
 """A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
 STOP_MARGIN = 5.0
 """Seconds beyond the grace period that a node gets to confirm a stop before the launcher gives up on it."""
+SWEEP_MARGIN = 3.0
+"""Seconds beyond the grace period the launcher waits for a sweep over a new channel (a node whose sshd answers
+needs about one: a session, the agent's start, a look at /proc); one whose sshd does not is reported instead."""
+SWEPT = ("agent-died", "silent")
+"""Ends after which the node's part may live on without its agent: the launcher stops it over a new channel. (A
+node that did not confirm a stop in time is not waited for again: Ctrl-C returns within grace + STOP_MARGIN.)"""
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,10 @@ class RunHandle:
         self._lock = threading.Lock()
         self._control: queue.Queue[NodeEvent] = queue.Queue()
         self._closing = threading.Event()
-        self._cleanups: list[tuple[threading.Thread, float]] = []
+        self._cleanups: list[tuple[threading.Thread, float, str]] = []
         """Sweeps after dead agents, each with the moment the launcher stops waiting for it."""
+        self.unswept: dict[str, str] = {}
+        """Nodes whose sweep failed, and why: their part may still run."""
         self.start_failure: str | None = None
         low, _ = plan.cluster.rendezvous.elastic.nodes_range(len(plan.nodes))
         self.min_nodes = low if plan.cluster.rendezvous.elastic.backend == "c10d" else len(plan.nodes) + 1
@@ -467,8 +475,10 @@ class RunHandle:
                 return
             session.end = replace(event.end, errors=tuple(session.messages))
             event = replace(event, end=session.end)
-            if session.end.kind == "agent-died":
+            if session.end.kind in SWEPT and session.name in self.nodes:
                 self._sweep_after_agent(session)
+            elif session.end.kind == "unanswered":
+                self.unswept[session.name] = "it did not confirm the stop in time"
             if session.end.failed and not session.asked_to_stop:
                 remaining = sum(1 for s in self.sessions.values() if s.end is None)
                 if session.started and remaining >= self.min_nodes and self.start_failure is None:
@@ -492,23 +502,37 @@ class RunHandle:
 
     def _cleaning(self) -> bool:
         """A sweep after a dead agent is still under way, and within its limit (a node gone silent can't hold us)."""
-        return any(thread.is_alive() and time.monotonic() < until for thread, until in self._cleanups)
+        return any(thread.is_alive() and time.monotonic() < until for thread, until, _ in self._cleanups)
 
     def _sweep_after_agent(self, session: _Session) -> None:
-        """The agent died (killed) while torchrun may live on: stop the run on that node over a new channel."""
+        """The agent died (killed), went silent (stopped, stuck) or never confirmed a stop while torchrun may live
+        on: stop the run on that node over a new channel, the silent agent too. When that fails as well, the node's
+        part may still run: `unswept` says so, for the report."""
         node = self.nodes[session.name]
-        request = {"action": "stop", "run_id": self.plan.run_id, "node": session.name, "grace": self.opts.grace}
+        request = {"action": "stop", "run_id": self.plan.run_id, "node": session.name, "grace": self.opts.grace,
+                   "kill_keeper": session.end is not None and session.end.kind != "agent-died"}
 
         def sweep() -> None:
             try:
-                node.run(host_command(session.command.host), program_input(self.agent_source, request),
-                         timeout=self.opts.action_timeout)
+                result = node.run(host_command(session.command.host), program_input(self.agent_source, request),
+                                  timeout=self.opts.action_timeout)
+                why = (f"no answer within {result.timed_out:g} s" if result.timed_out is not None else
+                       f"the stop exited with code {result.exit_code}" if result.exit_code != 0 else None)
             except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
-                session.messages.append(f"could not stop what the agent left: {exc}")
+                why = str(exc) or type(exc).__name__
+            if why is not None:
+                self.unswept[session.name] = why
 
         thread = threading.Thread(target=sweep, daemon=True, name=f"sweep-{session.name}")
-        self._cleanups.append((thread, time.monotonic() + self.opts.action_timeout + STOP_MARGIN))
+        # TERM, grace, KILL on the node, and a margin: whenever its sshd answers, nothing of the run is left then.
+        self._cleanups.append((thread, time.monotonic() + self.opts.grace + SWEEP_MARGIN, session.name))
         thread.start()
+
+    def unswept_lines(self, source: str) -> list[str]:
+        """For each node whose part could not be stopped over a new channel: what to run."""
+        return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
+                f"{why}); run `inv stop --hosts {source} --run {self.plan.run_id}`"
+                for name, why in sorted(self.unswept.items())]
 
     def stop(self, kill: bool = False) -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
@@ -529,6 +553,9 @@ class RunHandle:
             if deadline is not None and time.monotonic() > deadline:
                 return None
             self._step(0.2)
+        for thread, _, name in self._cleanups:
+            if thread.is_alive():
+                self.unswept.setdefault(name, f"no answer within {self.opts.grace + SWEEP_MARGIN:g} s")
         return [self.sessions[c.host.name].end for c in self.plan.nodes if c.host.name in self.sessions]  # type: ignore[misc]
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import yaml
 from conftest import free_port
 from helpers import REPO, inv, node_runs, run_processes, runs_on, wait_for
 
-from tests.support.procs import parent, sshd_family
+from tests.support.procs import gone, parent, sshd_family
 
 pytestmark = pytest.mark.integration
 
@@ -167,6 +167,40 @@ def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_p
     assert code == 1, err
     assert "root cause: node-1 stopped answering (nothing for 4 s)" in err, err
     assert took < 4 + GRACE + 5, err  # the silence timeout, then the others' stop
+
+
+def test_a_silent_agents_node_is_swept_over_a_new_channel(sleeper_box, tmp_path: Path) -> None:
+    """node-1's agent SIGSTOPped (a hung disk, a stuck kernel call): its sshd still answers, so the launcher stops
+    node-1's part over a new channel, the stopped agent too, and nothing of the run is left."""
+    with running_launch(sleeper_box, tmp_path, heartbeat_timeout=60, silence_timeout=4) as (proc, run_id):
+        node1 = the_run(sleeper_box, 1)
+        keeper = int((node1 / "keeper").read_text().split()[0])
+        t0 = time.monotonic()
+        os.kill(keeper, signal.SIGSTOP)
+        try:
+            code = proc.wait(timeout=60)
+            gone_within(run_id, max(0.0, 4 + GRACE + 5 - (time.monotonic() - t0)))
+            took = time.monotonic() - t0
+            wait_for(lambda: gone(keeper), 5, "the stopped agent killed")
+        finally:
+            if not gone(keeper):
+                os.kill(keeper, signal.SIGKILL)
+    err = (tmp_path / "err").read_text()
+    assert code == 1, err
+    assert "root cause: node-1 stopped answering (nothing for 4 s)" in err, err
+    assert took < 4 + GRACE + 5, err
+    assert "may still be running" not in err, err
+
+
+def test_a_silent_node_that_cannot_be_swept_is_named_with_the_stop_line(sleeper_box, tmp_path: Path) -> None:
+    with running_launch(sleeper_box, tmp_path, heartbeat_timeout=60, silence_timeout=4) as (proc, run_id):
+        with sshd_stopped(sleeper_box, 1):
+            code = proc.wait(timeout=60)
+        gone_within(run_id, 70)  # node-1's agent: EOF once its sshd runs again, then it stops its part
+    err = (tmp_path / "err").read_text()
+    assert code == 1, err
+    assert (f"node-1: its part of the run may still be running (stopping it over a new connection failed: no answer "
+            f"within {GRACE + 3:g} s); run `inv stop --hosts {sleeper_box.inventory} --run {run_id}`") in err, err
 
 
 def test_ctrl_c_returns_in_time_when_a_node_is_dead(sleeper_box, tmp_path: Path) -> None:
