@@ -3,8 +3,11 @@
 Each attempt is a whole run (`runs.launch`, its own run id, logs and atomic start). After an attempt that failed
 because a node was lost or its processes were killed (`rootcause.retry_reason`; never after the script's own
 error), the launcher waits `retry_wait`, runs the doctor's fast checks on the nodes not blacklisted, and starts the
-next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. The
-decisions are `launcher/retry.py`'s; every attempt's folder of logs holds `attempts.json`, which `inv status` shows.
+next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. Each
+node kept is first swept of the previous attempt over a new channel (a lost or silent node may still hold its
+workers: GPU memory, a checkpoint half-written) and must be confirmed empty, or it sits out. The decisions are
+`launcher/retry.py`'s; every attempt's folder of logs holds `attempts.json`, which `inv status` shows, however the
+attempt ended (one that could not start too).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher import rootcause, runs
-from launcher.errors import RunFailed
+from launcher.errors import LauncherError, RunFailed
 from launcher.inventory import Cluster
 from launcher.options import Options
 from launcher.plan import LaunchPlan, plan_launch
@@ -45,30 +48,48 @@ def launch(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -
         _record(opts.log_dir, attempts)
         try:
             code = runs.launch(plan, opts)
-        except RunFailed as exc:
-            reason = rootcause.retry_reason(list(exc.ends)) if exc.ends else None
-            final = reason is None or exc.exit_code == 130 or len(attempts) > retries
-            outcome = "interrupted" if exc.exit_code == 130 else "failed-final" if final else "failed"
-            why = reason or _first_line(exc) or "failed"
-            attempts[-1] = replace(attempt, ended_at=time.time(), outcome=outcome, why=why, cause=exc.node)
+        except (LauncherError, KeyboardInterrupt) as exc:
+            if isinstance(exc, RunFailed):
+                plan = _after_failure(exc, attempt, attempts, first, opts, failures, health, low, retries)
+                continue
+            # It could not start (the doctor's checks, a connection) or was interrupted while starting: recorded
+            # as ended, never left "running" for `inv status`.
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
+            attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else
+                                   "failed-final", why=why)
             _record(opts.log_dir, attempts)
-            if final:
-                raise _with_attempts(exc, attempts, retries, reason) from None
-            if exc.node is not None:
-                failures.setdefault(exc.node, []).append(time.time())
-            try:
-                plan = _next_plan(first, opts, failures, health, low, retries, reason, attempts)
-            except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
-                lines = ["interrupted between attempts: nothing is running", "attempts:",
-                         *(f"  {line}" for line in summary(attempts))]
-                raise RunFailed("\n".join(lines), 130, node=exc.node) from None
-            continue
+            if len(attempts) > 1:
+                opts.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+            raise
         attempts[-1] = replace(attempt, ended_at=time.time(), outcome="ok" if code == 0 else "interrupted",
                                why="exit 0" if code == 0 else f"exit {code}")
         _record(opts.log_dir, attempts)
         if len(attempts) > 1:
             opts.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
         return code
+
+
+def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], first: LaunchPlan, opts: Options,
+                   failures: dict[str, list[float]], health: HealthCheck, low: int, retries: int) -> LaunchPlan:
+    """Record a failed attempt; the next attempt's plan, or raise the failure when it is final."""
+    reason = rootcause.retry_reason(list(exc.ends)) if exc.ends else None
+    final = reason is None or exc.exit_code == 130 or len(attempts) > retries
+    outcome = "interrupted" if exc.exit_code == 130 else "failed-final" if final else "failed"
+    why = reason or _first_line(exc) or "failed"
+    attempts[-1] = replace(attempt, ended_at=time.time(), outcome=outcome, why=why, cause=exc.node)
+    _record(opts.log_dir, attempts)
+    if final:
+        raise _with_attempts(exc, attempts, retries, reason) from None
+    if exc.node is not None:
+        failures.setdefault(exc.node, []).append(time.time())
+    try:
+        plan = _next_plan(first, opts, failures, health, low, retries, reason, attempts)
+    except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
+        lines = ["interrupted between attempts: nothing is running", "attempts:",
+                 *(f"  {line}" for line in summary(attempts))]
+        raise RunFailed("\n".join(lines), 130, node=exc.node) from None
+    return plan
 
 
 def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]], health: HealthCheck, low: int,
@@ -86,6 +107,9 @@ def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]
     candidates = next_nodes(inventory, out).cluster
     if candidates.hosts:
         out.update(health(candidates))
+    kept = next_nodes(inventory, out).cluster
+    if kept.hosts:
+        out.update(_sweep(kept, attempts[-1], opts))
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
         opts.err.write(f"  {name} sits out: {why}\n")
@@ -101,6 +125,21 @@ def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     opts.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
     return plan_launch(chosen.cluster, job)
+
+
+def _sweep(cluster: Cluster, previous: Attempt, opts: Options) -> dict[str, str]:
+    """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
+    the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
+    states = runs.stop(cluster, previous.run_id, opts, sweep=True)
+    out = {}
+    for state in states:
+        if state.state in ("unreachable", "error"):
+            out[state.host] = f"could not be confirmed free of attempt {previous.number}: {state.detail}"
+        elif state.left:
+            out[state.host] = f"{state.left} process(es) of attempt {previous.number} could not be stopped there"
+        elif state.found:
+            opts.err.write(f"  {state.host}: stopped {state.found} process(es) left of attempt {previous.number}\n")
+    return out
 
 
 def _master_name(cluster: Cluster) -> str:

@@ -378,11 +378,12 @@ def _agent_error(result: Result) -> str:
     return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
 
 
-def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
+def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False
+         ) -> list[NodeState]:
     """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
-    `grace`, KILL the rest."""
+    `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
     opts = opts or Options()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace}, opts)
+    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts)
 
 
 def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
