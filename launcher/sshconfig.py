@@ -17,6 +17,8 @@ import paramiko
 from launcher.errors import LauncherError
 from launcher.inventory import Host
 
+SSH_G_TIMEOUT = 10.0
+"""Seconds `ssh -G` may take to print a host's config (it reads files, resolves nothing)."""
 MAX_JUMP_DEPTH = 8
 """ProxyJump hops followed through jump hosts' own ProxyJump, at most (a config that loops would never end)."""
 
@@ -61,7 +63,7 @@ def resolve_target(host: Host, ssh_config: str | None) -> SSHTarget:
     args += ["--", host.name]
     options: dict[str, list[str]] = {}
     if shutil.which("ssh"):
-        out = subprocess.run(args, capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(args, capture_output=True, text=True, timeout=SSH_G_TIMEOUT, check=False)
         if out.returncode == 0:
             for line in out.stdout.splitlines():
                 key, _, value = line.partition(" ")

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import paramiko
@@ -28,7 +27,8 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
 from launcher.inventory import Cluster, Host
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, FD_RESERVE, FDS_PER_NODE
-from launcher.sshconfig import MAX_JUMP_DEPTH, SSHTarget, hop_target, parse_jumps, resolve_target
+from launcher.parallel import parallel, waves
+from launcher.sshconfig import MAX_JUMP_DEPTH, SSH_G_TIMEOUT, SSHTarget, hop_target, parse_jumps, resolve_target
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
@@ -410,12 +410,14 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: 
     if not hosts:
         return {}, []
     ensure_descriptors(len(hosts))
-    with ThreadPoolExecutor(max_workers=_workers(fanout, len(hosts))) as pool:
-        futures = [pool.submit(connect, h, cluster, timeout, keepalive) for h in hosts]
-        if on_connect is not None:
-            for done, _ in enumerate(as_completed(futures), 1):
-                on_connect(done, len(hosts))
-        outcomes = [f.result() for f in futures]
+    workers = _workers(fanout, len(hosts))
+    # Each connection is bounded by `timeout` (and `ssh -G`'s 10 s); the whole wait too, wave by wave.
+    limit = (timeout + SSH_G_TIMEOUT + 5) * waves(len(hosts), workers)
+    found = parallel(lambda h: connect(h, cluster, timeout, keepalive), hosts, workers, limit,
+                     None if on_connect is None else lambda done: on_connect(done, len(hosts)))
+    outcomes = [o if isinstance(o, Node | NodeFailure) else NodeFailure(
+        h.name, "timeout", f"no connection within {limit:g} s" if o is None else f"{type(o).__name__}: {o}",
+        "is the node up, and does a firewall let you through?") for h, o in zip(hosts, found, strict=True)]
     nodes = {o.name: o for o in outcomes if isinstance(o, Node)}
     failures = [o for o in outcomes if isinstance(o, NodeFailure)]
     return nodes, failures
@@ -470,5 +472,10 @@ def run_all(nodes: Sequence[Node], command: str | dict[str, str], stdin: bytes |
 
     if not nodes:
         return {}
-    with ThreadPoolExecutor(max_workers=_workers(fanout, len(nodes))) as pool:
-        return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+    workers = _workers(fanout, len(nodes))
+    # A channel opens and its command starts within each node's connect timeout; `timeout` bounds the rest.
+    limit = None if timeout is None else (timeout + max(n.timeout for n in nodes) + 5) * waves(len(nodes), workers)
+    found = parallel(one, nodes, workers, limit)
+    return {n.name: r if isinstance(r, Result | NodeFailure) else NodeFailure(
+        n.name, "timeout", f"no answer within {limit:g} s", "is the node overloaded, or its sshd stuck?")
+        for n, r in zip(nodes, found, strict=True)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -205,3 +206,47 @@ def marks_of(run_id: str) -> set[str]:
             continue
         found |= {v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"DDP_LAUNCHER_RUN=")}
     return found
+
+
+def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering(sleeper_box, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    from tests.support.procs import sshd_family
+
+    hosts = str(sleeper_box.inventory)
+    result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = run_id_of(result.stderr)
+    stopped = sshd_family(sleeper_box.nodes[1].pid)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        quick = {"INVOKE_LAUNCHER_CONNECT_TIMEOUT": "2"}
+        status = inv("status", "--hosts", hosts, "--run", run_id, env=quick, timeout=60)
+        took = time.monotonic() - t0
+        assert status.returncode == 1 and took < 2 + 6, (took, status.stdout + status.stderr)
+        assert "node-1" in status.stdout and "unreachable" in status.stdout, status.stdout
+
+        # Ctrl-C while it waits on the silent node: back at once, not after every thread's end.
+        out = tmp_path / "status.out"
+        monkeypatch.setenv("INVOKE_LAUNCHER_CONNECT_TIMEOUT", "30")
+        proc = inv_background("status", "--hosts", hosts, "--run", run_id, log_dir=tmp_path / "logs", out=out)
+        monkeypatch.delenv("INVOKE_LAUNCHER_CONNECT_TIMEOUT")
+        time.sleep(2)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 3, out.read_text()
+
+        t0 = time.monotonic()
+        stop = inv("stop", "--hosts", hosts, "--run", run_id, env=quick, timeout=60)
+        took = time.monotonic() - t0
+        assert stop.returncode == 1 and took < 2 + 6 + 1, (took, stop.stdout + stop.stderr)
+        assert "Traceback" not in stop.stdout + stop.stderr
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    final = inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
+    assert final.returncode == 0, final.stdout + final.stderr
+    assert run_processes(run_id) == []
