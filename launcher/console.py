@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
+from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES
+
 MIRROR_QUEUE_CHUNKS = 1024
 """Chunks (up to 64 KiB each) the log copy may lag behind the run before it gives up with a warning."""
 MIRROR_CLOSE_S = 30.0
@@ -24,41 +26,50 @@ MIRROR_CLOSE_S = 30.0
 class ConsoleWriter:
     """Node lines (bounded, skippable) and the launcher's own messages (never skipped), in order, on one thread."""
 
-    def __init__(self, out: IO[str], err: IO[str], capacity: int, where: str):
+    def __init__(self, out: IO[str], err: IO[str], capacity: int, where: str,
+                 capacity_chars: int = DEFAULT_CONSOLE_BUFFER_BYTES):
         self.out, self.err = out, err
         self.capacity = capacity
+        self.capacity_chars = capacity_chars
+        """The most characters held: long lines (cut at 64 KiB) fill it long before the line count does."""
         self.where = where
         """Where skipped lines can be read (the log folder), for the notice."""
-        self._items: queue.Queue[tuple[IO[str], str, int] | None] = queue.Queue()
+        self._items: queue.Queue[tuple[IO[str], str, int, int] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._queued = 0
+        self._queued_chars = 0
+        self.most_chars = 0
+        """The most characters ever held at once (for tests and the bench)."""
         self._skipped: Counter[str] = Counter()
         self.skipped_total = 0
         self._thread = threading.Thread(target=self._write, daemon=True, name="console")
         self._thread.start()
 
     def lines(self, node: str, text: str, count: int) -> None:
-        """A node's prefixed lines; skipped (and counted) when the console is `capacity` lines behind."""
+        """A node's prefixed lines; skipped (and counted) when the console is `capacity` lines or `capacity_chars`
+        characters behind."""
         if not text:
             return
         with self._lock:
-            if self._queued + count > self.capacity:
+            if self._queued + count > self.capacity or self._queued_chars + len(text) > self.capacity_chars:
                 self._skipped[node] += count
                 self.skipped_total += count
                 return
             self._queued += count
-        self._items.put((self.out, text, count))
+            self._queued_chars += len(text)
+            self.most_chars = max(self.most_chars, self._queued_chars)
+        self._items.put((self.out, text, count, len(text)))
 
     def message(self, text: str) -> None:
         """One of the launcher's own lines (progress, warnings): never skipped."""
-        self._items.put((self.err, text if text.endswith("\n") else text + "\n", 0))
+        self._items.put((self.err, text if text.endswith("\n") else text + "\n", 0, 0))
 
     def _write(self) -> None:
         while True:
             item = self._items.get()
             if item is None:
                 return
-            stream, text, count = item
+            stream, text, count, chars = item
             try:
                 stream.write(text)
                 stream.flush()
@@ -66,7 +77,9 @@ class ConsoleWriter:
                 pass  # a console that went away (closed pipe) must not stop the run; the log files have it all
             with self._lock:
                 self._queued -= count
-                caught_up = self._queued <= self.capacity // 2 and self._skipped
+                self._queued_chars -= chars
+                caught_up = (self._queued <= self.capacity // 2 and self._queued_chars <= self.capacity_chars // 2
+                             and self._skipped)
             if caught_up:
                 self._notice()
 

@@ -81,6 +81,11 @@ MAX_RETRIES = 1000
 """The most relaunches (`retries`) of one run."""
 MAX_CONSOLE_BUFFER = 100_000_000
 """The most lines the console may lag behind (`console_buffer`)."""
+DEFAULT_CONSOLE_BUFFER_BYTES = 64 << 20
+"""Characters (about bytes) of output the console may hold behind a slow terminal, whatever the lines' count: lines
+are cut at 64 KiB, so a million of them could have held 64 GB (1,500 long lines took 94 MiB)."""
+MIN_CONSOLE_BUFFER_BYTES = 1 << 20
+MAX_CONSOLE_BUFFER_BYTES = 16 << 30
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -105,6 +110,9 @@ class Options:
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     """Seconds each node's doctor probe (launch's preflight too) has to answer once sent."""
     console_buffer: int = DEFAULT_CONSOLE_BUFFER
+    """Lines the console may lag behind."""
+    console_buffer_bytes: int = DEFAULT_CONSOLE_BUFFER_BYTES
+    """Characters the console may hold behind, whatever the number of lines."""
     """Lines the console may lag behind before lines are skipped on it (never in the log files)."""
     log_dir: Path = Path(DEFAULT_LOG_DIR)
     """Where the controller mirrors each node's output: <log_dir>/<run_id>/<node>.log."""
@@ -138,6 +146,7 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "connect_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
     "probe_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
     "console_buffer": (int, 1, MAX_CONSOLE_BUFFER),
+    "console_buffer_bytes": (int, MIN_CONSOLE_BUFFER_BYTES, MAX_CONSOLE_BUFFER_BYTES),
     "retry_wait": (float, 0.0, MAX_SECONDS),
     "retry_cooldown": (float, 0.0, MAX_SECONDS),
     "retries": (int, 0, MAX_RETRIES),

@@ -182,7 +182,8 @@ class _Attached:
         self.plan, self.opts = plan, opts
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(opts.out, opts.err, opts.console_buffer, f"{folder}/")
+        self.console = ConsoleWriter(opts.out, opts.err, opts.console_buffer, f"{folder}/",
+                                     opts.console_buffer_bytes)
         self.mirror = None if opts.detach else Mirror(folder, self.console)
         colour = supports_colour(opts.out)
         width = max(len(c.host.name) for c in plan.nodes)

@@ -42,6 +42,24 @@ def test_a_blocked_console_skips_lines_and_says_where_they_are() -> None:
     assert "every line is in logs/run/" in err.getvalue()
 
 
+def test_a_blocked_console_holds_at_most_its_bytes_of_long_lines() -> None:
+    # 1,500 lines of 64 KiB behind a paused terminal once took 94 MiB: the line bound alone (a million) let them in.
+    out, err = BlockedStream(), io.StringIO()
+    bound = 4 << 20
+    console = ConsoleWriter(out, err, capacity=1_000_000, where="logs/run/", capacity_chars=bound)
+    tracemalloc.start()
+    for i in range(1500):
+        console.lines("node-1", f"node-1 | {i:05d} " + "x" * (MAX_LINE_BYTES - 16) + "\n", 1)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert console.most_chars <= bound
+    assert peak < bound + (8 << 20), f"peak {peak / 2**20:.0f} MiB behind a paused console"
+    out.release.set()
+    console.close()
+    assert console.skipped_total == 1500 - len(out.getvalue().splitlines()) > 1400
+    assert f"console: skipped {console.skipped_total} lines of node-1" in err.getvalue()
+
+
 def test_messages_are_never_skipped_and_keep_their_order() -> None:
     out = io.StringIO()
     console = ConsoleWriter(out, out, capacity=1, where="logs/")

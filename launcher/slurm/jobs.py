@@ -234,6 +234,10 @@ def _output(state: JobState, log_dir: Path) -> Path:
     return state.output or Path(output_path(log_dir, state.job_id))
 
 
+TAIL_CHUNK = 1 << 20
+"""Bytes of a job's output read and printed at a time: memory stays this, whatever the file's size."""
+
+
 class _Tail:
     """Copies what a file gained since the last look; multi-byte characters split between looks stay whole."""
 
@@ -242,17 +246,19 @@ class _Tail:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def copy(self) -> bool:
-        """Print what is new; False while the file does not exist."""
+        """Print what is new, a chunk at a time (a job's output can be gigabytes); False while the file does not
+        exist. A file that cannot be read is one sentence."""
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                while data := f.read(TAIL_CHUNK):
+                    self.offset += len(data)
+                    self.out.write(self.decoder.decode(data))
+                    self.out.flush()
         except FileNotFoundError:
             return False
-        self.offset += len(data)
-        if data:
-            self.out.write(self.decoder.decode(data))
-            self.out.flush()
+        except OSError as exc:
+            raise LauncherError(f"cannot read the job's output {self.path}: {exc.strerror or exc}") from None
         return True
 
 
