@@ -246,14 +246,22 @@ def resolve(name):
     return {"addrs": addrs}
 
 
-def resolve_all(names, budget):
-    """Resolve every name at once; a name whose DNS server doesn't answer within `budget` s is an error."""
+def resolve_all(names, budget, workers):
+    """Resolve the names on at most `workers` threads (a cluster of N nodes once started N threads on each); a name
+    not answered within `budget` s, all names together, is an error."""
     results = {}
+    todo = list(names)
+    lock = threading.Lock()
 
-    def one(name):
-        results[name] = resolve(name)
+    def work():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                name = todo.pop()
+            results[name] = resolve(name)
 
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in names]
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(workers, len(names))))]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + budget
@@ -536,7 +544,8 @@ def probe(request):
     workdir = os.path.expanduser(request.get("workdir") or "~")
     hostname = socket.gethostname()
     names = list(request.get("names", []))
-    resolved = resolve_all(names + ([hostname] if hostname not in names else []), RESOLVE_BUDGET_S)
+    wanted = names + ([hostname] if hostname not in names else [])
+    resolved = resolve_all(wanted, RESOLVE_BUDGET_S, request.get("resolve_workers") or len(wanted))
     reply = {
         "mode": "probe",
         "hostname": hostname,

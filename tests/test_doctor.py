@@ -26,6 +26,7 @@ from helpers import inv
 from rich.console import Console
 
 from launcher import cli, doctor, remote, runs, sandbox, transport
+from launcher import probe as probe_program
 from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checks as checks_module
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
@@ -571,6 +572,19 @@ def test_probe_runs_here_and_reads_versions_without_importing_torch(tmp_path: Pa
     assert answer["route"]["ip"] == "127.0.0.1" and answer["route"]["iface"] == "lo"
     assert any(p.startswith("torch==") for p in answer["packages"]["list"])  # the nodes' env: declared deps only
     assert answer["elapsed"] < 2
+
+
+def test_the_probe_resolves_many_names_on_a_few_threads_within_its_budget(tmp_path: Path) -> None:
+    names = [f"gpu{i:03d}.invalid" for i in range(200)] + ["localhost"]
+    request = {"mode": "probe", "checks": "fast", "names": names, "resolve_workers": 16, "master_addr": "nope.invalid",
+               "master_port": 29500, "workdir": str(tmp_path)}
+    python = node_python()
+    started = time.monotonic()
+    answer = _run_probe(request, python=python)
+    assert time.monotonic() - started < probe_program.RESOLVE_BUDGET_S + 3
+    assert set(answer["resolve"]) == set(names)
+    assert answer["resolve"]["localhost"]["addrs"]
+    assert all("error" in answer["resolve"][n] for n in names[:-1])
 
 
 def _python_3_8() -> str | None:

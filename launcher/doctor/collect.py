@@ -36,6 +36,9 @@ TOKEN_READ_S = 2.0
 """How long a node waits for the listener's token once connected (no answer: something else listens there)."""
 LISTENER_MARGIN_S = 5.0
 """The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
+RESOLVE_WORKERS = 16
+"""Threads each node's probe resolves names on: every host's name, on every node, is N lookups a node (N x N in the
+cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""
 
 probe_command = python_command
 """The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.remote`)."""
@@ -50,7 +53,7 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
     """What one node's probe is asked (pure)."""
     rdzv = cluster.rendezvous
     request: dict[str, Any] = {
-        "mode": "probe", "checks": checks, "names": requested_names(cluster),
+        "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
         "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
         "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir,
         "script": cluster.job.script if cluster.job else None,

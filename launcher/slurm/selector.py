@@ -1,7 +1,8 @@
 """The first program of every task of an srun step (stdlib only, Python 3.8+): picks this node's part, runs it.
 
 srun gives all tasks of a step the same stdin. So the launcher sends, after this program (the bootstrap's line),
-the node program's source and every node's request keyed by SLURM_NODEID; this task takes its own, checks that
+the node program's source, what every node's request shares, and each node's own part keyed by SLURM_NODEID; this
+task puts its request together, checks that
 SLURM put it where the plan expects (SLURMD_NODENAME), and runs the program with a stdin that yields that request
 first and then the launcher's words as they come. The node program itself does not know it runs under SLURM.
 """
@@ -34,8 +35,20 @@ def _fail(message):
     sys.exit(2)
 
 
+def merged(common, own):
+    """A node's request: what all requests share, with this node's own part (mappings merged key by key)."""
+    request = dict(common)
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(request.get(key), dict):
+            request[key] = merged(request[key], value)
+        else:
+            request[key] = value
+    return request
+
+
 def select():
     source = json.loads(sys.stdin.readline())
+    common = json.loads(sys.stdin.readline())
     parts = json.loads(sys.stdin.readline())
     node_id = os.environ.get("SLURM_NODEID")
     part = parts.get(node_id or "")
@@ -44,7 +57,7 @@ def select():
     here = os.environ.get("SLURMD_NODENAME")
     if here and here != part["name"]:
         _fail("SLURM put node id %s on %s, the plan on %s" % (node_id, here, part["name"]))
-    sys.stdin = _Stdin(json.dumps(part["request"]) + "\n", sys.stdin)
+    sys.stdin = _Stdin(json.dumps(merged(common, part["request"])) + "\n", sys.stdin)
     exec(compile(source, part.get("program", "<node program>"), "exec"), {"__name__": "__main__"})
 
 

@@ -50,12 +50,40 @@ def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job
 
 
 def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]]]) -> bytes:
-    """What the step's stdin starts with: the selector, then the node program and each node's request by node id
-    (the lines `remote.program_input` would send one node). Node id i is the plan's node i, which is the
-    allocation's node i (`scontrol show hostnames` order, SLURM's node ids)."""
-    parts = {str(i): {"name": command.host.name, "request": dict(request), "program": "agent.py"}
-             for i, (command, request) in enumerate(nodes)}
-    return "".join(json.dumps(line) + "\n" for line in (SELECTOR_SOURCE, source, parts)).encode()
+    """What the step's stdin starts with: the selector, then the node program, what every node's request shares
+    (once), and each node's own part of it by node id; the selector puts a node's request back together. srun
+    gives every task all of it, so the shared part (the probe's source, the run's settings) travels once per task,
+    not once per node per task: 256 nodes cost each task ~0.3 MB, not 7.7 MB. Node id i is the plan's node i, which
+    is the allocation's node i (`scontrol show hostnames` order, SLURM's node ids)."""
+    common, own = split_common([dict(request) for _, request in nodes])
+    parts = {str(i): {"name": command.host.name, "request": delta, "program": "agent.py"}
+             for i, ((command, _), delta) in enumerate(zip(nodes, own, strict=True))}
+    return "".join(json.dumps(line) + "\n" for line in (SELECTOR_SOURCE, source, common, parts)).encode()
+
+
+def split_common(requests: Sequence[dict[str, Any]], depth: int = 4) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What every request holds alike (keys with equal values; mappings split again, `depth` levels down), and
+    each request's own rest; `selector.merged(common, own)` is the request again."""
+    if not requests:
+        return {}, []
+    common: dict[str, Any] = {}
+    own: list[dict[str, Any]] = [{} for _ in requests]
+    for key in requests[0]:
+        values = [r.get(key, _MISSING) for r in requests]
+        if all(v is not _MISSING and v == values[0] for v in values):
+            common[key] = values[0]
+        elif depth > 1 and all(isinstance(v, dict) for v in values):
+            common[key], parts = split_common(values, depth - 1)
+            for mine, part in zip(own, parts, strict=True):
+                mine[key] = part
+    for request, mine in zip(requests, own, strict=True):
+        for key, value in request.items():
+            if key not in common:
+                mine[key] = value
+    return common, own
+
+
+_MISSING = object()
 
 
 class StepChannel:
