@@ -1016,13 +1016,17 @@ def action_status(request):
     return reply(describe(run_id, run_dir, request["node"]))
 
 
+def runs_here(node):
+    """The runs directory and the ids of the runs this node took part in, oldest first."""
+    root = node_path(RUNS_ROOT)
+    return root, sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))
+
+
 def action_runs(request):
     problem = names_problem(request)
     if problem:
         return refuse(problem)
-    root = node_path(RUNS_ROOT)
-    node = request["node"]
-    return reply({"runs": sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))})
+    return reply({"runs": runs_here(request["node"])[1]})
 
 
 def live_marks():
@@ -1048,14 +1052,12 @@ def action_list(request):
     problem = names_problem(request)
     if problem:
         return refuse(problem)
-    root = node_path(RUNS_ROOT)
     node = request["node"]
+    root, run_ids = runs_here(node)
     marks = live_marks()
     found = []
-    for run_id in sorted(list_runs(root)):
+    for run_id in run_ids:
         run_dir = os.path.join(root, run_id, node)
-        if not os.path.isdir(run_dir):
-            continue
         try:
             nodes = json.loads(read_text(os.path.join(run_dir, "command.json"), "{}")).get("nodes")
         except (ValueError, AttributeError):

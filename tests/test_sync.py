@@ -104,15 +104,21 @@ def test_quick_check_compares_size_mode_mtime_or_link_target() -> None:
     assert changed([f, link], {"l": ["link", 0, 5, 0, "a.py"]}) == [f]
 
 
-def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: Path) -> None:
-    root = project(tmp_path / "p", with_git=True)
+def conf_made_a_link(root: Path, elsewhere: Path, secret: str) -> Path:
+    """A tracked `conf/credentials`, then `conf` replaced by a link to `elsewhere` (git still lists the file)."""
     write(root / "conf" / "credentials", "tracked\n")
     git(root, "add", "conf/credentials")
     git(root, "commit", "-q", "-m", "conf")
-    elsewhere = write(tmp_path / "elsewhere" / "credentials", "a key from outside the tree\n").parent
+    write(elsewhere / "credentials", secret)
     (root / "conf" / "credentials").unlink()
     (root / "conf").rmdir()
-    (root / "conf").symlink_to(elsewhere)  # git still lists conf/credentials
+    (root / "conf").symlink_to(elsewhere)
+    return elsewhere
+
+
+def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=True)
+    elsewhere = conf_made_a_link(root, tmp_path / "elsewhere", "a key from outside the tree\n")
     tree = local_tree(root)
     assert "conf/credentials" not in tree.paths
     assert f"skipped 1 file(s) under conf/: conf is a symlink (-> {elsewhere}), and what lies behind it is not part " \
@@ -433,13 +439,7 @@ def test_launch_starts_nothing_when_a_node_cannot_be_synced(make_sandbox, tmp_pa
 def test_env_files_and_files_behind_a_symlinked_folder_never_reach_a_node(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(1, master_port=free_port())
     src = project(tmp_path / "src", with_git=True)
-    write(src / "conf" / "credentials", "tracked\n")
-    git(src, "add", "conf/credentials")
-    git(src, "commit", "-q", "-m", "conf")
-    elsewhere = write(tmp_path / "elsewhere" / "credentials", "KEY-FROM-OUTSIDE\n").parent
-    (src / "conf" / "credentials").unlink()
-    (src / "conf").rmdir()
-    (src / "conf").symlink_to(elsewhere)
+    elsewhere = conf_made_a_link(src, tmp_path / "elsewhere", "KEY-FROM-OUTSIDE\n")
     write(src / "hosts" / ".env", "HF_TOKEN=hf_never_on_a_node\n")  # the example inventory's env_file
     workdirs = own_workdirs(box, tmp_path / "nodes")
     data = yaml.safe_load(box.inventory.read_text())
