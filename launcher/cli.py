@@ -6,14 +6,15 @@ import datetime as _dt
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import attempts, errors, runs
 from launcher import doctor as doctor_checks
+from launcher.doctor.collect import launch_preflight as preflight
 from launcher.errors import LauncherError, PlanError
 from launcher.hostfile import load_hosts
 from launcher.inventory import DEFAULT_MASTER_PORT, Cluster, Job
+from launcher.paths import relative
 from launcher.plan import plan_launch
 from launcher.selection import select_hosts
 from launcher.transport import close_all, connect_all
@@ -24,7 +25,6 @@ if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load 
 
     from launcher.sandbox import Sandbox
 
-REPO = Path(__file__).resolve().parent.parent
 USAGE = errors.USAGE
 """Exit code for wrong input on the command line (found before anything is contacted); tasks.py uses it too."""
 
@@ -136,21 +136,6 @@ def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
     opts = opts or runs.Options()
     return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out,
                                 stall_timeout=opts.silence_timeout)
-
-
-def preflight(opts: runs.Options) -> doctor_checks.SessionPreflight:
-    """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
-    failure raises DoctorFailed, and nothing starts anywhere)."""
-
-    def passed(report: doctor_checks.Report, seconds: float) -> None:
-        opts.err.write(f"checked {len(doctor_checks.FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
-                       f"{seconds:.1f}s: {', '.join(doctor_checks.FAST_CHECKS)} all passed "
-                       "(--skip-doctor skips)\n")
-        for found in report.problems:  # warnings only: a failure raised before this
-            opts.err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
-
-    return doctor_checks.SessionPreflight(probe_timeout=opts.probe_timeout, connect_timeout=opts.connect_timeout,
-                                          on_pass=passed)
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
@@ -266,13 +251,6 @@ def sandbox_down() -> None:
 
     for line in sandbox.down():
         print(line)
-
-
-def relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def demo() -> int:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
-    from launcher.doctor.evidence import Report
+class _Finding(Protocol):
+    host: str
+    check: str
+    detail: str
+    fix: str
+
+
+class _Report(Protocol):
+    """What DoctorFailed reads of the doctor's report (this module, the bottom layer, imports no launcher module)."""
+
+    @property
+    def failures(self) -> Sequence[_Finding]: ...
 
 
 class LauncherError(Exception):
@@ -111,7 +121,7 @@ class DoctorFailed(LauncherError):
 
     exit_code = 1
 
-    def __init__(self, report: Report, more: str | None = "run `inv doctor` for the full report"):
+    def __init__(self, report: _Report, more: str | None = "run `inv doctor` for the full report"):
         self.report = report
         lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
         for f in report.failures:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli
+from launcher import cli, paths
 from launcher.errors import LauncherError
 from launcher.options import Options
 from launcher.slurm import commands, jobs
@@ -262,7 +262,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     assert code == 0
     text = out.getvalue()
     assert f"#SBATCH --output={tmp_path}/logs/slurm/slurm-%j.out" in directives(text)
-    assert f"#SBATCH --chdir={cli.REPO}" in directives(text)
+    assert f"#SBATCH --chdir={paths.REPO}" in directives(text)
     command = next(line for line in text.splitlines() if "-m invoke launch" in line)
     assert shlex.split(command)[-2:] == [f"--hosts={inventory}", "--args=--epochs 1"]
     assert not (tmp_path / "logs").exists()

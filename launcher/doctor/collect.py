@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from launcher.doctor.checks import evaluate, requested_names, selected_checks
+from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT, Options
 from launcher.remote import host_command, program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all
 
@@ -285,3 +285,17 @@ class SessionPreflight:
 preflight = SessionPreflight()
 """The fast checks with the default limits: called, over sessions of their own; as `Options.preflight`, inside the
 launch's agent sessions."""
+
+
+def launch_preflight(opts: Options) -> SessionPreflight:
+    """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
+    failure raises DoctorFailed, and nothing starts anywhere)."""
+
+    def passed(report: Report, seconds: float) -> None:
+        opts.err.write(f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
+                       f"{seconds:.1f}s: {', '.join(FAST_CHECKS)} all passed "
+                       "(--skip-doctor skips)\n")
+        for found in report.problems:  # warnings only: a failure raised before this
+            opts.err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
+
+    return SessionPreflight(probe_timeout=opts.probe_timeout, connect_timeout=opts.connect_timeout, on_pass=passed)

@@ -10,11 +10,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from launcher import cli
-from launcher.cli import REPO, relative
+from launcher.doctor.collect import launch_preflight
 from launcher.errors import LauncherError, UsageError
 from launcher.inventory import Cluster, Job
 from launcher.options import SLURM_STOP_WAIT, Options
+from launcher.paths import REPO, relative
 from launcher.plan import plan_launch
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch
@@ -36,7 +36,7 @@ def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: boo
         opts.out.write(plan.describe() + "\n")
         return 0
     if doctor and opts.preflight is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        opts.preflight = replace(cli.preflight(opts), more=None)
+        opts.preflight = replace(launch_preflight(opts), more=None)
     return slurm_launch.launch(plan, opts)
 
 
