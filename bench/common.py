@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
 
 from launcher import plan, sandbox  # noqa: E402
 from launcher.sandbox import procs  # noqa: E402
-from tests.support.procs import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
+from launcher.sandbox.observe import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
 
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"

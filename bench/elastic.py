@@ -30,7 +30,7 @@ from common import REPO, kill_marked, log, read_text, run_processes, sandbox_of,
 
 from launcher import sandbox
 from launcher.plan import RUN_ID_ENV
-from tests.support.procs import children, pids_with_env, sshd_family
+from launcher.sandbox.observe import children, pids_with_env, sshd_family
 
 NODES = 3
 TRAIN = ["--epochs", "3", "--dataset-size", "576", "--batch-size", "16", "--log-every", "4", "--checkpoint-every",

@@ -44,7 +44,7 @@ from common import (
 )
 
 from launcher.plan import RUN_ID_ENV
-from tests.support.procs import children, gone, parent, processes_mentioning, sshd_family
+from launcher.sandbox.observe import children, gone, parent, processes_mentioning, sshd_family
 
 NODES = 2
 SCRIPT = "tests/scripts/sleeper.py"

@@ -74,3 +74,11 @@ def test_the_bottom_layer_imports_no_launcher_module_above_it() -> None:
     for name in BOTTOM:
         allowed = {"launcher.errors"} if name == "launcher.options" else set()
         assert imports(name, known[name], known) <= allowed, name
+
+
+def test_bench_imports_nothing_from_tests() -> None:
+    for path in sorted((REPO / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {n for n in names if n == "tests" or n.startswith("tests.")}, path.name

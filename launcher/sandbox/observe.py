@@ -1,0 +1,91 @@
+"""What tests and benchmarks look at on a sandbox (free ports and subnets, a run's processes, sshd families), on top
+of `launcher.sandbox.procs`, the controller's one reader of /proc. Here, not under tests/, so that bench/ needs
+nothing from tests/ (tests/support/procs.py re-exports it)."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from launcher.errors import SandboxError
+from launcher.plan import RUN_ID_ENV
+from launcher.sandbox import procs
+from launcher.sandbox.procs import pids_with_env
+
+__all__ = [
+    "children",
+    "free_port",
+    "gone",
+    "parent",
+    "pids_with_env",
+    "processes_mentioning",
+    "reserve_base_addr",
+    "run_processes",
+    "sshd_family",
+]
+
+
+def reserve_base_addr(first: int = 10, last: int = 250) -> tuple[str, IO[str]]:
+    """A base address 127.0.K.2 (K from `first` to `last`) that no other sandbox on this machine holds.
+
+    Held through a lock file per K (tests, benchmarks and people share this machine's loopback range); keep the
+    returned handle open while the sandbox lives, close it to free K.
+    """
+    for k in range(first, last + 1):
+        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return f"127.0.{k}.2", handle
+    raise SandboxError(f"no free sandbox subnet left in 127.0.{first}-{last}.x")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (a master port: every sandbox node shares one port space)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes of a launcher run on any sandbox node: each carries DDP_LAUNCHER_RUN=<run id>/<node>."""
+    return pids_with_env(f"{RUN_ID_ENV}={run_id}/".encode())
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for pid 1 to reap it."""
+    return not procs.alive(pid)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live pids whose command line mentions `text` (sshd keeps `-f STATE/node-i/sshd_config` in its title)."""
+    return procs.pids_mentioning(text)
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    return procs.children(pid)
+
+
+def parent(pid: int) -> int:
+    """The parent of `pid`; raises when there is no such process."""
+    found = procs.stat(pid)
+    if found is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return found.ppid
+
+
+def sshd_family(listener: int) -> list[int]:
+    """The node's sshd listener and every sshd process under it (not the agent or torchrun they serve)."""
+    family, todo = [], [listener]
+    while todo:
+        pid = todo.pop()
+        if procs.name(pid) == "sshd":
+            family.append(pid)
+            todo += children(pid)
+    return family
