@@ -236,3 +236,4 @@ sandbox.add_task(sandbox_down, "down")
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
 ns = Collection(launch, sync, doctor, stop, status, logs, demo, bench, sandbox, slurm)
+ns.configure({"launcher": options.config_defaults()})  # the defaults' one home is launcher/options.py

@@ -157,6 +157,14 @@ CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LIN
 """The keys `launcher:` in invoke.yaml may hold."""
 
 
+def config_defaults() -> dict[str, Any]:
+    """The `launcher:` settings' defaults, for Invoke's collection (tasks.py): invoke.yaml then holds only what a
+    user changes, and Invoke casts INVOKE_LAUNCHER_GRACE=2.5 to these values' types (10.0: a float)."""
+    defaults = {f.name: f.default for f in fields(Options)}
+    values = {key: defaults[key] for key in CONFIG_KEYS if key not in ("hosts", "log_dir")}
+    return {"hosts": DEFAULT_HOSTS, "log_dir": str(defaults["log_dir"]), **values}
+
+
 def number(name: str, value: Any, source: str) -> float | int:
     """`value` as the number option `name` needs; a LauncherError naming `source` (e.g. `--grace`) otherwise."""
     kind, minimum, maximum = _NUMBERS[name]
