@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from launcher.inventory import Cluster, Host
-from launcher.options import Options, heartbeat_interval
+from launcher.options import DEFAULT_FANOUT, Options, heartbeat_interval
 from launcher.plan import LaunchPlan, NodeCommand
 from launcher.remote import host_command, program_input
 from launcher.rootcause import NodeEnd
@@ -225,7 +225,7 @@ class RunHandle:
         began = time.monotonic()
         self._heartbeat.start()
         if self.opener is None:
-            with ThreadPoolExecutor(max_workers=min(64, len(self.plan.nodes))) as pool:
+            with ThreadPoolExecutor(max_workers=min(DEFAULT_FANOUT, len(self.plan.nodes))) as pool:
                 errors = list(pool.map(self._open, self.plan.nodes))  # every session open before any stop is sent
         else:
             errors = self._open_all(self.opener)

@@ -21,7 +21,6 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,7 +28,8 @@ from typing import IO, Any
 
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.inventory import Cluster, Host, SyncSpec
-from launcher.options import DEFAULT_SILENCE_TIMEOUT
+from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT
+from launcher.parallel import parallel
 from launcher.remote import host_command, program_input
 from launcher.syncd import LOCK_NAME, TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
 from launcher.transport import Channel, Node, classify, close_all, connect_all
@@ -454,11 +454,11 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
     hosts = [h for h in cluster.hosts if h.name in nodes]
     if not hosts:
         return {}
-    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-        futures = {h.name: pool.submit(sync_node, nodes[h.name], h, spec.dest or h.workdir, tree,
-                                       home_ok=spec.dest is not None, stall_timeout=stall_timeout)
-                   for h in hosts}
-        return {name: f.result() for name, f in futures.items()}
+    # Each node's sync is bounded (its answers, its sends); daemon threads: a Ctrl-C is not held by them.
+    found = parallel(lambda h: sync_node(nodes[h.name], h, spec.dest or h.workdir, tree, home_ok=spec.dest is not None,
+                                         stall_timeout=stall_timeout), hosts, DEFAULT_FANOUT)
+    return {h.name: r if isinstance(r, NodeSync | NodeFailure) else NodeFailure(h.name, "sync", f"{r}")
+            for h, r in zip(hosts, found, strict=True)}
 
 
 # --- tasks ----------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,7 +18,8 @@ from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selec
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.inventory import Cluster, Host
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT, Options
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, Options
+from launcher.parallel import parallel
 from launcher.remote import host_command, program_input, python_command
 from launcher.transport import Node, Result, classify, close_all, connect_all
 
@@ -114,8 +114,10 @@ def _run_timed(nodes: Sequence[Node], commands: Mapping[str, str], inputs: Mappi
 
     if not nodes:
         return {}
-    with ThreadPoolExecutor(max_workers=min(64, len(nodes))) as pool:
-        return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+    found = parallel(one, nodes, DEFAULT_FANOUT)  # each probe bounded by `timeout`; Ctrl-C is not held by them
+    return {n.name: r if isinstance(r, tuple) else (classify(n.target, r if isinstance(r, Exception) else
+                                                             TimeoutError("no answer")), 0.0)
+            for n, r in zip(nodes, found, strict=True)}
 
 
 def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
