@@ -10,10 +10,12 @@ from typing import Any
 
 from invoke import Collection, Context, Exit, task
 
-from launcher import cli, options, runs
+from launcher import app as cli
+from launcher import options
+from launcher.config.inventory import DEFAULT_MASTER_PORT
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
-from launcher.inventory import DEFAULT_MASTER_PORT
+from launcher.run import runs
 from launcher.slurm import commands as slurm_commands
 
 HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "

@@ -24,7 +24,8 @@ def _install_trace() -> dict:
     """Wrap launcher functions to stamp the phases of a launch; returns the dict the stamps go into."""
     import threading
 
-    from launcher import supervise, transport
+    from launcher.run import supervise
+    from launcher.transport import sessions as transport
 
     trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None}
     lock = threading.Lock()
@@ -74,9 +75,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("light", nargs="*", help="the light command (default: PYTHON -c pass)")
     args = parser.parse_args(argv)
 
-    from launcher import runs
-    from launcher.inventory import load_inventory
-    from launcher.plan import plan_launch
+    from launcher.config.inventory import load_inventory
+    from launcher.plan.commands import plan_launch
+    from launcher.run import runs
 
     t_import = time.perf_counter()
     trace = _install_trace() if args.trace else None

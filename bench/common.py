@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from launcher import plan, sandbox  # noqa: E402
+from launcher import sandbox  # noqa: E402
+from launcher.plan import commands as plan  # noqa: E402
 from launcher.sandbox import procs  # noqa: E402
 from launcher.sandbox.observe import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
 
+from launcher.config.inventory import load_inventory
 from launcher.doctor import run_doctor
-from launcher.inventory import load_inventory
 
 TARGET = 1.5
 

@@ -29,7 +29,7 @@ import yaml
 from common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
 
 from launcher import sandbox
-from launcher.plan import RUN_ID_ENV
+from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.observe import children, pids_with_env, sshd_family
 
 NODES = 3

@@ -43,7 +43,7 @@ from common import (
     wait_until,
 )
 
-from launcher.plan import RUN_ID_ENV
+from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.observe import children, gone, parent, processes_mentioning, sshd_family
 
 NODES = 2

@@ -46,7 +46,7 @@ from common import (
 )
 from job import with_port
 
-from launcher.plan import RUN_ID_ENV
+from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.procs import table as process_table
 
 NODES = 4

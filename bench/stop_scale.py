@@ -45,7 +45,7 @@ from common import (
 )
 from usage import Sampler
 
-from launcher.plan import RUN_ID_ENV
+from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox import procs
 
 GONE_TIMEOUT_S = 60.0

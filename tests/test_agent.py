@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import agent, plan
-from launcher.runs import log_tail_settings
+from launcher.node import agent
+from launcher.plan import commands as plan
+from launcher.run.runs import log_tail_settings
 from tests.support.nodeenv import node_python
 
 AGENT = Path(agent.__file__)

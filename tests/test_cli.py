@@ -11,8 +11,10 @@ import yaml
 from helpers import REPO, inv
 from rich.console import Console
 
-from launcher import cli, options, runs
+from launcher import app as cli
+from launcher import options
 from launcher.errors import LauncherError
+from launcher.run import runs
 
 EXAMPLE = ["--hosts", "hosts/example.yaml"]
 

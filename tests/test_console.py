@@ -9,9 +9,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from launcher.console import ConsoleWriter, Mirror
-from launcher.logs import CUT_MARK, LineSplitter, NodeLog
 from launcher.options import MAX_LINE_BYTES
+from launcher.report.console import ConsoleWriter, Mirror
+from launcher.report.lines import CUT_MARK, LineSplitter, NodeLog
 
 
 class BlockedStream(io.StringIO):

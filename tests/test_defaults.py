@@ -12,23 +12,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import doctor, probe, remote, runs, sync
-from launcher.inventory import Cluster, parse_inventory
+from launcher import doctor
+from launcher.config.inventory import Cluster, parse_inventory
+from launcher.node import probe
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
+from launcher.run import runs
+from launcher.sync import push as sync
+from launcher.transport import program as remote
 
 REPO = Path(__file__).resolve().parent.parent
-NODE_PROGRAMS = {
-    "launcher/agent.py": runs.AGENT_SOURCE,
-    "launcher/probe.py": doctor.PROBE_SOURCE,
-    "launcher/syncd.py": sync.SYNCD_SOURCE,
-    "launcher.remote.BOOTSTRAP": remote.BOOTSTRAP,
-}
-"""Everything the controller sends a node to run, as it is sent."""
+NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")
+                 for path, source in remote.node_files(entry).items()}
+NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = remote.BOOTSTRAP
+"""Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
+SENT = {runs.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:
     """(request part, key) of every number the probe reads: its `seconds(part, "KEY", "WHERE")` calls."""
-    tree = ast.parse(doctor.PROBE_SOURCE)
+    tree = ast.parse("\n".join(remote.node_files("probe").values()))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "seconds":
@@ -102,7 +104,7 @@ def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
     assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
 
 
-@pytest.mark.parametrize("program", ["launcher/agent.py", "launcher/probe.py", "launcher/syncd.py"])
+@pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])
 def test_node_programs_make_up_no_numbers(program: str) -> None:
     assert numeric_defaults(NODE_PROGRAMS[program]) == []
 
@@ -120,5 +122,8 @@ def test_node_programs_are_python_3_8(program: str) -> None:
 
 
 def test_node_programs_are_sent_as_they_are_in_the_repository() -> None:
-    for path in ("launcher/agent.py", "launcher/probe.py", "launcher/syncd.py"):
-        assert NODE_PROGRAMS[path] == (REPO / path).read_text(encoding="utf-8"), path
+    for path in NODE_PROGRAMS:
+        if path.endswith(".py"):
+            assert NODE_PROGRAMS[path] == (REPO / path).read_text(encoding="utf-8"), path
+    for source, entry in SENT.items():  # what the launcher sends is that package, its loader first
+        assert source.startswith(NODE_PROGRAMS["launcher/node/loader.py"]) and f"launcher.node.{entry}" in source

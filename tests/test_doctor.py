@@ -25,15 +25,19 @@ from conftest import free_port
 from helpers import inv
 from rich.console import Console
 
-from launcher import cli, doctor, remote, runs, sandbox, transport
-from launcher import probe as probe_program
+from launcher import app as cli
+from launcher import doctor, sandbox
+from launcher.config.inventory import Cluster, load_inventory, parse_inventory
 from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checks as checks_module
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
-from launcher.inventory import Cluster, load_inventory, parse_inventory
+from launcher.node import probe as probe_program
 from launcher.options import DEFAULT_PROBE_TIMEOUT
+from launcher.run import runs
+from launcher.run.supervise import NodeFacts
 from launcher.sandbox import Sandbox
-from launcher.supervise import NodeFacts
+from launcher.transport import program as remote
+from launcher.transport import sessions as transport
 from tests.support.nodeenv import node_python
 
 ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
@@ -259,7 +263,7 @@ def test_the_default_probe_timeout_fits_a_cold_start_and_the_listener_outlives_i
     # A cold Python start on a network filesystem takes tens of seconds: the default leaves room for it, the
     # probe's own worst case (DNS budget, refused-connection window, token wait) fits easily, and the master's
     # listener is asked to live longer than any probe may take.
-    from launcher import probe as probe_module
+    from launcher.node import probe as probe_module
 
     assert DEFAULT_PROBE_TIMEOUT >= 60
     connect = doctor.connect_section("t", DEFAULT_PROBE_TIMEOUT)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.hostfile import load_hosts, looks_like_hostfile, parse_hostfile
+from launcher.config.inventory import EnvFile, EnvVar, ForwardEnv, Job, load_inventory
 from launcher.errors import InventoryError
-from launcher.hostfile import load_hosts, looks_like_hostfile, parse_hostfile
-from launcher.inventory import EnvFile, EnvVar, ForwardEnv, Job, load_inventory
-from launcher.plan import plan_launch
+from launcher.plan.commands import plan_launch
 
 SRC = "hosts.txt"
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from helpers import inv, run_id_of
 
-from launcher import cli
+from launcher import app as cli
+from launcher.config.inventory import DEFAULT_MASTER_PORT
 from launcher.errors import InventoryError, PlanError
-from launcher.inventory import DEFAULT_MASTER_PORT
 
 EXAMPLE = "hosts/example.yaml"
 

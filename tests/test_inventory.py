@@ -18,8 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import InventoryError, LauncherError
-from launcher.inventory import (
+from launcher.config.inventory import (
     DEFAULT_MASTER_PORT,
     ENV_FILE_KEYS,
     ENV_KEYS,
@@ -42,7 +41,8 @@ from launcher.inventory import (
     load_inventory,
     parse_inventory,
 )
-from launcher.plan import plan_launch
+from launcher.errors import InventoryError, LauncherError
+from launcher.plan.commands import plan_launch
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = "hosts/cluster.yaml"

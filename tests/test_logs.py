@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import agent
-from launcher.logs import CUT_MARK, NodeLog
-from launcher.runs import log_tail_settings
+from launcher.node import agent
+from launcher.report.lines import CUT_MARK, NodeLog
+from launcher.run.runs import log_tail_settings
 
 # --- the controller: bulk prefixes, the same text as one line at a time ------------------------------------
 

@@ -1,7 +1,7 @@
 """The node-side programs need nothing that this project does not declare: run them where nothing else is installed.
 
-train/ddp.py runs on the nodes under torch and this project's declared dependencies; launcher/agent.py and
-launcher/probe.py are stdlib-only programs sent to any Python 3.8+. The test machine's Python may hold more:
+train/ddp.py runs on the nodes under torch and this project's declared dependencies; launcher/node/ (agent, probe,
+syncd, selector) holds stdlib-only programs sent to any Python 3.8+. The test machine's Python may hold more:
 numpy there once hid a `.numpy()` call that failed on every rank of a fresh venv.
 
 So each program runs here under a venv of this interpreter that holds only what it may use. For train/ddp.py that is
@@ -22,17 +22,19 @@ from pathlib import Path
 import _train_helpers as h
 import pytest
 
-from launcher import doctor, remote, runs
-from launcher.inventory import parse_inventory
-from launcher.plan import plan_launch
+from launcher import doctor
+from launcher.config.inventory import parse_inventory
+from launcher.plan.commands import plan_launch
+from launcher.run import runs
 from launcher.slurm.step import step_input
+from launcher.transport import program as remote
 from tests.support import nodeenv
 from tests.support.nodeenv import Env
 
 pytestmark = pytest.mark.integration
 
 REPO = h.REPO
-STDLIB_PROGRAMS = ("launcher/agent.py", "launcher/probe.py", "launcher/slurm/selector.py")
+STDLIB_PROGRAMS = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "launcher" / "node").glob("*.py")))
 # Nothing from the caller's environment may widen the venvs' sys.path.
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "PYTHONHOME": None}
 
@@ -54,10 +56,15 @@ def imported_modules(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            names |= {alias.name.partition(".")[0] for alias in node.names}
+            names |= {_top(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.partition(".")[0])
+            names.add(_top(node.module))
     return names - {"__future__"}
+
+
+def _top(module: str) -> str:
+    """A module's top-level name; the node package's own modules (sent with the program) count as stdlib."""
+    return "sys" if module == "launcher.node" or module.startswith("launcher.node.") else module.partition(".")[0]
 
 
 def run_on_node(python: Path, stdin: bytes, cwd: Path, **env: str) -> dict:

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import agent
+from launcher.config.fields import RESERVED_ENV, SOCKET_ENV, ForwardEnv
+from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.inventory import parse_inventory
-from launcher.inventory_fields import RESERVED_ENV, SOCKET_ENV, ForwardEnv
-from launcher.node_env import NodeEnv, resolve_env
+from launcher.node import agent
 from launcher.options import Options
-from launcher.plan import RUNS_ROOT, NodeCommand, plan_launch
-from launcher.runs import log_tail_settings, start_request
+from launcher.plan.commands import RUNS_ROOT, NodeCommand, plan_launch
+from launcher.run.nodeenv import NodeEnv, resolve_env
+from launcher.run.runs import log_tail_settings, start_request
 from tests.support.nodeenv import node_python
 
 BASE = """

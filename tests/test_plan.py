@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Job, parse_inventory
-from launcher.plan import (
+from launcher.config.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Job, parse_inventory
+from launcher.plan.commands import (
     RESERVED_ENV,
     RUNS_ROOT,
     SECRET_MASK,

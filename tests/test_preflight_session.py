@@ -21,9 +21,12 @@ import yaml
 from conftest import free_port
 from helpers import inv, runs_on
 
-from launcher import cli, doctor, remote, runs
-from launcher.inventory import parse_inventory
-from launcher.plan import plan_launch
+from launcher import app as cli
+from launcher import doctor
+from launcher.config.inventory import parse_inventory
+from launcher.plan.commands import plan_launch
+from launcher.run import runs
+from launcher.transport import program as remote
 from tests.support.nodeenv import node_python
 
 INVENTORY = """
@@ -83,7 +86,7 @@ def _bound(port: int) -> bool:
 def test_the_master_agent_probes_holds_the_port_answers_tcp_and_makes_nothing_on_abort(tmp_path: Path) -> None:
     port = free_port()
     request = _start_request(tmp_path, 0, port)
-    assert set(request["preflight"]) == {"source", "probe", "connect", "listen"}  # the master holds the listener
+    assert set(request["preflight"]) == {"probe", "connect", "listen"}  # the master holds the listener
     assert "listen" not in _start_request(tmp_path, 1, port)["preflight"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     agent = Agent(request, env)
@@ -136,7 +139,7 @@ def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.Mon
     section = gate.node_section(plan.cluster, plan.cluster.hosts[0], plan.run_id)
     assert section["listen"]["max_s"] == 42.0 + doctor.LISTENER_MARGIN_S  # every number from the controller
     assert section["connect"]["token"] == section["listen"]["token"] == doctor.session_token(plan.run_id)
-    assert section["source"] == doctor.PROBE_SOURCE and section["probe"]["checks"] == "fast"
+    assert section["probe"]["checks"] == "fast"
 
 
 # --- over SSH, through `inv launch` ----------------------------------------------------------------------------

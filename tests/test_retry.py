@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.inventory import parse_inventory
+from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
-from launcher.inventory import parse_inventory
-from launcher.logs import NodeLog
-from launcher.plan import plan_launch
-from launcher.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
-from launcher.rootcause import NodeEnd, retry_reason
-from launcher.selection import select_hosts
+from launcher.plan.commands import plan_launch
+from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
+from launcher.report.lines import NodeLog
+from launcher.report.rootcause import NodeEnd, retry_reason
 
 THREE = """\
 hosts: [node-0, node-1, {name: node-2, addr: 10.0.0.3}]
@@ -144,9 +144,9 @@ def test_rank_tags_follow_torchrun_and_say_when_a_rank_moves() -> None:
 
 
 def test_the_report_says_why_there_was_no_retry() -> None:
-    from launcher.attempts import _with_attempts
     from launcher.errors import RunFailed
-    from launcher.retry import Attempt
+    from launcher.plan.retry import Attempt
+    from launcher.run.attempts import _with_attempts
 
     tried = [Attempt(1, "20261122-101010-abcdef", ("n0", "n1"), "n0", 0.0, 5.0, "failed-final", "root cause: n1")]
     script = _with_attempts(RunFailed("run FAILED", 1, ends=(end("n1"),)), tried, 2, None)

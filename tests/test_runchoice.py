@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.runchoice import ListedRun, choose_run
+from launcher.plan.runchoice import ListedRun, choose_run
 
 A, B, OLD = "20261124-100000-aaaaaa", "20261124-110000-bbbbbb", "20261124-090000-000000"
 

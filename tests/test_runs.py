@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
+from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.inventory import parse_inventory
 from launcher.options import Options, heartbeat_interval
-from launcher.plan import plan_launch
-from launcher.runs import check_run_id, resolve_env, start_request
+from launcher.plan.commands import plan_launch
+from launcher.run.runs import check_run_id, resolve_env, start_request
+from launcher.transport.program import node_files
 
 INVENTORY = """
 defaults: {python: /usr/bin/python3, env: {A: "1", TOKEN: {from_env: MY_TOKEN, secret: true}}}
@@ -23,7 +23,8 @@ job: {script: train.py}
 
 def agent_reads() -> set[str]:
     """Every `request["KEY"]` the agent reads without a default."""
-    tree = ast.parse((Path(__file__).parent.parent / "launcher" / "agent.py").read_text())
+    # The agent's own modules; the probe it runs in a launch's check reads the preflight section (tested apart).
+    tree = ast.parse("\n".join(source for path, source in node_files("agent").items() if not path.endswith("probe.py")))
     return {node.slice.value for node in ast.walk(tree)
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "request"
             and isinstance(node.slice, ast.Constant)}
@@ -57,8 +58,8 @@ def test_run_ids_are_checked(bad: str) -> None:
 
 
 def test_a_node_action_past_its_limit_says_so_not_exit_code_minus_one() -> None:
-    from launcher.runs import _agent_error
-    from launcher.transport import Result
+    from launcher.run.runs import _agent_error
+    from launcher.transport.sessions import Result
 
     assert _agent_error(Result(-1, b"", b"", timed_out=30.0)) == (
         "no answer within 30 s (the grace period plus 20 s): the node is slow or hung, and what became of the run "

@@ -17,10 +17,10 @@ from helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.inventory import load_inventory
-from launcher.plan import RESERVED_ENV, RUNS_ROOT
-from launcher.runs import agent_command, agent_input, log_tail_settings
-from launcher.transport import connect_all
+from launcher.config.inventory import load_inventory
+from launcher.plan.commands import RESERVED_ENV, RUNS_ROOT
+from launcher.run.runs import agent_command, agent_input, log_tail_settings
+from launcher.transport.sessions import connect_all
 from tests.support.nodeenv import node_python
 
 pytestmark = pytest.mark.integration

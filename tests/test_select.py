@@ -6,11 +6,11 @@ import textwrap
 
 import pytest
 
+from launcher.config.hostfile import parse_hostfile
+from launcher.config.inventory import Cluster, EnvVar, Job, parse_inventory
+from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, PlanError
-from launcher.hostfile import parse_hostfile
-from launcher.inventory import Cluster, EnvVar, Job, parse_inventory
-from launcher.plan import plan_launch
-from launcher.selection import select_hosts
+from launcher.plan.commands import plan_launch
 
 SRC = "hosts.txt"
 

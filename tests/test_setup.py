@@ -17,8 +17,8 @@ import yaml
 from conftest import free_port
 from helpers import inv, run_id_of, run_processes, runs_on, wait_for
 
-from launcher.inventory import Host
-from launcher.remote import SETUP_FAILED, host_command, program_input, python_command
+from launcher.config.inventory import Host
+from launcher.transport.program import SETUP_FAILED, host_command, program_input, python_command
 
 ECHO = ("import sys, json, os\nr = json.loads(sys.stdin.readline())\n"
         "print(json.dumps({'exe': sys.executable, 'r': r, 'x': os.environ.get('X')}))\n")

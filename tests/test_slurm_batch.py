@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli, paths
+from launcher import app as cli
+from launcher import paths
 from launcher.errors import LauncherError
 from launcher.options import Options
 from launcher.slurm import commands, jobs

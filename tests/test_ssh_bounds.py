@@ -19,9 +19,9 @@ import pytest
 import yaml
 from helpers import REPO
 
+from launcher.config.inventory import parse_inventory
 from launcher.errors import NodeFailure
-from launcher.inventory import parse_inventory
-from launcher.transport import ExecTimeout, Node, classify, connect
+from launcher.transport.sessions import ExecTimeout, Node, classify, connect
 
 
 class _StallingServer(paramiko.ServerInterface):

@@ -18,10 +18,11 @@ from _train_helpers import assert_replicas_in_sync
 from conftest import free_port
 from helpers import REPO
 
-from launcher import inventory, sandbox
-from launcher.remote import BOOTSTRAP, program_input
+from launcher import sandbox
+from launcher.config import inventory
 from launcher.sandbox import procs
-from launcher.sync import SYNCD_SOURCE, Entry, changed, is_current, local_tree, same_time
+from launcher.sync.push import SYNCD_SOURCE, Entry, changed, is_current, local_tree, same_time
+from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
 from tests.support.procs import children
 
@@ -357,7 +358,7 @@ def test_launch_with_sync_trains_on_empty_workdirs(make_sandbox, tmp_path: Path)
     assert "script" in result.stderr and "all passed" in result.stderr  # the doctor ran after the sync
     for w in workdirs:
         assert (w / "train" / "ddp.py").read_bytes() == (REPO / "train" / "ddp.py").read_bytes()
-        assert (w / "launcher" / "syncd.py").exists() and not (w / ".git").exists()
+        assert (w / "launcher" / "node" / "syncd.py").exists() and not (w / ".git").exists()
 
 
 @pytest.mark.integration

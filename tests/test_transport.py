@@ -18,11 +18,11 @@ import pytest
 from conftest import free_port
 from paramiko.ssh_exception import NoValidConnectionsError
 
+from launcher.config.inventory import load_inventory, parse_inventory
 from launcher.errors import NodeFailure
-from launcher.hostkeys import _AcceptNewPolicy, _host_matches, _known_keys
-from launcher.inventory import load_inventory, parse_inventory
-from launcher.sshconfig import SSHTarget, resolve_target
-from launcher.transport import Node, _connection, classify, connect, connect_all, run_all
+from launcher.transport.hostkeys import _AcceptNewPolicy, _host_matches, _known_keys
+from launcher.transport.sessions import Node, _connection, classify, connect, connect_all, run_all
+from launcher.transport.sshconfig import SSHTarget, resolve_target
 
 
 def test_ssh_config_include_and_wildcards_are_honoured(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_failures_are_typed_with_a_fix(exc: BaseException, kind: str, words: str
 def test_log_lines_get_node_and_rank_prefixes_and_stay_whole() -> None:
     import io
 
-    from launcher.logs import NodeLog
+    from launcher.report.lines import NodeLog
 
     log = NodeLog("node-1", 1, 6, rank_offset=2, colour=False)
     out = io.StringIO()

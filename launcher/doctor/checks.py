@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.config.inventory import Cluster, Host
 from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.errors import NodeFailure
-from launcher.inventory import Cluster, Host
-from launcher.remote import SETUP_FAILED
+from launcher.transport.program import SETUP_FAILED
 
 MIN_DISK_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 5.0

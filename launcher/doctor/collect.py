@@ -11,24 +11,23 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
+from launcher.config.inventory import Cluster, Host
 from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
-from launcher.inventory import Cluster, Host
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
-from launcher.remote import host_command, program_input, python_command
-from launcher.transport import Node, Result, classify, close_all, connect_all
+from launcher.transport.program import host_command, node_program, program_input, python_command
+from launcher.transport.sessions import Node, Result, classify, close_all, connect_all
 
 if TYPE_CHECKING:
-    from launcher.supervise import NodeFacts
+    from launcher.run.supervise import NodeFacts
 
 CheckMode = Literal["all", "fast"]
 
-PROBE_SOURCE = resources.files("launcher").joinpath("probe.py").read_text(encoding="utf-8")
+PROBE_SOURCE = node_program("probe")
 """The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
 LISTEN_WINDOW_S = 3.0
 """How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
@@ -208,10 +207,10 @@ def session_token(run_id: str) -> str:
 
 
 def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -> dict[str, Any]:
-    """The `preflight` part of a launch's start request for `host` (pure): the probe's source and every request and
+    """The `preflight` part of a launch's start request for `host` (pure): every request and
     number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
     token = session_token(run_id)
-    section: dict[str, Any] = {"source": PROBE_SOURCE, "probe": probe_request(cluster, host, "fast", None),
+    section: dict[str, Any] = {"probe": probe_request(cluster, host, "fast", None),
                                "connect": connect_section(token, timeout)}
     if host.name == cluster.hosts[0].name:
         section["listen"] = listen_request(cluster, token, timeout)

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from launcher.config.inventory import Cluster
 from launcher.errors import NodeFailure
-from launcher.inventory import Cluster
 
 Status = Literal["ok", "warn", "fail"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.config.inventory import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
-from launcher.inventory import DEFAULT_MASTER_PORT
 from launcher.sandbox import procs, start
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (

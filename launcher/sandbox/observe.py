@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import SandboxError
-from launcher.plan import RUN_ID_ENV
+from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox import procs
 from launcher.sandbox.procs import pids_with_env
 

@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from launcher.config.inventory import Cluster
 from launcher.errors import LauncherError
-from launcher.inventory import Cluster
 from launcher.slurm.jobs import failure, run_slurm
 
 NOT_IN_ALLOCATION = ("--slurm runs inside a SLURM allocation (SLURM_JOB_ID is not set): start it under `salloc "

@@ -10,12 +10,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from launcher.config.inventory import Cluster, Job
 from launcher.doctor.collect import launch_preflight
 from launcher.errors import LauncherError, UsageError
-from launcher.inventory import Cluster, Job
 from launcher.options import SLURM_STOP_WAIT, Options
 from launcher.paths import REPO, relative
-from launcher.plan import plan_launch
+from launcher.plan.commands import plan_launch
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch
 from launcher.slurm.jobs import JobState

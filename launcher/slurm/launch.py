@@ -11,15 +11,15 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from launcher import runs
 from launcher.errors import LauncherError
-from launcher.node_env import resolve_env
 from launcher.options import Options
-from launcher.plan import LaunchPlan
-from launcher.remote import host_command
+from launcher.plan.commands import LaunchPlan
+from launcher.run import runs
+from launcher.run.nodeenv import resolve_env
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
-from launcher.transport import Result
+from launcher.transport.program import host_command
+from launcher.transport.sessions import Result
 
 
 @dataclass

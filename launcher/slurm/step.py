@@ -23,14 +23,14 @@ import signal
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import LauncherError
-from launcher.plan import NodeCommand
+from launcher.plan.commands import NodeCommand
 from launcher.slurm.jobs import run_slurm
+from launcher.transport.program import node_program
 
-SELECTOR_SOURCE = Path(__file__).with_name("selector.py").read_text(encoding="utf-8")
+SELECTOR_SOURCE = node_program("selector")
 _LABELLED = re.compile(rb" *(\d+): ")
 _TASK_END = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _EXIT = re.compile(r"Exited with exit code (\d+)")
@@ -56,7 +56,7 @@ def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]
     not once per node per task: 256 nodes cost each task ~0.3 MB, not 7.7 MB. Node id i is the plan's node i, which
     is the allocation's node i (`scontrol show hostnames` order, SLURM's node ids)."""
     common, own = split_common([dict(request) for _, request in nodes])
-    parts = {str(i): {"name": command.host.name, "request": delta, "program": "agent.py"}
+    parts = {str(i): {"name": command.host.name, "request": delta, "program": "launcher/node/loader.py"}
              for i, ((command, _), delta) in enumerate(zip(nodes, own, strict=True))}
     return "".join(json.dumps(line) + "\n" for line in (SELECTOR_SOURCE, source, common, parts)).encode()
 

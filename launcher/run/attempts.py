@@ -19,12 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from launcher import rootcause, runs
+from launcher.config.inventory import Cluster
 from launcher.errors import LauncherError, RunFailed
-from launcher.inventory import Cluster
 from launcher.options import Options
-from launcher.plan import LaunchPlan, plan_launch
-from launcher.retry import Attempt, blacklisted, next_nodes, resumed, summary
+from launcher.plan.commands import LaunchPlan, plan_launch
+from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
+from launcher.report import rootcause
+from launcher.run import runs
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""

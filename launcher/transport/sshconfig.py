@@ -14,8 +14,8 @@ from pathlib import Path
 
 import paramiko
 
+from launcher.config.inventory import Host
 from launcher.errors import LauncherError
-from launcher.inventory import Host
 
 SSH_G_TIMEOUT = 10.0
 """Seconds `ssh -G` may take to print a host's config (it reads files, resolves nothing)."""

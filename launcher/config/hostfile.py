@@ -12,8 +12,8 @@ from os.path import dirname
 from pathlib import Path
 from typing import Any
 
+from launcher.config.inventory import Cluster, cluster_from_data, is_host_name, parse_inventory, read_hosts_file
 from launcher.errors import InventoryError
-from launcher.inventory import Cluster, cluster_from_data, is_host_name, parse_inventory, read_hosts_file
 from launcher.options import MAX_NPROC_PER_NODE
 
 DEFAULTS_SOURCE = "invoke.yaml"

@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from launcher.inventory import Cluster, Host
+from launcher.config.inventory import Cluster, Host
 from launcher.options import DEFAULT_FANOUT, Options, heartbeat_interval
-from launcher.plan import LaunchPlan, NodeCommand
-from launcher.remote import host_command, program_input
-from launcher.rootcause import NodeEnd
-from launcher.transport import Node, classify
+from launcher.plan.commands import LaunchPlan, NodeCommand
+from launcher.report.rootcause import NodeEnd
+from launcher.transport.program import host_command, program_input
+from launcher.transport.sessions import Node, classify
 
 STALL = 2.0
 """A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""

@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 import yaml
 
+from launcher.config.elastic import DEFAULT_RESUME_ARGS, ELASTIC_KEYS, Elastic, ElasticFields
+from launcher.config.fields import ENV_FILE_KEYS as ENV_FILE_KEYS  # re-exported: the inventory's names
+from launcher.config.fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
+from launcher.config.fields import RESERVED_ENV as RESERVED_ENV
+from launcher.config.fields import SYNC_KEYS as SYNC_KEYS
+from launcher.config.fields import EnvFile, ForwardEnv, NodeFields, SyncSpec, reserved_reason
 from launcher.errors import InventoryError
-from launcher.inventory_elastic import DEFAULT_RESUME_ARGS, ELASTIC_KEYS, Elastic, ElasticFields
-from launcher.inventory_fields import ENV_FILE_KEYS as ENV_FILE_KEYS  # re-exported: the inventory's names
-from launcher.inventory_fields import FORWARD_ENV_KEYS as FORWARD_ENV_KEYS
-from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV
-from launcher.inventory_fields import SYNC_KEYS as SYNC_KEYS
-from launcher.inventory_fields import EnvFile, ForwardEnv, NodeFields, SyncSpec, reserved_reason
 from launcher.options import MAX_NPROC_PER_NODE
 
 HostKeyPolicy = Literal["strict", "accept-new"]

@@ -23,12 +23,19 @@ import paramiko
 from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
+from launcher.config.inventory import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
-from launcher.inventory import Cluster, Host
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, FD_RESERVE, FDS_PER_NODE
 from launcher.parallel import parallel, waves
-from launcher.sshconfig import MAX_JUMP_DEPTH, SSH_G_TIMEOUT, SSHTarget, hop_target, parse_jumps, resolve_target
+from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
+from launcher.transport.sshconfig import (
+    MAX_JUMP_DEPTH,
+    SSH_G_TIMEOUT,
+    SSHTarget,
+    hop_target,
+    parse_jumps,
+    resolve_target,
+)
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.errors import RunFailed
-from launcher.logs import failed_rank, root_cause_block
+from launcher.report.lines import failed_rank, root_cause_block
 
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",

@@ -8,16 +8,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from launcher import attempts, errors, runs
 from launcher import doctor as doctor_checks
+from launcher import errors
+from launcher.config.hostfile import load_hosts
+from launcher.config.inventory import DEFAULT_MASTER_PORT, Cluster, Job
+from launcher.config.selection import select_hosts
 from launcher.doctor.collect import launch_preflight as preflight
 from launcher.errors import LauncherError, PlanError
-from launcher.hostfile import load_hosts
-from launcher.inventory import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.paths import relative
-from launcher.plan import plan_launch
-from launcher.selection import select_hosts
-from launcher.transport import close_all, connect_all
+from launcher.plan.commands import plan_launch
+from launcher.run import attempts, runs
+from launcher.transport.sessions import close_all, connect_all
 
 if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
     from rich.console import Console
@@ -90,7 +91,7 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
     if doctor and opts.preflight is None:
         opts.preflight = preflight(opts)
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
-        from launcher import sync as code_sync
+        from launcher.sync import push as code_sync
 
         if isinstance(opts.preflight, doctor_checks.SessionPreflight):  # its checks run in the agents' sessions
             opts.preflight = replace(opts.preflight, before=code_sync.before_launch(
@@ -131,7 +132,7 @@ def _health_check(opts: runs.Options, doctor: bool) -> attempts.HealthCheck:
 
 def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
     """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
-    from launcher import sync as code_sync
+    from launcher.sync import push as code_sync
 
     opts = opts or runs.Options()
     return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out,

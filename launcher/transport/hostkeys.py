@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from launcher.sshconfig import SSHTarget
+from launcher.transport.sshconfig import SSHTarget
 
 
 @dataclass(frozen=True)

@@ -22,19 +22,18 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
+from launcher.config.inventory import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
-from launcher.inventory import Cluster, Host, SyncSpec
+from launcher.node.syncd import LOCK_NAME, TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
 from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
-from launcher.remote import host_command, program_input
-from launcher.syncd import LOCK_NAME, TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
-from launcher.transport import Channel, Node, classify, close_all, connect_all
+from launcher.transport.program import host_command, node_program, program_input
+from launcher.transport.sessions import Channel, Node, classify, close_all, connect_all
 
-SYNCD_SOURCE = resources.files("launcher").joinpath("syncd.py").read_text(encoding="utf-8")
+SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
 REPLY_TIMEOUT = 60.0
 """Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""

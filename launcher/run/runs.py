@@ -15,22 +15,22 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO, Any
 
-from launcher import rootcause, runchoice
-from launcher.console import ConsoleWriter, Mirror
+from launcher.config.inventory import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
-from launcher.inventory import Cluster, Host
-from launcher.logs import CUT_MARK, NodeLog, supports_colour
-from launcher.node_env import NodeEnv, resolve_env
 from launcher.options import ACTION_MARGIN, LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
-from launcher.plan import RANKS_DIR, RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
-from launcher.remote import host_command, program_input, python_command
-from launcher.supervise import Ended, Left, NodeEvent, Output, RunHandle, SessionOpener, StartGate, Stopping
-from launcher.transport import Node, Result, classify, close_all, connect_all, run_all
+from launcher.plan import runchoice
+from launcher.plan.commands import RANKS_DIR, RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
+from launcher.report import rootcause
+from launcher.report.console import ConsoleWriter, Mirror
+from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
+from launcher.run.nodeenv import NodeEnv, resolve_env
+from launcher.run.supervise import Ended, Left, NodeEvent, Output, RunHandle, SessionOpener, StartGate, Stopping
+from launcher.transport.program import host_command, node_program, program_input, python_command
+from launcher.transport.sessions import Node, Result, classify, close_all, connect_all, run_all
 
-AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text(encoding="utf-8")
+AGENT_SOURCE = node_program("agent")
 
 agent_command = python_command
 

@@ -725,8 +725,9 @@ def start_checked(request, run_dir, words):
 class Preflight:
     """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
 
-    The request's `preflight` section holds the probe's source (launcher/probe.py, run here, never written to disk)
-    and every request and number it needs, from the launcher (launcher.doctor.collect.session_section):
+    The probe is the node package's own module (launcher/node/probe.py, sent with the agent); the request's
+    `preflight` section holds every request and number it needs, from the launcher
+    (launcher.doctor.collect.session_section):
     - probe: what the probe looks at; its answer goes out as the `probed` event;
     - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
       answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
@@ -735,31 +736,32 @@ class Preflight:
     """
 
     def __init__(self, section):
+        from launcher.node import probe  # only a launch with the doctor on compiles it
+
         self.section = section
-        self.probe = {"__name__": "ddp_launcher_probe"}
-        exec(compile(section["source"], "probe.py", "exec"), self.probe)
+        self.probe = probe
         self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
 
     def run(self):
         listen = self.section.get("listen")
         reply = None
         if listen:
-            max_s = self.probe["seconds"](listen, "max_s", "listen")
-            server, reply = self.probe["open_listener"](listen["master_port"])
+            max_s = self.probe.seconds(listen, "max_s", "listen")
+            server, reply = self.probe.open_listener(listen["master_port"])
             if server is not None:
                 stop_r, stop_w = os.pipe()
-                thread = threading.Thread(target=self.probe["serve"], daemon=True, name="listener",
+                thread = threading.Thread(target=self.probe.serve, daemon=True, name="listener",
                                           args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
                 thread.start()
                 self.listener = (thread, stop_w, stop_r)
-        emit("probed", probe=self.probe["probe"](self.section["probe"]), listener=reply)
+        emit("probed", probe=self.probe.probe(self.section["probe"]), listener=reply)
 
     def tcp(self):
         connect = self.section["connect"]
-        seconds = self.probe["seconds"]
+        seconds = self.probe.seconds
         window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
         probe = self.section["probe"]
-        emit("tcp", tcp=self.probe["tcp_connect"](probe["master_addr"], probe["master_port"], connect["token"],
+        emit("tcp", tcp=self.probe.tcp_connect(probe["master_addr"], probe["master_port"], connect["token"],
                                                   window, read_s))
 
     def close(self):

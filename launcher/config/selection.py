@@ -12,8 +12,8 @@ import difflib
 import re
 from collections.abc import Mapping
 
+from launcher.config.inventory import Cluster, EnvVar, Host
 from launcher.errors import PlanError
-from launcher.inventory import Cluster, EnvVar, Host
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 

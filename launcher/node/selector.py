@@ -46,7 +46,7 @@ def merged(common, own):
     return request
 
 
-def select():
+def main():
     source = json.loads(sys.stdin.readline())
     common = json.loads(sys.stdin.readline())
     parts = json.loads(sys.stdin.readline())
@@ -62,4 +62,4 @@ def select():
 
 
 if __name__ == "__main__":  # as the bootstrap runs it
-    select()
+    main()

@@ -11,8 +11,8 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from launcher.config.inventory import EnvVar
     from launcher.errors import InventoryError
-    from launcher.inventory import EnvVar
 
 RESERVED_ENV: tuple[str, ...] = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",

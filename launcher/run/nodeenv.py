@@ -17,10 +17,10 @@ from fnmatch import fnmatchcase
 from dotenv import dotenv_values
 from dotenv.parser import Binding, parse_stream
 
+from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
+from launcher.config.inventory import EnvFile
 from launcher.errors import LauncherError
-from launcher.inventory import EnvFile
-from launcher.inventory_fields import RESERVED_ENV, SOCKET_ENV
-from launcher.plan import NodeCommand
+from launcher.plan.commands import NodeCommand
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -11,10 +11,10 @@ import secrets
 import shlex
 from dataclasses import dataclass
 
+from launcher.config.fields import RESERVED_ENV as RESERVED_ENV  # defined beside the inventory, which refuses them
+from launcher.config.fields import SOCKET_ENV
+from launcher.config.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
 from launcher.errors import PlanError
-from launcher.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
-from launcher.inventory_fields import RESERVED_ENV as RESERVED_ENV  # defined beside the inventory, which refuses them
-from launcher.inventory_fields import SOCKET_ENV
 
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 """Where each node keeps its run directories (command, pid, log, exit code)."""

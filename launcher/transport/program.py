@@ -1,0 +1,107 @@
+"""Running a node program (`launcher/node/`, stdlib only) on a node with nothing installed there.
+
+The command line holds only the node's setup lines (the inventory's `setup:`, run first in the same shell), the
+node's interpreter and a one-line bootstrap; the program comes as the first stdin line (JSON-encoded: the node
+package's loader and sources, `node_program`) and its request as the second. Arguments never pass through a remote
+shell, and secrets in a request never appear in `ps`. Every node program travels this way: the agent (runs,
+supervise), the probe and listener (doctor), syncd, and under SLURM the selector before the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from launcher.config.inventory import Host
+from launcher.plan.commands import quote_path
+
+BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
+SETUP_FAILED = 125
+"""The node command's exit code when a setup line failed (its own code is in the message): never 126 or 127, which
+say that the interpreter itself is missing, nor a code the node programs use (0, 1, 2)."""
+SETUP_MESSAGE = "setup line %s of %s failed with exit code %s, so nothing was started on this node: %s"
+"""The line the node's shell writes to stderr when a setup line fails (printf format: number, count, code, line)."""
+
+
+def python_command(python: str, setup: Sequence[str] = ()) -> str:
+    """The shell command that runs the bootstrap under the node's interpreter (`~/` is the node's home).
+
+    With setup lines, each runs first in the node's login shell, in order, then the interpreter replaces the shell
+    (`exec`), so the node program, and torchrun after it, inherit what they set up (an activated venv puts a bare
+    `python` on PATH). Each line runs as `{ LINE; }` in that same shell, with stdin from /dev/null (the program
+    arrives on stdin and no setup line may eat it) and stdout sent to stderr (stdout carries the node program's
+    answers; the launcher shows stderr lines as the node's messages). The first line that fails stops the command:
+    the shell writes `SETUP_MESSAGE` after the line's own words and exits with `SETUP_FAILED`.
+    """
+    program = f"{quote_path(python)} -c {shlex.quote(BOOTSTRAP)}"
+    if not setup:
+        return program
+    report = shlex.quote(SETUP_MESSAGE + "\\n")  # printf's own escape: the command stays on one line
+    steps = [f"{{ {line}; }} </dev/null >&2 || {{ printf {report} {i} {len(setup)} \"$?\" {shlex.quote(line)} >&2; "
+             f"exit {SETUP_FAILED}; }}" for i, line in enumerate(setup, start=1)]
+    return "; ".join([*steps, f"exec {program}"])
+
+
+def host_command(host: Host) -> str:
+    """`python_command` for one inventory host: its setup lines, then its interpreter."""
+    return python_command(host.python, host.setup)
+
+
+def program_input(source: str, request: Mapping[str, Any]) -> bytes:
+    """What to write to the command's stdin: the program, then its request."""
+    return (json.dumps(source) + "\n" + json.dumps(request) + "\n").encode()
+
+
+@cache
+def _node_sources() -> tuple[str, dict[str, tuple[str, str]]]:
+    """The loader's source and every module of the node package (name -> (file name, source)), read once."""
+    folder = resources.files("launcher.node")
+    modules = {"launcher": ("launcher/__init__.py", "")}  # the controller's package root is not the node's business
+    for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
+        if item.name.endswith(".py"):
+            stem = item.name[:-3]
+            name = "launcher.node" if stem == "__init__" else f"launcher.node.{stem}"
+            modules[name] = (f"launcher/node/{item.name}", item.read_text(encoding="utf-8"))
+    return modules["launcher.node.loader"][1], modules
+
+
+_NODE_IMPORT = re.compile(r"^\s*(?:from launcher\.node(?:\.(\w+))? import ([\w, ]+)|import launcher\.node\.(\w+))",
+                          re.M)
+
+
+def _needed(entry: str, modules: Mapping[str, tuple[str, str]]) -> set[str]:
+    """`entry` and the node modules it imports, and theirs (read from their import lines)."""
+    needed, todo = {"launcher", "launcher.node"}, [f"launcher.node.{entry}"]
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in modules:
+            continue
+        needed.add(name)
+        for sub, names, plain in _NODE_IMPORT.findall(modules[name][1]):
+            found = [sub or plain] if (sub or plain) else [n.strip() for n in names.split(",")]
+            todo.extend(f"launcher.node.{n}" for n in found if n)
+    return needed
+
+
+def node_files(entry: str) -> dict[str, str]:
+    """The node modules program `entry` is sent with, as file name -> source (the loader's first)."""
+    loader, modules = _node_sources()
+    files = {"launcher/node/loader.py": loader}
+    files.update({modules[name][0]: modules[name][1] for name in sorted(_needed(entry, modules)) if modules[name][1]})
+    return files
+
+
+@cache
+def node_program(entry: str) -> str:
+    """The source the bootstrap execs for node program `entry` (`agent`, `probe`, `syncd`, `selector`): the
+    loader, then `run()` of that module with the node modules it imports (each compiled when first imported)."""
+    loader, modules = _node_sources()
+    if f"launcher.node.{entry}" not in modules:
+        raise ValueError(f"no node program {entry!r} in launcher/node/")
+    sent = {name: modules[name] for name in sorted(_needed(entry, modules))}
+    return f"{loader}\nrun({f'launcher.node.{entry}'!r}, {json.dumps(sent)})\n"
