@@ -1,4 +1,5 @@
-"""The node agent run locally as the launcher runs it (`python agent.py`, the request on stdin), with no SSH."""
+"""The node agent run locally as the launcher runs it (`python -c BOOTSTRAP`, the node package then the request on
+stdin), with no SSH."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import agent
+from launcher.node import proc as procs
+from launcher.node import protocol, rundir
 from launcher.plan import commands as plan
-from launcher.run.runs import log_tail_settings
+from launcher.run.runs import AGENT_SOURCE, log_tail_settings
+from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 
-AGENT = Path(agent.__file__)
+AGENT = ["-c", BOOTSTRAP]
+"""The agent's command line after the interpreter; its stdin starts with `PROGRAM`."""
+PROGRAM = (json.dumps(AGENT_SOURCE) + "\n").encode()
 NODE = "node1"
 
 
@@ -29,7 +34,7 @@ class Node:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
-        self.env.pop(agent.RUN_ID_ENV, None)
+        self.env.pop(protocol.RUN_ID_ENV, None)
         self.root = tmp / "cache" / "ddp-launcher" / "runs"
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -45,7 +50,7 @@ class Node:
         """A process in a session of its own, like torchrun; with `mark`, one of that run's."""
         env = dict(self.env)
         if mark is not None:
-            env[agent.RUN_ID_ENV] = mark
+            env[protocol.RUN_ID_ENV] = mark
         proc = subprocess.Popen(argv or ("sleep", "60"), env=env, start_new_session=True, stdout=subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -53,16 +58,17 @@ class Node:
     def request(self, timeout: float = 30, **request: object) -> tuple[subprocess.CompletedProcess[bytes], list]:
         """Run one agent action; its result and its JSON events."""
         request.setdefault("node", NODE)
-        done = subprocess.run([node_python(), str(AGENT)], input=(json.dumps(request) + "\n").encode(),
+        done = subprocess.run([node_python(), *AGENT], input=PROGRAM + (json.dumps(request) + "\n").encode(),
                               env=self.env, capture_output=True, timeout=timeout, check=False)
         return done, [json.loads(line) for line in done.stderr.decode().splitlines()]
 
     def follower(self, run_id: str, stdout: int | None) -> subprocess.Popen[bytes]:
         """The agent following the run's log (`logs --follow`), in the background."""
         request = self.tmp / "follow.json"
-        request.write_text(json.dumps({"action": "logs", "node": NODE, "run_id": run_id, "follow": True}) + "\n")
+        words = {"action": "logs", "node": NODE, "run_id": run_id, "follow": True}
+        request.write_bytes(PROGRAM + (json.dumps(words) + "\n").encode())
         with open(request, "rb") as stdin:
-            proc = subprocess.Popen([node_python(), str(AGENT)], env=self.env, stdin=stdin, stdout=stdout,
+            proc = subprocess.Popen([node_python(), *AGENT], env=self.env, stdin=stdin, stdout=stdout,
                                     stderr=subprocess.PIPE, start_new_session=True)
         self.procs.append(proc)
         return proc
@@ -100,22 +106,22 @@ def errors(events: list) -> list[str]:
 
 
 def test_node_constants_match_the_controllers() -> None:
-    assert agent.RUN_ID_PATTERN == plan.RUN_ID_PATTERN
-    assert agent.RUN_ID_ENV == plan.RUN_ID_ENV
-    assert agent.RUNS_ROOT == plan.RUNS_ROOT
+    assert protocol.RUN_ID_PATTERN == plan.RUN_ID_PATTERN
+    assert protocol.RUN_ID_ENV == plan.RUN_ID_ENV
+    assert protocol.RUNS_ROOT == plan.RUNS_ROOT
 
 
 def test_leader_record_round_trip(tmp_path: Path) -> None:
-    start = agent.record_leader(str(tmp_path), os.getpid())
-    assert start == start_time(os.getpid()) == agent.start_time(os.getpid())
+    start = rundir.record_leader(str(tmp_path), os.getpid())
+    assert start == start_time(os.getpid()) == procs.start_time(os.getpid())
     assert (tmp_path / "leader").read_text() == f"{os.getpid()} {start}"
-    assert agent.leader_of(str(tmp_path)) == (os.getpid(), start)
+    assert rundir.leader_of(str(tmp_path)) == (os.getpid(), start)
 
 
 @pytest.mark.parametrize("text", ["", "1234", "x 5", "0 5", "1 5", "-7 5", "12 5 9", "12 -5"])
 def test_malformed_leader_record_names_nobody(tmp_path: Path, text: str) -> None:
     (tmp_path / "leader").write_text(text)
-    assert agent.leader_of(str(tmp_path)) is None
+    assert rundir.leader_of(str(tmp_path)) is None
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no pidfd (python 3.8)"])
@@ -125,10 +131,10 @@ def test_signal_process_spares_a_pid_seen_with_another_start_time(node: Node, mo
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     proc = node.process()
     start = start_time(proc.pid)
-    assert not agent.signal_process(proc.pid, start + 1, signal.SIGKILL)
+    assert not procs.signal_process(proc.pid, start + 1, signal.SIGKILL)
     time.sleep(0.2)
     assert proc.poll() is None
-    assert agent.signal_process(proc.pid, start, signal.SIGKILL)
+    assert procs.signal_process(proc.pid, start, signal.SIGKILL)
     assert proc.wait(timeout=5) == -signal.SIGKILL
 
 
@@ -166,12 +172,12 @@ def test_stop_ends_marked_processes_and_the_leaders_group(node: Node) -> None:
     mark = f"{run_id}/{NODE}"
     run_dir = node.run_dir(run_id)
     # torchrun's part: a marked group leader with a child in its group that has lost the mark; killpg reaches it.
-    leader = node.process("sh", "-c", f"env -u {agent.RUN_ID_ENV} sleep 60 & echo $!; wait", mark=mark)
+    leader = node.process("sh", "-c", f"env -u {protocol.RUN_ID_ENV} sleep 60 & echo $!; wait", mark=mark)
     child = int(leader.stdout.readline())
     deadline = time.monotonic() + 5  # until the child has exec'd `env -u`: from then on it carries no mark
     while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
         time.sleep(0.01)
-    agent.record_leader(str(run_dir), leader.pid)
+    rundir.record_leader(str(run_dir), leader.pid)
     worker = node.process(mark=mark)  # a worker that left the group (its own session), found by its mark
     bystander = node.process()
     done, events = node.request(action="stop", run_id=run_id, grace=5)
@@ -181,9 +187,9 @@ def test_stop_ends_marked_processes_and_the_leaders_group(node: Node) -> None:
     assert leader.wait(timeout=5) == -signal.SIGTERM
     assert worker.wait(timeout=5) == -signal.SIGTERM
     deadline = time.monotonic() + 5
-    while agent.alive(child) and time.monotonic() < deadline:
+    while procs.alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not agent.alive(child), "the leader's group was not signalled"
+    assert not procs.alive(child), "the leader's group was not signalled"
     assert bystander.poll() is None
     assert (run_dir / "stop_requested").exists()
 
@@ -274,7 +280,7 @@ def test_follow_ends_when_the_launcher_is_gone(node: Node) -> None:
 def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) -> None:
     """Ready, then nothing until `go`: a stop (another node could not start) leaves no run directory, no process."""
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
-    request = {"action": "start", "run_dir": f"{agent.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
+    request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
                "workdir": str(tmp_path), "argv": [sys.executable, "-c", "open('ran', 'w')"], "expand_home": [],
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None,
                "master_addr": "127.0.0.1",
@@ -282,11 +288,11 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
                "alive_interval": 5.0, "log_tail": log_tail_settings()}
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for word, ran in (("stop", False), ("go", True)):
-        proc = subprocess.Popen([node_python(), agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([node_python(), *AGENT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, cwd=tmp_path)
         assert proc.stdin is not None and proc.stderr is not None
-        proc.stdin.write((json.dumps({**request, "mark": f"{run_id}/node{int(ran)}",
-                                      "run_dir": f"{agent.RUNS_ROOT}/{run_id}/node{int(ran)}"}) + "\n").encode())
+        proc.stdin.write(PROGRAM + (json.dumps({**request, "mark": f"{run_id}/node{int(ran)}",
+                                      "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node{int(ran)}"}) + "\n").encode())
         proc.stdin.flush()
         first = json.loads(proc.stderr.readline())
         assert first["event"] == "ready"

@@ -14,7 +14,7 @@ import yaml
 
 from launcher import doctor
 from launcher.config.inventory import Cluster, parse_inventory
-from launcher.node import probe
+from launcher.node import facts, listener, probe
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.run import runs
 from launcher.sync import push as sync
@@ -89,7 +89,8 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
 
 def test_the_probe_keeps_no_copy_of_the_controllers_numbers() -> None:
     # What the controller decides lives in launcher.doctor.collect; the probe's constants are only its local bounds.
-    own = {name for name in vars(probe) if name.isupper() and isinstance(getattr(probe, name), int | float)}
+    own = {name for module in (probe, facts, listener) for name, value in vars(module).items()
+           if name.isupper() and isinstance(value, int | float)}
     assert own == {"RESOLVE_BUDGET_S", "SMI_TIMEOUT_S", "HOLDERS_BUDGET_S"}
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
 

@@ -1,4 +1,4 @@
-"""A run's output: the node's agent merges its workers' files into one tagged log (`agent.LogMerger`), the
+"""A run's output: the node's agent merges its workers' files into one tagged log (`logmerge.LogMerger`), the
 controller prefixes it in bulk (`logs.NodeLog`); on real sshd nodes, every line of a chatty job arrives once, whole
 and in order per rank, live and through `inv logs`."""
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.node import agent
+from launcher.node import logmerge, protocol
 from launcher.report.lines import CUT_MARK, NodeLog
 from launcher.run.runs import log_tail_settings
 
@@ -74,8 +74,8 @@ def test_the_merger_tags_worker_lines_with_the_rank_in_their_environment(tmp_pat
     for local in (0, 1):
         (attempt / str(local)).mkdir(parents=True)
     (tmp_path / "torchrun.log").write_bytes(b"")  # torchrun's own output, as spawn makes it
-    merger = agent.LogMerger(str(tmp_path), mark, settings).start()
-    env = {**os.environ, agent.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0", "RANK": "6"}
+    merger = logmerge.LogMerger(str(tmp_path), mark, settings).start()
+    env = {**os.environ, protocol.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0", "RANK": "6"}
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
         time.sleep(0.5)  # its environment is readable in /proc

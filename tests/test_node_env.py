@@ -20,11 +20,12 @@ import yaml
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV, ForwardEnv
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.node import agent
+from launcher.node import netif, protocol, runner
 from launcher.options import Options
 from launcher.plan.commands import RUNS_ROOT, NodeCommand, plan_launch
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.runs import log_tail_settings, start_request
+from launcher.run.runs import AGENT_SOURCE, log_tail_settings, start_request
+from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 
 BASE = """
@@ -75,7 +76,7 @@ def test_precedence_env_file_then_forward_env_then_socket_ifname_then_env(tmp_pa
     request = start_request(plan_launch(parse_inventory(BASE + "hosts: [node-0]\n", "i.yaml")), with_socket,
                             resolved, Options())
     assert request["socket_ifname"] == "ib0" and not set(SOCKET_ENV) & set(request["env"])
-    node_env = agent.torchrun_env(request, {"NCCL_SOCKET_IFNAME": "login-value"})
+    node_env = runner.torchrun_env(request, {"NCCL_SOCKET_IFNAME": "login-value"})
     assert [node_env[name] for name in SOCKET_ENV] == ["ib0", "ib0"]
 
 
@@ -162,7 +163,7 @@ def test_a_plain_dict_env_keeps_the_inventorys_secrets(tmp_path: Path) -> None:
 
 
 def test_agent_constants_match_the_controllers() -> None:
-    assert agent.SOCKET_ENV == SOCKET_ENV
+    assert protocol.SOCKET_ENV == SOCKET_ENV
 
 
 @pytest.mark.parametrize(("name", "removed"), [
@@ -170,7 +171,7 @@ def test_agent_constants_match_the_controllers() -> None:
     ("RANKS", False), ("MY_RANK", False), ("TORCHELASTIC", False), ("rank", False),
 ])
 def test_unset_env_removes_exact_names_and_star_globs(name: str, removed: bool) -> None:
-    assert agent.unset_match(name, list(RESERVED_ENV)) is removed
+    assert runner.unset_match(name, list(RESERVED_ENV)) is removed
 
 
 def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> None:
@@ -178,25 +179,26 @@ def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> N
                "launcher_env": {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]"}, "mark": "20260101-000000-abcdef/node1"}
     login = {"RANK": "5", "MASTER_ADDR": "stale", "TORCHELASTIC_X": "1", "KEEP": "login", "HOME": "/root",
              "PYTHONUNBUFFERED": "0", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "stale"}
-    assert agent.torchrun_env(request, login) == {
+    assert runner.torchrun_env(request, login) == {
         "KEEP": "request", "HOME": "/root", "PYTHONUNBUFFERED": "0", "A": "request", "NCCL_SOCKET_IFNAME": "lo",
-        "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]", agent.RUN_ID_ENV: request["mark"]}
+        "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]",
+        protocol.RUN_ID_ENV: request["mark"]}
 
 
 @pytest.mark.parametrize(("wanted", "found"), [("auto", "lo"), ("ib7", "ib7"), (None, None)])
 def test_socket_ifname_auto_finds_the_interface_to_the_master_and_names_pass_through(wanted, found) -> None:
     request = {"socket_ifname": wanted, "master_addr": "127.0.0.1", "master_port": 29400}
-    assert agent.socket_ifname(request) == (found, None)
+    assert netif.socket_ifname(request) == (found, None)
 
 
 def test_socket_ifname_auto_on_the_master_picks_the_interface_holding_its_address() -> None:
     # On the master's node the route to its own address is via lo; peers reach it on the interface that holds it.
-    held = [(name, addr) for name, addr, _ in agent._ipv4_ifaces() if not addr.startswith("127.")]
+    held = [(name, addr) for name, addr, _ in netif._ipv4_ifaces() if not addr.startswith("127.")]
     if not held:
         pytest.skip("no non-loopback IPv4 interface here")
     name, addr = held[0]
-    assert agent.route_iface(addr, 29400) == (name, None)
-    assert agent.route_iface("127.0.0.5", 29400) == ("lo", None)  # on lo's subnet: what a sandbox node sees
+    assert netif.route_iface(addr, 29400) == (name, None)
+    assert netif.route_iface("127.0.0.5", 29400) == ("lo", None)  # on lo's subnet: what a sandbox node sees
 
 
 # --- the agent, run as the launcher runs it (request on stdin) ----------------------------------------------
@@ -214,12 +216,13 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
             "detach": False, "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0,
             "log_tail": log_tail_settings(), **request}
     env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    env.pop(agent.RUN_ID_ENV, None)
+    env.pop(protocol.RUN_ID_ENV, None)
     with open(tmp_path / "events", "wb") as events:
-        proc = subprocess.Popen([node_python(), agent.__file__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=events, env=env)
         assert proc.stdin is not None
-        proc.stdin.write((json.dumps(full) + "\ngo\n").encode())  # the launcher's `go`: every node is ready
+        # The program, its request, and the launcher's `go`: every node is ready.
+        proc.stdin.write((json.dumps(AGENT_SOURCE) + "\n" + json.dumps(full) + "\ngo\n").encode())
         proc.stdin.flush()  # stdin stays open: for an attached run, EOF means "launcher gone"
         try:
             code = proc.wait(timeout=30)

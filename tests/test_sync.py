@@ -21,7 +21,8 @@ from helpers import REPO
 from launcher import sandbox
 from launcher.config import inventory
 from launcher.sandbox import procs
-from launcher.sync.push import SYNCD_SOURCE, Entry, changed, is_current, local_tree, same_time
+from launcher.sync.push import SYNCD_SOURCE
+from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
 from tests.support.procs import children
@@ -162,7 +163,7 @@ def test_an_unreadable_folder_is_one_sentence(tmp_path: Path, with_git: bool) ->
     root = project(tmp_path / "p", with_git=with_git)
     (root / "private").mkdir(mode=0o000)
     # Root reads anything; without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH it sees what a user sees.
-    code = f"from launcher.sync import local_tree\nlocal_tree({str(root)!r}, exclude=('data/',))"
+    code = f"from launcher.sync.tree import local_tree\nlocal_tree({str(root)!r}, exclude=('data/',))"
     result = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c",
                              "import sys\nfrom launcher.errors import LauncherError\ntry:\n    exec(sys.argv[1])\n"
                              "except LauncherError as e:\n    print(e)\n    sys.exit(1)\n", code],

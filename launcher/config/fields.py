@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
+from launcher.node.protocol import SOCKET_ENV as SOCKET_ENV  # what `socket_ifname` sets on the node
+
 if TYPE_CHECKING:
     from launcher.config.inventory import EnvVar
     from launcher.errors import InventoryError
@@ -20,8 +22,6 @@ RESERVED_ENV: tuple[str, ...] = (
 )
 """Variables that would confuse torchrun (globs allowed): `env:` may not set them, `forward_env:` may not copy them,
 and each node's agent removes them from the login environment before it starts torchrun."""
-SOCKET_ENV: tuple[str, ...] = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-"""What `socket_ifname` sets on the node."""
 FORWARD_ENV_KEYS = ("pattern", "secret")
 ENV_FILE_KEYS = ("path", "secret")
 SYNC_KEYS = ("src", "dest", "exclude")

@@ -16,17 +16,17 @@ from launcher.config.fields import SOCKET_ENV
 from launcher.config.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
 from launcher.errors import PlanError
 
-RUNS_ROOT = "~/.cache/ddp-launcher/runs"
-"""Where each node keeps its run directories (command, pid, log, exit code)."""
-RUN_ID_ENV = "DDP_LAUNCHER_RUN"
-"""Set in every process of a run: how `stop` finds the run's processes even when they left its process group."""
+# Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
+# the node side's words, imported from there so both sides spell them alike.
+from launcher.node.protocol import RUN_ID_ENV as RUN_ID_ENV
+from launcher.node.protocol import RUN_ID_PATTERN as RUN_ID_PATTERN
+from launcher.node.protocol import RUNS_ROOT as RUNS_ROOT
+
 SECRET_MASK = "<secret>"
-RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
-"""What every run id looks like (`new_run_id`); ids given by a user are checked against it wherever they arrive."""
 RANKS_DIR = "ranks"
 """torchrun's --log-dir, inside the run directory: its workers write their output there (--redirects), one
 stdout.log and stderr.log per local rank and restart; the node's agent merges them into the run's log, each line
-tagged with its local and global rank (`[default1@r3]:`, read from the worker's environment; `launcher.logs`
+tagged with its local and global rank (`[default1@r3]:`, read from the worker's environment; `launcher.report.lines`
 turns the tags into `node-1 r3 |`). torchrun's --tee would hand every line to a Python thread of its own."""
 LAUNCHER_ENV: tuple[tuple[str, str], ...] = ()
 """Variables the launcher itself gives torchrun (after the node's agent removed the TORCHELASTIC_* it inherited)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from launcher.config.inventory import Cluster, Host
+from launcher.node.protocol import ABORT, GO, HEARTBEAT, KILL, STOP, TCP, word_line
 from launcher.options import DEFAULT_FANOUT, Options, heartbeat_interval
 from launcher.plan.commands import LaunchPlan, NodeCommand
 from launcher.report.rootcause import NodeEnd
@@ -240,7 +241,7 @@ class RunHandle:
             self._step(0.2)
         if self.start_failure is None:
             for session in self.sessions.values():
-                session.channel.send(b"go\n")
+                session.channel.send(word_line(GO))
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self._step(0.2)
 
@@ -264,7 +265,7 @@ class RunHandle:
         if listener and listener.get("free") and self.start_failure is None:  # else no run can start anyway
             asked = [s for s in self.sessions.values() if "probed" in s.checked and s.end is None]
             for session in asked:
-                session.channel.send(b"tcp\n")
+                session.channel.send(word_line(TCP))
             until = time.monotonic() + gate.probe_timeout
             while any("tcp" not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
                 self._step(0.2)
@@ -298,8 +299,8 @@ class RunHandle:
         for session in self.sessions.values():
             if session.end is None:
                 session.asked_to_stop = True
-                if not session.channel.send(b"abort\n", block=False):
-                    session.pending_word = b"abort\n"  # sent again at the next step
+                if not session.channel.send(word_line(ABORT), block=False):
+                    session.pending_word = word_line(ABORT)  # sent again at the next step
         self._stop_deadline = time.monotonic() + STOP_MARGIN
         # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
         while any(s.end is None and "probed" in s.checked for s in self.sessions.values()):
@@ -414,8 +415,8 @@ class RunHandle:
             # Whether the launcher's stop ended this node is the agent's word: a stop that came after torchrun had
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
             self._end(session, "exited", int(session.reported.get("code", status)),
-                      None if reason in (None, "stop", "kill") else str(reason),
-                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in ("stop", "kill"))
+                      None if reason in (None, STOP, KILL) else str(reason),
+                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL))
         elif not session.started:
             self._end(session, "start-error", status)
         else:
@@ -434,7 +435,7 @@ class RunHandle:
         while not self._closing.wait(interval):
             for session in list(self.sessions.values()):
                 if session.end is None:
-                    session.channel.send(b"hb\n", block=False)  # never waits on a node that stopped reading
+                    session.channel.send(word_line(HEARTBEAT), block=False)  # never waits on a silent node
 
     # --- waiting and deciding --------------------------------------------------------------------------------
 
@@ -536,7 +537,7 @@ class RunHandle:
 
     def stop(self, kill: bool = False) -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
-        word = b"kill\n" if kill else b"stop\n"
+        word = word_line(KILL if kill else STOP)
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
                 session.asked_to_stop = True

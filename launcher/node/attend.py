@@ -1,0 +1,207 @@
+"""An attached run's node side (stdlib only, Python 3.8+): the launcher's words on stdin, the doctor's checks in
+the start session, and the supervision that streams the log and obeys `stop` without ever waiting on the launcher."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from launcher.node.protocol import (
+    ENDING_WORDS,
+    GO,
+    KILL,
+    STOP,
+    TCP,
+    emit,
+    end_events,
+    next_event,
+    queue_events,
+    queued_events,
+    seconds,
+    write_all,
+)
+from launcher.node.runner import finish, signal_run, stop_run
+
+
+class LauncherWords:
+    """The launcher's words on stdin, read by one thread for the whole start: heartbeats, `go`, `stop`, `kill`.
+
+    EOF means the launcher or its network is gone. `decided` is set by `go` and by anything that stops the run.
+    """
+
+    def __init__(self):
+        self.last_word = time.monotonic()
+        self.stop_word = None
+        self.go = False
+        self.decided = threading.Event()
+        self.on_tcp = None
+        """What `tcp` starts (the doctor's TCP check, `Preflight.tcp`), on a thread of its own."""
+
+    def listen(self):
+        for line in sys.stdin:
+            self.last_word = time.monotonic()
+            word = line.strip()
+            if word in ENDING_WORDS:  # abort: the launcher's checks failed somewhere
+                self.stop_word = word
+            elif word == GO:
+                self.go = self.stop_word is None
+            elif word == TCP and self.on_tcp is not None:
+                threading.Thread(target=self.on_tcp, daemon=True, name="tcp").start()
+            if word == GO or word in ENDING_WORDS:
+                self.decided.set()
+        if self.stop_word is None:
+            self.stop_word = "launcher-gone"
+        self.decided.set()
+
+    def wait_for_go(self, heartbeat_timeout, alive_interval):
+        """True on `go`; False when the launcher stopped the start, left, or fell silent first.
+
+        The other nodes may take long to get ready (a cold start): `alive` beats say this one is still here.
+        """
+        beat = time.monotonic()
+        while not self.decided.wait(0.1):
+            if time.monotonic() - self.last_word > heartbeat_timeout:
+                self.stop_word = "heartbeat-timeout"
+                return False
+            if time.monotonic() - beat >= alive_interval:
+                beat = time.monotonic()
+                emit("alive")
+        return self.go
+
+
+class Preflight:
+    """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
+
+    The probe is the node package's own module (launcher/node/probe.py, sent with the agent); the request's
+    `preflight` section holds every request and number it needs, from the launcher
+    (launcher.doctor.collect.session_section):
+    - probe: what the probe looks at; its answer goes out as the `probed` event;
+    - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
+      answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
+    - connect: on the launcher's `tcp` word, once every node has probed (so the master's listener is up), this
+      node connects to master_addr:master_port and says what it found as the `tcp` event.
+    """
+
+    def __init__(self, section):
+        self.section = section
+        self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
+
+    def run(self):
+        from launcher.node import listener, probe  # only a launch with the doctor on compiles them
+
+        listen = self.section.get("listen")
+        reply = None
+        if listen:
+            max_s = seconds(listen, "max_s", "listen")
+            server, reply = listener.open_listener(listen["master_port"])
+            if server is not None:
+                stop_r, stop_w = os.pipe()
+                thread = threading.Thread(target=listener.serve, daemon=True, name="listener",
+                                          args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
+                thread.start()
+                self.listener = (thread, stop_w, stop_r)
+        emit("probed", probe=probe.probe(self.section["probe"]), listener=reply)
+
+    def tcp(self):
+        from launcher.node.listener import tcp_connect
+
+        connect = self.section["connect"]
+        window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
+        probe = self.section["probe"]
+        emit("tcp", tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
+
+    def close(self):
+        if self.listener is not None:
+            thread, stop_w, stop_r = self.listener
+            self.listener = None
+            os.close(stop_w)
+            thread.join()
+            os.close(stop_r)
+
+
+class Attended:
+    """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
+
+    - words: the launcher's stdin lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
+    - stream: the run's log file -> stdout, as it grows (a `LogMerger` thread, started with torchrun, makes that
+      file from torchrun's and its workers' files; it only reads and appends files).
+    - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
+      silent node from a quiet one.
+    The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
+    all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
+    """
+
+    def __init__(self, request, run_dir, proc, words):
+        self.request, self.run_dir, self.proc = request, run_dir, proc
+        self.words = words
+        self.done = threading.Event()
+        self.streamed_at = time.monotonic()
+
+    def stream(self):
+        with open(os.path.join(self.run_dir, "log"), "rb") as log:
+            while True:
+                finished = self.done.is_set()  # read before the last read: nothing is written after it is set
+                chunk = log.read(1 << 16)
+                if chunk:
+                    if not write_all(1, chunk):
+                        return
+                    self.streamed_at = time.monotonic()
+                elif finished:
+                    return
+                else:
+                    self.done.wait(0.05)
+
+    def send_events(self):
+        while True:
+            line = next_event()
+            if line is None or not write_all(2, line):
+                return
+
+    def tick(self):
+        while not self.done.wait(self.request["alive_interval"]):
+            if queued_events() < 100:  # a launcher that reads nothing gets no pile of beats
+                emit("alive")
+
+    def supervise(self):
+        request = self.request
+        stopping, stop_at = None, None
+        while self.proc.poll() is None:
+            if self.words.stop_word is None and time.monotonic() - self.words.last_word > request["heartbeat_timeout"]:
+                self.words.stop_word = "heartbeat-timeout"
+            if self.words.stop_word is not None and stopping is None:
+                stopping, stop_at = self.words.stop_word, time.monotonic()
+                threading.Thread(target=stop_run, daemon=True, args=(
+                    self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
+                emit("stopping", reason=stopping)
+            if stopping is not None and self.words.stop_word == KILL:
+                signal_run(self.run_dir, request["mark"], signal.SIGKILL)
+            time.sleep(0.05)
+        # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
+        grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
+        killed = self.words.stop_word == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
+        code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
+        self.done.set()
+        return code, left, stopping
+
+
+def attend(request, run_dir, proc, words):
+    """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
+    queue_events()
+    run = Attended(request, run_dir, proc, words)
+    signal.signal(signal.SIGHUP, lambda *_: setattr(words, "stop_word", "launcher-gone"))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(words, "stop_word", STOP))
+    threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
+               for name in ("stream", "send_events", "tick")}
+    for thread in threads.values():
+        thread.start()
+    code, left, stopping = run.supervise()
+    if stopping:
+        emit("stopped", left=left, reason=stopping)
+    # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
+    while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
+        threads["stream"].join(0.1)
+    emit("exited", code=code, left=left, reason=stopping)
+    end_events()
+    threads["send_events"].join(5)
+    return code

@@ -1,0 +1,174 @@
+"""What a node has, read from its files (stdlib only, Python 3.8+; torch is never imported): Python, torch, CUDA
+and NCCL versions, the installed distributions, and the GPUs nvidia-smi lists (when there is one)."""
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from launcher.node.protocol import error_text
+
+SMI_TIMEOUT_S = 3.0
+
+
+NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+def python_info():
+    import platform
+
+    return {"version": platform.python_version(), "executable": sys.executable,
+            "implementation": platform.python_implementation()}
+
+
+def assigned_value(text, name):
+    """The literal assigned to `name` at the top of a module's text (`cuda: Optional[str] = '12.1'`)."""
+    import ast
+
+    match = re.search(r"^" + re.escape(name) + r"\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)
+    if not match:
+        return None
+    try:
+        value = ast.literal_eval(match.group(1))
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def torch_info():
+    """torch's version from its installed metadata, CUDA from torch/version.py's text: no `import torch`."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {"version": None, "error": "importlib.metadata is missing (Python < 3.8)"}
+    try:
+        dist = metadata.distribution("torch")
+    except metadata.PackageNotFoundError:
+        return {"version": None}
+    info = {"version": dist.version, "cuda": None, "cuda_known": False, "nccl": None}
+    try:
+        with open(str(dist.locate_file("torch/version.py")), encoding="utf-8") as handle:
+            info["cuda"] = assigned_value(handle.read(), "cuda")
+            info["cuda_known"] = True
+    except (OSError, ValueError):
+        pass  # metadata without the package files (e.g. a bare dist-info): CUDA unknown, not "none"
+    for name in NCCL_DISTS:  # pip wheels of torch bring their NCCL as a distribution of its own
+        try:
+            info["nccl"] = metadata.version(name)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return info
+
+
+def _dist_entry(folder, entry):
+    """(name, version) of a .dist-info/.egg-info folder from its name; None when the name doesn't say."""
+    stem, _, kind = entry.rpartition(".")
+    if kind not in ("dist-info", "egg-info"):
+        return None
+    parts = stem.split("-")
+    if len(parts) >= 2 and parts[0] and parts[1]:
+        return parts[0], parts[1]
+    for meta in ("METADATA", "PKG-INFO"):  # e.g. `pkg.egg-info` of a develop install: read its header
+        try:
+            with open(os.path.join(folder, entry, meta), encoding="utf-8", errors="replace") as handle:
+                header = handle.read(4096)
+        except OSError:
+            continue
+        name = re.search(r"^Name:\s*(\S+)", header, re.MULTILINE)
+        version = re.search(r"^Version:\s*(\S+)", header, re.MULTILINE)
+        if name and version:
+            return name.group(1), version.group(1)
+    return None
+
+
+def packages():
+    """Installed distributions as sorted `name==version` (the first on sys.path wins, as for imports).
+
+    Read from the metadata folders' names (one listdir per path entry): parsing every METADATA file through
+    importlib.metadata costs ~1 ms a distribution, too much for a probe that must be quick.
+    """
+    seen = {}
+    for folder in sys.path:
+        try:
+            entries = sorted(os.listdir(folder or "."))
+        except OSError:
+            continue
+        for entry in entries:
+            found = _dist_entry(folder or ".", entry)
+            if found is None:
+                continue
+            name = re.sub(r"[-_.]+", "-", found[0]).lower()
+            seen.setdefault(name, found[1])
+    items = sorted(f"{name}=={version}" for name, version in seen.items())
+    digest = hashlib.sha256("\n".join(items).encode()).hexdigest()
+    return {"sha256": digest, "count": len(items), "list": items}
+
+
+def _visible(rows, spec):
+    """Filter nvidia-smi rows by CUDA_VISIBLE_DEVICES (indices or UUID prefixes); None: all are visible."""
+    if spec is None:
+        return rows
+    keep = []
+    for word in [w.strip() for w in spec.split(",") if w.strip()]:
+        if word.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        for row in rows:
+            match = row["index"] == int(word) if word.isdigit() else row["uuid"].startswith(word)
+            if match and row not in keep:
+                keep.append(row)
+    return keep
+
+
+def gpu_info(visible_spec):
+    """Visible GPUs and the busy ones, from nvidia-smi (absent: no GPUs)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"count": 0, "busy": None, "smi": False}
+    queries = [
+        [smi, "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu", "--format=csv,noheader,nounits"],
+        [smi, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
+    ]
+    try:
+        procs = [subprocess.Popen(q, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for q in queries]
+    except OSError as exc:
+        return {"count": 0, "busy": None, "smi": True, "error": error_text(exc)}
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=SMI_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return {"count": 0, "busy": None, "smi": True, "error": f"nvidia-smi did not answer in {SMI_TIMEOUT_S:g} s"}
+        if proc.returncode != 0:
+            why = (err or out).decode(errors="replace").strip().splitlines()
+            last = why[-1] if why else f"exit {proc.returncode}"
+            return {"count": 0, "busy": None, "smi": True, "error": f"nvidia-smi failed: {last}"}
+        outputs.append(out.decode(errors="replace"))
+    rows = []
+    for line in outputs[0].splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 6 or not cells[0].isdigit():
+            continue
+        rows.append({"index": int(cells[0]), "uuid": cells[1], "name": cells[2], "memory_used_mib": _num(cells[3]),
+                     "memory_total_mib": _num(cells[4]), "utilization": _num(cells[5]), "pids": []})
+    by_uuid = {row["uuid"]: row for row in rows}
+    for line in outputs[1].splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) >= 2 and cells[0] in by_uuid and cells[1].isdigit():
+            by_uuid[cells[0]]["pids"].append(int(cells[1]))
+    visible = _visible(rows, visible_spec)
+    # Busy: someone's process on it, or memory in use / compute load beyond what an idle driver shows.
+    busy = [r for r in visible if r["pids"] or (r["memory_used_mib"] or 0) > 1024 or (r["utilization"] or 0) > 5]
+    return {"count": len(visible), "total": len(rows), "smi": True, "names": sorted({r["name"] for r in visible}),
+            "busy": [{k: r[k] for k in ("index", "pids", "memory_used_mib", "utilization")} for r in busy]}
+
+
+def _num(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None  # "[N/A]" on some boards

@@ -1,0 +1,165 @@
+"""The doctor's TCP check (stdlib only, Python 3.8+): the master holds master_port and answers every connection
+with the doctor's token; every node connects to it and says what it found (and who holds a taken port)."""
+
+import os
+import select
+import socket
+import time
+
+from launcher.node.protocol import error_text, seconds
+
+HOLDERS_BUDGET_S = 1.0
+"""How long the listen mode may scan /proc for who holds a taken port."""
+
+
+def tcp_connect(addr, port, token, window, read_s):
+    """Connect to addr:port and read the token (waiting `read_s` s for it); retry refusals for `window` s (the
+    listener may be starting)."""
+    start = time.monotonic()
+    deadline = start + window
+    attempts = 0
+    last = None
+    while True:
+        attempts += 1
+        try:
+            sock = socket.create_connection((addr, port), timeout=max(0.2, min(1.0, deadline - time.monotonic())))
+        except socket.gaierror as exc:
+            return {"ok": False, "error": f"cannot resolve {addr}: {error_text(exc)}", "attempts": attempts}
+        except OSError as exc:
+            last = exc
+            if time.monotonic() >= deadline:
+                return {"ok": False, "error": error_text(last), "attempts": attempts,
+                        "elapsed": round(time.monotonic() - start, 3)}
+            time.sleep(0.05)
+            continue
+        try:
+            peer = sock.getpeername()[0]
+            sock.settimeout(read_s)
+            data = b""
+            try:
+                while b"\n" not in data and len(data) < 256:
+                    chunk = sock.recv(256)
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                pass
+        finally:
+            sock.close()  # we close first: the TIME_WAIT stays on our side, not on the master's port
+        elapsed = round(time.monotonic() - start, 3)
+        result = {"ok": data.strip().decode(errors="replace") == token, "peer": peer, "attempts": attempts,
+                  "elapsed": elapsed}
+        if not data:
+            result["error"] = (f"connected to {addr}:{port} ({peer}), but no answer came in {read_s:g} s: "
+                               "something else listens there, or the master is overloaded")
+        elif not result["ok"]:
+            result["error"] = f"something else answers on {addr}:{port} ({peer}): not the doctor's listener"
+        return result
+
+
+def port_holders(port, budget):
+    """Who holds TCP `port` here: state and pid/command when /proc shows them (best effort, time-boxed)."""
+    inodes = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                next(handle, None)
+                for line in handle:
+                    words = line.split()
+                    if len(words) > 9 and int(words[1].rsplit(":", 1)[1], 16) == port:
+                        inodes[words[9]] = "listening" if words[3] == "0A" else "bound"
+        except (OSError, ValueError):
+            continue
+    holders = []
+    deadline = time.monotonic() + budget
+    wanted = {f"socket:[{i}]": state for i, state in inodes.items() if i != "0"}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        if not wanted or time.monotonic() > deadline:
+            break
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link in wanted:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                        cmd = handle.read(300).replace(b"\0", b" ").decode(errors="replace").strip()
+                except OSError:
+                    cmd = ""
+                holders.append({"pid": int(pid), "command": cmd, "state": wanted.pop(link)})
+                break
+    return {"states": sorted(set(inodes.values())), "holders": holders}
+
+
+def open_listener(port):
+    """Bind `port` on 0.0.0.0 as torchrun's store binds it; (server, reply), the server None when the port is taken.
+
+    SO_REUSEADDR lets the last run's TIME_WAIT sockets pass, while a socket that still listens on the port (a live
+    store, another server) makes the bind fail: the reply then says who holds it.
+    """
+    reply = {"mode": "listen", "hostname": socket.gethostname(), "port": port}
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", port))
+        server.listen(128)
+    except OSError as exc:
+        server.close()
+        reply.update(free=False, error=error_text(exc), **port_holders(port, HOLDERS_BUDGET_S))
+        return None, reply
+    reply.update(free=True, accepted=0, peers=[])
+    return server, reply
+
+
+def serve(server, token, deadline, reply, stop_fd):
+    """Answer every connection with the token until `stop_fd` reaches its end (or `deadline`, a monotonic time);
+    then close the server. The standalone listener's `stop_fd` is stdin (the launcher closes it once every probe
+    has answered); the agent's is a pipe it closes on `go` or `abort`, before torchrun binds the port."""
+    token = token.encode() + b"\n"
+    conns = []
+    open_ = True
+    try:
+        while open_ and time.monotonic() < deadline:
+            ready, _, _ = select.select([server, stop_fd, *conns], [], [], max(0.0, deadline - time.monotonic()))
+            for item in ready:
+                if item is server:
+                    conn, peer = server.accept()
+                    conn.setblocking(True)
+                    conn.settimeout(1.0)
+                    try:
+                        conn.sendall(token)
+                    except OSError:
+                        conn.close()
+                        continue
+                    conns.append(conn)
+                    reply["accepted"] += 1
+                    reply["peers"].append(peer[0])
+                elif isinstance(item, int):
+                    open_ = bool(os.read(item, 4096))  # its end: every node has its answer
+                else:
+                    try:
+                        more = item.recv(64)
+                    except OSError:
+                        more = b""
+                    if not more:  # the client closed first (as it should): no TIME_WAIT on our port
+                        item.close()
+                        conns.remove(item)
+    finally:
+        for conn in conns:
+            conn.close()
+        server.close()
+    return reply
+
+
+def listen(request):
+    """Mode listen: is master_port free here; then answer connections with the token until stdin closes."""
+    max_s = seconds(request, "max_s", "listen")
+    server, reply = open_listener(request["master_port"])
+    if server is None:
+        return reply
+    return serve(server, request["token"], time.monotonic() + max_s, reply, 0)

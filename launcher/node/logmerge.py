@@ -1,0 +1,153 @@
+"""A run's one log on a node (stdlib only, Python 3.8+): torchrun's own output and every worker's files merged
+into `log`, whole lines, each worker line tagged with its local and global rank."""
+
+import os
+import threading
+
+from launcher.node.proc import environ_of, marked_processes
+from launcher.node.protocol import LOCAL_TAG, RANK_TAG, emit, write_all
+
+
+def worker_ranks(mark):
+    """{(restart count, local rank): global rank} of the run's live workers, read from their environments."""
+    found = {}
+    for pid in marked_processes(mark):
+        env = environ_of(pid)
+        try:
+            key = (int(env[b"TORCHELASTIC_RESTART_COUNT"]), int(env[b"LOCAL_RANK"]))
+            found[key] = int(env[b"RANK"])
+        except (KeyError, ValueError):
+            continue  # torchrun itself, or a process that is not a worker
+    return found
+
+
+class LogSource:
+    """One file the merger tails: its read position is its open descriptor; `rest` holds an unfinished line."""
+
+    def __init__(self, fd, tag=None, key=None):
+        self.fd, self.tag, self.key, self.rest = fd, tag, key, b""
+
+
+class LogMerger:
+    """torchrun's output (`torchrun.log`) and every worker's files (torchrun --redirects: <ranks>/<rdzv run id>_*/
+    attempt_<restart count>/<local rank>/stdout.log and stderr.log) -> the run's `log`, whole lines only, each
+    worker line tagged `[default<local rank>@r<global rank>]:` with one bytes.replace per chunk (C, not a loop).
+
+    A thread of the process that keeps the run (the attached agent or the detached keeper): it only reads files and
+    appends to one, so it never waits on the launcher. `log` is what the launcher streams and what `inv logs`
+    replays. `close()` (after torchrun and its workers are gone) drains everything, ends unfinished lines, and only
+    then does `finish` record the exit code: a follower that sees the exit code has the whole log.
+    """
+
+    def __init__(self, run_dir, mark, settings):
+        self.run_dir, self.mark = run_dir, mark
+        self.ranks = os.path.join(run_dir, settings["ranks"])
+        self.poll_s, self.chunk = settings["poll_s"], settings["chunk"]
+        self.max_line, self.cut_mark = settings["max_line"], settings["cut_mark"].encode()
+        self.out = os.open(os.path.join(run_dir, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.sources = {}  # path -> LogSource; torchrun's own first
+        self.own = os.path.join(run_dir, "torchrun.log")
+        self.known = {}  # (restart count, local rank) -> global rank, or None when it cannot be told
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True, name="merge-logs")
+
+    def start(self):
+        self.sources[self.own] = LogSource(os.open(self.own, os.O_RDONLY))
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join()
+
+    def run(self):
+        try:
+            while True:
+                stopping = self.stopping.is_set()  # read before the last round: nothing is written after it is set
+                self.discover()
+                # Workers first: what a worker wrote before it failed lands before torchrun's report of the failure.
+                moved = [self.pump(source) for source in list(self.sources.values())[1:]]
+                moved.append(self.pump(self.sources[self.own]))
+                if stopping and not any(moved):
+                    break
+                if self.chunk not in moved:  # nothing more waiting: a trickle is read in chunks, not spun on
+                    self.stopping.wait(self.poll_s)
+            for source in self.sources.values():  # the last line of a file that ends without a newline
+                if source.rest:
+                    self.write(self.tagged(source, source.rest + b"\n"))
+        except Exception as exc:  # a bug here must not take the run's keeper down: the rank files keep it all
+            emit("error", message="the log merger stopped: %s: %s" % (type(exc).__name__, exc))
+        finally:
+            for source in self.sources.values():
+                os.close(source.fd)
+            os.close(self.out)
+
+    def discover(self):
+        """Open each worker file torchrun made since the last look (a c10d restart makes a new attempt_N)."""
+        for run in listdir(self.ranks):
+            for attempt in listdir(os.path.join(self.ranks, run)):
+                if not (attempt.startswith("attempt_") and attempt[8:].isdigit()):
+                    continue
+                base = os.path.join(self.ranks, run, attempt)
+                for local in listdir(base):
+                    if not local.isdigit():
+                        continue
+                    for name in ("stdout.log", "stderr.log"):
+                        path = os.path.join(base, local, name)
+                        if path not in self.sources:
+                            try:
+                                fd = os.open(path, os.O_RDONLY)
+                            except OSError:
+                                continue  # not made yet
+                            self.sources[path] = LogSource(fd, key=(int(attempt[8:]), int(local)))
+
+    def pump(self, source):
+        """Move what `source` holds now to the log, whole lines; how many bytes were read."""
+        try:
+            data = os.read(source.fd, self.chunk)
+        except OSError:
+            return 0
+        read = len(data)
+        if not read:
+            return 0
+        data = source.rest + data if source.rest else data
+        end = data.rfind(b"\n") + 1
+        whole, source.rest = data[:end], data[end:]
+        # No newline for so long: cut, marked as the launcher does, so that the piece with its tag and the mark
+        # stays within max_line (the launcher then never cuts it again).
+        room = self.max_line - len(self.tag_of(source)) - len(self.cut_mark)
+        while len(source.rest) >= room:
+            whole += source.rest[:room] + self.cut_mark + b"\n"
+            source.rest = source.rest[room:]
+        if whole:
+            self.write(self.tagged(source, whole))
+        return read
+
+    def tag_of(self, source):
+        """The source's tag: b"" for torchrun's own lines; a worker's is found with its first bytes (the worker has
+        run by then, so its environment is there to read) and kept."""
+        if source.key is None:
+            return b""
+        if source.tag is None:
+            if source.key not in self.known:
+                self.known.update(worker_ranks(self.mark))
+                self.known.setdefault(source.key, None)
+            rank = self.known[source.key]
+            local = source.key[1]
+            source.tag = (LOCAL_TAG % local if rank is None else RANK_TAG % (local, rank)).encode()
+        return source.tag
+
+    def tagged(self, source, lines):
+        """`lines` (whole, newline-terminated) with the source's tag in front of each, one bytes.replace."""
+        tag = self.tag_of(source)
+        return tag + lines[:-1].replace(b"\n", b"\n" + tag) + b"\n" if tag else lines
+
+    def write(self, data):
+        write_all(self.out, data)  # False on a full disk: lost to the log; the rank files still hold them
+
+
+def listdir(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []

@@ -1,0 +1,136 @@
+"""This user's processes as /proc shows them (stdlib only, Python 3.8+): a pid and its start time name one
+process for good; a run's processes are the ones whose environment carries its mark (never found by name)."""
+
+import os
+import select
+import signal
+
+from launcher.node.protocol import RUN_ID_ENV
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def start_time(pid):
+    """When the process started (clock ticks after boot, /proc/<pid>/stat field 22), or None when there is none.
+
+    With the pid it names one process for good: a pid reused by a later process comes with a later start time.
+    """
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22; fields 1-2 are before the ")"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid, start):
+    """Whether `pid` is still the process that started at `start`, and runs as this agent's user."""
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.geteuid():
+            return False
+    except OSError:
+        return False
+    return start is not None and start_time(pid) == start
+
+
+def is_marked(pid, start, mark):
+    """Whether `pid` is still the process that started at `start`, this user's, and carries the run's mark."""
+    if not same_process(pid, start):
+        return False
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
+    # The start time again: the environment just read was that process's, not a successor's on a reused pid.
+    return needle in b"\0" + env and start_time(pid) == start
+
+
+def marked_processes(mark):
+    """This user's live processes that carry the run's mark, as {pid: start time}."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        start = start_time(int(entry))
+        if start is not None and is_marked(int(entry), start, mark):
+            found[int(entry)] = start
+    return found
+
+
+def marked_pids(mark):
+    """Pids of this user's live processes whose environment carries the run's mark (zombies have none)."""
+    return list(marked_processes(mark))
+
+
+def signal_process(pid, start, sig):
+    """Send `sig` to `pid` only if it is still the process seen (same start time and user); True when sent.
+
+    With a pidfd (Python 3.9+ on Linux 5.3+) the check and the signal reach the same process for certain; without
+    one, the pid would have to die and be reused between two system calls.
+    """
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pidfd = None  # no pidfds on this kernel (or a sandbox forbids them): the check alone
+    try:
+        if not same_process(pid, start):
+            return False
+        if pidfd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def environ_of(pid):
+    """A process's environment as {name: value} (bytes), or {} when it cannot be read."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(w.partition(b"=")[::2] for w in words if w)
+
+
+def live_marks():
+    """The run marks this user's live processes carry, each once: one pass over /proc for every run listed."""
+    needle = ("\0%s=" % RUN_ID_ENV).encode()
+    marks = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not same_process(int(entry), start_time(int(entry))):
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:
+            continue
+        at = env.find(needle)
+        if at >= 0:
+            marks.add(env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace"))
+    return marks
+
+
+def stdout_gone():
+    """Whether nobody reads stdout anymore (a pipe or socket whose other end closed), found without writing."""
+    try:
+        poller = select.poll()
+        poller.register(1, 0)  # no events asked for: only POLLERR / POLLHUP can come back
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False

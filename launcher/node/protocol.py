@@ -1,0 +1,118 @@
+"""What the launcher and a node's programs say to each other (stdlib only, Python 3.8+): names and words.
+
+The controller imports this module too (launcher.plan, launcher.run), so both sides spell every word alike.
+- stdin carries the launcher's words to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
+  `go` starts a run every node is ready for, `abort` drops it, `stop` (grace) and `kill` (now) end it, `tcp`
+  starts the doctor's TCP check on a node.
+- stderr carries the agent's events, one JSON object per line (`emit`); stdout the run's log bytes, or an
+  action's one JSON reply (`reply`).
+"""
+
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+
+RUN_ID_ENV = "DDP_LAUNCHER_RUN"
+"""Every process of a run carries RUN_ID_ENV=<run id>/<node> (its mark): how a stop finds them, never by name."""
+RUNS_ROOT = "~/.cache/ddp-launcher/runs"
+RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
+"""A run id names no other path: it becomes a folder under RUNS_ROOT on every node."""
+SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+"""What the inventory's socket_ifname sets."""
+
+GO, ABORT, STOP, KILL, TCP, HEARTBEAT = "go", "abort", "stop", "kill", "tcp", "hb"
+"""The launcher's words to an agent, one a line on its stdin (`word_line` makes the line)."""
+ENDING_WORDS = (STOP, KILL, ABORT)
+"""Words after which no run starts or goes on."""
+
+
+def error_text(exc):
+    """An exception as one short line (`[Errno 111] Connection refused`, `gai error -2: Name or ...`)."""
+    if isinstance(exc, socket.gaierror):
+        return "gai error %s: %s" % (exc.errno, exc.strerror)
+    if isinstance(exc, OSError) and exc.strerror:
+        return "[Errno %s] %s" % (exc.errno, exc.strerror)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def word_line(word):
+    """A word as it goes on the wire."""
+    return (word + "\n").encode()
+
+
+RANK_TAG = "[default%d@r%d]:"
+"""How the agent tags a worker's line: torchrun --tee's `[<role><local rank>]:` with the global rank added (the
+format torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gave before); launcher.report.lines reads it."""
+
+LOCAL_TAG = "[default%d]:"
+"""The tag when the worker's global rank cannot be told (it ended before the agent saw its environment)."""
+
+
+def emit(event, **fields):
+    """One JSON event line on stderr, for the launcher; while attached, through a writer thread of its own."""
+    fields["event"] = event
+    fields.setdefault("time", time.time())
+    line = (json.dumps(fields) + "\n").encode()
+    if _EVENTS is not None:
+        _EVENTS.put(line)
+    else:
+        with _WRITE_LOCK:  # whole lines, whichever thread says them (a `tcp` answer, an `alive` beat)
+            write_all(2, line)  # a failure means the launcher is gone; the run directory still records everything
+
+
+# While a run is attached, events go through this queue: the supervision never waits on a launcher that reads
+# slowly or not at all (a stopped sshd, a full pipe).
+_EVENTS = None
+_WRITE_LOCK = threading.Lock()
+
+
+def queue_events():
+    """From now on `emit` only queues its lines; the caller's writer thread sends them (`next_event`)."""
+    global _EVENTS
+    _EVENTS = queue.Queue()
+
+
+def next_event():
+    """The next queued event line (waits for one); None once `end_events` was called."""
+    return _EVENTS.get()
+
+
+def queued_events():
+    """How many event lines wait to be sent."""
+    return _EVENTS.qsize()
+
+
+def end_events():
+    _EVENTS.put(None)
+
+
+def write_all(fd, data):
+    """Write all of `data` to a file descriptor, unbuffered; False when the reader is gone."""
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+        return True
+    except OSError:
+        return False
+
+
+def reply(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+class BadRequest(Exception):
+    """A request the probe cannot work from (a number it needs is missing or not one); the message says which."""
+
+
+def seconds(section, key, where):
+    """`section[key]` as a number of seconds >= 0; BadRequest when the controller did not send one."""
+    value = section.get(key) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise BadRequest(f"the {where} request needs {key} (seconds, a number >= 0); got {value!r}")
+    return float(value)

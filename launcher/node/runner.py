@@ -1,0 +1,168 @@
+"""torchrun on a node (stdlib only, Python 3.8+): its environment, its start under setsid with everything recorded,
+its end (exit code, sweep), and stopping a run by its recorded leader and its mark."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from launcher.node.logmerge import LogMerger
+from launcher.node.proc import marked_pids, marked_processes, signal_process, start_time
+from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit
+from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
+
+
+def unset_match(name, patterns):
+    """Whether `name` is one of `patterns`: an exact name, or a glob ending in `*` (TORCHELASTIC_*)."""
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def socket_env(ifname):
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for an interface name (nothing for None)."""
+    return {} if ifname is None else {name: ifname for name in SOCKET_ENV}
+
+
+def torchrun_env(request, inherited):
+    """torchrun's environment: the login environment less every name `unset_env` matches (a stale RANK or
+    MASTER_ADDR from a .bashrc), then the socket interface, then the request's env, which wins."""
+    env = {k: v for k, v in inherited.items() if not unset_match(k, request["unset_env"])}
+    env.update(socket_env(request["socket_ifname"]))
+    env.update(request["env"])
+    env.update(request["launcher_env"])  # after the unset: TORCHELASTIC_* names only the launcher may set
+    env[RUN_ID_ENV] = request["mark"]
+    # Workers write to files (torchrun --redirects): unbuffered, their lines reach the log (and the launcher) as
+    # they are printed, not in 8 KiB blocks.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def spawn(request, run_dir):
+    """Start torchrun in its own session; its output goes to the run's log file."""
+    os.makedirs(run_dir, mode=0o700)
+    home = node_path
+    argv = [home(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
+    public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
+    write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
+        "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
+        "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
+        "node_rank": request.get("node_rank"), "nodes": request.get("nodes"),
+    }, indent=1))
+    write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
+    env = torchrun_env(request, os.environ)
+    # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
+    merger = LogMerger(run_dir, request["mark"], request["log_tail"])
+    own = open(merger.own, "ab")
+    try:
+        proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,
+                                stdout=own, stderr=subprocess.STDOUT, start_new_session=True)
+    except BaseException:
+        os.close(merger.out)
+        raise
+    finally:
+        own.close()
+    proc.merger = merger.start()  # `finish` drains it before the exit code is recorded
+    try:
+        write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
+        record_leader(run_dir, proc.pid)
+        # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
+        write_atomic(os.path.join(run_dir, "keeper"), "%d %d" % (os.getpid(), start_time(os.getpid())))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)  # unrecorded, it would be a run nobody can stop: it never started
+        proc.wait()
+        merger.close()
+        raise
+    return proc
+
+
+def finish(proc, run_dir, mark, grace):
+    """Wait for torchrun, sweep what it left, record its exit code (128+N for a signal, like a shell).
+
+    Whatever ended torchrun (its workers, a KILL, a stop), every process still carrying the run's mark is stopped
+    (TERM, grace, KILL) before the exit is recorded: a killed torchrun leaves no worker holding a GPU.
+    """
+    code = proc.wait()
+    code = 128 - code if code < 0 else code
+    _, left = sweep_run(run_dir, mark, grace)
+    proc.merger.close()  # every line in `log` before the exit code says the log is complete
+    record(os.path.join(run_dir, "exit_code"), str(code))
+    record(os.path.join(run_dir, "ended_at"), repr(time.time()))
+    return code, left
+
+
+def start_detached(request, run_dir):
+    """Double fork: a daemon in its own session keeps the run and records its end; we return at once."""
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        os.close(read_fd)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            proc = spawn(request, run_dir)
+            os.write(write_fd, ("%d\n" % proc.pid).encode())
+            os.close(write_fd)
+            finish(proc, run_dir, request["mark"], request["grace"])
+        except BaseException as exc:
+            try:
+                os.write(write_fd, ("error %s\n" % exc).encode())
+            except OSError:
+                pass
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        answer = pipe.readline().strip()
+    if not answer or answer.startswith("error"):
+        emit("error", message="cannot start torchrun: %s" % (answer[6:] or "the keeper died"))
+        return 2
+    emit("started", pid=int(answer), run_dir=run_dir, detached=True)
+    return 0
+
+
+def signal_run(run_dir, mark, sig):
+    """Send `sig` to the run's process group (while its leader is the run's) and to every process carrying its
+    mark, each re-checked right before; returns how many marked processes got it."""
+    targets = marked_processes(mark)
+    leader = live_leader(run_dir, mark)
+    if leader is not None:
+        try:
+            os.killpg(leader, sig)
+        except OSError:
+            pass
+    return sum(1 for pid, start in targets.items() if signal_process(pid, start, sig))
+
+
+def stop_run(run_dir, mark, grace, record=True):
+    """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
+
+    `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop.
+    """
+    found = signal_run(run_dir, mark, signal.SIGTERM)
+    if found and record:
+        record_stop(run_dir)
+    leader = leader_of(run_dir)
+    leader_pid = {leader[0]} if leader else set()
+    deadline = time.monotonic() + grace
+    while True:
+        left = set(marked_pids(mark))
+        if not left or time.monotonic() >= deadline:
+            break
+        if left <= leader_pid:
+            # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
+            # has nothing left to save, so do not make the user wait for it.
+            signal_run(run_dir, mark, signal.SIGKILL)
+        time.sleep(0.05)
+    if marked_pids(mark):
+        signal_run(run_dir, mark, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while marked_pids(mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return found, len(marked_pids(mark))
+
+
+def sweep_run(run_dir, mark, grace):
+    """Stop what is left of a run that ended by itself, without marking the run as stopped."""
+    return stop_run(run_dir, mark, grace, record=False)
