@@ -12,7 +12,7 @@ from invoke import Collection, Context, Exit, task
 
 from launcher import app as cli
 from launcher import options
-from launcher.config.inventory import DEFAULT_MASTER_PORT
+from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.run import runs

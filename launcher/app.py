@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from launcher import doctor as doctor_checks
 from launcher import errors
 from launcher.config.hostfile import load_hosts
-from launcher.config.inventory import DEFAULT_MASTER_PORT, Cluster, Job
+from launcher.config.model import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.config.selection import select_hosts
 from launcher.doctor.collect import launch_preflight as preflight
 from launcher.errors import LauncherError, PlanError

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from launcher import doctor
-from launcher.config.inventory import Cluster, parse_inventory
+from launcher.config.inventory import parse_inventory
+from launcher.config.model import Cluster
 from launcher.node import facts, listener, probe
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.run import runs

@@ -27,7 +27,8 @@ from rich.console import Console
 
 from launcher import app as cli
 from launcher import doctor, sandbox
-from launcher.config.inventory import Cluster, load_inventory, parse_inventory
+from launcher.config.inventory import load_inventory, parse_inventory
+from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checks as checks_module
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure

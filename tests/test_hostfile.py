@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config.hostfile import load_hosts, looks_like_hostfile, parse_hostfile
-from launcher.config.inventory import EnvFile, EnvVar, ForwardEnv, Job, load_inventory
+from launcher.config.inventory import load_inventory
+from launcher.config.model import EnvFile, EnvVar, ForwardEnv, Job
 from launcher.errors import InventoryError
 from launcher.plan.commands import plan_launch
 

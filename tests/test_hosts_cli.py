@@ -14,7 +14,7 @@ import yaml
 from helpers import inv, run_id_of
 
 from launcher import app as cli
-from launcher.config.inventory import DEFAULT_MASTER_PORT
+from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import InventoryError, PlanError
 
 EXAMPLE = "hosts/example.yaml"

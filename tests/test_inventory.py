@@ -18,7 +18,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.config.inventory import (
+from launcher.config.fields import RESERVED_ENV
+from launcher.config.inventory import cluster_from_data, load_inventory, parse_inventory
+from launcher.config.model import (
     DEFAULT_MASTER_PORT,
     ENV_FILE_KEYS,
     ENV_KEYS,
@@ -27,7 +29,6 @@ from launcher.config.inventory import (
     HOST_KEYS,
     JOB_KEYS,
     RENDEZVOUS_KEYS,
-    RESERVED_ENV,
     SYNC_KEYS,
     TOP_KEYS,
     Cluster,
@@ -37,9 +38,6 @@ from launcher.config.inventory import (
     Host,
     Job,
     SyncSpec,
-    cluster_from_data,
-    load_inventory,
-    parse_inventory,
 )
 from launcher.errors import InventoryError, LauncherError
 from launcher.plan.commands import plan_launch

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config.fields import RESERVED_ENV, SOCKET_ENV, ForwardEnv
+from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.inventory import parse_inventory
+from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
 from launcher.node import netif, protocol, runner
 from launcher.options import Options

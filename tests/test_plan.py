@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.config.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Job, parse_inventory
+from launcher.config.inventory import parse_inventory
+from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Job
 from launcher.plan.commands import (
     RESERVED_ENV,
     RUNS_ROOT,

@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from launcher.config.hostfile import parse_hostfile
-from launcher.config.inventory import Cluster, EnvVar, Job, parse_inventory
+from launcher.config.inventory import parse_inventory
+from launcher.config.model import Cluster, EnvVar, Job
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, PlanError
 from launcher.plan.commands import plan_launch

@@ -17,7 +17,7 @@ import yaml
 from conftest import free_port
 from helpers import inv, run_id_of, run_processes, runs_on, wait_for
 
-from launcher.config.inventory import Host
+from launcher.config.model import Host
 from launcher.transport.program import SETUP_FAILED, host_command, program_input, python_command
 
 ECHO = ("import sys, json, os\nr = json.loads(sys.stdin.readline())\n"

@@ -1,20 +1,18 @@
 """The inventory's fields for nodes that share nothing (setup lines, forwarded variables, an env file, the socket
-interface, code sync): their types and their checks, as a mixin of the inventory's parser (pure: no files read)."""
+interface, code sync): their types and their checks, as functions of the inventory's Reader (pure: no files read)."""
 
 from __future__ import annotations
 
 import os.path
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from launcher.config.model import ENV_FILE_KEYS, FORWARD_ENV_KEYS, SYNC_KEYS, EnvFile, EnvVar, ForwardEnv, SyncSpec
+from launcher.config.reader import Reader
+from launcher.config.text import shorten
 from launcher.node.protocol import SOCKET_ENV as SOCKET_ENV  # what `socket_ifname` sets on the node
-
-if TYPE_CHECKING:
-    from launcher.config.inventory import EnvVar
-    from launcher.errors import InventoryError
 
 RESERVED_ENV: tuple[str, ...] = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
@@ -22,52 +20,20 @@ RESERVED_ENV: tuple[str, ...] = (
 )
 """Variables that would confuse torchrun (globs allowed): `env:` may not set them, `forward_env:` may not copy them,
 and each node's agent removes them from the login environment before it starts torchrun."""
-FORWARD_ENV_KEYS = ("pattern", "secret")
-ENV_FILE_KEYS = ("path", "secret")
-SYNC_KEYS = ("src", "dest", "exclude")
+
 
 _PATTERN = re.compile(r"[A-Za-z_?*][A-Za-z0-9_?*]*\Z")
+
+
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}\Z")
+
+
 _TORCHELASTIC_NAMES = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
                        "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE")
 """Names torchrun sets under its TORCHELASTIC_* glob: what a forward_env glob is tried against."""
+
+
 _DANGLING = "&;|"
-
-
-def _shorten(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-@dataclass(frozen=True)
-class ForwardEnv:
-    """Variables of the controller's environment copied to torchrun on the node at launch, chosen by a glob."""
-
-    pattern: str
-    """A variable name, or a glob of names with `*` and `?` (`WANDB_*`); names in RESERVED_ENV are never copied."""
-    secret: bool = False
-    """Copied values are never shown or logged; a name that any secret pattern matches is secret."""
-
-
-@dataclass(frozen=True)
-class EnvFile:
-    """A dotenv file read on the controller at launch (not when the inventory is read); sets variables on the node."""
-
-    path: str
-    """The file on the controller: a relative path is already joined to the inventory's folder; `~` is your home."""
-    secret: bool = False
-    """Its values are never shown or logged."""
-
-
-@dataclass(frozen=True)
-class SyncSpec:
-    """What `sync:` copies from the controller to every node."""
-
-    src: str = "."
-    """A local folder, as written; a relative path is relative to the current directory at sync time."""
-    dest: str | None = None
-    """The folder on each node (`~/` is the node's home); None means each host's workdir."""
-    exclude: tuple[str, ...] = ()
-    """gitignore-style patterns of paths that are not copied."""
 
 
 def reserved_reason(name: str, field: str = "env") -> str | None:
@@ -113,7 +79,7 @@ def shell_line_problem(line: str) -> str | None:
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and previous in " \t;&|()":
-            return (f"has a shell comment ({_shorten(line[i:])!r}), which would hide the rest of the node's command "
+            return (f"has a shell comment ({shorten(line[i:], 40)!r}), which would hide the rest of the node's command "
                     "line; put it on a YAML comment line instead")
         if not ch.isspace():
             last = ch
@@ -126,154 +92,143 @@ def shell_line_problem(line: str) -> str | None:
     return None
 
 
-class NodeFields:
-    """The checks of the new host and top-level fields; mixed into the inventory's `_Parser`."""
+def parse_node_fields(r: Reader, entry: str, fields: Mapping[str, Any], defaults: Mapping[str, Any],
+                env: Mapping[str, EnvVar]) -> dict[str, Any]:
+    """Host keyword arguments for setup, forward_env, env_file and socket_ifname: the host's value replaces the
+    defaults' (null too), but forward_env lists are concatenated, defaults' first."""
 
-    if TYPE_CHECKING:
-        folder: str
-        written: Mapping[str, str]
+    def pick(key: str) -> tuple[Any, str]:
+        return (fields[key], f"{entry}.{key}") if key in fields else (defaults.get(key), f"defaults.{key}")
 
-        def fail(self, entry: str, message: str) -> InventoryError: ...
-        def mapping(self, value: Any, entry: str, allowed: tuple[str, ...]) -> dict[str, Any]: ...
-        def text(self, value: Any, entry: str) -> str: ...
-        def show(self, value: Any, secret: bool) -> str: ...
+    forward = [*parse_forward_env(r, defaults.get("forward_env"), "defaults.forward_env"),
+               *parse_forward_env(r, fields.get("forward_env"), f"{entry}.forward_env")]
+    merged: dict[str, ForwardEnv] = {}
+    for item in forward:  # the same pattern twice: one entry, secret if either says so
+        seen = merged.get(item.pattern)
+        merged[item.pattern] = ForwardEnv(item.pattern, item.secret or (seen is not None and seen.secret))
+    raw_ifname, where = pick("socket_ifname")
+    ifname = parse_socket_ifname(r, raw_ifname, where)
+    if ifname is not None:
+        for name in SOCKET_ENV:
+            if name in env:
+                origin = f"{entry}.env.{name}" if name in (fields.get("env") or {}) else f"defaults.env.{name}"
+                raise r.fail(where, f"sets {' and '.join(SOCKET_ENV)}, but {origin} sets {name} too; "
+                                "keep one of them")
+    return {
+        "setup": parse_setup(r, *pick("setup")),
+        "forward_env": tuple(merged.values()),
+        "env_file": parse_env_file(r, *pick("env_file")),
+        "socket_ifname": ifname,
+    }
 
-    def node_fields(self, entry: str, fields: Mapping[str, Any], defaults: Mapping[str, Any],
-                    env: Mapping[str, EnvVar]) -> dict[str, Any]:
-        """Host keyword arguments for setup, forward_env, env_file and socket_ifname: the host's value replaces the
-        defaults' (null too), but forward_env lists are concatenated, defaults' first."""
 
-        def pick(key: str) -> tuple[Any, str]:
-            return (fields[key], f"{entry}.{key}") if key in fields else (defaults.get(key), f"defaults.{key}")
+def parse_setup(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
+    """Shell lines: a string or a list of them, each kept as written."""
+    if raw is None:
+        return ()
+    if isinstance(raw, list):
+        return tuple(parse_setup_line(r, line, f"{entry}[{i}]") for i, line in enumerate(raw))
+    if isinstance(raw, dict):
+        raise r.fail(entry, f"must be a shell line or a list of them, got {r.show(raw, False)}")
+    return (parse_setup_line(r, raw, entry),)
 
-        forward = [*self.forward_env(defaults.get("forward_env"), "defaults.forward_env"),
-                   *self.forward_env(fields.get("forward_env"), f"{entry}.forward_env")]
-        merged: dict[str, ForwardEnv] = {}
-        for item in forward:  # the same pattern twice: one entry, secret if either says so
-            seen = merged.get(item.pattern)
-            merged[item.pattern] = ForwardEnv(item.pattern, item.secret or (seen is not None and seen.secret))
-        raw_ifname, where = pick("socket_ifname")
-        ifname = self.socket_ifname(raw_ifname, where)
-        if ifname is not None:
-            for name in SOCKET_ENV:
-                if name in env:
-                    origin = f"{entry}.env.{name}" if name in (fields.get("env") or {}) else f"defaults.env.{name}"
-                    raise self.fail(where, f"sets {' and '.join(SOCKET_ENV)}, but {origin} sets {name} too; "
-                                    "keep one of them")
-        return {
-            "setup": self.setup(*pick("setup")),
-            "forward_env": tuple(merged.values()),
-            "env_file": self.env_file(*pick("env_file")),
-            "socket_ifname": ifname,
-        }
 
-    def secret_flag(self, value: Any, entry: str) -> bool:
-        """`secret:`'s value; a malformed one is not quoted (it may be the secret, pasted in the wrong place)."""
-        if not isinstance(value, bool):
-            raise self.fail(entry, f"must be true or false, got {self.show(value, True)}")
-        return value
+def parse_setup_line(r: Reader, value: Any, entry: str) -> str:
+    written = r.written.get(entry)
+    if value is not None and written is not None:  # `true`, `010`: as typed, not as YAML 1.1 reads them
+        value = written
+    if not isinstance(value, str) or not value.strip():
+        raise r.fail(entry, f"must be a non-empty shell line, got {r.show(value, False)}")
+    if "\n" in value or "\0" in value:
+        raise r.fail(entry, "must be one line without NUL characters; give each command its own list item")
+    problem = shell_line_problem(value)
+    if problem is not None:
+        raise r.fail(entry, problem)
+    return value
 
-    def setup(self, raw: Any, entry: str) -> tuple[str, ...]:
-        """Shell lines: a string or a list of them, each kept as written."""
-        if raw is None:
-            return ()
-        if isinstance(raw, list):
-            return tuple(self.setup_line(line, f"{entry}[{i}]") for i, line in enumerate(raw))
-        if isinstance(raw, dict):
-            raise self.fail(entry, f"must be a shell line or a list of them, got {self.show(raw, False)}")
-        return (self.setup_line(raw, entry),)
 
-    def setup_line(self, value: Any, entry: str) -> str:
-        written = self.written.get(entry)
-        if value is not None and written is not None:  # `true`, `010`: as typed, not as YAML 1.1 reads them
-            value = written
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(entry, f"must be a non-empty shell line, got {self.show(value, False)}")
-        if "\n" in value or "\0" in value:
-            raise self.fail(entry, "must be one line without NUL characters; give each command its own list item")
-        problem = shell_line_problem(value)
-        if problem is not None:
-            raise self.fail(entry, problem)
-        return value
+def parse_forward_env(r: Reader, raw: Any, entry: str) -> tuple[ForwardEnv, ...]:
+    """A list of patterns, each a string or `{pattern: ..., secret: true}`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise r.fail(entry, "must be a list of variable names or globs (e.g. [WANDB_*, HF_*]), "
+                        f"got {r.show(raw, False)}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{entry}[{i}]"
+        if not isinstance(item, dict):
+            out.append(ForwardEnv(parse_pattern(r, item, where, secret=False)))
+            continue
+        spec = r.mapping(item, where, FORWARD_ENV_KEYS)
+        secret = r.secret_flag(spec.get("secret", False), f"{where}.secret")
+        if spec.get("pattern") is None:
+            raise r.fail(where, "has no `pattern:` (a variable name, or a glob such as WANDB_*)")
+        out.append(ForwardEnv(parse_pattern(r, spec["pattern"], f"{where}.pattern", secret), secret))
+    return tuple(out)
 
-    def forward_env(self, raw: Any, entry: str) -> tuple[ForwardEnv, ...]:
-        """A list of patterns, each a string or `{pattern: ..., secret: true}`."""
-        if raw is None:
-            return ()
-        if not isinstance(raw, list):
-            raise self.fail(entry, "must be a list of variable names or globs (e.g. [WANDB_*, HF_*]), "
-                            f"got {self.show(raw, False)}")
-        out = []
-        for i, item in enumerate(raw):
-            where = f"{entry}[{i}]"
-            if not isinstance(item, dict):
-                out.append(ForwardEnv(self.pattern(item, where, secret=False)))
-                continue
-            spec = self.mapping(item, where, FORWARD_ENV_KEYS)
-            secret = self.secret_flag(spec.get("secret", False), f"{where}.secret")
-            if spec.get("pattern") is None:
-                raise self.fail(where, "has no `pattern:` (a variable name, or a glob such as WANDB_*)")
-            out.append(ForwardEnv(self.pattern(spec["pattern"], f"{where}.pattern", secret), secret))
-        return tuple(out)
 
-    def pattern(self, value: Any, entry: str, secret: bool) -> str:
-        if not isinstance(value, str) or not _PATTERN.match(value):
-            raise self.fail(entry, "must be a variable name or a glob of names (letters, digits, _, and * or ?), "
-                            f"got {self.show(value, secret)}")
-        if not re.search(r"[A-Za-z0-9_]", value):
-            raise self.fail(entry, f"is {value!r}, which would copy unrelated variables of your shell (PATH, HOME, "
-                            "...); name a prefix, such as WANDB_*")
-        if "*" not in value and "?" not in value:
-            reason = reserved_reason(value, "forward_env")
-            if reason is not None:
-                raise self.fail(entry, reason)
-        else:
-            reserved = _reserved_match(value)
-            if reserved is not None:
-                raise self.fail(entry, f"would copy {reserved}, which torchrun sets for every worker; "
-                                "use a pattern that leaves it out")
-        return value
+def parse_pattern(r: Reader, value: Any, entry: str, secret: bool) -> str:
+    if not isinstance(value, str) or not _PATTERN.match(value):
+        raise r.fail(entry, "must be a variable name or a glob of names (letters, digits, _, and * or ?), "
+                        f"got {r.show(value, secret)}")
+    if not re.search(r"[A-Za-z0-9_]", value):
+        raise r.fail(entry, f"is {value!r}, which would copy unrelated variables of your shell (PATH, HOME, "
+                        "...); name a prefix, such as WANDB_*")
+    if "*" not in value and "?" not in value:
+        reason = reserved_reason(value, "forward_env")
+        if reason is not None:
+            raise r.fail(entry, reason)
+    else:
+        reserved = _reserved_match(value)
+        if reserved is not None:
+            raise r.fail(entry, f"would copy {reserved}, which torchrun sets for every worker; "
+                            "use a pattern that leaves it out")
+    return value
 
-    def env_file(self, raw: Any, entry: str) -> EnvFile | None:
-        """`.env` or `{path: .env, secret: true}`; a relative path is joined to the inventory's folder."""
-        if raw is None:
-            return None
-        secret = False
-        if isinstance(raw, dict):
-            spec = self.mapping(raw, entry, ENV_FILE_KEYS)
-            secret = self.secret_flag(spec.get("secret", False), f"{entry}.secret")
-            if spec.get("path") is None:
-                raise self.fail(entry, "has no `path:` (a dotenv file on this machine)")
-            raw, entry = spec["path"], f"{entry}.path"
-        if not isinstance(raw, str):
-            raise self.fail(entry, f"must be a file path, got {self.show(raw, False)}")
-        path = self.text(raw, entry)
-        if not os.path.isabs(path) and not path.startswith("~") and self.folder:
-            path = os.path.join(self.folder, path)
-        return EnvFile(path, secret)
 
-    def socket_ifname(self, raw: Any, entry: str) -> str | None:
-        if raw is None or raw == "auto":
-            return raw
-        if not isinstance(raw, str) or not _IFNAME.match(raw):
-            raise self.fail(entry, 'must be "auto" or a network interface name (1 to 15 letters, digits, or _.:-), '
-                            f"got {self.show(raw, False)}")
+def parse_env_file(r: Reader, raw: Any, entry: str) -> EnvFile | None:
+    """`.env` or `{path: .env, secret: true}`; a relative path is joined to the inventory's folder."""
+    if raw is None:
+        return None
+    secret = False
+    if isinstance(raw, dict):
+        spec = r.mapping(raw, entry, ENV_FILE_KEYS)
+        secret = r.secret_flag(spec.get("secret", False), f"{entry}.secret")
+        if spec.get("path") is None:
+            raise r.fail(entry, "has no `path:` (a dotenv file on this machine)")
+        raw, entry = spec["path"], f"{entry}.path"
+    if not isinstance(raw, str):
+        raise r.fail(entry, f"must be a file path, got {r.show(raw, False)}")
+    path = r.text(raw, entry)
+    if not os.path.isabs(path) and not path.startswith("~") and r.folder:
+        path = os.path.join(r.folder, path)
+    return EnvFile(path, secret)
+
+
+def parse_socket_ifname(r: Reader, raw: Any, entry: str) -> str | None:
+    if raw is None or raw == "auto":
         return raw
+    if not isinstance(raw, str) or not _IFNAME.match(raw):
+        raise r.fail(entry, 'must be "auto" or a network interface name (1 to 15 letters, digits, or _.:-), '
+                        f"got {r.show(raw, False)}")
+    return raw
 
-    def sync(self, raw: Any) -> SyncSpec | None:
-        """`sync: {src, dest, exclude}` at the top level; null means no sync."""
-        if raw is None:
-            return None
-        if raw is True:
-            raise self.fail("sync", "must be a mapping (`sync: {}` copies the current folder to every workdir), "
-                            "got True (bool)")
-        spec = self.mapping(raw, "sync", SYNC_KEYS)
-        exclude = spec.get("exclude")
-        if exclude is not None and not isinstance(exclude, list):
-            raise self.fail("sync.exclude",
-                            f"must be a list of gitignore-style patterns, got {self.show(exclude, False)}")
-        return SyncSpec(
-            src="." if spec.get("src") is None else self.text(spec["src"], "sync.src"),
-            dest=None if spec.get("dest") is None else self.text(spec["dest"], "sync.dest"),
-            exclude=tuple(self.text(p, f"sync.exclude[{i}]") for i, p in enumerate(exclude or [])),
-        )
+
+def parse_sync(r: Reader, raw: Any) -> SyncSpec | None:
+    """`sync: {src, dest, exclude}` at the top level; null means no sync."""
+    if raw is None:
+        return None
+    if raw is True:
+        raise r.fail("sync", "must be a mapping (`sync: {}` copies the current folder to every workdir), "
+                        "got True (bool)")
+    spec = r.mapping(raw, "sync", SYNC_KEYS)
+    exclude = spec.get("exclude")
+    if exclude is not None and not isinstance(exclude, list):
+        raise r.fail("sync.exclude",
+                        f"must be a list of gitignore-style patterns, got {r.show(exclude, False)}")
+    return SyncSpec(
+        src="." if spec.get("src") is None else r.text(spec["src"], "sync.src"),
+        dest=None if spec.get("dest") is None else r.text(spec["dest"], "sync.dest"),
+        exclude=tuple(r.text(p, f"sync.exclude[{i}]") for i, p in enumerate(exclude or [])),
+    )

@@ -12,7 +12,9 @@ from os.path import dirname
 from pathlib import Path
 from typing import Any
 
-from launcher.config.inventory import Cluster, cluster_from_data, is_host_name, parse_inventory, read_hosts_file
+from launcher.config.inventory import cluster_from_data, is_host_name, parse_inventory, read_hosts_file
+from launcher.config.model import Cluster
+from launcher.config.text import shown
 from launcher.errors import InventoryError
 from launcher.options import MAX_NPROC_PER_NODE
 
@@ -60,11 +62,11 @@ def parse_hostfile(text: str, source: str, defaults: Mapping[str, Any] | None = 
         name, *options = words
         mpich = _MPICH.match(name)
         if mpich and is_host_name(mpich[1]):
-            raise _error(source, number, f"{_shown(name)} is MPICH's NAME:N form; write {mpich[1]} slots={mpich[2]}")
+            raise _error(source, number, f"{shown(name)} is MPICH's NAME:N form; write {mpich[1]} slots={mpich[2]}")
         if not is_host_name(name) or name.endswith(":"):
-            raise _error(source, number, f"{_shown(name)} is not a host name, ssh alias or IP address ({_FORMAT})")
+            raise _error(source, number, f"{shown(name)} is not a host name, ssh alias or IP address ({_FORMAT})")
         if name in seen:
-            raise _error(source, number, f"host {_shown(name)} is listed twice (also line {seen[name]})")
+            raise _error(source, number, f"host {shown(name)} is listed twice (also line {seen[name]})")
         seen[name] = number
         entry = f"hosts[{len(hosts)}]"
         lines[entry] = lines[f"{entry}.name"] = number
@@ -103,13 +105,13 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for word in options:
         if not word.startswith("slots="):
-            raise _error(source, line, f"{_shown(word)} is not slots=N; {_FORMAT}")
+            raise _error(source, line, f"{shown(word)} is not slots=N; {_FORMAT}")
         match = _SLOTS.match(word)
         digits = "" if match is None else match[1].lstrip("0")
         if not digits:
-            raise _error(source, line, f"{_shown(word)} is not slots=N with N a positive integer")
+            raise _error(source, line, f"{shown(word)} is not slots=N with N a positive integer")
         if len(digits) > 9 or int(digits) > MAX_NPROC_PER_NODE:  # int() refuses 4,300 digits: never ask it
-            raise _error(source, line, f"{_shown(word)} is more than {MAX_NPROC_PER_NODE} (worker processes on "
+            raise _error(source, line, f"{shown(word)} is more than {MAX_NPROC_PER_NODE} (worker processes on "
                          "one node)")
         if found:
             raise _error(source, line, "gives slots= twice")
@@ -117,8 +119,6 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
     return found
 
 
-def _shown(word: str) -> str:
-    return repr(word if len(word) <= 70 else word[:69] + "…")
 
 
 def load_hosts(path: str | Path, defaults: Mapping[str, Any] | None = None,

@@ -12,7 +12,8 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from launcher.config.inventory import Cluster, EnvVar, Host
+from launcher.config.model import Cluster, EnvVar, Host
+from launcher.config.text import shown
 from launcher.errors import PlanError
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -41,7 +42,7 @@ def select_hosts(cluster: Cluster, include: str | None, exclude: str | None) -> 
             if rest is not None:
                 kept.append((i, rest))
     if not kept:
-        raise PlanError(cluster.source, f"{flag} {_shown(spec)} leaves no host to run on")
+        raise PlanError(cluster.source, f"{flag} {shown(spec)} leaves no host to run on")
     return _rebuilt(cluster, kept, flag, spec)
 
 
@@ -51,7 +52,7 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
     wanted: dict[str, frozenset[int] | None] = {}
     for piece in (p.strip() for p in spec.split("@")):
         if not piece:
-            raise PlanError(cluster.source, f"{flag} {_shown(spec)}: a host name is empty (hosts are separated by @)")
+            raise PlanError(cluster.source, f"{flag} {shown(spec)}: a host name is empty (hosts are separated by @)")
         name, indices = piece, None
         if piece not in names and ":" in piece:  # an IPv6 name keeps its colons; `name:0,2` names indices
             name, _, text = piece.rpartition(":")
@@ -59,7 +60,7 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"the hosts are {_listed(names)}"
-            raise PlanError(cluster.source, f"{flag} {_shown(piece)}: no host {_shown(name)} in the inventory; {hint}")
+            raise PlanError(cluster.source, f"{flag} {shown(piece)}: no host {shown(name)} in the inventory; {hint}")
         before = wanted.get(name, frozenset())
         wanted[name] = None if before is None or indices is None else before | indices
     return wanted
@@ -67,12 +68,12 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
 
 def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
     if not text:
-        raise PlanError(source, f"{flag} {_shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone "
+        raise PlanError(source, f"{flag} {shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone "
                         "for the whole host)")
     found = set()
     for word in text.split(","):
         if not re.fullmatch(r"\d{1,6}", word.strip()):
-            raise PlanError(source, f"{flag} {_shown(piece)}: {_shown(word)} is not a GPU index (0, 1, 2, ...)")
+            raise PlanError(source, f"{flag} {shown(piece)}: {shown(word)} is not a GPU index (0, 1, 2, ...)")
         found.add(int(word))
     return frozenset(found)
 
@@ -80,10 +81,10 @@ def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
 def _check_range(host: Host, indices: frozenset[int], flag: str, piece: str, source: str) -> None:
     count = host.nproc_per_node
     if count != "auto" and max(indices) >= count:
-        raise PlanError(source, f"{flag} {_shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
+        raise PlanError(source, f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
                         f"(nproc_per_node {count}), not {max(indices)}")
     if any(var.name == VISIBLE_DEVICES for var in host.env):
-        raise PlanError(source, f"{flag} {_shown(piece)}: {host.name}'s env sets {VISIBLE_DEVICES} already; remove "
+        raise PlanError(source, f"{flag} {shown(piece)}: {host.name}'s env sets {VISIBLE_DEVICES} already; remove "
                         "it from the inventory, or name the whole host")
 
 
@@ -99,7 +100,7 @@ def _remaining(host: Host, indices: frozenset[int], flag: str, spec: str, source
     """The host less the excluded `indices`; None when none are left."""
     piece = _piece(spec, host.name)
     if host.nproc_per_node == "auto":
-        raise PlanError(source, f"{flag} {_shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
+        raise PlanError(source, f"{flag} {shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
                         "are not known; set a number in the inventory, or exclude the whole host")
     _check_range(host, indices, flag, piece, source)
     rest = [i for i in range(host.nproc_per_node) if i not in indices]
@@ -117,7 +118,7 @@ def _rebuilt(cluster: Cluster, kept: list[tuple[int, Host]], flag: str, spec: st
     first = cluster.hosts[0]
     if kept[0][1].name != first.name:
         if rdzv.master_addr_explicit:
-            raise PlanError(cluster.source, f"{flag} {_shown(spec)} leaves out {first.name}, node rank 0, where "
+            raise PlanError(cluster.source, f"{flag} {shown(spec)} leaves out {first.name}, node rank 0, where "
                             f"rendezvous.master_addr ({rdzv.master_addr}) points; keep it, or drop master_addr from "
                             "the inventory so that the first remaining host is the master")
         rdzv = dataclasses.replace(rdzv, master_addr=kept[0][1].addr)
@@ -146,7 +147,3 @@ def _piece(spec: str, name: str) -> str:
 
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 70 else text[:69] + "…")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.config.inventory import Cluster, Host
+from launcher.config.model import Cluster, Host
 from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.errors import NodeFailure
 from launcher.transport.program import SETUP_FAILED

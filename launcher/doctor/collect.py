@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from launcher.config.inventory import Cluster, Host
+from launcher.config.model import Cluster, Host
 from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure

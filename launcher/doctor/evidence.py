@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from launcher.config.inventory import Cluster
+from launcher.config.model import Cluster
 from launcher.errors import NodeFailure
 
 Status = Literal["ok", "warn", "fail"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from launcher.config.fields import RESERVED_ENV as RESERVED_ENV  # defined beside the inventory, which refuses them
 from launcher.config.fields import SOCKET_ENV
-from launcher.config.inventory import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
+from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
 from launcher.errors import PlanError
 
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:

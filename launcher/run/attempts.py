@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from launcher.config.inventory import Cluster
+from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
 from launcher.plan.commands import LaunchPlan, plan_launch

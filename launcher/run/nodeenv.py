@@ -18,7 +18,7 @@ from dotenv import dotenv_values
 from dotenv.parser import Binding, parse_stream
 
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
-from launcher.config.inventory import EnvFile
+from launcher.config.model import EnvFile
 from launcher.errors import LauncherError
 from launcher.plan.commands import NodeCommand
 

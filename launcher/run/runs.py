@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from launcher.config.inventory import Cluster, Host
+from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.options import ACTION_MARGIN, LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
 from launcher.plan import runchoice

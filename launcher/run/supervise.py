@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from launcher.config.inventory import Cluster, Host
+from launcher.config.model import Cluster, Host
 from launcher.node.protocol import ABORT, GO, HEARTBEAT, KILL, STOP, TCP, word_line
 from launcher.options import DEFAULT_FANOUT, Options, heartbeat_interval
 from launcher.plan.commands import LaunchPlan, NodeCommand

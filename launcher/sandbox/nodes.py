@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.inventory import DEFAULT_MASTER_PORT
+from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
 from launcher.sandbox import procs, start
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from launcher.config.inventory import Cluster
+from launcher.config.model import Cluster
 from launcher.errors import LauncherError
 from launcher.slurm.jobs import failure, run_slurm
 

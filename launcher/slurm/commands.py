@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from launcher.config.inventory import Cluster, Job
+from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import launch_preflight
 from launcher.errors import LauncherError, UsageError
 from launcher.options import SLURM_STOP_WAIT, Options

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.config.inventory import Cluster, Host, SyncSpec
+from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel

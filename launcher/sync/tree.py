@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.inventory import Cluster, SyncSpec
+from launcher.config.model import Cluster, SyncSpec
 from launcher.errors import LauncherError
 from launcher.node.syncd import LOCK_NAME
 from launcher.node.syncstage import TEMP_PREFIX, Refused, check_link_target, check_name, link_chain

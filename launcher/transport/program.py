@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from launcher.config.inventory import Host
+from launcher.config.model import Host
 from launcher.plan.commands import quote_path
 
 BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"

@@ -23,7 +23,7 @@ import paramiko
 from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from launcher.config.inventory import Cluster, Host
+from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, FD_RESERVE, FDS_PER_NODE
 from launcher.parallel import parallel, waves

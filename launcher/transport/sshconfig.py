@@ -14,7 +14,7 @@ from pathlib import Path
 
 import paramiko
 
-from launcher.config.inventory import Host
+from launcher.config.model import Host
 from launcher.errors import LauncherError
 
 SSH_G_TIMEOUT = 10.0
