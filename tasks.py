@@ -15,7 +15,7 @@ from launcher import options
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
-from launcher.run import runs
+from launcher.run import start as run_start
 from launcher.slurm import commands as slurm_commands
 
 HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "
@@ -58,7 +58,7 @@ def _options(c: Context, **overrides: Any) -> options.Options:
 def _run_id(run: str | None) -> str | None:
     """`--run` as given, once it looks like a run id (it names a directory on every node)."""
     try:
-        return runs.check_run_id(run)
+        return run_start.check_run_id(run)
     except LauncherError as exc:
         raise Exit(f"error: {exc}", USAGE) from None
 

@@ -24,7 +24,7 @@ def _install_trace() -> dict:
     """Wrap launcher functions to stamp the phases of a launch; returns the dict the stamps go into."""
     import threading
 
-    from launcher.run import supervise
+    from launcher.run import events as supervise
     from launcher.transport import sessions as transport
 
     trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None}
@@ -76,9 +76,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from launcher.config.inventory import load_inventory
+    from launcher.options import Options
     from launcher.plan.commands import plan_launch
-    from launcher.run import runs
-
+    from launcher.run import start as run_start
     t_import = time.perf_counter()
     trace = _install_trace() if args.trace else None
     cluster = load_inventory(args.inventory)
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     )
     if not args.torchrun:
         plan = dataclasses.replace(plan, nodes=nodes)
-    opts = runs.Options(out=sys.stdout, err=sys.stderr)
+    opts = Options(out=sys.stdout, err=sys.stderr)
     if args.log_dir:
         opts.log_dir = Path(args.log_dir)
     opts.detach = args.detach
@@ -106,14 +106,16 @@ def main(argv: list[str]) -> int:
                 finally:
                     trace["preflight"] = (start, time.time())
 
-            opts.preflight = traced_preflight
+            from launcher.run.gate import ConnectionsFirst
+
+            opts.preflight = ConnectionsFirst(before=traced_preflight)  # over probe sessions of their own, timed
     if trace is not None:
         opts.on_event = trace.pop("on_event")
         trace["main"] = MAIN_WALL
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()
     try:
-        code = runs.launch(plan, opts)
+        code = run_start.launch(plan, opts)
     finally:
         if trace is not None:
             import json

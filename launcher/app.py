@@ -15,9 +15,13 @@ from launcher.config.model import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.config.selection import select_hosts
 from launcher.doctor.collect import launch_preflight as preflight
 from launcher.errors import LauncherError, PlanError
+from launcher.options import Options
 from launcher.paths import relative
 from launcher.plan.commands import plan_launch
-from launcher.run import attempts, runs
+from launcher.run import actions as run_actions
+from launcher.run import attempts
+from launcher.run import start as run_start
+from launcher.run.gate import ConnectionsFirst
 from launcher.transport.sessions import close_all, connect_all
 
 if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
@@ -76,9 +80,9 @@ def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
 
 
 def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
-           doctor: bool = True, sync: bool = False, slurm: bool = False, opts: runs.Options | None = None) -> int:
+           doctor: bool = True, sync: bool = False, slurm: bool = False, opts: Options | None = None) -> int:
     cluster = load_inventory(hosts)
-    opts = opts or runs.Options()
+    opts = opts or Options()
     if slurm:  # the allocation's nodes, one srun step
         from launcher.slurm import commands as slurm_commands
 
@@ -93,12 +97,9 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher.sync import push as code_sync
 
-        if isinstance(opts.preflight, doctor_checks.SessionPreflight):  # its checks run in the agents' sessions
-            opts.preflight = replace(opts.preflight, before=code_sync.before_launch(
-                cluster, opts.err, stall_timeout=opts.silence_timeout))
-        else:
-            opts.preflight = code_sync.before_launch(cluster, opts.err, then=opts.preflight,
-                                                     stall_timeout=opts.silence_timeout)
+        gate = opts.preflight or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
+        opts.preflight = replace(gate, before=code_sync.before_launch(cluster, opts.err,
+                                                                      stall_timeout=opts.silence_timeout))
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
         if opts.retries:
@@ -108,11 +109,11 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         opts.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
         retries = 0
     if not retries:
-        return runs.launch(plan, opts)
+        return run_start.launch(plan, opts)
     return attempts.launch(plan, opts, retries, _health_check(opts, doctor))
 
 
-def _health_check(opts: runs.Options, doctor: bool) -> attempts.HealthCheck:
+def _health_check(opts: Options, doctor: bool) -> attempts.HealthCheck:
     """Between attempts: the nodes that fail the doctor's fast checks (or, with --skip-doctor, cannot be reached)."""
 
     def failing(cluster: Cluster) -> dict[str, str]:
@@ -130,18 +131,18 @@ def _health_check(opts: runs.Options, doctor: bool) -> attempts.HealthCheck:
     return failing
 
 
-def sync(hosts: str | Hosts, opts: runs.Options | None = None) -> int:
+def sync(hosts: str | Hosts, opts: Options | None = None) -> int:
     """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
     from launcher.sync import push as code_sync
 
-    opts = opts or runs.Options()
+    opts = opts or Options()
     return code_sync.sync_hosts(load_inventory(hosts), connect_timeout=opts.connect_timeout, out=opts.out,
                                 stall_timeout=opts.silence_timeout)
 
 
-def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: runs.Options | None = None) -> int:
+def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails."""
-    opts = opts or runs.Options()
+    opts = opts or Options()
     report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks,
                                       probe_timeout=opts.probe_timeout)
     if as_json:
@@ -151,7 +152,7 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     return 0 if report.ok else 1
 
 
-def _console(opts: runs.Options) -> Console:
+def _console(opts: Options) -> Console:
     """A console on the task's output; wide enough for a table when it is a file or a pipe, not a terminal."""
     from rich.console import Console
 
@@ -166,7 +167,7 @@ _COLOURS = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "
             "unreachable": "red", "error": "red", "lost": "red"}
 
 
-def _state_table(title: str, states: list[runs.NodeState], stop: bool) -> Table:
+def _state_table(title: str, states: list[run_actions.NodeState], stop: bool) -> Table:
     """One row per node. Title and cells are `Text`: node names, run ids and states come from users and nodes,
     and a `[/]` in them must print as it is, never be read as Rich markup."""
     from rich.table import Table
@@ -184,20 +185,20 @@ def _state_table(title: str, states: list[runs.NodeState], stop: bool) -> Table:
     return table
 
 
-def _problems(console: Console, states: list[runs.NodeState]) -> None:
+def _problems(console: Console, states: list[run_actions.NodeState]) -> None:
     for s in states:
         if s.detail:
             console.print(f"{s.host}: {s.detail}", markup=False, highlight=False)
 
 
-def status(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
     cluster = load_inventory(hosts)
-    states = runs.status(cluster, run_id, opts)
-    console = _console(opts or runs.Options())
+    states = run_actions.status(cluster, run_id, opts)
+    console = _console(opts or Options())
     shown = run_id or next((s.run_id for s in states if s.run_id), None)
     console.print(_state_table(f"run {shown or '(none)'} on {len(states)} node(s)", states, stop=False))
     _problems(console, states)
-    tried = attempts.read_attempts((opts or runs.Options()).log_dir, shown) if shown else []
+    tried = attempts.read_attempts((opts or Options()).log_dir, shown) if shown else []
     if len(tried) > 1:
         console.print(f"run {shown} is one of {len(tried)} attempts of a launch (--retries):", markup=False,
                       highlight=False)
@@ -206,10 +207,10 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | N
     return 1 if any(s.state in ("unreachable", "error") for s in states) else 0
 
 
-def stop(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | None = None) -> int:
+def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
     cluster = load_inventory(hosts)
-    states = runs.stop(cluster, run_id, opts)
-    console = _console(opts or runs.Options())
+    states = run_actions.stop(cluster, run_id, opts)
+    console = _console(opts or Options())
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
         console.print(f"nothing was running on {len(states)} node(s)"
                       + (f" (run {states[0].run_id})" if states and states[0].run_id else ""),
@@ -225,8 +226,8 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: runs.Options | Non
 
 
 def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
-         follow: bool = False, opts: runs.Options | None = None) -> int:
-    return runs.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
+         follow: bool = False, opts: Options | None = None) -> int:
+    return run_actions.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
 
 
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,

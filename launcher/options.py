@@ -10,9 +10,12 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.errors import LauncherError
+
+if TYPE_CHECKING:
+    from launcher.run.gate import StartGate
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
@@ -120,8 +123,9 @@ class Options:
     """Where node output goes (prefixed lines)."""
     err: IO[str] = field(default_factory=lambda: sys.stderr)
     """Where the launcher's own progress and reports go."""
-    preflight: Callable[..., None] | None = None
-    """Checks run on the open connections before anything starts (the doctor's fast checks)."""
+    preflight: StartGate | None = None
+    """What runs before anything starts: the doctor's fast checks in every agent's start session
+    (`launcher.doctor.collect.SessionPreflight`), and work on the open connections first (`launch --sync`)."""
     retries: int | None = None
     """How often a run that lost a node is started again (None: the inventory's `retries`)."""
     retry_wait: float = DEFAULT_RETRY_WAIT
@@ -207,3 +211,13 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
             raise LauncherError(f"unknown option {key!r}")
         values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
     return Options(**values)
+
+
+# --- an attached run's decisions (launcher.run) -----------------------------------------------------------------
+STALL = 2.0
+"""A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
+STOP_MARGIN = 5.0
+"""Seconds beyond the grace period that a node gets to confirm a stop before the launcher gives up on it."""
+SWEEP_MARGIN = 3.0
+"""Seconds beyond the grace period the launcher waits for a sweep over a new channel (a node whose sshd answers
+needs about one: a session, the agent's start, a look at /proc); one whose sshd does not is reported instead."""

@@ -18,7 +18,7 @@ import pytest
 from launcher.node import proc as procs
 from launcher.node import protocol, rundir
 from launcher.plan import commands as plan
-from launcher.run.runs import AGENT_SOURCE, log_tail_settings
+from launcher.run.start import AGENT_SOURCE, log_tail_settings
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from launcher import app as cli
 from launcher import options
 from launcher.errors import LauncherError
-from launcher.run import runs
+from launcher.run import actions as run_actions
 
 EXAMPLE = ["--hosts", "hosts/example.yaml"]
 
@@ -144,8 +144,8 @@ def _render(renderable: object) -> str:
 
 
 def test_state_table_prints_markup_as_text() -> None:
-    states = [runs.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
-              runs.NodeState("[red]n2", "[/]", None, exit_code=3)]
+    states = [run_actions.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
+              run_actions.NodeState("[red]n2", "[/]", None, exit_code=3)]
     text = _render(cli._state_table("stop run [/]x", states, stop=True))
     for shown in ("stop run [/]x", "x[/]y", "r[bold]1[/]", "[red]n2", "[/]"):
         assert shown in text, text
@@ -155,10 +155,10 @@ def test_state_table_prints_markup_as_text() -> None:
 def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """What nodes answer (run id, state, detail) reaches the console unchanged, through the task's own printing."""
     found = 1 if task == "stop" else 0
-    states = [runs.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
-              runs.NodeState("n2", "none", "id[/]")]
+    states = [run_actions.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
+              run_actions.NodeState("n2", "none", "id[/]")]
     monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
-    monkeypatch.setattr(runs, task, lambda cluster, run_id, opts: states)
+    monkeypatch.setattr(run_actions, task, lambda cluster, run_id, opts: states)
     out = io.StringIO()
     getattr(cli, task)("hosts.yaml", "id[/]", options.Options(out=out))
     text = out.getvalue()
@@ -169,7 +169,8 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
 
 def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
-    monkeypatch.setattr(runs, "stop", lambda cluster, run_id, opts: [runs.NodeState("n1", "none", "x[/]")])
+    states = [run_actions.NodeState("n1", "none", "x[/]")]
+    monkeypatch.setattr(run_actions, "stop", lambda cluster, run_id, opts: states)
     out = io.StringIO()
     assert cli.stop("hosts.yaml", None, options.Options(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"

@@ -17,7 +17,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import facts, listener, probe
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
-from launcher.run import runs
+from launcher.run import start as run_start
 from launcher.sync import push as sync
 from launcher.transport import program as remote
 
@@ -26,7 +26,7 @@ NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector
                  for path, source in remote.node_files(entry).items()}
 NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = remote.BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
-SENT = {runs.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
+SENT = {run_start.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from launcher.node import logmerge, protocol
 from launcher.report.lines import CUT_MARK, NodeLog
-from launcher.run.runs import log_tail_settings
+from launcher.run.start import log_tail_settings
 
 # --- the controller: bulk prefixes, the same text as one line at a time ------------------------------------
 

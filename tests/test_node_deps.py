@@ -25,7 +25,7 @@ import pytest
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.plan.commands import plan_launch
-from launcher.run import runs
+from launcher.run import start as run_start
 from launcher.slurm.step import step_input
 from launcher.transport import program as remote
 from tests.support import nodeenv
@@ -103,7 +103,7 @@ def test_probe_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
 
 def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
     # `runs` executes the whole module (every top-level import) and a full request/reply round.
-    request = runs.agent_input({"action": "runs", "node": "node-0"})
+    request = run_start.agent_input({"action": "runs", "node": "node-0"})
     reply = run_on_node(stdlib_env.python, request, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
     assert reply == {"runs": []}
 
@@ -111,7 +111,7 @@ def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
 def test_an_srun_task_picks_its_agent_request_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
     # What every task of a `launch --slurm` step runs first: the selector, then the agent with this node's request.
     plan = plan_launch(parse_inventory("hosts: [node-0, node-1]\njob: {script: train/ddp.py}\n", "inv.yaml"))
-    stdin = step_input(runs.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name}) for c in plan.nodes])
+    stdin = step_input(run_start.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name}) for c in plan.nodes])
     reply = run_on_node(stdlib_env.python, stdin, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
                         SLURM_NODEID="1", SLURMD_NODENAME="node-1")
     assert reply == {"runs": []}

@@ -25,7 +25,7 @@ from launcher.node import netif, protocol, runner
 from launcher.options import Options
 from launcher.plan.commands import RUNS_ROOT, NodeCommand, plan_launch
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.runs import AGENT_SOURCE, log_tail_settings, start_request
+from launcher.run.start import AGENT_SOURCE, log_tail_settings, start_request
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 

@@ -24,8 +24,10 @@ from helpers import inv, runs_on
 from launcher import app as cli
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
+from launcher.options import Options
 from launcher.plan.commands import plan_launch
-from launcher.run import runs
+from launcher.run import start as run_start
+from launcher.run.gate import StartGate
 from launcher.transport import program as remote
 from tests.support.nodeenv import node_python
 
@@ -39,8 +41,8 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    opts = runs.Options(preflight=cli.preflight(runs.Options()))
-    request = runs.start_request(plan, plan.nodes[node], {}, opts)
+    opts = Options(preflight=cli.preflight(Options()))
+    request = run_start.start_request(plan, plan.nodes[node], {}, opts)
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 
@@ -51,7 +53,7 @@ class Agent:
         self.proc = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stderr is not None
-        self.proc.stdin.write(remote.program_input(runs.AGENT_SOURCE, request))
+        self.proc.stdin.write(remote.program_input(run_start.AGENT_SOURCE, request))
         self.proc.stdin.flush()
 
     def say(self, word: str) -> None:
@@ -132,8 +134,8 @@ def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.Mon
     import io
 
     err = io.StringIO()
-    gate = cli.preflight(runs.Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
-    assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, runs.StartGate)
+    gate = cli.preflight(Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
+    assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, StartGate)
     assert (gate.probe_timeout, gate.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))
     section = gate.node_section(plan.cluster, plan.cluster.hosts[0], plan.run_id)

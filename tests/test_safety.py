@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from launcher.config.inventory import load_inventory
 from launcher.plan.commands import RESERVED_ENV, RUNS_ROOT
-from launcher.run.runs import agent_command, agent_input, log_tail_settings
+from launcher.run.start import agent_command, agent_input, log_tail_settings
 from launcher.transport.sessions import connect_all
 from tests.support.nodeenv import node_python
 

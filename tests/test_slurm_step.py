@@ -141,11 +141,10 @@ def test_a_word_every_session_sends_in_a_round_reaches_srun_once() -> None:
 def test_options_of_an_ssh_launch_are_refused_with_slurm_before_anything_starts(
         tmp_path, given: dict[str, object], option: str) -> None:
     from launcher import app as cli
-    from launcher.run import runs
-
+    from launcher.options import Options
     inventory = tmp_path / "slurm.yaml"
     inventory.write_text(INVENTORY)
-    opts = runs.Options(retries=given.get("retries"), detach=bool(given.get("detach")))
+    opts = Options(retries=given.get("retries"), detach=bool(given.get("detach")))
     with pytest.raises(LauncherError, match=f"{option} does not apply to --slurm") as excinfo:
         cli.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), opts=opts)
     assert excinfo.value.exit_code == cli.USAGE
@@ -156,23 +155,22 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
     from launcher import doctor
     from launcher.node.selector import merged
     from launcher.options import Options
-    from launcher.run import runs
-
+    from launcher.run import start as run_start
     def requests(count: int) -> list[tuple[Any, dict[str, Any]]]:
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
         plan = plan_launch(cluster)
         opts = Options(preflight=doctor.SessionPreflight())
-        return [(c, runs.start_request(plan, c, {}, opts)) for c in plan.nodes]
+        return [(c, run_start.start_request(plan, c, {}, opts)) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
-    per_task = len(step_input(runs.AGENT_SOURCE, large))
+    per_task = len(step_input(run_start.AGENT_SOURCE, large))
     old_way = sum(len(json.dumps(r)) for _, r in large)  # every node's whole request, in every task's stdin
     print(f"step input per task at 256 nodes: {per_task / 1e6:.2f} MB (every request whole: {old_way / 1e6:.1f} MB)")
     assert per_task < 400_000 and per_task * 5 < old_way  # the probe is the agent's own module now: in no request
-    growth = (per_task - len(step_input(runs.AGENT_SOURCE, small))) / (256 - 8)
+    growth = (per_task - len(step_input(run_start.AGENT_SOURCE, small))) / (256 - 8)
     assert growth < 1_000, f"{growth:.0f} bytes per node"  # a node's own part, not the probe's source again
-    lines = step_input(runs.AGENT_SOURCE, large).decode().splitlines()
+    lines = step_input(run_start.AGENT_SOURCE, large).decode().splitlines()
     common, parts = json.loads(lines[2]), json.loads(lines[3])
     for i, (_, request) in enumerate(large):
         assert merged(common, parts[str(i)]["request"]) == json.loads(json.dumps(request))

@@ -23,7 +23,7 @@ from launcher.transport.program import host_command, node_program, program_input
 from launcher.transport.sessions import Node, Result, classify, close_all, connect_all
 
 if TYPE_CHECKING:
-    from launcher.run.supervise import NodeFacts
+    from launcher.run.events import NodeFacts
 
 CheckMode = Literal["all", "fast"]
 
@@ -234,12 +234,14 @@ class SessionPreflight:
 
     The agent probes before it says `ready` (the master holds master_port meanwhile), the launcher sends `tcp` once
     every node has answered, then `judge` looks at it all: `go` when every check passed, `abort` everywhere
-    otherwise, so nothing starts anywhere (`launcher.supervise.RunHandle.start`). Called with (cluster, nodes),
+    otherwise, so nothing starts anywhere (`launcher.run.handle.RunHandle.start`). Called with (cluster, nodes),
     as any preflight, it runs the same checks over probe sessions of their own instead.
     """
 
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     """Seconds each node's probe has to answer, from sending its session's request to its `probed` event."""
+    in_session: bool = True
+    """The checks run in the agents' start sessions (`launcher.run.gate.StartGate`)."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     """For the standalone form only: each SSH connection it opens (the launch has its own)."""
     before: Callable[[Cluster, dict[str, Node]], None] | None = None

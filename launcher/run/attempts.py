@@ -1,6 +1,6 @@
 """A launch that survives a lost node: attempts of a run, each on the nodes that are left (`inv launch --retries`).
 
-Each attempt is a whole run (`runs.launch`, its own run id, logs and atomic start). After an attempt that failed
+Each attempt is a whole run (`run_start.launch`, its own run id, logs and atomic start). After an attempt that failed
 because a node was lost or its processes were killed (`rootcause.retry_reason`; never after the script's own
 error), the launcher waits `retry_wait`, runs the doctor's fast checks on the nodes not blacklisted, and starts the
 next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. Each
@@ -25,7 +25,8 @@ from launcher.options import Options
 from launcher.plan.commands import LaunchPlan, plan_launch
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
-from launcher.run import runs
+from launcher.run import actions as run_actions
+from launcher.run import start as run_start
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
@@ -35,7 +36,7 @@ HealthCheck = Callable[[Cluster], Mapping[str, str]]
 
 
 def launch(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -> int:
-    """`runs.launch`, again on what is left after a lost node, up to `retries` more times."""
+    """`run_start.launch`, again on what is left after a lost node, up to `retries` more times."""
     attempts: list[Attempt] = []
     failures: dict[str, list[float]] = {}
     first = plan
@@ -48,7 +49,7 @@ def launch(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
         try:
-            code = runs.launch(plan, opts)
+            code = run_start.launch(plan, opts)
         except (LauncherError, KeyboardInterrupt) as exc:
             if isinstance(exc, RunFailed):
                 plan = _after_failure(exc, attempt, attempts, first, opts, failures, health, low, retries)
@@ -131,7 +132,7 @@ def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]
 def _sweep(cluster: Cluster, previous: Attempt, opts: Options) -> dict[str, str]:
     """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
     the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
-    states = runs.stop(cluster, previous.run_id, opts, sweep=True)
+    states = run_actions.stop(cluster, previous.run_id, opts, sweep=True)
     out = {}
     for state in states:
         if state.state in ("unreachable", "error"):

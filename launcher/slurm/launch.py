@@ -1,7 +1,7 @@
 """`inv launch --slurm`: the plan's run as one srun step of the allocation, supervised like a run over SSH.
 
 The plan, the agents' requests, the doctor's checks in the start session, the supervision, the prefixed output and
-the root cause are the SSH launch's own (`runs.run_attached`); only the sessions differ: the tasks of one step
+the root cause are the SSH launch's own (`run_start.run_attached`); only the sessions differ: the tasks of one step
 (`step.SrunStep`) instead of an SSH channel per node.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from launcher.errors import LauncherError
 from launcher.options import Options
 from launcher.plan.commands import LaunchPlan
-from launcher.run import runs
+from launcher.run import start as run_start
 from launcher.run.nodeenv import resolve_env
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
@@ -41,7 +41,7 @@ class SlurmNode:
 
 
 def launch(plan: LaunchPlan, opts: Options) -> int:
-    """Start the plan as one srun step and follow it to its end (as `runs.launch` does over SSH)."""
+    """Start the plan as one srun step and follow it to its end (as `run_start.launch` does over SSH)."""
     if opts.detach:
         raise LauncherError("--detach does not apply to --slurm: submit the job instead (`inv slurm.submit`), "
                             "then `inv status/logs/stop --job ID`")
@@ -57,7 +57,7 @@ def launch(plan: LaunchPlan, opts: Options) -> int:
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env))
     nodes = {c.host.name: SlurmNode(c.host.name, env) for c in plan.nodes}
     try:
-        return runs.run_attached(plan, opts, nodes, envs, opener=step.open)
+        return run_start.run_attached(plan, opts, nodes, envs, opener=step.open)
     finally:
         for note in step.close(opts.grace):
             opts.err.write(f"note: {note}\n")

@@ -287,9 +287,9 @@ def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str],
     return 1 if any(isinstance(o, NodeFailure) for o in ordered.values()) else 0
 
 
-def before_launch(cluster: Cluster, err: IO[str], then: Callable[[Cluster, dict[str, Node]], None] | None = None,
+def before_launch(cluster: Cluster, err: IO[str],
                   stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> Callable[[Cluster, dict[str, Node]], None]:
-    """A launch preflight that syncs over the run's own connections, then runs `then` (the doctor's checks).
+    """What a launch does first on its open connections with --sync (a start gate's `before`): sync the tree.
 
     The local tree is listed now, before any node is contacted; a node that cannot be synced stops the launch.
     """
@@ -307,7 +307,5 @@ def before_launch(cluster: Cluster, err: IO[str], then: Callable[[Cluster, dict[
         failures = [o for o in outcomes.values() if isinstance(o, NodeFailure)]
         if failures:
             raise SyncFailed(failures, "; nothing was started")
-        if then is not None:
-            then(cluster, nodes)
 
     return step

@@ -1,34 +1,35 @@
-"""A run's lifecycle across nodes: start every node's part at once, stream, fail fast, stop, status, logs.
+"""A run's start across nodes: every node's part at once, then (attached) streamed, failing fast, to its end.
 
-The node side is `launcher/agent.py`, sent over each node's SSH connection; `launcher/supervise.py` drives an
-attached run; this module wires it to the console, the log mirror and the root-cause report.
+The node side is `launcher/node/agent.py`, sent over each node's SSH connection; `launcher.run.handle` drives an
+attached run; this module wires it to the console, the log mirror and the root-cause report. After the start,
+`launcher.run.actions` stops, tells and replays a run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
-from launcher.options import ACTION_MARGIN, LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
-from launcher.plan import runchoice
-from launcher.plan.commands import RANKS_DIR, RUN_ID_ENV, RUN_ID_PATTERN, LaunchPlan, NodeCommand, rank_offsets
+from launcher.options import LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
+from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
+from launcher.run.events import Ended, Left, NodeEvent, Output, Stopping
+from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.supervise import Ended, Left, NodeEvent, Output, RunHandle, SessionOpener, StartGate, Stopping
+from launcher.run.sessions import SessionOpener
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, Result, classify, close_all, connect_all, run_all
+from launcher.transport.sessions import Node, Result, close_all, connect_all, run_all
 
 AGENT_SOURCE = node_program("agent")
 
@@ -81,8 +82,9 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "log_tail": log_tail_settings(),
     }
-    if isinstance(opts.preflight, StartGate):  # the doctor's probe, run by the agent before it says ready
-        request["preflight"] = opts.preflight.node_section(plan.cluster, command.host, plan.run_id)
+    section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
+    if section is not None:  # the doctor's probe, run by the agent before it says ready
+        request["preflight"] = section
     return request
 
 
@@ -137,10 +139,8 @@ def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
     nodes = connect_or_fail(cluster, cluster.hosts, opts)
     try:
-        if isinstance(opts.preflight, StartGate):
+        if opts.preflight is not None:
             opts.preflight.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
-        elif opts.preflight is not None:
-            opts.preflight(cluster, nodes)
         return run_attached(plan, opts, nodes, envs)
     finally:
         close_all(nodes.values())
@@ -246,7 +246,7 @@ class _Attached:
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
         request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.opts.grace}
-        _agent_action(nodes, self.plan.cluster, request, self.opts.action_timeout)
+        agent_action(nodes, self.plan.cluster, request, self.opts.action_timeout)
 
     def _wait(self) -> list[rootcause.NodeEnd]:
         while True:
@@ -289,183 +289,9 @@ class _Attached:
 # --- stop, status, logs: each one agent action per node, all nodes in parallel -----------------------------
 
 
-def _agent_action(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
+def agent_action(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
                   timeout: float | None = 60) -> dict[str, Result | NodeFailure]:
     hosts = [h for h in cluster.hosts if h.name in nodes]
     commands = {h.name: host_command(h) for h in hosts}
     inputs = {h.name: agent_input({**request, "node": h.name}) for h in hosts}
     return run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)
-
-
-@dataclass
-class NodeState:
-    """One node's answer to status or stop."""
-
-    host: str
-    state: str
-    """running, exited, stopped, lost, none (no such run), unreachable or error."""
-    run_id: str | None = None
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    found: int = 0
-    left: int = 0
-    detail: str = ""
-
-
-def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str | None:
-    """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
-    inventory as a whole (`launcher.runchoice`); says which on the console, or raises when it is ambiguous."""
-    results = _agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
-    listings: dict[str, list[runchoice.ListedRun]] = {}
-    for name, result in results.items():
-        if isinstance(result, NodeFailure):
-            continue
-        try:
-            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
-            listings[name] = [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes")
-                                                  else None) for r in answer["runs"]]
-        except (ValueError, IndexError, KeyError, TypeError):
-            continue  # an unreadable answer: this node's own action will say what is wrong with it
-    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings)
-    if choice is None:
-        return None  # no run at all on these nodes: each says so
-    opts.err.write(choice.why + "\n")
-    return choice.run_id
-
-
-def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[NodeState]:
-    check_run_id(request["run_id"])
-    nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
-    try:
-        if request["run_id"] is None and nodes:
-            request = {**request, "run_id": chosen_run(cluster, nodes, opts)}
-        # The action's own limit follows the grace period, so a long grace never reads as a lost node.
-        results = _agent_action(nodes, cluster, request, opts.action_timeout)
-    finally:
-        close_all(nodes.values())
-    states = []
-    for host in cluster.hosts:
-        failure = next((f for f in failures if f.host == host.name), None)
-        if failure is not None:
-            states.append(NodeState(host.name, "unreachable", detail=str(failure)))
-            continue
-        result = results[host.name]
-        if isinstance(result, NodeFailure):
-            states.append(NodeState(host.name, "unreachable", detail=str(result)))
-            continue
-        try:
-            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            states.append(NodeState(host.name, "error", detail=_agent_error(result)))
-            continue
-        states.append(NodeState(host.name, answer.get("state", "error"), answer.get("run_id"),
-                                answer.get("exit_code"), answer.get("started_at"), answer.get("ended_at"),
-                                answer.get("found", 0), answer.get("left", 0)))
-    return states
-
-
-def _agent_error(result: Result) -> str:
-    if result.timed_out is not None:
-        return (f"no answer within {result.timed_out:g} s (the grace period plus {ACTION_MARGIN:g} s): the node is "
-                "slow or hung, and what became of the run there is not known")
-    messages = []
-    for line in result.stderr.decode("utf-8", errors="replace").splitlines():
-        try:
-            messages.append(json.loads(line).get("message", line))
-        except (ValueError, AttributeError):
-            if line.strip():
-                messages.append(line.strip())
-    return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
-
-
-def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False
-         ) -> list[NodeState]:
-    """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
-    `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
-    opts = opts or Options()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts)
-
-
-def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
-    """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
-    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options())
-
-
-def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
-         follow: bool = False, opts: Options | None = None) -> int:
-    """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
-    opts = opts or Options()
-    check_run_id(run_id)
-    hosts = [h for h in cluster.hosts if node is None or h.name == node]
-    if not hosts:
-        raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
-                            f"{', '.join(h.name for h in cluster.hosts)})")
-    nodes = connect_or_fail(cluster, hosts, opts)
-    try:
-        run_id = run_id or chosen_run(cluster, nodes, opts)
-    except BaseException:
-        close_all(nodes.values())
-        raise
-    offsets = rank_offsets(cluster)
-    colour = supports_colour(opts.out)
-    width = max(len(h.name) for h in hosts)
-    lock = threading.Lock()
-    failures: list[str] = []
-
-    def one(index: int, host: Host) -> None:
-        log = NodeLog(host.name, index, width, offsets[host.name], colour)
-        sink = _RankFilter(opts.out, rank, lock)
-        try:
-            channel = nodes[host.name].open_channel(host_command(host))
-            channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
-            channel.close_stdin()
-            err = bytearray()
-            while not channel.finished:
-                out, e = channel.read()
-                err += e
-                if out:
-                    log.feed(out, sink)
-                elif channel.closed:
-                    break
-                else:
-                    channel.wait_readable(0.5)
-        except Exception as exc:  # a channel that fails is this node's failure, never a silent exit 0
-            failures.append(f"{host.name}: {classify(nodes[host.name].target, exc)}")
-            return
-        finally:
-            log.close(sink)
-        if channel.exit_code() != 0:
-            failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
-
-    try:
-        threads = [threading.Thread(target=one, args=(i, h), daemon=True) for i, h in enumerate(hosts)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)
-    finally:
-        close_all(nodes.values())
-    for line in failures:
-        opts.err.write(line + "\n")
-    return 1 if failures else 0
-
-
-class _RankFilter:
-    """A text sink that keeps only one global rank's lines (when a rank is asked for), whole lines at a time."""
-
-    def __init__(self, out: IO[str], rank: int | None, lock: threading.Lock):
-        self.out, self.rank, self.lock = out, rank, lock
-
-    def write(self, text: str) -> None:
-        if self.rank is not None:
-            tag = f" r{self.rank} "
-            text = "".join(line + "\n" for line in text.splitlines() if tag in line.split("|", 1)[0] + " ")
-        if text:
-            with self.lock:
-                self.out.write(text)
-                self.out.flush()
-
-
-__all__ = ["RUN_ID_ENV", "Options", "launch", "logs", "status", "stop"]

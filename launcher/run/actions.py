@@ -1,0 +1,190 @@
+"""A run after its start, from any terminal: `inv stop`, `inv status` and `inv logs` ask every node's agent (a
+short session each, all nodes at once) about the run the inventory chooses (`launcher.plan.runchoice`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import IO, Any
+
+from launcher.config.model import Cluster, Host
+from launcher.errors import LauncherError, NodeFailure
+from launcher.options import ACTION_MARGIN, Options
+from launcher.plan import runchoice
+from launcher.plan.commands import rank_offsets
+from launcher.report.lines import NodeLog, supports_colour
+from launcher.run.start import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.transport.program import host_command
+from launcher.transport.sessions import Node, Result, classify, close_all, connect_all
+
+
+@dataclass
+class NodeState:
+    """One node's answer to status or stop."""
+
+    host: str
+    state: str
+    """running, exited, stopped, lost, none (no such run), unreachable or error."""
+    run_id: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    found: int = 0
+    left: int = 0
+    detail: str = ""
+
+
+def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str | None:
+    """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
+    inventory as a whole (`launcher.runchoice`); says which on the console, or raises when it is ambiguous."""
+    results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
+    listings: dict[str, list[runchoice.ListedRun]] = {}
+    for name, result in results.items():
+        if isinstance(result, NodeFailure):
+            continue
+        try:
+            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
+            listings[name] = [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes")
+                                                  else None) for r in answer["runs"]]
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue  # an unreadable answer: this node's own action will say what is wrong with it
+    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings)
+    if choice is None:
+        return None  # no run at all on these nodes: each says so
+    opts.err.write(choice.why + "\n")
+    return choice.run_id
+
+
+def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[NodeState]:
+    check_run_id(request["run_id"])
+    nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    try:
+        if request["run_id"] is None and nodes:
+            request = {**request, "run_id": chosen_run(cluster, nodes, opts)}
+        # The action's own limit follows the grace period, so a long grace never reads as a lost node.
+        results = agent_action(nodes, cluster, request, opts.action_timeout)
+    finally:
+        close_all(nodes.values())
+    states = []
+    for host in cluster.hosts:
+        failure = next((f for f in failures if f.host == host.name), None)
+        if failure is not None:
+            states.append(NodeState(host.name, "unreachable", detail=str(failure)))
+            continue
+        result = results[host.name]
+        if isinstance(result, NodeFailure):
+            states.append(NodeState(host.name, "unreachable", detail=str(result)))
+            continue
+        try:
+            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            states.append(NodeState(host.name, "error", detail=_agent_error(result)))
+            continue
+        states.append(NodeState(host.name, answer.get("state", "error"), answer.get("run_id"),
+                                answer.get("exit_code"), answer.get("started_at"), answer.get("ended_at"),
+                                answer.get("found", 0), answer.get("left", 0)))
+    return states
+
+
+def _agent_error(result: Result) -> str:
+    if result.timed_out is not None:
+        return (f"no answer within {result.timed_out:g} s (the grace period plus {ACTION_MARGIN:g} s): the node is "
+                "slow or hung, and what became of the run there is not known")
+    messages = []
+    for line in result.stderr.decode("utf-8", errors="replace").splitlines():
+        try:
+            messages.append(json.loads(line).get("message", line))
+        except (ValueError, AttributeError):
+            if line.strip():
+                messages.append(line.strip())
+    return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
+
+
+def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False
+         ) -> list[NodeState]:
+    """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
+    `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
+    opts = opts or Options()
+    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts)
+
+
+def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
+    """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
+    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options())
+
+
+def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
+         follow: bool = False, opts: Options | None = None) -> int:
+    """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
+    opts = opts or Options()
+    check_run_id(run_id)
+    hosts = [h for h in cluster.hosts if node is None or h.name == node]
+    if not hosts:
+        raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
+                            f"{', '.join(h.name for h in cluster.hosts)})")
+    nodes = connect_or_fail(cluster, hosts, opts)
+    try:
+        run_id = run_id or chosen_run(cluster, nodes, opts)
+    except BaseException:
+        close_all(nodes.values())
+        raise
+    offsets = rank_offsets(cluster)
+    colour = supports_colour(opts.out)
+    width = max(len(h.name) for h in hosts)
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def one(index: int, host: Host) -> None:
+        log = NodeLog(host.name, index, width, offsets[host.name], colour)
+        sink = _RankFilter(opts.out, rank, lock)
+        try:
+            channel = nodes[host.name].open_channel(host_command(host))
+            channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
+            channel.close_stdin()
+            err = bytearray()
+            while not channel.finished:
+                out, e = channel.read()
+                err += e
+                if out:
+                    log.feed(out, sink)
+                elif channel.closed:
+                    break
+                else:
+                    channel.wait_readable(0.5)
+        except Exception as exc:  # a channel that fails is this node's failure, never a silent exit 0
+            failures.append(f"{host.name}: {classify(nodes[host.name].target, exc)}")
+            return
+        finally:
+            log.close(sink)
+        if channel.exit_code() != 0:
+            failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
+
+    try:
+        threads = [threading.Thread(target=one, args=(i, h), daemon=True) for i, h in enumerate(hosts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    finally:
+        close_all(nodes.values())
+    for line in failures:
+        opts.err.write(line + "\n")
+    return 1 if failures else 0
+
+
+class _RankFilter:
+    """A text sink that keeps only one global rank's lines (when a rank is asked for), whole lines at a time."""
+
+    def __init__(self, out: IO[str], rank: int | None, lock: threading.Lock):
+        self.out, self.rank, self.lock = out, rank, lock
+
+    def write(self, text: str) -> None:
+        if self.rank is not None:
+            tag = f" r{self.rank} "
+            text = "".join(line + "\n" for line in text.splitlines() if tag in line.split("|", 1)[0] + " ")
+        if text:
+            with self.lock:
+                self.out.write(text)
+                self.out.flush()

@@ -1,0 +1,192 @@
+"""One attached run across nodes, shaped like torch elastic's `PContext`: `start`, `wait`, `stop(grace)`, `close`.
+
+Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
+turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
+handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
+on without a node). Output goes to `on_event` from the reader threads, so consumers must not block: nothing here
+ever waits on a console or a disk.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from launcher.node.protocol import GO, KILL, STOP, word_line
+from launcher.options import STALL, STOP_MARGIN, Options
+from launcher.plan.commands import LaunchPlan
+from launcher.report.rootcause import NodeEnd
+from launcher.run import gate as start_gate
+from launcher.run.events import Ended, Left, Message, NodeEvent, Started, Stopping
+from launcher.run.sessions import Session, SessionOpener, Sessions
+from launcher.run.sweep import SWEPT, Sweeps
+from launcher.transport.sessions import Node
+
+
+class RunHandle:
+    """The controller side of one run: its sessions, and the decisions taken while waiting."""
+
+    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
+                 agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None):
+        self.plan, self.opts, self.nodes = plan, opts, nodes
+        self.opener = opener
+        self.on_event = on_event
+        self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout)
+        self.sessions: dict[str, Session] = self.link.by_name
+        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, opts)
+        self.start_failure: str | None = None
+        low, _ = plan.cluster.rendezvous.elastic.nodes_range(len(plan.nodes))
+        self.min_nodes = low if plan.cluster.rendezvous.elastic.backend == "c10d" else len(plan.nodes) + 1
+        """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
+        self.stop_deadline: float | None = None
+        self._last_step = time.monotonic()
+
+    @property
+    def unswept(self) -> dict[str, str]:
+        """Nodes whose part could not be stopped over a new channel, and why."""
+        return self.sweeps.unswept
+
+    # --- start ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open every node's agent session at once and wait until all started.
+
+        Any node that cannot start makes the others stop what they started: a run starts everywhere or nowhere.
+        With a `StartGate` (the doctor's checks) each agent probes first, in the same session; the gate's verdict
+        comes before `go`, and when it raises, every agent is told `abort` and nothing starts anywhere.
+        """
+        began = time.monotonic()
+        errors = self.link.open(self.plan.nodes, self.opener)
+        for command, error in zip(self.plan.nodes, errors, strict=True):
+            if error is not None:
+                self._fail_start(f"{command.host.name}: cannot open a session: {error}")
+        gate = self.opts.preflight
+        if gate is not None and gate.in_session:
+            unopened = {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e}
+            start_gate.check(self, gate, unopened, began)
+        # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
+        while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
+            self.step(0.2)
+        if self.start_failure is None:
+            for session in self.sessions.values():
+                session.channel.send(word_line(GO))
+        while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
+            self.step(0.2)
+
+    def abort(self, reason: str) -> None:
+        """Give up starting: stop what has started (a run starts everywhere or nowhere)."""
+        self._fail_start(reason)
+
+    def _fail_start(self, reason: str) -> None:
+        if self.start_failure is None:
+            self.start_failure = reason
+            self.stop()
+
+    @property
+    def started(self) -> list[str]:
+        return [s.name for s in self.sessions.values() if s.started]
+
+    # --- waiting and deciding --------------------------------------------------------------------------------
+
+    def step(self, timeout: float) -> None:
+        """Take one event (or time out), then look at the clock: silent nodes, stop deadlines."""
+        try:
+            event = self.link.control.get(timeout=timeout)
+        except queue.Empty:
+            event = None
+        if event is not None:
+            self._take(event)
+        now = time.monotonic()
+        if now - self._last_step > STALL:
+            # The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence.
+            for session in list(self.sessions.values()):
+                session.heard = max(session.heard, now)
+        self._last_step = now
+        for session in list(self.sessions.values()):
+            if session.end is None:
+                self._look_at(session, now)
+
+    def _look_at(self, session: Session, now: float) -> None:
+        """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
+        if session.pending_word is not None and session.channel.send(session.pending_word, block=False):
+            session.pending_word = None
+        silent = now - session.heard
+        # Before its agent is ready a node may be starting its python from a cold network filesystem.
+        limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
+        if silent > limit:
+            self._take(Ended(session.name, time.time(), NodeEnd(
+                session.name, "silent", time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
+        elif self.stop_deadline is not None and now > self.stop_deadline:
+            self._take(Ended(session.name, time.time(), NodeEnd(
+                session.name, "unanswered", time.time(), asked_to_stop=True)))
+
+    def _take(self, event: NodeEvent) -> None:
+        session = self.sessions[event.node]
+        if isinstance(event, Ended):
+            if session.end is not None:
+                return
+            session.end = replace(event.end, errors=tuple(session.messages))
+            event = self._ended(session, replace(event, end=session.end))
+        elif isinstance(event, Started):
+            session.started = True
+        elif isinstance(event, Stopping):
+            session.stop_reason = event.reason
+        elif isinstance(event, Message):
+            session.messages.append(event.text)
+        self.on_event(event)
+
+    def _ended(self, session: Session, event: Ended) -> NodeEvent:
+        """Decide on a node's end: sweep after its agent, stop the others, fail the start, or go on without it."""
+        end = session.end
+        assert end is not None
+        if end.kind in SWEPT and session.name in self.nodes:
+            self.sweeps.after(session)
+        elif end.kind == "unanswered":
+            self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
+        if not end.failed or session.asked_to_stop:
+            return event
+        remaining = sum(1 for s in self.sessions.values() if s.end is None)
+        if session.started and remaining >= self.min_nodes and self.start_failure is None:
+            self.on_event(event)  # an elastic group re-forms without the node: the others go on
+            return Left(event.node, event.time, end, remaining)
+        if session.started:
+            self.stop()
+        else:
+            silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
+            exited = f"the agent exited with code {end.exit_code}"
+            why = "; ".join(session.messages) or (silent if end.kind == "silent" else exited)
+            self._fail_start(f"{session.name}: {why}")
+        return event
+
+    def unswept_lines(self, source: str) -> list[str]:
+        """For each node whose part could not be stopped over a new channel: what to run."""
+        return self.sweeps.lines(source)
+
+    def stop(self, kill: bool = False) -> None:
+        """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
+        word = word_line(KILL if kill else STOP)
+        for session in list(self.sessions.values()):
+            if session.end is None and (kill or not session.asked_to_stop):
+                session.asked_to_stop = True
+                if not session.channel.send(word, block=False):
+                    session.pending_word = word  # the channel could not take it now: sent again at the next step
+        grace = 0.0 if kill else self.opts.grace
+        deadline = time.monotonic() + grace + STOP_MARGIN
+        self.stop_deadline = min(self.stop_deadline or deadline, deadline)
+
+    def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
+        """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(s.end is None for s in self.sessions.values()) or self.sweeps.under_way():
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            self.step(0.2)
+        self.sweeps.settle()
+        return [self.sessions[c.host.name].end for c in self.plan.nodes if c.host.name in self.sessions]  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Stop heartbeats and close the channels (an attached node then stops what is left by itself)."""
+        self.link.close()

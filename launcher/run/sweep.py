@@ -1,0 +1,68 @@
+"""Sweeps after a node's agent is gone: a node whose agent died (killed) or went silent (stopped, stuck) may still
+run its part of the run, so the launcher stops it over a new channel, the silent agent too. When that fails as well,
+the node's part may still run, and the report says what to run (`lines`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from launcher.options import SWEEP_MARGIN, Options
+from launcher.run.sessions import Session
+from launcher.transport.program import host_command, program_input
+from launcher.transport.sessions import Node
+
+SWEPT = ("agent-died", "silent")
+"""Ends after which the node's part may live on without its agent: the launcher stops it over a new channel. (A
+node that did not confirm a stop in time is not waited for again: Ctrl-C returns within grace + STOP_MARGIN.)"""
+
+
+class Sweeps:
+    """The sweeps of one run, each on a thread of its own with the moment the launcher stops waiting for it."""
+
+    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, opts: Options):
+        self.run_id, self.nodes, self.agent_source, self.opts = run_id, nodes, agent_source, opts
+        self._threads: list[tuple[threading.Thread, float, str]] = []
+        self.unswept: dict[str, str] = {}
+        """Nodes whose sweep failed, and why: their part may still run."""
+
+    def after(self, session: Session) -> None:
+        """Stop the run on the session's node over a new channel (killing a silent agent too)."""
+        node = self.nodes[session.name]
+        request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
+                                   "grace": self.opts.grace,
+                                   "kill_keeper": session.end is not None and session.end.kind != "agent-died"}
+
+        def sweep() -> None:
+            try:
+                result = node.run(host_command(session.command.host), program_input(self.agent_source, request),
+                                  timeout=self.opts.action_timeout)
+                why = (f"no answer within {result.timed_out:g} s" if result.timed_out is not None else
+                       f"the stop exited with code {result.exit_code}" if result.exit_code != 0 else None)
+            except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
+                why = str(exc) or type(exc).__name__
+            if why is not None:
+                self.unswept[session.name] = why
+
+        thread = threading.Thread(target=sweep, daemon=True, name=f"sweep-{session.name}")
+        # TERM, grace, KILL on the node, and a margin: whenever its sshd answers, nothing of the run is left then.
+        self._threads.append((thread, time.monotonic() + self.opts.grace + SWEEP_MARGIN, session.name))
+        thread.start()
+
+    def under_way(self) -> bool:
+        """A sweep is still under way, and within its limit (a node gone silent can't hold us)."""
+        return any(thread.is_alive() and time.monotonic() < until for thread, until, _ in self._threads)
+
+    def settle(self) -> None:
+        """Name the nodes whose sweep is still under way past its limit."""
+        for thread, _, name in self._threads:
+            if thread.is_alive():
+                self.unswept.setdefault(name, f"no answer within {self.opts.grace + SWEEP_MARGIN:g} s")
+
+    def lines(self, source: str) -> list[str]:
+        """For each node whose part could not be stopped over a new channel: what to run."""
+        return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
+                f"{why}); run `inv stop --hosts {source} --run {self.run_id}`"
+                for name, why in sorted(self.unswept.items())]
