@@ -221,3 +221,17 @@ STOP_MARGIN = 5.0
 SWEEP_MARGIN = 3.0
 """Seconds beyond the grace period the launcher waits for a sweep over a new channel (a node whose sshd answers
 needs about one: a session, the agent's start, a look at /proc); one whose sshd does not is reported instead."""
+
+
+# --- the doctor's judgement (launcher.doctor) ---------------------------------------------------------------------
+MIN_DISK_BYTES = 1 << 30
+"""Less free space than this where a node's workdir is fails the doctor's disk check."""
+MAX_CLOCK_SKEW_S = 5.0
+"""A node's clock further than this from the controller's fails the doctor's clock check."""
+SLOW_PROBE_MARGIN_S = 2.0
+"""A slow probe answered at least this much later than the typical node's (above SSH and interpreter-start noise)."""
+SLOW_PROBE_FACTOR = 2.0
+"""... and took at least this many times as long (a load every node shares is nobody's fault)."""
+SLOW_PROBE_SHARE = 0.5
+"""A probe that used more than this share of probe_timeout is slow whatever its peers took: the next may not fit."""
+

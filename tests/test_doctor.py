@@ -136,8 +136,8 @@ def test_each_check_is_registered_once_in_column_order_and_fast_ones_are_marked(
     assert doctor.CHECKS == checks_module.CHECKS  # the refused registration left the registry as it was
     ev = evidence(node_1=ProbeFailed(127, "no python"), node_2=NodeFailure("node-2", "refused", "refused", "fix"))
     for name in doctor.CHECKS:  # each function's findings carry the name it was registered under
-        assert {f.check for f in getattr(checks_module, f"check_{name}")(evidence())} == {name}
-        assert {f.check for f in getattr(checks_module, f"check_{name}")(ev)} <= {name}
+        assert {f.check for f in checks_module.check_function(name)(evidence())} == {name}
+        assert {f.check for f in checks_module.check_function(name)(ev)} <= {name}
 
 
 def test_task_help_and_preflight_line_name_the_registered_fast_checks() -> None:

@@ -1,0 +1,202 @@
+"""The doctor's checks between nodes: names (every node resolves every other alike, and no host maps its own name
+to loopback), the master's port, a TCP connection to it from every node, the interface toward it. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from launcher.config.model import Cluster
+from launcher.doctor.evidence import Evidence, Finding
+from launcher.doctor.registry import check, listed, majority, master_host, probes_of
+
+
+def requested_names(cluster: Cluster) -> list[str]:
+    """Every name a node must resolve: each host's addr (how peers reach it) and master_addr."""
+    names = [h.addr for h in cluster.hosts]
+    return list(dict.fromkeys([*names, cluster.rendezvous.master_addr]))
+
+
+def _views(ev: Evidence, name: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Per probed host: the addresses `name` resolves to there, or the error."""
+    views, errors = {}, {}
+    for h, p in probes_of(ev).items():
+        answer = p.get("resolve", {}).get(name)
+        if answer is None:
+            continue
+        if answer.get("addrs"):
+            views[h] = answer["addrs"]
+        else:
+            errors[h] = answer.get("error", "no address")
+    return views, errors
+
+
+def _consensus(ev: Evidence, name: str, views: Mapping[str, list[str]]) -> tuple[tuple[str, ...], str] | None:
+    """What the peers agree `name` is (a sorted address set) and the address to put in /etc/hosts.
+
+    A node is not asked about its own address (its /etc/hosts may hold the 127.0.1.1 trap); on a tie the view
+    that holds the owner's own address wins.
+    """
+    owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
+    judges = {h: tuple(sorted(v)) for h, v in views.items() if h != owner} or {
+        h: tuple(sorted(v)) for h, v in views.items()}
+    if not judges:
+        return None
+    own = set(views.get(owner, [])) if owner else set()
+    prefer = next((s for s in judges.values() if own & set(s)), None)
+    chosen = majority(judges, prefer)
+    first = next(views[h][0] for h, s in judges.items() if s == chosen)
+    return chosen, first
+
+
+@check("dns", fast=True)
+def check_dns(ev: Evidence) -> list[Finding]:
+    """Every node resolves master_addr and every peer's addr, to the addresses its peers agree on."""
+    problems: dict[str, list[Finding]] = {h: [] for h in probes_of(ev)}
+    names = requested_names(ev.cluster)
+    for name in names:
+        owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
+        views, errors = _views(ev, name)
+        agreed = _consensus(ev, name, views)
+        for h, error in errors.items():
+            if agreed:
+                fix = f'add "{agreed[1]} {name}" to /etc/hosts on {h}'
+            else:
+                fix = (f"no node can resolve {name}: fix the name in {ev.cluster.source}, or add it to DNS "
+                       "or /etc/hosts on every node")
+            problems[h].append(Finding(h, "dns", "fail", f"{h} cannot resolve {name} ({error})", fix))
+        for h, addrs in views.items():
+            if h == owner or agreed is None or tuple(sorted(addrs)) == agreed[0]:
+                continue  # a node's view of its own name is the hostname check's business
+            others = [x for x, v in views.items() if tuple(sorted(v)) == agreed[0] and x != h]
+            problems[h].append(Finding(
+                h, "dns", "fail",
+                f"{h} resolves {name} to {', '.join(addrs)}, {listed(others)} to {', '.join(agreed[0])}",
+                f'make {name} resolve to {agreed[1]} on {h}: "{agreed[1]} {name}" in its /etc/hosts, or fix DNS'))
+    out = []
+    for h, found in problems.items():
+        out += found or [Finding(h, "dns", "ok", f"resolves {len(names)} name(s) like its peers")]
+    return out
+
+
+def _loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"
+
+
+@check("hostname", fast=True)
+def check_hostname(ev: Evidence) -> list[Finding]:
+    """The 127.0.1.1 trap: a node's own hostname resolves, on it, to an address its peers don't use for it."""
+    out = []
+    for host in ev.cluster.hosts:
+        p = probes_of(ev).get(host.name)
+        if p is None:
+            continue
+        me = p["self"]
+        hostname = me["hostname"]
+        views, _ = _views(ev, host.addr)
+        peer_views = {h: v for h, v in views.items() if h != host.name}
+        agreed = _consensus(ev, host.addr, peer_views) if peer_views else None
+        good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
+        lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
+        if me.get("error"):
+            fix = f'add "{good} {hostname}" to /etc/hosts on {host.name}' if good else \
+                f"make {hostname} resolvable on {host.name} (/etc/hosts or DNS)"
+            out.append(Finding(host.name, "hostname", "fail",
+                               f"its own hostname {hostname} does not resolve there ({me['error']}): "
+                               "gloo cannot pick an address", fix))
+            continue
+        addrs = me.get("addrs", [])
+        if agreed is None or set(addrs) & set(agreed[0]):
+            out.append(Finding(host.name, "hostname", "ok", f"{hostname} -> {', '.join(addrs)}"))
+            continue
+        trap = all(_loopback(a) for a in addrs)
+        if lines:
+            fix = f'on {host.name}, replace "{lines[0]}" in /etc/hosts with "{good} {hostname}"'
+        else:
+            fix = f'make {hostname} resolve to {good} on {host.name} ("{good} {hostname}" in /etc/hosts)'
+        detail = (f"{hostname} resolves to {', '.join(addrs)} on {host.name}, but its peers reach it at "
+                  f"{', '.join(agreed[0])}")
+        if trap:
+            out.append(Finding(host.name, "hostname", "fail",
+                               f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach", fix))
+        else:
+            out.append(Finding(host.name, "hostname", "warn",
+                               f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it", fix))
+    return out
+
+
+@check("port", fast=True)
+def check_port(ev: Evidence) -> list[Finding]:
+    """master_port is free on the master (its listen-mode probe could bind it)."""
+    master = master_host(ev)
+    port = ev.cluster.rendezvous.master_port
+    listener = ev.listener
+    if listener is None or master.name not in probes_of(ev):
+        return []  # the master is unreachable or its python failed: those findings say it
+    if "failed" in listener:
+        return [Finding(master.name, "port", "fail", f"could not check port {port}: {listener['failed']}",
+                        f"retry; if it persists run `ssh {master.name} ss -ltnp 'sport = :{port}'`")]
+    if listener.get("free"):
+        return [Finding(master.name, "port", "ok", f"port {port} is free on {master.name}")]
+    holders = listener.get("holders") or []
+    who = "; ".join(f"pid {h['pid']} ({h['command'][:60] or '?'}) {h['state']}" for h in holders)
+    states = listener.get("states") or []
+    why = who or ("something listens on it" if "listening" in states else
+                  "a socket listens on it (perhaps in another container or network namespace)")
+    stop = f"stop pid {holders[0]['pid']}" if holders else f"find its owner with `ss -ltnp 'sport = :{port}'`"
+    return [Finding(master.name, "port", "fail",
+                    f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
+                    f"{stop} on {master.name}, or set rendezvous.master_port to a free port")]
+
+
+@check("tcp", fast=True)
+def check_tcp(ev: Evidence) -> list[Finding]:
+    """Every node opened a TCP connection to master_addr:master_port and reached our listener."""
+    listener = ev.listener
+    if not listener or not listener.get("free"):
+        return []  # no listener of ours was up: the port finding says why
+    master = master_host(ev)
+    rdzv = ev.cluster.rendezvous
+    target = f"{rdzv.master_addr}:{rdzv.master_port}"
+    out = []
+    for h, p in probes_of(ev).items():
+        tcp = p.get("tcp")
+        if tcp is None:
+            continue
+        if tcp.get("ok"):
+            took = tcp.get("elapsed", 0.0)
+            out.append(Finding(h, "tcp", "ok", f"reached {target} ({tcp.get('peer')}) in {took:.2f} s"))
+            continue
+        error = tcp.get("error", "failed")
+        if error.startswith("cannot resolve"):
+            fix = f"make {rdzv.master_addr} resolvable on {h} (see its dns finding)"
+        elif error.startswith("something else"):
+            fix = (f"{rdzv.master_addr} leads to another machine from {h}: it must be {master.name}'s address "
+                   f"(check DNS or /etc/hosts on {h})")
+        elif error.startswith("connected to"):
+            fix = (f"check that {rdzv.master_addr} is {master.name}'s address on {h} (DNS or /etc/hosts); "
+                   f"if it is, {master.name} was too busy to answer: run the doctor again")
+        else:
+            fix = (f"let {h} reach TCP port {rdzv.master_port} on {master.name} (firewall, security group), "
+                   f"and check that {rdzv.master_addr} resolves to {master.name}'s address there")
+        out.append(Finding(h, "tcp", "fail", f"{h} cannot open a TCP connection to {target}: {error}", fix))
+    return out
+
+
+@check("iface")
+def check_iface(ev: Evidence) -> list[Finding]:
+    """The interface and address each node would use toward master_addr."""
+    out = []
+    master_addr = ev.cluster.rendezvous.master_addr
+    for h, p in probes_of(ev).items():
+        route = p.get("route")
+        if route is None:
+            continue
+        if route.get("error", "").startswith("gai error"):
+            continue  # master_addr does not resolve there: the dns finding says so
+        if route.get("error"):
+            out.append(Finding(h, "iface", "warn", f"no route toward {master_addr}: {route['error']}",
+                               f"check {h}'s routes and name resolution for {master_addr}"))
+        else:
+            out.append(Finding(h, "iface", "ok", f"{route.get('iface') or '?'} {route['ip']} toward {master_addr} "
+                               "(for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)"))
+    return out
