@@ -60,7 +60,7 @@ def test_run_ids_are_checked(bad: str) -> None:
 
 def test_a_node_action_past_its_limit_says_so_not_exit_code_minus_one() -> None:
     from launcher.run.actions import _agent_error
-    from launcher.transport.sessions import Result
+    from launcher.transport.channel import Result
 
     assert _agent_error(Result(-1, b"", b"", timed_out=30.0)) == (
         "no answer within 30 s (the grace period plus 20 s): the node is slow or hung, and what became of the run "

@@ -21,7 +21,8 @@ from helpers import REPO
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import NodeFailure
-from launcher.transport.sessions import ExecTimeout, Node, classify, connect
+from launcher.transport.channel import ExecTimeout
+from launcher.transport.sessions import Node, classify, connect
 
 
 class _StallingServer(paramiko.ServerInterface):

@@ -19,8 +19,9 @@ from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
+from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, Result, classify, close_all, connect_all
+from launcher.transport.sessions import Node, classify, close_all, connect_all
 
 if TYPE_CHECKING:
     from launcher.run.events import NodeFacts

@@ -15,8 +15,9 @@ from launcher.plan import runchoice
 from launcher.plan.commands import rank_offsets
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.start import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.transport.channel import Result
 from launcher.transport.program import host_command
-from launcher.transport.sessions import Node, Result, classify, close_all, connect_all
+from launcher.transport.sessions import Node, classify, close_all, connect_all
 
 
 @dataclass

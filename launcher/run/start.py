@@ -28,8 +28,9 @@ from launcher.run.events import Ended, Left, NodeEvent, Output, Stopping
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
+from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, Result, close_all, connect_all, run_all
+from launcher.transport.sessions import Node, close_all, connect_all, run_all
 
 AGENT_SOURCE = node_program("agent")
 

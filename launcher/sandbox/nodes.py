@@ -95,66 +95,36 @@ def up(
     slurm_timeout: float = 30.0,
 ) -> Sandbox:
     """Start `nodes` sshd servers and write their keys, ssh config and inventory; return once all accept TCP.
-
     With `slurm`, also a SLURM cluster on them (munged, slurmctld, a slurmd in each node's namespaces), returned
     once sinfo shows every node idle (within `slurm_timeout` s); reach it with `slurm_env(state_dir)`.
 
-    Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts;
-    `self_loopback_trap` [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path}
-    gives node i another interpreter in the inventory. Nothing is left running when it raises.
+    Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts; `self_loopback_trap`
+    [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path} gives node i another
+    interpreter in the inventory. Nothing is left running when it raises.
     """
-    if not 1 <= nodes <= MAX_NODES:
-        raise SandboxError(f"a sandbox has 1 to {MAX_NODES} nodes, got {nodes}.")
-    if not 1 <= ssh_port <= 65535:
-        raise SandboxError(f"ssh port must be 1..65535, got {ssh_port}.")
-    addrs = node_addresses(base_addr, nodes)
     hidden = {i: set(js) for i, js in (unresolvable or {}).items()}
-    trap = set(self_loopback_trap)
-    overrides = dict(python_override or {})
-    _check_indices(nodes, {*hidden, *(j for js in hidden.values() for j in js), *trap, *overrides})
+    trap, overrides = set(self_loopback_trap), dict(python_override or {})
+    _check_request(nodes, ssh_port, {*hidden, *(j for js in hidden.values() for j in js), *trap, *overrides})
+    addrs = node_addresses(base_addr, nodes)
     unshare = start.preflight()
     if slurm:
         slurm_cluster.preflight()
     state_dir, inventory = Path(state_dir).absolute(), Path(inventory).absolute()
     config_path(state_dir)
-    inventory_text = render_inventory(
-        ssh_config=state_dir / "ssh_config",
-        names=[node_name(i) for i in range(nodes)],
-        python=python or start.default_python(),
-        workdir=Path(workdir).absolute() if workdir else REPO_ROOT,
-        nproc_per_node=nproc_per_node,
-        master_port=master_port,
-        script=script,
-        script_args=script_args,
-        python_override=overrides,
-    )
+    inventory_text = render_inventory(ssh_config=state_dir / "ssh_config", names=[node_name(i) for i in range(nodes)],
+                                      python=python or start.default_python(),
+                                      workdir=Path(workdir).absolute() if workdir else REPO_ROOT,
+                                      nproc_per_node=nproc_per_node, master_port=master_port, script=script,
+                                      script_args=script_args, python_override=overrides)
     state_dir.mkdir(parents=True, exist_ok=True)
     with _locked(state_dir):
         _clear_stale(state_dir)
         identity, known_hosts, ssh_config = _write_client_files(state_dir, addrs, ssh_port)
-        commands = [
-            _write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare)
-            for i in range(nodes)
-        ]
-        started: list[subprocess.Popen[bytes]] = []
-        cluster: dict[str, Any] | None = None
+        commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare)
+                    for i in range(nodes)]
+        started, records, cluster = _start_nodes(state_dir, commands, addrs, ssh_port, ready_timeout,
+                                                 slurm_timeout if slurm else None)
         try:
-            for i, argv in enumerate(commands):
-                started.append(start.launch(state_dir / node_name(i), argv))
-            start.wait_ready(state_dir, addrs, ssh_port, started, ready_timeout)
-            records = [
-                {
-                    "name": node_name(i),
-                    "addr": addr,
-                    "port": ssh_port,
-                    "pid": p.pid,
-                    "start_time": procs.start_time(p.pid),
-                }
-                for i, (addr, p) in enumerate(zip(addrs, started, strict=True))
-            ]
-            if slurm:
-                homes = [(r["name"], r["addr"], (r["pid"], r["start_time"])) for r in records]
-                cluster = slurm_cluster.start(state_dir, homes, slurm_timeout)
             inventory.parent.mkdir(parents=True, exist_ok=True)
             inventory.write_text(inventory_text, encoding="utf-8")
             _write_state(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
@@ -164,6 +134,38 @@ def up(
             _stop_started(started)
             raise
     return load(state_dir)
+
+
+def _check_request(nodes: int, ssh_port: int, indices: Iterable[int]) -> None:
+    """A sandbox of 1 to MAX_NODES nodes on a real port, whose faults name nodes it has."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise SandboxError(f"a sandbox has 1 to {MAX_NODES} nodes, got {nodes}.")
+    if not 1 <= ssh_port <= 65535:
+        raise SandboxError(f"ssh port must be 1..65535, got {ssh_port}.")
+    _check_indices(nodes, indices)
+
+
+def _start_nodes(state_dir: Path, commands: Sequence[list[str]], addrs: Sequence[str], ssh_port: int,
+                 ready_timeout: float, slurm_timeout: float | None,
+                 ) -> tuple[list[subprocess.Popen[bytes]], list[dict[str, Any]], dict[str, Any] | None]:
+    """Start every node's sshd (and, given `slurm_timeout`, the SLURM cluster on them): the processes, their
+    records, the cluster's. Nothing is left running when it raises."""
+    started: list[subprocess.Popen[bytes]] = []
+    cluster: dict[str, Any] | None = None
+    try:
+        for i, argv in enumerate(commands):
+            started.append(start.launch(state_dir / node_name(i), argv))
+        start.wait_ready(state_dir, addrs, ssh_port, started, ready_timeout)
+        records = [{"name": node_name(i), "addr": addr, "port": ssh_port, "pid": p.pid,
+                    "start_time": procs.start_time(p.pid)}
+                   for i, (addr, p) in enumerate(zip(addrs, started, strict=True))]
+        if slurm_timeout is not None:
+            homes = [(r["name"], r["addr"], (r["pid"], r["start_time"])) for r in records]
+            cluster = slurm_cluster.start(state_dir, homes, slurm_timeout)
+    except BaseException:  # Ctrl-C included: nothing half-started stays behind
+        _stop_started(started)
+        raise
+    return started, records, cluster
 
 
 def load(state_dir: Path = DEFAULT_STATE_DIR) -> Sandbox:

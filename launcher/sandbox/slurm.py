@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import suppress
@@ -18,7 +15,18 @@ from typing import Any, NamedTuple
 from launcher.errors import SandboxError
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
-from launcher.sandbox.render import config_path, node_cache
+from launcher.sandbox.render import node_cache
+from launcher.sandbox.slurmconf import (
+    SLURM_CONF_NAME,
+    TASK_PROLOG,
+    SlurmNode,
+    free_ports,
+    render_slurm_conf,
+    render_task_prolog,
+    slurm_dir,
+    slurm_env,
+    spool_dir,
+)
 from launcher.sandbox.start import last_lines, read_text
 from launcher.sandbox.stop import STOP_LIMIT_S, scan, terminate
 
@@ -26,125 +34,6 @@ MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 SLURMSTEPD = "/usr/sbin/slurmstepd"
-SLURM_DIR_NAME = "slurm"
-"""The sandbox's SLURM files live in STATE_DIR/slurm/."""
-SLURM_CONF_NAME = "slurm.conf"
-TASK_PROLOG = "task_prolog.sh"
-CPUS_PER_NODE = 2
-
-_SUN_PATH_MAX = 107  # a unix socket's path, less its NUL
-# A job step's unix socket in its node's spool is NODE_JOB.STEP: job ids to 999 (a fresh cluster each up) must fit,
-# with a batch job's step id (SLURM_BATCH_SCRIPT, 4294967291).
-_STEP_SOCKET = "{name}_999.4294967291"
-
-
-class SlurmNode(NamedTuple):
-    """One slurmd of the sandbox's cluster."""
-
-    name: str
-    """Its SLURM node name, the sandbox node's hostname: node-0, node-1, ..."""
-    addr: str
-    """The sandbox node's loopback address (slurmctld and srun reach its slurmd there)."""
-    port: int
-    """slurmd's TCP port: unique on the machine, as every slurmd listens on all addresses."""
-
-
-def slurm_dir(state_dir: Path) -> Path:
-    """The folder of the SLURM cluster of the sandbox in `state_dir`."""
-    return Path(state_dir).absolute() / SLURM_DIR_NAME
-
-
-def spool_dir(state_dir: Path) -> Path:
-    """The slurmds' spool: a short folder of its own, as a step's unix socket lives there (at most 107 bytes of
-    path) and a state folder (pytest's, say) may be long."""
-    tag = hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"launcher-slurm-{tag}"
-
-
-def slurm_conf_path(state_dir: Path) -> Path:
-    """The slurm.conf of the sandbox in `state_dir` (written by `up(..., slurm=True)`)."""
-    return slurm_dir(state_dir) / SLURM_CONF_NAME
-
-
-def slurm_env(state_dir: Path) -> dict[str, str]:
-    """Environment entries that point SLURM's commands (srun, sinfo, salloc, ...) at the sandbox's cluster."""
-    return {"SLURM_CONF": str(slurm_conf_path(state_dir))}
-
-
-def render_task_prolog(homes: Mapping[str, Path]) -> str:
-    """The TaskProlog: its `export` lines set a task's environment; each node's tasks get that node's cache home."""
-    cases = "".join(f"    {name}) echo export XDG_CACHE_HOME={config_path(home)} ;;\n" for name, home in homes.items())
-    return f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
-
-
-def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], cpus: int = CPUS_PER_NODE,
-                      spool: Path | None = None) -> str:
-    """slurm.conf of a cluster whose every file (state, logs, pid files, munge socket) is under `folder`, and the
-    slurmds' spool under `spool` (default: `folder`)."""
-    if not nodes:
-        raise SandboxError("a SLURM cluster needs at least one node.")
-    base = config_path(folder)  # slurm.conf has no quoting, and '%' is one of its tokens
-    spool_base = config_path(spool or folder)
-    longest = max(len(f"{spool_base}/{n.name}/{_STEP_SOCKET.format(name=n.name)}") for n in nodes)
-    if longest > _SUN_PATH_MAX or len(f"{base}/munge.socket") > _SUN_PATH_MAX:
-        raise SandboxError(
-            f"the sandbox's state folder {folder.parent} is too long for SLURM: a unix socket under it"
-            f" would take {max(longest, len(base) + 13)} of at most {_SUN_PATH_MAX} characters; use a shorter one."
-        )
-    lines = [
-        "# Written by the launcher's sandbox (`inv sandbox.up --slurm`); use it with SLURM_CONF=THIS_FILE.",
-        "ClusterName=sandbox",
-        # Host-namespace daemons and every node's /etc/hosts agree on localhost; the port is this cluster's own.
-        "SlurmctldHost=localhost(127.0.0.1)",
-        f"SlurmctldPort={ctld_port}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        f"AuthInfo=socket={base}/munge.socket",
-        f"StateSaveLocation={base}/state",
-        # %n: one spool per node, SPOOL/node-0/...; a short folder: a step's socket path has at most 107 bytes.
-        f"SlurmdSpoolDir={spool_base}/%n",
-        f"SlurmctldPidFile={base}/slurmctld.pid",
-        f"SlurmdPidFile={base}/slurmd-%n.pid",
-        f"SlurmctldLogFile={base}/log/slurmctld.log",
-        f"SlurmdLogFile={base}/log/slurmd-%n.log",
-        # No cgroups here: processes are tracked by parent pid, and tasks are not bound to CPUs.
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SchedulerType=sched/backfill",
-        "SelectType=select/cons_tres",
-        # Every slurmd sees the whole machine: take the node sizes below as they are, not as slurmd counts them.
-        "SlurmdParameters=config_overrides",
-        "ReturnToService=2",
-        "MpiDefault=none",
-        "KillWait=5",
-        # Each node's own cache home for its tasks, as its sshd gives its sessions (srun passes the caller's on).
-        f"TaskProlog={base}/{TASK_PROLOG}",
-        *(f"NodeName={n.name} NodeAddr={n.addr} Port={n.port} CPUs={cpus} State=UNKNOWN" for n in nodes),
-        f"PartitionName=main Nodes={_node_list([n.name for n in nodes])} Default=YES MaxTime=INFINITE State=UP",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _node_list(names: Sequence[str]) -> str:
-    """node-[0-N] when the names are node-0..node-N, else a comma-separated list."""
-    if len(names) > 1 and list(names) == [f"node-{i}" for i in range(len(names))]:
-        return f"node-[0-{len(names) - 1}]"
-    return ",".join(names)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports free on every address right now (the daemons bind 0.0.0.0)."""
-    held: list[socket.socket] = []
-    try:
-        for _ in range(count):  # held together, so the kernel hands out distinct ports
-            sock = socket.socket()
-            held.append(sock)
-            sock.bind(("", 0))
-        return [sock.getsockname()[1] for sock in held]
-    finally:
-        for sock in held:
-            sock.close()
 
 
 def preflight() -> str:

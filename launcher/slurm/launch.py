@@ -18,8 +18,8 @@ from launcher.run import start as run_start
 from launcher.run.nodeenv import resolve_env
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
+from launcher.transport.channel import Result
 from launcher.transport.program import host_command
-from launcher.transport.sessions import Result
 
 
 @dataclass

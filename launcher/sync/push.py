@@ -35,8 +35,9 @@ from launcher.sync.tree import (
     size_text,
     spec_of,
 )
+from launcher.transport.channel import Channel
 from launcher.transport.program import host_command, node_program, program_input
-from launcher.transport.sessions import Channel, Node, classify, close_all, connect_all
+from launcher.transport.sessions import Node, classify, close_all, connect_all
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
