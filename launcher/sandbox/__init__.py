@@ -28,7 +28,7 @@ from launcher.sandbox.render import (
     render_ssh_config,
     render_sshd_config,
 )
-from launcher.sandbox.slurm import SLURM_CONF_NAME, SlurmNode, render_slurm_conf, slurm_conf_path, slurm_env
+from launcher.sandbox.slurmconf import SLURM_CONF_NAME, SlurmNode, render_slurm_conf, slurm_conf_path, slurm_env
 from launcher.sandbox.start import default_python
 
 __all__ = [
