@@ -133,7 +133,7 @@ class Options:
     retry_cooldown: float = DEFAULT_RETRY_COOLDOWN
     """Seconds a node that caused two failed attempts sits out."""
     on_event: Callable[[Any], None] | None = None
-    """Called with every typed node event of an attached run (`launcher.supervise`), from the launcher's threads:
+    """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
     it must not block. For tools such as the bench."""
 
     @property

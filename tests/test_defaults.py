@@ -1,6 +1,6 @@
 """Every default has one home: the node-side programs take every number from their request, and speak Python 3.8.
 
-The agent's constants are checked against launcher.plan's in test_agent.py, and the start request against what
+The agent's constants are checked against launcher.plan.commands's in test_agent.py, and the start request against what
 the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
 """
 

@@ -56,7 +56,7 @@ def make_cluster(nproc: int | str = 1, master_addr: str = "node-0", job: bool = 
 
 
 def probe(host: str, names: list[str] | None = None) -> dict[str, Any]:
-    """A healthy probe answer from `host`, as launcher/probe.py prints it."""
+    """A healthy probe answer from `host`, as launcher/node/probe.py prints it."""
     names = names or list(ADDRS)
     return {
         "mode": "probe",

@@ -1,6 +1,6 @@
 """Nodes that share nothing: forwarded variables, env files and the socket interface, from the inventory to torchrun.
 
-The controller's resolution (`launcher.node_env`) and the agent's environment building are tested here without
+The controller's resolution (`launcher.run.nodeenv`) and the agent's environment building are tested here without
 SSH; one integration test launches on real sshd nodes and looks at what arrived, and where secrets did not go.
 """
 

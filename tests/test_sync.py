@@ -179,8 +179,8 @@ def test_an_unreadable_folder_is_one_sentence(tmp_path: Path, with_git: bool) ->
 
 def syncd(dest: Path | str, paths: list[str], stream: bytes | None, env: dict[str, str] | None = None,
           **request: object) -> tuple[list[dict], int]:
-    """Run launcher/syncd.py through the bootstrap (`env`: changes to the node's environment); `stream` (None: none)
-    goes after its first answer."""
+    """Run launcher/node/syncd.py through the bootstrap (`env`: changes to the node's environment); `stream` (None:
+    none) goes after its first answer."""
     proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ, **(env or {})})
     assert proc.stdin and proc.stdout

@@ -1,9 +1,9 @@
 """The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
 
-`evidence` holds the data, `checks` the pure checks (each registered once, by name), `collect` the I/O (connect,
-probe all nodes in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own start session),
-`report` the table and the JSON. The probe itself is `launcher/probe.py`, a stdlib-only script sent over each node's
-connection.
+`evidence` holds the data; `checks` the pure checks (each registered once, by name, in `registry`: those of a
+node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O (connect, probe all nodes
+in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own start session); `report` the
+table and the JSON. The probe itself is `launcher/node/probe.py`, stdlib-only, sent over each node's connection.
 """
 
 from typing import Any

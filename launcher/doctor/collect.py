@@ -1,4 +1,4 @@
-"""The doctor's I/O: connect, run the probe (launcher/probe.py) on every node at once, evaluate the answers.
+"""The doctor's I/O: connect, run the probe (launcher/node/probe.py) on every node at once, evaluate the answers.
 
 `inv doctor` opens probe sessions of its own (`run_doctor`). A launch asks each node's one agent session to probe
 instead (`SessionPreflight`: `session_section` is what the agent is sent, `judge` decides before `go`).
@@ -41,7 +41,7 @@ RESOLVE_WORKERS = 16
 cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""
 
 probe_command = python_command
-"""The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.remote`)."""
+"""The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.transport.program`)."""
 
 
 def probe_input(request: Mapping[str, Any]) -> bytes:
@@ -219,7 +219,7 @@ def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -
 
 
 def _session_outcome(host: str, facts: NodeFacts) -> Outcome:
-    """One node's outcome from what its agent session said (`launcher.supervise.NodeFacts`)."""
+    """One node's outcome from what its agent session said (`launcher.run.events.NodeFacts`)."""
     if facts.failure is not None:
         return NodeFailure(host, "ssh", facts.failure)
     if facts.probe is not None:

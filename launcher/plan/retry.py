@@ -1,5 +1,5 @@
 """Pure decisions of a launch with retries: which nodes the next attempt runs on, who the master is, what the job
-adds, and how each attempt is told. The attempts themselves (I/O) are `launcher/attempts.py`.
+adds, and how each attempt is told. The attempts themselves (I/O) are `launcher/run/attempts.py`.
 
 Like Horovod's elastic driver: a node that fails the doctor's fast checks sits out the next attempt, and a node that
 caused two failed attempts is blacklisted for a cool-down; unlike torchrun's own restarts, a new attempt may have a

@@ -10,7 +10,7 @@ from typing import IO
 
 from launcher.options import MAX_LINE_BYTES
 
-# The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.agent.LogMerger), or
+# The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.node.logmerge.LogMerger), or
 # `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is
 # "default".
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")

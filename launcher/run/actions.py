@@ -38,7 +38,7 @@ class NodeState:
 
 def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str | None:
     """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
-    inventory as a whole (`launcher.runchoice`); says which on the console, or raises when it is ambiguous."""
+    inventory as a whole (`launcher.plan.runchoice`); says which on the console, or raises when it is ambiguous."""
     results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
     listings: dict[str, list[runchoice.ListedRun]] = {}
     for name, result in results.items():

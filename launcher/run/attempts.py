@@ -6,7 +6,7 @@ error), the launcher waits `retry_wait`, runs the doctor's fast checks on the no
 next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. Each
 node kept is first swept of the previous attempt over a new channel (a lost or silent node may still hold its
 workers: GPU memory, a checkpoint half-written) and must be confirmed empty, or it sits out. The decisions are
-`launcher/retry.py`'s; every attempt's folder of logs holds `attempts.json`, which `inv status` shows, however the
+`launcher/plan/retry.py`'s; every attempt's folder of logs holds `attempts.json`, which `inv status` shows, however the
 attempt ended (one that could not start too).
 """
 

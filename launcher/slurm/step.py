@@ -2,7 +2,7 @@
 
 Under SLURM a run's node programs start as the tasks of one job step instead of one SSH channel per node. The step
 gives every task the same stdin and merges their output, each line labelled with its task id (`--label`), so this
-module turns one srun process into a `SessionChannel` per node for the supervision (`launcher/supervise.py`), which
+module turns one srun process into a `SessionChannel` per node for the supervision (`launcher/run/handle.py`), which
 stays the same for both transports:
 
 - in: the first bytes are the selector (`selector.py`), the node program and every node's request keyed by node id;
