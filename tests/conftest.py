@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: `make_sandbox` (a local cluster of real sshd nodes per test) and `free_port`."""
+"""Shared pytest fixtures: `make_sandbox` (a local cluster of real sshd nodes per test), `free_port`, `hostfile`."""
 
 from __future__ import annotations
 
@@ -73,3 +73,11 @@ def make_sandbox(tmp_path: Path) -> Iterator[SandboxFactory]:
         yield factory
     finally:
         factory.close()
+
+
+@pytest.fixture
+def hostfile(tmp_path: Path) -> Path:
+    """A DeepSpeed hostfile of two 4-slot hosts."""
+    path = tmp_path / "hostfile"
+    path.write_text("# DeepSpeed's format\nworker-1 slots=4\nworker-2 slots=4\n")
+    return path

@@ -1,0 +1,182 @@
+"""`inv launch` on a sandbox of real sshd nodes: one world across nodes, prefixed output, logs, failures."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import sandbox
+from tests._train_helpers import (
+    assert_replicas_in_sync,
+    assert_state_dicts_close,
+    assert_state_dicts_equal,
+    load,
+    run,
+    single_cmd,
+)
+from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, runs_on
+from tests.support.procs import free_port
+
+pytestmark = pytest.mark.integration
+
+HOSTILE_ARGS = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/launcher-pwned)", "`id`", "a;b", "x\ny",
+                "ünïcödé ✓", "--flag=$HOME", "", "*", "\\", "-"]
+
+
+TRAIN = "--epochs 2 --dataset-size 256 --batch-size 16 --log-every 2"
+
+
+def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly(make_sandbox, tmp_path: Path) -> None:
+    """2 nodes x 2 processes through `inv launch`: one world, the single-process math, exact resume."""
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
+    logs = tmp_path / "logs"
+
+    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = " ".join((TRAIN, *extra))
+        result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
+                     log_dir=logs)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
+    out = whole.stdout
+    # Every rank reports from its own node: 4 ranks, one world, node-1 holds ranks 2 and 3.
+    for rank, node in [(0, "node-0"), (1, "node-0"), (2, "node-1"), (3, "node-1")]:
+        assert re.search(rf"^{node} r{rank} +\| rank {rank}/4 .*host {node}", out, re.M), out
+    checksum = assert_replicas_in_sync(out, world_size=4)
+    run_id = run_id_of(whole.stderr)
+    assert "connected 2/2" in whole.stderr and "started 2/2" in whole.stderr
+    for node in ("node-0", "node-1"):
+        assert (logs / run_id / f"{node}.log").read_text().count("CHECKSUM") == 2
+    assert run_processes(run_id) == []
+
+    # DDP is the math the guides promise: the same weights as one process taking the 4 ranks' batches per step.
+    reference = run(single_cmd(*TRAIN.split(), "--reference-world-size", "4", "--save-weights",
+                               str(tmp_path / "reference.pt")))
+    assert reference.returncode == 0, reference.output
+    assert_state_dicts_close(load(tmp_path / "whole.pt"), load(tmp_path / "reference.pt"), atol=1e-5)
+
+    # Interrupted after epoch 1, relaunched with --resume: exactly the uninterrupted weights.
+    ckpt = tmp_path / "ckpt"
+    first = launch(f"--checkpoint-dir {ckpt} --stop-after-epoch 1")
+    saved = [line for line in first.stdout.splitlines() if "checkpoint saved" in line]
+    assert saved and all(line.startswith("node-0 r0 ") for line in saved), "only rank 0 writes checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt"]  # no half-written temp file left
+    resumed = launch(f"--checkpoint-dir {ckpt} --resume --save-weights {tmp_path / 'resumed.pt'}")
+    assert "resumed from" in resumed.stdout
+    assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
+    assert assert_replicas_in_sync(resumed.stdout, world_size=4) == checksum
+
+
+def test_resume_sends_rank_0s_checkpoint_to_a_node_without_one(make_sandbox, tmp_path: Path) -> None:
+    """Nodes that share no disk: only node-0 has the checkpoint, and node-1's ranks get its bytes over the group.
+
+    The nodes run the declared dependencies only (no numpy, tests/support/nodeenv.py), as a user's venv: this path
+    once used all_gather_object, which needs numpy in torch 2.13, and every rank failed on the first retry.
+    """
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
+    data = yaml.safe_load(box.inventory.read_text())
+    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
+    for workdir in workdirs:
+        (workdir / "train").mkdir(parents=True)
+        (workdir / "train" / "ddp.py").write_bytes((REPO / "train" / "ddp.py").read_bytes())
+    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    logs = tmp_path / "logs"
+
+    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = " ".join((TRAIN, "--checkpoint-dir ckpt", *extra))  # relative: each node's own workdir
+        result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
+                     log_dir=logs)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
+    for workdir in workdirs:
+        (workdir / "ckpt" / "checkpoint.pt").unlink(missing_ok=True)
+    launch("--stop-after-epoch 1")
+    assert [(w / "ckpt" / "checkpoint.pt").exists() for w in workdirs] == [True, False]  # rank 0 alone writes
+    resumed = launch(f"--resume --save-weights {tmp_path / 'resumed.pt'}")
+    for rank in (2, 3):
+        assert re.search(rf"^node-1 r{rank} +\| rank {rank}: local checkpoint missing or different, using rank 0's$",
+                         resumed.stdout, re.M), resumed.stdout
+    assert "Numpy is not available" not in resumed.stdout + resumed.stderr
+    assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
+    assert assert_replicas_in_sync(resumed.stdout, 4) == assert_replicas_in_sync(whole.stdout, 4)
+
+
+def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=HOSTILE_ARGS)
+    out_dir = tmp_path / "echo"
+    out_dir.mkdir()
+    hostile_env = "a b $(touch /tmp/launcher-pwned) `id` ; \"' \n ✓"
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"ECHO_OUT_DIR": str(out_dir), "ECHO_HOSTILE": hostile_env}
+    box.inventory.write_text(yaml.safe_dump(data, allow_unicode=True))
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for record in records:
+        assert record["argv"] == HOSTILE_ARGS
+        assert record["env"]["ECHO_HOSTILE"] == hostile_env
+        assert record["cwd"] == str(REPO)
+    assert [r["host"] for r in records] == ["node-0", "node-1"]
+    assert not Path("/tmp/launcher-pwned").exists()
+
+
+def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/exit_on_node.py", script_args=["1", "3"])
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr
+    assert "node-0: exit code" in result.stderr and "stopped by the launcher" in result.stderr
+    assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_dead_node_fails_before_anything_starts(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(3, master_port=free_port(), script="tests/scripts/sleeper.py")
+    sandbox.stop_node(box.state_dir, 2)
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 1
+    assert "node-2: refused: connection refused" in result.stderr, result.stderr
+    assert "nothing was started" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert runs_on(box) == [], "a run directory was created although a node was down"
+
+
+def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=2, master_port=29999)
+    edit_inventory(box.inventory, job={"script": "train/ddp.py", "args": ["--epochs", 3, "it's"]})
+    sandbox.down(box.state_dir)  # a dry run must not even connect
+    result = inv("launch", "--hosts", str(box.inventory), "--dry-run", log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "-m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr node-0 " \
+           "--master-port 29999" in out
+    assert "--node-rank 1" in out and "train/ddp.py --epochs 3 'it'\"'\"'s'" in out
+    assert "why each flag is there" in out
+    assert not (tmp_path / "logs").exists()
+
+
+def test_launch_refuses_in_seconds_when_a_node_cannot_resolve_the_master(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
+    t0 = time.monotonic()
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert time.monotonic() - t0 < 30  # torchrun itself would retry "gai error -2" for many minutes
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "nothing was started" in result.stderr
+    assert f'add "{box.nodes[0].addr} node-0" to /etc/hosts on node-1' in result.stderr, result.stderr
+    assert runs_on(box) == []
+
+    report = inv("doctor", "--hosts", str(box.inventory), "--json")
+    assert report.returncode == 1
+    findings = json.loads(report.stdout)["findings"]
+    assert any(f["host"] == "node-1" and f["check"] == "dns" and f["status"] == "fail" for f in findings)
+    table = inv("doctor", "--hosts", str(box.inventory))
+    assert table.returncode == 1 and "node-1" in table.stdout and "fix:" in table.stdout

@@ -1,0 +1,253 @@
+"""A run's lifecycle on real sshd nodes: Ctrl-C, a killed launcher, fail fast, detach, stop, status, logs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import inv, inv_background, run_id_of, run_processes, wait_for
+from tests.support.procs import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def started_run(out: Path, workers: int, timeout: float = 60) -> str:
+    """Wait until the launch written to `out` has `workers` processes printing; return its run id."""
+    def ready() -> bool:
+        text = out.read_text(errors="replace")
+        return "started" in text and text.count("tick 0") >= workers
+
+    wait_for(ready, timeout)
+    return run_id_of(out.read_text())
+
+
+@pytest.fixture
+def sleeper_box(make_sandbox):
+    return make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+
+
+def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None:
+    out = tmp_path / "launch.out"
+    proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    run_id = started_run(out, workers=2)
+    assert len(run_processes(run_id)) >= 4  # torchrun and its worker on each node
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+    assert proc.wait(timeout=15) == 130
+    assert time.monotonic() - t0 < 15
+    assert run_processes(run_id) == []
+    assert "stopping the run on every node" in out.read_text()
+
+
+def test_killed_launcher_stops_the_run_by_itself(sleeper_box, tmp_path: Path) -> None:
+    out = tmp_path / "launch.out"
+    proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    run_id = started_run(out, workers=2)
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the nodes must notice on their own
+    proc.wait()
+    wait_for(lambda: not run_processes(run_id), timeout=45)
+
+
+def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_box, tmp_path: Path) -> None:
+    hosts = str(sleeper_box.inventory)
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "torchrun", "sleeper.py"])
+    run_id = None
+    try:
+        result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+        assert result.returncode == 0, result.stderr
+        run_id = run_id_of(result.stderr)
+        assert "detached" in result.stderr
+        wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
+
+        running = inv("status", "--hosts", hosts, "--run", run_id)
+        assert running.returncode == 0, running.stderr
+        assert running.stdout.count("running") == 2 and run_id in running.stdout, running.stdout
+
+        follow = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "--hosts", hosts, "--follow",
+                                   "--node", "node-1"], cwd=Path(__file__).parents[2],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = follow.stdout.readline()  # a line arrives while the run is still going
+        assert first.startswith("node-1"), first
+        time.sleep(1)
+
+        stopped = inv("stop", "--hosts", hosts, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert run_processes(run_id) == []
+        rest, errors = follow.communicate(timeout=30)  # --follow ends when the run does
+        assert "tick" in rest and "node-0" not in rest, rest + errors
+        assert decoy.poll() is None, "inv stop killed a process that only looked like a torchrun"
+
+        again = inv("stop", "--hosts", hosts, timeout=60)
+        assert again.returncode == 0
+        assert "nothing was running" in again.stdout
+
+        after = inv("status", "--hosts", hosts, "--run", run_id)
+        assert after.stdout.count("stopped") == 2, after.stdout
+    finally:
+        decoy.kill()
+        decoy.wait()
+        if run_id is not None and run_processes(run_id):  # a detached run outlives its sandbox: stop it here
+            inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
+
+
+def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"])
+    hosts = str(box.inventory)
+    # Sandbox nodes share this machine's home, so "latest" may be another test's run: ask for an unknown id.
+    before = inv("status", "--hosts", hosts, "--run", "20000101-000000-000000")
+    assert before.returncode == 0 and before.stdout.count("none") == 2, before.stdout
+    (tmp_path / "echo").mkdir()
+    data = yaml.safe_load(box.inventory.read_text())
+    data["defaults"]["env"] = {"ECHO_OUT_DIR": str(tmp_path / "echo")}
+    box.inventory.write_text(yaml.safe_dump(data))
+    launched = inv("launch", "--hosts", hosts, log_dir=tmp_path / "logs")
+    assert launched.returncode == 0, launched.stderr
+    run_id = run_id_of(launched.stderr)
+    status = inv("status", "--hosts", hosts, "--run", run_id)
+    assert status.stdout.count("exited") == 2, status.stdout
+    replay = inv("logs", "--hosts", hosts, "--run", run_id, "--rank", "1")
+    assert replay.returncode == 0, replay.stderr
+    assert "node-1 r1" in replay.stdout and "echoed rank 1 of 2 on node-1" in replay.stdout
+    assert "node-0" not in replay.stdout
+
+
+def test_a_rank_that_raises_fails_the_run_fast_with_its_exception(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=1, master_port=free_port())
+    t0 = time.monotonic()
+    result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args",
+                 "--epochs 50 --dataset-size 256 --batch-size 8 --sleep-per-step 0.05 --fail-at 5 --fail-rank 1",
+                 log_dir=tmp_path / "logs", timeout=120)
+    elapsed = time.monotonic() - t0
+    assert result.returncode != 0
+    assert elapsed < 60
+    assert "root cause: node-1, rank 1" in result.stderr, result.stderr
+    assert "injected failure at step 5 on rank 1" in result.stderr
+    assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_a_silent_launcher_is_treated_as_gone(sleeper_box, tmp_path: Path) -> None:
+    """A frozen launcher or a dead network sends no heartbeats: each node stops its part by itself."""
+    out = tmp_path / "launch.out"
+    env_timeout = {"INVOKE_LAUNCHER_HEARTBEAT_TIMEOUT": "3", "INVOKE_LAUNCHER_GRACE": "1"}
+    os.environ.update(env_timeout)
+    try:
+        proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    finally:
+        for key in env_timeout:
+            del os.environ[key]
+    run_id = started_run(out, workers=2)
+    os.killpg(proc.pid, signal.SIGSTOP)  # the connection stays open, but nothing comes through it
+    try:
+        waited = wait_for(lambda: not run_processes(run_id), timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert waited < 15
+    assert proc.wait(timeout=30) != 0  # it wakes up to find its run stopped, and says so
+
+
+def test_stop_without_run_stops_this_inventorys_run_and_never_anothers(make_sandbox, tmp_path: Path) -> None:
+    """Run A on node-0 and node-1, run B on node-1 and node-2: `inv stop --hosts A.yaml` stops A, not B on node-1."""
+    box = make_sandbox(3, script="tests/scripts/sleeper.py", script_args=["0.5"])
+    base = yaml.safe_load(box.inventory.read_text())
+
+    def inventory(name: str, hosts: list[str]) -> str:
+        data = {**base, "hosts": hosts, "rendezvous": {"master_addr": hosts[0], "master_port": free_port()}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return str(path)
+
+    a, b = inventory("A", ["node-0", "node-1"]), inventory("B", ["node-1", "node-2"])
+    started: list[str] = []
+    try:
+        for hosts in (a, b):
+            result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+            assert result.returncode == 0, result.stdout + result.stderr
+            started.append(run_id_of(result.stderr))
+        run_a, run_b = started
+        time.sleep(1)  # B is the newer run on node-1: what each node alone used to pick
+
+        stopped = inv("stop", "--hosts", a, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"run {run_a}: the run of {a} that is running (no --run given)" in stopped.stderr
+        assert run_processes(run_a) == []
+        assert {p.split("/")[1] for p in marks_of(run_b)} == {"node-1", "node-2"}, "B must still run on both nodes"
+
+        # Two runs on this inventory's nodes (another port): which one is meant is not guessed.
+        again = inv("launch", "--hosts", inventory("B2", ["node-1", "node-2"]), "--detach", log_dir=tmp_path / "logs",
+                    timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        started.append(run_id_of(again.stderr))
+        refused = inv("stop", "--hosts", b, timeout=60)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert (f"error: 2 runs of {b} are running: {run_b} (running on node-1, node-2); {started[2]} (running on "
+                "node-1, node-2); name one with --run") in refused.stderr, refused.stderr
+        assert run_processes(run_b) and run_processes(started[2])
+    finally:
+        for run_id in started:
+            if run_processes(run_id):
+                inv("stop", "--hosts", str(box.inventory), "--run", run_id, timeout=60)
+    assert all(run_processes(r) == [] for r in started)
+
+
+def marks_of(run_id: str) -> set[str]:
+    """The run marks (`<run id>/<node>`) its live processes carry."""
+    found = set()
+    for pid in run_processes(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found |= {v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"DDP_LAUNCHER_RUN=")}
+    return found
+
+
+def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering(sleeper_box, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    from tests.support.procs import sshd_family
+
+    hosts = str(sleeper_box.inventory)
+    result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = run_id_of(result.stderr)
+    stopped = sshd_family(sleeper_box.nodes[1].pid)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        quick = {"INVOKE_LAUNCHER_CONNECT_TIMEOUT": "2"}
+        status = inv("status", "--hosts", hosts, "--run", run_id, env=quick, timeout=60)
+        took = time.monotonic() - t0
+        assert status.returncode == 1 and took < 2 + 6, (took, status.stdout + status.stderr)
+        assert "node-1" in status.stdout and "unreachable" in status.stdout, status.stdout
+
+        # Ctrl-C while it waits on the silent node: back at once, not after every thread's end.
+        out = tmp_path / "status.out"
+        monkeypatch.setenv("INVOKE_LAUNCHER_CONNECT_TIMEOUT", "30")
+        proc = inv_background("status", "--hosts", hosts, "--run", run_id, log_dir=tmp_path / "logs", out=out)
+        monkeypatch.delenv("INVOKE_LAUNCHER_CONNECT_TIMEOUT")
+        time.sleep(2)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 3, out.read_text()
+
+        t0 = time.monotonic()
+        stop = inv("stop", "--hosts", hosts, "--run", run_id, env=quick, timeout=60)
+        took = time.monotonic() - t0
+        assert stop.returncode == 1 and took < 2 + 6 + 1, (took, stop.stdout + stop.stderr)
+        assert "Traceback" not in stop.stdout + stop.stderr
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    final = inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
+    assert final.returncode == 0, final.stdout + final.stderr
+    assert run_processes(run_id) == []

@@ -1,0 +1,176 @@
+"""Wrong command-line input gets one sentence and a non-zero exit, before anything connects or starts."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from launcher import app as cli
+from launcher import options
+from launcher.errors import LauncherError
+from launcher.run import actions as run_actions
+from tests.helpers import REPO, inv
+
+EXAMPLE = ["--hosts", "hosts/example.yaml"]
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["launch", "--hosts", "hosts/no-such.yaml"], 1, "hosts/no-such.yaml: no such file"),
+    (["launch", *EXAMPLE, "--connect-timeout", "soon"], 2,
+     "error: --connect-timeout must be a number of seconds, got 'soon'"),
+    (["launch", *EXAMPLE, "--connect-timeout", "abc"], 2,
+     "error: --connect-timeout must be a number of seconds, got 'abc'"),
+    (["launch", *EXAMPLE, "--grace", "-1"], 2, "error: --grace must be from 0 to 86400 seconds, got '-1'"),
+    (["launch", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
+    (["launch", *EXAMPLE, "--grace", "inf"], 2, "error: --grace must be a finite number of seconds, got 'inf'"),
+    (["launch", *EXAMPLE, "--silence-timeout", "0"], 2,
+     "error: --silence-timeout must be from 1 to 86400 seconds, got '0'"),
+    (["launch", *EXAMPLE, "--heartbeat-timeout", "soon"], 2,
+     "error: --heartbeat-timeout must be a number of seconds, got 'soon'"),
+    (["stop", *EXAMPLE, "--grace", "nan"], 2, "error: --grace must be a finite number of seconds, got 'nan'"),
+    (["doctor", *EXAMPLE, "--connect-timeout", "-5"], 2,
+     "error: --connect-timeout must be from 0.1 to 86400 seconds, got '-5'"),
+    (["doctor", *EXAMPLE, "--probe-timeout", "0"], 2,
+     "error: --probe-timeout must be from 0.1 to 86400 seconds, got '0'"),
+    (["doctor", *EXAMPLE, "--probe-timeout", "soon"], 2,
+     "error: --probe-timeout must be a number of seconds, got 'soon'"),
+    (["launch", *EXAMPLE, "--probe-timeout", "inf"], 2,
+     "error: --probe-timeout must be a finite number of seconds, got 'inf'"),
+    (["launch", *EXAMPLE, "--probe-timeout", "1e10"], 2,  # select() would overflow on the node
+     "error: --probe-timeout must be from 0.1 to 86400 seconds, got '1e10'"),
+    (["launch", *EXAMPLE, "--heartbeat-timeout", "1e-9"], 2,  # beats every 0.25 ns: a busy loop
+     "error: --heartbeat-timeout must be from 1 to 86400 seconds, got '1e-9'"),
+    (["launch", *EXAMPLE, "--retries", "1000000000"], 2, "error: --retries must be from 0 to 1000, got '1000000000'"),
+    (["stop", *EXAMPLE, "--grace", "1e10"], 2, "error: --grace must be from 0 to 86400 seconds, got '1e10'"),
+    (["launch", *EXAMPLE, "--args", "'unclosed"], 1, "--args: cannot split"),
+    (["launch", *EXAMPLE, "--script", "--evil"], 1, "starts with '-'"),
+    (["logs", *EXAMPLE, "--rank", "three"], 2, "error: --rank must be a whole number, got 'three'"),
+    (["logs", *EXAMPLE, "--node", "nope"], 1, "no host named 'nope'"),
+    (["sandbox.up", "--nodes", "0"], 2, "error: --nodes must be at least 1"),
+    (["sandbox.up", "--nproc-per-node", "100000000"], 2,
+     "error: --nproc-per-node must be at most 1024, got 100000000"),
+])
+def test_bad_options_get_one_sentence(args: list[str], code: int, message: str) -> None:
+    result = inv(*args, timeout=60)
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("task", ["stop", "status", "logs"])
+@pytest.mark.parametrize("run", ["../../x", "x[/]", "20261122-031500-A1B2C3", "20261122-031500-a1b2c3/.."])
+def test_run_must_be_a_run_id(task: str, run: str) -> None:
+    """Checked before the inventory is read or any node contacted: a missing inventory is not even noticed."""
+    result = inv(task, "--hosts", "hosts/no-such.yaml", "--run", run, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: --run must be a run id like 20261122-031500-a1b2c3, got {run!r}"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("GRACE", "nan", "launcher.grace must be a finite number of seconds, got 'nan'"),
+    ("GRACE", "-inf", "launcher.grace must be a finite number of seconds, got '-inf'"),
+    ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be from 0.1 to 86400 seconds, got '0.0'"),
+    ("PROBE_TIMEOUT", "-1", "launcher.probe_timeout must be from 0.1 to 86400 seconds, got '-1.0'"),
+    ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be from 1 to 100000000, got '0'"),
+])
+def test_bad_config_value_gets_one_sentence(variable: str, value: str, message: str) -> None:
+    """Invoke reads INVOKE_LAUNCHER_X as config, like a value written in invoke.yaml."""
+    result = inv("status", *EXAMPLE, env={f"INVOKE_LAUNCHER_{variable}": value}, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: invoke.yaml: {message}"
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unknown_config_key_in_a_config_file(tmp_path: Path) -> None:
+    """A misspelt key in an Invoke config file (here a runtime one, `-f`) is named with the keys that exist."""
+    config = tmp_path / "conf.yaml"
+    config.write_text("launcher:\n  gracee: 5\n")
+    result = inv("-f", str(config), "status", *EXAMPLE, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "error: invoke.yaml: launcher.gracee: unknown key; known keys: hosts, log_dir, grace" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unknown_config_key() -> None:
+    with pytest.raises(LauncherError, match=r"^invoke.yaml: launcher.gracee: unknown key; known keys: hosts, "):
+        options.from_config({"gracee": 5}, {})
+
+
+def test_the_defaults_live_in_options_and_invoke_yaml_changes_nothing() -> None:
+    """options.py is the defaults' one home: Invoke's collection takes them from there (with their types, for
+    INVOKE_LAUNCHER_* casts), and invoke.yaml only shows, commented, what a user may change."""
+    import tasks
+
+    assert yaml.safe_load((REPO / "invoke.yaml").read_text()) is None  # every line a comment
+    collection = tasks.ns.configuration()["launcher"]
+    defaults = {f.name: f.default for f in fields(options.Options)}
+    assert set(collection) == set(options.CONFIG_KEYS)
+    assert collection.pop("hosts") == options.DEFAULT_HOSTS
+    assert Path(collection.pop("log_dir")) == defaults["log_dir"]
+    for key, value in collection.items():
+        assert value == defaults[key] and type(value) is type(defaults[key]), key
+    shown = {line.split(":")[0].strip("# ") for line in (REPO / "invoke.yaml").read_text().splitlines()
+             if line.startswith("#   ") and ":" in line and not line.startswith("#     ")}
+    assert set(options.CONFIG_KEYS) <= shown
+
+
+def test_probe_timeout_is_an_option_of_its_own() -> None:
+    """The connect timeout bounds SSH set-up only; the probe's answer has its own, longer limit."""
+    assert options.DEFAULT_PROBE_TIMEOUT > options.DEFAULT_CONNECT_TIMEOUT
+    assert "probe_timeout" in options.CONFIG_KEYS
+    opts = options.from_config({"probe_timeout": 60.0}, {"connect_timeout": "5"})
+    assert (opts.probe_timeout, opts.connect_timeout) == (60.0, 5.0)
+    assert options.from_config({}, {"probe_timeout": "30"}).probe_timeout == 30.0
+    with pytest.raises(LauncherError,
+                       match=r"^invoke.yaml: launcher.probe_timeout must be from 0.1 to 86400 seconds, got '0'$"):
+        options.from_config({"probe_timeout": 0}, {})
+
+
+def test_command_line_overrides_config() -> None:
+    opts = options.from_config({"grace": 10.0, "log_dir": "somewhere"}, {"grace": "2.5", "silence_timeout": None})
+    assert (opts.grace, opts.silence_timeout, opts.log_dir) == (2.5, options.DEFAULT_SILENCE_TIMEOUT, Path("somewhere"))
+
+
+def _render(renderable: object) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def test_state_table_prints_markup_as_text() -> None:
+    states = [run_actions.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
+              run_actions.NodeState("[red]n2", "[/]", None, exit_code=3)]
+    text = _render(cli._state_table("stop run [/]x", states, stop=True))
+    for shown in ("stop run [/]x", "x[/]y", "r[bold]1[/]", "[red]n2", "[/]"):
+        assert shown in text, text
+
+
+@pytest.mark.parametrize("task", ["status", "stop"])
+def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What nodes answer (run id, state, detail) reaches the console unchanged, through the task's own printing."""
+    found = 1 if task == "stop" else 0
+    states = [run_actions.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
+              run_actions.NodeState("n2", "none", "id[/]")]
+    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(run_actions, task, lambda cluster, run_id, opts: states)
+    out = io.StringIO()
+    getattr(cli, task)("hosts.yaml", "id[/]", options.Options(out=out))
+    text = out.getvalue()
+    assert "n[/]1: odd [/] detail" in text
+    assert "id[/]" in text
+    assert "n[/]1" in text
+
+
+def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
+    states = [run_actions.NodeState("n1", "none", "x[/]")]
+    monkeypatch.setattr(run_actions, "stop", lambda cluster, run_id, opts: states)
+    out = io.StringIO()
+    assert cli.stop("hosts.yaml", None, options.Options(out=out)) == 0
+    assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"

@@ -1,0 +1,131 @@
+"""Every default has one home: the node-side programs take every number from their request, and speak Python 3.8.
+
+The agent's constants are checked against launcher.plan.commands's in test_agent.py, and the start request against what
+the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import doctor
+from launcher.config.inventory import parse_inventory
+from launcher.config.model import Cluster
+from launcher.node import facts, listener, probe
+from launcher.options import DEFAULT_CONNECT_TIMEOUT
+from launcher.run import start as run_start
+from launcher.sync import push as sync
+from launcher.transport import program as remote
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")
+                 for path, source in remote.node_files(entry).items()}
+NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = remote.BOOTSTRAP
+"""Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
+SENT = {run_start.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
+
+
+def probe_numbers() -> set[tuple[str, str]]:
+    """(request part, key) of every number the probe reads: its `seconds(part, "KEY", "WHERE")` calls."""
+    tree = ast.parse("\n".join(remote.node_files("probe").values()))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "seconds":
+            key, where = node.args[1], node.args[2]
+            assert isinstance(key, ast.Constant) and isinstance(where, ast.Constant), ast.unparse(node)
+            found.add((where.value, key.value))
+    return found
+
+
+def _is_number(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _is_get(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+
+
+def _makes_up_a_number(node: ast.AST) -> bool:
+    """`X.get(KEY, <number>)`, or `X.get(KEY) or <number>`."""
+    if isinstance(node, ast.Call) and _is_get(node):
+        return len(node.args) == 2 and _is_number(node.args[1])
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+        return _is_number(node.values[-1]) and any(_is_get(v) for v in node.values[:-1])
+    return False
+
+
+def numeric_defaults(source: str) -> list[str]:
+    """Every number `source` falls back on when a request lacks a value: one the program would make up."""
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
+            if _makes_up_a_number(node)]
+
+
+def cluster(master_port: int = 29400) -> Cluster:
+    return parse_inventory(yaml.safe_dump({"hosts": ["node-0", "node-1"],
+                                           "rendezvous": {"master_addr": "node-0", "master_port": master_port}}),
+                           "hosts/test.yaml")
+
+
+def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
+    numbers = probe_numbers()
+    listen = doctor.listen_request(cluster(), "t0ken", 7.0)
+    connect = doctor.connect_section("t0ken", 7.0)
+    assert {k for where, k in numbers if where == "listen"} == {"max_s"}
+    assert {k for where, k in numbers if where == "connect"} == {"window", "token_read_s"}
+    for where, key in numbers:
+        assert key in {"listen": listen, "connect": connect}[where], (where, key)
+    # ... and the numbers are the doctor's own, written once in launcher.doctor.collect.
+    assert listen == {"mode": "listen", "master_port": 29400, "token": "t0ken", "max_s": 7.0 + doctor.LISTENER_MARGIN_S}
+    assert connect == {"token": "t0ken", "window": doctor.LISTEN_WINDOW_S, "token_read_s": doctor.TOKEN_READ_S}
+    assert doctor.connect_section("t", 2.0)["window"] == 1.0  # a short timeout leaves room for the probe's answer
+    probe_req = doctor.probe_request(cluster(), cluster().hosts[1], "fast", connect)
+    assert probe_req["connect"] == connect
+
+
+def test_the_probe_keeps_no_copy_of_the_controllers_numbers() -> None:
+    # What the controller decides lives in launcher.doctor.collect; the probe's constants are only its local bounds.
+    own = {name for module in (probe, facts, listener) for name, value in vars(module).items()
+           if name.isupper() and isinstance(value, int | float)}
+    assert own == {"RESOLVE_BUDGET_S", "SMI_TIMEOUT_S", "HOLDERS_BUDGET_S"}
+    assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
+
+
+def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
+    # Each probe has `connect_timeout` to answer (launch's preflight: the fast checks). Its worst case: the DNS
+    # budget, then the refused-connection window, then the wait for the token.
+    timeout = DEFAULT_CONNECT_TIMEOUT
+    connect = doctor.connect_section("t", timeout)
+    worst = probe.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"]
+    assert worst < timeout
+    assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
+
+
+@pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])
+def test_node_programs_make_up_no_numbers(program: str) -> None:
+    assert numeric_defaults(NODE_PROGRAMS[program]) == []
+
+
+def test_the_numeric_default_finder_finds_them() -> None:
+    source = ('a = request.get("max_s", 30.0)\nb = connect.get("window", -1)\nc = request.get("n") or 5\n'
+              'd = request.get("checks", "all")\ne = request.get("names", [])\nf = request.get("x", True)\n')
+    assert [line.partition(":")[0] for line in numeric_defaults(source)] == ["line 1", "line 2", "line 3"]
+
+
+@pytest.mark.parametrize("program", list(NODE_PROGRAMS))
+def test_node_programs_are_python_3_8(program: str) -> None:
+    # A node runs them under whatever interpreter it has; the controller's own floor is 3.10.
+    ast.parse(NODE_PROGRAMS[program], program, feature_version=(3, 8))
+
+
+def test_node_programs_are_sent_as_they_are_in_the_repository() -> None:
+    for path in NODE_PROGRAMS:
+        if path.endswith(".py"):
+            assert NODE_PROGRAMS[path] == (REPO / path).read_text(encoding="utf-8"), path
+    for source, entry in SENT.items():  # what the launcher sends is that package, its loader first
+        assert source.startswith(NODE_PROGRAMS["launcher/node/loader.py"]) and f"launcher.node.{entry}" in source

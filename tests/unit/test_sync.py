@@ -1,0 +1,205 @@
+"""Code sync: the local file list (git, .gitignore, excludes), the quick check, the node program's refusals, and
+`inv sync` / `inv launch --sync` on real sshd nodes, each with a workdir of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
+from tests.helpers import REPO
+from tests.support.project import EXPECTED, conf_made_a_link, project, write
+from tests.support.syncrun import END, frame, syncd
+
+# --- the local tree ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_git", [True, False], ids=["git ls-files", "walk + .gitignore"])
+def test_tree_honours_gitignore_and_excludes(tmp_path: Path, with_git: bool) -> None:
+    root = project(tmp_path / "p", with_git)
+    tree = local_tree(root, exclude=("data/",))
+    assert tree.paths == EXPECTED
+    assert tree.how == ("git ls-files" if with_git else "walk + .gitignore")
+    # Exclude patterns are gitignore patterns: a bare name takes a folder and all under it; `!` re-includes.
+    assert local_tree(root, exclude=("data", "pkg", "*.txt")).paths == {".gitignore", "train.py"}
+    assert local_tree(root, exclude=("*.py", "!train.py")).paths == EXPECTED - {"pkg/model.py"} | {"data/big.bin"}
+
+
+def test_symlinks_stay_links_and_ones_leaving_the_tree_are_skipped(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    (root / "pkg" / "alias.py").symlink_to("model.py")
+    (root / "up").symlink_to("../secret")
+    (root / "abs").symlink_to("/etc/passwd")
+    tree = local_tree(root, exclude=("data/",))
+    links = {e.path: e.target for e in tree.entries if e.kind == "link"}
+    assert links == {"pkg/alias.py": "model.py"}
+    assert "skipped symlink up -> ../secret: it points outside the tree" in tree.notes
+    assert "skipped symlink abs -> /etc/passwd: it points outside the tree" in tree.notes
+
+
+def test_quick_check_compares_size_mode_mtime_or_link_target() -> None:
+    f = Entry("a.py", "file", size=10, mtime_ns=1_700_000_000_123_456_789, mode=0o644)
+    assert is_current(f, ["file", 10, f.mtime_ns, 0o644, None])
+    assert not is_current(f, None)
+    assert not is_current(f, ["file", 11, f.mtime_ns, 0o644, None])
+    assert not is_current(f, ["file", 10, f.mtime_ns + 1, 0o644, None])
+    assert not is_current(f, ["file", 10, f.mtime_ns, 0o755, None])
+    assert not is_current(f, ["link", 0, 0, 0, "a.py"])
+    # A node file system that keeps whole seconds (or µs) has the time cut, not another time.
+    assert same_time(f.mtime_ns, 1_700_000_000_000_000_000) and same_time(f.mtime_ns, 1_700_000_000_123_456_000)
+    assert not same_time(f.mtime_ns, 1_700_000_001_000_000_000)
+    link = Entry("l", "link", target="a.py")
+    assert is_current(link, ["link", 0, 5, 0, "a.py"]) and not is_current(link, ["link", 0, 5, 0, "b.py"])
+    assert changed([f, link], {"l": ["link", 0, 5, 0, "a.py"]}) == [f]
+
+
+def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=True)
+    elsewhere = conf_made_a_link(root, tmp_path / "elsewhere", "a key from outside the tree\n")
+    tree = local_tree(root)
+    assert "conf/credentials" not in tree.paths
+    assert f"skipped 1 file(s) under conf/: conf is a symlink (-> {elsewhere}), and what lies behind it is not part " \
+           "of the tree" in tree.notes
+
+
+def test_a_chain_of_links_that_leaves_the_tree_is_skipped_and_refused(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    (root / "d").mkdir()
+    (root / "d" / "up").symlink_to("..")  # lexically inside
+    (root / "d" / "e").symlink_to("up/../../outside")  # lexically inside too, but up is the tree's root
+    tree = local_tree(root, exclude=("data/",))
+    assert "d/e" not in tree.paths and "d/up" in tree.paths
+    assert "skipped symlink d/e -> up/../../outside: it passes through the symlink d/up, and a chain of links can " \
+           "lead outside the tree" in tree.notes
+    # The node refuses it as well (a controller of another version, or a link already on the node).
+    dest = tmp_path / "dest"
+    answers, code = syncd(dest, ["d/up", "d/e"], frame("d/up", kind="link", target="..")
+                          + frame("d/e", kind="link", target="up/../../outside") + END)
+    assert code == 1 and answers[-1]["error"] == (
+        "refusing symlink d/e -> up/../../outside: it passes through the symlink d/up, and a chain of links can lead "
+        "outside the destination")
+    assert relative_files(dest) == set()
+
+
+def test_env_files_never_travel(tmp_path: Path) -> None:
+    root = project(tmp_path / "p", with_git=False)
+    write(root / "hosts" / ".env", "HF_TOKEN=hf_secret\n")
+    write(root / "pkg" / ".env", "WANDB_API_KEY=secret\n")
+    write(root / "hosts" / "tokens.env", "A=1\n")
+    tree = local_tree(root, exclude=("data/",), leave_out=[root / "hosts" / "tokens.env"])
+    assert tree.paths == EXPECTED
+    for name in ("hosts/.env", "pkg/.env", "hosts/tokens.env"):
+        assert f"left out {name}: an env file (its values reach the nodes with the launch, never as a file)" \
+            in tree.notes
+
+
+@pytest.mark.parametrize("with_git", [True, False], ids=["git ls-files", "walk + .gitignore"])
+def test_an_unreadable_folder_is_one_sentence(tmp_path: Path, with_git: bool) -> None:
+    root = project(tmp_path / "p", with_git=with_git)
+    (root / "private").mkdir(mode=0o000)
+    # Root reads anything; without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH it sees what a user sees.
+    code = f"from launcher.sync.tree import local_tree\nlocal_tree({str(root)!r}, exclude=('data/',))"
+    result = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c",
+                             "import sys\nfrom launcher.errors import LauncherError\ntry:\n    exec(sys.argv[1])\n"
+                             "except LauncherError as e:\n    print(e)\n    sys.exit(1)\n", code],
+                            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == f"cannot read {root / 'private'} to list the sync tree (Permission denied); fix its " \
+        "permissions or leave it out with sync.exclude\n"
+    (root / "private").chmod(0o755)
+
+
+# --- the node program, run here as a node runs it -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../evil", "/etc/evil", "a/../../evil", "./a", "a//b", ""])
+def test_node_program_refuses_names_that_leave_the_destination(tmp_path: Path, name: str) -> None:
+    dest = tmp_path / "dest"
+    answers, code = syncd(dest, [name], None)  # refused at the manifest already
+    assert code == 1 and "refusing path" in answers[0]["error"]
+    answers, code = syncd(dest, ["ok.txt"], frame("ok.txt", b"fine") + frame(name, b"evil") + END)
+    assert code == 1 and "refusing path" in answers[-1]["error"], answers
+    assert not dest.exists() and not (tmp_path / "evil").exists()  # nothing written, not even ok.txt
+
+
+def test_node_program_writes_nothing_unless_the_whole_stream_arrives(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    (dest / "pkg").mkdir(parents=True)
+    (dest / "pkg" / "model.py").write_text("old\n")
+    cut = frame("new.py", b"whole") + frame("pkg/model.py", b"new content")[:-3]  # the controller died mid-file
+    answers, code = syncd(dest, ["new.py", "pkg/model.py"], cut)
+    assert code == 1 and "stream ended in the middle of pkg/model.py" in answers[-1]["error"]
+    assert sorted(p.name for p in dest.rglob("*")) == ["model.py", "pkg"]  # no temp file, no new.py
+    assert (dest / "pkg" / "model.py").read_text() == "old\n"
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (dest / "data").symlink_to(outside)
+    answers, code = syncd(dest, ["data/x"], frame("data/x", b"escape") + END)
+    assert code == 1 and "is a symlink on the node; refusing to write through it" in answers[-1]["error"]
+    answers, code = syncd(dest, ["l"], frame("l", kind="link", target="../../etc/passwd") + END)
+    assert code == 1 and "points outside the destination" in answers[-1]["error"]
+    assert list(outside.iterdir()) == [] and not (dest / "l").exists()
+
+    answers, code = syncd(dest, ["new.py", "pkg/model.py"], frame("new.py", b"whole") + frame("pkg/model.py", b"n")
+                          + END)
+    assert code == 0 and answers[-1] == {"ok": True, "entries": 2, "bytes": 6}
+    assert (dest / "new.py").read_text() == "whole" and (dest / "pkg" / "model.py").read_text() == "n"
+    assert (dest / "new.py").stat().st_mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_a_failed_rename_puts_back_what_was_renamed(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    for name in ("a.py", "b.py", "c.py"):
+        write(dest / name, f"old {name}\n")
+    pinned = write(tmp_path / "pinned", "bind-mounted\n")
+    subprocess.run(["mount", "--bind", str(pinned), str(dest / "b.py")], check=True)  # renaming onto it: EBUSY
+    try:
+        stream = frame("a.py", b"new a") + frame("b.py", b"new b") + frame("c.py", b"new c") + END
+        answers, code = syncd(dest, ["a.py", "b.py", "c.py"], stream)
+    finally:
+        subprocess.run(["umount", str(dest / "b.py")], check=True)
+    assert code == 1
+    assert answers[-1]["error"] == ("renaming b.py into place failed (Device or resource busy); the 1 file(s) "
+                                    "renamed before it were put back: the node keeps its old tree")
+    assert {n: (dest / n).read_text() for n in ("a.py", "b.py", "c.py")} == {
+        "a.py": "old a.py\n", "b.py": "old b.py\n", "c.py": "old c.py\n"}
+    assert relative_files(dest) == {"a.py", "b.py", "c.py"}  # no temporary or kept file left
+
+
+def test_long_and_wide_names_sync(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    wide = "訓" * 84  # 252 bytes: a valid name; a temporary name built from it would not be
+    long_a, long_b = "x" * 200 + "a" * 40, "x" * 200 + "b" * 40  # the same first 200 characters
+    names = [wide, long_a, long_b]
+    stream = b"".join(frame(n, n.encode()[-3:]) for n in names) + END
+    answers, code = syncd(dest, names, stream)
+    assert code == 0, answers
+    assert {n: (dest / n).read_bytes() for n in names} == {n: n.encode()[-3:] for n in names}
+
+
+def test_a_home_directory_itself_is_refused_unless_named(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home)}
+    answers, code = syncd("~", ["train.py"], frame("train.py", b"x") + END, env=env)
+    assert code == 1 and answers[-1]["error"] == (
+        f"refusing to sync into the home directory {home} itself: the tree's dotfiles (.gitignore, .env, .config/) "
+        "would land over the user's own; set a workdir for this host, or sync.dest in the inventory "
+        "(`dest: '~'` if you mean it)")
+    assert list(home.iterdir()) == []
+    answers, code = syncd("~", ["train.py"], frame("train.py", b"x") + END, env=env, home_ok=True)
+    assert code == 0, answers
+    assert (home / "train.py").read_bytes() == b"x"
+
+
+# --- on real sshd nodes ---------------------------------------------------------------------------------------
+
+
+def relative_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
+
+
