@@ -14,7 +14,7 @@ from launcher.config.hostfile import load_hosts
 from launcher.config.model import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.config.selection import select_hosts
 from launcher.doctor.collect import launch_preflight as preflight
-from launcher.errors import LauncherError, PlanError
+from launcher.errors import LauncherError, UsageError
 from launcher.options import Options
 from launcher.paths import relative
 from launcher.plan.commands import plan_launch
@@ -54,15 +54,11 @@ class Hosts:
 def load_inventory(hosts: str | Hosts) -> Cluster:
     """The cluster every task works on: the inventory or hostfile, then the `--include`/`--exclude` choice.
 
-    A wrong `--include`/`--exclude` is a `PlanError` of one sentence naming the option and the host, exit code 2.
+    A wrong `--include`/`--exclude` is a `SelectionError` of one sentence naming the option and the host, exit code 2.
     """
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
     cluster = load_hosts(spec.path, spec.defaults, spec.job)
-    try:
-        return select_hosts(cluster, spec.include, spec.exclude)
-    except PlanError as exc:
-        exc.exit_code = USAGE  # the command line is wrong, not the inventory
-        raise
+    return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
 
 
 def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
@@ -103,9 +99,7 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
         if opts.retries:
-            error = LauncherError("--retries needs an attached run: a detached run has no launcher to start it again")
-            error.exit_code = USAGE
-            raise error
+            raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
         opts.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
         retries = 0
     if not retries:

@@ -58,6 +58,12 @@ class PlanError(LauncherError, ValueError):
         super().__init__(f"{source}: {message}")
 
 
+class SelectionError(PlanError):
+    """`--include`/`--exclude` names what the inventory does not have: the command line is wrong (exit code 2)."""
+
+    exit_code = USAGE
+
+
 class ConnectError(LauncherError):
     """One or more nodes could not be reached; carries one failure per node."""
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from launcher.config.model import Cluster, EnvVar, Host
 from launcher.config.text import shown
-from launcher.errors import PlanError
+from launcher.errors import SelectionError
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
@@ -22,10 +22,11 @@ VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 def select_hosts(cluster: Cluster, include: str | None, exclude: str | None) -> Cluster:
     """The cluster with only the hosts (and GPUs) that `include` names, or without those `exclude` names.
 
-    None or "" means not given. Every mistake is a `PlanError` of one sentence naming the option and the host.
+    None or "" means not given. Every mistake is a `SelectionError` (a PlanError, exit code 2) of one sentence
+    naming the option and the host.
     """
     if include and exclude:
-        raise PlanError(cluster.source, "--include and --exclude cannot be used together; give one of them")
+        raise SelectionError(cluster.source, "--include and --exclude cannot be used together; give one of them")
     if not include and not exclude:
         return cluster
     flag, spec = ("--include", include) if include else ("--exclude", exclude or "")
@@ -42,7 +43,7 @@ def select_hosts(cluster: Cluster, include: str | None, exclude: str | None) -> 
             if rest is not None:
                 kept.append((i, rest))
     if not kept:
-        raise PlanError(cluster.source, f"{flag} {shown(spec)} leaves no host to run on")
+        raise SelectionError(cluster.source, f"{flag} {shown(spec)} leaves no host to run on")
     return _rebuilt(cluster, kept, flag, spec)
 
 
@@ -52,7 +53,8 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
     wanted: dict[str, frozenset[int] | None] = {}
     for piece in (p.strip() for p in spec.split("@")):
         if not piece:
-            raise PlanError(cluster.source, f"{flag} {shown(spec)}: a host name is empty (hosts are separated by @)")
+            raise SelectionError(cluster.source,
+                                 f"{flag} {shown(spec)}: a host name is empty (hosts are separated by @)")
         name, indices = piece, None
         if piece not in names and ":" in piece:  # an IPv6 name keeps its colons; `name:0,2` names indices
             name, _, text = piece.rpartition(":")
@@ -60,7 +62,8 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"the hosts are {_listed(names)}"
-            raise PlanError(cluster.source, f"{flag} {shown(piece)}: no host {shown(name)} in the inventory; {hint}")
+            raise SelectionError(cluster.source,
+                                 f"{flag} {shown(piece)}: no host {shown(name)} in the inventory; {hint}")
         before = wanted.get(name, frozenset())
         wanted[name] = None if before is None or indices is None else before | indices
     return wanted
@@ -68,12 +71,12 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
 
 def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
     if not text:
-        raise PlanError(source, f"{flag} {shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone "
+        raise SelectionError(source, f"{flag} {shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone "
                         "for the whole host)")
     found = set()
     for word in text.split(","):
         if not re.fullmatch(r"\d{1,6}", word.strip()):
-            raise PlanError(source, f"{flag} {shown(piece)}: {shown(word)} is not a GPU index (0, 1, 2, ...)")
+            raise SelectionError(source, f"{flag} {shown(piece)}: {shown(word)} is not a GPU index (0, 1, 2, ...)")
         found.add(int(word))
     return frozenset(found)
 
@@ -81,10 +84,10 @@ def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
 def _check_range(host: Host, indices: frozenset[int], flag: str, piece: str, source: str) -> None:
     count = host.nproc_per_node
     if count != "auto" and max(indices) >= count:
-        raise PlanError(source, f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
+        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
                         f"(nproc_per_node {count}), not {max(indices)}")
     if any(var.name == VISIBLE_DEVICES for var in host.env):
-        raise PlanError(source, f"{flag} {shown(piece)}: {host.name}'s env sets {VISIBLE_DEVICES} already; remove "
+        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name}'s env sets {VISIBLE_DEVICES} already; remove "
                         "it from the inventory, or name the whole host")
 
 
@@ -100,7 +103,7 @@ def _remaining(host: Host, indices: frozenset[int], flag: str, spec: str, source
     """The host less the excluded `indices`; None when none are left."""
     piece = _piece(spec, host.name)
     if host.nproc_per_node == "auto":
-        raise PlanError(source, f"{flag} {shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
+        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
                         "are not known; set a number in the inventory, or exclude the whole host")
     _check_range(host, indices, flag, piece, source)
     rest = [i for i in range(host.nproc_per_node) if i not in indices]
@@ -118,7 +121,7 @@ def _rebuilt(cluster: Cluster, kept: list[tuple[int, Host]], flag: str, spec: st
     first = cluster.hosts[0]
     if kept[0][1].name != first.name:
         if rdzv.master_addr_explicit:
-            raise PlanError(cluster.source, f"{flag} {shown(spec)} leaves out {first.name}, node rank 0, where "
+            raise SelectionError(cluster.source, f"{flag} {shown(spec)} leaves out {first.name}, node rank 0, where "
                             f"rendezvous.master_addr ({rdzv.master_addr}) points; keep it, or drop master_addr from "
                             "the inventory so that the first remaining host is the master")
         rdzv = dataclasses.replace(rdzv, master_addr=kept[0][1].addr)

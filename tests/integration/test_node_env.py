@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import REPO
 
 
 def env_file(tmp_path: Path, text: str, name: str = "node.env") -> Path:
@@ -130,3 +134,24 @@ def test_a_hosts_override_of_a_secret_default_is_never_shown_or_stored(make_sand
     assert json.loads((run_dir / "command.json").read_text())["secret_env"] == ["NE_TOKEN"]
 
 
+
+
+def test_the_doctor_and_socket_ifname_auto_agree_on_a_name_with_several_addresses(tmp_path: Path) -> None:
+    # The master's name resolves to two addresses, an unreachable one first (gai.conf ranks it higher) and then
+    # 127.0.0.1, which this node's lo holds. Looking at the first address only (the probe's old way) routes
+    # through the default interface; the agent looked at every address and chose lo. Both now ask one function.
+    hosts, gai = tmp_path / "hosts", tmp_path / "gai.conf"
+    hosts.write_text("127.0.0.1 localhost\n10.255.255.1 multi-master\n127.0.0.1 multi-master\n")
+    gai.write_text("precedence ::ffff:10.255.255.0/120 100\nprecedence ::ffff:127.0.0.0/104 5\n")
+    order = ("import socket; print(' '.join(i[4][0] for i in "
+             "socket.getaddrinfo('multi-master', 29400, 0, socket.SOCK_DGRAM)))")
+    script = (f"mount --bind {hosts} /etc/hosts && mount --bind {gai} /etc/gai.conf && "
+              f"{sys.executable} -c \"{order}\" && "
+              f"exec {sys.executable} -m tests.support.ifaces multi-master 29400 {tmp_path}")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first_line, answer = done.stdout.splitlines()[0], json.loads(done.stdout.splitlines()[-1])
+    assert first_line.split() == ["10.255.255.1", "127.0.0.1"]  # the name really has several, the held one last
+    assert answer["probe"] == {"ip": "127.0.0.1", "iface": "lo"}, answer
+    assert answer["agent"] == "lo", answer
