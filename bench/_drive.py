@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()
     try:
-        code = run_start.launch(plan, opts)
+        code = run_start.launch_run(plan, opts)
     finally:
         if trace is not None:
             import json

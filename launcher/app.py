@@ -82,7 +82,7 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
     if slurm:  # the allocation's nodes, one srun step
         from launcher.slurm import commands as slurm_commands
 
-        return slurm_commands.launch(cluster, _job(cluster, script, args), dry_run=dry_run, doctor=doctor,
+        return slurm_commands.launch_slurm(cluster, _job(cluster, script, args), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts)
     plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     if dry_run:
@@ -103,8 +103,8 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         opts.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
         retries = 0
     if not retries:
-        return run_start.launch(plan, opts)
-    return attempts.launch(plan, opts, retries, _health_check(opts, doctor))
+        return run_start.launch_run(plan, opts)
+    return attempts.launch_with_retries(plan, opts, retries, _health_check(opts, doctor))
 
 
 def _health_check(opts: Options, doctor: bool) -> attempts.HealthCheck:

@@ -235,3 +235,78 @@ SLOW_PROBE_FACTOR = 2.0
 SLOW_PROBE_SHARE = 0.5
 """A probe that used more than this share of probe_timeout is slow whatever its peers took: the next may not fit."""
 
+
+# --- the doctor's probes (launcher.doctor.collect) --------------------------------------------------------------------
+LISTEN_WINDOW_S = 3.0
+"""How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
+TOKEN_READ_S = 2.0
+"""How long a node waits for the listener's token once connected (no answer: something else listens there)."""
+LISTENER_MARGIN_S = 5.0
+"""The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
+RESOLVE_WORKERS = 16
+"""Threads each node's probe resolves names on: every host's name, on every node, is N lookups a node (N x N in the
+cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""
+
+
+# --- SLURM (launcher.slurm) -------------------------------------------------------------------------------------------
+STEP_END_WAIT = 5.0
+"""Seconds the step gets to end by itself once its stdin closed (every agent then stops its part) before SIGTERM."""
+SUBMIT_TIMEOUT = 120.0
+"""Seconds sbatch may take (it retries an unreadable slurm.conf for 60 s before it gives up)."""
+QUERY_TIMEOUT = 30.0
+"""Seconds squeue, scontrol, sacct or scancel may take."""
+SACCT_TIMEOUT = 10.0
+"""Seconds sacct may take: it is only asked about jobs the controller has forgotten, and a record may answer."""
+SLURM_POLL = 1.0
+"""Seconds between two looks at a job that is followed or being cancelled."""
+SLURM_TAIL_CHUNK = 1 << 20
+"""Bytes of a job's output read and printed at a time: memory stays this, whatever the file's size."""
+
+
+# --- the console and the log mirror (launcher.report) -----------------------------------------------------------------
+MIRROR_QUEUE_CHUNKS = 1024
+"""Chunks (up to 64 KiB each) the log copy may lag behind the run before it gives up with a warning."""
+MIRROR_CLOSE_S = 30.0
+"""How long the launcher waits at the end for the log copy to reach the disk."""
+TAIL_LINES = 40
+"""Lines of each node's output kept for the root-cause report."""
+TAIL_WIDTH = 1000
+"""Characters of each of those lines kept (a progress bar without newlines is one long line)."""
+
+
+# --- retries (launcher.plan.retry) ------------------------------------------------------------------------------------
+FAILURES_TO_BLACKLIST = 2
+"""A node that caused this many failed attempts sits out for the cool-down (one failure may be bad luck)."""
+
+
+# --- code sync (launcher.sync) ----------------------------------------------------------------------------------------
+SYNC_REPLY_TIMEOUT = 60.0
+"""Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""
+SYNC_SEND_CHUNK = 1 << 20
+"""Bytes per send: small files are packed together into chunks of this size."""
+SYNC_LOCK_WAIT = 60.0
+"""Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
+
+
+# --- SSH channels (launcher.transport) --------------------------------------------------------------------------------
+SEND_LOCK_WAIT = 0.1
+"""Seconds a non-blocking send waits for another send on the same channel (a few bytes take microseconds)."""
+
+
+# --- reading an inventory (launcher.config) ---------------------------------------------------------------------------
+MAX_MERGED_PAIRS = 100_000
+"""At most this many key/value pairs in all mappings together once merge keys (`<<`) are expanded: a few hundred
+hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's rendezvous port when the inventory names none (torchrun's own default)."""
+
+
+# --- the sandbox (launcher.sandbox) -----------------------------------------------------------------------------------
+SANDBOX_STOP_GRACE_S = 3.0
+"""Seconds between TERM and KILL when a sandbox node is stopped."""
+SANDBOX_STOP_LIMIT_S = 60.0
+"""How long a stop may take in all before it gives up and names what it could not stop."""
+SANDBOX_MAX_NODES = 200
+"""The most sshd nodes one sandbox starts (each takes a loopback address and a few processes)."""
+SANDBOX_CPUS_PER_NODE = 2
+"""CPUs each sandbox node declares to its slurmd."""

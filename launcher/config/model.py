@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from launcher.options import DEFAULT_MASTER_PORT
+
 HostKeyPolicy = Literal["strict", "accept-new"]
 
 
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
 
-
-DEFAULT_MASTER_PORT = 29500
 
 Backend = Literal["static", "c10d"]
 

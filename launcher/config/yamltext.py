@@ -10,16 +10,12 @@ import yaml
 
 from launcher.config.text import SHOWN, render, shorten
 from launcher.errors import InventoryError
+from launcher.options import MAX_MERGED_PAIRS as _MAX_MERGED
 
 _STR_TAG = "tag:yaml.org,2002:str"
 
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
-
-
-_MAX_MERGED = 100_000
-"""At most this many key/value pairs in all mappings together once merge keys (`<<`) are expanded: a few hundred
-hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"

@@ -17,7 +17,16 @@ from launcher.config.model import Cluster, Host
 from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, Options
+from launcher.options import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_FANOUT,
+    DEFAULT_PROBE_TIMEOUT,
+    LISTEN_WINDOW_S,
+    LISTENER_MARGIN_S,
+    RESOLVE_WORKERS,
+    TOKEN_READ_S,
+    Options,
+)
 from launcher.parallel import parallel
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
@@ -30,15 +39,6 @@ CheckMode = Literal["all", "fast"]
 
 PROBE_SOURCE = node_program("probe")
 """The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
-LISTEN_WINDOW_S = 3.0
-"""How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
-TOKEN_READ_S = 2.0
-"""How long a node waits for the listener's token once connected (no answer: something else listens there)."""
-LISTENER_MARGIN_S = 5.0
-"""The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
-RESOLVE_WORKERS = 16
-"""Threads each node's probe resolves names on: every host's name, on every node, is N lookups a node (N x N in the
-cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""
 
 probe_command = python_command
 """The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.transport.program`)."""

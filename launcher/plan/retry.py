@@ -14,9 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.config.model import Cluster, Job
-
-FAILURES_TO_BLACKLIST = 2
-"""A node that caused this many failed attempts sits out for the cool-down (one failure may be bad luck)."""
+from launcher.options import FAILURES_TO_BLACKLIST
 
 
 @dataclass(frozen=True)

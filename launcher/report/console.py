@@ -15,12 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
-from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES
-
-MIRROR_QUEUE_CHUNKS = 1024
-"""Chunks (up to 64 KiB each) the log copy may lag behind the run before it gives up with a warning."""
-MIRROR_CLOSE_S = 30.0
-"""How long the launcher waits at the end for the log copy to reach the disk."""
+from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES, MIRROR_CLOSE_S, MIRROR_QUEUE_CHUNKS
 
 
 class ConsoleWriter:

@@ -1,6 +1,6 @@
 """A launch that survives a lost node: attempts of a run, each on the nodes that are left (`inv launch --retries`).
 
-Each attempt is a whole run (`run_start.launch`, its own run id, logs and atomic start). After an attempt that failed
+Each attempt is a whole run (`launch_run`, its own run id, logs and atomic start). After an attempt that failed
 because a node was lost or its processes were killed (`rootcause.retry_reason`; never after the script's own
 error), the launcher waits `retry_wait`, runs the doctor's fast checks on the nodes not blacklisted, and starts the
 next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. Each
@@ -35,8 +35,8 @@ HealthCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
 
 
-def launch(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -> int:
-    """`run_start.launch`, again on what is left after a lost node, up to `retries` more times."""
+def launch_with_retries(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -> int:
+    """`run_start.launch_run`, again on what is left after a lost node, up to `retries` more times."""
     attempts: list[Attempt] = []
     failures: dict[str, list[float]] = {}
     first = plan
@@ -49,7 +49,7 @@ def launch(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
         try:
-            code = run_start.launch(plan, opts)
+            code = run_start.launch_run(plan, opts)
         except (LauncherError, KeyboardInterrupt) as exc:
             if isinstance(exc, RunFailed):
                 plan = _after_failure(exc, attempt, attempts, first, opts, failures, health, low, retries)

@@ -130,7 +130,7 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> d
     return nodes
 
 
-def launch(plan: LaunchPlan, opts: Options | None = None) -> int:
+def launch_run(plan: LaunchPlan, opts: Options | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.

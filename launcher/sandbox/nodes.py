@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
+from launcher.options import SANDBOX_MAX_NODES as MAX_NODES
 from launcher.sandbox import procs, start
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (
@@ -33,7 +34,6 @@ from launcher.sandbox.stop import stop_families
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
 DEFAULT_INVENTORY = REPO_ROOT / "hosts" / "sandbox.yaml"
-MAX_NODES = 200
 
 _STATE_FILE = "sandbox.json"
 _USER_KEY = "id_ed25519"
@@ -106,9 +106,9 @@ def up(
     trap, overrides = set(self_loopback_trap), dict(python_override or {})
     _check_request(nodes, ssh_port, {*hidden, *(j for js in hidden.values() for j in js), *trap, *overrides})
     addrs = node_addresses(base_addr, nodes)
-    unshare = start.preflight()
+    unshare = start.require_tools()
     if slurm:
-        slurm_cluster.preflight()
+        slurm_cluster.require_tools()
     state_dir, inventory = Path(state_dir).absolute(), Path(inventory).absolute()
     config_path(state_dir)
     inventory_text = render_inventory(ssh_config=state_dir / "ssh_config", names=[node_name(i) for i in range(nodes)],
@@ -154,7 +154,7 @@ def _start_nodes(state_dir: Path, commands: Sequence[list[str]], addrs: Sequence
     cluster: dict[str, Any] | None = None
     try:
         for i, argv in enumerate(commands):
-            started.append(start.launch(state_dir / node_name(i), argv))
+            started.append(start.start_node(state_dir / node_name(i), argv))
         start.wait_ready(state_dir, addrs, ssh_port, started, ready_timeout)
         records = [{"name": node_name(i), "addr": addr, "port": ssh_port, "pid": p.pid,
                     "start_time": procs.start_time(p.pid)}

@@ -36,7 +36,7 @@ SLURMD = "/usr/sbin/slurmd"
 SLURMSTEPD = "/usr/sbin/slurmstepd"
 
 
-def preflight() -> str:
+def require_tools() -> str:
     """Fail early, in one sentence, when SLURM or munge is missing; return nsenter's path."""
     missing = [path for path in (MUNGED, SLURMCTLD, SLURMD, SLURMSTEPD) if not os.access(path, os.X_OK)]
     missing += [tool for tool in ("sinfo", "srun") if shutil.which(tool) is None]
@@ -61,7 +61,7 @@ def start(state_dir: Path, nodes: Sequence[tuple[str, str, Ident]], timeout: flo
 
     Nothing is left running when it raises.
     """
-    nsenter = preflight()
+    nsenter = require_tools()
     folder = slurm_dir(state_dir)
     spool = spool_dir(state_dir)
     for old in (folder, spool):  # a fresh cluster: no jobs or node states of an earlier one

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher.errors import SandboxError
+from launcher.options import SANDBOX_CPUS_PER_NODE as CPUS_PER_NODE
 from launcher.sandbox.render import config_path
 
 SLURM_DIR_NAME = "slurm"
@@ -22,9 +23,6 @@ SLURM_CONF_NAME = "slurm.conf"
 
 
 TASK_PROLOG = "task_prolog.sh"
-
-
-CPUS_PER_NODE = 2
 
 
 _SUN_PATH_MAX = 107  # a unix socket's path, less its NUL

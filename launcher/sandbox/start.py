@@ -18,7 +18,7 @@ from launcher.sandbox.render import SSHD, node_name
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def preflight() -> str:
+def require_tools() -> str:
     """Fail early, in one sentence, on what would otherwise fail as N confusing sshd logs; return unshare's path."""
     if not os.access(SSHD, os.X_OK):
         raise SandboxError(f"{SSHD} is missing: install it with `apt-get install openssh-server`.")
@@ -38,7 +38,7 @@ def preflight() -> str:
     return unshare
 
 
-def launch(folder: Path, argv: list[str]) -> subprocess.Popen[bytes]:
+def start_node(folder: Path, argv: list[str]) -> subprocess.Popen[bytes]:
     """Start one node, logging to its folder; not waited on: it outlives this call."""
     with open(folder / "sshd.log", "wb") as log:
         # Own session: a Ctrl-C meant for the caller doesn't reach the nodes.

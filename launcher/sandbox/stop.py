@@ -9,13 +9,11 @@ from collections.abc import Sequence
 from contextlib import suppress
 
 from launcher.errors import SandboxError
+from launcher.options import SANDBOX_STOP_GRACE_S as STOP_GRACE_S
+from launcher.options import SANDBOX_STOP_LIMIT_S as STOP_LIMIT_S
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
 from launcher.sandbox.render import SSHD
-
-STOP_GRACE_S = 3.0
-STOP_LIMIT_S = 60.0
-"""How long a stop may take in all before it gives up and names what it could not stop."""
 
 
 def stop_families(leaders: Sequence[Ident]) -> set[int]:

@@ -21,7 +21,7 @@ from launcher.slurm import launch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 
-def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options) -> int:
+def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
                                   (opts.retries, "--retries", "a SLURM job is requeued by SLURM (sbatch --requeue)"),
@@ -37,7 +37,7 @@ def launch(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: boo
         return 0
     if doctor and opts.preflight is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
         opts.preflight = replace(launch_preflight(opts), more=None)
-    return slurm_launch.launch(plan, opts)
+    return slurm_launch.launch_step(plan, opts)
 
 
 def _slurm_log_dir(opts: Options) -> Path:

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import LauncherError
-from launcher.options import DEFAULT_LOG_DIR
+from launcher.options import DEFAULT_LOG_DIR, QUERY_TIMEOUT, SACCT_TIMEOUT, SUBMIT_TIMEOUT
+from launcher.options import SLURM_POLL as POLL
+from launcher.options import SLURM_TAIL_CHUNK as TAIL_CHUNK
 from launcher.slurm.batch import check_job_id, output_path, record_path
 
 LOG_SUBDIR = "slurm"
@@ -28,14 +30,6 @@ DEFAULT_SLURM_LOG_DIR = Path(DEFAULT_LOG_DIR) / LOG_SUBDIR
 """Where `inv slurm.submit` writes batch scripts, and its jobs their output and end records."""
 OUTPUT_UMASK = "0077"
 """The umask slurmstepd creates a batch job's output file with (SLURM_UMASK at submit): 0600, as the local logs."""
-SUBMIT_TIMEOUT = 120.0
-"""Seconds sbatch may take (it retries an unreadable slurm.conf for 60 s before it gives up)."""
-QUERY_TIMEOUT = 30.0
-"""Seconds squeue, scontrol, sacct or scancel may take."""
-SACCT_TIMEOUT = 10.0
-"""Seconds sacct may take: it is only asked about jobs the controller has forgotten, and a record may answer."""
-POLL = 1.0
-"""Seconds between two looks at a job that is followed or being cancelled."""
 UNKNOWN = "UNKNOWN"
 """The state of a job neither SLURM nor an end record knows."""
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING",
@@ -232,10 +226,6 @@ def is_listed(job_id: str) -> bool:
 def _output(state: JobState, log_dir: Path) -> Path:
     """The job's output file: where SLURM says (StdOut), else where `inv slurm.submit` had it written."""
     return state.output or Path(output_path(log_dir, state.job_id))
-
-
-TAIL_CHUNK = 1 << 20
-"""Bytes of a job's output read and printed at a time: memory stays this, whatever the file's size."""
 
 
 class _Tail:

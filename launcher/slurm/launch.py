@@ -40,8 +40,8 @@ class SlurmNode:
         return Result(done.returncode, done.stdout, done.stderr)
 
 
-def launch(plan: LaunchPlan, opts: Options) -> int:
-    """Start the plan as one srun step and follow it to its end (as `run_start.launch` does over SSH)."""
+def launch_step(plan: LaunchPlan, opts: Options) -> int:
+    """Start the plan as one srun step and follow it to its end (as `run_start.launch_run` does over SSH)."""
     if opts.detach:
         raise LauncherError("--detach does not apply to --slurm: submit the job instead (`inv slurm.submit`), "
                             "then `inv status/logs/stop --job ID`")

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from launcher.errors import LauncherError
+from launcher.options import STEP_END_WAIT
 from launcher.plan.commands import NodeCommand
 from launcher.slurm.jobs import run_slurm
 from launcher.transport.program import node_program
@@ -36,8 +37,6 @@ _TASK_END = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _EXIT = re.compile(r"Exited with exit code (\d+)")
 _SIGNALS = {signal.strsignal(s) or s.name: 128 + int(s) for s in signal.Signals}
 """srun names a signal that ended a task by its description (`Killed`, `Terminated`): the shell's 128+n code."""
-STEP_END_WAIT = 5.0
-"""Seconds the step gets to end by itself once its stdin closed (every agent then stops its part) before SIGTERM."""
 
 
 def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,

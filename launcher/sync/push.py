@@ -24,6 +24,9 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT
+from launcher.options import SYNC_LOCK_WAIT as LOCK_WAIT
+from launcher.options import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
+from launcher.options import SYNC_SEND_CHUNK as SEND_CHUNK
 from launcher.parallel import parallel
 from launcher.sync.tree import (
     Entry,
@@ -41,12 +44,6 @@ from launcher.transport.sessions import Node, classify, close_all, connect_all
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
-REPLY_TIMEOUT = 60.0
-"""Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""
-SEND_CHUNK = 1 << 20
-"""Bytes per send: small files are packed together into chunks of this size."""
-LOCK_WAIT = 60.0
-"""Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
 
 
 # --- the local tree (no I/O beyond reading it) ---------------------------------------------------------------

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import paramiko
 
+from launcher.options import SEND_LOCK_WAIT as _SEND_LOCK_WAIT
+
 
 @dataclass
 class Result:
@@ -50,10 +52,6 @@ def _exec(chan: paramiko.Channel, command: str, timeout: float, node: str) -> No
         raise ExecTimeout(node, "start the command", timeout)
     if not chan.event_ready:
         raise chan.transport.get_exception() or paramiko.SSHException("Channel closed.")
-
-
-_SEND_LOCK_WAIT = 0.1
-"""Seconds a non-blocking send waits for another send on the same channel (a few bytes take microseconds)."""
 
 
 def _writable(sock: object) -> bool:
