@@ -310,3 +310,19 @@ SANDBOX_MAX_NODES = 200
 """The most sshd nodes one sandbox starts (each takes a loopback address and a few processes)."""
 SANDBOX_CPUS_PER_NODE = 2
 """CPUs each sandbox node declares to its slurmd."""
+
+
+# --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
+NODE_TIMING: dict[str, float] = {
+    "poll_s": 0.05,  # the attached agent's look at torchrun, the clock and the launcher's words; a stop's wait steps
+    "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
+    "check_s": 1.0,  # between a followed log's looks at whether the run and the launcher are still there
+    "keeper_poll_s": 0.02,  # a stop's look at whether the run's keeper has recorded the exit code
+    "keeper_wait_s": 2.0,  # how long a stop waits for that record
+    "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone
+    "read_chunk": 1 << 16,  # bytes of the log read at a time
+}
+"""Every wait and read size of the node agent (launcher/node/protocol.py `AGENT_TIMING`): each agent request's
+`timing`."""
+SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
+"""syncd's: between two tries at another sync's lock; bytes of the stream read at a time."""

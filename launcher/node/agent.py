@@ -33,7 +33,7 @@ import time
 from launcher.node.attend import LauncherWords, Preflight, attend
 from launcher.node.netif import socket_ifname
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
-from launcher.node.protocol import RUNS_ROOT, emit, reply, write_all
+from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
 from launcher.node.runner import spawn, start_detached, stop_run
 
@@ -48,7 +48,7 @@ def follow_log(log, run_dir, run_id, mark):
     exit_file = os.path.join(run_dir, "exit_code")
     quiet_checks, next_check = 0, time.time()
     while True:
-        chunk = log.read(1 << 16)
+        chunk = log.read(int(timing("read_chunk")))
         if chunk:
             if not write_all(1, chunk):
                 return 1  # the launcher is gone: nobody to follow for
@@ -56,7 +56,7 @@ def follow_log(log, run_dir, run_id, mark):
         if os.path.exists(exit_file):
             return 0 if write_all(1, log.read()) else 1
         if time.time() >= next_check:
-            next_check = time.time() + 1
+            next_check = time.time() + timing("check_s")
             if stdout_gone():
                 return 1
             # Twice in a row, a second apart: the keeper writes the exit code a moment after torchrun is gone.
@@ -66,7 +66,7 @@ def follow_log(log, run_dir, run_id, mark):
                 emit("error", message="run %s was lost on this node: no exit code recorded and none of its "
                                       "processes alive (its keeper was killed); the log ends here" % run_id)
                 return 1
-        time.sleep(0.1)
+        time.sleep(timing("wait_s"))
 
 
 def start(request):
@@ -147,10 +147,10 @@ def action_stop(request):
         signal_process(keeper[0], keeper[1], signal.SIGKILL)
     found, left = stop_run(run_dir, mark, grace)
     # The run's keeper records the exit code a moment after torchrun is gone; a dead keeper never will.
-    deadline = time.time() + 2
+    deadline = time.time() + timing("keeper_wait_s")
     while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
            and keeper is not None and same_process(*keeper)):
-        time.sleep(0.02)
+        time.sleep(timing("keeper_poll_s"))
     result = describe(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
     return reply(result)
@@ -209,7 +209,7 @@ def action_logs(request):
         if request.get("follow"):
             return follow_log(log, run_dir, run_id, "%s/%s" % (run_id, request["node"]))
         while True:
-            chunk = log.read(1 << 16)
+            chunk = log.read(int(timing("read_chunk")))
             if not chunk:
                 return 0
             if not write_all(1, chunk):
@@ -223,6 +223,7 @@ ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs":
 def main():
     request = json.loads(sys.stdin.readline())
     try:
+        use_timing(request, AGENT_TIMING)
         code = ACTIONS[request["action"]](request)
     except Exception as exc:
         emit("error", message="%s: %s" % (type(exc).__name__, exc))

@@ -19,6 +19,7 @@ from launcher.node.protocol import (
     queue_events,
     queued_events,
     seconds,
+    timing,
     write_all,
 )
 from launcher.node.runner import finish, signal_run, stop_run
@@ -60,7 +61,7 @@ class LauncherWords:
         The other nodes may take long to get ready (a cold start): `alive` beats say this one is still here.
         """
         beat = time.monotonic()
-        while not self.decided.wait(0.1):
+        while not self.decided.wait(timing("wait_s")):
             if time.monotonic() - self.last_word > heartbeat_timeout:
                 self.stop_word = "heartbeat-timeout"
                 return False
@@ -142,7 +143,7 @@ class Attended:
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
             while True:
                 finished = self.done.is_set()  # read before the last read: nothing is written after it is set
-                chunk = log.read(1 << 16)
+                chunk = log.read(int(timing("read_chunk")))
                 if chunk:
                     if not write_all(1, chunk):
                         return
@@ -150,7 +151,7 @@ class Attended:
                 elif finished:
                     return
                 else:
-                    self.done.wait(0.05)
+                    self.done.wait(timing("poll_s"))
 
     def send_events(self):
         while True:
@@ -176,7 +177,7 @@ class Attended:
                 emit("stopping", reason=stopping)
             if stopping is not None and self.words.stop_word == KILL:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
-            time.sleep(0.05)
+            time.sleep(timing("poll_s"))
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
         killed = self.words.stop_word == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
@@ -200,7 +201,7 @@ def attend(request, run_dir, proc, words):
         emit("stopped", left=left, reason=stopping)
     # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
     while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
-        threads["stream"].join(0.1)
+        threads["stream"].join(timing("wait_s"))
     emit("exited", code=code, left=left, reason=stopping)
     end_events()
     threads["send_events"].join(5)

@@ -116,3 +116,26 @@ def seconds(section, key, where):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise BadRequest(f"the {where} request needs {key} (seconds, a number >= 0); got {value!r}")
     return float(value)
+
+
+AGENT_TIMING = ("poll_s", "wait_s", "check_s", "keeper_poll_s", "keeper_wait_s", "kill_wait_s", "read_chunk")
+"""The waits and read sizes every agent request carries in `timing` (launcher.options.NODE_TIMING)."""
+SYNC_TIMING = ("wait_s", "read_chunk")
+"""Those of a sync request (launcher.options.SYNC_TIMING)."""
+_TIMING = {}
+
+
+def use_timing(request, keys):
+    """Take every wait and read size from the request's `timing` (the node programs have none of their own);
+    BadRequest naming the first missing or wrong one."""
+    section = request.get("timing")
+    for key in keys:
+        value = section.get(key) if isinstance(section, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise BadRequest("the request's timing needs %s (a number > 0); got %r" % (key, value))
+        _TIMING[key] = value
+
+
+def timing(key):
+    """A wait (seconds) or read size (bytes) the controller sent (`use_timing`)."""
+    return _TIMING[key]

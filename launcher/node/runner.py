@@ -9,7 +9,7 @@ import time
 
 from launcher.node.logmerge import LogMerger
 from launcher.node.proc import marked_pids, marked_processes, signal_process, start_time
-from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit
+from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 
 
@@ -154,12 +154,12 @@ def stop_run(run_dir, mark, grace, record=True):
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
             # has nothing left to save, so do not make the user wait for it.
             signal_run(run_dir, mark, signal.SIGKILL)
-        time.sleep(0.05)
+        time.sleep(timing("poll_s"))
     if marked_pids(mark):
         signal_run(run_dir, mark, signal.SIGKILL)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + timing("kill_wait_s")
         while marked_pids(mark) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(timing("poll_s"))
     return found, len(marked_pids(mark))
 
 

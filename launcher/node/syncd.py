@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from launcher.node.protocol import reply
+from launcher.node.protocol import SYNC_TIMING, reply, timing, use_timing
 from launcher.node.syncstage import Refused, Stage, free_bytes, manifest, os_sentence
 
 LOCK_NAME = ".ddp-launcher-sync.lock"
@@ -111,7 +111,7 @@ def lock_dest(dest, wait):
             if time.monotonic() > deadline:
                 raise Refused(f"another sync into {dest} is under way (waited {wait:g} s for it); run this one "
                               "again when it has ended") from None
-            time.sleep(0.1)
+            time.sleep(timing("wait_s"))
             continue
         try:  # the holder before us removes the file when done: a lock on that old file locks nothing
             if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
@@ -133,6 +133,7 @@ def main():
     dest = os.path.abspath(os.path.expanduser(request["dest"]))
     made, lock, ok = [], None, False
     try:
+        use_timing(request, SYNC_TIMING)
         refuse_home(dest, request)
         made = make_dest(dest)
         lock = lock_dest(dest, float(request["lock_wait"]))

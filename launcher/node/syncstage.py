@@ -6,8 +6,7 @@ import errno
 import os
 import shutil
 
-CHUNK = 1 << 20
-
+from launcher.node.protocol import timing
 
 KINDS = ("file", "link")
 
@@ -176,7 +175,7 @@ class Stage:
         with os.fdopen(fd, "wb") as out:
             left = size
             while left:
-                chunk = stream.read(min(CHUNK, left))
+                chunk = stream.read(min(int(timing("read_chunk")), left))
                 if not chunk:
                     raise Refused(f"the stream ended in the middle of {header['path']} (the controller stopped "
                                   "sending)")

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
-from launcher.options import LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, Options, heartbeat_interval
+from launcher.options import LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, NODE_TIMING, Options, heartbeat_interval
 from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
@@ -38,8 +38,8 @@ agent_command = python_command
 
 
 def agent_input(request: dict[str, Any]) -> bytes:
-    """The agent's source and one request, for its stdin."""
-    return program_input(AGENT_SOURCE, request)
+    """The agent's source and one request (with the agent's `timing`), for its stdin."""
+    return program_input(AGENT_SOURCE, {**request, "timing": NODE_TIMING})
 
 
 def check_run_id(run_id: str | None) -> str | None:
@@ -63,6 +63,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
     rdzv = plan.cluster.rendezvous
     request: dict[str, Any] = {
         "action": "start",
+        "timing": NODE_TIMING,
         "run_dir": command.run_dir,
         "mark": f"{plan.run_id}/{command.host.name}",
         "workdir": command.workdir,

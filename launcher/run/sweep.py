@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.options import SWEEP_MARGIN, Options
+from launcher.options import NODE_TIMING, SWEEP_MARGIN, Options
 from launcher.run.sessions import Session
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node
@@ -33,7 +33,8 @@ class Sweeps:
         node = self.nodes[session.name]
         request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
                                    "grace": self.opts.grace,
-                                   "kill_keeper": session.end is not None and session.end.kind != "agent-died"}
+                                   "kill_keeper": session.end is not None and session.end.kind != "agent-died",
+                                   "timing": NODE_TIMING}
 
         def sweep() -> None:
             try:

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
-from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT
+from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT, SYNC_TIMING
 from launcher.options import SYNC_LOCK_WAIT as LOCK_WAIT
 from launcher.options import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
 from launcher.options import SYNC_SEND_CHUNK as SEND_CHUNK
@@ -186,7 +186,7 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = 
         return classify(node.target, exc)
     try:
         request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
-                   "home_ok": home_ok, "lock_wait": LOCK_WAIT}
+                   "home_ok": home_ok, "lock_wait": LOCK_WAIT, "timing": SYNC_TIMING}
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
             return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
         first = session.answer(REPLY_TIMEOUT + LOCK_WAIT)

@@ -18,13 +18,12 @@ import pytest
 from launcher.node import proc as procs
 from launcher.node import protocol, rundir
 from launcher.plan import commands as plan
-from launcher.run.start import AGENT_SOURCE, log_tail_settings
+from launcher.run.start import agent_input, log_tail_settings
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 
 AGENT = ["-c", BOOTSTRAP]
-"""The agent's command line after the interpreter; its stdin starts with `PROGRAM`."""
-PROGRAM = (json.dumps(AGENT_SOURCE) + "\n").encode()
+"""The agent's command line after the interpreter; its stdin starts with `agent_input(request)`, as the launcher's."""
 NODE = "node1"
 
 
@@ -58,7 +57,7 @@ class Node:
     def request(self, timeout: float = 30, **request: object) -> tuple[subprocess.CompletedProcess[bytes], list]:
         """Run one agent action; its result and its JSON events."""
         request.setdefault("node", NODE)
-        done = subprocess.run([node_python(), *AGENT], input=PROGRAM + (json.dumps(request) + "\n").encode(),
+        done = subprocess.run([node_python(), *AGENT], input=agent_input(request),
                               env=self.env, capture_output=True, timeout=timeout, check=False)
         return done, [json.loads(line) for line in done.stderr.decode().splitlines()]
 
@@ -66,7 +65,7 @@ class Node:
         """The agent following the run's log (`logs --follow`), in the background."""
         request = self.tmp / "follow.json"
         words = {"action": "logs", "node": NODE, "run_id": run_id, "follow": True}
-        request.write_bytes(PROGRAM + (json.dumps(words) + "\n").encode())
+        request.write_bytes(agent_input(words))
         with open(request, "rb") as stdin:
             proc = subprocess.Popen([node_python(), *AGENT], env=self.env, stdin=stdin, stdout=stdout,
                                     stderr=subprocess.PIPE, start_new_session=True)
@@ -291,8 +290,8 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
         proc = subprocess.Popen([node_python(), *AGENT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, cwd=tmp_path)
         assert proc.stdin is not None and proc.stderr is not None
-        proc.stdin.write(PROGRAM + (json.dumps({**request, "mark": f"{run_id}/node{int(ran)}",
-                                      "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node{int(ran)}"}) + "\n").encode())
+        proc.stdin.write(agent_input({**request, "mark": f"{run_id}/node{int(ran)}",
+                                      "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node{int(ran)}"}))
         proc.stdin.flush()
         first = json.loads(proc.stderr.readline())
         assert first["event"] == "ready"

@@ -23,6 +23,7 @@ import pytest
 
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
+from launcher.options import NODE_TIMING
 from launcher.plan.commands import plan_launch
 from launcher.run import start as run_start
 from launcher.slurm.step import step_input
@@ -111,7 +112,8 @@ def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
 def test_an_srun_task_picks_its_agent_request_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
     # What every task of a `launch --slurm` step runs first: the selector, then the agent with this node's request.
     plan = plan_launch(parse_inventory("hosts: [node-0, node-1]\njob: {script: train/ddp.py}\n", "inv.yaml"))
-    stdin = step_input(run_start.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name}) for c in plan.nodes])
+    stdin = step_input(run_start.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name, "timing": NODE_TIMING})
+                                                  for c in plan.nodes])
     reply = run_on_node(stdlib_env.python, stdin, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
                         SLURM_NODEID="1", SLURMD_NODENAME="node-1")
     assert reply == {"runs": []}

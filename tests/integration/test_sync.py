@@ -17,6 +17,7 @@ import yaml
 
 from launcher import sandbox
 from launcher.config import inventory
+from launcher.options import SYNC_TIMING
 from launcher.sandbox import procs
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
@@ -58,7 +59,8 @@ def test_two_syncs_into_one_destination_take_turns(tmp_path: Path) -> None:
 def start_syncd(dest: Path, paths: list[str], **request: object) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin and proc.stdout
-    proc.stdin.write(program_input(SYNCD_SOURCE, {"dest": str(dest), "paths": paths, "token": "t1", **request}))
+    request = {"dest": str(dest), "paths": paths, "token": "t1", "timing": SYNC_TIMING, **request}
+    proc.stdin.write(program_input(SYNCD_SOURCE, request))
     proc.stdin.flush()
     return proc
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from launcher.options import SYNC_TIMING
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
@@ -19,7 +20,7 @@ def syncd(dest: Path | str, paths: list[str], stream: bytes | None, env: dict[st
     proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ, **(env or {})})
     assert proc.stdin and proc.stdout
-    request = {"dest": str(dest), "paths": paths, "token": "t0", "lock_wait": 5.0, **request}
+    request = {"dest": str(dest), "paths": paths, "token": "t0", "lock_wait": 5.0, "timing": SYNC_TIMING, **request}
     proc.stdin.write(program_input(SYNCD_SOURCE, request))
     proc.stdin.flush()
     answers = [json.loads(proc.stdout.readline())]

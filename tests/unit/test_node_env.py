@@ -25,7 +25,7 @@ from launcher.node import netif, protocol, runner
 from launcher.options import Options
 from launcher.plan.commands import RUNS_ROOT, NodeCommand, plan_launch
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.start import AGENT_SOURCE, log_tail_settings, start_request
+from launcher.run.start import agent_input, log_tail_settings, start_request
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 
@@ -223,7 +223,7 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
                                 stderr=events, env=env)
         assert proc.stdin is not None
         # The program, its request, and the launcher's `go`: every node is ready.
-        proc.stdin.write((json.dumps(AGENT_SOURCE) + "\n" + json.dumps(full) + "\ngo\n").encode())
+        proc.stdin.write(agent_input(full) + b"go\n")
         proc.stdin.flush()  # stdin stays open: for an attached run, EOF means "launcher gone"
         try:
             code = proc.wait(timeout=30)
