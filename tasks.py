@@ -107,16 +107,21 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
+    "hang-timeout": "seconds without progress (no rank printed a line, no rank's CPU grew) before the run is "
+                    "suspected hung and every rank's stack is taken (default: learnt from the run, at least 300 s; "
+                    "0: never)",
+    "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
     "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
              "master; the inventory gives everything else",
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
-           include=None, exclude=None, retries=None, slurm=False):
+           include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
-                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries)
+                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
+                    hang_timeout=hang_timeout, on_hang=on_hang)
     return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
                       doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
 
@@ -172,6 +177,13 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
         return slurm_commands.job_logs(_slurm_job(job, hosts=hosts, run=run, node=node, rank=rank), follow, _options(c))
     rank = _integer("rank", rank) if rank is not None else None
     return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP})
+@_reported
+def stacks(c, hosts=None, run=None):
+    """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
+    return cli.stacks(_hosts(c, hosts), _run_id(run), _options(c))
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
@@ -237,5 +249,5 @@ sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
-ns = Collection(launch, sync, doctor, stop, status, logs, demo, bench, sandbox, slurm)
+ns = Collection(launch, sync, doctor, stop, status, logs, stacks, demo, bench, sandbox, slurm)
 ns.configure({"launcher": options.config_defaults()})  # the defaults' one home is launcher/options.py

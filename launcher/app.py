@@ -18,10 +18,12 @@ from launcher.errors import LauncherError, UsageError
 from launcher.options import Options
 from launcher.paths import relative
 from launcher.plan.commands import plan_launch
+from launcher.report.hangs import latest_answer
 from launcher.run import actions as run_actions
 from launcher.run import attempts
 from launcher.run import start as run_start
 from launcher.run.gate import ConnectionsFirst
+from launcher.run.stacks import collect_stacks
 from launcher.transport.sessions import close_all, connect_all
 
 if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
@@ -192,6 +194,9 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     shown = run_id or next((s.run_id for s in states if s.run_id), None)
     console.print(_state_table(f"run {shown or '(none)'} on {len(states)} node(s)", states, stop=False))
     _problems(console, states)
+    hang = latest_answer((opts or Options()).log_dir, shown) if shown else None
+    if hang is not None:
+        console.print(f"last {hang}", markup=False, highlight=False)
     tried = attempts.read_attempts((opts or Options()).log_dir, shown) if shown else []
     if len(tried) > 1:
         console.print(f"run {shown} is one of {len(tried)} attempts of a launch (--retries):", markup=False,
@@ -222,6 +227,15 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = N
 def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
          follow: bool = False, opts: Options | None = None) -> int:
     return run_actions.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
+
+
+def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
+    """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered."""
+    opts = opts or Options()
+    report = collect_stacks(load_inventory(hosts), run_id, opts)
+    for line in report.lines():
+        opts.out.write(line + "\n")
+    return 0 if report.stacks else 1
 
 
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
@@ -264,4 +278,4 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
 
 
 __all__ = ["Hosts", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down", "sandbox_up",
-           "status", "stop", "sync"]
+           "stacks", "status", "stop", "sync"]

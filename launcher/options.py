@@ -132,6 +132,11 @@ class Options:
     """Seconds between a failed attempt and the checks before the next."""
     retry_cooldown: float = DEFAULT_RETRY_COOLDOWN
     """Seconds a node that caused two failed attempts sits out."""
+    hang_timeout: float | None = None
+    """Seconds without progress (no rank printed a line, no rank's CPU time grew) after which a run is suspected
+    hung; None: learnt from the run (`launcher.plan.hang`); 0: never."""
+    on_hang: str = "stop"
+    """What a suspected hang does after every rank's stack is taken: `stop` the run (exit code 124) or `keep` it."""
     on_event: Callable[[Any], None] | None = None
     """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
     it must not block. For tools such as the bench."""
@@ -154,7 +159,9 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "retry_wait": (float, 0.0, MAX_SECONDS),
     "retry_cooldown": (float, 0.0, MAX_SECONDS),
     "retries": (int, 0, MAX_RETRIES),
+    "hang_timeout": (float, 0.0, MAX_SECONDS),
 }
+ON_HANG = ("stop", "keep")
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
 CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY))
@@ -200,6 +207,8 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
     names = {f.name for f in fields(Options)}
     values: dict[str, Any] = {}
     for key, value in config.items():
+        if value is None:  # the collection's default for a setting that has none (hang_timeout: learnt)
+            continue
         if key in _NUMBERS:
             values[key] = number(key, value, f"{config_name}: launcher.{key}")
         elif key == "log_dir":
@@ -210,6 +219,8 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
         if key not in names:
             raise LauncherError(f"unknown option {key!r}")
         values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
+    if values.get("on_hang", "stop") not in ON_HANG:
+        raise LauncherError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {str(values['on_hang'])[:40]!r}")
     return Options(**values)
 
 
@@ -326,3 +337,19 @@ NODE_TIMING: dict[str, float] = {
 `timing`."""
 SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
 """syncd's: between two tries at another sync's lock; bytes of the stream read at a time."""
+
+
+# --- stacks and hangs (launcher.run.stacks, launcher.plan.hang) -----------------------------------------------------
+STACKS_WAIT_S = 5.0
+"""Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
+may not)."""
+STACKS_MARGIN_S = 3.0
+"""Seconds beyond STACKS_WAIT_S the launcher waits for a node's stacks (the node's answer has to travel too)."""
+HANG_FLOOR_S = 300.0
+"""The learnt hang timeout is never shorter: a healthy run may be quiet this long (a checkpoint, an evaluation)."""
+HANG_FACTOR = 4.0
+"""The learnt hang timeout is this many times the longest quiet gap the run has shown between progress lines."""
+HANG_CPU_SHARE = 0.1
+"""A rank whose CPU time grows faster than this share of the wall time is making progress, printed or not."""
+HANG_EXIT = 124
+"""The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""

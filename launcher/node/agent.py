@@ -36,6 +36,7 @@ from launcher.node.proc import live_marks, marked_pids, same_process, signal_pro
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
 from launcher.node.runner import spawn, start_detached, stop_run
+from launcher.node.stacks import collect
 
 
 def refuse(message):
@@ -216,8 +217,21 @@ def action_logs(request):
                 return 1  # the launcher is gone
 
 
+def action_stacks(request):
+    """Every worker's stack of the run on this node, without stopping it (`inv stacks`)."""
+    problem = names_problem(request)
+    if problem:
+        return refuse(problem)
+    run_id, run_dir = find_run_dir(request)
+    if run_dir is None:
+        return reply({"run_id": run_id, "state": "none", "workers": []})
+    mark = "%s/%s" % (run_id, request["node"])
+    return reply({"run_id": run_id, "state": describe(run_id, run_dir, request["node"])["state"],
+                  "workers": collect(run_dir, mark, request["stacks_wait_s"])})
+
+
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,
-           "runs": action_runs, "list": action_list}
+           "runs": action_runs, "list": action_list, "stacks": action_stacks}
 
 
 def main():

@@ -11,6 +11,7 @@ from launcher.node.protocol import (
     ENDING_WORDS,
     GO,
     KILL,
+    STACKS,
     STOP,
     TCP,
     emit,
@@ -23,6 +24,7 @@ from launcher.node.protocol import (
     write_all,
 )
 from launcher.node.runner import finish, signal_run, stop_run
+from launcher.node.stacks import collect, proc_state, workers
 
 
 class LauncherWords:
@@ -38,6 +40,8 @@ class LauncherWords:
         self.decided = threading.Event()
         self.on_tcp = None
         """What `tcp` starts (the doctor's TCP check, `Preflight.tcp`), on a thread of its own."""
+        self.on_stacks = None
+        """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
 
     def listen(self):
         for line in sys.stdin:
@@ -49,6 +53,8 @@ class LauncherWords:
                 self.go = self.stop_word is None
             elif word == TCP and self.on_tcp is not None:
                 threading.Thread(target=self.on_tcp, daemon=True, name="tcp").start()
+            elif word == STACKS and self.on_stacks is not None:
+                threading.Thread(target=self.on_stacks, daemon=True, name="stacks").start()
             if word == GO or word in ENDING_WORDS:
                 self.decided.set()
         if self.stop_word is None:
@@ -162,7 +168,24 @@ class Attended:
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
             if queued_events() < 100:  # a launcher that reads nothing gets no pile of beats
-                emit("alive")
+                emit("alive", progress=self.progress())
+
+    def progress(self):
+        """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds."""
+        now = time.monotonic()
+        last_line = getattr(self.proc, "merger", None)
+        last_line = dict(last_line.last_line) if last_line is not None else {}
+        ranks = []
+        for pid, _, rank, local_rank in workers(self.request["mark"]):
+            state, _, cpu = proc_state(pid)
+            seen = last_line.get(local_rank)
+            ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
+                          "quiet_s": None if seen is None else round(now - seen, 3)})
+        return ranks
+
+    def stacks(self):
+        """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
+        emit("stacks", workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]))
 
     def supervise(self):
         request = self.request
@@ -190,6 +213,7 @@ def attend(request, run_dir, proc, words):
     """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
     queue_events()
     run = Attended(request, run_dir, proc, words)
+    words.on_stacks = run.stacks
     signal.signal(signal.SIGHUP, lambda *_: setattr(words, "stop_word", "launcher-gone"))
     signal.signal(signal.SIGTERM, lambda *_: setattr(words, "stop_word", STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)

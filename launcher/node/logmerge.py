@@ -3,6 +3,7 @@ into `log`, whole lines, each worker line tagged with its local and global rank.
 
 import os
 import threading
+import time
 
 from launcher.node.proc import environ_of, marked_processes
 from launcher.node.protocol import LOCAL_TAG, RANK_TAG, emit, write_all
@@ -48,6 +49,7 @@ class LogMerger:
         self.sources = {}  # path -> LogSource; torchrun's own first
         self.own = os.path.join(run_dir, "torchrun.log")
         self.known = {}  # (restart count, local rank) -> global rank, or None when it cannot be told
+        self.last_line = {}  # local rank -> when (monotonic) its latest attempt's files last gave a whole line
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True, name="merge-logs")
 
@@ -121,6 +123,8 @@ class LogMerger:
             source.rest = source.rest[room:]
         if whole:
             self.write(self.tagged(source, whole))
+            if source.key is not None:
+                self.last_line[source.key[1]] = time.monotonic()  # a rank's progress, as the hang watch sees it
         return read
 
     def tag_of(self, source):

@@ -24,8 +24,9 @@ RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
 SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 """What the inventory's socket_ifname sets."""
 
-GO, ABORT, STOP, KILL, TCP, HEARTBEAT = "go", "abort", "stop", "kill", "tcp", "hb"
-"""The launcher's words to an agent, one a line on its stdin (`word_line` makes the line)."""
+GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks"
+"""The launcher's words to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
+run's agent for every worker's stack (the `stacks` event)."""
 ENDING_WORDS = (STOP, KILL, ABORT)
 """Words after which no run starts or goes on."""
 

@@ -3,7 +3,7 @@ consumers see (console, root cause, retries): from the agent's JSON events, its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.report.rootcause import NodeEnd
@@ -63,6 +63,30 @@ class Left(NodeEvent):
     end: NodeEnd
     remaining: int
     """Nodes still running."""
+
+
+@dataclass(frozen=True)
+class Beat(NodeEvent):
+    """An attached node's agent is alive; how each of its ranks looks from outside (`quiet_s`, `cpu_s`, `state`)."""
+
+    progress: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class StacksTaken(NodeEvent):
+    """A node's agent took every worker's stack (the `stacks` word): launcher/node/stacks.py's answer."""
+
+    workers: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class HangSuspected(NodeEvent):
+    """No rank made progress for `quiet_s` (the whole run: `node` is ""); every node's stacks, or why it has none."""
+
+    quiet_s: float = 0.0
+    answers: dict[str, Any] = field(default_factory=dict)
+    kept: bool = False
+    """The run goes on (`--on-hang keep`); else the launcher stops it."""
 
 
 @dataclass(frozen=True)

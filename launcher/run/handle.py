@@ -18,9 +18,11 @@ from typing import Any
 from launcher.node.protocol import GO, KILL, STOP, word_line
 from launcher.options import STALL, STOP_MARGIN, Options
 from launcher.plan.commands import LaunchPlan
+from launcher.plan.hang import HangWatch
 from launcher.report.rootcause import NodeEnd
 from launcher.run import gate as start_gate
-from launcher.run.events import Ended, Left, Message, NodeEvent, Started, Stopping
+from launcher.run import hang as hang_watch
+from launcher.run.events import Beat, Ended, HangSuspected, Left, Message, NodeEvent, StacksTaken, Started, Stopping
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
@@ -43,6 +45,12 @@ class RunHandle:
         """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self.stop_deadline: float | None = None
         self._last_step = time.monotonic()
+        self.watch = None if opts.hang_timeout == 0 else HangWatch(opts.hang_timeout)
+        """The whole run's progress (launcher.plan.hang); None: hangs are not watched for (--hang-timeout 0)."""
+        self.hang: HangSuspected | None = None
+        """The hang that stopped the run (exit code 124)."""
+        self.stacks_taken: dict[str, tuple[dict[str, Any], ...]] | None = None
+        """Each node's `stacks` event while a hang's stacks are being taken."""
 
     @property
     def unswept(self) -> dict[str, str]:
@@ -75,6 +83,8 @@ class RunHandle:
                 session.channel.send(word_line(GO))
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self.step(0.2)
+        if self.watch is not None:
+            self.watch.start(time.monotonic())
 
     def abort(self, reason: str) -> None:
         """Give up starting: stop what has started (a run starts everywhere or nowhere)."""
@@ -108,6 +118,7 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now)
+        hang_watch.look(self, now)
 
     def _look_at(self, session: Session, now: float) -> None:
         """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
@@ -136,6 +147,10 @@ class RunHandle:
             session.stop_reason = event.reason
         elif isinstance(event, Message):
             session.messages.append(event.text)
+        elif isinstance(event, Beat) and self.watch is not None:
+            self.watch.observe(time.monotonic(), event.node, event.progress)
+        elif isinstance(event, StacksTaken) and self.stacks_taken is not None:
+            self.stacks_taken[event.node] = event.workers
         self.on_event(event)
 
     def _ended(self, session: Session, event: Ended) -> NodeEvent:

@@ -21,7 +21,19 @@ from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
 from launcher.options import DEFAULT_FANOUT, heartbeat_interval
 from launcher.plan.commands import NodeCommand
 from launcher.report.rootcause import NodeEnd
-from launcher.run.events import Ended, Message, NodeEvent, Output, Probed, Reached, Ready, Started, Stopping
+from launcher.run.events import (
+    Beat,
+    Ended,
+    Message,
+    NodeEvent,
+    Output,
+    Probed,
+    Reached,
+    Ready,
+    StacksTaken,
+    Started,
+    Stopping,
+)
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node, classify
 
@@ -189,6 +201,10 @@ class Sessions:
             self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
         elif kind == "exited":
             session.reported = event
+        elif kind == "alive" and event.get("progress") is not None:
+            self.control.put(Beat(session.name, now, tuple(event["progress"])))
+        elif kind == "stacks":
+            self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ())))
 
     def _channel_ended(self, session: Session, status: int) -> None:
         if session.reported is not None:

@@ -19,12 +19,22 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
-from launcher.options import LOG_CHUNK, LOG_POLL_S, MAX_LINE_BYTES, NODE_TIMING, Options, heartbeat_interval
+from launcher.options import (
+    HANG_EXIT,
+    LOG_CHUNK,
+    LOG_POLL_S,
+    MAX_LINE_BYTES,
+    NODE_TIMING,
+    STACKS_WAIT_S,
+    Options,
+    heartbeat_interval,
+)
 from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
+from launcher.report.hangs import hang_report
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
-from launcher.run.events import Ended, Left, NodeEvent, Output, Stopping
+from launcher.run.events import Ended, HangSuspected, Left, NodeEvent, Output, Stopping
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
@@ -83,6 +93,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "heartbeat_timeout": opts.heartbeat_timeout,
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "log_tail": log_tail_settings(),
+        "stacks_wait_s": STACKS_WAIT_S,
     }
     section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
@@ -194,6 +205,7 @@ class _Attached:
         requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts) for c in plan.nodes}
         self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener)
         self.interrupts = 0
+        self.hang_lines: list[str] = []
 
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
@@ -207,6 +219,10 @@ class _Attached:
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == "heartbeat-timeout":
             self.console.message(f"{event.node}: no heartbeat from the launcher in time; the node stops its part")
+        elif isinstance(event, HangSuspected):
+            self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
+            for line in self.hang_lines:
+                self.console.message(line)
         elif isinstance(event, Left):
             low = self.handle.min_nodes
             self.console.message(f"{event.node} left the run ({rootcause.ended_how(event.end)}); {event.remaining} "
@@ -276,6 +292,8 @@ class _Attached:
                 + (f"; {left} process(es) could not be killed" if left else "")
                 + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
             return 130
+        if self.handle.hang is not None:  # the launcher stopped it: the hang is the root cause, not the stop
+            raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT)
         if not any(e.failed for e in ends):
             self.console.message(f"run {self.plan.run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
             return 0

@@ -1,0 +1,194 @@
+"""Every worker's Python stack, taken from outside the script (stdlib only, Python 3.8+).
+
+No ptrace: a run's workers start with the run directory's `hook/` first on PYTHONPATH, where a `sitecustomize.py`
+registers `faulthandler` on a real-time signal, writing to `stacks/<pid>.txt` of the run directory (then it runs the
+node's own sitecustomize, if there is one). The agent, as the same user, sends that signal to each worker whose file
+exists (so the hook is in place and the signal cannot kill it), and reads what each wrote. faulthandler dumps from
+the signal handler itself, in C: a rank blocked in a collective answers too. A rank that cannot answer (stopped,
+in uninterruptible sleep, a zombie) is reported as what /proc says it is. py-spy, where it is installed and allowed
+to attach, adds native frames; it is never the only source.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from launcher.node.proc import environ_of, marked_processes, signal_process
+from launcher.node.protocol import timing
+
+HOOK_DIR = "hook"
+STACKS_DIR = "stacks"
+STACKS_ENV = "DDP_LAUNCHER_STACKS"
+"""What the hook reads: `<folder>:<signal number>`."""
+STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped", "t": "stopped by a tracer",
+          "Z": "a zombie", "X": "dead", "I": "idle"}
+SILENT_STATES = ("T", "t", "Z", "X")
+"""States in which a process runs no signal handler: asking for its stack would only wait."""
+
+HOOK_SOURCE = '''"""ddp-launcher's hook: every thread's stack to the run directory on a signal (faulthandler), then
+the node's own sitecustomize."""
+import os
+import sys
+
+
+def _ddp_launcher_hook():
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    folder, _, signum = os.environ.get("%(env)s", "").rpartition(":")
+    if folder and signum.isdigit():
+        try:
+            import faulthandler
+
+            handle = open(os.path.join(folder, "%%d.txt" %% os.getpid()), "a")
+            faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
+            globals()["_ddp_launcher_stacks"] = handle  # faulthandler keeps only the descriptor
+        except Exception:
+            pass
+    ours = sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401  (the node's own, if it has one: it runs as it would without us)
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
+    finally:
+        sys.modules.setdefault("sitecustomize", ours)  # the import system takes the module back from here
+
+
+_ddp_launcher_hook()
+''' % {"env": STACKS_ENV}
+
+
+def stack_signal():
+    """The signal the hook answers: a real-time one no library claims (SIGUSR2 where there are none)."""
+    rtmin = getattr(signal, "SIGRTMIN", None)
+    return int(rtmin) + 7 if rtmin is not None else int(signal.SIGUSR2)
+
+
+def install_hook(run_dir, env):
+    """Write the hook into the run directory and point the workers' environment at it (PYTHONPATH first)."""
+    hook, stacks = os.path.join(run_dir, HOOK_DIR), os.path.join(run_dir, STACKS_DIR)
+    for folder in (hook, stacks):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as handle:
+        handle.write(HOOK_SOURCE)
+    env[STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
+    env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+
+
+def proc_state(pid):
+    """(state letter, kernel wait channel, CPU seconds) of a process from /proc; letter None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / float(ticks)
+    except (OSError, IndexError, ValueError):
+        return None, None, None
+    try:
+        with open("/proc/%d/wchan" % pid) as handle:
+            wchan = handle.read().strip() or None
+    except OSError:
+        wchan = None
+    return fields[0], (None if wchan == "0" else wchan), cpu
+
+
+def workers(mark):
+    """The run's live workers on this node: [(pid, start time, rank, local rank)], by rank."""
+    found = []
+    for pid, start in marked_processes(mark).items():
+        env = environ_of(pid)
+        try:
+            found.append((pid, start, int(env[b"RANK"]), int(env[b"LOCAL_RANK"])))
+        except (KeyError, ValueError):
+            continue  # torchrun itself, or a process that is not a worker (a DataLoader worker has no RANK)
+    return sorted(found, key=lambda w: w[2])
+
+
+def collect(run_dir, mark, wait_s):
+    """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is."""
+    folder = os.path.join(run_dir, STACKS_DIR)
+    asked = {}
+    report = []
+    for pid, start, rank, local_rank in workers(mark):
+        state, wchan, cpu = proc_state(pid)
+        entry = {"pid": pid, "rank": rank, "local_rank": local_rank, "state": state,
+                 "state_name": STATES.get(state, state), "wchan": wchan, "cpu_s": cpu, "stack": None, "why": None}
+        path = os.path.join(folder, "%d.txt" % pid)
+        if state in SILENT_STATES:
+            entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
+        elif not os.path.exists(path):
+            entry["why"] = "it has no stack hook (not a Python process, or its python ignores PYTHONPATH)"
+        else:
+            before = os.path.getsize(path)  # before the signal: the answer may be written before the call returns
+            if signal_process(pid, start, stack_signal()):
+                asked[pid] = (path, before)
+            else:
+                entry["why"] = "it ended before it could be asked"
+        report.append(entry)
+    texts = _read_answers(asked, wait_s)
+    for entry in report:
+        if entry["pid"] in asked:
+            entry["stack"] = texts.get(entry["pid"]) or None
+            if entry["stack"] is None:
+                state, _, _ = proc_state(entry["pid"])
+                entry["why"] = "no answer within %g s (/proc state %s)" % (wait_s, state)
+        entry["lines"] = source_lines(entry["stack"])
+        _add_pyspy(entry, wait_s)
+    return report
+
+
+def _read_answers(asked, wait_s):
+    """The text each asked worker appended to its file: complete once it has grown and stopped growing."""
+    deadline = time.monotonic() + wait_s
+    sizes = {pid: before for pid, (_, before) in asked.items()}
+    settled = set()
+    while len(settled) < len(asked) and time.monotonic() < deadline:
+        time.sleep(timing("poll_s"))
+        for pid, (path, before) in asked.items():
+            size = os.path.getsize(path) if os.path.exists(path) else before
+            if size > before and size == sizes[pid]:
+                settled.add(pid)
+            sizes[pid] = size
+    texts = {}
+    for pid, (path, before) in asked.items():
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(before)
+                texts[pid] = handle.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+    return texts
+
+
+def source_lines(stack):
+    """{"file:line": the source line} of every frame in a faulthandler dump (read here, where the files are)."""
+    import linecache
+
+    lines = {}
+    for line in (stack or "").splitlines():
+        words = line.strip()
+        if not words.startswith('File "'):
+            continue
+        path, _, rest = words[6:].partition('", line ')
+        number = rest.split(" ", 1)[0]
+        if number.isdigit():
+            text = linecache.getline(path, int(number)).strip()
+            if text:
+                lines["%s:%s" % (path, number)] = text
+    return lines
+
+
+def _add_pyspy(entry, wait_s):
+    """py-spy's dump with native frames, where it is installed and may attach (never needed)."""
+    exe = shutil.which("py-spy")
+    if exe is None or entry["state"] in SILENT_STATES:
+        return
+    try:
+        done = subprocess.run([exe, "dump", "--pid", str(entry["pid"]), "--native"], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=wait_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if done.returncode == 0:
+        entry["pyspy"] = done.stdout.decode("utf-8", "replace")

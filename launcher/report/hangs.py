@@ -1,0 +1,53 @@
+"""Where stacks are kept and how a suspected hang is told: `logs/<run id>/stacks-<time>/<node>-r<rank>.txt`, the
+answer in `answer.txt` beside them (what `inv status` shows), and the console's lines."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
+from launcher.run.events import HangSuspected
+
+
+def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: float | None = None) -> Path:
+    """`<log_dir>/<run id>/stacks-<time>/<node>-r<rank>.txt`, one a rank; the folder."""
+    stamp = _dt.datetime.fromtimestamp(when) if when is not None else _dt.datetime.now()
+    folder = log_dir / run_id / f"stacks-{stamp:%Y%m%d-%H%M%S}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for stack in stacks:
+        (folder / f"{stack.node}-r{stack.rank}.txt").write_text(stack_file(stack), encoding="utf-8")
+    return folder
+
+
+def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[RankStack], dict[str, str]]:
+    """Every node's `stacks` answer (or why it gave none) -> RankStacks and failures."""
+    stacks: list[RankStack] = []
+    failures: dict[str, str] = {}
+    for node, reply in answers.items():
+        if isinstance(reply, str):
+            failures[node] = reply
+        else:
+            stacks += rank_stacks(node, reply.get("workers", []))
+    return stacks, failures
+
+
+def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
+    """A suspected hang's lines for the console (the first is the answer), its stacks kept under log_dir."""
+    stacks, failures = from_answers(event.answers)
+    folder = write_stacks(log_dir, run_id, stacks, event.time)
+    first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
+    (folder / "answer.txt").write_text(first + "\n", encoding="utf-8")
+    lines = [first, *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
+             f"stacks of every rank: {folder}"]
+    lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
+                 if event.kept else "stopping the run (--on-hang keep would keep it)")
+    return lines
+
+
+def latest_answer(log_dir: Path, run_id: str) -> str | None:
+    """The last suspected hang's answer of a run, as kept by `hang_report` (for `inv status`)."""
+    found = sorted((log_dir / run_id).glob("stacks-*/answer.txt"))
+    return found[-1].read_text(encoding="utf-8").strip() if found else None

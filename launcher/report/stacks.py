@@ -1,0 +1,147 @@
+"""Every rank's stack, as an answer and not a dump (pure): group the ranks by where they are, the innermost frame of
+torch.distributed they wait in or else the script's own line, and name the odd ones out.
+
+`ranks 0,2,3 wait in all_reduce (train.py:88); rank 1 (node-0, pid 4242) is in time.sleep (train.py:80)`
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+")
+_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<")
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+    source: str | None = None
+    """The line of source, read on the node."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One worker's answer: its place in the run, its state, and its main thread's frames (innermost first)."""
+
+    node: str
+    rank: int
+    local_rank: int
+    pid: int
+    state: str | None
+    state_name: str | None
+    frames: tuple[Frame, ...] = ()
+    text: str | None = None
+    """The whole dump (every thread), as the worker wrote it."""
+    why: str | None = None
+    """Why there is no stack (stopped, a zombie, no hook, no answer in time)."""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Anything else the node said (py-spy's dump, the wait channel, CPU seconds)."""
+
+    @property
+    def place(self) -> str:
+        """Where the rank is, in a few words: `wait in all_reduce (train.py:88)`, `is in time.sleep (train.py:80)`."""
+        if not self.frames:
+            if self.state in ("T", "t", "Z", "D", "X"):
+                return f"is {self.state_name} (state {self.state})"
+            return f"gave no stack ({self.why or 'no answer'})"
+        script = next((f for f in self.frames if not _LIBRARY.search(f.file)), None)
+        dist = next((f for f in self.frames if "torch/distributed/" in f.file and f.func not in _WRAPPERS
+                     and not f.func.startswith("_")), None)
+        if dist is not None:
+            return f"wait in {dist.func}" + (f" ({script.where})" if script is not None else f" ({dist.where})")
+        if script is not None:
+            called = _CALL.search(script.source or "")
+            what = called.group(1) if called else script.func
+            return f"is in {what} ({script.where})"
+        return f"is in {self.frames[0].func} ({self.frames[0].where})"
+
+
+def parse_dump(text: str | None, lines: Mapping[str, str] | None = None) -> tuple[Frame, ...]:
+    """The main thread's frames (innermost first) of a faulthandler dump: the thread that runs the script's own
+    code (most often the one that took the signal, "Current thread"), else the first."""
+    threads: list[tuple[bool, list[Frame]]] = []
+    for row in (text or "").splitlines():
+        if _THREAD.match(row):
+            threads.append((row.startswith("Current thread"), []))
+            continue
+        match = _FRAME.match(row)
+        if match and threads:
+            path, number = match["file"], int(match["line"])
+            threads[-1][1].append(Frame(path, number, match["func"].strip(),
+                                        (lines or {}).get(f"{path}:{number}")))
+    if not threads:
+        return ()
+    with_script = [t for t in threads if any(not _LIBRARY.search(f.file) and f.func == "<module>" for f in t[1])]
+    chosen = with_script or [t for t in threads if t[0]] or threads
+    return tuple(chosen[0][1])
+
+
+def rank_stacks(node: str, workers: Iterable[Mapping[str, Any]]) -> list[RankStack]:
+    """One node's `stacks` answer as RankStacks."""
+    out = []
+    for w in workers:
+        extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s") if w.get(k) is not None}
+        out.append(RankStack(node, int(w["rank"]), int(w["local_rank"]), int(w["pid"]), w.get("state"),
+                             w.get("state_name"), parse_dump(w.get("stack"), w.get("lines")), w.get("stack"),
+                             w.get("why"), extra))
+    return out
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """0,2,3 or 0-7 for a run of consecutive ranks."""
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
+def answer(stacks: Sequence[RankStack]) -> str:
+    """Where every rank is, the largest group first; a group of one after the first names its node and pid (the odd
+    one out)."""
+    groups: dict[str, list[RankStack]] = {}
+    for stack in sorted(stacks, key=lambda s: s.rank):
+        groups.setdefault(stack.place, []).append(stack)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0].rank))
+    parts = []
+    for i, (place, members) in enumerate(ordered):
+        if len(members) > 1:
+            parts.append(f"ranks {ranks_text([s.rank for s in members])} {_plural(place)}")
+            continue
+        s = members[0]
+        who = f"rank {s.rank} ({s.node}, pid {s.pid})" if i > 0 or len(stacks) == 1 else f"rank {s.rank}"
+        parts.append(f"{who} {_singular(place)}")
+    return "; ".join(parts) if parts else "no worker of the run was found"
+
+
+def _plural(place: str) -> str:
+    return "are" + place[2:] if place.startswith("is ") else place
+
+
+def _singular(place: str) -> str:
+    return "waits" + place[4:] if place.startswith("wait ") else place
+
+
+def stack_file(stack: RankStack) -> str:
+    """What `<node>-r<rank>.txt` holds: who, its state, the dump as written, and py-spy's where it answered."""
+    head = [f"node {stack.node}, rank {stack.rank} (local rank {stack.local_rank}), pid {stack.pid}",
+            f"state: {stack.state_name or '?'} ({stack.state or '?'})" + (
+                f", waiting in the kernel at {stack.extra['wchan']}" if stack.extra.get("wchan") else ""),
+            f"where: {stack.place}"]
+    if stack.why:
+        head.append(f"no stack: {stack.why}")
+    body = [stack.text or ""]
+    if stack.extra.get("pyspy"):
+        body += ["--- py-spy dump --native ---", str(stack.extra["pyspy"])]
+    return "\n".join(head) + "\n\n" + "\n".join(body).rstrip("\n") + "\n"

@@ -1,0 +1,66 @@
+"""Every rank's stack of a running run, from every node at once, without stopping it (`inv stacks`; and a suspected
+hang of an attached run, `launcher.run.hang`): each node's agent asks its workers (launcher/node/stacks.py), the
+answer is grouped (`launcher.report.stacks`), and the whole stacks are kept in
+`logs/<run id>/stacks-<time>/<node>-r<rank>.txt`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.config.model import Cluster
+from launcher.errors import LauncherError, NodeFailure
+from launcher.options import STACKS_WAIT_S, Options
+from launcher.report.hangs import from_answers, write_stacks
+from launcher.report.stacks import RankStack, answer
+from launcher.run.actions import _agent_error, chosen_run
+from launcher.run.start import agent_action, check_run_id
+from launcher.transport.sessions import close_all, connect_all
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """What `inv stacks` found: the run, every rank's stack, the nodes that could not answer, and where it is kept."""
+
+    run_id: str
+    stacks: tuple[RankStack, ...]
+    failures: Mapping[str, str]
+    folder: Path | None
+
+    def lines(self) -> list[str]:
+        out = [f"run {self.run_id}: {answer(self.stacks)}"]
+        out += [f"{node}: no stacks ({why})" for node, why in sorted(self.failures.items())]
+        if self.folder is not None:
+            out.append(f"stacks of every rank: {self.folder}")
+        return out
+
+
+def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> StacksReport:
+    """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory)."""
+    check_run_id(run_id)
+    nodes, failed = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    try:
+        run_id = run_id or chosen_run(cluster, nodes, opts)
+        if run_id is None:
+            raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
+        results = agent_action(nodes, cluster, {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S},
+                               STACKS_WAIT_S * 2 + opts.connect_timeout)
+    finally:
+        close_all(nodes.values())
+    answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
+    for name, result in results.items():
+        if isinstance(result, NodeFailure):
+            answers[name] = str(result)
+            continue
+        try:
+            answers[name] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            answers[name] = _agent_error(result)
+    stacks, failures = from_answers(answers)
+    if not stacks and not failures:
+        raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
+    folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
+    return StacksReport(run_id, tuple(stacks), failures, folder)

@@ -1,0 +1,104 @@
+"""A run alive but stuck, on real sandbox nodes (2 nodes x 2 ranks, gloo): the launcher finds it, takes every
+rank's stack from outside the script, names the odd rank and where it is, and stops the run (or keeps it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, inv, inv_background, run_id_of, run_processes, wait_for
+from tests.support.procs import free_port
+
+SCRIPT = "tests/scripts/hang_rank.py"
+ANSWER = re.compile(r"hang suspected \(no progress for (\d+) s\): ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); "
+                    r"rank 1 \(node-0, pid (\d+)\) is in time\.sleep \(hang_rank\.py:19\)")
+
+
+@pytest.fixture
+def hang_box(make_sandbox):
+    # Rank 1 (node-0's second) sleeps for 10 minutes before an all_reduce that ranks 0, 2 and 3 already entered.
+    return make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["1", "600"])
+
+
+def _worker_of(run_id: str, rank: int) -> int:
+    """The pid of the run's worker of global rank `rank` (its environment says RANK)."""
+    for pid in run_processes(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"LOCAL_RANK=") for e in env):
+            return pid
+    raise AssertionError(f"no worker of rank {rank} in run {run_id}")
+
+
+def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_stopped(hang_box, tmp_path: Path
+                                                                                       ) -> None:
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(hang_box.inventory), "--hang-timeout", "15", "--skip-doctor",
+                          log_dir=logs, out=out)
+    wait_for(lambda: out.read_text(errors="replace").count("step 1") == 4, 120, "every rank's second step")
+    hang_began = time.monotonic()  # rank 1 sleeps from here; the others wait in all_reduce
+    run_id = run_id_of(out.read_text())
+    assert proc.wait(timeout=120) == 124
+    took = time.monotonic() - hang_began
+    text = out.read_text(errors="replace")
+    found = ANSWER.search(text)
+    assert found, text
+    assert took < 15 + 15, f"{took:.1f} s from the hang to the end"  # the timeout, then stacks and the stop
+    folder = next((logs / run_id).glob("stacks-*"))
+    assert sorted(p.name for p in folder.glob("*-r*.txt")) == ["node-0-r0.txt", "node-0-r1.txt", "node-1-r2.txt",
+                                                               "node-1-r3.txt"]
+    assert "in <module>" in (folder / "node-0-r1.txt").read_text()
+    assert "stopping the run" in text and f"stacks of every rank: {folder}" in text
+    assert run_processes(run_id) == []
+    status = inv("status", "--hosts", str(hang_box.inventory), "--run", run_id, log_dir=logs)
+    assert "last hang suspected" in status.stdout and "rank 1 (node-0" in status.stdout
+
+
+def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tmp_path: Path) -> None:
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(hang_box.inventory), "--hang-timeout", "8", "--on-hang", "keep",
+                          "--skip-doctor", log_dir=logs, out=out)
+    try:
+        wait_for(lambda: "the run goes on (--on-hang keep)" in out.read_text(errors="replace"), 120, "a kept hang")
+        run_id = run_id_of(out.read_text())
+        assert proc.poll() is None and len(run_processes(run_id)) >= 6  # torchrun and 2 workers a node: still there
+        t0 = time.monotonic()
+        stacks = inv("stacks", "--hosts", str(hang_box.inventory), log_dir=logs)
+        assert time.monotonic() - t0 < 10
+        assert stacks.returncode == 0, stacks.stderr
+        assert re.search(r"ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); rank 1 \(node-0, pid \d+\) is in "
+                         r"time\.sleep \(hang_rank\.py:19\)", stacks.stdout), stacks.stdout
+        assert proc.poll() is None  # taking stacks stopped nothing
+        stop = inv("stop", "--hosts", str(hang_box.inventory), log_dir=logs)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        proc.wait(timeout=60)
+        assert run_processes(run_id) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_a_stopped_rank_is_reported_as_stopped_by_rank_and_node(make_sandbox, tmp_path: Path) -> None:
+    # Every rank steps on; rank 3 is SIGSTOPped mid-run, so the others block in their next all_reduce.
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["9", "0", "100000"])
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
+                          log_dir=logs, out=out)
+    wait_for(lambda: "step 20" in out.read_text(errors="replace"), 120, "the run stepping")
+    run_id = run_id_of(out.read_text())
+    stopped = _worker_of(run_id, 3)
+    os.kill(stopped, signal.SIGSTOP)
+    assert proc.wait(timeout=120) == 124
+    text = out.read_text(errors="replace")
+    assert re.search(r"ranks 0-2 wait in all_reduce \(hang_rank\.py:\d+\); rank 3 \(node-1, pid "
+                     + str(stopped) + r"\) is stopped \(state T\)", text), text
+    assert run_processes(run_id) == []
+    assert REPO.exists()

@@ -1,0 +1,120 @@
+"""The hang rule (launcher.plan.hang) and the grouped answer (launcher.report.stacks), pure: no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.options import HANG_FACTOR, HANG_FLOOR_S
+from launcher.plan.hang import HangWatch
+from launcher.report.stacks import answer, parse_dump, rank_stacks, ranks_text
+
+BEAT = 5.0
+
+
+def beats(watch: HangWatch, until: float, printing_every: float | None, cpu_per_s: float = 0.0,
+          start: float = 0.0) -> list[float]:
+    """Feed a 2-node x 2-rank run's beats every BEAT s from `start` to `until`; the times a hang was suspected."""
+    suspected, t = [], start
+    while t <= until:
+        quiet = None if printing_every is None else t % printing_every
+        for node in ("node-0", "node-1"):
+            watch.observe(t, node, [{"rank": r, "quiet_s": quiet, "cpu_s": cpu_per_s * t} for r in (0, 1)])
+        if watch.suspected(t) is not None:
+            suspected.append(t)
+        t += BEAT
+    return suspected
+
+
+def test_a_run_that_prints_every_20_s_for_2_minutes_is_never_suspected_by_default() -> None:
+    watch = HangWatch()
+    watch.start(0.0)
+    assert beats(watch, 120.0, printing_every=20.0) == []
+    assert watch.limit() == max(HANG_FLOOR_S, HANG_FACTOR * watch.longest_gap) >= HANG_FLOOR_S
+
+
+def test_the_default_is_off_until_the_run_printed_progress_twice() -> None:
+    watch = HangWatch()
+    watch.start(0.0)
+    assert beats(watch, 3 * HANG_FLOOR_S, printing_every=None) == []  # never printed: never suspected
+    assert watch.limit() is None
+
+
+def test_the_default_learns_from_the_longest_quiet_gap_and_fires_after_it() -> None:
+    watch = HangWatch()
+    watch.start(0.0)
+    beats(watch, 600.0, printing_every=100.0)  # a line every 100 s: the limit is 4 x 100 s
+    assert watch.limit() == pytest.approx(HANG_FACTOR * 100.0, abs=BEAT)
+    last = watch.last_progress
+    assert last is not None
+    assert watch.suspected(last + HANG_FACTOR * 100.0 - 2 * BEAT) is None
+    assert watch.suspected(last + HANG_FACTOR * 100.0 + 2 * BEAT) is not None
+
+
+def test_a_given_timeout_fires_from_the_start() -> None:
+    watch = HangWatch(15.0)
+    watch.start(0.0)
+    assert beats(watch, 40.0, printing_every=None)[0] == pytest.approx(15.0, abs=BEAT)
+
+
+def test_cpu_time_that_grows_is_progress_even_without_a_line() -> None:
+    watch = HangWatch(15.0)
+    watch.start(0.0)
+    assert beats(watch, 60.0, printing_every=None, cpu_per_s=0.5) == []  # computing, silently
+    assert beats(watch, 120.0, printing_every=None, cpu_per_s=0.0, start=65.0) != []  # stuck
+    idle = HangWatch(15.0)
+    idle.start(0.0)
+    assert beats(idle, 40.0, printing_every=None, cpu_per_s=0.01) != []  # a background thread's crumbs: no
+
+
+def test_a_kept_hang_is_reported_again_one_timeout_later() -> None:
+    watch = HangWatch(10.0)
+    watch.start(0.0)
+    assert watch.suspected(11.0) is not None
+    watch.rearm(11.0)
+    assert watch.suspected(15.0) is None and watch.suspected(21.5) is not None
+
+
+DIST = """Thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/threading.py", line 324 in wait
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2850 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/home/u/train.py", line 88 in step
+  File "/home/u/train.py", line 95 in <module>
+"""
+SLEEP = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/u/train.py", line 80 in step
+  File "/home/u/train.py", line 95 in <module>
+"""
+
+
+def worker(rank: int, stack: str | None, state: str = "S", why: str | None = None) -> dict:
+    return {"rank": rank, "local_rank": rank % 2, "pid": 4240 + rank, "state": state,
+            "state_name": {"S": "sleeping", "T": "stopped", "Z": "a zombie"}[state], "stack": stack, "why": why,
+            "lines": {"/home/u/train.py:80": "time.sleep(100)", "/home/u/train.py:88": "dist.all_reduce(x)"}}
+
+
+def test_the_answer_names_the_odd_rank_its_node_pid_and_line() -> None:
+    stacks = rank_stacks("node-0", [worker(0, DIST), worker(1, SLEEP)]) + rank_stacks(
+        "node-1", [worker(2, DIST), worker(3, DIST)])
+    assert answer(stacks) == ("ranks 0,2,3 wait in all_reduce (train.py:88); "
+                              "rank 1 (node-0, pid 4241) is in time.sleep (train.py:80)")
+
+
+def test_ranks_that_cannot_answer_are_said_as_what_proc_says_they_are() -> None:
+    stacks = rank_stacks("node-0", [worker(0, DIST), worker(1, DIST), worker(2, DIST)]) + rank_stacks(
+        "node-1", [worker(3, None, "T", "it is stopped")])
+    assert answer(stacks) == ("ranks 0-2 wait in all_reduce (train.py:88); "
+                              "rank 3 (node-1, pid 4243) is stopped (state T)")
+    assert "is a zombie (state Z)" in answer(rank_stacks("n", [worker(0, None, "Z")]))
+
+
+def test_the_main_thread_is_the_one_that_runs_the_script() -> None:
+    frames = parse_dump(DIST)
+    assert [f.func for f in frames] == ["all_reduce", "wrapper", "step", "<module>"]
+    assert parse_dump("") == () and parse_dump(None) == ()
+
+
+@pytest.mark.parametrize(("ranks", "text"), [([0, 2, 3], "0,2,3"), ([0, 1, 2, 3], "0-3"), ([4], "4"), ([1, 2], "1,2")])
+def test_rank_lists_are_short(ranks: list[int], text: str) -> None:
+    assert ranks_text(ranks) == text
