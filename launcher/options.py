@@ -343,6 +343,11 @@ SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
 STACKS_WAIT_S = 5.0
 """Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
 may not)."""
+FLIGHT_RECORDER_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+"""NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
+run directory), unless the user set any of its variables."""
+NCCL_MAX_BYTES = 64 << 20
+"""The most of a node's flight recorder dumps brought back with its stacks."""
 STACKS_MARGIN_S = 3.0
 """Seconds beyond STACKS_WAIT_S the launcher waits for a node's stacks (the node's answer has to travel too)."""
 HANG_FLOOR_S = 300.0

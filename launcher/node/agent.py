@@ -36,7 +36,7 @@ from launcher.node.proc import live_marks, marked_pids, same_process, signal_pro
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
 from launcher.node.runner import spawn, start_detached, stop_run
-from launcher.node.stacks import collect
+from launcher.node.stacks import collect, nccl_dumps
 
 
 def refuse(message):
@@ -227,7 +227,8 @@ def action_stacks(request):
         return reply({"run_id": run_id, "state": "none", "workers": []})
     mark = "%s/%s" % (run_id, request["node"])
     return reply({"run_id": run_id, "state": describe(run_id, run_dir, request["node"])["state"],
-                  "workers": collect(run_dir, mark, request["stacks_wait_s"])})
+                  "workers": collect(run_dir, mark, request["stacks_wait_s"]),
+                  "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
 
 
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,

@@ -24,7 +24,7 @@ from launcher.node.protocol import (
     write_all,
 )
 from launcher.node.runner import finish, signal_run, stop_run
-from launcher.node.stacks import collect, proc_state, workers
+from launcher.node.stacks import collect, nccl_dumps, proc_state, workers
 
 
 class LauncherWords:
@@ -185,7 +185,8 @@ class Attended:
 
     def stacks(self):
         """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
-        emit("stacks", workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]))
+        emit("stacks", workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
+             nccl=nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]))
 
     def supervise(self):
         request = self.request

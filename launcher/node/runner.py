@@ -11,7 +11,7 @@ from launcher.node.logmerge import LogMerger
 from launcher.node.proc import marked_pids, marked_processes, signal_process, start_time
 from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
-from launcher.node.stacks import install_hook
+from launcher.node.stacks import flight_recorder_env, has_gpu, install_hook
 
 
 def unset_match(name, patterns):
@@ -52,6 +52,7 @@ def spawn(request, run_dir):
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = torchrun_env(request, os.environ)
     install_hook(run_dir, env)  # every worker's stack on request, without ptrace (launcher/node/stacks.py)
+    flight_recorder_env(run_dir, env, request["flight_recorder"], has_gpu())
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])
     own = open(merger.own, "ab")

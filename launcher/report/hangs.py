@@ -3,11 +3,13 @@ answer in `answer.txt` beside them (what `inv status` shows), and the console's 
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.node.stacks import NCCL_PREFIX
 from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
 from launcher.run.events import HangSuspected
 
@@ -34,6 +36,20 @@ def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[R
     return stacks, failures
 
 
+def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str]) -> list[str]:
+    """The NCCL flight recorder dumps the nodes sent, into `<folder>/nccl/`; the line that says how to read them."""
+    dumps = {name: data for reply in answers.values() if not isinstance(reply, str)
+             for name, data in (reply.get("nccl") or {}).items()}
+    if not dumps:
+        return []
+    nccl = folder / "nccl"
+    nccl.mkdir(parents=True, exist_ok=True)
+    for name, data in dumps.items():
+        (nccl / Path(name).name).write_bytes(base64.b64decode(data))
+    return [f"NCCL flight recorder: {len(dumps)} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
+            f"{NCCL_PREFIX}`"]
+
+
 def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     """A suspected hang's lines for the console (the first is the answer), its stacks kept under log_dir."""
     stacks, failures = from_answers(event.answers)
@@ -41,7 +57,7 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
     (folder / "answer.txt").write_text(first + "\n", encoding="utf-8")
     lines = [first, *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
-             f"stacks of every rank: {folder}"]
+             f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
                  if event.kept else "stopping the run (--on-hang keep would keep it)")
     return lines

@@ -77,6 +77,8 @@ class StacksTaken(NodeEvent):
     """A node's agent took every worker's stack (the `stacks` word): launcher/node/stacks.py's answer."""
 
     workers: tuple[dict[str, Any], ...] = ()
+    nccl: dict[str, str] = field(default_factory=dict)
+    """NCCL flight recorder dumps found in the run directory (name -> base64), on GPU nodes."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class RunHandle:
         """The whole run's progress (launcher.plan.hang); None: hangs are not watched for (--hang-timeout 0)."""
         self.hang: HangSuspected | None = None
         """The hang that stopped the run (exit code 124)."""
-        self.stacks_taken: dict[str, tuple[dict[str, Any], ...]] | None = None
+        self.stacks_taken: dict[str, StacksTaken] | None = None
         """Each node's `stacks` event while a hang's stacks are being taken."""
 
     @property
@@ -150,7 +150,7 @@ class RunHandle:
         elif isinstance(event, Beat) and self.watch is not None:
             self.watch.observe(time.monotonic(), event.node, event.progress)
         elif isinstance(event, StacksTaken) and self.stacks_taken is not None:
-            self.stacks_taken[event.node] = event.workers
+            self.stacks_taken[event.node] = event
         self.on_event(event)
 
     def _ended(self, session: Session, event: Ended) -> NodeEvent:

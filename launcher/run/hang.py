@@ -35,7 +35,8 @@ def look(handle: RunHandle, now: float) -> None:
             handle.step(0.2)
     finally:
         handle.stacks_taken = None
-    answers: dict[str, Any] = {s.name: {"workers": list(taken[s.name])} if s.name in taken else
+    answers: dict[str, Any] = {s.name: {"workers": list(taken[s.name].workers), "nccl": taken[s.name].nccl}
+                               if s.name in taken else
                                f"no stacks within {STACKS_WAIT_S + STACKS_MARGIN_S:g} s" for s in running}
     kept = handle.opts.on_hang == "keep"
     event = HangSuspected("", time.time(), quiet, answers, kept)

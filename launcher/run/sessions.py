@@ -204,7 +204,8 @@ class Sessions:
         elif kind == "alive" and event.get("progress") is not None:
             self.control.put(Beat(session.name, now, tuple(event["progress"])))
         elif kind == "stacks":
-            self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ())))
+            self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
+                                         dict(event.get("nccl") or {})))
 
     def _channel_ended(self, session: Session, status: int) -> None:
         if session.reported is not None:

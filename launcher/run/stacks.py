@@ -13,8 +13,8 @@ from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.options import STACKS_WAIT_S, Options
-from launcher.report.hangs import from_answers, write_stacks
+from launcher.options import NCCL_MAX_BYTES, STACKS_WAIT_S, Options
+from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
 from launcher.run.actions import _agent_error, chosen_run
 from launcher.run.start import agent_action, check_run_id
@@ -29,13 +29,15 @@ class StacksReport:
     stacks: tuple[RankStack, ...]
     failures: Mapping[str, str]
     folder: Path | None
+    nccl: tuple[str, ...] = ()
+    """Where NCCL's flight recorder dumps went, and how to read them (GPU nodes only)."""
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}: {answer(self.stacks)}"]
         out += [f"{node}: no stacks ({why})" for node, why in sorted(self.failures.items())]
         if self.folder is not None:
             out.append(f"stacks of every rank: {self.folder}")
-        return out
+        return out + list(self.nccl)
 
 
 def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> StacksReport:
@@ -46,7 +48,8 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> Stack
         run_id = run_id or chosen_run(cluster, nodes, opts)
         if run_id is None:
             raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
-        results = agent_action(nodes, cluster, {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S},
+        results = agent_action(nodes, cluster, {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S,
+                                                      "nccl_max_bytes": NCCL_MAX_BYTES},
                                STACKS_WAIT_S * 2 + opts.connect_timeout)
     finally:
         close_all(nodes.values())
@@ -63,4 +66,5 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> Stack
     if not stacks and not failures:
         raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
     folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
-    return StacksReport(run_id, tuple(stacks), failures, folder)
+    nccl = write_nccl(folder, answers) if folder is not None else []
+    return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl))

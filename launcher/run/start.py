@@ -20,10 +20,12 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.options import (
+    FLIGHT_RECORDER_ENV,
     HANG_EXIT,
     LOG_CHUNK,
     LOG_POLL_S,
     MAX_LINE_BYTES,
+    NCCL_MAX_BYTES,
     NODE_TIMING,
     STACKS_WAIT_S,
     Options,
@@ -93,12 +95,17 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "heartbeat_timeout": opts.heartbeat_timeout,
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "log_tail": log_tail_settings(),
-        "stacks_wait_s": STACKS_WAIT_S,
+        **stacks_settings(),
     }
     section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
         request["preflight"] = section
     return request
+
+
+def stacks_settings() -> dict[str, Any]:
+    """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
+    return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV}
 
 
 def log_tail_settings() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from launcher.config.inventory import load_inventory
 from launcher.plan.commands import RESERVED_ENV, RUNS_ROOT
-from launcher.run.start import agent_command, agent_input, log_tail_settings
+from launcher.run.start import agent_command, agent_input, log_tail_settings, stacks_settings
 from launcher.transport.sessions import connect_all
 from tests.helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from tests.support.nodeenv import node_python
@@ -74,7 +74,8 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
                "workdir": str(workdir), "argv": [host.python, "-c", program, *args], "expand_home": [0],
                "env": {"HOSTILE": value}, "launcher_env": {}, "secret_names": [], "detach": False, "grace": 5.0,
                "heartbeat_timeout": 30.0, "alive_interval": 5.0, "unset_env": list(RESERVED_ENV),
-               "socket_ifname": None, "master_addr": "node-0", "master_port": 29500, "log_tail": log_tail_settings()}
+               "socket_ifname": None, "master_addr": "node-0", "master_port": 29500, "log_tail": log_tail_settings(),
+               **stacks_settings()}
     channel = node.open_channel(agent_command(host.python))
     channel.send(agent_input(request) + b"go\n")  # stdin stays open: EOF would mean "launcher gone"
     result = channel.collect(timeout=30)

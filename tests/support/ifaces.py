@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.config.fields import RESERVED_ENV
 from launcher.node.protocol import RUN_ID_ENV, RUNS_ROOT
-from launcher.run.start import agent_input, log_tail_settings
+from launcher.run.start import agent_input, log_tail_settings, stacks_settings
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe
@@ -30,7 +30,8 @@ def agent_iface(master: str, port: int, workdir: Path) -> str | None:
                "workdir": str(workdir), "argv": [sys.executable, "-c", DUMP, str(dump)], "expand_home": [],
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
                "socket_ifname": "auto", "master_addr": master, "master_port": port, "node_rank": 0, "detach": False,
-               "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0, "log_tail": log_tail_settings()}
+               "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0, "log_tail": log_tail_settings(),
+               **stacks_settings()}
     env = {k: v for k, v in os.environ.items() if k != RUN_ID_ENV} | {"XDG_CACHE_HOME": str(workdir / "cache")}
     stdin = agent_input(request) + b"go\n"
     # stdin stays open until the run ends: for an attached run, its end means "the launcher is gone".
