@@ -348,6 +348,9 @@ FLIGHT_RECORDER_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_
 run directory), unless the user set any of its variables."""
 NCCL_MAX_BYTES = 64 << 20
 """The most of a node's flight recorder dumps brought back with its stacks."""
+EVENT_CHUNK = 800
+"""Characters of data in one `part` event line: a large answer (every worker's stack) travels in parts, as srun
+cuts long output lines."""
 STACKS_MARGIN_S = 3.0
 """Seconds beyond STACKS_WAIT_S the launcher waits for a node's stacks (the node's answer has to travel too)."""
 HANG_FLOOR_S = 300.0

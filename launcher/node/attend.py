@@ -15,6 +15,7 @@ from launcher.node.protocol import (
     STOP,
     TCP,
     emit,
+    emit_parts,
     end_events,
     next_event,
     queue_events,
@@ -185,8 +186,9 @@ class Attended:
 
     def stacks(self):
         """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
-        emit("stacks", workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
-             nccl=nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]))
+        emit_parts("stacks", int(self.request["event_chunk"]),
+                   workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
+                   nccl=nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]))
 
     def supervise(self):
         request = self.request

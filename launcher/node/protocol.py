@@ -71,6 +71,18 @@ _EVENTS = None
 _WRITE_LOCK = threading.Lock()
 
 
+def emit_parts(event, chunk, **fields):
+    """A large event (every worker's stack) as `part` events of at most `chunk` characters of data each: srun cuts
+    long output lines, so no event line may be long. The launcher puts the parts back together."""
+    import base64
+    import zlib
+
+    data = base64.b64encode(zlib.compress(json.dumps(fields).encode())).decode("ascii")
+    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] or [""]
+    for seq, piece in enumerate(pieces):
+        emit("part", of=event, seq=seq, count=len(pieces), data=piece)
+
+
 def queue_events():
     """From now on `emit` only queues its lines; the caller's writer thread sends them (`next_event`)."""
     global _EVENTS

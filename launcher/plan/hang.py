@@ -44,6 +44,9 @@ class HangWatch:
         """One node's beat: each rank's `quiet_s` (seconds since its last line, None before any) and `cpu_s`."""
         if self.started is None:
             self.start(now)
+        ranks = list(ranks)
+        if not ranks:  # no worker yet on that node (torchrun is still starting them): starting is not hanging
+            self.last_progress = max(self.last_progress or now, now)
         for rank in ranks:
             key = (node, int(rank["rank"]))
             quiet = rank.get("quiet_s")

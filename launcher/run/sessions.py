@@ -8,10 +8,12 @@ not block; every other event goes to `control`, where the run's handle takes the
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,6 +80,8 @@ class Session:
     end: NodeEnd | None = None
     reported: dict[str, Any] | None = None
     """The agent's `exited` event, once it came."""
+    parts: dict[str, list[str]] = field(default_factory=dict)
+    """The parts of a large event received so far, by the event's name."""
 
     @property
     def name(self) -> str:
@@ -180,6 +184,11 @@ class Sessions:
                 self.control.put(Message(session.name, time.time(), text))
             return
         now = time.time()
+        if kind == "part":
+            event = self._part(session, event)
+            if event is None:
+                return
+            kind = event.get("event")
         if kind == "ready":
             session.ready = True
             self.control.put(Ready(session.name, now))
@@ -206,6 +215,20 @@ class Sessions:
         elif kind == "stacks":
             self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
                                          dict(event.get("nccl") or {})))
+
+    def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
+        """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""
+        key = str(part.get("of"))
+        pieces = session.parts.setdefault(key, [])
+        pieces.append(str(part.get("data", "")))
+        if len(pieces) < int(part.get("count", 1)):
+            return None
+        del session.parts[key]
+        try:
+            fields = json.loads(zlib.decompress(base64.b64decode("".join(pieces))))
+        except (ValueError, zlib.error):
+            return {"event": "error", "message": f"the {key} event came damaged"}
+        return {**fields, "event": key}
 
     def _channel_ended(self, session: Session, status: int) -> None:
         if session.reported is not None:

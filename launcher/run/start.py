@@ -20,6 +20,7 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.options import (
+    EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
     HANG_EXIT,
     LOG_CHUNK,
@@ -105,7 +106,8 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 
 def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
-    return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV}
+    return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
+            "event_chunk": EVENT_CHUNK}
 
 
 def log_tail_settings() -> dict[str, Any]:

@@ -154,3 +154,15 @@ def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(slurm_box: Sandbox,
     assert subprocess.run(["squeue", "--noheader", "--jobs", job], env=_env(slurm_box, tmp_path),
                           capture_output=True, text=True).stdout.strip() == ""
     assert "state: CANCELLED" in _inv(slurm_box, tmp_path, "status", "--job", job).stdout
+
+
+def test_a_hung_rank_is_named_under_slurm_too(make_sandbox, tmp_path: Path) -> None:
+    # The same watch and stacks over the srun step: the `stacks` word travels on the step's stdin.
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
+                       script_args=["1", "600"])
+    result = salloc_launch(box, tmp_path, "--hang-timeout", "10", "--skip-doctor")
+    assert result.returncode == 124, result.stdout + result.stderr
+    assert re.search(r"ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); rank 1 \(node-0, pid \d+\) is in "
+                     r"time\.sleep \(hang_rank\.py:19\)", result.stderr), result.stderr
+    assert _steps_left(result) == ""
+    assert run_processes(run_id_of(result.stderr)) == []
