@@ -173,8 +173,10 @@ def parse_job(r: Reader, raw: Any) -> Job:
     if not isinstance(args, list):
         raise r.fail("job.args", f"must be a list of words, got {describe(args)}")
     words = tuple(r.word(a, f"job.args[{i}]") for i, a in enumerate(args))
+    hang = fields.get("hang_timeout")
     return Job(script=r.text(fields["script"], "job.script"), args=words,
-               resume_args=parse_resume_args(r, fields.get("resume_args")))
+               resume_args=parse_resume_args(r, fields.get("resume_args")),
+               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"))
 
 
 def parse_env(r: Reader, raw: Any, entry: str, secret: frozenset[str] = frozenset()) -> dict[str, EnvVar]:

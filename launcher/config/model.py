@@ -50,7 +50,7 @@ HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_no
 RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
 
 
-JOB_KEYS = ("script", "args", "resume_args")
+JOB_KEYS = ("script", "args", "resume_args", "hang_timeout")
 
 
 ENV_KEYS = ("value", "from_env", "secret")
@@ -180,6 +180,9 @@ class Job:
     """Arguments for the script, passed byte for byte."""
     resume_args: tuple[str, ...] = DEFAULT_RESUME_ARGS
     """Added to `args` when the launcher retries a failed run (`retries`): how the script resumes its checkpoint."""
+    hang_timeout: float | None = None
+    """Seconds without progress before the run is suspected hung (`launcher.plan.hang`); None: learnt; 0: never.
+    `--hang-timeout` (or invoke.yaml's `launcher.hang_timeout`) wins."""
 
 
 @dataclass(frozen=True)

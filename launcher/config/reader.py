@@ -13,7 +13,7 @@ from typing import Any, Literal
 from launcher.config.text import SHOWN, describe, render, shorten
 from launcher.config.yamltext import is_secret
 from launcher.errors import InventoryError
-from launcher.options import MAX_NPROC_PER_NODE, MAX_RETRIES
+from launcher.options import MAX_NPROC_PER_NODE, MAX_RETRIES, MAX_SECONDS
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -118,6 +118,12 @@ class Reader:
         if not isinstance(value, bool):
             raise self.fail(entry, f"must be true or false, got {self.show(value, True)}")
         return value
+
+    def seconds(self, value: Any, entry: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
+            raise self.fail(entry, f"must be a number of seconds from 0 to {MAX_SECONDS:g}, "
+                                   f"got {self.show(value, False)}")
+        return float(value)
 
     def count(self, value: Any, entry: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

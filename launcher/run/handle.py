@@ -45,7 +45,8 @@ class RunHandle:
         """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self.stop_deadline: float | None = None
         self._last_step = time.monotonic()
-        self.watch = None if opts.hang_timeout == 0 else HangWatch(opts.hang_timeout)
+        timeout = opts.hang_timeout if opts.hang_timeout is not None else plan.job.hang_timeout
+        self.watch = None if timeout == 0 else HangWatch(timeout)
         """The whole run's progress (launcher.plan.hang); None: hangs are not watched for (--hang-timeout 0)."""
         self.hang: HangSuspected | None = None
         """The hang that stopped the run (exit code 124)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.inventory import parse_inventory
+from launcher.errors import InventoryError
 from launcher.options import HANG_FACTOR, HANG_FLOOR_S
 from launcher.plan.hang import HangWatch
 from launcher.report.stacks import answer, parse_dump, rank_stacks, ranks_text
@@ -118,3 +120,12 @@ def test_the_main_thread_is_the_one_that_runs_the_script() -> None:
 @pytest.mark.parametrize(("ranks", "text"), [([0, 2, 3], "0,2,3"), ([0, 1, 2, 3], "0-3"), ([4], "4"), ([1, 2], "1,2")])
 def test_rank_lists_are_short(ranks: list[int], text: str) -> None:
     assert ranks_text(ranks) == text
+
+
+def test_the_inventorys_job_may_set_the_hang_timeout() -> None:
+    text = "hosts: [a]\njob: {script: train.py, hang_timeout: 600}\n"
+    assert parse_inventory(text, "inv.yaml").job.hang_timeout == 600.0
+    assert parse_inventory("hosts: [a]\njob: {script: train.py}\n", "inv.yaml").job.hang_timeout is None
+    with pytest.raises(InventoryError, match=r"^inv.yaml:2: job.hang_timeout: must be a number of seconds from 0 to "
+                                             r"86400, got 'soon' \(str\)$"):
+        parse_inventory("hosts: [a]\njob: {script: train.py, hang_timeout: soon}\n", "inv.yaml")
