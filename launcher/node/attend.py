@@ -169,7 +169,10 @@ class Attended:
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
             if queued_events() < 100:  # a launcher that reads nothing gets no pile of beats
-                emit("alive", progress=self.progress())
+                if self.request["watch"]:
+                    emit("alive", progress=self.progress())
+                else:
+                    emit("alive")
 
     def progress(self):
         """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds."""

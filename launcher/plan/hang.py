@@ -15,7 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.config.model import Job
 from launcher.options import HANG_CPU_SHARE, HANG_FACTOR, HANG_FLOOR_S
+
+
+def hang_timeout(given: float | None, job: Job) -> float | None:
+    """The run's hang timeout: the command line's or invoke.yaml's, else the inventory's job's (None: learnt)."""
+    return given if given is not None else job.hang_timeout
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 from launcher.node.protocol import GO, KILL, STOP, word_line
 from launcher.options import STALL, STOP_MARGIN, Options
 from launcher.plan.commands import LaunchPlan
-from launcher.plan.hang import HangWatch
+from launcher.plan.hang import HangWatch, hang_timeout
 from launcher.report.rootcause import NodeEnd
 from launcher.run import gate as start_gate
 from launcher.run import hang as hang_watch
@@ -45,7 +45,7 @@ class RunHandle:
         """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self.stop_deadline: float | None = None
         self._last_step = time.monotonic()
-        timeout = opts.hang_timeout if opts.hang_timeout is not None else plan.job.hang_timeout
+        timeout = hang_timeout(opts.hang_timeout, plan.job)
         self.watch = None if timeout == 0 else HangWatch(timeout)
         """The whole run's progress (launcher.plan.hang); None: hangs are not watched for (--hang-timeout 0)."""
         self.hang: HangSuspected | None = None

@@ -33,6 +33,7 @@ from launcher.options import (
     heartbeat_interval,
 )
 from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
+from launcher.plan.hang import hang_timeout
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report
@@ -97,6 +98,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "log_tail": log_tail_settings(),
         **stacks_settings(),
+        "watch": hang_timeout(opts.hang_timeout, plan.job) != 0,  # each rank's progress in the agent's beats
     }
     section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready

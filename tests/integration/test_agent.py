@@ -284,7 +284,7 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None,
                "master_addr": "127.0.0.1",
                "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
-               "alive_interval": 5.0, "log_tail": log_tail_settings(), **stacks_settings()}
+               "alive_interval": 5.0, "log_tail": log_tail_settings(), **stacks_settings(), "watch": True}
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for word, ran in (("stop", False), ("go", True)):
         proc = subprocess.Popen([node_python(), *AGENT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -31,7 +31,7 @@ def agent_iface(master: str, port: int, workdir: Path) -> str | None:
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
                "socket_ifname": "auto", "master_addr": master, "master_port": port, "node_rank": 0, "detach": False,
                "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0, "log_tail": log_tail_settings(),
-               **stacks_settings()}
+               **stacks_settings(), "watch": True}
     env = {k: v for k, v in os.environ.items() if k != RUN_ID_ENV} | {"XDG_CACHE_HOME": str(workdir / "cache")}
     stdin = agent_input(request) + b"go\n"
     # stdin stays open until the run ends: for an attached run, its end means "the launcher is gone".
