@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import REPO, RESULTS, log, sandbox_of
 
 from launcher.config.inventory import load_inventory
+from launcher.errors import RunFailed
 from launcher.options import Options
 from launcher.plan.commands import plan_launch
 from launcher.run import events
