@@ -39,6 +39,15 @@ from launcher.node.runner import spawn, start_detached, stop_run
 from launcher.node.stacks import collect, nccl_dumps
 
 
+def checked(action):
+    """The action, once the request's run id and node name are ones this agent accepts (they become paths)."""
+    def run(request):
+        problem = names_problem(request)
+        return refuse(problem) if problem else action(request)
+
+    return run
+
+
 def refuse(message):
     emit("error", message=message)
     return 2
@@ -131,10 +140,8 @@ def start_checked(request, run_dir, words):
     return None
 
 
+@checked
 def action_stop(request):
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     grace = request.get("grace")
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         return refuse("a stop request needs its grace period (seconds, a number >= 0); got %r" % (grace,))
@@ -157,26 +164,20 @@ def action_stop(request):
     return reply(result)
 
 
+@checked
 def action_status(request):
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     run_id, run_dir = find_run_dir(request)
     return reply(describe(run_id, run_dir, request["node"]))
 
 
+@checked
 def action_runs(request):
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     return reply({"runs": runs_here(request["node"])[1]})
 
 
+@checked
 def action_list(request):
     """Every run on this node with its state and the nodes it was started on: what `inv stop` chooses from."""
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     node = request["node"]
     root, run_ids = runs_here(node)
     marks = live_marks()
@@ -197,10 +198,8 @@ def action_list(request):
     return reply({"runs": found})
 
 
+@checked
 def action_logs(request):
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         emit("error", message="no run %s on this node" % (run_id or "at all"))
@@ -217,11 +216,9 @@ def action_logs(request):
                 return 1  # the launcher is gone
 
 
+@checked
 def action_stacks(request):
     """Every worker's stack of the run on this node, without stopping it (`inv stacks`)."""
-    problem = names_problem(request)
-    if problem:
-        return refuse(problem)
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "workers": []})
