@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+from launcher.node.proc import workers
 from launcher.node.protocol import (
     ENDING_WORDS,
     GO,
@@ -25,7 +26,7 @@ from launcher.node.protocol import (
     write_all,
 )
 from launcher.node.runner import finish, signal_run, stop_run
-from launcher.node.stacks import collect, nccl_dumps, proc_state, workers
+from launcher.node.stacks import collect, nccl_dumps, proc_state
 
 
 class LauncherWords:
@@ -180,7 +181,7 @@ class Attended:
         last_line = getattr(self.proc, "merger", None)
         last_line = dict(last_line.last_line) if last_line is not None else {}
         ranks = []
-        for pid, _, rank, local_rank in workers(self.request["mark"]):
+        for pid, _, rank, local_rank, _ in workers(self.request["mark"]):
             state, _, cpu = proc_state(pid)
             seen = last_line.get(local_rank)
             ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,

@@ -5,21 +5,13 @@ import os
 import threading
 import time
 
-from launcher.node.proc import environ_of, marked_processes
+from launcher.node.proc import workers
 from launcher.node.protocol import LOCAL_TAG, RANK_TAG, emit, write_all
 
 
 def worker_ranks(mark):
     """{(restart count, local rank): global rank} of the run's live workers, read from their environments."""
-    found = {}
-    for pid in marked_processes(mark):
-        env = environ_of(pid)
-        try:
-            key = (int(env[b"TORCHELASTIC_RESTART_COUNT"]), int(env[b"LOCAL_RANK"]))
-            found[key] = int(env[b"RANK"])
-        except (KeyError, ValueError):
-            continue  # torchrun itself, or a process that is not a worker
-    return found
+    return {(restart, local): rank for _, _, rank, local, restart in workers(mark) if restart is not None}
 
 
 class LogSource:

@@ -134,3 +134,18 @@ def stdout_gone():
         return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def workers(mark):
+    """The run's live workers on this node, by rank: [(pid, start time, rank, local rank, restart count or None)],
+    read from their environments (torchrun itself and a DataLoader worker have no RANK)."""
+    found = []
+    for pid, start in marked_processes(mark).items():
+        env = environ_of(pid)
+        try:
+            rank, local_rank = int(env[b"RANK"]), int(env[b"LOCAL_RANK"])
+        except (KeyError, ValueError):
+            continue
+        restart = env.get(b"TORCHELASTIC_RESTART_COUNT", b"")
+        found.append((pid, start, rank, local_rank, int(restart) if restart.isdigit() else None))
+    return sorted(found, key=lambda w: w[2])

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from launcher.node.proc import environ_of, marked_processes, signal_process
+from launcher.node.proc import signal_process, workers
 from launcher.node.protocol import timing
 
 NCCL_DIR = "nccl"
@@ -132,24 +132,12 @@ def proc_state(pid):
     return fields[0], (None if wchan == "0" else wchan), cpu
 
 
-def workers(mark):
-    """The run's live workers on this node: [(pid, start time, rank, local rank)], by rank."""
-    found = []
-    for pid, start in marked_processes(mark).items():
-        env = environ_of(pid)
-        try:
-            found.append((pid, start, int(env[b"RANK"]), int(env[b"LOCAL_RANK"])))
-        except (KeyError, ValueError):
-            continue  # torchrun itself, or a process that is not a worker (a DataLoader worker has no RANK)
-    return sorted(found, key=lambda w: w[2])
-
-
 def collect(run_dir, mark, wait_s):
     """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is."""
     folder = os.path.join(run_dir, STACKS_DIR)
     asked = {}
     report = []
-    for pid, start, rank, local_rank in workers(mark):
+    for pid, start, rank, local_rank, _ in workers(mark):
         state, wchan, cpu = proc_state(pid)
         entry = {"pid": pid, "rank": rank, "local_rank": local_rank, "state": state,
                  "state_name": STATES.get(state, state), "wchan": wchan, "cpu_s": cpu, "stack": None, "why": None}
