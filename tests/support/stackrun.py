@@ -1,6 +1,6 @@
 """A worker started as the agent starts one (the stack hook on its PYTHONPATH, the run's mark, RANK), then every
-stack taken as the agent takes them, printed as JSON. Stdlib and launcher/node only: it runs under any user's
-Python (`python3 -m tests.support.stackrun RUN_DIR SCRIPT [USER_SITE]` from the repository)."""
+stack taken as the agent takes them, printed as JSON. Stdlib and the launcher's stdlib-only modules: it runs under
+any user's Python (`python3 -m tests.support.stackrun RUN_DIR SCRIPT [USER_SITE]` from the repository)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ import sys
 import time
 
 from launcher.node import protocol, stacks
-
-TIMING = {"poll_s": 0.05, "wait_s": 0.1, "check_s": 1.0, "keeper_poll_s": 0.02, "keeper_wait_s": 2.0,
-          "kill_wait_s": 5.0, "read_chunk": 65536}
+from launcher.options import NODE_TIMING
 
 
 def main() -> None:
     run_dir, script = sys.argv[1], sys.argv[2]
-    protocol.use_timing({"timing": TIMING}, protocol.AGENT_TIMING)
+    protocol.use_timing({"timing": NODE_TIMING}, protocol.AGENT_TIMING)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({protocol.RUN_ID_ENV: "20000101-000000-abcdef/node-0", "RANK": "5", "LOCAL_RANK": "1"})
     if len(sys.argv) > 3:

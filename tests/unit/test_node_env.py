@@ -7,10 +7,7 @@ SSH; one integration test launches on real sshd nodes and looks at what arrived,
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,11 +20,10 @@ from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
 from launcher.node import netif, protocol, runner
 from launcher.options import Options
-from launcher.plan.commands import RUNS_ROOT, NodeCommand, plan_launch
+from launcher.plan.commands import NodeCommand, plan_launch
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.start import agent_input, log_tail_settings, stacks_settings, start_request
-from launcher.transport.program import BOOTSTRAP
-from tests.support.nodeenv import node_python
+from launcher.run.start import start_request
+from tests.support.agentrun import run_agent
 
 BASE = """
 defaults: {python: /usr/bin/python3}
@@ -203,37 +199,6 @@ def test_socket_ifname_auto_on_the_master_picks_the_interface_holding_its_addres
 
 
 # --- the agent, run as the launcher runs it (request on stdin) ----------------------------------------------
-
-DUMP = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
-
-
-def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple[int, list[dict], Path]:
-    """Start a dump of torchrun's environment through the local agent, attached; its exit, events and run dir."""
-    run_id = f"20000101-000000-{secrets.token_hex(3)}"
-    full = {"action": "start", "run_dir": f"{RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
-            "workdir": str(tmp_path), "argv": [sys.executable, "-c", DUMP, str(tmp_path / "env.json")],
-            "expand_home": [], "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
-            "socket_ifname": None, "master_addr": "127.0.0.1", "master_port": 29400, "node_rank": 0,
-            "detach": False, "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0,
-            "log_tail": log_tail_settings(), **stacks_settings(), "watch": True, **request}
-    env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    env.pop(protocol.RUN_ID_ENV, None)
-    with open(tmp_path / "events", "wb") as events:
-        proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=events, env=env)
-        assert proc.stdin is not None
-        # The program, its request, and the launcher's `go`: every node is ready.
-        proc.stdin.write(agent_input(full) + b"go\n")
-        proc.stdin.flush()  # stdin stays open: for an attached run, EOF means "launcher gone"
-        try:
-            code = proc.wait(timeout=30)
-        finally:
-            proc.stdin.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    lines = (tmp_path / "events").read_text().splitlines()
-    return code, [json.loads(line) for line in lines], tmp_path / "cache" / "ddp-launcher" / "runs" / run_id / "node1"
 
 
 def test_the_agent_keeps_a_stale_login_rank_from_torchrun_and_sets_the_socket_interface(tmp_path: Path) -> None:
