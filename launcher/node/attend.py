@@ -146,6 +146,8 @@ class Attended:
         self.words = words
         self.done = threading.Event()
         self.streamed_at = time.monotonic()
+        self.nccl_sent = set()
+        """The flight recorder dumps already sent (with stacks): the run's end sends only the others."""
 
     def stream(self):
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
@@ -192,7 +194,19 @@ class Attended:
         """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
         emit_parts("stacks", int(self.request["event_chunk"]),
                    workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
-                   nccl=nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]))
+                   nccl=self.new_dumps())
+
+    def new_dumps(self):
+        dumps = {name: data for name, data in nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]).items()
+                 if name not in self.nccl_sent}
+        self.nccl_sent.update(dumps)
+        return dumps
+
+    def send_nccl(self):
+        """NCCL's flight recorder dumps written while the run ended (its watchdog's timeout ends a run by itself)."""
+        dumps = self.new_dumps()
+        if dumps:
+            emit_parts("nccl", int(self.request["event_chunk"]), nccl=dumps)
 
     def supervise(self):
         request = self.request
@@ -233,6 +247,7 @@ def attend(request, run_dir, proc, words):
     # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
     while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
         threads["stream"].join(timing("wait_s"))
+    run.send_nccl()
     emit("exited", code=code, left=left, reason=stopping)
     end_events()
     threads["send_events"].join(5)

@@ -46,7 +46,8 @@ def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str]) -> 
     nccl.mkdir(parents=True, exist_ok=True)
     for name, data in dumps.items():
         (nccl / Path(name).name).write_bytes(base64.b64decode(data))
-    return [f"NCCL flight recorder: {len(dumps)} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
+    count = sum(1 for _ in nccl.iterdir())  # with those of nodes that sent theirs before
+    return [f"NCCL flight recorder: {count} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
             f"{NCCL_PREFIX}`"]
 
 

@@ -120,3 +120,10 @@ class NodeFacts:
     """No answer within the gate's `probe_timeout`."""
     failure: str | None = None
     """The session could not be opened."""
+
+
+@dataclass(frozen=True)
+class NcclDumps(NodeEvent):
+    """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout): {name: base64}."""
+
+    dumps: dict[str, str] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from launcher.run.events import (
     Beat,
     Ended,
     Message,
+    NcclDumps,
     NodeEvent,
     Output,
     Probed,
@@ -215,6 +216,8 @@ class Sessions:
         elif kind == "stacks":
             self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
                                          dict(event.get("nccl") or {})))
+        elif kind == "nccl":
+            self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
 
     def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
         """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""

@@ -36,9 +36,9 @@ from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCo
 from launcher.plan.hang import hang_timeout
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
-from launcher.report.hangs import hang_report
+from launcher.report.hangs import hang_report, write_nccl
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
-from launcher.run.events import Ended, HangSuspected, Left, NodeEvent, Output, Stopping
+from launcher.run.events import Ended, HangSuspected, Left, NcclDumps, NodeEvent, Output, Stopping
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
@@ -233,6 +233,9 @@ class _Attached:
         elif isinstance(event, HangSuspected):
             self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
             for line in self.hang_lines:
+                self.console.message(line)
+        elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
+            for line in write_nccl(self.opts.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
                 self.console.message(line)
         elif isinstance(event, Left):
             low = self.handle.min_nodes

@@ -102,3 +102,19 @@ def test_a_stopped_rank_is_reported_as_stopped_by_rank_and_node(make_sandbox, tm
                      + str(stopped) + r"\) is stopped \(state T\)", text), text
     assert run_processes(run_id) == []
     assert REPO.exists()
+
+
+def test_an_nccl_timeout_that_ends_the_run_brings_the_flight_recorder_dumps_back(make_sandbox, tmp_path: Path
+                                                                                 ) -> None:
+    # No GPU here: the job writes the dumps where NCCL's watchdog would, then fails as the watchdog makes it fail.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/nccl_timeout.py")
+    logs = tmp_path / "logs"
+    result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, timeout=120)
+    assert result.returncode == 1, result.stderr
+    run_id = run_id_of(result.stdout + result.stderr)
+    folder = logs / run_id / "nccl"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {
+        f"nccl_trace_rank_{r}": f"flight recorder of rank {r}".encode() for r in (0, 1)}
+    said = result.stdout + result.stderr
+    assert f"read them with `torchfrtrace {folder} -p nccl_trace_rank_`" in said, said
+    assert "NCCL flight recorder: 2 dump(s)" in said, said
