@@ -179,11 +179,12 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP})
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
+            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
 @_reported
-def stacks(c, hosts=None, run=None):
+def stacks(c, hosts=None, run=None, job=None):
     """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
-    return cli.stacks(_hosts(c, hosts), _run_id(run), _options(c))
+    return cli.stacks(_hosts(c, hosts), _run_id(run), _options(c), job=job)
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",

@@ -229,10 +229,16 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
     return run_actions.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
 
 
-def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
-    """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered."""
+def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, job: str | None = None) -> int:
+    """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered.
+    With `job`, the run inside that SLURM batch job, reached through the job's own steps."""
     opts = opts or Options()
-    report = collect_stacks(load_inventory(hosts), run_id, opts)
+    if job:
+        from launcher.slurm import commands as slurm_commands
+
+        report = slurm_commands.job_stacks(job, load_inventory(hosts), run_id, opts)
+    else:
+        report = collect_stacks(load_inventory(hosts), run_id, opts)
     for line in report.lines():
         opts.out.write(line + "\n")
     return 0 if report.stacks else 1

@@ -18,6 +18,7 @@ from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
 from launcher.run.actions import _agent_error, chosen_run
 from launcher.run.start import agent_action, check_run_id
+from launcher.transport.channel import Result
 from launcher.transport.sessions import close_all, connect_all
 
 
@@ -40,19 +41,20 @@ class StacksReport:
         return out + list(self.nccl)
 
 
-def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> StacksReport:
-    """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory)."""
+def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options,
+                   nodes: Mapping[str, Any] | None = None) -> StacksReport:
+    """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
+    or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
     check_run_id(run_id)
-    nodes, failed = connect_all(cluster, cluster.hosts, opts.connect_timeout)
-    try:
-        run_id = run_id or chosen_run(cluster, nodes, opts)
-        if run_id is None:
-            raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
-        results = agent_action(nodes, cluster, {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S,
-                                                      "nccl_max_bytes": NCCL_MAX_BYTES},
-                               STACKS_WAIT_S * 2 + opts.connect_timeout)
-    finally:
-        close_all(nodes.values())
+    failed: list[NodeFailure] = []
+    if nodes is None:
+        connected, failed = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+        try:
+            run_id, results = _ask(cluster, connected, run_id, opts)
+        finally:
+            close_all(connected.values())
+    else:
+        run_id, results = _ask(cluster, dict(nodes), run_id, opts)
     answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
     for name, result in results.items():
         if isinstance(result, NodeFailure):
@@ -68,3 +70,12 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options) -> Stack
     folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
     nccl = write_nccl(folder, answers) if folder is not None else []
     return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl))
+
+
+def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options
+         ) -> tuple[str, dict[str, Result | NodeFailure]]:
+    run_id = run_id or chosen_run(cluster, nodes, opts)
+    if run_id is None:
+        raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
+    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES}
+    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + opts.connect_timeout)

@@ -16,6 +16,7 @@ from launcher.errors import LauncherError, UsageError
 from launcher.options import SLURM_STOP_WAIT, Options
 from launcher.paths import REPO, relative
 from launcher.plan.commands import plan_launch
+from launcher.run.stacks import StacksReport, collect_stacks
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch
 from launcher.slurm.jobs import JobState
@@ -170,3 +171,16 @@ def job_stop(job_id: str, opts: Options | None = None) -> int:
     opts.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
                    "SLURM lists no process of it\n")
     return 0
+
+
+def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options | None = None) -> StacksReport:
+    """`inv stacks --job ID`: every rank's stack of the run inside a running batch job, through steps of the job
+    (`srun --overlap`, as its owner may run them from any login node): the inventory gives python and workdir."""
+    opts = opts or Options()
+    state = _known_job(job_id, _slurm_log_dir(opts))
+    if state.ended or not state.nodes:
+        raise LauncherError(f"job {state.job_id} is {state.state}: it runs nothing to take stacks of")
+    env = {**os.environ, "SLURM_JOB_ID": state.job_id, "SLURM_JOBID": state.job_id, "SLURM_JOB_NODELIST": state.nodes}
+    names = allocation.allocation_nodes(env)
+    nodes = {name: slurm_launch.SlurmNode(name, env) for name in names}
+    return collect_stacks(allocation.allocation_cluster(cluster, names), run_id, opts, nodes)

@@ -28,6 +28,8 @@ class SlurmNode:
 
     name: str
     env: dict[str, str]
+    timeout: float = 0.0
+    """No connection to open first (run_all adds a node's connect timeout to its bound): srun's step is the run."""
 
     def run(self, command: str, stdin: bytes = b"", timeout: float | None = None) -> Result:
         """Run `command` on this node as a step of its own (`--overlap`: the run's step holds its CPUs)."""
@@ -37,6 +39,8 @@ class SlurmNode:
             done = subprocess.run(argv, input=stdin, capture_output=True, env=self.env, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             return Result(-1, exc.stdout or b"", exc.stderr or b"", timed_out=timeout)
+        except OSError as exc:  # no srun here
+            return Result(127, b"", f"srun: {exc}".encode())
         return Result(done.returncode, done.stdout, done.stderr)
 
 

@@ -166,3 +166,25 @@ def test_a_hung_rank_is_named_under_slurm_too(make_sandbox, tmp_path: Path) -> N
                      r"time\.sleep \(hang_rank\.py:19\)", result.stderr), result.stderr
     assert _steps_left(result) == ""
     assert run_processes(run_id_of(result.stderr)) == []
+
+
+def test_inv_stacks_on_a_submitted_job_names_the_odd_rank_and_the_job_goes_on(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
+                       script_args=["1", "600"])
+    job = _submitted(_inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2",
+                          "--skip-doctor"))
+    output = tmp_path / "logs" / "slurm" / f"slurm-{job}.out"
+    try:
+        wait_for(lambda: output.exists() and output.read_text().count("step 1") == 4, 150, "every rank's second step")
+        stacks = _inv(box, tmp_path, "stacks", "--hosts", str(box.inventory), "--job", job)
+        assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+        assert re.search(r"ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); rank 1 \(node-0, pid \d+\) is in "
+                         r"time\.sleep \(hang_rank\.py:19\)", stacks.stdout), stacks.stdout + stacks.stderr
+        run_id = run_id_of(output.read_text())
+        assert len(list((tmp_path / "logs" / run_id).glob("stacks-*/node-*-r*.txt"))) == 4
+        assert "state: RUNNING" in _inv(box, tmp_path, "status", "--job", job).stdout  # it goes on
+        assert len(run_processes(run_id)) >= 6
+    finally:
+        _inv(box, tmp_path, "stop", "--job", job)
+    ended = _inv(box, tmp_path, "stacks", "--hosts", str(box.inventory), "--job", job)
+    assert ended.returncode == 1 and f"job {job} is CANCELLED: it runs nothing to take stacks of" in ended.stderr
