@@ -206,9 +206,17 @@ def source_lines(stack):
     return lines
 
 
+def pyspy():
+    """py-spy from the node's venv (beside this python: a venv's bin is on no PATH unless activated), else PATH."""
+    import sys
+
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
 def _add_pyspy(entry, wait_s):
     """py-spy's dump with native frames, where it is installed and may attach (never needed)."""
-    exe = shutil.which("py-spy")
+    exe = pyspy()
     if exe is None or entry["state"] in SILENT_STATES:
         return
     try:

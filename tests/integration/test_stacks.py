@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,8 @@ from tests.helpers import REPO
 
 USER = "ddp-stacks-test"
 SYSTEM_PYTHON = "/usr/bin/python3"
+PYSPY = REPO / ".cache" / "py-spy" / "bin" / "py-spy"
+"""Where scripts/setup installs py-spy: in a folder of its own, on no test's PATH."""
 SCRIPT = "import time\n\ndef wait():\n    time.sleep(60)\n\nwait()\n"
 
 
@@ -42,10 +46,10 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_as(user: str | None, *args: str) -> dict:
+def run_as(user: str | None, *args: str, python: str = SYSTEM_PYTHON) -> dict:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     prefix = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items())] if user else []
-    done = subprocess.run([*prefix, SYSTEM_PYTHON, "-m", "tests.support.stackrun", *args], cwd=REPO,
+    done = subprocess.run([*prefix, python, "-m", "tests.support.stackrun", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120, env=None if user else {**os.environ, **env})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -77,3 +81,18 @@ def test_a_nodes_own_sitecustomize_still_runs_under_the_hook(tmp_path: Path) -> 
     assert marker.read_text() == "yes"  # the node's own ran, in the worker
     [worker] = answer["workers"]
     assert "line 4 in wait" in worker["stack"]
+
+
+@pytest.mark.skipif(not PYSPY.exists(), reason="scripts/setup installs py-spy into .cache/py-spy")
+def test_py_spy_in_the_nodes_venv_adds_native_frames_beside_the_hooks_stack(tmp_path: Path) -> None:
+    # py-spy installed in the node's venv, whose bin is on no PATH (the node's shell did not activate it).
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    shutil.copy(PYSPY, venv / "bin" / "py-spy")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "run").mkdir()
+    answer = run_as(None, str(tmp_path / "run"), str(tmp_path / "train.py"), python=str(venv / "bin" / "python"))
+    [worker] = answer["workers"]
+    assert "line 4 in wait" in worker["stack"]  # the hook's answer is still there: py-spy only adds to it
+    assert re.search(r"wait \(.*train\.py:4\)", worker["pyspy"]), worker["pyspy"]
+    assert "Thread" in worker["pyspy"]
