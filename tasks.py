@@ -187,6 +187,17 @@ def stacks(c, hosts=None, run=None, job=None):
     return cli.stacks(_hosts(c, hosts), _run_id(run), _options(c), job=job)
 
 
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
+            "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
+            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
+@_reported
+def top(c, hosts=None, run=None, once=False, json=False, job=None):
+    """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
+    if json and not once:
+        raise Exit("error: --json goes with --once (the live view is for a terminal)", USAGE)
+    return cli.top(_hosts(c, hosts), _run_id(run), _options(c), once=once, as_json=json, job=job)
+
+
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
             "master-port": "rendezvous port written to the inventory",
             "slurm": "also start a real SLURM cluster on the nodes (munged, slurmctld, a slurmd in each node); "
@@ -250,5 +261,5 @@ sandbox.add_task(sandbox_up, "up")
 sandbox.add_task(sandbox_down, "down")
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
-ns = Collection(launch, sync, doctor, stop, status, logs, stacks, demo, bench, sandbox, slurm)
+ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, demo, bench, sandbox, slurm)
 ns.configure({"launcher": options.config_defaults()})  # the defaults' one home is launcher/options.py

@@ -5,7 +5,8 @@
 - stacks_s: `inv stacks` from another terminal on a detached run, a fresh process as a user types it (its
   connections and every node's agent included);
 - watch cost: a real job's (train/ddp.py, 2 nodes x 2 ranks) wall time with the watch on against off
-  (`--hang-timeout 0`: the agents then read no /proc for progress).
+  (`--hang-timeout 0`: the agents then read no /proc for progress), and each node's agent's CPU per second of a
+  healthy light run (a step line every 0.2 s for STEADY_S), on against off, read from /proc.
 
 The job is bench/hang_worker.py in place of torchrun (one worker a node, no torch) except for the real-job figure.
 Results go to bench/results/hang.json.
@@ -21,12 +22,13 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import REPO, RESULTS, log, sandbox_of
+from common import MARK_ENV, REPO, RESULTS, log, sandbox_of
 
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
@@ -39,10 +41,67 @@ WORKER = str(REPO / "bench" / "hang_worker.py")
 TIMEOUT_S = 5.0
 
 
-def light_plan(inventory: Path):
+STEADY_S = 12.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def light_plan(inventory: Path, *args: str):
     plan = plan_launch(load_inventory(inventory))
-    nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER), home_words=(0,)) for c in plan.nodes)
+    nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER, *args), home_words=(0,)) for c in plan.nodes)
     return dataclasses.replace(plan, nodes=nodes)
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _agents_of(run_id: str) -> list[int]:
+    """The agents of a light run: each worker's grandparent (agent -> hang_worker.py in torchrun's place -> worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"{MARK_ENV}={run_id}/".encode() not in (entry / "environ").read_bytes():
+                continue
+            if b"worker" not in (entry / "cmdline").read_bytes():
+                continue
+            stand_in = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            found.append(int(Path(f"/proc/{stand_in}/stat").read_text().rsplit(")", 1)[1].split()[1]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
+    """CPU seconds per second of each node's agent (the median node) over a healthy attached light run."""
+    plan = light_plan(inventory, "steady", str(STEADY_S))
+    samples: dict[int, list[tuple[float, float]]] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            for pid in _agents_of(plan.run_id):
+                cpu = _cpu_s(pid)
+                if cpu is not None:
+                    samples.setdefault(pid, []).append((time.monotonic(), cpu))
+
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        run_start.launch_run(plan, Options(hang_timeout=None if watch else 0, out=devnull, err=devnull,
+                                           log_dir=root / "logs"))
+    finally:
+        done.set()
+        sampler.join()
+    rates = [(last[1] - first[1]) / (last[0] - first[0]) for first, *_, last in
+             (s for s in samples.values() if len(s) >= 3)]
+    return round(statistics.median(rates), 4) if rates else None
 
 
 def answer_time(inventory: Path, root: Path) -> dict:
@@ -91,6 +150,35 @@ def job_wall(inventory: Path, root: Path, watch: bool) -> float:
     return time.perf_counter() - t0
 
 
+def run(sizes: list[int], repeat: int, job_repeat: int, root: Path) -> dict:
+    """Every figure of this module: a row per size, the watch's cost on a real job and on the agents."""
+    rows = []
+    for n in sizes:
+        with sandbox_of(n, root) as box:
+            answers = [answer_time(box.inventory, root) for _ in range(repeat)]
+            stacks = [stacks_time(box.inventory, root) for _ in range(repeat)]
+        row = {"nodes": n, "answer_s": [a["answer_s"] for a in answers], "ranks": answers[-1]["ranks"],
+               "stacks_s": [s["stacks_s"] for s in stacks], "stacks_answer": stacks[-1]["answer"]}
+        log(f"hang n={n}: answer {row['answer_s']} s after the bound ({row['ranks']} ranks); "
+            f"inv stacks {row['stacks_s']} s")
+        rows.append(row)
+    with sandbox_of(2, root, nproc_per_node=2) as box:
+        on, off = [], []
+        for _ in range(job_repeat):
+            off.append(job_wall(box.inventory, root, watch=False))
+            on.append(job_wall(box.inventory, root, watch=True))
+        cpu_on, cpu_off = [], []
+        for _ in range(job_repeat):
+            cpu_off.append(agent_cpu(box.inventory, root, watch=False))
+            cpu_on.append(agent_cpu(box.inventory, root, watch=True))
+    job = {"watch_on_s": [round(x, 2) for x in on], "watch_off_s": [round(x, 2) for x in off],
+           "ratio": round(statistics.median(on) / statistics.median(off), 3),
+           "agent_cpu_on": cpu_on, "agent_cpu_off": cpu_off, "steady_s": STEADY_S}
+    log(f"real job (train/ddp.py, 2 nodes x 2): watch on {job['watch_on_s']} s, off {job['watch_off_s']} s, "
+        f"ratio {job['ratio']}; agent CPU s/s on {cpu_on}, off {cpu_off}")
+    return {"timeout_s": TIMEOUT_S, "rows": rows, "job": job}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="2,16,64")
@@ -99,28 +187,10 @@ def main() -> int:
     args = parser.parse_args()
     root = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-hang-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n in [int(x) for x in args.sizes.split(",")]:
-        with sandbox_of(n, root) as box:
-            answers = [answer_time(box.inventory, root) for _ in range(args.repeat)]
-            stacks = [stacks_time(box.inventory, root) for _ in range(args.repeat)]
-        row = {"nodes": n, "answer_s": [a["answer_s"] for a in answers], "ranks": answers[-1]["ranks"],
-               "stacks_s": [s["stacks_s"] for s in stacks], "stacks_answer": stacks[-1]["answer"]}
-        log(f"hang n={n}: answer {row['answer_s']} s after the bound ({row['ranks']} ranks); "
-            f"inv stacks {row['stacks_s']} s")
-        rows.append(row)
-    with sandbox_of(2, root, nproc_per_node=2) as box:
-        on, off = [], []
-        for _ in range(args.job_repeat):
-            off.append(job_wall(box.inventory, root, watch=False))
-            on.append(job_wall(box.inventory, root, watch=True))
-    job = {"watch_on_s": [round(x, 2) for x in on], "watch_off_s": [round(x, 2) for x in off],
-           "ratio": round(statistics.median(on) / statistics.median(off), 3)}
-    log(f"real job (train/ddp.py, 2 nodes x 2): watch on {job['watch_on_s']} s, off {job['watch_off_s']} s, "
-        f"ratio {job['ratio']}")
+    result = run([int(x) for x in args.sizes.split(",")], args.repeat, args.job_repeat, root)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "hang.json").write_text(json.dumps({"timeout_s": TIMEOUT_S, "rows": rows, "job": job}, indent=1))
-    print(json.dumps({"rows": rows, "job": job}, indent=1))
+    (RESULTS / "hang.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
     return 0
 
 

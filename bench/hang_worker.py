@@ -1,16 +1,22 @@
 """The hang figure's light job: in place of torchrun, one worker per node (RANK = the node's number) that prints two
-lines and then sleeps, as a stuck rank does. No torch: 64 nodes start in seconds."""
+lines and then sleeps, as a stuck rank does; or (`steady S`) prints a step every 0.2 s for S seconds, as a healthy
+rank does. No torch: 64 nodes start in seconds."""
 
 import os
 import subprocess
 import sys
 import time
 
-if len(sys.argv) > 1 and sys.argv[1] == "worker":
+if len(sys.argv) > 2 and sys.argv[1] == "worker" and sys.argv[2] != "-":
+    for step in range(int(float(sys.argv[2]) / 0.2)):
+        print(f"step {step}", flush=True)
+        time.sleep(0.2)
+elif len(sys.argv) > 1 and sys.argv[1] == "worker":
     print("step 0", flush=True)
     print("step 1", flush=True)
     time.sleep(3600)
 else:
     node = os.environ.get("DDP_LAUNCHER_RUN", "x/node-0").rsplit("-", 1)[-1]
     env = dict(os.environ, RANK=node, LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT="0")
-    sys.exit(subprocess.call([sys.executable, os.path.abspath(__file__), "worker"], env=env))
+    steady = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "steady" else "-"
+    sys.exit(subprocess.call([sys.executable, os.path.abspath(__file__), "worker", steady], env=env))

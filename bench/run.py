@@ -22,6 +22,9 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           changed, one file changed (2 runs; --quick: 1)
   elastic from a node's death to training resumed on the 2 nodes left of 3: relaunch with --retries, and a c10d
           group re-formed by torchrun (3 runs each; --quick: 1)
+  hang    a light run stuck at N = 2, 16, 64: from the hang bound to the grouped answer, and `inv stacks` (a fresh
+          process) on a detached one; the watch's cost: train/ddp.py's wall time on 2 nodes x 2 with it on vs off,
+          and each agent's CPU per second of a healthy run (bench/hang.py)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
 diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
 latest.md and (with matplotlib, the `bench` extra)
@@ -50,9 +53,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_table
-from common import REPO, RESULTS, log, machine, remove_run_dirs
+from common import REPO, RESULTS, log, machine, remove_run_dirs, stats
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -72,6 +75,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "failures": {"repeat": 2},
         "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
+        "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 3},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
@@ -82,6 +86,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "failures": {"repeat": 1},
         "sync": {"repeat": 1},
         "elastic": {"repeat": 1},
+        "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -183,6 +188,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         out += scale_table.cost_rows(fan)
     failure_rows(out, results.get("failures"))
     elastic_rows(out, results.get("elastic"))
+    hang_rows(out, results.get("hang"))
     if results.get("sync"):
         import sync_fig
 
@@ -226,6 +232,28 @@ def elastic_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
         s = fig.get(mode)
         if s:
             out.append([label, "3", f"{cell(s['resumed_s'])}; {s['left']} left", "", "", "", "(figure only)", "–"])
+
+
+def hang_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """From the hang bound to the answer, `inv stacks`, and what the watch costs (bench/hang.py)."""
+    if not fig:
+        return
+    for row in fig["rows"]:
+        n = str(row["nodes"])
+        answer = [a for a in row["answer_s"] if a is not None]
+        missed = len(row["answer_s"]) - len(answer)
+        out.append(["hang: bound -> grouped answer", n, cell(stats(answer)) + (f"; {missed} missed" if missed else ""),
+                    "", "", "", "(figure only)", verdict(not missed)])
+        out.append(["hang: inv stacks (fresh process)", n, cell(stats(row["stacks_s"])), "", "", "",
+                    "within a few s", "–"])
+    job = fig["job"]
+    out.append(["hang watch: ddp.py 2x2 wall, on", "2", cell(stats(job["watch_on_s"])), "", "",
+                f"off {cell(stats(job['watch_off_s']))}", f"{job['ratio']:.3f}x", "<= 1.02x",
+                verdict(job["ratio"] <= 1.02)])
+    on = [c for c in job["agent_cpu_on"] if c is not None]
+    off = [c for c in job["agent_cpu_off"] if c is not None]
+    out.append(["hang watch: agent CPU s per s, on", "2", cell(stats(on), "CPU s/s", 4), "", "",
+                f"off {cell(stats(off), 'CPU s/s', 4)}", "", "(figure only)", "–"])
 
 
 HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(p) pdsh -R ssh -f N",
@@ -321,6 +349,7 @@ def main() -> int:
         import elastic
         import failures
         import fanout
+        import hang
         import job
         import logs_fig
         import stop
@@ -353,6 +382,8 @@ def main() -> int:
                     results["sync"] = sync_fig.run(conf["repeat"], root)
                 elif name == "elastic":
                     results["elastic"] = elastic.run(conf["repeat"], root)
+                elif name == "hang":
+                    results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"

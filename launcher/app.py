@@ -24,6 +24,7 @@ from launcher.run import attempts
 from launcher.run import start as run_start
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.stacks import collect_stacks
+from launcher.run.stragglers import stragglers_of
 from launcher.transport.sessions import close_all, connect_all
 
 if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
@@ -197,6 +198,8 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     hang = latest_answer((opts or Options()).log_dir, shown) if shown else None
     if hang is not None:
         console.print(f"last {hang}", markup=False, highlight=False)
+    for line in stragglers_of((opts or Options()).log_dir, shown) if shown else []:
+        console.print(line, markup=False, highlight=False)
     tried = attempts.read_attempts((opts or Options()).log_dir, shown) if shown else []
     if len(tried) > 1:
         console.print(f"run {shown} is one of {len(tried)} attempts of a launch (--retries):", markup=False,
@@ -244,6 +247,21 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     return 0 if report.stacks else 1
 
 
+def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, once: bool = False,
+        as_json: bool = False, job: str | None = None) -> int:
+    """Every node and rank of a running run at once: live (q quits, the run goes on), or one look (`once`)."""
+    from launcher.run import topview  # rich's Live and the terminal: only this task needs them
+
+    opts = opts or Options()
+    cluster = load_inventory(hosts)
+    if job:
+        from launcher.slurm import commands as slurm_commands
+
+        cluster, nodes = slurm_commands.job_nodes(job, cluster, opts)
+        return topview.top(cluster, run_id, opts, once=once, as_json_too=as_json, nodes=nodes)
+    return topview.top(cluster, run_id, opts, once=once, as_json_too=as_json)
+
+
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
                slurm: bool = False) -> Sandbox:
     from launcher import sandbox  # a test and demo tool: off the import path of every other task
@@ -284,4 +302,4 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
 
 
 __all__ = ["Hosts", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down", "sandbox_up",
-           "stacks", "status", "stop", "sync"]
+           "stacks", "status", "stop", "sync", "top"]

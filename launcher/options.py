@@ -90,6 +90,11 @@ are cut at 64 KiB, so a million of them could have held 64 GB (1,500 long lines 
 MIN_CONSOLE_BUFFER_BYTES = 1 << 20
 MAX_CONSOLE_BUFFER_BYTES = 16 << 30
 
+STRAGGLER_FACTOR = 0.8
+"""A rank is slow below this share of the median rank's step rate..."""
+STRAGGLER_HOLD_S = 60.0
+"""...for this long (in the view and a launch's console; `inv top --once` judges the rates of its one look)."""
+
 
 def heartbeat_interval(timeout: float) -> float:
     """Seconds between two heartbeats for a given timeout (at most 5 s)."""
@@ -137,6 +142,10 @@ class Options:
     hung; None: learnt from the run (`launcher.plan.hang`); 0: never."""
     on_hang: str = "stop"
     """What a suspected hang does after every rank's stack is taken: `stop` the run (exit code 124) or `keep` it."""
+    straggler_factor: float = STRAGGLER_FACTOR
+    """A rank whose step rate is below this share of the median rank's..."""
+    straggler_hold: float = STRAGGLER_HOLD_S
+    """...for this many seconds is a straggler (`inv top`, a launch's console, `inv status`)."""
     on_event: Callable[[Any], None] | None = None
     """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
     it must not block. For tools such as the bench."""
@@ -160,6 +169,8 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "retry_cooldown": (float, 0.0, MAX_SECONDS),
     "retries": (int, 0, MAX_RETRIES),
     "hang_timeout": (float, 0.0, MAX_SECONDS),
+    "straggler_factor": (float, 0.01, 1.0),
+    "straggler_hold": (float, 0.0, MAX_SECONDS),
 }
 ON_HANG = ("stop", "keep")
 COMMAND_LINE_ONLY = ("retries",)
@@ -361,3 +372,21 @@ HANG_CPU_SHARE = 0.1
 """A rank whose CPU time grows faster than this share of the wall time is making progress, printed or not."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
+
+# `inv top` (launcher/run/top.py; the node side is launcher/node/top.py).
+TOP_INTERVAL_S = 1.0
+"""Seconds between two views (each node's agent sends a snapshot that often)."""
+TOP_ONCE_S = 3.0
+"""How long `inv top --once` watches before its snapshot: CPU % and step rates need two looks."""
+TOP_READ_S = 0.1
+"""How often a node's agent reads its ranks' new output between snapshots: a step's time is known to this much."""
+TOP_TAIL_BYTES = 64 << 10
+"""How much of a rank's files written before the view began is read for its last line and step."""
+TOP_KEEP_LINES = 20
+"""Lines of the followed rank (`l` in the view) each snapshot carries."""
+TOP_RATE_WINDOW_S = 30.0
+"""A rank's step rate is over its steps of the last this many seconds."""
+TOP_GPU_TIMEOUT_S = 5.0
+"""The most one `nvidia-smi --query-gpu` may take on a node."""
+DEFAULT_PROGRESS = r"\bstep[ =:#]*(?P<step>\d+)|(?P<tqdm>\d+)/\d+ \["
+"""A rank's progress lines when the job names none (`job.progress`): train/ddp.py's `step N`, tqdm's `N/M [`."""

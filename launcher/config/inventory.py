@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -176,7 +177,22 @@ def parse_job(r: Reader, raw: Any) -> Job:
     hang = fields.get("hang_timeout")
     return Job(script=r.text(fields["script"], "job.script"), args=words,
                resume_args=parse_resume_args(r, fields.get("resume_args")),
-               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"))
+               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"),
+               progress=parse_progress(r, fields.get("progress")))
+
+
+def parse_progress(r: Reader, raw: Any) -> str | None:
+    """`job.progress`: a regular expression with a group (named `step`, or the first one) that is the step."""
+    if raw is None:
+        return None
+    text = r.text(raw, "job.progress")
+    try:
+        groups = re.compile(text).groups
+    except re.error as exc:
+        raise r.fail("job.progress", f"is not a regular expression ({exc})") from None
+    if not groups:
+        raise r.fail("job.progress", "has no group for the step number: write it as 'step (?P<step>\\d+)'")
+    return text
 
 
 def parse_env(r: Reader, raw: Any, entry: str, secret: frozenset[str] = frozenset()) -> dict[str, EnvVar]:

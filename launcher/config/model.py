@@ -50,7 +50,7 @@ HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_no
 RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
 
 
-JOB_KEYS = ("script", "args", "resume_args", "hang_timeout")
+JOB_KEYS = ("script", "args", "resume_args", "hang_timeout", "progress")
 
 
 ENV_KEYS = ("value", "from_env", "secret")
@@ -183,6 +183,9 @@ class Job:
     hang_timeout: float | None = None
     """Seconds without progress before the run is suspected hung (`launcher.plan.hang`); None: learnt; 0: never.
     `--hang-timeout` (or invoke.yaml's `launcher.hang_timeout`) wins."""
+    progress: str | None = None
+    """A regular expression of a rank's progress lines, its group `step` the step (`inv top`'s rates and
+    stragglers); None: launcher.options.DEFAULT_PROGRESS (`step N`, tqdm's `N/M`)."""
 
 
 @dataclass(frozen=True)

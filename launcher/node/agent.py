@@ -16,6 +16,8 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
 - status: running / exited / stopped / lost, with times.
 - logs: print the log, optionally following it until the run ends.
 - runs: list this node's run ids.
+- stacks: every worker's Python stack (launcher/node/stacks.py); top: the workers as `inv top` shows them, a JSON
+  line every interval until the launcher closes stdin (launcher/node/top.py).
 
 Protocol (launcher/node/protocol.py): stdout carries the run's log bytes (or an action's JSON reply); stderr one
 JSON event per line. The parts: runner.py (torchrun's start, end and stop), attend.py (an attached run),
@@ -228,8 +230,28 @@ def action_stacks(request):
                   "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
 
 
+@checked
+def action_top(request):
+    """The run's workers on this node as `inv top` shows them: a JSON line each interval (launcher/node/top.py)."""
+    from launcher.node.top import watch
+
+    run_id, run_dir = find_run_dir(request)
+    state = describe(run_id, run_dir, request["node"])["state"]
+    if state != "running":
+        return reply({"run_id": run_id, "state": state, "running": False})
+    mark = "%s/%s" % (run_id, request["node"])
+
+    def line(snapshot):
+        snapshot.update(run_id=run_id, node=request["node"])
+        return write_all(1, (json.dumps(snapshot) + "\n").encode())
+
+    watch(run_dir, mark, request["top"], lambda: bool(marked_pids(mark)), line)
+    return 0
+
+
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,
-           "runs": action_runs, "list": action_list, "stacks": action_stacks}
+           "runs": action_runs, "list": action_list, "stacks": action_stacks,
+           "top": action_top}
 
 
 def main():

@@ -146,6 +146,7 @@ class Attended:
         self.words = words
         self.done = threading.Event()
         self.streamed_at = time.monotonic()
+        self.steps = None  # each rank's step rate, read from its progress lines (a Sampler, with the watch)
         self.nccl_sent = set()
         """The flight recorder dumps already sent (with stacks): the run's end sends only the others."""
 
@@ -178,16 +179,26 @@ class Attended:
                     emit("alive")
 
     def progress(self):
-        """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds."""
+        """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds, and
+        its steps per second from its progress lines (stragglers)."""
         now = time.monotonic()
         last_line = getattr(self.proc, "merger", None)
         last_line = dict(last_line.last_line) if last_line is not None else {}
+        if self.steps is None:
+            from launcher.node.top import Sampler
+
+            self.steps = Sampler(self.run_dir, self.request["mark"], self.request["top"])
+        found = workers(self.request["mark"])
+        self.steps.find(found)
+        self.steps.read()
         ranks = []
-        for pid, _, rank, local_rank, _ in workers(self.request["mark"]):
+        for pid, start, rank, local_rank, _ in found:
             state, _, cpu = proc_state(pid)
             seen = last_line.get(local_rank)
+            rate = self.steps.rate(pid, start)
             ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
-                          "quiet_s": None if seen is None else round(now - seen, 3)})
+                          "quiet_s": None if seen is None else round(now - seen, 3),
+                          "steps_per_s": None if rate is None else round(rate, 3)})
         return ranks
 
     def stacks(self):

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import IO, Any
 
-from launcher.config.model import Cluster, Host
+from launcher.config.model import Cluster, Host, Job
 from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
 from launcher.options import (
+    DEFAULT_PROGRESS,
     EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
     HANG_EXIT,
@@ -29,6 +30,11 @@ from launcher.options import (
     NCCL_MAX_BYTES,
     NODE_TIMING,
     STACKS_WAIT_S,
+    TOP_GPU_TIMEOUT_S,
+    TOP_KEEP_LINES,
+    TOP_RATE_WINDOW_S,
+    TOP_READ_S,
+    TOP_TAIL_BYTES,
     Options,
     heartbeat_interval,
 )
@@ -38,10 +44,11 @@ from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, write_nccl
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
-from launcher.run.events import Ended, HangSuspected, Left, NcclDumps, NodeEvent, Output, Stopping
+from launcher.run.events import Beat, Ended, HangSuspected, Left, NcclDumps, NodeEvent, Output, Stopping
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
+from launcher.run.stragglers import LaunchStragglers
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
@@ -99,6 +106,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "log_tail": log_tail_settings(),
         **stacks_settings(),
         "watch": hang_timeout(opts.hang_timeout, plan.job) != 0,  # each rank's progress in the agent's beats
+        "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
     }
     section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
@@ -110,6 +118,13 @@ def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
     return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
             "event_chunk": EVENT_CHUNK}
+
+
+def progress_settings(job: Job | None) -> dict[str, Any]:
+    """How a node's agent reads its ranks' progress lines (launcher/node/top.py): the expression, every number."""
+    return {"ranks": RANKS_DIR, "progress": (job.progress if job else None) or DEFAULT_PROGRESS, "read_s": TOP_READ_S,
+            "tail_bytes": TOP_TAIL_BYTES, "keep_lines": TOP_KEEP_LINES, "rate_window_s": TOP_RATE_WINDOW_S,
+            "gpu_timeout_s": TOP_GPU_TIMEOUT_S}
 
 
 def log_tail_settings() -> dict[str, Any]:
@@ -217,6 +232,7 @@ class _Attached:
         self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener)
         self.interrupts = 0
         self.hang_lines: list[str] = []
+        self.stragglers = LaunchStragglers(opts, plan.run_id, self.console.message)
 
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
@@ -234,6 +250,8 @@ class _Attached:
             self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
             for line in self.hang_lines:
                 self.console.message(line)
+        elif isinstance(event, Beat) and event.progress:
+            self.stragglers.beat(event.node, event.progress)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
             for line in write_nccl(self.opts.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
                 self.console.message(line)

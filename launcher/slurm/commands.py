@@ -173,14 +173,19 @@ def job_stop(job_id: str, opts: Options | None = None) -> int:
     return 0
 
 
-def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options | None = None) -> StacksReport:
-    """`inv stacks --job ID`: every rank's stack of the run inside a running batch job, through steps of the job
-    (`srun --overlap`, as its owner may run them from any login node): the inventory gives python and workdir."""
-    opts = opts or Options()
+def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, dict[str, slurm_launch.SlurmNode]]:
+    """A running batch job's nodes, each reached through a step of the job (`srun --overlap`, as its owner may run
+    from any login node), and the inventory on them (it gives python and workdir)."""
     state = _known_job(job_id, _slurm_log_dir(opts))
     if state.ended or not state.nodes:
-        raise LauncherError(f"job {state.job_id} is {state.state}: it runs nothing to take stacks of")
+        raise LauncherError(f"job {state.job_id} is {state.state}: it runs nothing to look at")
     env = {**os.environ, "SLURM_JOB_ID": state.job_id, "SLURM_JOBID": state.job_id, "SLURM_JOB_NODELIST": state.nodes}
     names = allocation.allocation_nodes(env)
-    nodes = {name: slurm_launch.SlurmNode(name, env) for name in names}
-    return collect_stacks(allocation.allocation_cluster(cluster, names), run_id, opts, nodes)
+    return allocation.allocation_cluster(cluster, names), {name: slurm_launch.SlurmNode(name, env) for name in names}
+
+
+def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options | None = None) -> StacksReport:
+    """`inv stacks --job ID`: every rank's stack of the run inside a running batch job."""
+    opts = opts or Options()
+    on_job, nodes = job_nodes(job_id, cluster, opts)
+    return collect_stacks(on_job, run_id, opts, nodes)

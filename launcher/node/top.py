@@ -1,0 +1,256 @@
+"""What `inv top` sees of a run on one node (stdlib only, Python 3.8+), from outside the workers: /proc for each
+worker's state, CPU and memory; its own files (torchrun --redirects: <ranks>/*/attempt_<restart>/<local rank>/
+stdout.log and stderr.log) for its last line, when it last wrote, and its progress lines; the node's load, memory
+and, where nvidia-smi is, its GPUs. Nothing runs in a worker and nothing is written: watching cannot slow the run.
+
+Progress comes from the rank's own lines: the job's regular expression (`job.progress`), whose group `step` (else
+its first group that matched) is the step number. A step lower than the last one is a new count (a new epoch that
+counts from 0 or 1): the rank's progress goes on from there, so its rate stays steps per second across epochs.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from launcher.node.proc import workers
+from launcher.node.stacks import STATES, proc_state
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total"
+
+
+class RankProgress:
+    """One rank's output as read so far: the last line, the step count, and when the count last moved."""
+
+    def __init__(self, pattern, window_s):
+        self.pattern, self.window_s = pattern, window_s
+        self.offsets = {}  # path -> bytes read
+        self.rest = {}  # path -> an unfinished line
+        self.last_line, self.last_step, self.total = None, None, 0
+        self.moves = []  # (monotonic time, total) each time the count moved, within window_s
+        self.lines = []  # the last lines, for `follow`
+
+    def read(self, paths, tail_bytes, keep_lines, now):
+        for path in paths:
+            try:
+                size = os.path.getsize(path)
+                with open(path, "rb") as handle:
+                    start = self.offsets.get(path)
+                    history = start is None  # what was written before we looked: its steps have no times
+                    start = max(0, size - tail_bytes) if history else start
+                    if size <= start:
+                        continue
+                    handle.seek(start)
+                    data = handle.read(size - start)
+            except OSError:
+                continue
+            self.offsets[path] = start + len(data)
+            self.feed(data.decode("utf-8", "replace"), path, keep_lines, now, history)
+
+    def feed(self, text, path, keep_lines, now, history=False):
+        lines = re.split(r"[\r\n]", self.rest.pop(path, "") + text)
+        self.rest[path] = lines.pop()  # what follows the last end of line: a line still being written
+        lines = [line.rstrip() for line in lines if line.strip()]
+        if lines:
+            self.last_line = lines[-1]
+            self.lines = (self.lines + lines)[-keep_lines:]
+        before = self.total
+        for line in lines:
+            found = self.pattern.search(line)
+            if found is None:
+                continue
+            groups = found.groupdict()
+            value = groups.get("step") or next((g for g in found.groups() if g is not None), None)
+            if value is None or not value.isdigit():
+                continue
+            step = int(value)
+            if self.last_step is None or history:
+                self.last_step = step  # a step seen before we looked: where the count starts, no move yet
+                continue
+            if step != self.last_step:
+                # Lower than the last: a new count (an epoch from 0 or 1); its first step is one step on.
+                self.total += step - self.last_step if step > self.last_step else max(step, 1)
+                self.last_step = step
+        if self.total != before:  # one move a read: the lines read together were all there by `now`
+            self.moves.append((now, self.total))
+        self.moves = [m for m in self.moves if now - m[0] <= self.window_s]
+
+    def rate(self, now):
+        """Steps per second over the window: between the first and the last move, or until now once the rank has
+        been still for longer than two of its steps (a rank that stopped goes to 0). None: under two moves."""
+        if len(self.moves) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.moves[0], self.moves[-1]
+        if t1 <= t0:
+            return None
+        steps = s1 - s0
+        if now - t1 > 2 * (t1 - t0) / steps:
+            return steps / (now - t0)
+        return steps / (t1 - t0)
+
+
+def rank_files(ranks_dir, local_rank, restart):
+    """The worker's stdout.log and stderr.log of its attempt (the latest attempt when its restart is unknown)."""
+    attempt = "attempt_%d" % restart if restart is not None else "attempt_*"
+    found = sorted(glob.glob(os.path.join(ranks_dir, "*", attempt, str(local_rank), "std*.log")))
+    if restart is None and found:
+        latest = max(os.path.dirname(p) for p in found)
+        found = [p for p in found if os.path.dirname(p) == latest]
+    return found
+
+
+def memory():
+    """(total, available) bytes from /proc/meminfo."""
+    values = {}
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                name, _, rest = line.partition(":")
+                if name in ("MemTotal", "MemAvailable"):
+                    values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return values.get("MemTotal"), values.get("MemAvailable")
+
+
+def gpus(timeout):
+    """Each GPU's utilisation and memory from nvidia-smi; None where there is none (or it fails)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run([exe, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = []
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 4:
+            continue
+        number = [int(c) if c.isdigit() else None for c in cells]
+        found.append({"index": number[0], "util_percent": number[1],
+                      "mem_used_bytes": None if number[2] is None else number[2] * 1024 * 1024,
+                      "mem_total_bytes": None if number[3] is None else number[3] * 1024 * 1024})
+    return found if done.returncode == 0 else None
+
+
+def rss_bytes(pid):
+    try:
+        with open("/proc/%d/statm" % pid) as handle:
+            return int(handle.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Sampler:
+    """Every worker of the run on this node, sampled again and again by one agent: `read` often (new output),
+    `snapshot` once an interval (workers found again, CPU since the last snapshot, the node's figures)."""
+
+    def __init__(self, run_dir, mark, settings):
+        self.run_dir, self.mark, self.settings = run_dir, mark, settings
+        self.ranks_dir = os.path.join(run_dir, settings["ranks"])
+        self.pattern = re.compile(settings["progress"])
+        self.progress = {}  # (pid, start) -> RankProgress
+        self.files = {}  # (pid, start) -> its files
+        self.cpu = {}  # pid -> (monotonic time, CPU seconds) at the last snapshot
+        self.found = []  # the workers as last found
+        self.follow = None  # the global rank whose last lines each snapshot carries
+
+    def find(self, found=None):
+        """The run's workers now (or as the caller just found them), each with its progress and files."""
+        self.found = workers(self.mark) if found is None else found
+        live = {(pid, start) for pid, start, _, _, _ in self.found}
+        for key in [k for k in self.progress if k not in live]:  # a worker that ended (a restart): forget it
+            del self.progress[key]
+            self.files.pop(key, None)
+        for pid, start, _, local_rank, restart in self.found:
+            key = (pid, start)
+            if key not in self.progress:
+                self.progress[key] = RankProgress(self.pattern, self.settings["rate_window_s"])
+            if not self.files.get(key):
+                self.files[key] = rank_files(self.ranks_dir, local_rank, restart)
+
+    def rate(self, pid, start):
+        """The worker's steps per second (None: under two steps seen, or not a worker found)."""
+        progress = self.progress.get((pid, start))
+        return None if progress is None else progress.rate(time.monotonic())
+
+    def read(self):
+        now = time.monotonic()
+        for key, paths in self.files.items():
+            self.progress[key].read(paths, int(self.settings["tail_bytes"]), int(self.settings["keep_lines"]), now)
+
+    def snapshot(self):
+        self.find()
+        self.read()
+        now, wall = time.monotonic(), time.time()
+        ranks = []
+        for pid, start, rank, local_rank, _ in self.found:
+            progress = self.progress[(pid, start)]
+            state, _, cpu = proc_state(pid)
+            before = self.cpu.get(pid)
+            self.cpu[pid] = (now, cpu)
+            cpu_percent = None
+            if before is not None and cpu is not None and before[1] is not None and now > before[0]:
+                cpu_percent = round(100.0 * (cpu - before[1]) / (now - before[0]), 1)
+            written = [os.path.getmtime(p) for p in self.files.get((pid, start), []) if os.path.exists(p)]
+            rate = progress.rate(now)
+            ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state,
+                          "state_name": STATES.get(state, state), "cpu_percent": cpu_percent,
+                          "cpu_s": cpu, "rss_bytes": rss_bytes(pid),
+                          "last_output_s": round(max(0.0, wall - max(written)), 1) if written else None,
+                          "last_line": progress.last_line, "step": progress.last_step,
+                          "steps_per_s": None if rate is None else round(rate, 3),
+                          "tail": progress.lines if rank == self.follow else None})
+        total, available = memory()
+        return {"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "mem_total_bytes": total,
+                "mem_available_bytes": available, "ranks": ranks,
+                "gpus": gpus(self.settings["gpu_timeout_s"]) if self.settings.get("gpus") else None}
+
+
+def follow_words(sampler, ended, live):
+    """The launcher's words on stdin: `follow R` (a global rank, or `-` for none); EOF: a live view is gone (a
+    look of its own, `count` snapshots, closes stdin as soon as its request is sent)."""
+    import sys
+
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) == 2 and words[0] == "follow":
+            sampler.follow = int(words[1]) if words[1].isdigit() else None
+    if live:
+        ended.set()
+
+
+def watch(run_dir, mark, settings, still_running, emit_line):
+    """Snapshots every `interval_s` (output read every `read_s` between them) until `count` were sent, the
+    launcher closed stdin, or the run ended (its last snapshot then says so). The number sent."""
+    import threading
+
+    sampler = Sampler(run_dir, mark, settings)
+    sampler.follow = settings.get("follow")
+    ended = threading.Event()
+    count = settings.get("count")
+    threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()
+    sampler.find()
+    sampler.snapshot()  # the CPU baseline and the output written before we looked
+    sent = 0
+    while count is None or sent < count:
+        due = time.monotonic() + settings["interval_s"]
+        while time.monotonic() < due:
+            if ended.wait(settings["read_s"]):
+                return sent
+            sampler.read()
+        running = still_running()
+        snapshot = sampler.snapshot()
+        snapshot["running"] = running
+        if not emit_line(snapshot):
+            return sent
+        sent += 1
+        if not running:
+            break
+    return sent

@@ -1,0 +1,131 @@
+"""What `inv top` shows (pure): every node's snapshot (launcher/node/top.py) as one JSON object, or as the tables of
+the live view and of `--once`: a row per node (load, memory, GPUs) and a row per rank, stragglers marked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from launcher.plan.straggler import Straggler
+
+RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "rss_bytes", "last_output_s", "steps_per_s",
+               "step", "last_line")
+NODE_FIELDS = ("load1", "cpus", "mem_total_bytes", "mem_available_bytes", "gpus")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the view last saw it: its snapshot, or why there is none (unreachable, its run ended)."""
+
+    name: str
+    snapshot: Mapping[str, Any] | None = None
+    problem: str | None = None
+
+
+def ranks_of(views: Sequence[NodeView]) -> list[dict[str, Any]]:
+    """Every rank of every node with a snapshot, in rank order, each with its node's name."""
+    rows = [{"node": v.name, **r} for v in views if v.snapshot for r in v.snapshot.get("ranks", [])]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def rates(views: Sequence[NodeView]) -> dict[int, float | None]:
+    return {r["rank"]: r.get("steps_per_s") for r in ranks_of(views)}
+
+
+def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler]) -> dict[str, Any]:
+    """`inv top --once --json`: {"run", "nodes": [...], "ranks": [...]} (GPU fields where a node has GPUs)."""
+    nodes = []
+    for view in views:
+        node: dict[str, Any] = {"node": view.name, "reachable": view.snapshot is not None, "problem": view.problem}
+        node.update({k: (view.snapshot or {}).get(k) for k in NODE_FIELDS})
+        nodes.append(node)
+    ranks = []
+    for row in ranks_of(views):
+        found = stragglers.get(row["rank"])
+        ranks.append({"node": row["node"], **{k: row.get(k) for k in RANK_FIELDS}, "straggler": found is not None,
+                      "share_of_median": None if found is None else round(found.share, 3)})
+    return {"run": run_id, "nodes": nodes, "ranks": ranks}
+
+
+def size(value: float | None) -> str:
+    """Bytes as people read them (1.2 GiB)."""
+    if value is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return "–"
+
+
+def _gpus(gpus: Sequence[Mapping[str, Any]] | None) -> str:
+    if not gpus:
+        return "–"
+    return "  ".join(f"{g.get('index')}: {g.get('util_percent', '?')}% {size(g.get('mem_used_bytes'))}/"
+                     f"{size(g.get('mem_total_bytes'))}" for g in gpus)
+
+
+def node_table(views: Sequence[NodeView]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("node", "load", "memory used", "GPUs"):
+        table.add_column(name, no_wrap=True)
+    for view in views:
+        snap = view.snapshot
+        if snap is None:
+            table.add_row(view.name, Text(view.problem or "no answer yet", style="red"), "", "")
+            continue
+        total, free = snap.get("mem_total_bytes"), snap.get("mem_available_bytes")
+        used = f"{size(total - free)} / {size(total)}" if total is not None and free is not None else "–"
+        table.add_row(view.name, f"{snap.get('load1', 0):.2f} ({snap.get('cpus')} CPUs)", used, _gpus(snap.get("gpus")))
+    return table
+
+
+def _number(value: float | None, form: str) -> str:
+    return "–" if value is None else format(value, form)
+
+
+def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
+    for name, right in (("node", False), ("rank", True), ("pid", True), ("state", False), ("CPU %", True),
+                        ("RSS", True), ("quiet s", True), ("steps/s", True), ("last line", False)):
+        table.add_column(name, justify="right" if right else "left", no_wrap=True,
+                         overflow="ellipsis", ratio=1 if name == "last line" else None)
+    for row in ranks_of(views):
+        found = stragglers.get(row["rank"])
+        rate = "no progress lines" if row.get("steps_per_s") is None and row.get("step") is None else \
+            _number(row.get("steps_per_s"), ".2f")
+        if found is not None:
+            rate = f"{rate} SLOW {found.share:.2f}x"
+        table.add_row(row["node"], f"r{row['rank']}", str(row["pid"]), row.get("state") or "?",
+                      _number(row.get("cpu_percent"), ".0f"), size(row.get("rss_bytes")),
+                      _number(row.get("last_output_s"), ".0f"), rate, row.get("last_line") or "",
+                      style="bold red" if found is not None else None)
+    return table
+
+
+def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], follow: int | None = None,
+         footer: Sequence[str] = (), height: int = 50) -> RenderableType:
+    """The live view's screen: the nodes, the ranks, the followed rank's last lines (as many as the terminal's
+    `height` leaves room for), and the keys."""
+    parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(views), Text(""),
+                                   rank_table(views, stragglers)]
+    if follow is not None:
+        row = next((r for r in ranks_of(views) if r["rank"] == follow), None)
+        room = height - len(views) - len(ranks_of(views)) - len(footer) - 9  # titles, headers, borders, keys
+        lines = ((row or {}).get("tail") or [])[-max(3, room):]
+        parts.append(Panel("\n".join(lines) or "(no lines yet)", title=f"r{follow} ({(row or {}).get('node', '?')})",
+                           title_align="left"))
+    parts += [Text(line) for line in footer]
+    parts.append(Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim"))
+    return Group(*parts)
+
+
+def straggler_line(found: Straggler, node: str) -> str:
+    """`straggler: node-1 r3 at 0.45x the median rate for 60 s`: what a launch's console and `inv status` say."""
+    return f"straggler: {node} r{found.key} at {found.share:.2f}x the median rate for {found.for_s:.0f} s"

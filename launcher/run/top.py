@@ -1,0 +1,180 @@
+"""`inv top`: every node and rank of a running run at once, from each node's agent (launcher/node/top.py).
+
+Over SSH each node's agent keeps one session open and sends a snapshot every TOP_INTERVAL_S (`SshFeed`); under
+SLURM (`--job`) and for `--once` each look is one agent action of its own (`PollFeed`, `look_once`). A node that
+cannot be reached keeps its row, saying why; the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from launcher.config.model import Cluster, Host
+from launcher.errors import LauncherError, NodeFailure
+from launcher.options import TOP_GPU_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S, Options
+from launcher.report.top import NodeView
+from launcher.run.actions import _agent_error, chosen_run
+from launcher.run.start import agent_action, agent_input, check_run_id, progress_settings
+from launcher.transport.program import host_command
+from launcher.transport.sessions import classify
+
+
+def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
+                 ) -> dict[str, Any]:
+    """Every number and the progress expression a node's agent needs for `top`."""
+    return {**progress_settings(cluster.job), "count": count, "interval_s": interval_s, "follow": follow, "gpus": True}
+
+
+def _answer(name: str, result: Any) -> NodeView:
+    """One node's answer to a `top` action: its snapshot, or why there is none."""
+    if isinstance(result, NodeFailure):
+        return NodeView(name, problem=str(result))
+    try:
+        reply = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return NodeView(name, problem=_agent_error(result))
+    if "ranks" not in reply:
+        return NodeView(name, problem=f"run {reply.get('run_id')} is {reply.get('state', 'unknown')} here")
+    return NodeView(name, snapshot=reply)
+
+
+def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options,
+              interval_s: float = TOP_ONCE_S, follow: int | None = None) -> list[NodeView]:
+    """One snapshot of every node (each watched for `interval_s`), in inventory order."""
+    request = {"action": "top", "run_id": run_id,
+               "top": top_settings(cluster, count=1, interval_s=interval_s, follow=follow)}
+    results = agent_action(dict(nodes), cluster, request, interval_s + TOP_GPU_TIMEOUT_S + opts.action_timeout)
+    return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
+            for h in cluster.hosts]
+
+
+def check_running(run_id: str, views: list[NodeView], source: str) -> None:
+    """A LauncherError when no node runs the run: it does not exist, or it ended."""
+    if any(v.snapshot is not None for v in views):
+        return
+    said = "; ".join(f"{v.name}: {v.problem}" for v in views)
+    raise LauncherError(f"run {run_id} is not running on {source}'s nodes ({said}): nothing to watch")
+
+
+def choose(cluster: Cluster, nodes: Mapping[str, Any], run_id: str | None, opts: Options) -> str:
+    check_run_id(run_id)
+    run_id = run_id or chosen_run(cluster, dict(nodes), opts)
+    if run_id is None:
+        raise LauncherError(f"{cluster.source}: no run on its nodes to watch")
+    return run_id
+
+
+class SshFeed:
+    """One agent session per node, each sending a snapshot every interval; the latest of each node kept."""
+
+    def __init__(self, cluster: Cluster, nodes: Mapping[str, Any], run_id: str, failed: Mapping[str, str]):
+        self.cluster, self.nodes, self.run_id = cluster, nodes, run_id
+        self.lock = threading.Lock()
+        self.latest = {h.name: NodeView(h.name, problem=failed.get(h.name)) for h in cluster.hosts}
+        self.channels: dict[str, Any] = {}
+        self.closing = False
+
+    def start(self) -> SshFeed:
+        settings = top_settings(self.cluster, count=None, interval_s=TOP_INTERVAL_S)
+        for host in self.cluster.hosts:
+            if host.name in self.nodes:
+                threading.Thread(target=self._one, args=(host, settings), daemon=True, name=f"top-{host.name}").start()
+        return self
+
+    def _one(self, host: Host, settings: dict[str, Any]) -> None:
+        try:
+            channel = self.nodes[host.name].open_channel(host_command(host))
+            self.channels[host.name] = channel
+            channel.send(agent_input({"action": "top", "node": host.name, "run_id": self.run_id, "top": settings}))
+            pending, err = b"", b""
+            while not self.closing:
+                out, more = channel.read()
+                err += more
+                if out:
+                    pending += out
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        self._take(host.name, line)
+                elif channel.closed or channel.finished:
+                    break
+                else:
+                    channel.wait_readable(0.5)
+            if not self.closing:
+                why = err.decode("utf-8", "replace").strip().splitlines()
+                self._set(NodeView(host.name, self.latest[host.name].snapshot,
+                                   problem=f"its agent ended ({why[-1][:200] if why else 'no reason given'})"))
+        except Exception as exc:  # this node's row says what went wrong; the view goes on
+            self._set(NodeView(host.name, problem=str(classify(self.nodes[host.name].target, exc))))
+
+    def _take(self, name: str, line: bytes) -> None:
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return
+        if "ranks" not in reply:
+            self._set(NodeView(name, problem=f"run {reply.get('run_id')} is {reply.get('state', 'unknown')} here"))
+        elif not reply.get("running", True):
+            self._set(NodeView(name, reply, problem="its part of the run has ended"))
+        else:
+            self._set(NodeView(name, reply))
+
+    def _set(self, view: NodeView) -> None:
+        with self.lock:
+            self.latest[view.name] = view
+
+    def views(self) -> list[NodeView]:
+        with self.lock:
+            return [self.latest[h.name] for h in self.cluster.hosts]
+
+    def follow(self, rank: int | None) -> None:
+        word = f"follow {'-' if rank is None else rank}\n".encode()
+        for channel in list(self.channels.values()):
+            channel.send(word, block=False)
+
+    def close(self) -> None:
+        self.closing = True
+        for channel in list(self.channels.values()):
+            channel.close()
+
+
+class PollFeed:
+    """A look of its own every interval (a SLURM job's nodes: each look is one `srun --overlap` step a node)."""
+
+    def __init__(self, cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options):
+        self.cluster, self.nodes, self.run_id, self.opts = cluster, nodes, run_id, opts
+        self.latest = [NodeView(h.name) for h in cluster.hosts]
+        self.following: int | None = None
+        self.closing = threading.Event()
+
+    def start(self) -> PollFeed:
+        threading.Thread(target=self._run, daemon=True, name="top-poll").start()
+        return self
+
+    def _run(self) -> None:
+        while not self.closing.is_set():
+            self.latest = look_once(self.cluster, self.nodes, self.run_id, self.opts, TOP_INTERVAL_S, self.following)
+            self.closing.wait(0.1)
+
+    def views(self) -> list[NodeView]:
+        return list(self.latest)
+
+    def follow(self, rank: int | None) -> None:
+        self.following = rank
+
+    def close(self) -> None:
+        self.closing.set()
+
+
+def wait_first(feed: SshFeed | PollFeed, timeout: float) -> list[NodeView]:
+    """The views once every node has answered or failed (or `timeout` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        views = feed.views()
+        if all(v.snapshot is not None or v.problem is not None for v in views):
+            return views
+        time.sleep(0.1)
+    return feed.views()

@@ -1,0 +1,142 @@
+"""`inv top` on real sandbox nodes: every rank of a detached run with its pid, CPU, memory and step rate, the slow
+rank flagged; the live view in a real terminal (tmux); and what it says for a run that is not there."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, inv, run_id_of, run_processes, wait_for
+from tests.support.procs import free_port
+
+PERIOD, SLOW_RANK, FACTOR = 0.1, 3, 3.0
+
+
+@pytest.fixture
+def steps_box(make_sandbox):
+    # 2 nodes x 2 ranks; each prints `rank R step N` every 0.1 s, rank 3 every 0.3 s.
+    return make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/steps.py",
+                        script_args=[str(PERIOD), str(SLOW_RANK), str(FACTOR)])
+
+
+def _detached(box, logs: Path) -> str:
+    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
+    assert started.returncode == 0, started.stderr
+    return run_id_of(started.stdout + started.stderr)
+
+
+def test_top_once_json_shows_every_rank_with_its_rate_and_flags_the_slow_one(steps_box, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    run_id = _detached(steps_box, logs)
+    try:
+        time.sleep(2)  # every rank is stepping
+        t0 = time.monotonic()
+        result = inv("top", "--hosts", str(steps_box.inventory), "--once", "--json", log_dir=logs)
+        took = time.monotonic() - t0
+        assert result.returncode == 0, result.stderr
+        snap = json.loads(result.stdout)
+        assert snap["run"] == run_id
+        assert [n["node"] for n in snap["nodes"]] == ["node-0", "node-1"]
+        assert all(n["reachable"] and n["load1"] is not None and n["mem_total_bytes"] > 0 for n in snap["nodes"])
+        assert all(n["gpus"] is None for n in snap["nodes"])  # no nvidia-smi here
+        ranks = snap["ranks"]
+        assert [(r["node"], r["rank"], r["local_rank"]) for r in ranks] == [
+            ("node-0", 0, 0), ("node-0", 1, 1), ("node-1", 2, 0), ("node-1", 3, 1)]
+        live = set(run_processes(run_id))
+        for r in ranks:
+            assert r["pid"] in live, r
+            assert r["cpu_percent"] > 0 and r["rss_bytes"] > 1 << 20, r
+            assert r["last_output_s"] < 2 and f"rank {r['rank']} step" in r["last_line"], r
+        # What the script does, per second: 1 / (period + its step's own time); the slow rank 3x less often.
+        for r in ranks:
+            expected = 1 / (PERIOD * (FACTOR if r["rank"] == SLOW_RANK else 1))
+            assert 0.6 * expected < r["steps_per_s"] <= 1.05 * expected, r
+        fast = [r["steps_per_s"] for r in ranks if r["rank"] != SLOW_RANK]
+        assert max(fast) / min(fast) < 1.2  # the fast ranks agree within 20%
+        assert [r["straggler"] for r in ranks] == [False, False, False, True]
+        assert took < 15
+    finally:
+        inv("stop", "--hosts", str(steps_box.inventory), log_dir=logs)
+    assert run_processes(run_id) == []
+
+
+def _screen(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (scripts/setup installs it)")
+def test_the_live_view_in_a_terminal_refreshes_follows_a_rank_and_q_leaves_the_run_running(steps_box, tmp_path: Path
+                                                                                         ) -> None:
+    logs = tmp_path / "logs"
+    run_id = _detached(steps_box, logs)
+    session, code = f"top-{os.getpid()}", tmp_path / "code"
+    command = (f"cd {REPO} && INVOKE_LAUNCHER_LOG_DIR={logs} python3 -m invoke top --hosts {steps_box.inventory}; "
+               f"echo $? > {code}; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
+    try:
+        wait_for(lambda: all(f"rank {r} step" in _screen(session) for r in range(4)), 30, "every rank on the screen")
+        first = _screen(session)
+        assert all(f"node-{r // 2}    r{r}" in first for r in range(4)), first
+        assert "q quit (the run goes on)" in first
+        wait_for(lambda: _screen(session).split("rank 0 step")[1][:6] != first.split("rank 0 step")[1][:6], 10,
+                 "the view refreshed")
+        subprocess.run(["tmux", "send-keys", "-t", session, "l"], check=True)
+        wait_for(lambda: "r0 (node-0)" in _screen(session), 10, "rank 0's log followed")
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        wait_for(code.exists, 10, "inv top quit")
+        assert code.read_text().strip() == "0"
+        assert len(run_processes(run_id)) >= 6  # torchrun and two workers a node: the run goes on
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        inv("stop", "--hosts", str(steps_box.inventory), log_dir=logs)
+    assert run_processes(run_id) == []
+
+
+def test_top_says_what_is_wrong_with_a_run_that_is_not_there_or_ended_and_an_unreachable_node(steps_box,
+                                                                                             tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    none = inv("top", "--hosts", str(steps_box.inventory), "--once", "--run", "20200101-000000-abcdef", log_dir=logs)
+    assert none.returncode == 1
+    assert "run 20200101-000000-abcdef is not running on" in none.stderr and "is none here" in none.stderr
+    run_id = _detached(steps_box, logs)
+    time.sleep(1)
+    # A node that cannot be reached keeps its row, saying why; the others are shown.
+    os.kill(steps_box.nodes[1].pid, signal.SIGSTOP)  # node-1's sshd: the kernel takes the connection, no answer
+    try:
+        partial = inv("top", "--hosts", str(steps_box.inventory), "--once", "--json", log_dir=logs,
+                      env={"INVOKE_LAUNCHER_CONNECT_TIMEOUT": "2"})
+    finally:
+        os.kill(steps_box.nodes[1].pid, signal.SIGCONT)
+    assert partial.returncode == 0, partial.stderr
+    snap = json.loads(partial.stdout)
+    assert [n["reachable"] for n in snap["nodes"]] == [True, False]
+    assert "node-1" in snap["nodes"][1]["problem"]
+    assert [r["rank"] for r in snap["ranks"]] == [0, 1]
+    inv("stop", "--hosts", str(steps_box.inventory), "--run", run_id, log_dir=logs)
+    ended = inv("top", "--hosts", str(steps_box.inventory), "--once", "--run", run_id, log_dir=logs)
+    assert ended.returncode == 1, ended.stdout
+    assert f"run {run_id} is not running" in ended.stderr and "is stopped here" in ended.stderr
+
+
+def test_an_attached_launch_tells_a_straggler_once_and_inv_status_shows_it(make_sandbox, tmp_path: Path) -> None:
+    # 2 nodes x 1 rank: rank 1 steps 3x slower. Beats every 2 s (silence timeout 8 s), a straggler after 3 s.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/steps.py",
+                       script_args=["0.05", "1", "3", "12"])
+    logs = tmp_path / "logs"
+    env = {"INVOKE_LAUNCHER_STRAGGLER_HOLD": "3", "INVOKE_LAUNCHER_SILENCE_TIMEOUT": "8"}
+    result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "straggler:" in line]
+    assert len(said) == 1, said
+    assert re.search(r"straggler: node-1 r1 at 0\.[2-5]\dx the median rate for \d+ s", said[0]), said
+    run_id = run_id_of(result.stdout + result.stderr)
+    status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
+    assert "straggler: node-1 r1 at" in status.stdout, status.stdout

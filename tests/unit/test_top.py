@@ -1,0 +1,92 @@
+"""inv top's pure parts: the straggler rule, a rank's progress from its lines, the JSON shape, the inventory's
+`job.progress`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.config.inventory import load_inventory
+from launcher.errors import LauncherError
+from launcher.node.top import RankProgress
+from launcher.options import DEFAULT_PROGRESS
+from launcher.plan.straggler import StragglerWatch, slow_ranks
+from launcher.report.top import NodeView, as_json, straggler_line
+
+
+def test_a_rank_below_the_factor_of_the_median_is_slow_and_none_without_two_rates() -> None:
+    assert slow_ranks({0: 10.0, 1: 10.0, 2: 9.5, 3: 3.3}, 0.8) == {3: pytest.approx(3.3 / 9.75)}
+    assert slow_ranks({0: 10.0, 1: 8.5}, 0.8) == {}  # 8.5 / 9.25 = 0.92
+    assert slow_ranks({0: 10.0, 1: None}, 0.8) == {}  # one rate is no median
+    assert slow_ranks({0: 0.0, 1: 0.0}, 0.8) == {}  # everyone stopped: nobody is behind
+
+
+def test_a_straggler_is_flagged_after_the_hold_without_a_break_and_said_once() -> None:
+    watch = StragglerWatch(0.8, 60.0)
+    slow = {0: 10.0, 1: 10.0, 2: 10.0, 3: 4.5}
+    assert watch.look(0.0, slow) == {}
+    assert watch.look(59.0, slow) == {}
+    found = watch.look(60.0, slow)
+    assert list(found) == [3] and found[3].for_s == 60.0
+    assert [s.key for s in watch.new(found)] == [3]
+    assert watch.new(watch.look(61.0, slow)) == []  # told once
+    assert straggler_line(found[3], "node-1") == "straggler: node-1 r3 at 0.45x the median rate for 60 s"
+    assert watch.look(62.0, {0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0}) == {}  # caught up: the clock starts again
+    assert watch.look(100.0, slow) == {} and list(watch.look(160.0, slow)) == [3]
+
+
+def feed(progress: RankProgress, text: str, now: float, history: bool = False) -> None:
+    progress.feed(text, "stdout.log", 20, now, history)
+
+
+def test_a_ranks_rate_is_steps_per_second_across_epochs_and_what_came_before_the_look_has_no_time() -> None:
+    progress = RankProgress(re.compile(DEFAULT_PROGRESS), 30.0)
+    feed(progress, "".join(f"epoch 0 step {i} loss 1.0\n" for i in range(50)), 0.0, history=True)
+    assert progress.last_step == 49 and progress.rate(0.0) is None  # 50 old steps, but no times for them
+    feed(progress, "epoch 0 step 50 loss 0.9\n", 1.0)
+    feed(progress, "epoch 1 step 0 loss 0.8\nepoch 1 step 1 loss 0.8\n", 2.0)  # a new epoch counts from 0
+    assert progress.total == 3 and progress.rate(2.0) == pytest.approx(2.0)
+    assert progress.last_line == "epoch 1 step 1 loss 0.8"
+    assert progress.rate(10.0) == pytest.approx(2 / 9)  # still for long: the rate falls toward 0
+
+
+def test_tqdm_bars_and_unfinished_lines_count_when_they_end() -> None:
+    progress = RankProgress(re.compile(DEFAULT_PROGRESS), 30.0)
+    feed(progress, " 10%|#         | 10/100 [00:01<00:09, 9.9it/s]\r 20%|##        | 20/100 [00:02", 0.0)
+    assert progress.last_step == 10  # the second bar has no end yet
+    feed(progress, "<00:08, 9.9it/s]\r", 1.0)
+    feed(progress, " 30%|###       | 30/100 [00:03<00:07, 9.9it/s]\r", 2.0)
+    assert progress.last_step == 30 and progress.rate(2.0) == pytest.approx(10.0)
+
+
+def test_the_json_snapshot_has_every_rank_in_order_with_its_node_and_straggler_flag() -> None:
+    rank = {"local_rank": 0, "pid": 11, "state": "S", "cpu_percent": 50.0, "rss_bytes": 1 << 20,
+            "last_output_s": 0.5, "steps_per_s": 10.0, "step": 7, "last_line": "step 7"}
+    views = [NodeView("node-0", {"load1": 1.0, "cpus": 2, "mem_total_bytes": 8, "mem_available_bytes": 4,
+                                 "gpus": None, "ranks": [{**rank, "rank": 1}, {**rank, "rank": 0}]}),
+             NodeView("node-1", problem="node-1: connection timed out")]
+    watch = StragglerWatch(0.8, 0.0)
+    found = watch.look(0.0, {0: 10.0, 1: 2.0, 2: 10.0})
+    snap = as_json("20261125-000000-abcdef", views, found)
+    assert snap["run"] == "20261125-000000-abcdef"
+    assert [(n["node"], n["reachable"]) for n in snap["nodes"]] == [("node-0", True), ("node-1", False)]
+    assert [(r["node"], r["rank"], r["straggler"]) for r in snap["ranks"]] == [("node-0", 0, False),
+                                                                             ("node-0", 1, True)]
+    assert set(snap["ranks"][0]) >= {"node", "rank", "local_rank", "pid", "state", "cpu_percent", "rss_bytes",
+                                     "last_output_s", "steps_per_s", "straggler"}
+
+
+def test_job_progress_must_be_a_regular_expression_with_a_group(tmp_path: Path) -> None:
+    def inventory(progress: str) -> Path:
+        path = tmp_path / "cluster.yaml"
+        path.write_text("hosts: [{name: a}]\nrendezvous: {master_addr: a}\n"
+                        f"job: {{script: t.py, progress: '{progress}'}}\n")
+        return path
+
+    assert load_inventory(inventory(r"it (?P<step>\d+)")).job.progress == r"it (?P<step>\d+)"
+    with pytest.raises(LauncherError, match=r"cluster.yaml:3: job.progress: is not a regular expression"):
+        load_inventory(inventory("it ("))
+    with pytest.raises(LauncherError, match=r"cluster.yaml:3: job.progress: has no group for the step number"):
+        load_inventory(inventory(r"it \d+"))
