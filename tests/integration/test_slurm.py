@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -188,3 +189,23 @@ def test_inv_stacks_on_a_submitted_job_names_the_odd_rank_and_the_job_goes_on(ma
         _inv(box, tmp_path, "stop", "--job", job)
     ended = _inv(box, tmp_path, "stacks", "--hosts", str(box.inventory), "--job", job)
     assert ended.returncode == 1 and f"job {job} is CANCELLED: it runs nothing to take stacks of" in ended.stderr
+
+
+def test_inv_top_once_on_a_submitted_job_shows_every_rank(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/steps.py",
+                       script_args=["0.1", "3", "3"])
+    job = _submitted(_inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2",
+                          "--skip-doctor"))
+    output = tmp_path / "logs" / "slurm" / f"slurm-{job}.out"
+    try:
+        wait_for(lambda: output.exists() and all(f"rank {r} step 3" in output.read_text() for r in range(4)), 150,
+                 "every rank stepping")
+        top = _inv(box, tmp_path, "top", "--hosts", str(box.inventory), "--job", job, "--once", "--json")
+        assert top.returncode == 0, top.stdout + top.stderr
+        snap = json.loads(top.stdout)
+        assert snap["run"] == run_id_of(output.read_text())
+        assert [(r["node"], r["rank"]) for r in snap["ranks"]] == [("node-0", 0), ("node-0", 1), ("node-1", 2),
+                                                                  ("node-1", 3)]
+        assert [r["straggler"] for r in snap["ranks"]] == [False, False, False, True]
+    finally:
+        _inv(box, tmp_path, "stop", "--job", job)
