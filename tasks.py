@@ -129,15 +129,17 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
             "json": "print the findings as JSON (for scripts)",
             "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
+            "net": "then measure the network between the nodes with the run's backend (one rank a node, all_reduce "
+                   "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
             "connect-timeout": "seconds to wait for each node's SSH connection",
             "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
                              "a late answer is a warning with its time, none a failure"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None):
+           exclude=None, net=False):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout))
+                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net)
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",

@@ -137,11 +137,18 @@ def sync(hosts: str | Hosts, opts: Options | None = None) -> int:
                                 stall_timeout=opts.silence_timeout)
 
 
-def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None) -> int:
-    """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails."""
+def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
+           net: bool = False) -> int:
+    """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
+    then measure the network between the nodes with the run's own backend (a `net` column)."""
     opts = opts or Options()
-    report = doctor_checks.run_doctor(load_inventory(hosts), connect_timeout=opts.connect_timeout, checks=checks,
+    cluster = load_inventory(hosts)
+    report = doctor_checks.run_doctor(cluster, connect_timeout=opts.connect_timeout, checks=checks,
                                       probe_timeout=opts.probe_timeout)
+    if net:
+        from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+
+        report = with_net(report, cluster, opts)
     if as_json:
         opts.out.write(doctor_checks.report_json(report) + "\n")
     else:

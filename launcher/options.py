@@ -390,3 +390,17 @@ TOP_GPU_TIMEOUT_S = 5.0
 """The most one `nvidia-smi --query-gpu` may take on a node."""
 DEFAULT_PROGRESS = r"\bstep[ =:#]*(?P<step>\d+)|(?P<tqdm>\d+)/\d+ \["
 """A rank's progress lines when the job names none (`job.progress`): train/ddp.py's `step N`, tqdm's `N/M [`."""
+
+# `inv doctor --net` (launcher/doctor/net.py; the job is launcher/doctor/netjob.py).
+NET_SIZES = (8, 1 << 20, 16 << 20, 256 << 20)
+"""The all_reduce sizes of the whole group, in bytes: the smallest gives the latency, the largest the bandwidth."""
+NET_BUDGET_S = 1.0
+"""Seconds one size may take (as many runs as fit, at least one); a size over it skips the larger ones."""
+NET_PAIR_BYTES = 16 << 20
+"""The all_reduce of each pair of neighbours in the ring."""
+NET_MAX_ITERS = 20
+"""The most runs of one size."""
+NET_SLOW_SHARE = 0.5
+"""A node whose best link carries under this share of the median node's is flagged."""
+NET_TIMEOUT_S = 300.0
+"""The most the whole measurement may take, from the start of its torchrun to its answer."""

@@ -75,6 +75,10 @@ class Report:
     """Host -> seconds from sending its probe to its answer, or to giving up on it (absent: no connection)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """connect_s, probe_s, total_s (seconds, on the controller)."""
+    net: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    """With --net: host -> busbw_gbps, latency_ms, links (Gbit/s to each neighbour), slow."""
+    net_group: Mapping[str, Any] = field(default_factory=dict)
+    """With --net: the whole group's all_reduce (backend, world, busbw_gbps, at_bytes, latency_ms, sizes)."""
 
     @property
     def ok(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +47,10 @@ def render_table(report: Report, console: Console) -> None:
         took = report.probe_times.get(host)
         table.add_row(Text(host), Text(f"{took:.1f} s") if took is not None else NONE.copy(), *cells)
     console.print(table)
+    for f in report.findings:  # --net: every node's figures, not only the slow one's
+        if f.check == "net" and f.status == "ok":
+            console.print(Text.assemble(MARKS["ok"], f" {f.host} net: "), end="", highlight=False)
+            console.print(f.detail, markup=False, highlight=False)
     for f in report.problems:
         console.print(Text.assemble(MARKS[f.status], f" {f.host} {f.check}: "), end="", highlight=False)
         console.print(f.detail, markup=False, highlight=False)
@@ -63,14 +68,20 @@ def render_table(report: Report, console: Console) -> None:
 
 
 def report_json(report: Report) -> str:
-    """The report for scripts: ok, findings, per node its probe's answer, time (probe_s) and error, timings."""
+    """The report for scripts: ok, findings, per node its probe's answer, time (probe_s) and error, timings; with
+    --net, per node its `net` figures and the group's (`net`)."""
+    nodes: dict[str, dict[str, Any]] = {h: {"probe": report.probes.get(h), "probe_s": report.probe_times.get(h),
+                                            "error": report.errors.get(h)} for h in report.hosts}
+    if "net" in report.checks:
+        for host, figures in nodes.items():
+            figures["net"] = report.net.get(host)
     return json.dumps({
         "ok": report.ok,
         "inventory": report.source,
         "checks": list(report.checks),
         "findings": [dataclasses.asdict(f) for f in report.findings],
-        "nodes": {h: {"probe": report.probes.get(h), "probe_s": report.probe_times.get(h),
-                      "error": report.errors.get(h)} for h in report.hosts},
+        "nodes": nodes,
         "listener": report.listener,
         "timings": dict(report.timings),
+        **({"net": dict(report.net_group)} if "net" in report.checks else {}),
     }, indent=2)

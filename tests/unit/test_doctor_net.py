@@ -1,0 +1,53 @@
+"""`inv doctor --net`'s verdict (pure) and its lines in the doctor's table."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from launcher.doctor.evidence import Report
+from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
+from launcher.doctor.report import render_table, report_json
+
+HOSTS = ("node-0", "node-1", "node-2")
+MEASURED = {"backend": "gloo", "world": 3, "nodes": list(HOSTS),
+            "group": [{"bytes": 8, "time_s": 0.0004, "busbw_gbps": 0.0002},
+                      {"bytes": 16 << 20, "time_s": 0.02, "busbw_gbps": 9.0},
+                      {"bytes": 256 << 20, "skipped": True}],
+            "pairs": [{"nodes": ["node-0", "node-1"], "busbw_gbps": 15.0, "latency_ms": 0.1},
+                      {"nodes": ["node-1", "node-2"], "busbw_gbps": 3.5, "latency_ms": 0.3},
+                      {"nodes": ["node-0", "node-2"], "busbw_gbps": 3.6, "latency_ms": 0.2}]}
+
+
+def test_a_node_whose_best_link_is_far_below_the_median_nodes_is_flagged_with_the_fix() -> None:
+    findings, figures, group = net_verdict(HOSTS, MEASURED, None, 0.5)
+    assert {h: f["busbw_gbps"] for h, f in figures.items()} == {"node-0": 15.0, "node-1": 15.0, "node-2": 3.6}
+    assert figures["node-2"]["links"] == {"node-1": 3.5, "node-0": 3.6} and figures["node-2"]["slow"]
+    assert [(f.host, f.status) for f in findings] == [("node-0", "ok"), ("node-1", "ok"), ("node-2", "warn")]
+    assert "0.24x the median node (15.00 Gbit/s)" in findings[2].detail and "socket_ifname" in findings[2].fix
+    assert group["busbw_gbps"] == 9.0 and group["at_bytes"] == 16 << 20 and group["latency_ms"] == 0.4
+    assert "the group of 3 (gloo): 9.00 Gbit/s at 16 MiB" in findings[0].detail
+
+
+def test_two_nodes_share_one_link_so_neither_is_blamed_and_a_failed_measurement_fails_each_node() -> None:
+    two = {**MEASURED, "world": 2, "pairs": [{"nodes": ["node-0", "node-1"], "busbw_gbps": 1.0, "latency_ms": 1.0}]}
+    findings, figures, _ = net_verdict(HOSTS[:2], two, None, 0.5)
+    assert [f.status for f in findings] == ["ok", "ok"] and not any(f["slow"] for f in figures.values())
+    findings, figures, _ = net_verdict(HOSTS, None, "run X FAILED root cause: ...", 0.5)
+    assert [f.status for f in findings] == ["fail"] * 3 and "did not finish: run X FAILED" in findings[0].detail
+    assert [f.detail for f in net_verdict(HOSTS, None, NOT_MEASURED, 0.5)[0]] == [NOT_MEASURED] * 3
+
+
+def test_the_table_says_every_nodes_figures_and_the_json_has_a_net_object_per_node() -> None:
+    findings, figures, group = net_verdict(HOSTS, MEASURED, None, 0.5)
+    report = Report("c.yaml", HOSTS, ("ssh", "net"), tuple(findings), {h: {} for h in HOSTS}, net=figures,
+                    net_group=group)
+    out = io.StringIO()
+    render_table(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "✓ node-0 net: 15.00 Gbit/s to its neighbours, latency 0.10 ms" in text
+    assert "! node-2 net: 3.60 Gbit/s to its neighbours" in text and "fix: look at the interface" in text
+    data = json.loads(report_json(report))
+    assert data["nodes"]["node-2"]["net"]["slow"] and data["net"]["backend"] == "gloo"
