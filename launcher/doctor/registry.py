@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.model import Host
+from launcher.config.text import human_bytes as human_bytes  # shown in the disk check's findings
 from launcher.doctor.evidence import Evidence, Finding
 
 CheckFunction = Callable[[Evidence], list[Finding]]
@@ -68,11 +69,3 @@ def compare(ev: Evidence, values: Mapping[str, Any]) -> tuple[Any, list[str]]:
     """The majority value (ties: the master's) and the hosts that have it."""
     major = majority(values, values.get(master_host(ev).name))
     return major, [h for h, v in values.items() if v == major]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # unreachable

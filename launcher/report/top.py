@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launcher.config.text import human_bytes
 from launcher.plan.straggler import Straggler
 
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "rss_bytes", "last_output_s", "steps_per_s",
@@ -54,14 +55,7 @@ def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Str
 
 
 def size(value: float | None) -> str:
-    """Bytes as people read them (1.2 GiB)."""
-    if value is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return "–"
+    return "–" if value is None else human_bytes(value)
 
 
 def _gpus(gpus: Sequence[Mapping[str, Any]] | None) -> str:
