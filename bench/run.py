@@ -25,6 +25,8 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
   hang    a light run stuck at N = 2, 16, 64: from the hang bound to the grouped answer, and `inv stacks` (a fresh
           process) on a detached one; the watch's cost: train/ddp.py's wall time on 2 nodes x 2 with it on vs off,
           and each agent's CPU per second of a healthy run (bench/hang.py)
+  top     `inv top`: each node's view agent's CPU per second of a live view, `inv top --once --json` as typed, and
+          train/ddp.py's wall time on 2 nodes x 2 with a live view open on it vs none (bench/top.py)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
 diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
 latest.md and (with matplotlib, the `bench` extra)
@@ -55,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_table
 from common import REPO, RESULTS, log, machine, remove_run_dirs, stats
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -76,6 +78,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
         "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 3},
+        "top": {"repeat": 2},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
@@ -87,6 +90,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "sync": {"repeat": 1},
         "elastic": {"repeat": 1},
         "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
+        "top": {"repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -189,6 +193,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     failure_rows(out, results.get("failures"))
     elastic_rows(out, results.get("elastic"))
     hang_rows(out, results.get("hang"))
+    top_rows(out, results.get("top"))
     if results.get("sync"):
         import sync_fig
 
@@ -254,6 +259,20 @@ def hang_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
     off = [c for c in job["agent_cpu_off"] if c is not None]
     out.append(["hang watch: agent CPU s per s, on", "2", cell(stats(on), "CPU s/s", 4), "", "",
                 f"off {cell(stats(off), 'CPU s/s', 4)}", "", "(figure only)", "–"])
+
+
+def top_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """What a live view costs the nodes and a real job (bench/top.py)."""
+    if not fig:
+        return
+    out.append(["top: view agent CPU s per s of view", "2", cell(stats(fig["view_cpu_per_s"]), "CPU s/s", 4), "",
+                "", "", "", "(figure only)", "–"])
+    out.append(["top: inv top --once --json (fresh process)", "2", cell(stats(fig["once_s"])), "", "", "", "",
+                "(figure only)", "–"])
+    job = fig["job"]
+    out.append(["top: ddp.py 2x2 wall, viewed", "2", cell(stats(job["viewed_s"])), "", "",
+                f"alone {cell(stats(job['alone_s']))}", f"{job['ratio']:.3f}x", "<= 1.02x",
+                verdict(job["ratio"] <= 1.02)])
 
 
 HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(p) pdsh -R ssh -f N",
@@ -355,6 +374,7 @@ def main() -> int:
         import stop
         import stop_scale
         import sync_fig
+        import top
 
         for name, conf in todo.items():
             t0 = time.monotonic()
@@ -384,6 +404,8 @@ def main() -> int:
                     results["elastic"] = elastic.run(conf["repeat"], root)
                 elif name == "hang":
                     results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
+                elif name == "top":
+                    results["top"] = top.run(conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,160 @@
+"""Figures of `inv top` (python bench/top.py [--repeat N]):
+
+- view_cpu: each node's `top` agent, CPU seconds per second of a live view (a snapshot a second, the ranks' files
+  read every 0.1 s), over VIEW_S of a detached light run (bench/hang_worker.py `steady`: a step line every 0.2 s);
+- first_s: `inv top --once --json` as a user types it (a fresh process: connect, a look of 3 s, the answer);
+- job: train/ddp.py on 2 nodes x 2 ranks, its wall time with a live view open on it the whole time against none,
+  interleaved (target <= 1.02x).
+Results go to bench/results/top.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import REPO, RESULTS, RUN_ID, log, sandbox_of
+from hang import _cpu_s, light_plan
+
+from launcher.config.inventory import load_inventory
+from launcher.options import Options
+from launcher.run import start as run_start
+from launcher.run.top import SshFeed, wait_first
+from launcher.transport.program import BOOTSTRAP
+from launcher.transport.sessions import close_all, connect_all
+
+VIEW_S = 10.0
+
+
+def _agents() -> set[int]:
+    """Node agents now running (their command line is the bootstrap), for telling the view's from the run's."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if BOOTSTRAP.encode() in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
+    cluster = load_inventory(inventory)
+    nodes, _ = connect_all(cluster, cluster.hosts, 10.0)
+    feed = SshFeed(cluster, nodes, run_id, {}).start()
+    wait_first(feed, 30.0)
+    return feed, nodes
+
+
+def view_cpu(inventory: Path, root: Path) -> dict:
+    """A detached light run; a live view on it for VIEW_S; the view's agents' CPU per second, per node."""
+    plan = light_plan(inventory, "steady", "600")
+    quiet = Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs")
+    run_start.launch_run(plan, quiet)
+    time.sleep(2)
+    before = _agents()
+    feed, nodes = open_view(inventory, plan.run_id)
+    try:
+        mine = sorted(_agents() - before)
+        first = {pid: (time.monotonic(), _cpu_s(pid)) for pid in mine}
+        time.sleep(VIEW_S)
+        rates = []
+        for pid, (t0, c0) in first.items():
+            c1 = _cpu_s(pid)
+            if c0 is not None and c1 is not None:
+                rates.append((c1 - c0) / (time.monotonic() - t0))
+        views = feed.views()
+    finally:
+        feed.close()
+        close_all(nodes.values())
+        subprocess.run([sys.executable, "-m", "invoke", "stop", "--hosts", str(inventory), "--run", plan.run_id],
+                       cwd=REPO, env={**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")},
+                       capture_output=True, timeout=300)
+    return {"agents": len(rates), "cpu_per_s": [round(r, 4) for r in rates],
+            "ranks_seen": sum(len(v.snapshot["ranks"]) for v in views if v.snapshot)}
+
+
+def first_view(inventory: Path, root: Path) -> float:
+    plan = light_plan(inventory, "steady", "600")
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
+    run_start.launch_run(plan, Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs"))
+    time.sleep(1)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "invoke", "top", "--hosts", str(inventory), "--once", "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    took = time.perf_counter() - t0
+    subprocess.run([sys.executable, "-m", "invoke", "stop", "--hosts", str(inventory), "--run", plan.run_id],
+                   cwd=REPO, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return took
+
+
+def job_wall(inventory: Path, root: Path, viewed: bool) -> float:
+    """train/ddp.py to its end, with a live view on it from its start (viewed) or none."""
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
+    out = root / "job.out"
+    t0 = time.perf_counter()
+    with out.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory),
+                                 "--skip-doctor"], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    feed = nodes = None
+    try:
+        if viewed:
+            while proc.poll() is None and not RUN_ID.search(out.read_text(errors="replace")):
+                time.sleep(0.05)
+            found = RUN_ID.search(out.read_text(errors="replace"))
+            if found and proc.poll() is None:
+                feed, nodes = open_view(inventory, found.group(1))
+        code = proc.wait(timeout=600)
+    finally:
+        if feed is not None:
+            feed.close()
+            close_all(nodes.values())
+    assert code == 0, out.read_text()[-2000:]
+    return time.perf_counter() - t0
+
+
+def run(repeat: int, root: Path) -> dict:
+    with sandbox_of(2, root) as box:
+        cpu = [view_cpu(box.inventory, root) for _ in range(repeat)]
+        first = [first_view(box.inventory, root) for _ in range(repeat)]
+    with sandbox_of(2, root, nproc_per_node=2) as box:
+        on, off = [], []
+        for _ in range(repeat + 1):
+            off.append(job_wall(box.inventory, root, viewed=False))
+            on.append(job_wall(box.inventory, root, viewed=True))
+    rates = [r for c in cpu for r in c["cpu_per_s"]]
+    result = {"view_s": VIEW_S, "view_cpu_per_s": rates, "agents": [c["agents"] for c in cpu],
+              "once_s": [round(f, 3) for f in first],
+              "job": {"viewed_s": [round(x, 2) for x in on], "alone_s": [round(x, 2) for x in off],
+                      "ratio": round(statistics.median(on) / statistics.median(off), 3)}}
+    log(f"top: view agents' CPU s/s {rates}; --once --json {result['once_s']} s; ddp.py 2x2 viewed "
+        f"{result['job']['viewed_s']} s, alone {result['job']['alone_s']} s, ratio {result['job']['ratio']}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-top-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    result = run(args.repeat, root)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "top.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
