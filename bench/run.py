@@ -26,7 +26,10 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           process) on a detached one; the watch's cost: train/ddp.py's wall time on 2 nodes x 2 with it on vs off,
           and each agent's CPU per second of a healthy run (bench/hang.py)
   top     `inv top`: each node's view agent's CPU per second of a live view, `inv top --once --json` as typed, and
-          train/ddp.py's wall time on 2 nodes x 2 with a live view open on it vs none (bench/top.py)
+          train/ddp.py's wall time on 2 nodes x 2 with a live view open on it vs none, the first full frame at
+          2, 16, 64 nodes (bench/top.py)
+  net     `inv doctor --net` at 2, 8, 16 nodes: its time as typed, and the all_reduce bandwidth it reports against a
+          plain torch.distributed all_reduce loop run over an ssh loop on the same nodes (bench/net.py)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
 diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
 latest.md and (with matplotlib, the `bench` extra)
@@ -57,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_table
 from common import REPO, RESULTS, log, machine, remove_run_dirs, stats
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -79,6 +82,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "elastic": {"repeat": 3},
         "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 3},
         "top": {"repeat": 2},
+        "net": {"sizes": [2, 8, 16], "repeat": 2},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
@@ -91,6 +95,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "elastic": {"repeat": 1},
         "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
         "top": {"repeat": 1},
+        "net": {"sizes": [2, 8], "repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -194,6 +199,12 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     elastic_rows(out, results.get("elastic"))
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
+    for row in (results.get("net") or {}).get("rows", []):
+        out.append(["doctor --net (fresh process)", str(row["nodes"]), cell(stats(row["doctor_s"])), "", "", "", "",
+                    "(figure only)", "–"])
+        out.append([f"doctor --net all_reduce Gbit/s at {row['at_bytes'] >> 20} MiB", str(row["nodes"]),
+                    cell(stats(row["doctor_gbps"]), "Gbit/s"), f"by hand {cell(stats(row['by_hand_gbps']), 'Gbit/s')}",
+                    "", "", f"{row['ratio']:.2f}x", "(figure only)", "–"])
     if results.get("sync"):
         import sync_fig
 
@@ -265,6 +276,9 @@ def top_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
     """What a live view costs the nodes and a real job (bench/top.py)."""
     if not fig:
         return
+    for n, frames in fig.get("first_frame_s", {}).items():
+        out.append(["top: first frame, every node's figures", n, cell(stats(frames)), "", "", "", "",
+                    "(figure only)", "–"])
     out.append(["top: view agent CPU s per s of view", "2", cell(stats(fig["view_cpu_per_s"]), "CPU s/s", 4), "",
                 "", "", "", "(figure only)", "–"])
     out.append(["top: inv top --once --json (fresh process)", "2", cell(stats(fig["once_s"])), "", "", "", "",
@@ -371,6 +385,7 @@ def main() -> int:
         import hang
         import job
         import logs_fig
+        import net
         import stop
         import stop_scale
         import sync_fig
@@ -406,6 +421,8 @@ def main() -> int:
                     results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
                 elif name == "top":
                     results["top"] = top.run(conf["repeat"], root)
+                elif name == "net":
+                    results["net"] = net.run(conf["sizes"], conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"

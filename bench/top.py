@@ -2,7 +2,8 @@
 
 - view_cpu: each node's `top` agent, CPU seconds per second of a live view (a snapshot a second, the ranks' files
   read every 0.1 s), over VIEW_S of a detached light run (bench/hang_worker.py `steady`: a step line every 0.2 s);
-- first_s: `inv top --once --json` as a user types it (a fresh process: connect, a look of 3 s, the answer);
+- first_frame_s: from nothing (connections included) to a frame with every node's figures, at 2, 16 and 64 nodes;
+- once_s: `inv top --once --json` as a user types it (a fresh process: connect, a look of 3 s, the answer);
 - job: train/ddp.py on 2 nodes x 2 ranks, its wall time with a live view open on it the whole time against none,
   interleaved (target <= 1.02x).
 Results go to bench/results/top.json.
@@ -124,7 +125,30 @@ def job_wall(inventory: Path, root: Path, viewed: bool) -> float:
     return time.perf_counter() - t0
 
 
-def run(repeat: int, root: Path) -> dict:
+def first_frame(inventory: Path, root: Path) -> float:
+    """From nothing (connections included, imports not) to a frame with every node's figures, on a detached light
+    run: what the live view takes to show the whole run."""
+    plan = light_plan(inventory, "steady", "600")
+    run_start.launch_run(plan, Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs"))
+    time.sleep(2)
+    t0 = time.perf_counter()
+    feed, nodes = open_view(inventory, plan.run_id)
+    took = time.perf_counter() - t0
+    complete = all(v.snapshot is not None for v in feed.views())
+    feed.close()
+    close_all(nodes.values())
+    subprocess.run([sys.executable, "-m", "invoke", "stop", "--hosts", str(inventory), "--run", plan.run_id],
+                   cwd=REPO, env={**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")},
+                   capture_output=True, timeout=600)
+    return took if complete else float("nan")
+
+
+def run(repeat: int, root: Path, sizes: tuple[int, ...] = (2, 16, 64)) -> dict:
+    frames = {}
+    for n in sizes:
+        with sandbox_of(n, root) as box:
+            frames[n] = [round(first_frame(box.inventory, root), 3) for _ in range(repeat)]
+        log(f"top: first frame at {n} nodes {frames[n]} s")
     with sandbox_of(2, root) as box:
         cpu = [view_cpu(box.inventory, root) for _ in range(repeat)]
         first = [first_view(box.inventory, root) for _ in range(repeat)]
@@ -134,7 +158,8 @@ def run(repeat: int, root: Path) -> dict:
             off.append(job_wall(box.inventory, root, viewed=False))
             on.append(job_wall(box.inventory, root, viewed=True))
     rates = [r for c in cpu for r in c["cpu_per_s"]]
-    result = {"view_s": VIEW_S, "view_cpu_per_s": rates, "agents": [c["agents"] for c in cpu],
+    result = {"first_frame_s": {str(n): f for n, f in frames.items()}, "view_s": VIEW_S, "view_cpu_per_s": rates,
+              "agents": [c["agents"] for c in cpu],
               "once_s": [round(f, 3) for f in first],
               "job": {"viewed_s": [round(x, 2) for x in on], "alone_s": [round(x, 2) for x in off],
                       "ratio": round(statistics.median(on) / statistics.median(off), 3)}}
