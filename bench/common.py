@@ -7,9 +7,11 @@ baseline, launcher, baseline, ...), so that the load of whatever else runs on th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -364,3 +366,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
             return value
         time.sleep(poll)
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_alone(name: str, run: Callable[[Path], dict[str, Any]]) -> int:
+    """A figure's module run by itself (`python bench/NAME.py`): `run(scratch folder)`, its result printed and
+    written to bench/results/NAME.json; the scratch folder removed after."""
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    try:
+        result = run(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import MARK_ENV, REPO, RESULTS, log, sandbox_of
+from common import MARK_ENV, REPO, log, run_alone, sandbox_of
 
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
@@ -185,13 +184,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--job-repeat", type=int, default=3)
     args = parser.parse_args()
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-hang-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    result = run([int(x) for x in args.sizes.split(",")], args.repeat, args.job_repeat, root)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "hang.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-    return 0
+    sizes = [int(x) for x in args.sizes.split(",")]
+    return run_alone("hang", lambda root: run(sizes, args.repeat, args.job_repeat, root))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import statistics
@@ -17,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import REPO, RESULTS, free_port, log, run_timed, sandbox_of, ssh_loop
+from common import REPO, free_port, log, run_alone, run_timed, sandbox_of, ssh_loop
 
 LOOP = "bench/allreduce_loop.py"
 RUNS = 5
@@ -70,13 +69,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="2,8,16")
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-net-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    result = run([int(x) for x in args.sizes.split(",")], args.repeat, root)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "net.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-    return 0
+    return run_alone("net", lambda root: run([int(x) for x in args.sizes.split(",")], args.repeat, root))
 
 
 if __name__ == "__main__":

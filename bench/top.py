@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import REPO, RESULTS, RUN_ID, log, sandbox_of
+from common import REPO, RUN_ID, log, run_alone, sandbox_of
 from hang import _cpu_s, light_plan
 
 from launcher.config.inventory import load_inventory
@@ -172,13 +171,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-top-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    result = run(args.repeat, root)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "top.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-    return 0
+    return run_alone("top", lambda root: run(args.repeat, root))
 
 
 if __name__ == "__main__":
