@@ -236,8 +236,7 @@ def watch(run_dir, mark, settings, still_running, emit_line):
     ended = threading.Event()
     count = settings.get("count")
     threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()
-    sampler.find()
-    sampler.snapshot()  # the CPU baseline and the output written before we looked
+    sampler.snapshot()  # the workers, the CPU baseline and the output written before we looked
     sent = 0
     while count is None or sent < count:
         due = time.monotonic() + settings["interval_s"]

@@ -17,9 +17,8 @@ from launcher.options import NCCL_MAX_BYTES, STACKS_WAIT_S, Options
 from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
 from launcher.run.actions import _agent_error, chosen_run
-from launcher.run.start import agent_action, check_run_id
+from launcher.run.start import agent_action, check_run_id, reached
 from launcher.transport.channel import Result
-from launcher.transport.sessions import close_all, connect_all
 
 
 @dataclass(frozen=True)
@@ -46,15 +45,8 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options,
     """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
     or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
     check_run_id(run_id)
-    failed: list[NodeFailure] = []
-    if nodes is None:
-        connected, failed = connect_all(cluster, cluster.hosts, opts.connect_timeout)
-        try:
-            run_id, results = _ask(cluster, connected, run_id, opts)
-        finally:
-            close_all(connected.values())
-    else:
-        run_id, results = _ask(cluster, dict(nodes), run_id, opts)
+    with reached(cluster, opts, nodes) as (usable, failed):
+        run_id, results = _ask(cluster, usable, run_id, opts)
     answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
     for name, result in results.items():
         if isinstance(result, NodeFailure):

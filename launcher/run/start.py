@@ -168,6 +168,21 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> d
     return nodes
 
 
+@contextlib.contextmanager
+def reached(cluster: Cluster, opts: Options, given: Mapping[str, Any] | None = None
+            ) -> Iterator[tuple[dict[str, Any], list[NodeFailure]]]:
+    """The nodes an action works on, and those it could not reach: the `given` ones (a SLURM job's steps), or a new
+    SSH connection to every host that answers, closed after."""
+    if given is not None:
+        yield dict(given), []
+        return
+    nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    try:
+        yield nodes, failures
+    finally:
+        close_all(nodes.values())
+
+
 def launch_run(plan: LaunchPlan, opts: Options | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 

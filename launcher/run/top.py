@@ -37,6 +37,11 @@ def _answer(name: str, result: Any) -> NodeView:
         reply = json.loads(result.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
         return NodeView(name, problem=_agent_error(result))
+    return view_of(name, reply)
+
+
+def view_of(name: str, reply: Mapping[str, Any]) -> NodeView:
+    """A node's `top` reply: a snapshot, or the agent's word that the run is not running there."""
     if "ranks" not in reply:
         return NodeView(name, problem=f"run {reply.get('run_id')} is {reply.get('state', 'unknown')} here")
     return NodeView(name, snapshot=reply)
@@ -115,12 +120,10 @@ class SshFeed:
             reply = json.loads(line)
         except ValueError:
             return
-        if "ranks" not in reply:
-            self._set(NodeView(name, problem=f"run {reply.get('run_id')} is {reply.get('state', 'unknown')} here"))
-        elif not reply.get("running", True):
-            self._set(NodeView(name, reply, problem="its part of the run has ended"))
-        else:
-            self._set(NodeView(name, reply))
+        view = view_of(name, reply)
+        if view.snapshot is not None and not reply.get("running", True):
+            view = NodeView(name, reply, problem="its part of the run has ended")
+        self._set(view)
 
     def _set(self, view: NodeView) -> None:
         with self.lock:

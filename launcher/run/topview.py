@@ -23,8 +23,8 @@ from launcher.options import TOP_INTERVAL_S, Options
 from launcher.plan.straggler import StragglerWatch
 from launcher.report.top import NodeView, as_json, node_table, rank_table, rates, view
 from launcher.run.stacks import collect_stacks
+from launcher.run.start import reached
 from launcher.run.top import PollFeed, SshFeed, check_running, choose, look_once, wait_first
-from launcher.transport.sessions import close_all, connect_all
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -115,27 +115,22 @@ class TopScreen:
 def top(cluster: Cluster, run_id: str | None, opts: Options, *, once: bool = False, as_json_too: bool = False,
         nodes: Mapping[str, Any] | None = None) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
-    failed: dict[str, str] = {}
-    if nodes is None:
-        connected, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    ssh = nodes is None  # SSH connections stream; a SLURM job's steps are polled
+    with reached(cluster, opts, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
-        nodes, ssh = connected, True
-    else:
-        ssh = False
-    try:
-        run_id = choose(cluster, nodes, run_id, opts)
+        run_id = choose(cluster, usable, run_id, opts)
         if once:
-            views = look_once(cluster, nodes, run_id, opts)
+            views = look_once(cluster, usable, run_id, opts)
             views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
             return show_once(cluster, run_id, views, opts, as_json_too)
-        feed = SshFeed(cluster, nodes, run_id, failed) if ssh else PollFeed(cluster, nodes, run_id, opts)
+        feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
         feed.start()
         try:
             check_running(run_id, wait_first(feed, opts.connect_timeout + TOP_INTERVAL_S * 5), cluster.source)
 
             def take_stacks() -> list[str]:
                 quiet = dataclasses.replace(opts, out=io.StringIO(), err=io.StringIO())
-                return collect_stacks(cluster, run_id, quiet, None if ssh else nodes).lines()
+                return collect_stacks(cluster, run_id, quiet, nodes).lines()
 
             with keys_of(sys.stdin) as keys:
                 return TopScreen(cluster, run_id, feed, opts, take_stacks).run(keys)
@@ -143,6 +138,3 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, *, once: bool = Fal
             return 0
         finally:
             feed.close()
-    finally:
-        if ssh:
-            close_all(nodes.values())
