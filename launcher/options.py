@@ -172,6 +172,8 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "straggler_factor": (float, 0.01, 1.0),
     "straggler_hold": (float, 0.0, MAX_SECONDS),
 }
+_SHARES = ("straggler_factor",)
+"""Float options that are a share, not seconds (the messages say so)."""
 ON_HANG = ("stop", "keep")
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
@@ -191,7 +193,8 @@ def number(name: str, value: Any, source: str) -> float | int:
     """`value` as the number option `name` needs; a LauncherError naming `source` (e.g. `--grace`) otherwise."""
     kind, minimum, maximum = _NUMBERS[name]
     shown = str(value)[:40]
-    what = "a whole number" if kind is int else "a number of seconds"
+    unit = "" if kind is int or name in _SHARES else " seconds"
+    what = "a whole number" if kind is int else f"a number{' of seconds' if unit else ''}"
     if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
         raise LauncherError(f"{source} must be {what}, got {shown!r}")
     try:
@@ -199,9 +202,9 @@ def number(name: str, value: Any, source: str) -> float | int:
     except (TypeError, ValueError):
         raise LauncherError(f"{source} must be {what}, got {shown!r}") from None
     if kind is float and not math.isfinite(result):
-        raise LauncherError(f"{source} must be a finite number of seconds, got {shown!r}")
+        raise LauncherError(f"{source} must be a finite {what[2:]}, got {shown!r}")
     if not minimum <= result <= maximum:
-        low, high = (f"{minimum:g}", f"{maximum:g} seconds") if kind is float else (f"{minimum}", f"{maximum}")
+        low, high = (f"{minimum:g}", f"{maximum:g}{unit}") if kind is float else (f"{minimum}", f"{maximum}")
         raise LauncherError(f"{source} must be from {low} to {high}, got {shown!r}")
     return result
 

@@ -51,6 +51,7 @@ EXAMPLE = ["--hosts", "hosts/example.yaml"]
     (["launch", *EXAMPLE, "--script", "--evil"], 1, "starts with '-'"),
     (["logs", *EXAMPLE, "--rank", "three"], 2, "error: --rank must be a whole number, got 'three'"),
     (["logs", *EXAMPLE, "--node", "nope"], 1, "no host named 'nope'"),
+    (["top", *EXAMPLE, "--json"], 2, "error: --json goes with --once (the live view is for a terminal)"),
     (["sandbox.up", "--nodes", "0"], 2, "error: --nodes must be at least 1"),
     (["sandbox.up", "--nproc-per-node", "100000000"], 2,
      "error: --nproc-per-node must be at most 1024, got 100000000"),
@@ -62,7 +63,7 @@ def test_bad_options_get_one_sentence(args: list[str], code: int, message: str) 
     assert "Traceback" not in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize("task", ["stop", "status", "logs"])
+@pytest.mark.parametrize("task", ["stop", "status", "logs", "stacks", "top"])
 @pytest.mark.parametrize("run", ["../../x", "x[/]", "20261122-031500-A1B2C3", "20261122-031500-a1b2c3/.."])
 def test_run_must_be_a_run_id(task: str, run: str) -> None:
     """Checked before the inventory is read or any node contacted: a missing inventory is not even noticed."""
@@ -78,6 +79,9 @@ def test_run_must_be_a_run_id(task: str, run: str) -> None:
     ("CONNECT_TIMEOUT", "0", "launcher.connect_timeout must be from 0.1 to 86400 seconds, got '0.0'"),
     ("PROBE_TIMEOUT", "-1", "launcher.probe_timeout must be from 0.1 to 86400 seconds, got '-1.0'"),
     ("CONSOLE_BUFFER", "0", "launcher.console_buffer must be from 1 to 100000000, got '0'"),
+    ("STRAGGLER_FACTOR", "2", "launcher.straggler_factor must be from 0.01 to 1, got '2.0'"),
+    ("STRAGGLER_FACTOR", "nan", "launcher.straggler_factor must be a finite number, got 'nan'"),
+    ("STRAGGLER_HOLD", "-1", "launcher.straggler_hold must be from 0 to 86400 seconds, got '-1.0'"),
 ])
 def test_bad_config_value_gets_one_sentence(variable: str, value: str, message: str) -> None:
     """Invoke reads INVOKE_LAUNCHER_X as config, like a value written in invoke.yaml."""
