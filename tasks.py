@@ -133,13 +133,22 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
                    "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
             "connect-timeout": "seconds to wait for each node's SSH connection",
             "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
-                             "a late answer is a warning with its time, none a failure"})
+                             "a late answer is a warning with its time, none a failure",
+            "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
+            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None, net=False):
+           exclude=None, net=False, slurm=False, job=None):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
+    if job:
+        _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
+    elif slurm:
+        for option, value in (("--include", include), ("--exclude", exclude), ("--connect-timeout", connect_timeout)):
+            if value is not None:
+                raise Exit(f"error: {option} does not apply to --slurm (the allocation names the nodes)", USAGE)
     return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net)
+                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
+                      slurm=slurm, job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",

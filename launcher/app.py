@@ -138,17 +138,23 @@ def sync(hosts: str | Hosts, opts: Options | None = None) -> int:
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
-           net: bool = False) -> int:
+           net: bool = False, slurm: bool = False, job: str | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
-    then measure the network between the nodes with the run's own backend (a `net` column)."""
+    then measure the network between the nodes with the run's own backend (a `net` column). With `slurm` (in an
+    allocation) or `job`, the allocation's nodes, each reached through a step of the job instead of SSH."""
     opts = opts or Options()
     cluster = load_inventory(hosts)
-    report = doctor_checks.run_doctor(cluster, connect_timeout=opts.connect_timeout, checks=checks,
-                                      probe_timeout=opts.probe_timeout)
-    if net:
-        from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+    if slurm or job:
+        from launcher.slurm import commands as slurm_commands
 
-        report = with_net(report, cluster, opts)
+        report = slurm_commands.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts)
+    else:
+        report = doctor_checks.run_doctor(cluster, connect_timeout=opts.connect_timeout, checks=checks,
+                                          probe_timeout=opts.probe_timeout)
+        if net:
+            from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+
+            report = with_net(report, cluster, opts)
     if as_json:
         opts.out.write(doctor_checks.report_json(report) + "\n")
     else:

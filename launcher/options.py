@@ -395,6 +395,8 @@ DEFAULT_PROGRESS = r"\bstep[ =:#]*(?P<step>\d+)|(?P<tqdm>\d+)/\d+ \["
 """A rank's progress lines when the job names none (`job.progress`): train/ddp.py's `step N`, tqdm's `N/M [`."""
 
 # `inv doctor --net` (launcher/doctor/net.py; the job is launcher/doctor/netjob.py).
+JOB_DOCTOR_PORT_SHIFT = 1
+"""`inv doctor --job ID`: the job's own run holds master_port, so the checks and `--net` use this port beside it."""
 NET_SIZES = (8, 1 << 20, 16 << 20, 256 << 20)
 """The all_reduce sizes of the whole group, in bytes: the smallest gives the latency, the largest the bandwidth."""
 NET_BUDGET_S = 1.0

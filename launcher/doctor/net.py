@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.config.model import Cluster, Job
@@ -49,10 +50,17 @@ def net_plan(cluster: Cluster) -> LaunchPlan:
     return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
-def measure(cluster: Cluster, opts: Options) -> tuple[dict | None, str | None]:
-    """Run the measurement on every node: (rank 0's answer, None), or (None, why there is none)."""
-    from launcher.run import start as run_start
+Starter = Callable[[LaunchPlan, Options], int]
+"""What runs the measurement's plan to its end: `run_start.launch_run` over SSH, a step of the job under SLURM."""
 
+
+def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tuple[dict | None, str | None]:
+    """Run the measurement on every node: (rank 0's answer, None), or (None, why there is none)."""
+    if start is None:
+        from launcher.run import start as run_start
+
+        start = run_start.launch_run
+    runner: Starter = start
     found: list[dict] = []
     pending: dict[str, bytes] = {}  # a node's output not yet ended by a newline
     lock = threading.Lock()
@@ -74,7 +82,7 @@ def measure(cluster: Cluster, opts: Options) -> tuple[dict | None, str | None]:
 
     def run() -> None:
         try:
-            run_start.launch_run(plan, quiet)
+            runner(plan, quiet)
         except (LauncherError, OSError) as exc:
             result.append(exc)
 
@@ -82,7 +90,8 @@ def measure(cluster: Cluster, opts: Options) -> tuple[dict | None, str | None]:
     worker.start()
     worker.join(NET_TIMEOUT_S)
     if worker.is_alive():
-        return None, f"no answer within {NET_TIMEOUT_S:.0f} s (run {plan.run_id}: `inv stop --run {plan.run_id}`)"
+        return None, (f"no answer within {NET_TIMEOUT_S:.0f} s (run {plan.run_id}: its agents stop it as this "
+                      "doctor ends and its sessions close)")
     if found:
         return found[-1], None
     if result:
@@ -90,12 +99,12 @@ def measure(cluster: Cluster, opts: Options) -> tuple[dict | None, str | None]:
     return None, f"run {plan.run_id} ended without its answer"
 
 
-def with_net(report: Report, cluster: Cluster, opts: Options) -> Report:
+def with_net(report: Report, cluster: Cluster, opts: Options, start: Starter | None = None) -> Report:
     """The doctor's report with a `net` column and each node's figures."""
     if not report.ok:  # a node that fails its checks cannot join the measurement: it would only time out
         measured, error = None, NOT_MEASURED
     else:
-        measured, error = measure(cluster, opts)
+        measured, error = measure(cluster, opts, start)
     findings, figures, group = net_verdict(report.hosts, measured, error, NET_SLOW_SHARE)
     order = {h: i for i, h in enumerate(report.hosts)}
     merged = sorted((*report.findings, *findings), key=lambda f: order.get(f.host, len(order)))

@@ -11,11 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.config.model import Cluster, Job
-from launcher.doctor.collect import launch_preflight
+from launcher.doctor.collect import CheckMode, launch_preflight, run_doctor
+from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
-from launcher.options import SLURM_STOP_WAIT, Options
+from launcher.options import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT, Options
 from launcher.paths import REPO, relative
-from launcher.plan.commands import plan_launch
+from launcher.plan.commands import LaunchPlan, plan_launch
 from launcher.run.stacks import StacksReport, collect_stacks
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch
@@ -182,6 +183,31 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
     env = {**os.environ, "SLURM_JOB_ID": state.job_id, "SLURM_JOBID": state.job_id, "SLURM_JOB_NODELIST": state.nodes}
     names = allocation.allocation_nodes(env)
     return allocation.allocation_cluster(cluster, names), {name: slurm_launch.SlurmNode(name, env) for name in names}
+
+
+def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options) -> Report:
+    """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
+    node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
+    if job_id is None:
+        env = dict(os.environ)
+        on_job = allocation.allocation_cluster(cluster, allocation.allocation_nodes(env))
+        nodes = {host.name: slurm_launch.SlurmNode(host.name, env) for host in on_job.hosts}
+    else:
+        on_job, nodes = job_nodes(job_id, cluster, opts)
+        env = next(iter(nodes.values())).env
+        held = on_job.rendezvous.master_port
+        port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
+        on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
+        opts.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
+    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout)
+    if not net:
+        return report
+    from launcher.doctor.net import with_net  # torch on every node: only when asked
+
+    def start(plan: LaunchPlan, quiet: Options) -> int:
+        return slurm_launch.launch_step(plan, quiet, env=env, overlap=job_id is not None)
+
+    return with_net(report, on_job, opts, start)
 
 
 def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options | None = None) -> StacksReport:

@@ -40,9 +40,11 @@ _SIGNALS = {signal.strsignal(s) or s.name: 128 + int(s) for s in signal.Signals}
 
 
 def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
-              cpus_per_task: int | None = None) -> list[str]:
+              cpus_per_task: int | None = None, overlap: bool = False) -> list[str]:
     """The srun command line of a run's step: one task per allocated node, in the allocation's order."""
     cpus = ["--cpus-per-task", str(cpus_per_task)] if cpus_per_task else []
+    if overlap:  # a step beside a running job's own (`--job ID`): it holds the job's CPUs
+        cpus.append("--overlap")
     return ["srun", "--nodes", str(len(names)), "--ntasks-per-node", "1", "--ntasks", str(len(names)), *cpus,
             "--nodelist", ",".join(names), f"--kill-on-bad-exit={1 if kill_on_bad_exit else 0}", "--label",
             "--input", "all", "--job-name", job_name, "/bin/sh", "-c", command]
@@ -139,10 +141,10 @@ class SrunStep:
     """A run's srun process and its per-node channels; `open` is the supervision's `SessionOpener`."""
 
     def __init__(self, names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
-                 env: Mapping[str, str] | None = None, cpus_per_task: int | None = None):
+                 env: Mapping[str, str] | None = None, cpus_per_task: int | None = None, overlap: bool = False):
         self.names = list(names)
         self.argv = srun_argv(self.names, command, kill_on_bad_exit=kill_on_bad_exit, job_name=job_name,
-                              cpus_per_task=cpus_per_task)
+                              cpus_per_task=cpus_per_task, overlap=overlap)
         self.job_name = job_name
         self.env = dict(os.environ if env is None else env)
         self.ready = threading.Condition()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -193,12 +195,20 @@ def test_inv_stacks_on_a_submitted_job_names_the_odd_rank_and_the_job_goes_on(ma
     assert ended.returncode == 1 and f"job {job} is CANCELLED: it runs nothing to look at" in ended.stderr
 
 
-def test_inv_top_once_on_a_submitted_job_shows_every_rank(make_sandbox, tmp_path: Path) -> None:
+def _screen(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (scripts/setup installs it)")
+def test_top_and_doctor_net_on_a_submitted_job_and_doctor_in_an_allocation(make_sandbox, tmp_path: Path) -> None:
+    # One job for all (each SLURM sandbox and job start costs seconds): `top --once --json`, the live view in a real
+    # terminal, `doctor --job --net` beside the job's own step; then, the job stopped, `doctor --slurm` in salloc.
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/steps.py",
                        script_args=["0.1", "3", "3"])
     job = _submitted(_inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2",
                           "--skip-doctor"))
     output = tmp_path / "logs" / "slurm" / f"slurm-{job}.out"
+    session, code = f"top-slurm-{os.getpid()}", tmp_path / "code"
     try:
         wait_for(lambda: output.exists() and all(f"rank {r} step 3" in output.read_text() for r in range(4)), 150,
                  "every rank stepping")
@@ -209,5 +219,35 @@ def test_inv_top_once_on_a_submitted_job_shows_every_rank(make_sandbox, tmp_path
         assert [(r["node"], r["rank"]) for r in snap["ranks"]] == [("node-0", 0), ("node-0", 1), ("node-1", 2),
                                                                   ("node-1", 3)]
         assert [r["straggler"] for r in snap["ranks"]] == [False, False, False, True]
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**slurm_env(box.state_dir),
+                                                            "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs")}.items())
+        command = (f"cd {REPO} && {env} {sys.executable} -m invoke top --hosts {box.inventory} --job {job}; "
+                   f"echo $? > {code}; sleep 60")
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
+        wait_for(lambda: all(f"rank {r} step" in _screen(session) for r in range(4)), 60, "every rank on the screen")
+        first = _screen(session)
+        wait_for(lambda: _screen(session).split("rank 0 step")[1][:6] != first.split("rank 0 step")[1][:6], 15,
+                 "the view refreshed")
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        wait_for(code.exists, 15, "inv top quit")
+        assert code.read_text().strip() == "0"
+
+        doctor = _inv(box, tmp_path, "doctor", "--hosts", str(box.inventory), "--job", job, "--net", "--json",
+                      timeout=180)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        report = json.loads(doctor.stdout)
+        assert sorted(report["nodes"]) == ["node-0", "node-1"]
+        assert [f for f in report["findings"] if f["status"] == "fail"] == []
+        assert report["net"]["world"] == 2 and report["net"]["busbw_gbps"] > 0
+        for node, values in report["nodes"].items():
+            assert values["net"]["busbw_gbps"] > 0 and sorted(values["net"]["links"]) == [f"node-{1 - int(node[-1])}"]
+        assert "state: RUNNING" in _inv(box, tmp_path, "status", "--job", job).stdout  # the job went on
     finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
         _inv(box, tmp_path, "stop", "--job", job)
+    doctor = subprocess.run(["salloc", "-N", "2", sys.executable, "-m", "invoke", "doctor", "--slurm", "--hosts",
+                             str(box.inventory)], cwd=REPO, env=_env(box, tmp_path), capture_output=True, text=True,
+                            timeout=120)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "node-0" in doctor.stdout and "node-1" in doctor.stdout and "FAIL" not in doctor.stdout.upper()
