@@ -61,7 +61,10 @@ def size(value: float | None) -> str:
 def _gpus(gpus: Sequence[Mapping[str, Any]] | None) -> str:
     if not gpus:
         return "–"
-    return "  ".join(f"{g.get('index')}: {g.get('util_percent', '?')}% {size(g.get('mem_used_bytes'))}/"
+    def util(g: Mapping[str, Any]) -> str:  # nvidia-smi says [N/A] where a GPU does not report it
+        return "–" if g.get("util_percent") is None else f"{g['util_percent']}%"
+
+    return "  ".join(f"{g.get('index')}: {util(g)} {size(g.get('mem_used_bytes'))}/"
                      f"{size(g.get('mem_total_bytes'))}" for g in gpus)
 
 

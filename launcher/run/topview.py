@@ -128,9 +128,9 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, *, once: bool = Fal
         try:
             check_running(run_id, wait_first(feed, opts.connect_timeout + TOP_INTERVAL_S * 5), cluster.source)
 
-            def take_stacks() -> list[str]:
+            def take_stacks() -> list[str]:  # over the view's own connections (or the job's steps): none to open
                 quiet = dataclasses.replace(opts, out=io.StringIO(), err=io.StringIO())
-                return collect_stacks(cluster, run_id, quiet, nodes).lines()
+                return collect_stacks(cluster, run_id, quiet, usable).lines()
 
             with keys_of(sys.stdin) as keys:
                 return TopScreen(cluster, run_id, feed, opts, take_stacks).run(keys)

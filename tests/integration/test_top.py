@@ -90,6 +90,9 @@ def test_the_live_view_in_a_terminal_refreshes_follows_a_rank_and_q_leaves_the_r
                  "the view refreshed")
         subprocess.run(["tmux", "send-keys", "-t", session, "l"], check=True)
         wait_for(lambda: "r0 (node-0)" in _screen(session), 10, "rank 0's log followed")
+        subprocess.run(["tmux", "send-keys", "-t", session, "s"], check=True)  # every rank's stack, the run goes on
+        wait_for(lambda: len(list((logs / run_id).glob("stacks-*/node-*-r*.txt"))) == 4, 30, "every rank's stack")
+        wait_for(lambda: "steps.py" in _screen(session).split("stacks:", 1)[-1], 10, "the stacks' line shown")
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
         wait_for(code.exists, 10, "inv top quit")
         assert code.read_text().strip() == "0"
