@@ -16,6 +16,23 @@ SMI_TIMEOUT_S = 3.0
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
 
+_site_added = False
+
+
+def with_site():
+    """Put the interpreter's site-packages (and its .pth files' entries) on sys.path, once.
+
+    Node programs start under `python -S` (launcher/transport/program.py): site's imports cost ~20 ms of CPU on
+    every node and every session, and only what reads the installed packages needs them.
+    """
+    global _site_added
+    if sys.flags.no_site and not _site_added:
+        import site
+
+        site.main()
+        _site_added = True
+
+
 def python_info():
     import platform
 
@@ -39,6 +56,7 @@ def assigned_value(text, name):
 
 def torch_info():
     """torch's version from its installed metadata, CUDA from torch/version.py's text: no `import torch`."""
+    with_site()
     try:
         from importlib import metadata
     except ImportError:  # Python < 3.8
@@ -90,6 +108,7 @@ def packages():
     Read from the metadata folders' names (one listdir per path entry): parsing every METADATA file through
     importlib.metadata costs ~1 ms a distribution, too much for a probe that must be quick.
     """
+    with_site()
     seen = {}
     for folder in sys.path:
         try:

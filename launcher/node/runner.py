@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from launcher.node.logmerge import LogMerger
-from launcher.node.proc import marked_pids, marked_processes, signal_process, start_time
+from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 from launcher.node.stacks import flight_recorder_env, has_gpu, install_hook
@@ -125,10 +125,11 @@ def start_detached(request, run_dir):
     return 0
 
 
-def signal_run(run_dir, mark, sig):
+def signal_run(run_dir, mark, sig, targets=None):
     """Send `sig` to the run's process group (while its leader is the run's) and to every process carrying its
-    mark, each re-checked right before; returns how many marked processes got it."""
-    targets = marked_processes(mark)
+    mark (`targets` when given, else a pass over /proc), each re-checked right before; returns how many marked
+    processes got it."""
+    targets = marked_processes(mark) if targets is None else targets
     leader = live_leader(run_dir, mark)
     if leader is not None:
         try:
@@ -138,32 +139,42 @@ def signal_run(run_dir, mark, sig):
     return sum(1 for pid, start in targets.items() if signal_process(pid, start, sig))
 
 
+def still_marked(targets, mark):
+    """Those of `targets` ({pid: start time}) that are still the same marked processes: what a stop waits for,
+    read from their own /proc entries and not from a pass over every process of the node."""
+    return {pid: start for pid, start in targets.items() if is_marked(pid, start, mark)}
+
+
 def stop_run(run_dir, mark, grace, record=True):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
 
+    One pass over /proc finds the run's processes; the waits look at those alone (a pass a poll made every node's
+    stop read every process of the node 20 times a second); a last pass finds any the run started meanwhile.
     `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop.
     """
-    found = signal_run(run_dir, mark, signal.SIGTERM)
+    targets = marked_processes(mark)
+    found = signal_run(run_dir, mark, signal.SIGTERM, targets)
     if found and record:
         record_stop(run_dir)
     leader = leader_of(run_dir)
     leader_pid = {leader[0]} if leader else set()
     deadline = time.monotonic() + grace
     while True:
-        left = set(marked_pids(mark))
-        if not left or time.monotonic() >= deadline:
+        targets = still_marked(targets, mark)
+        if not targets or time.monotonic() >= deadline:
             break
-        if left <= leader_pid:
+        if set(targets) <= leader_pid:
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
             # has nothing left to save, so do not make the user wait for it.
-            signal_run(run_dir, mark, signal.SIGKILL)
+            signal_run(run_dir, mark, signal.SIGKILL, targets)
         time.sleep(timing("poll_s"))
-    if marked_pids(mark):
-        signal_run(run_dir, mark, signal.SIGKILL)
+    targets.update(marked_processes(mark))  # started during the grace (a worker restarted), or missed before
+    if targets:
+        signal_run(run_dir, mark, signal.SIGKILL, targets)
         deadline = time.monotonic() + timing("kill_wait_s")
-        while marked_pids(mark) and time.monotonic() < deadline:
+        while still_marked(targets, mark) and time.monotonic() < deadline:
             time.sleep(timing("poll_s"))
-    return found, len(marked_pids(mark))
+    return found, len(still_marked(targets, mark))
 
 
 def sweep_run(run_dir, mark, grace):
