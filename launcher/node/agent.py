@@ -29,16 +29,14 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
-from launcher.node.attend import LauncherWords, Preflight, attend
-from launcher.node.netif import socket_ifname
+# Each action imports what it alone needs (a start: attend, netif, runner's spawn; stacks: stacks): a node's `stop`
+# or `status` session then compiles and imports a third of the node package and half the stdlib it would.
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
-from launcher.node.runner import spawn, start_detached, stop_run
-from launcher.node.stacks import collect, nccl_dumps
+from launcher.node.runner import stop_run
 
 
 def checked(action):
@@ -82,6 +80,11 @@ def follow_log(log, run_dir, run_id, mark):
 
 
 def start(request):
+    import threading
+
+    from launcher.node.attend import LauncherWords, Preflight, attend
+    from launcher.node.runner import spawn, start_detached
+
     run_id, _, node = request["mark"].partition("/")
     problem = names_problem({"run_id": run_id or None, "node": node}) or (None if run_id else "the run has no id")
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
@@ -114,6 +117,8 @@ def start(request):
 
 def start_checked(request, run_dir, words):
     """Check what this node can, say `ready` and wait for `go`; None on `go`, else the agent's exit code."""
+    from launcher.node.netif import socket_ifname
+
     node = request["mark"].partition("/")[2]
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
@@ -221,6 +226,8 @@ def action_logs(request):
 @checked
 def action_stacks(request):
     """Every worker's stack of the run on this node, without stopping it (`inv stacks`)."""
+    from launcher.node.stacks import collect, nccl_dumps
+
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "workers": []})

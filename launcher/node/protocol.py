@@ -10,8 +10,6 @@ The controller imports this module too (launcher.plan.commands, launcher.run), s
 
 import json
 import os
-import queue
-import socket
 import sys
 import threading
 import time
@@ -33,7 +31,8 @@ ENDING_WORDS = (STOP, KILL, ABORT)
 
 def error_text(exc):
     """An exception as one short line (`[Errno 111] Connection refused`, `gai error -2: Name or ...`)."""
-    if isinstance(exc, socket.gaierror):
+    socket = sys.modules.get("socket")  # not imported by this program: not one of its errors (a stop imports none)
+    if socket is not None and isinstance(exc, socket.gaierror):
         return "gai error %s: %s" % (exc.errno, exc.strerror)
     if isinstance(exc, OSError) and exc.strerror:
         return "[Errno %s] %s" % (exc.errno, exc.strerror)
@@ -85,6 +84,8 @@ def emit_parts(event, chunk, **fields):
 
 def queue_events():
     """From now on `emit` only queues its lines; the caller's writer thread sends them (`next_event`)."""
+    import queue
+
     global _EVENTS
     _EVENTS = queue.Queue()
 

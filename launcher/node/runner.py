@@ -4,14 +4,11 @@ its end (exit code, sweep), and stopping a run by its recorded leader and its ma
 import json
 import os
 import signal
-import subprocess
 import time
 
-from launcher.node.logmerge import LogMerger
 from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
-from launcher.node.stacks import flight_recorder_env, has_gpu, install_hook
 
 
 def unset_match(name, patterns):
@@ -40,6 +37,11 @@ def torchrun_env(request, inherited):
 
 def spawn(request, run_dir):
     """Start torchrun in its own session; its output goes to the run's log file."""
+    import subprocess  # here, as what only a start needs: a stop imports none of it
+
+    from launcher.node.logmerge import LogMerger
+    from launcher.node.stacks import flight_recorder_env, has_gpu, install_hook
+
     os.makedirs(run_dir, mode=0o700)
     home = node_path
     argv = [home(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
