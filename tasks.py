@@ -6,6 +6,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from functools import wraps
+from types import ModuleType
 from typing import Any
 
 from invoke import Collection, Context, Exit, task
@@ -16,7 +17,6 @@ from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.run import start as run_start
-from launcher.slurm import commands as slurm_commands
 
 HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "
               "launcher.defaults and launcher.job in invoke.yaml); default: launcher.hosts in invoke.yaml")
@@ -61,6 +61,13 @@ def _run_id(run: str | None) -> str | None:
         return run_start.check_run_id(run)
     except LauncherError as exc:
         raise Exit(f"error: {exc}", USAGE) from None
+
+
+def _slurm() -> ModuleType:
+    """launcher.slurm.commands, imported by the SLURM tasks alone (a launch over SSH does without it)."""
+    from launcher.slurm import commands
+
+    return commands
 
 
 def _slurm_job(job: str, **others: Any) -> str:
@@ -165,7 +172,7 @@ def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
 def stop(c, hosts=None, run=None, grace=None, job=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
     if job:  # scancel: SLURM's KillWait is the grace period
-        return slurm_commands.job_stop(_slurm_job(job, hosts=hosts, run=run, grace=grace), _options(c))
+        return _slurm().job_stop(_slurm_job(job, hosts=hosts, run=run, grace=grace), _options(c))
     return cli.stop(_hosts(c, hosts), _run_id(run), _options(c, grace=grace))
 
 
@@ -174,7 +181,7 @@ def stop(c, hosts=None, run=None, grace=None, job=None):
 def status(c, hosts=None, run=None, job=None):
     """Per node: running / exited (code) / stopped / unreachable, and since when."""
     if job:
-        return slurm_commands.job_status(_slurm_job(job, hosts=hosts, run=run), _options(c))
+        return _slurm().job_status(_slurm_job(job, hosts=hosts, run=run), _options(c))
     return cli.status(_hosts(c, hosts), _run_id(run), _options(c))
 
 
@@ -185,7 +192,7 @@ def status(c, hosts=None, run=None, job=None):
 def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
     if job:  # the job's output file holds every node's prefixed lines
-        return slurm_commands.job_logs(_slurm_job(job, hosts=hosts, run=run, node=node, rank=rank), follow, _options(c))
+        return _slurm().job_logs(_slurm_job(job, hosts=hosts, run=run, node=node, rank=rank), follow, _options(c))
     rank = _integer("rank", rank) if rank is not None else None
     return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
 
@@ -262,7 +269,7 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
     """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
-    return slurm_commands.slurm_submit(_hosts(c, hosts).path, _integer("nodes", nodes, 1), partition=partition,
+    return _slurm().slurm_submit(_hosts(c, hosts).path, _integer("nodes", nodes, 1), partition=partition,
                                        time=time, gpus_per_node=gpus_per_node, dry_run=dry_run, script=script,
                                        args=args, skip_doctor=skip_doctor, job_name=job_name, opts=_options(c))
 

@@ -8,29 +8,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from launcher import doctor as doctor_checks
 from launcher import errors
 from launcher.config.hostfile import load_hosts
 from launcher.config.model import DEFAULT_MASTER_PORT, Cluster, Job
 from launcher.config.selection import select_hosts
-from launcher.doctor.collect import launch_preflight as preflight
 from launcher.errors import LauncherError, UsageError
 from launcher.options import Options
 from launcher.paths import relative
 from launcher.plan.commands import plan_launch
-from launcher.report.hangs import latest_answer
-from launcher.run import actions as run_actions
 from launcher.run import attempts
 from launcher.run import start as run_start
 from launcher.run.gate import ConnectionsFirst
-from launcher.run.stacks import collect_stacks
-from launcher.run.stragglers import stragglers_of
 from launcher.transport.sessions import close_all, connect_all
 
-if TYPE_CHECKING:  # rich (tables: status, stop, doctor) and sync (--sync) load when a task uses them
+if TYPE_CHECKING:  # each task imports what it alone uses (a launch: no rich, no doctor with --skip-doctor)
     from rich.console import Console
     from rich.table import Table
 
+    from launcher.run import actions as run_actions
     from launcher.sandbox import Sandbox
 
 USAGE = errors.USAGE
@@ -92,7 +87,9 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         opts.out.write(plan.describe() + "\n")
         return 0
     if doctor and opts.preflight is None:
-        opts.preflight = preflight(opts)
+        from launcher.doctor.collect import launch_preflight
+
+        opts.preflight = launch_preflight(opts)
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher.sync import push as code_sync
 
@@ -118,6 +115,8 @@ def _health_check(opts: Options, doctor: bool) -> attempts.HealthCheck:
             nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
             close_all(nodes.values())
             return {f.host: str(f) for f in failures}
+        from launcher import doctor as doctor_checks
+
         report = doctor_checks.run_doctor(cluster, connect_timeout=opts.connect_timeout, checks="fast",
                                           probe_timeout=opts.probe_timeout)
         out: dict[str, str] = {}
@@ -142,6 +141,8 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column). With `slurm` (in an
     allocation) or `job`, the allocation's nodes, each reached through a step of the job instead of SSH."""
+    from launcher import doctor as doctor_checks
+
     opts = opts or Options()
     cluster = load_inventory(hosts)
     if slurm or job:
@@ -202,6 +203,10 @@ def _problems(console: Console, states: list[run_actions.NodeState]) -> None:
 
 
 def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
+    from launcher.report.hangs import latest_answer
+    from launcher.run import actions as run_actions
+    from launcher.run.stragglers import stragglers_of
+
     cluster = load_inventory(hosts)
     states = run_actions.status(cluster, run_id, opts)
     console = _console(opts or Options())
@@ -223,6 +228,8 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
 
 
 def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None) -> int:
+    from launcher.run import actions as run_actions
+
     cluster = load_inventory(hosts)
     states = run_actions.stop(cluster, run_id, opts)
     console = _console(opts or Options())
@@ -242,6 +249,8 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = N
 
 def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
          follow: bool = False, opts: Options | None = None) -> int:
+    from launcher.run import actions as run_actions
+
     return run_actions.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts)
 
 
@@ -254,6 +263,8 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
 
         report = slurm_commands.job_stacks(job, load_inventory(hosts), run_id, opts)
     else:
+        from launcher.run.stacks import collect_stacks
+
         report = collect_stacks(load_inventory(hosts), run_id, opts)
     for line in report.lines():
         opts.out.write(line + "\n")

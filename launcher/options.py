@@ -339,9 +339,9 @@ SANDBOX_CPUS_PER_NODE = 2
 
 # --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
 NODE_TIMING: dict[str, float] = {
-    "poll_s": 0.05,  # the attached agent's look at torchrun, the clock and the launcher's words; a stop's wait steps
+    "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
-    "check_s": 1.0,  # between a followed log's looks at whether the run and the launcher are still there
+    "check_s": 1.0,  # a followed log's look at the run and the launcher; an attached agent's at the heartbeat clock
     "keeper_poll_s": 0.02,  # a stop's look at whether the run's keeper has recorded the exit code
     "keeper_wait_s": 2.0,  # how long a stop waits for that record
     "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone

@@ -44,13 +44,19 @@ class LauncherWords:
         """What `tcp` starts (the doctor's TCP check, `Preflight.tcp`), on a thread of its own."""
         self.on_stacks = None
         """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
+        self.changed = threading.Event()
+        """Set by a stop word, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
+
+    def stop(self, word):
+        self.stop_word = word
+        self.changed.set()
 
     def listen(self):
         for line in sys.stdin:
             self.last_word = time.monotonic()
             word = line.strip()
             if word in ENDING_WORDS:  # abort: the launcher's checks failed somewhere
-                self.stop_word = word
+                self.stop(word)
             elif word == GO:
                 self.go = self.stop_word is None
             elif word == TCP and self.on_tcp is not None:
@@ -60,7 +66,7 @@ class LauncherWords:
             if word == GO or word in ENDING_WORDS:
                 self.decided.set()
         if self.stop_word is None:
-            self.stop_word = "launcher-gone"
+            self.stop("launcher-gone")
         self.decided.set()
 
     def wait_for_go(self, heartbeat_timeout, alive_interval):
@@ -220,19 +226,34 @@ class Attended:
             emit_parts("nccl", int(self.request["event_chunk"]), nccl=dumps)
 
     def supervise(self):
-        request = self.request
+        """Until torchrun ends: obey stop words and the heartbeat bound. It waits on `words.changed` (a word, or
+        torchrun's end through a waiting thread) rather than polling, so its end is seen at once."""
+        request, words = self.request, self.words
         stopping, stop_at = None, None
-        while self.proc.poll() is None:
-            if self.words.stop_word is None and time.monotonic() - self.words.last_word > request["heartbeat_timeout"]:
-                self.words.stop_word = "heartbeat-timeout"
-            if self.words.stop_word is not None and stopping is None:
-                stopping, stop_at = self.words.stop_word, time.monotonic()
+
+        def wait_torchrun():
+            self.proc.wait()
+            words.changed.set()
+
+        threading.Thread(target=wait_torchrun, daemon=True, name="wait").start()
+        while True:
+            words.changed.clear()  # before looking: a change after the look ends the wait below
+            if self.proc.poll() is not None:
+                break
+            if words.stop_word is None and time.monotonic() - words.last_word > request["heartbeat_timeout"]:
+                words.stop_word = "heartbeat-timeout"
+            if words.stop_word is not None and stopping is None:
+                stopping, stop_at = words.stop_word, time.monotonic()
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
                 emit("stopping", reason=stopping)
-            if stopping is not None and self.words.stop_word == KILL:
+            if stopping is not None and words.stop_word == KILL:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
-            time.sleep(timing("poll_s"))
+            # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
+            # it); KILL is sent again each poll_s.
+            silent_for = request["heartbeat_timeout"] - (time.monotonic() - words.last_word)
+            words.changed.wait(timing("poll_s") if stopping is not None else
+                               max(0.0, min(silent_for, timing("check_s"))))
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
         killed = self.words.stop_word == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
@@ -246,8 +267,8 @@ def attend(request, run_dir, proc, words):
     queue_events()
     run = Attended(request, run_dir, proc, words)
     words.on_stacks = run.stacks
-    signal.signal(signal.SIGHUP, lambda *_: setattr(words, "stop_word", "launcher-gone"))
-    signal.signal(signal.SIGTERM, lambda *_: setattr(words, "stop_word", STOP))
+    signal.signal(signal.SIGHUP, lambda *_: words.stop("launcher-gone"))
+    signal.signal(signal.SIGTERM, lambda *_: words.stop(STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
                for name in ("stream", "send_events", "tick")}
     for thread in threads.values():

@@ -57,3 +57,8 @@ class StragglerWatch:
         fresh = [s for key, s in found.items() if key not in self.said]
         self.said.update(found)
         return fresh
+
+
+def straggler_line(found: Straggler, node: str) -> str:
+    """`straggler: node-1 r3 at 0.45x the median rate for 60 s`: what a launch's console and `inv status` say."""
+    return f"straggler: {node} r{found.key} at {found.share:.2f}x the median rate for {found.for_s:.0f} s"

@@ -121,8 +121,3 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
     parts += [Text(line) for line in footer]
     parts.append(Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim"))
     return Group(*parts)
-
-
-def straggler_line(found: Straggler, node: str) -> str:
-    """`straggler: node-1 r3 at 0.45x the median rate for 60 s`: what a launch's console and `inv status` say."""
-    return f"straggler: {node} r{found.key} at {found.share:.2f}x the median rate for {found.for_s:.0f} s"

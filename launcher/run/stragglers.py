@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.options import Options
-from launcher.plan.straggler import StragglerWatch
-from launcher.report.top import straggler_line
+from launcher.plan.straggler import StragglerWatch, straggler_line  # not report.top: a launch imports no rich
 
 FILE = "stragglers.txt"
 

@@ -14,9 +14,10 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
+import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.plan.commands import quote_path
 
@@ -62,7 +63,7 @@ def program_input(source: str, request: Mapping[str, Any]) -> bytes:
 @cache
 def _node_sources() -> tuple[str, dict[str, tuple[str, str]]]:
     """The loader's source and every module of the node package (name -> (file name, source)), read once."""
-    folder = resources.files("launcher.node")
+    folder = Path(node_package.__file__).parent  # the package's own folder (importlib.resources: 6 ms of imports)
     modules = {"launcher": ("launcher/__init__.py", "")}  # the controller's package root is not the node's business
     for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
         if item.name.endswith(".py"):

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from launcher import app as cli
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
+from launcher.doctor.collect import launch_preflight
 from launcher.options import Options
 from launcher.plan.commands import plan_launch
 from launcher.run import start as run_start
@@ -38,7 +38,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    opts = Options(preflight=cli.preflight(Options()))
+    opts = Options(preflight=launch_preflight(Options()))
     request = run_start.start_request(plan, plan.nodes[node], {}, opts)
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
@@ -131,7 +131,7 @@ def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.Mon
     import io
 
     err = io.StringIO()
-    gate = cli.preflight(Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
+    gate = launch_preflight(Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
     assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, StartGate)
     assert (gate.probe_timeout, gate.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))

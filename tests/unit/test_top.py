@@ -12,8 +12,8 @@ from launcher.config.inventory import load_inventory
 from launcher.errors import LauncherError
 from launcher.node.top import RankProgress
 from launcher.options import DEFAULT_PROGRESS
-from launcher.plan.straggler import StragglerWatch, slow_ranks
-from launcher.report.top import NodeView, as_json, straggler_line
+from launcher.plan.straggler import StragglerWatch, slow_ranks, straggler_line
+from launcher.report.top import NodeView, as_json
 
 
 def test_a_rank_below_the_factor_of_the_median_is_slow_and_none_without_two_rates() -> None:
