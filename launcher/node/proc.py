@@ -53,14 +53,29 @@ def is_marked(pid, start, mark):
 
 
 def marked_processes(mark):
-    """This user's live processes that carry the run's mark, as {pid: start time}."""
+    """This user's live processes that carry the run's mark, as {pid: start time}.
+
+    A pass over every process of the node: each costs one stat (another user's ends there) and one read of its
+    environment; only a marked one is then pinned by its start time and checked again (`is_marked`).
+    """
     found = {}
+    needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
+    uid, me = os.geteuid(), os.getpid()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) == me:
             continue
-        start = start_time(int(entry))
-        if start is not None and is_marked(int(entry), start, mark):
-            found[int(entry)] = start
+        try:
+            if os.stat("/proc/" + entry).st_uid != uid:
+                continue
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                if needle not in b"\0" + f.read():
+                    continue
+        except OSError:
+            continue
+        pid = int(entry)
+        start = start_time(pid)
+        if start is not None and is_marked(pid, start, mark):
+            found[pid] = start
     return found
 
 
@@ -112,10 +127,13 @@ def live_marks():
     """The run marks this user's live processes carry, each once: one pass over /proc for every run listed."""
     needle = ("\0%s=" % RUN_ID_ENV).encode()
     marks = set()
+    uid, me = os.geteuid(), os.getpid()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid() or not same_process(int(entry), start_time(int(entry))):
+        if not entry.isdigit() or int(entry) == me:
             continue
         try:
+            if os.stat("/proc/" + entry).st_uid != uid:
+                continue
             with open("/proc/%s/environ" % entry, "rb") as f:
                 env = b"\0" + f.read()
         except OSError:

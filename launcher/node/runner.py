@@ -155,6 +155,8 @@ def stop_run(run_dir, mark, grace, record=True):
     `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop.
     """
     targets = marked_processes(mark)
+    if not targets:  # the common sweep: nothing of the run is left, and nothing is left to start anything
+        return 0, 0
     found = signal_run(run_dir, mark, signal.SIGTERM, targets)
     if found and record:
         record_stop(run_dir)
