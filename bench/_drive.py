@@ -18,6 +18,7 @@ import time
 
 T0 = time.perf_counter()
 MAIN_WALL = time.time()
+MAIN_CPU = time.process_time()  # this process's CPU (all threads) at main: the interpreter's start is before it
 
 
 def _install_trace() -> dict:
@@ -27,7 +28,8 @@ def _install_trace() -> dict:
     from launcher.run import events as supervise
     from launcher.transport import sessions as transport
 
-    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None}
+    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None,
+                   "cpu": {}}
     lock = threading.Lock()
 
     def wrap(module, name, record):
@@ -43,6 +45,18 @@ def _install_trace() -> dict:
 
         setattr(module, name, wrapper)
 
+    from launcher.run import start as run_start
+
+    original_connect = run_start.connect_or_fail
+
+    def connect_or_fail(*a, **kw):  # the whole connect phase's CPU (every host's ssh -G, handshake, auth)
+        trace["cpu"]["connect_start"] = time.process_time()
+        try:
+            return original_connect(*a, **kw)
+        finally:
+            trace["cpu"]["connected"] = time.process_time()
+
+    run_start.connect_or_fail = connect_or_fail
     wrap(transport, "resolve_target", lambda a, s, e: trace["resolve"].__setitem__(a[0].name, (s, e)))
     wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
     wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
@@ -114,6 +128,7 @@ def main(argv: list[str]) -> int:
         trace["main"] = MAIN_WALL
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()
+        trace["cpu"].update(main=MAIN_CPU, imported_planned=time.process_time())
     try:
         code = run_start.launch_run(plan, opts)
     finally:
@@ -121,6 +136,7 @@ def main(argv: list[str]) -> int:
             import json
 
             trace["returned"] = time.time()
+            trace["cpu"]["returned"] = time.process_time()
             Path(args.trace).write_text(json.dumps(trace))
     if args.timings:
         import json

@@ -30,6 +30,8 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           2, 16, 64 nodes (bench/top.py)
   net     `inv doctor --net` at 2, 8, 16 nodes: its time as typed, and the all_reduce bandwidth it reports against a
           plain torch.distributed all_reduce loop run over an ssh loop on the same nodes (bench/net.py)
+  startup the controller's own CPU and wall per phase of a light launch at 2-64 nodes, a node's own time, the
+          estimate for nodes with CPUs of their own, and each agent's peak memory (bench/startup.py)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
 diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
 latest.md and (with matplotlib, the `bench` extra)
@@ -60,7 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_table
 from common import REPO, RESULTS, log, machine, remove_run_dirs, stats
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net",
+           "startup")
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -83,6 +86,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 3},
         "top": {"repeat": 2},
         "net": {"sizes": [2, 8, 16], "repeat": 2},
+        "startup": {"sizes": [2, 8, 16, 32, 64], "repeat": 2},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
@@ -96,6 +100,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
         "top": {"repeat": 1},
         "net": {"sizes": [2, 8], "repeat": 1},
+        "startup": {"sizes": [2, 16], "repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
@@ -199,6 +204,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     elastic_rows(out, results.get("elastic"))
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
+    startup_rows(out, results.get("startup"))
     for row in (results.get("net") or {}).get("rows", []):
         out.append(["doctor --net (fresh process)", str(row["nodes"]), cell(stats(row["doctor_s"])), "", "", "", "",
                     "(figure only)", "–"])
@@ -287,6 +293,23 @@ def top_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
     out.append(["top: ddp.py 2x2 wall, viewed", "2", cell(stats(job["viewed_s"])), "", "",
                 f"alone {cell(stats(job['alone_s']))}", f"{job['ratio']:.3f}x", "<= 1.02x",
                 verdict(job["ratio"] <= 1.02)])
+
+
+def startup_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """The controller's own cost per phase, and a launch's estimate where nodes have their own CPUs."""
+    if not fig:
+        return
+    for n, row in fig["rows"].items():
+        phases = (f"start {row['start_s']:.2f} s ({row['start_cpu_s']:.2f} CPU s), connect {row['connect_s']:.2f} s "
+                  f"({row['connect_cpu_s']:.2f}), sessions {row['sessions_s']:.2f} s ({row['sessions_cpu_s']:.2f}), "
+                  f"exit {row['exit_s']:.2f} s; peak {row['rss_mb']:.0f} MB")
+        out.append(["startup: the controller's phases (its CPU)", n, phases, "", "",
+                    f"here {row['wall_s']:.2f} s; nodes with own CPUs ~{row['cluster_estimate_s']:.2f} s", "",
+                    "(figure only)", "–"])
+    memory = fig["agent_memory"]
+    out.append(["startup: a node's own time (N = 1); an agent's peak memory", "1",
+                f"{fig['node_own_s']:.2f} s; agent {memory['median_mb']:.1f} MB (max {memory['max_mb']:.1f})", "", "",
+                "", "", "(figure only)", "–"])
 
 
 HEADER = ["figure", "N", "launcher: median (min–max)", "(a) ssh loop", "(p) pdsh -R ssh -f N",
@@ -386,6 +409,7 @@ def main() -> int:
         import job
         import logs_fig
         import net
+        import startup
         import stop
         import stop_scale
         import sync_fig
@@ -423,6 +447,8 @@ def main() -> int:
                     results["top"] = top.run(conf["repeat"], root)
                 elif name == "net":
                     results["net"] = net.run(conf["sizes"], conf["repeat"], root)
+                elif name == "startup":
+                    results["startup"] = startup.run(conf["sizes"], conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
