@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fanout import target_plain
+
 Cell = Callable[..., str]
 
 COST_SIZES = (16, 32, 64)
@@ -41,8 +43,9 @@ def fanout_rows(fan: dict[str, Any], cell: Cell) -> list[list[str]]:
     out = []
     for r in fan["rows"]:
         out.append(["fan-out, light cmd", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]),
-                    cell(r.get("pdsh")), "", _ratios(r, "launcher_over_a", "launcher_over_p"), "≤ 1.00x (a)",
-                    _verdict(r["launcher_ok"])])
+                    cell(r.get("pdsh")), "", _ratios(r, "launcher_over_a", "launcher_over_p"),
+                    f"≤ {target_plain(r['nodes']):.2f}x (a)",
+                    _verdict(r["launcher_over_a"] is not None and r["launcher_over_a"] <= target_plain(r["nodes"]))])
         if "launcher_preflight" in r:
             out.append(["fan-out + preflight", str(r["nodes"]), cell(r["launcher_preflight"]), cell(r["ssh_loop"]),
                         cell(r.get("pdsh")), "", f"{r['preflight_over_a']:.2f}x (a)", "≤ 1.25x (a)",
@@ -102,6 +105,10 @@ def doctor_rows(doc: dict[str, Any], cell: Cell, target: str) -> list[list[str]]
     return out
 
 
+STOP_TARGETS = {16: 1.10, 64: 1.25}
+"""`inv stop` against the pkill loop at these N (#25)."""
+
+
 def stop_scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
     """Per N: Ctrl-C and `inv stop` against a pkill loop and pdsh pkill; the target is that nothing is left."""
     out = []
@@ -117,9 +124,13 @@ def stop_scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
         stop, a, p = r["inv_stop"], r["ssh_loop"], r.get("pdsh")
         ratio = [f"{stop['median'] / base['median']:.2f}x ({k})" for k, base in (("a", a), ("p", p))
                  if base and base.get("median") and stop.get("median")]
+        bound = STOP_TARGETS.get(r["nodes"])
+        over = stop["median"] / a["median"] if stop.get("median") and a.get("median") else None
         out.append(["stop at scale: inv stop vs a pkill loop, pdsh pkill", n, f"{cell(stop)}; {left(stop)}",
-                    f"{cell(a)}; {left(a)}", f"{cell(p)}; {left(p)}" if p else "", "", ", ".join(ratio), "0 left",
-                    _verdict(stop["left_total"] == 0 and stop["timeouts"] == 0 and stop["median"] is not None)])
+                    f"{cell(a)}; {left(a)}", f"{cell(p)}; {left(p)}" if p else "", "", ", ".join(ratio),
+                    "0 left" + (f", ≤ {bound:.2f}x (a)" if bound else ""),
+                    _verdict(stop["left_total"] == 0 and stop["timeouts"] == 0 and over is not None
+                             and (bound is None or over <= bound))])
     fits = fig.get("fits") or {}
     if fits:
         out.append(["stop at scale: cost per node (least squares)", "",
