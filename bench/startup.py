@@ -2,7 +2,7 @@
 share this machine's 2 cores (python bench/startup.py [--nodes 2,8,16,32,64] [--repeat 3]):
 
 - per N, a light command (`PYTHON -c pass`) through bench/_drive.py with its trace: the controller's CPU seconds
-  (all its threads, `time.process_time`) and wall seconds for start (interpreter, imports, inventory, plan),
+  (all its threads, and its `ssh -G` children) and wall seconds for start (interpreter, imports, inventory, plan),
   connect (every host's `ssh -G`, handshake and auth), sessions (programs sent, ready/go, events to the end) and
   exit; its peak memory (VmHWM);
 - a node's own time: at N = 1, from the channel opened to the node's `exited` event (its login shell, the agent,

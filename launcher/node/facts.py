@@ -87,19 +87,24 @@ def _first_dists(names):
     """{name: (the folder it is installed in, its version)} for those of `names` installed, the first on sys.path
     winning as for imports."""
     wanted, found = {_normal(n): n for n in names}, {}
+    for folder, (dist, version) in _dists_on_path():
+        name = wanted.get(_normal(dist))
+        if name is not None and name not in found:
+            found[name] = (folder, version)
+    return found
+
+
+def _dists_on_path():
+    """(folder, (name, version)) of every metadata folder on sys.path, in import order (one listdir a folder)."""
     for folder in sys.path:
         try:
             entries = sorted(os.listdir(folder or "."))
         except OSError:
             continue
         for entry in entries:
-            if not entry.endswith(("dist-info", "egg-info")):
-                continue
-            dist = _dist_entry(folder or ".", entry)
-            name = wanted.get(_normal(dist[0])) if dist else None
-            if name is not None and name not in found:
-                found[name] = (folder or ".", dist[1])
-    return found
+            found = _dist_entry(folder or ".", entry)
+            if found is not None:
+                yield folder or ".", found
 
 
 def _dist_entry(folder, entry):
@@ -131,16 +136,8 @@ def packages():
     """
     with_site()
     seen = {}
-    for folder in sys.path:
-        try:
-            entries = sorted(os.listdir(folder or "."))
-        except OSError:
-            continue
-        for entry in entries:
-            found = _dist_entry(folder or ".", entry)
-            if found is None:
-                continue
-            seen.setdefault(_normal(found[0]), found[1])
+    for _, (name, version) in _dists_on_path():
+        seen.setdefault(_normal(name), version)
     items = sorted(f"{name}=={version}" for name, version in seen.items())
     digest = hashlib.sha256("\n".join(items).encode()).hexdigest()
     return {"sha256": digest, "count": len(items), "list": items}

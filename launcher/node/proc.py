@@ -52,14 +52,10 @@ def is_marked(pid, start, mark):
     return needle in b"\0" + env and start_time(pid) == start
 
 
-def marked_processes(mark):
-    """This user's live processes that carry the run's mark, as {pid: start time}.
-
-    A pass over every process of the node: each costs one stat (another user's ends there) and one read of its
-    environment; only a marked one is then pinned by its start time and checked again (`is_marked`).
-    """
-    found = {}
-    needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
+def own_environments():
+    """(pid, environment) of each of this user's processes but this one, the environment with a NUL in front (so a
+    `\0NAME=` needle finds the first variable too): one pass over /proc, one stat a process (another user's ends
+    there) and one read of its environment."""
     uid, me = os.geteuid(), os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -68,14 +64,21 @@ def marked_processes(mark):
             if os.stat("/proc/" + entry).st_uid != uid:
                 continue
             with open("/proc/%s/environ" % entry, "rb") as f:
-                if needle not in b"\0" + f.read():
-                    continue
+                yield int(entry), b"\0" + f.read()
         except OSError:
             continue
-        pid = int(entry)
-        start = start_time(pid)
-        if start is not None and is_marked(pid, start, mark):
-            found[pid] = start
+
+
+def marked_processes(mark):
+    """This user's live processes that carry the run's mark, as {pid: start time}; only a marked one is pinned by
+    its start time and checked again (`is_marked`)."""
+    needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
+    found = {}
+    for pid, env in own_environments():
+        if needle in env:
+            start = start_time(pid)
+            if start is not None and is_marked(pid, start, mark):
+                found[pid] = start
     return found
 
 
@@ -127,17 +130,7 @@ def live_marks():
     """The run marks this user's live processes carry, each once: one pass over /proc for every run listed."""
     needle = ("\0%s=" % RUN_ID_ENV).encode()
     marks = set()
-    uid, me = os.geteuid(), os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            if os.stat("/proc/" + entry).st_uid != uid:
-                continue
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                env = b"\0" + f.read()
-        except OSError:
-            continue
+    for _, env in own_environments():
         at = env.find(needle)
         if at >= 0:
             marks.add(env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace"))

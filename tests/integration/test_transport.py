@@ -4,6 +4,7 @@ keepalives and non-blocking sends against real listeners and sshd nodes (marked 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import resource
 import socket
@@ -170,20 +171,21 @@ def test_channels_wait_on_descriptors_above_1024(make_sandbox) -> None:
     if hard != resource.RLIM_INFINITY and hard < 1200:
         pytest.skip(f"the hard limit on open files ({hard}) is below 1200")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    node = connect(cluster.hosts[0], cluster)
+    assert isinstance(node, Node), node
+    # Every free descriptor below 1100 taken right before the channel's pipe is made (after connect(), which opens
+    # and closes its own, and a collection: an earlier test's garbage could free a low one meanwhile).
+    gc.collect()
     filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        node = connect(cluster.hosts[0], cluster)
-        assert isinstance(node, Node), node
-        try:
-            channel = node.open_channel("sleep 0.3; echo late")
-            assert channel._chan.fileno() > 1024
-            channel.close_stdin()
-            result = channel.collect(timeout=30)  # waits in wait_readable until the output comes
-            assert (result.exit_code, result.stdout) == (0, b"late\n")
-            channel.close()
-        finally:
-            node.close()
+        channel = node.open_channel("sleep 0.3; echo late")
+        assert channel._chan.fileno() > 1024
+        channel.close_stdin()
+        result = channel.collect(timeout=30)  # waits in wait_readable until the output comes
+        assert (result.exit_code, result.stdout) == (0, b"late\n")
+        channel.close()
     finally:
+        node.close()
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
