@@ -70,11 +70,16 @@ def _slurm() -> ModuleType:
     return commands
 
 
-def _slurm_job(job: str, **others: Any) -> str:
-    """`--job` as given, once no option of a run over SSH comes with it (SLURM knows the job's nodes)."""
+def _none_given(what: str, **others: Any) -> None:
+    """Exit with a usage error when any of `others` was given: it does not apply to `what`."""
     given = [name for name, value in others.items() if value not in (None, False)]
     if given:
-        raise Exit(f"error: --{given[0].replace('_', '-')} does not apply to a SLURM job (--job)", USAGE)
+        raise Exit(f"error: --{given[0].replace('_', '-')} does not apply to {what}", USAGE)
+
+
+def _slurm_job(job: str, **others: Any) -> str:
+    """`--job` as given, once no option of a run over SSH comes with it (SLURM knows the job's nodes)."""
+    _none_given("a SLURM job (--job)", **others)
     return job
 
 
@@ -150,9 +155,8 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
     elif slurm:
-        for option, value in (("--include", include), ("--exclude", exclude), ("--connect-timeout", connect_timeout)):
-            if value is not None:
-                raise Exit(f"error: {option} does not apply to --slurm (the allocation names the nodes)", USAGE)
+        _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
+                    connect_timeout=connect_timeout)
     return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
                       slurm=slurm, job=job)
