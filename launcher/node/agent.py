@@ -252,7 +252,7 @@ def action_top(request):
         snapshot.update(run_id=run_id, node=request["node"])
         return write_all(1, (json.dumps(snapshot) + "\n").encode())
 
-    watch(run_dir, mark, request["top"], lambda: bool(marked_pids(mark)), line)
+    watch(run_dir, mark, request["top"], line)
     return 0
 
 

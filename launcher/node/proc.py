@@ -147,11 +147,12 @@ def stdout_gone():
         return False
 
 
-def workers(mark):
+def workers(mark, marked=None):
     """The run's live workers on this node, by rank: [(pid, start time, rank, local rank, restart count or None)],
-    read from their environments (torchrun itself and a DataLoader worker have no RANK)."""
+    read from their environments (torchrun itself and a DataLoader worker have no RANK). `marked`: the run's
+    processes as a pass over /proc just found them (`marked_processes`), else one is made."""
     found = []
-    for pid, start in marked_processes(mark).items():
+    for pid, start in (marked_processes(mark) if marked is None else marked).items():
         env = environ_of(pid)
         try:
             rank, local_rank = int(env[b"RANK"]), int(env[b"LOCAL_RANK"])

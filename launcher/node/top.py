@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 
-from launcher.node.proc import workers
+from launcher.node.proc import marked_processes, workers
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -185,8 +185,8 @@ class Sampler:
         for key, paths in self.files.items():
             self.progress[key].read(paths, int(self.settings["tail_bytes"]), int(self.settings["keep_lines"]), now)
 
-    def snapshot(self):
-        self.find()
+    def snapshot(self, found=None):
+        self.find(found)
         self.read()
         now, wall = time.monotonic(), time.time()
         ranks = []
@@ -226,7 +226,7 @@ def follow_words(sampler, ended, live):
         ended.set()
 
 
-def watch(run_dir, mark, settings, still_running, emit_line):
+def watch(run_dir, mark, settings, emit_line):
     """Snapshots every `interval_s` (output read every `read_s` between them) until `count` were sent, the
     launcher closed stdin, or the run ended (its last snapshot then says so). The number sent."""
     import threading
@@ -244,12 +244,12 @@ def watch(run_dir, mark, settings, still_running, emit_line):
             if ended.wait(settings["read_s"]):
                 return sent
             sampler.read()
-        running = still_running()
-        snapshot = sampler.snapshot()
-        snapshot["running"] = running
+        marked = marked_processes(mark)  # one pass over /proc: whether the run goes on, and its workers
+        snapshot = sampler.snapshot(workers(mark, marked))
+        snapshot["running"] = bool(marked)
         if not emit_line(snapshot):
             return sent
         sent += 1
-        if not running:
+        if not marked:
             break
     return sent
