@@ -113,8 +113,9 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
     parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(views), Text(""),
                                    rank_table(views, stragglers)]
     if follow is not None:
-        row = next((r for r in ranks_of(views) if r["rank"] == follow), None)
-        room = height - len(views) - len(ranks_of(views)) - len(footer) - 9  # titles, headers, borders, keys
+        rows = ranks_of(views)
+        row = next((r for r in rows if r["rank"] == follow), None)
+        room = height - len(views) - len(rows) - len(footer) - 9  # titles, headers, borders, keys
         lines = ((row or {}).get("tail") or [])[-max(3, room):]
         parts.append(Panel("\n".join(lines) or "(no lines yet)", title=f"r{follow} ({(row or {}).get('node', '?')})",
                            title_align="left"))

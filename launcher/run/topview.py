@@ -21,7 +21,7 @@ from rich.live import Live
 from launcher.config.model import Cluster
 from launcher.options import TOP_INTERVAL_S, Options
 from launcher.plan.straggler import StragglerWatch
-from launcher.report.top import NodeView, as_json, node_table, rank_table, rates, view
+from launcher.report.top import NodeView, as_json, node_table, rank_table, ranks_of, rates, view
 from launcher.run.stacks import collect_stacks
 from launcher.run.start import reached
 from launcher.run.top import PollFeed, SshFeed, check_running, choose, look_once, wait_first
@@ -106,8 +106,7 @@ class TopScreen:
         threading.Thread(target=take, daemon=True, name="stacks").start()
 
     def _next_rank(self, views: list[NodeView]) -> None:
-        ranks = sorted(r["rank"] for v in views if v.snapshot for r in v.snapshot.get("ranks", []))
-        later = [r for r in ranks if self.follow is None or r > self.follow]
+        later = [r["rank"] for r in ranks_of(views) if self.follow is None or r["rank"] > self.follow]
         self.follow = later[0] if later else None
         self.feed.follow(self.follow)
 
