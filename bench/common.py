@@ -31,6 +31,7 @@ from launcher import sandbox  # noqa: E402
 from launcher.plan import commands as plan  # noqa: E402
 from launcher.sandbox import procs  # noqa: E402
 from launcher.sandbox.observe import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
+from launcher.transport.program import BOOTSTRAP  # noqa: E402
 
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
@@ -380,3 +381,17 @@ def run_alone(name: str, run: Callable[[Path], dict[str, Any]]) -> int:
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return 0
+
+
+
+def node_agents() -> set[int]:
+    """Node agents now running on this machine: Pythons with the bootstrap as an argument of their own (`-c`); not
+    the login shells that started them, whose one argument is the whole command line that holds it."""
+    found = set()
+    for pid in procs.pids_mentioning(BOOTSTRAP):
+        try:
+            if BOOTSTRAP.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                found.add(pid)
+        except OSError:
+            continue
+    return found

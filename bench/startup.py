@@ -26,9 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BENCH, log, note_runs, run_alone, run_timed, sandbox_of
-
-from launcher.transport.program import BOOTSTRAP
+from common import BENCH, log, node_agents, note_runs, run_alone, run_timed, sandbox_of
 
 
 def _phases(trace: dict[str, Any], spawn: float, wall: float) -> dict[str, float]:
@@ -59,17 +57,13 @@ def _drive(box: Any, root: Path, name: str) -> tuple[dict[str, float], int]:
 
 
 def _agent_peaks(stop: threading.Event, peaks: dict[int, int]) -> None:
-    """Each node agent's VmHWM (its command line is the bootstrap), until `stop`."""
+    """Each node agent's VmHWM, until `stop`."""
     while not stop.is_set():
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in node_agents():
             try:
-                if BOOTSTRAP.encode() not in (entry / "cmdline").read_bytes():
-                    continue
-                for line in (entry / "status").read_text().splitlines():
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
-                        peaks[int(entry.name)] = max(peaks.get(int(entry.name), 0), int(line.split()[1]))
+                        peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]))
             except OSError:
                 continue
         stop.wait(0.02)

@@ -22,34 +22,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import REPO, RUN_ID, log, run_alone, sandbox_of
+from common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
 from hang import _cpu_s, light_plan
 
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import start as run_start
 from launcher.run.top import SshFeed, wait_first
-from launcher.transport.program import BOOTSTRAP
 from launcher.transport.sessions import close_all, connect_all
 
 VIEW_S = 10.0
 JOB_PAIRS = 3
+"""Pairs of ddp.py runs (viewed, alone) per repeat."""
 JOB_ARGS = "--epochs 12"
 """ddp.py's run takes ~7.7 s here, not its default ~5.7: more of it is training, which the view must not slow."""
-"""Pairs of ddp.py runs (viewed, alone) per repeat."""
-
-
-def _agents() -> set[int]:
-    """Node agents now running (their command line is the bootstrap), for telling the view's from the run's."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if BOOTSTRAP.encode() in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
@@ -66,10 +52,10 @@ def view_cpu(inventory: Path, root: Path) -> dict:
     quiet = Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs")
     run_start.launch_run(plan, quiet)
     time.sleep(2)
-    before = _agents()
+    before = node_agents()
     feed, nodes = open_view(inventory, plan.run_id)
     try:
-        mine = sorted(_agents() - before)
+        mine = sorted(node_agents() - before)
         first = {pid: (time.monotonic(), _cpu_s(pid)) for pid in mine}
         time.sleep(VIEW_S)
         rates = []
