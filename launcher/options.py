@@ -337,6 +337,11 @@ SANDBOX_CPUS_PER_NODE = 2
 """CPUs each sandbox node declares to its slurmd."""
 
 
+NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "keep_s": 30 * 24 * 3600.0}
+"""Where each node keeps the node modules compiled (launcher/node/loader.py: ~10 ms of CPU a session saved), and how
+long an entry not written again is kept (entries are removed when a new one is stored)."""
+
+
 # --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
 NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed

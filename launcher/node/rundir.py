@@ -5,17 +5,19 @@ import os
 import re
 import time
 
+from launcher.node.loader import node_path
 from launcher.node.proc import is_marked, marked_pids, start_time
 from launcher.node.protocol import RUN_ID_PATTERN, RUNS_ROOT
 
 
 def write_atomic(path, text, mode=0o644):
+    """`path` holds `text` whole or not at all, for any reader. No fsync: these records serve this node's later
+    sessions (stop, status, logs), which read them after the rename, while a node that crashes has no run left to
+    stop; five of them come before torchrun starts, each a wait on the disk (a network home's server)."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -34,14 +36,6 @@ def record(path, text):
         return True
     except OSError:
         return False
-
-
-def node_path(path):
-    """A path as this node means it: `~` is its home, and ~/.cache its XDG cache home when one is set."""
-    cache = os.environ.get("XDG_CACHE_HOME")
-    if cache and (path == "~/.cache" or path.startswith("~/.cache/")):
-        return cache + path[len("~/.cache"):]
-    return os.path.expanduser(path)
 
 
 def run_dir_of(request):

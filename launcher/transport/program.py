@@ -9,6 +9,7 @@ supervise), the probe and listener (doctor), syncd, and under SLURM the selector
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -19,6 +20,7 @@ from typing import Any
 
 import launcher.node as node_package
 from launcher.config.model import Host
+from launcher.options import NODE_CODE_CACHE
 from launcher.plan.commands import quote_path
 
 BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
@@ -60,16 +62,22 @@ def program_input(source: str, request: Mapping[str, Any]) -> bytes:
     return (json.dumps(source) + "\n" + json.dumps(request) + "\n").encode()
 
 
+def _module(file_name: str, source: str) -> tuple[str, str, str]:
+    """A module as the loader takes it: file name, source, and the digest its compiled form is cached under."""
+    digest = hashlib.sha256(f"{file_name}\0{source}".encode()).hexdigest()[:32]
+    return file_name, source, digest
+
+
 @cache
-def _node_sources() -> tuple[str, dict[str, tuple[str, str]]]:
-    """The loader's source and every module of the node package (name -> (file name, source)), read once."""
+def _node_sources() -> tuple[str, dict[str, tuple[str, str, str]]]:
+    """The loader's source and every module of the node package (name -> (file name, source, digest)), read once."""
     folder = Path(node_package.__file__).parent  # the package's own folder (importlib.resources: 6 ms of imports)
-    modules = {"launcher": ("launcher/__init__.py", "")}  # the controller's package root is not the node's business
+    modules = {"launcher": _module("launcher/__init__.py", "")}  # the controller's package root is not the node's
     for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
         if item.name.endswith(".py"):
             stem = item.name[:-3]
             name = "launcher.node" if stem == "__init__" else f"launcher.node.{stem}"
-            modules[name] = (f"launcher/node/{item.name}", item.read_text(encoding="utf-8"))
+            modules[name] = _module(f"launcher/node/{item.name}", item.read_text(encoding="utf-8"))
     return modules["launcher.node.loader"][1], modules
 
 
@@ -77,7 +85,7 @@ _NODE_IMPORT = re.compile(r"^\s*(?:from launcher\.node(?:\.(\w+))? import ([\w, 
                           re.M)
 
 
-def _needed(entry: str, modules: Mapping[str, tuple[str, str]]) -> set[str]:
+def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]:
     """`entry` and the node modules it imports, and theirs (read from their import lines)."""
     needed, todo = {"launcher", "launcher.node"}, [f"launcher.node.{entry}"]
     while todo:
@@ -102,9 +110,10 @@ def node_files(entry: str) -> dict[str, str]:
 @cache
 def node_program(entry: str) -> str:
     """The source the bootstrap execs for node program `entry` (`agent`, `probe`, `syncd`, `selector`): the
-    loader, then `run()` of that module with the node modules it imports (each compiled when first imported)."""
+    loader, then `run()` of that module with the node modules it imports (each compiled, or taken from the node's code
+    cache, when first imported)."""
     loader, modules = _node_sources()
     if f"launcher.node.{entry}" not in modules:
         raise ValueError(f"no node program {entry!r} in launcher/node/")
     sent = {name: modules[name] for name in sorted(_needed(entry, modules))}
-    return f"{loader}\nrun({f'launcher.node.{entry}'!r}, {json.dumps(sent)})\n"
+    return f"{loader}\nrun({f'launcher.node.{entry}'!r}, {json.dumps(sent)}, {json.dumps(NODE_CODE_CACHE)})\n"

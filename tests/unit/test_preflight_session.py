@@ -104,7 +104,7 @@ def test_the_master_agent_probes_holds_the_port_answers_tcp_and_makes_nothing_on
     finally:
         agent.close()
     assert not _bound(port)  # let go
-    assert not (tmp_path / "cache").exists()  # no run directory: nothing was made
+    assert not (tmp_path / "cache" / "ddp-launcher" / "runs").exists()  # no run directory: nothing was made
 
 
 def test_the_master_agent_lets_go_of_the_port_before_torchrun_starts(tmp_path: Path) -> None:
