@@ -117,8 +117,6 @@ def start(request):
 
 def start_checked(request, run_dir, words):
     """Check what this node can, say `ready` and wait for `go`; None on `go`, else the agent's exit code."""
-    from launcher.node.netif import socket_ifname
-
     node = request["mark"].partition("/")[2]
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
@@ -132,7 +130,11 @@ def start_checked(request, run_dir, words):
     if os.path.exists(run_dir):
         emit("error", message="run directory %s already exists" % request["run_dir"])
         return 2
-    ifname, problem = socket_ifname(request)
+    ifname, problem = request["socket_ifname"], None
+    if ifname == "auto":  # netif (and socket: 2 ms) only where an interface is to be found
+        from launcher.node.netif import socket_ifname
+
+        ifname, problem = socket_ifname(request)
     if problem is not None:
         emit("error", message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
                               "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],

@@ -10,7 +10,6 @@ to attach, adds native frames; it is never the only source.
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -84,7 +83,11 @@ def install_hook(run_dir, env):
 
 def has_gpu():
     """Whether this node has an NVIDIA GPU (its driver's device, or nvidia-smi)."""
-    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+    if os.path.exists("/dev/nvidiactl"):
+        return True
+    import shutil  # here: 2 ms of imports (bz2, lzma) that a node with a GPU driver never needs
+
+    return shutil.which("nvidia-smi") is not None
 
 
 def flight_recorder_env(run_dir, env, settings, gpu):
@@ -101,10 +104,12 @@ def flight_recorder_env(run_dir, env, settings, gpu):
 
 def nccl_dumps(run_dir, max_bytes):
     """The flight recorder's dumps in the run directory, {name: base64 text}, up to `max_bytes` in all."""
+    folder, found, total = os.path.join(run_dir, NCCL_DIR), {}, 0
+    if not os.path.isdir(folder):
+        return found  # no GPU, or no dump: base64 is not imported at every run's end
     import base64
 
-    folder, found, total = os.path.join(run_dir, NCCL_DIR), {}, 0
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         size = os.path.getsize(path)
         if not name.startswith(NCCL_PREFIX) or total + size > max_bytes:
@@ -208,6 +213,7 @@ def source_lines(stack):
 
 def pyspy():
     """py-spy from the node's venv (beside this python: a venv's bin is on no PATH unless activated), else PATH."""
+    import shutil
     import sys
 
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
