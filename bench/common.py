@@ -143,6 +143,13 @@ class Box:
         return f"TMPDIR={shlex.quote(str(self.root))} "
 
 
+LOGIN_RC = f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n"
+"""The bench's nodes log in with a ~/.bashrc of their own that only sets PATH: this machine's root .bashrc runs
+`pyenv init`, whose rehash takes one lock for every node (they share this home), so concurrent logins queued on it
+in 0.1 s steps (8 nodes: 0.6-1.3 s for the ssh loop from run to run) and each spent ~50 ms of CPU on it. Nodes of a
+real cluster log in on their own CPUs with their own files; every method here logs in the same way."""
+
+
 @contextlib.contextmanager
 def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args: Sequence[str] = (),
                nproc_per_node: int = 1) -> Iterator[Box]:
@@ -154,7 +161,7 @@ def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args:
     try:
         box = sandbox.up(n, state_dir=state, inventory=folder / "sandbox.yaml", base_addr=base, master_port=port,
                          script=script, script_args=list(script_args), nproc_per_node=nproc_per_node,
-                         ready_timeout=30.0)
+                         ready_timeout=30.0, login_rc=LOGIN_RC)
         yield Box(box, n, port, sandbox.default_python(), folder)
     finally:
         try:

@@ -93,6 +93,7 @@ def up(
     ready_timeout: float = 10.0,
     slurm: bool = False,
     slurm_timeout: float = 30.0,
+    login_rc: str | None = None,
 ) -> Sandbox:
     """Start `nodes` sshd servers and write their keys, ssh config and inventory; return once all accept TCP.
     With `slurm`, also a SLURM cluster on them (munged, slurmctld, a slurmd in each node's namespaces), returned
@@ -101,6 +102,9 @@ def up(
     Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts; `self_loopback_trap`
     [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path} gives node i another
     interpreter in the inventory. Nothing is left running when it raises.
+
+    `login_rc`: what the nodes' logins read as ~/.bashrc (each node its own file), in place of this machine's (the
+    bench's nodes: a root .bashrc that runs `pyenv init` takes a lock that concurrent logins wait on in 0.1 s steps).
     """
     hidden = {i: set(js) for i, js in (unresolvable or {}).items()}
     trap, overrides = set(self_loopback_trap), dict(python_override or {})
@@ -120,7 +124,7 @@ def up(
     with _locked(state_dir):
         _clear_stale(state_dir)
         identity, known_hosts, ssh_config = _write_client_files(state_dir, addrs, ssh_port)
-        commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare)
+        commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare, login_rc)
                     for i in range(nodes)]
         started, records, cluster = _start_nodes(state_dir, commands, addrs, ssh_port, ready_timeout,
                                                  slurm_timeout if slurm else None)
@@ -282,6 +286,7 @@ def _write_node_files(
     hidden: Iterable[int],
     trap: bool,
     unshare: str,
+    login_rc: str | None = None,
 ) -> list[str]:
     """Write node `index`'s sshd_config and hosts file; return the argv that starts it."""
     folder = state_dir / node_name(index)
@@ -303,7 +308,12 @@ def _write_node_files(
         check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, text=True)
         if check.returncode != 0:
             raise SandboxError(f"sshd rejects {config}: {start.last_lines(check.stderr)}")
-    return node_command(node_name(index), hosts, config, unshare)
+    own_rc = None
+    bashrc = Path("~/.bashrc").expanduser()
+    if login_rc is not None and bashrc.exists():  # a bind mount needs a file to cover
+        (folder / "bashrc").write_text(login_rc, encoding="utf-8")
+        own_rc = (folder / "bashrc", bashrc)
+    return node_command(node_name(index), hosts, config, unshare, own_rc)
 
 
 def _write_state(

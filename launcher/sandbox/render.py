@@ -178,11 +178,15 @@ class _InventoryDumper(yaml.SafeDumper):
 _InventoryDumper.add_representer(dict, _InventoryDumper.represent_dict)
 
 
-def node_command(name: str, hosts_file: Path, sshd_config: Path, unshare: str = "unshare") -> list[str]:
-    """argv that runs sshd with its own hostname and /etc/hosts; unshare and sh exec, so the pid is sshd's."""
+def node_command(name: str, hosts_file: Path, sshd_config: Path, unshare: str = "unshare",
+                 login_rc: tuple[Path, Path] | None = None) -> list[str]:
+    """argv that runs sshd with its own hostname and /etc/hosts; unshare and sh exec, so the pid is sshd's.
+
+    `login_rc` (the node's file, the login user's ~/.bashrc): the node's logins read its own instead."""
+    rc = f" && mount --bind {shlex.quote(str(login_rc[0]))} {shlex.quote(str(login_rc[1]))}" if login_rc else ""
     script = (
         f"hostname {shlex.quote(name)}"
-        f" && mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"
+        f" && mount --bind {shlex.quote(str(hosts_file))} /etc/hosts{rc}"
         f" && exec {SSHD} -D -e -f {shlex.quote(str(sshd_config))}"
     )
     return [unshare, "--uts", "--mount", "--propagation", "private", "/bin/sh", "-c", script]

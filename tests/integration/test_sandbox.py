@@ -44,6 +44,22 @@ def test_nodes_have_their_own_hostname_and_hosts(make_sandbox) -> None:
 
 
 @pytest.mark.integration
+def test_nodes_can_log_in_with_a_bashrc_of_their_own(make_sandbox) -> None:
+    # The bench's nodes: this machine's root .bashrc (pyenv init) stays this machine's, and is left as it was.
+    bashrc = Path("~/.bashrc").expanduser()
+    if not bashrc.exists():
+        pytest.skip("the login user has no ~/.bashrc to cover")
+    before = bashrc.read_bytes()
+    sb = make_sandbox(2, master_port=free_port(), login_rc="export DDP_NODE_RC=own-login\n")
+    for node in ("node-0", "node-1"):
+        seen = ssh(sb, node, "echo $DDP_NODE_RC")
+        assert (seen.returncode, seen.stdout) == (0, "own-login\n"), seen.stderr
+    assert bashrc.read_bytes() == before
+    assert subprocess.run(["bash", "-ic", "echo ${DDP_NODE_RC:-none}"], capture_output=True,
+                          text=True).stdout.strip().splitlines()[-1] == "none"
+
+
+@pytest.mark.integration
 def test_inventory_matches_the_sandbox(make_sandbox, tmp_path: Path) -> None:
     port = free_port()
     sb = make_sandbox(2, master_port=port, nproc_per_node=2, python_override={1: "/other/python"})
