@@ -7,7 +7,8 @@ It is started as a fresh process so that its time includes the launcher's own st
 
 --trace writes a timeline (time.time() stamps) of the launcher's phases, found by wrapping a few of its functions
 from the outside and from the run's typed events (`Options.on_event`): imports, each host's `ssh -G` and connect,
-preflight, each channel opened, each node's agent `started`/`exited` events (stamped by the node), and the end of
+each channel opened, the doctor's `probed` and `tcp` answers and `ready` (with --preflight, in the start sessions),
+each node's agent `started`/`exited` events (stamped by the node), and the end of
 `launch`.
 """
 
@@ -38,8 +39,7 @@ def _install_trace() -> dict:
     from launcher.run import events as supervise
     from launcher.transport import sessions as transport
 
-    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "preflight": None,
-                   "cpu": {}}
+    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "cpu": {}}
     lock = threading.Lock()
 
     def wrap(module, name, record):
@@ -74,6 +74,10 @@ def _install_trace() -> dict:
     def on_event(event):  # typed node events: nothing in launcher/ is wrapped for these
         if isinstance(event, supervise.Started):
             trace["started"][event.node] = (event.node_time or event.time, event.time)
+        elif isinstance(event, supervise.Probed):
+            trace.setdefault("probed", {})[event.node] = event.time
+        elif isinstance(event, supervise.Reached):
+            trace.setdefault("reached", {})[event.node] = event.time
         elif isinstance(event, supervise.Ready):
             trace.setdefault("ready", {})[event.node] = event.time
         elif isinstance(event, supervise.Ended):
@@ -129,18 +133,7 @@ def main(argv: list[str]) -> int:
     if args.preflight:
         from launcher.doctor import preflight
 
-        opts.preflight = preflight
-        if trace is not None:
-            def traced_preflight(cluster, nodes, _inner=preflight):
-                start = time.time()
-                try:
-                    return _inner(cluster, nodes)
-                finally:
-                    trace["preflight"] = (start, time.time())
-
-            from launcher.run.gate import ConnectionsFirst
-
-            opts.preflight = ConnectionsFirst(before=traced_preflight)  # over probe sessions of their own, timed
+        opts.preflight = preflight  # inside the agents' start sessions, as `inv launch` runs it (traced: probed, tcp)
     if trace is not None:
         opts.on_event = trace.pop("on_event")
         trace["main"] = MAIN_WALL

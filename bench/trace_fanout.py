@@ -40,9 +40,10 @@ def phases(trace: dict, spawn: float, exit_s: float) -> dict[str, float]:
         "connect (incl. ssh -G): last end": last(trace["connect"]),
         "connect: median duration": statistics.median(e - s for s, e in trace["connect"].values()),
     }
-    if trace.get("preflight"):
-        out["preflight: start"] = trace["preflight"][0] - spawn
-        out["preflight: end"] = trace["preflight"][1] - spawn
+    for key in ("probed", "reached", "ready"):  # the doctor's probe and TCP check, then `ready` (controller clock)
+        if trace.get(key):
+            out[f"{key}: first"] = min(trace[key].values()) - spawn
+            out[f"{key}: last"] = max(trace[key].values()) - spawn
     out.update({
         "channels: first opened": first(trace["channel"], 1),
         "channels: last opened": last(trace["channel"]),
