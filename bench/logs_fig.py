@@ -155,6 +155,7 @@ def run(repeat: int, root: Path, total_lines: int = 1_000_000, diagnostics: bool
     if diagnostics:
         summary["launcher_over_floor_tee"] = ratio(summary["launcher"], summary["local_tee"])
         summary["ssh_loop_over_floor"] = ratio(summary["ssh_loop"], summary["local"])
+        summary["launcher_over_a"] = ratio(summary["launcher"], summary["ssh_loop"])
     summary["lines_ok"] = all(c["ok"] for c in checks["launcher"])
     summary["line_problems"] = sorted({p for c in checks["launcher"] for p in c["problems"]})[:10]
     summary["other_lines"] = max(c["other_lines"] for c in checks["launcher"])
