@@ -163,15 +163,15 @@ def run(sizes: list[int], repeat: int, job_repeat: int, root: Path) -> dict:
         rows.append(row)
     with sandbox_of(2, root, nproc_per_node=2) as box:
         on, off = [], []
-        for _ in range(job_repeat):
-            off.append(job_wall(box.inventory, root, watch=False))
-            on.append(job_wall(box.inventory, root, watch=True))
+        for k in range(job_repeat):  # pairs whose order alternates: the machine's drift cancels (as bench/top.py)
+            for watch in ((True, False) if k % 2 else (False, True)):
+                (on if watch else off).append(job_wall(box.inventory, root, watch=watch))
         cpu_on, cpu_off = [], []
         for _ in range(job_repeat):
             cpu_off.append(agent_cpu(box.inventory, root, watch=False))
             cpu_on.append(agent_cpu(box.inventory, root, watch=True))
     job = {"watch_on_s": [round(x, 2) for x in on], "watch_off_s": [round(x, 2) for x in off],
-           "ratio": round(statistics.median(on) / statistics.median(off), 3),
+           "ratio": round(statistics.median(a / b for a, b in zip(on, off, strict=True)), 3),  # of the pairs
            "agent_cpu_on": cpu_on, "agent_cpu_off": cpu_off, "steady_s": STEADY_S}
     log(f"real job (train/ddp.py, 2 nodes x 2): watch on {job['watch_on_s']} s, off {job['watch_off_s']} s, "
         f"ratio {job['ratio']}; agent CPU s/s on {cpu_on}, off {cpu_off}")

@@ -85,7 +85,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "failures": {"repeat": 2},
         "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
-        "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 3},
+        "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 4},
         "top": {"repeat": 2},
         "net": {"sizes": [2, 8, 16], "repeat": 2},
         "startup": {"sizes": [2, 8, 16, 32, 64], "repeat": 2},
