@@ -338,7 +338,7 @@ SANDBOX_CPUS_PER_NODE = 2
 
 
 NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "keep_s": 30 * 24 * 3600.0}
-"""Where each node keeps the node modules compiled (launcher/node/loader.py: ~10 ms of CPU a session saved), and how
+"""Where each node keeps the node modules compiled (launcher/node/loader.py: ~9 ms of CPU a session saved), and how
 long an entry not written again is kept (entries are removed when a new one is stored)."""
 
 

@@ -7,7 +7,7 @@ source, digest]), so the node modules import each other as they do on the contro
 file and line (the importer gives linecache the source), and a `launcher` folder in the node's working directory is
 never imported instead. Then it runs ENTRY's `main()` and exits with what it returns.
 
-Compiling the modules a session imports costs ~10 ms of CPU on every node, every session: the compiled code is kept
+Compiling the modules a session imports costs ~9 ms of CPU on every node, every session: the compiled code is kept
 in the node's cache (CODE: its folder, and how long an entry is kept), one file per module source and interpreter,
 named by the source's digest, so a cached entry is always the compiled form of exactly the source that was sent.
 """
