@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,11 @@ _LAST_SUBNET = 250
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: starts real sshd servers and processes")
+    # A suite started as a background job of a script (`cmd &`, nohup) inherits SIGINT ignored, and so would every
+    # launcher it starts: their Ctrl-C tests then wait out their bounds. A handler here is reset to the default in
+    # each child at exec, as a terminal's job would have it.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class SandboxFactory:
