@@ -36,7 +36,7 @@ import time
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
-from launcher.node.runner import stop_run
+from launcher.node.runner import socket_ifname, stop_run
 
 
 def checked(action):
@@ -130,11 +130,7 @@ def start_checked(request, run_dir, words):
     if os.path.exists(run_dir):
         emit("error", message="run directory %s already exists" % request["run_dir"])
         return 2
-    ifname, problem = request["socket_ifname"], None
-    if ifname == "auto":  # netif (and socket: 2 ms) only where an interface is to be found
-        from launcher.node.netif import socket_ifname
-
-        ifname, problem = socket_ifname(request)
+    ifname, problem = socket_ifname(request)
     if problem is not None:
         emit("error", message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
                               "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],

@@ -98,10 +98,3 @@ def route_iface(master_addr, master_port):
     if route["iface"] is None:
         return None, "no interface here holds %s, the address this node sends to it from" % route["ip"]
     return route["iface"], None
-
-
-def socket_ifname(request):
-    """(interface or None, None) for NCCL/GLOO_SOCKET_IFNAME; (None, why) when `auto` finds no interface."""
-    if request["socket_ifname"] != "auto":
-        return request["socket_ifname"], None
-    return route_iface(request["master_addr"], request["master_port"])

@@ -16,6 +16,16 @@ def unset_match(name, patterns):
     return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
 
 
+def socket_ifname(request):
+    """(interface or None, None) for NCCL/GLOO_SOCKET_IFNAME; (None, why) when `auto` finds no interface. netif (and
+    socket: 2 ms of imports) only for `auto`."""
+    if request["socket_ifname"] != "auto":
+        return request["socket_ifname"], None
+    from launcher.node.netif import route_iface
+
+    return route_iface(request["master_addr"], request["master_port"])
+
+
 def socket_env(ifname):
     """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for an interface name (nothing for None)."""
     return {} if ifname is None else {name: ifname for name in SOCKET_ENV}

@@ -185,7 +185,7 @@ def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> N
 @pytest.mark.parametrize(("wanted", "found"), [("auto", "lo"), ("ib7", "ib7"), (None, None)])
 def test_socket_ifname_auto_finds_the_interface_to_the_master_and_names_pass_through(wanted, found) -> None:
     request = {"socket_ifname": wanted, "master_addr": "127.0.0.1", "master_port": 29400}
-    assert netif.socket_ifname(request) == (found, None)
+    assert runner.socket_ifname(request) == (found, None)
 
 
 def test_socket_ifname_auto_on_the_master_picks_the_interface_holding_its_address() -> None:
