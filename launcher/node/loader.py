@@ -38,13 +38,13 @@ class CodeCache:
     """Compiled node modules in a folder of the node's cache; never in the way: any failure is a compile."""
 
     def __init__(self, settings):
-        key = interpreter_key() if settings else None
-        self.folder = node_path(settings["root"]) if key else None
-        self.key, self.keep_s = key, settings["keep_s"] if key else None
+        self.key = interpreter_key()
+        self.folder = node_path(settings["root"]) if self.key else None
+        self.keep_s = settings["keep_s"]
         self.pruned = False
 
     def path(self, digest):
-        return os.path.join(self.folder, "%s.%s.code" % (digest, self.key)) if self.folder and digest else None
+        return os.path.join(self.folder, "%s.%s.code" % (digest, self.key)) if self.folder else None
 
     def code(self, filename, source, digest):
         path = self.path(digest)
@@ -115,14 +115,13 @@ class NodeImporter:
         return None  # the default module object
 
     def exec_module(self, module):
-        entry = self.modules[module.__name__]
-        exec(self.cache.code(entry[0], entry[1], entry[2] if len(entry) > 2 else None), module.__dict__)
+        exec(self.cache.code(*self.modules[module.__name__]), module.__dict__)
 
     def get_source(self, name):
         return self.modules[name][1] if name in self.modules else None
 
 
-def install(modules, code=None):
+def install(modules, code):
     """Serve `modules` before anything on the node's own path (once: a second bundle adds to the first)."""
     for finder in sys.meta_path:
         if isinstance(finder, NodeImporter) or type(finder).__name__ == "NodeImporter":
@@ -133,7 +132,7 @@ def install(modules, code=None):
     return finder
 
 
-def run(entry, modules, code=None):
+def run(entry, modules, code):
     """Install the sent modules, run `entry`'s main(), exit with its code (None: 0)."""
     install(modules, code)
     import importlib
