@@ -71,15 +71,13 @@ def _install_trace() -> dict:
     wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
     wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
 
+    stamped = {supervise.Probed: "probed", supervise.Reached: "reached", supervise.Ready: "ready"}  # controller clock
+
     def on_event(event):  # typed node events: nothing in launcher/ is wrapped for these
         if isinstance(event, supervise.Started):
             trace["started"][event.node] = (event.node_time or event.time, event.time)
-        elif isinstance(event, supervise.Probed):
-            trace.setdefault("probed", {})[event.node] = event.time
-        elif isinstance(event, supervise.Reached):
-            trace.setdefault("reached", {})[event.node] = event.time
-        elif isinstance(event, supervise.Ready):
-            trace.setdefault("ready", {})[event.node] = event.time
+        elif type(event) in stamped:
+            trace.setdefault(stamped[type(event)], {})[event.node] = event.time
         elif isinstance(event, supervise.Ended):
             trace["exited"][event.node] = (event.node_time or event.time, event.time)
 
