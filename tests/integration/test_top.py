@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def test_the_live_view_in_a_terminal_refreshes_follows_a_rank_and_q_leaves_the_r
     logs = tmp_path / "logs"
     run_id = _detached(steps_box, logs)
     session, code = f"top-{os.getpid()}", tmp_path / "code"
-    command = (f"cd {REPO} && INVOKE_LAUNCHER_LOG_DIR={logs} python3 -m invoke top --hosts {steps_box.inventory}; "
+    command = (f"cd {REPO} && INVOKE_LAUNCHER_LOG_DIR={logs} {sys.executable} -m invoke top "
+               f"--hosts {steps_box.inventory}; "
                f"echo $? > {code}; sleep 60")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
     try:
