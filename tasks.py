@@ -12,17 +12,13 @@ import shlex
 import sys
 from collections.abc import Callable
 from functools import wraps
-from types import ModuleType
 from typing import Any
 
 from invoke import Collection, Context, Exit, task
 
-from launcher import app as cli
-from launcher import options
-from launcher.config.model import DEFAULT_MASTER_PORT
+from launcher import app, options
 from launcher.doctor import FAST_CHECKS
-from launcher.errors import LauncherError
-from launcher.run import start as run_start
+from launcher.errors import USAGE, LauncherError
 
 gc.freeze()
 gc.enable()
@@ -33,8 +29,6 @@ INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the latest on each node)"
 JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
-USAGE = cli.USAGE
-"""Exit code for wrong input on the command line or in invoke.yaml (found before anything is contacted)."""
 HOSTFILE_CONFIG = ("defaults", "job")
 """invoke.yaml's `launcher:` keys for a hostfile given as --hosts: read by `_hosts`, not by `launcher.options`."""
 
@@ -47,7 +41,7 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             code = fn(c, *args, **kwargs)
         except LauncherError as exc:
-            message, code = cli.main_error(exc)
+            message, code = app.main_error(exc)
             raise Exit(f"error: {message}", code) from None
         if code:
             raise Exit(code=code)
@@ -64,21 +58,6 @@ def _options(c: Context, **overrides: Any) -> options.Options:
         raise Exit(f"error: {exc}", USAGE) from None
 
 
-def _run_id(run: str | None) -> str | None:
-    """`--run` as given, once it looks like a run id (it names a directory on every node)."""
-    try:
-        return run_start.check_run_id(run)
-    except LauncherError as exc:
-        raise Exit(f"error: {exc}", USAGE) from None
-
-
-def _slurm() -> ModuleType:
-    """launcher.slurm.commands, imported by the SLURM tasks alone (a launch over SSH does without it)."""
-    from launcher.slurm import commands
-
-    return commands
-
-
 def _none_given(what: str, **others: Any) -> None:
     """Exit with a usage error when any of `others` was given: it does not apply to `what`."""
     given = [name for name, value in others.items() if value not in (None, False)]
@@ -92,22 +71,10 @@ def _slurm_job(job: str, **others: Any) -> str:
     return job
 
 
-def _integer(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise Exit(f"error: --{name.replace('_', '-')} must be a whole number, got {value!r}", USAGE) from None
-    if number < minimum:
-        raise Exit(f"error: --{name.replace('_', '-')} must be at least {minimum}, got {value!r}", USAGE)
-    if maximum is not None and number > maximum:
-        raise Exit(f"error: --{name.replace('_', '-')} must be at most {maximum}, got {value!r}", USAGE)
-    return number
-
-
-def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> cli.Hosts:
+def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> app.Hosts:
     """`--hosts` (default: launcher.hosts), what a hostfile takes from invoke.yaml, and the hosts chosen."""
     config = c.config.get("launcher", {})
-    return cli.Hosts(hosts or config.get("hosts", options.DEFAULT_HOSTS), config.get("defaults"), config.get("job"),
+    return app.Hosts(hosts or config.get("hosts", options.DEFAULT_HOSTS), config.get("defaults"), config.get("job"),
                      include, exclude)
 
 
@@ -143,7 +110,7 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
                     silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
                     hang_timeout=hang_timeout, on_hang=on_hang)
-    return cli.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
+    return app.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
                       doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
 
 
@@ -166,7 +133,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
     elif slurm:
         _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
                     connect_timeout=connect_timeout)
-    return cli.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
+    return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
                       slurm=slurm, job=job)
 
@@ -177,7 +144,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
 def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
-    return cli.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout, silence_timeout=silence_timeout))
+    return app.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout, silence_timeout=silence_timeout))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
@@ -185,8 +152,8 @@ def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
 def stop(c, hosts=None, run=None, grace=None, job=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
     if job:  # scancel: SLURM's KillWait is the grace period
-        return _slurm().job_stop(_slurm_job(job, hosts=hosts, run=run, grace=grace), _options(c))
-    return cli.stop(_hosts(c, hosts), _run_id(run), _options(c, grace=grace))
+        _slurm_job(job, hosts=hosts, run=run, grace=grace)
+    return app.stop(_hosts(c, hosts), run, _options(c, grace=grace), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
@@ -194,8 +161,8 @@ def stop(c, hosts=None, run=None, grace=None, job=None):
 def status(c, hosts=None, run=None, job=None):
     """Per node: running / exited (code) / stopped / unreachable, and since when."""
     if job:
-        return _slurm().job_status(_slurm_job(job, hosts=hosts, run=run), _options(c))
-    return cli.status(_hosts(c, hosts), _run_id(run), _options(c))
+        _slurm_job(job, hosts=hosts, run=run)
+    return app.status(_hosts(c, hosts), run, _options(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
@@ -205,9 +172,9 @@ def status(c, hosts=None, run=None, job=None):
 def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
     if job:  # the job's output file holds every node's prefixed lines
-        return _slurm().job_logs(_slurm_job(job, hosts=hosts, run=run, node=node, rank=rank), follow, _options(c))
-    rank = _integer("rank", rank) if rank is not None else None
-    return cli.logs(_hosts(c, hosts), _run_id(run), node=node, rank=rank, follow=follow, opts=_options(c))
+        _slurm_job(job, hosts=hosts, run=run, node=node, rank=rank)
+    rank = options.whole_number("rank", rank) if rank is not None else None
+    return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
@@ -215,7 +182,7 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
 @_reported
 def stacks(c, hosts=None, run=None, job=None):
     """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
-    return cli.stacks(_hosts(c, hosts), _run_id(run), _options(c), job=job)
+    return app.stacks(_hosts(c, hosts), run, _options(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
@@ -226,7 +193,7 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
     """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
     if json and not once:
         raise Exit("error: --json goes with --once (the live view is for a terminal)", USAGE)
-    return cli.top(_hosts(c, hosts), _run_id(run), _options(c), once=once, as_json=json, job=job)
+    return app.top(_hosts(c, hosts), run, _options(c), once=once, as_json=json, job=job)
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
@@ -234,18 +201,18 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
             "slurm": "also start a real SLURM cluster on the nodes (munged, slurmctld, a slurmd in each node); "
                      "prints the SLURM_CONF to export for srun/salloc"})
 @_reported
-def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=DEFAULT_MASTER_PORT, slurm=False):
+def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=options.DEFAULT_MASTER_PORT, slurm=False):
     """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
-    nproc = _integer("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
-    port = _integer("master_port", master_port, 1)
-    cli.sandbox_up(_integer("nodes", nodes, 1), nproc_per_node=nproc, master_port=port, slurm=slurm)
+    nproc = options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    port = options.whole_number("master_port", master_port, 1, 65535)
+    app.sandbox_up(options.whole_number("nodes", nodes, 1), nproc_per_node=nproc, master_port=port, slurm=slurm)
 
 
 @task
 @_reported
 def sandbox_down(c):
     """Stop the sandbox's sshd nodes (exactly the processes it started)."""
-    cli.sandbox_down()
+    app.sandbox_down()
 
 
 @task(help={"quick": "fewer sizes and repeats (a few minutes)",
@@ -260,7 +227,7 @@ def bench(c, quick=False, only=None):
 @_reported
 def demo(c):
     """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
-    return cli.demo()
+    return app.demo()
 
 
 @task(help={
@@ -282,9 +249,9 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
     """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
-    return _slurm().slurm_submit(_hosts(c, hosts).path, _integer("nodes", nodes, 1), partition=partition,
-                                       time=time, gpus_per_node=gpus_per_node, dry_run=dry_run, script=script,
-                                       args=args, skip_doctor=skip_doctor, job_name=job_name, opts=_options(c))
+    return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
+                            time=time, gpus_per_node=gpus_per_node, dry_run=dry_run, script=script, args=args,
+                            skip_doctor=skip_doctor, job_name=job_name, opts=_options(c))
 
 
 sandbox = Collection("sandbox")

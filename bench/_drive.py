@@ -110,6 +110,7 @@ def main(argv: list[str]) -> int:
     from launcher.options import Options
     from launcher.plan.commands import plan_launch
     from launcher.run import start as run_start
+    from launcher.run.wiring import Wiring
 
     gc.freeze()
     gc.enable()
@@ -124,22 +125,20 @@ def main(argv: list[str]) -> int:
     )
     if not args.torchrun:
         plan = dataclasses.replace(plan, nodes=nodes)
-    opts = Options(out=sys.stdout, err=sys.stderr)
-    if args.log_dir:
-        opts.log_dir = Path(args.log_dir)
-    opts.detach = args.detach
+    opts = Options(detach=args.detach, **({"log_dir": Path(args.log_dir)} if args.log_dir else {}))
+    wiring = Wiring(out=sys.stdout, err=sys.stderr)
     if args.preflight:
         from launcher.doctor import preflight
 
-        opts.preflight = preflight  # inside the agents' start sessions, as `inv launch` runs it (traced: probed, tcp)
+        wiring = dataclasses.replace(wiring, gate=preflight)  # inside the agents' start sessions, as `inv launch`
     if trace is not None:
-        opts.on_event = trace.pop("on_event")
+        wiring = dataclasses.replace(wiring, on_event=trace.pop("on_event"))
         trace["main"] = MAIN_WALL
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()
         trace["cpu"].update(main=MAIN_CPU, imported_planned=cpu_now())
     try:
-        code = run_start.launch_run(plan, opts)
+        code = run_start.launch_run(plan, opts, wiring)
     finally:
         if trace is not None:
             import json

@@ -29,6 +29,7 @@ from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import start as run_start
 from launcher.run.top import SshFeed, wait_first
+from launcher.run.wiring import Wiring
 from launcher.transport.sessions import close_all, connect_all
 
 VIEW_S = 10.0
@@ -40,7 +41,7 @@ JOB_ARGS = "--epochs 12"
 
 def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
     cluster = load_inventory(inventory)
-    nodes, _ = connect_all(cluster, cluster.hosts, 10.0)
+    nodes, _ = connect_all(cluster, cluster.hosts)
     feed = SshFeed(cluster, nodes, run_id, {}).start()
     wait_first(feed, 30.0)
     return feed, nodes
@@ -49,8 +50,8 @@ def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
 def view_cpu(inventory: Path, root: Path) -> dict:
     """A detached light run; a live view on it for VIEW_S; the view's agents' CPU per second, per node."""
     plan = light_plan(inventory, "steady", "600")
-    quiet = Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs")
-    run_start.launch_run(plan, quiet)
+    quiet = Wiring(out=io.StringIO(), err=io.StringIO())
+    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"), quiet)
     time.sleep(2)
     before = node_agents()
     feed, nodes = open_view(inventory, plan.run_id)
@@ -77,7 +78,8 @@ def view_cpu(inventory: Path, root: Path) -> dict:
 def first_view(inventory: Path, root: Path) -> float:
     plan = light_plan(inventory, "steady", "600")
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
-    run_start.launch_run(plan, Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs"))
+    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
+                         Wiring(out=io.StringIO(), err=io.StringIO()))
     time.sleep(1)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", "top", "--hosts", str(inventory), "--once", "--json"],
@@ -119,7 +121,8 @@ def first_frame(inventory: Path, root: Path) -> float:
     """From nothing (connections included, imports not) to a frame with every node's figures, on a detached light
     run: what the live view takes to show the whole run."""
     plan = light_plan(inventory, "steady", "600")
-    run_start.launch_run(plan, Options(detach=True, out=io.StringIO(), err=io.StringIO(), log_dir=root / "logs"))
+    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
+                         Wiring(out=io.StringIO(), err=io.StringIO()))
     time.sleep(2)
     t0 = time.perf_counter()
     feed, nodes = open_view(inventory, plan.run_id)

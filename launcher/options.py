@@ -1,35 +1,23 @@
-"""How a launch behaves, and the one home of every default: invoke.yaml, the tasks and the node agent read them here.
+"""The user's options: what a task does and how long it waits, as one frozen value (`Options`), with their
+defaults, their bounds and their checks for invoke.yaml and the command line; an inventory's own defaults too.
 
-The node agent has no defaults of its own: every number it uses arrives in its request (see `runs.start_request`).
+The launcher's internal numbers are `launcher.limits`; how nodes are reached over SSH is
+`launcher.transport.settings` (`Options.ssh` builds it). What a run talks to (output streams, the start gate, an
+event sink) is not an option: it travels apart as `launcher.run.wiring.Wiring`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import Any
 
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, UsageError
+from launcher.limits import ACTION_MARGIN
+from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT, SshSettings
 
-if TYPE_CHECKING:
-    from launcher.run.gate import StartGate
-
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
-DEFAULT_FANOUT = 64
-"""At most this many SSH handshakes (and short node commands: stop, status, logs) under way at once; more nodes go
-in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting to all 64 nodes took 1.7-1.9 s and
-0.5-0.6 CPU s of the launcher whatever the limit from 16 to 64 (2.0 s at 8, 2.3-2.5 s at 4), so a lower limit
-buys nothing on the controller. A lower one is for what sits in between: a ProxyJump host whose sshd refuses
-handshakes beyond its `MaxStartups` (10 by default)."""
-FDS_PER_NODE = 6
-"""Open files a node costs the launcher for a whole run: its socket, Paramiko's channel pipe and event, a selector,
-and room for a ProxyJump hop (measured ~4 without one)."""
-FD_RESERVE = 64
-"""Open files the launcher needs besides its nodes (Python, logs, the console, pipes)."""
 DEFAULT_PROBE_TIMEOUT = 120.0
 """Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
 
@@ -52,14 +40,6 @@ arrives in blocks of up to 64 KiB (~2,000 short lines) per node, and the console
 with the nodes' readers: with 10,000 or 100,000 lines, `inv launch > file` of a job printing a million lines in
 a few seconds skipped lines (bench `logs`). A million short lines are ~60 MB, held only while a console (a pager
 left open, Ctrl-S) really is that far behind."""
-HEARTBEAT_DIVISOR = 4
-"""Heartbeats go this many times per timeout, so that one late beat never stops a healthy run."""
-MAX_LINE_BYTES = 64 * 1024
-"""A line longer than this (output without newlines) is cut into pieces of this size, each marked."""
-LOG_POLL_S = 0.05
-"""Seconds a node's agent waits before it looks again at quiet worker log files: the most a line lags there."""
-LOG_CHUNK = 64 * 1024
-"""Bytes a node's agent reads from one worker's log file at a time (a full read means more waits: no pause)."""
 DEFAULT_RETRY_WAIT = 3.0
 """Seconds between a failed attempt and the doctor's checks before the next (`--retries`): what a node that is
 rebooting, or a port in TIME_WAIT, needs to show what it is."""
@@ -68,10 +48,6 @@ DEFAULT_RETRY_COOLDOWN = 300.0
 blacklist with a cool-down): one more try after it may have been fixed, never a loop on a bad node."""
 DEFAULT_HOSTS = "hosts/cluster.yaml"
 DEFAULT_LOG_DIR = "logs"
-SLURM_STOP_WAIT = 120.0
-"""Seconds `inv stop --job` waits for SLURM to end every process of a job (its KillWait is 30 s by default)."""
-ACTION_MARGIN = 20.0
-"""Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
 MAX_SECONDS = 86400.0
 """The most any time option may be (a day): what select(), thread waits and timers take without overflow."""
 MIN_HEARTBEAT_S = 1.0
@@ -96,12 +72,7 @@ STRAGGLER_HOLD_S = 60.0
 """...for this long (in the view and a launch's console; `inv top --once` judges the rates of its one look)."""
 
 
-def heartbeat_interval(timeout: float) -> float:
-    """Seconds between two heartbeats for a given timeout (at most 5 s)."""
-    return min(5.0, timeout / HEARTBEAT_DIVISOR)
-
-
-@dataclass
+@dataclass(frozen=True)
 class Options:
     """How a launch (and stop, status, logs) behaves; the task layer fills it from the command line and invoke.yaml."""
 
@@ -121,16 +92,8 @@ class Options:
     """Lines the console may lag behind."""
     console_buffer_bytes: int = DEFAULT_CONSOLE_BUFFER_BYTES
     """Characters the console may hold behind, whatever the number of lines."""
-    """Lines the console may lag behind before lines are skipped on it (never in the log files)."""
     log_dir: Path = Path(DEFAULT_LOG_DIR)
     """Where the controller mirrors each node's output: <log_dir>/<run_id>/<node>.log."""
-    out: IO[str] = field(default_factory=lambda: sys.stdout)
-    """Where node output goes (prefixed lines)."""
-    err: IO[str] = field(default_factory=lambda: sys.stderr)
-    """Where the launcher's own progress and reports go."""
-    preflight: StartGate | None = None
-    """What runs before anything starts: the doctor's fast checks in every agent's start session
-    (`launcher.doctor.collect.SessionPreflight`), and work on the open connections first (`launch --sync`)."""
     retries: int | None = None
     """How often a run that lost a node is started again (None: the inventory's `retries`)."""
     retry_wait: float = DEFAULT_RETRY_WAIT
@@ -146,9 +109,11 @@ class Options:
     """A rank whose step rate is below this share of the median rank's..."""
     straggler_hold: float = STRAGGLER_HOLD_S
     """...for this many seconds is a straggler (`inv top`, a launch's console, `inv status`)."""
-    on_event: Callable[[Any], None] | None = None
-    """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
-    it must not block. For tools such as the bench."""
+
+    @property
+    def ssh(self) -> SshSettings:
+        """How this task's connections are made (an attached run's add keepalives: `launcher.run.start`)."""
+        return SshSettings(self.connect_timeout)
 
     @property
     def action_timeout(self) -> float:
@@ -209,6 +174,21 @@ def number(name: str, value: Any, source: str) -> float | int:
     return result
 
 
+def whole_number(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
+    """`--name`'s value as a whole number within its bounds; a UsageError (exit code 2) naming the option otherwise.
+    For the command line's counts that are no setting (`--nodes`, `--rank`, `--master-port`)."""
+    option = f"--{name.replace('_', '-')}"
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} must be a whole number, got {value!r}") from None
+    if number < minimum:
+        raise UsageError(f"{option} must be at least {minimum}, got {value!r}")
+    if maximum is not None and number > maximum:
+        raise UsageError(f"{option} must be at most {maximum}, got {value!r}")
+    return number
+
+
 def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml") -> Options:
     """Options from invoke.yaml's `launcher:` section, then command-line overrides (None means not given).
 
@@ -238,179 +218,8 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
     return Options(**values)
 
 
-# --- an attached run's decisions (launcher.run) -----------------------------------------------------------------
-STALL = 2.0
-"""A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
-STOP_MARGIN = 5.0
-"""Seconds beyond the grace period that a node gets to confirm a stop before the launcher gives up on it."""
-SWEEP_MARGIN = 3.0
-"""Seconds beyond the grace period the launcher waits for a sweep over a new channel (a node whose sshd answers
-needs about one: a session, the agent's start, a look at /proc); one whose sshd does not is reported instead."""
-
-
-# --- the doctor's judgement (launcher.doctor) ---------------------------------------------------------------------
-MIN_DISK_BYTES = 1 << 30
-"""Less free space than this where a node's workdir is fails the doctor's disk check."""
-MAX_CLOCK_SKEW_S = 5.0
-"""A node's clock further than this from the controller's fails the doctor's clock check."""
-SLOW_PROBE_MARGIN_S = 2.0
-"""A slow probe answered at least this much later than the typical node's (above SSH and interpreter-start noise)."""
-SLOW_PROBE_FACTOR = 2.0
-"""... and took at least this many times as long (a load every node shares is nobody's fault)."""
-SLOW_PROBE_SHARE = 0.5
-"""A probe that used more than this share of probe_timeout is slow whatever its peers took: the next may not fit."""
-
-
-# --- the doctor's probes (launcher.doctor.collect) --------------------------------------------------------------------
-LISTEN_WINDOW_S = 3.0
-"""How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
-TOKEN_READ_S = 2.0
-"""How long a node waits for the listener's token once connected (no answer: something else listens there)."""
-LISTENER_MARGIN_S = 5.0
-"""The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
-RESOLVE_WORKERS = 16
-"""Threads each node's probe resolves names on: every host's name, on every node, is N lookups a node (N x N in the
-cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""
-
-
-# --- SLURM (launcher.slurm) -------------------------------------------------------------------------------------------
-STEP_END_WAIT = 5.0
-"""Seconds the step gets to end by itself once its stdin closed (every agent then stops its part) before SIGTERM."""
-SUBMIT_TIMEOUT = 120.0
-"""Seconds sbatch may take (it retries an unreadable slurm.conf for 60 s before it gives up)."""
-QUERY_TIMEOUT = 30.0
-"""Seconds squeue, scontrol, sacct or scancel may take."""
-SACCT_TIMEOUT = 10.0
-"""Seconds sacct may take: it is only asked about jobs the controller has forgotten, and a record may answer."""
-SLURM_POLL = 1.0
-"""Seconds between two looks at a job that is followed or being cancelled."""
-SLURM_TAIL_CHUNK = 1 << 20
-"""Bytes of a job's output read and printed at a time: memory stays this, whatever the file's size."""
-
-
-# --- the console and the log mirror (launcher.report) -----------------------------------------------------------------
-MIRROR_QUEUE_CHUNKS = 1024
-"""Chunks (up to 64 KiB each) the log copy may lag behind the run before it gives up with a warning."""
-MIRROR_CLOSE_S = 30.0
-"""How long the launcher waits at the end for the log copy to reach the disk."""
-TAIL_LINES = 40
-"""Lines of each node's output kept for the root-cause report."""
-TAIL_WIDTH = 1000
-"""Characters of each of those lines kept (a progress bar without newlines is one long line)."""
-
-
-# --- retries (launcher.plan.retry) ------------------------------------------------------------------------------------
-FAILURES_TO_BLACKLIST = 2
-"""A node that caused this many failed attempts sits out for the cool-down (one failure may be bad luck)."""
-
-
-# --- code sync (launcher.sync) ----------------------------------------------------------------------------------------
-SYNC_REPLY_TIMEOUT = 60.0
-"""Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""
-SYNC_SEND_CHUNK = 1 << 20
-"""Bytes per send: small files are packed together into chunks of this size."""
-SYNC_LOCK_WAIT = 60.0
-"""Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
-
-
-# --- SSH channels (launcher.transport) --------------------------------------------------------------------------------
-SEND_LOCK_WAIT = 0.1
-"""Seconds a non-blocking send waits for another send on the same channel (a few bytes take microseconds)."""
-
-
-# --- reading an inventory (launcher.config) ---------------------------------------------------------------------------
-MAX_MERGED_PAIRS = 100_000
-"""At most this many key/value pairs in all mappings together once merge keys (`<<`) are expanded: a few hundred
-hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
+# --- an inventory's defaults (launcher.config) --------------------------------------------------------------
 DEFAULT_MASTER_PORT = 29500
 """torchrun's rendezvous port when the inventory names none (torchrun's own default)."""
-
-
-# --- the sandbox (launcher.sandbox) -----------------------------------------------------------------------------------
-SANDBOX_STOP_GRACE_S = 3.0
-"""Seconds between TERM and KILL when a sandbox node is stopped."""
-SANDBOX_STOP_LIMIT_S = 60.0
-"""How long a stop may take in all before it gives up and names what it could not stop."""
-SANDBOX_MAX_NODES = 200
-"""The most sshd nodes one sandbox starts (each takes a loopback address and a few processes)."""
-SANDBOX_CPUS_PER_NODE = 2
-"""CPUs each sandbox node declares to its slurmd."""
-
-
-NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "keep_s": 30 * 24 * 3600.0}
-"""Where each node keeps the node modules compiled (launcher/node/loader.py: ~9 ms of CPU a session saved), and how
-long an entry not written again is kept (entries are removed when a new one is stored)."""
-
-
-# --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
-NODE_TIMING: dict[str, float] = {
-    "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
-    "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
-    "check_s": 1.0,  # a followed log's look at the run and the launcher; an attached agent's at the heartbeat clock
-    "keeper_poll_s": 0.02,  # a stop's look at whether the run's keeper has recorded the exit code
-    "keeper_wait_s": 2.0,  # how long a stop waits for that record
-    "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone
-    "read_chunk": 1 << 16,  # bytes of the log read at a time
-}
-"""Every wait and read size of the node agent (launcher/node/protocol.py `AGENT_TIMING`): each agent request's
-`timing`."""
-SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
-"""syncd's: between two tries at another sync's lock; bytes of the stream read at a time."""
-
-
-# --- stacks and hangs (launcher.run.stacks, launcher.plan.hang) -----------------------------------------------------
-STACKS_WAIT_S = 5.0
-"""Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
-may not)."""
-FLIGHT_RECORDER_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-"""NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
-run directory), unless the user set any of its variables."""
-NCCL_MAX_BYTES = 64 << 20
-"""The most of a node's flight recorder dumps brought back with its stacks."""
-EVENT_CHUNK = 800
-"""Characters of data in one `part` event line: a large answer (every worker's stack) travels in parts, as srun
-cuts long output lines."""
-STACKS_MARGIN_S = 3.0
-"""Seconds beyond STACKS_WAIT_S the launcher waits for a node's stacks (the node's answer has to travel too)."""
-HANG_FLOOR_S = 300.0
-"""The learnt hang timeout is never shorter: a healthy run may be quiet this long (a checkpoint, an evaluation)."""
-HANG_FACTOR = 4.0
-"""The learnt hang timeout is this many times the longest quiet gap the run has shown between progress lines."""
-HANG_CPU_SHARE = 0.1
-"""A rank whose CPU time grows faster than this share of the wall time is making progress, printed or not."""
-HANG_EXIT = 124
-"""The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
-
-# `inv top` (launcher/run/top.py; the node side is launcher/node/top.py).
-TOP_INTERVAL_S = 1.0
-"""Seconds between two views (each node's agent sends a snapshot that often)."""
-TOP_ONCE_S = 3.0
-"""How long `inv top --once` watches before its snapshot: CPU % and step rates need two looks."""
-TOP_READ_S = 0.1
-"""How often a node's agent reads its ranks' new output between snapshots: a step's time is known to this much."""
-TOP_TAIL_BYTES = 64 << 10
-"""How much of a rank's files written before the view began is read for its last line and step."""
-TOP_KEEP_LINES = 20
-"""Lines of the followed rank (`l` in the view) each snapshot carries."""
-TOP_RATE_WINDOW_S = 30.0
-"""A rank's step rate is over its steps of the last this many seconds."""
-TOP_GPU_TIMEOUT_S = 5.0
-"""The most one `nvidia-smi --query-gpu` may take on a node."""
 DEFAULT_PROGRESS = r"\bstep[ =:#]*(?P<step>\d+)|(?P<tqdm>\d+)/\d+ \["
 """A rank's progress lines when the job names none (`job.progress`): train/ddp.py's `step N`, tqdm's `N/M [`."""
-
-# `inv doctor --net` (launcher/doctor/net.py; the job is launcher/doctor/netjob.py).
-JOB_DOCTOR_PORT_SHIFT = 1
-"""`inv doctor --job ID`: the job's own run holds master_port, so the checks and `--net` use this port beside it."""
-NET_SIZES = (8, 1 << 20, 16 << 20, 256 << 20)
-"""The all_reduce sizes of the whole group, in bytes: the smallest gives the latency, the largest the bandwidth."""
-NET_BUDGET_S = 1.0
-"""Seconds one size may take (as many runs as fit, at least one); a size over it skips the larger ones."""
-NET_PAIR_BYTES = 16 << 20
-"""The all_reduce of each pair of neighbours in the ring."""
-NET_MAX_ITERS = 20
-"""The most runs of one size."""
-NET_SLOW_SHARE = 0.5
-"""A node whose best link carries under this share of the median node's is flagged."""
-NET_TIMEOUT_S = 300.0
-"""The most the whole measurement may take, from the start of its torchrun to its answer."""

@@ -10,7 +10,7 @@ import yaml
 
 from launcher.config.text import SHOWN, render, shorten
 from launcher.errors import InventoryError
-from launcher.options import MAX_MERGED_PAIRS as _MAX_MERGED
+from launcher.limits import MAX_MERGED_PAIRS as _MAX_MERGED
 
 _STR_TAG = "tag:yaml.org,2002:str"
 

@@ -11,11 +11,11 @@ from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import _REGISTRY, CheckFunction
 from launcher.doctor.registry import Check as Check
 from launcher.doctor.registry import check as check
-from launcher.options import MAX_CLOCK_SKEW_S as MAX_CLOCK_SKEW_S
-from launcher.options import MIN_DISK_BYTES as MIN_DISK_BYTES
-from launcher.options import SLOW_PROBE_FACTOR as SLOW_PROBE_FACTOR
-from launcher.options import SLOW_PROBE_MARGIN_S as SLOW_PROBE_MARGIN_S
-from launcher.options import SLOW_PROBE_SHARE as SLOW_PROBE_SHARE
+from launcher.limits import MAX_CLOCK_SKEW_S as MAX_CLOCK_SKEW_S
+from launcher.limits import MIN_DISK_BYTES as MIN_DISK_BYTES
+from launcher.limits import SLOW_PROBE_FACTOR as SLOW_PROBE_FACTOR
+from launcher.limits import SLOW_PROBE_MARGIN_S as SLOW_PROBE_MARGIN_S
+from launcher.limits import SLOW_PROBE_SHARE as SLOW_PROBE_SHARE
 
 CHECKS: tuple[str, ...] = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script", "gpus", "packages",
                            "disk", "clock", "iface")

@@ -12,7 +12,7 @@ from launcher.config.model import Host
 from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.doctor.registry import check, compare, human_bytes, listed, probes_of
 from launcher.errors import NodeFailure
-from launcher.options import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR, SLOW_PROBE_MARGIN_S, SLOW_PROBE_SHARE
+from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR, SLOW_PROBE_MARGIN_S, SLOW_PROBE_SHARE
 from launcher.transport.program import SETUP_FAILED
 
 

@@ -11,26 +11,19 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from launcher.config.model import Cluster, Host
 from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
-from launcher.options import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_FANOUT,
-    DEFAULT_PROBE_TIMEOUT,
-    LISTEN_WINDOW_S,
-    LISTENER_MARGIN_S,
-    RESOLVE_WORKERS,
-    TOKEN_READ_S,
-    Options,
-)
+from launcher.limits import LISTEN_WINDOW_S, LISTENER_MARGIN_S, RESOLVE_WORKERS, TOKEN_READ_S
+from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, classify, close_all, connect_all
+from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 
 if TYPE_CHECKING:
     from launcher.run.events import NodeFacts
@@ -156,19 +149,18 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     return outcomes, times, listener, (sent, received)
 
 
-def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None,
-               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, checks: CheckMode = "all",
-               probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Report:
+def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: SshSettings = DEFAULT_SSH,
+               checks: CheckMode = "all", probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Report:
     """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
 
-    Two bounds, one per phase: `connect_timeout` for each SSH connection (a dead node fails within it), then
+    Two bounds, one per phase: `ssh.connect_timeout` for each SSH connection (a dead node fails within it), then
     `probe_timeout` for each probe's answer once sent (a hung one fails within it; a slow one is timed and warned).
     """
     start = time.monotonic()
     ours = {h.name for h in cluster.hosts}
     given = {name: node for name, node in (nodes or {}).items() if name in ours}
     missing = [h for h in cluster.hosts if h.name not in given]
-    opened, failures = connect_all(cluster, missing, connect_timeout) if missing else ({}, [])
+    opened, failures = connect_all(cluster, missing, ssh) if missing else ({}, [])
     connected = time.monotonic()
     try:
         outcomes, times, listener, clock = _probe_all(cluster, {**given, **opened}, checks, probe_timeout)
@@ -243,8 +235,8 @@ class SessionPreflight:
     """Seconds each node's probe has to answer, from sending its session's request to its `probed` event."""
     in_session: bool = True
     """The checks run in the agents' start sessions (`launcher.run.gate.StartGate`)."""
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    """For the standalone form only: each SSH connection it opens (the launch has its own)."""
+    ssh: SshSettings = DEFAULT_SSH
+    """For the standalone form only: how the SSH connections it opens are made (the launch has its own)."""
     before: Callable[[Cluster, dict[str, Node]], None] | None = None
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
@@ -252,12 +244,9 @@ class SessionPreflight:
     more: str | None = "run `inv doctor` for the full report"
     """The failure's last line: where to look further (None where `inv doctor` cannot reach the nodes: SLURM)."""
 
-    def __call__(self, cluster: Cluster, nodes: Mapping[str, Node], *, probe_timeout: float | None = None,
-                 connect_timeout: float | None = None) -> Report:
+    def __call__(self, cluster: Cluster, nodes: Mapping[str, Node]) -> Report:
         """The fast checks on open connections, over probe sessions of their own; raises DoctorFailed."""
-        report = run_doctor(cluster, nodes, checks="fast",
-                            connect_timeout=self.connect_timeout if connect_timeout is None else connect_timeout,
-                            probe_timeout=self.probe_timeout if probe_timeout is None else probe_timeout)
+        report = run_doctor(cluster, nodes, self.ssh, checks="fast", probe_timeout=self.probe_timeout)
         if not report.ok:
             raise DoctorFailed(report)
         return report
@@ -291,15 +280,33 @@ preflight = SessionPreflight()
 launch's agent sessions."""
 
 
-def launch_preflight(opts: Options) -> SessionPreflight:
+def launch_preflight(opts: Options, err: IO[str]) -> SessionPreflight:
     """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
     def passed(report: Report, seconds: float) -> None:
-        opts.err.write(f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
+        err.write(f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
                        f"{seconds:.1f}s: {', '.join(FAST_CHECKS)} all passed "
                        "(--skip-doctor skips)\n")
         for found in report.problems:  # warnings only: a failure raised before this
-            opts.err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
+            err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return SessionPreflight(probe_timeout=opts.probe_timeout, connect_timeout=opts.connect_timeout, on_pass=passed)
+    return SessionPreflight(probe_timeout=opts.probe_timeout, ssh=opts.ssh, on_pass=passed)
+
+
+def between_attempts(opts: Options, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:
+    """What `--retries` checks before each next attempt: the nodes that fail the doctor's fast checks (with
+    `doctor` off, those that cannot be reached), each with why (`launcher.run.attempts.HealthCheck`)."""
+
+    def failing(cluster: Cluster) -> dict[str, str]:
+        if not doctor:
+            nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
+            close_all(nodes.values())
+            return {f.host: str(f) for f in failures}
+        report = run_doctor(cluster, ssh=opts.ssh, checks="fast", probe_timeout=opts.probe_timeout)
+        out: dict[str, str] = {}
+        for found in report.failures:
+            out.setdefault(found.host, f"the doctor's {found.check} check failed: {found.detail}")
+        return out
+
+    return failing

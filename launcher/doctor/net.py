@@ -20,17 +20,11 @@ from launcher.config.model import Cluster, Job
 from launcher.doctor.evidence import Report
 from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
 from launcher.errors import LauncherError
-from launcher.options import (
-    NET_BUDGET_S,
-    NET_MAX_ITERS,
-    NET_PAIR_BYTES,
-    NET_SIZES,
-    NET_SLOW_SHARE,
-    NET_TIMEOUT_S,
-    Options,
-)
+from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_SLOW_SHARE, NET_TIMEOUT_S
+from launcher.options import Options
 from launcher.plan.commands import LaunchPlan, plan_launch
 from launcher.run.events import Output
+from launcher.run.wiring import Wiring
 
 SOURCE = Path(__file__).with_name("netjob.py")
 MARK = b"NETCHECK "
@@ -50,7 +44,7 @@ def net_plan(cluster: Cluster) -> LaunchPlan:
     return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
-Starter = Callable[[LaunchPlan, Options], int]
+Starter = Callable[[LaunchPlan, Options, Wiring], int]
 """What runs the measurement's plan to its end: `run_start.launch_run` over SSH, a step of the job under SLURM."""
 
 
@@ -75,14 +69,14 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tu
                     with contextlib.suppress(ValueError):
                         found.append(json.loads(line.split(MARK, 1)[1]))
 
-    quiet = dataclasses.replace(opts, out=io.StringIO(), err=io.StringIO(), on_event=on_event, hang_timeout=0,
-                                detach=False, preflight=None, retries=0)
+    quiet = dataclasses.replace(opts, hang_timeout=0, detach=False, retries=0)
+    wiring = Wiring(out=io.StringIO(), err=io.StringIO(), on_event=on_event)  # no gate: the doctor just ran
     plan = net_plan(cluster)
     result: list[BaseException] = []
 
     def run() -> None:
         try:
-            runner(plan, quiet)
+            runner(plan, quiet, wiring)
         except (LauncherError, OSError) as exc:
             result.append(exc)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config.model import Job
-from launcher.options import HANG_CPU_SHARE, HANG_FACTOR, HANG_FLOOR_S
+from launcher.limits import HANG_CPU_SHARE, HANG_FACTOR, HANG_FLOOR_S
 
 
 def hang_timeout(given: float | None, job: Job) -> float | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.config.model import Cluster, Job
-from launcher.options import FAILURES_TO_BLACKLIST
+from launcher.limits import FAILURES_TO_BLACKLIST
 
 
 @dataclass(frozen=True)

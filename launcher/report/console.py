@@ -15,7 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import IO
 
-from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES, MIRROR_CLOSE_S, MIRROR_QUEUE_CHUNKS
+from launcher.limits import MIRROR_CLOSE_S, MIRROR_QUEUE_CHUNKS
+from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES
 
 
 class ConsoleWriter:

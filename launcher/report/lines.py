@@ -8,7 +8,7 @@ import sys
 from collections import deque
 from typing import IO
 
-from launcher.options import MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
+from launcher.limits import MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 
 # The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.node.logmerge.LogMerger), or
 # `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is

@@ -10,11 +10,13 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.options import ACTION_MARGIN, Options
+from launcher.limits import ACTION_MARGIN
+from launcher.options import Options
 from launcher.plan import runchoice
 from launcher.plan.commands import rank_offsets
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.start import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command
 from launcher.transport.sessions import Node, classify, close_all, connect_all
@@ -36,7 +38,7 @@ class NodeState:
     detail: str = ""
 
 
-def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str | None:
+def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]) -> str | None:
     """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
     inventory as a whole (`launcher.plan.runchoice`); says which on the console, or raises when it is ambiguous."""
     results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
@@ -53,16 +55,16 @@ def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options) -> str |
     choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings)
     if choice is None:
         return None  # no run at all on these nodes: each says so
-    opts.err.write(choice.why + "\n")
+    err.write(choice.why + "\n")
     return choice.run_id
 
 
-def _states(cluster: Cluster, request: dict[str, Any], opts: Options) -> list[NodeState]:
+def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[str]) -> list[NodeState]:
     check_run_id(request["run_id"])
-    nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
     try:
         if request["run_id"] is None and nodes:
-            request = {**request, "run_id": chosen_run(cluster, nodes, opts)}
+            request = {**request, "run_id": chosen_run(cluster, nodes, opts, err)}
         # The action's own limit follows the grace period, so a long grace never reads as a lost node.
         results = agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
@@ -102,43 +104,45 @@ def _agent_error(result: Result) -> str:
     return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
 
 
-def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False
-         ) -> list[NodeState]:
+def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False,
+         wiring: Wiring | None = None) -> list[NodeState]:
     """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
     `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
     opts = opts or Options()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts)
+    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts,
+                   (wiring or Wiring()).err)
 
 
-def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None) -> list[NodeState]:
+def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None,
+           wiring: Wiring | None = None) -> list[NodeState]:
     """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
-    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options())
+    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options(), (wiring or Wiring()).err)
 
 
 def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
-         follow: bool = False, opts: Options | None = None) -> int:
+         follow: bool = False, opts: Options | None = None, wiring: Wiring | None = None) -> int:
     """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
-    opts = opts or Options()
+    opts, wiring = opts or Options(), wiring or Wiring()
     check_run_id(run_id)
     hosts = [h for h in cluster.hosts if node is None or h.name == node]
     if not hosts:
         raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
                             f"{', '.join(h.name for h in cluster.hosts)})")
-    nodes = connect_or_fail(cluster, hosts, opts)
+    nodes = connect_or_fail(cluster, hosts, opts, wiring.err)
     try:
-        run_id = run_id or chosen_run(cluster, nodes, opts)
+        run_id = run_id or chosen_run(cluster, nodes, opts, wiring.err)
     except BaseException:
         close_all(nodes.values())
         raise
     offsets = rank_offsets(cluster)
-    colour = supports_colour(opts.out)
+    colour = supports_colour(wiring.out)
     width = max(len(h.name) for h in hosts)
     lock = threading.Lock()
     failures: list[str] = []
 
     def one(index: int, host: Host) -> None:
         log = NodeLog(host.name, index, width, offsets[host.name], colour)
-        sink = _RankFilter(opts.out, rank, lock)
+        sink = _RankFilter(wiring.out, rank, lock)
         try:
             channel = nodes[host.name].open_channel(host_command(host))
             channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
@@ -171,7 +175,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     finally:
         close_all(nodes.values())
     for line in failures:
-        opts.err.write(line + "\n")
+        wiring.err.write(line + "\n")
     return 1 if failures else 0
 
 

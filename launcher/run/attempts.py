@@ -27,6 +27,7 @@ from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summa
 from launcher.report import rootcause
 from launcher.run import actions as run_actions
 from launcher.run import start as run_start
+from launcher.run.wiring import Wiring
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
@@ -35,7 +36,7 @@ HealthCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
 
 
-def launch_with_retries(plan: LaunchPlan, opts: Options, retries: int, health: HealthCheck) -> int:
+def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: HealthCheck) -> int:
     """`run_start.launch_run`, again on what is left after a lost node, up to `retries` more times."""
     attempts: list[Attempt] = []
     failures: dict[str, list[float]] = {}
@@ -49,10 +50,10 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, retries: int, health: H
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
         try:
-            code = run_start.launch_run(plan, opts)
+            code = run_start.launch_run(plan, opts, wiring)
         except (LauncherError, KeyboardInterrupt) as exc:
             if isinstance(exc, RunFailed):
-                plan = _after_failure(exc, attempt, attempts, first, opts, failures, health, low, retries)
+                plan = _after_failure(exc, attempt, attempts, first, opts, wiring, failures, health, low, retries)
                 continue
             # It could not start (the doctor's checks, a connection) or was interrupted while starting: recorded
             # as ended, never left "running" for `inv status`.
@@ -62,17 +63,18 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, retries: int, health: H
                                    "failed-final", why=why)
             _record(opts.log_dir, attempts)
             if len(attempts) > 1:
-                opts.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+                wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
             raise
         attempts[-1] = replace(attempt, ended_at=time.time(), outcome="ok" if code == 0 else "interrupted",
                                why="exit 0" if code == 0 else f"exit {code}")
         _record(opts.log_dir, attempts)
         if len(attempts) > 1:
-            opts.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+            wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
         return code
 
 
 def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], first: LaunchPlan, opts: Options,
+                   wiring: Wiring,
                    failures: dict[str, list[float]], health: HealthCheck, low: int, retries: int) -> LaunchPlan:
     """Record a failed attempt; the next attempt's plan, or raise the failure when it is final."""
     reason = rootcause.retry_reason(list(exc.ends)) if exc.ends else None
@@ -86,7 +88,7 @@ def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], fi
     if exc.node is not None:
         failures.setdefault(exc.node, []).append(time.time())
     try:
-        plan = _next_plan(first, opts, failures, health, low, retries, reason, attempts)
+        plan = _next_plan(first, opts, wiring, failures, health, low, retries, reason, attempts)
     except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
         lines = ["interrupted between attempts: nothing is running", "attempts:",
                  *(f"  {line}" for line in summary(attempts))]
@@ -94,14 +96,14 @@ def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], fi
     return plan
 
 
-def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]], health: HealthCheck, low: int,
-               retries: int, reason: str, attempts: list[Attempt]) -> LaunchPlan:
+def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[str, list[float]],
+               health: HealthCheck, low: int, retries: int, reason: str, attempts: list[Attempt]) -> LaunchPlan:
     """Wait, check the nodes, and plan the next attempt on those that may take part; raise when too few are left.
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over)
     takes part again as soon as it passes."""
     done = len(attempts)
-    opts.err.write(f"attempt {done} of {retries + 1} failed: {reason}; checking the nodes again in "
+    wiring.err.write(f"attempt {done} of {retries + 1} failed: {reason}; checking the nodes again in "
                    f"{opts.retry_wait:g} s (retry {done} of {retries})\n")
     time.sleep(opts.retry_wait)
     inventory = first.cluster
@@ -111,28 +113,28 @@ def _next_plan(first: LaunchPlan, opts: Options, failures: dict[str, list[float]
         out.update(health(candidates))
     kept = next_nodes(inventory, out).cluster
     if kept.hosts:
-        out.update(_sweep(kept, attempts[-1], opts))
+        out.update(_sweep(kept, attempts[-1], opts, wiring))
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
-        opts.err.write(f"  {name} sits out: {why}\n")
+        wiring.err.write(f"  {name} sits out: {why}\n")
     if len(chosen.cluster.hosts) < low:
         lines = [f"cannot retry: {len(chosen.cluster.hosts)} node(s) left, the run needs at least {low}",
                  *(f"  {name}: {why}" for name, why in chosen.dropped.items()), "attempts:",
                  *(f"  {line}" for line in summary(attempts))]
         raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
     if chosen.new_master is not None:
-        opts.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
+        wiring.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
     job = resumed(first.job)
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
-    opts.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
+    wiring.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
     return plan_launch(chosen.cluster, job)
 
 
-def _sweep(cluster: Cluster, previous: Attempt, opts: Options) -> dict[str, str]:
+def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -> dict[str, str]:
     """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
     the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
-    states = run_actions.stop(cluster, previous.run_id, opts, sweep=True)
+    states = run_actions.stop(cluster, previous.run_id, opts, sweep=True, wiring=wiring)
     out = {}
     for state in states:
         if state.state in ("unreachable", "error"):
@@ -140,7 +142,7 @@ def _sweep(cluster: Cluster, previous: Attempt, opts: Options) -> dict[str, str]
         elif state.left:
             out[state.host] = f"{state.left} process(es) of attempt {previous.number} could not be stopped there"
         elif state.found:
-            opts.err.write(f"  {state.host}: stopped {state.found} process(es) left of attempt {previous.number}\n")
+            wiring.err.write(f"  {state.host}: stopped {state.found} process(es) left of attempt {previous.number}\n")
     return out
 
 

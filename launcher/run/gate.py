@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from launcher.config.model import Cluster, Host
+from launcher.limits import STOP_MARGIN
 from launcher.node.protocol import ABORT, TCP, word_line
-from launcher.options import STOP_MARGIN
 from launcher.run.events import NodeFacts
 from launcher.transport.sessions import Node
 

@@ -15,14 +15,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from launcher.limits import STALL, STOP_MARGIN
 from launcher.node.protocol import GO, KILL, STOP, word_line
-from launcher.options import STALL, STOP_MARGIN, Options
+from launcher.options import Options
 from launcher.plan.commands import LaunchPlan
 from launcher.plan.hang import HangWatch, hang_timeout
 from launcher.report.rootcause import NodeEnd
 from launcher.run import gate as start_gate
 from launcher.run import hang as hang_watch
 from launcher.run.events import Beat, Ended, HangSuspected, Left, Message, NodeEvent, StacksTaken, Started, Stopping
+from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
@@ -32,8 +34,11 @@ class RunHandle:
     """The controller side of one run: its sessions, and the decisions taken while waiting."""
 
     def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
-                 agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None):
+                 agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None,
+                 gate: StartGate | None = None):
         self.plan, self.opts, self.nodes = plan, opts, nodes
+        self.gate = gate
+        """What runs before `go`: the doctor's checks in the agents' sessions (`launcher.run.gate`)."""
         self.opener = opener
         self.on_event = on_event
         self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout)
@@ -72,7 +77,7 @@ class RunHandle:
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: cannot open a session: {error}")
-        gate = self.opts.preflight
+        gate = self.gate
         if gate is not None and gate.in_session:
             unopened = {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e}
             start_gate.check(self, gate, unopened, began)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import STACKS, word_line
-from launcher.options import STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.run.events import HangSuspected
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from launcher.limits import heartbeat_interval
 from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
-from launcher.options import DEFAULT_FANOUT, heartbeat_interval
 from launcher.plan.commands import NodeCommand
 from launcher.report.rootcause import NodeEnd
 from launcher.run.events import (
@@ -39,6 +39,7 @@ from launcher.run.events import (
 )
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node, classify
+from launcher.transport.settings import DEFAULT_FANOUT
 
 
 class SessionChannel(Protocol):

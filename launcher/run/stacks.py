@@ -9,11 +9,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.options import NCCL_MAX_BYTES, STACKS_WAIT_S, Options
+from launcher.limits import NCCL_MAX_BYTES, STACKS_WAIT_S
+from launcher.options import Options
 from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
 from launcher.run.actions import _agent_error, chosen_run
@@ -40,13 +41,13 @@ class StacksReport:
         return out + list(self.nccl)
 
 
-def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options,
+def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
                    nodes: Mapping[str, Any] | None = None) -> StacksReport:
     """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
     or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
     check_run_id(run_id)
     with reached(cluster, opts, nodes) as (usable, failed):
-        run_id, results = _ask(cluster, usable, run_id, opts)
+        run_id, results = _ask(cluster, usable, run_id, opts, err)
     answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
     for name, result in results.items():
         if isinstance(result, NodeFailure):
@@ -64,9 +65,9 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options,
     return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl))
 
 
-def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options
+def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options, err: IO[str]
          ) -> tuple[str, dict[str, Result | NodeFailure]]:
-    run_id = run_id or chosen_run(cluster, nodes, opts)
+    run_id = run_id or chosen_run(cluster, nodes, opts, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
     request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES}

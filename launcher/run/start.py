@@ -18,9 +18,8 @@ from dataclasses import replace
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, Job
-from launcher.errors import ConnectError, LauncherError, NodeFailure, RunFailed
-from launcher.options import (
-    DEFAULT_PROGRESS,
+from launcher.errors import ConnectError, NodeFailure, RunFailed, UsageError
+from launcher.limits import (
     EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
     HANG_EXIT,
@@ -35,9 +34,9 @@ from launcher.options import (
     TOP_RATE_WINDOW_S,
     TOP_READ_S,
     TOP_TAIL_BYTES,
-    Options,
     heartbeat_interval,
 )
+from launcher.options import DEFAULT_PROGRESS, Options
 from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.plan.hang import hang_timeout
 from launcher.report import rootcause
@@ -45,10 +44,12 @@ from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, write_nccl
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
 from launcher.run.events import Beat, Ended, HangSuspected, Left, NcclDumps, NodeEvent, Output, Stopping
+from launcher.run.gate import StartGate
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
 from launcher.run.stragglers import LaunchStragglers
+from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
@@ -64,16 +65,18 @@ def agent_input(request: dict[str, Any]) -> bytes:
 
 
 def check_run_id(run_id: str | None) -> str | None:
-    """A run id given by a user, checked against the pattern every run id has (None means the latest)."""
+    """A run id given by a user, checked against the pattern every run id has (None means the latest); a usage
+    error (exit code 2) otherwise."""
     if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
-        raise LauncherError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
+        raise UsageError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
     return run_id
 
 
-def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options) -> dict[str, Any]:
+def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options,
+                  gate: StartGate | None = None) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
-    With a `StartGate` as `opts.preflight` (the doctor's checks), its `preflight` part: what the agent probes first.
+    With a `gate` (the doctor's checks), its `preflight` part: what the agent probes first.
 
     `env` is `resolve_env`'s: the names it marks secret (and the inventory's secret `env`) go in `secret_names`,
     which the agent keeps out of its run directory's command.json.
@@ -108,7 +111,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "watch": hang_timeout(opts.hang_timeout, plan.job) != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
     }
-    section = opts.preflight.node_section(plan.cluster, command.host, plan.run_id) if opts.preflight else None
+    section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
         request["preflight"] = section
     return request
@@ -150,16 +153,16 @@ class _Progress:
         self.err.flush()
 
 
-def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options) -> dict[str, Node]:
+def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err: IO[str]) -> dict[str, Node]:
     """Connect to every host at once; any failure closes the rest and raises `ConnectError`."""
-    progress = _Progress(opts.err)
+    progress = _Progress(err)
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
     # SSH keepalives as often as heartbeats: they keep NAT and firewall state of a quiet run alive.
-    nodes, failures = connect_all(cluster, hosts, opts.connect_timeout,
-                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"),
-                                  keepalive=heartbeat_interval(opts.silence_timeout))
+    ssh = replace(opts.ssh, keepalive=heartbeat_interval(opts.silence_timeout))
+    nodes, failures = connect_all(cluster, hosts, ssh,
+                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
     if failures:
         close_all(nodes.values())
         progress.done(f"connected {len(nodes)}/{len(hosts)}")
@@ -176,38 +179,38 @@ def reached(cluster: Cluster, opts: Options, given: Mapping[str, Any] | None = N
     if given is not None:
         yield dict(given), []
         return
-    nodes, failures = connect_all(cluster, cluster.hosts, opts.connect_timeout)
+    nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
     try:
         yield nodes, failures
     finally:
         close_all(nodes.values())
 
 
-def launch_run(plan: LaunchPlan, opts: Options | None = None) -> int:
+def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
-    opts = opts or Options()
+    opts, wiring = opts or Options(), wiring or Wiring()
     cluster = plan.cluster
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
-    nodes = connect_or_fail(cluster, cluster.hosts, opts)
+    nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
     try:
-        if opts.preflight is not None:
-            opts.preflight.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
-        return run_attached(plan, opts, nodes, envs)
+        if wiring.gate is not None:
+            wiring.gate.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
+        return run_attached(plan, opts, wiring, nodes, envs)
     finally:
         close_all(nodes.values())
 
 
-def run_attached(plan: LaunchPlan, opts: Options, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
+def run_attached(plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
                  opener: SessionOpener | None = None) -> int:
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
 
     SIGTERM and SIGHUP count as Ctrl-C meanwhile: the run is stopped on every node, never orphaned.
     """
     with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
-        return _Attached(plan, opts, dict(nodes), envs, opener).execute()
+        return _Attached(plan, opts, wiring, dict(nodes), envs, opener).execute()
 
 
 @contextlib.contextmanager
@@ -231,20 +234,20 @@ def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
 class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], envs: dict[str, NodeEnv],
-                 opener: SessionOpener | None = None):
-        self.plan, self.opts = plan, opts
+    def __init__(self, plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: dict[str, Node],
+                 envs: dict[str, NodeEnv], opener: SessionOpener | None = None):
+        self.plan, self.opts, self.wiring = plan, opts, wiring
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(opts.out, opts.err, opts.console_buffer, f"{folder}/",
+        self.console = ConsoleWriter(wiring.out, wiring.err, opts.console_buffer, f"{folder}/",
                                      opts.console_buffer_bytes)
         self.mirror = None if opts.detach else Mirror(folder, self.console)
-        colour = supports_colour(opts.out)
+        colour = supports_colour(wiring.out)
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
                      for i, c in enumerate(plan.nodes)}
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts) for c in plan.nodes}
-        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener)
+        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, wiring.gate) for c in plan.nodes}
+        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, wiring.gate)
         self.interrupts = 0
         self.hang_lines: list[str] = []
         self.stragglers = LaunchStragglers(opts, plan.run_id, self.console.message)
@@ -274,8 +277,8 @@ class _Attached:
             low = self.handle.min_nodes
             self.console.message(f"{event.node} left the run ({rootcause.ended_how(event.end)}); {event.remaining} "
                                  f"node(s) go on (the c10d group needs {low})")
-        if self.opts.on_event is not None:
-            self.opts.on_event(event)
+        if self.wiring.on_event is not None:
+            self.wiring.on_event(event)
 
     def execute(self) -> int:
         handle, total = self.handle, len(self.plan.nodes)

@@ -9,7 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.options import NODE_TIMING, SWEEP_MARGIN, Options
+from launcher.limits import NODE_TIMING, SWEEP_MARGIN
+from launcher.options import Options
 from launcher.run.sessions import Session
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node

@@ -7,18 +7,23 @@ cannot be reached keeps its row, saying why; the others go on.
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.options import TOP_GPU_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S, Options
+from launcher.limits import TOP_GPU_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S
+from launcher.options import Options
 from launcher.report.top import NodeView
 from launcher.run.actions import _agent_error, chosen_run
-from launcher.run.start import agent_action, agent_input, check_run_id, progress_settings
+from launcher.run.stacks import collect_stacks
+from launcher.run.start import agent_action, agent_input, check_run_id, progress_settings, reached
+from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command
 from launcher.transport.sessions import classify
 
@@ -65,9 +70,9 @@ def check_running(run_id: str, views: list[NodeView], source: str) -> None:
     raise LauncherError(f"run {run_id} is not running on {source}'s nodes ({said}): nothing to watch")
 
 
-def choose(cluster: Cluster, nodes: Mapping[str, Any], run_id: str | None, opts: Options) -> str:
+def choose(cluster: Cluster, nodes: Mapping[str, Any], run_id: str | None, opts: Options, err: IO[str]) -> str:
     check_run_id(run_id)
-    run_id = run_id or chosen_run(cluster, dict(nodes), opts)
+    run_id = run_id or chosen_run(cluster, dict(nodes), opts, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to watch")
     return run_id
@@ -181,3 +186,33 @@ def wait_first(feed: SshFeed | PollFeed, timeout: float) -> list[NodeView]:
             return views
         time.sleep(0.1)
     return feed.views()
+
+
+def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, once: bool = False,
+        as_json_too: bool = False, nodes: Mapping[str, Any] | None = None) -> int:
+    """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
+    from launcher.report import topview  # rich's Live and the terminal: only this task needs them
+
+    ssh = nodes is None  # SSH connections stream; a SLURM job's steps are polled
+    with reached(cluster, opts, nodes) as (usable, failures):
+        failed = {f.host: str(f) for f in failures}
+        run_id = choose(cluster, usable, run_id, opts, wiring.err)
+        if once:
+            views = look_once(cluster, usable, run_id, opts)
+            views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
+            check_running(run_id, views, cluster.source)
+            return topview.show_once(run_id, views, opts, wiring.out, as_json_too)
+        feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
+        feed.start()
+        try:
+            check_running(run_id, wait_first(feed, opts.connect_timeout + TOP_INTERVAL_S * 5), cluster.source)
+
+            def take_stacks() -> list[str]:  # over the view's own connections (or the job's steps): none to open
+                return collect_stacks(cluster, run_id, opts, io.StringIO(), usable).lines()
+
+            with topview.keys_of(sys.stdin) as keys:
+                return topview.TopScreen(run_id, feed, opts, wiring.out, take_stacks).run(keys)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            feed.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
-from launcher.options import SANDBOX_MAX_NODES as MAX_NODES
+from launcher.limits import SANDBOX_MAX_NODES as MAX_NODES
 from launcher.sandbox import procs, start
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (

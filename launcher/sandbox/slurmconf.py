@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher.errors import SandboxError
-from launcher.options import SANDBOX_CPUS_PER_NODE as CPUS_PER_NODE
+from launcher.limits import SANDBOX_CPUS_PER_NODE as CPUS_PER_NODE
 from launcher.sandbox.render import config_path
 
 SLURM_DIR_NAME = "slurm"

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from contextlib import suppress
 
 from launcher.errors import SandboxError
-from launcher.options import SANDBOX_STOP_GRACE_S as STOP_GRACE_S
-from launcher.options import SANDBOX_STOP_LIMIT_S as STOP_LIMIT_S
+from launcher.limits import SANDBOX_STOP_GRACE_S as STOP_GRACE_S
+from launcher.limits import SANDBOX_STOP_LIMIT_S as STOP_LIMIT_S
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
 from launcher.sandbox.render import SSHD

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import LauncherError
-from launcher.options import DEFAULT_LOG_DIR, QUERY_TIMEOUT, SACCT_TIMEOUT, SUBMIT_TIMEOUT
-from launcher.options import SLURM_POLL as POLL
-from launcher.options import SLURM_TAIL_CHUNK as TAIL_CHUNK
+from launcher.limits import QUERY_TIMEOUT, SACCT_TIMEOUT, SUBMIT_TIMEOUT
+from launcher.limits import SLURM_POLL as POLL
+from launcher.limits import SLURM_TAIL_CHUNK as TAIL_CHUNK
+from launcher.options import DEFAULT_LOG_DIR
 from launcher.slurm.batch import check_job_id, output_path, record_path
 
 LOG_SUBDIR = "slurm"

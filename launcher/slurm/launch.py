@@ -17,6 +17,7 @@ from launcher.options import Options
 from launcher.plan.commands import LaunchPlan
 from launcher.run import start as run_start
 from launcher.run.nodeenv import resolve_env
+from launcher.run.wiring import Wiring
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
 from launcher.transport.channel import Result
@@ -100,7 +101,8 @@ class SlurmNode:
         return StepProcess(self._argv(command), self.env)
 
 
-def launch_step(plan: LaunchPlan, opts: Options, env: dict[str, str] | None = None, overlap: bool = False) -> int:
+def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, str] | None = None,
+                overlap: bool = False) -> int:
     """Start the plan as one srun step and follow it to its end (as `run_start.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
     if opts.detach:
@@ -118,7 +120,7 @@ def launch_step(plan: LaunchPlan, opts: Options, env: dict[str, str] | None = No
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
     nodes = {c.host.name: SlurmNode(c.host.name, env) for c in plan.nodes}
     try:
-        return run_start.run_attached(plan, opts, nodes, envs, opener=step.open)
+        return run_start.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
     finally:
         for note in step.close(opts.grace):
-            opts.err.write(f"note: {note}\n")
+            wiring.err.write(f"note: {note}\n")

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from launcher.errors import LauncherError
-from launcher.options import STEP_END_WAIT
+from launcher.limits import STEP_END_WAIT
 from launcher.plan.commands import NodeCommand
 from launcher.slurm.jobs import run_slurm
 from launcher.transport.program import node_program

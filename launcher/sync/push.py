@@ -23,10 +23,11 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
-from launcher.options import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT, SYNC_TIMING
-from launcher.options import SYNC_LOCK_WAIT as LOCK_WAIT
-from launcher.options import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
-from launcher.options import SYNC_SEND_CHUNK as SEND_CHUNK
+from launcher.limits import SYNC_LOCK_WAIT as LOCK_WAIT
+from launcher.limits import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
+from launcher.limits import SYNC_SEND_CHUNK as SEND_CHUNK
+from launcher.limits import SYNC_TIMING
+from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
 from launcher.sync.tree import (
     Entry,
@@ -41,6 +42,7 @@ from launcher.sync.tree import (
 from launcher.transport.channel import Channel
 from launcher.transport.program import host_command, node_program, program_input
 from launcher.transport.sessions import Node, classify, close_all, connect_all
+from launcher.transport.settings import DEFAULT_FANOUT, SshSettings
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
@@ -264,7 +266,7 @@ def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> s
             f"{size_text(sum(o.bytes for o in done))} sent")
 
 
-def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str],
+def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
                stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> int:
     """`inv sync`: every reachable node is synced; 1 when any node could not be (each says why in one line)."""
     spec = spec_of(cluster)
@@ -272,7 +274,7 @@ def sync_hosts(cluster: Cluster, *, connect_timeout: float, out: IO[str],
     for line in describe_tree(cluster, tree, spec):
         out.write(line + "\n")
     t0 = time.monotonic()
-    nodes, failures = connect_all(cluster, timeout=connect_timeout)
+    nodes, failures = connect_all(cluster, ssh=ssh)
     try:
         outcomes = sync_nodes(cluster, nodes, tree, spec, stall_timeout)
     finally:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from launcher.options import SEND_LOCK_WAIT as _SEND_LOCK_WAIT
+from launcher.limits import SEND_LOCK_WAIT as _SEND_LOCK_WAIT
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 import launcher.node as node_package
 from launcher.config.model import Host
-from launcher.options import NODE_CODE_CACHE
+from launcher.limits import NODE_CODE_CACHE
 from launcher.plan.commands import quote_path
 
 BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"

@@ -23,10 +23,11 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, FD_RESERVE, FDS_PER_NODE
+from launcher.limits import FD_RESERVE, FDS_PER_NODE
 from launcher.parallel import parallel, waves
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
 from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
+from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 from launcher.transport.sshconfig import (
     MAX_JUMP_DEPTH,
     SSH_G_TIMEOUT,
@@ -171,13 +172,13 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     return NodeFailure(name, "ssh", f"{type(exc).__name__}: {exc}")
 
 
-def connect(host: Host, cluster: Cluster, timeout: float = DEFAULT_CONNECT_TIMEOUT,
-            keepalive: float | None = None) -> Node | NodeFailure:
+def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Node | NodeFailure:
     """Open an authenticated connection to one host, or say why not.
 
-    `timeout` (seconds, fractions kept) bounds the TCP connect, the SSH handshake and authentication.
-    `keepalive`: seconds between SSH keepalives; None takes the ssh config's `ServerAliveInterval`, 0 sends none.
+    `ssh.connect_timeout` bounds the TCP connect, the SSH handshake and authentication; `ssh.keepalive` sets the
+    SSH keepalives (None: the ssh config's `ServerAliveInterval`, 0: none).
     """
+    timeout, keepalive = ssh.connect_timeout, ssh.keepalive
     try:
         target = resolve_target(host, cluster.ssh_config)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -240,22 +241,21 @@ def _keep_alive(conn: Connection, seconds: float) -> None:
         transport.set_keepalive(int(max(1, seconds)))
 
 
-def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                on_connect: Callable[[int, int], None] | None = None, keepalive: float | None = None,
-                fanout: int = DEFAULT_FANOUT) -> tuple[dict[str, Node], list[NodeFailure]]:
+def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshSettings = DEFAULT_SSH,
+                on_connect: Callable[[int, int], None] | None = None) -> tuple[dict[str, Node], list[NodeFailure]]:
     """Connect to every host at once; returns the open nodes (in inventory order) and the failures.
 
-    `on_connect(done, total)` is called as each connection succeeds or fails (for progress lines); `timeout` and
-    `keepalive` are `connect`'s. At most `fanout` handshakes are under way at a time (a bounded thread pool).
+    `on_connect(done, total)` is called as each connection succeeds or fails (for progress lines). Each connection
+    is `connect`'s; at most `ssh.fanout` handshakes are under way at a time (a bounded thread pool).
     """
     hosts = list(cluster.hosts if hosts is None else hosts)
     if not hosts:
         return {}, []
     ensure_descriptors(len(hosts))
-    workers = _workers(fanout, len(hosts))
-    # Each connection is bounded by `timeout` (and `ssh -G`'s 10 s); the whole wait too, wave by wave.
-    limit = (timeout + SSH_G_TIMEOUT + 5) * waves(len(hosts), workers)
-    found = parallel(lambda h: connect(h, cluster, timeout, keepalive), hosts, workers, limit,
+    workers = _workers(ssh.fanout, len(hosts))
+    # Each connection is bounded by its timeout (and `ssh -G`'s 10 s); the whole wait too, wave by wave.
+    limit = (ssh.connect_timeout + SSH_G_TIMEOUT + 5) * waves(len(hosts), workers)
+    found = parallel(lambda h: connect(h, cluster, ssh), hosts, workers, limit,
                      None if on_connect is None else lambda done: on_connect(done, len(hosts)))
     outcomes = [o if isinstance(o, Node | NodeFailure) else NodeFailure(
         h.name, "timeout", f"no connection within {limit:g} s" if o is None else f"{type(o).__name__}: {o}",

@@ -24,6 +24,7 @@ from launcher.errors import DoctorFailed
 from launcher.node import probe as probe_program
 from launcher.sandbox import Sandbox
 from launcher.transport import sessions as transport
+from launcher.transport.settings import SshSettings
 from tests.helpers import inv
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe
@@ -204,7 +205,7 @@ def test_a_node_whose_sshd_is_down(make_sandbox) -> None:
     box = make_sandbox(3, master_port=free_port())
     sandbox.stop_node(box.state_dir, 2)
     started = time.monotonic()
-    report = doctor.run_doctor(load_inventory(box.inventory), connect_timeout=5.0)
+    report = doctor.run_doctor(load_inventory(box.inventory), ssh=SshSettings(5.0))
     assert time.monotonic() - started < 5.0
     assert [(f.host, f.check, f.status) for f in report.problems] == [("node-2", "ssh", "fail")]
     found = report.problems[0]
@@ -235,7 +236,7 @@ def test_a_hung_node_does_not_hold_the_report(healthy: Sandbox, tmp_path: Path) 
     slow.chmod(0o755)
     cluster = _edited(healthy, tmp_path / "inv.yaml", {2: {"python": str(slow)}})
     started = time.monotonic()
-    report = doctor.run_doctor(cluster, connect_timeout=30.0, probe_timeout=3.0, checks="fast")
+    report = doctor.run_doctor(cluster, ssh=SshSettings(30.0), probe_timeout=3.0, checks="fast")
     assert time.monotonic() - started < 3.0 + 2.5  # the probe's limit bounds it, not the (longer) connect timeout
     assert _bad(report) == [("node-2", "python")], report.problems
     assert report.problems[0].detail == "the probe did not answer within 3 s (probe_timeout)"

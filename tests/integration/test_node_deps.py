@@ -23,7 +23,7 @@ import pytest
 
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
-from launcher.options import NODE_TIMING
+from launcher.limits import NODE_TIMING
 from launcher.plan.commands import plan_launch
 from launcher.run import start as run_start
 from launcher.slurm.step import step_input

@@ -17,7 +17,7 @@ import yaml
 
 from launcher import sandbox
 from launcher.config import inventory
-from launcher.options import SYNC_TIMING
+from launcher.limits import SYNC_TIMING
 from launcher.sandbox import procs
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input

@@ -19,6 +19,7 @@ import pytest
 from launcher.config.inventory import load_inventory, parse_inventory
 from launcher.errors import NodeFailure
 from launcher.transport.sessions import Node, connect, connect_all, run_all
+from launcher.transport.settings import SshSettings
 from tests.support.procs import free_port
 
 # --- against real listeners and sshd ------------------------------------------------------------------------
@@ -97,10 +98,12 @@ def test_keepalives_follow_the_ssh_config_unless_given(make_sandbox, tmp_path: P
     config.write_text(box.ssh_config.read_text() + "\nHost *\n    ServerAliveInterval 1\n")
     alive = dataclasses.replace(cluster, ssh_config=str(config))
     host = cluster.hosts[0]
-    given_nodes, failures = connect_all(cluster, keepalive=0.3)  # below a second: Paramiko's least, 1 s
+    # below a second: Paramiko's least, 1 s
+    given_nodes, failures = connect_all(cluster, ssh=SshSettings(keepalive=0.3))
     assert not failures
     nodes = {"config 1 s": connect(host, alive), "given 0.3 s": given_nodes[host.name],
-             "config none": connect(host, cluster), "given 0 over config": connect(host, alive, keepalive=0)}
+             "config none": connect(host, cluster),
+             "given 0 over config": connect(host, alive, SshSettings(keepalive=0))}
     sent = {label: _keepalives(node) for label, node in nodes.items() if isinstance(node, Node)}
     assert len(sent) == 4, nodes
     time.sleep(2.5)
@@ -195,7 +198,7 @@ def test_channels_wait_on_descriptors_above_1024(make_sandbox) -> None:
 def test_fanout_bounds_how_many_nodes_are_worked_on_at_once(make_sandbox) -> None:
     box = make_sandbox(3, master_port=free_port())
     cluster = load_inventory(box.inventory)
-    nodes, failures = connect_all(cluster, fanout=1)
+    nodes, failures = connect_all(cluster, ssh=SshSettings(fanout=1))
     assert not failures and list(nodes) == ["node-0", "node-1", "node-2"]
     try:
         t0 = time.monotonic()

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
+from launcher.limits import NODE_TIMING
 from launcher.node import protocol, stacks
-from launcher.options import NODE_TIMING
 
 
 def main() -> None:

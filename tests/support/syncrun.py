@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from launcher.options import SYNC_TIMING
+from launcher.limits import SYNC_TIMING
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python

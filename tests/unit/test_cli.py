@@ -10,10 +10,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from launcher import app as cli
-from launcher import options
+from launcher import app, options
 from launcher.errors import LauncherError
+from launcher.report.states import state_table
 from launcher.run import actions as run_actions
+from launcher.run.wiring import Wiring
 from tests.helpers import REPO, inv
 
 EXAMPLE = ["--hosts", "hosts/example.yaml"]
@@ -153,7 +154,7 @@ def _render(renderable: object) -> str:
 def test_state_table_prints_markup_as_text() -> None:
     states = [run_actions.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
               run_actions.NodeState("[red]n2", "[/]", None, exit_code=3)]
-    text = _render(cli._state_table("stop run [/]x", states, stop=True))
+    text = _render(state_table("stop run [/]x", states, stop=True))
     for shown in ("stop run [/]x", "x[/]y", "r[bold]1[/]", "[red]n2", "[/]"):
         assert shown in text, text
 
@@ -164,10 +165,10 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
     found = 1 if task == "stop" else 0
     states = [run_actions.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
               run_actions.NodeState("n2", "none", "id[/]")]
-    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
-    monkeypatch.setattr(run_actions, task, lambda cluster, run_id, opts: states)
+    monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(run_actions, task, lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
-    getattr(cli, task)("hosts.yaml", "id[/]", options.Options(out=out))
+    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", options.Options(), wiring=Wiring(out=out))
     text = out.getvalue()
     assert "n[/]1: odd [/] detail" in text
     assert "id[/]" in text
@@ -175,9 +176,9 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
 
 
 def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
     states = [run_actions.NodeState("n1", "none", "x[/]")]
-    monkeypatch.setattr(run_actions, "stop", lambda cluster, run_id, opts: states)
+    monkeypatch.setattr(run_actions, "stop", lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
-    assert cli.stop("hosts.yaml", None, options.Options(out=out)) == 0
+    assert app.stop("hosts.yaml", None, options.Options(), wiring=Wiring(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"

@@ -9,7 +9,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from launcher.options import MAX_LINE_BYTES
+from launcher.limits import MAX_LINE_BYTES
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.lines import CUT_MARK, LineSplitter, NodeLog
 

@@ -16,10 +16,10 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import facts, listener, probe
-from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.run import start as run_start
 from launcher.sync import push as sync
 from launcher.transport import program as remote
+from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")

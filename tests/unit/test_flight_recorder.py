@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.limits import FLIGHT_RECORDER_ENV
 from launcher.node.stacks import NCCL_PREFIX, flight_recorder_env, nccl_dumps
-from launcher.options import FLIGHT_RECORDER_ENV
 from launcher.report.hangs import write_nccl
 
 

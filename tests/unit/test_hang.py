@@ -6,7 +6,7 @@ import pytest
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import InventoryError
-from launcher.options import HANG_FACTOR, HANG_FLOOR_S
+from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
 from launcher.plan.hang import HangWatch
 from launcher.report.stacks import answer, parse_dump, rank_stacks, ranks_text
 

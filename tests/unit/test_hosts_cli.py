@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import app as cli
+from launcher import app
 from launcher.config.model import DEFAULT_MASTER_PORT
-from launcher.errors import InventoryError, PlanError
+from launcher.errors import USAGE, InventoryError, PlanError
 from tests.helpers import inv
 from tests.support.hostfiles import config_file
 
@@ -23,7 +23,7 @@ EXAMPLE = "hosts/example.yaml"
 
 
 def test_a_hostfile_takes_defaults_and_job_from_the_config(hostfile: Path) -> None:
-    cluster = cli.load_inventory(cli.Hosts(str(hostfile), {"python": "/opt/venv/bin/python", "setup": "module load x"},
+    cluster = app.load_inventory(app.Hosts(str(hostfile), {"python": "/opt/venv/bin/python", "setup": "module load x"},
                                            {"script": "train.py"}))
     assert [(h.name, h.nproc_per_node, h.python, h.setup) for h in cluster.hosts] == [
         ("worker-1", 4, "/opt/venv/bin/python", ("module load x",)),
@@ -33,7 +33,7 @@ def test_a_hostfile_takes_defaults_and_job_from_the_config(hostfile: Path) -> No
 
 
 def test_a_hostfile_is_reached_through_the_ssh_config_the_defaults_name(hostfile: Path) -> None:
-    cluster = cli.load_inventory(cli.Hosts(str(hostfile), {"ssh_config": "~/.ssh/cluster.conf",
+    cluster = app.load_inventory(app.Hosts(str(hostfile), {"ssh_config": "~/.ssh/cluster.conf",
                                                            "host_key_policy": "accept-new", "user": "ubuntu"}))
     assert (cluster.ssh_config, cluster.host_key_policy) == ("~/.ssh/cluster.conf", "accept-new")
     assert {h.user for h in cluster.hosts} == {"ubuntu"}
@@ -49,30 +49,30 @@ def test_a_hostfile_is_reached_through_the_ssh_config_the_defaults_name(hostfile
 def test_wrong_defaults_for_a_hostfile_name_invoke_yaml_and_the_key(hostfile: Path, defaults: dict,
                                                                     sentence: str) -> None:
     with pytest.raises(InventoryError) as caught:
-        cli.load_inventory(cli.Hosts(str(hostfile), defaults))
+        app.load_inventory(app.Hosts(str(hostfile), defaults))
     assert str(caught.value) == sentence, str(caught.value)  # the inventory's own checks, naming invoke.yaml
 
 
 def test_an_inventory_ignores_the_defaults_meant_for_hostfiles() -> None:
-    plain = cli.load_inventory(EXAMPLE)
-    given = cli.load_inventory(cli.Hosts(EXAMPLE, {"python": "/elsewhere", "ssh_config": "/x", "host_key_policy": "?"},
+    plain = app.load_inventory(EXAMPLE)
+    given = app.load_inventory(app.Hosts(EXAMPLE, {"python": "/elsewhere", "ssh_config": "/x", "host_key_policy": "?"},
                                          {"script": "other.py"}))
     assert given == plain
 
 
 def test_include_and_exclude_choose_hosts_and_gpus(hostfile: Path) -> None:
-    chosen = cli.load_inventory(cli.Hosts(str(hostfile), include="worker-1:1,3@worker-2"))
+    chosen = app.load_inventory(app.Hosts(str(hostfile), include="worker-1:1,3@worker-2"))
     assert [(h.name, h.nproc_per_node) for h in chosen.hosts] == [("worker-1", 2), ("worker-2", 4)]
     assert [v.value for v in chosen.hosts[0].env if v.name == "CUDA_VISIBLE_DEVICES"] == ["1,3"]
-    rest = cli.load_inventory(cli.Hosts(str(hostfile), exclude="worker-1"))
+    rest = app.load_inventory(app.Hosts(str(hostfile), exclude="worker-1"))
     assert [h.name for h in rest.hosts] == ["worker-2"]
     assert (rest.rendezvous.master_addr, rest.rendezvous.master_port) == ("worker-2", DEFAULT_MASTER_PORT)
 
 
 def test_a_wrong_choice_is_a_usage_error(hostfile: Path) -> None:
     with pytest.raises(PlanError) as caught:
-        cli.load_inventory(cli.Hosts(str(hostfile), include="worker-3"))
-    assert caught.value.exit_code == cli.USAGE == 2
+        app.load_inventory(app.Hosts(str(hostfile), include="worker-3"))
+    assert caught.value.exit_code == USAGE == 2
     assert str(caught.value) == (f"{hostfile}: --include 'worker-3': no host 'worker-3' in the inventory; did you "
                                  "mean 'worker-2'?")
 

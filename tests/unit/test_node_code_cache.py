@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.options import NODE_CODE_CACHE
+from launcher.limits import NODE_CODE_CACHE
 from launcher.run import start as run_start
 from launcher.transport import program as remote
 from tests.support.nodeenv import node_python

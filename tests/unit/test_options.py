@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.options import Options, from_config, heartbeat_interval
+from launcher.limits import heartbeat_interval
+from launcher.options import Options, from_config
 
 
 def test_a_long_grace_period_never_outlives_the_action_limit() -> None:

@@ -8,6 +8,7 @@ locally first, as the launcher speaks it, without SSH.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -38,8 +39,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    opts = Options(preflight=launch_preflight(Options()))
-    request = run_start.start_request(plan, plan.nodes[node], {}, opts)
+    request = run_start.start_request(plan, plan.nodes[node], {}, Options(), launch_preflight(Options(), io.StringIO()))
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 
@@ -127,13 +127,13 @@ def test_the_master_agent_lets_go_of_the_port_before_torchrun_starts(tmp_path: P
 
 
 def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `cli.preflight` is what `launch` sets: the in-session checks, with today's line when they pass.
+    # `app.preflight` is what `launch` sets: the in-session checks, with today's line when they pass.
     import io
 
     err = io.StringIO()
-    gate = launch_preflight(Options(err=err, probe_timeout=42.0, connect_timeout=7.0))
+    gate = launch_preflight(Options(probe_timeout=42.0, connect_timeout=7.0), err)
     assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, StartGate)
-    assert (gate.probe_timeout, gate.connect_timeout) == (42.0, 7.0)
+    assert (gate.probe_timeout, gate.ssh.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))
     section = gate.node_section(plan.cluster, plan.cluster.hosts[0], plan.run_id)
     assert section["listen"]["max_s"] == 42.0 + doctor.LISTENER_MARGIN_S  # every number from the controller

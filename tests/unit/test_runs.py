@@ -9,7 +9,8 @@ import pytest
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.options import Options, heartbeat_interval
+from launcher.limits import heartbeat_interval
+from launcher.options import Options
 from launcher.plan.commands import plan_launch
 from launcher.run.start import check_run_id, resolve_env, start_request
 from launcher.transport.program import node_files

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher import app as cli
 from launcher import paths
-from launcher.errors import LauncherError
+from launcher.app import slurm as on_slurm
+from launcher.errors import USAGE, LauncherError
 from launcher.options import Options
-from launcher.slurm import commands, jobs
+from launcher.run.wiring import Wiring
+from launcher.slurm import jobs
 from launcher.slurm.batch import BatchSpec, check_job_id, check_time, launch_command, render_batch_script
 
 PYTHON = "/opt/venv/bin/python"
@@ -34,7 +35,7 @@ def directives(text: str) -> list[str]:
 
 
 def usage(excinfo: pytest.ExceptionInfo[LauncherError]) -> str:
-    assert excinfo.value.exit_code == cli.USAGE
+    assert excinfo.value.exit_code == USAGE
     return str(excinfo.value)
 
 
@@ -197,7 +198,7 @@ def test_other_job_ids_are_refused(job_id: str):
 def test_job_state_checks_the_id_before_asking_slurm():
     with pytest.raises(LauncherError) as excinfo:
         jobs.job_state("1; scancel -u root")
-    assert excinfo.value.exit_code == cli.USAGE
+    assert excinfo.value.exit_code == USAGE
 
 
 # ---- SLURM's text ---------------------------------------------------------------------------------------------
@@ -258,8 +259,8 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     inventory.write_text("hosts: [{name: node-0}]\n")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    code = commands.slurm_submit(str(inventory), 2, time="30", dry_run=True, args="--epochs 1",
-                            opts=Options(out=out, log_dir=Path("logs")))
+    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, args="--epochs 1",
+                                 opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
     assert code == 0
     text = out.getvalue()
     assert f"#SBATCH --output={tmp_path}/logs/slurm/slurm-%j.out" in directives(text)
@@ -271,7 +272,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
 
 def test_submit_refuses_a_missing_inventory(tmp_path: Path):
     with pytest.raises(LauncherError) as excinfo:
-        commands.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True)
+        on_slurm.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True, opts=Options(), wiring=Wiring())
     assert usage(excinfo).startswith("--hosts: no inventory or hostfile at")
 
 

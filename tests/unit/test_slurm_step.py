@@ -142,14 +142,15 @@ def test_a_word_every_session_sends_in_a_round_reaches_srun_once() -> None:
     ({"sync": True}, "--sync"), ({"retries": 2}, "--retries"), ({"detach": True}, "--detach")])
 def test_options_of_an_ssh_launch_are_refused_with_slurm_before_anything_starts(
         tmp_path, given: dict[str, object], option: str) -> None:
-    from launcher import app as cli
+    from launcher import app
+    from launcher.errors import USAGE
     from launcher.options import Options
     inventory = tmp_path / "slurm.yaml"
     inventory.write_text(INVENTORY)
     opts = Options(retries=given.get("retries"), detach=bool(given.get("detach")))
     with pytest.raises(LauncherError, match=f"{option} does not apply to --slurm") as excinfo:
-        cli.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), opts=opts)
-    assert excinfo.value.exit_code == cli.USAGE
+        app.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), opts=opts)
+    assert excinfo.value.exit_code == USAGE
 
 
 def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request() -> None:
@@ -162,8 +163,7 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
         plan = plan_launch(cluster)
-        opts = Options(preflight=doctor.SessionPreflight())
-        return [(c, run_start.start_request(plan, c, {}, opts)) for c in plan.nodes]
+        return [(c, run_start.start_request(plan, c, {}, Options(), doctor.SessionPreflight())) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
     per_task = len(step_input(run_start.AGENT_SOURCE, large))

@@ -1,5 +1,5 @@
-"""What the SLURM tasks do, between tasks.py and the SLURM modules: `launch --slurm` in an allocation,
-`slurm.submit`, and `status/logs/stop --job` on a submitted job."""
+"""The application layer's SLURM forms (`launcher.app` dispatches here): `launch --slurm` in an allocation,
+`slurm.submit`, `doctor --slurm/--job`, and `status/logs/stop/stacks/top --job` on a submitted job."""
 
 from __future__ import annotations
 
@@ -14,16 +14,19 @@ from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import CheckMode, launch_preflight, run_doctor
 from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
-from launcher.options import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT, Options
+from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
+from launcher.options import Options
 from launcher.paths import REPO, relative
 from launcher.plan.commands import LaunchPlan, plan_launch
 from launcher.run.stacks import StacksReport, collect_stacks
+from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 
-def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options) -> int:
+def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options,
+                 wiring: Wiring) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
                                   (opts.retries, "--retries", "a SLURM job is requeued by SLURM (sbatch --requeue)"),
@@ -31,15 +34,15 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     if cluster.retries:
-        opts.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
+        wiring.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
     names = allocation.allocation_nodes(os.environ)
     plan = plan_launch(allocation.allocation_cluster(cluster, names), job)
     if dry_run:
-        opts.out.write(plan.describe() + "\n")
+        wiring.out.write(plan.describe() + "\n")
         return 0
-    if doctor and opts.preflight is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        opts.preflight = replace(launch_preflight(opts), more=None)
-    return slurm_launch.launch_step(plan, opts)
+    if doctor and wiring.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
+        wiring = replace(wiring, gate=replace(launch_preflight(opts, wiring.err), more=None))
+    return slurm_launch.launch_step(plan, opts, wiring)
 
 
 def _slurm_log_dir(opts: Options) -> Path:
@@ -68,10 +71,9 @@ def _job_hosts(hosts: str) -> str:
 def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
                  gpus_per_node: str | None = None, dry_run: bool = False, script: str | None = None,
                  args: str | None = None, skip_doctor: bool = False, job_name: str | None = None,
-                 opts: Options | None = None) -> int:
+                 opts: Options, wiring: Wiring) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
     it); prints the job id and what to do with it."""
-    opts = opts or Options()
     log_dir = _slurm_log_dir(opts)
     command = batch.launch_command(sys.executable, _job_hosts(hosts), script=script, args=args,
                                    skip_doctor=skip_doctor)  # this installation's invoke: the job runs the same code
@@ -80,7 +82,7 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
                            gpus_per_node=gpus_per_node, umask=_umask())
     text = batch.render_batch_script(spec)  # checks every option first
     if dry_run:
-        opts.out.write(text)
+        wiring.out.write(text)
         return 0
     pending = log_dir / f"submit-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.sh"
     job_id = jobs.submit(text, pending)
@@ -89,7 +91,7 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
         pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
-    opts.out.write(f"submitted batch job {job_id}\n"
+    wiring.out.write(f"submitted batch job {job_id}\n"
                    f"  script: {relative(script_path)}\n"
                    f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
                    f"  inv status --job {job_id}\n  inv logs --job {job_id} --follow\n  inv stop --job {job_id}\n")
@@ -125,19 +127,17 @@ def _known_job(job_id: str, log_dir: Path) -> JobState:
     return state
 
 
-def job_status(job_id: str, opts: Options | None = None) -> int:
+def job_status(job_id: str, opts: Options, wiring: Wiring) -> int:
     """A SLURM batch job's state, exit code, nodes and output file, one line each."""
-    opts = opts or Options()
     state = _known_job(job_id, _slurm_log_dir(opts))
-    opts.out.write("\n".join(_job_lines(state)) + "\n")
+    wiring.out.write("\n".join(_job_lines(state)) + "\n")
     return 0
 
 
-def job_logs(job_id: str, follow: bool = False, opts: Options | None = None) -> int:
+def job_logs(job_id: str, follow: bool, opts: Options, wiring: Wiring) -> int:
     """Print a SLURM batch job's output file (the launch's prefixed lines); with `follow`, until the job ends."""
-    opts = opts or Options()
     log_dir = _slurm_log_dir(opts)
-    state, found = (jobs.follow if follow else jobs.read)(job_id, opts.out, log_dir)
+    state, found = (jobs.follow if follow else jobs.read)(job_id, wiring.out, log_dir)
     if not found and not state.known:  # an output file alone is enough: it outlives what SLURM remembers
         raise _unknown_job(state.job_id, log_dir)
     if not found and state.ended:  # SLURM writes it on the job's first node: a log dir not shared with this one
@@ -145,31 +145,30 @@ def job_logs(job_id: str, follow: bool = False, opts: Options | None = None) -> 
         raise LauncherError(f"job {state.job_id} ({state.state}) left no output at {where}: "
                             "SLURM writes it on the job's first node, so the log dir must be shared with this one")
     if not found:
-        opts.err.write(f"job {state.job_id} is {state.state}"
+        wiring.err.write(f"job {state.job_id} is {state.state}"
                        + (f" ({state.reason})" if state.reason else "") + ": no output yet (--follow waits)\n")
     elif follow:
-        opts.err.write(f"job {state.job_id} ended: {state.state}"
+        wiring.err.write(f"job {state.job_id} ended: {state.state}"
                        + (f", exit code {state.exit_code}" if state.exit_code is not None else "") + "\n")
     return 0
 
 
-def job_stop(job_id: str, opts: Options | None = None) -> int:
+def job_stop(job_id: str, opts: Options, wiring: Wiring) -> int:
     """scancel a SLURM batch job and wait until SLURM has ended its processes on every node; 1 when it has not."""
-    opts = opts or Options()
     log_dir = _slurm_log_dir(opts)
     before = _known_job(job_id, log_dir)
     if before.ended:
-        opts.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
+        wiring.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
         return 0
     started = time.monotonic()
     after = jobs.cancel(before.job_id, SLURM_STOP_WAIT, log_dir)
     took = time.monotonic() - started
     where = f" on {before.nodes}" if before.nodes else ""
     if not after.ended:
-        opts.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
+        wiring.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
                        f"all its processes{where} (see `scontrol show job {after.job_id}`)\n")
         return 1
-    opts.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
+    wiring.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
                    "SLURM lists no process of it\n")
     return 0
 
@@ -185,7 +184,8 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
     return allocation.allocation_cluster(cluster, names), {name: slurm_launch.SlurmNode(name, env) for name in names}
 
 
-def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options) -> Report:
+def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
+                 wiring: Wiring) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
     if job_id is None:
@@ -198,20 +198,19 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         held = on_job.rendezvous.master_port
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
-        opts.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
+        wiring.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
     report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout)
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
 
-    def start(plan: LaunchPlan, quiet: Options) -> int:
-        return slurm_launch.launch_step(plan, quiet, env=env, overlap=job_id is not None)
+    def start(plan: LaunchPlan, quiet: Options, quiet_wiring: Wiring) -> int:
+        return slurm_launch.launch_step(plan, quiet, quiet_wiring, env=env, overlap=job_id is not None)
 
     return with_net(report, on_job, opts, start)
 
 
-def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options | None = None) -> StacksReport:
+def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring) -> StacksReport:
     """`inv stacks --job ID`: every rank's stack of the run inside a running batch job."""
-    opts = opts or Options()
     on_job, nodes = job_nodes(job_id, cluster, opts)
-    return collect_stacks(on_job, run_id, opts, nodes)
+    return collect_stacks(on_job, run_id, opts, wiring.err, nodes)

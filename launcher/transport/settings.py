@@ -1,0 +1,33 @@
+"""How the launcher reaches its nodes over SSH: one value, `SshSettings`, that every caller of `transport` passes whole.
+
+It imports nothing of the launcher: `launcher.options` builds it from the user's options (`Options.ssh`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
+DEFAULT_FANOUT = 64
+"""At most this many SSH handshakes (and short node commands: stop, status, logs) under way at once; more nodes go
+in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting to all 64 nodes took 1.7-1.9 s and
+0.5-0.6 CPU s of the launcher whatever the limit from 16 to 64 (2.0 s at 8, 2.3-2.5 s at 4), so a lower limit
+buys nothing on the controller. A lower one is for what sits in between: a ProxyJump host whose sshd refuses
+handshakes beyond its `MaxStartups` (10 by default)."""
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How every connection of one task is made."""
+
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """Seconds for each node's TCP connect, SSH handshake and authentication (fractions kept)."""
+    keepalive: float | None = None
+    """Seconds between SSH keepalives; None takes the ssh config's `ServerAliveInterval`, 0 sends none."""
+    fanout: int = DEFAULT_FANOUT
+    """At most this many handshakes (and short node commands) under way at once."""
+
+
+DEFAULT_SSH = SshSettings()
+"""The settings a caller that names none gets (immutable: one value serves them all)."""
