@@ -1,5 +1,5 @@
 """How a value is shown: a configuration error's value cut to a length, repr built piece by piece (an alias bomb
-costs no more than its first characters), and typed ("'x' (str)"); bytes as people read them. Pure."""
+costs no more than its first characters), and typed ("'x' (str)"). Pure."""
 
 from __future__ import annotations
 
@@ -58,12 +58,3 @@ def _repr_pieces(value: Any, limit: int) -> Iterator[str]:
 
 def describe(value: Any) -> str:
     return "nothing" if value is None else f"{render(value)} ({type(value).__name__})"
-
-
-def human_bytes(n: float) -> str:
-    """Bytes as people read them: 512 B, 1.5 KiB, 23.5 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # unreachable

@@ -1,28 +1,16 @@
 """The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
 
-`evidence` holds the data; `checks` the pure checks (each registered once, by name, in `registry`: those of a
-node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O (connect, probe all nodes
-in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own start session); `report` the
-table and the JSON. The probe itself is `launcher/node/probe.py`, stdlib-only, sent over each node's connection.
+`evidence` holds the data; `checklist` runs the pure checks in order (each registered once, by name, in
+`registry`: those of a node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O
+(connect, probe all nodes in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own
+start session); `report` the table and the JSON. The probe itself is `launcher/node/probe.py`, stdlib-only, sent over each node's connection.
 """
 
 from typing import Any
 
-from launcher.doctor.checks import (
-    CHECKS,
-    FAST_CHECKS,
-    MAX_CLOCK_SKEW_S,
-    MIN_DISK_BYTES,
-    SLOW_PROBE_FACTOR,
-    SLOW_PROBE_MARGIN_S,
-    SLOW_PROBE_SHARE,
-    Check,
-    check,
-    evaluate,
-    requested_names,
-    selected_checks,
-    slow_probe_limit,
-)
+from launcher.doctor.checklist import CHECKS, FAST_CHECKS, evaluate, selected_checks
+from launcher.doctor.checks_net import requested_names
+from launcher.doctor.checks_node import slow_probe_limit
 from launcher.doctor.collect import (
     LISTEN_WINDOW_S,
     LISTENER_MARGIN_S,
@@ -41,7 +29,9 @@ from launcher.doctor.collect import (
     session_token,
 )
 from launcher.doctor.evidence import Evidence, Finding, Outcome, ProbeFailed, Report, Status
+from launcher.doctor.registry import Check, check
 from launcher.errors import DoctorFailed
+from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR, SLOW_PROBE_MARGIN_S, SLOW_PROBE_SHARE
 
 _RENDERING = ("MARKS", "render_table", "report_json")
 """From launcher.doctor.report, imported when first used: rich is no cost to a launch that only checks."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from launcher.config.model import Cluster, Host
-from launcher.doctor.checks import FAST_CHECKS, evaluate, requested_names, selected_checks
+from launcher.doctor.checklist import FAST_CHECKS, evaluate, selected_checks
+from launcher.doctor.checks_net import requested_names
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.limits import LISTEN_WINDOW_S, LISTENER_MARGIN_S, RESOLVE_WORKERS, TOKEN_READ_S

@@ -1,5 +1,5 @@
 """The doctor's check registry and the helpers checks share: each check registered once by name, with whether
-`launch` runs it first; `launcher.doctor.checks` says the order of the table's columns."""
+`launch` runs it first; `launcher.doctor.checklist` says the order of the table's columns."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.model import Host
-from launcher.config.text import human_bytes as human_bytes  # shown in the disk check's findings
 from launcher.doctor.evidence import Evidence, Finding
 
 CheckFunction = Callable[[Evidence], list[Finding]]
@@ -25,7 +24,7 @@ class Check:
 
 
 _REGISTRY: dict[str, Check] = {}
-"""Name -> check (`launcher.doctor.checks.CHECKS` orders them)."""
+"""Name -> check (`launcher.doctor.checklist.CHECKS` orders them)."""
 
 
 def check(name: str, *, fast: bool = False) -> Callable[[CheckFunction], CheckFunction]:

@@ -12,8 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from launcher.config.text import human_bytes
 from launcher.plan.straggler import Straggler
+from launcher.report.units import human_bytes
 
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "rss_bytes", "last_output_s", "steps_per_s",
                "step", "last_line")

@@ -16,14 +16,24 @@ from dataclasses import replace
 from typing import Any
 
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import GO, KILL, STOP, word_line
+from launcher.node.protocol import ABORT, GO, KILL, STOP, TCP, word_line
 from launcher.options import Options
 from launcher.plan.commands import LaunchPlan
 from launcher.plan.hang import HangWatch, hang_timeout
 from launcher.report.rootcause import NodeEnd
-from launcher.run import gate as start_gate
 from launcher.run import hang as hang_watch
-from launcher.run.events import Beat, Ended, HangSuspected, Left, Message, NodeEvent, StacksTaken, Started, Stopping
+from launcher.run.events import (
+    Beat,
+    Ended,
+    HangSuspected,
+    Left,
+    Message,
+    NodeEvent,
+    NodeFacts,
+    StacksTaken,
+    Started,
+    Stopping,
+)
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
@@ -80,7 +90,7 @@ class RunHandle:
         gate = self.gate
         if gate is not None and gate.in_session:
             unopened = {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e}
-            start_gate.check(self, gate, unopened, began)
+            _gate_check(self, gate, unopened, began)
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
         while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
             self.step(0.2)
@@ -211,3 +221,76 @@ class RunHandle:
     def close(self) -> None:
         """Stop heartbeats and close the channels (an attached node then stops what is left by itself)."""
         self.link.close()
+
+
+# --- the start gate's checks inside the agents' sessions (`launcher.run.gate`) -----------------------------
+
+
+def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], began: float) -> None:
+    """The gate's checks inside the agents' sessions: gather every probe, then the TCP round, then the verdict.
+
+    Round one: each agent's `probed` event (the master's says whether master_port was free, and holds it). A
+    node whose probe has not answered within the gate's probe_timeout, or whose session ended first, is judged
+    on that. Round two, when the master holds the port: `tcp` to every node that probed, each answers `tcp`.
+    """
+    sent = time.time()
+    sessions = handle.sessions
+    while True:
+        now = time.monotonic()
+        waiting = [s for s in sessions.values() if "probed" not in s.checked and s.end is None
+                   and now - s.opened < gate.probe_timeout]
+        if not waiting:
+            break
+        handle.step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
+    master = sessions.get(handle.plan.cluster.hosts[0].name)
+    listener = master.checked.get("probed", {}).get("listener") if master is not None else None
+    if listener and listener.get("free") and handle.start_failure is None:  # else no run can start anyway
+        _tcp_round(handle, gate)
+    facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
+    try:
+        gate.judge(handle.plan.cluster, facts, (sent, time.time()), time.monotonic() - began)
+    except Exception:
+        _abort_start(handle)
+        raise
+
+
+def _tcp_round(handle: RunHandle, gate: StartGate) -> None:
+    """`tcp` to every node that probed: each connects to the master's listener and answers `tcp`."""
+    asked = [s for s in handle.sessions.values() if "probed" in s.checked and s.end is None]
+    for session in asked:
+        session.channel.send(word_line(TCP))
+    until = time.monotonic() + gate.probe_timeout
+    while any("tcp" not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
+        handle.step(0.2)
+    for session in asked:
+        if session.end is None:
+            session.checked.setdefault("tcp", {"ok": False, "error": f"no answer to the TCP check within "
+                                                                      f"{gate.probe_timeout:g} s"})
+
+
+def _facts(handle: RunHandle, name: str, unopened: dict[str, str]) -> NodeFacts:
+    """What one node's session said for the checks (a probe past its limit counts as not answering)."""
+    session = handle.sessions.get(name)
+    if session is None:
+        return NodeFacts(failure=unopened.get(name, "no session was opened"))
+    probed = session.checked.get("probed")
+    if probed is not None:
+        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get("tcp"),
+                         took=round(probed["at"] - session.opened, 3))
+    end = session.end
+    if end is None or end.kind == "silent":  # no answer in time (the silence limit is never shorter)
+        return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)
+    return NodeFacts(exit_code=end.exit_code, messages=tuple(session.messages))
+
+
+def _abort_start(handle: RunHandle) -> None:
+    """The checks failed: `abort` to every agent; wait for those that answer (none has made anything)."""
+    for session in handle.sessions.values():
+        if session.end is None:
+            session.asked_to_stop = True
+            if not session.channel.send(word_line(ABORT), block=False):
+                session.pending_word = word_line(ABORT)  # sent again at the next step
+    handle.stop_deadline = time.monotonic() + STOP_MARGIN
+    # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
+    while any(s.end is None and "probed" in s.checked for s in handle.sessions.values()):
+        handle.step(0.2)

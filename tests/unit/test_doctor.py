@@ -23,7 +23,7 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding, ProbeFailed
-from launcher.doctor import checks as checks_module
+from launcher.doctor import checklist as checks_module
 from launcher.doctor.collect import launch_preflight
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options

@@ -1,21 +1,14 @@
-"""The doctor's checks: pure functions from the probes' `Evidence` to `Finding`s, each registered once by name
-(`launcher.doctor.registry`): those of each node's own setup (checks_node.py), those between nodes (checks_net.py).
+"""The doctor's checks run in order: the table's columns (`CHECKS`), the ones a launch runs (`FAST_CHECKS`), and
+`evaluate`, from the probes' `Evidence` to `Finding`s. The checks themselves are pure functions, each registered once
+by name (`launcher.doctor.registry`): those of each node's own setup (checks_node.py), those between nodes
+(checks_net.py).
 """
 
 from __future__ import annotations
 
 from launcher.doctor import checks_net, checks_node  # noqa: F401  (importing them registers their checks)
-from launcher.doctor.checks_net import requested_names as requested_names
-from launcher.doctor.checks_node import slow_probe_limit as slow_probe_limit
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import _REGISTRY, CheckFunction
-from launcher.doctor.registry import Check as Check
-from launcher.doctor.registry import check as check
-from launcher.limits import MAX_CLOCK_SKEW_S as MAX_CLOCK_SKEW_S
-from launcher.limits import MIN_DISK_BYTES as MIN_DISK_BYTES
-from launcher.limits import SLOW_PROBE_FACTOR as SLOW_PROBE_FACTOR
-from launcher.limits import SLOW_PROBE_MARGIN_S as SLOW_PROBE_MARGIN_S
-from launcher.limits import SLOW_PROBE_SHARE as SLOW_PROBE_SHARE
 
 CHECKS: tuple[str, ...] = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script", "gpus", "packages",
                            "disk", "clock", "iface")
