@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
-
+from bench.common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
 from launcher.config.inventory import load_inventory
 from launcher.doctor import run_doctor
 

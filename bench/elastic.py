@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
 
+from bench.common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
 from launcher import sandbox
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.observe import children, pids_with_env, sshd_family

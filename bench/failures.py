@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import (
+
+from bench.common import (
     REPO,
     RUN_ID,
     Box,
@@ -42,7 +43,6 @@ from common import (
     wait_gone,
     wait_until,
 )
-
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.observe import children, gone, parent, processes_mentioning, sshd_family
 

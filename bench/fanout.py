@@ -10,12 +10,11 @@ descriptors and memory (bench/usage.py); `fits` are least-squares lines against 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from common import (
-    BENCH,
+from bench.common import (
+    DRIVER,
     Box,
     fit_line,
     have_pdsh,
@@ -47,7 +46,7 @@ FAILURES: list[dict[str, Any]] = []
 
 
 def drive(box: Box, root: Path, preflight: bool, tries: int = 3, sample: bool = False) -> Any:
-    argv = [sys.executable, str(BENCH / "_drive.py"), str(box.inventory), "--log-dir", str(root / "logs")]
+    argv = [*DRIVER, str(box.inventory), "--log-dir", str(root / "logs")]
     if preflight:
         argv.append("--preflight")
     for _ in range(tries):

@@ -1,4 +1,4 @@
-"""Figures for a run alive but stuck (python bench/hang.py [--sizes 2,16,64] [--repeat N]).
+"""Figures for a run alive but stuck (python -m bench.hang [--sizes 2,16,64] [--repeat N]).
 
 - answer_s: from the hang bound (the last node started + the hang timeout) to the grouped answer of an attached run
   (every node's agent takes its workers' stacks over the run's own sessions);
@@ -25,10 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import MARK_ENV, REPO, log, run_alone, sandbox_of
-
+from bench.common import MARK_ENV, REPO, log, run_alone, sandbox_of
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, ssh_loop_script, stats
-from job import with_port
+from bench.common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, ssh_loop_script, stats
+from bench.job import with_port
 
 NODES = 2
 SCRIPT = "bench/lines.py"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (
+from bench.common import (
     REPO,
     RUN_ID,
     Box,
@@ -44,8 +44,7 @@ from common import (
     wait_gone,
     wait_until,
 )
-from job import with_port
-
+from bench.job import with_port
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.procs import table as process_table
 

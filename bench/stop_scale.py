@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import (
-    BENCH,
+from bench.common import (
+    DRIVER,
     REPO,
     RUN_ID,
     Box,
@@ -43,8 +43,7 @@ from common import (
     stats,
     wait_gone,
 )
-from usage import Sampler
-
+from bench.usage import Sampler
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox import procs
 
@@ -101,7 +100,7 @@ def _spawn(argv: list[str], out: Path, env: dict[str, str] | None = None) -> sub
 
 
 def _drive(box: Box, root: Path, out: Path, detach: bool) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, str(BENCH / "_drive.py"), "--log-dir", str(root / "logs"),
+    argv = [*DRIVER, "--log-dir", str(root / "logs"),
             *(["--detach"] if detach else []), str(box.inventory), "--", *SLEEP]  # positionals last, together
     return _spawn(argv, out)
 

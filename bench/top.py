@@ -1,4 +1,4 @@
-"""Figures of `inv top` (python bench/top.py [--repeat N]):
+"""Figures of `inv top` (python -m bench.top [--repeat N]):
 
 - view_cpu: each node's `top` agent, CPU seconds per second of a live view (a snapshot a second, the ranks' files
   read every 0.1 s), over VIEW_S of a detached light run (bench/hang_worker.py `steady`: a step line every 0.2 s);
@@ -20,11 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
-from hang import _cpu_s, light_plan
-
+from bench.common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
+from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import start as run_start
