@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes
 from launcher import sandbox
 from launcher.plan import commands as plan
 from launcher.sandbox import procs
-from launcher.sandbox.observe import free_port, pids_with_env, reserve_base_addr, run_processes
 from launcher.transport.program import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parent.parent

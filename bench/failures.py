@@ -43,8 +43,8 @@ from bench.common import (
     wait_gone,
     wait_until,
 )
+from bench.observe import children, gone, parent, processes_mentioning, sshd_family
 from launcher.plan.commands import RUN_ID_ENV
-from launcher.sandbox.observe import children, gone, parent, processes_mentioning, sshd_family
 
 NODES = 2
 SCRIPT = "tests/scripts/sleeper.py"

@@ -1,4 +1,5 @@
-"""The sandbox's process helpers for tests: `launcher.sandbox.observe`, where bench/ takes them from too."""
+"""The sandbox's process helpers for tests: `bench.observe`, where the bench has them (tests may import the bench;
+the bench imports nothing from tests/)."""
 
-from launcher.sandbox.observe import *  # noqa: F403  (its __all__: free ports, subnets, a run's processes)
-from launcher.sandbox.observe import __all__ as __all__
+from bench.observe import *  # noqa: F403  (its __all__: free ports, subnets, a run's processes)
+from bench.observe import __all__ as __all__
