@@ -105,7 +105,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, preflight_ma
         log("fan-out: pdsh is not installed (scripts/setup installs it): no pdsh baseline")
     for n in sizes:
         # The inventory's script is only read by the preflight's script check: one of ours, that nobody edits.
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
             variants = ["ssh_loop", *(["pdsh"] if use_pdsh else []), "launcher",
                         *(["launcher_preflight"] if n <= preflight_max else [])]

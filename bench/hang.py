@@ -8,7 +8,8 @@
   (`--hang-timeout 0`: the agents then read no /proc for progress), and each node's agent's CPU per second of a
   healthy light run (a step line every 0.2 s for STEADY_S), on against off, read from /proc.
 
-The job is bench/hang_worker.py in place of torchrun (one worker a node, no torch) except for the real-job figure.
+The job is bench/workloads/hang_worker.py in place of torchrun (one worker a node, no torch) except for the real-job
+figure.
 Results go to bench/results/hang.json.
 """
 
@@ -33,7 +34,7 @@ from launcher.plan.commands import plan_launch
 from launcher.run import events
 from launcher.run import start as run_start
 
-WORKER = str(REPO / "bench" / "hang_worker.py")
+WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
 TIMEOUT_S = 5.0
 
 

@@ -1,7 +1,7 @@
 """What the bench and the tests look at on a sandbox: free ports and subnets, a run's processes, families of
 processes, sshd's. Read from /proc through `launcher.sandbox.procs` (the sandbox's own reader) where it has the
-question; the questions only the bench and the tests ask are answered here, out of the product package.
-tests/support/procs.py re-exports this module: tests import the bench, the bench nothing from tests/."""
+question; the questions only the bench and the tests ask are answered here, out of the product package. The tests'
+support re-exports this module: tests may import the bench, the bench imports nothing of the tests."""
 
 from __future__ import annotations
 

@@ -87,12 +87,12 @@ def agent_memory(root: Path) -> dict[str, float]:
 
 def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    with sandbox_of(1, root, script="bench/lines.py") as box:
+    with sandbox_of(1, root, script="bench/workloads/lines.py") as box:
         _drive(box, root, "warm")
         alone = [_drive(box, root, f"n1-{k}")[0]["node_own_s"] for k in range(repeat)]
     node_own = statistics.median(alone)
     for n in sizes:
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             _drive(box, root, f"warm-{n}")
             runs = [_drive(box, root, f"n{n}-{k}") for k in range(repeat)]
         row = {key: round(statistics.median(r[key] for r, _ in runs), 3) for key in runs[0][0]}

@@ -201,7 +201,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path) -> dict[str,
     for n in sizes:
         runs = repeat if isinstance(repeat, int) else repeat.get(n, 2)
         results: dict[str, list[dict[str, Any]]] = {w: [] for w in ways}
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             log(f"stop at scale: {n} nodes, {runs} runs of {', '.join(ways)}")
             for k in range(runs):
                 for way in ways[k % len(ways):] + ways[:k % len(ways)]:

@@ -1,7 +1,8 @@
 """Figures of `inv top` (python -m bench.top [--repeat N]):
 
 - view_cpu: each node's `top` agent, CPU seconds per second of a live view (a snapshot a second, the ranks' files
-  read every 0.1 s), over VIEW_S of a detached light run (bench/hang_worker.py `steady`: a step line every 0.2 s);
+  read every 0.1 s), over VIEW_S of a detached light run (bench/workloads/hang_worker.py `steady`: a step line every
+  0.2 s);
 - first_frame_s: from nothing (connections included) to a frame with every node's figures, at 2, 16 and 64 nodes;
 - once_s: `inv top --once --json` as a user types it (a fresh process: connect, a look of 3 s, the answer);
 - job: train/ddp.py on 2 nodes x 2 ranks, its wall time with a live view open on it the whole time against none,

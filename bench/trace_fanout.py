@@ -72,7 +72,7 @@ def main() -> int:
 
 def trace(args: argparse.Namespace, root: Path) -> None:
     for n in [int(x) for x in args.nodes.split(",")]:
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             light = [f"{box.python} -c pass"] * n
             ssh_loop(box.ssh_config, light)
             rows: list[dict[str, float]] = []
