@@ -219,7 +219,8 @@ def sandbox_down(c):
             "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic"})
 def bench(c, quick=False, only=None):
     """Benchmarks on the sandbox against an ssh loop, pdsh and local torchrun: table, JSON, picture in bench/results/"""
-    words = [sys.executable, "bench/run.py", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
+    # bench/ is a package run from the checkout's root (its bench and launcher come first on sys.path).
+    words = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
     c.run(shlex.join(words), pty=False)
 
 

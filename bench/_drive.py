@@ -1,6 +1,6 @@
 """Driver for the fan-out figure: launch a plan whose torchrun is replaced by a light command, then exit.
 
-    python bench/_drive.py INVENTORY [--preflight] [--detach] [--log-dir DIR] [--trace OUT.json] [-- ARGV...]
+    python -m bench._drive INVENTORY [--preflight] [--detach] [--log-dir DIR] [--trace OUT.json] [-- ARGV...]
 
 It is started as a fresh process so that its time includes the launcher's own start-up (imports), like a user's
 `inv launch`. Default light command: `<the host's python> -c pass`. Exit code: the launch's.
@@ -89,8 +89,6 @@ def main(argv: list[str]) -> int:
     import argparse
     import dataclasses
     from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
     parser = argparse.ArgumentParser()
     parser.add_argument("inventory")

@@ -23,18 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes
+from launcher import sandbox
+from launcher.plan import commands as plan
+from launcher.sandbox import procs
+from launcher.transport.program import BOOTSTRAP
+
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from launcher import sandbox  # noqa: E402
-from launcher.plan import commands as plan  # noqa: E402
-from launcher.sandbox import procs  # noqa: E402
-from launcher.sandbox.observe import free_port, pids_with_env, reserve_base_addr, run_processes  # noqa: E402
-from launcher.transport.program import BOOTSTRAP  # noqa: E402
-
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
+DRIVER = (sys.executable, "-m", "bench._drive")
+"""The fan-out driver as a fresh process; started in REPO (run_timed's cwd), whose bench and launcher it imports."""
 RUN_ID = re.compile(rf"run ({plan.RUN_ID_PATTERN})")
 """A run id as the launcher prints it (`run <id>`); group 1 is the id."""
 MARK_ENV = plan.RUN_ID_ENV
@@ -227,7 +226,7 @@ def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] 
         t.start()
     sampler = None
     if sample:
-        from usage import Sampler
+        from bench.usage import Sampler
 
         sampler = Sampler(proc.pid).start()
     deadline = start + timeout
@@ -377,7 +376,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
 
 
 def run_alone(name: str, run: Callable[[Path], dict[str, Any]]) -> int:
-    """A figure's module run by itself (`python bench/NAME.py`): `run(scratch folder)`, its result printed and
+    """A figure's module run by itself (`python -m bench.NAME`): `run(scratch folder)`, its result printed and
     written to bench/results/NAME.json; the scratch folder removed after."""
     root = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     try:

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
-
+from bench.common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
 from launcher.config.inventory import load_inventory
 from launcher.doctor import run_doctor
 
@@ -22,7 +21,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path) -> dict[str,
     rows = []
     use_pdsh = have_pdsh()
     for n in sizes:
-        with sandbox_of(n, root, script="bench/lines.py") as box:  # a script nobody edits during the bench
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:  # a script nobody edits during the bench
             runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
             log(f"doctor: {n} nodes, {runs} runs")
             cluster = load_inventory(box.inventory)

@@ -1,7 +1,7 @@
 """Figure (failures): what is left of an attached 2-node run after each way it can break, caused for real.
 
-On a 2-node sandbox running tests/scripts/sleeper.py (nproc 1; grace 1 s, heartbeat and silence timeouts 4 s):
-  crash     node 1's worker exits with code 3 (tests/scripts/exit_on_node.py, 0.5 s after it starts)
+On a 2-node sandbox running bench/workloads/sleeper.py (nproc 1; grace 1 s, heartbeat and silence timeouts 4 s):
+  crash     node 1's worker exits with code 3 (bench/workloads/exit_on_node.py, 0.5 s after it starts)
   torchrun  kill -9 of node 1's torchrun (the pid in its run directory's `leader` file)
   agent     kill -9 of node 1's agent (torchrun's parent)
   launcher  kill -9 of the launcher's process group
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import (
+
+from bench.common import (
     REPO,
     RUN_ID,
     Box,
@@ -42,14 +43,13 @@ from common import (
     wait_gone,
     wait_until,
 )
-
+from bench.observe import children, gone, parent, processes_mentioning, sshd_family
 from launcher.plan.commands import RUN_ID_ENV
-from launcher.sandbox.observe import children, gone, parent, processes_mentioning, sshd_family
 
 NODES = 2
-SCRIPT = "tests/scripts/sleeper.py"
+SCRIPT = "bench/workloads/sleeper.py"
 ARGS = ["0.2"]
-CRASH_SCRIPT = "tests/scripts/exit_on_node.py"
+CRASH_SCRIPT = "bench/workloads/exit_on_node.py"
 CRASH_ARGS = ["1", "3"]
 """Node 1's worker exits with code 3 (after 0.5 s); node 0's waits."""
 GRACE_S = 1.0

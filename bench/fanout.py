@@ -10,12 +10,11 @@ descriptors and memory (bench/usage.py); `fits` are least-squares lines against 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from common import (
-    BENCH,
+from bench.common import (
+    DRIVER,
     Box,
     fit_line,
     have_pdsh,
@@ -47,7 +46,7 @@ FAILURES: list[dict[str, Any]] = []
 
 
 def drive(box: Box, root: Path, preflight: bool, tries: int = 3, sample: bool = False) -> Any:
-    argv = [sys.executable, str(BENCH / "_drive.py"), str(box.inventory), "--log-dir", str(root / "logs")]
+    argv = [*DRIVER, str(box.inventory), "--log-dir", str(root / "logs")]
     if preflight:
         argv.append("--preflight")
     for _ in range(tries):
@@ -106,7 +105,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, preflight_ma
         log("fan-out: pdsh is not installed (scripts/setup installs it): no pdsh baseline")
     for n in sizes:
         # The inventory's script is only read by the preflight's script check: one of ours, that nobody edits.
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
             variants = ["ssh_loop", *(["pdsh"] if use_pdsh else []), "launcher",
                         *(["launcher_preflight"] if n <= preflight_max else [])]

@@ -1,4 +1,4 @@
-"""Figures for a run alive but stuck (python bench/hang.py [--sizes 2,16,64] [--repeat N]).
+"""Figures for a run alive but stuck (python -m bench.hang [--sizes 2,16,64] [--repeat N]).
 
 - answer_s: from the hang bound (the last node started + the hang timeout) to the grouped answer of an attached run
   (every node's agent takes its workers' stacks over the run's own sessions);
@@ -8,7 +8,8 @@
   (`--hang-timeout 0`: the agents then read no /proc for progress), and each node's agent's CPU per second of a
   healthy light run (a step line every 0.2 s for STEADY_S), on against off, read from /proc.
 
-The job is bench/hang_worker.py in place of torchrun (one worker a node, no torch) except for the real-job figure.
+The job is bench/workloads/hang_worker.py in place of torchrun (one worker a node, no torch) except for the real-job
+figure.
 Results go to bench/results/hang.json.
 """
 
@@ -25,10 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import MARK_ENV, REPO, log, run_alone, sandbox_of
-
+from bench.common import MARK_ENV, REPO, log, run_alone, sandbox_of
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
@@ -37,7 +35,7 @@ from launcher.run import events
 from launcher.run import start as run_start
 from launcher.run.wiring import Wiring
 
-WORKER = str(REPO / "bench" / "hang_worker.py")
+WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
 TIMEOUT_S = 5.0
 
 

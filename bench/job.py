@@ -12,7 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import REPO, Box, free_port, log, note_runs, paired_ratio, ratio, run_timed, sandbox_of, ssh_loop, stats
+
+from bench.common import (
+    REPO,
+    Box,
+    free_port,
+    log,
+    note_runs,
+    paired_ratio,
+    ratio,
+    run_timed,
+    sandbox_of,
+    ssh_loop,
+    stats,
+)
 
 JOB_ARGS = ["--max-steps", "20", "--dataset-size", "512"]
 SCRIPT = "train/ddp.py"

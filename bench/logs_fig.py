@@ -1,5 +1,5 @@
 """Figure 5 (log throughput): a 2-node job (1 process each) printing 1,000,000 short lines in total
-(bench/lines.py: 500,000 per rank, 100 lines per write+flush), under torchrun.
+(bench/workloads/lines.py: 500,000 per rank, 100 lines per write+flush), under torchrun.
 
 - `inv launch` attached, its stdout to a file (the lines come back over SSH, prefixed `node-1 r1  | ...`);
 - the floor: the same two torchrun processes started locally, writing to a local file;
@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, ssh_loop_script, stats
-from job import with_port
+from bench.common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, ssh_loop_script, stats
+from bench.job import with_port
 
 NODES = 2
-SCRIPT = "bench/lines.py"
+SCRIPT = "bench/workloads/lines.py"
 TARGET = 1.10
 PREFIXED = re.compile(r"^(node-\d+) +r(\d+) +\| (.*)$")
 JOB_LINE = re.compile(r"^rank (\d+) line (\d+)$")

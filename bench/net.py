@@ -1,7 +1,8 @@
-"""Figures of `inv doctor --net` (python bench/net.py [--sizes 2,8,16] [--repeat N]): its time as a user types it
+"""Figures of `inv doctor --net` (python -m bench.net [--sizes 2,8,16] [--repeat N]): its time as a user types it
 (a fresh process: the doctor's checks, then one rank a node under torchrun, the measurement, the answer), and the
 group's all_reduce bandwidth it reports against a plain torch.distributed all_reduce loop of the same size, run by
-hand over an ssh loop on the same nodes in the same run (bench/allreduce_loop.py). Results: bench/results/net.json.
+hand over an ssh loop on the same nodes in the same run (bench/workloads/allreduce_loop.py). Results:
+bench/results/net.json.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import REPO, free_port, log, run_alone, run_timed, sandbox_of, ssh_loop
 
-from common import REPO, free_port, log, run_alone, run_timed, sandbox_of, ssh_loop
-
-LOOP = "bench/allreduce_loop.py"
+LOOP = "bench/workloads/allreduce_loop.py"
 RUNS = 5
 
 

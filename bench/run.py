@@ -1,6 +1,6 @@
 """Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
 
-    python bench/run.py [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync,elastic]
+    python -m bench.run [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync,elastic]
 
 Figures (each the median of >= 2 runs, with min and max; baselines measured in the same run, interleaved):
   fanout  a light command (`PYTHON -c pass`) on N = 1, 2, 4, ..., 64 nodes: the launcher (a fresh process, imports
@@ -37,7 +37,7 @@ diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes b
 latest.md and (with matplotlib, the `bench` extra)
 latest.png: seconds against N per method for fan-out, the doctor and stop (with --only:
 bench/results/only-<figures>.*, so the full table stays). pdsh (scripts/setup installs it) is skipped when absent.
-To see where the launcher's fan-out time goes: `python bench/trace_fanout.py`.
+To see where the launcher's fan-out time goes: `python -m bench.trace_fanout`.
 Sandboxes use 127.0.200.2 and up (the tests' lock files tell which are free) and free master ports; every
 sandbox is brought down and every process the bench started is gone when it ends, even on failure.
 """
@@ -57,11 +57,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import job as job_fig
-import scale_table
-from common import REPO, RESULTS, log, machine, remove_run_dirs, stats
+from bench import job as job_fig
+from bench import scale_table
+from bench.common import REPO, RESULTS, log, machine, remove_run_dirs, stats
 
 FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net",
            "startup")
@@ -216,7 +214,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                     cell(stats(row["doctor_gbps"]), "Gbit/s"), f"by hand {cell(stats(row['by_hand_gbps']), 'Gbit/s')}",
                     "", "", f"{row['ratio']:.2f}x", "(figure only)", "–"])
     if results.get("sync"):
-        import sync_fig
+        from bench import sync_fig
 
         out += sync_fig.rows(results["sync"], cell)
     # Rows of figures without a pdsh baseline have 8 cells: an empty (p) cell goes in after (a).
@@ -358,7 +356,7 @@ def draw_chart(results: dict[str, Any], stem: str, title: str) -> None:
     except ImportError:
         log("chart skipped: matplotlib is not installed (pip install -e '.[bench]')")
         return
-    import chart
+    from bench import chart
 
     try:
         path = chart.draw(results, RESULTS / f"{stem}.png", title)
@@ -390,7 +388,7 @@ def main() -> int:
     unknown = only - set(FIGURES)
     if unknown:
         parser.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
-    command = "python bench/run.py" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+    command = "python -m bench.run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
     todo = plan(args.quick, only)
     # Started as a background job of a script (`cmd &`), this process and so every launcher it Ctrl-Cs would have
     # SIGINT ignored: the stop figures would time out. A handler of our own is reset to the default in children.
@@ -405,19 +403,21 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
     log(f"{command}: {', '.join(todo)}; scratch in {root}")
     try:
-        import doctor_fig
-        import elastic
-        import failures
-        import fanout
-        import hang
-        import job
-        import logs_fig
-        import net
-        import startup
-        import stop
-        import stop_scale
-        import sync_fig
-        import top
+        from bench import (
+            doctor_fig,
+            elastic,
+            failures,
+            fanout,
+            hang,
+            job,
+            logs_fig,
+            net,
+            startup,
+            stop,
+            stop_scale,
+            sync_fig,
+            top,
+        )
 
         for name, conf in todo.items():
             t0 = time.monotonic()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fanout import target_plain
+from bench.fanout import target_plain
 
 Cell = Callable[..., str]
 

@@ -1,5 +1,5 @@
 """What a launch costs the controller itself, phase by phase, and what it would take on a cluster whose nodes do not
-share this machine's 2 cores (python bench/startup.py [--nodes 2,8,16,32,64] [--repeat 3]):
+share this machine's 2 cores (python -m bench.startup [--nodes 2,8,16,32,64] [--repeat 3]):
 
 - per N, a light command (`PYTHON -c pass`) through bench/_drive.py with its trace: the controller's CPU seconds
   (all its threads, and its `ssh -G` children) and wall seconds for start (interpreter, imports, inventory, plan),
@@ -24,9 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import BENCH, log, node_agents, note_runs, run_alone, run_timed, sandbox_of
+from bench.common import DRIVER, log, node_agents, note_runs, run_alone, run_timed, sandbox_of
 
 
 def _phases(trace: dict[str, Any], spawn: float, wall: float) -> dict[str, float]:
@@ -46,7 +44,7 @@ def _phases(trace: dict[str, Any], spawn: float, wall: float) -> dict[str, float
 def _drive(box: Any, root: Path, name: str) -> tuple[dict[str, float], int]:
     out = root / f"{name}.json"
     spawn = time.time()
-    result = run_timed([sys.executable, str(BENCH / "_drive.py"), str(box.inventory), "--log-dir",
+    result = run_timed([*DRIVER, str(box.inventory), "--log-dir",
                         str(root / "logs"), "--trace", str(out)], timeout=300)
     note_runs(result.stderr)
     if result.code != 0:
@@ -77,7 +75,7 @@ def agent_memory(root: Path) -> dict[str, float]:
         sampler = threading.Thread(target=_agent_peaks, args=(stop, peaks), daemon=True)
         sampler.start()
         command = [box.python, "-c", "import time; time.sleep(2)"]
-        result = run_timed([sys.executable, str(BENCH / "_drive.py"), "--log-dir", str(root / "logs"),
+        result = run_timed([*DRIVER, "--log-dir", str(root / "logs"),
                             str(box.inventory), "--", *command], timeout=300)  # positionals last, together
         stop.set()
         sampler.join()
@@ -89,12 +87,12 @@ def agent_memory(root: Path) -> dict[str, float]:
 
 def run(sizes: list[int], repeat: int, root: Path) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    with sandbox_of(1, root, script="bench/lines.py") as box:
+    with sandbox_of(1, root, script="bench/workloads/lines.py") as box:
         _drive(box, root, "warm")
         alone = [_drive(box, root, f"n1-{k}")[0]["node_own_s"] for k in range(repeat)]
     node_own = statistics.median(alone)
     for n in sizes:
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             _drive(box, root, f"warm-{n}")
             runs = [_drive(box, root, f"n{n}-{k}") for k in range(repeat)]
         row = {key: round(statistics.median(r[key] for r, _ in runs), 3) for key in runs[0][0]}

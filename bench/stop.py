@@ -1,4 +1,4 @@
-"""Figure 4 (stop): a sleeping 4-node job (tests/scripts/sleeper.py under torchrun), stopped three ways.
+"""Figure 4 (stop): a sleeping 4-node job (bench/workloads/sleeper.py under torchrun), stopped three ways.
 
 - Ctrl-C on an attached `inv launch`: SIGINT to the launcher's process group; time until no process of the run
   is left on any node (the run's processes all carry DDP_LAUNCHER_RUN=<run id>/<node>; polled every 20 ms).
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (
+from bench.common import (
     REPO,
     RUN_ID,
     Box,
@@ -44,13 +44,12 @@ from common import (
     wait_gone,
     wait_until,
 )
-from job import with_port
-
+from bench.job import with_port
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox.procs import table as process_table
 
 NODES = 4
-SCRIPT = "tests/scripts/sleeper.py"
+SCRIPT = "bench/workloads/sleeper.py"
 ARGS = ["0.2"]
 TARGET_S = 2.0
 GONE_TIMEOUT_S = 20.0

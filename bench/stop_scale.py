@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import (
-    BENCH,
+from bench.common import (
+    DRIVER,
     REPO,
     RUN_ID,
     Box,
@@ -43,8 +43,7 @@ from common import (
     stats,
     wait_gone,
 )
-from usage import Sampler
-
+from bench.usage import Sampler
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox import procs
 
@@ -101,7 +100,7 @@ def _spawn(argv: list[str], out: Path, env: dict[str, str] | None = None) -> sub
 
 
 def _drive(box: Box, root: Path, out: Path, detach: bool) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, str(BENCH / "_drive.py"), "--log-dir", str(root / "logs"),
+    argv = [*DRIVER, "--log-dir", str(root / "logs"),
             *(["--detach"] if detach else []), str(box.inventory), "--", *SLEEP]  # positionals last, together
     return _spawn(argv, out)
 
@@ -202,7 +201,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path) -> dict[str,
     for n in sizes:
         runs = repeat if isinstance(repeat, int) else repeat.get(n, 2)
         results: dict[str, list[dict[str, Any]]] = {w: [] for w in ways}
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             log(f"stop at scale: {n} nodes, {runs} runs of {', '.join(ways)}")
             for k in range(runs):
                 for way in ways[k % len(ways):] + ways[:k % len(ways)]:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import REPO, Box, log, ratio, run_timed, sandbox_of, stats
+
+from bench.common import REPO, Box, log, ratio, run_timed, sandbox_of, stats
 
 NODES = 8
 FILES = 1000

@@ -1,7 +1,8 @@
-"""Figures of `inv top` (python bench/top.py [--repeat N]):
+"""Figures of `inv top` (python -m bench.top [--repeat N]):
 
 - view_cpu: each node's `top` agent, CPU seconds per second of a live view (a snapshot a second, the ranks' files
-  read every 0.1 s), over VIEW_S of a detached light run (bench/hang_worker.py `steady`: a step line every 0.2 s);
+  read every 0.1 s), over VIEW_S of a detached light run (bench/workloads/hang_worker.py `steady`: a step line every
+  0.2 s);
 - first_frame_s: from nothing (connections included) to a frame with every node's figures, at 2, 16 and 64 nodes;
 - once_s: `inv top --once --json` as a user types it (a fresh process: connect, a look of 3 s, the answer);
 - job: train/ddp.py on 2 nodes x 2 ranks, its wall time with a live view open on it the whole time against none,
@@ -20,11 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
-from hang import _cpu_s, light_plan
-
+from bench.common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
+from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import start as run_start

@@ -1,6 +1,6 @@
 """Where the launcher's fan-out time goes: a phase timeline of bench/_drive.py runs, next to the ssh loop (a).
 
-    python bench/trace_fanout.py [--nodes 4,16] [--repeat 5] [--preflight]
+    python -m bench.trace_fanout [--nodes 4,16] [--repeat 5] [--preflight]
 
 For each N: (a) and the traced launcher, interleaved; prints the median of each phase, measured from the moment
 the launcher process was spawned: interpreter start, imports, planning, `ssh -G` + connect per host, preflight,
@@ -18,9 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import BENCH, note_runs, remove_run_dirs, run_timed, sandbox_of, ssh_loop
+from bench.common import DRIVER, note_runs, remove_run_dirs, run_timed, sandbox_of, ssh_loop
 
 
 def phases(trace: dict, spawn: float, exit_s: float) -> dict[str, float]:
@@ -74,7 +72,7 @@ def main() -> int:
 
 def trace(args: argparse.Namespace, root: Path) -> None:
     for n in [int(x) for x in args.nodes.split(",")]:
-        with sandbox_of(n, root, script="bench/lines.py") as box:
+        with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             light = [f"{box.python} -c pass"] * n
             ssh_loop(box.ssh_config, light)
             rows: list[dict[str, float]] = []
@@ -82,7 +80,7 @@ def trace(args: argparse.Namespace, root: Path) -> None:
             for k in range(args.repeat + 1):
                 a = ssh_loop(box.ssh_config, light)
                 out = root / f"trace-{n}-{k}.json"
-                argv = [sys.executable, str(BENCH / "_drive.py"), str(box.inventory), "--log-dir", str(root / "logs"),
+                argv = [*DRIVER, str(box.inventory), "--log-dir", str(root / "logs"),
                         "--trace", str(out)] + (["--preflight"] if args.preflight else [])
                 spawn = time.time()
                 result = run_timed(argv, timeout=120)

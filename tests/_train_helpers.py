@@ -25,9 +25,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from bench.observe import free_port as free_port  # re-exported for the train tests
+from bench.observe import pids_with_env
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port as free_port  # re-exported for the train tests
-from tests.support.procs import pids_with_env
 
 if TYPE_CHECKING:
     import torch

@@ -10,11 +10,11 @@ from typing import IO, Any
 
 import pytest
 
+from bench.observe import free_port as free_port  # re-exported: tests import it from here
+from bench.observe import reserve_base_addr
 from launcher import sandbox
 from launcher.sandbox import Sandbox
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port as free_port  # re-exported: tests import it from here
-from tests.support.procs import reserve_base_addr
 
 # Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.
 _SUBNETS = itertools.count(10)

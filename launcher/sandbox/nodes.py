@@ -1,12 +1,9 @@
-"""The sandbox's lifecycle: up, load, running, stop_node, down; its state file, keys, configs and lock."""
+"""The sandbox's lifecycle: up, load, running, stop_node, down; its keys and configs (its record: statefile)."""
 
 from __future__ import annotations
 
-import fcntl
-import json
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +11,7 @@ from typing import Any
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
 from launcher.limits import SANDBOX_MAX_NODES as MAX_NODES
-from launcher.sandbox import procs, start
+from launcher.sandbox import procs, start, statefile
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (
     SSHD,
@@ -35,10 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
 DEFAULT_INVENTORY = REPO_ROOT / "hosts" / "sandbox.yaml"
 
-_STATE_FILE = "sandbox.json"
 _USER_KEY = "id_ed25519"
-_NODE_KEYS = {"name", "addr", "port", "pid", "start_time"}
-_DAEMON_KEYS = {"name", "exe", "pid", "start_time"}
 
 
 @dataclass(frozen=True)
@@ -121,7 +115,7 @@ def up(
                                       nproc_per_node=nproc_per_node, master_port=master_port, script=script,
                                       script_args=script_args, python_override=overrides)
     state_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(state_dir):
+    with statefile.locked(state_dir):
         _clear_stale(state_dir)
         identity, known_hosts, ssh_config = _write_client_files(state_dir, addrs, ssh_port)
         commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare, login_rc)
@@ -131,7 +125,7 @@ def up(
         try:
             inventory.parent.mkdir(parents=True, exist_ok=True)
             inventory.write_text(inventory_text, encoding="utf-8")
-            _write_state(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
+            statefile.write(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
         except BaseException:  # Ctrl-C included: nothing half-started stays behind
             if cluster is not None:
                 slurm_cluster.stop(cluster)
@@ -174,7 +168,7 @@ def _start_nodes(state_dir: Path, commands: Sequence[list[str]], addrs: Sequence
 
 def load(state_dir: Path = DEFAULT_STATE_DIR) -> Sandbox:
     """The sandbox recorded in `state_dir` (its processes may have died since; see `running`)."""
-    state = _read_state(Path(state_dir).absolute())
+    state = statefile.read(Path(state_dir).absolute())
     cluster = state.get("slurm")  # absent in the state files of sandboxes without SLURM, and of older versions
     return Sandbox(
         state_dir=Path(state["state_dir"]),
@@ -191,15 +185,15 @@ def down(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     """Stop every node of the sandbox in `state_dir` (its SLURM cluster first, if any) and forget it; one line per
     node and SLURM daemon says what was done."""
     state_dir = Path(state_dir).absolute()
-    if not (state_dir / _STATE_FILE).exists():
+    if not statefile.exists(state_dir):
         return [f"no sandbox is up in {state_dir}; nothing to stop."]
-    with _locked(state_dir):
-        if not (state_dir / _STATE_FILE).exists():  # another `down` won the race
+    with statefile.locked(state_dir):
+        if not statefile.exists(state_dir):  # another `down` won the race
             return [f"no sandbox is up in {state_dir}; nothing to stop."]
-        state = _read_state(state_dir)
+        state = statefile.read(state_dir)
         lines = _stop_cluster(state)  # first: its slurmds live in the nodes' namespaces
         lines += _stop_records(state["nodes"])
-        (state_dir / _STATE_FILE).unlink()
+        statefile.remove(state_dir)
     return lines
 
 
@@ -207,8 +201,8 @@ def stop_node(state_dir: Path, index: int) -> None:
     """Stop node `index`'s sshd (and its sessions, and its slurmd with its job steps) to simulate a dead node;
     the others keep running."""
     state_dir = Path(state_dir).absolute()
-    with _locked(state_dir):
-        state = _read_state(state_dir)
+    with statefile.locked(state_dir):
+        state = statefile.read(state_dir)
         records = state["nodes"]
         if not 0 <= index < len(records):
             raise SandboxError(f"the sandbox in {state_dir} has no node {index} (it has {len(records)}).")
@@ -218,14 +212,14 @@ def stop_node(state_dir: Path, index: int) -> None:
 
 def running(state_dir: Path = DEFAULT_STATE_DIR) -> dict[str, bool]:
     """Node name -> whether its sshd listener is alive; empty when no sandbox is recorded in `state_dir`."""
-    path = Path(state_dir).absolute() / _STATE_FILE
-    if not path.exists():
+    state_dir = Path(state_dir).absolute()
+    if not statefile.exists(state_dir):
         return {}
-    return {r["name"]: _is_our_sshd(r) for r in _read_state(path.parent)["nodes"]}
+    return {r["name"]: _is_our_sshd(r) for r in statefile.read(state_dir)["nodes"]}
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Files: keys, configs, state.
+# Files: keys and configs (the record of what runs: statefile).
 
 
 def _check_indices(nodes: int, indices: Iterable[int]) -> None:
@@ -235,9 +229,9 @@ def _check_indices(nodes: int, indices: Iterable[int]) -> None:
 
 
 def _clear_stale(state_dir: Path) -> None:
-    if not (state_dir / _STATE_FILE).exists():
+    if not statefile.exists(state_dir):
         return
-    state = _read_state(state_dir)
+    state = statefile.read(state_dir)
     records = state["nodes"]
     alive = [r["name"] for r in records if _is_our_sshd(r)]
     if alive:
@@ -247,7 +241,7 @@ def _clear_stale(state_dir: Path) -> None:
         )
     _stop_cluster(state)  # a SLURM daemon may outlive the nodes; stopped only if still ours
     _stop_records(records)  # its listeners are gone; this only reaps what this process started
-    (state_dir / _STATE_FILE).unlink()
+    statefile.remove(state_dir)
 
 
 def _ensure_key(path: Path) -> str:
@@ -314,52 +308,6 @@ def _write_node_files(
         (folder / "bashrc").write_text(login_rc, encoding="utf-8")
         own_rc = (folder / "bashrc", bashrc)
     return node_command(node_name(index), hosts, config, unshare, own_rc)
-
-
-def _write_state(
-    state_dir: Path,
-    nodes: list[dict[str, Any]],
-    ssh_config: Path,
-    known_hosts: Path,
-    identity: Path,
-    inventory: Path,
-    cluster: dict[str, Any] | None = None,
-) -> None:
-    state = {
-        "state_dir": str(state_dir),
-        "ssh_config": str(ssh_config),
-        "known_hosts": str(known_hosts),
-        "identity_file": str(identity),
-        "inventory": str(inventory),
-        "nodes": nodes,
-        **({"slurm": cluster} if cluster is not None else {}),
-    }
-    tmp = state_dir / f"{_STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(state_dir / _STATE_FILE)
-
-
-def _read_state(state_dir: Path) -> dict[str, Any]:
-    path = state_dir / _STATE_FILE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        if not all(node.keys() >= _NODE_KEYS for node in state["nodes"]):
-            raise ValueError("a node lacks a field")
-        if "slurm" in state and not all(d.keys() >= _DAEMON_KEYS for d in state["slurm"]["daemons"]):
-            raise ValueError("a SLURM daemon lacks a field")
-        return state
-    except FileNotFoundError:
-        raise SandboxError(f"no sandbox is up in {state_dir}: start one with `inv sandbox.up`.") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SandboxError(f"{path} is unreadable ({exc}); stop stray nodes by hand, then delete it.") from None
-
-
-@contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    """Serialize up/down/stop_node on one state folder, across processes."""
-    with open(state_dir / ".lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The controller's one reader of /proc: a process's state and identity, families, environment and command line."""
+"""The controller's one reader of /proc: a process's state and identity, families, command line and namespaces."""
 
 from __future__ import annotations
 
@@ -61,23 +61,10 @@ def table() -> dict[int, Stat]:
     return found
 
 
-def children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid`."""
-    return sorted(child for child, entry in table().items() if entry.ppid == pid)
-
-
 def exe(pid: int) -> str | None:
     """The executable `pid` runs (" (deleted)" left off, as after a package upgrade); None when unreadable."""
     try:
         return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
-    except OSError:
-        return None
-
-
-def name(pid: int) -> str | None:
-    """The command name of `pid` (/proc/PID/comm: kept when a program rewrites its title); None when gone."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
 
@@ -105,19 +92,6 @@ def family(
                 found.add(child)
                 todo.append(child)
     return sorted((pid, processes[pid].start_time) for pid in found)
-
-
-def pids_with_env(prefix: bytes) -> list[int]:
-    """Live processes on this machine (so on every sandbox node) with an environment entry starting with `prefix`."""
-    found = []
-    for pid in pids():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:  # gone, or not ours
-            continue
-        if any(var.startswith(prefix) for var in environ.split(b"\0")):
-            found.append(pid)
-    return found
 
 
 def pids_mentioning(text: str) -> list[int]:

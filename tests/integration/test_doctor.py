@@ -16,6 +16,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+from bench.observe import free_port
 from launcher import doctor, sandbox
 from launcher.config.inventory import load_inventory
 from launcher.config.model import Cluster
@@ -28,7 +29,6 @@ from launcher.transport.settings import SshSettings
 from tests.helpers import inv
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe
-from tests.support.procs import free_port
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure checks.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.observe import free_port
 from tests.helpers import inv
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port
 
 THROTTLED = """#!/bin/bash
 # A slow node's python: the process runs 20 ms in every 80 (SIGSTOP, SIGCONT), as cpulimit would make it.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.observe import free_port
 from tests.helpers import REPO, inv, inv_background, run_id_of, run_processes, wait_for
-from tests.support.procs import free_port
 
 SCRIPT = "tests/scripts/hang_rank.py"
 ANSWER = re.compile(r"hang suspected \(no progress for (\d+) s\): ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); "

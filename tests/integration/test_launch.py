@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import free_port
 from launcher import sandbox
 from tests._train_helpers import (
     assert_replicas_in_sync,
@@ -21,7 +22,6 @@ from tests._train_helpers import (
     single_cmd,
 )
 from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, runs_on
-from tests.support.procs import free_port
 
 pytestmark = pytest.mark.integration
 

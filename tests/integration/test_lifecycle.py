@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import free_port
 from tests.helpers import inv, inv_background, run_id_of, run_processes, wait_for
-from tests.support.procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +211,7 @@ def marks_of(run_id: str) -> set[str]:
 
 def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering(sleeper_box, tmp_path: Path,
                                                                                  monkeypatch) -> None:
-    from tests.support.procs import sshd_family
+    from bench.observe import sshd_family
 
     hosts = str(sleeper_box.inventory)
     result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)

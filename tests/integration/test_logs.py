@@ -106,8 +106,8 @@ def check_lines(text: str, count: int, ranks: list[int]) -> None:
 
 @pytest.mark.integration
 def test_a_chatty_jobs_lines_arrive_once_whole_and_in_order_live_and_replayed(make_sandbox, tmp_path: Path) -> None:
+    from bench.observe import free_port
     from tests.helpers import inv, run_id_of
-    from tests.support.procs import free_port
 
     count = 20_000
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/both_streams.py",

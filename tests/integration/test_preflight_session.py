@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.observe import free_port
 from launcher import doctor
 from tests.helpers import inv, runs_on
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port
 
 # --- over SSH, through `inv launch` ----------------------------------------------------------------------------
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.observe import free_port, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, wait_for
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port, sshd_family
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.observe import free_port
 from launcher.config.inventory import load_inventory
 from launcher.plan.commands import RESERVED_ENV, RUNS_ROOT
 from launcher.run.start import agent_command, agent_input, log_tail_settings, stacks_settings
 from launcher.transport.sessions import connect_all
 from tests.helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import free_port, gone, processes_mentioning
 from launcher import sandbox
 from launcher.sandbox import Sandbox, SandboxError
-from tests.support.procs import free_port, gone, processes_mentioning
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure helpers.

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
+from bench.observe import children, gone, processes_mentioning
 from launcher import sandbox
 from launcher.sandbox import Sandbox, SandboxError, node_cache, procs
 from launcher.sandbox import slurm as slurm_cluster
-from tests.support.procs import gone, processes_mentioning
 
 STEPD = os.path.realpath(slurm_cluster.SLURMSTEPD)
 
@@ -85,9 +85,9 @@ def test_down_stops_daemons_and_running_steps(make_sandbox) -> None:
             def stepds() -> list[int]:
                 return [pid for pid in procs.pids() if pid in nodes and procs.exe(pid) == STEPD and procs.alive(pid)]
 
-            _wait("slurmstepd with a task on both nodes", lambda: len([p for p in stepds() if procs.children(p)]) == 2)
+            _wait("slurmstepd with a task on both nodes", lambda: len([p for p in stepds() if children(p)]) == 2)
             steps = stepds()
-            tasks = [child for pid in steps for child in procs.children(pid)]
+            tasks = [child for pid in steps for child in children(pid)]
             lines = sandbox.down(box.state_dir)
             assert [line for line in lines if line.startswith("SLURM")] == [
                 f"SLURM {d['name']} (pid {d['pid']}): stopped" for d in (daemons[1], *daemons[2:], daemons[0])

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import free_port
 from tests.helpers import inv, run_id_of, run_processes, runs_on, wait_for
-from tests.support.procs import free_port
 
 # --- on real sshd nodes ----------------------------------------------------------------------------------------
 

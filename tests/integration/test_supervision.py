@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import free_port, gone, parent, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, runs_on, wait_for
-from tests.support.procs import free_port, gone, parent, sshd_family
 
 pytestmark = pytest.mark.integration
 

@@ -15,16 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.observe import children, free_port, process_name
 from launcher import sandbox
 from launcher.config import inventory
 from launcher.limits import SYNC_TIMING
-from launcher.sandbox import procs
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import REPO
 from tests.support.nodeenv import node_python
-from tests.support.procs import children, free_port
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
 from tests.support.syncrun import END, frame, syncd
 
@@ -270,5 +269,5 @@ def node_programs(sshd: int) -> list[int]:
         pid = todo.pop()
         kids = children(pid)
         todo += kids
-        found += [k for k in kids if (procs.name(k) or "").startswith("python")]
+        found += [k for k in kids if (process_name(k) or "").startswith("python")]
     return found

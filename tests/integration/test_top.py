@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.observe import free_port
 from tests.helpers import REPO, inv, run_id_of, run_processes, wait_for
-from tests.support.procs import free_port
 
 PERIOD, SLOW_RANK, FACTOR = 0.1, 3, 3.0
 

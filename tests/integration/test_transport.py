@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.observe import free_port
 from launcher.config.inventory import load_inventory, parse_inventory
 from launcher.errors import NodeFailure
 from launcher.transport.sessions import Node, connect, connect_all, run_all
 from launcher.transport.settings import SshSettings
-from tests.support.procs import free_port
 
 # --- against real listeners and sshd ------------------------------------------------------------------------
 

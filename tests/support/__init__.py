@@ -1,1 +1,2 @@
-"""Helpers that only tests and benchmarks use; the product package does not ship them."""
+"""Helpers that only tests use; the product package does not ship them (the bench's, which tests share, are in
+bench/)."""

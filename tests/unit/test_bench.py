@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import common  # noqa: E402
-import run as bench_run  # noqa: E402
-import scale_table  # noqa: E402
-import usage  # noqa: E402
+from bench import common, scale_table, usage
+from bench import run as bench_run
 
 
 def test_fit_line_recovers_a_per_node_cost() -> None:
@@ -55,8 +50,7 @@ def _variant(seconds: float, n: int, own_rss: bool) -> dict[str, Any]:
 
 
 def _results() -> dict[str, Any]:
-    import fanout
-    import stop_scale
+    from bench import fanout, stop_scale
 
     rows = []
     for n in (1, 16, 64):

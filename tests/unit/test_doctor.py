@@ -19,6 +19,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+from bench.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
@@ -32,7 +33,6 @@ from launcher.transport import program as remote
 from tests.support.canned_probes import ADDRS, findings, probe, problems
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe
-from tests.support.procs import free_port
 
 
 def make_cluster(nproc: int | str = 1, master_addr: str = "node-0", job: bool = True) -> Cluster:

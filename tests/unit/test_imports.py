@@ -7,6 +7,7 @@ imports under `if TYPE_CHECKING:` do not, as they never run.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -76,9 +77,17 @@ def test_the_bottom_layer_imports_no_launcher_module_above_it() -> None:
         assert imports(name, known[name], known) <= allowed, name
 
 
+TESTS_NAMED = re.compile(r"(?<![\w.])tests[/.]\w")
+"""A path under tests/ (`tests/scripts/sleeper.py`) or a module of it (`python -m tests.support.x`) in a string."""
+
+
 def test_bench_imports_nothing_from_tests() -> None:
-    for path in sorted((REPO / "bench").glob("*.py")):
+    """Nor runs anything of the tests': no string of a bench file (its workloads too) names a file or module there."""
+    for path in sorted((REPO / "bench").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {n for n in names if n == "tests" or n.startswith("tests.")}, path.name
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        named = [text for text in strings if text == "tests" or TESTS_NAMED.search(text)]  # "tests": REPO / "tests"
+        assert not named, f"{path.relative_to(REPO)} names the tests' files: {named}"

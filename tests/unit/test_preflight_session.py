@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import launch_preflight
@@ -27,7 +28,6 @@ from launcher.run import start as run_start
 from launcher.run.gate import StartGate
 from launcher.transport import program as remote
 from tests.support.nodeenv import node_python
-from tests.support.procs import free_port
 
 INVENTORY = """
 hosts: [node-0, node-1]

@@ -1,4 +1,4 @@
-"""Print COUNT short lines as fast as possible: `python bench/lines.py COUNT [--batch B]`.
+"""Print COUNT short lines as fast as possible: `python bench/workloads/lines.py COUNT [--batch B]`.
 
 Each line is `rank R line I` (R from $RANK, I = 0..COUNT-1). Lines are written B at a time (default 100) with one
 write() and one flush() per batch, so that a line is never split across writes; --batch 1 flushes every line.

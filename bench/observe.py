@@ -1,6 +1,7 @@
-"""What tests and benchmarks look at on a sandbox (free ports and subnets, a run's processes, sshd families), on top
-of `launcher.sandbox.procs`, the controller's one reader of /proc. Here, not under tests/, so that bench/ needs
-nothing from tests/ (tests/support/procs.py re-exports it)."""
+"""What the bench and the tests look at on a sandbox: free ports and subnets, a run's processes, families of
+processes, sshd's. Read from /proc through `launcher.sandbox.procs` (the sandbox's own reader) where it has the
+question; the questions only the bench and the tests ask are answered here, out of the product package. The tests'
+support re-exports this module: tests may import the bench, the bench imports nothing of the tests."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import IO
 from launcher.errors import SandboxError
 from launcher.plan.commands import RUN_ID_ENV
 from launcher.sandbox import procs
-from launcher.sandbox.procs import pids_with_env
 
 __all__ = [
     "children",
@@ -21,6 +21,7 @@ __all__ = [
     "gone",
     "parent",
     "pids_with_env",
+    "process_name",
     "processes_mentioning",
     "reserve_base_addr",
     "run_processes",
@@ -52,6 +53,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pids_with_env(prefix: bytes) -> list[int]:
+    """Live processes on this machine (so on every sandbox node) with an environment entry starting with `prefix`."""
+    found = []
+    for pid in procs.pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if any(var.startswith(prefix) for var in environ.split(b"\0")):
+            found.append(pid)
+    return found
+
+
 def run_processes(run_id: str) -> list[int]:
     """Live processes of a launcher run on any sandbox node: each carries DDP_LAUNCHER_RUN=<run id>/<node>."""
     return pids_with_env(f"{RUN_ID_ENV}={run_id}/".encode())
@@ -69,7 +83,15 @@ def processes_mentioning(text: str) -> list[int]:
 
 def children(pid: int) -> list[int]:
     """The live processes whose parent is `pid`."""
-    return procs.children(pid)
+    return sorted(child for child, entry in procs.table().items() if entry.ppid == pid)
+
+
+def process_name(pid: int) -> str | None:
+    """The command name of `pid` (/proc/PID/comm: kept when a program rewrites its title); None when gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def parent(pid: int) -> int:
@@ -85,7 +107,7 @@ def sshd_family(listener: int) -> list[int]:
     family, todo = [], [listener]
     while todo:
         pid = todo.pop()
-        if procs.name(pid) == "sshd":
+        if process_name(pid) == "sshd":
             family.append(pid)
             todo += children(pid)
     return family
