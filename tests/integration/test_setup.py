@@ -8,8 +8,6 @@ and a failing line stops the launch with that node's words before anything start
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import yaml
 
 from bench.observe import free_port
 from tests.helpers import inv, run_id_of, run_processes, runs_on, wait_for
+from tests.support.nodeenv import build_declared_env
 
 # --- on real sshd nodes ----------------------------------------------------------------------------------------
 
@@ -39,10 +38,8 @@ def _with_hosts(box, **edits: object) -> Path:
 @pytest.mark.integration
 def test_an_activated_venv_gives_a_bare_python_to_the_probe_the_agent_and_torchrun(make_sandbox,
                                                                                     tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    venv_python = str(venv / "bin" / "python")
+    venv = tmp_path / "venv"  # torch and the declared dependencies, as a user's node venv holds them
+    venv_python = str(build_declared_env(venv).python)
     script = tmp_path / "print_exe.py"
     script.write_text(PRINT_EXE)
     box = make_sandbox(2, master_port=free_port(), script=str(script))
