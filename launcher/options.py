@@ -2,8 +2,8 @@
 defaults, their bounds and their checks for invoke.yaml and the command line; an inventory's own defaults too.
 
 The launcher's internal numbers are `launcher.limits`; how nodes are reached over SSH is
-`launcher.transport.settings` (`Options.ssh` builds it). What a run talks to (output streams, the start gate, an
-event sink) is not an option: it travels apart as `launcher.run.wiring.Wiring`.
+`launcher.transport.settings` (`SshSettings.of(opts)` builds it from these). What a run talks to (output streams,
+the start gate, an event sink) is not an option: it travels apart as `launcher.run.wiring.Wiring`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import ACTION_MARGIN
-from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT, SshSettings
 
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
 DEFAULT_PROBE_TIMEOUT = 120.0
 """Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
 
@@ -109,11 +110,6 @@ class Options:
     """A rank whose step rate is below this share of the median rank's..."""
     straggler_hold: float = STRAGGLER_HOLD_S
     """...for this many seconds is a straggler (`inv top`, a launch's console, `inv status`)."""
-
-    @property
-    def ssh(self) -> SshSettings:
-        """How this task's connections are made (an attached run's add keepalives: `launcher.run.start`)."""
-        return SshSettings(self.connect_timeout)
 
     @property
     def action_timeout(self) -> float:

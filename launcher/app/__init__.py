@@ -20,6 +20,7 @@ from launcher.run import attempts
 from launcher.run import start as run_start
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.wiring import Wiring
+from launcher.transport.settings import SshSettings
 
 if TYPE_CHECKING:  # each task imports what it alone uses (a launch: no rich, no doctor with --skip-doctor)
     from launcher.sandbox import Sandbox
@@ -108,7 +109,7 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
     from launcher.sync import push as code_sync
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    return code_sync.sync_hosts(load_inventory(hosts), ssh=opts.ssh, out=wiring.out,
+    return code_sync.sync_hosts(load_inventory(hosts), ssh=SshSettings.of(opts), out=wiring.out,
                                 stall_timeout=opts.silence_timeout)
 
 
@@ -127,7 +128,8 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
 
         report = on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
     else:
-        report = doctor_checks.run_doctor(cluster, ssh=opts.ssh, checks=checks, probe_timeout=opts.probe_timeout)
+        report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
+                                          probe_timeout=opts.probe_timeout)
         if net:
             from launcher.doctor.net import with_net  # torchrun on every node: only when asked
 

@@ -292,7 +292,7 @@ def launch_preflight(opts: Options, err: IO[str]) -> SessionPreflight:
         for found in report.problems:  # warnings only: a failure raised before this
             err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return SessionPreflight(probe_timeout=opts.probe_timeout, ssh=opts.ssh, on_pass=passed)
+    return SessionPreflight(probe_timeout=opts.probe_timeout, ssh=SshSettings.of(opts), on_pass=passed)
 
 
 def between_attempts(opts: Options, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:
@@ -301,10 +301,10 @@ def between_attempts(opts: Options, doctor: bool = True) -> Callable[[Cluster], 
 
     def failing(cluster: Cluster) -> dict[str, str]:
         if not doctor:
-            nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
+            nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
             close_all(nodes.values())
             return {f.host: str(f) for f in failures}
-        report = run_doctor(cluster, ssh=opts.ssh, checks="fast", probe_timeout=opts.probe_timeout)
+        report = run_doctor(cluster, ssh=SshSettings.of(opts), checks="fast", probe_timeout=opts.probe_timeout)
         out: dict[str, str] = {}
         for found in report.failures:
             out.setdefault(found.host, f"the doctor's {found.check} check failed: {found.detail}")

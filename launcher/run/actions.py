@@ -20,6 +20,7 @@ from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command
 from launcher.transport.sessions import Node, classify, close_all, connect_all
+from launcher.transport.settings import SshSettings
 
 
 @dataclass
@@ -61,7 +62,7 @@ def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[
 
 def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[str]) -> list[NodeState]:
     check_run_id(request["run_id"])
-    nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
+    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
     try:
         if request["run_id"] is None and nodes:
             request = {**request, "run_id": chosen_run(cluster, nodes, opts, err)}

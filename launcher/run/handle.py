@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import ABORT, GO, KILL, STOP, TCP, word_line
+from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S, STALL, STOP_MARGIN
+from launcher.node.protocol import ABORT, GO, KILL, STACKS, STOP, TCP, word_line
 from launcher.options import Options
 from launcher.plan.commands import LaunchPlan
 from launcher.plan.hang import HangWatch, hang_timeout
 from launcher.report.rootcause import NodeEnd
-from launcher.run import hang as hang_watch
 from launcher.run.events import (
     Beat,
     Ended,
@@ -134,7 +133,7 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now)
-        hang_watch.look(self, now)
+        _look_for_hang(self, now)
 
     def _look_at(self, session: Session, now: float) -> None:
         """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
@@ -294,3 +293,41 @@ def _abort_start(handle: RunHandle) -> None:
     # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
     while any(s.end is None and "probed" in s.checked for s in handle.sessions.values()):
         handle.step(0.2)
+
+
+# --- a run alive but stuck ----------------------------------------------------------------------------------
+
+
+def _look_for_hang(handle: RunHandle, now: float) -> None:
+    """No progress anywhere for the hang timeout (`launcher.plan.hang.HangWatch`): every node's agent takes its
+    workers' stacks (the `stacks` word), then the run is stopped (the report says where every rank was; exit code
+    124) or kept and looked at again one timeout later (`--on-hang keep`). Under SLURM the same words travel on the
+    step's stdin."""
+    if (handle.watch is None or handle.stacks_taken is not None or handle.hang is not None
+            or handle.stop_deadline is not None or handle.start_failure is not None or not handle.sessions
+            or not all(s.started for s in handle.sessions.values())):
+        return
+    quiet = handle.watch.suspected(now)
+    if quiet is None:
+        return
+    running = [s for s in handle.sessions.values() if s.end is None]
+    handle.stacks_taken = taken = {}
+    for session in running:
+        session.channel.send(word_line(STACKS), block=False)
+    until = time.monotonic() + STACKS_WAIT_S + STACKS_MARGIN_S
+    try:
+        while any(s.name not in taken and s.end is None for s in running) and time.monotonic() < until:
+            handle.step(0.2)
+    finally:
+        handle.stacks_taken = None
+    answers: dict[str, Any] = {s.name: {"workers": list(taken[s.name].workers), "nccl": taken[s.name].nccl}
+                               if s.name in taken else
+                               f"no stacks within {STACKS_WAIT_S + STACKS_MARGIN_S:g} s" for s in running}
+    kept = handle.opts.on_hang == "keep"
+    event = HangSuspected("", time.time(), quiet, answers, kept)
+    handle.on_event(event)
+    if kept:
+        handle.watch.rearm(time.monotonic())
+    else:
+        handle.hang = event
+        handle.stop()

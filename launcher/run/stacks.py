@@ -1,5 +1,5 @@
 """Every rank's stack of a running run, from every node at once, without stopping it (`inv stacks`; and a suspected
-hang of an attached run, `launcher.run.hang`): each node's agent asks its workers (launcher/node/stacks.py), the
+hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/stacks.py), the
 answer is grouped (`launcher.report.stacks`), and the whole stacks are kept in
 `logs/<run id>/stacks-<time>/<node>-r<rank>.txt`."""
 

@@ -53,6 +53,7 @@ from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
+from launcher.transport.settings import SshSettings
 
 AGENT_SOURCE = node_program("agent")
 
@@ -160,7 +161,7 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err:
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
     # SSH keepalives as often as heartbeats: they keep NAT and firewall state of a quiet run alive.
-    ssh = replace(opts.ssh, keepalive=heartbeat_interval(opts.silence_timeout))
+    ssh = replace(SshSettings.of(opts), keepalive=heartbeat_interval(opts.silence_timeout))
     nodes, failures = connect_all(cluster, hosts, ssh,
                                   on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
     if failures:
@@ -179,7 +180,7 @@ def reached(cluster: Cluster, opts: Options, given: Mapping[str, Any] | None = N
     if given is not None:
         yield dict(given), []
         return
-    nodes, failures = connect_all(cluster, cluster.hosts, opts.ssh)
+    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
     try:
         yield nodes, failures
     finally:

@@ -15,6 +15,7 @@ from launcher.sandbox import procs, start, statefile
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (
     SSHD,
+    SandboxNode,
     config_path,
     node_addresses,
     node_cache,
@@ -33,20 +34,6 @@ DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
 DEFAULT_INVENTORY = REPO_ROOT / "hosts" / "sandbox.yaml"
 
 _USER_KEY = "id_ed25519"
-
-
-@dataclass(frozen=True)
-class SandboxNode:
-    """One sshd server of the sandbox."""
-
-    name: str
-    """Its ssh alias and hostname: node-0, node-1, ..."""
-    addr: str
-    """The loopback address it listens on (and that every node's /etc/hosts gives for `name`)."""
-    port: int
-    """The TCP port it listens on."""
-    pid: int
-    """The sshd listener's process id."""
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,13 @@ import ipaddress
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from launcher.errors import SandboxError
-
-if TYPE_CHECKING:
-    from launcher.sandbox.nodes import SandboxNode
 
 SSHD = "/usr/sbin/sshd"
 TRAP_ADDR = "127.0.1.1"
@@ -22,6 +20,21 @@ TRAP_ADDR = "127.0.1.1"
 
 # Words that need no quoting in ssh/sshd config files; '%' would be read as a token, '~' as home.
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./@+,=-]*\Z")
+
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    """One sshd server of the sandbox."""
+
+    name: str
+    """Its ssh alias and hostname: node-0, node-1, ..."""
+    addr: str
+    """The loopback address it listens on (and that every node's /etc/hosts gives for `name`)."""
+    port: int
+    """The TCP port it listens on."""
+    pid: int
+    """The sshd listener's process id."""
 
 
 def node_name(index: int) -> str:

@@ -24,10 +24,11 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import FD_RESERVE, FDS_PER_NODE
+from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.parallel import parallel, waves
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
 from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
-from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
+from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 from launcher.transport.sshconfig import (
     MAX_JUMP_DEPTH,
     SSH_G_TIMEOUT,

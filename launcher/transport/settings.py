@@ -1,14 +1,12 @@
-"""How the launcher reaches its nodes over SSH: one value, `SshSettings`, that every caller of `transport` passes whole.
-
-It imports nothing of the launcher: `launcher.options` builds it from the user's options (`Options.ssh`).
-"""
+"""How the launcher reaches its nodes over SSH: one value, `SshSettings`, that every caller of `transport` passes whole
+(`SshSettings.of(opts)` from the user's options)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, Options
+
 DEFAULT_FANOUT = 64
 """At most this many SSH handshakes (and short node commands: stop, status, logs) under way at once; more nodes go
 in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting to all 64 nodes took 1.7-1.9 s and
@@ -27,6 +25,11 @@ class SshSettings:
     """Seconds between SSH keepalives; None takes the ssh config's `ServerAliveInterval`, 0 sends none."""
     fanout: int = DEFAULT_FANOUT
     """At most this many handshakes (and short node commands) under way at once."""
+
+    @classmethod
+    def of(cls, opts: Options) -> SshSettings:
+        """A task's settings from the user's options (an attached run's add keepalives: `launcher.run.start`)."""
+        return cls(opts.connect_timeout)
 
 
 DEFAULT_SSH = SshSettings()

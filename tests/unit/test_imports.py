@@ -1,7 +1,8 @@
-"""The launcher's import graph has no cycle, and its bottom layer imports nothing of it (#22's rule, kept from now).
+"""The launcher's import graph has no cycle, between modules or between its folders, and its bottom layer imports
+nothing above it (#22's rule, and #31's for folders and type-only imports, kept from now).
 
-Every import counts, a lazy one inside a function too (a cycle hidden by a lazy import is still a cycle); only
-imports under `if TYPE_CHECKING:` do not, as they never run.
+Every import counts: a lazy one inside a function (a cycle hidden by a lazy import is still a cycle), and one under
+`if TYPE_CHECKING:` (a type that needs its user's module to be named is a knot all the same).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 from tests.helpers import REPO
 
 PACKAGE = REPO / "launcher"
-BOTTOM = ("launcher.errors", "launcher.limits", "launcher.options", "launcher.paths", "launcher.transport.settings")
-"""Modules every layer may import, which import no launcher module themselves (options: the other three only)."""
+BOTTOM = ("launcher.errors", "launcher.limits", "launcher.options", "launcher.paths")
+"""Modules every layer may import, which import no launcher module themselves (options: errors and limits only)."""
 
 
 def modules() -> dict[str, Path]:
@@ -28,14 +29,9 @@ def modules() -> dict[str, Path]:
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The launcher modules `name` imports (a `from package import module` counts as the module)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom):
@@ -48,15 +44,16 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found - {name}
 
 
-def test_the_launcher_has_no_import_cycle() -> None:
-    known = modules()
-    graph = {name: imports(name, path, known) for name, path in known.items()}
-    cycles, state, trail = [], {}, []
+def cycles_of(graph: dict[str, set[str]]) -> list[str]:
+    """Every cycle a depth-first walk meets, as `a -> b -> a`."""
+    cycles: list[str] = []
+    state: dict[str, str] = {}
+    trail: list[str] = []
 
     def visit(node: str) -> None:
         state[node] = "open"
         trail.append(node)
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
                 cycles.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
             elif nxt not in state:
@@ -67,13 +64,39 @@ def test_the_launcher_has_no_import_cycle() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name)
+    return cycles
+
+
+def unit(name: str, known: dict[str, Path]) -> str:
+    """The folder a module belongs to (`launcher.run`), or the module itself at the top (`launcher.options`)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or known[name].name == "__init__.py" else name
+
+
+def test_the_launcher_has_no_import_cycle() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    cycles = cycles_of(graph)
     assert cycles == [], "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_two_folders_import_each_other() -> None:
+    """config, plan, transport, node, run, report, doctor, sync, slurm, sandbox, app: a stage imports the stages
+    below it, never one above (the top-level modules count as folders of their own)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        for target in imports(name, path, known):
+            if unit(target, known) != unit(name, known):
+                graph.setdefault(unit(name, known), set()).add(unit(target, known))
+    cycles = cycles_of(graph)
+    assert cycles == [], "folders importing each other:\n" + "\n".join(cycles)
 
 
 def test_the_bottom_layer_imports_no_launcher_module_above_it() -> None:
     known = modules()
     for name in BOTTOM:
-        allowed = set(BOTTOM) - {name, "launcher.paths"} if name == "launcher.options" else set()
+        allowed = {"launcher.errors", "launcher.limits"} if name == "launcher.options" else set()
         assert imports(name, known[name], known) <= allowed, name
 
 
