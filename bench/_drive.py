@@ -55,9 +55,9 @@ def _install_trace() -> dict:
 
         setattr(module, name, wrapper)
 
-    from launcher.run import start as run_start
+    from launcher.run import launch as run_launch
 
-    original_connect = run_start.connect_or_fail
+    original_connect = run_launch.connect_or_fail
 
     def connect_or_fail(*a, **kw):  # the whole connect phase's CPU (every host's ssh -G, handshake, auth)
         trace["cpu"]["connect_start"] = cpu_now()
@@ -66,7 +66,7 @@ def _install_trace() -> dict:
         finally:
             trace["cpu"]["connected"] = cpu_now()
 
-    run_start.connect_or_fail = connect_or_fail
+    run_launch.connect_or_fail = connect_or_fail
     wrap(transport, "resolve_target", lambda a, s, e: trace["resolve"].__setitem__(a[0].name, (s, e)))
     wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
     wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
@@ -106,8 +106,8 @@ def main(argv: list[str]) -> int:
     gc.disable()  # as tasks.py does around its imports (`inv launch`)
     from launcher.config.inventory import load_inventory
     from launcher.options import Options
-    from launcher.plan.commands import plan_launch
-    from launcher.run import start as run_start
+    from launcher.plan.launch import plan_launch
+    from launcher.run import launch as run_launch
     from launcher.run.wiring import Wiring
 
     gc.freeze()
@@ -126,9 +126,9 @@ def main(argv: list[str]) -> int:
     opts = Options(detach=args.detach, **({"log_dir": Path(args.log_dir)} if args.log_dir else {}))
     wiring = Wiring(out=sys.stdout, err=sys.stderr)
     if args.preflight:
-        from launcher.doctor import preflight
+        from launcher.doctor import default_gate
 
-        wiring = dataclasses.replace(wiring, gate=preflight)  # inside the agents' start sessions, as `inv launch`
+        wiring = dataclasses.replace(wiring, gate=default_gate)  # inside the agents' start sessions, as `inv launch`
     if trace is not None:
         wiring = dataclasses.replace(wiring, on_event=trace.pop("on_event"))
         trace["main"] = MAIN_WALL
@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
         trace["planned"] = time.time()
         trace["cpu"].update(main=MAIN_CPU, imported_planned=cpu_now())
     try:
-        code = run_start.launch_run(plan, opts, wiring)
+        code = run_launch.launch_run(plan, opts, wiring)
     finally:
         if trace is not None:
             import json

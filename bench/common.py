@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes
 from launcher import sandbox
-from launcher.plan import commands as plan
+from launcher.plan import launch as plan
 from launcher.sandbox import procs
 from launcher.transport.program import BOOTSTRAP
 

@@ -30,9 +30,9 @@ from bench.common import MARK_ENV, REPO, log, run_alone, sandbox_of
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
-from launcher.plan.commands import plan_launch
+from launcher.plan.launch import plan_launch
 from launcher.run import events
-from launcher.run import start as run_start
+from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 
 WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
@@ -92,7 +92,7 @@ def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run_start.launch_run(plan, Options(hang_timeout=None if watch else 0, log_dir=root / "logs"),
+        run_launch.launch_run(plan, Options(hang_timeout=None if watch else 0, log_dir=root / "logs"),
                              Wiring(out=devnull, err=devnull))
     finally:
         done.set()
@@ -116,7 +116,7 @@ def answer_time(inventory: Path, root: Path) -> dict:
     devnull = open(os.devnull, "w")  # noqa: SIM115
     opts = Options(hang_timeout=TIMEOUT_S, log_dir=root / "logs")
     with contextlib.suppress(RunFailed):  # the run is stopped for its hang: exit code 124
-        run_start.launch_run(light_plan(inventory), opts, Wiring(out=devnull, err=devnull, on_event=on_event))
+        run_launch.launch_run(light_plan(inventory), opts, Wiring(out=devnull, err=devnull, on_event=on_event))
     bound = max(started) + TIMEOUT_S
     ranks = sum(len(a.get("workers", [])) for a in hang[0].answers.values() if isinstance(a, dict)) if hang else 0
     return {"answer_s": round(hang[0].time - bound, 3) if hang else None, "ranks": ranks}
@@ -126,7 +126,7 @@ def stacks_time(inventory: Path, root: Path) -> dict:
     """`inv stacks` on a detached light run: a fresh process, every node's agent, the grouped answer."""
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
     devnull = open(os.devnull, "w")  # noqa: SIM115
-    run_start.launch_run(light_plan(inventory), Options(detach=True, log_dir=root / "logs"),
+    run_launch.launch_run(light_plan(inventory), Options(detach=True, log_dir=root / "logs"),
                          Wiring(out=devnull, err=devnull))
     time.sleep(2)
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from bench.common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
 from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
-from launcher.run import start as run_start
+from launcher.run import launch as run_launch
 from launcher.run.top import SshFeed, wait_first
 from launcher.run.wiring import Wiring
 from launcher.transport.sessions import close_all, connect_all
@@ -49,7 +49,7 @@ def view_cpu(inventory: Path, root: Path) -> dict:
     """A detached light run; a live view on it for VIEW_S; the view's agents' CPU per second, per node."""
     plan = light_plan(inventory, "steady", "600")
     quiet = Wiring(out=io.StringIO(), err=io.StringIO())
-    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"), quiet)
+    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"), quiet)
     time.sleep(2)
     before = node_agents()
     feed, nodes = open_view(inventory, plan.run_id)
@@ -76,7 +76,7 @@ def view_cpu(inventory: Path, root: Path) -> dict:
 def first_view(inventory: Path, root: Path) -> float:
     plan = light_plan(inventory, "steady", "600")
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
-    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
+    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
                          Wiring(out=io.StringIO(), err=io.StringIO()))
     time.sleep(1)
     t0 = time.perf_counter()
@@ -119,7 +119,7 @@ def first_frame(inventory: Path, root: Path) -> float:
     """From nothing (connections included, imports not) to a frame with every node's figures, on a detached light
     run: what the live view takes to show the whole run."""
     plan = light_plan(inventory, "steady", "600")
-    run_start.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
+    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
                          Wiring(out=io.StringIO(), err=io.StringIO()))
     time.sleep(2)
     t0 = time.perf_counter()

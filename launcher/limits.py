@@ -2,7 +2,7 @@
 that uses it. The user's options and their defaults are `launcher.options`; SSH's are `launcher.transport.settings`.
 
 A node program has numbers only from here (sent in its request: `NODE_TIMING`, `SYNC_TIMING`, the sections that
-`launcher.run.start` builds) or from the one block of `launcher/node/protocol.py` that declares its own.
+`launcher.run.launch` builds) or from the one block of `launcher/node/protocol.py` that declares its own.
 """
 
 from __future__ import annotations

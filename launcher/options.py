@@ -20,7 +20,7 @@ from launcher.limits import ACTION_MARGIN
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
 DEFAULT_PROBE_TIMEOUT = 120.0
-"""Seconds each node's doctor probe (`inv doctor`, launch's preflight) has to answer, from its request to its answer.
+"""Seconds each node's doctor probe (`inv doctor`, launch's start gate) has to answer, from its request to its answer.
 
 The probe's own work is a second or two plus its bounded DNS and TCP waits; what takes long is starting the node's
 Python. From a cold network filesystem (a venv or conda env on NFS/Lustre, an empty page cache) that start takes
@@ -88,7 +88,7 @@ class Options:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     """Seconds to wait for each node's SSH connection."""
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
-    """Seconds each node's doctor probe (launch's preflight too) has to answer once sent."""
+    """Seconds each node's doctor probe (launch's start gate too) has to answer once sent."""
     console_buffer: int = DEFAULT_CONSOLE_BUFFER
     """Lines the console may lag behind."""
     console_buffer_bytes: int = DEFAULT_CONSOLE_BUFFER_BYTES

@@ -15,9 +15,9 @@ from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, UsageError
 from launcher.options import DEFAULT_MASTER_PORT, Options
 from launcher.paths import relative
-from launcher.plan.commands import plan_launch
+from launcher.plan.launch import plan_launch
 from launcher.run import attempts
-from launcher.run import start as run_start
+from launcher.run import launch as run_launch
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.wiring import Wiring
 from launcher.transport.settings import SshSettings
@@ -79,12 +79,12 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
                                      sync=sync, opts=opts, wiring=wiring)
     plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
     if dry_run:
-        wiring.out.write(plan.describe() + "\n")
+        wiring.out.write(plan.dry_run_text() + "\n")
         return 0
     if doctor and wiring.gate is None:
-        from launcher.doctor.collect import launch_preflight
+        from launcher.doctor.collect import doctor_gate
 
-        wiring = replace(wiring, gate=launch_preflight(opts, wiring.err))
+        wiring = replace(wiring, gate=doctor_gate(opts, wiring.err))
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher.sync import push as code_sync
 
@@ -98,7 +98,7 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         wiring.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
         retries = 0
     if not retries:
-        return run_start.launch_run(plan, opts, wiring)
+        return run_launch.launch_run(plan, opts, wiring)
     from launcher.doctor.collect import between_attempts
 
     return attempts.launch_with_retries(plan, opts, wiring, retries, between_attempts(opts, doctor))
@@ -146,17 +146,17 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     """Per node: the run's state, exit code and times, and what the launcher kept about it (a hang's answer,
     stragglers, attempts); with `job`, a SLURM batch job's state."""
     opts, wiring = opts or Options(), wiring or Wiring()
-    run_start.check_run_id(run_id)  # a usage error before any node is contacted
+    run_launch.check_run_id(run_id)  # a usage error before any node is contacted
     if job:
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_status(job, opts, wiring)
     from launcher.report.hangs import latest_answer
     from launcher.report.states import console, problems, say, state_table
-    from launcher.run import actions as run_actions
-    from launcher.run.stragglers import stragglers_of
+    from launcher.run import control as run_control
+    from launcher.run.straggler import stragglers_of
 
-    states = run_actions.status(load_inventory(hosts), run_id, opts, wiring=wiring)
+    states = run_control.status(load_inventory(hosts), run_id, opts, wiring=wiring)
     con = console(wiring.out)
     shown = run_id or next((s.run_id for s in states if s.run_id), None)
     con.print(state_table(f"run {shown or '(none)'} on {len(states)} node(s)", states, stop=False))
@@ -178,15 +178,15 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = N
          wiring: Wiring | None = None) -> int:
     """Stop a run on every node (TERM, grace, KILL) and say what was left; with `job`, scancel a SLURM job."""
     opts, wiring = opts or Options(), wiring or Wiring()
-    run_start.check_run_id(run_id)  # a usage error before any node is contacted
+    run_launch.check_run_id(run_id)  # a usage error before any node is contacted
     if job:
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_stop(job, opts, wiring)
     from launcher.report.states import console, problems, state_table
-    from launcher.run import actions as run_actions
+    from launcher.run import control as run_control
 
-    states = run_actions.stop(load_inventory(hosts), run_id, opts, wiring=wiring)
+    states = run_control.stop(load_inventory(hosts), run_id, opts, wiring=wiring)
     con = console(wiring.out)
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
         con.print(f"nothing was running on {len(states)} node(s)"
@@ -207,14 +207,14 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
          wiring: Wiring | None = None) -> int:
     """Replay a run's log from its nodes (with `follow`, until it ends); with `job`, a SLURM job's output file."""
     opts, wiring = opts or Options(), wiring or Wiring()
-    run_start.check_run_id(run_id)  # a usage error before any node is contacted
+    run_launch.check_run_id(run_id)  # a usage error before any node is contacted
     if job:
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_logs(job, follow, opts, wiring)
-    from launcher.run import actions as run_actions
+    from launcher.run import control as run_control
 
-    return run_actions.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts,
+    return run_control.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts,
                             wiring=wiring)
 
 
@@ -223,7 +223,7 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered.
     With `job`, the run inside that SLURM batch job, reached through the job's own steps."""
     opts, wiring = opts or Options(), wiring or Wiring()
-    run_start.check_run_id(run_id)  # a usage error before any node is contacted
+    run_launch.check_run_id(run_id)  # a usage error before any node is contacted
     if job:
         from launcher.app import slurm as on_slurm
 
@@ -243,7 +243,7 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
     from launcher.run import top as run_top
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    run_start.check_run_id(run_id)  # a usage error before any node is contacted
+    run_launch.check_run_id(run_id)  # a usage error before any node is contacted
     cluster = load_inventory(hosts)
     if job:
         from launcher.app import slurm as on_slurm

@@ -11,13 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.config.model import Cluster, Job
-from launcher.doctor.collect import CheckMode, launch_preflight, run_doctor
+from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
 from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
 from launcher.paths import REPO, relative
-from launcher.plan.commands import LaunchPlan, plan_launch
+from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.stacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
@@ -38,10 +38,10 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
     names = allocation.allocation_nodes(os.environ)
     plan = plan_launch(allocation.allocation_cluster(cluster, names), job)
     if dry_run:
-        wiring.out.write(plan.describe() + "\n")
+        wiring.out.write(plan.dry_run_text() + "\n")
         return 0
     if doctor and wiring.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        wiring = replace(wiring, gate=replace(launch_preflight(opts, wiring.err), more=None))
+        wiring = replace(wiring, gate=replace(doctor_gate(opts, wiring.err), more=None))
     return slurm_launch.launch_step(plan, opts, wiring)
 
 

@@ -26,7 +26,7 @@ from launcher.config.model import (
     Rendezvous,
 )
 from launcher.config.reader import ENV_NAME, HOST_NAME, Reader
-from launcher.config.text import describe, render
+from launcher.config.text import render, typed
 from launcher.config.yamltext import load_yaml
 from launcher.errors import InventoryError
 
@@ -77,7 +77,7 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
     if raw_hosts is None:
         raise r.fail("hosts", "is missing: list at least one host")
     if not isinstance(raw_hosts, list):
-        raise r.fail("hosts", f"must be a list of host names or mappings, got {describe(raw_hosts)}")
+        raise r.fail("hosts", f"must be a list of host names or mappings, got {typed(raw_hosts)}")
     if not raw_hosts:
         raise r.fail("hosts", "is empty: list at least one host")
     hosts = tuple(parse_host(r, raw, f"hosts[{i}]", defaults) for i, raw in enumerate(raw_hosts))
@@ -90,7 +90,7 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
     policy = top.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
         choices = ", ".join(HOST_KEY_POLICIES)
-        raise r.fail("host_key_policy", f"must be one of {choices}, got {describe(policy)}")
+        raise r.fail("host_key_policy", f"must be one of {choices}, got {typed(policy)}")
     ssh_config = top.get("ssh_config")
     if ssh_config is not None:
         ssh_config = r.text(ssh_config, "ssh_config")
@@ -111,7 +111,7 @@ def parse_host(r: Reader, raw: Any, entry: str, defaults: dict[str, Any]) -> Hos
     if isinstance(raw, str):
         raw = {"name": raw}
     elif not isinstance(raw, dict):
-        raise r.fail(entry, f"must be a host name or a mapping with `name:`, got {describe(raw)}")
+        raise r.fail(entry, f"must be a host name or a mapping with `name:`, got {typed(raw)}")
     fields = r.mapping(raw, entry, ("name", "addr", *HOST_KEYS))
     if "name" not in fields:
         raise r.fail(entry, "has no `name:` (the ssh alias or address of the node)")
@@ -172,7 +172,7 @@ def parse_job(r: Reader, raw: Any) -> Job:
         raise r.fail("job", "has no `script:` (the training script, relative to workdir)")
     args = [] if fields.get("args") is None else fields["args"]
     if not isinstance(args, list):
-        raise r.fail("job.args", f"must be a list of words, got {describe(args)}")
+        raise r.fail("job.args", f"must be a list of words, got {typed(args)}")
     words = tuple(r.word(a, f"job.args[{i}]") for i, a in enumerate(args))
     hang = fields.get("hang_timeout")
     return Job(script=r.text(fields["script"], "job.script"), args=words,
@@ -200,7 +200,7 @@ def parse_env(r: Reader, raw: Any, entry: str, secret: frozenset[str] = frozense
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise r.fail(entry, f"must be a mapping of NAME: value, got {describe(raw)}")
+        raise r.fail(entry, f"must be a mapping of NAME: value, got {typed(raw)}")
     out: dict[str, EnvVar] = {}
     for name, value in raw.items():
         where = f"{entry}.{name}"

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from launcher.config.text import SHOWN, describe, render, shorten
+from launcher.config.text import SHOWN, render, shorten, typed
 from launcher.config.yamltext import is_secret
 from launcher.errors import InventoryError
 from launcher.options import MAX_NPROC_PER_NODE, MAX_RETRIES, MAX_SECONDS
@@ -48,7 +48,7 @@ class Reader:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise self.fail(entry, f"must be a mapping, got {describe(value)}")
+            raise self.fail(entry, f"must be a mapping, got {typed(value)}")
         for key in value:
             if not isinstance(key, str) or key not in allowed:
                 close = difflib.get_close_matches(str(key), allowed, n=1)
@@ -66,11 +66,11 @@ class Reader:
         """The value for a message, or only its type when it belongs to a secret entry."""
         if secret and value is not None:
             return f"a value of type {type(value).__name__} (not shown: the entry is secret)"
-        return describe(value)
+        return typed(value)
 
     def text(self, value: Any, entry: str) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise self.fail(entry, f"must be a non-empty string, got {describe(value)}")
+            raise self.fail(entry, f"must be a non-empty string, got {typed(value)}")
         if "\0" in value or "\n" in value:
             raise self.fail(entry, "must not contain a newline or NUL character")
         return value
@@ -95,22 +95,22 @@ class Reader:
 
     def host_name(self, value: Any, entry: str) -> str:
         if not isinstance(value, str) or not HOST_NAME.match(value):
-            raise self.fail(entry, f"must be a host name, ssh alias or IP address, got {describe(value)}")
+            raise self.fail(entry, f"must be a host name, ssh alias or IP address, got {typed(value)}")
         return value
 
     def port(self, value: Any, entry: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise self.fail(entry, f"must be a port number from 1 to 65535, got {describe(value)}")
+            raise self.fail(entry, f"must be a port number from 1 to 65535, got {typed(value)}")
         return value
 
     def nproc(self, value: Any, entry: str) -> int | Literal["auto"]:
         if value == "auto":
             return "auto"
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(entry, f'must be a positive integer or "auto", got {describe(value)}')
+            raise self.fail(entry, f'must be a positive integer or "auto", got {typed(value)}')
         if value > MAX_NPROC_PER_NODE:
             raise self.fail(entry, f"must be at most {MAX_NPROC_PER_NODE} (worker processes on one node), "
-                            f"got {describe(value)}")
+                            f"got {typed(value)}")
         return value
 
     def secret_flag(self, value: Any, entry: str) -> bool:

@@ -56,5 +56,5 @@ def _repr_pieces(value: Any, limit: int) -> Iterator[str]:
         yield repr(value)
 
 
-def describe(value: Any) -> str:
+def typed(value: Any) -> str:
     return "nothing" if value is None else f"{render(value)} ({type(value).__name__})"

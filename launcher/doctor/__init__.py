@@ -2,7 +2,7 @@
 
 `evidence` holds the data; `checklist` runs the pure checks in order (each registered once, by name, in
 `registry`: those of a node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O
-(connect, probe all nodes in parallel, evaluate; `SessionPreflight` for launch, whose agents probe in their own
+(connect, probe all nodes in parallel, evaluate; `DoctorGate` for launch, whose agents probe in their own
 start session); `report` the table and the JSON. The probe itself is `launcher/node/probe.py`, stdlib-only, sent
 over each node's connection.
 """
@@ -18,10 +18,10 @@ from launcher.doctor.collect import (
     PROBE_SOURCE,
     TOKEN_READ_S,
     CheckMode,
-    SessionPreflight,
+    DoctorGate,
     connect_section,
+    default_gate,
     listen_request,
-    preflight,
     probe_command,
     probe_input,
     probe_request,
@@ -62,18 +62,18 @@ __all__ = [
     "Check",
     "CheckMode",
     "DoctorFailed",
+    "DoctorGate",
     "Evidence",
     "Finding",
     "Outcome",
     "ProbeFailed",
     "Report",
-    "SessionPreflight",
     "Status",
     "check",
     "connect_section",
+    "default_gate",
     "evaluate",
     "listen_request",
-    "preflight",
     "probe_command",
     "probe_input",
     "probe_request",

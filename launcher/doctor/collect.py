@@ -1,7 +1,7 @@
 """The doctor's I/O: connect, run the probe (launcher/node/probe.py) on every node at once, evaluate the answers.
 
 `inv doctor` opens probe sessions of its own (`run_doctor`). A launch asks each node's one agent session to probe
-instead (`SessionPreflight`: `session_section` is what the agent is sent, `judge` decides before `go`).
+instead (`DoctorGate`: `session_section` is what the agent is sent, `judge` decides before `go`).
 """
 
 from __future__ import annotations
@@ -223,13 +223,13 @@ def _session_outcome(host: str, facts: NodeFacts) -> Outcome:
 
 
 @dataclass
-class SessionPreflight:
-    """The doctor's fast checks for `launch`, inside each node's one agent session (set as `Options.preflight`).
+class DoctorGate:
+    """The doctor's fast checks for `launch`, inside each node's one agent session (a start gate: `Wiring.gate`).
 
     The agent probes before it says `ready` (the master holds master_port meanwhile), the launcher sends `tcp` once
     every node has answered, then `judge` looks at it all: `go` when every check passed, `abort` everywhere
     otherwise, so nothing starts anywhere (`launcher.run.handle.RunHandle.start`). Called with (cluster, nodes),
-    as any preflight, it runs the same checks over probe sessions of their own instead.
+    it runs the same checks over probe sessions of their own instead.
     """
 
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
@@ -276,12 +276,12 @@ class SessionPreflight:
         return report
 
 
-preflight = SessionPreflight()
-"""The fast checks with the default limits: called, over sessions of their own; as `Options.preflight`, inside the
+default_gate = DoctorGate()
+"""The fast checks with the default limits: called, over sessions of their own; as `Wiring.gate`, inside the
 launch's agent sessions."""
 
 
-def launch_preflight(opts: Options, err: IO[str]) -> SessionPreflight:
+def doctor_gate(opts: Options, err: IO[str]) -> DoctorGate:
     """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
@@ -292,12 +292,12 @@ def launch_preflight(opts: Options, err: IO[str]) -> SessionPreflight:
         for found in report.problems:  # warnings only: a failure raised before this
             err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return SessionPreflight(probe_timeout=opts.probe_timeout, ssh=SshSettings.of(opts), on_pass=passed)
+    return DoctorGate(probe_timeout=opts.probe_timeout, ssh=SshSettings.of(opts), on_pass=passed)
 
 
 def between_attempts(opts: Options, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:
     """What `--retries` checks before each next attempt: the nodes that fail the doctor's fast checks (with
-    `doctor` off, those that cannot be reached), each with why (`launcher.run.attempts.HealthCheck`)."""
+    `doctor` off, those that cannot be reached), each with why (`launcher.run.attempts.AttemptCheck`)."""
 
     def failing(cluster: Cluster) -> dict[str, str]:
         if not doctor:

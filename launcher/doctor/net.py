@@ -22,7 +22,7 @@ from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
 from launcher.errors import LauncherError
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_SLOW_SHARE, NET_TIMEOUT_S
 from launcher.options import Options
-from launcher.plan.commands import LaunchPlan, plan_launch
+from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.events import Output
 from launcher.run.wiring import Wiring
 
@@ -45,15 +45,15 @@ def net_plan(cluster: Cluster) -> LaunchPlan:
 
 
 Starter = Callable[[LaunchPlan, Options, Wiring], int]
-"""What runs the measurement's plan to its end: `run_start.launch_run` over SSH, a step of the job under SLURM."""
+"""What runs the measurement's plan to its end: `run_launch.launch_run` over SSH, a step of the job under SLURM."""
 
 
 def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tuple[dict | None, str | None]:
     """Run the measurement on every node: (rank 0's answer, None), or (None, why there is none)."""
     if start is None:
-        from launcher.run import start as run_start
+        from launcher.run import launch as run_launch
 
-        start = run_start.launch_run
+        start = run_launch.launch_run
     runner: Starter = start
     found: list[dict] = []
     pending: dict[str, bytes] = {}  # a node's output not yet ended by a newline

@@ -28,7 +28,7 @@ _REGISTRY: dict[str, Check] = {}
 
 
 def check(name: str, *, fast: bool = False) -> Callable[[CheckFunction], CheckFunction]:
-    """Register the decorated function as the check `name`; `fast` puts it in the launch's preflight."""
+    """Register the decorated function as the check `name`; `fast` puts it in the launch's start gate."""
 
     def register(function: CheckFunction) -> CheckFunction:
         if name in _REGISTRY:

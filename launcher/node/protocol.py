@@ -1,6 +1,6 @@
 """What the launcher and a node's programs say to each other (stdlib only, Python 3.8+): names and words.
 
-The controller imports this module too (launcher.plan.commands, launcher.run), so both sides spell every word alike.
+The controller imports this module too (launcher.plan.launch, launcher.run), so both sides spell every word alike.
 - stdin carries the launcher's words to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
   `go` starts a run every node is ready for, `abort` drops it, `stop` (grace) and `kill` (now) end it, `tcp`
   starts the doctor's TCP check on a node.

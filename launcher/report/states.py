@@ -12,7 +12,7 @@ from rich.text import Text
 
 
 class NodeStateRow(Protocol):
-    """One node's answer (`launcher.run.actions.NodeState`)."""
+    """One node's answer (`launcher.run.control.NodeState`)."""
 
     host: str
     run_id: str | None

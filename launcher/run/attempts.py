@@ -22,22 +22,22 @@ from pathlib import Path
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
-from launcher.plan.commands import LaunchPlan, plan_launch
+from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
-from launcher.run import actions as run_actions
-from launcher.run import start as run_start
+from launcher.run import control as run_control
+from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
 
-HealthCheck = Callable[[Cluster], Mapping[str, str]]
+AttemptCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
 
 
-def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: HealthCheck) -> int:
-    """`run_start.launch_run`, again on what is left after a lost node, up to `retries` more times."""
+def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: AttemptCheck) -> int:
+    """`run_launch.launch_run`, again on what is left after a lost node, up to `retries` more times."""
     attempts: list[Attempt] = []
     failures: dict[str, list[float]] = {}
     first = plan
@@ -50,7 +50,7 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
         try:
-            code = run_start.launch_run(plan, opts, wiring)
+            code = run_launch.launch_run(plan, opts, wiring)
         except (LauncherError, KeyboardInterrupt) as exc:
             if isinstance(exc, RunFailed):
                 plan = _after_failure(exc, attempt, attempts, first, opts, wiring, failures, health, low, retries)
@@ -75,7 +75,7 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries
 
 def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], first: LaunchPlan, opts: Options,
                    wiring: Wiring,
-                   failures: dict[str, list[float]], health: HealthCheck, low: int, retries: int) -> LaunchPlan:
+                   failures: dict[str, list[float]], health: AttemptCheck, low: int, retries: int) -> LaunchPlan:
     """Record a failed attempt; the next attempt's plan, or raise the failure when it is final."""
     reason = rootcause.retry_reason(list(exc.ends)) if exc.ends else None
     final = reason is None or exc.exit_code == 130 or len(attempts) > retries
@@ -97,7 +97,7 @@ def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], fi
 
 
 def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[str, list[float]],
-               health: HealthCheck, low: int, retries: int, reason: str, attempts: list[Attempt]) -> LaunchPlan:
+               health: AttemptCheck, low: int, retries: int, reason: str, attempts: list[Attempt]) -> LaunchPlan:
     """Wait, check the nodes, and plan the next attempt on those that may take part; raise when too few are left.
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over)
@@ -134,7 +134,7 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
 def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -> dict[str, str]:
     """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
     the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
-    states = run_actions.stop(cluster, previous.run_id, opts, sweep=True, wiring=wiring)
+    states = run_control.stop(cluster, previous.run_id, opts, sweep=True, wiring=wiring)
     out = {}
     for state in states:
         if state.state in ("unreachable", "error"):

@@ -1,5 +1,5 @@
 """The start gate: what a launch does before `go` (`Wiring.gate`): work on the open connections, and checks that
-run inside every node agent's start session (the doctor's fast checks, `launcher.doctor.collect.SessionPreflight`),
+run inside every node agent's start session (the doctor's fast checks, `launcher.doctor.collect.DoctorGate`),
 driven by `launcher.run.handle`. When the gate raises, every agent is told `abort`, and nothing starts anywhere: no
 run directory, no process.
 """
@@ -19,7 +19,7 @@ from launcher.transport.sessions import Node
 class StartGate(Protocol):
     """What a launch does before `go` (`Wiring.gate`): work on the open connections before any session opens
     (`launch --sync`), and, when `in_session`, checks that every node's agent runs in its start session (the
-    doctor's: `SessionPreflight`)."""
+    doctor's: `DoctorGate`)."""
 
     probe_timeout: float
     in_session: bool

@@ -18,8 +18,8 @@ from typing import Any
 from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S, STALL, STOP_MARGIN
 from launcher.node.protocol import ABORT, GO, KILL, STACKS, STOP, TCP, word_line
 from launcher.options import Options
-from launcher.plan.commands import LaunchPlan
 from launcher.plan.hang import HangWatch, hang_timeout
+from launcher.plan.launch import LaunchPlan
 from launcher.report.rootcause import NodeEnd
 from launcher.run.events import (
     Beat,

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from launcher.limits import heartbeat_interval
 from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
-from launcher.plan.commands import NodeCommand
+from launcher.plan.launch import NodeCommand
 from launcher.report.rootcause import NodeEnd
 from launcher.run.events import (
     Beat,

@@ -17,8 +17,8 @@ from launcher.limits import NCCL_MAX_BYTES, STACKS_WAIT_S
 from launcher.options import Options
 from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
-from launcher.run.actions import _agent_error, chosen_run
-from launcher.run.start import agent_action, check_run_id, reached
+from launcher.run.control import _agent_error, chosen_run
+from launcher.run.launch import agent_action, check_run_id, reached
 from launcher.transport.channel import Result
 
 

@@ -20,9 +20,9 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import TOP_GPU_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S
 from launcher.options import Options
 from launcher.report.top import NodeView
-from launcher.run.actions import _agent_error, chosen_run
+from launcher.run.control import _agent_error, chosen_run
+from launcher.run.launch import agent_action, agent_input, check_run_id, progress_settings, reached
 from launcher.run.stacks import collect_stacks
-from launcher.run.start import agent_action, agent_input, check_run_id, progress_settings, reached
 from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command
 from launcher.transport.sessions import classify

@@ -22,7 +22,7 @@ class Wiring:
     """Where the launcher's own progress and reports go."""
     gate: StartGate | None = None
     """What runs before anything starts: the doctor's fast checks in every agent's start session
-    (`launcher.doctor.collect.SessionPreflight`), and work on the open connections first (`launch --sync`)."""
+    (`launcher.doctor.collect.DoctorGate`), and work on the open connections first (`launch --sync`)."""
     on_event: Callable[[Any], None] | None = None
     """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
     it must not block. For tools such as the bench."""

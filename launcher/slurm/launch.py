@@ -1,7 +1,7 @@
 """`inv launch --slurm`: the plan's run as one srun step of the allocation, supervised like a run over SSH.
 
 The plan, the agents' requests, the doctor's checks in the start session, the supervision, the prefixed output and
-the root cause are the SSH launch's own (`run_start.run_attached`); only the sessions differ: the tasks of one step
+the root cause are the SSH launch's own (`run_launch.run_attached`); only the sessions differ: the tasks of one step
 (`step.SrunStep`) instead of an SSH channel per node.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from launcher.errors import LauncherError
 from launcher.options import Options
-from launcher.plan.commands import LaunchPlan
-from launcher.run import start as run_start
+from launcher.plan.launch import LaunchPlan
+from launcher.run import launch as run_launch
 from launcher.run.nodeenv import resolve_env
 from launcher.run.wiring import Wiring
 from launcher.slurm.allocation import cpus_per_task
@@ -103,7 +103,7 @@ class SlurmNode:
 
 def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, str] | None = None,
                 overlap: bool = False) -> int:
-    """Start the plan as one srun step and follow it to its end (as `run_start.launch_run` does over SSH): in this
+    """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
     if opts.detach:
         raise LauncherError("--detach does not apply to --slurm: submit the job instead (`inv slurm.submit`), "
@@ -120,7 +120,7 @@ def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, 
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
     nodes = {c.host.name: SlurmNode(c.host.name, env) for c in plan.nodes}
     try:
-        return run_start.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
+        return run_launch.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
     finally:
         for note in step.close(opts.grace):
             wiring.err.write(f"note: {note}\n")

@@ -21,7 +21,7 @@ from typing import Any
 import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.limits import NODE_CODE_CACHE
-from launcher.plan.commands import quote_path
+from launcher.plan.launch import quote_path
 
 BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
 SETUP_FAILED = 125

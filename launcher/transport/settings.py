@@ -28,7 +28,7 @@ class SshSettings:
 
     @classmethod
     def of(cls, opts: Options) -> SshSettings:
-        """A task's settings from the user's options (an attached run's add keepalives: `launcher.run.start`)."""
+        """A task's settings from the user's options (an attached run's add keepalives: `launcher.run.launch`)."""
         return cls(opts.connect_timeout)
 
 

@@ -160,10 +160,10 @@ def test_preflight_uses_open_connections_and_raises_when_a_check_fails(healthy: 
     nodes, failures = transport.connect_all(cluster)
     assert failures == []
     try:
-        doctor.preflight(cluster, nodes)
+        doctor.default_gate(cluster, nodes)
         broken = _edited(healthy, tmp_path / "inv.yaml", {1: {"python": "/nonexistent/python"}})
         with pytest.raises(DoctorFailed, match="nothing was started") as caught:
-            doctor.preflight(broken, nodes)
+            doctor.default_gate(broken, nodes)
         assert "  node-1 python: python /nonexistent/python cannot run on node-1" in str(caught.value)
         assert "fix: set `python:` for node-1" in str(caught.value)
         assert nodes["node-1"].run("true").exit_code == 0  # still open: preflight closes only what it opens

@@ -16,7 +16,7 @@ import pytest
 
 from launcher.node import logmerge, protocol
 from launcher.report.lines import CUT_MARK, NodeLog
-from launcher.run.start import log_tail_settings
+from launcher.run.launch import log_tail_settings
 
 # --- the controller: bulk prefixes, the same text as one line at a time ------------------------------------
 

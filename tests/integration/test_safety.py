@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import AttemptCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.observe import free_port
 from launcher.config.inventory import load_inventory
-from launcher.plan.commands import RESERVED_ENV, RUNS_ROOT
-from launcher.run.start import agent_command, agent_input, log_tail_settings, stacks_settings
+from launcher.plan.launch import RESERVED_ENV, RUNS_ROOT
+from launcher.run.launch import agent_command, agent_input, log_tail_settings, stacks_settings
 from launcher.transport.sessions import connect_all
 from tests.helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from tests.support.nodeenv import node_python
@@ -58,7 +58,7 @@ def node_zero(tmp_path_factory):
         sandbox.down(root / "state")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[AttemptCheck.function_scoped_fixture])
 @given(args=st.lists(_TEXT, max_size=4), value=_TEXT, workdir_name=_TEXT.filter(lambda s: s not in ("", ".", "..")
                                                                                    and "/" not in s))
 def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args, value, workdir_name) -> None:

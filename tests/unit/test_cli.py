@@ -13,7 +13,7 @@ from rich.console import Console
 from launcher import app, options
 from launcher.errors import LauncherError
 from launcher.report.states import state_table
-from launcher.run import actions as run_actions
+from launcher.run import control as run_control
 from launcher.run.wiring import Wiring
 from tests.helpers import REPO, inv
 
@@ -152,8 +152,8 @@ def _render(renderable: object) -> str:
 
 
 def test_state_table_prints_markup_as_text() -> None:
-    states = [run_actions.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
-              run_actions.NodeState("[red]n2", "[/]", None, exit_code=3)]
+    states = [run_control.NodeState("x[/]y", "running", "r[bold]1[/]", exit_code=None, found=1),
+              run_control.NodeState("[red]n2", "[/]", None, exit_code=3)]
     text = _render(state_table("stop run [/]x", states, stop=True))
     for shown in ("stop run [/]x", "x[/]y", "r[bold]1[/]", "[red]n2", "[/]"):
         assert shown in text, text
@@ -163,10 +163,10 @@ def test_state_table_prints_markup_as_text() -> None:
 def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """What nodes answer (run id, state, detail) reaches the console unchanged, through the task's own printing."""
     found = 1 if task == "stop" else 0
-    states = [run_actions.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
-              run_actions.NodeState("n2", "none", "id[/]")]
+    states = [run_control.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
+              run_control.NodeState("n2", "none", "id[/]")]
     monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
-    monkeypatch.setattr(run_actions, task, lambda cluster, run_id, opts, **_: states)
+    monkeypatch.setattr(run_control, task, lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
     getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", options.Options(), wiring=Wiring(out=out))
     text = out.getvalue()
@@ -177,8 +177,8 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
 
 def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
-    states = [run_actions.NodeState("n1", "none", "x[/]")]
-    monkeypatch.setattr(run_actions, "stop", lambda cluster, run_id, opts, **_: states)
+    states = [run_control.NodeState("n1", "none", "x[/]")]
+    monkeypatch.setattr(run_control, "stop", lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
     assert app.stop("hosts.yaml", None, options.Options(), wiring=Wiring(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"

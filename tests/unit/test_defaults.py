@@ -1,6 +1,6 @@
 """Every default has one home: the node-side programs take every number from their request, and speak Python 3.8.
 
-The agent's constants are checked against launcher.plan.commands's in test_agent.py, and the start request against what
+The agent's constants are checked against launcher.plan.launch's in test_agent.py, and the start request against what
 the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
 """
 
@@ -16,7 +16,7 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import facts, listener, probe
-from launcher.run import start as run_start
+from launcher.run import launch as run_launch
 from launcher.sync import push as sync
 from launcher.transport import program as remote
 from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT
@@ -26,7 +26,7 @@ NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector
                  for path, source in remote.node_files(entry).items()}
 NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = remote.BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
-SENT = {run_start.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
+SENT = {run_launch.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:

@@ -25,7 +25,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checklist as checks_module
-from launcher.doctor.collect import launch_preflight
+from launcher.doctor.collect import doctor_gate
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.run.events import NodeFacts
@@ -106,7 +106,7 @@ def test_task_help_and_preflight_line_name_the_registered_fast_checks() -> None:
     names = ", ".join(doctor.FAST_CHECKS)
     assert f"({names})" in tasks.doctor.help["fast"] and f"({names})" in tasks.launch.help["skip-doctor"]
     err = io.StringIO()
-    gate = launch_preflight(Options(), err)  # launch's: the checks run in the agents' sessions, then this
+    gate = doctor_gate(Options(), err)  # launch's: the checks run in the agents' sessions, then this
     gate.judge(make_cluster(), {h: _facts(h) for h in ADDRS}, (1000.0, 1001.0), 0.43)
     assert err.getvalue() == (f"checked {len(doctor.FAST_CHECKS)} things on 3 node(s) in 0.4s: {names} all passed "
                               "(--skip-doctor skips)\n")
@@ -120,9 +120,9 @@ def _facts(host: str, **fields: Any) -> NodeFacts:
     return NodeFacts(**{"probe": answer, "listener": listener, "tcp": tcp, "took": 0.4, **fields})
 
 
-def test_launch_preflight_passes_a_slow_node_and_shows_its_warning() -> None:
+def test_doctor_gate_passes_a_slow_node_and_shows_its_warning() -> None:
     err = io.StringIO()
-    gate = launch_preflight(Options(probe_timeout=120.0, connect_timeout=7.0), err)
+    gate = doctor_gate(Options(probe_timeout=120.0, connect_timeout=7.0), err)
     assert (gate.probe_timeout, gate.ssh.connect_timeout) == (120.0, 7.0)  # two limits, each passed as itself
     facts = {"node-0": _facts("node-0", took=0.4), "node-1": _facts("node-1", took=0.5),
              "node-2": _facts("node-2", took=38.2)}
@@ -133,9 +133,9 @@ def test_launch_preflight_passes_a_slow_node_and_shows_its_warning() -> None:
                       "its python (a network filesystem?) or a loaded node; launch will wait for it")
 
 
-def test_launch_preflight_judges_what_the_sessions_said_and_raises_with_the_fix() -> None:
+def test_doctor_gate_judges_what_the_sessions_said_and_raises_with_the_fix() -> None:
     err = io.StringIO()
-    gate = launch_preflight(Options(probe_timeout=5.0), err)
+    gate = doctor_gate(Options(probe_timeout=5.0), err)
     facts = {"node-0": _facts("node-0"), "node-1": NodeFacts(timed_out=True, took=5.0),
              "node-2": NodeFacts(exit_code=127, messages=("sh: 1: /opt/venv/bin/python: not found",))}
     with pytest.raises(DoctorFailed, match="nothing was started") as caught:

@@ -40,7 +40,7 @@ from launcher.config.model import (
     SyncSpec,
 )
 from launcher.errors import InventoryError, LauncherError
-from launcher.plan.commands import plan_launch
+from launcher.plan.launch import plan_launch
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = "hosts/cluster.yaml"
@@ -1010,7 +1010,7 @@ def check_cluster(cluster: Cluster) -> None:
     assert isinstance(cluster.rendezvous.master_addr_explicit, bool)
     assert cluster.world_size is None or cluster.world_size >= len(cluster.hosts)
     plan = plan_launch(cluster, cluster.job or Job("train.py"), run_id="r")  # a valid cluster can be planned
-    plan.describe()
+    plan.dry_run_text()
 
 
 def outcome(text: str) -> Cluster | InventoryError:

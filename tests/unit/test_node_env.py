@@ -20,9 +20,9 @@ from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
 from launcher.node import netif, protocol, runner
 from launcher.options import Options
-from launcher.plan.commands import NodeCommand, plan_launch
+from launcher.plan.launch import NodeCommand, plan_launch
+from launcher.run.launch import start_request
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.start import start_request
 from tests.support.agentrun import run_agent
 
 BASE = """

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Job
-from launcher.plan.commands import (
+from launcher.plan.launch import (
     RESERVED_ENV,
     RUNS_ROOT,
     SECRET_MASK,
@@ -298,9 +298,9 @@ SECRETS = """\
 """
 
 
-def test_secret_values_never_appear_in_shell_line_or_describe() -> None:
+def test_secret_values_never_appear_in_shell_line_or_dry_run_text() -> None:
     plan = plan_launch(cluster(SECRETS), run_id="r")
-    text = plan.describe()
+    text = plan.dry_run_text()
     lines = [n.shell_line() for n in plan.nodes]
     for shown in (text, *lines):
         assert "hunter2" not in shown
@@ -320,11 +320,11 @@ def test_secrets_stay_in_the_plan_for_the_transport() -> None:
     assert by_name["TOKEN"].from_env == "MY_TOKEN" and by_name["TOKEN"].secret
 
 
-# --- describe ------------------------------------------------------------------------------------------------
+# --- dry_run_text ------------------------------------------------------------------------------------------------
 
 
-def test_describe_names_every_node_the_world_and_the_rendezvous() -> None:
-    text = plan_launch(cluster(HETERO), run_id="r1").describe()
+def test_dry_run_text_names_every_node_the_world_and_the_rendezvous() -> None:
+    text = plan_launch(cluster(HETERO), run_id="r1").dry_run_text()
     assert text.startswith("run r1: 2 node(s), world size 6, rendezvous at gpu01:29611\n")
     assert "node 0: gpu01\n" in text
     assert "node 1: gpu02 (reached by peers as 10.0.0.2)\n" in text
@@ -332,8 +332,8 @@ def test_describe_names_every_node_the_world_and_the_rendezvous() -> None:
     assert "why each flag is there:" in text
 
 
-def test_describe_with_auto_says_auto() -> None:
-    text = plan_launch(cluster("hosts: [{name: a, nproc_per_node: auto}]\njob: {script: t.py}\n")).describe()
+def test_dry_run_text_with_auto_says_auto() -> None:
+    text = plan_launch(cluster("hosts: [{name: a, nproc_per_node: auto}]\njob: {script: t.py}\n")).dry_run_text()
     assert "world size auto" in text
 
 
@@ -503,8 +503,8 @@ def test_a_line_with_placeholders_is_still_valid_shell() -> None:
         assert result.returncode == 0, (node.shell_line(), result.stderr)
 
 
-def test_describe_says_what_each_new_setting_does() -> None:
-    text = plan_launch(cluster(SHARE_NOTHING), run_id="r").describe()
+def test_dry_run_text_says_what_each_new_setting_does() -> None:
+    text = plan_launch(cluster(SHARE_NOTHING), run_id="r").dry_run_text()
     assert ("\nunset from the node's login environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, "
             "ROLE_RANK, ROLE_WORLD_SIZE, GROUP_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* "
             "(torchrun sets them)\n") in text
@@ -524,18 +524,18 @@ def test_describe_says_what_each_new_setting_does() -> None:
     assert "  forward_env: WANDB_*, HF_TOKEN (secret), WANDB_PROJECT, AWS_* (secret): copied" in node2
 
 
-def test_describe_without_new_settings_has_only_the_unset_line() -> None:
-    text = plan_launch(cluster(HETERO), run_id="r").describe()
+def test_dry_run_text_without_new_settings_has_only_the_unset_line() -> None:
+    text = plan_launch(cluster(HETERO), run_id="r").dry_run_text()
     for word in ("setup:", "forward_env", "env_file", "socket_ifname", "sync:"):
         assert word not in text
     assert "unset from the node's login environment: RANK, " in text
 
 
-def test_describe_says_what_sync_copies() -> None:
-    text = plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {}\n"), run_id="r").describe()
+def test_dry_run_text_says_what_sync_copies() -> None:
+    text = plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {}\n"), run_id="r").dry_run_text()
     assert "\nsync: . (on this machine) to each node's workdir\n" in text
     text = plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {src: src, dest: /scratch/p, "
-                               "exclude: [data/, '*.pt']}\n"), run_id="r").describe()
+                               "exclude: [data/, '*.pt']}\n"), run_id="r").dry_run_text()
     assert "\nsync: src (on this machine) to /scratch/p, except data/, *.pt\n" in text
 
 
@@ -549,4 +549,4 @@ def test_secrets_of_new_settings_never_show() -> None:
     """), run_id="r")
     line = plan.nodes[0].shell_line()
     assert "$API_KEY" not in line and "API_KEY='<secret>'" in line and "'<from secret.env, secret>'" in line
-    assert line in plan.describe()
+    assert line in plan.dry_run_text()

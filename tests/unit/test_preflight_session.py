@@ -21,10 +21,10 @@ import pytest
 from bench.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
-from launcher.doctor.collect import launch_preflight
+from launcher.doctor.collect import doctor_gate
 from launcher.options import Options
-from launcher.plan.commands import plan_launch
-from launcher.run import start as run_start
+from launcher.plan.launch import plan_launch
+from launcher.run import launch as run_launch
 from launcher.run.gate import StartGate
 from launcher.transport import program as remote
 from tests.support.nodeenv import node_python
@@ -39,7 +39,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    request = run_start.start_request(plan, plan.nodes[node], {}, Options(), launch_preflight(Options(), io.StringIO()))
+    request = run_launch.start_request(plan, plan.nodes[node], {}, Options(), doctor_gate(Options(), io.StringIO()))
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 
@@ -50,7 +50,7 @@ class Agent:
         self.proc = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stderr is not None
-        self.proc.stdin.write(remote.program_input(run_start.AGENT_SOURCE, request))
+        self.proc.stdin.write(remote.program_input(run_launch.AGENT_SOURCE, request))
         self.proc.stdin.flush()
 
     def say(self, word: str) -> None:
@@ -131,8 +131,8 @@ def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.Mon
     import io
 
     err = io.StringIO()
-    gate = launch_preflight(Options(probe_timeout=42.0, connect_timeout=7.0), err)
-    assert isinstance(gate, doctor.SessionPreflight) and isinstance(gate, StartGate)
+    gate = doctor_gate(Options(probe_timeout=42.0, connect_timeout=7.0), err)
+    assert isinstance(gate, doctor.DoctorGate) and isinstance(gate, StartGate)
     assert (gate.probe_timeout, gate.ssh.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))
     section = gate.node_section(plan.cluster, plan.cluster.hosts[0], plan.run_id)

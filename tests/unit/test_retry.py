@@ -8,7 +8,7 @@ import pytest
 from launcher.config.inventory import parse_inventory
 from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
-from launcher.plan.commands import plan_launch
+from launcher.plan.launch import plan_launch
 from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
 from launcher.report.lines import NodeLog
 from launcher.report.rootcause import NodeEnd, retry_reason
@@ -40,7 +40,7 @@ def test_c10d_words_for_every_node() -> None:
         assert "--node-rank" not in argv and "--master-addr" not in argv
         assert node.rank_offset is None  # ranks come from torchrun's tags
         assert dict(node.launcher_env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    text = plan.describe()
+    text = plan.dry_run_text()
     assert "(c10d: trains on 2 to 3 of them)" in text and "retries: 1:" in text
 
 

@@ -11,8 +11,8 @@ from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
 from launcher.limits import heartbeat_interval
 from launcher.options import Options
-from launcher.plan.commands import plan_launch
-from launcher.run.start import check_run_id, resolve_env, start_request
+from launcher.plan.launch import plan_launch
+from launcher.run.launch import check_run_id, resolve_env, start_request
 from launcher.transport.program import node_files
 
 INVENTORY = """
@@ -60,7 +60,7 @@ def test_run_ids_are_checked(bad: str) -> None:
 
 
 def test_a_node_action_past_its_limit_says_so_not_exit_code_minus_one() -> None:
-    from launcher.run.actions import _agent_error
+    from launcher.run.control import _agent_error
     from launcher.transport.channel import Result
 
     assert _agent_error(Result(-1, b"", b"", timed_out=30.0)) == (

@@ -13,7 +13,7 @@ import pytest
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.plan.commands import plan_launch
+from launcher.plan.launch import plan_launch
 from launcher.slurm.allocation import allocation_cluster, allocation_nodes, cpus_per_task
 from launcher.slurm.step import SrunStep, srun_argv, step_input
 from launcher.transport.program import BOOTSTRAP
@@ -158,21 +158,21 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
     from launcher import doctor
     from launcher.node.selector import merged
     from launcher.options import Options
-    from launcher.run import start as run_start
+    from launcher.run import launch as run_launch
     def requests(count: int) -> list[tuple[Any, dict[str, Any]]]:
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
         plan = plan_launch(cluster)
-        return [(c, run_start.start_request(plan, c, {}, Options(), doctor.SessionPreflight())) for c in plan.nodes]
+        return [(c, run_launch.start_request(plan, c, {}, Options(), doctor.DoctorGate())) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
-    per_task = len(step_input(run_start.AGENT_SOURCE, large))
+    per_task = len(step_input(run_launch.AGENT_SOURCE, large))
     old_way = sum(len(json.dumps(r)) for _, r in large)  # every node's whole request, in every task's stdin
     print(f"step input per task at 256 nodes: {per_task / 1e6:.2f} MB (every request whole: {old_way / 1e6:.1f} MB)")
     assert per_task < 400_000 and per_task * 5 < old_way  # the probe is the agent's own module now: in no request
-    growth = (per_task - len(step_input(run_start.AGENT_SOURCE, small))) / (256 - 8)
+    growth = (per_task - len(step_input(run_launch.AGENT_SOURCE, small))) / (256 - 8)
     assert growth < 1_000, f"{growth:.0f} bytes per node"  # a node's own part, not the probe's source again
-    lines = step_input(run_start.AGENT_SOURCE, large).decode().splitlines()
+    lines = step_input(run_launch.AGENT_SOURCE, large).decode().splitlines()
     common, parts = json.loads(lines[2]), json.loads(lines[3])
     for i, (_, request) in enumerate(large):
         assert merged(common, parts[str(i)]["request"]) == json.loads(json.dumps(request))

@@ -13,9 +13,9 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import ACTION_MARGIN
 from launcher.options import Options
 from launcher.plan import runchoice
-from launcher.plan.commands import rank_offsets
+from launcher.plan.launch import rank_offsets
 from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.start import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command

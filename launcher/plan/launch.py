@@ -78,7 +78,7 @@ class NodeCommand:
         """The command as a shell line a user could paste on the node, secrets masked (for --dry-run).
 
         Setup lines come first, joined with `&&`; then `env -u NAME` for each name torchrun sets (the names that a
-        glob in `unset_env` matches, TORCHELASTIC_*, are removed by the agent and named by `describe()`); then the
+        glob in `unset_env` matches, TORCHELASTIC_*, are removed by the agent and named by `dry_run_text()`); then the
         variables in the order in which later ones win: the env file and forwarded globs as `<...>` placeholders,
         forwarded names as `NAME="$NAME"`, the socket interface (`<iface to HOST>` for auto), the inventory's env.
         """
@@ -122,7 +122,7 @@ class LaunchPlan:
     job: Job
     nodes: tuple[NodeCommand, ...]
 
-    def describe(self) -> str:
+    def dry_run_text(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
         rdzv = self.cluster.rendezvous
         elastic = rdzv.elastic

@@ -2,7 +2,7 @@
 
 The node side is `launcher/node/agent.py`, sent over each node's SSH connection; `launcher.run.handle` drives an
 attached run; this module wires it to the console, the log mirror and the root-cause report. After the start,
-`launcher.run.actions` stops, tells and replays a run.
+`launcher.run.control` stops, tells and replays a run.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from launcher.limits import (
     heartbeat_interval,
 )
 from launcher.options import DEFAULT_PROGRESS, Options
-from launcher.plan.commands import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.plan.hang import hang_timeout
+from launcher.plan.launch import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, write_nccl
@@ -48,7 +48,7 @@ from launcher.run.gate import StartGate
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
-from launcher.run.stragglers import LaunchStragglers
+from launcher.run.straggler import LaunchStragglers
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
