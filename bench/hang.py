@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import MARK_ENV, REPO, log, run_alone, sandbox_of
 
+from launcher import events
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
 from launcher.plan.commands import plan_launch
-from launcher.run import events
 from launcher.run import start as run_start
 
 WORKER = str(REPO / "bench" / "hang_worker.py")

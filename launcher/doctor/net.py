@@ -20,6 +20,7 @@ from launcher.config.model import Cluster, Job
 from launcher.doctor.evidence import Report
 from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
 from launcher.errors import LauncherError
+from launcher.events import Output
 from launcher.options import (
     NET_BUDGET_S,
     NET_MAX_ITERS,
@@ -30,7 +31,6 @@ from launcher.options import (
     Options,
 )
 from launcher.plan.commands import LaunchPlan, plan_launch
-from launcher.run.events import Output
 
 SOURCE = Path(__file__).with_name("netjob.py")
 MARK = b"NETCHECK "

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from launcher.config.model import Cluster, Host
+from launcher.events import EndKind, NodeFacts
 from launcher.node.protocol import ABORT, TCP, word_line
 from launcher.options import STOP_MARGIN
-from launcher.run.events import NodeFacts
 from launcher.transport.sessions import Node
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def _facts(handle: RunHandle, name: str, unopened: dict[str, str]) -> NodeFacts:
         return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get("tcp"),
                          took=round(probed["at"] - session.opened, 3))
     end = session.end
-    if end is None or end.kind == "silent":  # no answer in time (the silence limit is never shorter)
+    if end is None or end.kind == EndKind.SILENT:  # no answer in time (the silence limit is never shorter)
         return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)
     return NodeFacts(exit_code=end.exit_code, messages=tuple(session.messages))
 

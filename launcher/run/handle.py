@@ -15,14 +15,25 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from launcher.events import (
+    Beat,
+    Ended,
+    EndKind,
+    HangSuspected,
+    Left,
+    Message,
+    NodeEnd,
+    NodeEvent,
+    StacksTaken,
+    Started,
+    Stopping,
+)
 from launcher.node.protocol import GO, KILL, STOP, word_line
 from launcher.options import STALL, STOP_MARGIN, Options
 from launcher.plan.commands import LaunchPlan
 from launcher.plan.hang import HangWatch, hang_timeout
-from launcher.report.rootcause import NodeEnd
 from launcher.run import gate as start_gate
 from launcher.run import hang as hang_watch
-from launcher.run.events import Beat, Ended, HangSuspected, Left, Message, NodeEvent, StacksTaken, Started, Stopping
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
@@ -130,10 +141,10 @@ class RunHandle:
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
         if silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, "silent", time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
+                session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
         elif self.stop_deadline is not None and now > self.stop_deadline:
             self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, "unanswered", time.time(), asked_to_stop=True)))
+                session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
 
     def _take(self, event: NodeEvent) -> None:
         session = self.sessions[event.node]
@@ -160,7 +171,7 @@ class RunHandle:
         assert end is not None
         if end.kind in SWEPT and session.name in self.nodes:
             self.sweeps.after(session)
-        elif end.kind == "unanswered":
+        elif end.kind == EndKind.UNANSWERED:
             self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
         if not end.failed or session.asked_to_stop:
             return event
@@ -173,7 +184,7 @@ class RunHandle:
         else:
             silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
             exited = f"the agent exited with code {end.exit_code}"
-            why = "; ".join(session.messages) or (silent if end.kind == "silent" else exited)
+            why = "; ".join(session.messages) or (silent if end.kind == EndKind.SILENT else exited)
             self._fail_start(f"{session.name}: {why}")
         return event
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher.events import HangSuspected
 from launcher.node.protocol import STACKS, word_line
 from launcher.options import STACKS_MARGIN_S, STACKS_WAIT_S
-from launcher.run.events import HangSuspected
 
 if TYPE_CHECKING:
     from launcher.run.handle import RunHandle

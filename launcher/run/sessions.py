@@ -19,15 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
-from launcher.options import DEFAULT_FANOUT, heartbeat_interval
-from launcher.plan.commands import NodeCommand
-from launcher.report.rootcause import NodeEnd
-from launcher.run.events import (
+from launcher.events import (
     Beat,
     Ended,
+    EndKind,
     Message,
     NcclDumps,
+    NodeEnd,
     NodeEvent,
     Output,
     Probed,
@@ -37,6 +35,9 @@ from launcher.run.events import (
     Started,
     Stopping,
 )
+from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
+from launcher.options import DEFAULT_FANOUT, heartbeat_interval
+from launcher.plan.commands import NodeCommand
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node, classify
 
@@ -170,7 +171,7 @@ class Sessions:
                 self._channel_ended(session, channel.exit_code())
                 return
             if channel.closed and not out and not err:
-                self._end(session, "lost")
+                self._end(session, EndKind.LOST)
                 return
             if not out and not err:
                 channel.wait_readable(0.5)
@@ -238,15 +239,15 @@ class Sessions:
             reason = session.reported.get("reason")
             # Whether the launcher's stop ended this node is the agent's word: a stop that came after torchrun had
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
-            self._end(session, "exited", int(session.reported.get("code", status)),
+            self._end(session, EndKind.EXITED, int(session.reported.get("code", status)),
                       None if reason in (None, STOP, KILL) else str(reason),
                       left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL))
         elif not session.started:
-            self._end(session, "start-error", status)
+            self._end(session, EndKind.START_ERROR, status)
         else:
-            self._end(session, "agent-died", status)
+            self._end(session, EndKind.AGENT_DIED, status)
 
-    def _end(self, session: Session, kind: str, code: int | None = None, reason: str | None = None,
+    def _end(self, session: Session, kind: EndKind, code: int | None = None, reason: str | None = None,
              left: int = 0, asked_to_stop: bool | None = None) -> None:
         asked = session.asked_to_stop if asked_to_stop is None else asked_to_stop
         end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left)

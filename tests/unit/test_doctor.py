@@ -26,8 +26,8 @@ from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checks as checks_module
 from launcher.doctor.collect import launch_preflight
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
+from launcher.events import NodeFacts
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
-from launcher.run.events import NodeFacts
 from launcher.transport import program as remote
 from tests.support.canned_probes import ADDRS, findings, probe, problems
 from tests.support.nodeenv import node_python

@@ -82,3 +82,13 @@ def test_bench_imports_nothing_from_tests() -> None:
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {n for n in names if n == "tests" or n.startswith("tests.")}, path.name
+
+
+def test_report_imports_nothing_from_run_and_events_sit_below_both() -> None:
+    # The typed events and NodeEnd are below run/ (which makes them) and report/ (which says them): no folder cycle.
+    known = modules()
+    for name in (n for n in known if n.startswith("launcher.report.")):
+        assert not {m for m in imports(name, known[name], known) if m.startswith("launcher.run")}, name
+    below = imports("launcher.events", known["launcher.events"], known)
+    assert below <= {"launcher.errors", "launcher.node", "launcher.node.protocol"}, below
+    assert "launcher.run.events" not in known  # no alias that only renames
