@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from launcher.config.model import Cluster, Host
 from launcher.events import EndKind, NodeFacts
-from launcher.node.protocol import ABORT, TCP, word_line
+from launcher.node.protocol import ABORT, TCP, Event, word_line
 from launcher.options import STOP_MARGIN
 from launcher.transport.sessions import Node
 
@@ -72,13 +72,13 @@ def check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], began: f
     sessions = handle.sessions
     while True:
         now = time.monotonic()
-        waiting = [s for s in sessions.values() if "probed" not in s.checked and s.end is None
+        waiting = [s for s in sessions.values() if Event.PROBED not in s.checked and s.end is None
                    and now - s.opened < gate.probe_timeout]
         if not waiting:
             break
         handle.step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
     master = sessions.get(handle.plan.cluster.hosts[0].name)
-    listener = master.checked.get("probed", {}).get("listener") if master is not None else None
+    listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
     if listener and listener.get("free") and handle.start_failure is None:  # else no run can start anyway
         _tcp_round(handle, gate)
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
@@ -91,15 +91,15 @@ def check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], began: f
 
 def _tcp_round(handle: RunHandle, gate: StartGate) -> None:
     """`tcp` to every node that probed: each connects to the master's listener and answers `tcp`."""
-    asked = [s for s in handle.sessions.values() if "probed" in s.checked and s.end is None]
+    asked = [s for s in handle.sessions.values() if Event.PROBED in s.checked and s.end is None]
     for session in asked:
         session.channel.send(word_line(TCP))
     until = time.monotonic() + gate.probe_timeout
-    while any("tcp" not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
+    while any(Event.TCP not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
         handle.step(0.2)
     for session in asked:
         if session.end is None:
-            session.checked.setdefault("tcp", {"ok": False, "error": f"no answer to the TCP check within "
+            session.checked.setdefault(Event.TCP, {"ok": False, "error": f"no answer to the TCP check within "
                                                                       f"{gate.probe_timeout:g} s"})
 
 
@@ -108,9 +108,9 @@ def _facts(handle: RunHandle, name: str, unopened: dict[str, str]) -> NodeFacts:
     session = handle.sessions.get(name)
     if session is None:
         return NodeFacts(failure=unopened.get(name, "no session was opened"))
-    probed = session.checked.get("probed")
+    probed = session.checked.get(Event.PROBED)
     if probed is not None:
-        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get("tcp"),
+        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get(Event.TCP),
                          took=round(probed["at"] - session.opened, 3))
     end = session.end
     if end is None or end.kind == EndKind.SILENT:  # no answer in time (the silence limit is never shorter)
@@ -127,5 +127,5 @@ def _abort_start(handle: RunHandle) -> None:
                 session.pending_word = word_line(ABORT)  # sent again at the next step
     handle.stop_deadline = time.monotonic() + STOP_MARGIN
     # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
-    while any(s.end is None and "probed" in s.checked for s in handle.sessions.values()):
+    while any(s.end is None and Event.PROBED in s.checked for s in handle.sessions.values()):
         handle.step(0.2)

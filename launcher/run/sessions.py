@@ -35,7 +35,7 @@ from launcher.events import (
     Started,
     Stopping,
 )
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
+from launcher.node.protocol import HEARTBEAT, KILL, STOP, Event, word_line
 from launcher.options import DEFAULT_FANOUT, heartbeat_interval
 from launcher.plan.commands import NodeCommand
 from launcher.transport.program import host_command, program_input
@@ -71,7 +71,7 @@ class Session:
     opened: float = field(default_factory=time.monotonic)
     """When its request was sent: a probe's time counts from here."""
     checked: dict[str, Any] = field(default_factory=dict)
-    """What the agent said for the start's checks: `probed` (probe, listener, at), `tcp`."""
+    """What the agent said for the start's checks, by event name: `probed` (probe, listener, at), `tcp`."""
     ready: bool = False
     started: bool = False
     pending_word: bytes | None = None
@@ -179,46 +179,62 @@ class Sessions:
     def _agent_line(self, session: Session, line: bytes) -> None:
         try:
             event = json.loads(line)
-            kind = event["event"]
+            name = event["event"]
         except (ValueError, KeyError, TypeError):
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 self.control.put(Message(session.name, time.time(), text))
             return
-        now = time.time()
-        if kind == "part":
+        if name == Event.PART:
             event = self._part(session, event)
             if event is None:
                 return
-            kind = event.get("event")
-        if kind == "ready":
-            session.ready = True
-            self.control.put(Ready(session.name, now))
-        elif kind == "probed":
-            session.checked["probed"] = {"probe": event.get("probe"), "listener": event.get("listener"),
+            name = event.get("event")
+        handler = HANDLERS.get(name) if isinstance(name, str) else None  # a name outside the vocabulary: nothing
+        if handler is not None:
+            handler(self, session, event, time.time())
+
+    # One handler per event name the controller acts on (launcher.node.protocol.Event); IGNORED says why the others
+    # are not. Output goes to `on_event` from the reader; everything else to `control`, for the run's handle.
+
+    def _ready(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.ready = True
+        self.control.put(Ready(session.name, now))
+
+    def _probed(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.checked[Event.PROBED] = {"probe": event.get("probe"), "listener": event.get("listener"),
                                          "at": time.monotonic()}
-            self.control.put(Probed(session.name, now))
-        elif kind == "tcp":
-            session.checked["tcp"] = event.get("tcp")
-            self.control.put(Reached(session.name, now))
-        elif kind == "started":
-            session.started = True  # here too: the channel's end may be judged before the waiter sees this
-            if event.get("detached"):
-                session.reported = {"code": 0}  # a detached agent's work ends with the start
-            self.control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
-        elif kind == "error":
-            self.control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
-        elif kind == "stopping":
-            self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
-        elif kind == "exited":
-            session.reported = event
-        elif kind == "alive" and event.get("progress") is not None:
+        self.control.put(Probed(session.name, now))
+
+    def _tcp(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.checked[Event.TCP] = event.get("tcp")
+        self.control.put(Reached(session.name, now))
+
+    def _started(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.started = True  # here too: the channel's end may be judged before the waiter sees this
+        if event.get("detached"):
+            session.reported = {"code": 0}  # a detached agent's work ends with the start
+        self.control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
+
+    def _error(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
+
+    def _stopping(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
+
+    def _exited(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.reported = event  # the node's end is decided when its channel ends (`_channel_ended`)
+
+    def _alive(self, session: Session, event: dict[str, Any], now: float) -> None:
+        if event.get("progress") is not None:  # else only a heartbeat: `heard` was set when it was read
             self.control.put(Beat(session.name, now, tuple(event["progress"])))
-        elif kind == "stacks":
-            self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
-                                         dict(event.get("nccl") or {})))
-        elif kind == "nccl":
-            self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
+
+    def _stacks(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
+                                     dict(event.get("nccl") or {})))
+
+    def _nccl(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
 
     def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
         """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""
@@ -231,7 +247,7 @@ class Sessions:
         try:
             fields = json.loads(zlib.decompress(base64.b64decode("".join(pieces))))
         except (ValueError, zlib.error):
-            return {"event": "error", "message": f"the {key} event came damaged"}
+            return {"event": Event.ERROR, "message": f"the {key} event came damaged"}
         return {**fields, "event": key}
 
     def _channel_ended(self, session: Session, status: int) -> None:
@@ -260,3 +276,20 @@ class Sessions:
             for session in list(self.by_name.values()):
                 if session.end is None:
                     session.channel.send(word_line(HEARTBEAT), block=False)  # never waits on a silent node
+
+
+Handler = Callable[[Sessions, Session, dict[str, Any], float], None]
+HANDLERS: dict[str, Handler] = {
+    Event.READY: Sessions._ready, Event.PROBED: Sessions._probed, Event.TCP: Sessions._tcp,
+    Event.STARTED: Sessions._started, Event.ERROR: Sessions._error, Event.STOPPING: Sessions._stopping,
+    Event.EXITED: Sessions._exited, Event.ALIVE: Sessions._alive, Event.STACKS: Sessions._stacks,
+    Event.NCCL: Sessions._nccl,
+}
+"""What the controller does with each event name a node's agent session says (`part`s are put together first)."""
+IGNORED = {
+    Event.ABORTED: "the start was dropped: the launcher's own `abort` or stop, or it was gone; the session's end "
+                   "(start-error) follows",
+    Event.STOPPED: "`exited` follows with the same fields (left, reason), and the node's end is decided on that",
+    Event.RUN: "only the logs action says it, and that action's stdout is the log (launcher.run.actions)",
+}
+"""Event names a session may say that the controller deliberately does nothing with, and why."""
