@@ -146,3 +146,12 @@ def test_parts_are_put_together_and_dispatched(monkeypatch: pytest.MonkeyPatch) 
     [message] = _taken(link)
     assert isinstance(message, events.Message) and "nccl event came damaged" in message.text
 
+
+
+def test_a_failed_actions_words_are_its_error_events_and_shell_lines() -> None:
+    # `inv logs --follow` of a run lost on a node: the agent said `run` first; that is no error to show.
+    from launcher.run.actions import _agent_error
+    from launcher.transport.channel import Result
+
+    err = b"\n".join([_line(Event.RUN, run_id="r"), _line(Event.ERROR, message="run r was lost"), b"bash: oops", b""])
+    assert _agent_error(Result(1, b"", err)) == "run r was lost; bash: oops"
