@@ -1,6 +1,8 @@
 """How a launch behaves, and the one home of every default: invoke.yaml, the tasks and the node agent read them here.
 
-The node agent has no defaults of its own: every number it uses arrives in its request (see `runs.start_request`).
+Every number of a node program that the controller decides arrives in its request (NODE_TIMING, SYNC_TIMING, the
+doctor's sections; see `runs.start_request`); their own local bounds (nvidia-smi's limit, the DNS budget, read sizes)
+live in launcher/node/limits.py, each with its reason.
 """
 
 from __future__ import annotations
@@ -342,7 +344,7 @@ NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "kee
 long an entry not written again is kept (entries are removed when a new one is stored)."""
 
 
-# --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
+# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/limits.py) -------
 NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step

@@ -33,6 +33,7 @@ import time
 
 # Each action imports what it alone needs (a start: attend, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
+from launcher.node import limits
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
@@ -69,9 +70,9 @@ def follow_log(log, run_dir, run_id, mark):
             next_check = time.time() + timing("check_s")
             if stdout_gone():
                 return 1
-            # Twice in a row, a second apart: the keeper writes the exit code a moment after torchrun is gone.
+            # Checks in a row, check_s apart: the keeper writes the exit code a moment after torchrun is gone.
             quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
-            if quiet_checks >= 2:
+            if quiet_checks >= limits.LOST_AFTER_CHECKS:
                 write_all(1, log.read())
                 emit(Event.ERROR, message="run %s was lost on this node: no exit code recorded and none of its "
                                       "processes alive (its keeper was killed); the log ends here" % run_id)

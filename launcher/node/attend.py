@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+from launcher.node import limits
 from launcher.node.proc import workers
 from launcher.node.protocol import (
     ENDING_WORDS,
@@ -181,7 +182,7 @@ class Attended:
 
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
-            if queued_events() < 100:  # a launcher that reads nothing gets no pile of beats
+            if queued_events() < limits.QUEUED_BEATS_MAX:
                 if self.request["watch"]:
                     emit(Event.ALIVE, progress=self.progress())
                 else:
@@ -285,5 +286,5 @@ def attend(request, run_dir, proc, words):
     run.send_nccl()
     emit(Event.EXITED, code=code, left=left, reason=stopping)
     end_events()
-    threads["send_events"].join(5)
+    threads["send_events"].join(limits.EVENTS_DRAIN_S)
     return code

@@ -181,8 +181,8 @@ _TIMING = {}
 
 
 def use_timing(request, keys):
-    """Take every wait and read size from the request's `timing` (the node programs have none of their own);
-    BadRequest naming the first missing or wrong one."""
+    """Take every wait and read size of the run's supervision from the request's `timing` (the node programs' own
+    local bounds are in launcher/node/limits.py); BadRequest naming the first missing or wrong one."""
     section = request.get("timing")
     for key in keys:
         value = section.get(key) if isinstance(section, dict) else None
