@@ -36,7 +36,7 @@ def _install_trace() -> dict:
     """Wrap launcher functions to stamp the phases of a launch; returns the dict the stamps go into."""
     import threading
 
-    from launcher.run import events as supervise
+    from launcher import events as supervise
     from launcher.transport import sessions as transport
 
     trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "cpu": {}}

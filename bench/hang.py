@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 from bench.common import MARK_ENV, REPO, log, run_alone, sandbox_of
+from launcher import events
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
 from launcher.plan.launch import plan_launch
-from launcher.run import events
 from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 

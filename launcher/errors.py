@@ -114,7 +114,7 @@ class RunFailed(LauncherError):
         self.tail = tail
         """The last lines of that node's output."""
         self.ends = ends
-        """How each node's part ended (`launcher.report.rootcause.NodeEnd`); empty when the run never started."""
+        """How each node's part ended (`launcher.events.NodeEnd`); empty when the run never started."""
         super().__init__(message)
 
 

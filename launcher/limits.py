@@ -143,7 +143,7 @@ NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "kee
 long an entry not written again is kept (entries are removed when a new one is stored)."""
 
 
-# --- the node programs' waits and read sizes (sent in every request: they have none of their own) -----------------
+# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/limits.py) -------
 NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step

@@ -27,7 +27,7 @@ from launcher.transport.sessions import Node, classify, close_all, connect_all
 from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 
 if TYPE_CHECKING:
-    from launcher.run.events import NodeFacts
+    from launcher.events import NodeFacts
 
 CheckMode = Literal["all", "fast"]
 
@@ -212,7 +212,7 @@ def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -
 
 
 def _session_outcome(host: str, facts: NodeFacts) -> Outcome:
-    """One node's outcome from what its agent session said (`launcher.run.events.NodeFacts`)."""
+    """One node's outcome from what its agent session said (`launcher.events.NodeFacts`)."""
     if facts.failure is not None:
         return NodeFailure(host, "ssh", facts.failure)
     if facts.probe is not None:

@@ -20,10 +20,10 @@ from launcher.config.model import Cluster, Job
 from launcher.doctor.evidence import Report
 from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
 from launcher.errors import LauncherError
+from launcher.events import Output
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_SLOW_SHARE, NET_TIMEOUT_S
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan, plan_launch
-from launcher.run.events import Output
 from launcher.run.wiring import Wiring
 
 SOURCE = Path(__file__).with_name("netjob.py")

@@ -33,8 +33,9 @@ import time
 
 # Each action imports what it alone needs (a start: attend, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
+from launcher.node import limits
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
-from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, emit, reply, timing, use_timing, write_all
+from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
 from launcher.node.runner import socket_ifname, stop_run
 
@@ -49,7 +50,7 @@ def checked(action):
 
 
 def refuse(message):
-    emit("error", message=message)
+    emit(Event.ERROR, message=message)
     return 2
 
 
@@ -69,11 +70,11 @@ def follow_log(log, run_dir, run_id, mark):
             next_check = time.time() + timing("check_s")
             if stdout_gone():
                 return 1
-            # Twice in a row, a second apart: the keeper writes the exit code a moment after torchrun is gone.
+            # Checks in a row, check_s apart: the keeper writes the exit code a moment after torchrun is gone.
             quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
-            if quiet_checks >= 2:
+            if quiet_checks >= limits.LOST_AFTER_CHECKS:
                 write_all(1, log.read())
-                emit("error", message="run %s was lost on this node: no exit code recorded and none of its "
+                emit(Event.ERROR, message="run %s was lost on this node: no exit code recorded and none of its "
                                       "processes alive (its keeper was killed); the log ends here" % run_id)
                 return 1
         time.sleep(timing("wait_s"))
@@ -109,9 +110,9 @@ def start(request):
     try:
         proc = spawn(request, run_dir)
     except OSError as exc:
-        emit("error", message="cannot start torchrun: %s" % exc)
+        emit(Event.ERROR, message="cannot start torchrun: %s" % exc)
         return 2
-    emit("started", pid=proc.pid, run_dir=run_dir)
+    emit(Event.STARTED, pid=proc.pid, run_dir=run_dir)
     return attend(request, run_dir, proc, words)
 
 
@@ -120,27 +121,27 @@ def start_checked(request, run_dir, words):
     node = request["mark"].partition("/")[2]
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
-        emit("error", message="workdir %s does not exist on this node" % request["workdir"])
+        emit(Event.ERROR, message="workdir %s does not exist on this node" % request["workdir"])
         return 2
     if request["argv"][0] != os.path.expanduser(request["argv"][0]) or os.sep in request["argv"][0]:
         python = os.path.expanduser(request["argv"][0])
         if not os.access(python, os.X_OK):
-            emit("error", message="python %s is not an executable file on this node" % request["argv"][0])
+            emit(Event.ERROR, message="python %s is not an executable file on this node" % request["argv"][0])
             return 2
     if os.path.exists(run_dir):
-        emit("error", message="run directory %s already exists" % request["run_dir"])
+        emit(Event.ERROR, message="run directory %s already exists" % request["run_dir"])
         return 2
     ifname, problem = socket_ifname(request)
     if problem is not None:
-        emit("error", message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
+        emit(Event.ERROR, message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
                               "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],
                                                                                    problem))
         return 2
     request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the keeper) sets this
     # Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no process).
-    emit("ready")
+    emit(Event.READY)
     if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
-        emit("aborted", reason=words.stop_word)
+        emit(Event.ABORTED, reason=words.stop_word)
         return 0
     return None
 
@@ -207,9 +208,9 @@ def action_list(request):
 def action_logs(request):
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
-        emit("error", message="no run %s on this node" % (run_id or "at all"))
+        emit(Event.ERROR, message="no run %s on this node" % (run_id or "at all"))
         return 3
-    emit("run", run_id=run_id)
+    emit(Event.RUN, run_id=run_id)
     with open(os.path.join(run_dir, "log"), "rb") as log:
         if request.get("follow"):
             return follow_log(log, run_dir, run_id, "%s/%s" % (run_id, request["node"]))
@@ -265,7 +266,7 @@ def main():
         use_timing(request, AGENT_TIMING)
         code = ACTIONS[request["action"]](request)
     except Exception as exc:
-        emit("error", message="%s: %s" % (type(exc).__name__, exc))
+        emit(Event.ERROR, message="%s: %s" % (type(exc).__name__, exc))
         code = 2
     sys.exit(code)
 

@@ -7,14 +7,18 @@ import sys
 import threading
 import time
 
+from launcher.node import limits
 from launcher.node.proc import workers
 from launcher.node.protocol import (
     ENDING_WORDS,
     GO,
+    HEARTBEAT_TIMEOUT,
     KILL,
+    LAUNCHER_GONE,
     STACKS,
     STOP,
     TCP,
+    Event,
     emit,
     emit_parts,
     end_events,
@@ -66,7 +70,7 @@ class LauncherWords:
             if word == GO or word in ENDING_WORDS:
                 self.decided.set()
         if self.stop_word is None:
-            self.stop("launcher-gone")
+            self.stop(LAUNCHER_GONE)
         self.decided.set()
 
     def wait_for_go(self, heartbeat_timeout, alive_interval):
@@ -77,11 +81,11 @@ class LauncherWords:
         beat = time.monotonic()
         while not self.decided.wait(timing("wait_s")):
             if time.monotonic() - self.last_word > heartbeat_timeout:
-                self.stop_word = "heartbeat-timeout"
+                self.stop_word = HEARTBEAT_TIMEOUT
                 return False
             if time.monotonic() - beat >= alive_interval:
                 beat = time.monotonic()
-                emit("alive")
+                emit(Event.ALIVE)
         return self.go
 
 
@@ -116,7 +120,7 @@ class Preflight:
                                           args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
                 thread.start()
                 self.listener = (thread, stop_w, stop_r)
-        emit("probed", probe=probe.probe(self.section["probe"]), listener=reply)
+        emit(Event.PROBED, probe=probe.probe(self.section["probe"]), listener=reply)
 
     def tcp(self):
         from launcher.node.listener import tcp_connect
@@ -124,7 +128,7 @@ class Preflight:
         connect = self.section["connect"]
         window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
         probe = self.section["probe"]
-        emit("tcp", tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
+        emit(Event.TCP, tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
 
     def close(self):
         if self.listener is not None:
@@ -178,11 +182,11 @@ class Attended:
 
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
-            if queued_events() < 100:  # a launcher that reads nothing gets no pile of beats
+            if queued_events() < limits.QUEUED_BEATS_MAX:
                 if self.request["watch"]:
-                    emit("alive", progress=self.progress())
+                    emit(Event.ALIVE, progress=self.progress())
                 else:
-                    emit("alive")
+                    emit(Event.ALIVE)
 
     def progress(self):
         """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds, and
@@ -209,7 +213,7 @@ class Attended:
 
     def stacks(self):
         """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
-        emit_parts("stacks", int(self.request["event_chunk"]),
+        emit_parts(Event.STACKS, int(self.request["event_chunk"]),
                    workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
                    nccl=self.new_dumps())
 
@@ -223,7 +227,7 @@ class Attended:
         """NCCL's flight recorder dumps written while the run ended (its watchdog's timeout ends a run by itself)."""
         dumps = self.new_dumps()
         if dumps:
-            emit_parts("nccl", int(self.request["event_chunk"]), nccl=dumps)
+            emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=dumps)
 
     def supervise(self):
         """Until torchrun ends: obey stop words and the heartbeat bound. It waits on `words.changed` (a word, or
@@ -241,12 +245,12 @@ class Attended:
             if self.proc.poll() is not None:
                 break
             if words.stop_word is None and time.monotonic() - words.last_word > request["heartbeat_timeout"]:
-                words.stop_word = "heartbeat-timeout"
+                words.stop_word = HEARTBEAT_TIMEOUT
             if words.stop_word is not None and stopping is None:
                 stopping, stop_at = words.stop_word, time.monotonic()
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
-                emit("stopping", reason=stopping)
+                emit(Event.STOPPING, reason=stopping)
             if stopping is not None and words.stop_word == KILL:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
@@ -267,7 +271,7 @@ def attend(request, run_dir, proc, words):
     queue_events()
     run = Attended(request, run_dir, proc, words)
     words.on_stacks = run.stacks
-    signal.signal(signal.SIGHUP, lambda *_: words.stop("launcher-gone"))
+    signal.signal(signal.SIGHUP, lambda *_: words.stop(LAUNCHER_GONE))
     signal.signal(signal.SIGTERM, lambda *_: words.stop(STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
                for name in ("stream", "send_events", "tick")}
@@ -275,12 +279,12 @@ def attend(request, run_dir, proc, words):
         thread.start()
     code, left, stopping = run.supervise()
     if stopping:
-        emit("stopped", left=left, reason=stopping)
+        emit(Event.STOPPED, left=left, reason=stopping)
     # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
     while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
         threads["stream"].join(timing("wait_s"))
     run.send_nccl()
-    emit("exited", code=code, left=left, reason=stopping)
+    emit(Event.EXITED, code=code, left=left, reason=stopping)
     end_events()
-    threads["send_events"].join(5)
+    threads["send_events"].join(limits.EVENTS_DRAIN_S)
     return code

@@ -8,10 +8,8 @@ import shutil
 import subprocess
 import sys
 
+from launcher.node import limits
 from launcher.node.protocol import error_text
-
-SMI_TIMEOUT_S = 3.0
-
 
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
@@ -118,7 +116,7 @@ def _dist_entry(folder, entry):
     for meta in ("METADATA", "PKG-INFO"):  # e.g. `pkg.egg-info` of a develop install: read its header
         try:
             with open(os.path.join(folder, entry, meta), encoding="utf-8", errors="replace") as handle:
-                header = handle.read(4096)
+                header = handle.read(limits.METADATA_HEADER_BYTES)
         except OSError:
             continue
         name = re.search(r"^Name:\s*(\S+)", header, re.MULTILINE)
@@ -174,11 +172,12 @@ def gpu_info(visible_spec):
     outputs = []
     for proc in procs:
         try:
-            out, err = proc.communicate(timeout=SMI_TIMEOUT_S)
+            out, err = proc.communicate(timeout=limits.SMI_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            return {"count": 0, "busy": None, "smi": True, "error": f"nvidia-smi did not answer in {SMI_TIMEOUT_S:g} s"}
+            return {"count": 0, "busy": None, "smi": True,
+                    "error": f"nvidia-smi did not answer in {limits.SMI_TIMEOUT_S:g} s"}
         if proc.returncode != 0:
             why = (err or out).decode(errors="replace").strip().splitlines()
             last = why[-1] if why else f"exit {proc.returncode}"
@@ -198,7 +197,8 @@ def gpu_info(visible_spec):
             by_uuid[cells[0]]["pids"].append(int(cells[1]))
     visible = _visible(rows, visible_spec)
     # Busy: someone's process on it, or memory in use / compute load beyond what an idle driver shows.
-    busy = [r for r in visible if r["pids"] or (r["memory_used_mib"] or 0) > 1024 or (r["utilization"] or 0) > 5]
+    busy = [r for r in visible if r["pids"] or (r["memory_used_mib"] or 0) > limits.GPU_BUSY_MIB
+            or (r["utilization"] or 0) > limits.GPU_BUSY_PERCENT]
     return {"count": len(visible), "total": len(rows), "smi": True, "names": sorted({r["name"] for r in visible}),
             "busy": [{k: r[k] for k in ("index", "pids", "memory_used_mib", "utilization")} for r in busy]}
 

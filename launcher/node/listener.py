@@ -6,10 +6,8 @@ import select
 import socket
 import time
 
+from launcher.node import limits
 from launcher.node.protocol import error_text, seconds
-
-HOLDERS_BUDGET_S = 1.0
-"""How long the listen mode may scan /proc for who holds a taken port."""
 
 
 def tcp_connect(addr, port, token, window, read_s):
@@ -22,7 +20,9 @@ def tcp_connect(addr, port, token, window, read_s):
     while True:
         attempts += 1
         try:
-            sock = socket.create_connection((addr, port), timeout=max(0.2, min(1.0, deadline - time.monotonic())))
+            left = deadline - time.monotonic()
+            sock = socket.create_connection(
+                (addr, port), timeout=max(limits.CONNECT_TRY_MIN_S, min(limits.CONNECT_TRY_MAX_S, left)))
         except socket.gaierror as exc:
             return {"ok": False, "error": f"cannot resolve {addr}: {error_text(exc)}", "attempts": attempts}
         except OSError as exc:
@@ -30,15 +30,15 @@ def tcp_connect(addr, port, token, window, read_s):
             if time.monotonic() >= deadline:
                 return {"ok": False, "error": error_text(last), "attempts": attempts,
                         "elapsed": round(time.monotonic() - start, 3)}
-            time.sleep(0.05)
+            time.sleep(limits.CONNECT_RETRY_S)
             continue
         try:
             peer = sock.getpeername()[0]
             sock.settimeout(read_s)
             data = b""
             try:
-                while b"\n" not in data and len(data) < 256:
-                    chunk = sock.recv(256)
+                while b"\n" not in data and len(data) < limits.TOKEN_MAX_BYTES:
+                    chunk = sock.recv(limits.TOKEN_MAX_BYTES)
                     if not chunk:
                         break
                     data += chunk
@@ -88,7 +88,7 @@ def port_holders(port, budget):
             if link in wanted:
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                        cmd = handle.read(300).replace(b"\0", b" ").decode(errors="replace").strip()
+                        cmd = handle.read(limits.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
                 except OSError:
                     cmd = ""
                 holders.append({"pid": int(pid), "command": cmd, "state": wanted.pop(link)})
@@ -107,10 +107,10 @@ def open_listener(port):
     try:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
-        server.listen(128)
+        server.listen(limits.LISTEN_BACKLOG)
     except OSError as exc:
         server.close()
-        reply.update(free=False, error=error_text(exc), **port_holders(port, HOLDERS_BUDGET_S))
+        reply.update(free=False, error=error_text(exc), **port_holders(port, limits.HOLDERS_BUDGET_S))
         return None, reply
     reply.update(free=True, accepted=0, peers=[])
     return server, reply
@@ -130,7 +130,7 @@ def serve(server, token, deadline, reply, stop_fd):
                 if item is server:
                     conn, peer = server.accept()
                     conn.setblocking(True)
-                    conn.settimeout(1.0)
+                    conn.settimeout(limits.TOKEN_SEND_S)
                     try:
                         conn.sendall(token)
                     except OSError:
@@ -140,10 +140,10 @@ def serve(server, token, deadline, reply, stop_fd):
                     reply["accepted"] += 1
                     reply["peers"].append(peer[0])
                 elif isinstance(item, int):
-                    open_ = bool(os.read(item, 4096))  # its end: every node has its answer
+                    open_ = bool(os.read(item, limits.DRAIN_BYTES))  # its end: every node has its answer
                 else:
                     try:
-                        more = item.recv(64)
+                        more = item.recv(limits.DRAIN_BYTES)
                     except OSError:
                         more = b""
                     if not more:  # the client closed first (as it should): no TIME_WAIT on our port

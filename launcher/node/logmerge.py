@@ -6,7 +6,7 @@ import threading
 import time
 
 from launcher.node.proc import workers
-from launcher.node.protocol import LOCAL_TAG, RANK_TAG, emit, write_all
+from launcher.node.protocol import LOCAL_TAG, RANK_TAG, Event, emit, write_all
 
 
 def worker_ranks(mark):
@@ -70,7 +70,7 @@ class LogMerger:
                 if source.rest:
                     self.write(self.tagged(source, source.rest + b"\n"))
         except Exception as exc:  # a bug here must not take the run's keeper down: the rank files keep it all
-            emit("error", message="the log merger stopped: %s: %s" % (type(exc).__name__, exc))
+            emit(Event.ERROR, message="the log merger stopped: %s: %s" % (type(exc).__name__, exc))
         finally:
             for source in self.sources.values():
                 os.close(source.fd)

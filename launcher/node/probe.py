@@ -23,7 +23,7 @@ agent instead (launcher/node/attend.py, `Preflight`): the agent runs `probe`, ho
 Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives
 (max_s) and how long a node tries to reach it (connect.window, connect.token_read_s) arrive in the request
 (`launcher.doctor.collect`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
-probe's own local work below (DNS, nvidia-smi, the /proc scan) are its constants, written here only.
+probe's own local work (DNS, nvidia-smi, the /proc scan) are in launcher/node/limits.py with every other node number.
 """
 
 import hashlib
@@ -35,13 +35,11 @@ import sys
 import threading
 import time
 
+from launcher.node import limits
 from launcher.node.facts import gpu_info, packages, python_info, torch_info
 from launcher.node.listener import listen, tcp_connect
 from launcher.node.netif import route_to
 from launcher.node.protocol import BadRequest, error_text, seconds
-
-RESOLVE_BUDGET_S = 3.0
-
 
 # --- names, addresses, routes -----------------------------------------------------------------------------
 
@@ -106,7 +104,7 @@ def script_info(workdir, script):
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
+            for block in iter(lambda: handle.read(limits.HASH_BLOCK), b""):
                 digest.update(block)
             size = handle.tell()
     except OSError as exc:
@@ -140,7 +138,7 @@ def probe(request):
     hostname = socket.gethostname()
     names = list(request.get("names", []))
     wanted = names + ([hostname] if hostname not in names else [])
-    resolved = resolve_all(wanted, RESOLVE_BUDGET_S, request.get("resolve_workers") or len(wanted))
+    resolved = resolve_all(wanted, limits.RESOLVE_BUDGET_S, request.get("resolve_workers") or len(wanted))
     reply = {
         "mode": "probe",
         "hostname": hostname,

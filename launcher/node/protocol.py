@@ -4,8 +4,8 @@ The controller imports this module too (launcher.plan.launch, launcher.run), so 
 - stdin carries the launcher's words to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
   `go` starts a run every node is ready for, `abort` drops it, `stop` (grace) and `kill` (now) end it, `tcp`
   starts the doctor's TCP check on a node.
-- stderr carries the agent's events, one JSON object per line (`emit`); stdout the run's log bytes, or an
-  action's one JSON reply (`reply`).
+- stderr carries the agent's events, one JSON object per line (`emit`), each named by an `Event` name; stdout the
+  run's log bytes, or an action's one JSON reply (`reply`).
 """
 
 import json
@@ -27,6 +27,47 @@ GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS = "go", "abort", "stop", "kill", "
 run's agent for every worker's stack (the `stacks` event)."""
 ENDING_WORDS = (STOP, KILL, ABORT)
 """Words after which no run starts or goes on."""
+HEARTBEAT_TIMEOUT, LAUNCHER_GONE = "heartbeat-timeout", "launcher-gone"
+"""Why an attached agent stops its run without being asked (an event's `reason`, beside the words `stop`/`kill`):
+no word from the launcher for heartbeat_timeout, or its connection closed (SIGHUP)."""
+
+
+class Event:
+    """The name of every event a node program says (`emit`: the `event` field), and nothing else: the controller's
+    dispatch (launcher.run.sessions) and the typed events (launcher.events) take the names from here."""
+
+    READY = "ready"
+    """An attached agent checked what it could and waits for `go`."""
+    ABORTED = "aborted"
+    """... and dropped the start instead (`abort`, a stop word, the launcher gone): no run directory, no process."""
+    PROBED = "probed"
+    """The doctor's probe in the start session (fields: probe, listener)."""
+    TCP = "tcp"
+    """Its connection to the master's listener (the doctor's TCP check; field: tcp)."""
+    STARTED = "started"
+    """torchrun started (fields: pid, run_dir; detached: the agent's work ends here)."""
+    ALIVE = "alive"
+    """The attached agent's beat (field: progress, each rank as the hang watch sees it, when watched)."""
+    STOPPING = "stopping"
+    """It began to stop the run (field: reason: a word, or why it stopped by itself)."""
+    STOPPED = "stopped"
+    """The stop is over (fields: left, reason); `exited` follows with the same."""
+    EXITED = "exited"
+    """torchrun's end (fields: code, left, reason): the attached agent's last event."""
+    ERROR = "error"
+    """Something went wrong (field: message); any node program may say it."""
+    RUN = "run"
+    """The logs action found the run it replays (field: run_id)."""
+    STACKS = "stacks"
+    """Every worker's stack (fields: workers, nccl), the answer to the word `stacks`; sent as parts."""
+    NCCL = "nccl"
+    """NCCL's flight recorder dumps written as the run ended (field: nccl); sent as parts."""
+    PART = "part"
+    """A piece of a large event (fields: of, seq, count, data): `emit_parts`."""
+
+
+EVENTS = tuple(value for name, value in vars(Event).items() if name.isupper())
+"""Every event name, once."""
 
 
 def error_text(exc):
@@ -79,7 +120,7 @@ def emit_parts(event, chunk, **fields):
     data = base64.b64encode(zlib.compress(json.dumps(fields).encode())).decode("ascii")
     pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] or [""]
     for seq, piece in enumerate(pieces):
-        emit("part", of=event, seq=seq, count=len(pieces), data=piece)
+        emit(Event.PART, of=event, seq=seq, count=len(pieces), data=piece)
 
 
 def queue_events():
@@ -140,8 +181,8 @@ _TIMING = {}
 
 
 def use_timing(request, keys):
-    """Take every wait and read size from the request's `timing` (the node programs have none of their own);
-    BadRequest naming the first missing or wrong one."""
+    """Take every wait and read size of the run's supervision from the request's `timing` (the node programs' own
+    local bounds are in launcher/node/limits.py); BadRequest naming the first missing or wrong one."""
     section = request.get("timing")
     for key in keys:
         value = section.get(key) if isinstance(section, dict) else None

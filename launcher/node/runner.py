@@ -7,7 +7,7 @@ import signal
 import time
 
 from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
-from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, emit, timing
+from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, Event, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 
 
@@ -131,9 +131,9 @@ def start_detached(request, run_dir):
     with os.fdopen(read_fd) as pipe:
         answer = pipe.readline().strip()
     if not answer or answer.startswith("error"):
-        emit("error", message="cannot start torchrun: %s" % (answer[6:] or "the keeper died"))
+        emit(Event.ERROR, message="cannot start torchrun: %s" % (answer[6:] or "the keeper died"))
         return 2
-    emit("started", pid=int(answer), run_dir=run_dir, detached=True)
+    emit(Event.STARTED, pid=int(answer), run_dir=run_dir, detached=True)
     return 0
 
 

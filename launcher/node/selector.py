@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from launcher.node.protocol import Event, emit
+
 
 class _Stdin:
     """The node program's stdin: its own request line, then the real stdin's lines."""
@@ -30,8 +32,7 @@ class _Stdin:
 
 
 def _fail(message):
-    sys.stderr.write(json.dumps({"event": "error", "message": message}) + "\n")
-    sys.stderr.flush()
+    emit(Event.ERROR, message=message)
     sys.exit(2)
 
 

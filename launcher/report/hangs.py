@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.events import HangSuspected
 from launcher.node.stacks import NCCL_PREFIX
 from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
-from launcher.run.events import HangSuspected
 
 
 def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: float | None = None) -> Path:

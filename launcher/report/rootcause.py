@@ -6,48 +6,20 @@ stopped because the launcher (or a lost peer) told it to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from launcher.errors import RunFailed
+from launcher.events import SELF_STOPS, EndKind, NodeEnd
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
 from launcher.report.lines import failed_rank, root_cause_block
 
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
               "ProcessGroupNCCL", "Socket Timeout", "SignalException", "Signals.SIGTERM")
-SELF_STOPS = ("heartbeat-timeout", "launcher-gone")
-"""Why a node's agent stops its part without being asked: the launcher went silent, or its connection closed."""
 
 
-@dataclass(frozen=True)
-class NodeEnd:
-    """How one node's part of a run ended, as the controller saw it."""
-
-    node: str
-    kind: str
-    """exited (the agent reported torchrun's exit), lost (the connection dropped), silent (nothing for too long),
-    agent-died (the agent ended without a report), unanswered (no answer to a stop in time), start-error."""
-    time: float
-    exit_code: int | None = None
-    stop_reason: str | None = None
-    """Why the node's agent stopped the run: stop/kill (the launcher asked), launcher-gone, heartbeat-timeout."""
-    asked_to_stop: bool = False
-    """The launcher had asked this node to stop before it ended: a consequence, not a cause."""
-    silent_for: float = 0.0
-    left: int = 0
-    """Processes of the run the node could not kill."""
-    tail: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        """Anything but torchrun's exit 0; a node that stopped its part by itself failed whatever torchrun said."""
-        return self.kind != "exited" or self.exit_code != 0 or self.stop_reason in SELF_STOPS
-
-    @property
-    def collateral(self) -> bool:
-        """Its workers died because a peer did (their root-cause block says so)."""
-        block = "\n".join(root_cause_block(list(self.tail)))
-        return bool(block) and any(word in block for word in COLLATERAL)
+def collateral(end: NodeEnd) -> bool:
+    """Its workers died because a peer did (their root-cause block says so)."""
+    block = "\n".join(root_cause_block(list(end.tail)))
+    return bool(block) and any(word in block for word in COLLATERAL)
 
 
 def first_failure(ends: list[NodeEnd]) -> NodeEnd | None:
@@ -56,23 +28,23 @@ def first_failure(ends: list[NodeEnd]) -> NodeEnd | None:
     own = [e for e in failed if not e.asked_to_stop] or failed
     if not own:
         return None
-    return min(own, key=lambda e: (e.collateral, e.time))
+    return min(own, key=lambda e: (collateral(e), e.time))
 
 
 def headline(end: NodeEnd) -> tuple[str, int, int | None]:
     """(`root cause: ...` sentence, the launcher's exit code, the failed global rank if known)."""
-    if end.kind == "silent":
+    if end.kind == EndKind.SILENT:
         return f"root cause: {end.node} stopped answering (nothing for {end.silent_for:.0f} s)", 1, None
-    if end.kind == "lost":
+    if end.kind == EndKind.LOST:
         return f"root cause: {end.node}: the connection to the node was lost", 1, None
-    if end.kind == "agent-died":
+    if end.kind == EndKind.AGENT_DIED:
         return f"root cause: {end.node}: the launcher's agent on the node died before torchrun ended", 1, None
-    if end.kind == "unanswered":
+    if end.kind == EndKind.UNANSWERED:
         return f"root cause: {end.node} did not answer the stop in time", 1, None
-    if end.stop_reason == "heartbeat-timeout":
+    if end.stop_reason == HEARTBEAT_TIMEOUT:
         return (f"root cause: {end.node} stopped its part by itself: no heartbeat from the launcher in time "
                 f"(a frozen launcher or network)", 1, None)
-    if end.stop_reason == "launcher-gone":
+    if end.stop_reason == LAUNCHER_GONE:
         return f"root cause: {end.node} stopped its part by itself: its connection to the launcher closed", 1, None
     rank, local, worker_code = failed_rank(root_cause_block(list(end.tail)))
     # The worker's own exit code says more than torchrun's (which is 1 for any worker failure).
@@ -84,12 +56,12 @@ def headline(end: NodeEnd) -> tuple[str, int, int | None]:
 
 def ended_how(end: NodeEnd) -> str:
     """A few words on how a node's part ended: `exit code 137`, `the connection was lost`, ..."""
-    if end.kind == "exited":
+    if end.kind == EndKind.EXITED:
         code = end.exit_code if end.exit_code is not None else 1
         return f"exit code {128 - code if code < 0 else code}"
-    return {"lost": "the connection was lost", "silent": f"silent for {end.silent_for:.0f} s",
-            "agent-died": "the launcher's agent died", "unanswered": "no answer to the stop",
-            "start-error": "it could not start"}.get(end.kind, end.kind)
+    return {EndKind.LOST: "the connection was lost", EndKind.SILENT: f"silent for {end.silent_for:.0f} s",
+            EndKind.AGENT_DIED: "the launcher's agent died", EndKind.UNANSWERED: "no answer to the stop",
+            EndKind.START_ERROR: "it could not start"}[end.kind]
 
 
 def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
@@ -109,15 +81,15 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
             lines.append(f"{end.node}: stopped its part by itself too ({end.stop_reason})")
             continue
         why = "stopped by the launcher" if end.asked_to_stop else "failed too"
-        what = f"exit code {end.exit_code}" if end.kind == "exited" else end.kind
+        what = f"exit code {end.exit_code}" if end.kind == EndKind.EXITED else end.kind.value
         lines.append(f"{end.node}: {what} ({why})")
     lines.append(log_hint)
     return RunFailed("\n".join(lines), code, node=origin.node if origin else None, rank=rank,
                      tail=origin.tail if origin else (), ends=tuple(ends))
 
 
-LOST = {"lost": "the connection to it was lost", "silent": "it stopped answering",
-        "agent-died": "the launcher's agent on it died", "unanswered": "it did not answer the stop"}
+LOST = {EndKind.LOST: "the connection to it was lost", EndKind.SILENT: "it stopped answering",
+        EndKind.AGENT_DIED: "the launcher's agent on it died", EndKind.UNANSWERED: "it did not answer the stop"}
 
 
 def retry_reason(ends: list[NodeEnd]) -> str | None:
@@ -130,7 +102,7 @@ def retry_reason(ends: list[NodeEnd]) -> str | None:
         return f"{origin.node} was lost: {LOST[origin.kind]}"
     if origin.stop_reason in SELF_STOPS:
         return f"{origin.node} lost the launcher ({origin.stop_reason})"
-    if origin.kind != "exited":
+    if origin.kind != EndKind.EXITED:
         return None
     _, _, worker_code = failed_rank(root_cause_block(list(origin.tail)))
     for code, whose in ((origin.exit_code, "torchrun"), (worker_code, "a worker")):

@@ -11,6 +11,7 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import ACTION_MARGIN
+from launcher.node.protocol import Event
 from launcher.options import Options
 from launcher.plan import runchoice
 from launcher.plan.launch import rank_offsets
@@ -98,10 +99,14 @@ def _agent_error(result: Result) -> str:
     messages = []
     for line in result.stderr.decode("utf-8", errors="replace").splitlines():
         try:
-            messages.append(json.loads(line).get("message", line))
-        except (ValueError, AttributeError):
-            if line.strip():
-                messages.append(line.strip())
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            if event.get("event", Event.ERROR) == Event.ERROR:  # other events (the logs action's `run`) are no error
+                messages.append(str(event.get("message", line)))
+        elif line.strip():
+            messages.append(line.strip())
     return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
 
 

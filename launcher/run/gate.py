@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from launcher.config.model import Cluster, Host
-from launcher.run.events import NodeFacts
+from launcher.events import NodeFacts
 from launcher.transport.sessions import Node
 
 

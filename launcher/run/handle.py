@@ -15,24 +15,25 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S, STALL, STOP_MARGIN
-from launcher.node.protocol import ABORT, GO, KILL, STACKS, STOP, TCP, word_line
-from launcher.options import Options
-from launcher.plan.hang import HangWatch, hang_timeout
-from launcher.plan.launch import LaunchPlan
-from launcher.report.rootcause import NodeEnd
-from launcher.run.events import (
+from launcher.events import (
     Beat,
     Ended,
+    EndKind,
     HangSuspected,
     Left,
     Message,
+    NodeEnd,
     NodeEvent,
     NodeFacts,
     StacksTaken,
     Started,
     Stopping,
 )
+from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S, STALL, STOP_MARGIN
+from launcher.node.protocol import ABORT, GO, KILL, STACKS, STOP, TCP, Event, word_line
+from launcher.options import Options
+from launcher.plan.hang import HangWatch, hang_timeout
+from launcher.plan.launch import LaunchPlan
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
@@ -144,10 +145,10 @@ class RunHandle:
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
         if silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, "silent", time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
+                session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
         elif self.stop_deadline is not None and now > self.stop_deadline:
             self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, "unanswered", time.time(), asked_to_stop=True)))
+                session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
 
     def _take(self, event: NodeEvent) -> None:
         session = self.sessions[event.node]
@@ -174,7 +175,7 @@ class RunHandle:
         assert end is not None
         if end.kind in SWEPT and session.name in self.nodes:
             self.sweeps.after(session)
-        elif end.kind == "unanswered":
+        elif end.kind == EndKind.UNANSWERED:
             self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
         if not end.failed or session.asked_to_stop:
             return event
@@ -187,7 +188,7 @@ class RunHandle:
         else:
             silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
             exited = f"the agent exited with code {end.exit_code}"
-            why = "; ".join(session.messages) or (silent if end.kind == "silent" else exited)
+            why = "; ".join(session.messages) or (silent if end.kind == EndKind.SILENT else exited)
             self._fail_start(f"{session.name}: {why}")
         return event
 
@@ -236,13 +237,13 @@ def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], be
     sessions = handle.sessions
     while True:
         now = time.monotonic()
-        waiting = [s for s in sessions.values() if "probed" not in s.checked and s.end is None
+        waiting = [s for s in sessions.values() if Event.PROBED not in s.checked and s.end is None
                    and now - s.opened < gate.probe_timeout]
         if not waiting:
             break
         handle.step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
     master = sessions.get(handle.plan.cluster.hosts[0].name)
-    listener = master.checked.get("probed", {}).get("listener") if master is not None else None
+    listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
     if listener and listener.get("free") and handle.start_failure is None:  # else no run can start anyway
         _tcp_round(handle, gate)
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
@@ -255,15 +256,15 @@ def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], be
 
 def _tcp_round(handle: RunHandle, gate: StartGate) -> None:
     """`tcp` to every node that probed: each connects to the master's listener and answers `tcp`."""
-    asked = [s for s in handle.sessions.values() if "probed" in s.checked and s.end is None]
+    asked = [s for s in handle.sessions.values() if Event.PROBED in s.checked and s.end is None]
     for session in asked:
         session.channel.send(word_line(TCP))
     until = time.monotonic() + gate.probe_timeout
-    while any("tcp" not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
+    while any(Event.TCP not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
         handle.step(0.2)
     for session in asked:
         if session.end is None:
-            session.checked.setdefault("tcp", {"ok": False, "error": f"no answer to the TCP check within "
+            session.checked.setdefault(Event.TCP, {"ok": False, "error": f"no answer to the TCP check within "
                                                                       f"{gate.probe_timeout:g} s"})
 
 
@@ -272,12 +273,12 @@ def _facts(handle: RunHandle, name: str, unopened: dict[str, str]) -> NodeFacts:
     session = handle.sessions.get(name)
     if session is None:
         return NodeFacts(failure=unopened.get(name, "no session was opened"))
-    probed = session.checked.get("probed")
+    probed = session.checked.get(Event.PROBED)
     if probed is not None:
-        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get("tcp"),
+        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get(Event.TCP),
                          took=round(probed["at"] - session.opened, 3))
     end = session.end
-    if end is None or end.kind == "silent":  # no answer in time (the silence limit is never shorter)
+    if end is None or end.kind == EndKind.SILENT:  # no answer in time (the silence limit is never shorter)
         return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)
     return NodeFacts(exit_code=end.exit_code, messages=tuple(session.messages))
 
@@ -291,7 +292,7 @@ def _abort_start(handle: RunHandle) -> None:
                 session.pending_word = word_line(ABORT)  # sent again at the next step
     handle.stop_deadline = time.monotonic() + STOP_MARGIN
     # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
-    while any(s.end is None and "probed" in s.checked for s in handle.sessions.values()):
+    while any(s.end is None and Event.PROBED in s.checked for s in handle.sessions.values()):
         handle.step(0.2)
 
 

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, Job
 from launcher.errors import ConnectError, NodeFailure, RunFailed, UsageError
+from launcher.events import Beat, Ended, EndKind, HangSuspected, Left, NcclDumps, NodeEnd, NodeEvent, Output, Stopping
 from launcher.limits import (
     EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
@@ -36,6 +37,7 @@ from launcher.limits import (
     TOP_TAIL_BYTES,
     heartbeat_interval,
 )
+from launcher.node.protocol import HEARTBEAT_TIMEOUT
 from launcher.options import DEFAULT_PROGRESS, Options
 from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
@@ -43,7 +45,6 @@ from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, write_nccl
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
-from launcher.run.events import Beat, Ended, HangSuspected, Left, NcclDumps, NodeEvent, Output, Stopping
 from launcher.run.gate import StartGate
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
@@ -263,7 +264,7 @@ class _Attached:
         elif isinstance(event, Ended):
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
-        elif isinstance(event, Stopping) and event.reason == "heartbeat-timeout":
+        elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
             self.console.message(f"{event.node}: no heartbeat from the launcher in time; the node stops its part")
         elif isinstance(event, HangSuspected):
             self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
@@ -317,7 +318,7 @@ class _Attached:
         request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.opts.grace}
         agent_action(nodes, self.plan.cluster, request, self.opts.action_timeout)
 
-    def _wait(self) -> list[rootcause.NodeEnd]:
+    def _wait(self) -> list[NodeEnd]:
         while True:
             try:
                 return self.handle.wait()  # type: ignore[return-value]
@@ -331,13 +332,13 @@ class _Attached:
                     self.console.message("\nkilling the run on every node now")
                     self.handle.stop(kill=True)
 
-    def _report(self, ends: list[rootcause.NodeEnd]) -> int:
+    def _report(self, ends: list[NodeEnd]) -> int:
         ends = [replace(e, tail=tuple(self.logs[e.node].tail)) for e in ends]
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
         if self.interrupts:
             left = sum(e.left for e in ends)
-            unconfirmed = [e.node for e in ends if e.kind != "exited"]
+            unconfirmed = [e.node for e in ends if e.kind != EndKind.EXITED]
             self.console.message(
                 f"run {self.plan.run_id} stopped on {len(ends)} node(s)"
                 + (f"; {left} process(es) could not be killed" if left else "")

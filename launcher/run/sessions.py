@@ -19,15 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from launcher.limits import heartbeat_interval
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
-from launcher.plan.launch import NodeCommand
-from launcher.report.rootcause import NodeEnd
-from launcher.run.events import (
+from launcher.events import (
     Beat,
     Ended,
+    EndKind,
     Message,
     NcclDumps,
+    NodeEnd,
     NodeEvent,
     Output,
     Probed,
@@ -37,6 +35,9 @@ from launcher.run.events import (
     Started,
     Stopping,
 )
+from launcher.limits import heartbeat_interval
+from launcher.node.protocol import HEARTBEAT, KILL, STOP, Event, word_line
+from launcher.plan.launch import NodeCommand
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node, classify
 from launcher.transport.settings import DEFAULT_FANOUT
@@ -71,7 +72,7 @@ class Session:
     opened: float = field(default_factory=time.monotonic)
     """When its request was sent: a probe's time counts from here."""
     checked: dict[str, Any] = field(default_factory=dict)
-    """What the agent said for the start's checks: `probed` (probe, listener, at), `tcp`."""
+    """What the agent said for the start's checks, by event name: `probed` (probe, listener, at), `tcp`."""
     ready: bool = False
     started: bool = False
     pending_word: bytes | None = None
@@ -171,7 +172,7 @@ class Sessions:
                 self._channel_ended(session, channel.exit_code())
                 return
             if channel.closed and not out and not err:
-                self._end(session, "lost")
+                self._end(session, EndKind.LOST)
                 return
             if not out and not err:
                 channel.wait_readable(0.5)
@@ -179,46 +180,62 @@ class Sessions:
     def _agent_line(self, session: Session, line: bytes) -> None:
         try:
             event = json.loads(line)
-            kind = event["event"]
+            name = event["event"]
         except (ValueError, KeyError, TypeError):
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 self.control.put(Message(session.name, time.time(), text))
             return
-        now = time.time()
-        if kind == "part":
+        if name == Event.PART:
             event = self._part(session, event)
             if event is None:
                 return
-            kind = event.get("event")
-        if kind == "ready":
-            session.ready = True
-            self.control.put(Ready(session.name, now))
-        elif kind == "probed":
-            session.checked["probed"] = {"probe": event.get("probe"), "listener": event.get("listener"),
+            name = event.get("event")
+        handler = HANDLERS.get(name) if isinstance(name, str) else None  # a name outside the vocabulary: nothing
+        if handler is not None:
+            handler(self, session, event, time.time())
+
+    # One handler per event name the controller acts on (launcher.node.protocol.Event); IGNORED says why the others
+    # are not. Output goes to `on_event` from the reader; everything else to `control`, for the run's handle.
+
+    def _ready(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.ready = True
+        self.control.put(Ready(session.name, now))
+
+    def _probed(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.checked[Event.PROBED] = {"probe": event.get("probe"), "listener": event.get("listener"),
                                          "at": time.monotonic()}
-            self.control.put(Probed(session.name, now))
-        elif kind == "tcp":
-            session.checked["tcp"] = event.get("tcp")
-            self.control.put(Reached(session.name, now))
-        elif kind == "started":
-            session.started = True  # here too: the channel's end may be judged before the waiter sees this
-            if event.get("detached"):
-                session.reported = {"code": 0}  # a detached agent's work ends with the start
-            self.control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
-        elif kind == "error":
-            self.control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
-        elif kind == "stopping":
-            self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
-        elif kind == "exited":
-            session.reported = event
-        elif kind == "alive" and event.get("progress") is not None:
+        self.control.put(Probed(session.name, now))
+
+    def _tcp(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.checked[Event.TCP] = event.get("tcp")
+        self.control.put(Reached(session.name, now))
+
+    def _started(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.started = True  # here too: the channel's end may be judged before the waiter sees this
+        if event.get("detached"):
+            session.reported = {"code": 0}  # a detached agent's work ends with the start
+        self.control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
+
+    def _error(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
+
+    def _stopping(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
+
+    def _exited(self, session: Session, event: dict[str, Any], now: float) -> None:
+        session.reported = event  # the node's end is decided when its channel ends (`_channel_ended`)
+
+    def _alive(self, session: Session, event: dict[str, Any], now: float) -> None:
+        if event.get("progress") is not None:  # else only a heartbeat: `heard` was set when it was read
             self.control.put(Beat(session.name, now, tuple(event["progress"])))
-        elif kind == "stacks":
-            self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
-                                         dict(event.get("nccl") or {})))
-        elif kind == "nccl":
-            self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
+
+    def _stacks(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
+                                     dict(event.get("nccl") or {})))
+
+    def _nccl(self, session: Session, event: dict[str, Any], now: float) -> None:
+        self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
 
     def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
         """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""
@@ -231,7 +248,7 @@ class Sessions:
         try:
             fields = json.loads(zlib.decompress(base64.b64decode("".join(pieces))))
         except (ValueError, zlib.error):
-            return {"event": "error", "message": f"the {key} event came damaged"}
+            return {"event": Event.ERROR, "message": f"the {key} event came damaged"}
         return {**fields, "event": key}
 
     def _channel_ended(self, session: Session, status: int) -> None:
@@ -239,15 +256,15 @@ class Sessions:
             reason = session.reported.get("reason")
             # Whether the launcher's stop ended this node is the agent's word: a stop that came after torchrun had
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
-            self._end(session, "exited", int(session.reported.get("code", status)),
+            self._end(session, EndKind.EXITED, int(session.reported.get("code", status)),
                       None if reason in (None, STOP, KILL) else str(reason),
                       left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL))
         elif not session.started:
-            self._end(session, "start-error", status)
+            self._end(session, EndKind.START_ERROR, status)
         else:
-            self._end(session, "agent-died", status)
+            self._end(session, EndKind.AGENT_DIED, status)
 
-    def _end(self, session: Session, kind: str, code: int | None = None, reason: str | None = None,
+    def _end(self, session: Session, kind: EndKind, code: int | None = None, reason: str | None = None,
              left: int = 0, asked_to_stop: bool | None = None) -> None:
         asked = session.asked_to_stop if asked_to_stop is None else asked_to_stop
         end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left)
@@ -260,3 +277,20 @@ class Sessions:
             for session in list(self.by_name.values()):
                 if session.end is None:
                     session.channel.send(word_line(HEARTBEAT), block=False)  # never waits on a silent node
+
+
+Handler = Callable[[Sessions, Session, dict[str, Any], float], None]
+HANDLERS: dict[str, Handler] = {
+    Event.READY: Sessions._ready, Event.PROBED: Sessions._probed, Event.TCP: Sessions._tcp,
+    Event.STARTED: Sessions._started, Event.ERROR: Sessions._error, Event.STOPPING: Sessions._stopping,
+    Event.EXITED: Sessions._exited, Event.ALIVE: Sessions._alive, Event.STACKS: Sessions._stacks,
+    Event.NCCL: Sessions._nccl,
+}
+"""What the controller does with each event name a node's agent session says (`part`s are put together first)."""
+IGNORED = {
+    Event.ABORTED: "the start was dropped: the launcher's own `abort` or stop, or it was gone; the session's end "
+                   "(start-error) follows",
+    Event.STOPPED: "`exited` follows with the same fields (left, reason), and the node's end is decided on that",
+    Event.RUN: "only the logs action says it, and that action's stdout is the log (launcher.run.control)",
+}
+"""Event names a session may say that the controller deliberately does nothing with, and why."""

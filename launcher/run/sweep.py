@@ -9,13 +9,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from launcher.events import EndKind
 from launcher.limits import NODE_TIMING, SWEEP_MARGIN
 from launcher.options import Options
 from launcher.run.sessions import Session
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node
 
-SWEPT = ("agent-died", "silent")
+SWEPT = (EndKind.AGENT_DIED, EndKind.SILENT)
 """Ends after which the node's part may live on without its agent: the launcher stops it over a new channel. (A
 node that did not confirm a stop in time is not waited for again: Ctrl-C returns within grace + STOP_MARGIN.)"""
 
@@ -34,7 +35,7 @@ class Sweeps:
         node = self.nodes[session.name]
         request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
                                    "grace": self.opts.grace,
-                                   "kill_keeper": session.end is not None and session.end.kind != "agent-died",
+                                   "kill_keeper": session.end is not None and session.end.kind != EndKind.AGENT_DIED,
                                    "timing": NODE_TIMING}
 
         def sweep() -> None:

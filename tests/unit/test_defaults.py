@@ -1,4 +1,5 @@
-"""Every default has one home: the node-side programs take every number from their request, and speak Python 3.8.
+"""Every default has one home: the node-side programs take every number from their request or from
+launcher/node/limits.py (their own local bounds, each with its reason), and speak Python 3.8.
 
 The agent's constants are checked against launcher.plan.launch's in test_agent.py, and the start request against what
 the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
@@ -7,6 +8,7 @@ the agent reads in test_runs.py; here the same for the probe, and the rules both
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,11 @@ import yaml
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
-from launcher.node import facts, listener, probe
+from launcher.node import limits
+from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.run import launch as run_launch
 from launcher.sync import push as sync
 from launcher.transport import program as remote
-from launcher.transport.settings import DEFAULT_CONNECT_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")
@@ -66,6 +68,42 @@ def numeric_defaults(source: str) -> list[str]:
             if _makes_up_a_number(node)]
 
 
+WAITS = ("join", "wait", "sleep", "select", "poll", "settimeout", "communicate", "create_connection", "listen",
+         "read", "recv")
+"""Calls whose numbers are waits (seconds) or sizes (bytes, a backlog): a bare one there is a number of its own."""
+
+
+def _numbers(node: ast.AST) -> list[ast.Constant]:
+    """The numbers in an expression other than 0 (`max(0.0, left)`, `poll(0)`: not waiting is no number to home) and
+    other than an index (`os.path.join(parent, parts[-1])`)."""
+    if isinstance(node, ast.Subscript):
+        return []
+    if isinstance(node, ast.Constant):
+        return [node] if type(node.value) in (int, float) and node.value else []
+    return [n for child in ast.iter_child_nodes(node) for n in _numbers(child)]
+
+
+def bare_waits(source: str) -> list[str]:
+    """Every number written into a wait or a size: `join(5)`, `sleep(0.05)`, `timeout=max(0.2, ...)`, `recv(256)`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        given = [*node.args, *(k.value for k in node.keywords)] if name in WAITS else []
+        given += [k.value for k in node.keywords if k.arg and "timeout" in k.arg]
+        if any(_numbers(arg) for arg in given):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def own_constants(source: str) -> list[str]:
+    """Module-level names bound to a number (`SMI_TIMEOUT_S = 3.0`): only limits.py may have them."""
+    return [ast.unparse(node.targets[0]) for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and _numbers(node.value) and not any(
+                isinstance(n, ast.Name | ast.Attribute | ast.Call) for n in ast.walk(node.value))]
+
+
 def cluster(master_port: int = 29400) -> Cluster:
     return parse_inventory(yaml.safe_dump({"hosts": ["node-0", "node-1"],
                                            "rendezvous": {"master_addr": "node-0", "master_port": master_port}}),
@@ -88,12 +126,33 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
     assert probe_req["connect"] == connect
 
 
-def test_the_probe_keeps_no_copy_of_the_controllers_numbers() -> None:
-    # What the controller decides lives in launcher.doctor.collect; the probe's constants are only its local bounds.
-    own = {name for module in (probe, facts, listener) for name, value in vars(module).items()
-           if name.isupper() and isinstance(value, int | float)}
-    assert own == {"RESOLVE_BUDGET_S", "SMI_TIMEOUT_S", "HOLDERS_BUDGET_S"}
+def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
+    # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
+    # only its local bounds, all in launcher/node/limits.py.
+    own = {name for name, value in vars(limits).items() if name.isupper() and isinstance(value, int | float)}
+    assert {"RESOLVE_BUDGET_S", "SMI_TIMEOUT_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
+    source = (REPO / "launcher/node/limits.py").read_text(encoding="utf-8")
+    assert sorted(own) == sorted(own_constants(source))  # each a plain number ...
+    for statement, after in itertools.pairwise(ast.parse(source).body):  # ... with a docstring that says why
+        if isinstance(statement, ast.Assign):
+            assert isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant), ast.unparse(statement)
+
+
+@pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])
+def test_node_programs_write_no_number_into_a_wait_or_a_size(program: str) -> None:
+    assert bare_waits(NODE_PROGRAMS[program]) == []
+    assert program == "launcher/node/limits.py" or own_constants(NODE_PROGRAMS[program]) == []
+
+
+def test_the_bare_wait_finder_finds_them() -> None:
+    source = ('t.join(5)\nt.join(limits.EVENTS_DRAIN_S)\ntime.sleep(0.05)\ns = f(a, timeout=max(0.2, left))\n'
+              'sock.recv(256)\nselect.select([a], [], [], max(0.0, left))\npoller.poll(0)\nx.split(",", 1)\n'
+              'server.listen(128)\nrun(cmd, timeout=wait_s)\nos.path.join(a, b[-1])\nC = 3.0\nD = 1 << 20\n'
+              'E = len(x) + 1\n')
+    assert [line.partition(":")[0] for line in bare_waits(source)] == [
+        "line 1", "line 3", "line 4", "line 5", "line 9"]
+    assert own_constants(source) == ["C", "D"]
 
 
 def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
@@ -101,7 +160,7 @@ def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
     # budget, then the refused-connection window, then the wait for the token.
     timeout = DEFAULT_CONNECT_TIMEOUT
     connect = doctor.connect_section("t", timeout)
-    worst = probe.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"]
+    worst = limits.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"]
     assert worst < timeout
     assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
 

@@ -27,8 +27,8 @@ from launcher.doctor import Evidence, Finding, ProbeFailed
 from launcher.doctor import checklist as checks_module
 from launcher.doctor.collect import doctor_gate
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
+from launcher.events import NodeFacts
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
-from launcher.run.events import NodeFacts
 from launcher.transport import program as remote
 from tests.support.canned_probes import ADDRS, findings, probe, problems
 from tests.support.nodeenv import node_python
@@ -223,11 +223,11 @@ def test_the_default_probe_timeout_fits_a_cold_start_and_the_listener_outlives_i
     # A cold Python start on a network filesystem takes tens of seconds: the default leaves room for it, the
     # probe's own worst case (DNS budget, refused-connection window, token wait) fits easily, and the master's
     # listener is asked to live longer than any probe may take.
-    from launcher.node import probe as probe_module
+    from launcher.node import limits
 
     assert DEFAULT_PROBE_TIMEOUT >= 60
     connect = doctor.connect_section("t", DEFAULT_PROBE_TIMEOUT)
-    assert probe_module.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"] < DEFAULT_PROBE_TIMEOUT
+    assert limits.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"] < DEFAULT_PROBE_TIMEOUT
     assert doctor.listen_request(make_cluster(), "t", DEFAULT_PROBE_TIMEOUT)["max_s"] > DEFAULT_PROBE_TIMEOUT
 
 

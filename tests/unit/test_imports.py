@@ -114,3 +114,13 @@ def test_bench_imports_nothing_from_tests() -> None:
         strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
         named = [text for text in strings if text == "tests" or TESTS_NAMED.search(text)]  # "tests": REPO / "tests"
         assert not named, f"{path.relative_to(REPO)} names the tests' files: {named}"
+
+
+def test_report_imports_nothing_from_run_and_events_sit_below_both() -> None:
+    # The typed events and NodeEnd are below run/ (which makes them) and report/ (which says them): no folder cycle.
+    known = modules()
+    for name in (n for n in known if n.startswith("launcher.report.")):
+        assert not {m for m in imports(name, known[name], known) if m.startswith("launcher.run")}, name
+    below = imports("launcher.events", known["launcher.events"], known)
+    assert below <= {"launcher.errors", "launcher.node", "launcher.node.protocol"}, below
+    assert "launcher.run.events" not in known  # no alias that only renames

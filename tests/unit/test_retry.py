@@ -8,10 +8,11 @@ import pytest
 from launcher.config.inventory import parse_inventory
 from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
+from launcher.events import NodeEnd
 from launcher.plan.launch import plan_launch
 from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
 from launcher.report.lines import NodeLog
-from launcher.report.rootcause import NodeEnd, retry_reason
+from launcher.report.rootcause import retry_reason
 
 THREE = """\
 hosts: [node-0, node-1, {name: node-2, addr: 10.0.0.3}]

@@ -1,12 +1,68 @@
 """What happens on a node of a run, as typed events the controller decides on (`launcher.run.handle`) and its
-consumers see (console, root cause, retries): from the agent's JSON events, its session's end, and the clock."""
+consumers see (console, root cause, retries): from the agent's JSON events, its session's end, and the clock.
+
+Below both launcher.run (which makes them) and launcher.report (which says them): it imports only the standard
+library and the node package's names (`launcher.node.protocol`: the wire's event names and stop reasons).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from launcher.report.rootcause import NodeEnd
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
+
+SELF_STOPS = (HEARTBEAT_TIMEOUT, LAUNCHER_GONE)
+"""Why a node's agent stops its part without being asked: the launcher went silent, or its connection closed."""
+
+
+class EndKind(str, Enum):
+    """How a node's part of a run ended, as the controller saw it; the values are what messages and JSON say."""
+
+    EXITED = "exited"
+    """The agent reported torchrun's exit."""
+    LOST = "lost"
+    """The connection to the node dropped."""
+    SILENT = "silent"
+    """Nothing came from the node for too long."""
+    AGENT_DIED = "agent-died"
+    """The agent's session ended without a report, after torchrun started."""
+    UNANSWERED = "unanswered"
+    """No answer to a stop in time."""
+    START_ERROR = "start-error"
+    """The session ended before torchrun started (a setup line, a refused start, an abort)."""
+
+    def __str__(self) -> str:
+        return self.value  # an f-string says `lost`, on every Python (3.12 formats a mixed-in Enum by its str)
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node's part of a run ended, as the controller saw it."""
+
+    node: str
+    kind: EndKind
+    """See `EndKind` (a plain string of one of its values is taken as that kind)."""
+    time: float
+    exit_code: int | None = None
+    stop_reason: str | None = None
+    """Why the node's agent stopped the run: stop/kill (the launcher asked), launcher-gone, heartbeat-timeout."""
+    asked_to_stop: bool = False
+    """The launcher had asked this node to stop before it ended: a consequence, not a cause."""
+    silent_for: float = 0.0
+    left: int = 0
+    """Processes of the run the node could not kill."""
+    tail: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EndKind(self.kind))  # ValueError for a kind no one decides on
+
+    @property
+    def failed(self) -> bool:
+        """Anything but torchrun's exit 0; a node that stopped its part by itself failed whatever torchrun said."""
+        return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS
 
 
 @dataclass(frozen=True)

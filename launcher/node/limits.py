@@ -1,0 +1,50 @@
+"""The node programs' own numbers (stdlib only, Python 3.8+), each in this one place with why it is what it is.
+
+These bound a node program's local work and reads: none is a user's setting or a decision the controller makes.
+Every wait of a run's supervision, the heartbeat and the doctor's windows arrive in the request instead (`timing`:
+launcher.options.NODE_TIMING, SYNC_TIMING; the doctor's `seconds(...)` sections), so the two sides never disagree.
+tests/unit/test_defaults.py keeps numbers out of the other node modules.
+"""
+
+# --- the doctor's probe (probe, facts) -------------------------------------------------------------------------------
+RESOLVE_BUDGET_S = 3.0
+"""All of a probe's DNS lookups together: a resolver that answers takes milliseconds; it must fit in connect_timeout."""
+SMI_TIMEOUT_S = 3.0
+"""How long nvidia-smi may take to list GPUs: it answers in well under a second unless the driver is stuck."""
+HASH_BLOCK = 1 << 20
+"""Bytes of the job's script read at a time to hash it (few reads, little memory)."""
+METADATA_HEADER_BYTES = 4096
+"""Bytes of a METADATA/PKG-INFO file read for its Name and Version, which come first."""
+GPU_BUSY_MIB = 1024
+"""Memory in use on a GPU beyond what an idle driver holds (a few hundred MiB): someone's work is on it."""
+GPU_BUSY_PERCENT = 5
+"""Utilisation beyond an idle GPU's flicker: someone's work is on it."""
+
+# --- the doctor's TCP check (listener) -------------------------------------------------------------------------------
+HOLDERS_BUDGET_S = 1.0
+"""How long the listen mode may scan /proc for who holds a taken port (a node with many processes takes long)."""
+CONNECT_TRY_MAX_S = 1.0
+"""Each connection attempt's limit within the check's window: long enough for a far master, short enough to retry."""
+CONNECT_TRY_MIN_S = 0.2
+"""... and at least this, also at the window's end (a last try that may still connect)."""
+CONNECT_RETRY_S = 0.05
+"""The pause after a refused connection while the master's listener may still be starting."""
+TOKEN_MAX_BYTES = 256
+"""The most of an answer read as the token (the doctor's is one short line; anything longer is someone else)."""
+TOKEN_SEND_S = 1.0
+"""How long sending the token to one node may block the listener (a line into an empty socket buffer)."""
+LISTEN_BACKLOG = 128
+"""Connections waiting to be accepted: every node of a large cluster connects at once."""
+DRAIN_BYTES = 4096
+"""Bytes read at a time from what the listener only waits to see end (its stop pipe, a node's closed socket)."""
+CMDLINE_BYTES = 300
+"""How much of a port holder's command line the doctor shows."""
+
+# --- an attached run (agent, attend) ---------------------------------------------------------------------------------
+EVENTS_DRAIN_S = 5.0
+"""How long an agent whose run ended waits for its last events (`exited`) to reach a launcher that still reads."""
+QUEUED_BEATS_MAX = 100
+"""No new beat while this many events wait to be sent: a launcher that reads nothing gets no pile of beats."""
+LOST_AFTER_CHECKS = 2
+"""A followed log's run is lost after this many checks in a row (check_s apart) find no exit code and no process:
+the keeper writes the code a moment after torchrun is gone."""
