@@ -81,8 +81,9 @@ def _node_sources() -> tuple[str, dict[str, tuple[str, str, str]]]:
     return modules["launcher.node.loader"][1], modules
 
 
-_NODE_IMPORT = re.compile(r"^\s*(?:from launcher\.node(?:\.(\w+))? import ([\w, ]+)|import launcher\.node\.(\w+))",
-                          re.M)
+_NODE_IMPORT = re.compile(r"^\s*(?:from launcher\.node(?:\.(\w+))? import (?:\(([\w,\s]+)\)|([\w, ]+))"
+                          r"|import launcher\.node\.(\w+))", re.M)
+"""A node module's imports of others, a parenthesised list over several lines too (`from launcher.node import (`)."""
 
 
 def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]:
@@ -93,8 +94,8 @@ def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]
         if name in needed or name not in modules:
             continue
         needed.add(name)
-        for sub, names, plain in _NODE_IMPORT.findall(modules[name][1]):
-            found = [sub or plain] if (sub or plain) else [n.strip() for n in names.split(",")]
+        for sub, listed, names, plain in _NODE_IMPORT.findall(modules[name][1]):
+            found = [sub or plain] if (sub or plain) else [n.strip() for n in (listed or names).split(",")]
             todo.extend(f"launcher.node.{n}" for n in found if n)
     return needed
 
