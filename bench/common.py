@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes
 from launcher import sandbox
-from launcher.plan import launch as plan
+from launcher.node import protocol
 from launcher.sandbox import procs
 from launcher.transport.program import BOOTSTRAP
 
@@ -34,11 +34,11 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 DRIVER = (sys.executable, "-m", "bench._drive")
 """The fan-out driver as a fresh process; started in REPO (run_timed's cwd), whose bench and launcher it imports."""
-RUN_ID = re.compile(rf"run ({plan.RUN_ID_PATTERN})")
+RUN_ID = re.compile(rf"run ({protocol.RUN_ID_PATTERN})")
 """A run id as the launcher prints it (`run <id>`); group 1 is the id."""
-MARK_ENV = plan.RUN_ID_ENV
+MARK_ENV = protocol.RUN_ID_ENV
 """The environment variable every process of a run carries (`<run id>/<node>`)."""
-RUNS_ROOT = Path(os.path.expanduser(plan.RUNS_ROOT))
+RUNS_ROOT = Path(os.path.expanduser(protocol.RUNS_ROOT))
 """Where the agent keeps run directories on each node (the sandbox's nodes share this machine's home)."""
 OUR_RUNS: set[str] = set()
 """Run ids this bench started; their run directories are removed at the end (the log figure's are large)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import SandboxError
-from launcher.plan.launch import RUN_ID_ENV
+from launcher.node.protocol import RUN_ID_ENV
 from launcher.sandbox import procs
 
 __all__ = [

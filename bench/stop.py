@@ -45,7 +45,7 @@ from bench.common import (
     wait_until,
 )
 from bench.job import with_port
-from launcher.plan.launch import RUN_ID_ENV
+from launcher.node.protocol import RUN_ID_ENV
 from launcher.sandbox.procs import table as process_table
 
 NODES = 4

@@ -44,7 +44,7 @@ from bench.common import (
     wait_gone,
 )
 from bench.usage import Sampler
-from launcher.plan.launch import RUN_ID_ENV
+from launcher.node.protocol import RUN_ID_ENV
 from launcher.sandbox import procs
 
 GONE_TIMEOUT_S = 60.0

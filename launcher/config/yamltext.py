@@ -10,7 +10,7 @@ import yaml
 
 from launcher.config.text import SHOWN, render, shorten
 from launcher.errors import InventoryError
-from launcher.limits import MAX_MERGED_PAIRS as _MAX_MERGED
+from launcher.limits import MAX_MERGED_PAIRS
 
 _STR_TAG = "tag:yaml.org,2002:str"
 
@@ -70,7 +70,7 @@ def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
 
 
 def _refuse_merge_bombs(root: yaml.Node | None, source: str) -> None:
-    """Refuse a document whose merge keys would expand past `_MAX_MERGED` pairs, before PyYAML copies them.
+    """Refuse a document whose merge keys would expand past `MAX_MERGED_PAIRS` pairs, before PyYAML copies them.
 
     A plain alias costs nothing (the constructed object is shared), but each `<<` copies the merged mappings' pairs
     into the node that merges them: 22 levels of `{<<: [*prev, *prev]}` are 4 million pairs, 20 s and 175 MB.
@@ -93,9 +93,9 @@ def _refuse_merge_bombs(root: yaml.Node | None, source: str) -> None:
                 count += 1
         sizes[id(node)] = count
         total += count
-        if total > _MAX_MERGED:
+        if total > MAX_MERGED_PAIRS:
             raise InventoryError(source, f"not valid YAML: merge keys (<<) expand the mappings to more than "
-                                 f"{_MAX_MERGED} entries", line=node.start_mark.line + 1)
+                                 f"{MAX_MERGED_PAIRS} entries", line=node.start_mark.line + 1)
         return count
 
     seen: set[int] = set()

@@ -201,7 +201,7 @@ def session_token(run_id: str) -> str:
 
 
 def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -> dict[str, Any]:
-    """The `preflight` part of a launch's start request for `host` (pure): every request and
+    """The `gate` part of a launch's start request for `host` (pure): every request and
     number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
     token = session_token(run_id)
     section: dict[str, Any] = {"probe": probe_request(cluster, host, "fast", None),

@@ -36,7 +36,7 @@ import time
 from launcher.node import limits
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
-from launcher.node.rundir import describe, find_run_dir, leader_of, names_problem, read_text, run_dir_of, runs_here
+from launcher.node.rundir import find_run_dir, leader_of, names_problem, read_text, run_dir_of, run_state, runs_here
 from launcher.node.runner import socket_ifname, stop_run
 
 
@@ -83,7 +83,7 @@ def follow_log(log, run_dir, run_id, mark):
 def start(request):
     import threading
 
-    from launcher.node.attend import LauncherWords, Preflight, attend
+    from launcher.node.attend import GateChecks, LauncherWords, attend
     from launcher.node.runner import spawn, start_detached
 
     run_id, _, node = request["mark"].partition("/")
@@ -92,8 +92,8 @@ def start(request):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
     words = LauncherWords()
-    section = request.get("preflight")  # only with the doctor on
-    checks = Preflight(section) if section else None
+    section = request.get("gate")  # only with the doctor on
+    checks = GateChecks(section) if section else None
     words.on_tcp = checks.tcp if checks is not None else None
     threading.Thread(target=words.listen, daemon=True, name="listen").start()
     try:
@@ -165,7 +165,7 @@ def action_stop(request):
     while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
            and keeper is not None and same_process(*keeper)):
         time.sleep(timing("keeper_poll_s"))
-    result = describe(run_id, run_dir, request["node"])
+    result = run_state(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
     return reply(result)
 
@@ -173,7 +173,7 @@ def action_stop(request):
 @checked
 def action_status(request):
     run_id, run_dir = find_run_dir(request)
-    return reply(describe(run_id, run_dir, request["node"]))
+    return reply(run_state(run_id, run_dir, request["node"]))
 
 
 @checked
@@ -231,7 +231,7 @@ def action_stacks(request):
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "workers": []})
     mark = "%s/%s" % (run_id, request["node"])
-    return reply({"run_id": run_id, "state": describe(run_id, run_dir, request["node"])["state"],
+    return reply({"run_id": run_id, "state": run_state(run_id, run_dir, request["node"])["state"],
                   "workers": collect(run_dir, mark, request["stacks_wait_s"]),
                   "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
 
@@ -242,7 +242,7 @@ def action_top(request):
     from launcher.node.top import watch
 
     run_id, run_dir = find_run_dir(request)
-    state = describe(run_id, run_dir, request["node"])["state"]
+    state = run_state(run_id, run_dir, request["node"])["state"]
     if state != "running":
         return reply({"run_id": run_id, "state": state, "running": False})
     mark = "%s/%s" % (run_id, request["node"])

@@ -45,7 +45,7 @@ class LauncherWords:
         self.go = False
         self.decided = threading.Event()
         self.on_tcp = None
-        """What `tcp` starts (the doctor's TCP check, `Preflight.tcp`), on a thread of its own."""
+        """What `tcp` starts (the doctor's TCP check, `GateChecks.tcp`), on a thread of its own."""
         self.on_stacks = None
         """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
         self.changed = threading.Event()
@@ -89,11 +89,11 @@ class LauncherWords:
         return self.go
 
 
-class Preflight:
+class GateChecks:
     """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
 
     The probe is the node package's own module (launcher/node/probe.py, sent with the agent); the request's
-    `preflight` section holds every request and number it needs, from the launcher
+    `gate` section holds every request and number it needs, from the launcher
     (launcher.doctor.collect.session_section):
     - probe: what the probe looks at; its answer goes out as the `probed` event;
     - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and

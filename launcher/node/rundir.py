@@ -124,7 +124,8 @@ def runs_here(node):
     return root, sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))
 
 
-def describe(run_id, run_dir, node):
+def run_state(run_id, run_dir, node):
+    """A run's state on this node (none, running, exited, stopped, lost), its exit code, times and processes left."""
     if run_dir is None:
         return {"run_id": run_id, "state": "none"}
     mark = "%s/%s" % (run_id, node)

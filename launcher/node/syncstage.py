@@ -72,7 +72,8 @@ def free_bytes(dest):
         return None
 
 
-def describe(full):
+def entry_of(full):
+    """What a manifest says of one path: [kind, size, mtime_ns, mode, link target], or None when it is not there."""
     try:
         st = os.lstat(full)
     except OSError:
@@ -90,7 +91,7 @@ def manifest(dest, paths):
     found = {}
     for path in paths:
         check_name(path)
-        entry = describe(os.path.join(dest, path))
+        entry = entry_of(os.path.join(dest, path))
         if entry is not None:
             found[path] = entry
     return found

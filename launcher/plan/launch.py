@@ -11,16 +11,13 @@ import secrets
 import shlex
 from dataclasses import dataclass
 
-from launcher.config.fields import RESERVED_ENV as RESERVED_ENV  # defined beside the inventory, which refuses them
-from launcher.config.fields import SOCKET_ENV
+from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
 from launcher.errors import PlanError
 
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
-from launcher.node.protocol import RUN_ID_ENV as RUN_ID_ENV
-from launcher.node.protocol import RUN_ID_PATTERN as RUN_ID_PATTERN
-from launcher.node.protocol import RUNS_ROOT as RUNS_ROOT
+from launcher.node.protocol import RUNS_ROOT
 
 SECRET_MASK = "<secret>"
 RANKS_DIR = "ranks"

@@ -28,7 +28,7 @@ class StartGate(Protocol):
         """Work on the open connections before any session opens (`launch --sync`)."""
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
-        """The start request's `preflight` part for this host (None: the agent checks nothing before `ready`)."""
+        """The start request's `gate` part for this host (None: the agent checks nothing before `ready`)."""
 
     def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
               seconds: float) -> Any:

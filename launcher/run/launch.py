@@ -37,10 +37,10 @@ from launcher.limits import (
     TOP_TAIL_BYTES,
     heartbeat_interval,
 )
-from launcher.node.protocol import HEARTBEAT_TIMEOUT
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
 from launcher.options import DEFAULT_PROGRESS, Options
 from launcher.plan.hang import hang_timeout
-from launcher.plan.launch import RANKS_DIR, RUN_ID_PATTERN, LaunchPlan, NodeCommand
+from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, write_nccl
@@ -78,7 +78,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
                   gate: StartGate | None = None) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
-    With a `gate` (the doctor's checks), its `preflight` part: what the agent probes first.
+    With a `gate` (the doctor's checks), its `gate` part: what the agent probes first.
 
     `env` is `resolve_env`'s: the names it marks secret (and the inventory's secret `env`) go in `secret_names`,
     which the agent keeps out of its run directory's command.json.
@@ -115,7 +115,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
     }
     section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
-        request["preflight"] = section
+        request["gate"] = section
     return request
 
 

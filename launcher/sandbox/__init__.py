@@ -5,7 +5,6 @@ from launcher.errors import SandboxError
 from launcher.sandbox.nodes import (
     DEFAULT_INVENTORY,
     DEFAULT_STATE_DIR,
-    MAX_NODES,
     REPO_ROOT,
     Sandbox,
     SandboxNode,
@@ -34,7 +33,6 @@ from launcher.sandbox.start import default_python
 __all__ = [
     "DEFAULT_INVENTORY",
     "DEFAULT_STATE_DIR",
-    "MAX_NODES",
     "REPO_ROOT",
     "SLURM_CONF_NAME",
     "SSHD",

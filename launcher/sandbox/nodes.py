@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_MAX_NODES as MAX_NODES
+from launcher.limits import SANDBOX_MAX_NODES
 from launcher.sandbox import procs, start, statefile
 from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
 from launcher.sandbox.render import (
@@ -122,9 +122,9 @@ def up(
 
 
 def _check_request(nodes: int, ssh_port: int, indices: Iterable[int]) -> None:
-    """A sandbox of 1 to MAX_NODES nodes on a real port, whose faults name nodes it has."""
-    if not 1 <= nodes <= MAX_NODES:
-        raise SandboxError(f"a sandbox has 1 to {MAX_NODES} nodes, got {nodes}.")
+    """A sandbox of 1 to SANDBOX_MAX_NODES nodes on a real port, whose faults name nodes it has."""
+    if not 1 <= nodes <= SANDBOX_MAX_NODES:
+        raise SandboxError(f"a sandbox has 1 to {SANDBOX_MAX_NODES} nodes, got {nodes}.")
     if not 1 <= ssh_port <= 65535:
         raise SandboxError(f"ssh port must be 1..65535, got {ssh_port}.")
     _check_indices(nodes, indices)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from launcher.errors import SandboxError
+from launcher.limits import SANDBOX_STOP_LIMIT_S
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
 from launcher.sandbox.render import node_cache
@@ -28,7 +29,7 @@ from launcher.sandbox.slurmconf import (
     spool_dir,
 )
 from launcher.sandbox.start import last_lines, read_text
-from launcher.sandbox.stop import STOP_LIMIT_S, scan, terminate
+from launcher.sandbox.stop import scan, terminate
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -286,7 +287,7 @@ def _stop_all(leaders: Sequence[Ident], strays: Iterable[str], spaces: Sequence[
     killed: set[int] = set()
     groups: set[int] = set()
     alone = True
-    deadline = time.monotonic() + STOP_LIMIT_S
+    deadline = time.monotonic() + SANDBOX_STOP_LIMIT_S
     with procs.Namespaces("uts") as nodes:
         for ident in spaces:  # held before any signal: a node's stray steps stay findable after its slurmd dies
             nodes.hold(*ident)
@@ -296,7 +297,8 @@ def _stop_all(leaders: Sequence[Ident], strays: Iterable[str], spaces: Sequence[
                 return killed
             if time.monotonic() > deadline:
                 left = ", ".join(str(pid) for pid, _ in targets)
-                raise SandboxError(f"could not stop processes {left} within {STOP_LIMIT_S:g} s; kill them by hand.")
+                raise SandboxError(f"could not stop processes {left} within {SANDBOX_STOP_LIMIT_S:g} s; "
+                                   "kill them by hand.")
             if alone and live:
                 killed |= terminate(live)
             else:

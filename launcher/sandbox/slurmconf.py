@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_CPUS_PER_NODE as CPUS_PER_NODE
+from launcher.limits import SANDBOX_CPUS_PER_NODE
 from launcher.sandbox.render import config_path
 
 SLURM_DIR_NAME = "slurm"
@@ -72,7 +72,7 @@ def render_task_prolog(homes: Mapping[str, Path]) -> str:
     return f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
 
 
-def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], cpus: int = CPUS_PER_NODE,
+def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], cpus: int = SANDBOX_CPUS_PER_NODE,
                       spool: Path | None = None) -> str:
     """slurm.conf of a cluster whose every file (state, logs, pid files, munge socket) is under `folder`, and the
     slurmds' spool under `spool` (default: `folder`)."""

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 
 from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_STOP_GRACE_S as STOP_GRACE_S
-from launcher.limits import SANDBOX_STOP_LIMIT_S as STOP_LIMIT_S
+from launcher.limits import SANDBOX_STOP_GRACE_S, SANDBOX_STOP_LIMIT_S
 from launcher.sandbox import procs
 from launcher.sandbox.procs import Ident
 from launcher.sandbox.render import SSHD
@@ -18,7 +17,7 @@ from launcher.sandbox.render import SSHD
 
 def stop_families(leaders: Sequence[Ident]) -> set[int]:
     """Stop `leaders` (the node processes we started) and their families until none is left; return the pids
-    that needed SIGKILL. Raises SandboxError naming the processes still alive after STOP_LIMIT_S.
+    that needed SIGKILL. Raises SandboxError naming the processes still alive after SANDBOX_STOP_LIMIT_S.
 
     A node's family: what its shell runs before it execs sshd (in the leader's process group), every sshd process
     of the node (found by the node's UTS namespace: a listener that dies orphans the connections it forked after
@@ -27,7 +26,7 @@ def stop_families(leaders: Sequence[Ident]) -> set[int]:
     """
     killed: set[int] = set()
     groups = {pid for pid, _ in leaders}
-    deadline = time.monotonic() + STOP_LIMIT_S
+    deadline = time.monotonic() + SANDBOX_STOP_LIMIT_S
     with procs.Namespaces("uts") as nodes:
         while True:
             for leader in leaders:  # held before any signal, so that what the leader forks can still be found
@@ -37,7 +36,8 @@ def stop_families(leaders: Sequence[Ident]) -> set[int]:
                 return killed
             if time.monotonic() > deadline:
                 left = ", ".join(str(pid) for pid, _ in targets)
-                raise SandboxError(f"could not stop processes {left} within {STOP_LIMIT_S:g} s; kill them by hand.")
+                raise SandboxError(f"could not stop processes {left} within {SANDBOX_STOP_LIMIT_S:g} s; "
+                                   "kill them by hand.")
             killed |= terminate(targets)
 
 
@@ -57,7 +57,7 @@ def scan(leaders: Sequence[Ident], groups: set[int], nodes: procs.Namespaces,
     return live, targets, (groups | {table[pid].pgrp for pid, _ in targets}) - {os.getpgrp()}
 
 
-def terminate(targets: Sequence[Ident], grace: float = STOP_GRACE_S) -> set[int]:
+def terminate(targets: Sequence[Ident], grace: float = SANDBOX_STOP_GRACE_S) -> set[int]:
     """SIGTERM, wait up to `grace`, then SIGKILL; return the pids that needed SIGKILL."""
     for pid, start in targets:
         _signal(pid, start, signal.SIGTERM)

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import LauncherError
-from launcher.limits import QUERY_TIMEOUT, SACCT_TIMEOUT, SUBMIT_TIMEOUT
-from launcher.limits import SLURM_POLL as POLL
-from launcher.limits import SLURM_TAIL_CHUNK as TAIL_CHUNK
+from launcher.limits import QUERY_TIMEOUT, SACCT_TIMEOUT, SLURM_POLL, SLURM_TAIL_CHUNK, SUBMIT_TIMEOUT
 from launcher.options import DEFAULT_LOG_DIR
 from launcher.slurm.batch import check_job_id, output_path, record_path
 
@@ -242,7 +240,7 @@ class _Tail:
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
-                while data := f.read(TAIL_CHUNK):
+                while data := f.read(SLURM_TAIL_CHUNK):
                     self.offset += len(data)
                     self.out.write(self.decoder.decode(data))
                     self.out.flush()
@@ -260,7 +258,7 @@ def read(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> tu
 
 
 def follow(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR,
-           poll: float = POLL) -> tuple[JobState, bool]:
+           poll: float = SLURM_POLL) -> tuple[JobState, bool]:
     """Print the job's output as it grows, until the job ends; its final state, and whether there was output."""
     state = job_state(job_id, log_dir)
     tail = _Tail(_output(state, log_dir), out)
@@ -281,7 +279,7 @@ def cancel(job_id: str, wait: float, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> J
         raise LauncherError(f"scancel {job_id} failed: {failure(result)}")
     deadline = time.monotonic() + wait
     while is_listed(job_id) and time.monotonic() < deadline:
-        time.sleep(min(POLL / 2, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(SLURM_POLL / 2, max(0.0, deadline - time.monotonic())))
     return job_state(job_id, log_dir)
 
 

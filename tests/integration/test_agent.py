@@ -104,10 +104,8 @@ def errors(events: list) -> list[str]:
     return [e["message"] for e in events if e["event"] == "error"]
 
 
-def test_node_constants_match_the_controllers() -> None:
-    assert protocol.RUN_ID_PATTERN == plan.RUN_ID_PATTERN
-    assert protocol.RUN_ID_ENV == plan.RUN_ID_ENV
-    assert protocol.RUNS_ROOT == plan.RUNS_ROOT
+def test_the_controller_uses_the_nodes_constants() -> None:
+    assert (plan.RUN_ID_ENV, plan.RUNS_ROOT) == (protocol.RUN_ID_ENV, protocol.RUNS_ROOT)  # defined once, in protocol
 
 
 def test_leader_record_round_trip(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from launcher.limits import NODE_TIMING
 from launcher.plan.launch import plan_launch
 from launcher.run import launch as run_launch
 from launcher.slurm.step import step_input
-from launcher.transport import program as remote
+from launcher.transport.program import python_command
 from tests import _train_helpers as h
 from tests.support import nodeenv
 from tests.support.nodeenv import Env
@@ -73,7 +73,7 @@ def run_on_node(python: Path, stdin: bytes, cwd: Path, **env: str) -> dict:
     a node (cwd: the node's home); its JSON reply (the last stdout line), or a failure that shows what it printed."""
     full_env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV} | env
     result = subprocess.run(
-        ["sh", "-c", remote.python_command(str(python))],
+        ["sh", "-c", python_command(str(python))],
         input=stdin,
         capture_output=True,
         cwd=cwd,

@@ -16,8 +16,9 @@ from hypothesis import AttemptCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.observe import free_port
+from launcher.config.fields import RESERVED_ENV
 from launcher.config.inventory import load_inventory
-from launcher.plan.launch import RESERVED_ENV, RUNS_ROOT
+from launcher.node.protocol import RUNS_ROOT
 from launcher.run.launch import agent_command, agent_input, log_tail_settings, stacks_settings
 from launcher.transport.sessions import connect_all
 from tests.helpers import inv, node_runs, run_id_of, run_processes, runs_on

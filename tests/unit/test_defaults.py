@@ -21,19 +21,19 @@ from launcher.node import limits
 from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.run import launch as run_launch
 from launcher.sync import push as sync
-from launcher.transport import program as remote
+from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")
-                 for path, source in remote.node_files(entry).items()}
-NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = remote.BOOTSTRAP
+                 for path, source in node_files(entry).items()}
+NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
 SENT = {run_launch.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:
     """(request part, key) of every number the probe reads: its `seconds(part, "KEY", "WHERE")` calls."""
-    tree = ast.parse("\n".join(remote.node_files("probe").values()))
+    tree = ast.parse("\n".join(node_files("probe").values()))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "seconds":

@@ -29,7 +29,7 @@ from launcher.doctor.collect import doctor_gate
 from launcher.errors import DoctorFailed, LauncherError, NodeFailure
 from launcher.events import NodeFacts
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
-from launcher.transport import program as remote
+from launcher.transport.program import BOOTSTRAP
 from tests.support.canned_probes import ADDRS, findings, probe, problems
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe
@@ -573,7 +573,7 @@ def test_the_master_listener_and_a_probe_speak_with_the_controllers_numbers_only
     # The two node sessions of a doctor run, here without SSH, with exactly the requests collect.py builds.
     port = free_port()
     listen = {**doctor.listen_request(make_cluster(), "t0ken", 4.0), "master_port": port}
-    listener = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
+    listener = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert listener.stdin is not None
@@ -608,7 +608,7 @@ def test_the_master_listener_and_a_probe_speak_with_the_controllers_numbers_only
 def test_the_probe_refuses_a_request_without_its_numbers(request_: dict[str, Any], sentence: str) -> None:
     # No made-up default: the reply says what is missing, before any work (the listener binds nothing).
     started = time.monotonic()
-    result = subprocess.run([node_python(), "-c", remote.BOOTSTRAP], input=doctor.probe_input(request_),
+    result = subprocess.run([node_python(), "-c", BOOTSTRAP], input=doctor.probe_input(request_),
                             capture_output=True, timeout=30)
     assert time.monotonic() - started < 2
     assert result.returncode == 2

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from launcher.limits import NODE_CODE_CACHE
 from launcher.run import launch as run_launch
-from launcher.transport import program as remote
+from launcher.transport.program import _module, _node_sources, python_command
 from tests.support.nodeenv import node_python
 
 
 def run_node(stdin: bytes, cache: Path, python: str | None = None) -> subprocess.CompletedProcess[bytes]:
     """`PYTHON -S -c BOOTSTRAP` through a shell, as the launcher starts every node program, with its own cache home."""
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
-    return subprocess.run(["sh", "-c", remote.python_command(python or node_python())], input=stdin,
+    return subprocess.run(["sh", "-c", python_command(python or node_python())], input=stdin,
                           capture_output=True, env=env, timeout=60)
 
 
@@ -39,7 +39,7 @@ def test_a_second_run_takes_the_modules_it_imports_from_the_cache(tmp_path: Path
     first = entries(tmp_path)
     # One entry per module the `runs` action imported (the agent and what it imports at its top), none of the rest.
     names = {name.split(".")[0] for name in first}
-    sent = {digest for _, _, digest in remote._node_sources()[1].values()}
+    sent = {digest for _, _, digest in _node_sources()[1].values()}
     assert len(first) >= 4 and names <= sent
     assert all(name.endswith(".code") for name in first)
     time.sleep(0.05)
@@ -78,9 +78,9 @@ def test_entries_not_written_for_long_go_when_a_new_one_is_stored(tmp_path: Path
 
 def test_a_traceback_from_cached_code_names_the_file_and_line(tmp_path: Path) -> None:
     source = "def main():\n    value = 1\n    raise ValueError('from the node: %d' % value)\n"
-    loader, modules = remote._node_sources()
+    loader, modules = _node_sources()
     sent = {name: modules[name] for name in ("launcher", "launcher.node")}
-    sent["launcher.node.boom"] = remote._module("launcher/node/boom.py", source)
+    sent["launcher.node.boom"] = _module("launcher/node/boom.py", source)
     program = f"{loader}\nrun('launcher.node.boom', {json.dumps(sent)}, {json.dumps(NODE_CODE_CACHE)})\n"
     for _ in range(2):  # compiled and stored, then taken from the cache
         result = run_node(json.dumps(program).encode() + b"\n", tmp_path, python=sys.executable)

@@ -26,7 +26,7 @@ from launcher.options import Options
 from launcher.plan.launch import plan_launch
 from launcher.run import launch as run_launch
 from launcher.run.gate import StartGate
-from launcher.transport import program as remote
+from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
 
 INVENTORY = """
@@ -47,10 +47,10 @@ class Agent:
     """One agent started as the launcher starts it (bootstrap, source and request on stdin), read event by event."""
 
     def __init__(self, request: dict[str, Any], env: dict[str, str]):
-        self.proc = subprocess.Popen([node_python(), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stderr is not None
-        self.proc.stdin.write(remote.program_input(run_launch.AGENT_SOURCE, request))
+        self.proc.stdin.write(program_input(run_launch.AGENT_SOURCE, request))
         self.proc.stdin.flush()
 
     def say(self, word: str) -> None:
@@ -85,8 +85,8 @@ def _bound(port: int) -> bool:
 def test_the_master_agent_probes_holds_the_port_answers_tcp_and_makes_nothing_on_abort(tmp_path: Path) -> None:
     port = free_port()
     request = _start_request(tmp_path, 0, port)
-    assert set(request["preflight"]) == {"probe", "connect", "listen"}  # the master holds the listener
-    assert "listen" not in _start_request(tmp_path, 1, port)["preflight"]
+    assert set(request["gate"]) == {"probe", "connect", "listen"}  # the master holds the listener
+    assert "listen" not in _start_request(tmp_path, 1, port)["gate"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     agent = Agent(request, env)
     try:
