@@ -8,8 +8,6 @@ import gc
 # made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
 gc.disable()
 
-import shlex
-import sys
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -216,12 +214,12 @@ def sandbox_down(c):
 
 
 @task(help={"quick": "fewer sizes and repeats (a few minutes)",
-            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic"})
+            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic,hang,top,net,"
+                    "startup"})
+@_reported
 def bench(c, quick=False, only=None):
     """Benchmarks on the sandbox against an ssh loop, pdsh and local torchrun: table, JSON, picture in bench/results/"""
-    # bench/ is a package run from the checkout's root (its bench and launcher come first on sys.path).
-    words = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
-    c.run(shlex.join(words), pty=False)
+    return app.bench(quick=quick, only=only)
 
 
 @task

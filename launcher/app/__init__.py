@@ -297,10 +297,21 @@ def demo() -> int:
         sandbox_down()
 
 
+def bench(quick: bool = False, only: str | None = None) -> int:
+    """The checkout's benchmarks (`python -m bench.run`), from its root: bench/ is no part of the installed package."""
+    import subprocess
+    import sys
+
+    from launcher.paths import REPO
+
+    words = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
+    return subprocess.run(words, cwd=REPO).returncode
+
+
 def main_error(exc: LauncherError) -> tuple[str, int]:
     """The message and exit code a task shows for a launcher error (one sentence, no traceback)."""
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down", "sandbox_up",
-           "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "bench", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down",
+           "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
