@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import AttemptCheck, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.observe import free_port
@@ -59,7 +59,7 @@ def node_zero(tmp_path_factory):
         sandbox.down(root / "state")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[AttemptCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.lists(_TEXT, max_size=4), value=_TEXT, workdir_name=_TEXT.filter(lambda s: s not in ("", ".", "..")
                                                                                    and "/" not in s))
 def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args, value, workdir_name) -> None:
