@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import fit_line, have_pdsh, log, pdsh, ratio, sandbox_of, ssh_loop, stats
+from bench.baselines import have_pdsh, pdsh, ssh_loop
+from bench.common import fit_line, log, ratio, sandbox_of, stats
 from launcher.config.inventory import load_inventory
 from launcher.doctor import run_doctor
 

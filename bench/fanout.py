@@ -13,21 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    DRIVER,
-    Box,
-    fit_line,
-    have_pdsh,
-    log,
-    note_runs,
-    paired_ratio,
-    pdsh,
-    ratio,
-    run_timed,
-    sandbox_of,
-    ssh_loop,
-    stats,
-)
+from bench.baselines import have_pdsh, pdsh, ssh_loop
+from bench.common import DRIVER, Box, fit_line, log, note_runs, paired_ratio, ratio, run_timed, sandbox_of, stats
 
 TARGET_PLAIN = 1.0
 """The plain fan-out against the ssh loop from 8 nodes up (#25); below 8, TARGET_SMALL."""

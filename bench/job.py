@@ -13,19 +13,8 @@ from typing import Any
 
 import yaml
 
-from bench.common import (
-    REPO,
-    Box,
-    free_port,
-    log,
-    note_runs,
-    paired_ratio,
-    ratio,
-    run_timed,
-    sandbox_of,
-    ssh_loop,
-    stats,
-)
+from bench.baselines import ssh_loop
+from bench.common import REPO, Box, free_port, log, note_runs, paired_ratio, ratio, run_timed, sandbox_of, stats
 
 JOB_ARGS = ["--max-steps", "20", "--dataset-size", "512"]
 SCRIPT = "train/ddp.py"

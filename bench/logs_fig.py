@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, ssh_loop_script, stats
+from bench.baselines import ssh_loop_script
+from bench.common import REPO, Box, free_port, log, note_runs, ratio, run_timed, sandbox_of, stats
 from bench.job import with_port
 
 NODES = 2

@@ -15,7 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.common import REPO, free_port, log, run_alone, run_timed, sandbox_of, ssh_loop
+from bench.baselines import ssh_loop
+from bench.common import REPO, free_port, log, run_alone, run_timed, sandbox_of
 
 LOOP = "bench/workloads/allreduce_loop.py"
 RUNS = 5

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.baselines import ssh_loop_script
 from bench.common import (
     REPO,
     RUN_ID,
@@ -39,7 +40,6 @@ from bench.common import (
     read_text,
     run_processes,
     sandbox_of,
-    ssh_loop_script,
     stats,
     wait_gone,
     wait_until,

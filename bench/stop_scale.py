@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.baselines import have_pdsh, pdsh_argv, pdsh_env, ssh_loop_script
 from bench.common import (
     DRIVER,
     REPO,
@@ -31,15 +32,11 @@ from bench.common import (
     Box,
     finish,
     fit_line,
-    have_pdsh,
     kill_marked,
     log,
     note_runs,
-    pdsh_argv,
-    pdsh_env,
     run_processes,
     sandbox_of,
-    ssh_loop_script,
     stats,
     wait_gone,
 )

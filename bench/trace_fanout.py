@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import DRIVER, note_runs, remove_run_dirs, run_timed, sandbox_of, ssh_loop
+from bench.baselines import ssh_loop
+from bench.common import DRIVER, note_runs, remove_run_dirs, run_timed, sandbox_of
 
 
 def phases(trace: dict, spawn: float, exit_s: float) -> dict[str, float]:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from bench import common, scale_table, usage
+from bench import baselines, common, scale_table, usage
 from bench import run as bench_run
+from bench import table as bench_table
 
 
 def test_fit_line_recovers_a_per_node_cost() -> None:
@@ -21,9 +22,9 @@ def test_fit_line_recovers_a_per_node_cost() -> None:
 
 
 def test_pdsh_goes_through_ssh_with_the_sandbox_config(tmp_path: Path) -> None:
-    assert common.pdsh_argv(64, "true") == ["pdsh", "-R", "ssh", "-f", "64", "-w", "node-[0-63]", "true"]
-    assert common.pdsh_argv(1, "true", fanout=32)[-3:] == ["-w", "node-0", "true"]
-    env = common.pdsh_env(tmp_path / "ssh config")
+    assert baselines.pdsh_argv(64, "true") == ["pdsh", "-R", "ssh", "-f", "64", "-w", "node-[0-63]", "true"]
+    assert baselines.pdsh_argv(1, "true", fanout=32)[-3:] == ["-w", "node-0", "true"]
+    env = baselines.pdsh_env(tmp_path / "ssh config")
     assert env["PDSH_RCMD_TYPE"] == "ssh" and env["PDSH_SSH_ARGS"].startswith(f"-F '{tmp_path}/ssh config' ")
 
 
@@ -70,8 +71,8 @@ def _results() -> dict[str, Any]:
 
 def test_scale_rows_carry_pdsh_the_per_node_fit_and_the_cost() -> None:
     results = _results()
-    table = bench_run.rows(results)
-    assert all(len(row) == len(bench_run.HEADER) for row in table)
+    table = bench_table.rows(results)
+    assert all(len(row) == len(bench_table.HEADER) for row in table)
     fit = next(row for row in table if row[0].startswith("fan-out: cost per node"))
     assert fit[2] == "200 ms/node + 0.50 s (r² 1.00)" and fit[4] == "200 ms/node + 0.00 s (r² 1.00)"
     cost = [row for row in table if row[0].startswith("cost:")]
