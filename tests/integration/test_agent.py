@@ -104,10 +104,6 @@ def errors(events: list) -> list[str]:
     return [e["message"] for e in events if e["event"] == "error"]
 
 
-def test_the_controller_uses_the_nodes_constants() -> None:
-    assert (plan.RUN_ID_ENV, plan.RUNS_ROOT) == (protocol.RUN_ID_ENV, protocol.RUNS_ROOT)  # defined once, in protocol
-
-
 def test_leader_record_round_trip(tmp_path: Path) -> None:
     start = rundir.record_leader(str(tmp_path), os.getpid())
     assert start == start_time(os.getpid()) == procs.start_time(os.getpid())
