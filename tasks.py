@@ -12,7 +12,8 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from invoke import Collection, Context, Exit, task
+from invoke import Collection, Context, Exit
+from invoke import task as invoke_task
 
 from launcher import app, options
 from launcher.doctor import FAST_CHECKS
@@ -25,10 +26,20 @@ HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; 
               "launcher.defaults and launcher.job in invoke.yaml); default: launcher.hosts in invoke.yaml")
 INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
-RUN_HELP = "run id (default: the latest on each node)"
+RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
 JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
 HOSTFILE_CONFIG = ("defaults", "job")
 """invoke.yaml's `launcher:` keys for a hostfile given as --hosts: read by `_hosts`, not by `launcher.options`."""
+
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """Invoke's `@task` without its automatic short flags: made from each option's first letter, `-e` meant
+    --detach in one task and --exclude in another, and --hang-timeout got a broken `--=STRING` (its `-h` is help's).
+    Long options only: one meaning each, everywhere."""
+    if args and callable(args[0]):
+        return invoke_task(auto_shortflags=False)(args[0])
+    return invoke_task(*args, auto_shortflags=False, **kwargs)
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -182,3 +182,16 @@ def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) ->
     out = io.StringIO()
     assert app.stop("hosts.yaml", None, options.Options(), wiring=Wiring(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"
+
+
+def test_no_task_has_a_short_flag_and_every_option_shows_its_name() -> None:
+    """Invoke's automatic short flags gave `-e` two meanings (--detach, --exclude) and --hang-timeout a `--=STRING`."""
+    import tasks
+
+    for name in tasks.ns.task_names:
+        shown = inv(name, "--help")
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.split("Options:", 1)[1].splitlines()
+        options = [line.split()[0] for line in lines if line.startswith("  ") and not line.startswith("   ")]
+        assert all(o.startswith("--") and not o.startswith("--=") for o in options if o != "none"), (name, options)
+    assert "the run of this inventory that is running" in inv("stop", "--help").stdout
