@@ -244,6 +244,8 @@ class _Attached:
         self.console = ConsoleWriter(wiring.out, wiring.err, opts.console_buffer, f"{folder}/",
                                      opts.console_buffer_bytes)
         self.mirror = None if opts.detach else Mirror(folder, self.console)
+        for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
+            self.mirror.write(command.host.name, b"")
         colour = supports_colour(wiring.out)
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)

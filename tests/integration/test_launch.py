@@ -180,3 +180,15 @@ def test_launch_refuses_in_seconds_when_a_node_cannot_resolve_the_master(make_sa
     assert any(f["host"] == "node-1" and f["check"] == "dns" and f["status"] == "fail" for f in findings)
     table = inv("doctor", "--hosts", str(box.inventory))
     assert table.returncode == 1 and "node-1" in table.stdout and "fix:" in table.stdout
+
+
+def test_the_logs_folder_a_run_names_exists_when_its_workers_wrote_nothing(make_sandbox, tmp_path: Path) -> None:
+    quiet = tmp_path / "quiet.py"
+    quiet.write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
+    for code in (0, 3):
+        box = make_sandbox(2, master_port=free_port(), script=str(quiet), script_args=[str(code)])
+        result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs", timeout=120)
+        assert result.returncode == code, result.stdout + result.stderr
+        folder = tmp_path / "logs" / run_id_of(result.stderr)
+        assert f"logs: {folder}/" in result.stderr
+        assert sorted(p.name for p in folder.iterdir()) == ["node-0.log", "node-1.log"]  # each node's, empty
