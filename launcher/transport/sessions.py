@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import resource
+import shlex
 import socket
 import subprocess
 import threading
@@ -144,10 +145,13 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
                            f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`")
     if isinstance(exc, paramiko.BadHostKeyException):
         line = getattr(exc, "where", "known_hosts")
+        # `ssh-keygen -R` alone edits ~/.ssh/known_hosts: name the file that holds the line (UserKnownHostsFile,
+        # GlobalKnownHostsFile), so the fix acts where the key is.
+        file = line.rpartition(":")[0] if ":" in line else "~/.ssh/known_hosts"
         return NodeFailure(name, "host-key-changed",
                            f"the host key of {where} differs from the one in {line}: refusing to connect",
                            f"if the node was reinstalled, verify the new key and remove that line "
-                           f"(`ssh-keygen -R {key_name(target)}`)")
+                           f"(`ssh-keygen -f {shlex.quote(file)} -R {shlex.quote(key_name(target))}`)")
     if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
         return NodeFailure(name, "refused", f"connection refused by {where}",
                            "is sshd running on the node, and is the port right?")
