@@ -183,7 +183,8 @@ def action_runs(request):
 
 @checked
 def action_list(request):
-    """Every run on this node with its state and the nodes it was started on: what `inv stop` chooses from."""
+    """Every run on this node with its state, the nodes it was started on and the inventory it was started from:
+    what `inv stop` chooses from."""
     node = request["node"]
     root, run_ids = runs_here(node)
     marks = live_marks()
@@ -191,16 +192,17 @@ def action_list(request):
     for run_id in run_ids:
         run_dir = os.path.join(root, run_id, node)
         try:
-            nodes = json.loads(read_text(os.path.join(run_dir, "command.json"), "{}")).get("nodes")
+            recorded = json.loads(read_text(os.path.join(run_dir, "command.json"), "{}"))
+            nodes, inventory = recorded.get("nodes"), recorded.get("inventory")
         except (ValueError, AttributeError):
-            nodes = None
+            nodes = inventory = None
         if "%s/%s" % (run_id, node) in marks:
             state = "running"
         elif os.path.exists(os.path.join(run_dir, "exit_code")):
             state = "stopped" if os.path.exists(os.path.join(run_dir, "stop_requested")) else "exited"
         else:
             state = "lost"
-        found.append({"run_id": run_id, "state": state, "nodes": nodes})
+        found.append({"run_id": run_id, "state": state, "nodes": nodes, "inventory": inventory})
     return reply({"runs": found})
 
 

@@ -59,7 +59,7 @@ def spawn(request, run_dir):
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
         "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
         "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
-        "node_rank": request.get("node_rank"), "nodes": request.get("nodes"),
+        "node_rank": request.get("node_rank"), "nodes": request.get("nodes"), "inventory": request.get("inventory"),
     }, indent=1))
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = torchrun_env(request, os.environ)

@@ -16,7 +16,7 @@ from launcher.options import Options
 from launcher.plan import runchoice
 from launcher.plan.launch import rank_offsets
 from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail, inventory_id
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command
@@ -51,10 +51,10 @@ def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[
         try:
             answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
             listings[name] = [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes")
-                                                  else None) for r in answer["runs"]]
+                                                  else None, r.get("inventory")) for r in answer["runs"]]
         except (ValueError, IndexError, KeyError, TypeError):
             continue  # an unreadable answer: this node's own action will say what is wrong with it
-    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings)
+    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings, inventory_id(cluster))
     if choice is None:
         return None  # no run at all on these nodes: each says so
     err.write(choice.why + "\n")

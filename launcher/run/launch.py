@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, Job
@@ -66,6 +67,12 @@ def agent_input(request: dict[str, Any]) -> bytes:
     return program_input(AGENT_SOURCE, {**request, "timing": NODE_TIMING})
 
 
+def inventory_id(cluster: Cluster) -> str:
+    """How a run records the inventory it was started from: its path as this controller resolves it (a hostfile's
+    too); `inv stop` without --run chooses the runs that were started from the same one."""
+    return str(Path(cluster.source).resolve())
+
+
 def check_run_id(run_id: str | None) -> str | None:
     """A run id given by a user, checked against the pattern every run id has (None means the latest); a usage
     error (exit code 2) otherwise."""
@@ -104,6 +111,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "master_port": rdzv.master_port,
         "node_rank": command.node_rank,
         "nodes": [c.host.name for c in plan.nodes],  # recorded on the node: `inv stop` tells this run's nodes
+        "inventory": inventory_id(plan.cluster),  # ... and which inventory started it
         "detach": opts.detach,
         "grace": opts.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,

@@ -154,7 +154,8 @@ def test_a_silent_launcher_is_treated_as_gone(sleeper_box, tmp_path: Path) -> No
 
 
 def test_stop_without_run_stops_this_inventorys_run_and_never_anothers(make_sandbox, tmp_path: Path) -> None:
-    """Run A on node-0 and node-1, run B on node-1 and node-2: `inv stop --hosts A.yaml` stops A, not B on node-1."""
+    """Run A on node-0 and node-1, run B on node-1 and node-2, run C on node-1 alone (within A's hosts): `inv stop
+    --hosts A.yaml` stops A, not B or C on node-1: each run records the inventory it was started from."""
     box = make_sandbox(3, script="tests/scripts/sleeper.py", script_args=["0.5"])
     base = yaml.safe_load(box.inventory.read_text())
 
@@ -164,32 +165,34 @@ def test_stop_without_run_stops_this_inventorys_run_and_never_anothers(make_sand
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return str(path)
 
-    a, b = inventory("A", ["node-0", "node-1"]), inventory("B", ["node-1", "node-2"])
+    a, b, c = inventory("A", ["node-0", "node-1"]), inventory("B", ["node-1", "node-2"]), inventory("C", ["node-1"])
     started: list[str] = []
     try:
-        for hosts in (a, b):
+        for hosts in (a, b, c):
             result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
             assert result.returncode == 0, result.stdout + result.stderr
             started.append(run_id_of(result.stderr))
-        run_a, run_b = started
-        time.sleep(1)  # B is the newer run on node-1: what each node alone used to pick
+        run_a, run_b, run_c = started
+        time.sleep(1)  # B and C are newer runs on node-1: what each node alone used to pick
 
         stopped = inv("stop", "--hosts", a, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert f"run {run_a}: the run of {a} that is running (no --run given)" in stopped.stderr
         assert run_processes(run_a) == []
         assert {p.split("/")[1] for p in marks_of(run_b)} == {"node-1", "node-2"}, "B must still run on both nodes"
+        assert {p.split("/")[1] for p in marks_of(run_c)} == {"node-1"}, "C must still run"
 
-        # Two runs on this inventory's nodes (another port): which one is meant is not guessed.
-        again = inv("launch", "--hosts", inventory("B2", ["node-1", "node-2"]), "--detach", log_dir=tmp_path / "logs",
-                    timeout=60)
+        # Two runs of one inventory (its file given another port in between): which one is meant is not guessed.
+        Path(b).write_text(Path(b).read_text().replace(str(yaml.safe_load(Path(b).read_text())["rendezvous"]
+                                                           ["master_port"]), str(free_port())))
+        again = inv("launch", "--hosts", b, "--detach", log_dir=tmp_path / "logs", timeout=60)
         assert again.returncode == 0, again.stdout + again.stderr
         started.append(run_id_of(again.stderr))
         refused = inv("stop", "--hosts", b, timeout=60)
         assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert (f"error: 2 runs of {b} are running: {run_b} (running on node-1, node-2); {started[2]} (running on "
+        assert (f"error: 2 runs of {b} are running: {run_b} (running on node-1, node-2); {started[3]} (running on "
                 "node-1, node-2); name one with --run") in refused.stderr, refused.stderr
-        assert run_processes(run_b) and run_processes(started[2])
+        assert run_processes(run_b) and run_processes(started[3])
     finally:
         for run_id in started:
             if run_processes(run_id):

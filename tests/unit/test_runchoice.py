@@ -50,3 +50,19 @@ def test_ambiguity_and_foreign_runs_are_refused_with_the_list() -> None:
     with pytest.raises(LauncherError) as err:
         choose_run("c.yaml", ["n"], {"n": [run(B, "running", "n", "other")]})
     assert str(err.value) == f"no run of c.yaml on its nodes (other runs there: {B}); give one with --run"
+
+
+def test_a_run_is_chosen_by_the_inventory_that_started_it_when_runs_record_it() -> None:
+    """Run A from inventory A on node-0 and node-1; run B from inventory B on node-1 alone: both are within A's
+    hosts, but only A was started from A (its recorded path says so); B's inventory gets B."""
+    a = ListedRun(A, "running", ("node-0", "node-1"), "/work/A.yaml")
+    b = ListedRun(B, "running", ("node-1",), "/work/B.yaml")
+    listings = {"node-0": [a], "node-1": [a, b]}
+    assert choose_run("A.yaml", ["node-0", "node-1"], listings, "/work/A.yaml").run_id == A
+    assert choose_run("B.yaml", ["node-1"], {"node-1": [a, b]}, "/work/B.yaml").run_id == B
+    with pytest.raises(LauncherError, match=r"2 runs of A\.yaml are running"):  # without the record: ambiguous
+        choose_run("A.yaml", ["node-0", "node-1"], {"node-0": [run(A, "running", "node-0", "node-1")],
+                                                     "node-1": [run(A, "running", "node-0", "node-1"),
+                                                                run(B, "running", "node-1")]})
+    old = ListedRun(OLD, "exited", ("node-0",))  # recorded before the inventory was: judged by its nodes
+    assert choose_run("A.yaml", ["node-0"], {"node-0": [old]}, "/work/A.yaml").run_id == OLD
