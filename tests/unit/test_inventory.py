@@ -904,15 +904,30 @@ def test_example_inventory_loads_and_documents_every_key() -> None:
     used = {*cluster.lines}
     for key in ("defaults.user", "defaults.port", "defaults.identity_file", "defaults.python", "defaults.workdir",
                 "defaults.nproc_per_node", "defaults.env", "ssh_config", "host_key_policy", "rendezvous.master_addr",
-                "rendezvous.master_port", "job.script", "job.args", "defaults.setup", "defaults.forward_env",
-                "defaults.env_file", "defaults.socket_ifname", "sync.src", "sync.dest", "sync.exclude"):
+                "rendezvous.master_port", "job.script", "defaults.setup", "defaults.forward_env",
+                "defaults.socket_ifname", "sync.src", "sync.dest", "sync.exclude"):
         assert key in used, f"hosts/example.yaml does not set {key}"
+    # A first copy runs what the user wrote and nothing more: the keys that change a run behind one's back are shown
+    # commented out (a missing env_file stops the launch; retries append --resume; sample job arguments).
+    for risky in ("defaults.env_file", "retries", "rendezvous.max_restarts", "job.args"):
+        assert risky not in used, f"hosts/example.yaml sets {risky}: show it commented out"
+    assert {(h.user, h.port) for h in cluster.hosts} == {("ubuntu", 22)}  # no host with its own login and port
     assert any(v.secret for v in cluster.hosts[0].env)
     assert any(v.from_env for v in cluster.hosts[0].env)
     assert any(h.addr != h.name for h in cluster.hosts)
     assert any(f.secret for f in cluster.hosts[0].forward_env)
     assert {h.socket_ifname for h in cluster.hosts} == {"auto", "eth1"}
     assert len({h.setup for h in cluster.hosts}) > 1, "show a host that replaces the defaults' setup"
+
+
+def test_the_minimal_inventory_is_hosts_python_workdir_nproc_and_script() -> None:
+    cluster = load_inventory(REPO / "hosts" / "minimal.yaml")
+    assert [h.name for h in cluster.hosts] == ["gpu01", "gpu02"]
+    assert cluster.job is not None and cluster.job.script == "train.py" and cluster.job.args == ()
+    keys = {key.split("[")[0] for key in cluster.lines if key}
+    assert keys <= {"hosts", "defaults", "defaults.python", "defaults.workdir", "defaults.nproc_per_node", "job",
+                    "job.script"}, sorted(cluster.lines)
+    assert cluster.retries == 0 and cluster.rendezvous.elastic.max_restarts == 0
 
 
 # --- properties: whatever the input, a valid Cluster or one InventoryError -----------------------------------
