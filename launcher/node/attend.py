@@ -11,6 +11,7 @@ from launcher.node import limits
 from launcher.node.proc import workers
 from launcher.node.protocol import (
     ENDING_WORDS,
+    EVENT_OUT,
     GO,
     HEARTBEAT_TIMEOUT,
     KILL,
@@ -177,7 +178,7 @@ class Attended:
     def send_events(self):
         while True:
             line = next_event()
-            if line is None or not write_all(2, line):
+            if line is None or not write_all(EVENT_OUT, line):
                 return
 
     def tick(self):

@@ -48,3 +48,9 @@ QUEUED_BEATS_MAX = 100
 LOST_AFTER_CHECKS = 2
 """A followed log's run is lost after this many checks in a row (check_s apart) find no exit code and no process:
 the keeper writes the code a moment after torchrun is gone."""
+
+EVENTS_FD = 3
+"""Where events go: the launcher's command line opens fd 3 onto the session's stderr (`3>&2`), so a `python:`
+wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`, common in module and conda
+wrappers) cannot swallow them, and the launch does not wait out its probe timeout for words it will never get.
+Started without it (by hand, an older command line), events go to stderr."""

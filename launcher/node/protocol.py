@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 
+from launcher.node.limits import EVENTS_FD
+
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 """Every process of a run carries RUN_ID_ENV=<run id>/<node> (its mark): how a stop finds them, never by name."""
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
@@ -93,8 +95,28 @@ LOCAL_TAG = "[default%d]:"
 """The tag when the worker's global rank cannot be told (it ended before the agent saw its environment)."""
 
 
+def _events_fd():
+    """EVENTS_FD when the command line opened it onto a pipe or socket (a session's stderr), else stderr: never a
+    file some other code happened to open as fd 3."""
+    import stat
+
+    try:
+        mode = os.fstat(EVENTS_FD).st_mode
+    except OSError:
+        return 2
+    return EVENTS_FD if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) else 2
+
+
+def close_events_fd():
+    """For a process that outlives its session (a detached run's keeper): the session's stderr is not its to hold."""
+    try:
+        os.close(EVENTS_FD)
+    except OSError:
+        pass
+
+
 def emit(event, **fields):
-    """One JSON event line on stderr, for the launcher; while attached, through a writer thread of its own."""
+    """One JSON event line for the launcher (`EVENTS_FD`); while attached, through a writer thread of its own."""
     fields["event"] = event
     fields.setdefault("time", time.time())
     line = (json.dumps(fields) + "\n").encode()
@@ -102,12 +124,13 @@ def emit(event, **fields):
         _EVENTS.put(line)
     else:
         with _WRITE_LOCK:  # whole lines, whichever thread says them (a `tcp` answer, an `alive` beat)
-            write_all(2, line)  # a failure means the launcher is gone; the run directory still records everything
+            write_all(EVENT_OUT, line)  # a failure: the launcher is gone; the run directory still records everything
 
 
 # While a run is attached, events go through this queue: the supervision never waits on a launcher that reads
 # slowly or not at all (a stopped sshd, a full pipe).
 _EVENTS = None
+EVENT_OUT = _events_fd()
 _WRITE_LOCK = threading.Lock()
 
 

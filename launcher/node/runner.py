@@ -7,7 +7,7 @@ import signal
 import time
 
 from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
-from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, Event, emit, timing
+from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, Event, close_events_fd, emit, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 
 
@@ -116,6 +116,7 @@ def start_detached(request, run_dir):
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+        close_events_fd()  # the keeper outlives the session: holding its stderr would keep the launch waiting
         try:
             proc = spawn(request, run_dir)
             os.write(write_fd, ("%d\n" % proc.pid).encode())

@@ -21,6 +21,7 @@ from typing import Any
 import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.limits import NODE_CODE_CACHE
+from launcher.node.limits import EVENTS_FD
 from launcher.plan.launch import quote_path
 
 BOOTSTRAP = "import sys,json;exec(json.loads(sys.stdin.readline()))"
@@ -43,7 +44,9 @@ def python_command(python: str, setup: Sequence[str] = ()) -> str:
     """
     # -S: no site at start (~20 ms of CPU a session on a pyenv or conda Python): the node programs are stdlib; what
     # reads the installed packages adds it then (launcher/node/facts.py `with_site`).
-    program = f"{quote_path(python)} -S -c {shlex.quote(BOOTSTRAP)}"
+    # 3>&2: the session's stderr again as fd 3, where the node program writes its events (protocol.EVENTS_FD): a
+    # `python:` wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`) keeps them.
+    program = f"{quote_path(python)} -S -c {shlex.quote(BOOTSTRAP)} {EVENTS_FD}>&2"
     if not setup:
         return program
     report = shlex.quote(SETUP_MESSAGE + "\\n")  # printf's own escape: the command stays on one line

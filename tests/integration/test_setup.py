@@ -15,7 +15,7 @@ import yaml
 
 from bench.observe import free_port
 from tests.helpers import inv, run_id_of, run_processes, runs_on, wait_for
-from tests.support.nodeenv import build_declared_env
+from tests.support.nodeenv import build_declared_env, node_python
 
 # --- on real sshd nodes ----------------------------------------------------------------------------------------
 
@@ -126,3 +126,24 @@ def test_names_torchrun_sets_never_leak_from_the_login_environment(make_sandbox,
     assert launched.returncode == 0, launched.stdout + launched.stderr
     seen = [line.split("|", 1)[1].strip() for line in launched.stdout.splitlines() if "| seen" in line]
     assert seen == ["seen None None yes", "seen None None yes"], launched.stdout
+
+
+@pytest.mark.integration
+def test_a_python_wrapper_that_sends_stderr_elsewhere_launches_as_fast_as_without(make_sandbox, tmp_path: Path
+                                                                                   ) -> None:
+    """`exec python "$@" 2>/dev/null` (module and conda wrappers do this): the agent's events do not travel on the
+    program's stderr, so the launch neither waits out --probe-timeout nor blames a slow start."""
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec {node_python()} "$@" 2>/dev/null\n')
+    wrapper.chmod(0o755)
+    script = tmp_path / "print_exe.py"
+    script.write_text(PRINT_EXE)
+    box = make_sandbox(2, master_port=free_port(), script=str(script))
+    hosts = str(_with_hosts(box, defaults={"python": str(wrapper)}))
+    t0 = time.monotonic()
+    launched = inv("launch", "--hosts", hosts, "--probe-timeout", "60", log_dir=tmp_path / "logs", timeout=120)
+    took = time.monotonic() - t0
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert launched.stdout.count("exe=") == 2, launched.stdout
+    assert took < 30, f"{took:.1f} s"  # the probe's answer came at once: no 60 s wait for it
+    assert "slow" not in launched.stderr

@@ -32,7 +32,7 @@ def run_local(command: str, request: dict | None = None, cwd: Path | None = None
 def test_without_setup_the_command_is_the_interpreter_alone() -> None:
     assert python_command("/opt/venv/bin/python") == python_command("/opt/venv/bin/python", ())
     assert python_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -S -c 'import sys,json;")
-    assert python_command("python3") == "python3 -S -c 'import sys,json;exec(json.loads(sys.stdin.readline()))'"
+    assert python_command("python3") == "python3 -S -c 'import sys,json;exec(json.loads(sys.stdin.readline()))' 3>&2"
 
 
 def test_host_command_is_the_hosts_setup_then_its_python() -> None:
@@ -40,7 +40,7 @@ def test_host_command_is_the_hosts_setup_then_its_python() -> None:
                 setup=("export X=1",))
     assert host_command(host) == python_command("~/env/bin/python", ("export X=1",))
     assert host_command(host).endswith("exec \"$HOME\"/env/bin/python -S -c 'import sys,json;exec(json.loads("
-                                       "sys.stdin.readline()))'")
+                                       "sys.stdin.readline()))' 3>&2")
 
 
 def test_setup_lines_run_in_the_shell_that_then_runs_the_program() -> None:
