@@ -8,6 +8,7 @@ and a failing line stops the launch with that node's words before anything start
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
