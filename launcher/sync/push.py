@@ -85,6 +85,8 @@ class _Session:
         self.buffer = bytearray()
         self.errors = bytearray()
         self.pending = bytearray()
+        self.crossed = 0
+        """Bytes the node's channel took (headers and content): what a failure part way discards there."""
 
     def answer(self, timeout: float) -> dict[str, Any] | None:
         """The node's next JSON line; None when it ended without one (stderr says why)."""
@@ -125,6 +127,7 @@ class _Session:
     def _out(self, data: bytes) -> None:
         if not self.channel.send(data, timeout=self.stall_timeout):
             raise _Gone
+        self.crossed += len(data)
 
     def stalled(self) -> bool:
         """The send gave up while the node's session was still open: it stopped taking data."""
@@ -174,18 +177,36 @@ def _header(path: str, kind: str, **fields: Any) -> bytes:
     return (json.dumps({"path": path, "kind": kind, **fields}) + "\n").encode()
 
 
+class SyncFailure(NodeFailure):
+    """A node's sync that failed, with the bytes that had crossed the wire to it (discarded there)."""
+
+    def __init__(self, failure: NodeFailure, crossed: int):
+        detail = failure.detail
+        if crossed:
+            detail += f" ({size_text(crossed)} had crossed the wire to it and was discarded there)"
+        super().__init__(failure.host, failure.kind, detail, failure.fix)
+        self.crossed = crossed
+
+
 def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> NodeSync | NodeFailure:
     """Bring one node's `dest` up to date with `tree` over one session of its connection.
 
     `home_ok`: the user named the destination (sync.dest), so a home directory itself is allowed. A node that takes
-    no data for `stall_timeout` seconds (its disk hung) fails its sync.
+    no data for `stall_timeout` seconds (its disk hung) fails its sync; one that fails part way says how much had
+    crossed the wire (`SyncFailure`).
     """
-    t0 = time.monotonic()
     try:
         session = _Session(node.open_channel(host_command(host)), stall_timeout)
     except Exception as exc:
         return classify(node.target, exc)
+    outcome = _sync_over(session, node, dest, tree, home_ok, stall_timeout)
+    return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
+
+
+def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, home_ok: bool,
+               stall_timeout: float) -> NodeSync | NodeFailure:
+    t0 = time.monotonic()
     try:
         request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
                    "home_ok": home_ok, "lock_wait": LOCK_WAIT, "timing": SYNC_TIMING}
@@ -262,8 +283,11 @@ def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
 
 def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> str:
     done = [o for o in outcomes.values() if isinstance(o, NodeSync)]
-    return (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
+    lost = sum(getattr(o, "crossed", 0) for o in outcomes.values() if isinstance(o, NodeFailure))
+    text = (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
             f"{size_text(sum(o.bytes for o in done))} sent")
+    return text + (f"; {size_text(lost)} more crossed the wire to the nodes that failed, discarded there" if lost
+                   else "")
 
 
 def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
