@@ -255,10 +255,11 @@ def test_a_node_that_stops_taking_data_fails_its_sync_within_the_silence_timeout
             proc.kill()
     assert proc.returncode == 1, out + err
     found = re.search(r"^node-0: sync: the node took no data for 2 s \(a hung disk\?\); what was sent is removed there "
-                      r"when the sync program ends, so nothing was changed \(([\d.]+) (?:kB|MB|GB) had crossed the wire to it "
-                      r"and was discarded there\) \(fix: check node-0's disk under \S+\)$", out, re.M)
+                      r"when the sync program ends, so nothing was changed \(([\d.]+) (?:kB|MB|GB) had crossed the "
+                      r"wire to it and was discarded there\) \(fix: check node-0's disk under \S+\)$", out, re.M)
     assert found and float(found.group(1)) > 0, out  # what crossed is said, never "0 B"
-    assert re.search(r"; [\d.]+ (?:kB|MB|GB) more crossed the wire to the nodes that failed, discarded there$", out, re.M), out
+    lost = r"; [\d.]+ (?:kB|MB|GB) more crossed the wire to the nodes that failed, discarded there$"
+    assert re.search(lost, out, re.M), out
     assert sent(out).keys() == {"node-1"} and (workdirs[1] / "big.bin").stat().st_size == 64 << 20
     assert took < 2 + 10, f"the sync ended {took:.1f} s after node-0 stopped reading"
     assert "Traceback" not in out + err
