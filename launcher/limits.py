@@ -209,7 +209,5 @@ NET_PAIR_BYTES = 16 << 20
 """The all_reduce of each pair of neighbours in the ring."""
 NET_MAX_ITERS = 20
 """The most runs of one size."""
-NET_SLOW_SHARE = 0.5
-"""A node whose best link carries under this share of the median node's is flagged."""
 NET_TIMEOUT_S = 300.0
 """The most the whole measurement may take, from the start of its torchrun to its answer."""

@@ -21,7 +21,7 @@ from launcher.doctor.evidence import Report
 from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
 from launcher.errors import LauncherError
 from launcher.events import Output
-from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_SLOW_SHARE, NET_TIMEOUT_S
+from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_TIMEOUT_S
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.wiring import Wiring
@@ -99,7 +99,8 @@ def with_net(report: Report, cluster: Cluster, opts: Options, start: Starter | N
         measured, error = None, NOT_MEASURED
     else:
         measured, error = measure(cluster, opts, start)
-    findings, figures, group = net_verdict(report.hosts, measured, error, NET_SLOW_SHARE)
+    # A slow node is flagged from the share a straggler is (a slow node slows every all_reduce): one idea, one number.
+    findings, figures, group = net_verdict(report.hosts, measured, error, opts.straggler_factor)
     order = {h: i for i, h in enumerate(report.hosts)}
     merged = sorted((*report.findings, *findings), key=lambda f: order.get(f.host, len(order)))
     return dataclasses.replace(report, checks=(*report.checks, "net"), findings=tuple(merged), net=figures,

@@ -7,7 +7,9 @@ It measures, and rank 0 prints one `NETCHECK {json}` line:
   bytes / time), the smallest size's time as the latency; a size is skipped once the one before it took over the
   budget (the check ends in seconds);
 - a ring of pairs, one pair at a time while the others wait: each node with the next, an all_reduce of a few MB
-  and of a few bytes in a group of the two, so a slow node or link shows in the two pairs it is part of.
+  and of a few bytes in a group of the two, so a slow node or link shows in the two pairs it is part of;
+- the same compute on every node in the same step (matrix products on the run's device), so a node whose own CPU
+  or GPU is slow is told from one whose network is.
 argv: sizes (bytes, comma-separated), seconds a size may take, pair bytes, most iterations of one size.
 """
 
@@ -49,6 +51,22 @@ def timed(tensor, budget_s, most, group=None, src=0):
     return float(took.item())
 
 
+def compute_s(device, repeats=5):
+    """Seconds of a fixed compute here (the median of `repeats`): every node runs the same, at the same time."""
+    a = torch.randn(384, 384, device=device)  # ~50 ms a repeat on a CPU core: longer than a scheduler tick
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(40):
+            b = a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+        del b
+    return sorted(times)[len(times) // 2]
+
+
 def gather_json(value, device):
     """Every rank's `value`, in rank order, through JSON in byte tensors: all_gather_object would need numpy,
     which a node's venv need not have."""
@@ -78,6 +96,7 @@ def main():
     device = torch.device("cuda") if cuda else torch.device("cpu")
     node = os.environ.get("DDP_LAUNCHER_RUN", "/?").partition("/")[2]
     nodes = gather_json(node, device)
+    compute = gather_json(compute_s(device), device)
     group, skip = [], False
     for size in sizes:
         go = torch.tensor([0 if skip else 1], device=device)
@@ -103,7 +122,8 @@ def main():
     if rank == 0:
         unique = {tuple(p["nodes"]): p for ps in found for p in ps}
         print("NETCHECK " + json.dumps({"backend": "nccl" if cuda else "gloo", "world": world, "nodes": nodes,
-                                        "group": group, "pairs": list(unique.values())}), flush=True)
+                                        "group": group, "pairs": list(unique.values()),
+                                        "compute_s": dict(zip(nodes, compute, strict=True))}), flush=True)
     dist.destroy_process_group()
 
 

@@ -51,3 +51,24 @@ def test_the_table_says_every_nodes_figures_and_the_json_has_a_net_object_per_no
     assert "! node-2 net: 3.60 Gbit/s to its neighbours" in text and "fix: look at the interface" in text
     data = json.loads(report_json(report))
     assert data["nodes"]["node-2"]["net"]["slow"] and data["net"]["backend"] == "gloo"
+
+
+def test_a_node_a_third_slower_is_flagged_at_the_straggler_share_and_a_slow_cpu_is_told_from_a_slow_network() -> None:
+    """A node at 0.67x the median passed with a check mark under 0.5; at the straggler factor (0.8) it is flagged, and
+    the compute every node timed in the same step says whether its CPU or its network is the slow part."""
+    third = {**MEASURED, "pairs": [{"nodes": ["node-0", "node-1"], "busbw_gbps": 9.0, "latency_ms": 0.1},
+                                   {"nodes": ["node-1", "node-2"], "busbw_gbps": 6.0, "latency_ms": 0.1},
+                                   {"nodes": ["node-0", "node-2"], "busbw_gbps": 6.0, "latency_ms": 0.1}]}
+    network = {**third, "compute_s": {"node-0": 0.100, "node-1": 0.102, "node-2": 0.101}}
+    findings, figures, _ = net_verdict(HOSTS, network, None, 0.8)
+    assert [f.status for f in findings] == ["ok", "ok", "warn"], findings
+    assert "0.67x the median node (9.00 Gbit/s), its compute as fast as the others'" in findings[2].detail
+    assert "socket_ifname" in findings[2].fix and figures["node-2"]["compute_ms"] == 101.0
+    assert [f.status for f in net_verdict(HOSTS, network, None, 0.5)[0]] == ["ok"] * 3  # the old share passed it
+
+    cpu = {**third, "compute_s": {"node-0": 0.100, "node-1": 0.102, "node-2": 0.150}}
+    findings, figures, _ = net_verdict(HOSTS, cpu, None, 0.8)
+    assert findings[2].status == "warn" and figures["node-2"]["slow_compute"], findings
+    assert findings[2].detail.startswith("its CPU is slow: the same compute took 150.0 ms here against a median of "
+                                         "102.0 ms (0.68x the median node's speed"), findings[2].detail
+    assert "its network is not the cause" in findings[2].fix
