@@ -22,6 +22,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.errors import NodeFailure
 from launcher.transport.channel import ExecTimeout
 from launcher.transport.sessions import Node, classify, connect
+from launcher.transport.settings import SshSettings
 from tests.helpers import REPO
 
 
@@ -90,7 +91,7 @@ def stalling_node(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_command_the_server_never_starts_fails_within_the_connect_timeout(stalling_node: Path) -> None:
     cluster = parse_inventory(stalling_node.read_text(), str(stalling_node))
-    node = connect(cluster.hosts[0], cluster, timeout=1.5)
+    node = connect(cluster.hosts[0], cluster, SshSettings(1.5))
     assert isinstance(node, Node), node
     t0 = time.monotonic()
     try:

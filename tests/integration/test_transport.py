@@ -74,7 +74,7 @@ def test_a_fractional_connect_timeout_bounds_every_stage(listener: int) -> None:
     the TCP connect hung for the kernel's minutes and a stalled key exchange for Paramiko's 15 s."""
     cluster = parse_inventory(f"hosts: [{{name: 127.0.0.1, port: {listener}, user: root}}]\n")
     t0 = time.monotonic()
-    outcome = connect(cluster.hosts[0], cluster, timeout=0.5)
+    outcome = connect(cluster.hosts[0], cluster, SshSettings(0.5))
     took = time.monotonic() - t0
     assert not isinstance(outcome, Node)
     assert outcome.kind == "timeout" and "\n" not in str(outcome), outcome
@@ -152,7 +152,7 @@ def test_a_proxy_jump_connects_sends_and_closes_both_hops(make_sandbox, tmp_path
     config = tmp_path / "jump_config"
     config.write_text(box.ssh_config.read_text().replace("Host node-1\n", "Host node-1\n    ProxyJump node-0\n"))
     cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
-    node = connect(cluster.hosts[1], cluster, timeout=5)
+    node = connect(cluster.hosts[1], cluster, SshSettings(5))
     assert isinstance(node, Node), node
     gateway = node.connection.gateway
     try:
@@ -231,7 +231,7 @@ def test_a_revoked_host_key_is_refused_as_openssh_refuses_it(make_sandbox, tmp_p
     config = tmp_path / "ssh_config"
     config.write_text(_client_block("node-0", box, known, f"    HostName {node.addr}", f"    Port {node.port}"))
     cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
-    failure = connect(cluster.hosts[0], cluster, timeout=5)
+    failure = connect(cluster.hosts[0], cluster, SshSettings(5))
     assert isinstance(failure, NodeFailure) and failure.kind == "host-key-revoked"
     assert str(failure) == (
         f"node-0: host-key-revoked: REVOKED HOST KEY DETECTED: the host key of {node.addr}:{node.port} is marked as "
@@ -244,7 +244,7 @@ def test_a_revoked_host_key_is_refused_as_openssh_refuses_it(make_sandbox, tmp_p
     # accept-new never learns its way around a revoked key either.
     learn = dataclasses.replace(cluster, host_key_policy="accept-new")
     known.write_text(f"@revoked {recorded}\n")
-    again = connect(learn.hosts[0], learn, timeout=5)
+    again = connect(learn.hosts[0], learn, SshSettings(5))
     assert isinstance(again, NodeFailure) and again.kind == "host-key-revoked"
     assert known.read_text() == f"@revoked {recorded}\n"
 
@@ -260,15 +260,15 @@ def test_host_key_alias_names_the_key_checked_and_learnt(make_sandbox, tmp_path:
                                     "    HostKeyAlias gpu-alias"))
     cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
     known.write_text(f"[{node.addr}]:{node.port} {key}\n")  # under its address only: ssh would not find it
-    refused = connect(cluster.hosts[0], cluster, timeout=5)
+    refused = connect(cluster.hosts[0], cluster, SshSettings(5))
     assert isinstance(refused, NodeFailure) and refused.kind == "host-key-unknown"
     assert refused.detail == "gpu-alias is not in known_hosts (host_key_policy: strict)"
     known.write_text(f"gpu-alias {key}\n")
-    ok = connect(cluster.hosts[0], cluster, timeout=5)
+    ok = connect(cluster.hosts[0], cluster, SshSettings(5))
     assert isinstance(ok, Node), ok
     ok.close()
     known.write_text("")
-    learnt = connect(cluster.hosts[0], dataclasses.replace(cluster, host_key_policy="accept-new"), timeout=5)
+    learnt = connect(cluster.hosts[0], dataclasses.replace(cluster, host_key_policy="accept-new"), SshSettings(5))
     assert isinstance(learnt, Node), learnt
     learnt.close()
     assert known.read_text() == f"gpu-alias {key}\n"  # learnt under the alias, as ssh writes it
@@ -294,7 +294,7 @@ def test_a_node_reached_only_through_two_jump_hosts(make_sandbox, tmp_path: Path
                   _client_block("node-2", box, known, *target, "    ProxyJump jump1")]
     config.write_text("\n".join(blocks))
     cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
-    node = connect(cluster.hosts[2], cluster, timeout=10)
+    node = connect(cluster.hosts[2], cluster, SshSettings(10))
     assert isinstance(node, Node), node
     try:
         assert node.run("hostname", timeout=30).stdout.strip() == b"node-2"
@@ -303,7 +303,7 @@ def test_a_node_reached_only_through_two_jump_hosts(make_sandbox, tmp_path: Path
         node.close()
     assert not any(g.is_connected for g in node.gateways)
     direct = dataclasses.replace(cluster, ssh_config=str(write_config(tmp_path, blocks[-1].split("    ProxyJump")[0])))
-    failure = connect(direct.hosts[2], direct, timeout=5)
+    failure = connect(direct.hosts[2], direct, SshSettings(5))
     assert isinstance(failure, NodeFailure) and failure.kind == "unresolvable"  # not reachable without the hops
 
 
@@ -322,6 +322,6 @@ def test_a_failing_jump_host_is_named(make_sandbox, tmp_path: Path) -> None:
                       + _client_block("node-1", box, box.known_hosts, f"    HostName {n1.addr}", f"    Port {n1.port}",
                                       "    ProxyJump jump0"))
     cluster = dataclasses.replace(load_inventory(box.inventory), ssh_config=str(config))
-    failure = connect(cluster.hosts[1], cluster, timeout=5)
+    failure = connect(cluster.hosts[1], cluster, SshSettings(5))
     assert isinstance(failure, NodeFailure)
     assert str(failure).startswith(f"node-1: refused: via the jump host jump0: connection refused by {n0.addr}:1")

@@ -127,7 +127,7 @@ def test_the_master_agent_lets_go_of_the_port_before_torchrun_starts(tmp_path: P
 
 
 def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `app.preflight` is what `launch` sets: the in-session checks, with today's line when they pass.
+    # `doctor_gate` is what `launch` sets: the in-session checks, with today's line when they pass.
     import io
 
     err = io.StringIO()
