@@ -180,6 +180,9 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class NcclDumps(NodeEvent):
-    """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout): {name: base64}."""
+    """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout), or when the launcher
+    asked for them (the `dumps` word): {name: base64}."""
 
     dumps: dict[str, str] = field(default_factory=dict)
+    asked: tuple[int, ...] = ()
+    """The ranks whose debug-info pipe the agent wrote to (asked for dumps)."""

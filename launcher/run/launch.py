@@ -27,6 +27,7 @@ from launcher.limits import (
     LOG_CHUNK,
     LOG_POLL_S,
     MAX_LINE_BYTES,
+    NCCL_DUMP_WAIT_S,
     NCCL_MAX_BYTES,
     NODE_TIMING,
     STACKS_WAIT_S,
@@ -122,7 +123,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
     return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
-            "event_chunk": EVENT_CHUNK}
+            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK}
 
 
 def progress_settings(job: Job | None) -> dict[str, Any]:
