@@ -182,8 +182,10 @@ HANG_FLOOR_S = 300.0
 """The learnt hang timeout is never shorter: a healthy run may be quiet this long (a checkpoint, an evaluation)."""
 HANG_FACTOR = 4.0
 """The learnt hang timeout is this many times the longest quiet gap the run has shown between progress lines."""
-HANG_CPU_SHARE = 0.1
-"""A rank whose CPU time grows faster than this share of the wall time is making progress, printed or not."""
+HANG_LOOKS_APART_S = 3.0
+"""Seconds between the two looks at every rank's stack once no progress was seen for the hang timeout: a rank whose
+main thread moved between them is not stuck (a spinning thread keeps CPU time growing in a hung rank, so CPU time is
+never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
 
