@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.events import HangSuspected
+from launcher.events import HangRuledOut, HangSuspected
 from launcher.node.recorder import NCCL_PREFIX
 from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
 
@@ -67,6 +67,13 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
                  if event.kept else "stopping the run (--on-hang keep would keep it)")
     return lines
+
+
+def ruled_out_line(event: HangRuledOut) -> str:
+    """The one console line of a run without progress whose stacks say it is not hung."""
+    stacks, failures = from_answers(event.answers)
+    seen = "; ".join([answer(stacks)] + [f"{node}: no stacks ({why})" for node, why in sorted(failures.items())])
+    return f"no progress for {event.quiet_s:.0f} s, but not a hang ({event.why}): {seen}; the run goes on"
 
 
 def latest_answer(log_dir: Path, run_id: str) -> str | None:
