@@ -62,7 +62,8 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     folder = write_stacks(log_dir, run_id, stacks, event.time)
     first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
     (folder / "answer.txt").write_text(first + "\n", encoding="utf-8")
-    lines = [first, *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
+    lines = [first, *([f"why a hang: {event.why}"] if event.why else []),
+             *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
              f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
                  if event.kept else "stopping the run (--on-hang keep would keep it)")

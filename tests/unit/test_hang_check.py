@@ -4,10 +4,11 @@ words each node gets, the verdict's consequences (stop, keep, go on), and NCCL's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.node.protocol import DUMPS, STACKS
-from launcher.report.hangs import ruled_out_line
+from launcher.report.hangs import hang_report, ruled_out_line
 from launcher.run.hangcheck import HangCheck
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -94,6 +95,20 @@ def test_a_hang_asks_for_the_flight_recorder_then_stops_the_run() -> None:
     assert isinstance(event, HangSuspected) and not event.kept and run.stopped and run.check.hang is event
     assert event.answers["node-1"]["nccl"] == {"nccl_trace_rank_1": "ZHVtcA=="}  # beside its stacks
     assert event.why == "rank 0 waits in a collective, and rank 1 is stuck; no stack moved in 0.01 s"
+
+
+def test_the_hang_report_says_why_it_is_one(tmp_path: Path) -> None:
+    run = suspected_run({"node-0": WAITING, "node-1": SLEEPING})
+    run.check.look(run, 16.0)
+    [event] = run.events
+    assert isinstance(event, HangSuspected)
+    lines = hang_report("20261125-000000-abcdef", event, tmp_path)
+    assert lines[:2] == ["hang suspected (no progress for 16 s): rank 0 waits in all_reduce (job.py:30); rank 1 "
+                         "(node-1, pid 4241) is in time.sleep (job.py:28)",
+                         "why a hang: rank 0 waits in a collective, and rank 1 is stuck; no stack moved in 0.01 s"]
+    nccl = next(tmp_path.glob("20261125-000000-abcdef/stacks-*/nccl"))  # the dumps asked for, beside the stacks
+    assert lines[-2:] == [f"NCCL flight recorder: 2 dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
+                          "nccl_trace_rank_`", "stopping the run (--on-hang keep would keep it)"]
 
 
 def test_a_kept_hang_goes_on_and_is_looked_at_one_timeout_later() -> None:
