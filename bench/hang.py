@@ -1,7 +1,8 @@
 """Figures for a run alive but stuck (python -m bench.hang [--sizes 2,16,64] [--repeat N]).
 
 - answer_s: from the hang bound (the last node started + the hang timeout) to the grouped answer of an attached run
-  (every node's agent takes its workers' stacks over the run's own sessions);
+  (every node's agent takes its workers' stacks over the run's own sessions, twice, HANG_LOOKS_APART_S apart, and
+  is asked for NCCL's dumps);
 - stacks_s: `inv stacks` from another terminal on a detached run, a fresh process as a user types it (its
   connections and every node's agent included);
 - watch cost: a real job's (train/ddp.py, 2 nodes x 2 ranks) wall time with the watch on against off

@@ -145,6 +145,18 @@ class HangSuspected(NodeEvent):
     answers: dict[str, Any] = field(default_factory=dict)
     kept: bool = False
     """The run goes on (`--on-hang keep`); else the launcher stops it."""
+    why: str = ""
+    """What made it a hang (launcher.report.verdict)."""
+
+
+@dataclass(frozen=True)
+class HangRuledOut(NodeEvent):
+    """No progress for `quiet_s`, but every rank's stack, looked at twice, says the run is not hung (`why`): it goes
+    on, and is looked at again one timeout later. `answers` as HangSuspected's (the second look)."""
+
+    quiet_s: float = 0.0
+    answers: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,9 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class NcclDumps(NodeEvent):
-    """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout): {name: base64}."""
+    """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout), or when the launcher
+    asked for them (the `dumps` word): {name: base64}."""
 
     dumps: dict[str, str] = field(default_factory=dict)
+    asked: tuple[int, ...] = ()
+    """The ranks whose debug-info pipe the agent wrote to (asked for dumps)."""

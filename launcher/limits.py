@@ -163,11 +163,16 @@ SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
 STACKS_WAIT_S = 5.0
 """Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
 may not)."""
-FLIGHT_RECORDER_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 """NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
-run directory), unless the user set any of its variables."""
+run directory), unless the user set any of its variables. Both names of the buffer: torch reads TORCH_FR_* first and
+the deprecated TORCH_NCCL_* where it is older (launcher/node/recorder.py sets the file names alike)."""
 NCCL_MAX_BYTES = 64 << 20
 """The most of a node's flight recorder dumps brought back with its stacks."""
+NCCL_DUMP_WAIT_S = 5.0
+"""Seconds a node's agent waits for the dumps it asked torch for through the debug-info pipes of a hung run: torch's
+monitor thread reads its pipe about once a second, then writes the dump."""
 EVENT_CHUNK = 800
 """Characters of data in one `part` event line: a large answer (every worker's stack) travels in parts, as srun
 cuts long output lines."""
@@ -177,8 +182,10 @@ HANG_FLOOR_S = 300.0
 """The learnt hang timeout is never shorter: a healthy run may be quiet this long (a checkpoint, an evaluation)."""
 HANG_FACTOR = 4.0
 """The learnt hang timeout is this many times the longest quiet gap the run has shown between progress lines."""
-HANG_CPU_SHARE = 0.1
-"""A rank whose CPU time grows faster than this share of the wall time is making progress, printed or not."""
+HANG_LOOKS_APART_S = 3.0
+"""Seconds between the two looks at every rank's stack once no progress was seen for the hang timeout: a rank whose
+main thread moved between them is not stuck (a spinning thread keeps CPU time growing in a hung rank, so CPU time is
+never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
 

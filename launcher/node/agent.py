@@ -227,7 +227,8 @@ def action_logs(request):
 @checked
 def action_stacks(request):
     """Every worker's stack of the run on this node, without stopping it (`inv stacks`)."""
-    from launcher.node.stacks import collect, nccl_dumps
+    from launcher.node.recorder import nccl_dumps
+    from launcher.node.stacks import collect
 
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:

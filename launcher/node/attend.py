@@ -10,6 +10,7 @@ import time
 from launcher.node import limits
 from launcher.node.proc import workers
 from launcher.node.protocol import (
+    DUMPS,
     ENDING_WORDS,
     EVENT_OUT,
     GO,
@@ -30,8 +31,9 @@ from launcher.node.protocol import (
     timing,
     write_all,
 )
+from launcher.node.recorder import ask_dumps, nccl_dumps
 from launcher.node.runner import finish, signal_run, stop_run
-from launcher.node.stacks import collect, nccl_dumps, proc_state
+from launcher.node.stacks import collect, proc_state
 
 
 class LauncherWords:
@@ -49,6 +51,8 @@ class LauncherWords:
         """What `tcp` starts (the doctor's TCP check, `GateChecks.tcp`), on a thread of its own."""
         self.on_stacks = None
         """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
+        self.on_dumps = None
+        """What `dumps` starts (NCCL's flight recorder asked to dump, as the `nccl` event), on a thread of its own."""
         self.changed = threading.Event()
         """Set by a stop word, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
 
@@ -68,6 +72,8 @@ class LauncherWords:
                 threading.Thread(target=self.on_tcp, daemon=True, name="tcp").start()
             elif word == STACKS and self.on_stacks is not None:
                 threading.Thread(target=self.on_stacks, daemon=True, name="stacks").start()
+            elif word == DUMPS and self.on_dumps is not None:
+                threading.Thread(target=self.on_dumps, daemon=True, name="dumps").start()
             if word == GO or word in ENDING_WORDS:
                 self.decided.set()
         if self.stop_word is None:
@@ -158,8 +164,9 @@ class Attended:
         self.done = threading.Event()
         self.streamed_at = time.monotonic()
         self.steps = None  # each rank's step rate, read from its progress lines (a Sampler, with the watch)
-        self.nccl_sent = set()
-        """The flight recorder dumps already sent (with stacks): the run's end sends only the others."""
+        self.nccl_sent = {}
+        """The flight recorder dumps already sent, as they were (with stacks, or asked for): the run's end sends only
+        the others, and a rank's dump written again goes again."""
 
     def stream(self):
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
@@ -219,10 +226,13 @@ class Attended:
                    nccl=self.new_dumps())
 
     def new_dumps(self):
-        dumps = {name: data for name, data in nccl_dumps(self.run_dir, self.request["nccl_max_bytes"]).items()
-                 if name not in self.nccl_sent}
-        self.nccl_sent.update(dumps)
-        return dumps
+        return nccl_dumps(self.run_dir, self.request["nccl_max_bytes"], self.nccl_sent)
+
+    def dumps(self):
+        """NCCL's flight recorder asked to dump through torch's pipes (the launcher's `dumps` word: a hang it found
+        before NCCL's watchdog did), as the `nccl` event, sent even when nothing came: the launcher waits for it."""
+        asked = ask_dumps(self.run_dir, self.request["nccl_dump_wait_s"])
+        emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=self.new_dumps(), asked=asked)
 
     def send_nccl(self):
         """NCCL's flight recorder dumps written while the run ended (its watchdog's timeout ends a run by itself)."""
@@ -271,7 +281,7 @@ def attend(request, run_dir, proc, words):
     """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
     queue_events()
     run = Attended(request, run_dir, proc, words)
-    words.on_stacks = run.stacks
+    words.on_stacks, words.on_dumps = run.stacks, run.dumps
     signal.signal(signal.SIGHUP, lambda *_: words.stop(LAUNCHER_GONE))
     signal.signal(signal.SIGTERM, lambda *_: words.stop(STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)

@@ -24,9 +24,10 @@ RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
 SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 """What the inventory's socket_ifname sets."""
 
-GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks"
+GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS, DUMPS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks", "dumps"
 """The launcher's words to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
-run's agent for every worker's stack (the `stacks` event)."""
+run's agent for every worker's stack (the `stacks` event), `dumps` for NCCL's flight recorder dumps of a hung run
+through torch's debug-info pipes (the `nccl` event)."""
 ENDING_WORDS = (STOP, KILL, ABORT)
 """Words after which no run starts or goes on."""
 HEARTBEAT_TIMEOUT, LAUNCHER_GONE = "heartbeat-timeout", "launcher-gone"
@@ -63,7 +64,8 @@ class Event:
     STACKS = "stacks"
     """Every worker's stack (fields: workers, nccl), the answer to the word `stacks`; sent as parts."""
     NCCL = "nccl"
-    """NCCL's flight recorder dumps written as the run ended (field: nccl); sent as parts."""
+    """NCCL's flight recorder dumps written as the run ended, or asked for by `dumps` (fields: nccl, and asked: the
+    ranks whose pipe was written to); sent as parts."""
     PART = "part"
     """A piece of a large event (fields: of, seq, count, data): `emit_parts`."""
 

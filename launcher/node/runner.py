@@ -50,7 +50,8 @@ def spawn(request, run_dir):
     import subprocess  # here, as what only a start needs: a stop imports none of it
 
     from launcher.node.logmerge import LogMerger
-    from launcher.node.stacks import flight_recorder_env, has_gpu, install_hook
+    from launcher.node.recorder import flight_recorder_env, has_gpu
+    from launcher.node.stacks import install_hook
 
     os.makedirs(run_dir, mode=0o700)
     home = node_path

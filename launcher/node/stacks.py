@@ -17,11 +17,6 @@ import time
 from launcher.node.proc import signal_process, workers
 from launcher.node.protocol import timing
 
-NCCL_DIR = "nccl"
-NCCL_PREFIX = "nccl_trace_rank_"
-"""PyTorch's flight recorder writes <prefix><rank> (TORCH_NCCL_DEBUG_INFO_TEMP_FILE) when NCCL times out."""
-FLIGHT_RECORDER_NAMES = (
-    "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 HOOK_DIR = "hook"
 STACKS_DIR = "stacks"
 STACKS_ENV = "DDP_LAUNCHER_STACKS"
@@ -79,45 +74,6 @@ def install_hook(run_dir, env):
         handle.write(HOOK_SOURCE)
     env[STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
     env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-
-
-def has_gpu():
-    """Whether this node has an NVIDIA GPU (its driver's device, or nvidia-smi)."""
-    if os.path.exists("/dev/nvidiactl"):
-        return True
-    import shutil  # here: 2 ms of imports (bz2, lzma) that a node with a GPU driver never needs
-
-    return shutil.which("nvidia-smi") is not None
-
-
-def flight_recorder_env(run_dir, env, settings, gpu):
-    """Turn NCCL's flight recorder on for the run's workers, dumping into the run directory on a timeout; only on
-    a node with GPUs, and never when the user set any of its variables. Whether it did."""
-    if not gpu or any(name in env for name in FLIGHT_RECORDER_NAMES):
-        return False
-    folder = os.path.join(run_dir, NCCL_DIR)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    env.update(settings)
-    env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(folder, NCCL_PREFIX)
-    return True
-
-
-def nccl_dumps(run_dir, max_bytes):
-    """The flight recorder's dumps in the run directory, {name: base64 text}, up to `max_bytes` in all."""
-    folder, found, total = os.path.join(run_dir, NCCL_DIR), {}, 0
-    if not os.path.isdir(folder):
-        return found  # no GPU, or no dump: base64 is not imported at every run's end
-    import base64
-
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        size = os.path.getsize(path)
-        if not name.startswith(NCCL_PREFIX) or total + size > max_bytes:
-            continue
-        with open(path, "rb") as handle:
-            found[name] = base64.b64encode(handle.read()).decode("ascii")
-        total += size
-    return found
 
 
 def proc_state(pid):

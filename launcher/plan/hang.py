@@ -1,12 +1,15 @@
-"""When a run that is alive is stuck (pure): no rank has printed a line, and no rank's CPU time has grown
-meaningfully, for the hang timeout.
+"""When a run that is alive may be stuck (pure): no rank has printed a line, and no rank's optimizer steps or
+DataLoader batches have grown, for the hang timeout. Then every rank's stack decides (`launcher.report.verdict`).
+
+CPU time is never progress: a hung NCCL collective keeps a CPU busy (NCCL's proxy thread polls, a CUDA
+synchronisation spins), and so does any thread of the job's that polls.
 
 The timeout is the user's (`--hang-timeout S`, `launcher.hang_timeout`, the inventory's `job.hang_timeout`; 0 turns
-the watch off) or, by default, learnt from the run itself so that it cannot fire on a healthy run that prints
-rarely: off until the run has printed progress twice (a line from any rank after a quiet gap), then `HANG_FACTOR`
-times the longest quiet gap seen so far, and never under `HANG_FLOOR_S`. The agents see each rank from outside
-(seconds since its last output line, CPU seconds from /proc) and say so in their `alive` beats; `observe` takes
-them, `suspected` answers.
+the watch off) or, by default, learnt from the run itself so that it cannot fire on a healthy run that is quiet for
+long: off until the run has shown progress twice (a line from any rank, or a rank's steps or batches growing, after
+a quiet gap), then `HANG_FACTOR` times the longest quiet gap seen so far, and never under `HANG_FLOOR_S`. The agents
+see each rank from outside (seconds since its last output line; its steps and batches where the worker's hook
+counts them) and say so in their `alive` beats; `observe` takes them, `suspected` answers.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config.model import Job
-from launcher.limits import HANG_CPU_SHARE, HANG_FACTOR, HANG_FLOOR_S
+from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
+
+COUNTERS = ("steps", "batches")
+"""A rank's counters in the beats (absent where the worker's hook does not count): any growth is progress."""
 
 
 def hang_timeout(given: float | None, job: Job) -> float | None:
@@ -32,22 +38,23 @@ class HangWatch:
     """The user's timeout in seconds; None: learnt from the run (see the module); never 0 (no watch at all)."""
     floor: float = HANG_FLOOR_S
     factor: float = HANG_FACTOR
-    cpu_share: float = HANG_CPU_SHARE
     started: float | None = None
     last_progress: float | None = None
+    """When any rank last made progress (or the watch was started or rearmed)."""
     last_line: float | None = None
-    """When any rank last printed a line."""
+    """When the run last showed progress: a line or a counter's growth (the learnt timeout's gaps)."""
     gaps: int = 0
-    """Lines that came after a quiet gap (progress printed)."""
+    """Progress that came after a quiet gap."""
     longest_gap: float = 0.0
-    _cpu: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     _lines: dict[tuple[str, int], float] = field(default_factory=dict)
+    _counts: dict[tuple[str, int, str], int] = field(default_factory=dict)
 
     def start(self, now: float) -> None:
         self.started = self.last_progress = now
 
     def observe(self, now: float, node: str, ranks: Iterable[Mapping[str, Any]]) -> None:
-        """One node's beat: each rank's `quiet_s` (seconds since its last line, None before any) and `cpu_s`."""
+        """One node's beat: each rank's `quiet_s` (seconds since its last line, None before any), and its `steps`
+        and `batches` where counted (None or absent otherwise). `cpu_s` is not looked at."""
         if self.started is None:
             self.start(now)
         ranks = list(ranks)
@@ -58,27 +65,33 @@ class HangWatch:
             quiet = rank.get("quiet_s")
             if quiet is not None:
                 self._line(now - float(quiet), key)
-            cpu = rank.get("cpu_s")
-            if cpu is not None:
-                before = self._cpu.get(key)
-                self._cpu[key] = (now, float(cpu))
-                if before is not None and float(cpu) - before[1] > self.cpu_share * max(now - before[0], 1e-9):
-                    self.last_progress = max(self.last_progress or now, now)
+            for counter in COUNTERS:
+                self._count(now, (*key, counter), rank.get(counter))
 
     def _line(self, at: float, key: tuple[str, int]) -> None:
         if self._lines.get(key) is not None and at <= self._lines[key] + 1e-6:
             return  # the same line as before
         self._lines[key] = at
+        self._progress(at)
+
+    def _count(self, now: float, key: tuple[str, int, str], value: Any) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return
+        before = self._counts.get(key)
+        self._counts[key] = value
+        # A first count above 0 grew since the start; a lower one is a restarted worker counting again.
+        if value > (before if before is not None else 0):
+            self._progress(now)
+
+    def _progress(self, at: float) -> None:
         if self.last_line is not None and at > self.last_line:
-            gap = at - self.last_line
-            if gap > 0:
-                self.gaps += 1
-                self.longest_gap = max(self.longest_gap, gap)
+            self.gaps += 1
+            self.longest_gap = max(self.longest_gap, at - self.last_line)
         self.last_line = at if self.last_line is None else max(self.last_line, at)
         self.last_progress = max(self.last_progress or at, at)
 
     def limit(self) -> float | None:
-        """Seconds without progress that make a hang; None while the default has not learnt enough."""
+        """Seconds without progress that make a hang suspected; None while the default has not learnt enough."""
         if self.timeout is not None:
             return self.timeout
         if self.gaps < 2:
@@ -86,7 +99,7 @@ class HangWatch:
         return max(self.floor, self.factor * self.longest_gap)
 
     def suspected(self, now: float) -> float | None:
-        """Seconds without progress when that is a hang, else None."""
+        """Seconds without progress when that is long enough to look at the stacks, else None."""
         limit = self.limit()
         if limit is None or self.last_progress is None:
             return None
@@ -94,5 +107,6 @@ class HangWatch:
         return quiet if quiet >= limit else None
 
     def rearm(self, now: float) -> None:
-        """After a hang was reported and the run kept (`--on-hang keep`): the next report one timeout later."""
+        """After the stacks were looked at and the run goes on (not hung, or `--on-hang keep`): the next look one
+        timeout later."""
         self.last_progress = now

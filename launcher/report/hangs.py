@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.events import HangSuspected
-from launcher.node.stacks import NCCL_PREFIX
+from launcher.events import HangRuledOut, HangSuspected
+from launcher.node.recorder import NCCL_PREFIX
 from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
 
 
@@ -37,7 +37,8 @@ def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[R
 
 
 def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str]) -> list[str]:
-    """The NCCL flight recorder dumps the nodes sent, into `<folder>/nccl/`; the line that says how to read them."""
+    """The NCCL flight recorder dumps the nodes sent, into `<folder>/nccl/`; the line that says how to read them
+    (with `--allow-incomplete-ranks` when a rank the nodes listed has no dump: torchfrtrace refuses a partial set)."""
     dumps = {name: data for reply in answers.values() if not isinstance(reply, str)
              for name, data in (reply.get("nccl") or {}).items()}
     if not dumps:
@@ -46,9 +47,13 @@ def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str]) -> 
     nccl.mkdir(parents=True, exist_ok=True)
     for name, data in dumps.items():
         (nccl / Path(name).name).write_bytes(base64.b64decode(data))
-    count = sum(1 for _ in nccl.iterdir())  # with those of nodes that sent theirs before
-    return [f"NCCL flight recorder: {count} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
-            f"{NCCL_PREFIX}`"]
+    found = [p.name for p in nccl.iterdir()]  # with those of nodes that sent theirs before
+    dumped = {name[len(NCCL_PREFIX):] for name in found if name.startswith(NCCL_PREFIX)}
+    listed = {str(w["rank"]) for reply in answers.values() if not isinstance(reply, str)
+              for w in reply.get("workers") or ()}
+    partial = " --allow-incomplete-ranks" if listed - dumped else ""
+    return [f"NCCL flight recorder: {len(found)} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
+            f"{NCCL_PREFIX}{partial}`"]
 
 
 def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
@@ -57,11 +62,19 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     folder = write_stacks(log_dir, run_id, stacks, event.time)
     first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
     (folder / "answer.txt").write_text(first + "\n", encoding="utf-8")
-    lines = [first, *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
+    lines = [first, *([f"why a hang: {event.why}"] if event.why else []),
+             *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
              f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
                  if event.kept else "stopping the run (--on-hang keep would keep it)")
     return lines
+
+
+def ruled_out_line(event: HangRuledOut) -> str:
+    """The one console line of a run without progress whose stacks say it is not hung."""
+    stacks, failures = from_answers(event.answers)
+    seen = "; ".join([answer(stacks)] + [f"{node}: no stacks ({why})" for node, why in sorted(failures.items())])
+    return f"no progress for {event.quiet_s:.0f} s, but not a hang ({event.why}): {seen}; the run goes on"
 
 
 def latest_answer(log_dir: Path, run_id: str) -> str | None:

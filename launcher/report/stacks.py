@@ -1,7 +1,10 @@
-"""Every rank's stack, as an answer and not a dump (pure): group the ranks by where they are, the innermost frame of
-torch.distributed they wait in or else the script's own line, and name the odd ones out.
+"""Every rank's stack, as an answer and not a dump (pure): group the ranks by where they are, the innermost frame
+that explains their wait (`launcher.report.frames`) and the user's own frame that led there, and name the odd ones
+out.
 
 `ranks 0,2,3 wait in all_reduce (train.py:88); rank 1 (node-0, pid 4242) is in time.sleep (train.py:80)`
+`ranks 0-2 wait in backward (DDP's gradient all-reduce), called from trainer.fit (boring.py:20); rank 3 (node-1,
+pid 4242) is in time.sleep (boring.py:12, in training_step)`
 """
 
 from __future__ import annotations
@@ -11,24 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.report.frames import Frame, called_back, user_frame, wait_of
+
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+")
-_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<")
-_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
-_WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn")
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    func: str
-    source: str | None = None
-    """The line of source, read on the node."""
-
-    @property
-    def where(self) -> str:
-        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+STUCK_STATES = ("T", "t", "Z", "D", "X")
+"""/proc states of a process that makes no progress by itself: stopped, a zombie, in uninterruptible sleep, dead."""
 
 
 @dataclass(frozen=True)
@@ -51,21 +42,30 @@ class RankStack:
 
     @property
     def place(self) -> str:
-        """Where the rank is, in a few words: `wait in all_reduce (train.py:88)`, `is in time.sleep (train.py:80)`."""
-        if not self.frames:
-            if self.state in ("T", "t", "Z", "D", "X"):
+        """Where the rank is, in a few words: `wait in all_reduce (train.py:88)`, `wait in backward (DDP's gradient
+        all-reduce), called from trainer.fit (boring.py:20)`, `is in time.sleep (train.py:80)`."""
+        frames = self.frames
+        if not frames:
+            if self.state in STUCK_STATES:
                 return f"is {self.state_name} (state {self.state})"
             return f"gave no stack ({self.why or 'no answer'})"
-        script = next((f for f in self.frames if not _LIBRARY.search(f.file)), None)
-        dist = next((f for f in self.frames if "torch/distributed/" in f.file and f.func not in _WRAPPERS
-                     and not f.func.startswith("_")), None)
-        if dist is not None:
-            return f"wait in {dist.func}" + (f" ({script.where})" if script is not None else f" ({dist.where})")
-        if script is not None:
-            called = _CALL.search(script.source or "")
-            what = called.group(1) if called else script.func
-            return f"is in {what} ({script.where})"
-        return f"is in {self.frames[0].func} ({self.frames[0].where})"
+        wait, index = wait_of(frames), user_frame(frames)
+        user = frames[index] if index is not None else None
+        where = user.where if user is not None else frames[0].where
+        if index is not None and called_back(frames, index):
+            where += f", in {frames[index].func}"  # a trainer called the user's hook: which one
+        if wait is not None and not wait.on_users_line:
+            head = f"wait in {wait.name}" + (f" ({wait.note})" if wait.note else "")
+            call = user.call() if user is not None else None
+            if user is None or (wait.note is None and call is not None and call.split(".")[-1] == wait.name):
+                return f"{head} ({where})"  # the user's line calls it: the line says all
+            return f"{head}, called from {call or user.func} ({where})"
+        if wait is not None:
+            return f"is in {wait.name} ({where})"
+        if user is not None:  # busy: in its own code (the function says what), or in a library's it called
+            what = user.func if user is frames[0] and user.func != "<module>" else (user.call() or user.func)
+            return f"is in {what} ({where})"
+        return f"is in {frames[0].func} ({frames[0].where})"
 
 
 def parse_dump(text: str | None, lines: Mapping[str, str] | None = None) -> tuple[Frame, ...]:
@@ -83,7 +83,7 @@ def parse_dump(text: str | None, lines: Mapping[str, str] | None = None) -> tupl
                                         (lines or {}).get(f"{path}:{number}")))
     if not threads:
         return ()
-    with_script = [t for t in threads if any(not _LIBRARY.search(f.file) and f.func == "<module>" for f in t[1])]
+    with_script = [t for t in threads if any(not f.library and f.func == "<module>" for f in t[1])]
     chosen = with_script or [t for t in threads if t[0]] or threads
     return tuple(chosen[0][1])
 

@@ -3,8 +3,8 @@
 Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
 handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
-on without a node). Output goes to `on_event` from the reader threads, so consumers must not block: nothing here
-ever waits on a console or a disk.
+on without a node, a run alive but stuck: `launcher.run.hangcheck`). Output goes to `on_event` from the reader
+threads, so consumers must not block: nothing here ever waits on a console or a disk.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from launcher.events import (
     NodeEnd,
     NodeEvent,
     NodeFacts,
-    StacksTaken,
     Started,
     Stopping,
 )
-from launcher.limits import STACKS_MARGIN_S, STACKS_WAIT_S, STALL, STOP_MARGIN
-from launcher.node.protocol import ABORT, GO, KILL, STACKS, STOP, TCP, Event, word_line
+from launcher.limits import STALL, STOP_MARGIN
+from launcher.node.protocol import ABORT, GO, KILL, STOP, TCP, Event, word_line
 from launcher.options import Options
-from launcher.plan.hang import HangWatch, hang_timeout
+from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import LaunchPlan
 from launcher.run.gate import StartGate
+from launcher.run.hangcheck import HangCheck
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
@@ -61,12 +61,14 @@ class RunHandle:
         self.stop_deadline: float | None = None
         self._last_step = time.monotonic()
         timeout = hang_timeout(opts.hang_timeout, plan.job)
-        self.watch = None if timeout == 0 else HangWatch(timeout)
-        """The whole run's progress (launcher.plan.hang); None: hangs are not watched for (--hang-timeout 0)."""
-        self.hang: HangSuspected | None = None
+        self.hangs = None if timeout == 0 else HangCheck(timeout, opts.on_hang == "keep")
+        """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
+        watched for (--hang-timeout 0)."""
+
+    @property
+    def hang(self) -> HangSuspected | None:
         """The hang that stopped the run (exit code 124)."""
-        self.stacks_taken: dict[str, StacksTaken] | None = None
-        """Each node's `stacks` event while a hang's stacks are being taken."""
+        return self.hangs.hang if self.hangs is not None else None
 
     @property
     def unswept(self) -> dict[str, str]:
@@ -99,8 +101,8 @@ class RunHandle:
                 session.channel.send(word_line(GO))
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self.step(0.2)
-        if self.watch is not None:
-            self.watch.start(time.monotonic())
+        if self.hangs is not None:
+            self.hangs.watch.start(time.monotonic())
 
     def abort(self, reason: str) -> None:
         """Give up starting: stop what has started (a run starts everywhere or nowhere)."""
@@ -134,7 +136,9 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now)
-        _look_for_hang(self, now)
+        if self.hangs is not None and self.hang is None and self.stop_deadline is None and self.start_failure is None \
+                and self.sessions and all(s.started for s in self.sessions.values()):
+            self.hangs.look(self, now)
 
     def _look_at(self, session: Session, now: float) -> None:
         """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
@@ -163,10 +167,10 @@ class RunHandle:
             session.stop_reason = event.reason
         elif isinstance(event, Message):
             session.messages.append(event.text)
-        elif isinstance(event, Beat) and self.watch is not None:
-            self.watch.observe(time.monotonic(), event.node, event.progress)
-        elif isinstance(event, StacksTaken) and self.stacks_taken is not None:
-            self.stacks_taken[event.node] = event
+        elif isinstance(event, Beat) and self.hangs is not None:
+            self.hangs.watch.observe(time.monotonic(), event.node, event.progress)
+        elif self.hangs is not None and self.hangs.takes(event):
+            return  # a node's answer to a hang's look (its stacks, its dumps): the look says it
         self.on_event(event)
 
     def _ended(self, session: Session, event: Ended) -> NodeEvent:
@@ -294,41 +298,3 @@ def _abort_start(handle: RunHandle) -> None:
     # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
     while any(s.end is None and Event.PROBED in s.checked for s in handle.sessions.values()):
         handle.step(0.2)
-
-
-# --- a run alive but stuck ----------------------------------------------------------------------------------
-
-
-def _look_for_hang(handle: RunHandle, now: float) -> None:
-    """No progress anywhere for the hang timeout (`launcher.plan.hang.HangWatch`): every node's agent takes its
-    workers' stacks (the `stacks` word), then the run is stopped (the report says where every rank was; exit code
-    124) or kept and looked at again one timeout later (`--on-hang keep`). Under SLURM the same words travel on the
-    step's stdin."""
-    if (handle.watch is None or handle.stacks_taken is not None or handle.hang is not None
-            or handle.stop_deadline is not None or handle.start_failure is not None or not handle.sessions
-            or not all(s.started for s in handle.sessions.values())):
-        return
-    quiet = handle.watch.suspected(now)
-    if quiet is None:
-        return
-    running = [s for s in handle.sessions.values() if s.end is None]
-    handle.stacks_taken = taken = {}
-    for session in running:
-        session.channel.send(word_line(STACKS), block=False)
-    until = time.monotonic() + STACKS_WAIT_S + STACKS_MARGIN_S
-    try:
-        while any(s.name not in taken and s.end is None for s in running) and time.monotonic() < until:
-            handle.step(0.2)
-    finally:
-        handle.stacks_taken = None
-    answers: dict[str, Any] = {s.name: {"workers": list(taken[s.name].workers), "nccl": taken[s.name].nccl}
-                               if s.name in taken else
-                               f"no stacks within {STACKS_WAIT_S + STACKS_MARGIN_S:g} s" for s in running}
-    kept = handle.opts.on_hang == "keep"
-    event = HangSuspected("", time.time(), quiet, answers, kept)
-    handle.on_event(event)
-    if kept:
-        handle.watch.rearm(time.monotonic())
-    else:
-        handle.hang = event
-        handle.stop()

@@ -20,7 +20,19 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, Job
 from launcher.errors import ConnectError, NodeFailure, RunFailed, UsageError
-from launcher.events import Beat, Ended, EndKind, HangSuspected, Left, NcclDumps, NodeEnd, NodeEvent, Output, Stopping
+from launcher.events import (
+    Beat,
+    Ended,
+    EndKind,
+    HangRuledOut,
+    HangSuspected,
+    Left,
+    NcclDumps,
+    NodeEnd,
+    NodeEvent,
+    Output,
+    Stopping,
+)
 from launcher.limits import (
     EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
@@ -28,6 +40,7 @@ from launcher.limits import (
     LOG_CHUNK,
     LOG_POLL_S,
     MAX_LINE_BYTES,
+    NCCL_DUMP_WAIT_S,
     NCCL_MAX_BYTES,
     NODE_TIMING,
     STACKS_WAIT_S,
@@ -44,7 +57,7 @@ from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
-from launcher.report.hangs import hang_report, write_nccl
+from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
 from launcher.run.gate import StartGate
 from launcher.run.handle import RunHandle
@@ -130,7 +143,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
     return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
-            "event_chunk": EVENT_CHUNK}
+            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK}
 
 
 def progress_settings(job: Job | None) -> dict[str, Any]:
@@ -280,6 +293,8 @@ class _Attached:
             self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
             for line in self.hang_lines:
                 self.console.message(line)
+        elif isinstance(event, HangRuledOut):
+            self.console.message(ruled_out_line(event))
         elif isinstance(event, Beat) and event.progress:
             self.stragglers.beat(event.node, event.progress)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence

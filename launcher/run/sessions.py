@@ -235,7 +235,8 @@ class Sessions:
                                      dict(event.get("nccl") or {})))
 
     def _nccl(self, session: Session, event: dict[str, Any], now: float) -> None:
-        self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {})))
+        self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {}),
+                                   tuple(int(r) for r in event.get("asked") or ())))
 
     def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
         """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""

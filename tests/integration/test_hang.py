@@ -1,5 +1,7 @@
 """A run alive but stuck, on real sandbox nodes (2 nodes x 2 ranks, gloo): the launcher finds it, takes every
-rank's stack from outside the script, names the odd rank and where it is, and stops the run (or keeps it)."""
+rank's stack from outside the script, names the odd rank and where it is, and stops the run (or keeps it); a hang
+whose threads keep every CPU busy is found too, NCCL's flight recorder (a stand-in) asked for its dumps first; a
+healthy run silent and busy for longer than the timeout goes on."""
 
 from __future__ import annotations
 
@@ -133,3 +135,48 @@ def test_a_run_that_prints_every_20_s_for_2_minutes_is_never_suspected_under_the
     assert result.stdout.count("| line ") == 12
     assert "hang suspected" not in result.stdout + result.stderr
     assert not list(logs.glob("*/stacks-*"))
+
+
+SPIN = re.compile(r"hang suspected \(no progress for (\d+) s\): rank 0 waits in all_reduce \(spin_hang\.py:\d+\); "
+                  r"rank 1 \(node-1, pid \d+\) is in time\.sleep \(spin_hang\.py:\d+\)")
+
+
+def test_a_hang_whose_threads_spin_is_found_and_the_flight_recorder_is_asked_first(make_sandbox, tmp_path: Path
+                                                                                     ) -> None:
+    # Every rank's CPU stays busy (a polling thread, as NCCL's proxy thread): only the stacks tell the hang.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/spin_hang.py")
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",
+                          log_dir=logs, out=out)
+    wait_for(lambda: out.read_text(errors="replace").count("step 4") == 2, 120, "every rank's fifth step")
+    hang_began = time.monotonic()  # rank 1 sleeps from here; rank 0 waits in all_reduce
+    run_id = run_id_of(out.read_text())
+    assert proc.wait(timeout=120) == 124
+    took = time.monotonic() - hang_began
+    text = out.read_text(errors="replace")
+    assert SPIN.search(text), text
+    assert took < 60, f"{took:.1f} s from the hang to the end"
+    nccl = next((logs / run_id).glob("stacks-*")) / "nccl"
+    assert {p.name: p.read_bytes().split(b",")[0] for p in nccl.iterdir()} == {
+        f"nccl_trace_rank_{r}": f"flight recorder of rank {r}".encode() for r in (0, 1)}
+    assert f"NCCL flight recorder: 2 dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p nccl_trace_rank_`" \
+        in text, text
+    assert "stopping the run" in text and run_processes(run_id) == []
+
+
+def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what_was_seen(make_sandbox,
+                                                                                         tmp_path: Path) -> None:
+    # Rank 0 writes a checkpoint for 40 s, silent; rank 1 sleeps on a slow write, then waits in the barrier.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["40", "20"])
+    logs = tmp_path / "logs"
+    result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor", log_dir=logs,
+                 timeout=240)
+    said = result.stdout + result.stderr
+    assert result.returncode == 0, said
+    assert result.stdout.count("step 5") == 2 and "hang suspected" not in said
+    seen = [line for line in said.splitlines() if "but not a hang" in line]
+    assert seen, said
+    assert re.search(r"no progress for \d+ s, but not a hang \((rank 0 is busy, not waiting|the stack of rank 0 moved "
+                     r"between two looks 3 s apart)\): rank 0 is in save_checkpoint \(busy_save\.py:\d+\); rank 1 "
+                     r"\(node-1, pid \d+\) is in time\.sleep \(busy_save\.py:\d+\); the run goes on", seen[0]), seen
+    assert all("rank 0 is in save_checkpoint" in line for line in seen), seen

@@ -1,12 +1,29 @@
 """NCCL's flight recorder for a run on GPU nodes, tested with files (this machine has no GPU): the environment the
-agent gives the workers, and the dumps brought back beside the stacks with the command that reads them."""
+agent gives the workers, the debug-info pipes it writes to when the launcher finds a hang first (a stand-in reads
+them as torch's monitor thread does), and the dumps brought back beside the stacks with the command that reads
+them."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
-from launcher.limits import FLIGHT_RECORDER_ENV
-from launcher.node.stacks import NCCL_PREFIX, flight_recorder_env, nccl_dumps
+import pytest
+
+from launcher.limits import FLIGHT_RECORDER_ENV, NODE_TIMING
+from launcher.node import protocol
+from launcher.node.recorder import (
+    DUMP_NAMES,
+    NCCL_PREFIX,
+    PIPE_NAMES,
+    PIPE_PREFIX,
+    ask_dumps,
+    flight_recorder_env,
+    nccl_dumps,
+)
+from launcher.node.stacks import source_lines
 from launcher.report.hangs import write_nccl
 
 
@@ -38,3 +55,87 @@ def test_dumps_come_back_beside_the_stacks_with_the_command_that_reads_them(tmp_
     assert line == (f"NCCL flight recorder: 2 dump(s) in {folder / 'nccl'}; read them with "
                     f"`torchfrtrace {folder / 'nccl'} -p {NCCL_PREFIX}`")
     assert write_nccl(tmp_path / "none", {"node-0": {"nccl": {}}}) == []
+
+
+@pytest.mark.parametrize("own", ["TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+                                 "TORCH_NCCL_DUMP_ON_TIMEOUT"])
+def test_both_names_of_each_setting_and_none_where_the_user_set_either(tmp_path: Path, own: str) -> None:
+    env: dict[str, str] = {}
+    assert flight_recorder_env(str(tmp_path), env, FLIGHT_RECORDER_ENV, gpu=True)
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert {env[name] for name in DUMP_NAMES} == {str(tmp_path / "nccl" / NCCL_PREFIX)}
+    assert {env[name] for name in PIPE_NAMES} == {str(tmp_path / "nccl" / PIPE_PREFIX)}
+    users = {own: "theirs"}
+    assert not flight_recorder_env(str(tmp_path), users, FLIGHT_RECORDER_ENV, gpu=True)
+    assert users == {own: "theirs"}
+
+
+class StandIn:
+    """What torch does with TORCH_NCCL_DEBUG_INFO_PIPE_FILE: make `<prefix><rank>.pipe`, read it without blocking
+    about every `poll_s`, and write `<dump prefix><rank>` when something came."""
+
+    def __init__(self, folder: Path, rank: int, poll_s: float = 0.05):
+        self.pipe, self.dump = folder / f"{PIPE_PREFIX}{rank}.pipe", folder / f"{NCCL_PREFIX}{rank}"
+        os.mkfifo(self.pipe)
+        self.fd = os.open(self.pipe, os.O_RDONLY | os.O_NONBLOCK)
+        self.poll_s, self.done = poll_s, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.done.wait(self.poll_s):
+            try:
+                asked = os.read(self.fd, 128)
+            except BlockingIOError:
+                continue
+            if asked:
+                self.dump.write_bytes(b"dump asked through " + self.pipe.name.encode())
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        os.close(self.fd)
+
+
+def test_a_hung_run_is_asked_for_dumps_through_the_pipes_that_have_a_reader(tmp_path: Path) -> None:
+    protocol.use_timing({"timing": NODE_TIMING}, protocol.AGENT_TIMING)  # as the agent does with its request
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    readers = [StandIn(folder, 0), StandIn(folder, 1, poll_s=0.5)]  # a slower monitor thread
+    os.mkfifo(folder / f"{PIPE_PREFIX}2.pipe")  # its rank is gone: nobody reads it (ENXIO), skipped at once
+    (folder / f"{PIPE_PREFIX}3.pipe").write_text("not a FIFO: never written to")
+    (folder / f"{NCCL_PREFIX}1").write_bytes(b"an old dump of NCCL's timeout")
+    try:
+        t0 = time.monotonic()
+        assert ask_dumps(str(tmp_path), 5.0) == [0, 1]
+        took = time.monotonic() - t0
+    finally:
+        for reader in readers:
+            reader.close()
+    assert took < 3.0, f"{took:.1f} s: it waits for the dumps, not for its limit"
+    assert (folder / f"{NCCL_PREFIX}0").read_bytes() == f"dump asked through {PIPE_PREFIX}0.pipe".encode()
+    assert (folder / f"{NCCL_PREFIX}1").read_bytes() == f"dump asked through {PIPE_PREFIX}1.pipe".encode()
+    assert (folder / f"{PIPE_PREFIX}3.pipe").read_text() == "not a FIFO: never written to"
+    assert not (folder / f"{NCCL_PREFIX}2").exists()
+    sent: dict = {}
+    assert sorted(nccl_dumps(str(tmp_path), 1 << 20, sent)) == [f"{NCCL_PREFIX}0", f"{NCCL_PREFIX}1"]  # no FIFO
+    assert nccl_dumps(str(tmp_path), 1 << 20, sent) == {}  # sent already, as they are
+    assert ask_dumps(str(tmp_path / "none"), 5.0) == []
+
+
+def test_the_command_allows_incomplete_ranks_when_a_listed_rank_has_no_dump(tmp_path: Path) -> None:
+    workers = [{"rank": 0}, {"rank": 1}]
+    answers = {"node-0": {"workers": workers[:1], "nccl": {f"{NCCL_PREFIX}0": "ZHVtcA=="}},
+               "node-1": {"workers": workers[1:], "nccl": {}}}
+    [line] = write_nccl(tmp_path / "a", answers)
+    assert line.endswith(f"-p {NCCL_PREFIX} --allow-incomplete-ranks`")
+    answers["node-1"]["nccl"] = {f"{NCCL_PREFIX}1": "ZHVtcA=="}
+    [line] = write_nccl(tmp_path / "b", answers)
+    assert line.endswith(f"-p {NCCL_PREFIX}`")
+
+
+def test_the_agent_reads_each_frames_line_from_the_file_on_the_node(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("import time\n\ntime.sleep(600)  # the odd one out\n")
+    stack = f'Current thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
+    assert source_lines(stack) == {f"{script}:3": "time.sleep(600)  # the odd one out"}

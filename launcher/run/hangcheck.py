@@ -1,0 +1,118 @@
+"""A run alive but stuck, as an attached run's handle finds it (`launcher.run.handle`): no progress for the hang
+timeout (`launcher.plan.hang`), then every rank's stack twice, a few seconds apart, and the verdict on them
+(`launcher.report.verdict`). A hang: NCCL's flight recorder is asked for its dumps (the `dumps` word: torch's
+debug-info pipes), then the run is stopped (exit code 124) or kept (`--on-hang keep`). Not a hang: one line says what
+was seen, and the run goes on. Under SLURM the same words travel on the step's stdin.
+
+The handle's waiting thread runs all of it, taking events between the words (`Waiter.step`): output goes on, a node
+that ends is seen, and a stop word is never held back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
+from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
+from launcher.node.protocol import DUMPS, STACKS, word_line
+from launcher.plan.hang import HangWatch
+from launcher.report.hangs import from_answers
+from launcher.report.verdict import judge
+from launcher.run.sessions import Session
+
+
+class Waiter(Protocol):
+    """What the look needs of the run's handle (`RunHandle`)."""
+
+    sessions: dict[str, Session]
+    on_event: Callable[[NodeEvent], None]
+
+    def step(self, timeout: float) -> None: ...
+
+    def stop(self, kill: bool = False) -> None: ...
+
+
+class HangCheck:
+    """The watch, the looks it starts, and the hang that stopped the run."""
+
+    def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S):
+        self.watch = HangWatch(timeout)
+        self.keep = keep
+        self.apart_s = apart_s
+        self.hang: HangSuspected | None = None
+        """The hang that stopped the run (exit code 124)."""
+        self._looking = False
+        """A look is under way (its waits step the handle, which would start another)."""
+        self._taking: type[NodeEvent] | None = None
+        self._taken: dict[str, NodeEvent] = {}
+
+    def takes(self, event: NodeEvent) -> bool:
+        """Keep a node's answer to the word being waited on (its stacks, its dumps); True when it was one."""
+        if self._taking is None or not isinstance(event, self._taking):
+            return False
+        self._taken[event.node] = event
+        return True
+
+    def look(self, run: Waiter, now: float) -> None:
+        """When no rank made progress for the timeout: the two looks, the verdict, and what follows from it."""
+        quiet = None if self._looking else self.watch.suspected(now)
+        if quiet is None:
+            return
+        self._looking = True
+        try:
+            self._judge(run, quiet)
+        finally:
+            self._looking = False
+
+    def _judge(self, run: Waiter, quiet: float) -> None:
+        mark = self.watch.last_progress
+        first = self._ask(run, STACKS, StacksTaken, STACKS_WAIT_S + STACKS_MARGIN_S)
+        until = time.monotonic() + self.apart_s
+        while time.monotonic() < until and any(s.end is None for s in run.sessions.values()):
+            run.step(min(0.2, max(0.0, until - time.monotonic())))
+        second = self._ask(run, STACKS, StacksTaken, STACKS_WAIT_S + STACKS_MARGIN_S)
+        if self.watch.last_progress != mark or not any(s.end is None for s in run.sessions.values()):
+            return  # progress came back while it was looked at (or the run ended): nothing to say
+        answers = {name: _stacks_answer(reply) for name, reply in second.items()}
+        before, failed_before = from_answers({name: _stacks_answer(reply) for name, reply in first.items()})
+        after, failed = from_answers(answers)
+        verdict = judge(before, after, self.apart_s, sorted(set(failed) | set(failed_before)))
+        if not verdict.hang:
+            run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
+            self.watch.rearm(time.monotonic())
+            return
+        dumps = self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S)
+        for name, reply in dumps.items():
+            if isinstance(reply, NcclDumps) and isinstance(answers.get(name), dict):
+                answers[name] = {**answers[name], "nccl": {**answers[name].get("nccl", {}), **reply.dumps}}
+        event = HangSuspected("", time.time(), quiet, answers, self.keep, verdict.why)
+        run.on_event(event)
+        if self.keep:
+            self.watch.rearm(time.monotonic())
+        else:
+            self.hang = event
+            run.stop()
+
+    def _ask(self, run: Waiter, word: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
+        """`word` to every node still running; each one's answer, or why there is none, within `wait_s`."""
+        running = [s for s in run.sessions.values() if s.end is None]
+        self._taking, self._taken = answer, {}
+        for session in running:
+            session.channel.send(word_line(word), block=False)
+        until = time.monotonic() + wait_s
+        try:
+            while any(s.name not in self._taken and s.end is None for s in running) and time.monotonic() < until:
+                run.step(0.2)
+        finally:
+            self._taking = None
+        return {s.name: self._taken.get(s.name, f"no answer to `{word}` within {wait_s:g} s") for s in running}
+
+
+def _stacks_answer(reply: NodeEvent | str) -> dict[str, Any] | str:
+    """A node's `stacks` answer as the report reads it (launcher.report.hangs.from_answers)."""
+    if isinstance(reply, StacksTaken):
+        return {"workers": list(reply.workers), "nccl": reply.nccl}
+    return str(reply)
+
