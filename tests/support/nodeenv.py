@@ -47,10 +47,12 @@ class Env:
     """Canonical names of the distributions linked into it."""
 
 
-def declared_requirements() -> list[Requirement]:
-    """pyproject.toml's dependencies and its torch extra: what a node running train/ddp.py is told to install."""
+def declared_requirements(extras: tuple[str, ...] = ("torch",)) -> list[Requirement]:
+    """pyproject.toml's dependencies and its `extras` (torch: what a node running train/ddp.py is told to install;
+    trainers: Lightning and transformers, for the tests that run them)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["torch"]]]
+    wanted = [*project["dependencies"], *(r for extra in extras for r in project["optional-dependencies"][extra])]
+    return [Requirement(r) for r in wanted]
 
 
 def closure(requirements: Iterable[Requirement]) -> dict[str, metadata.Distribution]:
@@ -106,10 +108,10 @@ def link_distribution(dist: metadata.Distribution, site: Path) -> None:
             target.symlink_to(root / file)
 
 
-def build_declared_env(folder: Path) -> Env:
-    """A venv in `folder` holding only the declared closure (torch and this project's dependencies)."""
+def build_declared_env(folder: Path, extras: tuple[str, ...] = ("torch",)) -> Env:
+    """A venv in `folder` holding only the declared closure (torch, this project's dependencies, and `extras`)."""
     python, site = make_venv(folder)
-    dists = closure(declared_requirements())
+    dists = closure(declared_requirements(("torch", *extras)))
     for dist in dists.values():
         link_distribution(dist, site)
     return Env(python, frozenset(dists))
@@ -132,3 +134,11 @@ def declared_env() -> Env:
 def node_python() -> str:
     """The interpreter the sandbox nodes of the tests run every node program with."""
     return str(declared_env().python)
+
+
+@functools.cache
+def trainers_env() -> Env:
+    """The declared env with the `trainers` extra (Lightning, transformers), built once and removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-launcher-trainers-env-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return build_declared_env(folder / "venv", ("trainers",))

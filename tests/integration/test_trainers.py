@@ -1,0 +1,106 @@
+"""The trainers people use, on sandbox nodes: Lightning and Hugging Face's `Trainer`, 2 nodes x 2 ranks, CPU and
+gloo, tiny models built from a config (nothing downloaded). Software nobody here wrote: what the launcher sees of
+their runs (progress, stragglers, hangs) must hold for them as it does for train/ddp.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.observe import free_port
+from tests.helpers import inv, run_id_of, run_processes, wait_for
+from tests.support.nodeenv import trainers_env
+
+pytestmark = pytest.mark.integration
+
+LIGHTNING = "tests/scripts/lightning_boring.py"
+HF = "tests/scripts/hf_trainer.py"
+
+
+def _box(make_sandbox, script: str, **env: str):
+    """2 nodes x 2 ranks under the declared env with the trainers extra; `env` for the job's knobs."""
+    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=script, python=str(trainers_env().python))
+    if env:
+        data = yaml.safe_load(box.inventory.read_text())
+        data["defaults"]["env"] = {**data["defaults"].get("env", {}), **env}
+        box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    return box
+
+
+@pytest.mark.parametrize("script", [LIGHTNING, HF])
+def test_a_trainer_runs_to_its_end_on_every_rank(make_sandbox, tmp_path: Path, script: str) -> None:
+    box = _box(make_sandbox, script)
+    launched = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=300)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    done = sorted(line.split("| ", 1)[1].split()[2] for line in launched.stdout.splitlines() if "| done rank" in line)
+    assert done == ["0", "1", "2", "3"], launched.stdout[-3000:]
+    run_id = run_id_of(launched.stderr)
+    wait_for(lambda: run_processes(run_id) == [], 30, "every process of the run gone")
+
+
+def _detached(box, logs: Path) -> str:
+    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
+    assert started.returncode == 0, started.stdout + started.stderr
+    return run_id_of(started.stdout + started.stderr)
+
+
+def _ranks_stepping(box, logs: Path) -> list[dict]:
+    """`inv top --once --json`'s ranks once every rank has a step rate (the trainers print no step lines)."""
+    seen: list[dict] = []
+
+    def every_rank_steps() -> bool:
+        result = inv("top", "--hosts", str(box.inventory), "--once", "--json", log_dir=logs)
+        if result.returncode != 0:
+            return False
+        seen[:] = json.loads(result.stdout)["ranks"]
+        return len(seen) == 4 and all((r.get("steps_per_s") or 0) > 0 for r in seen)
+
+    wait_for(every_rank_steps, 120, "a step rate on every rank", interval=1)
+    return seen
+
+
+@pytest.mark.parametrize(("script", "env"), [(LIGHTNING, {"BORING_STEPS": "100000", "BORING_SLOW_RANK": "3",
+                                                           "BORING_SLOW_S": "0.1"}),
+                                              (HF, {"HF_STEPS": "100000", "HF_SLOW_RANK": "3", "HF_SLOW_S": "0.1"})])
+def test_every_rank_steps_in_top_and_the_slow_one_is_the_straggler(make_sandbox, tmp_path: Path, script: str,
+                                                                    env: dict[str, str]) -> None:
+    box, logs = _box(make_sandbox, script, **env), tmp_path / "logs"
+    run_id = _detached(box, logs)
+    try:
+        ranks = _ranks_stepping(box, logs)
+        rates = [r["steps_per_s"] for r in ranks]
+        assert max(rates) / min(rates) < 1.5, ranks  # lockstep: every rank at the slow one's pace
+        assert all(r["record"] == "on" for r in ranks), ranks
+        assert [r["rank"] for r in ranks if r["straggler"]] == [3], ranks
+    finally:
+        inv("stop", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
+    wait_for(lambda: run_processes(run_id) == [], 30, "every process of the run gone")
+
+
+def test_a_rank_stuck_in_its_training_step_is_named_where_it_waits(make_sandbox, tmp_path: Path) -> None:
+    box = _box(make_sandbox, LIGHTNING, BORING_STEPS="100000", BORING_STUCK_RANK="3", BORING_STUCK_STEP="20")
+    launched = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",
+                   log_dir=tmp_path / "logs", timeout=300)
+    assert launched.returncode == 124, launched.stdout[-3000:] + launched.stderr[-3000:]
+    said = launched.stdout + launched.stderr
+    answer = next(line for line in said.splitlines() if "hang suspected" in line)
+    assert "ranks 0-2 wait in backward" in answer and "rank 3 (node-1" in answer, answer
+    assert "time.sleep" in answer and "training_step" in answer, answer
+    wait_for(lambda: run_processes(run_id_of(launched.stderr)) == [], 30, "every process of the run gone")
+
+
+def test_a_hang_with_dataloader_workers_is_found(make_sandbox, tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/loader_hang.py", script_args=["1", "100000"])
+    t0 = time.monotonic()
+    launched = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",
+                   log_dir=tmp_path / "logs", timeout=300)
+    assert launched.returncode == 124, launched.stdout[-3000:] + launched.stderr[-3000:]
+    answer = next(line for line in (launched.stdout + launched.stderr).splitlines() if "hang suspected" in line)
+    assert "rank 1 (node-1" in answer and "time.sleep" in answer, answer
+    assert time.monotonic() - t0 < 120
+    wait_for(lambda: run_processes(run_id_of(launched.stderr)) == [], 30, "every process of the run gone")
