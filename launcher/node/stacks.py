@@ -6,7 +6,8 @@ node's own sitecustomize, if there is one). The agent, as the same user, sends t
 exists (so the hook is in place and the signal cannot kill it), and reads what each wrote. faulthandler dumps from
 the signal handler itself, in C: a rank blocked in a collective answers too. A rank that cannot answer (stopped,
 in uninterruptible sleep, a zombie) is reported as what /proc says it is. py-spy, where it is installed and allowed
-to attach, adds native frames; it is never the only source.
+to attach, adds native frames; it is never the only source. A rank's helpers (DataLoader and compile workers) answer
+after it.
 """
 
 import os
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from launcher.node.proc import signal_process, workers
+from launcher.node.proc import rank_processes, signal_process
 from launcher.node.protocol import timing
 
 NCCL_DIR = "nccl"
@@ -138,26 +139,18 @@ def proc_state(pid):
 
 
 def collect(run_dir, mark, wait_s):
-    """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is."""
+    """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is. Each rank's
+    own process comes first, then its helpers (DataLoader and compile workers: `helper`, `parent`, `owner`)."""
     folder = os.path.join(run_dir, STACKS_DIR)
     asked = {}
     report = []
-    for pid, start, rank, local_rank, _ in workers(mark):
-        state, wchan, cpu = proc_state(pid)
-        entry = {"pid": pid, "rank": rank, "local_rank": local_rank, "state": state,
-                 "state_name": STATES.get(state, state), "wchan": wchan, "cpu_s": cpu, "stack": None, "why": None}
-        path = os.path.join(folder, "%d.txt" % pid)
-        if state in SILENT_STATES:
-            entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
-        elif not os.path.exists(path):
-            entry["why"] = "it has no stack hook (not a Python process, or its python ignores PYTHONPATH)"
-        else:
-            before = os.path.getsize(path)  # before the signal: the answer may be written before the call returns
-            if signal_process(pid, start, stack_signal()):
-                asked[pid] = (path, before)
-            else:
-                entry["why"] = "it ended before it could be asked"
-        report.append(entry)
+    ranks, helpers = rank_processes(mark)
+    for pid, start, rank, local_rank, _ in ranks:
+        report.append(_ask(folder, pid, start, {"rank": rank, "local_rank": local_rank}, asked))
+        for helper, helper_start, _, parent, owner in helpers:
+            if owner == pid:
+                report.append(_ask(folder, helper, helper_start, {
+                    "rank": rank, "local_rank": local_rank, "helper": True, "parent": parent, "owner": pid}, asked))
     texts = _read_answers(asked, wait_s)
     for entry in report:
         if entry["pid"] in asked:
@@ -168,6 +161,25 @@ def collect(run_dir, mark, wait_s):
         entry["lines"] = source_lines(entry["stack"])
         _add_pyspy(entry, wait_s)
     return report
+
+
+def _ask(folder, pid, start, fields, asked):
+    """One process's entry; the signal sent when it can answer (`asked`: pid -> its file and its size before)."""
+    state, wchan, cpu = proc_state(pid)
+    entry = dict(fields, pid=pid, state=state, state_name=STATES.get(state, state), wchan=wchan, cpu_s=cpu,
+                 stack=None, why=None)
+    path = os.path.join(folder, "%d.txt" % pid)
+    if state in SILENT_STATES:
+        entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
+    elif not os.path.exists(path):
+        entry["why"] = "it has no stack hook (not a Python process, or its python ignores PYTHONPATH)"
+    else:
+        before = os.path.getsize(path)  # before the signal: the answer may be written before the call returns
+        if signal_process(pid, start, stack_signal()):
+            asked[pid] = (path, before)
+        else:
+            entry["why"] = "it ended before it could be asked"
+    return entry
 
 
 def _read_answers(asked, wait_s):
