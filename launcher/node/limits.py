@@ -48,3 +48,10 @@ QUEUED_BEATS_MAX = 100
 LOST_AFTER_CHECKS = 2
 """A followed log's run is lost after this many checks in a row (check_s apart) find no exit code and no process:
 the keeper writes the code a moment after torchrun is gone."""
+
+# --- the workers' progress records (hook, records) -------------------------------------------------------------------
+RECORD_BYTES = 128
+"""A progress record's fixed size: its numbers take about 80 bytes; the rest holds why recording is off."""
+RECORD_FLUSH_S = 0.1
+"""The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
+second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""
