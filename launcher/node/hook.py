@@ -221,6 +221,8 @@ class AfterImport:
 
 
 class Loader:
+    """The real loader, and `after` once it has executed the module (every other attribute is the real one's)."""
+
     def __init__(self, loader, name, after):
         self.loader, self.name, self.after = loader, name, after
 
@@ -234,6 +236,8 @@ class Loader:
         self.after(self.name, module)
 
     def __getattr__(self, name):
+        if name == "loader":  # not set yet (a copy): no recursion
+            raise AttributeError(name)
         return getattr(self.loader, name)
 
 

@@ -35,16 +35,17 @@ def parse_record(data):
     return found
 
 
-def window_rate(moves, now):
+def window_rate(moves, now, since=None, slack=0.0):
     """Counts per second over a window of (time, count) moves: between the first and the last move, or until now once
-    the count has been still for longer than two of its steps (a rank that stopped goes to 0). None: under two."""
+    the count has been still (since `since`, by default the last move) for longer than two of its steps and `slack`
+    (a rank that stopped goes to 0). None: under two moves."""
     if len(moves) < 2:
         return None
     (t0, s0), (t1, s1) = moves[0], moves[-1]
     if t1 <= t0 or s1 <= s0:
         return None
     steps = s1 - s0
-    if now - t1 > 2 * (t1 - t0) / steps:
+    if now - (t1 if since is None else since) > 2 * (t1 - t0) / steps + slack:
         return steps / (now - t0)
     return steps / (t1 - t0)
 
@@ -92,10 +93,12 @@ class RankRecord:
                  "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span)}
         for count, when, rate in (("steps", "t_step", "steps_per_s"), ("batches", "t_batch", "batches_per_s")):
             moves = []
-            for sample in self.samples:
-                if not moves or sample[count] > moves[-1][1]:
+            for sample in self.samples:  # a count of 0 has no time yet
+                if sample[count] > (moves[-1][1] if moves else 0):
                     moves.append((sample[when], sample[count]))
-            value = window_rate(moves, now)
+            # Still only once no record came for two steps and a flush interval: a record is written at most that
+            # often, so its last count may be that old while the rank goes on.
+            value = window_rate(moves, now, last["t"], limits.RECORD_FLUSH_S)
             found[rate] = None if value is None else round(value, 3)
         return found
 

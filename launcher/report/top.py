@@ -103,8 +103,8 @@ def _rate(row: Mapping[str, Any], found: Straggler | None) -> str:
         rate = "off" if (row.get("record") or "").startswith("off") else "no progress lines"
     else:
         rate = _number(row.get("steps_per_s"), ".2f")
-    if found is not None:
-        rate += f" SLOW {found.share:.2f}x" if found.kind == "rate" and found.share is not None else " SLOW"
+    if found is not None and found.kind == "rate":
+        rate += f" SLOW {found.share:.2f}x"
     return rate
 
 

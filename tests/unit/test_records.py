@@ -23,15 +23,19 @@ def record(t: float, steps: int, forward_s: float, data_s: float, start: int = 7
 def test_rates_come_from_the_steps_own_times_and_shares_from_the_window() -> None:
     rank = RankRecord(7, 30.0)
     assert rank.fields(0.0) == NO_RECORD  # nothing read: the program never imported torch.optim nor a DataLoader
+    rank.add(dict(record(95.0, 0, 0.0, 0.5), t_step=0.0, batches=0, t_batch=0.0), 95.0)  # torch imported, no step
+    assert rank.fields(95.0) == dict(NO_RECORD, steps=0, batches=0, record="on")
     rank.add(record(100.0, 10, 2.0, 1.0), 100.5)
     first = rank.fields(100.5)
-    assert first["steps"] == 10 and first["record"] == "on" and first["steps_per_s"] is None  # one look: no rate
+    assert first["steps"] == 10 and first["record"] == "on" and first["steps_per_s"] is None  # one step time: no rate
     for i in range(1, 11):  # 5 steps a second; 0.08 s of each 0.2 s step computing, 0.02 s waiting for data
         rank.add(record(100.0 + i, 10 + 5 * i, 2.0 + 0.4 * i, 1.0 + 0.1 * i), 100.0 + i + 0.1)
     found = rank.fields(110.1)
     assert found["steps"] == 60 and found["batches"] == 120
     assert found["steps_per_s"] == pytest.approx(5.0) and found["batches_per_s"] == pytest.approx(10.0)
     assert found["forward_share"] == pytest.approx(0.4) and found["data_share"] == pytest.approx(0.1)
+    # A record comes at most every flush interval: its last step may be older than two steps while the rank goes on.
+    assert rank.fields(110.0 + 2 * 0.2 + 0.05)["steps_per_s"] == pytest.approx(5.0)
     assert rank.fields(200.0)["steps_per_s"] < 1.0  # still for long: the rate falls toward 0
 
 
