@@ -4,7 +4,7 @@ count, CPU and memory), stragglers marked."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,23 +116,40 @@ def _helpers(helpers: Sequence[Mapping[str, Any]] | None) -> str:
     return f"{len(helpers)}: {cpu:.0f}% {size(sum(h.get('rss_bytes') or 0 for h in helpers))}"
 
 
+def _forward(row: Mapping[str, Any], found: Straggler | None) -> str:
+    share = _share(row.get("forward_share"))
+    return share + " SLOW" if found is not None and found.kind == "forward" else share
+
+
+_CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Straggler | None], str]], ...] = (
+    ("node", False, None, lambda r, _: r["node"]),
+    ("rank", True, None, lambda r, _: f"r{r['rank']}"),
+    ("pid", True, None, lambda r, _: str(r["pid"])),
+    ("state", False, None, lambda r, _: r.get("state") or "?"),
+    ("CPU %", True, None, lambda r, _: _number(r.get("cpu_percent"), ".0f")),
+    ("RSS", True, None, lambda r, _: size(r.get("rss_bytes"))),
+    ("helpers", True, "helpers", lambda r, _: _helpers(r.get("helpers"))),
+    ("quiet s", True, None, lambda r, _: _number(r.get("last_output_s"), ".0f")),
+    ("steps/s", True, None, _rate),
+    ("batches/s", True, "record", lambda r, _: _number(r.get("batches_per_s"), ".2f")),
+    ("fwd", True, "record", _forward),
+    ("data", True, "record", lambda r, _: _share(r.get("data_share"))),
+    ("last line", False, None, lambda r, _: r.get("last_line") or ""),
+)
+"""The rank table's columns: name, right-aligned, the field without which no rank has it (the column is left out, so
+a run that only prints lines keeps its narrow table), and the cell."""
+
+
 def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
-    for name, right in (("node", False), ("rank", True), ("pid", True), ("state", False), ("CPU %", True),
-                        ("RSS", True), ("helpers", True), ("quiet s", True), ("steps/s", True), ("batches/s", True),
-                        ("fwd", True), ("data", True), ("last line", False)):
+    rows = ranks_of(views)
+    cells = [c for c in _CELLS if c[2] is None or any(r.get(c[2]) for r in rows)]
+    for name, right, _, _ in cells:
         table.add_column(name, justify="right" if right else "left", no_wrap=True,
                          overflow="ellipsis", ratio=1 if name == "last line" else None)
-    for row in ranks_of(views):
+    for row in rows:
         found = stragglers.get(row["rank"])
-        forward = _share(row.get("forward_share"))
-        if found is not None and found.kind == "forward":
-            forward += " SLOW"
-        table.add_row(row["node"], f"r{row['rank']}", str(row["pid"]), row.get("state") or "?",
-                      _number(row.get("cpu_percent"), ".0f"), size(row.get("rss_bytes")), _helpers(row.get("helpers")),
-                      _number(row.get("last_output_s"), ".0f"), _rate(row, found),
-                      _number(row.get("batches_per_s"), ".2f"), forward, _share(row.get("data_share")),
-                      row.get("last_line") or "", style="bold red" if found is not None else None)
+        table.add_row(*(cell(row, found) for _, _, _, cell in cells), style="bold red" if found is not None else None)
     return table
 
 

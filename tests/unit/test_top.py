@@ -161,3 +161,14 @@ def test_the_json_snapshot_carries_records_helpers_and_the_forward_straggler() -
     console.print(rank_table(views, found))
     text = console.export_text()
     assert "1: 30% 1.0 MiB" in text and "50% SLOW" in text
+
+
+def test_a_run_that_only_prints_lines_keeps_the_narrow_table() -> None:
+    row = {"rank": 0, "local_rank": 0, "pid": 11, "state": "S", "cpu_percent": 5.0, "rss_bytes": 1 << 20,
+           "last_output_s": 0.0, "steps_per_s": 9.6, "step": 56, "last_line": "rank 0 step 56", "record": None,
+           "helpers": []}
+    console = Console(width=80, record=True)
+    console.print(rank_table([NodeView("node-0", {"ranks": [row]})], {}))
+    text = console.export_text()
+    assert "fwd" not in text and "helpers" not in text and "batches/s" not in text
+    assert "node-0    r0" in text and "rank 0 step 56" in text  # what fits in 80 columns, as before records
