@@ -204,6 +204,9 @@ TOP_RATE_WINDOW_S = 30.0
 """A rank's step rate is over its steps of the last this many seconds."""
 TOP_GPU_TIMEOUT_S = 5.0
 """The most one `nvidia-smi --query-gpu` may take on a node."""
+FORWARD_GAP = 0.1
+"""A rank flagged by its forward share (lockstep DDP, launcher/plan/straggler.py) is at least this far above the
+median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""
 
 # `inv doctor --net` (launcher/doctor/net.py; the job is launcher/doctor/netjob.py).
 JOB_DOCTOR_PORT_SHIFT = 1

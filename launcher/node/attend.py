@@ -8,7 +8,7 @@ import threading
 import time
 
 from launcher.node import limits
-from launcher.node.proc import workers
+from launcher.node.proc import rank_processes
 from launcher.node.protocol import (
     DUMPS,
     ENDING_WORDS,
@@ -163,7 +163,7 @@ class Attended:
         self.words = words
         self.done = threading.Event()
         self.streamed_at = time.monotonic()
-        self.steps = None  # each rank's step rate, read from its progress lines (a Sampler, with the watch)
+        self.steps = None  # each rank's progress, from its record and its lines (a Sampler, with the watch)
         self.nccl_sent = {}
         """The flight recorder dumps already sent, as they were (with stacks, or asked for): the run's end sends only
         the others, and a rank's dump written again goes again."""
@@ -197,8 +197,9 @@ class Attended:
                     emit(Event.ALIVE)
 
     def progress(self):
-        """Each worker as the hang watch sees it from outside: seconds since its last output line, CPU seconds, and
-        its steps per second from its progress lines (stragglers)."""
+        """Each rank as the hang watch sees it: seconds since its last output line, its own process's CPU seconds,
+        and its progress (`top.Sampler.fields`: steps and batches from the hook's record, their rates, forward and
+        data shares, the record's state; steps per second from its lines where the record counts none)."""
         now = time.monotonic()
         last_line = getattr(self.proc, "merger", None)
         last_line = dict(last_line.last_line) if last_line is not None else {}
@@ -206,17 +207,16 @@ class Attended:
             from launcher.node.top import Sampler
 
             self.steps = Sampler(self.run_dir, self.request["mark"], self.request["top"])
-        found = workers(self.request["mark"])
+        found = rank_processes(self.request["mark"])
         self.steps.find(found)
         self.steps.read()
         ranks = []
-        for pid, start, rank, local_rank, _ in found:
+        for pid, start, rank, local_rank, _ in found[0]:
             state, _, cpu = proc_state(pid)
             seen = last_line.get(local_rank)
-            rate = self.steps.rate(pid, start)
-            ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
-                          "quiet_s": None if seen is None else round(now - seen, 3),
-                          "steps_per_s": None if rate is None else round(rate, 3)})
+            ranks.append(dict({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
+                               "quiet_s": None if seen is None else round(now - seen, 3)},
+                              **self.steps.fields(pid, start, now)))
         return ranks
 
     def stacks(self):

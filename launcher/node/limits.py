@@ -54,3 +54,11 @@ EVENTS_FD = 3
 wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`, common in module and conda
 wrappers) cannot swallow them, and the launch does not wait out its probe timeout for words it will never get.
 Started without it (by hand, an older command line), events go to stderr."""
+
+
+# --- the workers' progress records (hook, records) -------------------------------------------------------------------
+RECORD_BYTES = 128
+"""A progress record's fixed size: its numbers take about 80 bytes; the rest holds why recording is off."""
+RECORD_FLUSH_S = 0.1
+"""The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
+second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""

@@ -147,11 +147,24 @@ def stdout_gone():
         return False
 
 
-def workers(mark, marked=None):
-    """The run's live workers on this node, by rank: [(pid, start time, rank, local rank, restart count or None)],
-    read from their environments (torchrun itself and a DataLoader worker have no RANK). `marked`: the run's
-    processes as a pass over /proc just found them (`marked_processes`), else one is made."""
-    found = []
+def parent_of(pid):
+    """The parent's pid (/proc/<pid>/stat field 4), or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def rank_processes(mark, marked=None):
+    """The run's live processes on this node that carry a RANK, told apart: (ranks, helpers).
+
+    ranks: [(pid, start time, rank, local rank, restart count or None)] by rank, each rank's own process: the topmost
+    of its RANK (its parent, torchrun's agent, has none). helpers: [(pid, start time, rank, parent pid, owner pid)],
+    the processes below a rank's own that inherited its RANK (DataLoader workers, forked or spawned; torch.compile's
+    workers), `owner` the rank's own process. torchrun itself has no RANK. `marked`: the run's processes as a pass
+    over /proc just found them (`marked_processes`), else one is made."""
+    found = {}
     for pid, start in (marked_processes(mark) if marked is None else marked).items():
         env = environ_of(pid)
         try:
@@ -159,5 +172,22 @@ def workers(mark, marked=None):
         except (KeyError, ValueError):
             continue
         restart = env.get(b"TORCHELASTIC_RESTART_COUNT", b"")
-        found.append((pid, start, rank, local_rank, int(restart) if restart.isdigit() else None))
-    return sorted(found, key=lambda w: w[2])
+        found[pid] = (start, rank, local_rank, int(restart) if restart.isdigit() else None, parent_of(pid))
+    ranks, helpers = [], []
+    for pid, (start, rank, local_rank, restart, parent) in found.items():
+        owner, above = None, parent
+        for _ in range(len(found)):  # up the chain while the processes above carry the same RANK
+            if above not in found or found[above][1] != rank:
+                break
+            owner, above = above, found[above][4]
+        if owner is None:
+            ranks.append((pid, start, rank, local_rank, restart))
+        else:
+            helpers.append((pid, start, rank, parent, owner))
+    return sorted(ranks, key=lambda w: w[2]), sorted(helpers, key=lambda h: (h[2], h[0]))
+
+
+def workers(mark, marked=None):
+    """The run's live ranks on this node, each by its own process: [(pid, start time, rank, local rank, restart
+    count or None)] (`rank_processes` without the helpers)."""
+    return rank_processes(mark, marked)[0]

@@ -1,12 +1,13 @@
 """Every worker's Python stack, taken from outside the script (stdlib only, Python 3.8+).
 
 No ptrace: a run's workers start with the run directory's `hook/` first on PYTHONPATH, where a `sitecustomize.py`
-registers `faulthandler` on a real-time signal, writing to `stacks/<pid>.txt` of the run directory (then it runs the
-node's own sitecustomize, if there is one). The agent, as the same user, sends that signal to each worker whose file
-exists (so the hook is in place and the signal cannot kill it), and reads what each wrote. faulthandler dumps from
-the signal handler itself, in C: a rank blocked in a collective answers too. A rank that cannot answer (stopped,
-in uninterruptible sleep, a zombie) is reported as what /proc says it is. py-spy, where it is installed and allowed
-to attach, adds native frames; it is never the only source.
+(launcher/node/hook.py, which also keeps the progress records) registers `faulthandler` on a real-time signal,
+writing to `stacks/<pid>.txt` of the run directory (then it runs the node's own sitecustomize, if there is one).
+The agent, as the same user, sends that signal to each worker whose file exists (so the hook is in place and the
+signal cannot kill it), and reads what each wrote. faulthandler dumps from the signal handler itself, in C: a rank
+blocked in a collective answers too. A rank that cannot answer (stopped, in uninterruptible sleep, a zombie) is
+reported as what /proc says it is. py-spy, where it is installed and allowed to attach, adds native frames; it is
+never the only source. A rank's helpers (DataLoader workers, forked ones too) answer after it.
 """
 
 import os
@@ -14,49 +15,16 @@ import signal
 import subprocess
 import time
 
-from launcher.node.proc import signal_process, workers
+from launcher.node import hook, limits
+from launcher.node.proc import rank_processes, signal_process
 from launcher.node.protocol import timing
 
 HOOK_DIR = "hook"
 STACKS_DIR = "stacks"
-STACKS_ENV = "DDP_LAUNCHER_STACKS"
-"""What the hook reads: `<folder>:<signal number>`."""
 STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped", "t": "stopped by a tracer",
           "Z": "a zombie", "X": "dead", "I": "idle"}
 SILENT_STATES = ("T", "t", "Z", "X")
 """States in which a process runs no signal handler: asking for its stack would only wait."""
-
-HOOK_SOURCE = '''"""ddp-launcher's hook: every thread's stack to the run directory on a signal (faulthandler), then
-the node's own sitecustomize."""
-import os
-import sys
-
-
-def _ddp_launcher_hook():
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    folder, _, signum = os.environ.get("%(env)s", "").rpartition(":")
-    if folder and signum.isdigit():
-        try:
-            import faulthandler
-
-            handle = open(os.path.join(folder, "%%d.txt" %% os.getpid()), "a")
-            faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
-            globals()["_ddp_launcher_stacks"] = handle  # faulthandler keeps only the descriptor
-        except Exception:
-            pass
-    ours = sys.modules.pop("sitecustomize", None)
-    try:
-        import sitecustomize  # noqa: F401  (the node's own, if it has one: it runs as it would without us)
-    except ImportError as exc:
-        if exc.name != "sitecustomize":
-            raise
-    finally:
-        sys.modules.setdefault("sitecustomize", ours)  # the import system takes the module back from here
-
-
-_ddp_launcher_hook()
-''' % {"env": STACKS_ENV}
 
 
 def stack_signal():
@@ -66,14 +34,16 @@ def stack_signal():
 
 
 def install_hook(run_dir, env):
-    """Write the hook into the run directory and point the workers' environment at it (PYTHONPATH first)."""
-    hook, stacks = os.path.join(run_dir, HOOK_DIR), os.path.join(run_dir, STACKS_DIR)
-    for folder in (hook, stacks):
+    """Write the hook (launcher/node/hook.py: stacks on a signal, progress records) into the run directory and point
+    the workers' environment at it (PYTHONPATH first)."""
+    hook_dir, stacks, progress = (os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR))
+    for folder in (hook_dir, stacks, progress):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    with open(os.path.join(hook, "sitecustomize.py"), "w") as handle:
-        handle.write(HOOK_SOURCE)
-    env[STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
-    env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(os.path.join(hook_dir, "sitecustomize.py"), "w") as handle:
+        handle.write(hook.__loader__.get_source(hook.__name__))  # the node's loader and a file's both give it
+    env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
+    env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, limits.RECORD_BYTES, limits.RECORD_FLUSH_S)
+    env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
 def proc_state(pid):
@@ -94,26 +64,18 @@ def proc_state(pid):
 
 
 def collect(run_dir, mark, wait_s):
-    """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is."""
+    """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is. Each rank's
+    own process comes first, then its helpers (DataLoader and compile workers: `helper`, `parent`, `owner`)."""
     folder = os.path.join(run_dir, STACKS_DIR)
     asked = {}
     report = []
-    for pid, start, rank, local_rank, _ in workers(mark):
-        state, wchan, cpu = proc_state(pid)
-        entry = {"pid": pid, "rank": rank, "local_rank": local_rank, "state": state,
-                 "state_name": STATES.get(state, state), "wchan": wchan, "cpu_s": cpu, "stack": None, "why": None}
-        path = os.path.join(folder, "%d.txt" % pid)
-        if state in SILENT_STATES:
-            entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
-        elif not os.path.exists(path):
-            entry["why"] = "it has no stack hook (not a Python process, or its python ignores PYTHONPATH)"
-        else:
-            before = os.path.getsize(path)  # before the signal: the answer may be written before the call returns
-            if signal_process(pid, start, stack_signal()):
-                asked[pid] = (path, before)
-            else:
-                entry["why"] = "it ended before it could be asked"
-        report.append(entry)
+    ranks, helpers = rank_processes(mark)
+    for pid, start, rank, local_rank, _ in ranks:
+        report.append(_ask(folder, pid, start, {"rank": rank, "local_rank": local_rank}, asked))
+        for helper, helper_start, _, parent, owner in helpers:
+            if owner == pid:
+                report.append(_ask(folder, helper, helper_start, {
+                    "rank": rank, "local_rank": local_rank, "helper": True, "parent": parent, "owner": pid}, asked))
     texts = _read_answers(asked, wait_s)
     for entry in report:
         if entry["pid"] in asked:
@@ -124,6 +86,25 @@ def collect(run_dir, mark, wait_s):
         entry["lines"] = source_lines(entry["stack"])
         _add_pyspy(entry, wait_s)
     return report
+
+
+def _ask(folder, pid, start, fields, asked):
+    """One process's entry; the signal sent when it can answer (`asked`: pid -> its file and its size before)."""
+    state, wchan, cpu = proc_state(pid)
+    entry = dict(fields, pid=pid, state=state, state_name=STATES.get(state, state), wchan=wchan, cpu_s=cpu,
+                 stack=None, why=None)
+    path = os.path.join(folder, "%d.txt" % pid)
+    if state in SILENT_STATES:
+        entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
+    elif not os.path.exists(path):
+        entry["why"] = "it has no stack hook (not a Python process, or its python ignores PYTHONPATH)"
+    else:
+        before = os.path.getsize(path)  # before the signal: the answer may be written before the call returns
+        if signal_process(pid, start, stack_signal()):
+            asked[pid] = (path, before)
+        else:
+            entry["why"] = "it ended before it could be asked"
+    return entry
 
 
 def _read_answers(asked, wait_s):

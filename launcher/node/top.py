@@ -1,11 +1,13 @@
-"""What `inv top` sees of a run on one node (stdlib only, Python 3.8+), from outside the workers: /proc for each
-worker's state, CPU and memory; its own files (torchrun --redirects: <ranks>/*/attempt_<restart>/<local rank>/
-stdout.log and stderr.log) for its last line, when it last wrote, and its progress lines; the node's load, memory
-and, where nvidia-smi is, its GPUs. Nothing runs in a worker and nothing is written: watching cannot slow the run.
+"""What `inv top` sees of a run on one node (stdlib only, Python 3.8+): /proc for each rank's state, CPU and memory,
+and its helpers' (DataLoader and compile workers, `proc.rank_processes`); its own files (torchrun --redirects:
+<ranks>/*/attempt_<restart>/<local rank>/stdout.log and stderr.log) for its last line, when it last wrote, and its
+progress lines; its progress record (launcher/node/records.py, kept by the workers' hook); the node's load, memory
+and, where nvidia-smi is, its GPUs. The agent only reads: watching cannot slow the run.
 
-Progress comes from the rank's own lines: the job's regular expression (`job.progress`), whose group `step` (else
-its first group that matched) is the step number. A step lower than the last one is a new count (a new epoch that
-counts from 0 or 1): the rank's progress goes on from there, so its rate stays steps per second across epochs.
+Steps per second come from the record where it counts optimizer steps; else from the rank's own lines: the job's
+regular expression (`job.progress`), whose group `step` (else its first group that matched) is the step number. A
+step lower than the last one is a new count (a new epoch that counts from 0 or 1): the rank's progress goes on from
+there, so its rate stays steps per second across epochs.
 """
 
 import glob
@@ -15,7 +17,8 @@ import shutil
 import subprocess
 import time
 
-from launcher.node.proc import marked_processes, workers
+from launcher.node.proc import marked_processes, rank_processes
+from launcher.node.records import NO_RECORD, RankRecord, record_path, window_rate
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -79,17 +82,8 @@ class RankProgress:
         self.moves = [m for m in self.moves if now - m[0] <= self.window_s]
 
     def rate(self, now):
-        """Steps per second over the window: between the first and the last move, or until now once the rank has
-        been still for longer than two of its steps (a rank that stopped goes to 0). None: under two moves."""
-        if len(self.moves) < 2:
-            return None
-        (t0, s0), (t1, s1) = self.moves[0], self.moves[-1]
-        if t1 <= t0:
-            return None
-        steps = s1 - s0
-        if now - t1 > 2 * (t1 - t0) / steps:
-            return steps / (now - t0)
-        return steps / (t1 - t0)
+        """Steps per second over the window (`records.window_rate`). None: under two moves."""
+        return window_rate(self.moves, now)
 
 
 def rank_files(ranks_dir, local_rank, restart):
@@ -156,34 +150,68 @@ class Sampler:
         self.ranks_dir = os.path.join(run_dir, settings["ranks"])
         self.pattern = re.compile(settings["progress"])
         self.progress = {}  # (pid, start) -> RankProgress
+        self.records = {}  # (pid, start) -> RankRecord
         self.files = {}  # (pid, start) -> its files
         self.cpu = {}  # pid -> (monotonic time, CPU seconds) at the last snapshot
-        self.found = []  # the workers as last found
+        self.found = []  # the ranks' own processes as last found
+        self.helpers = []  # their helpers (proc.rank_processes)
         self.follow = None  # the global rank whose last lines each snapshot carries
 
     def find(self, found=None):
-        """The run's workers now (or as the caller just found them), each with its progress and files."""
-        self.found = workers(self.mark) if found is None else found
+        """The run's ranks now (or as the caller just found them: `rank_processes`' pair), each with its progress
+        and files."""
+        self.found, self.helpers = rank_processes(self.mark) if found is None else found
         live = {(pid, start) for pid, start, _, _, _ in self.found}
         for key in [k for k in self.progress if k not in live]:  # a worker that ended (a restart): forget it
             del self.progress[key]
+            self.records.pop(key, None)
             self.files.pop(key, None)
         for pid, start, _, local_rank, restart in self.found:
             key = (pid, start)
             if key not in self.progress:
                 self.progress[key] = RankProgress(self.pattern, self.settings["rate_window_s"])
+                self.records[key] = RankRecord(start, self.settings["rate_window_s"])
             if not self.files.get(key):
                 self.files[key] = rank_files(self.ranks_dir, local_rank, restart)
 
-    def rate(self, pid, start):
-        """The worker's steps per second (None: under two steps seen, or not a worker found)."""
-        progress = self.progress.get((pid, start))
-        return None if progress is None else progress.rate(time.monotonic())
+    def fields(self, pid, start, now):
+        """A rank's progress: steps, batches, their rates, forward and data shares from its record (the hook's);
+        steps per second from its lines where the record has no step."""
+        record = self.records.get((pid, start))
+        if record is None:
+            found = dict(NO_RECORD)
+        else:
+            record.read(record_path(self.run_dir, pid), now)
+            found = record.fields(now)
+        if not found["steps"]:
+            lines = self.progress.get((pid, start))
+            rate = None if lines is None else lines.rate(now)
+            found["steps_per_s"] = None if rate is None else round(rate, 3)
+        return found
 
     def read(self):
         now = time.monotonic()
         for key, paths in self.files.items():
             self.progress[key].read(paths, int(self.settings["tail_bytes"]), int(self.settings["keep_lines"]), now)
+
+    def cpu_now(self, pid, now):
+        """(state, CPU seconds, CPU % since the last snapshot) of a process."""
+        state, _, cpu = proc_state(pid)
+        before = self.cpu.get(pid)
+        self.cpu[pid] = (now, cpu)
+        percent = None
+        if before is not None and cpu is not None and before[1] is not None and now > before[0]:
+            percent = round(100.0 * (cpu - before[1]) / (now - before[0]), 1)
+        return state, cpu, percent
+
+    def helper_rows(self, owner, now):
+        rows = []
+        for pid, start, _, parent, of in self.helpers:
+            if of == owner:
+                state, cpu, percent = self.cpu_now(pid, now)
+                rows.append({"pid": pid, "start": start, "parent": parent, "state": state, "cpu_s": cpu,
+                             "cpu_percent": percent, "rss_bytes": rss_bytes(pid)})
+        return rows
 
     def snapshot(self, found=None):
         self.find(found)
@@ -192,21 +220,18 @@ class Sampler:
         ranks = []
         for pid, start, rank, local_rank, _ in self.found:
             progress = self.progress[(pid, start)]
-            state, _, cpu = proc_state(pid)
-            before = self.cpu.get(pid)
-            self.cpu[pid] = (now, cpu)
-            cpu_percent = None
-            if before is not None and cpu is not None and before[1] is not None and now > before[0]:
-                cpu_percent = round(100.0 * (cpu - before[1]) / (now - before[0]), 1)
+            state, cpu, cpu_percent = self.cpu_now(pid, now)
             written = [os.path.getmtime(p) for p in self.files.get((pid, start), []) if os.path.exists(p)]
-            rate = progress.rate(now)
-            ranks.append({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state,
-                          "state_name": STATES.get(state, state), "cpu_percent": cpu_percent,
-                          "cpu_s": cpu, "rss_bytes": rss_bytes(pid),
-                          "last_output_s": round(max(0.0, wall - max(written)), 1) if written else None,
-                          "last_line": progress.last_line, "step": progress.last_step,
-                          "steps_per_s": None if rate is None else round(rate, 3),
-                          "tail": progress.lines if rank == self.follow else None})
+            ranks.append(dict({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state,
+                               "state_name": STATES.get(state, state), "cpu_percent": cpu_percent,
+                               "cpu_s": cpu, "rss_bytes": rss_bytes(pid),
+                               "last_output_s": round(max(0.0, wall - max(written)), 1) if written else None,
+                               "last_line": progress.last_line, "step": progress.last_step,
+                               "helpers": self.helper_rows(pid, now),
+                               "tail": progress.lines if rank == self.follow else None},
+                              **self.fields(pid, start, now)))
+        seen = {w[0] for w in self.found} | {h[0] for h in self.helpers}
+        self.cpu = {pid: value for pid, value in self.cpu.items() if pid in seen}
         total, available = memory()
         return {"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "mem_total_bytes": total,
                 "mem_available_bytes": available, "ranks": ranks,
@@ -245,7 +270,7 @@ def watch(run_dir, mark, settings, emit_line):
                 return sent
             sampler.read()
         marked = marked_processes(mark)  # one pass over /proc: whether the run goes on, and its workers
-        snapshot = sampler.snapshot(workers(mark, marked))
+        snapshot = sampler.snapshot(rank_processes(mark, marked))
         snapshot["running"] = bool(marked)
         if not emit_line(snapshot):
             return sent

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.report.frames import Frame, called_back, user_frame, wait_of
@@ -39,6 +39,10 @@ class RankStack:
     """Why there is no stack (stopped, a zombie, no hook, no answer in time)."""
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Anything else the node said (py-spy's dump, the wait channel, CPU seconds)."""
+    helpers: tuple[RankStack, ...] = field(default=(), compare=False)
+    """The rank's helpers (DataLoader and compile workers, carrying its RANK), each its own stack: not ranks."""
+    parent: int | None = None
+    """A helper's parent process (the rank's own process, or a helper of it); None for a rank."""
 
     @property
     def place(self) -> str:
@@ -89,14 +93,22 @@ def parse_dump(text: str | None, lines: Mapping[str, str] | None = None) -> tupl
 
 
 def rank_stacks(node: str, workers: Iterable[Mapping[str, Any]]) -> list[RankStack]:
-    """One node's `stacks` answer as RankStacks."""
-    out = []
+    """One node's `stacks` answer as RankStacks: the ranks, each with its helpers (the entries marked `helper`)."""
+    helpers: dict[int, list[RankStack]] = {}
+    ranks = []
     for w in workers:
-        extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s") if w.get(k) is not None}
-        out.append(RankStack(node, int(w["rank"]), int(w["local_rank"]), int(w["pid"]), w.get("state"),
-                             w.get("state_name"), parse_dump(w.get("stack"), w.get("lines")), w.get("stack"),
-                             w.get("why"), extra))
-    return out
+        if w.get("helper"):
+            helpers.setdefault(int(w["owner"]), []).append(_stack(node, w))
+        else:
+            ranks.append(w)
+    return [replace(_stack(node, w), helpers=tuple(helpers.get(int(w["pid"]), ()))) for w in ranks]
+
+
+def _stack(node: str, w: Mapping[str, Any]) -> RankStack:
+    extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s") if w.get(k) is not None}
+    return RankStack(node, int(w["rank"]), int(w["local_rank"]), int(w["pid"]), w.get("state"), w.get("state_name"),
+                     parse_dump(w.get("stack"), w.get("lines")), w.get("stack"), w.get("why"), extra,
+                     parent=w.get("parent"))
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -134,8 +146,17 @@ def _singular(place: str) -> str:
 
 
 def stack_file(stack: RankStack) -> str:
-    """What `<node>-r<rank>.txt` holds: who, its state, the dump as written, and py-spy's where it answered."""
-    head = [f"node {stack.node}, rank {stack.rank} (local rank {stack.local_rank}), pid {stack.pid}",
+    """What `<node>-r<rank>.txt` holds: who, its state, the dump as written, and py-spy's where it answered; then
+    each of its helpers the same way, marked as a helper."""
+    text = _stack_text(stack, f"node {stack.node}, rank {stack.rank} (local rank {stack.local_rank}), pid {stack.pid}")
+    for helper in stack.helpers:
+        text += "\n" + _stack_text(helper, f"--- helper of rank {stack.rank}: pid {helper.pid} (child of "
+                                            f"{helper.parent}; a DataLoader or compile worker) ---")
+    return text
+
+
+def _stack_text(stack: RankStack, title: str) -> str:
+    head = [title,
             f"state: {stack.state_name or '?'} ({stack.state or '?'})" + (
                 f", waiting in the kernel at {stack.extra['wchan']}" if stack.extra.get("wchan") else ""),
             f"where: {stack.place}"]

@@ -18,7 +18,7 @@ from rich.live import Live
 
 from launcher.options import Options
 from launcher.plan.straggler import StragglerWatch
-from launcher.report.top import NodeView, as_json, node_table, rank_table, ranks_of, rates, view
+from launcher.report.top import NodeView, as_json, forward_shares, node_table, rank_table, ranks_of, rates, view
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -33,7 +33,7 @@ class Feed(Protocol):
 
 def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool) -> int:
     """`inv top --once`: the snapshot as a table, or as JSON for scripts; stragglers judged on this one look."""
-    found = StragglerWatch(opts.straggler_factor, 0.0).look(time.monotonic(), rates(views))
+    found = StragglerWatch(opts.straggler_factor, 0.0).look(time.monotonic(), rates(views), forward_shares(views))
     if as_json_too:
         out.write(json.dumps(as_json(run_id, views, found)) + "\n")
         return 0
@@ -82,7 +82,7 @@ class TopScreen:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
                 views = self.feed.views()
-                found = self.watch.look(time.monotonic(), rates(views))
+                found = self.watch.look(time.monotonic(), rates(views), forward_shares(views))
                 live.update(view(self.run_id, views, found, self.follow, self.footer, console.size.height),
                             refresh=True)
                 key = keys(REFRESH_S)

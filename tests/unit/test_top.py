@@ -1,5 +1,5 @@
-"""inv top's pure parts: the straggler rule, a rank's progress from its lines, the JSON shape, the inventory's
-`job.progress`."""
+"""inv top's pure parts: the straggler rules (by rate, by forward share), a rank's progress from its lines, the JSON
+shape, the inventory's `job.progress`."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from launcher.config.inventory import load_inventory
 from launcher.errors import LauncherError
 from launcher.node.top import RankProgress
 from launcher.options import DEFAULT_PROGRESS
-from launcher.plan.straggler import StragglerWatch, slow_ranks, straggler_line
-from launcher.report.top import NodeView, as_json
+from launcher.plan.straggler import StragglerWatch, heavy_ranks, slow_ranks, straggler_line
+from launcher.report.top import NodeView, as_json, forward_shares, rank_table, rates
 
 
 def test_a_rank_below_the_factor_of_the_median_is_slow_and_none_without_two_rates() -> None:
@@ -121,3 +122,53 @@ def test_gpus_are_read_from_nvidia_smi_and_none_when_it_fails_or_hangs(tmp_path:
     _nvidia_smi(tmp_path, "exec sleep 30\n")
     started = time.monotonic()
     assert gpus(0.5) is None and time.monotonic() - started < 5  # a stuck driver never holds the view
+
+
+def test_in_lockstep_the_rank_that_computes_more_of_each_step_is_the_straggler() -> None:
+    rates = {0: 5.0, 1: 5.0, 2: 5.0, 3: 4.9}  # lockstep DDP: every rank at the slow one's pace
+    forward = {0: 0.23, 1: 0.22, 2: 0.24, 3: 0.41}
+    assert heavy_ranks(forward, 0.8) == {3: (0.41, pytest.approx(0.235))}
+    assert heavy_ranks({0: 0.02, 1: 0.02, 2: 0.03}, 0.8) == {}  # 1.5x the median, but 0.01 apart: noise
+    assert heavy_ranks({0: 0.5, 1: 0.55}, 0.8) == {}  # within the factor
+    assert heavy_ranks({0: 0.3, 1: None}, 0.8) == {}  # one share is no median
+    watch = StragglerWatch(0.8, 10.0)
+    assert watch.look(0.0, rates, forward) == {}
+    found = watch.look(10.0, rates, forward)
+    assert list(found) == [3] and found[3].kind == "forward" and found[3].share == pytest.approx(4.9 / 5.0)
+    assert straggler_line(found[3], "node-1") == (
+        "straggler: node-1 r3: 41% of each step computing (forward) against a median of 24%; the others wait for it")
+    # Ranks that do not synchronise: today's rule by rate, and the forward rule stays out of it.
+    by_rate = StragglerWatch(0.8, 0.0).look(0.0, {0: 10.0, 1: 10.0, 2: 3.0}, {0: 0.2, 1: 0.6, 2: 0.2})
+    assert list(by_rate) == [2] and by_rate[2].kind == "rate"
+
+
+def test_the_json_snapshot_carries_records_helpers_and_the_forward_straggler() -> None:
+    helper = {"pid": 12, "start": 5, "parent": 11, "state": "S", "cpu_s": 1.0, "cpu_percent": 30.0,
+              "rss_bytes": 1 << 20}
+    rank = {"local_rank": 0, "pid": 11, "state": "S", "cpu_percent": 50.0, "cpu_s": 2.0, "rss_bytes": 1 << 20,
+            "last_output_s": None, "steps_per_s": 5.0, "step": None, "last_line": None, "steps": 40,
+            "batches": 40, "batches_per_s": 5.0, "data_share": 0.05, "record": "on"}
+    views = [NodeView("node-0", {"ranks": [{**rank, "rank": 0, "forward_share": 0.2, "helpers": [helper]},
+                                           {**rank, "rank": 1, "forward_share": 0.5, "helpers": []}]}),
+             NodeView("node-1", {"ranks": [{**rank, "rank": 2, "forward_share": 0.21, "helpers": []}]})]
+    found = StragglerWatch(0.8, 0.0).look(0.0, rates(views), forward_shares(views))
+    snap = as_json("20261125-000000-abcdef", views, found)
+    first, second = snap["ranks"][0], snap["ranks"][1]
+    assert first["helpers"] == [helper] and first["steps"] == 40 and first["record"] == "on"
+    assert {"steps_per_s", "batches_per_s", "forward_share", "data_share", "helpers"} <= set(first)
+    assert (second["straggler"], second["straggler_by"], second["share_of_median"]) == (True, "forward", 1.0)
+    console = Console(width=200, record=True)
+    console.print(rank_table(views, found))
+    text = console.export_text()
+    assert "1: 30% 1.0 MiB" in text and "50% SLOW" in text
+
+
+def test_a_run_that_only_prints_lines_keeps_the_narrow_table() -> None:
+    row = {"rank": 0, "local_rank": 0, "pid": 11, "state": "S", "cpu_percent": 5.0, "rss_bytes": 1 << 20,
+           "last_output_s": 0.0, "steps_per_s": 9.6, "step": 56, "last_line": "rank 0 step 56", "record": None,
+           "helpers": []}
+    console = Console(width=80, record=True)
+    console.print(rank_table([NodeView("node-0", {"ranks": [row]})], {}))
+    text = console.export_text()
+    assert "fwd" not in text and "helpers" not in text and "batches/s" not in text
+    assert "node-0    r0" in text and "rank 0 step 56" in text  # what fits in 80 columns, as before records

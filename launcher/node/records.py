@@ -1,0 +1,107 @@
+"""Each rank's progress record as the agent reads it (stdlib only, Python 3.8+): the line the worker's own hook
+(launcher/node/hook.py) rewrites in `<run dir>/progress/<pid>`, read once a look, and what the recent ones say:
+steps and batches per second, and the share of each step spent in the forward and waiting for data.
+
+The record's times are the node's monotonic clock, the agent's too: a rate counts from the steps' own times, not
+from when the agent happened to look.
+"""
+
+import os
+
+from launcher.node import limits
+from launcher.node.hook import PROGRESS_DIR, VERSION
+
+NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
+COUNTS = ("steps", "batches")
+NO_RECORD = {"steps": None, "batches": None, "steps_per_s": None, "batches_per_s": None, "forward_share": None,
+             "data_share": None, "record": None}
+"""A rank's fields when it has no record (the program never imported torch.optim nor a DataLoader)."""
+
+
+def parse_record(data):
+    """A record as a dict (start, on, why, and NUMBERS), or None when it is not one whole record."""
+    if not data.endswith(b"\n"):
+        return None
+    words = data.split(None, len(NUMBERS) + 3)
+    if len(words) < len(NUMBERS) + 3 or words[0] != VERSION or words[2] not in (b"on", b"off"):
+        return None
+    try:
+        found = {name: (int if name in COUNTS else float)(words[3 + i]) for i, name in enumerate(NUMBERS)}
+        found["start"] = int(words[1])
+    except ValueError:
+        return None
+    found["on"] = words[2] == b"on"
+    found["why"] = words[len(NUMBERS) + 3].decode("utf-8", "replace").strip() if len(words) > len(NUMBERS) + 3 else ""
+    return found
+
+
+def window_rate(moves, now, since=None, slack=0.0):
+    """Counts per second over a window of (time, count) moves: between the first and the last move, or until now once
+    the count has been still (since `since`, by default the last move) for longer than two of its steps and `slack`
+    (a rank that stopped goes to 0). None: under two moves."""
+    if len(moves) < 2:
+        return None
+    (t0, s0), (t1, s1) = moves[0], moves[-1]
+    if t1 <= t0 or s1 <= s0:
+        return None
+    steps = s1 - s0
+    if now - (t1 if since is None else since) > 2 * (t1 - t0) / steps + slack:
+        return steps / (now - t0)
+    return steps / (t1 - t0)
+
+
+def record_path(run_dir, pid):
+    return os.path.join(run_dir, PROGRESS_DIR, str(pid))
+
+
+class RankRecord:
+    """One rank's records as read so far, those of the last `window_s` kept (always the last one)."""
+
+    def __init__(self, start, window_s):
+        self.start, self.window_s = start, window_s
+        self.samples = []
+
+    def read(self, path, now):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(limits.RECORD_BYTES)
+        except OSError:
+            return
+        self.add(parse_record(data), now)
+
+    def add(self, record, now):
+        """A record read at `now`: kept when it is this process's (its start time) and goes on from the last one
+        (a read that met a write half done can only look older, and is dropped)."""
+        if record is None or record["start"] not in (self.start, -1):
+            return
+        last = self.samples[-1] if self.samples else None
+        if last is not None and (record["t"] <= last["t"] or any(record[n] < last[n] for n in NUMBERS)):
+            return
+        self.samples.append(record)
+        self.samples = [s for s in self.samples if now - s["t"] <= self.window_s] or [record]
+
+    def fields(self, now):
+        """steps, batches, their rates, forward_share, data_share and record ("on", "off: why"; None: no record)."""
+        if not self.samples:
+            return dict(NO_RECORD)
+        last = self.samples[-1]
+        if not last["on"]:
+            return dict(NO_RECORD, record="off: %s" % (last["why"] or "no reason given"))
+        first, span = self.samples[0], last["t"] - self.samples[0]["t"]
+        found = {"steps": last["steps"], "batches": last["batches"], "record": "on",
+                 "forward_share": None if span <= 0 else _share(last["forward_s"] - first["forward_s"], span),
+                 "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span)}
+        for count, when, rate in (("steps", "t_step", "steps_per_s"), ("batches", "t_batch", "batches_per_s")):
+            moves = []
+            for sample in self.samples:  # a count of 0 has no time yet
+                if sample[count] > (moves[-1][1] if moves else 0):
+                    moves.append((sample[when], sample[count]))
+            # Still only once no record came for two steps and a flush interval: a record is written at most that
+            # often, so its last count may be that old while the rank goes on.
+            value = window_rate(moves, now, last["t"], limits.RECORD_FLUSH_S)
+            found[rate] = None if value is None else round(value, 3)
+        return found
+
+
+def _share(seconds, span):
+    return round(min(1.0, max(0.0, seconds / span)), 3)
