@@ -140,32 +140,85 @@ _CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Straggle
 a run that only prints lines keeps its narrow table), and the cell."""
 
 
-def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler]) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
-    rows = ranks_of(views)
+def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], rows: Sequence[Mapping[str, Any]] | None
+               = None, width: int | None = None) -> Table:
+    """The ranks' table (`rows`: those to show, in order; all by default). With the terminal's `width`, the columns
+    that matter least are left out until the last line keeps `LAST_LINE_MIN` characters."""
+    rows = ranks_of(views) if rows is None else rows
     cells = [c for c in _CELLS if c[2] is None or any(r.get(c[2]) for r in rows)]
+    if width is not None:
+        cells = _fitting(cells, rows, stragglers, width)
+    table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     for name, right, _, _ in cells:
-        table.add_column(name, justify="right" if right else "left", no_wrap=True,
-                         overflow="ellipsis", ratio=1 if name == "last line" else None)
+        table.add_column(name, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
+                         ratio=1 if name == "last line" else None,
+                         min_width=LAST_LINE_MIN if name == "last line" else None)
     for row in rows:
         found = stragglers.get(row["rank"])
         table.add_row(*(cell(row, found) for _, _, _, cell in cells), style="bold red" if found is not None else None)
     return table
 
 
+LAST_LINE_MIN = 24
+"""The last line keeps at least this many characters in a narrow terminal (it shrank to 9 in 80 columns)."""
+DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s")
+"""The columns a narrow terminal loses first, in order; node, rank, CPU, steps/s, fwd and the last line stay."""
+
+
+def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], width: int) -> list:
+    def natural(cell: tuple) -> int:
+        name, _, _, make = cell
+        return max([len(name), *(len(make(r, stragglers.get(r["rank"]))) for r in rows)]) + 1
+
+    kept = list(cells)
+    for name in DROPPED_FIRST:
+        if sum(natural(c) for c in kept if c[0] != "last line") + LAST_LINE_MIN <= width:
+            break
+        kept = [c for c in kept if c[0] != name]
+    return kept
+
+
+def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler]) -> bool:
+    """A rank worth a row before the quiet healthy ones: a straggler, stopped, stuck, a zombie, or its record off."""
+    return (row["rank"] in stragglers or (row.get("state") or "") in ("D", "T", "t", "Z")
+            or str(row.get("record") or "").startswith("off"))
+
+
+def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], what: str) -> Text:
+    marks = [f"r{r['rank']} " + ("SLOW" if r["rank"] in stragglers else r.get("state") or "?") for r in hidden
+             if flagged(r, stragglers)]
+    said = f"+{len(hidden)} {what} not shown" + (f": {', '.join(marks[:6])}" if marks else "")
+    return Text(said + (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else ""), style="yellow")
+
+
 def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], follow: int | None = None,
-         footer: Sequence[str] = (), height: int = 50) -> RenderableType:
-    """The live view's screen: the nodes, the ranks, the followed rank's last lines (as many as the terminal's
-    `height` leaves room for), and the keys."""
-    parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(views), Text(""),
-                                   rank_table(views, stragglers)]
+         footer: Sequence[str] = (), height: int = 50, width: int | None = None) -> RenderableType:
+    """The live view's screen, made to fit `height` lines (and `width` columns): the key line and the answer to a
+    key always have room; nodes and ranks that do not fit are said (`+4 ranks not shown: r13 SLOW`), flagged ranks
+    first (`flagged`), then the others in rank order; the followed rank's last lines take what room is left."""
+    rows = ranks_of(views)
+    keys = Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim")
+    panel = 5 if follow is not None else 0  # at least 3 lines and the panel's borders
+    room = height - 2 - len(footer) - 1 - panel  # the title and the blank line; the answer to a key; the keys
+    problems = [v for v in views if v.snapshot is None]
+    shown_nodes = (problems + [v for v in views if v.snapshot is not None])[:max(1, min(len(views), room // 4))]
+    shown_nodes = [v for v in views if v in shown_nodes]
+    room -= 1 + len(shown_nodes) + (1 if len(shown_nodes) < len(views) else 0)  # header, rows, "+N nodes"
+    fit = max(1, room - 1 - (1 if len(rows) > room - 1 else 0))  # the table's header; "+N ranks"
+    chosen = sorted(rows, key=lambda r: (not flagged(r, stragglers), r["rank"]))[:fit]
+    shown = sorted(chosen, key=lambda r: (not flagged(r, stragglers), r["rank"]))
+    parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(shown_nodes)]
+    if len(shown_nodes) < len(views):
+        parts.append(Text(f"+{len(views) - len(shown_nodes)} nodes not shown", style="yellow"))
+    parts += [Text(""), rank_table(views, stragglers, shown, width)]
+    if len(shown) < len(rows):
+        parts.append(_hidden_line([r for r in rows if r not in shown], stragglers, "ranks"))
     if follow is not None:
-        rows = ranks_of(views)
         row = next((r for r in rows if r["rank"] == follow), None)
-        room = height - len(views) - len(rows) - len(footer) - 9  # titles, headers, borders, keys
-        lines = ((row or {}).get("tail") or [])[-max(3, room):]
+        spare = max(3, room - 1 - len(shown) - (1 if len(shown) < len(rows) else 0) + panel - 2)
+        lines = ((row or {}).get("tail") or [])[-spare:]
         parts.append(Panel("\n".join(lines) or "(no lines yet)", title=f"r{follow} ({(row or {}).get('node', '?')})",
-                           title_align="left"))
+                           title_align="left", height=min(len(lines), spare) + 2 if lines else 3))
     parts += [Text(line) for line in footer]
-    parts.append(Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim"))
+    parts.append(keys)
     return Group(*parts)

@@ -83,7 +83,8 @@ class TopScreen:
             while True:
                 views = self.feed.views()
                 found = self.watch.look(time.monotonic(), rates(views), forward_shares(views))
-                live.update(view(self.run_id, views, found, self.follow, self.footer, console.size.height),
+                live.update(view(self.run_id, views, found, self.follow, self.footer, console.size.height,
+                                 console.size.width),
                             refresh=True)
                 key = keys(REFRESH_S)
                 if key in ("q", "Q"):
