@@ -6,6 +6,9 @@
 2. A real torch loop (a tiny Linear model, SGD, a DataLoader in the process: about 0.2 ms a step, where the hook
    weighs most) in one process under the hook, its patches taken off and put back round after round: the time a
    step takes with and without them.
+3. With `--real-job`: a real job, train/ddp.py under torchrun (2 ranks, gloo), with the hook as a launch installs it
+   and without, in pairs whose order alternates (a fixed order measured the machine's drift, not the hook): the
+   median of the pairs' ratios.
 """
 
 from __future__ import annotations
@@ -102,7 +105,44 @@ def torch_loop() -> dict[str, float]:
     return {"plain_us": found["plain"], "hooked_us": found["hooked"]}
 
 
+JOB_PAIRS = 6
+JOB = ("train/ddp.py", "--epochs", "3", "--dataset-size", "8192", "--log-every", "0")
+
+
+def _job_s(with_hook: bool) -> float:
+    """Seconds train/ddp.py takes under torchrun on 2 ranks here, with the hook (stacks and progress) or without."""
+    from bench.common import REPO
+
+    env = dict(os.environ)
+    if with_hook:
+        stacks.install_hook(tempfile.mkdtemp(prefix="hook-cost-job-"), env)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *JOB]
+    began = time.perf_counter()
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, check=True, timeout=600)
+    return time.perf_counter() - began
+
+
+def real_job() -> dict[str, float]:
+    """The hook's cost on a real job: JOB_PAIRS pairs, hooked first in every other pair; the median ratio."""
+    import statistics
+
+    ratios, walls = [], {"hooked": [], "plain": []}
+    for pair in range(JOB_PAIRS):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        took = {flag: _job_s(flag) for flag in order}
+        walls["hooked"].append(took[True])
+        walls["plain"].append(took[False])
+        ratios.append(took[True] / took[False])
+    return {"ratio": statistics.median(ratios), "hooked_s": statistics.median(walls["hooked"]),
+            "plain_s": statistics.median(walls["plain"]), "pairs": JOB_PAIRS}
+
+
 def main() -> int:
+    if "--real-job" in sys.argv[1:]:
+        job = real_job()
+        print(f"train/ddp.py, 2 ranks, {job['pairs']} pairs in alternating order: {job['hooked_s']:.2f} s with the "
+              f"hook, {job['plain_s']:.2f} s without (medians); the pairs' median ratio {job['ratio']:.3f}x")
+        return 0
     alone = hook_alone()
     print(f"hook alone: {alone['plain_us']:.2f} us a step unwrapped, {alone['hooked_us']:.2f} us wrapped and "
           f"recorded: +{alone['added_us']:.2f} us a step")

@@ -83,6 +83,25 @@ def test_steps_or_batches_that_grow_are_progress_where_the_beats_have_them() -> 
     assert learnt.limit() == pytest.approx(max(HANG_FLOOR_S, HANG_FACTOR * 100.0))
 
 
+def test_a_3_minute_silent_save_and_a_silent_eval_pass_are_never_suspected_under_the_default() -> None:
+    """A Lightning-like run under the learnt default: steps every 2 s (no lines), then a 3-minute checkpoint save
+    (no step, no batch, no line, the CPU busy), then a silent eval pass (batches, no steps), then training again."""
+    watch = HangWatch()
+    watch.start(0.0)
+    steps = batches = 0
+    for t in range(0, 1200, 2):
+        if t < 300 or t >= 660:  # training
+            steps, batches = steps + 1, batches + 1
+        elif 480 <= t < 660:  # the eval pass: batches only
+            batches += 1
+        # 300 <= t < 480: the save, nothing grows
+        for node in ("node-0", "node-1"):
+            watch.observe(float(t), node, [{"rank": r, "quiet_s": None, "cpu_s": float(t), "steps": steps,
+                                            "batches": batches} for r in (0, 1)])
+        assert watch.suspected(float(t)) is None, t
+    assert watch.limit() is not None and watch.limit() >= HANG_FLOOR_S > 180  # learnt, and longer than the save
+
+
 def test_a_kept_hang_is_reported_again_one_timeout_later() -> None:
     watch = HangWatch(10.0)
     watch.start(0.0)
