@@ -4,23 +4,35 @@ a check mark) flagged at the straggler share, its CPU named as the cause, not th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
-import yaml
-
-from bench.observe import free_port
+from bench.observe import free_port, pids_with_env
 from tests.helpers import inv
-from tests.support.nodeenv import node_python
 
-THROTTLED = """#!/bin/bash
-# A slow node's python: the process is stopped 30 ms in every 100 (SIGSTOP, SIGCONT), as cpulimit would make it.
-{python} "$@" <&0 &
-child=$!
-(while kill -0 "$child" 2>/dev/null; do sleep 0.07; kill -STOP "$child" 2>/dev/null; sleep 0.03
- kill -CONT "$child" 2>/dev/null; done) &
-wait "$child"
-"""
+
+def throttle(node: str, stop: threading.Event) -> None:
+    """Stop `node`'s workers (the measurement's rank there) 30 ms of every 100, as cpulimit would, until `stop`."""
+    while not stop.is_set():
+        workers = []
+        for pid in pids_with_env(b"DDP_LAUNCHER_RUN="):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(e.startswith(b"DDP_LAUNCHER_RUN=") and e.endswith(f"/{node}".encode()) for e in env) and any(
+                    e.startswith(b"RANK=") for e in env):
+                workers.append(pid)
+        for sig, pause in ((signal.SIGSTOP, 0.03), (signal.SIGCONT, 0.07)):
+            for pid in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            time.sleep(pause)
 
 
 def test_doctor_net_measures_every_node_and_flags_the_slow_one(make_sandbox, tmp_path: Path) -> None:
@@ -38,21 +50,20 @@ def test_doctor_net_measures_every_node_and_flags_the_slow_one(make_sandbox, tmp
         assert net["compute_ms"] > 0 and not net["slow_compute"], (node, net)
         assert sorted(net["links"]) == sorted({"node-0", "node-1", "node-2"} - {node})
 
-    slow = tmp_path / "slow-python"
-    slow.write_text(THROTTLED.format(python=node_python()))
-    slow.chmod(0o755)
-    inventory = yaml.safe_load(box.inventory.read_text())
-    inventory["hosts"] = ["node-0", "node-1", {"name": "node-2", "python": str(slow)}]
-    throttled = tmp_path / "throttled.yaml"
-    throttled.write_text(yaml.safe_dump(inventory))
-    result = inv("doctor", "--hosts", str(throttled), "--net", "--json", log_dir=logs)
+    stop = threading.Event()
+    slow = threading.Thread(target=throttle, args=("node-2", stop), daemon=True)
+    slow.start()
+    try:
+        result = inv("doctor", "--hosts", str(box.inventory), "--net", "--json", log_dir=logs)
+    finally:
+        stop.set()
+        slow.join()
     assert result.returncode == 0, result.stdout + result.stderr  # slow is a warning: the run would work, slowly
     report = json.loads(result.stdout)
-    assert [node for node, values in report["nodes"].items() if values["net"]["slow"]] == ["node-2"]
+    assert [node for node, values in report["nodes"].items() if values["net"]["slow_compute"]] == ["node-2"]
     [finding] = [f for f in report["findings"] if f["check"] == "net" and f["status"] != "ok"]
     assert finding["host"] == "node-2" and finding["status"] == "warn"
     assert finding["detail"].startswith("its CPU is slow: the same compute took"), finding  # its CPU, not its link
     assert "the median node's speed" in finding["detail"] and "every all_reduce of the run waits for it" in (
         finding["detail"])
     assert "its network is not the cause" in finding["fix"] and "socket_ifname" not in finding["fix"], finding
-    assert report["nodes"]["node-2"]["net"]["slow_compute"]
