@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.observe import free_port
+from bench.observe import free_port, reserve_base_addr
 from launcher.config.fields import RESERVED_ENV
 from launcher.config.inventory import load_inventory
 from launcher.node.protocol import RUNS_ROOT
@@ -47,9 +47,10 @@ def node_zero(tmp_path_factory):
     from launcher import sandbox
 
     root = tmp_path_factory.mktemp("quoting")
-    box = sandbox.up(1, state_dir=root / "state", inventory=root / "inv.yaml", base_addr="127.0.60.2",
-                     python=node_python())
+    base, lock = reserve_base_addr()  # held while the module's node lives: the factory's sandboxes skip it
     try:
+        box = sandbox.up(1, state_dir=root / "state", inventory=root / "inv.yaml", base_addr=base,
+                         python=node_python())
         cluster = load_inventory(box.inventory)
         nodes, failures = connect_all(cluster)
         assert not failures
@@ -57,6 +58,7 @@ def node_zero(tmp_path_factory):
         nodes["node-0"].close()
     finally:
         sandbox.down(root / "state")
+        lock.close()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
