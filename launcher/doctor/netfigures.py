@@ -62,7 +62,10 @@ def net_verdict(hosts: Sequence[str], measured: Mapping[str, Any] | None, error:
     known = [f["busbw_gbps"] for f in figures.values() if f.get("busbw_gbps") is not None]
     median = statistics.median(known) if known else None
     computes = {h: float(s) for h, s in (measured.get("compute_s") or {}).items() if h in figures}
-    compute_median = statistics.median(computes.values()) if len(computes) > 2 else None
+    machines = [m for h, m in (measured.get("machines") or {}).items() if h in computes and m]
+    # Nodes that share one machine share its cores: their compute says nothing of a node (the sandbox's nodes).
+    apart = len(set(machines)) == len(machines)
+    compute_median = statistics.median(computes.values()) if len(computes) > 2 and apart else None
     findings = []
     for host in hosts:
         mine = figures[host]
@@ -81,7 +84,7 @@ def net_verdict(hosts: Sequence[str], measured: Mapping[str, Any] | None, error:
                                     f"({compute_median / took:.2f}x the median node's speed; {said}); every "
                                     "all_reduce of the run waits for it", CPU_FIX))
         elif mine["slow"]:
-            same = ", its compute as fast as the others'" if took is not None else ""
+            same = ", its compute as fast as the others'" if took is not None and compute_median else ""
             findings.append(Finding(host, "net", "warn", f"{said}: {best / median:.2f}x the median node "
                                     f"({median:.2f} Gbit/s){same}; every all_reduce of the run waits for it",
                                     SLOW_FIX))

@@ -8,8 +8,8 @@ It measures, and rank 0 prints one `NETCHECK {json}` line:
   budget (the check ends in seconds);
 - a ring of pairs, one pair at a time while the others wait: each node with the next, an all_reduce of a few MB
   and of a few bytes in a group of the two, so a slow node or link shows in the two pairs it is part of;
-- the same compute on every node in the same step (matrix products on the run's device), so a node whose own CPU
-  or GPU is slow is told from one whose network is.
+- the same compute on every node, in its pairs' steps (matrix products on the run's device), so a node whose own
+  CPU or GPU is slow is told from one whose network is.
 argv: sizes (bytes, comma-separated), seconds a size may take, pair bytes, most iterations of one size.
 """
 
@@ -51,20 +51,29 @@ def timed(tensor, budget_s, most, group=None, src=0):
     return float(took.item())
 
 
-def compute_s(device, repeats=5):
-    """Seconds of a fixed compute here (the median of `repeats`): every node runs the same, at the same time."""
-    a = torch.randn(384, 384, device=device)  # ~50 ms a repeat on a CPU core: longer than a scheduler tick
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(40):
-            b = a @ a
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-        del b
-    return sorted(times)[len(times) // 2]
+def compute_s(device, group):
+    """Seconds of a fixed compute here (matrix products, ~0.1 s on a CPU core: longer than a scheduler's or a CPU
+    quota's period), run with the other member of `group` at the same time: a node's own speed, timed where no other
+    node of the measurement computes (on one machine, as the sandbox's nodes are, they would share its cores)."""
+    a = torch.randn(256, 256, device=device)
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(200):
+        b = a @ a
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    del b
+    return time.perf_counter() - start
+
+
+def machine_id():
+    """Which machine this rank runs on (Linux's boot id): nodes on one machine share its cores, so their compute is
+    not compared (the sandbox's nodes are one machine's processes)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
 
 
 def gather_json(value, device):
@@ -96,7 +105,6 @@ def main():
     device = torch.device("cuda") if cuda else torch.device("cpu")
     node = os.environ.get("DDP_LAUNCHER_RUN", "/?").partition("/")[2]
     nodes = gather_json(node, device)
-    compute = gather_json(compute_s(device), device)
     group, skip = [], False
     for size in sizes:
         go = torch.tensor([0 if skip else 1], device=device)
@@ -107,7 +115,7 @@ def main():
         took = timed(torch.ones(max(1, size // 4), dtype=torch.float32, device=device), budget_s, most)
         group.append({"bytes": size, "time_s": took, "busbw_gbps": gbps(size, took, world)})
         skip = took > budget_s
-    pairs = []
+    pairs, computed = [], []
     for i in range(world if world > 2 else world - 1):
         members = sorted({i, (i + 1) % world})
         pair = dist.new_group(members)  # every rank makes every group, in the same order
@@ -117,13 +125,18 @@ def main():
             small = timed(torch.ones(2, dtype=torch.float32, device=device), budget_s / 4, most, pair, members[0])
             pairs.append({"nodes": [nodes[m] for m in members], "busbw_gbps": gbps(pair_bytes, took, 2),
                           "latency_ms": small * 1000})
+            computed.append(compute_s(device, pair))
         dist.barrier()
     found = gather_json(pairs, device)
+    compute = gather_json(min(computed) if computed else None, device)
+    machines = gather_json(machine_id(), device)
     if rank == 0:
         unique = {tuple(p["nodes"]): p for ps in found for p in ps}
         print("NETCHECK " + json.dumps({"backend": "nccl" if cuda else "gloo", "world": world, "nodes": nodes,
                                         "group": group, "pairs": list(unique.values()),
-                                        "compute_s": dict(zip(nodes, compute, strict=True))}), flush=True)
+                                        "compute_s": {n: c for n, c in zip(nodes, compute, strict=True)
+                                                      if c is not None},
+                                        "machines": dict(zip(nodes, machines, strict=True))}), flush=True)
     dist.destroy_process_group()
 
 
