@@ -183,15 +183,14 @@ def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = N
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_stop(job, opts, wiring)
-    from launcher.report.states import console, problems, state_table
+    from launcher.report.states import console, problems, say, state_table
     from launcher.run import control as run_control
 
     states = run_control.stop(load_inventory(hosts), run_id, opts, wiring=wiring)
     con = console(wiring.out)
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in states):
-        con.print(f"nothing was running on {len(states)} node(s)"
-                  + (f" (run {states[0].run_id})" if states and states[0].run_id else ""),
-                  markup=False, highlight=False)
+        say(con, f"nothing was running on {len(states)} node(s)"
+            + (f" (run {states[0].run_id})" if states and states[0].run_id else ""))
     else:
         shown = run_id or next((s.run_id for s in states if s.run_id), None)
         con.print(state_table(f"stop run {shown or '(none)'}", states, stop=True))

@@ -205,8 +205,7 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
     shown_nodes = [v for v in views if v in shown_nodes]
     room -= 1 + len(shown_nodes) + (1 if len(shown_nodes) < len(views) else 0)  # header, rows, "+N nodes"
     fit = max(1, room - 1 - (1 if len(rows) > room - 1 else 0))  # the table's header; "+N ranks"
-    chosen = sorted(rows, key=lambda r: (not flagged(r, stragglers), r["rank"]))[:fit]
-    shown = sorted(chosen, key=lambda r: (not flagged(r, stragglers), r["rank"]))
+    shown = sorted(rows, key=lambda r: (not flagged(r, stragglers), r["rank"]))[:fit]
     parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(shown_nodes)]
     if len(shown_nodes) < len(views):
         parts.append(Text(f"+{len(views) - len(shown_nodes)} nodes not shown", style="yellow"))
