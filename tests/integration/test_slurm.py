@@ -33,7 +33,11 @@ def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2,
     """`salloc -N 2 inv launch --slurm ...` as a user types it; then, still inside the allocation, the steps that
     are left (none may be: a launch ends its step whatever happened)."""
     launch = " ".join([sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(box.inventory), *args])
-    script = f'{launch}; code=$?; echo "{STEPS_MARK} $(squeue --steps --noheader -j $SLURM_JOB_ID)"; exit $code'
+    # slurmctld hears of a step's end from the nodes' slurmd a moment after srun exits (seconds on a loaded machine):
+    # a step still listed 10 s after the launch ended is one it left behind.
+    steps = "squeue --steps --noheader -j $SLURM_JOB_ID"
+    script = (f'{launch}; code=$?; for i in $(seq 50); do [ -z "$({steps})" ] && break; sleep 0.2; done; '
+              f'echo "{STEPS_MARK} $({steps})"; exit $code')
     return subprocess.run(["salloc", "-N", str(nodes), "sh", "-c", script], cwd=REPO, env=_env(box, tmp_path),
                           capture_output=True, text=True, timeout=timeout)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import shutil
 import subprocess
 import sys
@@ -123,12 +124,23 @@ def build_stdlib_env(folder: Path) -> Env:
     return Env(python, frozenset())
 
 
+INHERITED = "LAUNCHER_TESTS_NODE_ENV"
+"""The declared env's interpreter, for the test programs this process starts (`python -m tests.support.ifaces`):
+they use it rather than link their own (10-40 s on this machine's two cores while the suite runs)."""
+
+
 @functools.cache
 def declared_env() -> Env:
-    """This test process's declared env, built once (a second or two) and removed at exit."""
+    """This test process's declared env, built once and removed at exit; a child process reuses its parent's."""
+    inherited = os.environ.get(INHERITED)
+    if inherited and Path(inherited).exists():
+        dists = closure(declared_requirements(("torch",)))
+        return Env(Path(inherited), frozenset(dists))
     folder = Path(tempfile.mkdtemp(prefix="ddp-launcher-node-env-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return build_declared_env(folder / "venv")
+    env = build_declared_env(folder / "venv")
+    os.environ[INHERITED] = str(env.python)
+    return env
 
 
 def node_python() -> str:
