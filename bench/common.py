@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes
+from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes, subnets_for
 from launcher import sandbox
 from launcher.node import protocol
 from launcher.sandbox import procs
@@ -108,9 +108,9 @@ def paired_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | 
 # Sandboxes that never collide with the tests' (they count K from 10; we take 200 and up).
 
 
-def reserve_subnet(first: int = 200) -> tuple[str, IO[str]]:
-    """A base address 127.0.K.2 no other sandbox uses (K from 200: the tests count from 10)."""
-    return reserve_base_addr(first, 250)
+def reserve_subnet(nodes: int, first: int = 200) -> tuple[str, contextlib.ExitStack]:
+    """A base address 127.0.K.2 for `nodes` nodes that no other sandbox uses (K from 200: the tests count from 10)."""
+    return reserve_base_addr(first, 250, subnets_for(nodes))
 
 
 @dataclass
@@ -153,7 +153,7 @@ real cluster log in on their own CPUs with their own files; every method here lo
 def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args: Sequence[str] = (),
                nproc_per_node: int = 1) -> Iterator[Box]:
     """A sandbox of `n` nodes on a free 127.0.K.2+ and a free master port; always brought down."""
-    base, lock = reserve_subnet()
+    base, lock = reserve_subnet(n)
     folder = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=root))
     state = folder / "state"
     port = free_port()

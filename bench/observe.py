@@ -5,11 +5,11 @@ support re-exports this module: tests may import the bench, the bench imports no
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import socket
 import tempfile
 from pathlib import Path
-from typing import IO
 
 from launcher.errors import SandboxError
 from launcher.node.protocol import RUN_ID_ENV
@@ -26,24 +26,35 @@ __all__ = [
     "reserve_base_addr",
     "run_processes",
     "sshd_family",
+    "subnets_for",
 ]
 
 
-def reserve_base_addr(first: int = 10, last: int = 250) -> tuple[str, IO[str]]:
-    """A base address 127.0.K.2 (K from `first` to `last`) that no other sandbox on this machine holds.
+def reserve_base_addr(first: int = 10, last: int = 250, span: int = 1) -> tuple[str, contextlib.ExitStack]:
+    """A base address 127.0.K.2 (K from `first` to `last`) such that no other sandbox on this machine holds any of
+    127.0.K.x to 127.0.(K+span-1).x: `span` /24s for a sandbox of more than 254 nodes (256 from 127.0.K.2 end at
+    127.0.(K+1).1).
 
     Held through a lock file per K (tests, benchmarks and people share this machine's loopback range); keep the
-    returned handle open while the sandbox lives, close it to free K.
+    returned handle open while the sandbox lives, close it to free them.
     """
-    for k in range(first, last + 1):
-        handle = open(Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{k}.lock", "a")  # noqa: SIM115
+    for k in range(first, last - span + 2):
+        held = contextlib.ExitStack()
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for j in range(k, k + span):
+                lock_file = Path(tempfile.gettempdir()) / f"launcher-sandbox-127.0.{j}.lock"
+                handle = held.enter_context(open(lock_file, "a"))  # noqa: SIM115 (held by the ExitStack)
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.close()
+            held.close()
             continue
-        return f"127.0.{k}.2", handle
-    raise SandboxError(f"no free sandbox subnet left in 127.0.{first}-{last}.x")
+        return f"127.0.{k}.2", held
+    raise SandboxError(f"no {span} free sandbox subnet(s) in a row left in 127.0.{first}-{last}.x")
+
+
+def subnets_for(nodes: int) -> int:
+    """The /24s a sandbox of `nodes` from 127.0.K.2 spans."""
+    return (nodes + 2 + 255) // 256
 
 
 def free_port() -> int:

@@ -32,6 +32,9 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           plain torch.distributed all_reduce loop run over an ssh loop on the same nodes (bench/net.py)
   startup the controller's own CPU and wall per phase of a light launch at 2-64 nodes, a node's own time, the
           estimate for nodes with CPUs of their own, and each agent's peak memory (bench/startup.py)
+  scale   only with --only: at 128 and 256 nodes, fan-out (with the preflight too), the doctor, status, top --once,
+          stacks and stop beside the ssh loop and pdsh (-f N and its default 32), the console's size, and the
+          launcher's cost per node from 2 to 256 (bench/scale.py, ~15 minutes)
 --quick: fan-out at 4 and 16, the job at 2, the doctor at 4 and 8, stop at scale at 4 and 16, fewer runs and
 diagnostics. The full run takes ~19 minutes on 2 cores. Prints a table, writes bench/results/latest.json,
 latest.md and (with matplotlib, the `bench` extra)
@@ -61,7 +64,9 @@ from bench.common import REPO, RESULTS, log, machine, remove_run_dirs
 from bench.table import markdown, print_table, rows
 
 FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net",
-           "startup")
+           "startup", "scale")
+ON_REQUEST = ("scale",)
+"""Figures only `--only` runs: 256 sshd nodes take the machine for ~15 minutes, on top of the full run's ~20."""
 
 
 def plan(quick: bool, only: set[str]) -> dict[str, Any]:
@@ -86,6 +91,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "top": {"repeat": 2},
         "net": {"sizes": [2, 8, 16], "repeat": 2},
         "startup": {"sizes": [2, 8, 16, 32, 64], "repeat": 2},
+        "scale": {"sizes": [128, 256], "repeat": 2},
     }
     short = {
         "fanout": {"sizes": [4, 16], "repeat": {}, "default_repeat": 3},
@@ -100,14 +106,15 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "top": {"repeat": 1},
         "net": {"sizes": [2, 8], "repeat": 1},
         "startup": {"sizes": [2, 16], "repeat": 1},
+        "scale": {"sizes": [128], "repeat": 1},
     }
     chosen = dict(short if quick else full)
     if only:
         if "cpu" in only and "fanout" not in only:
             chosen["fanout"] = {**chosen["fanout"], "sizes": [16]}
             only = only | {"fanout"}
-        chosen = {k: v for k, v in chosen.items() if k in only}
-    return chosen
+        return {k: v for k, v in chosen.items() if k in only}
+    return {k: v for k, v in chosen.items() if k not in ON_REQUEST}
 
 
 def repeats(conf: dict[str, Any]) -> dict[int, int]:
@@ -178,6 +185,7 @@ def main() -> int:
             job,
             logs_fig,
             net,
+            scale,
             startup,
             stop,
             stop_scale,
@@ -217,6 +225,8 @@ def main() -> int:
                     results["top"] = top.run(conf["repeat"], root)
                 elif name == "net":
                     results["net"] = net.run(conf["sizes"], conf["repeat"], root)
+                elif name == "scale":
+                    results["scale"] = scale.run(conf["sizes"], conf["repeat"], root)
                 elif name == "startup":
                     results["startup"] = startup.run(conf["sizes"], conf["repeat"], root)
             except Exception as exc:  # one figure failing still leaves the others' figures

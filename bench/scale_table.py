@@ -139,3 +139,44 @@ def stop_scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
         out.append(["stop at scale: a run that did not come up", str(f["nodes"]),
                     f"{f['way']}: " + " ".join(f["error"].split())[:160], "", "", "", "", "0 expected", "MISSED"])
     return out
+
+
+SCALE_OPS = (("launcher", "fan-out, light cmd"), ("launcher_preflight", "fan-out + preflight"),
+             ("doctor", "inv doctor (as typed)"), ("status", "inv status"), ("top", "inv top --once --json"),
+             ("stacks", "inv stacks"), ("stop", "inv stop (until nothing is left)"))
+
+
+def _seconds(entry: dict[str, Any]) -> float | None:
+    return entry.get("median", entry.get("seconds"))
+
+
+def scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
+    """The scale figure: each operation at 128/256 nodes against the ssh loop, pdsh -f N and pdsh's default."""
+    out = []
+    target = fig.get("target", 1.0)
+    for r in fig["rows"]:
+        n, over = str(r["nodes"]), r["over_a"]
+        pdsh = cell(r.get("pdsh")) + (f"; -f {fig['pdsh_default_fanout']}: {cell(r['pdsh_32'])}"
+                                      if "pdsh_32" in r else "")
+        for key, label in SCALE_OPS:
+            entry = r[key]
+            shown = cell(entry) if "median" in entry else f"{entry['seconds']:.2f} s"
+            if "lines" in entry:
+                shown += f"; answer {entry['lines']} lines, {entry['chars']} chars, exit {entry['code']}"
+            if key == "stop":
+                shown += f"; {entry['left']} left"
+            out.append([f"scale: {label}", n, shown, cell(r["ssh_loop"]), pdsh, "", f"{over[key]:.2f}x (a)",
+                        f"≤ {target:.2f}x (a)", _verdict(over[key] <= target)])
+        c = r["console"]
+        out.append(["scale: an attached launch's console", n, f"{c['lines']} lines; last: {c['last'][-1:]}", "", "",
+                    "", "", "(figure only)", "–"])
+    cost = fig.get("cost") or {}
+    fits = cost.get("fits") or {}
+    if fits:
+        sizes = [p["nodes"] for p in cost["points"]]
+        out.append([f"scale: the launcher's cost per node (N = {min(sizes)}–{max(sizes)})", "",
+                    f"{fit_text(fits.get('seconds'))}; CPU {fit_text(fits.get('cpu_s'), 'CPU s')}; RSS "
+                    f"{fit_text(fits.get('rss_mb'), 'MB', 1000, 'kB')}; threads "
+                    f"{fit_text(fits.get('threads'), '', 1, '')}; fds {fit_text(fits.get('fds'), '', 1, '')}",
+                    "", "", "", "", "(figure only)", "–"])
+    return out

@@ -103,6 +103,8 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
     startup_rows(out, results.get("startup"))
+    if results.get("scale"):
+        out += scale_table.scale_rows(results["scale"], cell)
     for row in (results.get("net") or {}).get("rows", []):
         out.append(["doctor --net (fresh process)", str(row["nodes"]), cell(stats(row["doctor_s"])), "", "", "", "",
                     "(figure only)", "–"])

@@ -132,8 +132,9 @@ SANDBOX_STOP_GRACE_S = 3.0
 """Seconds between TERM and KILL when a sandbox node is stopped."""
 SANDBOX_STOP_LIMIT_S = 60.0
 """How long a stop may take in all before it gives up and names what it could not stop."""
-SANDBOX_MAX_NODES = 200
-"""The most sshd nodes one sandbox starts (each takes a loopback address and a few processes)."""
+SANDBOX_MAX_NODES = 512
+"""The most sshd nodes one sandbox starts (each takes a loopback address, a few processes and ~5 MB): twice the
+256 nodes the bench measures."""
 SANDBOX_CPUS_PER_NODE = 2
 """CPUs each sandbox node declares to its slurmd."""
 
@@ -188,6 +189,10 @@ main thread moved between them is not stuck (a spinning thread keeps CPU time gr
 never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
+
+# What `inv status` and `inv stop` print (launcher/report/states.py).
+STATE_ROWS_MAX = 16
+"""Above this many nodes their states are grouped (a row per run, state and exit code, the nodes as a hostlist)."""
 
 # `inv top` (launcher/run/top.py; the node side is launcher/node/top.py).
 TOP_INTERVAL_S = 1.0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ class SandboxFactory:
         self._root = root
         self.state_dirs: list[Path] = []
         """State folders of the sandboxes made (or tried), in order."""
-        self._locks: list[IO[str]] = []
+        self._locks: list[contextlib.ExitStack] = []
 
     def reserve_base(self) -> str:
         """A base address 127.0.K.2 that no other sandbox of any process uses until teardown."""

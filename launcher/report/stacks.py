@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.report.frames import Frame, called_back, user_frame, wait_of
+from launcher.report.ranges import numbers_text
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+")
@@ -112,11 +113,8 @@ def _stack(node: str, w: Mapping[str, Any]) -> RankStack:
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
-    """0,2,3 or 0-7 for a run of consecutive ranks."""
-    ranks = sorted(ranks)
-    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(str(r) for r in ranks)
+    """0,2,3, 0-7, or 0-99,101-255: runs of three or more consecutive ranks as ranges."""
+    return numbers_text(ranks)
 
 
 def answer(stacks: Sequence[RankStack]) -> str:

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from launcher.limits import STATE_ROWS_MAX
+from launcher.report.ranges import names_text
+
 
 class NodeStateRow(Protocol):
     """One node's answer (`launcher.run.control.NodeState`)."""
@@ -44,21 +47,47 @@ def _when(ts: float | None) -> str:
 
 
 def state_table(title: str, states: Sequence[NodeStateRow], stop: bool) -> Table:
-    """One row per node. Title and cells are `Text`: node names, run ids and states come from users and nodes,
-    and a `[/]` in them must print as it is, never be read as Rich markup."""
+    """One row per node; past STATE_ROWS_MAX nodes, one row per group of nodes in the same state (their names as a
+    hostlist, `node-[0-253]`, and the span of their times): 256 nodes' answer stays a screen. Title and cells are
+    `Text`: node names, run ids and states come from users and nodes, and a `[/]` in them must print as it is,
+    never be read as Rich markup."""
     table = Table(title=Text(title), title_justify="left")
     for column in ("node", "run", "state", "exit", "started", "ended", *(("stopped", "left") if stop else ())):
         table.add_column(column)
-    for s in states:
-        cells = [s.host, s.run_id or "", s.state, "" if s.exit_code is None else s.exit_code, _when(s.started_at),
-                 _when(s.ended_at), *((s.found, s.left) if stop else ())]
+    for group in _grouped(states):
+        s = group[0]
+        cells = [names_text([g.host for g in group]) if len(group) > 1 else s.host, s.run_id or "", s.state,
+                 "" if s.exit_code is None else s.exit_code, _span([g.started_at for g in group]),
+                 _span([g.ended_at for g in group]),
+                 *((sum(g.found for g in group), sum(g.left for g in group)) if stop else ())]
         row = [Text(str(cell)) for cell in cells]
         row[2].stylize(_COLOURS.get(str(s.state), "white"))
         table.add_row(*row)
     return table
 
 
+def _grouped(states: Sequence[NodeStateRow]) -> list[list[NodeStateRow]]:
+    """Each node alone up to STATE_ROWS_MAX nodes; above, nodes of the same run, state and exit code together (a
+    node with processes left stays apart)."""
+    if len(states) <= STATE_ROWS_MAX:
+        return [[s] for s in states]
+    groups: dict[tuple[object, ...], list[NodeStateRow]] = {}
+    for s in states:
+        groups.setdefault((s.run_id, s.state, s.exit_code, s.left > 0), []).append(s)
+    return list(groups.values())
+
+
+def _span(times: Sequence[float | None]) -> str:
+    """`21:19:37`, or `21:19:37-21:19:41` for a group's first and last."""
+    shown = sorted({_when(t) for t in times if t})
+    return shown[0] if len(shown) == 1 else (f"{shown[0]}-{shown[-1]}" if shown else "")
+
+
 def problems(con: Console, states: Sequence[NodeStateRow]) -> None:
+    """Each node's problem; the nodes that have the same one said once (`node-[3-9]: unreachable: ...`)."""
+    said: dict[str, list[str]] = {}
     for s in states:
         if s.detail:
-            say(con, f"{s.host}: {s.detail}")
+            said.setdefault(s.detail, []).append(s.host)
+    for detail, hosts in said.items():
+        say(con, f"{names_text(hosts)}: {detail}")

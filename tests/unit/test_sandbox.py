@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from launcher import sandbox
+from launcher.limits import SANDBOX_MAX_NODES
 from launcher.sandbox import SandboxError, SandboxNode
 
 # ---------------------------------------------------------------------------------------------------------
@@ -116,9 +117,9 @@ def test_node_command_execs_sshd_in_its_own_namespaces() -> None:
     assert argv[-1].endswith("exec /usr/sbin/sshd -D -e -f /s/node-1/sshd_config")
 
 
-@pytest.mark.parametrize("nodes", [0, 201])
+@pytest.mark.parametrize("nodes", [0, SANDBOX_MAX_NODES + 1])
 def test_up_refuses_bad_node_counts(nodes: int, tmp_path: Path) -> None:
-    with pytest.raises(SandboxError, match="1 to 200 nodes"):
+    with pytest.raises(SandboxError, match=f"1 to {SANDBOX_MAX_NODES} nodes"):
         sandbox.up(nodes, state_dir=tmp_path / "state", inventory=tmp_path / "inv.yaml")
     assert not (tmp_path / "state").exists()
 
