@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paramiko
 
+from launcher.transport.settings import PREFERRED_CIPHERS
 from launcher.transport.sshconfig import SSHTarget
 
 
@@ -175,7 +176,8 @@ def policy_for(target: SSHTarget, host_key_policy: str) -> tuple[_KnownHostsPoli
 
 def host_key_order(known: Sequence[_KnownKey]) -> Callable[..., paramiko.Transport]:
     """A Transport factory that asks the server for the key types known for it first, as OpenSSH orders
-    HostKeyAlgorithms (Paramiko does it only for keys in its own stores, which stay empty here)."""
+    HostKeyAlgorithms (Paramiko does it only for keys in its own stores, which stay empty here), and for the
+    ciphers of PREFERRED_CIPHERS before Paramiko's own order."""
     types = {k.key.get_name() for k in known}
 
     def plain(algorithm: str) -> str:
@@ -186,6 +188,7 @@ def host_key_order(known: Sequence[_KnownKey]) -> Callable[..., paramiko.Transpo
         transport = paramiko.Transport(sock, **kwargs)
         options = transport.get_security_options()
         options.key_types = sorted(options.key_types, key=lambda algorithm: plain(algorithm) not in types)
+        options.ciphers = sorted(options.ciphers, key=lambda cipher: cipher not in PREFERRED_CIPHERS)
         return transport
 
     return make

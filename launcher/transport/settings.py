@@ -14,6 +14,12 @@ in waves. Measured on the 64-node sandbox (bench/results, `fanout`): connecting 
 buys nothing on the controller. A lower one is for what sits in between: a ProxyJump host whose sshd refuses
 handshakes beyond its `MaxStartups` (10 by default)."""
 
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+"""Asked for before Paramiko's own first choice (aes128-ctr with hmac-sha2-256): AES-GCM encrypts and authenticates
+a packet in one call into OpenSSL, where CTR then HMAC is two, on the controller and on the node's sshd. Measured
+here, 100 MB through one channel to a sandbox sshd: 0.29-0.31 CPU s of the launcher and 0.6-0.85 s against 0.36-0.41
+and 1.1-1.26 s. OpenSSH offers both since 6.2; a server without them gets Paramiko's order."""
+
 
 @dataclass(frozen=True)
 class SshSettings:
