@@ -28,6 +28,10 @@ INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
 JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
+SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to each node's workdir)"
+MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
+COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
+ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
 HOSTFILE_CONFIG = ("defaults", "job")
 """invoke.yaml's `launcher:` keys for a hostfile given as --hosts: read by `_hosts`, not by `launcher.options`."""
 
@@ -91,8 +95,10 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     "hosts": HOSTS_HELP,
     "include": INCLUDE_HELP,
     "exclude": EXCLUDE_HELP,
-    "script": "script to run instead of the inventory's job.script (relative to each node's workdir)",
-    "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
+    "script": SCRIPT_HELP,
+    "module": MODULE_HELP,
+    "command": COMMAND_HELP,
+    "args": ARGS_HELP,
     "dry-run": "print each node's exact command and why each flag is there; start nothing",
     "detach": "start the run and return; use status, logs and stop on it later",
     "sync": "first make every node's workdir hold this project tree, as `inv sync` does (over the same connections)",
@@ -114,13 +120,14 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
-           include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None):
+           include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
+           command=None):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
     opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
                     silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
                     hang_timeout=hang_timeout, on_hang=on_hang)
-    return app.launch(_hosts(c, hosts, include, exclude), script=script, args=args, dry_run=dry_run,
-                      doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
+    return app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
+                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
 
 
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
@@ -249,19 +256,22 @@ def demo(c):
     "gpus-per-node": "GPUs to ask for on each node: a count, or type:count (default: none)",
     "job-name": "the job's name in squeue (default: ddp)",
     "dry-run": "print the batch script; submit nothing",
-    "script": "script to run instead of the inventory's job.script (relative to the workdir)",
-    "args": "arguments for the script, as one shell-quoted string (replaces job.args)",
+    "script": SCRIPT_HELP,
+    "module": MODULE_HELP,
+    "command": COMMAND_HELP,
+    "args": ARGS_HELP,
     "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
 })
 @_reported
 def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_node=None, job_name=None,
-                 dry_run=False, script=None, args=None, skip_doctor=False):
+                 dry_run=False, script=None, args=None, skip_doctor=False, module=None, command=None):
     """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
     return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
-                            time=time, gpus_per_node=gpus_per_node, dry_run=dry_run, script=script, args=args,
-                            skip_doctor=skip_doctor, job_name=job_name, opts=_options(c))
+                            time=time, gpus_per_node=gpus_per_node, dry_run=dry_run,
+                            job=app.JobWords(script, module, command, args), skip_doctor=skip_doctor,
+                            job_name=job_name, opts=_options(c))
 
 
 sandbox = Collection("sandbox")

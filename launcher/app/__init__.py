@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from launcher.app.job import JobWords, job_of
 from launcher.config.hostfile import load_hosts
-from launcher.config.model import Cluster, Job
+from launcher.config.model import Cluster
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, UsageError
 from launcher.options import DEFAULT_MASTER_PORT, Options
@@ -52,32 +53,19 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
 
 
-def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
-    """The inventory's job, with the script and/or arguments replaced from the command line."""
-    base = cluster.job
-    if script is None and base is None:
-        raise LauncherError(f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script")
-    try:
-        words = tuple(shlex.split(args)) if args is not None else None
-    except ValueError as exc:
-        raise LauncherError(f"--args: cannot split {args!r}: {exc}") from None
-    if base is None:
-        return Job(script=str(script), args=words or ())
-    return replace(base, script=script or base.script, args=base.args if words is None else words)
-
-
-def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
-           doctor: bool = True, sync: bool = False, slurm: bool = False, opts: Options | None = None,
-           wiring: Wiring | None = None) -> int:
-    """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step)."""
+def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
+           sync: bool = False, slurm: bool = False, opts: Options | None = None, wiring: Wiring | None = None,
+           run_id: str | None = None) -> int:
+    """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
+    run's id (default: a new one), which a caller may need before the run ends (`launcher.api`)."""
     cluster = load_inventory(hosts)
     opts, wiring = opts or Options(), wiring or Wiring()
     if slurm:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.launch_slurm(cluster, _job(cluster, script, args), dry_run=dry_run, doctor=doctor,
+        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts, wiring=wiring)
-    plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
+    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id)  # a PlanError names the inventory
     if dry_run:
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0
@@ -255,7 +243,7 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
 def slurm_submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, wiring: Wiring | None = None,
                  **batch: Any) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
-    job_name, dry_run, script, args, skip_doctor); print its job id."""
+    job_name, dry_run, job (JobWords), skip_doctor); print its job id."""
     from launcher.app import slurm as on_slurm
 
     path = hosts.path if isinstance(hosts, Hosts) else hosts
@@ -291,7 +279,7 @@ def demo() -> int:
     """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
     box = sandbox_up(2, nproc_per_node=2)
     try:
-        return launch(str(box.inventory), script="train/ddp.py", args="--epochs 2")
+        return launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"))
     finally:
         sandbox_down()
 
@@ -312,5 +300,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "bench", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down",
-           "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "launch", "load_inventory", "logs", "main_error",
+           "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from launcher.app.job import JobWords
 from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
 from launcher.doctor.evidence import Report
@@ -69,13 +70,14 @@ def _job_hosts(hosts: str) -> str:
 
 
 def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
-                 gpus_per_node: str | None = None, dry_run: bool = False, script: str | None = None,
-                 args: str | None = None, skip_doctor: bool = False, job_name: str | None = None,
-                 opts: Options, wiring: Wiring) -> int:
+                 gpus_per_node: str | None = None, dry_run: bool = False, job: JobWords | None = None,
+                 skip_doctor: bool = False, job_name: str | None = None, opts: Options, wiring: Wiring) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
     it); prints the job id and what to do with it."""
     log_dir = _slurm_log_dir(opts)
-    command = batch.launch_command(sys.executable, _job_hosts(hosts), script=script, args=args,
+    job = job or JobWords()
+    command = batch.launch_command(sys.executable, _job_hosts(hosts), script=job.script, module=job.module,
+                                   command=job.command, args=job.args,
                                    skip_doctor=skip_doctor)  # this installation's invoke: the job runs the same code
     spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(REPO), command=command,
                            job_name=job_name or batch.DEFAULT_JOB_NAME, partition=partition, time=time,

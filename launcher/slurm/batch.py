@@ -109,14 +109,14 @@ def check_spec(spec: BatchSpec) -> BatchSpec:
 
 
 def launch_command(python: str, hosts: str, *, script: str | None = None, args: str | None = None,
-                   skip_doctor: bool = False) -> tuple[str, ...]:
+                   skip_doctor: bool = False, module: str | None = None, command: str | None = None
+                   ) -> tuple[str, ...]:
     """The words of the launch a batch job runs: this installation's invoke, `launch --slurm` on the inventory."""
     # `--name=value`: one word per option, whatever the value starts with (`--args=--epochs 2`)
     words = [python, "-m", "invoke", "launch", "--slurm", f"--hosts={hosts}"]
-    if script is not None:
-        words.append(f"--script={script}")
-    if args is not None:
-        words.append(f"--args={args}")
+    for option, value in (("script", script), ("module", module), ("command", command), ("args", args)):
+        if value is not None:
+            words.append(f"--{option}={value}")
     if skip_doctor:
         words.append("--skip-doctor")
     return tuple(words)

@@ -14,6 +14,7 @@ import pytest
 
 from launcher import paths
 from launcher.app import slurm as on_slurm
+from launcher.app.job import JobWords
 from launcher.errors import USAGE, LauncherError
 from launcher.options import Options
 from launcher.run.wiring import Wiring
@@ -259,7 +260,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     inventory.write_text("hosts: [{name: node-0}]\n")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, args="--epochs 1",
+    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, job=JobWords(args="--epochs 1"),
                                  opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
     assert code == 0
     text = out.getvalue()
