@@ -7,11 +7,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.app.job import JobWords, job_of
-from launcher.config.hostfile import load_hosts
-from launcher.config.model import Cluster
+from launcher.config.hostfile import DEFAULTS_SOURCE, load_hosts
+from launcher.config.model import Cluster, SyncSpec
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, UsageError
 from launcher.options import DEFAULT_MASTER_PORT, Options
@@ -41,6 +42,11 @@ class Hosts:
     """`--include` in DeepSpeed's syntax (`worker-1:0,2@worker-2`): only these hosts (and GPUs)."""
     exclude: str | None = None
     """`--exclude`: every host but these (or without these GPUs)."""
+    project: Path | None = None
+    """The user's project (the installed command's: `launcher.project.find_root`): a relative `sync.src` starts
+    there, and a submitted SLURM job; None: the current folder, and this checkout."""
+    defaults_source: str = DEFAULTS_SOURCE
+    """The settings file `defaults` and `job` come from, as messages name it."""
 
 
 def load_inventory(hosts: str | Hosts) -> Cluster:
@@ -49,8 +55,18 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     A wrong `--include`/`--exclude` is a `SelectionError` of one sentence naming the option and the host, exit code 2.
     """
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    cluster = load_hosts(spec.path, spec.defaults, spec.job)
+    cluster = load_hosts(spec.path, spec.defaults, spec.job, spec.defaults_source)
     return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
+
+
+def _project_tree(cluster: Cluster, hosts: str | Hosts) -> Cluster:
+    """The cluster whose `sync` sends the project's tree wherever in the project the command was run: a relative
+    `sync.src` (default `.`) starts at the installed command's project root."""
+    project = hosts.project if isinstance(hosts, Hosts) else None
+    if project is None:
+        return cluster
+    spec = cluster.sync or SyncSpec()
+    return replace(cluster, sync=replace(spec, src=str(project / Path(spec.src).expanduser())))
 
 
 def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
@@ -77,7 +93,7 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         from launcher.sync import push as code_sync
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(cluster, wiring.err, stall_timeout=opts.silence_timeout)
+        before = code_sync.before_launch(_project_tree(cluster, hosts), wiring.err, stall_timeout=opts.silence_timeout)
         wiring = replace(wiring, gate=replace(gate, before=before))
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
@@ -97,7 +113,7 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
     from launcher.sync import push as code_sync
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    return code_sync.sync_hosts(load_inventory(hosts), ssh=SshSettings.of(opts), out=wiring.out,
+    return code_sync.sync_hosts(_project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
                                 stall_timeout=opts.silence_timeout)
 
 
@@ -243,11 +259,13 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
 def slurm_submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, wiring: Wiring | None = None,
                  **batch: Any) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
-    job_name, dry_run, job (JobWords), skip_doctor); print its job id."""
+    job_name, dry_run, job (JobWords), skip_doctor); print its job id. The job starts in the project of `hosts`
+    (the installed command's) or in this checkout."""
     from launcher.app import slurm as on_slurm
 
-    path = hosts.path if isinstance(hosts, Hosts) else hosts
-    return on_slurm.slurm_submit(path, nodes, opts=opts or Options(), wiring=wiring or Wiring(), **batch)
+    spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
+    return on_slurm.slurm_submit(spec.path, nodes, opts=opts or Options(), wiring=wiring or Wiring(),
+                                 project=spec.project, **batch)
 
 
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
