@@ -6,6 +6,7 @@ from launcher.tasks import (
     checkout_namespace,
     demo,
     doctor,
+    init,
     launch,
     logs,
     sandbox_down,
@@ -20,5 +21,5 @@ from launcher.tasks import (
 
 ns = checkout_namespace()
 
-__all__ = ["bench", "demo", "doctor", "launch", "logs", "ns", "sandbox_down", "sandbox_up", "slurm_submit",
+__all__ = ["bench", "demo", "doctor", "init", "launch", "logs", "ns", "sandbox_down", "sandbox_up", "slurm_submit",
            "stacks", "status", "stop", "sync", "top"]

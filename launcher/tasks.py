@@ -313,9 +313,43 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
                             job_name=job_name, opts=_options(c))
 
 
+@task(help={
+    "hosts": "the nodes, comma-separated: gpu01,gpu02 (ssh aliases, DNS names or addresses; the first is node rank 0)",
+    "output": "where to write the inventory (default: the `hosts` setting, hosts/cluster.yaml in the project); "
+              "never over a file that is there",
+    "workdir": "where your code is on each node (default: ~/ and this project's folder name)",
+    "script": "the training script, relative to the workdir (default: train.py)",
+    "python": "the interpreter with torch on every node (default: the first that has torch: the project's venv in "
+              "the workdir, the login's python3, a venv or conda in the home, /opt/conda)",
+    "nproc-per-node": "worker processes on each node (default: its GPU count from nvidia-smi, else 1)",
+    "ssh-config": "an ssh config file to reach the nodes with, instead of ~/.ssh/config",
+    "master-port": "the rendezvous port on the first node",
+    "skip-doctor": "write the inventory only; run no doctor on it",
+    "connect-timeout": "seconds to wait for each node's SSH connection",
+})
+@_reported
+def init(c, hosts=None, output=None, workdir=None, script="train.py", python=None, nproc_per_node=None, ssh_config=None,
+         master_port=options.DEFAULT_MASTER_PORT, skip_doctor=False, connect_timeout=None):
+    """Write a commented inventory for new nodes from what they say over SSH; run the doctor; say what is next.
+
+    It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
+    names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
+    if not names:
+        raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)
+    nproc = None if nproc_per_node is None else options.whole_number(
+        "nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    project = _root(c) or Path.cwd()
+    if ssh_config and not ssh_config.startswith("~"):  # the inventory's ssh_config is read from wherever ddpl runs
+        ssh_config = str(Path(ssh_config).absolute())
+    return app.init(names, Path(output) if output else _inventory(c), workdir=workdir or f"~/{project.name}",
+                    script=script, master_port=options.whole_number("master_port", master_port, 1, 65535),
+                    python=python, nproc_per_node=nproc, ssh_config=ssh_config, doctor_too=not skip_doctor,
+                    default_output=output is None, opts=_options(c, connect_timeout=connect_timeout))
+
+
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
-ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, slurm)
+ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, slurm)
 """The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
 ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py
 
@@ -326,6 +360,6 @@ def checkout_namespace() -> Collection:
     sandbox = Collection("sandbox")
     sandbox.add_task(sandbox_up, "up")
     sandbox.add_task(sandbox_down, "down")
-    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, demo, bench, sandbox, slurm)
+    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, demo, bench, sandbox, slurm)
     whole.configure({SECTION: options.config_defaults()})
     return whole

@@ -16,7 +16,7 @@ from launcher.config.model import Cluster, SyncSpec
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, UsageError
 from launcher.options import DEFAULT_MASTER_PORT, Options
-from launcher.paths import relative
+from launcher.paths import command_name, relative
 from launcher.plan.launch import plan_launch
 from launcher.run import attempts
 from launcher.run import launch as run_launch
@@ -268,6 +268,33 @@ def slurm_submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None,
                                  project=spec.project, **batch)
 
 
+def init(names: list[str], output: Path, *, workdir: str, script: str, master_port: int = DEFAULT_MASTER_PORT,
+         python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
+         doctor_too: bool = True, default_output: bool = True, opts: Options | None = None,
+         wiring: Wiring | None = None) -> int:
+    """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
+    GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
+    findings are its advice); a file at `output` is never overwritten."""
+    from launcher.app.newcluster import write_inventory
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    name = command_name()
+    found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
+                            master_port=master_port, python=python, nproc_per_node=nproc_per_node,
+                            ssh_config=ssh_config, opts=opts, err=wiring.err, command=name)
+    wiring.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
+                     + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
+                     + "\n")
+    hosts = "" if default_output else f" --hosts {relative(output)}"
+    code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
+    if code:
+        wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
+                         f"missing {script} is what --sync copies. Then: {name} doctor{hosts}\n")
+    wiring.out.write(f"next: {name} launch{hosts} --dry-run, then {name} launch{hosts} --sync (this project to every "
+                     "workdir first)\n")
+    return 0
+
+
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
                slurm: bool = False) -> Sandbox:
     from launcher import sandbox  # a test and demo tool: off the import path of every other task
@@ -318,5 +345,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "launch", "load_inventory", "logs", "main_error",
+__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "init", "launch", "load_inventory", "logs", "main_error",
            "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
