@@ -149,6 +149,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     def one(index: int, host: Host) -> None:
         log = NodeLog(host.name, index, width, offsets[host.name], colour)
         sink = _RankFilter(wiring.out, rank, lock)
+        channel = None
         try:
             channel = nodes[host.name].open_channel(host_command(host))
             channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
@@ -168,6 +169,8 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
             return
         finally:
             log.close(sink)
+            if channel is not None:  # its select() pipe too, now rather than when it is collected
+                channel.close()
         if channel.exit_code() != 0:
             failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
 
