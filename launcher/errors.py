@@ -148,3 +148,7 @@ class UnsafeProject(LauncherError):
         super().__init__(f"{path} belongs to {owner}, not to you ({user}): a project's settings are code you run (its "
                          f"inventory's setup: lines, its ssh config), so they are never read from another user's "
                          f"folder or file. If you trust it, add its folder to {setting}")
+
+
+class StillRunning(LauncherError, TimeoutError):
+    """A run was waited for (`launcher.api.Run.wait`) and is still running at the end of the wait."""

@@ -137,6 +137,12 @@ INIT_WAIT_S = 300.0
 """The most a node's whole look may take (every interpreter tried, nvidia-smi) before it counts as no answer."""
 
 
+# --- the Python API (launcher.api) ----------------------------------------------------------------------------------
+API_WAIT_POLL_S = 2.0
+"""Seconds between two looks at a detached run's state while `Run.wait()` waits for its end (each look is one short
+agent session a node, as `status` opens)."""
+
+
 # --- the sandbox (launcher.sandbox) -----------------------------------------------------------------------------------
 SANDBOX_STOP_GRACE_S = 3.0
 """Seconds between TERM and KILL when a sandbox node is stopped."""

@@ -25,6 +25,7 @@ from launcher.run.wiring import Wiring
 from launcher.transport.settings import SshSettings
 
 if TYPE_CHECKING:  # each task imports what it alone uses (a launch: no rich, no doctor with --skip-doctor)
+    from launcher.doctor.evidence import Report
     from launcher.sandbox import Sandbox
 
 @dataclass(frozen=True)
@@ -125,24 +126,33 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
-    opts, wiring = opts or Options(), wiring or Wiring()
-    cluster = load_inventory(hosts)
-    if slurm or job:
-        from launcher.app import slurm as on_slurm
-
-        report = on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
-    else:
-        report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
-                                          probe_timeout=opts.probe_timeout)
-        if net:
-            from launcher.doctor.net import with_net  # torchrun on every node: only when asked
-
-            report = with_net(report, cluster, opts)
+    wiring = wiring or Wiring()
+    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring)
     if as_json:
         wiring.out.write(doctor_checks.report_json(report) + "\n")
     else:
         doctor_checks.render_table(report, console(wiring.out))
     return 0 if report.ok else 1
+
+
+def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
+                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None) -> Report:
+    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`."""
+    from launcher import doctor as doctor_checks
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    cluster = load_inventory(hosts)
+    if slurm or job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
+    report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
+                                      probe_timeout=opts.probe_timeout)
+    if net:
+        from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+
+        report = with_net(report, cluster, opts)
+    return report
 
 
 def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
@@ -345,5 +355,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "init", "launch", "load_inventory", "logs", "main_error",
-           "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
+           "main_error", "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
