@@ -36,7 +36,8 @@ def _flow(value: Any) -> str:
 
 
 def _line(text: str, comment: str) -> str:
-    return f"{text:<40}# {comment}" if comment else text
+    """`text`, then its comment in the comments' column (or two spaces after a long text: YAML's ` #`)."""
+    return f"{text:<38}  # {comment}" if comment else text
 
 
 def _common(found: Sequence[Found], key: str) -> Any:

@@ -58,7 +58,8 @@ def test_nodes_that_agree_share_the_defaults_and_the_text_is_a_valid_inventory()
 
 def test_nodes_that_differ_get_their_own_values_and_what_was_not_found_is_said() -> None:
     found = [Found("a", "/opt/conda/bin/python", 4), Found("b", None, 0, 16, ("no interpreter with torch (...)",))]
-    text = render_inventory(found, workdir="/w", job=JOB, master_port=29500)
+    text = render_inventory(found, workdir="/a/workdir/long/enough/to/reach/the/comments/column", job=JOB,
+                            master_port=29500)
     cluster = parse_inventory(text, "hosts/cluster.yaml")
     assert [(h.python, h.nproc_per_node) for h in cluster.hosts] == [("/opt/conda/bin/python", 4), ("python3", 1)]
     assert "# b: no interpreter with torch (...)" in text
