@@ -40,6 +40,7 @@ from launcher.options import Options, from_config
 from launcher.plan.launch import new_run_id
 from launcher.run import control as run_control
 from launcher.run.control import NodeState
+from launcher.run.launch import check_run_id
 from launcher.run.stacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 
@@ -248,11 +249,19 @@ def doctor(hosts: str | Path, *, checks: str = "all", net: bool = False, include
     return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet())
 
 
+def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
+    """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
+    is running, else its newest, as `ddpl status` and `ddpl stop` choose."""
+    return Run(check_run_id(run_id), app.Hosts(str(hosts)), _options(options))
+
+
 @dataclass(frozen=True)
 class Run:
-    """A detached run: ask its nodes how it goes, take its stacks, read its logs, stop it, wait for its end."""
+    """A run on the nodes (a detached one, or one found by `run`): ask them how it goes, take its stacks, read its
+    logs, stop it, wait for its end."""
 
-    run_id: str
+    run_id: str | None
+    """None: the inventory's running run, else its newest, chosen by each call."""
     hosts: app.Hosts
     options: Options
 
@@ -287,7 +296,8 @@ class Run:
         while True:
             states = self.status()
             if not any(s.state == "running" for s in states):
-                return _states_result(self.run_id, self.options, states)
+                shown = self.run_id or next((s.run_id for s in states if s.run_id), None) or "(none)"
+                return _states_result(shown, self.options, states)
             if deadline is not None and time.monotonic() >= deadline:
                 raise StillRunning(f"run {self.run_id} is still running after {timeout:g} s")
             time.sleep(poll_s)
@@ -307,4 +317,4 @@ def _states_result(run_id: str, opts: Options, states: Sequence[NodeState]) -> R
 
 
 __all__ = ["Finding", "NodeResult", "NodeTop", "RankTop", "Report", "Run", "RunResult", "StacksReport",
-           "TopSnapshot", "doctor", "launch"]
+           "TopSnapshot", "doctor", "launch", "run"]
