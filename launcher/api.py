@@ -219,7 +219,7 @@ def launch(hosts: str | Path, script: str | None = None, *, module: str | None =
         code = app.launch(spec, words, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
                           wiring=Wiring(out=out, err=err, on_event=heard))
     except RunFailed as exc:
-        if not started:  # nothing ran: the error is the answer
+        if detach or not started:  # nothing runs: the error is the answer
             raise
         return _ended(run_id, opts, exc.ends or tuple(ends.values()), exc)
     finally:
