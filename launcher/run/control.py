@@ -140,9 +140,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     except BaseException:
         close_all(nodes.values())
         raise
-    offsets = rank_offsets(cluster)
-    colour = supports_colour(wiring.out)
-    width = max(len(h.name) for h in hosts)
+    offsets, colour, width = rank_offsets(cluster), supports_colour(wiring.out), max(len(h.name) for h in hosts)
     lock = threading.Lock()
     failures: list[str] = []
 
