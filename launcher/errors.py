@@ -137,3 +137,18 @@ class DoctorFailed(LauncherError):
         if more:
             lines.append(more)
         super().__init__("\n".join(lines))
+
+
+class UnsafeProject(LauncherError):
+    """A project file (its config, an inventory found through it) belongs to another user: a project's config is
+    code this user would run (its inventory's `setup:` lines, an ssh config's `Match exec`), so it is not read."""
+
+    def __init__(self, path: str, owner: str, user: str, setting: str):
+        self.path, self.owner = path, owner
+        super().__init__(f"{path} belongs to {owner}, not to you ({user}): a project's settings are code you run (its "
+                         f"inventory's setup: lines, its ssh config), so they are never read from another user's "
+                         f"folder or file. If you trust it, add its folder to {setting}")
+
+
+class StillRunning(LauncherError, TimeoutError):
+    """A run was waited for (`launcher.api.Run.wait`) and is still running at the end of the wait."""

@@ -127,6 +127,22 @@ MAX_MERGED_PAIRS = 100_000
 hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
 
 
+# --- `ddpl init` (launcher.app.newcluster; its node program: launcher/node/seek.py) ---------------------------------
+INIT_PYTHON_WAIT_S = 30.0
+"""How long one interpreter on a node may take to say whether it finds torch: a cold start from a network file
+system takes tens of seconds (see options.DEFAULT_PROBE_TIMEOUT); a warm one a few hundredths."""
+INIT_SMI_WAIT_S = 10.0
+"""How long `nvidia-smi -L` may take to list a node's GPUs (well under a second unless its driver is stuck)."""
+INIT_WAIT_S = 300.0
+"""The most a node's whole look may take (every interpreter tried, nvidia-smi) before it counts as no answer."""
+
+
+# --- the Python API (launcher.api) ----------------------------------------------------------------------------------
+API_WAIT_POLL_S = 2.0
+"""Seconds between two looks at a detached run's state while `Run.wait()` waits for its end (each look is one short
+agent session a node, as `status` opens)."""
+
+
 # --- the sandbox (launcher.sandbox) -----------------------------------------------------------------------------------
 SANDBOX_STOP_GRACE_S = 3.0
 """Seconds between TERM and KILL when a sandbox node is stopped."""

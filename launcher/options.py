@@ -185,22 +185,27 @@ def whole_number(name: str, value: Any, minimum: int = 0, maximum: int | None = 
     return number
 
 
-def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml") -> Options:
+def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml", *,
+                sources: Mapping[str, str] | None = None, section: str = "launcher.") -> Options:
     """Options from invoke.yaml's `launcher:` section, then command-line overrides (None means not given).
 
     Every value is checked: a wrong one in invoke.yaml names `invoke.yaml: launcher.KEY`, one on the command line
-    names `--key`.
+    names `--key`. `sources` (key -> the file or variable it came from) names that instead of `config_name`, and
+    `section` is how the key is written there (`ddpl.yaml: grace`, section "").
     """
+    def where(key: str) -> str:
+        return f"{(sources or {}).get(key, config_name)}: {section}{key}"
+
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise LauncherError(f"{config_name}: launcher.{unknown[0]}: unknown key; known keys: {', '.join(CONFIG_KEYS)}")
+        raise LauncherError(f"{where(unknown[0])}: unknown key; known keys: {', '.join(CONFIG_KEYS)}")
     names = {f.name for f in fields(Options)}
     values: dict[str, Any] = {}
     for key, value in config.items():
         if value is None:  # the collection's default for a setting that has none (hang_timeout: learnt)
             continue
         if key in _NUMBERS:
-            values[key] = number(key, value, f"{config_name}: launcher.{key}")
+            values[key] = number(key, value, where(key))
         elif key == "log_dir":
             values[key] = Path(str(value))
     for key, value in overrides.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -14,3 +15,10 @@ def relative(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def command_name() -> str:
+    """The command that runs the launcher's tasks in this process, as the hints in messages name it: `ddpl` (the
+    installed command, or `python -m launcher`), else `inv` (a checkout's tasks.py)."""
+    first = sys.argv[0] if sys.argv else ""
+    return "ddpl" if Path(first).name == "ddpl" or Path(first).parts[-2:] == ("launcher", "__main__.py") else "inv"

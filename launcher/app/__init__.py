@@ -7,14 +7,16 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.config.hostfile import load_hosts
-from launcher.config.model import Cluster, Job
+from launcher.app.job import JobWords, job_of
+from launcher.config.hostfile import DEFAULTS_SOURCE, load_hosts
+from launcher.config.model import Cluster, SyncSpec
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, UsageError
 from launcher.options import DEFAULT_MASTER_PORT, Options
-from launcher.paths import relative
+from launcher.paths import command_name, relative
 from launcher.plan.launch import plan_launch
 from launcher.run import attempts
 from launcher.run import launch as run_launch
@@ -23,6 +25,7 @@ from launcher.run.wiring import Wiring
 from launcher.transport.settings import SshSettings
 
 if TYPE_CHECKING:  # each task imports what it alone uses (a launch: no rich, no doctor with --skip-doctor)
+    from launcher.doctor.evidence import Report
     from launcher.sandbox import Sandbox
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class Hosts:
     """`--include` in DeepSpeed's syntax (`worker-1:0,2@worker-2`): only these hosts (and GPUs)."""
     exclude: str | None = None
     """`--exclude`: every host but these (or without these GPUs)."""
+    project: Path | None = None
+    """The user's project (the installed command's: `launcher.project.find_root`): a relative `sync.src` starts
+    there, and a submitted SLURM job; None: the current folder, and this checkout."""
+    defaults_source: str = DEFAULTS_SOURCE
+    """The settings file `defaults` and `job` come from, as messages name it."""
 
 
 def load_inventory(hosts: str | Hosts) -> Cluster:
@@ -48,36 +56,33 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     A wrong `--include`/`--exclude` is a `SelectionError` of one sentence naming the option and the host, exit code 2.
     """
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    cluster = load_hosts(spec.path, spec.defaults, spec.job)
+    cluster = load_hosts(spec.path, spec.defaults, spec.job, spec.defaults_source)
     return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
 
 
-def _job(cluster: Cluster, script: str | None, args: str | None) -> Job:
-    """The inventory's job, with the script and/or arguments replaced from the command line."""
-    base = cluster.job
-    if script is None and base is None:
-        raise LauncherError(f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script")
-    try:
-        words = tuple(shlex.split(args)) if args is not None else None
-    except ValueError as exc:
-        raise LauncherError(f"--args: cannot split {args!r}: {exc}") from None
-    if base is None:
-        return Job(script=str(script), args=words or ())
-    return replace(base, script=script or base.script, args=base.args if words is None else words)
+def _project_tree(cluster: Cluster, hosts: str | Hosts) -> Cluster:
+    """The cluster whose `sync` sends the project's tree wherever in the project the command was run: a relative
+    `sync.src` (default `.`) starts at the installed command's project root."""
+    project = hosts.project if isinstance(hosts, Hosts) else None
+    if project is None:
+        return cluster
+    spec = cluster.sync or SyncSpec()
+    return replace(cluster, sync=replace(spec, src=str(project / Path(spec.src).expanduser())))
 
 
-def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = None, dry_run: bool = False,
-           doctor: bool = True, sync: bool = False, slurm: bool = False, opts: Options | None = None,
-           wiring: Wiring | None = None) -> int:
-    """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step)."""
+def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
+           sync: bool = False, slurm: bool = False, opts: Options | None = None, wiring: Wiring | None = None,
+           run_id: str | None = None) -> int:
+    """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
+    run's id (default: a new one), which a caller may need before the run ends (`launcher.api`)."""
     cluster = load_inventory(hosts)
     opts, wiring = opts or Options(), wiring or Wiring()
     if slurm:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.launch_slurm(cluster, _job(cluster, script, args), dry_run=dry_run, doctor=doctor,
+        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts, wiring=wiring)
-    plan = plan_launch(cluster, _job(cluster, script, args))  # a PlanError names the inventory
+    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id)  # a PlanError names the inventory
     if dry_run:
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0
@@ -89,7 +94,7 @@ def launch(hosts: str | Hosts, *, script: str | None = None, args: str | None = 
         from launcher.sync import push as code_sync
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(cluster, wiring.err, stall_timeout=opts.silence_timeout)
+        before = code_sync.before_launch(_project_tree(cluster, hosts), wiring.err, stall_timeout=opts.silence_timeout)
         wiring = replace(wiring, gate=replace(gate, before=before))
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
@@ -109,7 +114,7 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
     from launcher.sync import push as code_sync
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    return code_sync.sync_hosts(load_inventory(hosts), ssh=SshSettings.of(opts), out=wiring.out,
+    return code_sync.sync_hosts(_project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
                                 stall_timeout=opts.silence_timeout)
 
 
@@ -121,24 +126,33 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
-    opts, wiring = opts or Options(), wiring or Wiring()
-    cluster = load_inventory(hosts)
-    if slurm or job:
-        from launcher.app import slurm as on_slurm
-
-        report = on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
-    else:
-        report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
-                                          probe_timeout=opts.probe_timeout)
-        if net:
-            from launcher.doctor.net import with_net  # torchrun on every node: only when asked
-
-            report = with_net(report, cluster, opts)
+    wiring = wiring or Wiring()
+    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring)
     if as_json:
         wiring.out.write(doctor_checks.report_json(report) + "\n")
     else:
         doctor_checks.render_table(report, console(wiring.out))
     return 0 if report.ok else 1
+
+
+def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
+                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None) -> Report:
+    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`."""
+    from launcher import doctor as doctor_checks
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    cluster = load_inventory(hosts)
+    if slurm or job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
+    report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
+                                      probe_timeout=opts.probe_timeout)
+    if net:
+        from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+
+        report = with_net(report, cluster, opts)
+    return report
 
 
 def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
@@ -255,11 +269,40 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
 def slurm_submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, wiring: Wiring | None = None,
                  **batch: Any) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
-    job_name, dry_run, script, args, skip_doctor); print its job id."""
+    job_name, dry_run, job (JobWords), skip_doctor); print its job id. The job starts in the project of `hosts`
+    (the installed command's) or in this checkout."""
     from launcher.app import slurm as on_slurm
 
-    path = hosts.path if isinstance(hosts, Hosts) else hosts
-    return on_slurm.slurm_submit(path, nodes, opts=opts or Options(), wiring=wiring or Wiring(), **batch)
+    spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
+    return on_slurm.slurm_submit(spec.path, nodes, opts=opts or Options(), wiring=wiring or Wiring(),
+                                 project=spec.project, **batch)
+
+
+def init(names: list[str], output: Path, *, workdir: str, script: str, master_port: int = DEFAULT_MASTER_PORT,
+         python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
+         doctor_too: bool = True, default_output: bool = True, opts: Options | None = None,
+         wiring: Wiring | None = None) -> int:
+    """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
+    GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
+    findings are its advice); a file at `output` is never overwritten."""
+    from launcher.app.newcluster import write_inventory
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    name = command_name()
+    found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
+                            master_port=master_port, python=python, nproc_per_node=nproc_per_node,
+                            ssh_config=ssh_config, opts=opts, err=wiring.err, command=name)
+    wiring.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
+                     + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
+                     + "\n")
+    hosts = "" if default_output else f" --hosts {relative(output)}"
+    code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
+    if code:
+        wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
+                         f"missing {script} is what --sync copies. Then: {name} doctor{hosts}\n")
+    wiring.out.write(f"next: {name} launch{hosts} --dry-run, then {name} launch{hosts} --sync (this project to every "
+                     "workdir first)\n")
+    return 0
 
 
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
@@ -291,7 +334,7 @@ def demo() -> int:
     """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
     box = sandbox_up(2, nproc_per_node=2)
     try:
-        return launch(str(box.inventory), script="train/ddp.py", args="--epochs 2")
+        return launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"))
     finally:
         sandbox_down()
 
@@ -312,5 +355,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "bench", "demo", "doctor", "launch", "load_inventory", "logs", "main_error", "sandbox_down",
-           "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
+           "main_error", "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

@@ -10,13 +10,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from launcher.app.job import JobWords
 from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
 from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
-from launcher.paths import REPO, relative
+from launcher.paths import REPO, command_name, relative
 from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.stacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
@@ -57,27 +58,31 @@ def _umask() -> int:
     return mask
 
 
-def _job_hosts(hosts: str) -> str:
-    """`--hosts` as the job, started in the project directory, finds it (relative to it when inside it)."""
+def _job_hosts(hosts: str, start: Path) -> str:
+    """`--hosts` as the job, started in `start`, finds it (relative to it when inside it)."""
     path = Path(hosts)
     if not path.is_file():
         raise UsageError(f"--hosts: no inventory or hostfile at {hosts!r}")
     try:
-        return str(path.resolve().relative_to(REPO))
+        return str(path.resolve().relative_to(start))
     except ValueError:
         return str(path.resolve())
 
 
 def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
-                 gpus_per_node: str | None = None, dry_run: bool = False, script: str | None = None,
-                 args: str | None = None, skip_doctor: bool = False, job_name: str | None = None,
+                 gpus_per_node: str | None = None, dry_run: bool = False, job: JobWords | None = None,
+                 skip_doctor: bool = False, job_name: str | None = None, project: Path | None = None,
                  opts: Options, wiring: Wiring) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
-    it); prints the job id and what to do with it."""
+    it); prints the job id and what to do with it. `project`: the installed command's project (the job starts there
+    and runs `python -m launcher`); None: this checkout and its tasks.py."""
     log_dir = _slurm_log_dir(opts)
-    command = batch.launch_command(sys.executable, _job_hosts(hosts), script=script, args=args,
-                                   skip_doctor=skip_doctor)  # this installation's invoke: the job runs the same code
-    spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(REPO), command=command,
+    start = REPO if project is None else project.resolve()
+    job = job or JobWords()
+    command = batch.launch_command(sys.executable, _job_hosts(hosts, start), script=job.script, module=job.module,
+                                   command=job.command, args=job.args, skip_doctor=skip_doctor,
+                                   runner="invoke" if project is None else "launcher")  # the same code runs
+    spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(start), command=command,
                            job_name=job_name or batch.DEFAULT_JOB_NAME, partition=partition, time=time,
                            gpus_per_node=gpus_per_node, umask=_umask())
     text = batch.render_batch_script(spec)  # checks every option first
@@ -91,10 +96,12 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
         pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
+    name = command_name()
     wiring.out.write(f"submitted batch job {job_id}\n"
-                   f"  script: {relative(script_path)}\n"
-                   f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
-                   f"  inv status --job {job_id}\n  inv logs --job {job_id} --follow\n  inv stop --job {job_id}\n")
+                     f"  script: {relative(script_path)}\n"
+                     f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
+                     f"  {name} status --job {job_id}\n  {name} logs --job {job_id} --follow\n"
+                     f"  {name} stop --job {job_id}\n")
     return 0
 
 

@@ -122,10 +122,10 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
 
 
 def load_hosts(path: str | Path, defaults: Mapping[str, Any] | None = None,
-               job: Mapping[str, Any] | None = None) -> Cluster:
-    """Read `path` once: a hostfile (see `looks_like_hostfile`) gets `defaults` and `job`; a YAML inventory is
-    self-contained (its own `defaults:` and `job:`; the two arguments are not used)."""
+               job: Mapping[str, Any] | None = None, defaults_source: str = DEFAULTS_SOURCE) -> Cluster:
+    """Read `path` once: a hostfile (see `looks_like_hostfile`) gets `defaults` and `job` (from the settings file
+    `defaults_source`); a YAML inventory is self-contained (its own `defaults:` and `job:`; the others are not used)."""
     text = read_hosts_file(path)
     if looks_like_hostfile(text):
-        return parse_hostfile(text, str(path), defaults, job)
+        return parse_hostfile(text, str(path), defaults, job, defaults_source=defaults_source)
     return parse_inventory(text, str(path))

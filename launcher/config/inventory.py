@@ -16,6 +16,7 @@ from launcher.config.model import (
     ENV_KEYS,
     HOST_KEY_POLICIES,
     HOST_KEYS,
+    JOB_FORMS,
     JOB_KEYS,
     RENDEZVOUS_KEYS,
     TOP_KEYS,
@@ -27,6 +28,7 @@ from launcher.config.model import (
 )
 from launcher.config.reader import ENV_NAME, HOST_NAME, Reader
 from launcher.config.text import render, typed
+from launcher.config.torchrun import refusal
 from launcher.config.yamltext import load_yaml
 from launcher.errors import InventoryError
 
@@ -91,14 +93,15 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
     if policy not in HOST_KEY_POLICIES:
         choices = ", ".join(HOST_KEY_POLICIES)
         raise r.fail("host_key_policy", f"must be one of {choices}, got {typed(policy)}")
+    rendezvous = parse_rendezvous(r, top.get("rendezvous"), hosts)
     ssh_config = top.get("ssh_config")
     if ssh_config is not None:
         ssh_config = r.text(ssh_config, "ssh_config")
     return Cluster(
         source=r.source,
         hosts=hosts,
-        rendezvous=parse_rendezvous(r, top.get("rendezvous"), hosts),
-        job=parse_job(r, top["job"]) if top.get("job") is not None else None,
+        rendezvous=rendezvous,
+        job=parse_job(r, top["job"], rendezvous.elastic.max_restarts) if top.get("job") is not None else None,
         ssh_config=ssh_config,
         host_key_policy=policy,
         sync=parse_sync(r, top.get("sync")),
@@ -166,19 +169,42 @@ def parse_rendezvous(r: Reader, raw: Any, hosts: tuple[Host, ...]) -> Rendezvous
     )
 
 
-def parse_job(r: Reader, raw: Any) -> Job:
+def parse_job(r: Reader, raw: Any, max_restarts: int = 0) -> Job:
     fields = r.mapping(raw, "job", JOB_KEYS)
-    if fields.get("script") is None:
-        raise r.fail("job", "has no `script:` (the training script, relative to workdir)")
-    args = [] if fields.get("args") is None else fields["args"]
-    if not isinstance(args, list):
-        raise r.fail("job.args", f"must be a list of words, got {typed(args)}")
-    words = tuple(r.word(a, f"job.args[{i}]") for i, a in enumerate(args))
+    forms = [name for name in JOB_FORMS if fields.get(name) is not None]
+    if not forms:
+        raise r.fail("job", "has no `script:` (the training script, relative to workdir), `module:` (run as "
+                            "`python -m`) or `command:` (a program, not Python)")
+    if len(forms) > 1:
+        raise r.fail(f"job.{forms[1]}", f"and job.{forms[0]} are both set: a job runs one script, module or command")
+    form = forms[0]
+    value = r.text(fields[form], f"job.{form}")
+    if value.startswith("-"):
+        raise r.fail(f"job.{form}", f"{value[:60]!r} starts with '-': torchrun would read it as an option")
     hang = fields.get("hang_timeout")
-    return Job(script=r.text(fields["script"], "job.script"), args=words,
+    return Job(**{form: value}, args=_words(r, fields.get("args"), "job.args"),
+               torchrun=_torchrun(r, fields.get("torchrun"), max_restarts),
                resume_args=parse_resume_args(r, fields.get("resume_args")),
                hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"),
                progress=parse_progress(r, fields.get("progress")))
+
+
+def _words(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
+    """A list of words (job.args, job.torchrun); null is none."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise r.fail(entry, f"must be a list of words, got {typed(raw)}")
+    return tuple(r.word(a, f"{entry}[{i}]") for i, a in enumerate(raw))
+
+
+def _torchrun(r: Reader, raw: Any, max_restarts: int) -> tuple[str, ...]:
+    """`job.torchrun`: torchrun's options as words, none of them one the launcher sets (`launcher.config.torchrun`)."""
+    words = _words(r, raw, "job.torchrun")
+    refused = refusal(words, max_restarts)
+    if refused is not None:
+        raise r.fail(f"job.torchrun[{refused[0]}]", refused[1])
+    return words
 
 
 def parse_progress(r: Reader, raw: Any) -> str | None:

@@ -50,7 +50,12 @@ HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_no
 RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
 
 
-JOB_KEYS = ("script", "args", "resume_args", "hang_timeout", "progress")
+JOB_FORMS = ("script", "module", "command")
+"""What torchrun runs, one of them: a script (`torchrun train.py`), a module (`torchrun -m pkg.train`), or a program
+that is not Python (`torchrun --no-python ./train.sh`)."""
+
+
+JOB_KEYS = (*JOB_FORMS, "args", "torchrun", "resume_args", "hang_timeout", "progress")
 
 
 ENV_KEYS = ("value", "from_env", "secret")
@@ -172,12 +177,12 @@ class Rendezvous:
 
 @dataclass(frozen=True)
 class Job:
-    """What torchrun runs on every node."""
+    """What torchrun runs on every node: exactly one of `script`, `module` and `command`, with its arguments."""
 
-    script: str
+    script: str | None = None
     """Path of the training script, relative to each node's workdir (or absolute)."""
     args: tuple[str, ...] = ()
-    """Arguments for the script, passed byte for byte."""
+    """Arguments for the script (module, command), passed byte for byte."""
     resume_args: tuple[str, ...] = DEFAULT_RESUME_ARGS
     """Added to `args` when the launcher retries a failed run (`retries`): how the script resumes its checkpoint."""
     hang_timeout: float | None = None
@@ -186,6 +191,28 @@ class Job:
     progress: str | None = None
     """A regular expression of a rank's progress lines, its group `step` the step (`inv top`'s rates and
     stragglers); None: launcher.options.DEFAULT_PROGRESS (`step N`, tqdm's `N/M`)."""
+    module: str | None = None
+    """A Python module torchrun runs as `python -m MODULE` in each worker (`torchrun -m pkg.train`)."""
+    command: str | None = None
+    """A program torchrun runs as it is, not under Python (`torchrun --no-python`): a shell wrapper, a binary."""
+    torchrun: tuple[str, ...] = ()
+    """torchrun options the launcher does not set itself (`--numa-binding socket`), passed before the job's words."""
+
+    @property
+    def form(self) -> tuple[str, str]:
+        """Which of JOB_FORMS this job is, and its value (`("module", "pkg.train")`)."""
+        for name in JOB_FORMS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        raise ValueError("a job names no script, module or command")
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """What follows torchrun's own options: the script, `-m MODULE` or `--no-python COMMAND`, then `args`."""
+        form, value = self.form
+        flag = {"script": (), "module": ("-m",), "command": ("--no-python",)}[form]
+        return (*flag, value, *self.args)
 
 
 @dataclass(frozen=True)

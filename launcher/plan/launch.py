@@ -168,12 +168,30 @@ class LaunchPlan:
             "  --nproc-per-node G          worker processes on this node (usually its GPU count)",
             "  --redirects 3 --log-dir     each worker writes to files on the node; the launcher's agent tags",
             "                              their lines with local and global rank and sends them to the console",
+            *_job_lines(self.job),
         ]
         if self.cluster.retries:
             resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
             lines.append(f"retries: {self.cluster.retries}: a run that loses a node is started again on the nodes "
                          f"that pass the doctor, with {resume} added")
         return "\n".join(lines)
+
+
+def _job_lines(job: Job) -> list[str]:
+    """Why the job's own words are there: its form, and each torchrun option it passes through (job.torchrun)."""
+    form, value = job.form
+    lines = {"script": [],
+             "module": [f"  {f'-m {value}':<28}job.module: each worker runs `python -m {value}`"],
+             "command": [f"  {f'--no-python {value}':<28}job.command: each worker runs it as it is, not under Python"]}
+    shown = lines[form]
+    options: list[list[str]] = []
+    for word in job.torchrun:
+        if word.startswith("-") or not options:
+            options.append([word])
+        else:
+            options[-1].append(word)
+    shown += [f"  {shlex.join(words):<28}from job.torchrun: passed to torchrun as written" for words in options]
+    return shown
 
 
 def _feature_lines(node: NodeCommand, master: str) -> list[str]:
@@ -255,7 +273,8 @@ def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str, run_
         *restarts,
         "--redirects", "3",
         "--log-dir", f"{run_dir}/{RANKS_DIR}",
-        job.script, *job.args,
+        *job.torchrun,
+        *job.words,
     )
 
 
@@ -280,9 +299,10 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
     job = job or cluster.job
     if job is None:
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
-    if job.script.startswith("-"):
-        raise PlanError(cluster.source, f"the script {job.script[:60]!r} starts with '-': torchrun would read it as "
-                        f"an option")
+    form, value = job.form
+    if value.startswith("-"):
+        raise PlanError(cluster.source, f"the {form} {value[:60]!r} starts with '-': torchrun would read it as an "
+                        "option")
     low, _ = cluster.rendezvous.elastic.nodes_range(len(cluster.hosts))
     if len(cluster.hosts) < low:
         raise PlanError(cluster.source, f"rendezvous.nodes asks for at least {low} node(s); only "

@@ -140,15 +140,14 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     except BaseException:
         close_all(nodes.values())
         raise
-    offsets = rank_offsets(cluster)
-    colour = supports_colour(wiring.out)
-    width = max(len(h.name) for h in hosts)
+    offsets, colour, width = rank_offsets(cluster), supports_colour(wiring.out), max(len(h.name) for h in hosts)
     lock = threading.Lock()
     failures: list[str] = []
 
     def one(index: int, host: Host) -> None:
         log = NodeLog(host.name, index, width, offsets[host.name], colour)
         sink = _RankFilter(wiring.out, rank, lock)
+        channel = None
         try:
             channel = nodes[host.name].open_channel(host_command(host))
             channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
@@ -168,6 +167,8 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
             return
         finally:
             log.close(sink)
+            if channel is not None:  # its select() pipe too, now rather than when it is collected
+                channel.close()
         if channel.exit_code() != 0:
             failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
 

@@ -53,6 +53,7 @@ from launcher.limits import (
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
 from launcher.options import DEFAULT_PROGRESS, Options
+from launcher.paths import command_name
 from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
 from launcher.report import rootcause
@@ -328,8 +329,9 @@ class _Attached:
             self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             if self.opts.detach:
                 self._wait()
-                self.console.message(f"detached: run {self.plan.run_id} keeps going; `inv status`, `inv logs "
-                                     f"--follow` and `inv stop` work on it")
+                name = command_name()
+                self.console.message(f"detached: run {self.plan.run_id} keeps going; `{name} status`, `{name} logs "
+                                     f"--follow` and `{name} stop` work on it")
                 return 0
             return self._report(self._wait())
         finally:

@@ -33,7 +33,8 @@ class BatchSpec:
     log_dir: str
     """Absolute directory of the job's output file (`slurm-<job id>.out`) and end record; every node must see it."""
     workdir: str
-    """Absolute directory the job starts in (`--chdir`): the project, whose tasks.py `-m invoke` finds."""
+    """Absolute directory the job starts in (`--chdir`): the checkout, whose tasks.py `-m invoke` finds, or the
+    project whose ddpl.yaml `-m launcher` reads."""
     command: tuple[str, ...]
     """The launch the job runs, word by word (`launch_command`)."""
     job_name: str = DEFAULT_JOB_NAME
@@ -109,14 +110,16 @@ def check_spec(spec: BatchSpec) -> BatchSpec:
 
 
 def launch_command(python: str, hosts: str, *, script: str | None = None, args: str | None = None,
-                   skip_doctor: bool = False) -> tuple[str, ...]:
-    """The words of the launch a batch job runs: this installation's invoke, `launch --slurm` on the inventory."""
+                   skip_doctor: bool = False, module: str | None = None, command: str | None = None,
+                   runner: str = "invoke") -> tuple[str, ...]:
+    """The words of the launch a batch job runs: this installation's tasks, `launch --slurm` on the inventory.
+    `runner`: `invoke` (a checkout's tasks.py, found in the folder the job starts in) or `launcher` (the installed
+    `ddpl`: `python -m launcher`, which reads the project's ddpl.yaml there)."""
     # `--name=value`: one word per option, whatever the value starts with (`--args=--epochs 2`)
-    words = [python, "-m", "invoke", "launch", "--slurm", f"--hosts={hosts}"]
-    if script is not None:
-        words.append(f"--script={script}")
-    if args is not None:
-        words.append(f"--args={args}")
+    words = [python, "-m", runner, "launch", "--slurm", f"--hosts={hosts}"]
+    for option, value in (("script", script), ("module", module), ("command", command), ("args", args)):
+        if value is not None:
+            words.append(f"--{option}={value}")
     if skip_doctor:
         words.append("--skip-doctor")
     return tuple(words)

@@ -260,7 +260,7 @@ def describe_tree(cluster: Cluster, tree: Tree, spec: SyncSpec) -> list[str]:
              + (f"; excluding {', '.join(spec.exclude)}" if spec.exclude else "") + ")"]
     lines += [f"note: {n}" for n in tree.notes]
     job = cluster.job
-    if job is not None and spec.dest is None and not os.path.isabs(job.script) \
+    if job is not None and job.script is not None and spec.dest is None and not os.path.isabs(job.script) \
             and os.path.normpath(job.script) not in tree.paths:
         lines.append(f"note: the job's script {job.script} is not in the synced tree (ignored or excluded?)")
     return lines

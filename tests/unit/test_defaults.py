@@ -24,7 +24,7 @@ from launcher.sync import push as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector")
+NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector", "seek")
                  for path, source in node_files(entry).items()}
 NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""

@@ -150,7 +150,8 @@ def test_bad_defaults_name_the_config_file_and_key(defaults: dict, sentence: str
 
 
 @pytest.mark.parametrize(("job", "sentence"), [
-    ({"args": ["x"]}, "invoke.yaml: launcher.job: has no `script:` (the training script, relative to workdir)"),
+    ({"args": ["x"]}, "invoke.yaml: launcher.job: has no `script:` (the training script, relative to workdir), "
+                      "`module:` (run as `python -m`) or `command:` (a program, not Python)"),
     ({"script": "t.py", "args": "--x 1"}, "invoke.yaml: launcher.job.args: must be a list of words, "
      "got '--x 1' (str)"),
     ({"script": "t.py", "arg": []}, "invoke.yaml: launcher.job.arg: unknown key 'arg'; did you mean 'args'?"),

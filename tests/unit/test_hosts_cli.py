@@ -145,7 +145,7 @@ def test_a_hostfile_without_a_job_asks_for_one(hostfile: Path) -> None:
     result = inv("launch", "--hosts", str(hostfile), "--dry-run", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip() == (f"error: {hostfile}: no job to run: add a `job: {{script: ...}}` entry, or "
-                                     "pass --script")
+                                     "pass --script (--module, --command)")
 
 
 # --- on real sshd nodes --------------------------------------------------------------------------------------------

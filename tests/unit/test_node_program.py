@@ -11,7 +11,7 @@ import pytest
 from launcher.transport.program import _needed, node_files
 
 NODE = Path(__file__).resolve().parents[2] / "launcher" / "node"
-PROGRAMS = ("agent", "probe", "syncd", "selector")
+PROGRAMS = ("agent", "probe", "syncd", "selector", "seek")
 
 
 def _imported(module: str) -> set[str]:

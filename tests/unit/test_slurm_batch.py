@@ -14,6 +14,7 @@ import pytest
 
 from launcher import paths
 from launcher.app import slurm as on_slurm
+from launcher.app.job import JobWords
 from launcher.errors import USAGE, LauncherError
 from launcher.options import Options
 from launcher.run.wiring import Wiring
@@ -259,7 +260,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     inventory.write_text("hosts: [{name: node-0}]\n")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, args="--epochs 1",
+    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, job=JobWords(args="--epochs 1"),
                                  opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
     assert code == 0
     text = out.getvalue()
@@ -268,6 +269,23 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     command = next(line for line in text.splitlines() if "-m invoke launch" in line)
     assert shlex.split(command)[-2:] == [f"--hosts={inventory}", "--args=--epochs 1"]
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_installed_commands_job_starts_in_the_project_and_runs_python_m_launcher(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch):
+    """`ddpl slurm.submit` in a project: the job starts at the project's root, runs `python -m launcher` (which
+    reads the project's ddpl.yaml there) on the inventory relative to it, with the job's form (--module)."""
+    (tmp_path / "hosts").mkdir()
+    inventory = tmp_path / "hosts" / "cluster.yaml"
+    inventory.write_text("hosts: [{name: node-0}]\n")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    code = on_slurm.slurm_submit(str(inventory), 2, dry_run=True, job=JobWords(module="pkg.train"), project=tmp_path,
+                                 opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
+    assert code == 0
+    assert f"#SBATCH --chdir={tmp_path}" in directives(out.getvalue())
+    command = next(line for line in out.getvalue().splitlines() if "-m launcher launch" in line)
+    assert shlex.split(command)[-3:] == ["--slurm", "--hosts=hosts/cluster.yaml", "--module=pkg.train"]
 
 
 def test_submit_refuses_a_missing_inventory(tmp_path: Path):

@@ -1,0 +1,320 @@
+"""The launcher as a Python API, for notebooks, pipelines and tests: what `ddpl` does, as calls that return typed
+results and raise typed errors (`launcher.errors`), never exit the process.
+
+    from launcher import api
+
+    result = api.launch("hosts/cluster.yaml", script="train.py", args=["--epochs", "3"])
+    print(result.ok, result.run_id, result.logs, result.root_cause)
+
+    run = api.launch("hosts/cluster.yaml", detach=True)   # a handle: status, top, stacks, logs, stop, wait
+    print(run.top().ranks[0].steps_per_s)
+    run.stop()
+
+    findings = api.doctor("hosts/cluster.yaml").findings
+
+Paths are Python's: relative to the current folder. No settings file is read: options are arguments (`grace=5`,
+`log_dir="runs"`, `retries=2`: any `launcher.options.Options` field, checked as the command line's). A
+KeyboardInterrupt while a launch is attached stops the run on every node, as Ctrl-C does, then reaches the caller;
+each call closes its connections, ends its threads and gives back the signal handlers it set.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from launcher import app
+from launcher.doctor.evidence import Finding, Report
+from launcher.errors import LauncherError, RunFailed, StillRunning
+from launcher.events import Ended, NodeEnd, Started
+from launcher.limits import API_WAIT_POLL_S
+from launcher.options import Options, from_config
+from launcher.plan.launch import new_run_id
+from launcher.run import control as run_control
+from launcher.run.control import NodeState
+from launcher.run.launch import check_run_id
+from launcher.run.stacks import StacksReport, collect_stacks
+from launcher.run.wiring import Wiring
+
+Lines = Callable[[str], None]
+"""Called with each line (without its newline), from the launcher's threads: it must not block for long."""
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """How one node's part of a run ended."""
+
+    node: str
+    state: str
+    """An attached run's `launcher.events.EndKind` (exited, lost, silent, ...); a detached run's agent state
+    (exited, stopped, lost, unreachable, ...)."""
+    exit_code: int | None
+    """torchrun's exit code on the node, when it exited."""
+    end: NodeEnd | None = None
+    """An attached run's whole record of the node's end (its last lines, errors, who asked it to stop)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A run's end: every node's, the root cause of a failure, where its logs are."""
+
+    run_id: str
+    ok: bool
+    """Every node's part ended well (an elastic run that went on without a lost node too)."""
+    exit_code: int
+    """What `ddpl launch` exits with: 0, or the failed rank's code (124 for a hang the launcher stopped)."""
+    nodes: tuple[NodeResult, ...]
+    logs: Path
+    """The controller's copy of each node's output: <log_dir>/<run id>/<node>.log (an attached run's)."""
+    root_cause: str | None = None
+    """The failure's report (the first failing node and rank, its exit code, its last lines), as the console says."""
+    failed_node: str | None = None
+    failed_rank: int | None = None
+    error: RunFailed | None = field(default=None, repr=False)
+
+    def check(self) -> RunResult:
+        """This result, or its `RunFailed` raised when the run failed."""
+        if self.error is not None:
+            raise self.error
+        if not self.ok:
+            raise RunFailed(self.root_cause or f"run {self.run_id} failed", self.exit_code or 1,
+                            node=self.failed_node)
+        return self
+
+
+@dataclass(frozen=True)
+class NodeTop:
+    """One node in `Run.top()` (`ddpl top --once --json`'s `nodes`)."""
+
+    node: str
+    reachable: bool
+    problem: str | None = None
+    load1: float | None = None
+    cpus: int | None = None
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    gpus: tuple[Mapping[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class RankTop:
+    """One rank in `Run.top()` (`ddpl top --once --json`'s `ranks`); `data` holds every field as the JSON has it."""
+
+    node: str
+    rank: int
+    local_rank: int | None = None
+    pid: int | None = None
+    state: str | None = None
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    last_output_s: float | None = None
+    steps_per_s: float | None = None
+    step: int | None = None
+    steps: int | None = None
+    batches: int | None = None
+    forward_share: float | None = None
+    data_share: float | None = None
+    last_line: str | None = None
+    straggler: bool = False
+    straggler_by: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TopSnapshot:
+    """One look at every node and rank of a running run."""
+
+    run_id: str
+    nodes: tuple[NodeTop, ...]
+    ranks: tuple[RankTop, ...]
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> TopSnapshot:
+        """From `ddpl top --once --json`'s object (fields it has beyond these stay in each rank's `data`)."""
+        nodes = tuple(_pick(NodeTop, {**n, "gpus": None if n.get("gpus") is None else tuple(n["gpus"])})
+                      for n in data.get("nodes", []))
+        return cls(data["run"], nodes, tuple(_pick(RankTop, {**r, "data": r}) for r in data.get("ranks", [])))
+
+
+T = TypeVar("T")
+
+
+def _pick(kind: type[T], row: Mapping[str, Any]) -> T:
+    return kind(**{f.name: row[f.name] for f in fields(kind) if f.name in row})  # type: ignore[arg-type]
+
+
+class _LineStream(io.TextIOBase):
+    """A text stream that hands each whole line to a function (the console's writes, whatever their cuts)."""
+
+    def __init__(self, deliver: Lines):
+        super().__init__()
+        self.deliver, self.pending, self.lock = deliver, "", threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.deliver(line)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    def end(self) -> None:
+        rest, self.pending = self.pending, ""
+        if rest:
+            self.deliver(rest)
+
+
+def _options(given: Mapping[str, Any], detach: bool = False) -> Options:
+    """The options as `Options`, each checked as the command line's are (a wrong one: a LauncherError)."""
+    values = {**given, "detach": detach}
+    if values.get("log_dir") is not None:
+        values["log_dir"] = Path(values["log_dir"])
+    return from_config({}, values)
+
+
+def _quiet() -> Wiring:
+    return Wiring(out=io.StringIO(), err=io.StringIO())
+
+
+def _stream(deliver: Lines | None, default: IO[str]) -> IO[str]:
+    return default if deliver is None else _LineStream(deliver)
+
+
+def launch(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
+           args: Sequence[str] | None = None, detach: bool = False, sync: bool = False, doctor: bool = True,
+           include: str | None = None, exclude: str | None = None, on_output: Lines | None = None,
+           on_message: Lines | None = None, **options: Any) -> RunResult | Run:
+    """Start a job on every node of the inventory (or hostfile) `hosts`, as `ddpl launch` does.
+
+    `script`, `module`, `command` (one of them) and `args` (a list of words) replace the inventory's job; by default
+    it runs as it says. Attached (the default): returns the run's `RunResult` once it ends, a failed run too
+    (`result.check()` raises its `RunFailed`); each line of output goes to `on_output` (default: this process's
+    stdout, prefixed by node and rank as on the console), the launcher's own lines to `on_message` (default:
+    stderr). `detach=True`: returns a `Run` handle once the run started. A run that could not start raises (a
+    `ConnectError`, `DoctorFailed`, `RunFailed`); `sync`, `doctor`, `include`, `exclude` are `ddpl launch`'s.
+    """
+    opts = _options(options, detach)
+    spec = app.Hosts(str(hosts), include=include, exclude=exclude)
+    words = app.JobWords(script, module, command, None if args is None else shlex.join(str(a) for a in args))
+    run_id, ends, started = new_run_id(), {}, []
+
+    def heard(event: Any) -> None:
+        if isinstance(event, Ended):
+            ends[event.node] = event.end
+        elif isinstance(event, Started):
+            started.append(event.node)
+
+    out, err = _stream(on_output, sys.stdout), _stream(on_message, sys.stderr)
+    try:
+        code = app.launch(spec, words, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
+                          wiring=Wiring(out=out, err=err, on_event=heard))
+    except RunFailed as exc:
+        if detach or not started:  # nothing runs: the error is the answer
+            raise
+        return _ended(run_id, opts, exc.ends or tuple(ends.values()), exc)
+    finally:
+        for stream in (out, err):
+            if isinstance(stream, _LineStream):
+                stream.end()
+    if code == 130:  # interrupted: the run was stopped on every node, as Ctrl-C does; the caller hears it too
+        raise KeyboardInterrupt
+    if detach:
+        return Run(run_id, spec, opts)
+    return _ended(run_id, opts, tuple(ends.values()), None, code)
+
+
+def _ended(run_id: str, opts: Options, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0) -> RunResult:
+    nodes = tuple(NodeResult(e.node, e.kind.value, e.exit_code, e) for e in ends)
+    if error is None:
+        return RunResult(run_id, code == 0, code, nodes, opts.log_dir / run_id)
+    return RunResult(run_id, False, error.exit_code, nodes, opts.log_dir / run_id, str(error), error.node,
+                     error.rank, error)
+
+
+def doctor(hosts: str | Path, *, checks: str = "all", net: bool = False, include: str | None = None,
+           exclude: str | None = None, **options: Any) -> Report:
+    """The doctor's findings on every node, as `ddpl doctor` shows them: `report.ok`, `report.findings` (each a
+    `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks."""
+    spec = app.Hosts(str(hosts), include=include, exclude=exclude)
+    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet())
+
+
+def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
+    """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
+    is running, else its newest, as `ddpl status` and `ddpl stop` choose."""
+    return Run(check_run_id(run_id), app.Hosts(str(hosts)), _options(options))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run on the nodes (a detached one, or one found by `run`): ask them how it goes, take its stacks, read its
+    logs, stop it, wait for its end."""
+
+    run_id: str | None
+    """None: the inventory's running run, else its newest, chosen by each call."""
+    hosts: app.Hosts
+    options: Options
+
+    def status(self) -> list[NodeState]:
+        """Each node's state of the run (running, exited with its code, stopped, lost, unreachable)."""
+        return run_control.status(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
+
+    def top(self) -> TopSnapshot:
+        """One look at every node and rank (a few seconds long), as `ddpl top --once --json`."""
+        out = io.StringIO()
+        app.top(self.hosts, self.run_id, self.options, once=True, as_json=True, wiring=Wiring(out, io.StringIO()))
+        return TopSnapshot.of(json.loads(out.getvalue()))
+
+    def stacks(self) -> StacksReport:
+        """Every rank's Python stack, grouped by where the ranks are (`report.lines()` as `ddpl stacks` says it)."""
+        return collect_stacks(app.load_inventory(self.hosts), self.run_id, self.options, io.StringIO())
+
+    def logs(self, node: str | None = None, rank: int | None = None) -> str:
+        """The run's log so far, from its nodes, each line prefixed by node and rank (one node's, one rank's)."""
+        out, err = io.StringIO(), io.StringIO()
+        if app.logs(self.hosts, self.run_id, node=node, rank=rank, opts=self.options, wiring=Wiring(out, err)):
+            raise LauncherError(f"run {self.run_id}: the logs of some nodes could not be read: {err.getvalue()}")
+        return out.getvalue()
+
+    def stop(self) -> list[NodeState]:
+        """Stop the run on every node (TERM, the grace period, KILL); each node's state after."""
+        return run_control.stop(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
+
+    def wait(self, timeout: float | None = None, poll_s: float = API_WAIT_POLL_S) -> RunResult:
+        """Wait until no node runs it (a `StillRunning` error after `timeout` seconds); how each node's part ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            states = self.status()
+            if not any(s.state == "running" for s in states):
+                shown = self.run_id or next((s.run_id for s in states if s.run_id), None) or "(none)"
+                return _states_result(shown, self.options, states)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StillRunning(f"run {self.run_id} is still running after {timeout:g} s")
+            time.sleep(poll_s)
+
+
+def _states_result(run_id: str, opts: Options, states: Sequence[NodeState]) -> RunResult:
+    """A detached run's end from its nodes' states: the first node (by its end) that did not exit 0 is the cause."""
+    nodes = tuple(NodeResult(s.host, s.state, s.exit_code) for s in states)
+    failed = sorted((s for s in states if s.state != "exited" or s.exit_code != 0),
+                    key=lambda s: s.ended_at if s.ended_at is not None else float("inf"))
+    if not failed:
+        return RunResult(run_id, True, 0, nodes, opts.log_dir / run_id)
+    first = failed[0]
+    how = f"exit code {first.exit_code}" if first.state == "exited" else f"{first.state} {first.detail}".strip()
+    return RunResult(run_id, False, first.exit_code or 1, nodes, opts.log_dir / run_id,
+                     f"run {run_id} FAILED: {first.host}: {how}", first.host)
+
+
+__all__ = ["Finding", "NodeResult", "NodeTop", "RankTop", "Report", "Run", "RunResult", "StacksReport",
+           "TopSnapshot", "doctor", "launch", "run"]

@@ -1,0 +1,95 @@
+"""`ddpl init`: a commented inventory for a new cluster, from what its nodes say over SSH (the interpreter that has
+torch, the GPUs), written where the project's settings look for it, never over a file that is there."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.config.inventory import cluster_from_data
+from launcher.config.model import Cluster
+from launcher.config.starter import Found, render_inventory
+from launcher.errors import NodeFailure, UsageError
+from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
+from launcher.options import Options
+from launcher.paths import relative
+from launcher.transport.program import node_program, program_input, python_command
+from launcher.transport.sessions import close_all, connect_all, run_all
+from launcher.transport.settings import SshSettings
+
+PYTHONS = ("python3", "~/venv/bin/python", "~/.venv/bin/python", "~/venvs/*/bin/python", "~/miniconda3/bin/python",
+           "~/miniconda3/envs/*/bin/python", "~/anaconda3/bin/python", "~/anaconda3/envs/*/bin/python",
+           "~/miniforge3/bin/python", "~/miniforge3/envs/*/bin/python", "/opt/conda/bin/python",
+           "/opt/conda/envs/*/bin/python")
+"""Where a node's interpreter with torch usually is, tried in this order after the project's own venv in the
+workdir: the login's python3, a venv in the home, conda's (Miniconda, Anaconda, Miniforge, a container's)."""
+
+
+def nodes_cluster(names: Sequence[str], ssh_config: str | None) -> Cluster:
+    """The nodes `--hosts` names, checked as an inventory's hosts are (a bad name is one sentence)."""
+    data: dict[str, Any] = {"hosts": list(names), **({"ssh_config": ssh_config} if ssh_config else {})}
+    return cluster_from_data(data, "--hosts")
+
+
+def _found(name: str, answer: Mapping[str, Any]) -> Found:
+    python, home = answer.get("python"), str(answer.get("home") or "")
+    if python and home and python.startswith(home.rstrip("/") + "/"):
+        python = "~/" + python[len(home.rstrip("/")) + 1:]  # the same path on every node of the same user
+    notes = []
+    if not python:
+        tried = "; ".join(f"{t['python']}: {t['why']}" for t in answer.get("tried", [])) or "none there"
+        notes.append(f"no interpreter with torch (tried {tried})")
+    if answer.get("gpu_problem"):
+        notes.append(str(answer["gpu_problem"]))
+    return Found(name, python or None, int(answer.get("gpus") or 0), answer.get("cpus"), tuple(notes))
+
+
+def seek(cluster: Cluster, workdir: str, opts: Options) -> list[Found]:
+    """Ask every node at once which interpreter has torch and how many GPUs it has (launcher/node/seek.py, run by
+    the login's python3); a node that cannot say is a `Found` with a note of why."""
+    pythons = [f"{workdir.rstrip('/')}/.venv/bin/python", f"{workdir.rstrip('/')}/venv/bin/python", *PYTHONS]
+    request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
+    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    try:
+        results = run_all(list(nodes.values()), python_command("python3"),
+                          program_input(node_program("seek"), request), INIT_WAIT_S)
+    finally:
+        close_all(nodes.values())
+    found = {f.host: Found(f.host, notes=(f"unreachable: {f}",)) for f in failures}
+    for name, result in results.items():
+        if isinstance(result, NodeFailure):
+            found[name] = Found(name, notes=(f"no answer: {result}",))
+            continue
+        try:
+            found[name] = _found(name, json.loads(result.stdout.decode().strip().splitlines()[-1]))
+        except (ValueError, IndexError, TypeError, AttributeError):
+            lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+            why = lines[-1][:200] if lines else f"exit code {result.exit_code}"
+            found[name] = Found(name, notes=(f"python3 there gave no answer ({why})",))
+    return [found[h.name] for h in cluster.hosts]
+
+
+def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Mapping[str, Any], master_port: int,
+                    python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
+                    opts: Options, err: IO[str], command: str) -> list[Found]:
+    """Write the inventory for `names` to `output` (never over a file that is there): what every node said, or what
+    the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it)."""
+    if output.exists():
+        raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over an inventory "
+                         "(edit it, or give --output another file)")
+    cluster = nodes_cluster(names, ssh_config)
+    if python is None or nproc_per_node is None:
+        err.write(f"asking {len(names)} node(s) for their python with torch and their GPUs\n")
+        found = seek(cluster, workdir, opts)
+    else:
+        found = [Found(h.name) for h in cluster.hosts]
+    found = [Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
+             for f in found]
+    text = render_inventory(found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config,
+                            command=command)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "x", encoding="utf-8") as file:  # "x": a file made meanwhile is not overwritten either
+        file.write(text)
+    return found

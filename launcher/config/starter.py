@@ -1,0 +1,100 @@
+"""The inventory `ddpl init` writes for a new cluster (pure: what was found on the nodes in, commented YAML out)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Found:
+    """What `ddpl init` learnt of one node over SSH (None: it could not say)."""
+
+    name: str
+    python: str | None = None
+    """An interpreter there that has torch (as the node names it, `~/` for its home)."""
+    gpus: int = 0
+    """GPUs nvidia-smi lists."""
+    cpus: int | None = None
+    notes: tuple[str, ...] = field(default=())
+    """Why something was not found (no torch in any interpreter tried, nvidia-smi failed, unreachable)."""
+    given_nproc: int | None = None
+    """`--nproc-per-node`, when the command line gave it."""
+
+    @property
+    def nproc(self) -> int:
+        """Worker processes for this node: as given, else one per GPU, else one (a CPU node: torch uses its cores)."""
+        return self.given_nproc or self.gpus or 1
+
+
+def _flow(value: Any) -> str:
+    """A value as one line of YAML, quoted where YAML needs it."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 20).strip().removesuffix("...").strip()
+
+
+def _line(text: str, comment: str) -> str:
+    """`text`, then its comment in the comments' column (or two spaces after a long text: YAML's ` #`)."""
+    return f"{text:<38}  # {comment}" if comment else text
+
+
+def _common(found: Sequence[Found], key: str) -> Any:
+    """The value every node shares for `key` (None when they differ)."""
+    values = {getattr(f, key) for f in found}
+    return values.pop() if len(values) == 1 else None
+
+
+def _hosts(found: Sequence[Found], python: str | None, nproc: int | None) -> list[str]:
+    names = [f.name for f in found]
+    if python is not None and nproc is not None:
+        return [_line(f"hosts: {_flow(names)}", "node rank 0 first: it holds the rendezvous")]
+    lines = ["hosts:                                  # node rank 0 first: it holds the rendezvous"]
+    for f in found:
+        own = {"name": f.name, **({} if python is not None else {"python": f.python or "python3"}),
+               **({} if nproc is not None else {"nproc_per_node": f.nproc})}
+        lines.append(f"  - {_flow(own)}")
+    return lines
+
+
+def _python_comment(found: Sequence[Found], python: str | None) -> str:
+    if any(f.python is None for f in found):
+        return f"no interpreter with torch found on {', '.join(f.name for f in found if f.python is None)}: set it"
+    return "has torch on every node" if python is not None else ""
+
+
+def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, Any], master_port: int,
+                     ssh_config: str | None = None, command: str = "ddpl") -> str:
+    """The commented inventory for `found` (in rank order): what every node shares in `defaults:`, what differs on
+    its host, the notes of what could not be found as comments."""
+    python, nproc = _common(found, "python"), _common(found, "nproc")
+    gpus = _common(found, "gpus")
+    nproc_why = (f"nvidia-smi lists {gpus} GPU(s) on every node" if gpus else
+                 "no GPUs (nvidia-smi): one process a node, torch uses its cores") if gpus is not None else ""
+    if any(f.given_nproc for f in found):
+        nproc_why = "as --nproc-per-node gave"
+    lines = [f"# Written by `{command} init`: your nodes, what it found on them over SSH, and the job to run.",
+             "# Check it, then:",
+             f"#   {command} doctor                     # same Python and torch everywhere? DNS? port? script?",
+             f"#   {command} launch --dry-run           # each node's exact command, and why each flag is there",
+             f"#   {command} launch --sync              # copy this project to every workdir, then start",
+             "# Every key, with what it does and its default: hosts/example.yaml in the launcher's repository."]
+    lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
+    lines += _hosts(found, python, nproc)
+    if ssh_config is not None:
+        lines.append(_line(f"ssh_config: {_flow(ssh_config)}", "how this machine reaches the nodes"))
+    lines.append("defaults:")
+    if python is not None or all(f.python is None for f in found):
+        lines.append(_line(f"  python: {_flow(python or 'python3')}", _python_comment(found, python)))
+    lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command} launch --sync`"))
+    if nproc is not None:
+        lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))
+    lines += ["rendezvous:", _line(f"  master_port: {master_port}", "a free TCP port on the first node"),
+              "job:", *(_line(f"  {key}: {_flow(value)}", "") for key, value in job.items()),
+              "  # module: pkg.train                    # instead of script: torchrun -m pkg.train",
+              "  # command: ./train.sh                  # instead of script: a program, not Python",
+              "  # torchrun: [--numa-binding, socket]   # torchrun's own options, passed as written",
+              "# sync:",
+              "#   exclude: [data/, '*.ckpt']          # what --sync leaves out besides .gitignore's"]
+    return "\n".join(lines) + "\n"

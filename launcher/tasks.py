@@ -1,0 +1,365 @@
+"""The launcher's Invoke tasks, one definition for both commands: `ddpl` (installed: `ns`) and a checkout's `inv`
+(its tasks.py: `checkout_ns`, with the sandbox, demo and bench). Each parses its options and calls `launcher.app`.
+
+A project's own tasks.py can add them: `from launcher.tasks import ns; namespace.add_collection(ns, "ddp")`.
+"""
+
+from __future__ import annotations
+
+import gc
+
+# The imports below make ~60,000 objects that live as long as the process: no collection walks them while they are
+# made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
+gc.disable()
+
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from invoke import Collection, Context, Exit
+from invoke import task as invoke_task
+
+from launcher import app, options
+from launcher.cliconfig import NOT_OPTIONS, SECTION, setting_lines, sources
+from launcher.doctor import FAST_CHECKS
+from launcher.errors import USAGE, LauncherError
+from launcher.paths import relative
+from launcher.project import check_owner, resolve
+
+gc.freeze()
+gc.enable()
+
+HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from the "
+              "defaults and job settings); default: the hosts setting (invoke.yaml's launcher.hosts, ddpl.yaml's "
+              "hosts)")
+INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
+EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
+RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
+JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
+SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to each node's workdir)"
+MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
+COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
+ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """Invoke's `@task` without its automatic short flags: made from each option's first letter, `-e` meant
+    --detach in one task and --exclude in another, and --hang-timeout got a broken `--=STRING` (its `-h` is help's).
+    Long options only: one meaning each, everywhere."""
+    if args and callable(args[0]):
+        return invoke_task(auto_shortflags=False)(args[0])
+    return invoke_task(*args, auto_shortflags=False, **kwargs)
+
+
+def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a task body; a LauncherError becomes its message and exit code, never a traceback."""
+
+    @wraps(fn)
+    def wrapper(c: Context, *args: Any, **kwargs: Any) -> None:
+        try:
+            code = fn(c, *args, **kwargs)
+        except LauncherError as exc:
+            message, code = app.main_error(exc)
+            raise Exit(f"error: {message}", code) from None
+        if code:
+            raise Exit(code=code)
+
+    return wrapper
+
+
+def _root(c: Context) -> Path | None:
+    """The installed command's project folder (`launcher.cliconfig.DdplConfig`); None for a checkout's `inv`, whose
+    settings' paths stay relative to the current folder."""
+    return getattr(c.config, "project_root", None)
+
+
+def _options(c: Context, **overrides: Any) -> options.Options:
+    """The `launcher:` settings (invoke.yaml, or ddpl's files), then the command line's values (None: not given),
+    every number checked; a relative log_dir in ddpl's settings is the project's."""
+    try:
+        config = {k: v for k, v in c.config.get(SECTION, {}).items() if k not in NOT_OPTIONS}
+        root = _root(c)
+        if root is None:
+            return options.from_config(config, overrides)
+        if config.get("log_dir") is not None:
+            config["log_dir"] = str(resolve(config["log_dir"], root))
+        return options.from_config(config, overrides, sources=sources(c.config), section="")
+    except LauncherError as exc:
+        raise Exit(f"error: {exc}", USAGE) from None
+
+
+def _none_given(what: str, **others: Any) -> None:
+    """Exit with a usage error when any of `others` was given: it does not apply to `what`."""
+    given = [name for name, value in others.items() if value not in (None, False)]
+    if given:
+        raise Exit(f"error: --{given[0].replace('_', '-')} does not apply to {what}", USAGE)
+
+
+def _slurm_job(job: str, **others: Any) -> str:
+    """`--job` as given, once no option of a run over SSH comes with it (SLURM knows the job's nodes)."""
+    _none_given("a SLURM job (--job)", **others)
+    return job
+
+
+def _inventory(c: Context) -> Path:
+    """The `hosts` setting's inventory: in ddpl's settings, the project's (only when this user owns it)."""
+    config = c.config.get(SECTION, {})
+    root, path = _root(c), Path(config.get("hosts") or options.DEFAULT_HOSTS)
+    if root is None:
+        return path
+    found = resolve(path, root)
+    check_owner(found, c.config.safe_directories())
+    return Path(relative(found))
+
+
+def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> app.Hosts:
+    """`--hosts` (default: the `hosts` setting), what a hostfile takes from the settings, and the hosts chosen."""
+    config = c.config.get(SECTION, {})
+    root = _root(c)
+    where = sources(c.config).get("defaults", "invoke.yaml") if root is not None else "invoke.yaml"
+    return app.Hosts(hosts or str(_inventory(c)), config.get("defaults"), config.get("job"), include, exclude,
+                     project=root, defaults_source=where)
+
+
+def _settings_lines(c: Context) -> list[str]:
+    """The settings that are not their defaults, and where each came from (ddpl's dry run's last lines)."""
+    changed = setting_lines(c.config, changed_only=True) if _root(c) is not None else []
+    return ["", "settings (not their defaults) and where each came from:", *changed] if changed else []
+@task(help={
+    "hosts": HOSTS_HELP,
+    "include": INCLUDE_HELP,
+    "exclude": EXCLUDE_HELP,
+    "script": SCRIPT_HELP,
+    "module": MODULE_HELP,
+    "command": COMMAND_HELP,
+    "args": ARGS_HELP,
+    "dry-run": "print each node's exact command and why each flag is there (and the settings' sources); start "
+               "nothing",
+    "detach": "start the run and return; use status, logs and stop on it later",
+    "sync": "first make every node's workdir hold this project tree, as `inv sync` does (over the same connections)",
+    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
+    "grace": "seconds between TERM and KILL when the run is stopped",
+    "connect-timeout": "seconds to wait for each node's SSH connection",
+    "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
+    "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
+    "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
+    "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
+               "killed, on the nodes that pass the doctor (default: the inventory's retries)",
+    "hang-timeout": "seconds without progress (no rank printed a line, no rank's CPU grew) before the run is "
+                    "suspected hung and every rank's stack is taken (default: learnt from the run, at least 300 s; "
+                    "0: never)",
+    "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
+    "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
+             "master; the inventory gives everything else",
+})
+@_reported
+def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
+           connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
+           include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
+           command=None):
+    """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
+    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
+                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
+                    hang_timeout=hang_timeout, on_hang=on_hang)
+    code = app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
+                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
+    for line in _settings_lines(c) if dry_run else ():
+        print(line)
+    return code
+
+
+@task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
+            "json": "print the findings as JSON (for scripts)",
+            "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
+            "net": "then measure the network between the nodes with the run's backend (one rank a node, all_reduce "
+                   "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
+            "connect-timeout": "seconds to wait for each node's SSH connection",
+            "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
+                             "a late answer is a warning with its time, none a failure",
+            "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
+            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)"})
+@_reported
+def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
+           exclude=None, net=False, slurm=False, job=None):
+    """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
+    if job:
+        _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
+    elif slurm:
+        _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
+                    connect_timeout=connect_timeout)
+    return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
+                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
+                      slurm=slurm, job=job)
+
+
+@task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",
+            "silence-timeout": "a node that takes no data for this many seconds (a hung disk) fails its sync"})
+@_reported
+def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
+    """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
+    files travel, all nodes at once; nothing on a node is deleted."""
+    return app.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout, silence_timeout=silence_timeout))
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
+@_reported
+def stop(c, hosts=None, run=None, grace=None, job=None):
+    """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
+    if job:  # scancel: SLURM's KillWait is the grace period
+        _slurm_job(job, hosts=hosts, run=run, grace=grace)
+    return app.stop(_hosts(c, hosts), run, _options(c, grace=grace), job=job)
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
+@_reported
+def status(c, hosts=None, run=None, job=None):
+    """Per node: running / exited (code) / stopped / unreachable, and since when."""
+    if job:
+        _slurm_job(job, hosts=hosts, run=run)
+    return app.status(_hosts(c, hosts), run, _options(c), job=job)
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
+            "follow": "keep printing as the run writes, until it ends", "node": "only this node",
+            "rank": "only this global rank's lines", "job": JOB_HELP})
+@_reported
+def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
+    """Replay a run's log from the nodes, prefixed by node and rank."""
+    if job:  # the job's output file holds every node's prefixed lines
+        _slurm_job(job, hosts=hosts, run=run, node=node, rank=rank)
+    rank = options.whole_number("rank", rank) if rank is not None else None
+    return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c), job=job)
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
+            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
+@_reported
+def stacks(c, hosts=None, run=None, job=None):
+    """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
+    return app.stacks(_hosts(c, hosts), run, _options(c), job=job)
+
+
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
+            "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
+            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
+@_reported
+def top(c, hosts=None, run=None, once=False, json=False, job=None):
+    """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
+    if json and not once:
+        raise Exit("error: --json goes with --once (the live view is for a terminal)", USAGE)
+    return app.top(_hosts(c, hosts), run, _options(c), once=once, as_json=json, job=job)
+
+
+@task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
+            "master-port": "rendezvous port written to the inventory",
+            "slurm": "also start a real SLURM cluster on the nodes (munged, slurmctld, a slurmd in each node); "
+                     "prints the SLURM_CONF to export for srun/salloc"})
+@_reported
+def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=options.DEFAULT_MASTER_PORT, slurm=False):
+    """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
+    nproc = options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    port = options.whole_number("master_port", master_port, 1, 65535)
+    app.sandbox_up(options.whole_number("nodes", nodes, 1), nproc_per_node=nproc, master_port=port, slurm=slurm)
+
+
+@task
+@_reported
+def sandbox_down(c):
+    """Stop the sandbox's sshd nodes (exactly the processes it started)."""
+    app.sandbox_down()
+
+
+@task(help={"quick": "fewer sizes and repeats (a few minutes)",
+            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic,hang,top,net,"
+                    "startup"})
+@_reported
+def bench(c, quick=False, only=None):
+    """Benchmarks on the sandbox against an ssh loop, pdsh and local torchrun: table, JSON, picture in bench/results/"""
+    return app.bench(quick=quick, only=only)
+
+
+@task
+@_reported
+def demo(c):
+    """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
+    return app.demo()
+
+
+@task(help={
+    "hosts": HOSTS_HELP + "; the job's nodes are the allocation's, the inventory gives everything else",
+    "nodes": "how many nodes to ask SLURM for (one launcher agent each)",
+    "partition": "the SLURM partition (default: the cluster's default partition)",
+    "time": "time limit in SLURM's form: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the "
+            "partition's)",
+    "gpus-per-node": "GPUs to ask for on each node: a count, or type:count (default: none)",
+    "job-name": "the job's name in squeue (default: ddp)",
+    "dry-run": "print the batch script; submit nothing",
+    "script": SCRIPT_HELP,
+    "module": MODULE_HELP,
+    "command": COMMAND_HELP,
+    "args": ARGS_HELP,
+    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
+})
+@_reported
+def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_node=None, job_name=None,
+                 dry_run=False, script=None, args=None, skip_doctor=False, module=None, command=None):
+    """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
+    if nodes is None:
+        raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
+    return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
+                            time=time, gpus_per_node=gpus_per_node, dry_run=dry_run,
+                            job=app.JobWords(script, module, command, args), skip_doctor=skip_doctor,
+                            job_name=job_name, opts=_options(c))
+
+
+@task(help={
+    "hosts": "the nodes, comma-separated: gpu01,gpu02 (ssh aliases, DNS names or addresses; the first is node rank 0)",
+    "output": "where to write the inventory (default: the `hosts` setting, hosts/cluster.yaml in the project); "
+              "never over a file that is there",
+    "workdir": "where your code is on each node (default: ~/ and this project's folder name)",
+    "script": "the training script, relative to the workdir (default: train.py)",
+    "python": "the interpreter with torch on every node (default: the first that has torch: the project's venv in "
+              "the workdir, the login's python3, a venv or conda in the home, /opt/conda)",
+    "nproc-per-node": "worker processes on each node (default: its GPU count from nvidia-smi, else 1)",
+    "ssh-config": "an ssh config file to reach the nodes with, instead of ~/.ssh/config",
+    "master-port": "the rendezvous port on the first node",
+    "skip-doctor": "write the inventory only; run no doctor on it",
+    "connect-timeout": "seconds to wait for each node's SSH connection",
+})
+@_reported
+def init(c, hosts=None, output=None, workdir=None, script="train.py", python=None, nproc_per_node=None, ssh_config=None,
+         master_port=options.DEFAULT_MASTER_PORT, skip_doctor=False, connect_timeout=None):
+    """Write a commented inventory for new nodes from what they say over SSH; run the doctor; say what is next.
+
+    It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
+    names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
+    if not names:
+        raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)
+    nproc = None if nproc_per_node is None else options.whole_number(
+        "nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    project = _root(c) or Path.cwd()
+    if ssh_config and not ssh_config.startswith("~"):  # the inventory's ssh_config is read from wherever ddpl runs
+        ssh_config = str(Path(ssh_config).absolute())
+    return app.init(names, Path(output) if output else _inventory(c), workdir=workdir or f"~/{project.name}",
+                    script=script, master_port=options.whole_number("master_port", master_port, 1, 65535),
+                    python=python, nproc_per_node=nproc, ssh_config=ssh_config, doctor_too=not skip_doctor,
+                    default_output=output is None, opts=_options(c, connect_timeout=connect_timeout))
+
+
+slurm = Collection("slurm")
+slurm.add_task(slurm_submit, "submit")
+ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, slurm)
+"""The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
+ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py
+
+
+def checkout_namespace() -> Collection:
+    """A checkout's tasks (its tasks.py: `inv`): the installed ones, and the sandbox, the demo and the bench, which
+    need the checkout (train/, bench/, hosts/)."""
+    sandbox = Collection("sandbox")
+    sandbox.add_task(sandbox_up, "up")
+    sandbox.add_task(sandbox_down, "down")
+    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, demo, bench, sandbox, slurm)
+    whole.configure({SECTION: options.config_defaults()})
+    return whole

@@ -1,0 +1,105 @@
+"""`ddpl init`: the node program that finds a node's python with torch and its GPUs (run here as a node runs it),
+the commented inventory written from what the nodes said (a valid one), and never a file written over."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config.inventory import parse_inventory
+from launcher.config.starter import Found, render_inventory
+from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S
+from launcher.transport.program import BOOTSTRAP, node_program, program_input
+from tests.helpers import REPO
+from tests.support.nodeenv import build_stdlib_env
+
+JOB = {"script": "train.py", "args": []}
+
+
+def seek(pythons: list[str], python: str = sys.executable) -> dict:
+    """launcher/node/seek.py's answer, run by `python` as a node's login python3 runs it."""
+    request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
+    done = subprocess.run([python, "-S", "-c", BOOTSTRAP], input=program_input(node_program("seek"), request),
+                          capture_output=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_the_node_program_finds_the_first_python_with_torch(tmp_path: Path) -> None:
+    bare = build_stdlib_env(tmp_path / "bare").python  # a venv without torch, first in line
+    answer = seek([str(tmp_path / "none" / "bin" / "python"), str(bare), sys.executable, "python3"],
+                  python=str(bare))
+    assert answer["python"] == sys.executable
+    assert [t["python"] for t in answer["tried"]] == [str(bare), sys.executable]  # a missing path is not tried
+    assert answer["tried"][0] == {"python": str(bare), "torch": False, "why": "no torch"}
+    assert answer["gpus"] == 0 and answer["cpus"] == os.cpu_count()
+
+
+def test_the_login_python3_is_the_one_running_it(tmp_path: Path) -> None:
+    answer = seek(["python3"])
+    assert answer["python"] == sys.executable and len(answer["tried"]) == 1
+
+
+def test_nodes_that_agree_share_the_defaults_and_the_text_is_a_valid_inventory() -> None:
+    found = [Found("gpu1", "~/venv/bin/python", 8, 64), Found("gpu2", "~/venv/bin/python", 8, 64)]
+    text = render_inventory(found, workdir="~/proj", job=JOB, master_port=29511, ssh_config="~/.ssh/cluster.conf")
+    cluster = parse_inventory(text, "hosts/cluster.yaml")
+    assert [h.name for h in cluster.hosts] == ["gpu1", "gpu2"]
+    assert {(h.python, h.workdir, h.nproc_per_node) for h in cluster.hosts} == {("~/venv/bin/python", "~/proj", 8)}
+    assert cluster.rendezvous.master_port == 29511 and cluster.ssh_config == "~/.ssh/cluster.conf"
+    assert cluster.job is not None and cluster.job.script == "train.py"
+    assert "# nvidia-smi lists 8 GPU(s) on every node" in text
+    assert "ddpl launch --sync" in text and "# torchrun: [--numa-binding, socket]" in text
+
+
+def test_nodes_that_differ_get_their_own_values_and_what_was_not_found_is_said() -> None:
+    found = [Found("a", "/opt/conda/bin/python", 4), Found("b", None, 0, 16, ("no interpreter with torch (...)",))]
+    text = render_inventory(found, workdir="/a/workdir/long/enough/to/reach/the/comments/column", job=JOB,
+                            master_port=29500)
+    cluster = parse_inventory(text, "hosts/cluster.yaml")
+    assert [(h.python, h.nproc_per_node) for h in cluster.hosts] == [("/opt/conda/bin/python", 4), ("python3", 1)]
+    assert "# b: no interpreter with torch (...)" in text
+
+
+def test_no_python_found_anywhere_leaves_python3_and_says_so() -> None:
+    found = [Found("a", None, 0, 2, ("no interpreter with torch",)), Found("b", None, 0, 2)]
+    text = render_inventory(found, workdir="~", job=JOB, master_port=29500)
+    assert "python: python3" in text and "no interpreter with torch found on a, b: set it" in text
+    assert "no GPUs (nvidia-smi): one process a node" in text
+    parse_inventory(text, "x.yaml")
+
+
+def test_init_never_writes_over_a_file_and_needs_hosts(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "hosts" / "cluster.yaml").write_text("mine\n")
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+
+    def ddpl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    shown = ddpl("init", "--hosts", "gpu1,gpu2")
+    assert shown.returncode == 2 and shown.stderr.startswith(
+        "error: hosts/cluster.yaml is there already: `ddpl init` never writes over an inventory"), shown.stderr
+    assert (tmp_path / "hosts" / "cluster.yaml").read_text() == "mine\n"
+    assert ddpl("init").stderr.startswith("error: --hosts names no node")
+    bad = ddpl("init", "--hosts", "a,-oProxyCommand=x", "--output", "other.yaml")
+    assert bad.returncode == 1 and "--hosts: hosts[1].name: must be a host name" in bad.stderr
+
+
+@pytest.mark.parametrize("python", ["~/venv/bin/python", "/usr/bin/python3"])
+def test_given_python_and_processes_need_no_node(tmp_path: Path, python: str) -> None:
+    """--python and --nproc-per-node given: nothing is asked of the nodes, the doctor skipped: the file at once."""
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    shown = subprocess.run([sys.executable, "-m", "launcher", "init", "--hosts", "n1,n2", "--python", python,
+                            "--nproc-per-node", "2", "--skip-doctor", "--workdir", "/w"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    cluster = parse_inventory((tmp_path / "hosts" / "cluster.yaml").read_text(), "c.yaml")
+    assert {(h.python, h.nproc_per_node, h.workdir) for h in cluster.hosts} == {(python, 2, "/w")}
+    assert "next: ddpl launch --dry-run, then ddpl launch --sync" in shown.stdout
