@@ -8,6 +8,7 @@ completion: `source <(ddpl --print-completion-script bash)`), --debug.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -86,4 +87,8 @@ def program() -> Ddpl:
 
 def main() -> None:
     """The `ddpl` console script and `python -m launcher`."""
-    program().run()
+    try:
+        program().run()
+    except BrokenPipeError:  # `ddpl launch --help | head`: the reader left; say nothing more, as git does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at the exit's flush
+        sys.exit(1)
