@@ -120,6 +120,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "secret_names": sorted(secret),
         "unset_env": list(command.unset_env),
         "socket_ifname": command.socket_ifname,
+        "gpus": None if command.gpus is None else list(command.gpus),
         "master_addr": rdzv.master_addr,
         "master_port": rdzv.master_port,
         "node_rank": command.node_rank,
