@@ -199,7 +199,8 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
         wiring.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
-    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout)
+    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout,
+                        gpus_in_use=job_id is not None)  # a running job's GPUs hold its own run
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
