@@ -220,8 +220,9 @@ TOP_KEEP_LINES = 20
 """Lines of the followed rank (`l` in the view) each snapshot carries."""
 TOP_RATE_WINDOW_S = 30.0
 """A rank's step rate is over its steps of the last this many seconds."""
-TOP_GPU_TIMEOUT_S = 5.0
-"""The most one `nvidia-smi --query-gpu` may take on a node."""
+TOP_GPU_REFRESH_S = 2.0
+"""Seconds between two of a node's nvidia-smi calls while `inv top` watches (a background refresh: a snapshot takes
+the last answer and says its age). A call costs 100-500 ms of CPU on 8 GPUs: once a second would be a core's tenth."""
 FORWARD_GAP = 0.1
 """A rank flagged by its forward share (lockstep DDP, launcher/plan/straggler.py) is at least this far above the
 median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""

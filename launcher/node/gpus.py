@@ -7,6 +7,7 @@ numbers the GPUs as nvidia-smi does and an index means the same GPU to both (lau
 """
 
 import os
+import time
 
 from launcher.node import limits, smi
 from launcher.node.devices import VISIBLE, chosen, entries
@@ -129,3 +130,79 @@ def visible_spec(request):
     given = request.get("cuda_visible_devices")
     return given if given is not None else os.environ.get(VISIBLE)
 
+
+def run_gpus(rows, apps, spec, ranks):
+    """`inv top`'s GPUs of a run: those its ranks use (local rank i takes the i-th GPU it sees) and those its
+    processes are on (`ranks`: {pid: global rank}, its ranks' and their helpers'), each with the ranks on it; a GPU
+    that cannot be read keeps its row, saying why."""
+    pairs = seen(rows, {}, spec)
+    used = [row for row, _ in pairs[:len(set(ranks.values()))]]
+    found = []
+    for row in rows:
+        on = sorted({ranks[pid] for pid, _ in apps.get(row["uuid"], []) if pid in ranks})
+        if row not in used and not on:
+            continue
+        found.append({"index": row["index"], "ranks": on, "error": row["unreadable"],
+                      "util_percent": None if row["utilization"] is None else int(row["utilization"]),
+                      "mem_used_bytes": _bytes(row["memory_used_mib"]),
+                      "mem_total_bytes": _bytes(row["memory_total_mib"])})
+    return found
+
+
+def _bytes(mib):
+    return None if mib is None else int(mib * 1024 * 1024)
+
+
+class GpuWatch:
+    """`inv top`'s GPUs off its snapshot path: a daemon thread asks nvidia-smi every `refresh_s` (each call within
+    `timeout`, never two at once) and keeps the last answer; a snapshot takes it with its age (`view`)."""
+
+    def __init__(self, timeout, refresh_s):
+        import threading
+
+        self.timeout, self.refresh_s = timeout, refresh_s
+        self.exe = smi.path()
+        self.answers, self.at, self.error, self.asked = None, None, None, None
+        self.started = time.monotonic()
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        if self.exe is not None:
+            threading.Thread(target=self._loop, daemon=True, name="gpus").start()
+
+    def _loop(self):
+        while not self.stopped.is_set():
+            asked = smi.Asked(self.exe, (smi.GPU_QUERY, smi.APP_QUERY), self.timeout)
+            with self.lock:
+                self.asked = asked
+            answers, error = asked.collect()
+            with self.lock:
+                self.asked = None
+                if error is None:
+                    self.answers, self.at = answers, time.monotonic()
+                self.error = error
+            self.stopped.wait(self.refresh_s)
+
+    def close(self):
+        """No more calls; one under way is ended (its session killed)."""
+        self.stopped.set()
+        with self.lock:
+            if self.asked is not None:
+                self.asked.stop()
+
+    def view(self, ranks, spec):
+        """{"gpus": the run's GPUs (`run_gpus`) or None, "gpus_age_s": how old that answer is, "gpus_error": why
+        there is none or it is old}: no nvidia-smi, no GPU column."""
+        if self.exe is None:
+            return {"gpus": None, "gpus_age_s": None, "gpus_error": None}
+        with self.lock:
+            answers, at, error = self.answers, self.at, self.error
+        now = time.monotonic()
+        if answers is None:
+            error = error or "no answer from nvidia-smi yet (asked %.0f s ago)" % (now - self.started)
+            return {"gpus": None, "gpus_age_s": None, "gpus_error": error}
+        (code, text), (_, apps_text) = answers
+        rows, other = parse_rows(text)
+        if not rows and code != 0:
+            error = error or "nvidia-smi failed (exit %d): %s" % (code, (other or ["no output"])[-1])
+        return {"gpus": run_gpus(rows, parse_apps(apps_text), spec, ranks), "gpus_age_s": round(now - at, 1),
+                "gpus_error": error}

@@ -16,7 +16,9 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding
 from launcher.doctor.checks_gpu import check_gpus, newest_cuda
+from launcher.node import gpus as node_gpus
 from launcher.node.devices import chosen, entries
+from launcher.report.top import NodeView, node_table
 from tests.support.canned_probes import ADDRS, device, gpus, probe
 from tests.support.gpus import calls, gpu, install_smi
 from tests.support.gpus import node_gpus as standin_gpus
@@ -239,3 +241,71 @@ def test_nodes_with_another_gpu_count_or_model_than_the_majority() -> None:
     assert ("node-2", "fail", "0 GPU(s) here, 1 on node-0, node-1; its ranks and the others' would pick different "
             "backends (NCCL, gloo)") in problems(gpu_findings(node_2={"gpus": cpu}))
 
+
+# --- inv top: the run's GPUs, off the snapshot path ----------------------------------------------------------------
+
+
+def rows(*items: dict[str, Any]) -> list[dict[str, Any]]:
+    fields = ("index", "uuid", "name", "bus", "driver", "mig", "used", "total", "util")
+    text = "\n".join(", ".join(str(g[f] if f in ("index", "uuid") else g["error"] or g[f]) for f in fields)
+                     for g in items)
+    return node_gpus.parse_rows(text)[0]
+
+
+def test_top_shows_the_runs_gpus_with_their_ranks_and_keeps_an_unreadable_one() -> None:
+    table = rows(gpu(0), gpu(1, used=20000, util=87), gpu(2, error="[Unknown Error]"), gpu(3))
+    apps = {table[1]["uuid"]: [(100, 2048.0), (101, 512.0)], table[3]["uuid"]: [(999, 1.0)]}
+    ranks = {100: 4, 101: 4, 200: 5}  # rank 4 and its helper on GPU 1; rank 5 not on a GPU yet
+    found = node_gpus.run_gpus(table, apps, "1,2", ranks)
+    assert [(g["index"], g["ranks"], g["error"]) for g in found] == [(1, [4], None), (2, [], "[Unknown Error]")]
+    assert (found[0]["util_percent"], found[0]["mem_used_bytes"]) == (87, 20000 << 20)
+    # GPU 3 holds someone else's process, GPU 0 is not the run's: neither is shown.
+
+
+def test_the_gpu_watch_answers_at_once_and_says_how_old_or_why(tmp_path: Path, monkeypatch) -> None:
+    smi = install_smi(tmp_path / "bin", [gpu(0, used=1000, util=50), gpu(1, error="[GPU requires reset]")])
+    monkeypatch.setenv("PATH", f"{smi}:{os.environ['PATH']}")
+    watch = node_gpus.GpuWatch(2.0, 0.2)
+    try:
+        deadline = time.monotonic() + 5
+        while watch.view({}, None)["gpus"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = watch.view({300: 0, 301: 1}, None)  # two ranks, no CUDA_VISIBLE_DEVICES: GPUs 0 and 1
+        assert [(g["index"], g["util_percent"], g["error"]) for g in view["gpus"]] == [
+            (0, 50, None), (1, None, "[GPU requires reset]")]
+        assert view["gpus_age_s"] < 2 and view["gpus_error"] is None
+    finally:
+        watch.close()
+    install_smi(smi, standin_gpus(2), mode="hang")
+    watch = node_gpus.GpuWatch(0.5, 0.2)
+    try:
+        started = time.monotonic()
+        first = watch.view({}, None)
+        assert time.monotonic() - started < 0.1  # a snapshot never waits on nvidia-smi
+        assert first["gpus"] is None and first["gpus_error"].startswith("no answer from nvidia-smi yet")
+        time.sleep(1.0)
+        assert watch.view({}, None)["gpus_error"] == "nvidia-smi did not answer in 0.5 s: a GPU stuck in the driver?"
+    finally:
+        watch.close()
+    deadline = time.monotonic() + 3
+    while standin_running(smi) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert standin_running(smi) == []
+
+
+def test_the_gpu_column_shows_ranks_errors_and_age() -> None:
+    from rich.console import Console
+
+    snap = {"load1": 1.0, "cpus": 8, "mem_total_bytes": 1 << 30, "mem_available_bytes": 1 << 29, "ranks": [],
+            "gpus": [{"index": 1, "ranks": [4], "error": None, "util_percent": 87, "mem_used_bytes": 10 << 30,
+                      "mem_total_bytes": 80 << 30},
+                     {"index": 2, "ranks": [], "error": "[Unknown Error]", "util_percent": None,
+                      "mem_used_bytes": None, "mem_total_bytes": None}],
+            "gpus_age_s": 6.0, "gpus_error": None}
+    hung = {**snap, "gpus": None, "gpus_age_s": None,
+            "gpus_error": "nvidia-smi did not answer in 10 s: a GPU stuck in the driver?"}
+    console = Console(record=True, width=200, color_system=None)
+    console.print(node_table([NodeView("node-0", snap), NodeView("node-1", hung)]))
+    text = console.export_text()
+    assert "1 r4: 87% 10.0 GiB/80.0 GiB  2: [Unknown Error] (6 s old)" in text
+    assert "nvidia-smi did not answer in 10 s: a GPU stuck in the driver?" in text
