@@ -83,6 +83,9 @@ NVIDIA_SMI_TIMEOUT_S = 10.0
 without persistence mode the driver sets up every GPU again for each call, about a second a GPU on 8-GPU nodes; a
 call past this is a GPU stuck in the driver. It fits in probe_timeout's default with the DNS budget beside it (the
 probe starts nvidia-smi first and resolves names meanwhile)."""
+SMI_SHARE = 0.5
+"""... and at most this share of a shorter probe_timeout: the probe then still answers in time, saying nvidia-smi did
+not (a probe cut off at its timeout would read as a python that hangs at start)."""
 LISTEN_WINDOW_S = 3.0
 """How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
 TOKEN_READ_S = 2.0

@@ -309,3 +309,12 @@ def test_the_gpu_column_shows_ranks_errors_and_age() -> None:
     text = console.export_text()
     assert "1 r4: 87% 10.0 GiB/80.0 GiB  2: [Unknown Error] (6 s old)" in text
     assert "nvidia-smi did not answer in 10 s: a GPU stuck in the driver?" in text
+
+
+def test_nvidia_smi_gets_its_bound_or_half_a_short_probe_timeout() -> None:
+    from launcher.doctor.collect import probe_request, session_section
+
+    c = cluster()
+    assert probe_request(c, c.hosts[0], "fast", None)["gpu_timeout_s"] == 10.0  # 8 GPUs without persistence mode
+    assert probe_request(c, c.hosts[0], "fast", None, 6.0)["gpu_timeout_s"] == 3.0
+    assert session_section(c, c.hosts[0], "20260101-000000-abcdef", 4.0)["probe"]["gpu_timeout_s"] == 2.0
