@@ -185,7 +185,7 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
 
 
 def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
-                 wiring: Wiring) -> Report:
+                 wiring: Wiring, all_gpus: bool = False) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
     if job_id is None:
@@ -208,7 +208,7 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
     def start(plan: LaunchPlan, quiet: Options, quiet_wiring: Wiring) -> int:
         return slurm_launch.launch_step(plan, quiet, quiet_wiring, env=env, overlap=job_id is not None)
 
-    return with_net(report, on_job, opts, start)
+    return with_net(report, on_job, opts, start, all_gpus)
 
 
 def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring) -> StacksReport:
