@@ -107,6 +107,8 @@ def _slow_probes(ev: Evidence, probes: Mapping[str, Any]) -> list[Finding]:
     """A warning for each answered probe slower than `slow_probe_limit`, with its time and the others'."""
     times = {h: ev.probe_times[h] for h in probes if h in ev.probe_times}
     limit = slow_probe_limit(times.values(), ev.probe_timeout)
+    # A probe that waited out nvidia-smi's bound is slow for that reason: its gpus finding says so, not its python.
+    times = {h: t for h, t in times.items() if not (probes[h].get("gpus") or {}).get("late")}
     normal = [t for t in times.values() if t <= limit]
     allowed = f"{ev.probe_timeout:g} s" if ev.probe_timeout else "its limit"
     out = []

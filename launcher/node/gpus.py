@@ -101,8 +101,8 @@ def gpu_info(asked, spec, indices):
     if asked is None:
         return {"smi": False, "count": 0, "total": 0, "busy": None}
     answers, error = asked.collect()
-    if error is not None:
-        return {"smi": True, "count": 0, "total": 0, "busy": None, "error": error}
+    if error is not None:  # `late`: it used its whole bound (a slow probe is nvidia-smi's, not python's)
+        return {"smi": True, "count": 0, "total": 0, "busy": None, "error": error, "late": asked.late}
     (code, text), (_, apps_text), (_, listing) = answers
     rows, other = parse_rows(text)
     if not rows and code != 0:

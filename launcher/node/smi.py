@@ -63,6 +63,7 @@ class Asked:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.procs = []
+        self.late = False  # it ran out of its bound (the probe took that long because of it)
         self.error = still_stuck()
         if self.error is not None:
             return
@@ -84,6 +85,7 @@ class Asked:
                 proc.wait(max(0.0, self.deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.stop()
+                self.late = True
                 return None, timed_out(self.timeout)
         answers = []
         for proc, out in self.procs:
