@@ -63,11 +63,22 @@ def rank_apps(gpus):
     return found
 
 
+def compute_apps(spec):
+    """(pid, GPU uuid, MiB) of each compute process the spec lists, or of the launcher's ranks here."""
+    if spec.get("apps") == "ranks":
+        return rank_apps(spec["gpus"])
+    return [(a["pid"], spec["gpus"][a["gpu"]]["uuid"], a["used"]) for a in spec.get("apps", [])]
+
+
 def gpu_rows(spec, fields):
+    """A GPU's memory.used is its own (the driver's) and its compute processes' together, as the driver counts it."""
+    apps = compute_apps(spec)
     for gpu in spec["gpus"]:
+        held = sum(used for _, uuid, used in apps if uuid == gpu["uuid"])
+        values = dict(gpu, used=gpu["used"] + held if isinstance(gpu["used"], int) else gpu["used"])
         cells = []
         for field in fields:
-            value = gpu.get("error") or gpu[GPU_FIELDS[field]] if field not in ("index", "uuid") else gpu[field]
+            value = values.get("error") or values[GPU_FIELDS[field]] if field not in ("index", "uuid") else gpu[field]
             cells.append(str(value))
         print(", ".join(cells))
 
@@ -112,9 +123,7 @@ def main():
     if kind == "--query-gpu":
         gpu_rows(spec, fields)
     else:
-        apps = rank_apps(spec["gpus"]) if spec.get("apps") == "ranks" else [
-            (a["pid"], spec["gpus"][a["gpu"]]["uuid"], a["used"]) for a in spec.get("apps", [])]
-        for pid, uuid, used in apps:
+        for pid, uuid, used in compute_apps(spec):
             print(", ".join(str({"pid": pid, "gpu_uuid": uuid, "used_memory": used}[f]) for f in fields))
     if mode == "lost":
         print("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error")
