@@ -89,13 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="auto: nccl when CUDA is available, else gloo",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S),
-        help=f"process-group timeout in seconds (collectives, barriers): how long a rank waits for a peer that "
-        f"never comes before it fails; default ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g}",
-    )
+    p.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S),
+                   help=f"process-group timeout in seconds (how long a rank waits for a peer that never comes); "
+                   f"default ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dataset-size", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layer")
