@@ -63,8 +63,29 @@ SLOW_PROBE_FACTOR = 2.0
 SLOW_PROBE_SHARE = 0.5
 """A probe that used more than this share of probe_timeout is slow whatever its peers took: the next may not fit."""
 
+GPU_DRIVER_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+"""CUDA major version -> the oldest Linux driver that runs anything built with it (CUDA's minor version compatibility;
+NVIDIA's "CUDA Compatibility" guide, table "CUDA Toolkit 11.x, 12.x and 13.x driver version ranges"): torch built
+for CUDA 12.x fails to find a GPU on an older driver. Below it the doctor's `gpus` check fails."""
+GPU_DRIVER_FOR_CUDA = {
+    "11.8": "520.61.05", "12.1": "530.30.02", "12.2": "535.54.03", "12.3": "545.23.06", "12.4": "550.54.14",
+    "12.5": "555.42.02", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+}
+"""CUDA major.minor (those torch's wheels are built for) -> the Linux driver that CUDA release shipped with and
+supports in full (NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions", the
+GA release's "Toolkit Driver Version"). Between the floor and this torch runs by minor version compatibility, without
+what needs the newer driver (PTX compiled for a newer GPU, some newer APIs): a warning. Read the other way it names
+the newest CUDA a node's driver supports in full (the CUDA build to install there)."""
 
 # --- the doctor's probes (launcher.doctor.collect) --------------------------------------------------------------------
+NVIDIA_SMI_TIMEOUT_S = 10.0
+"""The most one nvidia-smi call may take on a node (the doctor's probe, a launch's checks, `inv top`'s refresh):
+without persistence mode the driver sets up every GPU again for each call, about a second a GPU on 8-GPU nodes; a
+call past this is a GPU stuck in the driver. It fits in probe_timeout's default with the DNS budget beside it (the
+probe starts nvidia-smi first and resolves names meanwhile)."""
+SMI_SHARE = 0.5
+"""... and at most this share of a shorter probe_timeout: the probe then still answers in time, saying nvidia-smi did
+not (a probe cut off at its timeout would read as a python that hangs at start)."""
 LISTEN_WINDOW_S = 3.0
 """How long a node keeps retrying a refused connection to the master's listener (which may still be starting)."""
 TOKEN_READ_S = 2.0
@@ -223,8 +244,9 @@ TOP_KEEP_LINES = 20
 """Lines of the followed rank (`l` in the view) each snapshot carries."""
 TOP_RATE_WINDOW_S = 30.0
 """A rank's step rate is over its steps of the last this many seconds."""
-TOP_GPU_TIMEOUT_S = 5.0
-"""The most one `nvidia-smi --query-gpu` may take on a node."""
+TOP_GPU_REFRESH_S = 2.0
+"""Seconds between two of a node's nvidia-smi calls while `inv top` watches (a background refresh: a snapshot takes
+the last answer and says its age). A call costs 100-500 ms of CPU on 8 GPUs: once a second would be a core's tenth."""
 FORWARD_GAP = 0.1
 """A rank flagged by its forward share (lockstep DDP, launcher/plan/straggler.py) is at least this far above the
 median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""

@@ -174,6 +174,8 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
             "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
             "net": "then measure the network between the nodes with the run's backend (one rank a node, all_reduce "
                    "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
+            "net-all-gpus": "with --net: one rank a GPU (each node's nproc_per_node), as nccl-tests' -g: every NIC "
+                            "rail and NVLink in the measure",
             "connect-timeout": "seconds to wait for each node's SSH connection",
             "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
                              "a late answer is a warning with its time, none a failure",
@@ -181,7 +183,7 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
             "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None, net=False, slurm=False, job=None):
+           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
@@ -190,7 +192,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
                     connect_timeout=connect_timeout)
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
-                      slurm=slurm, job=job)
+                      slurm=slurm, job=job, net_all_gpus=net_all_gpus)
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",

@@ -31,8 +31,13 @@ rank R") before its S-th optimizer step (1-based global count: a run resumed pas
 --resume on another world size W' keeps the checkpoint's global batch G (per-rank batch G/W', or the one nearest
 to it where W' does not divide G), goes on with its step count, and re-shards the rest of the epoch: every
 epoch's samples are consumed in one global order, whatever the world size, so the samples consumed before the
-checkpoint are a prefix of it and are skipped. Given the checkpoint and the world size, a resume is deterministic.
+checkpoint are a prefix of it and are skipped. Given the checkpoint and the world size, a resume is deterministic:
+bit for bit on the same topology (world size, and on GPUs the same GPU models, NCCL and its algorithm choices,
+which decide the order an all_reduce adds in) and, on CUDA, with deterministic cuBLAS
+(CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_deterministic_algorithms(True)); elsewhere it resumes from the same
+state, whose steps may differ in their last bits.
 When torchrun restarts the workers (TORCHELASTIC_RESTART_COUNT > 0) they resume as with --resume.
+--timeout (or $DDP_PG_TIMEOUT_S) bounds how long ranks wait for each other: 300 s by default, not torch's 30 min.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import argparse
 import ctypes
 import functools
 import hashlib
+import inspect
 import io
 import os
 import socket
@@ -64,6 +70,8 @@ IN_FEATURES = 16
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2  # 2: the epoch position in samples, the world size, the RNG states
 PEER_FAILURE_GRACE_S = 5.0
+DEFAULT_TIMEOUT_S = 300.0  # torch's own default (30 min for NCCL) is a long blind wait when a rank never comes
+TIMEOUT_ENV = "DDP_PG_TIMEOUT_S"
 
 
 def say(msg: str) -> None:
@@ -81,9 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="auto: nccl when CUDA is available, else gloo",
     )
-    p.add_argument(
-        "--timeout", type=float, default=1800.0, help="process-group timeout in seconds (collectives, barriers)"
-    )
+    p.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S),
+                   help=f"process-group timeout in seconds (how long a rank waits for a peer that never comes); "
+                   f"default ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dataset-size", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=64, help="width of the MLP's hidden layer")
@@ -153,12 +161,19 @@ def init_distributed(args: argparse.Namespace) -> World:
         torch.cuda.set_device(device)  # before init, so NCCL binds each rank to its own GPU
     timeout = timedelta(seconds=args.timeout)
     if launched:
-        # env://: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from torchrun
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        # env://: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from torchrun. On CUDA, device_id binds the
+        # group to this rank's GPU at once (torch >= 2.3): NCCL connects here, not at the first collective, and a
+        # rank on the wrong or a shared GPU fails now.
+        bound = {"device_id": device} if device.type == "cuda" and _takes_device_id() else {}
+        dist.init_process_group(backend, init_method="env://", timeout=timeout, **bound)
     else:
         # A real group of one keeps the code path (DDP, samplers, barriers) identical.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return World(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
+
+
+def _takes_device_id() -> bool:
+    return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
 def make_dataset(seed: int, size: int) -> TensorDataset:

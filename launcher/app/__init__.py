@@ -119,15 +119,18 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
-           net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None) -> int:
+           net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
+           net_all_gpus: bool = False) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
-    then measure the network between the nodes with the run's own backend (a `net` column). With `slurm` (in an
-    allocation) or `job`, the allocation's nodes, each reached through a step of the job instead of SSH."""
+    then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
+    rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
+    job instead of SSH."""
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
     wiring = wiring or Wiring()
-    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring)
+    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring,
+                           net_all_gpus=net_all_gpus)
     if as_json:
         wiring.out.write(doctor_checks.report_json(report) + "\n")
     else:
@@ -136,7 +139,8 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
 
 
 def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
-                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None) -> Report:
+                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
+                  net_all_gpus: bool = False) -> Report:
     """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`."""
     from launcher import doctor as doctor_checks
 
@@ -145,13 +149,14 @@ def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | No
     if slurm or job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring)
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring,
+                                     all_gpus=net_all_gpus)
     report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
                                       probe_timeout=opts.probe_timeout)
     if net:
         from launcher.doctor.net import with_net  # torchrun on every node: only when asked
 
-        report = with_net(report, cluster, opts)
+        report = with_net(report, cluster, opts, all_gpus=net_all_gpus)
     return report
 
 

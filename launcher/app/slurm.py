@@ -192,7 +192,7 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
 
 
 def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
-                 wiring: Wiring) -> Report:
+                 wiring: Wiring, all_gpus: bool = False) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
     if job_id is None:
@@ -206,7 +206,8 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
         wiring.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
-    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout)
+    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout,
+                        gpus_in_use=job_id is not None)  # a running job's GPUs hold its own run
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
@@ -214,7 +215,7 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
     def start(plan: LaunchPlan, quiet: Options, quiet_wiring: Wiring) -> int:
         return slurm_launch.launch_step(plan, quiet, quiet_wiring, env=env, overlap=job_id is not None)
 
-    return with_net(report, on_job, opts, start)
+    return with_net(report, on_job, opts, start, all_gpus)
 
 
 def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring) -> StacksReport:

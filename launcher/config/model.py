@@ -161,6 +161,9 @@ class Host:
     """A dotenv file read on the controller at launch; forwarded variables and `env` win over its values."""
     socket_ifname: str | None = None
     """NCCL_/GLOO_SOCKET_IFNAME on the node: an interface, or "auto" (the one it routes to master_addr through)."""
+    gpus: tuple[int, ...] | None = None
+    """The GPUs `--include`/`--exclude` chose (`host:0,2`), as places among those the node shows: its own
+    CUDA_VISIBLE_DEVICES where its login or setup sets one, else all its GPUs; None: every GPU it shows."""
 
 
 @dataclass(frozen=True)

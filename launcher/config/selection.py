@@ -1,8 +1,10 @@
 """`--include` / `--exclude` in DeepSpeed's syntax (`worker-1:0,2@worker-2`): a smaller `Cluster` (pure).
 
 Hosts are separated by `@`; a host may be followed by `:` and a comma list of its GPU (local) indices. Indices
-become the host's nproc_per_node and `CUDA_VISIBLE_DEVICES` (ascending; a repeated index counts once, as in
-DeepSpeed). Node ranks keep the inventory's order.
+become the host's nproc_per_node and its `gpus` (ascending; a repeated index counts once, as in DeepSpeed): places
+among the GPUs the node already shows, so the node's agent makes CUDA_VISIBLE_DEVICES from the value its login,
+setup or the inventory's env gives (`4,5,6,7` with `:0,2` is `4,6`: a shared node's allocation is kept), or from
+the indices where none is set (launcher/node/gpus.py `chosen`). Node ranks keep the inventory order.
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from launcher.config.model import Cluster, EnvVar, Host
+from launcher.config.model import Cluster, Host
 from launcher.config.text import shown
 from launcher.errors import SelectionError
-
-VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 def select_hosts(cluster: Cluster, include: str | None, exclude: str | None) -> Cluster:
@@ -86,9 +86,6 @@ def _check_range(host: Host, indices: frozenset[int], flag: str, piece: str, sou
     if count != "auto" and max(indices) >= count:
         raise SelectionError(source, f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
                         f"(nproc_per_node {count}), not {max(indices)}")
-    if any(var.name == VISIBLE_DEVICES for var in host.env):
-        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name}'s env sets {VISIBLE_DEVICES} already; remove "
-                        "it from the inventory, or name the whole host")
 
 
 def _restrict(host: Host, indices: frozenset[int] | None, flag: str, spec: str, source: str) -> Host:
@@ -111,8 +108,7 @@ def _remaining(host: Host, indices: frozenset[int], flag: str, spec: str, source
 
 
 def _with_devices(host: Host, devices: list[int]) -> Host:
-    visible = EnvVar(VISIBLE_DEVICES, value=",".join(str(d) for d in devices))
-    return dataclasses.replace(host, nproc_per_node=len(devices), env=(*host.env, visible))
+    return dataclasses.replace(host, nproc_per_node=len(devices), gpus=tuple(devices))
 
 
 def _rebuilt(cluster: Cluster, kept: list[tuple[int, Host]], flag: str, spec: str) -> Cluster:

@@ -1,5 +1,5 @@
-"""The doctor's checks of each node's own setup: SSH, Python, torch (and CUDA/NCCL), the script, GPUs, installed
-packages, free disk, the clock. Pure functions from the probes' `Evidence` to `Finding`s."""
+"""The doctor's checks of each node's own setup: SSH, Python, torch (and CUDA/NCCL), the script, installed packages,
+free disk, the clock (its GPUs: checks_gpu.py). Pure functions from the probes' `Evidence` to `Finding`s."""
 
 from __future__ import annotations
 
@@ -107,6 +107,8 @@ def _slow_probes(ev: Evidence, probes: Mapping[str, Any]) -> list[Finding]:
     """A warning for each answered probe slower than `slow_probe_limit`, with its time and the others'."""
     times = {h: ev.probe_times[h] for h in probes if h in ev.probe_times}
     limit = slow_probe_limit(times.values(), ev.probe_timeout)
+    # A probe that waited out nvidia-smi's bound is slow for that reason: its gpus finding says so, not its python.
+    times = {h: t for h, t in times.items() if not (probes[h].get("gpus") or {}).get("late")}
     normal = [t for t in times.values() if t <= limit]
     allowed = f"{ev.probe_timeout:g} s" if ev.probe_timeout else "its limit"
     out = []
@@ -185,38 +187,6 @@ def check_script(ev: Evidence) -> list[Finding]:
                                f"sync the code so every node runs the same script ({source})"))
         else:
             out.append(Finding(h, "script", "ok", f"{job.script} sha256 {hashes[h][:12]}"))
-    return out
-
-
-@check("gpus")
-def check_gpus(ev: Evidence) -> list[Finding]:
-    """Enough visible GPUs for nproc_per_node, and none busy."""
-    out = []
-    for host in ev.cluster.hosts:
-        gpus = (probes_of(ev).get(host.name) or {}).get("gpus")
-        if gpus is None:
-            continue
-        nproc = host.nproc_per_node
-        count = gpus.get("count", 0)
-        if gpus.get("error"):
-            out.append(Finding(host.name, "gpus", "warn", gpus["error"],
-                               f"check the driver on {host.name} (`nvidia-smi`)"))
-        elif count == 0:
-            extra = "; nproc_per_node auto starts one worker per CPU core" if nproc == "auto" else ""
-            out.append(Finding(host.name, "gpus", "ok", f"no GPUs: gloo on CPU{extra}"))
-        elif nproc != "auto" and int(nproc) > count:
-            out.append(Finding(host.name, "gpus", "fail", f"nproc_per_node is {nproc} but {count} GPU(s) visible",
-                               f"set nproc_per_node: {count} (or auto) for {host.name}, or expose more GPUs "
-                               "(CUDA_VISIBLE_DEVICES)"))
-        else:
-            names = ", ".join(gpus.get("names") or [])
-            out.append(Finding(host.name, "gpus", "ok", f"{count} GPU(s) {names}, nproc_per_node {nproc}".strip()))
-        for busy in gpus.get("busy") or []:
-            pids = ", ".join(str(p) for p in busy.get("pids", [])) or "no pid visible"
-            out.append(Finding(host.name, "gpus", "warn",
-                               f"GPU {busy['index']} is busy ({pids}; {busy.get('memory_used_mib') or 0:.0f} MiB, "
-                               f"{busy.get('utilization') or 0:.0f}% used)",
-                               f"wait for those processes or stop them before launching (`nvidia-smi` on {host.name})"))
     return out
 
 

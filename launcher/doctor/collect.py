@@ -6,6 +6,7 @@ instead (`DoctorGate`: `session_section` is what the agent is sent, `judge` deci
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -18,7 +19,14 @@ from launcher.doctor.checklist import FAST_CHECKS, evaluate, selected_checks
 from launcher.doctor.checks_net import requested_names
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.errors import DoctorFailed, NodeFailure
-from launcher.limits import LISTEN_WINDOW_S, LISTENER_MARGIN_S, RESOLVE_WORKERS, TOKEN_READ_S
+from launcher.limits import (
+    LISTEN_WINDOW_S,
+    LISTENER_MARGIN_S,
+    NVIDIA_SMI_TIMEOUT_S,
+    RESOLVE_WORKERS,
+    SMI_SHARE,
+    TOKEN_READ_S,
+)
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
 from launcher.transport.channel import Result
@@ -43,15 +51,21 @@ def probe_input(request: Mapping[str, Any]) -> bytes:
     return program_input(PROBE_SOURCE, request)
 
 
-def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What one node's probe is asked (pure)."""
+def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None,
+                  timeout: float = DEFAULT_PROBE_TIMEOUT) -> dict[str, Any]:
+    """What one node's probe is asked (pure), `timeout` its probe_timeout: nvidia-smi gets its bound, or a share of
+    the probe's time when that is short, so the probe still answers and says nvidia-smi did not (a probe cut off
+    would read as a python that hangs at start)."""
     rdzv = cluster.rendezvous
     request: dict[str, Any] = {
         "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
         "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
         "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir,
         "script": cluster.job.script if cluster.job else None,
+        "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
     }
+    if host.gpus is not None:  # --include host:0,2: among the GPUs the node shows (its own CUDA_VISIBLE_DEVICES)
+        request["gpus"] = list(host.gpus)
     visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
     if visible is not None:
         request["cuda_visible_devices"] = visible
@@ -129,7 +143,7 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     connect = connect_section(token, timeout) if channel is not None else None
     hosts = [h for h in cluster.hosts if h.name in nodes]
     commands = {h.name: host_command(h) for h in hosts}
-    inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect)) for h in hosts}
+    inputs = {h.name: probe_input(probe_request(cluster, h, checks, connect, timeout)) for h in hosts}
     sent = time.time()
     try:
         results = _run_timed([nodes[h.name] for h in hosts], commands, inputs, timeout)
@@ -151,11 +165,13 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
 
 
 def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: SshSettings = DEFAULT_SSH,
-               checks: CheckMode = "all", probe_timeout: float = DEFAULT_PROBE_TIMEOUT) -> Report:
+               checks: CheckMode = "all", probe_timeout: float = DEFAULT_PROBE_TIMEOUT, gpus_in_use: bool = False
+               ) -> Report:
     """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
 
     Two bounds, one per phase: `ssh.connect_timeout` for each SSH connection (a dead node fails within it), then
     `probe_timeout` for each probe's answer once sent (a hung one fails within it; a slow one is timed and warned).
+    `gpus_in_use`: a running job's own nodes (`doctor --job`), whose busy GPUs are its run's.
     """
     start = time.monotonic()
     ours = {h.name for h in cluster.hosts}
@@ -171,7 +187,7 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: S
     outcomes.update({f.host: f for f in failures})
     timings = {"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
                "total_s": round(time.monotonic() - start, 3)}
-    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times), checks, timings)
+    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times, gpus_in_use), checks, timings)
 
 
 def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Report:
@@ -179,7 +195,7 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
     cluster, outcomes = ev.cluster, dict(ev.outcomes)
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
-    ev = Evidence(cluster, outcomes, ev.listener, ev.clock, ev.probe_timeout, ev.probe_times)
+    ev = dataclasses.replace(ev, outcomes=outcomes)
     errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
               for h, o in outcomes.items() if not isinstance(o, dict)}
     return Report(
@@ -204,7 +220,7 @@ def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -
     """The `gate` part of a launch's start request for `host` (pure): every request and
     number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
     token = session_token(run_id)
-    section: dict[str, Any] = {"probe": probe_request(cluster, host, "fast", None),
+    section: dict[str, Any] = {"probe": probe_request(cluster, host, "fast", None, timeout),
                                "connect": connect_section(token, timeout)}
     if host.name == cluster.hosts[0].name:
         section["listen"] = listen_request(cluster, token, timeout)

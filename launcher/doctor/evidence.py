@@ -55,6 +55,9 @@ class Evidence:
     """How long each probe had to answer (for the message of one that ran out of it, and the slow threshold)."""
     probe_times: Mapping[str, float] = field(default_factory=dict)
     """Host -> seconds from sending its probe to its answer (or to giving up on it), for every host probed."""
+    gpus_in_use: bool = False
+    """The nodes' GPUs are expected to be in use (`doctor --job` on a running job: its own run is on them): a busy
+    GPU is said, not failed."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """`inv doctor --net`: measure the network the run will use, with the run's own backend and settings.
 
-Every node starts one rank of launcher/doctor/netjob.py under torchrun, as a launch would (the inventory's python,
-setup, env, socket_ifname, rendezvous; `torchrun --no-python PYTHON -c SOURCE`, so nothing has to be on the node),
-watched like any attached run and ended within NET_TIMEOUT_S. Its answer becomes a `net` column of the doctor's
-table and a `net` object per node in its JSON (launcher/doctor/netfigures.py).
+Every node starts one rank of launcher/doctor/netjob.py under torchrun (with --net-all-gpus one a GPU), as a launch
+would (the inventory's python, setup, env, socket_ifname, rendezvous; `torchrun --no-python PYTHON -c SOURCE`, so
+nothing has to be on the node), watched like any attached run and ended within NET_TIMEOUT_S. NCCL says its transport
+(NCCL_DEBUG=INFO for the measurement). Its answer becomes a `net` column of the doctor's table and a `net` object per
+node in its JSON (launcher/doctor/netfigures.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.config.model import Cluster, Job
+from launcher.config.model import Cluster, EnvVar, Job
 from launcher.doctor.evidence import Report
-from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
+from launcher.doctor.netfigures import NOT_MEASURED, nccl_transport, net_verdict
 from launcher.errors import LauncherError
 from launcher.events import Output
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_TIMEOUT_S
@@ -30,12 +31,21 @@ SOURCE = Path(__file__).with_name("netjob.py")
 MARK = b"NETCHECK "
 
 
-def net_plan(cluster: Cluster) -> LaunchPlan:
-    """One rank a node, running the measurement as `python -c` under `torchrun --no-python`."""
-    one_each = dataclasses.replace(cluster, hosts=tuple(dataclasses.replace(h, nproc_per_node=1)
-                                                        for h in cluster.hosts), retries=0)
+NCCL_SAYS = (EnvVar("NCCL_DEBUG", value="INFO"), EnvVar("NCCL_DEBUG_SUBSYS", value="INIT,NET"))
+"""The measurement's NCCL says which transport it uses (`NET/IB : Using [0]mlx5_0:1/IB`, `Using network Socket`),
+whatever the inventory's NCCL_DEBUG: the doctor reads those lines (netfigures.nccl_transport)."""
+
+
+def net_plan(cluster: Cluster, all_gpus: bool = False) -> LaunchPlan:
+    """One rank a node (or, `all_gpus`, each node's nproc_per_node ranks: one a GPU, as nccl-tests' -g, so every
+    NIC rail and NVLink carries its share), running the measurement as `python -c` under `torchrun --no-python`."""
+    hosts = tuple(dataclasses.replace(h, nproc_per_node=h.nproc_per_node if all_gpus else 1,
+                                      env=(*(v for v in h.env if v.name not in {e.name for e in NCCL_SAYS}),
+                                           *NCCL_SAYS))
+                  for h in cluster.hosts)
     args = (",".join(str(s) for s in NET_SIZES), str(NET_BUDGET_S), str(NET_PAIR_BYTES), str(NET_MAX_ITERS))
-    plan = plan_launch(one_each, Job(script="netjob.py", args=args, hang_timeout=0))
+    plan = plan_launch(dataclasses.replace(cluster, hosts=hosts, retries=0),
+                       Job(script="netjob.py", args=args, hang_timeout=0))
     nodes = []
     for command in plan.nodes:
         at = command.argv.index("netjob.py")
@@ -48,14 +58,17 @@ Starter = Callable[[LaunchPlan, Options, Wiring], int]
 """What runs the measurement's plan to its end: `run_launch.launch_run` over SSH, a step of the job under SLURM."""
 
 
-def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tuple[dict | None, str | None]:
-    """Run the measurement on every node: (rank 0's answer, None), or (None, why there is none)."""
+def measure(cluster: Cluster, opts: Options, start: Starter | None = None, all_gpus: bool = False
+            ) -> tuple[dict | None, str | None]:
+    """Run the measurement on every node: (rank 0's answer with each node's NCCL transport, None), or (None, why
+    there is none)."""
     if start is None:
         from launcher.run import launch as run_launch
 
         start = run_launch.launch_run
     runner: Starter = start
     found: list[dict] = []
+    transport: dict[str, dict[str, str]] = {}  # node -> what its NCCL said of its transport
     pending: dict[str, bytes] = {}  # a node's output not yet ended by a newline
     lock = threading.Lock()
 
@@ -68,10 +81,12 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tu
                 if MARK in line:
                     with contextlib.suppress(ValueError):
                         found.append(json.loads(line.split(MARK, 1)[1]))
+                elif b"NCCL INFO" in line:
+                    nccl_transport(line.decode("utf-8", "replace"), transport.setdefault(event.node, {}))
 
     quiet = dataclasses.replace(opts, hang_timeout=0, detach=False, retries=0)
     wiring = Wiring(out=io.StringIO(), err=io.StringIO(), on_event=on_event)  # no gate: the doctor just ran
-    plan = net_plan(cluster)
+    plan = net_plan(cluster, all_gpus)
     result: list[BaseException] = []
 
     def run() -> None:
@@ -87,18 +102,22 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None) -> tu
         return None, (f"no answer within {NET_TIMEOUT_S:.0f} s (run {plan.run_id}: its agents stop it as this "
                       "doctor ends and its sessions close)")
     if found:
-        return found[-1], None
+        return {**found[-1], "transport": transport}, None
     if result:
         return None, " ".join(str(result[0]).split())[:400]
     return None, f"run {plan.run_id} ended without its answer"
 
 
-def with_net(report: Report, cluster: Cluster, opts: Options, start: Starter | None = None) -> Report:
-    """The doctor's report with a `net` column and each node's figures."""
+def with_net(report: Report, cluster: Cluster, opts: Options, start: Starter | None = None, all_gpus: bool = False
+             ) -> Report:
+    """The doctor's report with a `net` column and each node's figures (`all_gpus`: measured over all of each node's
+    GPUs, `net_plan`)."""
     if not report.ok:  # a node that fails its checks cannot join the measurement: it would only time out
         measured, error = None, NOT_MEASURED
     else:
-        measured, error = measure(cluster, opts, start)
+        measured, error = measure(cluster, opts, start, all_gpus)
+    if measured is not None:  # each node's InfiniBand ports, as its probe found them: a fall back to sockets is said
+        measured["ib"] = {h: (p or {}).get("ib") or [] for h, p in report.probes.items()}
     # A slow node is flagged from the share a straggler is (a slow node slows every all_reduce): one idea, one number.
     findings, figures, group = net_verdict(report.hosts, measured, error, opts.straggler_factor)
     order = {h: i for i, h in enumerate(report.hosts)}

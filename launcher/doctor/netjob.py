@@ -1,13 +1,14 @@
-"""`inv doctor --net`'s job: it runs on every node under torchrun, one rank a node, with the run's own backend
-(NCCL where there are GPUs, else gloo). The controller never imports it: it is sent as `python -c` source
-(launcher/doctor/net.py), so nothing of it has to be on a node. It needs torch and the standard library only.
+"""`inv doctor --net`'s job: it runs on every node under torchrun, one rank a node (or one a GPU: --net-all-gpus),
+with the run's own backend (NCCL where there are GPUs, else gloo). The controller never imports it: it is sent as
+`python -c` source (launcher/doctor/net.py), so nothing of it has to be on a node. It needs torch and the standard
+library only.
 
 It measures, and rank 0 prints one `NETCHECK {json}` line:
 - the whole group: an all_reduce of each size in turn, its time and bus bandwidth (nccl-tests' busbw: 2(n-1)/n x
   bytes / time), the smallest size's time as the latency; a size is skipped once the one before it took over the
   budget (the check ends in seconds);
 - a ring of pairs, one pair at a time while the others wait: each node with the next, an all_reduce of a few MB
-  and of a few bytes in a group of the two, so a slow node or link shows in the two pairs it is part of;
+  and of a few bytes in a group of the two nodes' ranks, so a slow node or link shows in the two pairs it is part of;
 - the same compute on every node, in its pairs' steps (matrix products on the run's device), so a node whose own
   CPU or GPU is slow is told from one whose network is.
 argv: sizes (bytes, comma-separated), seconds a size may take, pair bytes, most iterations of one size.
@@ -94,17 +95,8 @@ def gbps(nbytes, seconds, ranks):
     return 2.0 * (ranks - 1) / ranks * nbytes * 8 / seconds / 1e9
 
 
-def main():
-    sizes = [int(s) for s in sys.argv[1].split(",")]
-    budget_s, pair_bytes, most = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda") if cuda else torch.device("cpu")
-    node = os.environ.get("DDP_LAUNCHER_RUN", "/?").partition("/")[2]
-    nodes = gather_json(node, device)
+def whole_group(sizes, budget_s, most, device, world):
+    """The whole group's all_reduce at each size; a size after one over the budget is skipped."""
     group, skip = [], False
     for size in sizes:
         go = torch.tensor([0 if skip else 1], device=device)
@@ -115,28 +107,62 @@ def main():
         took = timed(torch.ones(max(1, size // 4), dtype=torch.float32, device=device), budget_s, most)
         group.append({"bytes": size, "time_s": took, "busbw_gbps": gbps(size, took, world)})
         skip = took > budget_s
+    return group
+
+
+def node_pairs(nodes, budget_s, pair_bytes, most, device):
+    """Each node with the next, one pair at a time: every rank of the two (one a GPU with --net-all-gpus) in a group
+    of their own. (this rank's pairs, its compute's times)."""
+    rank = dist.get_rank()
+    order = list(dict.fromkeys(nodes))  # the nodes in rank order, once each
     pairs, computed = [], []
-    for i in range(world if world > 2 else world - 1):
-        members = sorted({i, (i + 1) % world})
+    for i in range(len(order) if len(order) > 2 else len(order) - 1):
+        ends = [order[i], order[(i + 1) % len(order)]]
+        members = [r for r, n in enumerate(nodes) if n in ends]
         pair = dist.new_group(members)  # every rank makes every group, in the same order
         if rank in members:
             took = timed(torch.ones(pair_bytes // 4, dtype=torch.float32, device=device), budget_s, most, pair,
                          members[0])
             small = timed(torch.ones(2, dtype=torch.float32, device=device), budget_s / 4, most, pair, members[0])
-            pairs.append({"nodes": [nodes[m] for m in members], "busbw_gbps": gbps(pair_bytes, took, 2),
+            pairs.append({"nodes": ends, "busbw_gbps": gbps(pair_bytes, took, len(members)),
                           "latency_ms": small * 1000})
             computed.append(compute_s(device, pair))
         dist.barrier()
+    return pairs, computed
+
+
+def per_node(nodes, values, pick):
+    """{node: `pick` of its ranks' values} (the slowest rank's compute, a node's machine)."""
+    found = {}
+    for node, value in zip(nodes, values, strict=True):
+        if value is not None:
+            found.setdefault(node, []).append(value)
+    return {node: pick(got) for node, got in found.items()}
+
+
+def main():
+    sizes = [int(s) for s in sys.argv[1].split(",")]
+    budget_s, pair_bytes, most = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    node = os.environ.get("DDP_LAUNCHER_RUN", "/?").partition("/")[2]
+    nodes = gather_json(node, device)  # each rank's node
+    group = whole_group(sizes, budget_s, most, device, world)
+    pairs, computed = node_pairs(nodes, budget_s, pair_bytes, most, device)
     found = gather_json(pairs, device)
     compute = gather_json(min(computed) if computed else None, device)
     machines = gather_json(machine_id(), device)
     if rank == 0:
         unique = {tuple(p["nodes"]): p for ps in found for p in ps}
-        print("NETCHECK " + json.dumps({"backend": "nccl" if cuda else "gloo", "world": world, "nodes": nodes,
+        print("NETCHECK " + json.dumps({"backend": "nccl" if cuda else "gloo", "world": world,
+                                        "nodes": list(dict.fromkeys(nodes)), "ranks": len(nodes),
                                         "group": group, "pairs": list(unique.values()),
-                                        "compute_s": {n: c for n, c in zip(nodes, compute, strict=True)
-                                                      if c is not None},
-                                        "machines": dict(zip(nodes, machines, strict=True))}), flush=True)
+                                        "compute_s": per_node(nodes, compute, max),
+                                        "machines": per_node(nodes, machines, lambda got: got[0])}), flush=True)
     dist.destroy_process_group()
 
 

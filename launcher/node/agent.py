@@ -37,7 +37,7 @@ from launcher.node import limits
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import find_run_dir, leader_of, names_problem, read_text, run_dir_of, run_state, runs_here
-from launcher.node.runner import socket_ifname, stop_run
+from launcher.node.runner import choose_gpus, socket_ifname, stop_run
 
 
 def checked(action):
@@ -138,6 +138,10 @@ def start_checked(request, run_dir, words):
                                                                                    problem))
         return 2
     request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the keeper) sets this
+    problem = choose_gpus(request, os.environ)
+    if problem is not None:
+        emit(Event.ERROR, message="%s: %s; name GPUs the node shows, or the whole host" % (node, problem))
+        return 2
     # Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no process).
     emit(Event.READY)
     if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):

@@ -1,15 +1,12 @@
 """What a node has, read from its files (stdlib only, Python 3.8+; torch is never imported): Python, torch, CUDA
-and NCCL versions, the installed distributions, and the GPUs nvidia-smi lists (when there is one)."""
+and NCCL versions, the installed distributions. Its GPUs: launcher/node/gpus.py."""
 
 import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 from launcher.node import limits
-from launcher.node.protocol import error_text
 
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
@@ -139,72 +136,3 @@ def packages():
     items = sorted(f"{name}=={version}" for name, version in seen.items())
     digest = hashlib.sha256("\n".join(items).encode()).hexdigest()
     return {"sha256": digest, "count": len(items), "list": items}
-
-
-def _visible(rows, spec):
-    """Filter nvidia-smi rows by CUDA_VISIBLE_DEVICES (indices or UUID prefixes); None: all are visible."""
-    if spec is None:
-        return rows
-    keep = []
-    for word in [w.strip() for w in spec.split(",") if w.strip()]:
-        if word.startswith("-"):
-            break  # CUDA stops at the first invalid entry
-        for row in rows:
-            match = row["index"] == int(word) if word.isdigit() else row["uuid"].startswith(word)
-            if match and row not in keep:
-                keep.append(row)
-    return keep
-
-
-def gpu_info(visible_spec):
-    """Visible GPUs and the busy ones, from nvidia-smi (absent: no GPUs)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {"count": 0, "busy": None, "smi": False}
-    queries = [
-        [smi, "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu", "--format=csv,noheader,nounits"],
-        [smi, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
-    ]
-    try:
-        procs = [subprocess.Popen(q, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for q in queries]
-    except OSError as exc:
-        return {"count": 0, "busy": None, "smi": True, "error": error_text(exc)}
-    outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=limits.SMI_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return {"count": 0, "busy": None, "smi": True,
-                    "error": f"nvidia-smi did not answer in {limits.SMI_TIMEOUT_S:g} s"}
-        if proc.returncode != 0:
-            why = (err or out).decode(errors="replace").strip().splitlines()
-            last = why[-1] if why else f"exit {proc.returncode}"
-            return {"count": 0, "busy": None, "smi": True, "error": f"nvidia-smi failed: {last}"}
-        outputs.append(out.decode(errors="replace"))
-    rows = []
-    for line in outputs[0].splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 6 or not cells[0].isdigit():
-            continue
-        rows.append({"index": int(cells[0]), "uuid": cells[1], "name": cells[2], "memory_used_mib": _num(cells[3]),
-                     "memory_total_mib": _num(cells[4]), "utilization": _num(cells[5]), "pids": []})
-    by_uuid = {row["uuid"]: row for row in rows}
-    for line in outputs[1].splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) >= 2 and cells[0] in by_uuid and cells[1].isdigit():
-            by_uuid[cells[0]]["pids"].append(int(cells[1]))
-    visible = _visible(rows, visible_spec)
-    # Busy: someone's process on it, or memory in use / compute load beyond what an idle driver shows.
-    busy = [r for r in visible if r["pids"] or (r["memory_used_mib"] or 0) > limits.GPU_BUSY_MIB
-            or (r["utilization"] or 0) > limits.GPU_BUSY_PERCENT]
-    return {"count": len(visible), "total": len(rows), "smi": True, "names": sorted({r["name"] for r in visible}),
-            "busy": [{k: r[k] for k in ("index", "pids", "memory_used_mib", "utilization")} for r in busy]}
-
-
-def _num(text):
-    try:
-        return float(text)
-    except ValueError:
-        return None  # "[N/A]" on some boards

@@ -9,8 +9,12 @@ tests/unit/test_defaults.py keeps numbers out of the other node modules.
 # --- the doctor's probe (probe, facts) -------------------------------------------------------------------------------
 RESOLVE_BUDGET_S = 3.0
 """All of a probe's DNS lookups together: a resolver that answers takes milliseconds; it must fit in connect_timeout."""
-SMI_TIMEOUT_S = 3.0
-"""How long nvidia-smi may take to list GPUs: it answers in well under a second unless the driver is stuck."""
+SMI_REAP_S = 0.5
+"""How long a killed nvidia-smi is waited for before a daemon thread is left to reap it: one stuck in the driver (D
+state, a GPU off the bus) ignores SIGKILL, and nothing may wait on it past its bound (the bound itself arrives in the
+request: launcher.limits.NVIDIA_SMI_TIMEOUT_S)."""
+SMI_MAX_BYTES = 1 << 20
+"""The most of an nvidia-smi answer read: a line per GPU, per compute process, per MIG device is a few KiB."""
 HASH_BLOCK = 1 << 20
 """Bytes of the job's script read at a time to hash it (few reads, little memory)."""
 METADATA_HEADER_BYTES = 4096

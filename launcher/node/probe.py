@@ -8,9 +8,11 @@ Kept to Python 3.8 syntax and the standard library: it runs under whatever inter
 never imports torch (seconds, and the point is to look before anything starts).
 
 Two modes:
-- probe (every node): hostname, Python, torch/CUDA/NCCL versions read from the installed files, GPUs, what each
-  requested name resolves to here, the node's own hostname, the script's sha256, the installed distributions,
-  the interface toward the master, free disk, the clock; last, when asked, a TCP connection to
+- probe (every node): hostname, Python, torch/CUDA/NCCL versions read from the installed files, the GPUs the run
+  would see (launcher/node/gpus.py: nvidia-smi, started first and bounded by the request's gpu_timeout_s), its
+  InfiniBand ports, what each requested name resolves to here, the node's own hostname, the script's sha256, the
+  installed distributions (`checks: all` only), the interface toward the master, free disk, the clock; last, when
+  asked, a TCP connection to
   master_addr:master_port that must answer with the doctor's token (so we know it reached *our* listener).
 - listen (the master, a second session started just before the probes): bind master_port on 0.0.0.0 with
   SO_REUSEADDR on, as torchrun's store binds (is it free?), answer every connection with the token, and stop
@@ -36,7 +38,8 @@ import threading
 import time
 
 from launcher.node import limits
-from launcher.node.facts import gpu_info, packages, python_info, torch_info
+from launcher.node.facts import packages, python_info, torch_info
+from launcher.node.gpus import ask_gpus, gpu_info, visible_spec
 from launcher.node.listener import listen, tcp_connect
 from launcher.node.netif import route_to
 from launcher.node.protocol import BadRequest, error_text, seconds
@@ -123,6 +126,32 @@ def disk_free(workdir):
         return None
 
 
+def ib_ports():
+    """The node's InfiniBand/RoCE ports from sysfs (what `ibstat` shows): [{device, port, state, link_layer,
+    rate}]; NCCL uses them (NET/IB) unless it falls back to sockets."""
+    root = "/sys/class/infiniband"
+    found = []
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return found
+    for device in devices:
+        try:
+            ports = sorted(os.listdir(os.path.join(root, device, "ports")))
+        except OSError:
+            continue
+        for port in ports:
+            item = {"device": device, "port": port}
+            for name in ("state", "link_layer", "rate"):
+                try:
+                    with open(os.path.join(root, device, "ports", port, name)) as handle:
+                        item[name] = handle.read().strip()
+                except OSError:
+                    item[name] = None
+            found.append(item)
+    return found
+
+
 # --- the probe --------------------------------------------------------------------------------------------
 
 
@@ -134,6 +163,8 @@ def probe(request):
         window = seconds(connect, "window", "connect")
         read_s = seconds(connect, "token_read_s", "connect")
     full = request.get("checks", "all") == "all"
+    # nvidia-smi first (seconds on 8 GPUs without persistence mode), its answer collected after the names meanwhile
+    asked = ask_gpus(seconds(request, "gpu_timeout_s", "probe"))
     workdir = os.path.expanduser(request.get("workdir") or "~")
     hostname = socket.gethostname()
     names = list(request.get("names", []))
@@ -150,9 +181,10 @@ def probe(request):
         "script": script_info(workdir, request["script"]) if request.get("script") else None,
         "route": route_to(request["master_addr"], request["master_port"]) if request.get("master_addr") else None,
         "disk_free": disk_free(workdir),
+        "gpus": gpu_info(asked, visible_spec(request), request.get("gpus")),
+        "ib": ib_ports(),
     }
     if full:
-        reply["gpus"] = gpu_info(request.get("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES")))
         reply["packages"] = packages()
     if connect:  # last: the master's listener has had the most time to come up
         reply["tcp"] = tcp_connect(request["master_addr"], request["master_port"], connect["token"], window, read_s)

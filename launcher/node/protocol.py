@@ -22,7 +22,16 @@ RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
 """A run id names no other path: it becomes a folder under RUNS_ROOT on every node."""
 SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-"""What the inventory's socket_ifname sets."""
+"""What the inventory's socket_ifname sets (`socket_values`)."""
+DEVICE_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+"""What a run gets unless its node or inventory orders the GPUs otherwise: CUDA numbers them as nvidia-smi does (its
+default, FASTEST_FIRST, may not), so an index (`--include host:0,2`, the doctor's GPU n) means one GPU to both."""
+
+
+def socket_values(ifname):
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for one interface: `=eth0` to NCCL, whose bare name is a prefix
+    (eth0 would match eth0.100 too), the bare name to gloo, which takes one interface's name."""
+    return {SOCKET_ENV[0]: "=" + ifname, SOCKET_ENV[1]: ifname}
 
 GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS, DUMPS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks", "dumps"
 """The launcher's words to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached

@@ -6,8 +6,9 @@ import os
 import signal
 import time
 
+from launcher.node.devices import VISIBLE, chosen
 from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
-from launcher.node.protocol import RUN_ID_ENV, SOCKET_ENV, Event, close_events_fd, emit, timing
+from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 
 
@@ -27,16 +28,33 @@ def socket_ifname(request):
 
 
 def socket_env(ifname):
-    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for an interface name (nothing for None)."""
-    return {} if ifname is None else {name: ifname for name in SOCKET_ENV}
+    """NCCL_SOCKET_IFNAME (`=eth0`, that interface only) and GLOO_SOCKET_IFNAME (`eth0`) for an interface name
+    (nothing for None)."""
+    return {} if ifname is None else socket_values(ifname)
+
+
+def choose_gpus(request, inherited):
+    """`--include host:0,2`'s GPUs (the request's `gpus`) as CUDA_VISIBLE_DEVICES, mapped through the value the node
+    already gives (the inventory's env, else its login and setup): kept in the request as `visible_devices` for
+    torchrun's environment. None, or why the node cannot give them (it shows fewer GPUs)."""
+    if request.get("gpus") is None:
+        return None
+    own = request["env"].get(VISIBLE, inherited.get(VISIBLE))
+    request["visible_devices"], problem = chosen(own, request["gpus"])
+    return problem
 
 
 def torchrun_env(request, inherited):
     """torchrun's environment: the login environment less every name `unset_env` matches (a stale RANK or
-    MASTER_ADDR from a .bashrc), then the socket interface, then the request's env, which wins."""
+    MASTER_ADDR from a .bashrc), then the socket interface, then the request's env, which wins; the GPUs that
+    `--include` chose (`choose_gpus`); CUDA_DEVICE_ORDER=PCI_BUS_ID where nothing set an order."""
     env = {k: v for k, v in inherited.items() if not unset_match(k, request["unset_env"])}
     env.update(socket_env(request["socket_ifname"]))
     env.update(request["env"])
+    visible = request.get("visible_devices")
+    if visible is not None:
+        env[VISIBLE] = visible
+    env.setdefault(*DEVICE_ORDER)
     env.update(request["launcher_env"])  # after the unset: TORCHELASTIC_* names only the launcher may set
     env[RUN_ID_ENV] = request["mark"]
     # Workers write to files (torchrun --redirects): unbuffered, their lines reach the log (and the launcher) as
@@ -59,6 +77,7 @@ def spawn(request, run_dir):
     public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
         "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
+        "visible_devices": request.get("visible_devices"),
         "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
         "node_rank": request.get("node_rank"), "nodes": request.get("nodes"), "inventory": request.get("inventory"),
     }, indent=1))

@@ -2,7 +2,9 @@
 and its helpers' (DataLoader and compile workers, `proc.rank_processes`); its own files (torchrun --redirects:
 <ranks>/*/attempt_<restart>/<local rank>/stdout.log and stderr.log) for its last line, when it last wrote, and its
 progress lines; its progress record (launcher/node/records.py, kept by the workers' hook); the node's load, memory
-and, where nvidia-smi is, its GPUs. The agent only reads: watching cannot slow the run.
+and, where nvidia-smi is, the run's GPUs, each with the ranks on it (launcher/node/gpus.py `GpuWatch`: nvidia-smi
+asked in the background, never on a snapshot's path; a snapshot says how old its answer is). The agent only reads:
+watching cannot slow the run.
 
 Steps per second come from the record where it counts optimizer steps; else from the rank's own lines: the job's
 regular expression (`job.progress`), whose group `step` (else its first group that matched) is the step number. A
@@ -13,16 +15,14 @@ there, so its rate stays steps per second across epochs.
 import glob
 import os
 import re
-import shutil
-import subprocess
 import time
 
-from launcher.node.proc import marked_processes, rank_processes
+from launcher.node.gpus import VISIBLE, GpuWatch
+from launcher.node.proc import environ_of, marked_processes, rank_processes
 from launcher.node.records import NO_RECORD, RankRecord, record_path, window_rate
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total"
 
 
 class RankProgress:
@@ -110,29 +110,6 @@ def memory():
     return values.get("MemTotal"), values.get("MemAvailable")
 
 
-def gpus(timeout):
-    """Each GPU's utilisation and memory from nvidia-smi; None where there is none (or it fails)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run([exe, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = []
-    for line in done.stdout.decode("utf-8", "replace").splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 4:
-            continue
-        number = [int(c) if c.isdigit() else None for c in cells]
-        found.append({"index": number[0], "util_percent": number[1],
-                      "mem_used_bytes": None if number[2] is None else number[2] * 1024 * 1024,
-                      "mem_total_bytes": None if number[3] is None else number[3] * 1024 * 1024})
-    return found if done.returncode == 0 else None
-
-
 def rss_bytes(pid):
     try:
         with open("/proc/%d/statm" % pid) as handle:
@@ -156,6 +133,7 @@ class Sampler:
         self.found = []  # the ranks' own processes as last found
         self.helpers = []  # their helpers (proc.rank_processes)
         self.follow = None  # the global rank whose last lines each snapshot carries
+        self.gpus = None  # a GpuWatch while the view wants GPUs (`watch`)
 
     def find(self, found=None):
         """The run's ranks now (or as the caller just found them: `rank_processes`' pair), each with its progress
@@ -233,9 +211,17 @@ class Sampler:
         seen = {w[0] for w in self.found} | {h[0] for h in self.helpers}
         self.cpu = {pid: value for pid, value in self.cpu.items() if pid in seen}
         total, available = memory()
-        return {"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "mem_total_bytes": total,
-                "mem_available_bytes": available, "ranks": ranks,
-                "gpus": gpus(self.settings["gpu_timeout_s"]) if self.settings.get("gpus") else None}
+        return dict({"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "mem_total_bytes": total,
+                     "mem_available_bytes": available, "ranks": ranks}, **self.gpu_view())
+
+    def gpu_view(self):
+        """The run's GPUs as the background watch last read them, each with its ranks (their processes' pids)."""
+        if self.gpus is None:
+            return {"gpus": None}
+        ranks = {pid: rank for pid, _, rank, _, _ in self.found}
+        ranks.update((pid, rank) for pid, _, rank, _, _ in self.helpers)
+        spec = environ_of(self.found[0][0]).get(VISIBLE.encode()) if self.found else None
+        return self.gpus.view(ranks, None if spec is None else spec.decode("utf-8", "replace"))
 
 
 def follow_words(sampler, ended, live):
@@ -254,10 +240,21 @@ def follow_words(sampler, ended, live):
 def watch(run_dir, mark, settings, emit_line):
     """Snapshots every `interval_s` (output read every `read_s` between them) until `count` were sent, the
     launcher closed stdin, or the run ended (its last snapshot then says so). The number sent."""
-    import threading
-
     sampler = Sampler(run_dir, mark, settings)
     sampler.follow = settings.get("follow")
+    if settings.get("gpus"):
+        sampler.gpus = GpuWatch(settings["gpu_timeout_s"], settings["gpu_refresh_s"])
+    try:
+        return _watch(sampler, settings, emit_line)
+    finally:
+        if sampler.gpus is not None:
+            sampler.gpus.close()
+
+
+def _watch(sampler, settings, emit_line):
+    import threading
+
+    mark = sampler.mark
     ended = threading.Event()
     count = settings.get("count")
     threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()

@@ -17,7 +17,7 @@ from launcher.errors import PlanError
 
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
-from launcher.node.protocol import RUNS_ROOT
+from launcher.node.protocol import DEVICE_ORDER, RUNS_ROOT, socket_values
 
 SECRET_MASK = "<secret>"
 RANKS_DIR = "ranks"
@@ -70,18 +70,23 @@ class NodeCommand:
     """A dotenv file to read on the controller at launch (the host's); everything else wins over its values."""
     launcher_env: tuple[tuple[str, str], ...] = LAUNCHER_ENV
     """Set for torchrun by the agent after `unset_env` (TORCHELASTIC_* names the inventory may not set)."""
+    gpus: tuple[int, ...] | None = None
+    """`--include host:0,2`'s GPUs, places among those the node shows: the agent makes CUDA_VISIBLE_DEVICES from
+    the node's own value (its login, setup, or the inventory's env), or from the indices where none is set."""
 
     def shell_line(self) -> str:
         """The command as a shell line a user could paste on the node, secrets masked (for --dry-run).
 
         Setup lines come first, joined with `&&`; then `env -u NAME` for each name torchrun sets (the names that a
         glob in `unset_env` matches, TORCHELASTIC_*, are removed by the agent and named by `dry_run_text()`); then the
-        variables in the order in which later ones win: the env file and forwarded globs as `<...>` placeholders,
-        forwarded names as `NAME="$NAME"`, the socket interface (`<iface to HOST>` for auto), the inventory's env.
+        variables in the order in which later ones win: the GPU order (PCI_BUS_ID unless the node sets one), the env
+        file and forwarded globs as `<...>` placeholders, forwarded names as `NAME="$NAME"`, the socket interface
+        (`<iface to HOST>` for auto), the inventory's env, `--include`'s GPUs (`<GPUs 0,2 of ...>`).
         """
         unset = [f"-u {shlex.quote(name)}" for name in self.unset_env if not _is_glob(name)]
-        words = [*unset, *self._file_and_forwarded(), *self._socket_words(),
-                 *(f"{v.name}={_shown_value(v)}" for v in self.env),
+        order, default = DEVICE_ORDER
+        words = [*unset, f'{order}="${{{order}:-{default}}}"', *self._file_and_forwarded(), *self._socket_words(),
+                 *(f"{v.name}={_shown_value(v)}" for v in self.env), *self._gpu_words(),
                  *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env)]
         env = f"env {' '.join(words)} " if words else ""
         argv = " ".join(quote_path(w) if i in self.home_words else shlex.quote(w) for i, w in enumerate(self.argv))
@@ -107,7 +112,13 @@ class NodeCommand:
             master = next((self.argv[i + 1].rsplit(":", 1)[0] for i, w in enumerate(self.argv)
                            if w in ("--master-addr", "--rdzv-endpoint")), "master")
             value = f"<iface to {master}>"
-        return [f"{name}={shlex.quote(value)}" for name in SOCKET_ENV]
+        return [f"{name}={shlex.quote(text)}" for name, text in socket_values(value).items()]
+
+    def _gpu_words(self) -> list[str]:
+        if self.gpus is None:
+            return []
+        chosen = ",".join(str(i) for i in self.gpus)
+        return [f"CUDA_VISIBLE_DEVICES={shlex.quote(f'<GPUs {chosen} among those the node shows>')}"]
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,15 @@ def _feature_lines(node: NodeCommand, master: str) -> list[str]:
     elif node.socket_ifname is not None:
         lines.append(f"socket_ifname: {' and '.join(SOCKET_ENV)} are {node.socket_ifname} (the interface NCCL and "
                      "gloo use)")
+    if node.socket_ifname is not None:
+        lines.append("  NCCL gets it as =NAME (that interface only: a bare name is a prefix to NCCL, eth0 would match "
+                     "eth0.100), gloo the bare name")
+    if node.gpus is not None:
+        chosen = ",".join(str(i) for i in node.gpus)
+        lines.append(f"gpus {chosen} (--include/--exclude): CUDA_VISIBLE_DEVICES is the entries {chosen} of the node's "
+                     f"own CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else {chosen}")
+    lines.append(f"{DEVICE_ORDER[0]}={DEVICE_ORDER[1]} unless the node sets an order: CUDA numbers the GPUs as "
+                 "nvidia-smi does")
     return lines
 
 
@@ -328,5 +348,6 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             forward_env=host.forward_env,
             env_file=host.env_file,
             launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
+            gpus=host.gpus,
         ))
     return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes))

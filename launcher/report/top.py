@@ -13,13 +13,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launcher.limits import TOP_GPU_REFRESH_S
 from launcher.plan.straggler import Straggler
 from launcher.report.units import human_bytes
 
+GPU_OLD_S = 2 * TOP_GPU_REFRESH_S
+"""A node's GPU answer older than this is shown with its age: nvidia-smi is slow or stuck there."""
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "cpu_s", "rss_bytes", "last_output_s",
                "steps_per_s", "step", "last_line", "steps", "batches", "batches_per_s", "forward_share", "data_share",
                "record", "helpers")
-NODE_FIELDS = ("load1", "cpus", "mem_total_bytes", "mem_available_bytes", "gpus")
+NODE_FIELDS = ("load1", "cpus", "mem_total_bytes", "mem_available_bytes", "gpus", "gpus_age_s", "gpus_error")
 
 
 @dataclass(frozen=True)
@@ -65,14 +68,26 @@ def size(value: float | None) -> str:
     return "–" if value is None else human_bytes(value)
 
 
-def _gpus(gpus: Sequence[Mapping[str, Any]] | None) -> str:
+def _gpus(snap: Mapping[str, Any]) -> Text | str:
+    """A node's GPU cell: the run's GPUs, each with its ranks (`1 r4: 87% 10.0 GiB/80.0 GiB`); one that cannot be read
+    says why beside the others; the answer's age where it is old; why there is none (nvidia-smi stuck or failing)."""
+    gpus, error, age = snap.get("gpus"), snap.get("gpus_error"), snap.get("gpus_age_s")
     if not gpus:
-        return "–"
+        return Text(error, style="red") if error else "–"
+
     def util(g: Mapping[str, Any]) -> str:  # nvidia-smi says [N/A] where a GPU does not report it
         return "–" if g.get("util_percent") is None else f"{g['util_percent']}%"
 
-    return "  ".join(f"{g.get('index')}: {util(g)} {size(g.get('mem_used_bytes'))}/"
-                     f"{size(g.get('mem_total_bytes'))}" for g in gpus)
+    def one(g: Mapping[str, Any]) -> str:
+        ranks = "".join(f" r{r}" for r in g.get("ranks") or [])
+        if g.get("error"):
+            return f"{g.get('index')}{ranks}: {g['error']}"
+        return f"{g.get('index')}{ranks}: {util(g)} {size(g.get('mem_used_bytes'))}/{size(g.get('mem_total_bytes'))}"
+
+    text = "  ".join(one(g) for g in gpus)
+    if age is not None and age >= GPU_OLD_S:
+        text += f" ({age:.0f} s old)"
+    return Text(text + (f" ({error})" if error else ""), style="yellow" if error else "")
 
 
 def node_table(views: Sequence[NodeView]) -> Table:
@@ -86,7 +101,7 @@ def node_table(views: Sequence[NodeView]) -> Table:
             continue
         total, free = snap.get("mem_total_bytes"), snap.get("mem_available_bytes")
         used = f"{size(total - free)} / {size(total)}" if total is not None and free is not None else "–"
-        table.add_row(view.name, f"{snap.get('load1', 0):.2f} ({snap.get('cpus')} CPUs)", used, _gpus(snap.get("gpus")))
+        table.add_row(view.name, f"{snap.get('load1', 0):.2f} ({snap.get('cpus')} CPUs)", used, _gpus(snap))
     return table
 
 

@@ -43,8 +43,9 @@ from launcher.limits import (
     NCCL_DUMP_WAIT_S,
     NCCL_MAX_BYTES,
     NODE_TIMING,
+    NVIDIA_SMI_TIMEOUT_S,
     STACKS_WAIT_S,
-    TOP_GPU_TIMEOUT_S,
+    TOP_GPU_REFRESH_S,
     TOP_KEEP_LINES,
     TOP_RATE_WINDOW_S,
     TOP_READ_S,
@@ -121,6 +122,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "secret_names": sorted(secret),
         "unset_env": list(command.unset_env),
         "socket_ifname": command.socket_ifname,
+        "gpus": None if command.gpus is None else list(command.gpus),
         "master_addr": rdzv.master_addr,
         "master_port": rdzv.master_port,
         "node_rank": command.node_rank,
@@ -151,7 +153,7 @@ def progress_settings(job: Job | None) -> dict[str, Any]:
     """How a node's agent reads its ranks' progress lines (launcher/node/top.py): the expression, every number."""
     return {"ranks": RANKS_DIR, "progress": (job.progress if job else None) or DEFAULT_PROGRESS, "read_s": TOP_READ_S,
             "tail_bytes": TOP_TAIL_BYTES, "keep_lines": TOP_KEEP_LINES, "rate_window_s": TOP_RATE_WINDOW_S,
-            "gpu_timeout_s": TOP_GPU_TIMEOUT_S}
+            "gpu_timeout_s": NVIDIA_SMI_TIMEOUT_S, "gpu_refresh_s": TOP_GPU_REFRESH_S}
 
 
 def log_tail_settings() -> dict[str, Any]:

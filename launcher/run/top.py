@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import TOP_GPU_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S
+from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S
 from launcher.options import Options
 from launcher.report.top import NodeView
 from launcher.run.control import _agent_error, chosen_run
@@ -57,7 +57,7 @@ def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Opt
     """One snapshot of every node (each watched for `interval_s`), in inventory order."""
     request = {"action": "top", "run_id": run_id,
                "top": top_settings(cluster, count=1, interval_s=interval_s, follow=follow)}
-    results = agent_action(dict(nodes), cluster, request, interval_s + TOP_GPU_TIMEOUT_S + opts.action_timeout)
+    results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + opts.action_timeout)
     return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
             for h in cluster.hosts]
 

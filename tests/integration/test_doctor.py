@@ -45,7 +45,7 @@ from tests.support.proberun import run_probe
 def test_the_probe_resolves_many_names_on_a_few_threads_within_its_budget(tmp_path: Path) -> None:
     names = [f"gpu{i:03d}.invalid" for i in range(200)] + ["localhost"]
     request = {"mode": "probe", "checks": "fast", "names": names, "resolve_workers": 16, "master_addr": "nope.invalid",
-               "master_port": 29500, "workdir": str(tmp_path)}
+               "master_port": 29500, "workdir": str(tmp_path), "gpu_timeout_s": 10.0}
     python = node_python()
     started = time.monotonic()
     answer = run_probe(request, python=python)

@@ -95,7 +95,8 @@ def test_stdlib_programs_import_only_the_standard_library(program: str) -> None:
 
 
 def test_probe_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
-    request = {"mode": "probe", "checks": "all", "names": ["localhost"], "workdir": str(REPO), "script": "train/ddp.py"}
+    request = {"mode": "probe", "checks": "all", "names": ["localhost"], "workdir": str(REPO), "script": "train/ddp.py",
+               "gpu_timeout_s": 10.0}
     reply = run_on_node(stdlib_env.python, doctor.probe_input(request), tmp_path)
     assert reply["mode"] == "probe"
     assert reply["python"]["executable"] == str(stdlib_env.python)
@@ -122,7 +123,7 @@ def test_an_srun_task_picks_its_agent_request_under_a_bare_python(stdlib_env: En
 
 def test_declared_env_holds_the_declared_closure_and_nothing_else(declared_env: Env, tmp_path: Path) -> None:
     # The probe's own package listing (every dist-info folder on sys.path) checks the fixture from inside.
-    request = {"mode": "probe", "checks": "all", "names": []}
+    request = {"mode": "probe", "checks": "all", "names": [], "gpu_timeout_s": 10.0}
     reply = run_on_node(declared_env.python, doctor.probe_input(request), tmp_path)
     listed = {item.partition("==")[0] for item in reply["packages"]["list"]}
     assert listed == declared_env.distributions

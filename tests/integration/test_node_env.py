@@ -82,11 +82,11 @@ def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sa
 
     zero, one = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     common = {"NE_OUT_DIR": str(out), "NE_FWD_OVER": "forwarded", "NE_FWD_TOP": "explicit", "NE_FWD_PLAIN": "plain",
-              "NE_TOKEN": token, "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+              "NE_TOKEN": token, "NCCL_SOCKET_IFNAME": "=lo", "GLOO_SOCKET_IFNAME": "lo"}  # NCCL: lo exactly
     assert zero == {**common, "NE_FILE": "from-file"}
     assert one == {**common, "NE_FILE_SECRET": file_secret}  # node-1's env file replaces the defaults'
     for node_name in ("node-0", "node-1"):
-        assert f"{node_name} r" in launched.stdout and "NCCL_SOCKET_IFNAME=lo" in launched.stdout
+        assert f"{node_name} r" in launched.stdout and "NCCL_SOCKET_IFNAME==lo" in launched.stdout
 
     for path in logs.rglob("*"):
         if path.is_file():
@@ -97,7 +97,7 @@ def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sa
         text = command_json.read_text()
         assert token not in text and file_secret not in text
         recorded = json.loads(text)
-        assert "RANK" not in recorded["env"] and recorded["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+        assert "RANK" not in recorded["env"] and recorded["env"]["NCCL_SOCKET_IFNAME"] == "=lo"
         assert recorded["secret_env"] == (["NE_TOKEN"] if index == 0 else ["NE_FILE_SECRET", "NE_TOKEN"])
 
 

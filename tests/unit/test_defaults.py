@@ -18,7 +18,7 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import limits
-from launcher.options import DEFAULT_CONNECT_TIMEOUT
+from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.run import launch as run_launch
 from launcher.sync import push as sync
 from launcher.transport.program import BOOTSTRAP, node_files
@@ -116,8 +116,10 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
     connect = doctor.connect_section("t0ken", 7.0)
     assert {k for where, k in numbers if where == "listen"} == {"max_s"}
     assert {k for where, k in numbers if where == "connect"} == {"window", "token_read_s"}
+    assert {k for where, k in numbers if where == "probe"} == {"gpu_timeout_s"}
+    probe = doctor.probe_request(cluster(), cluster().hosts[1], "fast", connect)
     for where, key in numbers:
-        assert key in {"listen": listen, "connect": connect}[where], (where, key)
+        assert key in {"listen": listen, "connect": connect, "probe": probe}[where], (where, key)
     # ... and the numbers are the doctor's own, written once in launcher.doctor.collect.
     assert listen == {"mode": "listen", "master_port": 29400, "token": "t0ken", "max_s": 7.0 + doctor.LISTENER_MARGIN_S}
     assert connect == {"token": "t0ken", "window": doctor.LISTEN_WINDOW_S, "token_read_s": doctor.TOKEN_READ_S}
@@ -130,7 +132,7 @@ def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
     # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
     # only its local bounds, all in launcher/node/limits.py.
     own = {name for name, value in vars(limits).items() if name.isupper() and isinstance(value, int | float)}
-    assert {"RESOLVE_BUDGET_S", "SMI_TIMEOUT_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
+    assert {"RESOLVE_BUDGET_S", "SMI_REAP_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
     source = (REPO / "launcher/node/limits.py").read_text(encoding="utf-8")
     assert sorted(own) == sorted(own_constants(source))  # each a plain number ...
@@ -155,14 +157,18 @@ def test_the_bare_wait_finder_finds_them() -> None:
     assert own_constants(source) == ["C", "D"]
 
 
-def test_a_fast_probe_fits_in_the_default_connect_timeout() -> None:
-    # Each probe has `connect_timeout` to answer (launch's preflight: the fast checks). Its worst case: the DNS
-    # budget, then the refused-connection window, then the wait for the token.
-    timeout = DEFAULT_CONNECT_TIMEOUT
+def test_a_fast_probe_fits_in_the_default_probe_timeout() -> None:
+    # Each probe has `probe_timeout` to answer (launch's preflight: the fast checks). Its worst case: nvidia-smi's
+    # bound or the DNS budget, whichever is longer (nvidia-smi starts first and runs meanwhile), then the
+    # refused-connection window, then the wait for the token. Without nvidia-smi it fits in the connect timeout.
+    timeout = DEFAULT_PROBE_TIMEOUT
     connect = doctor.connect_section("t", timeout)
-    worst = limits.RESOLVE_BUDGET_S + connect["window"] + connect["token_read_s"]
+    request = doctor.probe_request(cluster(), cluster().hosts[1], "fast", connect)
+    worst = max(limits.RESOLVE_BUDGET_S, request["gpu_timeout_s"]) + connect["window"] + connect["token_read_s"]
     assert worst < timeout
     assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
+    short = doctor.connect_section("t", DEFAULT_CONNECT_TIMEOUT)
+    assert limits.RESOLVE_BUDGET_S + short["window"] + short["token_read_s"] < DEFAULT_CONNECT_TIMEOUT
 
 
 @pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])

@@ -7,8 +7,10 @@ import json
 
 from rich.console import Console
 
+from launcher.config.inventory import parse_inventory
 from launcher.doctor.evidence import Report
-from launcher.doctor.netfigures import NOT_MEASURED, net_verdict
+from launcher.doctor.net import net_plan
+from launcher.doctor.netfigures import NOT_MEASURED, nccl_transport, net_verdict
 from launcher.doctor.report import render_table, report_json
 
 HOSTS = ("node-0", "node-1", "node-2")
@@ -72,3 +74,67 @@ def test_a_node_a_third_slower_is_flagged_at_the_straggler_share_and_a_slow_cpu_
     assert findings[2].detail.startswith("its CPU is slow: the same compute took 150.0 ms here against a median of "
                                          "102.0 ms (0.68x the median node's speed"), findings[2].detail
     assert "its network is not the cause" in findings[2].fix
+
+
+# --- NCCL's transport, and the measure over all of a node's GPUs ------------------------------------------------------
+
+IB_LINES = [  # NCCL 2.2x with NCCL_DEBUG=INFO, as a node's log shows them (tagged by the launcher's agent)
+    "node-0 r0 | gpu01:81234:81234 [0] NCCL INFO NET/Plugin: No plugin found (libnccl-net.so)",
+    "node-0 r0 | gpu01:81234:81234 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+    "node-0 r0 | gpu01:81234:81234 [0] NCCL INFO Using network IB",
+]
+SOCKET_LINES = [
+    "gpu02:9120:9120 [0] NCCL INFO NET/IB : No device found.",
+    "gpu02:9120:9120 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>",
+    "gpu02:9120:9120 [0] NCCL INFO Using network Socket",
+]
+PORT = {"device": "mlx5_0", "port": "1", "state": "4: ACTIVE", "link_layer": "InfiniBand",
+        "rate": "400 Gb/sec (4X NDR)"}
+
+
+def test_nccls_own_lines_say_its_transport() -> None:
+    ib: dict[str, str] = {}
+    for line in IB_LINES:
+        nccl_transport(line, ib)
+    assert ib == {"network": "IB", "using": "NET/IB: [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
+                  "net": "IB"}
+    sockets: dict[str, str] = {}
+    for line in SOCKET_LINES:
+        nccl_transport(line, sockets)
+    assert (sockets["network"], sockets["using"]) == ("Socket", "NET/Socket: [0]eth0:10.0.0.2<0>")
+
+
+def test_a_fall_back_to_sockets_beside_active_infiniband_is_said_and_a_slow_nodes_fix_fits_its_transport() -> None:
+    transport = {"node-0": {"network": "IB", "using": "NET/IB: [0]mlx5_0:1/IB"}, "node-1": {"network": "IB"},
+                 "node-2": {"network": "Socket", "using": "NET/Socket: [0]eth0:10.0.0.3<0>"}}
+    measured = {**MEASURED, "backend": "nccl", "transport": transport,
+                "ib": {"node-0": [PORT], "node-1": [PORT], "node-2": [PORT]}}
+    findings, figures, _ = net_verdict(HOSTS, measured, None, 0.5)
+    assert [(f.host, f.status) for f in findings] == [("node-0", "ok"), ("node-1", "ok"), ("node-2", "warn"),
+                                                      ("node-2", "warn")]
+    assert findings[0].detail.endswith("; NCCL over IB (NET/IB: [0]mlx5_0:1/IB)")
+    slow, fallback = findings[2:]
+    assert "socket_ifname" in slow.fix  # its NCCL runs over sockets: the Ethernet fix
+    assert fallback.detail == ("NCCL fell back to sockets (NET/Socket: [0]eth0:10.0.0.3<0>) although "
+                               "mlx5_0:1 (InfiniBand) are up here")
+    assert "NCCL_IB_HCA" in fallback.fix and "ibstat" in fallback.fix
+    assert figures["node-2"]["transport"]["network"] == "Socket"
+    # A slow node whose NCCL runs over InfiniBand gets the InfiniBand fix.
+    over_ib = {**measured, "transport": {h: {"network": "IB"} for h in HOSTS}}
+    (slow,) = [f for f in net_verdict(HOSTS, over_ib, None, 0.5)[0] if f.status != "ok"]
+    assert slow.host == "node-2" and "NCCL_IB_HCA" in slow.fix and "ibstat" in slow.fix
+    # No InfiniBand on the node: sockets are what it has, nothing to say beyond the transport.
+    plain = {**measured, "ib": {}}
+    assert [f.status for f in net_verdict(HOSTS, plain, None, 0.5)[0] if f.host == "node-2"] == ["warn"]
+
+
+def test_the_measure_runs_one_rank_a_node_or_one_a_gpu_and_makes_nccl_say_its_transport() -> None:
+    cluster = parse_inventory("defaults: {nproc_per_node: 8, env: {NCCL_DEBUG: WARN, A: b}}\nhosts: [n0, n1]\n",
+                              "c.yaml")
+    one = net_plan(cluster)
+    every = net_plan(cluster, all_gpus=True)
+    assert [n.host.nproc_per_node for n in one.nodes] == [1, 1]
+    assert [n.host.nproc_per_node for n in every.nodes] == [8, 8]
+    assert "--nproc-per-node" in every.nodes[0].argv and "8" in every.nodes[0].argv
+    env = {v.name: v.value for v in every.nodes[0].env}
+    assert env == {"A": "b", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}

@@ -74,7 +74,7 @@ def test_precedence_env_file_then_forward_env_then_socket_ifname_then_env(tmp_pa
                             resolved, Options())
     assert request["socket_ifname"] == "ib0" and not set(SOCKET_ENV) & set(request["env"])
     node_env = runner.torchrun_env(request, {"NCCL_SOCKET_IFNAME": "login-value"})
-    assert [node_env[name] for name in SOCKET_ENV] == ["ib0", "ib0"]
+    assert [node_env[name] for name in SOCKET_ENV] == ["=ib0", "ib0"]  # NCCL: that interface only, not a prefix
 
 
 def test_names_torchrun_sets_are_never_sent_from_an_env_file_or_a_forwarded_glob(tmp_path: Path) -> None:
@@ -177,8 +177,8 @@ def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> N
     login = {"RANK": "5", "MASTER_ADDR": "stale", "TORCHELASTIC_X": "1", "KEEP": "login", "HOME": "/root",
              "PYTHONUNBUFFERED": "0", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "stale"}
     assert runner.torchrun_env(request, login) == {
-        "KEEP": "request", "HOME": "/root", "PYTHONUNBUFFERED": "0", "A": "request", "NCCL_SOCKET_IFNAME": "lo",
-        "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]",
+        "KEEP": "request", "HOME": "/root", "PYTHONUNBUFFERED": "0", "A": "request", "NCCL_SOCKET_IFNAME": "=lo",
+        "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         protocol.RUN_ID_ENV: request["mark"]}
 
 
@@ -209,11 +209,11 @@ def test_the_agent_keeps_a_stale_login_rank_from_torchrun_and_sets_the_socket_in
     seen = json.loads((tmp_path / "env.json").read_text())
     assert not {"RANK", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_X"} & set(seen)
     assert (seen["KEEP_ME"], seen["FROM_REQUEST"], seen["SECRET_X"]) == ("yes", "r", "hush-1234")
-    assert (seen["NCCL_SOCKET_IFNAME"], seen["GLOO_SOCKET_IFNAME"]) == ("lo", "lo")
+    assert (seen["NCCL_SOCKET_IFNAME"], seen["GLOO_SOCKET_IFNAME"]) == ("=lo", "lo")
     recorded = json.loads((run_dir / "command.json").read_text())
     assert "hush-1234" not in (run_dir / "command.json").read_text()
     assert recorded["secret_env"] == ["SECRET_X"] and recorded["unset_env"] == list(RESERVED_ENV)
-    assert recorded["env"] == {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "FROM_REQUEST": "r"}
+    assert recorded["env"] == {"NCCL_SOCKET_IFNAME": "=lo", "GLOO_SOCKET_IFNAME": "lo", "FROM_REQUEST": "r"}
 
 
 def test_an_explicit_interface_passes_through_and_none_sets_nothing(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_an_explicit_interface_passes_through_and_none_sets_nothing(tmp_path: Pa
     code, events, _ = run_agent(tmp_path, login, socket_ifname="ib7")
     assert code == 0, events
     seen = json.loads((tmp_path / "env.json").read_text())
-    assert (seen["NCCL_SOCKET_IFNAME"], seen["GLOO_SOCKET_IFNAME"]) == ("ib7", "ib7")
+    assert (seen["NCCL_SOCKET_IFNAME"], seen["GLOO_SOCKET_IFNAME"]) == ("=ib7", "ib7")
     code, events, _ = run_agent(tmp_path, login)
     assert code == 0, events
     seen = json.loads((tmp_path / "env.json").read_text())
@@ -259,3 +259,37 @@ def test_inv_launch_never_quotes_a_token_in_an_env_file_or_inventory_error(tmp_p
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (f"error: {forgotten}:4: hosts[0].env.HF_TOKEN: has an unknown key (not shown: the "
                              "entry is secret); known keys: value, from_env, secret\n")
+
+
+# --- the GPUs `--include host:0,2` chose, on a node whose login already sets CUDA_VISIBLE_DEVICES --------------------
+
+
+@pytest.mark.parametrize(("login", "env", "gpus", "visible"), [
+    ({}, {}, None, None),  # nothing chosen, nothing set: all the node's GPUs
+    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, {}, None, "4,5,6,7"),  # the node's own value stands
+    ({}, {}, [0, 2], "0,2"),
+    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, {}, [0, 2], "4,6"),  # a shared node's allocation: places in it
+    ({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, {}, [1], "GPU-bb"),
+    ({"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "1,3"}, [1], "3"),  # the inventory's env first
+])
+def test_the_chosen_gpus_are_mapped_through_the_nodes_own_cuda_visible_devices(tmp_path: Path, login, env, gpus,
+                                                                               visible) -> None:
+    code, events, run_dir = run_agent(tmp_path, login, env=env, gpus=gpus)
+    assert code == 0, events
+    seen = json.loads((tmp_path / "env.json").read_text())
+    assert seen.get("CUDA_VISIBLE_DEVICES") == visible
+    assert seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA numbers the GPUs as nvidia-smi does
+    assert json.loads((run_dir / "command.json").read_text())["visible_devices"] == (visible if gpus else None)
+
+
+def test_a_node_that_shows_fewer_gpus_than_chosen_starts_nothing_and_its_order_is_kept(tmp_path: Path) -> None:
+    login = {"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    code, events, run_dir = run_agent(tmp_path, login, gpus=[0, 2])
+    assert code == 2 and not run_dir.exists() and not (tmp_path / "env.json").exists()
+    (error,) = [e for e in events if e["event"] == "error"]
+    assert error["message"] == ("node1: GPU 2 chosen (--include/--exclude), but this node's own "
+                                "CUDA_VISIBLE_DEVICES=4,5 shows 2 GPU(s); name GPUs the node shows, or the whole host")
+    code, events, _ = run_agent(tmp_path, login, gpus=[1])
+    assert code == 0, events
+    seen = json.loads((tmp_path / "env.json").read_text())
+    assert (seen["CUDA_VISIBLE_DEVICES"], seen["CUDA_DEVICE_ORDER"]) == ("5", "FASTEST_FIRST")  # the node's own order

@@ -71,6 +71,10 @@ UNSET = ["-u", "RANK", "-u", "LOCAL_RANK", "-u", "WORLD_SIZE", "-u", "LOCAL_WORL
          "-u", "ROLE_RANK", "-u", "ROLE_WORLD_SIZE", "-u", "GROUP_WORLD_SIZE", "-u", "NODE_RANK", "-u", "MASTER_ADDR",
          "-u", "MASTER_PORT"]
 """The `env -u NAME` words every shell line starts its env with (TORCHELASTIC_* is removed by the agent)."""
+ORDER_TEXT = 'CUDA_DEVICE_ORDER="${CUDA_DEVICE_ORDER:-PCI_BUS_ID}"'
+"""... then the GPU order: PCI_BUS_ID (nvidia-smi's numbering) unless the node sets one."""
+HEAD = [*UNSET, "CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}"]
+"""Those words as a shell reads them."""
 
 
 def cluster(text: str) -> Cluster:
@@ -90,8 +94,8 @@ def after_cd(node: NodeCommand) -> list[str]:
     words = shlex.split(node.shell_line())
     assert words[0] == "cd" and words[2] == "&&", words
     words = words[3:]
-    assert words[:1 + len(UNSET)] == ["env", *UNSET], words
-    words = words[1 + len(UNSET) + len(node.env):]
+    assert words[:1 + len(HEAD)] == ["env", *HEAD], words
+    words = words[1 + len(HEAD) + len(node.env):]
     assert words[:len(node.launcher_env)] == [f"{k}={v}" for k, v in node.launcher_env], words
     return words[len(node.launcher_env):]
 
@@ -237,8 +241,8 @@ def test_shell_line_round_trips_every_word(word: str) -> None:
     node = plan_launch(c, job, run_id="r").nodes[0]
     assert after_cd(node) == as_shell_reads(node)
     words = shlex.split(node.shell_line())
-    assert words[:5 + len(UNSET)] == ["cd", "$HOME/dir with space", "&&", "env", *UNSET, f"PLAIN={word}"]
-    assert words[5 + len(UNSET)] == f"OTHER={word}"
+    assert words[:5 + len(HEAD)] == ["cd", "$HOME/dir with space", "&&", "env", *HEAD, f"PLAIN={word}"]
+    assert words[5 + len(HEAD)] == f"OTHER={word}"
 
 
 def test_shell_line_without_env_has_only_the_unsets() -> None:
@@ -246,7 +250,7 @@ def test_shell_line_without_env_has_only_the_unsets() -> None:
     assert node.shell_line().startswith(
         'cd "$HOME"/project && env -u RANK -u LOCAL_RANK -u WORLD_SIZE -u LOCAL_WORLD_SIZE -u GROUP_RANK -u ROLE_RANK '
         "-u ROLE_WORLD_SIZE -u GROUP_WORLD_SIZE -u NODE_RANK -u MASTER_ADDR -u MASTER_PORT "
-        "/opt/venv/bin/python -m torch.distributed.run ")
+        f"{ORDER_TEXT} /opt/venv/bin/python -m torch.distributed.run ")
     assert after_cd(node) == as_shell_reads(node)
 
 
@@ -306,9 +310,9 @@ def test_secret_values_never_appear_in_shell_line_or_dry_run_text() -> None:
         assert "hunter2" not in shown
         assert "MY_TOKEN" not in shown  # even the name of a secret's source stays out
     a, b = lines
-    assert shlex.split(a)[3:8 + len(UNSET)] == ["env", *UNSET, f"PASSWORD={SECRET_MASK}", f"TOKEN={SECRET_MASK}",
-                                                "COPIED=$WANDB_KEY", "OPEN=visible-value"]
-    assert shlex.split(b)[3:5 + len(UNSET)] == ["env", *UNSET, f"PASSWORD={SECRET_MASK}"]
+    assert shlex.split(a)[3:8 + len(HEAD)] == ["env", *HEAD, f"PASSWORD={SECRET_MASK}", f"TOKEN={SECRET_MASK}",
+                                               "COPIED=$WANDB_KEY", "OPEN=visible-value"]
+    assert shlex.split(b)[3:5 + len(HEAD)] == ["env", *HEAD, f"PASSWORD={SECRET_MASK}"]
     assert "TOKEN" not in b
     assert a in text and b in text
 
@@ -442,16 +446,16 @@ def test_node_commands_carry_the_hosts_new_fields() -> None:
 
 def test_shell_line_with_every_feature() -> None:
     one, two, three = plan_launch(cluster(SHARE_NOTHING), run_id="r").nodes
-    unset = " ".join(UNSET)
+    unset = " ".join(UNSET) + " " + ORDER_TEXT
     torchrun = "python3 -m torch.distributed.run --nnodes 3"
     assert one.shell_line().startswith(
         "source /opt/conda/bin/activate train && module load cuda/12.4 && "
         f"cd \"$HOME\"/project && env {unset} '<from .env>' '<forwarded: WANDB_*>' HF_TOKEN='<secret>' "
-        "WANDB_PROJECT=\"$WANDB_PROJECT\" NCCL_SOCKET_IFNAME='<iface to 10.0.0.1>' "
+        "WANDB_PROJECT=\"$WANDB_PROJECT\" NCCL_SOCKET_IFNAME='=<iface to 10.0.0.1>' "
         f"GLOO_SOCKET_IFNAME='<iface to 10.0.0.1>' NCCL_DEBUG=WARN {torchrun} --node-rank 0 ")
     assert two.shell_line().startswith(
         f"cd \"$HOME\"/project && env {unset} '<from /etc/train.env, secret>' '<forwarded: WANDB_*>' "
-        "HF_TOKEN='<secret>' WANDB_PROJECT=\"$WANDB_PROJECT\" NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0 "
+        "HF_TOKEN='<secret>' WANDB_PROJECT=\"$WANDB_PROJECT\" NCCL_SOCKET_IFNAME==ib0 GLOO_SOCKET_IFNAME=ib0 "
         f"NCCL_DEBUG=WARN {torchrun} --node-rank 1 ")
     assert three.shell_line().startswith(
         "source /opt/conda/bin/activate train && module load cuda/12.4 && "
@@ -466,8 +470,8 @@ def test_placeholders_are_single_words_and_the_rest_round_trips() -> None:
         setup = "".join(f"{step} && " for step in node.setup)
         assert line.startswith(setup)
         words = shlex.split(line[len(setup):])
-        assert words[:4 + len(UNSET)] == ["cd", "$HOME/project", "&&", "env", *UNSET]
-        assert len(words) == 4 + len(UNSET) + variables + len(node.argv)  # each placeholder is one word
+        assert words[:4 + len(HEAD)] == ["cd", "$HOME/project", "&&", "env", *HEAD]
+        assert len(words) == 4 + len(HEAD) + variables + len(node.argv)  # each placeholder is one word
         assert words[-len(node.argv):] == as_shell_reads(node)
 
 
@@ -492,7 +496,7 @@ def test_a_real_shell_runs_setup_in_the_same_shell_and_sets_the_interface(tmp_pa
                          ).stdout.decode()
     home = [str(tmp_path) + w[1:] if i in node.home_words and w.startswith("~/") else w
             for i, w in enumerate(node.argv)]
-    assert out.split("\0")[:-1] == [str(tmp_path / "my project"), "set up; ok", "set up; ok", "eth1", "eth1",
+    assert out.split("\0")[:-1] == [str(tmp_path / "my project"), "set up; ok", "set up; ok", "=eth1", "eth1",
                                     "it's  $x", "it's  $x", "unset", *home]
 
 

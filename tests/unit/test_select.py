@@ -28,9 +28,8 @@ def devices(cluster: Cluster) -> dict[str, list[int]]:
     """DeepSpeed's view of a selection: host -> the GPU indices it uses."""
     out = {}
     for host in cluster.hosts:
-        visible = [v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES"]
-        assert len(visible) <= 1
-        used = [int(i) for i in visible[0].split(",")] if visible else list(range(int(host.nproc_per_node)))
+        assert all(v.name != "CUDA_VISIBLE_DEVICES" for v in host.env)  # the node maps them through its own value
+        used = list(host.gpus) if host.gpus is not None else list(range(int(host.nproc_per_node)))
         assert len(used) == host.nproc_per_node
         out[host.name] = used
     return out
@@ -112,12 +111,11 @@ def test_deepspeed_docs_examples() -> None:
 # --- what the selection does to the cluster ------------------------------------------------------------------
 
 
-def test_indices_set_nproc_and_cuda_visible_devices_after_the_hosts_env() -> None:
+def test_indices_set_nproc_and_the_hosts_gpus_and_leave_its_env() -> None:
     cluster = parse_inventory("defaults: {env: {NCCL_DEBUG: INFO}, nproc_per_node: 8}\nhosts: [a, b]\n", SRC)
     a, b = select_hosts(cluster, "b:6,0,3@a", None).hosts
-    assert (a.nproc_per_node, a.env) == (8, (EnvVar("NCCL_DEBUG", value="INFO"),))
-    assert (b.nproc_per_node, b.env) == (3, (EnvVar("NCCL_DEBUG", value="INFO"),
-                                             EnvVar("CUDA_VISIBLE_DEVICES", value="0,3,6")))
+    assert (a.nproc_per_node, a.gpus, a.env) == (8, None, (EnvVar("NCCL_DEBUG", value="INFO"),))
+    assert (b.nproc_per_node, b.gpus, b.env) == (3, (0, 3, 6), (EnvVar("NCCL_DEBUG", value="INFO"),))
 
 
 def test_include_keeps_inventory_order_whatever_the_order_named() -> None:
@@ -180,7 +178,10 @@ def test_a_plan_of_the_selection() -> None:
     plan = plan_launch(picked, Job("t.py"), run_id="r")
     assert plan.cluster.world_size == 7
     assert [n.rank_offset for n in plan.nodes] == [0, 3]
-    assert "CUDA_VISIBLE_DEVICES=1,2,3 " in plan.nodes[0].shell_line()
+    assert plan.nodes[0].gpus == (1, 2, 3) and plan.nodes[1].gpus is None
+    assert "CUDA_VISIBLE_DEVICES='<GPUs 1,2,3 among those the node shows>' " in plan.nodes[0].shell_line()
+    assert ("gpus 1,2,3 (--include/--exclude): CUDA_VISIBLE_DEVICES is the entries 1,2,3 of the node's own "
+            "CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else 1,2,3") in plan.dry_run_text()
 
 
 def test_ipv6_host_names() -> None:
@@ -208,12 +209,13 @@ def test_include_mistakes(include: str, sentence: str) -> None:
     assert error(workers(2, 2), include=include) == f"hosts.txt: {sentence}"
 
 
-def test_indices_where_the_inventory_already_sets_cuda_visible_devices() -> None:
+def test_indices_where_the_inventory_already_sets_cuda_visible_devices_are_places_in_it() -> None:
+    # The node's agent maps them through the value (launcher/node/devices.py): a:1 of '2,3' is GPU 3.
     cluster = parse_inventory("hosts: [{name: a, nproc_per_node: 2, env: {CUDA_VISIBLE_DEVICES: '2,3'}}, b]\n", SRC)
-    sentence = ("a's env sets CUDA_VISIBLE_DEVICES already; remove it from the inventory, or name the whole host")
-    assert error(cluster, include="a:0") == f"hosts.txt: --include 'a:0': {sentence}"
-    assert error(cluster, exclude="a:0") == f"hosts.txt: --exclude 'a:0': {sentence}"
-    assert select_hosts(cluster, "a", None).hosts[0].env == (EnvVar("CUDA_VISIBLE_DEVICES", value="2,3"),)
+    a = select_hosts(cluster, "a:1", None).hosts[0]
+    assert (a.gpus, a.nproc_per_node, a.env) == ((1,), 1, (EnvVar("CUDA_VISIBLE_DEVICES", value="2,3"),))
+    assert select_hosts(cluster, None, "a:1").hosts[0].gpus == (0,)
+    assert select_hosts(cluster, "a", None).hosts[0].gpus is None
 
 
 def test_many_hosts_are_listed_briefly() -> None:

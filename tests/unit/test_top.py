@@ -93,37 +93,6 @@ def test_job_progress_must_be_a_regular_expression_with_a_group(tmp_path: Path) 
         load_inventory(inventory(r"it \d+"))
 
 
-def _nvidia_smi(folder: Path, body: str) -> None:
-    """A stand-in for nvidia-smi on PATH (no GPU here): a real program answering in nvidia-smi's csv format."""
-    exe = folder / "nvidia-smi"
-    exe.write_text("#!/bin/sh\n" + body)
-    exe.chmod(0o755)
-
-
-def test_gpus_are_read_from_nvidia_smi_and_none_when_it_fails_or_hangs(tmp_path: Path, monkeypatch) -> None:
-    import time
-
-    from launcher.node.top import gpus
-    from launcher.report.top import _gpus
-
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert gpus(2.0) is None  # none on PATH: no GPU column, no error
-    _nvidia_smi(tmp_path, 'case "$*" in *"--query-gpu=index,utilization.gpu,memory.used,memory.total"*'
-                          '"--format=csv,noheader,nounits"*) ;; *) exit 2;; esac\n'
-                          'printf "0, 87, 10240, 81559\\n1, [N/A], [N/A], 81559\\n"\n')
-    found = gpus(2.0)
-    assert found == [{"index": 0, "util_percent": 87, "mem_used_bytes": 10240 << 20, "mem_total_bytes": 81559 << 20},
-                     {"index": 1, "util_percent": None, "mem_used_bytes": None, "mem_total_bytes": 81559 << 20}]
-    cell = _gpus(found)
-    assert cell == "0: 87% 10.0 GiB/79.6 GiB  1: – –/79.6 GiB", cell
-    _nvidia_smi(tmp_path, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver"\n'
-                          "exit 9\n")
-    assert gpus(2.0) is None
-    _nvidia_smi(tmp_path, "exec sleep 30\n")
-    started = time.monotonic()
-    assert gpus(0.5) is None and time.monotonic() - started < 5  # a stuck driver never holds the view
-
-
 def test_in_lockstep_the_rank_that_computes_more_of_each_step_is_the_straggler() -> None:
     rates = {0: 5.0, 1: 5.0, 2: 5.0, 3: 4.9}  # lockstep DDP: every rank at the slow one's pace
     forward = {0: 0.23, 1: 0.22, 2: 0.24, 3: 0.41}
