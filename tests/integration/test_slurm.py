@@ -58,7 +58,7 @@ def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox
     sums = CHECKSUM.findall(result.stdout)
     assert sorted((int(node), int(rank)) for node, rank, _, _ in sums) == [(0, 0), (0, 1), (1, 2), (1, 3)]
     assert len({digest for *_, digest in sums}) == 1
-    assert "checked 8 things on 2 node(s)" in result.stderr  # the doctor's fast checks, in the start session
+    assert "checked 9 things on 2 node(s)" in result.stderr  # the doctor's fast checks, in the start session
     assert "all 2 node(s) exited 0" in result.stderr
     assert [len(list(node_runs(slurm_box, i).iterdir())) for i in (0, 1)] == [1, 1]  # each node's own run dir
     assert _steps_left(result) == ""
@@ -144,7 +144,7 @@ def test_a_submitted_job_runs_to_its_end_and_inv_logs_shows_its_prefixed_output(
     sums = CHECKSUM.findall(logs.stdout)
     assert sorted((int(node), int(rank)) for node, rank, _, _ in sums) == [(0, 0), (0, 1), (1, 2), (1, 3)]
     assert len({digest for *_, digest in sums}) == 1
-    assert "checked 8 things on 2 node(s)" in logs.stdout  # the doctor ran inside the job, before torchrun
+    assert "checked 9 things on 2 node(s)" in logs.stdout  # the doctor ran inside the job, before torchrun
     assert "all 2 node(s) exited 0" in logs.stdout
 
 
