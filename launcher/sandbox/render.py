@@ -43,16 +43,23 @@ def node_name(index: int) -> str:
 
 
 def node_addresses(base_addr: str, count: int) -> list[str]:
-    """`count` consecutive loopback addresses from `base_addr` (network namespaces don't work here)."""
+    """`count` consecutive loopback addresses from `base_addr` (network namespaces don't work here), past 127.0.0.1
+    and 127.0.1.1: 256 nodes from the default 127.0.0.2 end at 127.0.1.2."""
     try:
         base = ipaddress.IPv4Address(base_addr)
     except ValueError:
         raise SandboxError(f"base address {base_addr!r} is not an IPv4 address.") from None
     loopback = ipaddress.IPv4Network("127.0.0.0/8")
-    last = int(base) + count - 1
-    if base not in loopback or last > int(loopback.broadcast_address) - 1:
+    reserved = {ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv4Address(TRAP_ADDR)}  # localhost; Debian's own name
+    addrs = []
+    at = base
+    while len(addrs) < count and at in loopback and at != loopback.broadcast_address:
+        if at not in reserved:
+            addrs.append(str(at))
+        at += 1
+    if base not in loopback or len(addrs) < count:
         raise SandboxError(f"{count} nodes from {base_addr} do not fit in 127.0.0.0/8; pick another base address.")
-    return [str(base + i) for i in range(count)]
+    return addrs
 
 
 def node_cache(state_dir: Path, index: int) -> Path:

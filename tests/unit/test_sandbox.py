@@ -18,6 +18,8 @@ from launcher.sandbox import SandboxError, SandboxNode
 def test_node_addresses_count_up_from_the_base() -> None:
     assert sandbox.node_addresses("127.0.0.2", 3) == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     assert sandbox.node_addresses("127.0.3.255", 2) == ["127.0.3.255", "127.0.4.0"]
+    many = sandbox.node_addresses("127.0.0.2", 256)  # past 127.0.0.255, and never on 127.0.1.1 (the trap's)
+    assert len(set(many)) == 256 and "127.0.1.1" not in many and many[-1] == "127.0.1.2"
 
 
 @pytest.mark.parametrize(("base", "count"), [("10.0.0.2", 1), ("127.255.255.250", 10), ("node-0", 1)])
