@@ -149,6 +149,11 @@ in 0.1 s steps (8 nodes: 0.6-1.3 s for the ssh loop from run to run) and each sp
 real cluster log in on their own CPUs with their own files; every method here logs in the same way."""
 
 
+REAL_LOGIN_ENV = "BENCH_REAL_LOGIN"
+"""Set (`python -m bench.run --real-login`): the nodes log in with this machine's own ~/.bashrc (pyenv in a shared
+home, as labs with NFS homes have) in place of LOGIN_RC, for every method alike."""
+
+
 @contextlib.contextmanager
 def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args: Sequence[str] = (),
                nproc_per_node: int = 1) -> Iterator[Box]:
@@ -160,7 +165,7 @@ def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args:
     try:
         box = sandbox.up(n, state_dir=state, inventory=folder / "sandbox.yaml", base_addr=base, master_port=port,
                          script=script, script_args=list(script_args), nproc_per_node=nproc_per_node,
-                         ready_timeout=30.0, login_rc=LOGIN_RC)
+                         ready_timeout=30.0, login_rc=None if os.environ.get(REAL_LOGIN_ENV) else LOGIN_RC)
         yield Box(box, n, port, sandbox.default_python(), folder)
     finally:
         try:

@@ -80,9 +80,12 @@ def local_run(box: Box) -> Any:
     return result
 
 
-def run(sizes: list[int], repeat: int, root: Path, skip_doctor_too: bool, warm_up: bool = True) -> dict[str, Any]:
+def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_too: bool,
+        warm_up: bool = True) -> dict[str, Any]:
+    """`repeat`: runs per N (a number, or N -> runs, 3 for an N it does not name)."""
     rows = []
     for n in sizes:
+        runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
         # --skip-doctor (what the preflight costs) at the smallest N only, where it weighs most: time is short.
         with_skip = skip_doctor_too and n == sizes[0]
         variants = ["ssh_loop", "launcher", "local"] + (["launcher_skip_doctor"] if with_skip else [])
@@ -92,7 +95,7 @@ def run(sizes: list[int], repeat: int, root: Path, skip_doctor_too: bool, warm_u
                 ssh_run(box)  # untimed: the first sessions of a fresh sandbox are slower
             times: dict[str, list[float]] = {v: [] for v in variants}
             cpu: dict[str, list[float]] = {v: [] for v in variants}
-            for rep in range(repeat):
+            for rep in range(runs):
                 order = variants[rep % len(variants):] + variants[:rep % len(variants)]
                 for variant in order:
                     if variant == "ssh_loop":
@@ -115,4 +118,5 @@ def run(sizes: list[int], repeat: int, root: Path, skip_doctor_too: bool, warm_u
             rows.append(row)
             log(f"real job {n}: a {row['ssh_loop']['median']:.2f}s, inv launch {row['launcher']['median']:.2f}s, "
                 f"local {row['local']['median']:.2f}s")
-    return {"rows": rows, "job": f"{SCRIPT} {' '.join(JOB_ARGS)}", "repeat": repeat, "failed_launches": FAILURES}
+    return {"rows": rows, "job": f"{SCRIPT} {' '.join(JOB_ARGS)}", "failed_launches": FAILURES,
+            "repeat": repeat if isinstance(repeat, int) else {str(k): v for k, v in repeat.items()}}

@@ -6,7 +6,7 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
   fanout  a light command (`PYTHON -c pass`) on N = 1, 2, 4, ..., 64 nodes: the launcher (a fresh process, imports
           included; with the doctor's preflight too up to 16) vs (a) the ssh loop and (p) `pdsh -R ssh -f N`; each
           run's process tree sampled for threads, fds and memory; least-squares cost per node
-  job     train/ddp.py, 20 steps, on 2 and 4 nodes: `inv launch` vs (a) vs (d) local torchrun without SSH
+  job     train/ddp.py, 20 steps, on 2, 4, 8 and 16 nodes: `inv launch` vs (a) vs (d) local torchrun without SSH
   doctor  run_doctor vs (a) and (p) running one light command, N = 2, 4, 16, 64
   stop    SIGINT to an attached launcher, `inv stop` on a detached run: time until no process of the run is left;
           (d) SIGTERM straight to local torchruns (torchrun's own exit time); (a) Ctrl-C on the ssh loop: how many
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, RESULTS, log, machine, remove_run_dirs
+from bench.common import REAL_LOGIN_ENV, REPO, RESULTS, log, machine, remove_run_dirs
 from bench.table import markdown, print_table, rows
 
 FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net",
@@ -79,7 +79,9 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         # stop baselines every run, warm-ups, the --tee diagnostic and 3 runs of failures and sync, and 1,236 s
         # without the first five, when each login ran this machine's .bashrc; those went to stay under 20 minutes.)
         "fanout": {"sizes": [2, 4, 8, 16, 32, 64], "repeat": {32: 3, 64: 3}, "default_repeat": 5},
-        "job": {"sizes": [2, 4], "repeat": 5, "skip_doctor_too": False, "warm_up": False},
+        # 8 and 16 nodes (#36): 8 and 16 torch processes share the 2 cores, ~15 and ~35 s a run: 3 runs each.
+        "job": {"sizes": [2, 4, 8, 16], "repeat": {2: 5, 4: 5, 8: 3, 16: 3}, "skip_doctor_too": False,
+                "warm_up": False},
         "doctor": {"sizes": [2, 16, 64], "repeat": {64: 2}, "default_repeat": 3},
         "stop": {"repeat": 2, "baselines_every_run": False, "scale_sizes": [4, 16, 64],
                  "scale_repeat": {64: 1}},  # 2 runs below 64 (stop_scale's default); one 64-node run is ~2 minutes
@@ -156,12 +158,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer N, 3 runs each (about 4 minutes)")
     parser.add_argument("--only", default="", help=f"comma-separated figures: {', '.join(FIGURES)}")
+    parser.add_argument("--real-login", action="store_true",
+                        help="the nodes log in with this machine's ~/.bashrc, not the bench's own (every method)")
     args = parser.parse_args()
+    if args.real_login:
+        os.environ[REAL_LOGIN_ENV] = "1"
     only = {x.strip() for x in args.only.split(",") if x.strip()}
     unknown = only - set(FIGURES)
     if unknown:
         parser.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
-    command = "python -m bench.run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+    command = ("python -m bench.run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
+               + (" --real-login" if args.real_login else ""))
     todo = plan(args.quick, only)
     # Started as a background job of a script (`cmd &`), this process and so every launcher it Ctrl-Cs would have
     # SIGINT ignored: the stop figures would time out. A handler of our own is reset to the default in children.
@@ -246,7 +253,7 @@ def main() -> int:
     print_table(table_rows, title)
     RESULTS.mkdir(parents=True, exist_ok=True)
     # A partial run (--only) does not overwrite the last full table: it goes to only-<figures>.*
-    stem = f"only-{'-'.join(sorted(only))}" if only else "latest"
+    stem = (f"only-{'-'.join(sorted(only))}" if only else "latest") + ("-real-login" if args.real_login else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({
         "command": command, "argv": [shlex.quote(a) for a in sys.argv], "when": when, "machine": info,
         "loadavg_at_end": machine()["loadavg"], "wall_s": round(wall, 1), "results": results}, indent=2) + "\n")
