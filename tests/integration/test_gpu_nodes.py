@@ -10,7 +10,6 @@ own CUDA_VISIBLE_DEVICES in the environment the workers really get, and `inv top
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.observe import free_port, reserve_base_addr
+from bench.observe import free_port, processes_mentioning, reserve_base_addr
 from launcher import sandbox
 from launcher.sandbox import Sandbox
 from tests.helpers import inv, run_id_of, runs_on, wait_for
@@ -75,17 +74,6 @@ def inventory(box: Sandbox, path: Path, nproc: int | str, nodes: int = 3, **job:
         data["job"] = job
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def standins_running(folder: Path) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and str(folder).encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def gpu_lines(data: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -149,7 +137,7 @@ def test_a_hung_nvidia_smi_is_answered_within_its_bound_and_mig_is_said(gpu_box,
     # A MIG UUID in CUDA_VISIBLE_DEVICES is a device, not "no GPUs": the line says what the run sees.
     (mig,) = [d for h, s, d in found if h == "node-1"]
     assert mig.endswith(f"; MIG: each process sees one MIG device, GPU 0 (MIG 3g.40gb {MIG})")
-    wait_for(lambda: not standins_running(hung), 3, "the hung stand-in and its child gone")
+    wait_for(lambda: not processes_mentioning(str(hung)), 3, "the hung stand-in and its child gone")
 
 
 def test_include_maps_through_the_nodes_own_visible_devices_and_top_shows_the_runs_gpus(gpu_box,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.observe import processes_mentioning
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding
@@ -35,18 +36,6 @@ def probe_gpus(folder: Path, tmp_path: Path, timeout: float = 10.0, **request: A
     full = {"mode": "probe", "checks": "fast", "names": [], "workdir": str(tmp_path), "script": None,
             "gpu_timeout_s": timeout, **request}
     return run_probe(full, env)["gpus"]
-
-
-def standin_running(folder: Path) -> list[int]:
-    """Pids of stand-in processes still running for `folder` (to see that nothing is left behind)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and str(folder).encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 # --- the probe, against the stand-in -----------------------------------------------------------------------------
@@ -116,9 +105,9 @@ def test_a_hung_nvidia_smi_is_bounded_and_leaves_nothing_behind(tmp_path: Path) 
     assert time.monotonic() - started < 1.0 + 2.0
     assert found["error"] == "nvidia-smi did not answer in 1 s: a GPU stuck in the driver?" and found["late"]
     deadline = time.monotonic() + 2
-    while standin_running(smi) and time.monotonic() < deadline:
+    while processes_mentioning(str(smi)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert standin_running(smi) == []
+    assert processes_mentioning(str(smi)) == []
 
 
 @pytest.mark.parametrize(("spec", "indices", "answer"), [
@@ -296,9 +285,9 @@ def test_the_gpu_watch_answers_at_once_and_says_how_old_or_why(tmp_path: Path, m
     finally:
         watch.close()
     deadline = time.monotonic() + 3
-    while standin_running(smi) and time.monotonic() < deadline:
+    while processes_mentioning(str(smi)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert standin_running(smi) == []
+    assert processes_mentioning(str(smi)) == []
 
 
 def test_the_gpu_column_shows_ranks_errors_and_age() -> None:
