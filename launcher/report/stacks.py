@@ -112,11 +112,6 @@ def _stack(node: str, w: Mapping[str, Any]) -> RankStack:
                      parent=w.get("parent"))
 
 
-def ranks_text(ranks: Sequence[int]) -> str:
-    """0,2,3, 0-7, or 0-99,101-255: runs of three or more consecutive ranks as ranges."""
-    return numbers_text(ranks)
-
-
 def answer(stacks: Sequence[RankStack]) -> str:
     """Where every rank is, the largest group first; a group of one after the first names its node and pid (the odd
     one out)."""
@@ -127,7 +122,7 @@ def answer(stacks: Sequence[RankStack]) -> str:
     parts = []
     for i, (place, members) in enumerate(ordered):
         if len(members) > 1:
-            parts.append(f"ranks {ranks_text([s.rank for s in members])} {_plural(place)}")
+            parts.append(f"ranks {numbers_text([s.rank for s in members])} {_plural(place)}")
             continue
         s = members[0]
         who = f"rank {s.rank} ({s.node}, pid {s.pid})" if i > 0 or len(stacks) == 1 else f"rank {s.rank}"

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.report.frames import wait_of
-from launcher.report.stacks import STUCK_STATES, RankStack, ranks_text
+from launcher.report.ranges import numbers_text
+from launcher.report.stacks import STUCK_STATES, RankStack
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def _moved(before: RankStack | None, after: RankStack) -> bool:
 
 def _who(stacks: Sequence[RankStack]) -> str:
     ranks = sorted(s.rank for s in stacks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(ranks)}"
 
 
 def _verb(stacks: Sequence[RankStack], one: str, many: str) -> str:

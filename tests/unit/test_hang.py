@@ -8,7 +8,8 @@ from launcher.config.inventory import parse_inventory
 from launcher.errors import InventoryError
 from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
 from launcher.plan.hang import HangWatch
-from launcher.report.stacks import answer, parse_dump, rank_stacks, ranks_text
+from launcher.report.ranges import numbers_text
+from launcher.report.stacks import answer, parse_dump, rank_stacks
 
 BEAT = 5.0
 
@@ -153,7 +154,7 @@ def test_the_main_thread_is_the_one_that_runs_the_script() -> None:
 
 @pytest.mark.parametrize(("ranks", "text"), [([0, 2, 3], "0,2,3"), ([0, 1, 2, 3], "0-3"), ([4], "4"), ([1, 2], "1,2")])
 def test_rank_lists_are_short(ranks: list[int], text: str) -> None:
-    assert ranks_text(ranks) == text
+    assert numbers_text(ranks) == text
 
 
 def test_the_inventorys_job_may_set_the_hang_timeout() -> None:
