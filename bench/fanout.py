@@ -71,14 +71,21 @@ def _measure(box: Box, root: Path, variant: str) -> Any:
     return drive(box, root, variant == "launcher_preflight", sample=True)
 
 
-def _summary(times: list[float], usage: list[Any], with_rss: bool) -> dict[str, Any]:
+def driver_rss_kb(result: Any) -> int | None:
+    """The launcher's own peak memory (VmHWM, kB), as bench/_drive.py prints it at its exit."""
+    found = re.search(r"bench-driver-peak-rss-kb: (\d+)", result.stderr)
+    return int(found.group(1)) if found else None
+
+
+def summary(times: list[float], usage: list[Any], with_rss: bool) -> dict[str, Any]:
+    """A method's times and what its runs cost (CPU; the process tree's peak processes, threads, fds, memory)."""
     out = stats(times)
     out["cpu_s"] = stats([u.cpu_s for u in usage])
     for key in ("processes", "threads", "fds"):
         out[f"peak_{key}"] = stats([u.peak[key] for u in usage if u.peak])
     out["tree_rss_mb"] = stats([round(u.peak["rss_kb"] / 1024, 1) for u in usage if u.peak])
     if with_rss:  # the driver's own VmHWM (exact); the tree's sampled sum above is comparable across methods
-        rss = [int(m.group(1)) for u in usage if (m := re.search(r"bench-driver-peak-rss-kb: (\d+)", u.stderr))]
+        rss = [kb for u in usage if (kb := driver_rss_kb(u)) is not None]
         out["peak_rss_mb"] = stats([round(kb / 1024, 1) for kb in rss])
     return out
 
@@ -111,7 +118,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, preflight_ma
                     usage[variant].append(result)
             row: dict[str, Any] = {"nodes": n}
             for variant in variants:
-                row[variant] = _summary(times[variant], usage[variant], variant.startswith("launcher"))
+                row[variant] = summary(times[variant], usage[variant], variant.startswith("launcher"))
             row["launcher_over_a"] = ratio(row["launcher"], row["ssh_loop"])
             row["launcher_over_a_paired"] = paired_ratio(row["launcher"], row["ssh_loop"])
             row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= target_plain(n)

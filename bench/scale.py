@@ -21,7 +21,6 @@ stop_scale's figure (`--only stop`).
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -41,9 +40,9 @@ from bench.common import (
     run_processes,
     run_timed,
     sandbox_of,
-    stats,
     wait_gone,
 )
+from bench.fanout import driver_rss_kb, summary
 
 WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
 SIZES = (128, 256)
@@ -78,18 +77,6 @@ def fanout_once(box: Box, root: Path, variant: str) -> Any:
     return result
 
 
-def _usage(results: list[Any]) -> dict[str, Any]:
-    out = {"cpu_s": stats([r.cpu_s for r in results])}
-    for key in ("processes", "threads", "fds"):
-        out[f"peak_{key}"] = stats([r.peak[key] for r in results if r.peak])
-    out["tree_rss_mb"] = stats([round(r.peak["rss_kb"] / 1024, 1) for r in results if r.peak])
-    # The launcher's own peak (VmHWM, the driver prints it): the tree's sum also counts each host's short `ssh -G`.
-    own = [int(m.group(1)) for r in results if (m := re.search(r"bench-driver-peak-rss-kb: (\d+)", r.stderr))]
-    if own:
-        out["peak_rss_mb"] = stats([round(kb / 1024, 1) for kb in own])
-    return out
-
-
 def fanouts(box: Box, root: Path, runs: int) -> dict[str, Any]:
     variants = ["ssh_loop", *(["pdsh", "pdsh_32"] if have_pdsh() else []), "launcher", "launcher_preflight"]
     fanout_once(box, root, "ssh_loop")  # untimed warm-up: a fresh sshd's first sessions are slower for everyone
@@ -97,7 +84,7 @@ def fanouts(box: Box, root: Path, runs: int) -> dict[str, Any]:
     for rep in range(runs):
         for variant in variants[rep % len(variants):] + variants[:rep % len(variants)]:
             got[variant].append(fanout_once(box, root, variant))
-    return {v: {**stats([r.seconds for r in got[v]]), **_usage(got[v])} for v in variants}
+    return {v: summary([r.seconds for r in got[v]], got[v], v.startswith("launcher")) for v in variants}
 
 
 def _inv(root: Path, *words: str, sample: bool = True) -> Any:
@@ -172,9 +159,8 @@ def cost(root: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
         with sandbox_of(n, root, script="bench/workloads/lines.py") as box:
             fanout_once(box, root, "ssh_loop")
             result = fanout_once(box, root, "launcher")
-            own = re.search(r"bench-driver-peak-rss-kb: (\d+)", result.stderr)
             points.append({"nodes": n, "seconds": result.seconds, "cpu_s": result.cpu_s, **(result.peak or {}),
-                           "rss_kb": int(own.group(1)) if own else None})
+                           "rss_kb": driver_rss_kb(result)})
     for r in rows:
         u = r["launcher"]
         points.append({"nodes": r["nodes"], "seconds": u["median"], "cpu_s": u["cpu_s"]["median"],

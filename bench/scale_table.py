@@ -146,10 +146,6 @@ SCALE_OPS = (("launcher", "fan-out, light cmd"), ("launcher_preflight", "fan-out
              ("stacks", "inv stacks"), ("stop", "inv stop (until nothing is left)"))
 
 
-def _seconds(entry: dict[str, Any]) -> float | None:
-    return entry.get("median", entry.get("seconds"))
-
-
 def scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
     """The scale figure: each operation at 128/256 nodes against the ssh loop, pdsh -f N and pdsh's default."""
     out = []
