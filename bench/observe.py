@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import socket
 import tempfile
 from pathlib import Path
@@ -122,3 +123,16 @@ def sshd_family(listener: int) -> list[int]:
             family.append(pid)
             todo += children(pid)
     return family
+
+
+def signal_each(pids: list[int], sig: int) -> list[int]:
+    """Send `sig` to each of `pids`; returns those it reached. One that ended since it was listed (a session's sshd
+    closing as a detached launch returns) is passed over: it has nothing left to stop or continue."""
+    reached = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+        reached.append(pid)
+    return reached

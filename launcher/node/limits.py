@@ -53,6 +53,13 @@ LOST_AFTER_CHECKS = 2
 """A followed log's run is lost after this many checks in a row (check_s apart) find no exit code and no process:
 the keeper writes the code a moment after torchrun is gone."""
 
+# --- the run's processes (proc) -------------------------------------------------------------------------------------
+PR_SET_CHILD_SUBREAPER = 36
+"""prctl's option that makes the keeper the reaper of its run's orphans (<linux/prctl.h>, Linux 3.4+)."""
+TREE_READS = 4
+"""Reads of a run's tree until two agree: a process whose parent exits during a read moves up to the reaper, and one
+read could see it in neither place."""
+
 EVENTS_FD = 3
 """Where events go: the launcher's command line opens fd 3 onto the session's stderr (`3>&2`), so a `python:`
 wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`, common in module and conda

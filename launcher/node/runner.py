@@ -7,7 +7,7 @@ import signal
 import time
 
 from launcher.node.devices import VISIBLE, chosen
-from launcher.node.proc import is_marked, marked_processes, signal_process, start_time
+from launcher.node.proc import become_reaper, is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
 
@@ -89,6 +89,7 @@ def spawn(request, run_dir):
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])
     own = open(merger.own, "ab")
     try:
+        reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
         proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,
                                 stdout=own, stderr=subprocess.STDOUT, start_new_session=True)
     except BaseException:
@@ -101,7 +102,10 @@ def spawn(request, run_dir):
         write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
         record_leader(run_dir, proc.pid)
         # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
-        write_atomic(os.path.join(run_dir, "keeper"), "%d %d" % (os.getpid(), start_time(os.getpid())))
+        keeper = "%d %d" % (os.getpid(), start_time(os.getpid()))
+        write_atomic(os.path.join(run_dir, "keeper"), keeper)
+        if reaper:
+            write_atomic(os.path.join(run_dir, "reaper"), keeper)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)  # unrecorded, it would be a run nobody can stop: it never started
         proc.wait()

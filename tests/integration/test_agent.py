@@ -300,3 +300,61 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
         assert (tmp_path / "ran").exists() is ran, events
         assert ("aborted" in events) is not ran and ("started" in events) is ran
         assert (tmp_path / "cache" / "ddp-launcher" / "runs" / run_id / f"node{int(ran)}").exists() is ran
+
+
+ESCAPER = """
+import os, sys, time
+if os.fork() == 0:  # a daemon as a worker may leave one: setsid and fork again, its parent gone
+    os.setsid()
+    if os.fork() == 0:
+        open('daemon.pid', 'w').write(str(os.getpid()))
+        time.sleep(120)
+    os._exit(0)
+while not os.path.exists('end'):
+    time.sleep(0.05)
+"""
+
+
+def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: Path, monkeypatch) -> None:
+    """The keeper is its run's reaper: a process that double-forked out of torchrun's session stays below it, a look
+    for the run reads that tree (not every process of the node), and the run's end stops what it finds there."""
+    run_id = f"20000101-000000-{secrets.token_hex(3)}"
+    mark = f"{run_id}/{NODE}"
+    request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{mark}", "mark": mark, "workdir": str(tmp_path),
+               "argv": [sys.executable, "-c", ESCAPER], "expand_home": [], "env": {}, "launcher_env": {},
+               "secret_names": [], "unset_env": [], "socket_ifname": None, "master_addr": "127.0.0.1",
+               "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
+               "alive_interval": 5.0, "log_tail": log_tail_settings(), **stacks_settings(), "watch": True}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    agent = subprocess.Popen([node_python(), *AGENT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env={**os.environ}, cwd=tmp_path, start_new_session=True)
+    assert agent.stdin is not None and agent.stderr is not None
+    daemon = 0
+    try:
+        agent.stdin.write(agent_input(request))
+        agent.stdin.flush()
+        assert json.loads(agent.stderr.readline())["event"] == "ready"
+        agent.stdin.write(b"go\n")
+        agent.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "daemon.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        daemon = int((tmp_path / "daemon.pid").read_text())
+        reaper = (tmp_path / "cache" / "ddp-launcher" / "runs" / mark / "reaper").read_text().split()
+        assert int(reaper[0]) == agent.pid and int(reaper[1]) == start_time(agent.pid)
+        assert procs.parent_of(daemon) == agent.pid  # not init: the keeper is the reaper of its run's orphans
+        tree = procs.run_tree(mark)
+        assert tree is not None and daemon in tree
+        assert daemon in procs.marked_processes(mark)
+        (tmp_path / "end").touch()
+        assert agent.wait(timeout=30) == 0
+        assert procs.alive(daemon) is False, "the run's daemon outlived its run"
+    finally:
+        (tmp_path / "end").touch()
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+        agent.stdin.close()
+        agent.stderr.close()
+        if daemon and procs.alive(daemon):
+            os.kill(daemon, signal.SIGKILL)

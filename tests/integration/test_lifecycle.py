@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -214,15 +213,13 @@ def marks_of(run_id: str) -> set[str]:
 
 def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering(sleeper_box, tmp_path: Path,
                                                                                  monkeypatch) -> None:
-    from bench.observe import sshd_family
+    from bench.observe import signal_each, sshd_family
 
     hosts = str(sleeper_box.inventory)
     result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = run_id_of(result.stderr)
-    stopped = sshd_family(sleeper_box.nodes[1].pid)
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
+    stopped = signal_each(sshd_family(sleeper_box.nodes[1].pid), signal.SIGSTOP)
     try:
         t0 = time.monotonic()
         quick = {"INVOKE_LAUNCHER_CONNECT_TIMEOUT": "2"}
@@ -248,9 +245,7 @@ def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering
         assert stop.returncode == 1 and took < 2 + 6 + 1, (took, stop.stdout + stop.stderr)
         assert "Traceback" not in stop.stdout + stop.stderr
     finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        signal_each(stopped, signal.SIGCONT)
     final = inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
     assert final.returncode == 0, final.stdout + final.stderr
     assert run_processes(run_id) == []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port, sshd_family
+from bench.observe import free_port, signal_each, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, wait_for
 from tests.support.nodeenv import node_python
 
@@ -49,9 +49,9 @@ def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sa
         wait_for(lambda: len(runs_of(box, 1)) == 1 and len(run_processes(runs_of(box, 1)[0])) >= 4, 60,
                  "attempt 1 running on both nodes")
         first = runs_of(box, 1)[0]
-        stopped = sshd_family(box.nodes[1].pid)  # the listener and the session of attempt 1's connection
-        for pid in stopped:  # node-1 stops answering: attempt 1 fails, and its sweep cannot reach node-1 ...
-            os.kill(pid, signal.SIGSTOP)
+        # node-1's listener and the session of attempt 1's connection stop: attempt 1 fails, and its sweep cannot
+        # reach node-1 ...
+        stopped = signal_each(sshd_family(box.nodes[1].pid), signal.SIGSTOP)
         wait_for(lambda: "attempt 1 of 2 failed" in out.read_text(errors="replace"), 60, "attempt 1's end")
         for pid in stopped:  # ... which answers again before the checks: it takes part in attempt 2
             os.kill(pid, signal.SIGCONT)

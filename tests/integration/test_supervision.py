@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port, gone, parent, sshd_family
+from bench.observe import free_port, gone, parent, signal_each, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, runs_on, wait_for
 
 pytestmark = pytest.mark.integration
@@ -145,15 +145,12 @@ def running_launch(box, tmp_path: Path, **config: object) -> Iterator[tuple[subp
 @contextlib.contextmanager
 def sshd_stopped(box, index: int) -> Iterator[None]:
     """Node `index`'s sshd processes (listener and sessions) SIGSTOPped: a node that stops answering."""
-    stopped = sshd_family(box.nodes[index].pid)
+    stopped = signal_each(sshd_family(box.nodes[index].pid), signal.SIGSTOP)
     assert len(stopped) >= 2  # the listener and the session of our connection
-    for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+        signal_each(stopped, signal.SIGCONT)
 
 
 def test_a_node_whose_sshd_stops_is_found_and_nothing_is_left(sleeper_box, tmp_path: Path) -> None:
