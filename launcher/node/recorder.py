@@ -12,6 +12,7 @@ import os
 import stat
 import time
 
+from launcher.node.child import which
 from launcher.node.protocol import timing
 
 NCCL_DIR = "nccl"
@@ -30,9 +31,7 @@ def has_gpu():
     """Whether this node has an NVIDIA GPU (its driver's device, or nvidia-smi)."""
     if os.path.exists("/dev/nvidiactl"):
         return True
-    import shutil  # here: 2 ms of imports (bz2, lzma) that a node with a GPU driver never needs
-
-    return shutil.which("nvidia-smi") is not None
+    return which("nvidia-smi", os.environ.get("PATH")) is not None
 
 
 def flight_recorder_env(run_dir, env, settings, gpu):

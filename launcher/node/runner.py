@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+from launcher.node import child
 from launcher.node.devices import VISIBLE, chosen
 from launcher.node.proc import become_reaper, is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
@@ -65,8 +66,6 @@ def torchrun_env(request, inherited):
 
 def spawn(request, run_dir):
     """Start torchrun in its own session; its output goes to the run's log file."""
-    import subprocess  # here, as what only a start needs: a stop imports none of it
-
     from launcher.node.logmerge import LogMerger
     from launcher.node.recorder import flight_recorder_env, has_gpu
     from launcher.node.stacks import install_hook
@@ -90,8 +89,7 @@ def spawn(request, run_dir):
     own = open(merger.own, "ab")
     try:
         reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
-        proc = subprocess.Popen(argv, cwd=home(request["workdir"]), env=env, stdin=subprocess.DEVNULL,
-                                stdout=own, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = child.start(argv, home(request["workdir"]), env, own.fileno())
     except BaseException:
         os.close(merger.out)
         raise

@@ -29,7 +29,7 @@ from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.parallel import parallel, waves
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
 from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
-from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
+from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, IDLE_POLL_S, SshSettings
 from launcher.transport.sshconfig import (
     MAX_JUMP_DEPTH,
     SSH_G_TIMEOUT,
@@ -213,6 +213,7 @@ def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Nod
         return NodeFailure(host.name, failure.kind, failure.detail, failure.fix)
     for each, each_target in opened:
         _keep_alive(each, each_target.server_alive_interval if keepalive is None else keepalive)
+        _idle_poll(each)
     return Node(host.name, target, conn, timeout, tuple(c for c, _ in opened[:-1]))
 
 
@@ -244,6 +245,13 @@ def _keep_alive(conn: Connection, seconds: float) -> None:
     transport = conn.client.get_transport()
     if seconds > 0 and transport is not None:
         transport.set_keepalive(int(max(1, seconds)))
+
+
+def _idle_poll(conn: Connection) -> None:
+    """Paramiko's reader thread wakes every IDLE_POLL_S from now on, not every 0.1 s (its handshake is over)."""
+    transport = conn.client.get_transport()
+    if transport is not None:
+        transport.sock.settimeout(IDLE_POLL_S)
 
 
 def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshSettings = DEFAULT_SSH,
