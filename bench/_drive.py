@@ -7,9 +7,9 @@ It is started as a fresh process so that its time includes the launcher's own st
 
 --trace writes a timeline (time.time() stamps) of the launcher's phases, found by wrapping a few of its functions
 from the outside and from the run's typed events (`Options.on_event`): imports, each host's `ssh -G` and connect,
-each channel opened, the doctor's `probed` and `tcp` answers and `ready` (with --preflight, in the start sessions),
-each node's agent `started`/`exited` events (stamped by the node), and the end of
-`launch`.
+each channel opened (and how many sessions each node got: `sessions`), the doctor's `probed` and `tcp` answers and
+`ready` (with --preflight, in the start sessions), each node's agent `started`/`exited` events (stamped by the
+node), and the end of `launch`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _install_trace() -> dict:
     from launcher import events as supervise
     from launcher.transport import sessions as transport
 
-    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "started": {}, "exited": {}, "cpu": {}}
+    trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "sessions": {}, "started": {}, "exited": {}, "cpu": {}}
     lock = threading.Lock()
 
     def wrap(module, name, record):
@@ -69,7 +69,11 @@ def _install_trace() -> dict:
     run_launch.connect_or_fail = connect_or_fail
     wrap(transport, "resolve_target", lambda a, s, e: trace["resolve"].__setitem__(a[0].name, (s, e)))
     wrap(transport, "connect", lambda a, s, e: trace["connect"].__setitem__(a[0].name, (s, e)))
-    wrap(transport.Node, "open_channel", lambda a, s, e: trace["channel"].__setitem__(a[0].name, (s, e)))
+    def channel_opened(a, s, e):  # each session's span (the last one a node's) and how many each node opened
+        trace["channel"][a[0].name] = (s, e)
+        trace["sessions"][a[0].name] = trace["sessions"].get(a[0].name, 0) + 1
+
+    wrap(transport.Node, "open_channel", channel_opened)
 
     stamped = {supervise.Probed: "probed", supervise.Reached: "reached", supervise.Ready: "ready"}  # controller clock
 

@@ -28,11 +28,15 @@ def with_site():
         _site_added = True
 
 
-def python_info():
-    import platform
+IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython", "jython": "Jython"}
 
-    return {"version": platform.python_version(), "executable": sys.executable,
-            "implementation": platform.python_implementation()}
+
+def python_info():
+    """platform.python_version() and python_implementation(), read as platform reads them but without importing it
+    (2 ms of CPU on every node at every launch)."""
+    name = sys.implementation.name
+    return {"version": sys.version.split()[0], "executable": sys.executable,
+            "implementation": IMPLEMENTATIONS.get(name, name)}
 
 
 def assigned_value(text, name):
