@@ -163,6 +163,10 @@ def scale_rows(fig: dict[str, Any], cell: Cell) -> list[list[str]]:
                 shown += f"; {entry['left']} left"
             out.append([f"scale: {label}", n, shown, cell(r["ssh_loop"]), pdsh, "", f"{over[key]:.2f}x (a)",
                         f"≤ {target:.2f}x (a)", _verdict(over[key] <= target)])
+        if "first_launch" in r:
+            out.append(["scale: the first launch on fresh nodes (each compiles the agent once)", n,
+                        f"{r['first_launch']['seconds']:.2f} s", cell(r["ssh_loop"]), "", "",
+                        f"{r['first_launch']['seconds'] / r['ssh_loop']['median']:.2f}x (a)", "(figure only)", "–"])
         c = r["console"]
         out.append(["scale: an attached launch's console", n, f"{c['lines']} lines; last: {c['last'][-1:]}", "", "",
                     "", "", "(figure only)", "–"])

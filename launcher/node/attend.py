@@ -169,9 +169,14 @@ class Attended:
         the others, and a rank's dump written again goes again."""
 
     def stream(self):
+        """The run's log to stdout as it grows. Woken by the merger's appends and the run's end, not by polling the
+        file 20 times a second: such a poll costs ~3 ms of CPU a second of a run (launcher.limits.LOG_POLL_S)."""
+        wrote = getattr(getattr(self.proc, "merger", None), "wrote", None)
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
             while True:
                 finished = self.done.is_set()  # read before the last read: nothing is written after it is set
+                if wrote is not None:
+                    wrote.clear()  # before the read: an append after it ends the wait below at once
                 chunk = log.read(int(timing("read_chunk")))
                 if chunk:
                     if not write_all(1, chunk):
@@ -179,8 +184,17 @@ class Attended:
                     self.streamed_at = time.monotonic()
                 elif finished:
                     return
+                elif wrote is not None:
+                    wrote.wait(timing("check_s"))
                 else:
                     self.done.wait(timing("poll_s"))
+
+    def end(self):
+        """The run is over: every thread's wait ends (the streamer's too, which waits on the merger's appends)."""
+        self.done.set()
+        wrote = getattr(getattr(self.proc, "merger", None), "wrote", None)
+        if wrote is not None:
+            wrote.set()
 
     def send_events(self):
         while True:
@@ -273,7 +287,7 @@ class Attended:
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
         killed = self.words.stop_word == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
         code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
-        self.done.set()
+        self.end()
         return code, left, stopping
 
 

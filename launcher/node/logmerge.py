@@ -43,6 +43,8 @@ class LogMerger:
         self.known = {}  # (restart count, local rank) -> global rank, or None when it cannot be told
         self.last_line = {}  # local rank -> when (monotonic) its latest attempt's files last gave a whole line
         self.stopping = threading.Event()
+        self.wrote = threading.Event()
+        """Set at each append to `log`: an attached agent's streamer waits on it instead of polling the file."""
         self.thread = threading.Thread(target=self.run, daemon=True, name="merge-logs")
 
     def start(self):
@@ -139,7 +141,8 @@ class LogMerger:
         return tag + lines[:-1].replace(b"\n", b"\n" + tag) + b"\n" if tag else lines
 
     def write(self, data):
-        write_all(self.out, data)  # False on a full disk: lost to the log; the rank files still hold them
+        write_all(self.out, data)
+        self.wrote.set()  # False on a full disk: lost to the log; the rank files still hold them
 
 
 def listdir(path):
