@@ -162,6 +162,8 @@ class Attended:
         self.request, self.run_dir, self.proc = request, run_dir, proc
         self.words = words
         self.done = threading.Event()
+        self.wrote = getattr(getattr(proc, "merger", None), "wrote", None)
+        """The merger's append signal (launcher/node/logmerge.py), which the streamer waits on; None without one."""
         self.streamed_at = time.monotonic()
         self.steps = None  # each rank's progress, from its record and its lines (a Sampler, with the watch)
         self.nccl_sent = {}
@@ -171,7 +173,7 @@ class Attended:
     def stream(self):
         """The run's log to stdout as it grows. Woken by the merger's appends and the run's end, not by polling the
         file 20 times a second: such a poll costs ~3 ms of CPU a second of a run (launcher.limits.LOG_POLL_S)."""
-        wrote = getattr(getattr(self.proc, "merger", None), "wrote", None)
+        wrote = self.wrote
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
             while True:
                 finished = self.done.is_set()  # read before the last read: nothing is written after it is set
@@ -192,9 +194,8 @@ class Attended:
     def end(self):
         """The run is over: every thread's wait ends (the streamer's too, which waits on the merger's appends)."""
         self.done.set()
-        wrote = getattr(getattr(self.proc, "merger", None), "wrote", None)
-        if wrote is not None:
-            wrote.set()
+        if self.wrote is not None:
+            self.wrote.set()
 
     def send_events(self):
         while True:

@@ -141,8 +141,8 @@ class LogMerger:
         return tag + lines[:-1].replace(b"\n", b"\n" + tag) + b"\n" if tag else lines
 
     def write(self, data):
-        write_all(self.out, data)
-        self.wrote.set()  # False on a full disk: lost to the log; the rank files still hold them
+        write_all(self.out, data)  # False on a full disk: lost to the log; the rank files still hold them
+        self.wrote.set()
 
 
 def listdir(path):

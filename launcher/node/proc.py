@@ -59,21 +59,24 @@ def is_marked(pid, start, mark):
     return needle in b"\0" + env and start_time(pid) == start
 
 
-def own_environments():
-    """(pid, environment) of each of this user's processes but this one, the environment with a NUL in front (so a
-    `\0NAME=` needle finds the first variable too): one pass over /proc, one stat a process (another user's ends
-    there) and one read of its environment."""
-    uid, me = os.geteuid(), os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
+def environments(pids, uid=None):
+    """(pid, environment) of each of `pids` that is still there, the environment with a NUL in front (so a `\0NAME=`
+    needle finds the first variable too); with `uid`, only that user's (one stat a process: another user's ends
+    there, before its environment is read)."""
+    for pid in pids:
         try:
-            if os.stat("/proc/" + entry).st_uid != uid:
+            if uid is not None and os.stat("/proc/%d" % pid).st_uid != uid:
                 continue
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                yield int(entry), b"\0" + f.read()
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                yield pid, b"\0" + f.read()
         except OSError:
             continue
+
+
+def own_environments():
+    """`environments` of each of this user's processes but this one: one pass over /proc."""
+    me = os.getpid()
+    return environments((int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me), os.geteuid())
 
 
 def become_reaper():
@@ -135,16 +138,6 @@ def run_tree(mark):
     return seen
 
 
-def tree_environments(pids):
-    """(pid, environment) of each of `pids`, as `own_environments` gives them."""
-    for pid in pids:
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                yield pid, b"\0" + f.read()
-        except OSError:
-            continue
-
-
 def marked_processes(mark):
     """This user's live processes that carry the run's mark, as {pid: start time}: below the run's reaper when it
     has one alive, else from a pass over /proc. Only a marked one is pinned by its start time and checked again
@@ -152,7 +145,7 @@ def marked_processes(mark):
     needle = ("\0%s=%s\0" % (RUN_ID_ENV, mark)).encode()
     found = {}
     tree = run_tree(mark)
-    for pid, env in own_environments() if tree is None else tree_environments(tree):
+    for pid, env in own_environments() if tree is None else environments(tree):
         if needle in env:
             start = start_time(pid)
             if start is not None and is_marked(pid, start, mark):

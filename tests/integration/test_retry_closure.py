@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -53,8 +52,7 @@ def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sa
         # reach node-1 ...
         stopped = signal_each(sshd_family(box.nodes[1].pid), signal.SIGSTOP)
         wait_for(lambda: "attempt 1 of 2 failed" in out.read_text(errors="replace"), 60, "attempt 1's end")
-        for pid in stopped:  # ... which answers again before the checks: it takes part in attempt 2
-            os.kill(pid, signal.SIGCONT)
+        signal_each(stopped, signal.SIGCONT)  # ... which answers again before the checks: it takes part in attempt 2
         stopped = []
 
         def second_started() -> bool:
@@ -69,9 +67,7 @@ def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sa
         text = out.read_text(errors="replace")
         assert "attempt 2: 2 node(s) (node-0, node-1)" in text, text
     finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        signal_each(stopped, signal.SIGCONT)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=30)
