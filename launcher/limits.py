@@ -136,6 +136,8 @@ SYNC_REPLY_TIMEOUT = 60.0
 """Seconds a node may take to answer (start Python and stat the tree; rename everything into place)."""
 SYNC_SEND_CHUNK = 1 << 20
 """Bytes per send: small files are packed together into chunks of this size."""
+SYNC_SHARED_BYTES = 64 << 20
+"""Bytes of small files a sync keeps read for all its nodes (the least recently used dropped beyond)."""
 SYNC_LOCK_WAIT = 60.0
 """Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
 

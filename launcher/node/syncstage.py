@@ -5,6 +5,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 
 from launcher.node.protocol import timing
 
@@ -78,11 +79,11 @@ def entry_of(full):
         st = os.lstat(full)
     except OSError:
         return None
-    if os.path.islink(full):
+    if stat.S_ISLNK(st.st_mode):
         return ["link", 0, st.st_mtime_ns, 0, os.readlink(full)]
-    if os.path.isdir(full):
+    if stat.S_ISDIR(st.st_mode):
         return ["dir", 0, st.st_mtime_ns, 0, None]
-    if not os.path.isfile(full):
+    if not stat.S_ISREG(st.st_mode):
         return ["other", 0, st.st_mtime_ns, 0, None]
     return ["file", st.st_size, st.st_mtime_ns, st.st_mode & 0o777, None]
 
@@ -117,6 +118,7 @@ class Stage:
         self.token = token
         self.made = list(made or [])  # directories created here, parents first
         self.staged = []  # (temporary path, final path, header)
+        self.checked = set()  # directories under dest found (or made) real, not symlinks, during this stream
 
     def temp_name(self, parent, suffix=""):
         return os.path.join(parent, f"{TEMP_PREFIX}{self.token}.{len(self.staged)}{suffix}")
@@ -133,7 +135,7 @@ class Stage:
 
     def directory(self, parts):
         """Make (or check) dest and the parent directories of an entry; none under dest may be a symlink."""
-        if not os.path.isdir(self.dest):
+        if self.dest not in self.checked and not os.path.isdir(self.dest):
             if os.path.lexists(self.dest):
                 raise Refused(f"the destination {self.dest} exists and is not a directory")
             missing = []
@@ -143,9 +145,12 @@ class Stage:
                 path = os.path.dirname(path)
             for path in reversed(missing):
                 self.mkdir(path)
+        self.checked.add(self.dest)
         path = self.dest
         for part in parts:
             path = os.path.join(path, part)
+            if path in self.checked:  # the one sync under dest's lock: what was a directory still is
+                continue
             if os.path.islink(path):
                 raise Refused(f"{path} is a symlink on the node; refusing to write through it (it may point outside "
                               "the destination)")
@@ -153,6 +158,7 @@ class Stage:
                 self.mkdir(path)
             elif not os.path.isdir(path):
                 raise Refused(f"{path} is a file on the node where the tree has a directory")
+            self.checked.add(path)
         return path
 
     def add(self, header, stream):
@@ -162,8 +168,9 @@ class Stage:
             raise Refused(f"unknown entry kind {kind!r} for {header.get('path')}")
         parent = self.directory(parts[:-1])
         final = os.path.join(parent, parts[-1])
-        if os.path.isdir(final) and not os.path.islink(final):
-            raise Refused(f"{final} is a directory on the node where the tree has a {kind}")
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(final).st_mode):
+                raise Refused(f"{final} is a directory on the node where the tree has a {kind}")
         tmp = self.temp_name(parent)
         if kind == "link":
             check_link_target(header["path"], header.get("target"))
@@ -173,15 +180,23 @@ class Stage:
         size = int(header["size"])
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         self.staged.append((tmp, final, header))
-        with os.fdopen(fd, "wb") as out:
+        # Straight to the descriptor (a file object's isatty and seek calls cost more than a small file's write);
+        # its mode and mtime set on it now, once its last byte is written.
+        try:
             left = size
             while left:
                 chunk = stream.read(min(int(timing("read_chunk")), left))
                 if not chunk:
                     raise Refused(f"the stream ended in the middle of {header['path']} (the controller stopped "
                                   "sending)")
-                out.write(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
                 left -= len(chunk)
+            os.fchmod(fd, int(header["mode"]) & 0o777)
+            os.utime(fd, ns=(int(header["mtime_ns"]), int(header["mtime_ns"])))
+        finally:
+            os.close(fd)
 
     def check_links(self):
         """Refuse a link whose target passes through another symlink, of this stream or already on the node."""
@@ -200,10 +215,6 @@ class Stage:
     def commit(self):
         """Rename every staged entry into place: all of them, or (a rename failing) none, the old files put back."""
         self.check_links()
-        for tmp, _final, header in self.staged:
-            if header["kind"] == "file":
-                os.chmod(tmp, int(header["mode"]) & 0o777)
-                os.utime(tmp, ns=(int(header["mtime_ns"]), int(header["mtime_ns"])))
         done = []  # (final path, the kept old entry or None), for each entry renamed into place
         for index, (tmp, final, header) in enumerate(self.staged):
             old = None

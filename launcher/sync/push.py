@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.limits import SYNC_LOCK_WAIT as LOCK_WAIT
 from launcher.limits import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
 from launcher.limits import SYNC_SEND_CHUNK as SEND_CHUNK
+from launcher.limits import SYNC_SHARED_BYTES as SHARED_BYTES
 from launcher.limits import SYNC_TIMING
 from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
@@ -48,10 +51,49 @@ SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
 
 
-# --- the local tree (no I/O beyond reading it) ---------------------------------------------------------------
+# --- the local tree's contents, read once for every node ------------------------------------------------------
 
 
-# --- what to send (pure) --------------------------------------------------------------------------------------
+class Contents:
+    """The tree's files under SEND_CHUNK, each read once for all the nodes of a sync.
+
+    One open, fstat, read and close a file instead of one a node: each of those system calls, in every node's
+    sending thread, hands the GIL over and waits to get it back. And every node gets the same bytes of a file being
+    edited during the sync. Larger files stream from disk node by node (a few calls a megabyte). What is kept is
+    bounded (SHARED_BYTES, the least recently used dropped): a node that lags that far behind reads again.
+    """
+
+    def __init__(self, root: Path, budget: int = SHARED_BYTES):
+        self.root = root
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[int, int, bytes]] = OrderedDict()
+        """path -> (mtime_ns, mode, content), the most recently used last."""
+        self._kept_bytes = 0
+        self._reading: dict[str, threading.Lock] = {}
+        """A lock a path while one thread reads it: the others wait for its bytes instead of reading too."""
+
+    def small(self, entry: Entry) -> tuple[int, int, bytes]:
+        """(mtime_ns, mode, content) of a file listed under SEND_CHUNK."""
+        with self._lock:
+            gate = self._reading.setdefault(entry.path, threading.Lock())
+        with gate:
+            with self._lock:
+                if entry.path in self._kept:
+                    self._kept.move_to_end(entry.path)
+                    return self._kept[entry.path]
+            f, st = _open_inside(self.root, entry)
+            with f:
+                content = f.read(st.st_size)
+            if len(content) < st.st_size:
+                raise LauncherError(f"{entry.path} shrank while it was being sent; run the sync again")
+            found = (st.st_mtime_ns, st.st_mode & 0o777, content)
+            with self._lock:
+                self._kept[entry.path] = found
+                self._kept_bytes += len(content)
+                while self._kept_bytes > self.budget and len(self._kept) > 1:
+                    self._kept_bytes -= len(self._kept.popitem(last=False)[1][2])
+        return found
 
 
 # --- one node -------------------------------------------------------------------------------------------------
@@ -133,13 +175,18 @@ class _Session:
         """The send gave up while the node's session was still open: it stopped taking data."""
         return not (self.channel.finished or self.channel.closed)
 
-    def send_entry(self, root: Path, entry: Entry) -> int:
+    def send_entry(self, contents: Contents, entry: Entry) -> int:
         """Send one entry's header and content; returns its content bytes."""
         if entry.kind == "link":
             self.send(_header(entry.path, "link", target=entry.target))
             return 0
-        with _open_inside(root, entry.path) as f:
-            st = os.fstat(f.fileno())
+        if entry.size < SEND_CHUNK:
+            mtime_ns, mode, content = contents.small(entry)
+            self.send(_header(entry.path, "file", size=len(content), mtime_ns=mtime_ns, mode=mode))
+            self.send(content)
+            return len(content)
+        f, st = _open_inside(contents.root, entry)
+        with f:
             self.send(_header(entry.path, "file", size=st.st_size, mtime_ns=st.st_mtime_ns, mode=st.st_mode & 0o777))
             left = st.st_size
             if left >= SEND_CHUNK:  # a large file's chunks go out as they are read, not copied into the queue
@@ -160,17 +207,27 @@ class _Session:
         return "the connection closed" if self.channel.closed else "the sync program ended without a word"
 
 
-def _open_inside(root: Path, path: str) -> IO[bytes]:
+def _open_inside(root: Path, entry: Entry) -> tuple[IO[bytes], os.stat_result]:
     """Open a file of the tree for reading without following a link: not the file itself (O_NOFOLLOW), nor a folder
-    on its way (one replaced by a symlink since the tree was listed: the real path must be where the name says)."""
+    on its way (one replaced by a symlink since the tree was listed). The file the listing found (its device, inode
+    and ctime) is that file; another one (saved anew since) must have its real path where the name says. Returns
+    the open file and its fstat."""
+    path = entry.path
     full = root / path
     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
     f = os.fdopen(fd, "rb")
-    real_parent = os.path.realpath(full.parent)
-    if real_parent != os.path.join(os.path.realpath(root), *path.split("/")[:-1]).rstrip("/"):
+    try:
+        st = os.fstat(fd)
+        if entry.identity == (st.st_dev, st.st_ino, st.st_ctime_ns):
+            return f, st
+        real_parent = os.path.realpath(full.parent)
+        if real_parent != os.path.join(os.path.realpath(root), *path.split("/")[:-1]).rstrip("/"):
+            raise LauncherError(f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync "
+                                "again")
+    except BaseException:
         f.close()
-        raise LauncherError(f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync again")
-    return f
+        raise
+    return f, st
 
 
 def _header(path: str, kind: str, **fields: Any) -> bytes:
@@ -189,8 +246,11 @@ class SyncFailure(NodeFailure):
 
 
 def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
-              stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> NodeSync | NodeFailure:
+              stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
+              contents: Contents | None = None) -> NodeSync | NodeFailure:
     """Bring one node's `dest` up to date with `tree` over one session of its connection.
+
+    `contents`: the tree's small files as read for the other nodes of this sync (a node alone reads its own).
 
     `home_ok`: the user named the destination (sync.dest), so a home directory itself is allowed. A node that takes
     no data for `stall_timeout` seconds (its disk hung) fails its sync; one that fails part way says how much had
@@ -200,11 +260,11 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = 
         session = _Session(node.open_channel(host_command(host)), stall_timeout)
     except Exception as exc:
         return classify(node.target, exc)
-    outcome = _sync_over(session, node, dest, tree, home_ok, stall_timeout)
+    outcome = _sync_over(session, node, dest, tree, contents or Contents(tree.root), home_ok, stall_timeout)
     return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
 
 
-def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, home_ok: bool,
+def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, contents: Contents, home_ok: bool,
                stall_timeout: float) -> NodeSync | NodeFailure:
     t0 = time.monotonic()
     try:
@@ -226,7 +286,7 @@ def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, home_ok: bo
         sent = 0
         try:
             for entry in todo:
-                sent += session.send_entry(tree.root, entry)
+                sent += session.send_entry(contents, entry)
             session.send(b'{"end": true}\n', flush=True)
         except _Gone:
             if session.stalled():
@@ -260,8 +320,9 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
     if not hosts:
         return {}
     # Each node's sync is bounded (its answers, its sends); daemon threads: a Ctrl-C is not held by them.
+    contents = Contents(tree.root)
     found = parallel(lambda h: sync_node(nodes[h.name], h, spec.dest or h.workdir, tree, home_ok=spec.dest is not None,
-                                         stall_timeout=stall_timeout), hosts, DEFAULT_FANOUT)
+                                         stall_timeout=stall_timeout, contents=contents), hosts, DEFAULT_FANOUT)
     return {h.name: r if isinstance(r, NodeSync | NodeFailure) else NodeFailure(h.name, "sync", f"{r}")
             for h, r in zip(hosts, found, strict=True)}
 

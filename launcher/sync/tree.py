@@ -14,7 +14,7 @@ import re
 import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,9 @@ class Entry:
     mode: int = 0o644
     target: str | None = None
     """A link's target (relative, inside the tree)."""
+    identity: tuple[int, int, int] | None = field(default=None, compare=False)
+    """A file's (st_dev, st_ino, st_ctime_ns) when listed: the file a send opens is this one (its inode not reused:
+    a new file's ctime is newer), or its path is checked again."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,8 @@ def _entry(root: Path, name: str) -> Entry | str | None:
     except FileNotFoundError:
         return None  # deleted but still in git's index: nothing to send
     if stat.S_ISREG(st.st_mode):
-        return Entry(name, "file", st.st_size, st.st_mtime_ns, st.st_mode & 0o777)
+        return Entry(name, "file", st.st_size, st.st_mtime_ns, st.st_mode & 0o777,
+                     identity=(st.st_dev, st.st_ino, st.st_ctime_ns))
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(root / name)
         try:

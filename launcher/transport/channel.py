@@ -92,8 +92,8 @@ class Channel:
                 return False
             if block:
                 self._chan.settimeout(timeout)  # Paramiko waits for window space at most this long
-                try:
-                    self._chan.sendall(data)
+                try:  # a view: Paramiko's sendall slices what is left after each packet, a copy of it for bytes
+                    self._chan.sendall(memoryview(data))
                 finally:
                     self._chan.settimeout(None)
                 return True

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.errors import LauncherError
+from launcher.sync.push import Contents, _Session
 from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
 from tests.helpers import REPO
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
@@ -63,6 +65,59 @@ def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: P
     assert "conf/credentials" not in tree.paths
     assert f"skipped 1 file(s) under conf/: conf is a symlink (-> {elsewhere}), and what lies behind it is not part " \
            "of the tree" in tree.notes
+
+
+class _Wire:
+    """What a node's channel took: the headers and contents `_Session` sends, as they would cross the wire."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def send(self, data: bytes, timeout: float | None = None) -> bool:
+        self.data += data
+        return True
+
+
+def _sent(contents: Contents, entry: Entry) -> bytes:
+    """The bytes one node's session sends for `entry`."""
+    wire = _Wire()
+    session = _Session(wire, stall_timeout=5)  # type: ignore[arg-type]
+    session.send_entry(contents, entry)
+    session.flush()
+    return bytes(wire.data)
+
+
+@pytest.mark.parametrize("size", [100, 3 << 20], ids=["small, read once for all", "large, streamed"])
+def test_a_folder_made_a_symlink_after_the_listing_sends_nothing_from_behind_it(tmp_path: Path, size: int) -> None:
+    root = tmp_path / "p"
+    write(root / "conf" / "settings.py", "x" * size)
+    tree = local_tree(root)
+    (entry,) = tree.entries
+    write(tmp_path / "elsewhere" / "settings.py", "a key from outside the tree\n")
+    (root / "conf" / "settings.py").unlink()
+    (root / "conf").rmdir()
+    (root / "conf").symlink_to(tmp_path / "elsewhere")  # between the listing and the send
+    with pytest.raises(LauncherError, match=r"conf/settings\.py now lies behind a symlink"):
+        _sent(Contents(root), entry)
+
+
+def test_a_file_saved_anew_after_the_listing_is_sent_as_it_is_now(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    write(root / "train.py", "old\n")
+    (entry,) = local_tree(root).entries
+    write(root / "saved.tmp", "new, longer\n").replace(root / "train.py")  # an editor's save: another inode
+    assert _sent(Contents(root), entry).endswith(b"new, longer\n")
+
+
+def test_every_node_gets_the_same_bytes_of_a_file_edited_during_the_sync(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    write(root / "train.py", "first\n")
+    (entry,) = local_tree(root).entries
+    contents = Contents(root)
+    first_node = _sent(contents, entry)
+    write(root / "train.py", "edited meanwhile\n")
+    assert _sent(contents, entry) == first_node  # read once, sent to every node
+    assert b"edited meanwhile" in _sent(Contents(root, budget=0), entry)  # kept bytes are bounded: read again
 
 
 def test_a_chain_of_links_that_leaves_the_tree_is_skipped_and_refused(tmp_path: Path) -> None:
@@ -149,6 +204,11 @@ def test_node_program_writes_nothing_unless_the_whole_stream_arrives(tmp_path: P
     assert code == 0 and answers[-1] == {"ok": True, "entries": 2, "bytes": 6}
     assert (dest / "new.py").read_text() == "whole" and (dest / "pkg" / "model.py").read_text() == "n"
     assert (dest / "new.py").stat().st_mtime_ns == 1_600_000_000_000_000_000
+    script = frame("bin/run.sh", b"#!/bin/sh\n").replace(b'"mode": 420', b'"mode": 493')  # 0o755
+    answers, code = syncd(dest, ["bin/run.sh"], script + frame("bin/b", b"") + END)
+    assert code == 0, answers
+    assert (dest / "bin" / "run.sh").stat().st_mode & 0o777 == 0o755 and (dest / "bin" / "b").stat().st_size == 0
+    assert (dest / "bin" / "run.sh").stat().st_mtime_ns == 1_600_000_000_000_000_000
 
 
 def test_a_failed_rename_puts_back_what_was_renamed(tmp_path: Path) -> None:
