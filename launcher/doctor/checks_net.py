@@ -3,23 +3,35 @@ to loopback), the master's port, a TCP connection to it from every node, the int
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
+from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import check, listed, majority, master_host, probes_of
 
 
+def is_address(name: str) -> bool:
+    """An IP address written out: it is what it resolves to, on every node."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def requested_names(cluster: Cluster) -> list[str]:
-    """Every name a node must resolve: each host's addr (how peers reach it) and master_addr."""
+    """Every name a node must resolve: each host's addr (how peers reach it) and master_addr, less the addresses
+    written out (a node would only echo them: at 256 nodes given by address, 65,536 answers for nothing)."""
     names = [h.addr for h in cluster.hosts]
-    return list(dict.fromkeys([*names, cluster.rendezvous.master_addr]))
+    return [n for n in dict.fromkeys([*names, cluster.rendezvous.master_addr]) if not is_address(n)]
 
 
-def _views(ev: Evidence, name: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+def _views(probes: Mapping[str, dict[str, Any]], name: str) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Per probed host: the addresses `name` resolves to there, or the error."""
     views, errors = {}, {}
-    for h, p in probes_of(ev).items():
+    for h, p in probes.items():
         answer = p.get("resolve", {}).get(name)
         if answer is None:
             continue
@@ -51,11 +63,13 @@ def _consensus(ev: Evidence, name: str, views: Mapping[str, list[str]]) -> tuple
 @check("dns", fast=True)
 def check_dns(ev: Evidence) -> list[Finding]:
     """Every node resolves master_addr and every peer's addr, to the addresses its peers agree on."""
-    problems: dict[str, list[Finding]] = {h: [] for h in probes_of(ev)}
+    probes = probes_of(ev)
+    problems: dict[str, list[Finding]] = {h: [] for h in probes}
     names = requested_names(ev.cluster)
+    owners = {h.addr: h.name for h in reversed(ev.cluster.hosts)}  # the first host of an addr, as `next` found it
     for name in names:
-        owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
-        views, errors = _views(ev, name)
+        owner = owners.get(name)
+        views, errors = _views(probes, name)
         agreed = _consensus(ev, name, views)
         for h, error in errors.items():
             if agreed:
@@ -74,7 +88,8 @@ def check_dns(ev: Evidence) -> list[Finding]:
                 f'make {name} resolve to {agreed[1]} on {h}: "{agreed[1]} {name}" in its /etc/hosts, or fix DNS'))
     out = []
     for h, found in problems.items():
-        out += found or [Finding(h, "dns", "ok", f"resolves {len(names)} name(s) like its peers")]
+        out += found or [Finding(h, "dns", "ok", f"resolves {len(names)} name(s) like its peers" if names else
+                                 "every peer and the master are given by address: nothing to resolve")]
     return out
 
 
@@ -86,15 +101,19 @@ def _loopback(addr: str) -> bool:
 def check_hostname(ev: Evidence) -> list[Finding]:
     """The 127.0.1.1 trap: a node's own hostname resolves, on it, to an address its peers don't use for it."""
     out = []
+    probes = probes_of(ev)
     for host in ev.cluster.hosts:
-        p = probes_of(ev).get(host.name)
+        p = probes.get(host.name)
         if p is None:
             continue
         me = p["self"]
         hostname = me["hostname"]
-        views, _ = _views(ev, host.addr)
-        peer_views = {h: v for h, v in views.items() if h != host.name}
-        agreed = _consensus(ev, host.addr, peer_views) if peer_views else None
+        if is_address(host.addr):
+            agreed: tuple[tuple[str, ...], str] | None = ((host.addr,), host.addr)  # what every peer reaches
+        else:
+            views, _ = _views(probes, host.addr)
+            peer_views = {h: v for h, v in views.items() if h != host.name}
+            agreed = _consensus(ev, host.addr, peer_views) if peer_views else None
         good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
         lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
         if me.get("error"):

@@ -1,7 +1,6 @@
 """What a node has, read from its files (stdlib only, Python 3.8+; torch is never imported): Python, torch, CUDA
 and NCCL versions, the installed distributions. Its GPUs: launcher/node/gpus.py."""
 
-import hashlib
 import os
 import re
 import sys
@@ -14,18 +13,65 @@ NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 _site_added = False
 
 
+def sha256(data=b""):
+    """hashlib.sha256, from the built-in module hashlib itself falls back on: hashlib's import (OpenSSL's _hashlib)
+    costs 3-4 ms of CPU on every node at every check. hashlib where the build has no such module."""
+    for name in ("_sha2", "_sha256"):  # 3.12+, 3.8-3.11
+        try:
+            return __import__(name).sha256(data)
+        except ImportError:
+            continue
+    import hashlib
+
+    return hashlib.sha256(data)
+
+
 def with_site():
-    """Put the interpreter's site-packages (and its .pth files' entries) on sys.path, once.
+    """Put the interpreter's site-packages (and the folders its .pth files name) on sys.path, once, as site would.
 
     Node programs start under `python -S` (launcher/transport/program.py): site's imports cost ~20 ms of CPU on
-    every node and every session, and only what reads the installed packages needs them.
+    every node and every session, and only what reads the installed packages needs them. Even then the .pth files'
+    `import` lines are not run (an editable install's finder costs ~3 ms of CPU on every node) nor sitecustomize:
+    what reads installed metadata needs the folders, not the hooks. Where site's parts are not as in CPython
+    3.8-3.13, site.main() does it all.
     """
     global _site_added
-    if sys.flags.no_site and not _site_added:
-        import site
+    if not sys.flags.no_site or _site_added:
+        return
+    import site
 
+    _site_added = True
+    real = site.addpackage
+    site.addpackage = _pth_folders
+    try:
+        known = site.venv(site.removeduppaths())
+        if site.ENABLE_USER_SITE is None:
+            site.ENABLE_USER_SITE = site.check_enableusersite()
+        site.addsitepackages(site.addusersitepackages(known))
+    except (AttributeError, TypeError):
+        site.addpackage = real
         site.main()
-        _site_added = True
+    finally:
+        site.addpackage = real
+
+
+def _pth_folders(sitedir, name, known_paths):
+    """site.addpackage without running the file's `import` lines: the folders it names join sys.path."""
+    import site
+
+    try:
+        with open(os.path.join(sitedir, name), encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return known_paths
+    for line in lines:
+        if not line.strip() or line.startswith(("#", "import ", "import\t")):
+            continue
+        folder, case = site.makepath(sitedir, line.rstrip())
+        if case not in known_paths and os.path.exists(folder):
+            sys.path.append(folder)
+            known_paths.add(case)
+    return known_paths
 
 
 IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython", "jython": "Jython"}
@@ -144,5 +190,5 @@ def packages():
     for _, (name, version) in _dists_on_path():
         seen.setdefault(_normal(name), version)
     items = sorted(f"{name}=={version}" for name, version in seen.items())
-    digest = hashlib.sha256("\n".join(items).encode()).hexdigest()
+    digest = sha256("\n".join(items).encode()).hexdigest()
     return {"sha256": digest, "count": len(items), "list": items}

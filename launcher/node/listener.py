@@ -7,7 +7,7 @@ import socket
 import time
 
 from launcher.node import limits
-from launcher.node.protocol import error_text, seconds
+from launcher.node.protocol import error_text, host_arg, seconds
 
 
 def tcp_connect(addr, port, token, window, read_s):
@@ -22,7 +22,7 @@ def tcp_connect(addr, port, token, window, read_s):
         try:
             left = deadline - time.monotonic()
             sock = socket.create_connection(
-                (addr, port), timeout=max(limits.CONNECT_TRY_MIN_S, min(limits.CONNECT_TRY_MAX_S, left)))
+                (host_arg(addr), port), timeout=max(limits.CONNECT_TRY_MIN_S, min(limits.CONNECT_TRY_MAX_S, left)))
         except socket.gaierror as exc:
             return {"ok": False, "error": f"cannot resolve {addr}: {error_text(exc)}", "attempts": attempts}
         except OSError as exc:

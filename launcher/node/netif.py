@@ -4,7 +4,7 @@
 import socket
 import struct
 
-from launcher.node.protocol import error_text
+from launcher.node.protocol import error_text, host_arg
 
 
 def _ipv4_ifaces():
@@ -67,7 +67,7 @@ def route_to(master_addr, master_port):
     address gives the source address, and the interface is the one holding it or on its subnet.
     """
     try:
-        infos = socket.getaddrinfo(master_addr, master_port, 0, socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(host_arg(master_addr), master_port, 0, socket.SOCK_DGRAM)
     except (OSError, UnicodeError) as exc:
         return {"error": error_text(exc), "stage": "resolve"}
     for info in infos:

@@ -28,7 +28,6 @@ Like the agent, the probe has no defaults of its own for what the controller dec
 probe's own local work (DNS, nvidia-smi, the /proc scan) are in launcher/node/limits.py with every other node number.
 """
 
-import hashlib
 import json
 import os
 import socket
@@ -37,11 +36,11 @@ import threading
 import time
 
 from launcher.node import limits
-from launcher.node.facts import packages, python_info, torch_info
+from launcher.node.facts import packages, python_info, sha256, torch_info
 from launcher.node.gpus import ask_gpus, gpu_info, visible_spec
 from launcher.node.listener import listen, tcp_connect
 from launcher.node.netif import route_to
-from launcher.node.protocol import BadRequest, error_text, seconds
+from launcher.node.protocol import BadRequest, error_text, host_arg, seconds
 
 # --- names, addresses, routes -----------------------------------------------------------------------------
 
@@ -49,8 +48,7 @@ from launcher.node.protocol import BadRequest, error_text, seconds
 def resolve(name):
     """What `name` resolves to here (unique addresses, in getaddrinfo's order), or the error."""
     try:
-        # An ASCII name as bytes: a str goes through the idna codec first, whose imports cost 2 ms of CPU a probe.
-        infos = socket.getaddrinfo(name.encode("ascii") if name.isascii() else name, None, 0, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host_arg(name), None, 0, socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         return {"error": error_text(exc)}
     addrs = []
@@ -104,7 +102,7 @@ def hosts_lines(name):
 
 def script_info(workdir, script):
     path = script if os.path.isabs(script) else os.path.join(workdir, script)
-    digest = hashlib.sha256()
+    digest = sha256()
     try:
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(limits.HASH_BLOCK), b""):

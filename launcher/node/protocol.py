@@ -83,6 +83,12 @@ EVENTS = tuple(value for name, value in vars(Event).items() if name.isupper())
 """Every event name, once."""
 
 
+def host_arg(name):
+    """A host name as getaddrinfo takes it: an ASCII one as bytes (a str goes through the idna codec first, whose
+    imports cost 2 ms of CPU on every node), any other as it is."""
+    return name.encode("ascii") if name.isascii() else name
+
+
 def error_text(exc):
     """An exception as one short line (`[Errno 111] Connection refused`, `gai error -2: Name or ...`)."""
     socket = sys.modules.get("socket")  # not imported by this program: not one of its errors (a stop imports none)
