@@ -187,8 +187,8 @@ def action_runs(request):
 
 @checked
 def action_list(request):
-    """Every run on this node with its state, the nodes it was started on and the inventory it was started from:
-    what `inv stop` chooses from."""
+    """Every run on this node with its state (as `status` says it), the nodes it was started on and the inventory it
+    was started from: what `inv stop` and `inv status` choose from, and all `inv status` needs."""
     node = request["node"]
     root, run_ids = runs_here(node)
     marks = live_marks()
@@ -200,13 +200,8 @@ def action_list(request):
             nodes, inventory = recorded.get("nodes"), recorded.get("inventory")
         except (ValueError, AttributeError):
             nodes = inventory = None
-        if "%s/%s" % (run_id, node) in marks:
-            state = "running"
-        elif os.path.exists(os.path.join(run_dir, "exit_code")):
-            state = "stopped" if os.path.exists(os.path.join(run_dir, "stop_requested")) else "exited"
-        else:
-            state = "lost"
-        found.append({"run_id": run_id, "state": state, "nodes": nodes, "inventory": inventory})
+        state = run_state(run_id, run_dir, node, marks["%s/%s" % (run_id, node)])
+        found.append({**state, "nodes": nodes, "inventory": inventory})
     return reply({"runs": found})
 
 

@@ -198,13 +198,16 @@ def environ_of(pid):
 
 
 def live_marks():
-    """The run marks this user's live processes carry, each once: one pass over /proc for every run listed."""
+    """{run mark: how many of this user's live processes carry it} (a Counter: 0 for any other): one pass over /proc
+    for every run listed."""
+    from collections import Counter
+
     needle = ("\0%s=" % RUN_ID_ENV).encode()
-    marks = set()
+    marks = Counter()
     for _, env in own_environments():
         at = env.find(needle)
         if at >= 0:
-            marks.add(env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace"))
+            marks[env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace")] += 1
     return marks
 
 

@@ -124,13 +124,16 @@ def runs_here(node):
     return root, sorted(r for r in list_runs(root) if os.path.isdir(os.path.join(root, r, node)))
 
 
-def run_state(run_id, run_dir, node):
-    """A run's state on this node (none, running, exited, stopped, lost), its exit code, times and processes left."""
+def run_state(run_id, run_dir, node, left=None):
+    """A run's state on this node (none, running, exited, stopped, lost), its exit code, times and processes left.
+
+    `left`: how many of the run's processes live here, when a listing's one pass over /proc counted them already.
+    """
     if run_dir is None:
         return {"run_id": run_id, "state": "none"}
-    mark = "%s/%s" % (run_id, node)
     exit_code = read_text(os.path.join(run_dir, "exit_code"))
-    left = marked_pids(mark)
+    if left is None:
+        left = len(marked_pids("%s/%s" % (run_id, node)))
     started = read_text(os.path.join(run_dir, "started_at"))
     ended = read_text(os.path.join(run_dir, "ended_at"))
     if exit_code is not None and not left:
@@ -142,4 +145,4 @@ def run_state(run_id, run_dir, node):
         state = "lost"  # no exit code and nothing alive: the keeper itself was killed
     return {"run_id": run_id, "state": state, "exit_code": None if exit_code is None else int(exit_code),
             "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
-            "processes": len(left)}
+            "processes": left}

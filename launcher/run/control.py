@@ -43,32 +43,61 @@ class NodeState:
 def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]) -> str | None:
     """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
     inventory as a whole (`launcher.plan.runchoice`); says which on the console, or raises when it is ambiguous."""
-    results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
-    listings: dict[str, list[runchoice.ListedRun]] = {}
+    return _choice(cluster, _listings(agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)), err)
+
+
+def _listings(results: dict[str, Result | NodeFailure]) -> dict[str, list[dict[str, Any]]]:
+    """Each node's runs from its `list` answer (a node that failed or answered nothing readable has none)."""
+    listings = {}
     for name, result in results.items():
         if isinstance(result, NodeFailure):
             continue
         try:
-            answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
-            listings[name] = [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes")
-                                                  else None, r.get("inventory")) for r in answer["runs"]]
+            runs = json.loads(result.stdout.decode().strip().splitlines()[-1])["runs"]
+            if all(isinstance(r, dict) and isinstance(r["run_id"], str) and isinstance(r["state"], str) for r in runs):
+                listings[name] = runs
         except (ValueError, IndexError, KeyError, TypeError):
             continue  # an unreadable answer: this node's own action will say what is wrong with it
-    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listings, inventory_id(cluster))
+    return listings
+
+
+def _choice(cluster: Cluster, listings: dict[str, list[dict[str, Any]]], err: IO[str]) -> str | None:
+    listed = {name: [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes") else None,
+                                         r.get("inventory")) for r in runs] for name, runs in listings.items()}
+    choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listed, inventory_id(cluster))
     if choice is None:
         return None  # no run at all on these nodes: each says so
     err.write(choice.why + "\n")
     return choice.run_id
 
 
+def _listed_state(host: str, result: Result | NodeFailure, runs: list[dict[str, Any]] | None,
+                  run_id: str | None) -> NodeState:
+    """`status` of `run_id` as a node's listing says it (its runs carry their states, exit codes and times)."""
+    if isinstance(result, NodeFailure):
+        return NodeState(host, "unreachable", detail=str(result))
+    if runs is None:
+        return NodeState(host, "error", detail=_agent_error(result))
+    run = next((r for r in runs if r["run_id"] == run_id), None)
+    if run is None:
+        return NodeState(host, "none", run_id)
+    return NodeState(host, run["state"], run_id, run.get("exit_code"), run.get("started_at"), run.get("ended_at"))
+
+
 def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[str]) -> list[NodeState]:
     check_run_id(request["run_id"])
     nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    listed: dict[str, NodeState] = {}
     try:
         if request["run_id"] is None and nodes:
-            request = {**request, "run_id": chosen_run(cluster, nodes, opts, err)}
+            results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
+            listings = _listings(results)
+            request = {**request, "run_id": _choice(cluster, listings, err)}
+            if request["action"] == "status":  # the listings say all a status would: no second session a node
+                listed = {name: _listed_state(name, result, listings.get(name), request["run_id"])
+                          for name, result in results.items()}
         # The action's own limit follows the grace period, so a long grace never reads as a lost node.
-        results = agent_action(nodes, cluster, request, opts.action_timeout)
+        results = {} if listed else agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
         close_all(nodes.values())
     states = []
@@ -76,6 +105,9 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
         failure = next((f for f in failures if f.host == host.name), None)
         if failure is not None:
             states.append(NodeState(host.name, "unreachable", detail=str(failure)))
+            continue
+        if host.name in listed:
+            states.append(listed[host.name])
             continue
         result = results[host.name]
         if isinstance(result, NodeFailure):

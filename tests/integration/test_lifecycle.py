@@ -98,7 +98,10 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
 
 
 def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"])
+    shells = tmp_path / "shells"  # each node's login shell (one a session) leaves a line in its own file
+    shells.mkdir()
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"],
+                       login_rc=f'echo "$$" >> {shells}/"$(hostname)"\n')
     hosts = str(box.inventory)
     # Sandbox nodes share this machine's home, so "latest" may be another test's run: ask for an unknown id.
     before = inv("status", "--hosts", hosts, "--run", "20000101-000000-000000")
@@ -112,6 +115,12 @@ def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None
     run_id = run_id_of(launched.stderr)
     status = inv("status", "--hosts", hosts, "--run", run_id)
     assert status.stdout.count("exited") == 2, status.stdout
+    before = {p.name: len(p.read_text().splitlines()) for p in shells.iterdir()}
+    chosen = inv("status", "--hosts", hosts)  # no --run: this inventory's run, from one session a node
+    assert chosen.returncode == 0 and chosen.stdout.count("exited") == 2, chosen.stdout + chosen.stderr
+    assert run_id in chosen.stdout + chosen.stderr
+    assert {p.name: len(p.read_text().splitlines()) - before[p.name] for p in shells.iterdir()} == {
+        "node-0": 1, "node-1": 1}
     replay = inv("logs", "--hosts", hosts, "--run", run_id, "--rank", "1")
     assert replay.returncode == 0, replay.stderr
     assert "node-1 r1" in replay.stdout and "echoed rank 1 of 2 on node-1" in replay.stdout

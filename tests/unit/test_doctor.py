@@ -323,6 +323,22 @@ def test_the_127_0_1_1_trap() -> None:
     assert {(f.host, f.check) for f in problems(ev)} == {("node-1", "hostname")}
 
 
+def test_peers_given_by_address_are_not_resolved_and_the_trap_is_still_found() -> None:
+    cluster = parse_inventory(yaml.safe_dump({
+        "defaults": {"python": "/opt/venv/bin/python", "workdir": "~/project"}, "job": {"script": "train.py"},
+        "hosts": [{"name": n, "addr": a} for n, a in ADDRS.items()],
+        "rendezvous": {"master_addr": ADDRS["node-0"], "master_port": 29500}}), "hosts/ips.yaml")
+    assert doctor.requested_names(cluster) == []  # an address is what it resolves to: no node is asked
+    outcomes = {h.name: {**probe(h.name), "resolve": {}} for h in cluster.hosts}
+    outcomes["node-1"]["self"] = {"hostname": "node-1", "hosts_lines": ["127.0.1.1 node-1"], "addrs": ["127.0.1.1"]}
+    ev = Evidence(cluster, outcomes, {"free": True})
+    assert only(ev, "dns", "node-0").detail == "every peer and the master are given by address: nothing to resolve"
+    trap = only(ev, "hostname", "node-1")
+    assert trap.status == "fail" and trap.fix == 'on node-1, replace "127.0.1.1 node-1" in /etc/hosts with ' \
+                                                  '"10.0.0.2 node-1"'
+    assert only(ev, "hostname", "node-2").status == "ok"
+
+
 def test_hostname_on_another_routable_address_only_warns_and_unresolvable_fails() -> None:
     other = probe("node-1")
     other["self"] = {"hostname": "gpu1", "hosts_lines": [], "addrs": ["192.168.5.2"]}
