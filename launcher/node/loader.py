@@ -1,11 +1,12 @@
 """The node side's importer (stdlib only, Python 3.8+): the node package arrives as sources, nothing is installed.
 
-The launcher runs `PYTHON -S -c BOOTSTRAP`; the bootstrap execs the first stdin line, which is this file's source
-followed by one call, `run(ENTRY, MODULES, CODE)` (`launcher.transport.program.node_program`). `run` puts an
-importer first on `sys.meta_path` that serves `launcher` and `launcher.node.*` from MODULES (name -> [file name,
-source, digest]), so the node modules import each other as they do on the controller, a traceback names the real
-file and line (the importer gives linecache the source), and a `launcher` folder in the node's working directory is
-never imported instead. Then it runs ENTRY's `main()` and exits with what it returns.
+The launcher runs `PYTHON -S -c BOOTSTRAP`; the bootstrap execs the first stdin line (zlib-compressed, in base64),
+which is this file's source followed by one call, `run(ENTRY, MODULES, CODE)`
+(`launcher.transport.program.node_program`). `run` puts an importer first on `sys.meta_path` that serves `launcher`
+and `launcher.node.*` from MODULES (name -> [file name, source, digest]), so the node modules import each other as
+they do on the controller, a traceback names the real file and line (the importer gives linecache the source), and
+a `launcher` folder in the node's working directory is never imported instead. Then it runs ENTRY's `main()` and
+exits with what it returns.
 
 Compiling the modules a session imports costs ~9 ms of CPU on every node, every session: the compiled code is kept
 in the node's cache (CODE: its folder, and how long an entry is kept), one file per module source and interpreter,

@@ -7,9 +7,11 @@ SLURM put it where the plan expects (SLURMD_NODENAME), and runs the program with
 first and then the launcher's words as they come. The node program itself does not know it runs under SLURM.
 """
 
+import binascii
 import json
 import os
 import sys
+import zlib
 
 from launcher.node.protocol import Event, emit
 
@@ -48,7 +50,7 @@ def merged(common, own):
 
 
 def main():
-    source = json.loads(sys.stdin.readline())
+    source = zlib.decompress(binascii.a2b_base64(sys.stdin.readline()))  # as the bootstrap read this program
     common = json.loads(sys.stdin.readline())
     parts = json.loads(sys.stdin.readline())
     node_id = os.environ.get("SLURM_NODEID")

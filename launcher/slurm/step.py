@@ -29,7 +29,7 @@ from launcher.errors import LauncherError
 from launcher.limits import STEP_END_WAIT
 from launcher.plan.launch import NodeCommand
 from launcher.slurm.jobs import run_slurm
-from launcher.transport.program import node_program
+from launcher.transport.program import node_program, program_line
 
 SELECTOR_SOURCE = node_program("selector")
 _LABELLED = re.compile(rb" *(\d+): ")
@@ -59,7 +59,8 @@ def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]
     common, own = split_common([dict(request) for _, request in nodes])
     parts = {str(i): {"name": command.host.name, "request": delta, "program": "launcher/node/loader.py"}
              for i, ((command, _), delta) in enumerate(zip(nodes, own, strict=True))}
-    return "".join(json.dumps(line) + "\n" for line in (SELECTOR_SOURCE, source, common, parts)).encode()
+    lines = (program_line(SELECTOR_SOURCE), program_line(source), json.dumps(common), json.dumps(parts))
+    return "".join(line + "\n" for line in lines).encode()
 
 
 def split_common(requests: Sequence[dict[str, Any]], depth: int = 4) -> tuple[dict[str, Any], list[dict[str, Any]]]:

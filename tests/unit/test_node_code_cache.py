@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.limits import NODE_CODE_CACHE
 from launcher.run import launch as run_launch
-from launcher.transport.program import _module, _node_sources, python_command
+from launcher.transport.program import _module, _node_sources, program_line, python_command
 from tests.support.nodeenv import node_python
 
 
@@ -83,7 +83,7 @@ def test_a_traceback_from_cached_code_names_the_file_and_line(tmp_path: Path) ->
     sent["launcher.node.boom"] = _module("launcher/node/boom.py", source)
     program = f"{loader}\nrun('launcher.node.boom', {json.dumps(sent)}, {json.dumps(NODE_CODE_CACHE)})\n"
     for _ in range(2):  # compiled and stored, then taken from the cache
-        result = run_node(json.dumps(program).encode() + b"\n", tmp_path, python=sys.executable)
+        result = run_node(program_line(program).encode() + b"\n", tmp_path, python=sys.executable)
         err = result.stderr.decode()
         assert result.returncode == 1 and 'File "launcher/node/boom.py", line 3, in main' in err, err
         assert "ValueError: from the node: 1" in err

@@ -31,16 +31,17 @@ def run_local(command: str, request: dict | None = None, cwd: Path | None = None
 
 def test_without_setup_the_command_is_the_interpreter_alone() -> None:
     assert python_command("/opt/venv/bin/python") == python_command("/opt/venv/bin/python", ())
-    assert python_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -S -c 'import sys,json;")
-    assert python_command("python3") == "python3 -S -c 'import sys,json;exec(json.loads(sys.stdin.readline()))' 3>&2"
+    assert python_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -S -c 'import sys,zlib,")
+    assert python_command("python3") == ("python3 -S -c 'import sys,zlib,binascii;exec(zlib.decompress("
+                                         "binascii.a2b_base64(sys.stdin.readline())))' 3>&2")
 
 
 def test_host_command_is_the_hosts_setup_then_its_python() -> None:
     host = Host(name="n", addr="n", python="~/env/bin/python", workdir="~", nproc_per_node=1,
                 setup=("export X=1",))
     assert host_command(host) == python_command("~/env/bin/python", ("export X=1",))
-    assert host_command(host).endswith("exec \"$HOME\"/env/bin/python -S -c 'import sys,json;exec(json.loads("
-                                       "sys.stdin.readline()))' 3>&2")
+    assert host_command(host).endswith("exec \"$HOME\"/env/bin/python -S -c 'import sys,zlib,binascii;exec("
+                                       "zlib.decompress(binascii.a2b_base64(sys.stdin.readline())))' 3>&2")
 
 
 def test_setup_lines_run_in_the_shell_that_then_runs_the_program() -> None:

@@ -16,7 +16,7 @@ from launcher.errors import LauncherError
 from launcher.plan.launch import plan_launch
 from launcher.slurm.allocation import allocation_cluster, allocation_nodes, cpus_per_task
 from launcher.slurm.step import SELECTOR_SOURCE, SrunStep, srun_argv, step_input
-from launcher.transport.program import BOOTSTRAP
+from launcher.transport.program import BOOTSTRAP, program_line
 
 INVENTORY = textwrap.dedent("""\
     defaults: {python: /opt/venv/bin/python, workdir: ~/project, nproc_per_node: 2}
@@ -169,7 +169,7 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
     per_task = len(step_input(run_launch.AGENT_SOURCE, large))
     old_way = sum(len(json.dumps(r)) for _, r in large)  # every node's whole request, in every task's stdin
     print(f"step input per task at 256 nodes: {per_task / 1e6:.2f} MB (every request whole: {old_way / 1e6:.1f} MB)")
-    programs = sum(len(json.dumps(p)) + 1 for p in (SELECTOR_SOURCE, run_launch.AGENT_SOURCE))  # once, any size
+    programs = sum(len(program_line(p)) + 1 for p in (SELECTOR_SOURCE, run_launch.AGENT_SOURCE))  # once, any size
     assert (per_task - programs) * 10 < old_way  # the probe is the agent's own module now: in no request
     growth = (per_task - len(step_input(run_launch.AGENT_SOURCE, small))) / (256 - 8)
     assert growth < 1_000, f"{growth:.0f} bytes per node"  # a node's own part, not the probe's source again
