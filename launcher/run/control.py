@@ -43,7 +43,15 @@ class NodeState:
 def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]) -> str | None:
     """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
     inventory as a whole (`launcher.plan.runchoice`); says which on the console, or raises when it is ambiguous."""
-    return _choice(cluster, _listings(agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)), err)
+    return _listed_runs(cluster, nodes, opts, err)[0]
+
+
+def _listed_runs(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]
+                 ) -> tuple[str | None, dict[str, Result | NodeFailure], dict[str, list[dict[str, Any]]]]:
+    """`chosen_run`'s choice, with every node's `list` answer and the runs read from it (`status` answers from them)."""
+    results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
+    listings = _listings(results)
+    return _choice(cluster, listings, err), results, listings
 
 
 def _listings(results: dict[str, Result | NodeFailure]) -> dict[str, list[dict[str, Any]]]:
@@ -90,9 +98,8 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
     listed: dict[str, NodeState] = {}
     try:
         if request["run_id"] is None and nodes:
-            results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
-            listings = _listings(results)
-            request = {**request, "run_id": _choice(cluster, listings, err)}
+            run_id, results, listings = _listed_runs(cluster, nodes, opts, err)
+            request = {**request, "run_id": run_id}
             if request["action"] == "status":  # the listings say all a status would: no second session a node
                 listed = {name: _listed_state(name, result, listings.get(name), request["run_id"])
                           for name, result in results.items()}
