@@ -182,6 +182,11 @@ class GpuWatch:
                 self.error = error
             self.stopped.wait(self.refresh_s)
 
+    def answered(self):
+        """Whether a view now would say something of the GPUs: there is no nvidia-smi, or it answered or failed."""
+        with self.lock:
+            return self.exe is None or self.at is not None or self.error is not None
+
     def close(self):
         """No more calls; one under way is ended (its session killed)."""
         self.stopped.set()

@@ -10,6 +10,9 @@ Steps per second come from the record where it counts optimizer steps; else from
 regular expression (`job.progress`), whose group `step` (else its first group that matched) is the step number. A
 step lower than the last one is a new count (a new epoch that counts from 0 or 1): the rank's progress goes on from
 there, so its rate stays steps per second across epochs.
+
+A look of its own (`inv top --once`, `settle`) ends early where watching could add nothing but CPU time: every rank
+has been still for twice the look (a hung run), so the rest of it could bring no rate.
 """
 
 import glob
@@ -17,9 +20,10 @@ import os
 import re
 import time
 
+from launcher.node import limits
 from launcher.node.gpus import VISIBLE, GpuWatch
 from launcher.node.proc import environ_of, marked_processes, rank_processes
-from launcher.node.records import NO_RECORD, RankRecord, record_path, window_rate
+from launcher.node.records import NO_RECORD, RankRecord, parse_record, record_path, window_rate
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -172,6 +176,25 @@ class Sampler:
         for key, paths in self.files.items():
             self.progress[key].read(paths, int(self.settings["tail_bytes"]), int(self.settings["keep_lines"]), now)
 
+    def quiet_s(self):
+        """Seconds since the busiest rank last wrote anything the view reads (its output files, its progress record):
+        how long every rank has been still. A rank that writes neither has nothing to time; no ranks: infinity."""
+        quiet = float("inf")
+        wall, now = time.time(), time.monotonic()
+        for pid, start, _, _, _ in self.found:
+            for path in self.files.get((pid, start), []):
+                try:
+                    quiet = min(quiet, wall - os.path.getmtime(path))
+                except OSError:
+                    pass
+            try:
+                with open(record_path(self.run_dir, pid), "rb") as handle:
+                    record = parse_record(handle.read(limits.RECORD_BYTES))
+            except OSError:
+                continue
+            quiet = min(quiet, 0.0 if record is None else now - record["t"])  # half written: it just moved
+        return quiet
+
     def cpu_now(self, pid, now):
         """(state, CPU seconds, CPU % since the last snapshot) of a process."""
         state, _, cpu = proc_state(pid)
@@ -237,6 +260,14 @@ def follow_words(sampler, ended, live):
         ended.set()
 
 
+def settled(sampler, still_s):
+    """Whether watching longer can add nothing but CPU time (`settle`, `inv top --once`): every rank has been
+    still for `still_s` (a hung run) and the GPUs, where there are any, have had their first answer. A rate
+    needs two moves of a count; a rank still for twice the look steps less than once a look, so the rest of the look
+    would bring it one step at most."""
+    return sampler.quiet_s() >= still_s and (sampler.gpus is None or sampler.gpus.answered())
+
+
 def watch(run_dir, mark, settings, emit_line):
     """Snapshots every `interval_s` (output read every `read_s` between them) until `count` were sent, the
     launcher closed stdin, or the run ended (its last snapshot then says so). The number sent."""
@@ -257,15 +288,19 @@ def _watch(sampler, settings, emit_line):
     mark = sampler.mark
     ended = threading.Event()
     count = settings.get("count")
+    settle = settings.get("settle")
     threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()
     sampler.snapshot()  # the workers, the CPU baseline and the output written before we looked
     sent = 0
     while count is None or sent < count:
-        due = time.monotonic() + settings["interval_s"]
+        began = time.monotonic()
+        due = began + settings["interval_s"]
         while time.monotonic() < due:
             if ended.wait(settings["read_s"]):
                 return sent
             sampler.read()
+            if settle and time.monotonic() - began >= settle["least_s"] and settled(sampler, settle["still_s"]):
+                break
         marked = marked_processes(mark)  # one pass over /proc: whether the run goes on, and its workers
         snapshot = sampler.snapshot(rank_processes(mark, marked))
         snapshot["running"] = bool(marked)

@@ -231,25 +231,27 @@ class RunHandle:
 
 
 def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], began: float) -> None:
-    """The gate's checks inside the agents' sessions: gather every probe, then the TCP round, then the verdict.
+    """The gate's checks inside the agents' sessions: every probe and TCP check gathered, then the verdict.
 
-    Round one: each agent's `probed` event (the master's says whether master_port was free, and holds it). A
-    node whose probe has not answered within the gate's probe_timeout, or whose session ended first, is judged
-    on that. Round two, when the master holds the port: `tcp` to every node that probed, each answers `tcp`.
+    Each agent's `probed` event (the master's says whether master_port was free, and holds it). A node whose probe
+    has not answered within the gate's probe_timeout, or whose session ended first, is judged on that. Once the
+    master holds the port, every node that probed is told `tcp` (as its probe comes in: no round of its own after
+    the last probe), and answers `tcp`.
     """
     sent = time.time()
     sessions = handle.sessions
+    master = sessions.get(handle.plan.cluster.hosts[0].name)
+    asked: dict[str, float] = {}  # node -> when it was told `tcp`
     while True:
+        _ask_tcp(handle, master, asked)
         now = time.monotonic()
         waiting = [s for s in sessions.values() if Event.PROBED not in s.checked and s.end is None
                    and now - s.opened < gate.probe_timeout]
         if not waiting:
             break
         handle.step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
-    master = sessions.get(handle.plan.cluster.hosts[0].name)
-    listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
-    if listener and listener.get("free") and handle.start_failure is None:  # else no run can start anyway
-        _tcp_round(handle, gate)
+    _ask_tcp(handle, master, asked)
+    _tcp_answers(handle, gate, asked)
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
     try:
         gate.judge(handle.plan.cluster, facts, (sent, time.time()), time.monotonic() - began)
@@ -258,15 +260,25 @@ def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], be
         raise
 
 
-def _tcp_round(handle: RunHandle, gate: StartGate) -> None:
-    """`tcp` to every node that probed: each connects to the master's listener and answers `tcp`."""
-    asked = [s for s in handle.sessions.values() if Event.PROBED in s.checked and s.end is None]
-    for session in asked:
-        session.channel.send(word_line(TCP))
-    until = time.monotonic() + gate.probe_timeout
-    while any(Event.TCP not in s.checked and s.end is None for s in asked) and time.monotonic() < until:
+def _ask_tcp(handle: RunHandle, master: Session | None, asked: dict[str, float]) -> None:
+    """`tcp` to every node that probed and was not told yet, once the master holds master_port (else no run can
+    start anyway)."""
+    listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
+    if not (listener and listener.get("free")) or handle.start_failure is not None:
+        return
+    for session in handle.sessions.values():
+        if session.name not in asked and Event.PROBED in session.checked and session.end is None:
+            session.channel.send(word_line(TCP))
+            asked[session.name] = time.monotonic()
+
+
+def _tcp_answers(handle: RunHandle, gate: StartGate, asked: dict[str, float]) -> None:
+    """Each node told `tcp` answers `tcp` within the probe timeout, or is said not to have."""
+    told = [handle.sessions[name] for name in asked]
+    until = max(asked.values(), default=0.0) + gate.probe_timeout
+    while any(Event.TCP not in s.checked and s.end is None for s in told) and time.monotonic() < until:
         handle.step(0.2)
-    for session in asked:
+    for session in told:
         if session.end is None:
             session.checked.setdefault(Event.TCP, {"ok": False, "error": f"no answer to the TCP check within "
                                                                       f"{gate.probe_timeout:g} s"})

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_S
+from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
 from launcher.options import Options
 from launcher.report.top import NodeView
 from launcher.run.control import _agent_error, chosen_run
@@ -53,10 +53,13 @@ def view_of(name: str, reply: Mapping[str, Any]) -> NodeView:
 
 
 def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options,
-              interval_s: float = TOP_ONCE_S, follow: int | None = None) -> list[NodeView]:
-    """One snapshot of every node (each watched for `interval_s`), in inventory order."""
-    request = {"action": "top", "run_id": run_id,
-               "top": top_settings(cluster, count=1, interval_s=interval_s, follow=follow)}
+              interval_s: float = TOP_ONCE_S, follow: int | None = None, settle: bool = False) -> list[NodeView]:
+    """One snapshot of every node (each watched for `interval_s`; with `settle`, a node whose ranks have all been
+    still for TOP_STILL_S answers after TOP_ONCE_LEAST_S), in inventory order."""
+    settings = top_settings(cluster, count=1, interval_s=interval_s, follow=follow)
+    if settle:
+        settings["settle"] = {"least_s": TOP_ONCE_LEAST_S, "still_s": TOP_STILL_S}
+    request = {"action": "top", "run_id": run_id, "top": settings}
     results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + opts.action_timeout)
     return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
             for h in cluster.hosts]
@@ -198,7 +201,7 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
         failed = {f.host: str(f) for f in failures}
         run_id = choose(cluster, usable, run_id, opts, wiring.err)
         if once:
-            views = look_once(cluster, usable, run_id, opts)
+            views = look_once(cluster, usable, run_id, opts, settle=True)
             views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
             check_running(run_id, views, cluster.source)
             return topview.show_once(run_id, views, opts, wiring.out, as_json_too)
