@@ -10,6 +10,7 @@ threads, so consumers must not block: nothing here ever waits on a console or a 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -85,14 +86,11 @@ class RunHandle:
         comes before `go`, and when it raises, every agent is told `abort` and nothing starts anywhere.
         """
         began = time.monotonic()
-        errors = self.link.open(self.plan.nodes, self.opener)
-        for command, error in zip(self.plan.nodes, errors, strict=True):
-            if error is not None:
-                self._fail_start(f"{command.host.name}: cannot open a session: {error}")
         gate = self.gate
         if gate is not None and gate.in_session:
-            unopened = {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e}
-            _gate_check(self, gate, unopened, began)
+            _gate_check(self, gate, began)  # the sessions open while their checks are gathered
+        else:
+            self.opened(self.link.open(self.plan.nodes, self.opener))
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
         while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
             self.step(0.2)
@@ -103,6 +101,16 @@ class RunHandle:
             self.step(0.2)
         if self.hangs is not None:
             self.hangs.watch.start(time.monotonic())
+
+    def opened(self, errors: list[str | None]) -> dict[str, str]:
+        """Every session is open or could not be: those that could not fail the start (and a stop that went out
+        while the others were opening reaches them too). The nodes without a session, and why."""
+        unopened = {c.host.name: e for c, e in zip(self.plan.nodes, errors, strict=True) if e is not None}
+        for name, error in unopened.items():
+            self._fail_start(f"{name}: cannot open a session: {error}")
+        if self.start_failure is not None:
+            self.stop()
+        return unopened
 
     def abort(self, reason: str) -> None:
         """Give up starting: stop what has started (a run starts everywhere or nowhere)."""
@@ -137,7 +145,7 @@ class RunHandle:
             if session.end is None:
                 self._look_at(session, now)
         if self.hangs is not None and self.hang is None and self.stop_deadline is None and self.start_failure is None \
-                and self.sessions and all(s.started for s in self.sessions.values()):
+                and self.sessions and all(s.started for s in list(self.sessions.values())):
             self.hangs.look(self, now)
 
     def _look_at(self, session: Session, now: float) -> None:
@@ -183,7 +191,7 @@ class RunHandle:
             self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
         if not end.failed or session.asked_to_stop:
             return event
-        remaining = sum(1 for s in self.sessions.values() if s.end is None)
+        remaining = sum(1 for s in list(self.sessions.values()) if s.end is None)
         if session.started and remaining >= self.min_nodes and self.start_failure is None:
             self.on_event(event)  # an elastic group re-forms without the node: the others go on
             return Left(event.node, event.time, end, remaining)
@@ -230,27 +238,44 @@ class RunHandle:
 # --- the start gate's checks inside the agents' sessions (`launcher.run.gate`) -----------------------------
 
 
-def _gate_check(handle: RunHandle, gate: StartGate, unopened: dict[str, str], began: float) -> None:
-    """The gate's checks inside the agents' sessions: every probe and TCP check gathered, then the verdict.
+def _gate_check(handle: RunHandle, gate: StartGate, began: float) -> None:
+    """The gate's checks inside the agents' sessions, gathered while the sessions still open, then the verdict.
 
     Each agent's `probed` event (the master's says whether master_port was free, and holds it). A node whose probe
     has not answered within the gate's probe_timeout, or whose session ended first, is judged on that. Once the
-    master holds the port, every node that probed is told `tcp` (as its probe comes in: no round of its own after
-    the last probe), and answers `tcp`.
+    master holds the port, every node that probed is told `tcp` as its probe comes in, and answers `tcp`. At 256
+    nodes the first probes come seconds before the last session opens: no check waits for the opening to end.
     """
     sent = time.time()
     sessions = handle.sessions
-    master = sessions.get(handle.plan.cluster.hosts[0].name)
+    outcome: list[list[str | None] | BaseException] = []
+
+    def open_all() -> None:
+        try:
+            outcome.append(handle.link.open(handle.plan.nodes, handle.opener))
+        except BaseException as exc:  # said in the calling thread
+            outcome.append(exc)
+
+    opening = threading.Thread(target=open_all, daemon=True, name="open")
+    opening.start()
     asked: dict[str, float] = {}  # node -> when it was told `tcp`
-    while True:
-        _ask_tcp(handle, master, asked)
-        now = time.monotonic()
-        waiting = [s for s in sessions.values() if Event.PROBED not in s.checked and s.end is None
-                   and now - s.opened < gate.probe_timeout]
-        if not waiting:
-            break
-        handle.step(min(0.2, max(0.0, min(s.opened + gate.probe_timeout for s in waiting) - now)))
-    _ask_tcp(handle, master, asked)
+    try:
+        while True:
+            master = sessions.get(handle.plan.cluster.hosts[0].name)
+            _ask_tcp(handle, master, asked)
+            now = time.monotonic()
+            waiting = [s for s in list(sessions.values()) if Event.PROBED not in s.checked and s.end is None
+                       and now - s.opened < gate.probe_timeout]
+            if not waiting and not opening.is_alive():
+                break
+            until = min((s.opened + gate.probe_timeout for s in waiting), default=now + 0.2)
+            handle.step(min(0.2, max(0.0, until - now)))
+    finally:
+        opening.join()  # Ctrl-C too: the sessions it opens are then the ones told to stop
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    unopened = handle.opened(outcome[0])
+    _ask_tcp(handle, sessions.get(handle.plan.cluster.hosts[0].name), asked)
     _tcp_answers(handle, gate, asked)
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
     try:
@@ -266,7 +291,7 @@ def _ask_tcp(handle: RunHandle, master: Session | None, asked: dict[str, float])
     listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
     if not (listener and listener.get("free")) or handle.start_failure is not None:
         return
-    for session in handle.sessions.values():
+    for session in list(handle.sessions.values()):
         if session.name not in asked and Event.PROBED in session.checked and session.end is None:
             session.channel.send(word_line(TCP))
             asked[session.name] = time.monotonic()
