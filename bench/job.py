@@ -86,8 +86,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
     rows = []
     for n in sizes:
         runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
-        # --skip-doctor (what the preflight costs) at the smallest N only, where it weighs most: time is short.
-        with_skip = skip_doctor_too and n == sizes[0]
+        with_skip = skip_doctor_too  # --skip-doctor too: what the preflight costs at each N
         variants = ["ssh_loop", "launcher", "local"] + (["launcher_skip_doctor"] if with_skip else [])
         with sandbox_of(n, root, script=SCRIPT, script_args=JOB_ARGS) as box:
             log(f"real job: {n} nodes")
@@ -115,6 +114,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
             row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= TARGET
             if with_skip:
                 row["skip_doctor_over_a"] = ratio(row["launcher_skip_doctor"], row["ssh_loop"])
+                row["skip_doctor_over_a_paired"] = paired_ratio(row["launcher_skip_doctor"], row["ssh_loop"])
             rows.append(row)
             log(f"real job {n}: a {row['ssh_loop']['median']:.2f}s, inv launch {row['launcher']['median']:.2f}s, "
                 f"local {row['local']['median']:.2f}s")

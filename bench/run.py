@@ -1,6 +1,7 @@
 """Benchmarks of the launcher on the local sandbox, each against the plain way of doing the same thing, in one run.
 
-    python -m bench.run [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync,elastic]
+    python -m bench.run [--quick] [--only fanout,job,doctor,stop,logs,cpu,failures,sync,elastic] [--real-login]
+                        [--skip-doctor-too]
 
 Figures (each the median of >= 2 runs, with min and max; baselines measured in the same run, interleaved):
   fanout  a light command (`PYTHON -c pass`) on N = 1, 2, 4, ..., 64 nodes: the launcher (a fresh process, imports
@@ -160,6 +161,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help=f"comma-separated figures: {', '.join(FIGURES)}")
     parser.add_argument("--real-login", action="store_true",
                         help="the nodes log in with this machine's ~/.bashrc, not the bench's own (every method)")
+    parser.add_argument("--skip-doctor-too", action="store_true",
+                        help="the real job's figure runs `inv launch --skip-doctor` too, at every N")
     args = parser.parse_args()
     if args.real_login:
         os.environ[REAL_LOGIN_ENV] = "1"
@@ -168,8 +171,10 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
     command = ("python -m bench.run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if only else "")
-               + (" --real-login" if args.real_login else ""))
+               + (" --real-login" if args.real_login else "") + (" --skip-doctor-too" if args.skip_doctor_too else ""))
     todo = plan(args.quick, only)
+    if args.skip_doctor_too and "job" in todo:
+        todo["job"]["skip_doctor_too"] = True
     # Started as a background job of a script (`cmd &`), this process and so every launcher it Ctrl-Cs would have
     # SIGINT ignored: the stop figures would time out. A handler of our own is reset to the default in children.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -47,7 +47,8 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                         f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["launcher_ok"])])
             if "launcher_skip_doctor" in r:
                 out.append(["real job, --skip-doctor", str(r["nodes"]), cell(r["launcher_skip_doctor"]),
-                            cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)", "", "–"])
+                            cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)",
+                            f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["skip_doctor_over_a"] <= job_fig.TARGET)])
         failed_row(out, "real job", job)
     doc = results.get("doctor")
     if doc:
