@@ -242,11 +242,12 @@ TOP_INTERVAL_S = 1.0
 TOP_ONCE_S = 3.0
 """How long `inv top --once` watches before its snapshot: CPU % and step rates need two looks."""
 TOP_ONCE_LEAST_S = 0.5
-"""The least `inv top --once` watches: where every rank has been still for TOP_STILL_S (a hung run, the view that is
+"""The least `inv top --once` watches: where no rank could show a rate for a longer look (a hung run, the view that is
 wanted fast), a node answers after this much, with CPU % over it (clock ticks of 10 ms: to 2 %)."""
 TOP_STILL_S = 2 * TOP_ONCE_S
-"""A rank that wrote nothing for this long steps less than once a TOP_ONCE_S look: the rest of the look could bring
-it one step at most, and a rate needs two."""
+"""A rank whose output files are older than this steps less than once a TOP_ONCE_S look: the rest of the look could
+bring it one timed line at most, and a rate from lines needs two. (A rank with a progress record must be still for
+TOP_RATE_WINDOW_S: its counts carry their own times, so one more step gives a rate.)"""
 TOP_READ_S = 0.1
 """How often a node's agent reads its ranks' new output between snapshots: a step's time is known to this much."""
 TOP_TAIL_BYTES = 64 << 10

@@ -11,8 +11,8 @@ regular expression (`job.progress`), whose group `step` (else its first group th
 step lower than the last one is a new count (a new epoch that counts from 0 or 1): the rank's progress goes on from
 there, so its rate stays steps per second across epochs.
 
-A look of its own (`inv top --once`, `settle`) ends early where watching could add nothing but CPU time: every rank
-has been still for twice the look (a hung run), so the rest of it could bring no rate.
+A look of its own (`inv top --once`, `settle`) ends early where watching could add nothing but CPU time: no rank has
+written output for twice the look, nor a progress record within the rate window (a hung run), so no rate could come.
 """
 
 import glob
@@ -176,15 +176,20 @@ class Sampler:
         for key, paths in self.files.items():
             self.progress[key].read(paths, int(self.settings["tail_bytes"]), int(self.settings["keep_lines"]), now)
 
-    def quiet_s(self):
-        """Seconds since the busiest rank last wrote anything the view reads (its output files, its progress record):
-        how long every rank has been still. A rank that writes neither has nothing to time; no ranks: infinity."""
-        quiet = float("inf")
+    def still(self, still_s):
+        """Whether no rank can show a rate for watching longer (`settle`): each rank's output files are older than
+        `still_s`, and its progress record, where it has one, older than the rate window. Lines written before the
+        look have no times, so a rank still for twice the look could bring one timed line at most, and a rate needs
+        two; a record's counts carry their own times, so one more step would give a rate until the last one leaves
+        the window. A rank that writes neither has nothing to time. No rank found yet: they may be starting."""
+        if not self.found:
+            return False
         wall, now = time.time(), time.monotonic()
         for pid, start, _, _, _ in self.found:
             for path in self.files.get((pid, start), []):
                 try:
-                    quiet = min(quiet, wall - os.path.getmtime(path))
+                    if wall - os.path.getmtime(path) < still_s:
+                        return False
                 except OSError:
                     pass
             try:
@@ -192,8 +197,9 @@ class Sampler:
                     record = parse_record(handle.read(limits.RECORD_BYTES))
             except OSError:
                 continue
-            quiet = min(quiet, 0.0 if record is None else now - record["t"])  # half written: it just moved
-        return quiet
+            if record is None or now - record["t"] < self.settings["rate_window_s"]:  # None: half written just now
+                return False
+        return True
 
     def cpu_now(self, pid, now):
         """(state, CPU seconds, CPU % since the last snapshot) of a process."""
@@ -261,11 +267,9 @@ def follow_words(sampler, ended, live):
 
 
 def settled(sampler, still_s):
-    """Whether watching longer can add nothing but CPU time (`settle`, `inv top --once`): every rank has been
-    still for `still_s` (a hung run) and the GPUs, where there are any, have had their first answer. A rate
-    needs two moves of a count; a rank still for twice the look steps less than once a look, so the rest of the look
-    would bring it one step at most."""
-    return sampler.quiet_s() >= still_s and (sampler.gpus is None or sampler.gpus.answered())
+    """Whether watching longer can add nothing but CPU time (`settle`, `inv top --once`): no rank can show a rate
+    for it (`Sampler.still`: a hung run) and the GPUs, where there are any, have had their first answer."""
+    return sampler.still(still_s) and (sampler.gpus is None or sampler.gpus.answered())
 
 
 def watch(run_dir, mark, settings, emit_line):

@@ -1,6 +1,7 @@
 """`inv top --once` on one node (launcher/node/top.py `watch` with `settle`): a node whose ranks have all been still
-for twice the look answers after the least look; one with a rank that steps watches the whole look for its rate.
-Real rank processes (light Pythons carrying the run's mark, as torchrun's workers do), their own output files."""
+(no output for twice the look, no progress record within the rate window) answers after the least look; one with a
+rank that steps, or whose record moved lately, watches the whole look for its rate. Real rank processes (light
+Pythons carrying the run's mark, as torchrun's workers do), their own output files and records."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.node.hook import PROGRESS_DIR
 from launcher.node.protocol import RUN_ID_ENV
 from launcher.node.top import watch
 from launcher.options import DEFAULT_PROGRESS
@@ -91,3 +93,25 @@ def test_a_rank_that_steps_keeps_its_node_watching_the_whole_look_for_its_rate(r
     assert took >= LOOK_S
     still, stepping = snapshot["ranks"]
     assert still["steps_per_s"] is None and stepping["steps_per_s"] == pytest.approx(10.0, rel=0.5)
+
+
+def test_a_rank_whose_progress_record_moved_within_the_rate_window_keeps_the_whole_look(
+        run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A record's counts carry their own times: one more step of a slow rank (one every 10 s) would give its rate.
+    run_dir, mark, started = run
+    started += [rank(run_dir, mark, 0, False), rank(run_dir, mark, 1, False)]
+    found(mark, 2)
+    (run_dir / PROGRESS_DIR).mkdir()
+    t = time.monotonic() - 10
+    line = f"p1 -1 on {t:.3f} 5 {t:.3f} 5 {t:.3f} 0.1000 0.0100".ljust(127) + "\n"
+    (run_dir / PROGRESS_DIR / str(started[1].pid)).write_text(line)
+    took, snapshot = look(run_dir, mark, monkeypatch)
+    assert took >= LOOK_S
+    assert snapshot["ranks"][1]["steps"] == 5 and snapshot["ranks"][1]["record"] == "on"
+
+
+def test_a_node_whose_ranks_are_not_up_yet_watches_the_whole_look(run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun is up (a detached launch has returned) and its workers still import torch: they may appear any moment.
+    run_dir, mark, _ = run
+    took, snapshot = look(run_dir, mark, monkeypatch)
+    assert took >= LOOK_S and snapshot["ranks"] == []
