@@ -20,10 +20,9 @@ import os
 import re
 import time
 
-from launcher.node import limits
 from launcher.node.gpus import VISIBLE, GpuWatch
 from launcher.node.proc import environ_of, marked_processes, rank_processes
-from launcher.node.records import NO_RECORD, RankRecord, parse_record, record_path, window_rate
+from launcher.node.records import NO_RECORD, RankRecord, record_path, window_rate
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -192,12 +191,11 @@ class Sampler:
                         return False
                 except OSError:
                     pass
-            try:
-                with open(record_path(self.run_dir, pid), "rb") as handle:
-                    record = parse_record(handle.read(limits.RECORD_BYTES))
-            except OSError:
+            record = self.records.get((pid, start))
+            if record is None:
                 continue
-            if record is None or now - record["t"] < self.settings["rate_window_s"]:  # None: half written just now
+            record.read(record_path(self.run_dir, pid), now)  # kept: the snapshot's rate has it too
+            if record.samples and now - record.samples[-1]["t"] < self.settings["rate_window_s"]:
                 return False
         return True
 

@@ -261,8 +261,7 @@ def _gate_check(handle: RunHandle, gate: StartGate, began: float) -> None:
     asked: dict[str, float] = {}  # node -> when it was told `tcp`
     try:
         while True:
-            master = sessions.get(handle.plan.cluster.hosts[0].name)
-            _ask_tcp(handle, master, asked)
+            _ask_tcp(handle, asked)
             now = time.monotonic()
             waiting = [s for s in list(sessions.values()) if Event.PROBED not in s.checked and s.end is None
                        and now - s.opened < gate.probe_timeout]
@@ -275,7 +274,7 @@ def _gate_check(handle: RunHandle, gate: StartGate, began: float) -> None:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     unopened = handle.opened(outcome[0])
-    _ask_tcp(handle, sessions.get(handle.plan.cluster.hosts[0].name), asked)
+    _ask_tcp(handle, asked)
     _tcp_answers(handle, gate, asked)
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
     try:
@@ -285,9 +284,10 @@ def _gate_check(handle: RunHandle, gate: StartGate, began: float) -> None:
         raise
 
 
-def _ask_tcp(handle: RunHandle, master: Session | None, asked: dict[str, float]) -> None:
+def _ask_tcp(handle: RunHandle, asked: dict[str, float]) -> None:
     """`tcp` to every node that probed and was not told yet, once the master holds master_port (else no run can
     start anyway)."""
+    master = handle.sessions.get(handle.plan.cluster.hosts[0].name)
     listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
     if not (listener and listener.get("free")) or handle.start_failure is not None:
         return
