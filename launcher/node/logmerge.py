@@ -15,10 +15,12 @@ def worker_ranks(mark):
 
 
 class LogSource:
-    """One file the merger tails: its read position is its open descriptor; `rest` holds an unfinished line."""
+    """One file the merger tails: its read position is its open descriptor; `rest` holds an unfinished line;
+    `inode` tells the file from another made later under the same name."""
 
     def __init__(self, fd, tag=None, key=None):
         self.fd, self.tag, self.key, self.rest = fd, tag, key, b""
+        self.inode = inode(os.fstat(fd))
 
 
 class LogMerger:
@@ -79,7 +81,9 @@ class LogMerger:
             os.close(self.out)
 
     def discover(self):
-        """Open each worker file torchrun made since the last look (a c10d restart makes a new attempt_N)."""
+        """Open each worker file torchrun made since the last look: a c10d restart after a failure makes a new
+        attempt_N; one for a change of the group's members (a node left or came) makes the same attempt_N again,
+        its folder removed and new files in it, written by new workers whose global ranks may differ."""
         for run in listdir(self.ranks):
             for attempt in listdir(os.path.join(self.ranks, run)):
                 if not (attempt.startswith("attempt_") and attempt[8:].isdigit()):
@@ -90,12 +94,32 @@ class LogMerger:
                         continue
                     for name in ("stdout.log", "stderr.log"):
                         path = os.path.join(base, local, name)
-                        if path not in self.sources:
-                            try:
-                                fd = os.open(path, os.O_RDONLY)
-                            except OSError:
-                                continue  # not made yet
-                            self.sources[path] = LogSource(fd, key=(int(attempt[8:]), int(local)))
+                        old = self.sources.get(path)
+                        if old is not None and not self.replaced(old, path):
+                            continue
+                        try:
+                            fd = os.open(path, os.O_RDONLY)
+                        except OSError:
+                            continue  # not made yet
+                        if old is not None:
+                            self.retire(old)
+                        self.sources[path] = LogSource(fd, key=(int(attempt[8:]), int(local)))
+
+    @staticmethod
+    def replaced(source, path):
+        try:
+            return inode(os.stat(path)) != source.inode
+        except OSError:
+            return False  # removed, not made again yet: the open file still holds what was not read
+
+    def retire(self, source):
+        """The last lines of a file whose name now belongs to another; its worker's rank is read anew."""
+        while self.pump(source):
+            pass
+        if source.rest:
+            self.write(self.tagged(source, source.rest + b"\n"))
+        os.close(source.fd)
+        self.known.pop(source.key, None)
 
     def pump(self, source):
         """Move what `source` holds now to the log, whole lines; how many bytes were read."""
@@ -143,6 +167,10 @@ class LogMerger:
     def write(self, data):
         write_all(self.out, data)  # False on a full disk: lost to the log; the rank files still hold them
         self.wrote.set()
+
+
+def inode(stat):
+    return stat.st_dev, stat.st_ino
 
 
 def listdir(path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,50 @@ def test_the_merger_tags_worker_lines_with_the_rank_in_their_environment(tmp_pat
     tag = b"[default0@r6]:"
     assert cut == [tag + b"y" * room + CUT_MARK] * (300 // room) + [tag + b"y" * (300 % room)]
     assert len(lines) == 1 + 200 + 200 + len(cut) + 1
+
+
+def test_the_merger_follows_an_attempt_torchrun_makes_again(tmp_path: Path) -> None:
+    """A c10d group whose members change restarts its workers without counting a restart: torchrun removes
+    attempt_N and makes it again, and new workers (their global ranks new too) write new files under the old names.
+    Every line of both gets to the log, each under its own worker's rank."""
+    mark = "20000101-000000-abcdef/node1"
+    settings = dict(log_tail_settings(), poll_s=0.01)
+    attempt = tmp_path / "ranks" / "none_x1" / "attempt_1"
+    (attempt / "0").mkdir(parents=True)
+    (tmp_path / "torchrun.log").write_bytes(b"")
+    merger = logmerge.LogMerger(str(tmp_path), mark, settings).start()
+
+    def worker(rank: int) -> subprocess.Popen[bytes]:
+        env = {**os.environ, protocol.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0",
+               "RANK": str(rank)}
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+
+    first = worker(1)
+    try:
+        time.sleep(0.5)  # its environment is readable in /proc
+        with open(attempt / "0" / "stdout.log", "ab") as out:
+            out.write(b"first 0\n")
+            out.flush()
+            time.sleep(0.3)  # the merger has the file open
+            out.write(b"first 1\nfirst 2")  # not read yet, and no newline, when the folder goes
+        shutil.rmtree(attempt)  # what torchrun does before it starts the new workers (after the old ones ended)
+    finally:
+        first.kill()
+        first.wait()
+    (attempt / "0").mkdir(parents=True)
+    second = worker(0)
+    try:
+        time.sleep(0.5)
+        with open(attempt / "0" / "stdout.log", "ab") as out:
+            out.write(b"second 0\nsecond 1\n")
+        time.sleep(0.3)
+    finally:
+        second.kill()
+        second.wait()
+    merger.close()
+    assert (tmp_path / "log").read_bytes().split(b"\n") == [
+        b"[default0@r1]:first 0", b"[default0@r1]:first 1", b"[default0@r1]:first 2",
+        b"[default0@r0]:second 0", b"[default0@r0]:second 1", b""]
 
 
 # --- a chatty job on real nodes ---------------------------------------------------------------------------------
