@@ -140,6 +140,11 @@ SYNC_SHARED_BYTES = 64 << 20
 """Bytes of small files a sync keeps read for all its nodes (the least recently used dropped beyond)."""
 SYNC_LOCK_WAIT = 60.0
 """Seconds a node's sync waits for another sync into the same destination (a shared workdir) to end."""
+SYNC_RELAY_MIN_NODES = 4
+"""`sync.relay: auto` relays when at least this many nodes need the same files: below it, the controller's link
+carries a few copies, and a relay's first connection between nodes is one more thing to go wrong."""
+SYNC_RELAY_FANOUT = 4
+"""Nodes each relaying node passes the stream on to: 256 nodes are four hops from the controller."""
 
 
 # --- SSH channels (launcher.transport) --------------------------------------------------------------------------------
@@ -198,8 +203,11 @@ NODE_TIMING: dict[str, float] = {
 }
 """Every wait and read size of the node agent (launcher/node/protocol.py `AGENT_TIMING`): each agent request's
 `timing`."""
-SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20}
-"""syncd's: between two tries at another sync's lock; bytes of the stream read at a time."""
+SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20, "relay_connect_s": 5.0, "relay_wait_s": 10.0,
+                                 "relay_chunk": 1 << 18}
+"""syncd's: between two tries at another sync's lock; bytes of the stream read at a time; a relay's bound on
+connecting to the next node, a relayed node's on waiting for its stream to come, and the bytes passed on at a time
+(launcher/node/syncrelay.py)."""
 
 
 # --- stacks and hangs (launcher.run.stacks, launcher.plan.hang) -----------------------------------------------------

@@ -231,4 +231,15 @@ def parse_sync(r: Reader, raw: Any) -> SyncSpec | None:
         src="." if spec.get("src") is None else r.text(spec["src"], "sync.src"),
         dest=None if spec.get("dest") is None else r.text(spec["dest"], "sync.dest"),
         exclude=tuple(r.text(p, f"sync.exclude[{i}]") for i, p in enumerate(exclude or [])),
+        relay=parse_relay(r, spec.get("relay", "auto")),
     )
+
+
+def parse_relay(r: Reader, raw: Any) -> bool | None:
+    """`sync.relay`: true, false or "auto" (None: from SYNC_RELAY_MIN_NODES nodes with the same changes)."""
+    if raw is None or raw == "auto":
+        return None
+    if not isinstance(raw, bool):
+        raise r.fail("sync.relay", 'must be true (the nodes pass the tree on to each other), false (each gets it '
+                                   f'from here) or "auto", got {r.show(raw, False)}')
+    return raw

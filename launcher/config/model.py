@@ -38,7 +38,7 @@ FORWARD_ENV_KEYS = ("pattern", "secret")
 ENV_FILE_KEYS = ("path", "secret")
 
 
-SYNC_KEYS = ("src", "dest", "exclude")
+SYNC_KEYS = ("src", "dest", "exclude", "relay")
 
 TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync", "retries")
 
@@ -94,6 +94,8 @@ class SyncSpec:
     """The folder on each node (`~/` is the node's home); None means each host's workdir."""
     exclude: tuple[str, ...] = ()
     """gitignore-style patterns of paths that are not copied."""
+    relay: bool | None = None
+    """Whether nodes pass the tree on to each other (launcher/sync/relay.py): True, False, or None for `auto`."""
 
 
 @dataclass(frozen=True)

@@ -73,3 +73,8 @@ RECORD_BYTES = 128
 RECORD_FLUSH_S = 0.1
 """The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
 second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""
+
+# --- the sync's relay (syncrelay) ------------------------------------------------------------------------------------
+RELAY_FIRST_LINE_MAX = 1 << 20
+"""The most a relayed stream's first line may hold (the places of the nodes after this one: ~150 bytes each, 256
+nodes in 40 kB); a stranger's endless line is not read whole."""

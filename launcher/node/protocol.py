@@ -215,7 +215,7 @@ def seconds(section, key, where):
 
 AGENT_TIMING = ("poll_s", "wait_s", "check_s", "keeper_poll_s", "keeper_wait_s", "kill_wait_s", "read_chunk")
 """The waits and read sizes every agent request carries in `timing` (launcher.options.NODE_TIMING)."""
-SYNC_TIMING = ("wait_s", "read_chunk")
+SYNC_TIMING = ("wait_s", "read_chunk", "relay_connect_s", "relay_wait_s", "relay_chunk")
 """Those of a sync request (launcher.options.SYNC_TIMING)."""
 _TIMING = {}
 

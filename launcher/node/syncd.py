@@ -39,7 +39,7 @@ import sys
 import time
 
 from launcher.node.protocol import SYNC_TIMING, reply, timing, use_timing
-from launcher.node.syncstage import Refused, Stage, free_bytes, manifest, os_sentence
+from launcher.node.syncstage import Refused, Stage, StreamEnded, free_bytes, manifest, os_sentence
 
 LOCK_NAME = ".ddp-launcher-sync.lock"
 
@@ -51,8 +51,8 @@ def receive(dest, token, stream):
     try:
         while True:
             line = stream.readline()
-            if not line:
-                raise Refused("the controller's stream ended before its end mark")
+            if not line.endswith(b"\n"):
+                raise StreamEnded("the controller's stream ended before its end mark")
             header = json.loads(line.decode("utf-8"))
             if header.get("end"):
                 break
@@ -65,6 +65,53 @@ def receive(dest, token, stream):
         stage.abort()
         raise
     return count, total
+
+
+def relay_listener(request):
+    """Where the stream may come from another node (`request["relay"]`): a port of this node's; else None."""
+    if not request.get("relay"):
+        return None
+    from launcher.node.syncrelay import Listener
+
+    return Listener()
+
+
+def receive_relayed(dest, request, listener):
+    """The stream, from stdin or from another node as the controller's first line says, passed on to the peers it
+    names; (entries, bytes, what the controller hears of the relay)."""
+    from launcher.node.syncrelay import Tee, connect
+
+    stall_s = float(request["relay_stall_s"])
+    place = json.loads(sys.stdin.buffer.readline().decode("utf-8"))
+    conn = None
+    if "relay_from" in place:
+        source, conn, peers = listener.accept(place["relay_from"]["node"], place["relay_from"]["token"], stall_s)
+    else:
+        listener.close()
+        source, peers = sys.stdin.buffer, place.get("relay_to") or []
+    connected, failed = connect(peers, stall_s)
+    tee = Tee(source, connected)
+    whole = False
+    try:
+        count, total = receive(dest, request["token"], tee)
+        whole = True
+    except (StreamEnded, OSError) as exc:
+        if conn is None or (isinstance(exc, OSError) and not isinstance(exc, socket_errors())):
+            raise  # this node's own trouble (its disk), said as it is
+        raise Refused("the stream relayed through %s broke off: %s" % (place["relay_from"]["node"], exc)) from None
+    finally:
+        tee.close(whole)
+        if conn is not None:
+            conn.close()
+    unreached = failed + tee.dropped
+    return count, total, {"relayed_to": [n for n, _ in connected if n not in dict(tee.dropped)],
+                          "unreached": [{"node": n, "why": w} for n, w in unreached]}
+
+
+def socket_errors():
+    import socket
+
+    return socket.timeout, ConnectionError
 
 
 def refuse_home(dest, request):
@@ -131,15 +178,20 @@ def unlock_dest(lock):
 def main():
     request = json.loads(sys.stdin.readline())
     dest = os.path.abspath(os.path.expanduser(request["dest"]))
-    made, lock, ok = [], None, False
+    made, lock, ok, relay = [], None, False, {}
     try:
         use_timing(request, SYNC_TIMING)
         refuse_home(dest, request)
         made = make_dest(dest)
         lock = lock_dest(dest, float(request["lock_wait"]))
-        reply({"dest": dest, "manifest": manifest(dest, request["paths"]), "free": free_bytes(dest)})
+        listener = relay_listener(request)
+        reply({"dest": dest, "manifest": manifest(dest, request["paths"]), "free": free_bytes(dest),
+               "relay_port": None if listener is None else listener.port})
         # From here stdin is binary: the controller sent nothing more before reading the answer above.
-        count, total = receive(dest, request["token"], sys.stdin.buffer)
+        if listener is None:
+            count, total = receive(dest, request["token"], sys.stdin.buffer)
+        else:
+            count, total, relay = receive_relayed(dest, request, listener)
         ok = True
     except Refused as exc:
         reply({"error": str(exc)})
@@ -157,7 +209,7 @@ def main():
             for path in reversed(made):  # the destination this failed sync made, if nothing else went in since
                 with contextlib.suppress(OSError):
                     os.rmdir(path)
-    reply({"ok": True, "entries": count, "bytes": total})
+    reply({"ok": True, "entries": count, "bytes": total, **relay})
 
 
 if __name__ == "__main__":

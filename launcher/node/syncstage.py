@@ -20,6 +20,10 @@ class Refused(Exception):
     """One sentence for the controller: why this node's sync cannot go on."""
 
 
+class StreamEnded(Refused):
+    """The stream stopped before its end mark (its sender stopped)."""
+
+
 def check_name(path):
     """The relative path's parts, or Refused when it is absolute, has `..`, `.` or empty parts, or a NUL."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
@@ -187,7 +191,7 @@ class Stage:
             while left:
                 chunk = stream.read(min(int(timing("read_chunk")), left))
                 if not chunk:
-                    raise Refused(f"the stream ended in the middle of {header['path']} (the controller stopped "
+                    raise StreamEnded(f"the stream ended in the middle of {header['path']} (the controller stopped "
                                   "sending)")
                 view = memoryview(chunk)
                 while view:

@@ -12,6 +12,7 @@ the launch), nor does anything reached through a symlinked folder of the tree (i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -32,6 +33,7 @@ from launcher.limits import SYNC_SHARED_BYTES as SHARED_BYTES
 from launcher.limits import SYNC_TIMING
 from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
+from launcher.sync.relay import asks_relay, relay_places, relayed_from
 from launcher.sync.tree import (
     Entry,
     Tree,
@@ -112,6 +114,12 @@ class NodeSync:
     """Content bytes sent."""
     unchanged: int
     seconds: float
+    via: str | None = None
+    """The node the files came through (`sync.relay`); None: straight from the controller."""
+    unreached: tuple[tuple[str, str], ...] = ()
+    """The nodes this one should have passed the stream on to and could not, and why."""
+    relay_failed: str | None = None
+    """Why its files came straight from the controller after all: the relay that failed it."""
 
 
 class _Gone(Exception):
@@ -245,10 +253,21 @@ class SyncFailure(NodeFailure):
         self.crossed = crossed
 
 
+@dataclass
+class _Begun:
+    """A node whose syncd answered with its manifest: what it needs, on its open session."""
+
+    session: _Session
+    node: Node
+    answer: dict[str, Any]
+    todo: list[Entry]
+    t0: float
+
+
 def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
               contents: Contents | None = None) -> NodeSync | NodeFailure:
-    """Bring one node's `dest` up to date with `tree` over one session of its connection.
+    """Bring one node's `dest` up to date with `tree` over one session of its connection, straight from here.
 
     `contents`: the tree's small files as read for the other nodes of this sync (a node alone reads its own).
 
@@ -256,20 +275,26 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = 
     no data for `stall_timeout` seconds (its disk hung) fails its sync; one that fails part way says how much had
     crossed the wire (`SyncFailure`).
     """
+    begun = _begin(node, host, dest, tree, home_ok, relay_stall=None)
+    if isinstance(begun, NodeFailure):
+        return begun
+    return _finish(begun, tree, contents or Contents(tree.root), stall_timeout, None, None)
+
+
+def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool,
+           relay_stall: float | None) -> _Begun | NodeFailure:
+    """Start syncd and read its manifest (with `relay_stall`, it listens for a relay too)."""
     try:
-        session = _Session(node.open_channel(host_command(host)), stall_timeout)
+        session = _Session(node.open_channel(host_command(host)), 0.0)
     except Exception as exc:
         return classify(node.target, exc)
-    outcome = _sync_over(session, node, dest, tree, contents or Contents(tree.root), home_ok, stall_timeout)
-    return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
-
-
-def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, contents: Contents, home_ok: bool,
-               stall_timeout: float) -> NodeSync | NodeFailure:
     t0 = time.monotonic()
-    try:
+
+    def begin() -> _Begun | NodeFailure:
         request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
                    "home_ok": home_ok, "lock_wait": LOCK_WAIT, "timing": SYNC_TIMING}
+        if relay_stall is not None:
+            request.update(relay=True, relay_stall_s=relay_stall)
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
             return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
         first = session.answer(REPLY_TIMEOUT + LOCK_WAIT)
@@ -283,24 +308,71 @@ def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, contents: C
         if free is not None and need > free:
             return NodeFailure(node.name, "sync", f"no space: {size_text(need)} to write to {first['dest']}, "
                                                   f"{size_text(free)} free there", "free some space on the node")
+        return _Begun(session, node, first, todo, t0)
+
+    outcome = _guarded(node, begin)
+    if isinstance(outcome, NodeFailure):
+        session.channel.close()
+    return outcome
+
+
+def _finish(begun: _Begun, tree: Tree, contents: Contents, stall_timeout: float, place: dict[str, Any] | None,
+            relay_done: threading.Event | None) -> NodeSync | NodeFailure:
+    """Send the node its changes (or its place in the relay, where another node sends them) and read its end."""
+    session, node, todo = begun.session, begun.node, begun.todo
+    session.stall_timeout = stall_timeout
+    dest = begun.answer["dest"]
+
+    def finish() -> NodeSync | NodeFailure:
         sent = 0
-        try:
-            for entry in todo:
-                sent += session.send_entry(contents, entry)
-            session.send(b'{"end": true}\n', flush=True)
-        except _Gone:
-            if session.stalled():
-                return NodeFailure(node.name, "sync", f"the node took no data for {stall_timeout:g} s (a hung disk?); "
-                                   "what was sent is removed there when the sync program ends, so nothing was changed",
-                                   f"check {node.name}'s disk under {dest}")
-            # else the node stopped reading: its answer says why
-        session.channel.close_stdin()
-        last = session.answer(REPLY_TIMEOUT)
+        if relayed_from(place) is None:
+            try:
+                if place is not None:
+                    session.send((json.dumps(place) + "\n").encode())
+                for entry in todo:
+                    sent += session.send_entry(contents, entry)
+                session.send(b'{"end": true}\n', flush=True)
+            except _Gone:
+                if session.stalled():
+                    return NodeFailure(node.name, "sync", f"the node took no data for {stall_timeout:g} s (a hung "
+                                       "disk?); what was sent is removed there when the sync program ends, so nothing "
+                                       "was changed", f"check {node.name}'s disk under {dest}")
+                # else the node stopped reading: its answer says why
+            session.channel.close_stdin()
+            last = session.answer(REPLY_TIMEOUT)
+        else:
+            last = _relayed_answer(session, relay_done, stall_timeout)
         if last is None or not last.get("ok"):
             why = str(last["error"]) if last and "error" in last else f"the sync ended early: {session.why()}"
             return NodeFailure(node.name, "sync", f"{why}; nothing was changed there" if last else why)
-        return NodeSync(node.name, first["dest"], len(todo), sent, len(tree.entries) - len(todo),
-                        time.monotonic() - t0)
+        return NodeSync(node.name, dest, len(todo), int(last.get("bytes", sent)), len(tree.entries) - len(todo),
+                        time.monotonic() - begun.t0, via=relayed_from(place),
+                        unreached=tuple((str(u.get("node")), str(u.get("why"))) for u in last.get("unreached") or ()))
+
+    try:
+        outcome = _guarded(node, finish)
+    finally:
+        session.channel.close()
+    return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
+
+
+def _relayed_answer(session: _Session, relay_done: threading.Event | None, stall_timeout: float
+                    ) -> dict[str, Any] | None:
+    """A relayed node's end: it comes once the stream has come through the relay, which takes as long as the
+    controller's own sending and then some; bounded from the moment the controller has sent its last byte."""
+    if relay_done is not None:
+        while not relay_done.is_set():
+            try:
+                return session.answer(1.0)
+            except TimeoutError:
+                continue
+    return session.answer(REPLY_TIMEOUT + stall_timeout)
+
+
+def _guarded(node: Node, work: Callable[[], Any]) -> Any:
+    """`work()`, each way it can fail said as the node's sync failure."""
+    try:
+        return work()
     except TimeoutError as exc:  # before OSError, of which it is one
         return NodeFailure(node.name, "sync", str(exc), "is the node overloaded, or its disk hung?")
     except LauncherError as exc:
@@ -309,22 +381,74 @@ def _sync_over(session: _Session, node: Node, dest: str, tree: Tree, contents: C
         return NodeFailure(node.name, "sync", f"cannot read {exc.filename or 'a file'} here: {exc.strerror or exc}")
     except Exception as exc:
         return classify(node.target, exc)
-    finally:
-        session.channel.close()
 
 
 def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: SyncSpec,
                stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> dict[str, NodeSync | NodeFailure]:
-    """Sync every open node at once; one outcome per node, in inventory order."""
+    """Sync every open node at once; one outcome per node, in inventory order.
+
+    Nodes that need the same files get them through each other (`launcher.sync.relay`) where `sync.relay` says so:
+    the controller sends one copy a group. A node the relay failed is sent its files straight from here after.
+    """
     hosts = [h for h in cluster.hosts if h.name in nodes]
     if not hosts:
         return {}
+    by_name = {h.name: h for h in hosts}
+    relay = asks_relay(spec.relay, len(hosts))
     # Each node's sync is bounded (its answers, its sends); daemon threads: a Ctrl-C is not held by them.
+    started = parallel(lambda h: _begin(nodes[h.name], h, spec.dest or h.workdir, tree, spec.dest is not None,
+                                        stall_timeout if relay else None), hosts, DEFAULT_FANOUT)
+    outcomes: dict[str, NodeSync | NodeFailure] = {}
+    begun: dict[str, _Begun] = {}
+    for host, result in zip(hosts, started, strict=True):
+        if isinstance(result, _Begun):
+            begun[host.name] = result
+        else:
+            outcomes[host.name] = _failure(host, result)
+    places = relay_places({n: [e.path for e in b.todo] for n, b in begun.items()},
+                          {n: by_name[n].addr for n in begun},
+                          {n: b.answer.get("relay_port") for n, b in begun.items()}, spec.relay) if relay else {}
+    for name, place in places.items():  # first: a relayed node takes its stream only once told where from
+        if relayed_from(place) is not None:
+            begun[name].session.channel.send((json.dumps(place) + "\n").encode())  # if it cannot, its end says why
     contents = Contents(tree.root)
-    found = parallel(lambda h: sync_node(nodes[h.name], h, spec.dest or h.workdir, tree, home_ok=spec.dest is not None,
-                                         stall_timeout=stall_timeout, contents=contents), hosts, DEFAULT_FANOUT)
-    return {h.name: r if isinstance(r, NodeSync | NodeFailure) else NodeFailure(h.name, "sync", f"{r}")
-            for h, r in zip(hosts, found, strict=True)}
+    order = sorted(begun, key=lambda n: relayed_from(places.get(n)) is not None)  # the senders first
+    senders = {n for n in order if relayed_from(places.get(n)) is None}
+    done, lock = threading.Event(), threading.Lock()  # done: every sender's stream has gone out (or failed)
+
+    def finish(name: str) -> NodeSync | NodeFailure:
+        try:
+            return _finish(begun[name], tree, contents, stall_timeout, places.get(name), done)
+        finally:
+            with lock:
+                senders.discard(name)
+                if not senders:
+                    done.set()
+
+    if not senders:
+        done.set()
+    finished = parallel(finish, order, DEFAULT_FANOUT)
+    retry = []
+    for name, result in zip(order, finished, strict=True):
+        outcomes[name] = _failure(by_name[name], result)
+        if isinstance(outcomes[name], NodeFailure) and relayed_from(places.get(name)) is not None:
+            retry.append(name)
+    if retry:  # straight from here, as without a relay; the failure through the relay is kept to be said
+        again = parallel(lambda n: sync_node(nodes[n], by_name[n], spec.dest or by_name[n].workdir, tree,
+                                             home_ok=spec.dest is not None, stall_timeout=stall_timeout,
+                                             contents=contents), retry, DEFAULT_FANOUT)
+        for name, result in zip(retry, again, strict=True):
+            first = outcomes[name]
+            outcome = _failure(by_name[name], result)
+            if isinstance(outcome, NodeSync) and isinstance(first, NodeFailure):
+                outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {first.detail}")
+            outcomes[name] = outcome
+    return {h.name: outcomes[h.name] for h in hosts}
+
+
+def _failure(host: Host, result: object) -> NodeSync | NodeFailure:
+    """A node's outcome as it came, or its exception said as a sync failure."""
+    return result if isinstance(result, NodeSync | NodeFailure) else NodeFailure(host.name, "sync", f"{result}")
 
 
 # --- tasks ----------------------------------------------------------------------------------------------------
@@ -335,8 +459,11 @@ def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
     lines = []
     for outcome in outcomes.values():
         if isinstance(outcome, NodeSync):
-            lines.append(f"{outcome.node}: sent {outcome.sent} file(s), {size_text(outcome.bytes)} in "
+            via = f" through {outcome.via}" if outcome.via else ""
+            lines.append(f"{outcome.node}: sent {outcome.sent} file(s), {size_text(outcome.bytes)}{via} in "
                          f"{outcome.seconds:.2f}s; {outcome.unchanged} unchanged -> {outcome.dest}")
+            if outcome.relay_failed:
+                lines.append(f"{outcome.node}: sent straight from here: the relay through {outcome.relay_failed}")
         else:
             lines.append(f"{outcome}")
     return lines
@@ -347,6 +474,10 @@ def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> s
     lost = sum(getattr(o, "crossed", 0) for o in outcomes.values() if isinstance(o, NodeFailure))
     text = (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
             f"{size_text(sum(o.bytes for o in done))} sent")
+    relayed = [o for o in done if o.via]
+    if relayed:
+        text += (f" ({size_text(sum(o.bytes for o in done if not o.via))} from here, the rest node to node: "
+                 f"{len(relayed)} node(s) through another)")
     return text + (f"; {size_text(lost)} more crossed the wire to the nodes that failed, discarded there" if lost
                    else "")
 

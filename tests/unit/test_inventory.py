@@ -1400,6 +1400,9 @@ def test_socket_ifname_overridden_to_null_lets_env_set_it() -> None:
     ("sync: {src: ../project, dest: /scratch/project, exclude: [data/, '*.pt', .venv]}\n",
      SyncSpec(src="../project", dest="/scratch/project", exclude=("data/", "*.pt", ".venv"))),
     ("sync: {dest: '~', exclude: []}\n", SyncSpec(dest="~")),
+    ("sync: {relay: true}\n", SyncSpec(relay=True)),
+    ("sync: {relay: false}\n", SyncSpec(relay=False)),
+    ("sync: {relay: auto}\n", SyncSpec()),
     ("sync: {src: ~, dest: ~, exclude: ~}\n", SyncSpec()),
     ("sync: ~\n", None),
 ])
@@ -1415,7 +1418,9 @@ def test_sync(text: str, spec: SyncSpec | None) -> None:
     ("{exclude: data/}", "sync.exclude", "must be a list of gitignore-style patterns, got 'data/' (str)"),
     ("{exclude: [a, '']}", "sync.exclude[1]", "must be a non-empty string, got '' (str)"),
     ("{excludes: [a]}", "sync.excludes", "unknown key 'excludes'; did you mean 'exclude'?"),
-    ("{zzz: 1}", "sync.zzz", "unknown key 'zzz'; known keys: src, dest, exclude"),
+    ("{zzz: 1}", "sync.zzz", "unknown key 'zzz'; known keys: src, dest, exclude, relay"),
+    ("{relay: yes please}", "sync.relay", 'must be true (the nodes pass the tree on to each other), false (each gets '
+                                          """it from here) or "auto", got 'yes please' (str)"""),
 ])
 def test_sync_errors(value: str, entry: str, reason: str) -> None:
     assert_error(f"hosts: [a]\nsync: {value}\n", entry, reason, line=2)

@@ -11,6 +11,7 @@ import pytest
 
 from launcher.errors import LauncherError
 from launcher.sync.push import Contents, _Session
+from launcher.sync.relay import asks_relay, relay_places
 from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
 from tests.helpers import REPO
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
@@ -263,3 +264,48 @@ def relative_files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
 
 
+
+
+# --- the relay's plan ---------------------------------------------------------------------------------------------
+
+
+def relay_tree(place: dict) -> dict:
+    """A sender's place as {node: its peers' tree}, tokens and addresses left out."""
+    return {p["node"]: relay_tree(p) for p in place.get("relay_to", [])}
+
+
+def test_nodes_that_need_the_same_files_form_a_tree_four_wide_under_the_first() -> None:
+    names = [f"n{i}" for i in range(23)]
+    todos = {n: ["a.py", "b.py"] for n in names}
+    todos["n5"] = ["a.py"]  # alone with its changes: straight from here
+    todos["n7"] = []  # nothing to send
+    addrs = {n: f"10.0.0.{i}" for i, n in enumerate(names)}
+    ports = {n: 40000 + i for i, n in enumerate(names)}
+    places = relay_places(todos, addrs, ports, None)
+    assert places["n5"] == places["n7"] == {"relay_to": []}
+    group = [n for n in names if n not in ("n5", "n7")]  # 21 nodes: n0, four under it, four under each of those
+    assert relay_tree(places["n0"]) == {
+        "n1": {"n6": {}, "n8": {}, "n9": {}, "n10": {}}, "n2": {"n11": {}, "n12": {}, "n13": {}, "n14": {}},
+        "n3": {"n15": {}, "n16": {}, "n17": {}, "n18": {}}, "n4": {"n19": {}, "n20": {}, "n21": {}, "n22": {}}}
+    peers = {p["node"]: p for p in places["n0"]["relay_to"]}
+    for name in group[1:]:
+        parent = places[name]["relay_from"]
+        assert parent["node"] == ("n0" if name in peers else group[(group.index(name) - 1) // 4])
+    assert peers["n1"]["addr"] == "10.0.0.1" and peers["n1"]["port"] == 40001
+    tokens = [places[n]["relay_from"]["token"] for n in group[1:]]
+    assert len(set(tokens)) == len(tokens) and all(len(t) == 32 for t in tokens)
+    assert peers["n1"]["token"] == places["n1"]["relay_from"]["token"]
+
+
+def test_the_relay_choice_sets_the_least_group_and_a_node_that_does_not_listen_is_sent_straight() -> None:
+    todos = {n: ["a.py"] for n in ("a", "b", "c")}
+    addrs = {n: n for n in todos}
+    ports = {"a": 1, "b": 2, "c": 3}
+    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, ports, None).values())  # auto: from 4
+    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, ports, False).values())
+    forced = relay_places(todos, addrs, ports, True)
+    assert relay_tree(forced["a"]) == {"b": {}, "c": {}}
+    without = relay_places(todos, addrs, {"a": 1, "b": None, "c": 3}, True)
+    assert relay_tree(without["a"]) == {"c": {}} and without["b"] == {"relay_to": []}
+    assert (asks_relay(None, 3), asks_relay(None, 4), asks_relay(True, 2), asks_relay(False, 256)) == (
+        False, True, True, False)

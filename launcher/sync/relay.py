@@ -1,0 +1,75 @@
+"""Which node passes the tree's stream to which (`sync.relay`): the pure plan, from the nodes' answers.
+
+Nodes that need the same entries (most often all of them: the first sync, or one file edited) form a group. The
+controller sends the stream to the group's first node only; it passes it on to up to SYNC_RELAY_FANOUT nodes, each of
+those to as many more, over the cluster's own network (plain TCP, a random token a connection: the nodes already
+reach each other for torchrun). The controller's link carries one copy a group, and a node hears from at most
+log4(N) hops away. The node side is launcher/node/syncrelay.py.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from launcher.limits import SYNC_RELAY_FANOUT, SYNC_RELAY_MIN_NODES
+
+RelayChoice = bool | None
+"""`sync.relay`: True always (two nodes or more), False never, None (`auto`) from SYNC_RELAY_MIN_NODES nodes."""
+
+
+def least_group(choice: RelayChoice) -> int | None:
+    """The fewest nodes with the same changes that a relay serves; None: no relay."""
+    if choice is False:
+        return None
+    return 2 if choice is True else SYNC_RELAY_MIN_NODES
+
+
+def asks_relay(choice: RelayChoice, nodes: int) -> bool:
+    """Whether the nodes are asked to listen for a relay at all (there are enough of them for a group)."""
+    least = least_group(choice)
+    return least is not None and nodes >= least
+
+
+def relay_places(todos: Mapping[str, Sequence[str]], addrs: Mapping[str, str], ports: Mapping[str, int | None],
+                 choice: RelayChoice, fanout: int = SYNC_RELAY_FANOUT) -> dict[str, dict[str, Any]]:
+    """Each node's first line after its manifest: `{"relay_to": [peer, ...]}` for a node the controller sends to
+    (its peers, each with theirs), `{"relay_from": {"node", "token"}}` for one that gets the stream from another.
+
+    `todos`: each node's changed paths, in the order the controller would send them (nodes in inventory order);
+    `addrs`: how the other nodes reach it (`Host.addr`); `ports`: where it listens (None: it does not).
+    """
+    least = least_group(choice)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for node, todo in todos.items():
+        groups.setdefault(tuple(todo), []).append(node)
+    places: dict[str, dict[str, Any]] = {}
+    for todo, members in groups.items():
+        listening = [n for n in members[1:] if ports.get(n)]
+        if least is None or not todo or 1 + len(listening) < least:
+            places.update({n: {"relay_to": []} for n in members})
+            continue
+        order = [members[0], *listening]
+        places.update({n: {"relay_to": []} for n in members if n not in order})
+        tokens = {n: secrets.token_hex(16) for n in order[1:]}
+        places[order[0]] = {"relay_to": _peers(0, order, addrs, ports, tokens, fanout, places)}
+    return places
+
+
+def _peers(index: int, order: Sequence[str], addrs: Mapping[str, str], ports: Mapping[str, int | None],
+           tokens: Mapping[str, str], fanout: int, places: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The peers of the node at `index` of `order` (a tree `fanout` wide, in order), each with its own; each
+    peer's place (where its stream comes from) set in `places`."""
+    found = []
+    for child in range(index * fanout + 1, min(index * fanout + fanout + 1, len(order))):
+        name = order[child]
+        places[name] = {"relay_from": {"node": order[index], "token": tokens[name]}}
+        found.append({"node": name, "addr": addrs[name], "port": ports[name], "token": tokens[name],
+                      "relay_to": _peers(child, order, addrs, ports, tokens, fanout, places)})
+    return found
+
+
+def relayed_from(place: Mapping[str, Any] | None) -> str | None:
+    """The node a place's stream comes from; None: the controller."""
+    return None if not place or "relay_from" not in place else str(place["relay_from"]["node"])
