@@ -24,6 +24,7 @@ NODES = 8
 FILES = 1000
 TOTAL_BYTES = 50_000_000
 PHASES = ("first", "unchanged", "one_changed")
+VARIANTS = ("launcher", "direct", "rsync")
 LABELS = {"first": "first sync, empty nodes", "unchanged": "again, nothing changed",
           "one_changed": "again, one file changed"}
 SENT = re.compile(r"^node-\d+: sent (\d+) file\(s\)", re.M)
@@ -46,12 +47,14 @@ def make_tree(root: Path, files: int = FILES, total: int = TOTAL_BYTES) -> Path:
     return root
 
 
-def own_workdirs(box: Box, root: Path) -> list[Path]:
-    """Point each node's workdir at a folder of its own (the sandbox's nodes share one file system)."""
+def own_workdirs(box: Box, root: Path, inventory: Path | None = None, **top: Any) -> list[Path]:
+    """Point each node's workdir at a folder of its own (the sandbox's nodes share one file system), in the box's
+    inventory or in a copy of it at `inventory` (with `top`'s keys)."""
     data = yaml.safe_load(box.inventory.read_text())
     workdirs = [root / f"node-{i}" for i in range(box.n)]
     data["hosts"] = [{"name": f"node-{i}", "workdir": str(w)} for i, w in enumerate(workdirs)]
-    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    data.update(top)
+    (inventory or box.inventory).write_text(yaml.safe_dump(data, sort_keys=False))
     return workdirs
 
 
@@ -69,47 +72,56 @@ def run(repeat: int, root: Path) -> dict[str, Any]:
         raise RuntimeError("rsync is not installed (scripts/setup installs it)")
     tree = make_tree(root / "tree")
     changed = sorted(tree.rglob("*.bin"))[17]
-    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PHASES} for v in ("launcher", "rsync")}
-    cpu: dict[str, list[float]] = {"launcher": [], "rsync": []}
+    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PHASES} for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     problems: list[str] = []
     with sandbox_of(NODES, root) as box:
-        ours = own_workdirs(box, root / "launcher")
+        ours = own_workdirs(box, root / "launcher")  # sync.relay: auto (8 nodes: relayed)
+        direct_inventory = root / "direct.yaml"
+        direct = own_workdirs(box, root / "direct", direct_inventory, sync={"relay": False})
         theirs = [root / "rsync" / f"node-{i}" for i in range(NODES)]
         (root / "rsync").mkdir()  # rsync makes only the last folder of its destination
-        launcher = [sys.executable, "-m", "invoke", "-r", str(REPO), "sync", "--hosts", str(box.inventory)]
+        argvs = {v: [sys.executable, "-m", "invoke", "-r", str(REPO), "sync", "--hosts", str(inventory)]
+                 for v, inventory in (("launcher", box.inventory), ("direct", direct_inventory))}
+        argvs["rsync"] = rsync_loop(box, tree, theirs)
         expected = {"first": FILES, "unchanged": 0, "one_changed": 1}
         for rep in range(repeat):
-            for d in (*ours, *theirs):
+            for d in (*ours, *direct, *theirs):
                 shutil.rmtree(d, ignore_errors=True)
-            order = ("launcher", "rsync") if rep % 2 == 0 else ("rsync", "launcher")
+            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
             for phase in PHASES:
                 if phase == "one_changed":
                     changed.write_bytes(changed.read_bytes()[::-1] + b"changed")
                 for variant in order:
-                    argv = launcher if variant == "launcher" else rsync_loop(box, tree, theirs)
-                    result = run_timed(argv, cwd=tree, timeout=600)
+                    if variant == "direct" and phase != "first":
+                        continue  # a relay changes only what a first sync sends
+                    result = run_timed(argvs[variant], cwd=tree, timeout=600)
                     if result.code != 0:
                         raise RuntimeError(f"{variant} {phase} failed ({result.code}):\n"
                                            f"{(result.stdout + result.stderr)[-2000:]}")
                     times[variant][phase].append(result.seconds)
                     if phase == "first":
                         cpu[variant].append(result.cpu_s)
-                    if variant == "launcher":
+                    if variant != "rsync":
                         counts = [int(n) for n in SENT.findall(result.stdout)]
                         if counts != [expected[phase]] * NODES:
-                            problems.append(f"run {rep} {phase}: sent {counts}, expected {expected[phase]} each")
-                log(f"sync run {rep} {phase}: launcher {times['launcher'][phase][-1]:.2f}s, "
-                    f"rsync {times['rsync'][phase][-1]:.2f}s")
+                            problems.append(f"run {rep} {phase} ({variant}): sent {counts}, expected "
+                                            f"{expected[phase]} each")
+                log(f"sync run {rep} {phase}: " + ", ".join(f"{v} {times[v][phase][-1]:.2f}s" for v in VARIANTS
+                                                            if times[v][phase]))
             for d in (*ours, *theirs):  # both ends hold the tree as it is now
                 if (d / changed.relative_to(tree)).read_bytes() != changed.read_bytes():
                     problems.append(f"run {rep}: {d} does not hold the changed file")
     phases = {p: {"launcher": stats(times["launcher"][p]), "rsync": stats(times["rsync"][p])} for p in PHASES}
     for p in phases.values():
         p["launcher_over_rsync"] = ratio(p["launcher"], p["rsync"])
+    phases["first"]["direct"] = stats(times["direct"]["first"])
+    phases["first"]["direct_over_rsync"] = ratio(phases["first"]["direct"], phases["first"]["rsync"])
     return {"nodes": NODES, "files": FILES, "bytes": TOTAL_BYTES, "repeat": repeat, "phases": phases,
             "launcher_cpu_first_s": stats(cpu["launcher"]), "rsync_cpu_first_s": stats(cpu["rsync"]),
-            "problems": problems,
-            "note": "wall time from spawn to exit of `python -m invoke sync` (imports, 8 SSH connections) and of "
+            "direct_cpu_first_s": stats(cpu["direct"]), "problems": problems,
+            "note": "wall time from spawn to exit of `python -m invoke sync` (imports, 8 SSH connections; "
+                    "sync.relay auto, so relayed through the nodes, and false: every node straight from here) and of "
                     "a bash loop of 8 parallel `rsync -a -e 'ssh -F ...'`; CPU: wait4() rusage of each (the nodes' "
                     "sshd, syncd and rsync servers not included)"}
 
@@ -124,6 +136,12 @@ def rows(fig: dict[str, Any], cell: Any) -> list[list[str]]:
         r = p["launcher_over_rsync"]
         out.append([f"sync: {label} ({what})", n, cell(p["launcher"]), f"rsync loop: {cell(p['rsync'])}", "",
                     "–" if r is None else f"{r:.2f}x rsync", "(figure only)", "–"])
+    first = fig["phases"]["first"]
+    if "direct" in first:
+        r = first["direct_over_rsync"]
+        out.append([f"sync: first sync, sync.relay: false ({what})", n, cell(first["direct"]),
+                    f"rsync loop: {cell(first['rsync'])}", "", "–" if r is None else f"{r:.2f}x rsync",
+                    "(figure only)", "–"])
     out.append(["sync: CPU of the first sync", n, cell(fig["launcher_cpu_first_s"], "CPU s"),
                 f"rsync loop: {cell(fig['rsync_cpu_first_s'], 'CPU s')}", "", "", "(figure only)", "–"])
     if fig["problems"]:

@@ -67,28 +67,24 @@ def receive(dest, token, stream):
     return count, total
 
 
-def relay_listener(request):
-    """Where the stream may come from another node (`request["relay"]`): a port of this node's; else None."""
-    if not request.get("relay"):
-        return None
-    from launcher.node.syncrelay import Listener
-
-    return Listener()
-
-
-def receive_relayed(dest, request, listener):
-    """The stream, from stdin or from another node as the controller's first line says, passed on to the peers it
-    names; (entries, bytes, what the controller hears of the relay)."""
-    from launcher.node.syncrelay import Tee, connect
-
-    stall_s = float(request["relay_stall_s"])
+def receive_relayed(dest, request):
+    """The stream, from stdin or from another node as the controller's first line says (`launcher.sync.relay`),
+    passed on to the peers it names; (entries, bytes, what the controller hears of the relay)."""
     place = json.loads(sys.stdin.buffer.readline().decode("utf-8"))
+    stall_s = float(request["relay_stall_s"])
     conn = None
     if "relay_from" in place:
+        from launcher.node.syncrelay import Listener
+
+        listener = Listener()
+        reply({"relay_port": listener.port})
         source, conn, peers = listener.accept(place["relay_from"]["node"], place["relay_from"]["token"], stall_s)
     else:
-        listener.close()
         source, peers = sys.stdin.buffer, place.get("relay_to") or []
+    if conn is None and not peers:  # straight from the controller and on to nobody: no socket needed
+        return (*receive(dest, request["token"], source), {})
+    from launcher.node.syncrelay import Tee, connect
+
     connected, failed = connect(peers, stall_s)
     tee = Tee(source, connected)
     whole = False
@@ -184,14 +180,12 @@ def main():
         refuse_home(dest, request)
         made = make_dest(dest)
         lock = lock_dest(dest, float(request["lock_wait"]))
-        listener = relay_listener(request)
-        reply({"dest": dest, "manifest": manifest(dest, request["paths"]), "free": free_bytes(dest),
-               "relay_port": None if listener is None else listener.port})
+        reply({"dest": dest, "manifest": manifest(dest, request["paths"]), "free": free_bytes(dest)})
         # From here stdin is binary: the controller sent nothing more before reading the answer above.
-        if listener is None:
-            count, total = receive(dest, request["token"], sys.stdin.buffer)
+        if request.get("relay"):
+            count, total, relay = receive_relayed(dest, request)
         else:
-            count, total, relay = receive_relayed(dest, request, listener)
+            count, total = receive(dest, request["token"], sys.stdin.buffer)
         ok = True
     except Refused as exc:
         reply({"error": str(exc)})

@@ -33,7 +33,7 @@ from launcher.limits import SYNC_SHARED_BYTES as SHARED_BYTES
 from launcher.limits import SYNC_TIMING
 from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
-from launcher.sync.relay import asks_relay, relay_places, relayed_from
+from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.tree import (
     Entry,
     Tree,
@@ -262,6 +262,8 @@ class _Begun:
     answer: dict[str, Any]
     todo: list[Entry]
     t0: float
+    failed: NodeFailure | None = None
+    """Its end, already known (a relayed node that could not listen)."""
 
 
 def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
@@ -324,6 +326,8 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, stall_timeout: float,
     dest = begun.answer["dest"]
 
     def finish() -> NodeSync | NodeFailure:
+        if begun.failed is not None:
+            return begun.failed
         sent = 0
         if relayed_from(place) is None:
             try:
@@ -406,11 +410,10 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
         else:
             outcomes[host.name] = _failure(host, result)
     places = relay_places({n: [e.path for e in b.todo] for n, b in begun.items()},
-                          {n: by_name[n].addr for n in begun},
-                          {n: b.answer.get("relay_port") for n, b in begun.items()}, spec.relay) if relay else {}
-    for name, place in places.items():  # first: a relayed node takes its stream only once told where from
-        if relayed_from(place) is not None:
-            begun[name].session.channel.send((json.dumps(place) + "\n").encode())  # if it cannot, its end says why
+                          {n: by_name[n].addr for n in begun}, spec.relay) if relay else {}
+    if any(relayed_from(p) is not None for p in places.values()):
+        ports = _listening({n: b for n, b in begun.items() if relayed_from(places[n]) is not None}, places)
+        places = {n: place if relayed_from(place) else with_ports(place, ports) for n, place in places.items()}
     contents = Contents(tree.root)
     order = sorted(begun, key=lambda n: relayed_from(places.get(n)) is not None)  # the senders first
     senders = {n for n in order if relayed_from(places.get(n)) is None}
@@ -444,6 +447,24 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
                 outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {first.detail}")
             outcomes[name] = outcome
     return {h.name: outcomes[h.name] for h in hosts}
+
+
+def _listening(relayed: Mapping[str, _Begun], places: Mapping[str, dict[str, Any]]) -> dict[str, int | None]:
+    """Tell each relayed node where its stream comes from; the port each then listens on (None: it said none, and
+    its sync fails, to be sent straight from here)."""
+    for name, begun in relayed.items():
+        begun.session.channel.send((json.dumps(places[name]) + "\n").encode())
+    ports: dict[str, int | None] = {}
+    for name, begun in relayed.items():  # they listen all at once: the waits overlap
+        try:
+            answer = begun.session.answer(REPLY_TIMEOUT)
+        except TimeoutError:
+            answer = None
+        ports[name] = int(answer["relay_port"]) if answer and answer.get("relay_port") else None
+        if ports[name] is None:
+            why = str(answer["error"]) if answer and "error" in answer else "it did not say where it listens"
+            begun.failed = NodeFailure(name, "sync", f"cannot listen for the relay: {why}")
+    return ports
 
 
 def _failure(host: Host, result: object) -> NodeSync | NodeFailure:

@@ -32,13 +32,14 @@ def asks_relay(choice: RelayChoice, nodes: int) -> bool:
     return least is not None and nodes >= least
 
 
-def relay_places(todos: Mapping[str, Sequence[str]], addrs: Mapping[str, str], ports: Mapping[str, int | None],
-                 choice: RelayChoice, fanout: int = SYNC_RELAY_FANOUT) -> dict[str, dict[str, Any]]:
+def relay_places(todos: Mapping[str, Sequence[str]], addrs: Mapping[str, str], choice: RelayChoice,
+                 fanout: int = SYNC_RELAY_FANOUT) -> dict[str, dict[str, Any]]:
     """Each node's first line after its manifest: `{"relay_to": [peer, ...]}` for a node the controller sends to
-    (its peers, each with theirs), `{"relay_from": {"node", "token"}}` for one that gets the stream from another.
+    (its peers, each with theirs; their ports still None: `with_ports`), `{"relay_from": {"node", "token"}}` for one
+    that gets the stream from another (it then listens, and says where).
 
     `todos`: each node's changed paths, in the order the controller would send them (nodes in inventory order);
-    `addrs`: how the other nodes reach it (`Host.addr`); `ports`: where it listens (None: it does not).
+    `addrs`: how the other nodes reach it (`Host.addr`).
     """
     least = least_group(choice)
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -46,28 +47,31 @@ def relay_places(todos: Mapping[str, Sequence[str]], addrs: Mapping[str, str], p
         groups.setdefault(tuple(todo), []).append(node)
     places: dict[str, dict[str, Any]] = {}
     for todo, members in groups.items():
-        listening = [n for n in members[1:] if ports.get(n)]
-        if least is None or not todo or 1 + len(listening) < least:
+        if least is None or not todo or len(members) < least:
             places.update({n: {"relay_to": []} for n in members})
             continue
-        order = [members[0], *listening]
-        places.update({n: {"relay_to": []} for n in members if n not in order})
-        tokens = {n: secrets.token_hex(16) for n in order[1:]}
-        places[order[0]] = {"relay_to": _peers(0, order, addrs, ports, tokens, fanout, places)}
+        tokens = {n: secrets.token_hex(16) for n in members[1:]}
+        places[members[0]] = {"relay_to": _peers(0, members, addrs, tokens, fanout, places)}
     return places
 
 
-def _peers(index: int, order: Sequence[str], addrs: Mapping[str, str], ports: Mapping[str, int | None],
-           tokens: Mapping[str, str], fanout: int, places: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _peers(index: int, order: Sequence[str], addrs: Mapping[str, str], tokens: Mapping[str, str], fanout: int,
+           places: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The peers of the node at `index` of `order` (a tree `fanout` wide, in order), each with its own; each
     peer's place (where its stream comes from) set in `places`."""
     found = []
     for child in range(index * fanout + 1, min(index * fanout + fanout + 1, len(order))):
         name = order[child]
         places[name] = {"relay_from": {"node": order[index], "token": tokens[name]}}
-        found.append({"node": name, "addr": addrs[name], "port": ports[name], "token": tokens[name],
-                      "relay_to": _peers(child, order, addrs, ports, tokens, fanout, places)})
+        found.append({"node": name, "addr": addrs[name], "port": None, "token": tokens[name],
+                      "relay_to": _peers(child, order, addrs, tokens, fanout, places)})
     return found
+
+
+def with_ports(place: Mapping[str, Any], ports: Mapping[str, int | None]) -> dict[str, Any]:
+    """A sender's place with the port each of its peers (and theirs) listens on (None: it said none)."""
+    return {"relay_to": [{**peer, "port": ports.get(peer["node"]), **with_ports(peer, ports)}
+                         for peer in place.get("relay_to", [])]}
 
 
 def relayed_from(place: Mapping[str, Any] | None) -> str | None:

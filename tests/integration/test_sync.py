@@ -348,6 +348,14 @@ def relay_syncd(dest: Path, paths: list[str]) -> tuple[subprocess.Popen[bytes], 
     return proc, json.loads(proc.stdout.readline())
 
 
+def relayed_from(proc: subprocess.Popen[bytes], node: str, token: str) -> int:
+    """Tell a relayed syncd where its stream comes from; the port it then listens on."""
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(b'{"relay_from": {"node": "%s", "token": "%s"}}\n' % (node.encode(), token.encode()))
+    proc.stdin.close()
+    return int(json.loads(proc.stdout.readline())["relay_port"])
+
+
 def ends(proc: subprocess.Popen[bytes]) -> tuple[list[dict], int]:
     assert proc.stdout
     return [json.loads(line) for line in proc.stdout.read().splitlines()], proc.wait(timeout=30)
@@ -359,16 +367,15 @@ def test_a_relayed_node_takes_its_stream_only_with_its_token(tmp_path: Path) -> 
 
     seed, first = relay_syncd(tmp_path / "a", ["x.py", "big.bin"])
     peer, answer = relay_syncd(tmp_path / "b", ["x.py", "big.bin"])
-    assert first["relay_port"] and answer["relay_port"] and first["manifest"] == answer["manifest"] == {}
-    assert peer.stdin and seed.stdin
-    peer.stdin.write(b'{"relay_from": {"node": "node-a", "token": "right"}}\n')
-    peer.stdin.close()
-    with socket.create_connection(("127.0.0.1", answer["relay_port"])) as stranger:  # dropped, and nothing lands
+    assert first["manifest"] == answer["manifest"] == {}
+    port = relayed_from(peer, "node-a", "right")
+    with socket.create_connection(("127.0.0.1", port)) as stranger:  # dropped, and nothing lands
         stranger.sendall(b'{"token": "wrong", "relay_to": []}\n' + frame("evil.py", b"x") + END)
         assert stranger.recv(1) == b""
     big = os.urandom(3 << 20)  # more than a socket buffer holds: the relay passes it on as it reads
+    assert seed.stdin
     seed.stdin.write(b'{"relay_to": [{"node": "node-b", "addr": "127.0.0.1", "port": %d, "token": "right", '
-                     b'"relay_to": []}]}\n' % answer["relay_port"] + frame("x.py", b"print(1)\n")
+                     b'"relay_to": []}]}\n' % port + frame("x.py", b"print(1)\n")
                      + frame("big.bin", big) + END)
     seed.stdin.close()
     assert ends(seed) == ([{"ok": True, "entries": 2, "bytes": len(big) + 9, "relayed_to": ["node-b"],
@@ -382,12 +389,11 @@ def test_a_relayed_node_takes_its_stream_only_with_its_token(tmp_path: Path) -> 
 @pytest.mark.integration
 def test_a_relay_cut_short_leaves_nothing_on_the_node_after_it(tmp_path: Path) -> None:
     seed, _ = relay_syncd(tmp_path / "a", ["x.py", "big.bin"])
-    peer, answer = relay_syncd(tmp_path / "b", ["x.py", "big.bin"])
-    assert peer.stdin and seed.stdin
-    peer.stdin.write(b'{"relay_from": {"node": "node-a", "token": "right"}}\n')
-    peer.stdin.close()
+    peer, _ = relay_syncd(tmp_path / "b", ["x.py", "big.bin"])
+    port = relayed_from(peer, "node-a", "right")
+    assert seed.stdin
     seed.stdin.write(b'{"relay_to": [{"node": "node-b", "addr": "127.0.0.1", "port": %d, "token": "right", '
-                     b'"relay_to": []}]}\n' % answer["relay_port"] + frame("x.py", b"print(1)\n")
+                     b'"relay_to": []}]}\n' % port + frame("x.py", b"print(1)\n")
                      + frame("big.bin", os.urandom(1 << 20))[:-1000])
     seed.stdin.close()  # the controller's stream stops in the middle of big.bin
     answers, code = ends(seed)

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.errors import LauncherError
 from launcher.sync.push import Contents, _Session
-from launcher.sync.relay import asks_relay, relay_places
+from launcher.sync.relay import asks_relay, relay_places, with_ports
 from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
 from tests.helpers import REPO
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
@@ -280,32 +280,31 @@ def test_nodes_that_need_the_same_files_form_a_tree_four_wide_under_the_first() 
     todos["n5"] = ["a.py"]  # alone with its changes: straight from here
     todos["n7"] = []  # nothing to send
     addrs = {n: f"10.0.0.{i}" for i, n in enumerate(names)}
-    ports = {n: 40000 + i for i, n in enumerate(names)}
-    places = relay_places(todos, addrs, ports, None)
+    places = relay_places(todos, addrs, None)
     assert places["n5"] == places["n7"] == {"relay_to": []}
     group = [n for n in names if n not in ("n5", "n7")]  # 21 nodes: n0, four under it, four under each of those
     assert relay_tree(places["n0"]) == {
         "n1": {"n6": {}, "n8": {}, "n9": {}, "n10": {}}, "n2": {"n11": {}, "n12": {}, "n13": {}, "n14": {}},
         "n3": {"n15": {}, "n16": {}, "n17": {}, "n18": {}}, "n4": {"n19": {}, "n20": {}, "n21": {}, "n22": {}}}
-    peers = {p["node"]: p for p in places["n0"]["relay_to"]}
-    for name in group[1:]:
-        parent = places[name]["relay_from"]
-        assert parent["node"] == ("n0" if name in peers else group[(group.index(name) - 1) // 4])
-    assert peers["n1"]["addr"] == "10.0.0.1" and peers["n1"]["port"] == 40001
+    for index, name in enumerate(group[1:], start=1):
+        assert places[name]["relay_from"]["node"] == group[(index - 1) // 4]
     tokens = [places[n]["relay_from"]["token"] for n in group[1:]]
     assert len(set(tokens)) == len(tokens) and all(len(t) == 32 for t in tokens)
-    assert peers["n1"]["token"] == places["n1"]["relay_from"]["token"]
+    # The ports come once the relayed nodes listen; a node that said none keeps None (its sender cannot connect).
+    sender = with_ports(places["n0"], {n: 40000 + i for i, n in enumerate(names)} | {"n21": None})
+    peers = {p["node"]: p for p in sender["relay_to"]}
+    assert (peers["n1"]["addr"], peers["n1"]["port"], peers["n1"]["token"]) == (
+        "10.0.0.1", 40001, places["n1"]["relay_from"]["token"])
+    below = {p["node"]: p["port"] for p in peers["n4"]["relay_to"]}
+    assert below == {"n19": 40019, "n20": 40020, "n21": None, "n22": 40022}
+    assert relay_tree(sender) == relay_tree(places["n0"])
 
 
-def test_the_relay_choice_sets_the_least_group_and_a_node_that_does_not_listen_is_sent_straight() -> None:
+def test_the_relay_choice_sets_the_least_group() -> None:
     todos = {n: ["a.py"] for n in ("a", "b", "c")}
     addrs = {n: n for n in todos}
-    ports = {"a": 1, "b": 2, "c": 3}
-    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, ports, None).values())  # auto: from 4
-    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, ports, False).values())
-    forced = relay_places(todos, addrs, ports, True)
-    assert relay_tree(forced["a"]) == {"b": {}, "c": {}}
-    without = relay_places(todos, addrs, {"a": 1, "b": None, "c": 3}, True)
-    assert relay_tree(without["a"]) == {"c": {}} and without["b"] == {"relay_to": []}
+    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, None).values())  # auto: from 4 nodes
+    assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, False).values())
+    assert relay_tree(relay_places(todos, addrs, True)["a"]) == {"b": {}, "c": {}}
     assert (asks_relay(None, 3), asks_relay(None, 4), asks_relay(True, 2), asks_relay(False, 256)) == (
         False, True, True, False)
