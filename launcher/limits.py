@@ -143,6 +143,9 @@ SYNC_LOCK_WAIT = 60.0
 SYNC_RELAY_MIN_NODES = 4
 """`sync.relay: auto` relays when at least this many nodes need the same files: below it, the controller's link
 carries a few copies, and a relay's first connection between nodes is one more thing to go wrong."""
+SYNC_RELAY_MIN_SAVED = 8 << 20
+"""... and when relaying saves the controller's link at least this many bytes (copies not sent, times their size): a
+relay costs a round to the nodes and connections between them, ~50 ms; 8 MB take 0.7 s on a 100 Mbit/s uplink."""
 SYNC_RELAY_FANOUT = 4
 """Nodes each relaying node passes the stream on to: 256 nodes are four hops from the controller."""
 

@@ -409,7 +409,7 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
             begun[host.name] = result
         else:
             outcomes[host.name] = _failure(host, result)
-    places = relay_places({n: [e.path for e in b.todo] for n, b in begun.items()},
+    places = relay_places({n: [(e.path, e.size) for e in b.todo] for n, b in begun.items()},
                           {n: by_name[n].addr for n in begun}, spec.relay) if relay else {}
     if any(relayed_from(p) is not None for p in places.values()):
         ports = _listening({n: b for n, b in begun.items() if relayed_from(places[n]) is not None}, places)

@@ -13,10 +13,11 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher.limits import SYNC_RELAY_FANOUT, SYNC_RELAY_MIN_NODES
+from launcher.limits import SYNC_RELAY_FANOUT, SYNC_RELAY_MIN_NODES, SYNC_RELAY_MIN_SAVED
 
 RelayChoice = bool | None
-"""`sync.relay`: True always (two nodes or more), False never, None (`auto`) from SYNC_RELAY_MIN_NODES nodes."""
+"""`sync.relay`: True always (two nodes or more), False never, None (`auto`): from SYNC_RELAY_MIN_NODES nodes and
+SYNC_RELAY_MIN_SAVED bytes."""
 
 
 def least_group(choice: RelayChoice) -> int | None:
@@ -32,22 +33,24 @@ def asks_relay(choice: RelayChoice, nodes: int) -> bool:
     return least is not None and nodes >= least
 
 
-def relay_places(todos: Mapping[str, Sequence[str]], addrs: Mapping[str, str], choice: RelayChoice,
+def relay_places(todos: Mapping[str, Sequence[tuple[str, int]]], addrs: Mapping[str, str], choice: RelayChoice,
                  fanout: int = SYNC_RELAY_FANOUT) -> dict[str, dict[str, Any]]:
     """Each node's first line after its manifest: `{"relay_to": [peer, ...]}` for a node the controller sends to
     (its peers, each with theirs; their ports still None: `with_ports`), `{"relay_from": {"node", "token"}}` for one
     that gets the stream from another (it then listens, and says where).
 
-    `todos`: each node's changed paths, in the order the controller would send them (nodes in inventory order);
-    `addrs`: how the other nodes reach it (`Host.addr`).
+    `todos`: each node's changed entries (path, bytes), in the order the controller would send them (nodes in
+    inventory order); `addrs`: how the other nodes reach it (`Host.addr`). `auto` relays a group of at least
+    SYNC_RELAY_MIN_NODES that saves the controller SYNC_RELAY_MIN_SAVED bytes or more; `true` any group of two.
     """
     least = least_group(choice)
-    groups: dict[tuple[str, ...], list[str]] = {}
+    groups: dict[tuple[tuple[str, int], ...], list[str]] = {}
     for node, todo in todos.items():
         groups.setdefault(tuple(todo), []).append(node)
     places: dict[str, dict[str, Any]] = {}
     for todo, members in groups.items():
-        if least is None or not todo or len(members) < least:
+        saved = (len(members) - 1) * sum(size for _, size in todo)
+        if least is None or not todo or len(members) < least or (choice is None and saved < SYNC_RELAY_MIN_SAVED):
             places.update({n: {"relay_to": []} for n in members})
             continue
         tokens = {n: secrets.token_hex(16) for n in members[1:]}

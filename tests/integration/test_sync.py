@@ -290,7 +290,7 @@ def relayed(output: str) -> dict[str, tuple[int, str | None]]:
 @pytest.mark.integration
 def test_four_nodes_get_the_tree_through_each_other_and_one_copy_leaves_here(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(5, master_port=free_port())
-    workdirs = own_workdirs(box, tmp_path / "nodes")  # sync.relay: auto, 5 nodes: the first sends to the other four
+    workdirs = own_workdirs(box, tmp_path / "nodes", sync={"relay": True})  # (auto: only from 8 MB saved)
     src = project(tmp_path / "src", with_git=True)
     everything = EXPECTED | {"data/big.bin"}
 

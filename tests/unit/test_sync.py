@@ -276,8 +276,8 @@ def relay_tree(place: dict) -> dict:
 
 def test_nodes_that_need_the_same_files_form_a_tree_four_wide_under_the_first() -> None:
     names = [f"n{i}" for i in range(23)]
-    todos = {n: ["a.py", "b.py"] for n in names}
-    todos["n5"] = ["a.py"]  # alone with its changes: straight from here
+    todos = {n: [("a.py", 5 << 20), ("b.py", 1)] for n in names}
+    todos["n5"] = [("a.py", 5 << 20)]  # alone with its changes: straight from here
     todos["n7"] = []  # nothing to send
     addrs = {n: f"10.0.0.{i}" for i, n in enumerate(names)}
     places = relay_places(todos, addrs, None)
@@ -300,11 +300,17 @@ def test_nodes_that_need_the_same_files_form_a_tree_four_wide_under_the_first() 
     assert relay_tree(sender) == relay_tree(places["n0"])
 
 
-def test_the_relay_choice_sets_the_least_group() -> None:
-    todos = {n: ["a.py"] for n in ("a", "b", "c")}
-    addrs = {n: n for n in todos}
+def test_the_relay_choice_sets_the_least_group_and_auto_relays_only_what_saves_megabytes() -> None:
+    todos = {n: [("a.py", 100 << 20)] for n in ("a", "b", "c")}
+    addrs = {n: n for n in "abcdefgh"}
     assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, None).values())  # auto: from 4 nodes
     assert all(p == {"relay_to": []} for p in relay_places(todos, addrs, False).values())
     assert relay_tree(relay_places(todos, addrs, True)["a"]) == {"b": {}, "c": {}}
+    small = {n: [("a.py", 1 << 20)] for n in "abcdefgh"}  # 7 copies of 1 MB saved: under SYNC_RELAY_MIN_SAVED
+    assert all(p == {"relay_to": []} for p in relay_places(small, addrs, None).values())
+    assert relay_tree(relay_places(small, addrs, True)["a"]) == {"b": {"f": {}, "g": {}, "h": {}}, "c": {}, "d": {},
+                                                                    "e": {}}
+    larger = {n: [("a.py", 2 << 20)] for n in "abcdefgh"}  # 14 MB saved
+    assert relay_tree(relay_places(larger, addrs, None)["a"]) == relay_tree(relay_places(small, addrs, True)["a"])
     assert (asks_relay(None, 3), asks_relay(None, 4), asks_relay(True, 2), asks_relay(False, 256)) == (
         False, True, True, False)
