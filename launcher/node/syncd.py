@@ -44,8 +44,9 @@ from launcher.node.syncstage import Refused, Stage, StreamEnded, free_bytes, man
 LOCK_NAME = ".ddp-launcher-sync.lock"
 
 
-def receive(dest, token, stream):
-    """Stage every entry of the stream, then rename them all into place; returns (entries, bytes)."""
+def receive(dest, token, stream, on_end=None):
+    """Stage every entry of the stream, then rename them all into place; returns (entries, bytes). `on_end()` runs
+    once the end mark is read, before the renames (a relay passes the stream's last bytes on then)."""
     stage = Stage(dest, token)
     count = total = 0
     try:
@@ -55,6 +56,8 @@ def receive(dest, token, stream):
                 raise StreamEnded("the controller's stream ended before its end mark")
             header = json.loads(line.decode("utf-8"))
             if header.get("end"):
+                if on_end is not None:
+                    on_end()
                 break
             stage.add(header, stream)
             count += 1
@@ -89,7 +92,7 @@ def receive_relayed(dest, request):
     tee = Tee(source, connected)
     whole = False
     try:
-        count, total = receive(dest, request["token"], tee)
+        count, total = receive(dest, request["token"], tee, on_end=tee.flush)
         whole = True
     except (StreamEnded, OSError) as exc:
         if conn is None or (isinstance(exc, OSError) and not isinstance(exc, socket_errors())):
