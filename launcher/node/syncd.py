@@ -143,9 +143,12 @@ def make_dest(dest):
 
 
 def lock_dest(dest, wait):
-    """Hold dest's lock file (a POSIX lock: NFS honours it), waiting up to `wait` s for another sync to end."""
+    """Hold dest's lock file (a POSIX lock: NFS honours it), waiting up to `wait` s for another sync to end; the
+    controller hears at once that this node waits (a shared workdir: the other sync may be its own, for another
+    node, which must not wait for this one's manifest)."""
     path = os.path.join(dest, LOCK_NAME)
     deadline = time.monotonic() + wait
+    said = False
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
@@ -154,6 +157,9 @@ def lock_dest(dest, wait):
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
+            if not said:
+                reply({"waiting": "another sync into %s holds its lock" % dest})
+                said = True
             if time.monotonic() > deadline:
                 raise Refused(f"another sync into {dest} is under way (waited {wait:g} s for it); run this one "
                               "again when it has ended") from None

@@ -264,6 +264,8 @@ class _Begun:
     t0: float
     failed: NodeFailure | None = None
     """Its end, already known (a relayed node that could not listen)."""
+    waiting: bool = False
+    """It waits for another sync into its destination (a shared workdir): no manifest yet, and no relay for it."""
 
 
 def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
@@ -299,18 +301,12 @@ def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool,
             request.update(relay=True, relay_stall_s=relay_stall)
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
             return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
+        begun = _Begun(session, node, {}, [], t0)
         first = session.answer(REPLY_TIMEOUT + LOCK_WAIT)
-        if first is None:
-            return NodeFailure(node.name, "sync", f"the sync program did not start: {session.why()}",
-                               f"check `python` for {node.name} in the inventory")
-        if "error" in first:
-            return NodeFailure(node.name, "sync", str(first["error"]))
-        todo = changed(tree.entries, first["manifest"])
-        need, free = sum(e.size for e in todo), first.get("free")
-        if free is not None and need > free:
-            return NodeFailure(node.name, "sync", f"no space: {size_text(need)} to write to {first['dest']}, "
-                                                  f"{size_text(free)} free there", "free some space on the node")
-        return _Begun(session, node, first, todo, t0)
+        if first is not None and "waiting" in first:
+            begun.waiting = True  # its manifest comes once the other sync into its destination has ended
+            return begun
+        return _manifest(begun, tree, first)
 
     outcome = _guarded(node, begin)
     if isinstance(outcome, NodeFailure):
@@ -318,16 +314,37 @@ def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool,
     return outcome
 
 
+def _manifest(begun: _Begun, tree: Tree, first: dict[str, Any] | None) -> _Begun | NodeFailure:
+    """The node's manifest answer: what it needs (`begun` filled in), or why it cannot be synced."""
+    node, session = begun.node, begun.session
+    if first is None:
+        return NodeFailure(node.name, "sync", f"the sync program did not start: {session.why()}",
+                           f"check `python` for {node.name} in the inventory")
+    if "error" in first:
+        return NodeFailure(node.name, "sync", str(first["error"]))
+    todo = changed(tree.entries, first["manifest"])
+    need, free = sum(e.size for e in todo), first.get("free")
+    if free is not None and need > free:
+        return NodeFailure(node.name, "sync", f"no space: {size_text(need)} to write to {first['dest']}, "
+                                              f"{size_text(free)} free there", "free some space on the node")
+    begun.answer, begun.todo, begun.waiting = first, todo, False
+    return begun
+
+
 def _finish(begun: _Begun, tree: Tree, contents: Contents, stall_timeout: float, place: dict[str, Any] | None,
             relay_done: threading.Event | None) -> NodeSync | NodeFailure:
     """Send the node its changes (or its place in the relay, where another node sends them) and read its end."""
-    session, node, todo = begun.session, begun.node, begun.todo
+    session, node = begun.session, begun.node
     session.stall_timeout = stall_timeout
-    dest = begun.answer["dest"]
 
     def finish() -> NodeSync | NodeFailure:
         if begun.failed is not None:
             return begun.failed
+        if begun.waiting:
+            manifest = _manifest(begun, tree, session.answer(REPLY_TIMEOUT + LOCK_WAIT))
+            if isinstance(manifest, NodeFailure):
+                return manifest
+        todo, dest = begun.todo, begun.answer["dest"]
         sent = 0
         if relayed_from(place) is None:
             try:
@@ -409,15 +426,19 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
             begun[host.name] = result
         else:
             outcomes[host.name] = _failure(host, result)
-    places = relay_places({n: [(e.path, e.size) for e in b.todo] for n, b in begun.items()},
-                          {n: by_name[n].addr for n in begun}, spec.relay) if relay else {}
+    ready = {n: b for n, b in begun.items() if not b.waiting}
+    places = relay_places({n: [(e.path, e.size) for e in b.todo] for n, b in ready.items()},
+                          {n: by_name[n].addr for n in ready}, spec.relay) if relay else {}
+    places.update({n: {"relay_to": []} for n, b in begun.items() if b.waiting and relay})
     if any(relayed_from(p) is not None for p in places.values()):
         ports = _listening({n: b for n, b in begun.items() if relayed_from(places[n]) is not None}, places)
         places = {n: place if relayed_from(place) else with_ports(place, ports) for n, place in places.items()}
     contents = Contents(tree.root)
-    order = sorted(begun, key=lambda n: relayed_from(places.get(n)) is not None)  # the senders first
-    senders = {n for n in order if relayed_from(places.get(n)) is None}
-    done, lock = threading.Event(), threading.Lock()  # done: every sender's stream has gone out (or failed)
+    # Those that send first, then the relayed (they wait for the senders), then any waiting for another sync into
+    # its destination (which may be one of these): no thread waits on one that has none yet.
+    order = sorted(begun, key=lambda n: (begun[n].waiting, relayed_from(places.get(n)) is not None))
+    senders = {n for n, place in places.items() if place.get("relay_to")}
+    done, lock = threading.Event(), threading.Lock()  # done: every relay's stream has left here (or failed)
 
     def finish(name: str) -> NodeSync | NodeFailure:
         try:
@@ -440,11 +461,16 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
         again = parallel(lambda n: sync_node(nodes[n], by_name[n], spec.dest or by_name[n].workdir, tree,
                                              home_ok=spec.dest is not None, stall_timeout=stall_timeout,
                                              contents=contents), retry, DEFAULT_FANOUT)
+        # The relaying node's word first (it could not connect, or the node stopped taking data), else the node's.
+        unreached = {peer: f"{o.node} could not pass it on ({why}); can the nodes reach each other? sync.relay: "
+                           "false keeps it to SSH" for o in outcomes.values()
+                     if isinstance(o, NodeSync) for peer, why in o.unreached}
         for name, result in zip(retry, again, strict=True):
             first = outcomes[name]
             outcome = _failure(by_name[name], result)
             if isinstance(outcome, NodeSync) and isinstance(first, NodeFailure):
-                outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {first.detail}")
+                why = unreached.get(name, first.detail)
+                outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {why}")
             outcomes[name] = outcome
     return {h.name: outcomes[h.name] for h in hosts}
 
