@@ -65,17 +65,28 @@ class Listener:
 
 def connect(peers, stall_s):
     """A connection to each peer that answers, its first line sent; [(name, socket)], and [(name, why)] for the
-    others."""
-    connected, failed = [], []
-    for peer in peers:
+    others. All at once: a peer whose address swallows the connection costs its wait once, not once a peer."""
+    import threading
+
+    found = [None] * len(peers)
+
+    def one(index, peer):
         try:
             sock = socket.create_connection((peer["addr"], int(peer["port"])), timeout=timing("relay_connect_s"))
             sock.settimeout(stall_s)
             sock.sendall((json.dumps({"token": peer["token"], "relay_to": peer.get("relay_to") or []}) + "\n").encode())
-        except OSError as exc:
-            failed.append((peer["node"], str(exc)))
-            continue
-        connected.append((peer["node"], sock))
+        except (OSError, TypeError, ValueError) as exc:  # a port of None: the peer said none
+            found[index] = (peer["node"], None, str(exc) or type(exc).__name__)
+            return
+        found[index] = (peer["node"], sock, None)
+
+    threads = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(peers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    connected = [(name, sock) for name, sock, _ in found if sock is not None]
+    failed = [(name, why) for name, sock, why in found if sock is None]
     return connected, failed
 
 
