@@ -1013,7 +1013,8 @@ def check_cluster(cluster: Cluster) -> None:
     assert isinstance(rdzv.master_addr, str) and _HOST_NAME_OK.match(rdzv.master_addr)
     assert type(rdzv.master_port) is int and 1 <= rdzv.master_port <= 65535
     if cluster.job is not None:
-        assert isinstance(cluster.job.script, str) and cluster.job.script.strip()
+        forms = [f for f in (cluster.job.script, cluster.job.module, cluster.job.command) if f is not None]
+        assert len(forms) == 1 and isinstance(forms[0], str) and forms[0].strip()  # exactly one form of job
         assert isinstance(cluster.job.args, tuple) and all(isinstance(a, str) for a in cluster.job.args)
     assert cluster.host_key_policy in HOST_KEY_POLICIES
     assert cluster.ssh_config is None or isinstance(cluster.ssh_config, str)
