@@ -1,11 +1,13 @@
 """`inv sync`'s relay on a node (stdlib only, Python 3.8+): the tree's stream goes from the controller to one node
 of a group, and from there node to node over the cluster's own network, so the controller's link carries it once.
 
-Every node asked to take part listens on a port of its own choosing before it answers its manifest (`Listener`);
-the controller, once all have answered, tells each node its place (launcher/sync/relay.py):
-- `{"relay_to": [peer, ...]}`: the stream follows on stdin; this node passes it on to each peer;
-- `{"relay_from": {"node": NAME, "token": T}}`: the stream comes from NAME, which connects and first sends
-  `{"token": T, "relay_to": [peer, ...]}`; a connection without the token is dropped.
+Once every node asked to take part has answered its manifest, the controller tells each its place
+(launcher/sync/relay.py), the line after the manifest:
+- `{"relay_from": {"node": NAME, "token": T}}`: the stream comes from NAME. This node listens on a port the kernel
+  chooses (`Listener`) and says which (`{"relay_port": P}`); NAME connects and first sends
+  `{"token": T, "relay_to": [peer, ...]}`; a connection without the token is dropped;
+- `{"relay_to": [peer, ...]}` (sent once the relayed nodes listen): the stream follows on stdin; this node passes
+  it on to each peer.
 A peer is `{"node", "addr", "port", "token", "relay_to"}`. What a node reads of the stream it passes on as it is
 (`Tee`), before it writes it to its own disk. A peer that cannot be reached, or stops taking data for the stall
 bound, is dropped: its sync fails, and the controller sends to it straight (its own session says why).

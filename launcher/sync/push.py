@@ -279,17 +279,18 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = 
     no data for `stall_timeout` seconds (its disk hung) fails its sync; one that fails part way says how much had
     crossed the wire (`SyncFailure`).
     """
-    begun = _begin(node, host, dest, tree, home_ok, relay_stall=None)
+    begun = _begin(node, host, dest, tree, home_ok, stall_timeout, relay=False)
     if isinstance(begun, NodeFailure):
         return begun
-    return _finish(begun, tree, contents or Contents(tree.root), stall_timeout, None, None)
+    return _finish(begun, tree, contents or Contents(tree.root), None, None)
 
 
-def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool,
-           relay_stall: float | None) -> _Begun | NodeFailure:
-    """Start syncd and read its manifest (with `relay_stall`, it listens for a relay too)."""
+def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool, stall_timeout: float,
+           relay: bool) -> _Begun | NodeFailure:
+    """Start syncd and read its manifest (with `relay`, it then takes its place in the relay: launcher.sync.relay).
+    `stall_timeout` bounds every wait on data in flight, the relay's between nodes too."""
     try:
-        session = _Session(node.open_channel(host_command(host)), 0.0)
+        session = _Session(node.open_channel(host_command(host)), stall_timeout)
     except Exception as exc:
         return classify(node.target, exc)
     t0 = time.monotonic()
@@ -297,8 +298,8 @@ def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool,
     def begin() -> _Begun | NodeFailure:
         request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
                    "home_ok": home_ok, "lock_wait": LOCK_WAIT, "timing": SYNC_TIMING}
-        if relay_stall is not None:
-            request.update(relay=True, relay_stall_s=relay_stall)
+        if relay:
+            request.update(relay=True, relay_stall_s=stall_timeout)
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
             return NodeFailure(node.name, "sync", "the connection closed before the sync could start")
         begun = _Begun(session, node, {}, [], t0)
@@ -331,11 +332,11 @@ def _manifest(begun: _Begun, tree: Tree, first: dict[str, Any] | None) -> _Begun
     return begun
 
 
-def _finish(begun: _Begun, tree: Tree, contents: Contents, stall_timeout: float, place: dict[str, Any] | None,
+def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any] | None,
             relay_done: threading.Event | None) -> NodeSync | NodeFailure:
     """Send the node its changes (or its place in the relay, where another node sends them) and read its end."""
     session, node = begun.session, begun.node
-    session.stall_timeout = stall_timeout
+    stall_timeout = session.stall_timeout
 
     def finish() -> NodeSync | NodeFailure:
         if begun.failed is not None:
@@ -349,7 +350,7 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, stall_timeout: float,
         if relayed_from(place) is None:
             try:
                 if place is not None:
-                    session.send((json.dumps(place) + "\n").encode())
+                    session.send(_line(place))
                 for entry in todo:
                     sent += session.send_entry(contents, entry)
                 session.send(b'{"end": true}\n', flush=True)
@@ -418,7 +419,7 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
     relay = asks_relay(spec.relay, len(hosts))
     # Each node's sync is bounded (its answers, its sends); daemon threads: a Ctrl-C is not held by them.
     started = parallel(lambda h: _begin(nodes[h.name], h, spec.dest or h.workdir, tree, spec.dest is not None,
-                                        stall_timeout if relay else None), hosts, DEFAULT_FANOUT)
+                                        stall_timeout, relay), hosts, DEFAULT_FANOUT)
     outcomes: dict[str, NodeSync | NodeFailure] = {}
     begun: dict[str, _Begun] = {}
     for host, result in zip(hosts, started, strict=True):
@@ -442,7 +443,7 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
 
     def finish(name: str) -> NodeSync | NodeFailure:
         try:
-            return _finish(begun[name], tree, contents, stall_timeout, places.get(name), done)
+            return _finish(begun[name], tree, contents, places.get(name), done)
         finally:
             with lock:
                 senders.discard(name)
@@ -479,7 +480,7 @@ def _listening(relayed: Mapping[str, _Begun], places: Mapping[str, dict[str, Any
     """Tell each relayed node where its stream comes from; the port each then listens on (None: it said none, and
     its sync fails, to be sent straight from here)."""
     for name, begun in relayed.items():
-        begun.session.channel.send((json.dumps(places[name]) + "\n").encode())
+        begun.session.channel.send(_line(places[name]))
     ports: dict[str, int | None] = {}
     for name, begun in relayed.items():  # they listen all at once: the waits overlap
         try:
@@ -491,6 +492,11 @@ def _listening(relayed: Mapping[str, _Begun], places: Mapping[str, dict[str, Any
             why = str(answer["error"]) if answer and "error" in answer else "it did not say where it listens"
             begun.failed = NodeFailure(name, "sync", f"cannot listen for the relay: {why}")
     return ports
+
+
+def _line(place: Mapping[str, Any]) -> bytes:
+    """A relay place as the line syncd reads after its manifest."""
+    return (json.dumps(place) + "\n").encode()
 
 
 def _failure(host: Host, result: object) -> NodeSync | NodeFailure:

@@ -22,7 +22,7 @@ from launcher.limits import SYNC_TIMING
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests._train_helpers import assert_replicas_in_sync
-from tests.helpers import REPO
+from tests.helpers import REPO, edit_inventory
 from tests.support.nodeenv import node_python
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
 from tests.support.syncrun import END, frame, syncd
@@ -325,9 +325,9 @@ def test_four_nodes_get_the_tree_through_each_other_and_one_copy_leaves_here(mak
 def test_a_node_the_relay_cannot_reach_gets_its_files_straight_from_here(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port())
     workdirs = own_workdirs(box, tmp_path / "nodes", sync={"relay": True})
-    data = yaml.safe_load(box.inventory.read_text())
-    data["hosts"][1]["addr"] = "192.0.2.1"  # how the other node reaches it: an address nobody answers (TEST-NET-1)
-    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    hosts = yaml.safe_load(box.inventory.read_text())["hosts"]
+    hosts[1]["addr"] = "192.0.2.1"  # how the other node reaches it: an address nobody answers (TEST-NET-1)
+    edit_inventory(box.inventory, hosts=hosts)
     src = project(tmp_path / "src", with_git=True)
 
     t0 = time.monotonic()
@@ -409,10 +409,8 @@ def test_a_relay_cut_short_leaves_nothing_on_the_node_after_it(tmp_path: Path) -
 def test_nodes_sharing_one_workdir_take_turns_without_waiting_on_each_other(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(3, master_port=free_port())
     shared = tmp_path / "nfs" / "work"  # one folder for all three, as an NFS home gives
-    data = yaml.safe_load(box.inventory.read_text())
-    data["hosts"] = [{"name": f"node-{i}", "workdir": str(shared)} for i in range(3)]
-    data["sync"] = {"relay": True}
-    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    edit_inventory(box.inventory, hosts=[{"name": f"node-{i}", "workdir": str(shared)} for i in range(3)],
+                   sync={"relay": True})
     src = project(tmp_path / "src", with_git=True)
 
     t0 = time.monotonic()
