@@ -6,13 +6,18 @@ for its peers in a collective or DDP's backward. Anything else is not a hang, an
 one busy outside any wait (a checkpoint being written, an evaluation pass, a slow first step), one that gave no
 stack, or ranks that all wait on something other than each other (a sleep, data). A false verdict stops a healthy
 run, so in doubt the run goes on.
+
+On a GPU a rank behind a hung collective waits in a CUDA synchronisation (`loss.item()`), not in the collective:
+NCCL runs it as a kernel. Such a rank waits for its peers when NCCL's flight recorder shows it enqueued a collective
+that has not completed (`launcher.report.flightrec`); without the recorder's word the verdict asks for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from launcher.report.flightrec import Collectives, InFlight, behind, said
 from launcher.report.frames import wait_of
 from launcher.report.ranges import numbers_text
 from launcher.report.stacks import STUCK_STATES, RankStack
@@ -23,12 +28,15 @@ class Verdict:
     hang: bool
     why: str
     """What decided it, in a few words: `rank 0 is busy, not waiting`."""
+    asks_recorder: bool = False
+    """Only NCCL's flight recorder can tell: a rank waits in a CUDA synchronisation, and no dump was read."""
 
 
 def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
-          unanswered: Sequence[str] = ()) -> Verdict:
+          unanswered: Sequence[str] = (), recorded: Mapping[int, Collectives] | None = None) -> Verdict:
     """The verdict on two looks at every rank's stack, `apart_s` seconds apart; `unanswered`: the nodes that sent
-    no stacks at either look (their ranks are unknown)."""
+    no stacks at either look (their ranks are unknown); `recorded`: what NCCL's flight recorder dumps say of each
+    rank's collectives (None: not asked)."""
     if unanswered:
         return Verdict(False, f"{', '.join(sorted(unanswered))} sent no stacks")
     if not second:
@@ -44,13 +52,45 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     unknown = [s for s in second if not s.frames and s.state not in STUCK_STATES]
     if unknown:
         return Verdict(False, f"{_who(unknown)} gave no stack")
-    peers = [s for s in second if (w := waits[(s.node, s.rank)]) is not None and w.collective]
+    syncing = [s for s in second if (w := waits[(s.node, s.rank)]) is not None and w.kind == "cuda"]
+    on_gpu = [s for s in syncing if recorded and recorded.get(s.rank) and recorded[s.rank].in_flight is not None]
+    peers = [s for s in second if ((w := waits[(s.node, s.rank)]) is not None and w.collective) or s in on_gpu]
     if not peers:
+        if syncing and recorded is None:
+            return Verdict(False, "no rank waits for the others in a collective, unless NCCL's flight recorder says "
+                                  f"{_who(syncing)} {_verb(syncing, 'waits', 'wait')} on one", asks_recorder=True)
+        if syncing:
+            told = "shows no collective in flight" if recorded else "sent no dump"
+            return Verdict(False, f"no rank waits for the others in a collective ({_who(syncing)} "
+                                  f"{_verb(syncing, 'waits', 'wait')} in a CUDA synchronisation; NCCL's flight "
+                                  f"recorder {told})")
         return Verdict(False, "no rank waits for the others in a collective")
     others = [s for s in second if s not in peers]
     stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(True, f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
-                         f"in {apart_s:g} s")
+                         f"in {apart_s:g} s{_recorder_said(recorded or {})}")
+
+
+def _recorder_said(recorded: Mapping[int, Collectives]) -> str:
+    """`; NCCL's flight recorder: all_reduce #11 of default_pg has not completed on rank 0; rank 1 never entered it
+    (its last: #10)`, for the ranks whose collectives are in flight (those of one collective said once)."""
+    flights: dict[InFlight, list[int]] = {}
+    for rank, collectives in sorted(recorded.items()):
+        if collectives.in_flight is not None:
+            flights.setdefault(collectives.in_flight, []).append(rank)
+    parts = []
+    for flight, ranks in flights.items():
+        lasts: dict[int, list[int]] = {}
+        for rank, last in behind(recorded, flight):
+            lasts.setdefault(last, []).append(rank)
+        never = "".join(f"; {_ranks(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
+                        for last, late in sorted(lasts.items()))
+        parts.append(f"{said(flight)} has not completed on {_ranks(ranks)}{never}")
+    return "; NCCL's flight recorder: " + "; ".join(parts) if parts else ""
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(sorted(ranks))}"
 
 
 def _moved(before: RankStack | None, after: RankStack) -> bool:
@@ -59,8 +99,7 @@ def _moved(before: RankStack | None, after: RankStack) -> bool:
 
 
 def _who(stacks: Sequence[RankStack]) -> str:
-    ranks = sorted(s.rank for s in stacks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(ranks)}"
+    return _ranks([s.rank for s in stacks])
 
 
 def _verb(stacks: Sequence[RankStack], one: str, many: str) -> str:

@@ -11,13 +11,14 @@ that ends is seen, and a stop word is never held back.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, word_line
 from launcher.plan.hang import HangWatch
+from launcher.report import flightrec
 from launcher.report.hangs import from_answers
 from launcher.report.verdict import judge
 from launcher.run.sessions import Session
@@ -76,17 +77,21 @@ class HangCheck:
         if self.watch.last_progress != mark or not any(s.end is None for s in run.sessions.values()):
             return  # progress came back while it was looked at (or the run ended): nothing to say
         answers = {name: _stacks_answer(reply) for name, reply in second.items()}
-        before, failed_before = from_answers({name: _stacks_answer(reply) for name, reply in first.items()})
+        looked = {name: _stacks_answer(reply) for name, reply in first.items()}
+        _add_dumps(answers, looked, newer=False)  # a node sends each dump once: those that came with the first look
+        before, failed_before = from_answers(looked)
         after, failed = from_answers(answers)
-        verdict = judge(before, after, self.apart_s, sorted(set(failed) | set(failed_before)))
+        unanswered = sorted(set(failed) | set(failed_before))
+        verdict = judge(before, after, self.apart_s, unanswered)
+        if verdict.hang or verdict.asks_recorder:
+            # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
+            # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
+            _add_dumps(answers, self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S))
+            verdict = judge(before, after, self.apart_s, unanswered, flightrec.from_answers(answers))
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())
             return
-        dumps = self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S)
-        for name, reply in dumps.items():
-            if isinstance(reply, NcclDumps) and isinstance(answers.get(name), dict):
-                answers[name] = {**answers[name], "nccl": {**answers[name].get("nccl", {}), **reply.dumps}}
         event = HangSuspected("", time.time(), quiet, answers, self.keep, verdict.why)
         run.on_event(event)
         if self.keep:
@@ -108,6 +113,16 @@ class HangCheck:
         finally:
             self._taking = None
         return {s.name: self._taken.get(s.name, f"no answer to `{word}` within {wait_s:g} s") for s in running}
+
+
+def _add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = True) -> None:
+    """Add the flight recorder dumps of `more` (answers, or NcclDumps replies) to each node's answer; a dump of the
+    same name replaces the answer's where `more` is the newer."""
+    for name, reply in more.items():
+        dumps = reply.dumps if isinstance(reply, NcclDumps) else reply.get("nccl") if isinstance(reply, dict) else None
+        if dumps and isinstance(answers.get(name), dict):
+            had = answers[name].get("nccl") or {}
+            answers[name] = {**answers[name], "nccl": {**had, **dumps} if newer else {**dumps, **had}}
 
 
 def _stacks_answer(reply: NodeEvent | str) -> dict[str, Any] | str:

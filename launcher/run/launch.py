@@ -298,6 +298,9 @@ class _Attached:
                 self.console.message(line)
         elif isinstance(event, HangRuledOut):
             self.console.message(ruled_out_line(event))
+            # dumps the look brought (NCCL's watchdog may have written them): each comes once, kept with the run's
+            for line in write_nccl(self.opts.log_dir / self.plan.run_id, event.answers):
+                self.console.message(line)
         elif isinstance(event, Beat) and event.progress:
             self.stragglers.beat(event.node, event.progress)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence

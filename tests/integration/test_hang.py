@@ -149,6 +149,31 @@ def test_a_hang_whose_threads_spin_is_found_and_the_flight_recorder_is_asked_fir
     assert "stopping the run" in text and run_processes(run_id) == []
 
 
+GPU_SYNC = re.compile(r"hang suspected \(no progress for \d+ s\): rank 0 is in loss\.item \(gpu_sync_hang\.py:\d+\); "
+                      r"rank 1 \(node-1, pid \d+\) is in time\.sleep \(gpu_sync_hang\.py:\d+\)")
+
+
+def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_its_collective_in_flight(
+        make_sandbox, tmp_path: Path) -> None:
+    # As on an H100: rank 0's host waits in loss.item() behind an all-reduce that rank 1 never entered; its stack
+    # shows no collective, its flight recorder (a stand-in writing torch's format) does.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "8", "--skip-doctor",
+                          log_dir=logs, out=out)
+    assert proc.wait(timeout=150) == 124, out.read_text(errors="replace")
+    text = out.read_text(errors="replace")
+    assert GPU_SYNC.search(text), text
+    assert ("why a hang: rank 0 waits in a collective, and rank 1 is stuck; no stack moved in 3 s; NCCL's flight "
+            "recorder: all_reduce #6 of default_pg has not completed on rank 0; rank 1 never entered it (its last: "
+            "#5)") in text, text
+    assert "but not a hang" not in text, text
+    run_id = run_id_of(text)
+    assert sorted(p.name for p in next((logs / run_id).glob("stacks-*")).glob("nccl/*")) == [
+        "nccl_trace_rank_0", "nccl_trace_rank_1"]
+    assert run_processes(run_id) == []
+
+
 def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what_was_seen(make_sandbox,
                                                                                          tmp_path: Path) -> None:
     # Rank 0 writes a checkpoint for 30 s, silent; rank 1 sleeps on a slow write, then waits in the barrier. The

@@ -3,6 +3,8 @@ words each node gets, the verdict's consequences (stop, keep, go on), and NCCL's
 
 from __future__ import annotations
 
+import base64
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,11 @@ SAVING = """Current thread 0x00007f0000000002 (most recent call first):
   File "/home/u/job.py", line 14 in save_checkpoint
   File "/home/u/job.py", line 38 in <module>
 """
-LINES = {"/home/u/job.py:28": "time.sleep(600)", "/home/u/job.py:30": "dist.all_reduce(x)"}
+ITEM = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/u/job.py", line 32 in <module>
+"""
+LINES = {"/home/u/job.py:28": "time.sleep(600)", "/home/u/job.py:30": "dist.all_reduce(x)",
+         "/home/u/job.py:32": "print(loss.item())"}
 
 
 def worker(rank: int, stack: str) -> dict:
@@ -54,6 +60,8 @@ class Run:
 
     stacks: dict[str, str]
     check: HangCheck
+    dumps: dict[str, bytes] = field(default_factory=dict)
+    """What each node's `dumps` answer carries (default: b"dump", no dump of torch's)."""
     said: list[tuple[str, str]] = field(default_factory=list)
     events: list[NodeEvent] = field(default_factory=list)
     stopped: bool = False
@@ -71,7 +79,8 @@ class Run:
             if word == STACKS:
                 event: NodeEvent = StacksTaken(node, 0.0, (worker(rank, self.stacks[node]),), {})
             else:
-                event = NcclDumps(node, 0.0, {f"nccl_trace_rank_{rank}": "ZHVtcA=="}, (rank,))
+                data = base64.b64encode(self.dumps.get(node, b"dump")).decode()
+                event = NcclDumps(node, 0.0, {f"nccl_trace_rank_{rank}": data}, (rank,))
             assert self.check.takes(event)  # the handle hands the look its answers, and shows them to nobody else
         self._answered = len(self.said)
 
@@ -79,10 +88,36 @@ class Run:
         self.stopped = True
 
 
-def suspected_run(stacks: dict[str, str], keep: bool = False) -> Run:
+def suspected_run(stacks: dict[str, str], keep: bool = False, dumps: dict[str, bytes] | None = None) -> Run:
     check = HangCheck(15.0, keep, apart_s=0.01)
     check.watch.start(0.0)
-    return Run(stacks, check)
+    return Run(stacks, check, dumps=dumps or {})
+
+
+def recorder_dump(enqueued: int, completed: int) -> bytes:
+    return pickle.dumps({"pg_config": {"0": {"desc": "default_pg"}}, "pg_status": {"0": {
+        "last_enqueued_collective": enqueued, "last_completed_collective": completed}}, "entries": []}, protocol=2)
+
+
+def test_a_rank_in_a_cuda_synchronisation_asks_the_flight_recorder_which_says_it_waits_on_a_collective() -> None:
+    run = suspected_run({"node-0": ITEM, "node-1": SLEEPING},
+                        dumps={"node-0": recorder_dump(11, 10), "node-1": recorder_dump(10, 10)})
+    run.check.look(run, 16.0)
+    assert [word for _, word in run.said] == [STACKS, STACKS, STACKS, STACKS, DUMPS, DUMPS]  # asked once
+    [event] = run.events
+    assert isinstance(event, HangSuspected) and run.stopped
+    assert event.why == ("rank 0 waits in a collective, and rank 1 is stuck; no stack moved in 0.01 s; NCCL's flight "
+                         "recorder: collective #11 of default_pg has not completed on rank 0; rank 1 never entered it "
+                         "(its last: #10)")
+
+
+def test_a_cuda_synchronisation_the_recorder_does_not_explain_goes_on_and_its_dumps_are_kept(tmp_path: Path) -> None:
+    run = suspected_run({"node-0": ITEM, "node-1": SLEEPING})  # the dumps are no torch's: nothing said in flight
+    run.check.look(run, 16.0)
+    [event] = run.events
+    assert isinstance(event, HangRuledOut) and not run.stopped
+    assert event.why.endswith("(rank 0 waits in a CUDA synchronisation; NCCL's flight recorder sent no dump)")
+    assert event.answers["node-1"]["nccl"] == {"nccl_trace_rank_1": "ZHVtcA=="}  # the launch keeps them
 
 
 def test_a_hang_asks_for_the_flight_recorder_then_stops_the_run() -> None:
