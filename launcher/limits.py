@@ -221,7 +221,8 @@ FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_
                        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 """NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
 run directory), unless the user set any of its variables. Both names of the buffer: torch reads TORCH_FR_* first and
-the deprecated TORCH_NCCL_* where it is older (launcher/node/recorder.py sets the file names alike)."""
+the deprecated TORCH_NCCL_* where it is older; from torch 2.11 on the node leaves the deprecated ones out (it warns of
+them on every rank: launcher/node/recorder.py, which sets the file names alike)."""
 NCCL_MAX_BYTES = 64 << 20
 """The most of a node's flight recorder dumps brought back with its stacks."""
 NCCL_DUMP_WAIT_S = 5.0

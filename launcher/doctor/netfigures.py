@@ -22,6 +22,7 @@ FALLBACK_FIX = ("NCCL's NET/IB was not used: check that NCCL_IB_DISABLE is not 1
                 "libibverbs) is installed where the run's NCCL looks; NCCL_DEBUG=INFO says why it chose sockets")
 _NET_USING = re.compile(r"NCCL INFO NET/(\w+)\s*:\s*Using\s+(.*\S)")
 _NETWORK = re.compile(r"NCCL INFO Using network (.*\S)")
+_DEVICE = re.compile(r"\[\d+\]")
 CPU_FIX = ("look at what else runs on this node and how fast its cores are (`top`, `uptime`; a CPU quota or "
            "throttling: `cat /sys/fs/cgroup/cpu.max`, `dmesg | grep -i thrott`); its network is not the cause")
 NOT_MEASURED = "not measured: a node that fails the checks above cannot join (fix them first)"
@@ -31,14 +32,20 @@ FAILED_FIX = ("run `inv doctor` without --net first: a node that fails its check
 
 def nccl_transport(line: str, seen: dict[str, str]) -> None:
     """Note in `seen` what an NCCL_DEBUG=INFO line says of its transport: `network` (`Using network IB`, or
-    `Socket`: the fallback), `using` (`NET/IB : Using [0]mlx5_0:1/IB ...`: the devices)."""
+    `Socket`: the fallback), `using` (the devices of the network it chose: `NET/IB : Using [0]mlx5_0:1/IB ...`), `net`
+    (the first plugin that named a device, where no `Using network` line came)."""
     network = _NETWORK.search(line)
     if network is not None:
         seen.setdefault("network", network.group(1))
     using = _NET_USING.search(line)
-    if using is not None:
-        seen.setdefault("using", f"NET/{using.group(1)}: {using.group(2)}")
+    # Each plugin that loads says its line, the chosen one or not; NCCL 2.28's IB plugin says `Using [RO]; OOB eth0`
+    # with no device at all (seen on an H100 without InfiniBand, before `Using network Socket`).
+    if using is not None and _DEVICE.search(using.group(2)):
+        seen.setdefault(f"NET/{using.group(1)}", using.group(2))
         seen.setdefault("net", using.group(1))
+    chosen = seen.get("network") or seen.get("net")
+    if chosen is not None and f"NET/{chosen}" in seen:
+        seen.setdefault("using", f"NET/{chosen}: {seen[f'NET/{chosen}']}")
 
 
 def _active_ib(ports: list[dict[str, Any]]) -> list[str]:

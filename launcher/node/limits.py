@@ -78,3 +78,8 @@ second at most, so a fast loop pays for few; the counts keep their own times, so
 RELAY_FIRST_LINE_MAX = 1 << 20
 """The most a relayed stream's first line may hold (the places of the nodes after this one: ~150 bytes each, 256
 nodes in 40 kB); a stranger's endless line is not read whole."""
+
+FR_NAMES_ONLY_SINCE = (2, 11)
+"""From this torch on the agent sets the flight recorder's TORCH_FR_* names alone: seen on an H100, torch 2.11 reads
+them and warns on every rank for each deprecated TORCH_NCCL_* name also set (TRACE_BUFFER_SIZE,
+DEBUG_INFO_TEMP_FILE). Older torch gets both names (which one it reads depends on its version)."""

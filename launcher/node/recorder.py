@@ -2,10 +2,11 @@
 debug-info pipes that make it dump on request, and the dumps that travel back.
 
 On a node with a GPU the agent points the recorder into the run directory's `nccl/` folder, under the current names
-(TORCH_FR_*) and the deprecated ones (TORCH_NCCL_*) that older torch reads; a user who set any of them runs the
-recorder their way and gets nothing of ours. torch dumps by itself when NCCL's watchdog times out. When the launcher
-finds a hang first, it asks (`ask_dumps`): each rank's process group made a FIFO `<pipe prefix><rank>.pipe`, which
-torch's monitor thread reads about once a second, and it dumps `<dump prefix><rank>` when something was written.
+(TORCH_FR_*) and, for a torch older than FR_NAMES_ONLY_SINCE, the deprecated ones (TORCH_NCCL_*) too; a user who
+set any of them runs the recorder their way and gets nothing of ours. torch dumps by itself when NCCL's watchdog
+times out. When the launcher finds a hang first, it asks (`ask_dumps`): each rank's process group made a FIFO
+`<pipe prefix><rank>.pipe`, which torch's monitor thread reads about once a second, and it dumps `<dump
+prefix><rank>` when something was written.
 """
 
 import os
@@ -13,6 +14,7 @@ import stat
 import time
 
 from launcher.node.child import which
+from launcher.node.limits import FR_NAMES_ONLY_SINCE
 from launcher.node.protocol import timing
 
 NCCL_DIR = "nccl"
@@ -25,6 +27,9 @@ PIPE_NAMES = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE"
 USER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", *DUMP_NAMES,
               *PIPE_NAMES)
 """Any of these in the workers' environment: the user set the recorder up, and nothing of it is set for them."""
+DEPRECATED_NAMES = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+"""The names torch 2.11 warns of (`use TORCH_FR_BUFFER_SIZE instead`), once a rank each; the pipe's and
+TORCH_NCCL_DUMP_ON_TIMEOUT it reads without a word."""
 
 
 def has_gpu():
@@ -34,10 +39,10 @@ def has_gpu():
     return which("nvidia-smi", os.environ.get("PATH")) is not None
 
 
-def flight_recorder_env(run_dir, env, settings, gpu):
+def flight_recorder_env(run_dir, env, settings, gpu, torch_version=None):
     """Turn NCCL's flight recorder on for the run's workers, dumping into the run directory on a timeout or when
     asked through its pipe; only on a node with GPUs, and never when the user set any of its variables. Whether it
-    did."""
+    did. `torch_version` ("2.11.0+cu130", None: unknown) decides whether the deprecated names are set too."""
     if not gpu or any(name in env for name in tuple(settings) + USER_NAMES):
         return False
     folder = os.path.join(run_dir, NCCL_DIR)
@@ -47,7 +52,19 @@ def flight_recorder_env(run_dir, env, settings, gpu):
         env[name] = os.path.join(folder, NCCL_PREFIX)
     for name in PIPE_NAMES:
         env[name] = os.path.join(folder, PIPE_PREFIX)
+    if _release(torch_version) >= FR_NAMES_ONLY_SINCE:
+        for name in DEPRECATED_NAMES:
+            env.pop(name, None)
     return True
+
+
+def _release(version):
+    """(major, minor) of a torch version string; (0, 0) when there is none or it reads otherwise."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
 
 
 def _stamp(path):

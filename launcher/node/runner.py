@@ -83,7 +83,10 @@ def spawn(request, run_dir):
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = torchrun_env(request, os.environ)
     install_hook(run_dir, env)  # every worker's stack on request, without ptrace (launcher/node/stacks.py)
-    flight_recorder_env(run_dir, env, request["flight_recorder"], has_gpu())
+    if has_gpu():  # torch's version (its metadata, no import) says which names of the recorder's it reads
+        from launcher.node.facts import torch_info
+
+        flight_recorder_env(run_dir, env, request["flight_recorder"], True, torch_info()["version"])
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])
     own = open(merger.own, "ab")

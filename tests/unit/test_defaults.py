@@ -131,7 +131,8 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
 def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
     # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
     # only its local bounds, all in launcher/node/limits.py.
-    own = {name for name, value in vars(limits).items() if name.isupper() and isinstance(value, int | float)}
+    own = {name for name, value in vars(limits).items() if name.isupper() and (isinstance(value, int | float) or (
+        isinstance(value, tuple) and all(isinstance(v, int) for v in value)))}  # a number, or a version's numbers
     assert {"RESOLVE_BUDGET_S", "SMI_REAP_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
     source = (REPO / "launcher/node/limits.py").read_text(encoding="utf-8")

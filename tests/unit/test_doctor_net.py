@@ -88,6 +88,11 @@ SOCKET_LINES = [
     "gpu02:9120:9120 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>",
     "gpu02:9120:9120 [0] NCCL INFO Using network Socket",
 ]
+H100_LINES = [
+    "node-0:1234:1234 [0] NCCL INFO NET/IB : Using [RO]; OOB eth0:192.0.2.2<0>",
+    "node-0:1234:1234 [0] NCCL INFO NET/Socket : Using [0]eth0:192.0.2.2<0>",
+    "node-0:1234:1234 [0] NCCL INFO Using network Socket",
+]
 PORT = {"device": "mlx5_0", "port": "1", "state": "4: ACTIVE", "link_layer": "InfiniBand",
         "rate": "400 Gb/sec (4X NDR)"}
 
@@ -96,12 +101,23 @@ def test_nccls_own_lines_say_its_transport() -> None:
     ib: dict[str, str] = {}
     for line in IB_LINES:
         nccl_transport(line, ib)
-    assert ib == {"network": "IB", "using": "NET/IB: [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
-                  "net": "IB"}
+    assert (ib["network"], ib["net"]) == ("IB", "IB")
+    assert ib["using"] == "NET/IB: [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>"
     sockets: dict[str, str] = {}
     for line in SOCKET_LINES:
         nccl_transport(line, sockets)
     assert (sockets["network"], sockets["using"]) == ("Socket", "NET/Socket: [0]eth0:10.0.0.2<0>")
+    # NCCL 2.28 on an H100 without InfiniBand (its IB line as seen there): the IB plugin says a `Using` line with no
+    # device, then sockets win.
+    h100: dict[str, str] = {}
+    for line in H100_LINES:
+        nccl_transport(line, h100)
+    assert (h100["network"], h100["using"]) == ("Socket", "NET/Socket: [0]eth0:192.0.2.2<0>")
+    # Without the `Using network` line, the plugin that named a device is the transport.
+    quiet: dict[str, str] = {}
+    for line in H100_LINES[:2]:
+        nccl_transport(line, quiet)
+    assert (quiet["net"], quiet["using"]) == ("Socket", "NET/Socket: [0]eth0:192.0.2.2<0>")
 
 
 def test_a_fall_back_to_sockets_beside_active_infiniband_is_said_and_a_slow_nodes_fix_fits_its_transport() -> None:

@@ -70,6 +70,20 @@ def test_both_names_of_each_setting_and_none_where_the_user_set_either(tmp_path:
     assert users == {own: "theirs"}
 
 
+@pytest.mark.parametrize(("version", "deprecated"), [("2.11.0+cu130", False), ("2.13.0", False), ("3.0", False),
+                                                    ("2.10.1+cu128", True), ("2.5.1", True), (None, True), ("?", True)])
+def test_from_torch_2_11_the_deprecated_names_are_left_out(tmp_path: Path, version: str | None,
+                                                           deprecated: bool) -> None:
+    # torch 2.11 on an H100 warned on every rank for each deprecated name set: TORCH_NCCL_TRACE_BUFFER_SIZE and
+    # TORCH_NCCL_DEBUG_INFO_TEMP_FILE ("use TORCH_FR_BUFFER_SIZE instead"); it read the pipe's two names silently.
+    env: dict[str, str] = {}
+    assert flight_recorder_env(str(tmp_path), env, FLIGHT_RECORDER_ENV, True, version)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_FR_DUMP_TEMP_FILE"]
+    assert {env[name] for name in PIPE_NAMES} == {str(tmp_path / "nccl" / PIPE_PREFIX)}
+    assert ("TORCH_NCCL_TRACE_BUFFER_SIZE" in env) is deprecated
+    assert ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in env) is deprecated
+
+
 class StandIn:
     """What torch does with TORCH_NCCL_DEBUG_INFO_PIPE_FILE: make `<prefix><rank>.pipe`, read it without blocking
     about every `poll_s`, and write `<dump prefix><rank>` when something came."""
