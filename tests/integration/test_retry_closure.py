@@ -77,10 +77,18 @@ def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sa
 def test_an_attempt_that_cannot_start_is_recorded_as_ended(make_sandbox, tmp_path: Path) -> None:
     counter = tmp_path / "count"
     wrapper = tmp_path / "python"
-    # node-1's python answers four times (attempt 1's agent, the checks' two, the sweep), then is gone.
-    wrapper.write_text(f"#!/bin/sh\nn=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n"
-                       f"if [ $n -ge 5 ]; then echo 'python: gone (test)' >&2; exit 127; fi\n"
-                       f"exec {node_python()} \"$@\"\n")
+    # node-1's python runs attempt 1's agent, torchrun, the checks and the sweep, and is gone when attempt 2's agent
+    # starts: told by its request (the line after the node program: `"action": "start"`), not by a count of calls,
+    # whose number between the attempts varies with timing. The two lines it reads go on to python, then the rest.
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = -S ] || exec {node_python()} "$@"\n'
+        "IFS= read -r program; IFS= read -r request\n"
+        "case $request in *'\"action\": \"start\"'*)\n"
+        f"  n=$(($(cat {counter} 2>/dev/null || echo 0) + 1)); echo $n > {counter}\n"
+        "  if [ $n -ge 2 ]; then echo 'python: gone (test)' >&2; exit 127; fi;;\n"
+        "esac\n"
+        f'{{ printf "%s\\n%s\\n" "$program" "$request"; exec cat; }} | {node_python()} "$@"\n')
     wrapper.chmod(0o755)
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
                        python_override={1: str(wrapper)})
