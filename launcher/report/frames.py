@@ -117,6 +117,10 @@ def wait_of(frames: Sequence[Frame]) -> Wait | None:
             module = inner.file.rsplit("/", 2)
             stem = module[-2] if module[-2] in ("multiprocessing", "futures") else module[-1][:-3]
             return Wait("lock", f"{stem}.{inner.func}", "a lock, event or queue")
+    found = _SYNC.search(inner.source or "")
+    if found:  # a trainer's own `.item()` (Lightning's logging, HF Trainer's loss): on a GPU, behind the kernels
+        return Wait("cuda", found.group(1) if "." in found.group(1) else "." + found.group(1),
+                    "a CUDA synchronisation")
     return None
 
 

@@ -103,3 +103,27 @@ def test_the_recorder_groups_the_ranks_of_one_collective_and_those_behind_it() -
     assert verdict.why.endswith("NCCL's flight recorder: all_reduce #7 of default_pg (train.py:40) has not completed "
                                 "on ranks 0-2,4; rank 5 never entered it (its last: #5); ranks 3,6 never entered it "
                                 "(their last: #6)"), verdict.why
+
+
+TRAINER = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.12/site-packages/transformers/trainer.py", line 3100 in _maybe_log_save_evaluate
+  File "/venv/lib/python3.12/site-packages/transformers/trainer.py", line 2600 in _inner_training_loop
+  File "/venv/lib/python3.12/site-packages/transformers/trainer.py", line 2200 in train
+  File "/home/u/hf.py", line 20 in <module>
+"""
+TRAINER_LINES = {"/venv/lib/python3.12/site-packages/transformers/trainer.py:3100":
+                 "tr_loss_scalar = self._nested_gather(tr_loss).mean().item()",
+                 "/home/u/hf.py:20": "trainer.train()", **LINES}
+
+
+def test_under_a_trainer_a_gpu_rank_waits_in_the_trainers_own_item_and_the_recorder_decides() -> None:
+    worker = {"rank": 0, "local_rank": 0, "pid": 4240, "state": "R", "state_name": "running", "stack": TRAINER,
+              "why": None, "lines": TRAINER_LINES}
+    look = [*rank_stacks("node-0", [worker]), rank("node-1", 1, SLEEP)]
+    assert look[0].place == "wait in .item (a CUDA synchronisation), called from trainer.train (hf.py:20)"
+    assert judge(look, look, 3.0).asks_recorder
+    flight = InFlight("0", "default_pg", 40, "all_reduce", None)
+    recorded = {0: Collectives(0, {"0": 40}, flight), 1: Collectives(1, {"0": 39}, None)}
+    verdict = judge(look, look, 3.0, recorded=recorded)
+    assert verdict.hang and verdict.why.endswith("all_reduce #40 of default_pg has not completed on rank 0; rank 1 "
+                                                 "never entered it (its last: #39)"), verdict.why

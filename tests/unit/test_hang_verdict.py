@@ -142,6 +142,11 @@ USER = ("/home/u/train.py", "train")
     (frames((f"{STDLIB}/queue.py", "get"), USER), "lock", "queue.get"),
     (frames(USER, source="work.wait()"), "wait", "work.wait"),
     (frames(USER, source="time.sleep(5)  # a nap"), "sleep", "time.sleep"),
+    # a trainer's own host-device synchronisation: Lightning's logging, HF Trainer's loss, torch's f-string format
+    (frames((f"{SITE}/lightning/pytorch/trainer/connectors/logger_connector/result.py", "_get_cache"), USER,
+            source="cache = value.item() if value.numel() == 1 else value"), "cuda", "value.item"),
+    (frames((f"{SITE}/transformers/trainer.py", "_maybe_log_save_evaluate"), USER,
+            source="tr_loss_scalar = self._nested_gather(tr_loss).mean().item()"), "cuda", ".item"),
 ])
 def test_what_a_frame_waits_on(stack: list[Frame], kind: str, name: str) -> None:
     found = wait_of(stack)
