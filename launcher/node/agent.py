@@ -225,17 +225,20 @@ def action_logs(request):
 
 @checked
 def action_stacks(request):
-    """Every worker's stack of the run on this node, without stopping it (`inv stacks`)."""
-    from launcher.node.recorder import nccl_dumps
+    """Every worker's stack of the run on this node, without stopping it (`inv stacks`), and NCCL's flight recorder
+    asked for its dumps where torch made its pipes (GPU nodes): on a GPU they say what a rank waits on."""
+    from launcher.node.recorder import ask_dumps, nccl_dumps
     from launcher.node.stacks import collect
 
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "workers": []})
     mark = "%s/%s" % (run_id, request["node"])
+    workers = collect(run_dir, mark, request["stacks_wait_s"])
+    if request.get("nccl_dump_wait_s"):
+        ask_dumps(run_dir, request["nccl_dump_wait_s"])
     return reply({"run_id": run_id, "state": run_state(run_id, run_dir, request["node"])["state"],
-                  "workers": collect(run_dir, mark, request["stacks_wait_s"]),
-                  "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
+                  "workers": workers, "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
 
 
 @checked

@@ -17,12 +17,13 @@ import base64
 import binascii
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.node.recorder import NCCL_PREFIX
 from launcher.report.frames import is_library
+from launcher.report.ranges import numbers_text
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,26 @@ def behind(recorded: Mapping[int, Collectives], flight: InFlight) -> list[tuple[
 def said(flight: InFlight) -> str:
     """`all_reduce #11 of default_pg (gpu_hang.py:27)`."""
     return f"{flight.name} #{flight.seq} of {flight.group_desc}" + (f" ({flight.where})" if flight.where else "")
+
+
+def in_flight_said(recorded: Mapping[int, Collectives]) -> str:
+    """`all_reduce #11 of default_pg has not completed on rank 0; rank 1 never entered it (its last: #10)`, for the
+    ranks whose collectives are in flight (the ranks of one collective said once); "" when none is."""
+    flights: dict[InFlight, list[int]] = {}
+    for rank, collectives in sorted(recorded.items()):
+        if collectives.in_flight is not None:
+            flights.setdefault(collectives.in_flight, []).append(rank)
+    parts = []
+    for flight, ranks in flights.items():
+        lasts: dict[int, list[int]] = {}
+        for rank, last in behind(recorded, flight):
+            lasts.setdefault(last, []).append(rank)
+        never = "".join(f"; {ranks_text(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
+                        for last, late in sorted(lasts.items()))
+        parts.append(f"{said(flight)} has not completed on {ranks_text(ranks)}{never}")
+    return "; ".join(parts)
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """`rank 3`, `ranks 0-2,4`."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(sorted(ranks))}"

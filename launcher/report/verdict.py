@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.report.flightrec import Collectives, InFlight, behind, said
+from launcher.report.flightrec import Collectives, in_flight_said, ranks_text
 from launcher.report.frames import wait_of
-from launcher.report.ranges import numbers_text
 from launcher.report.stacks import STUCK_STATES, RankStack
 
 
@@ -68,29 +67,12 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     others = [s for s in second if s not in peers]
     stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(True, f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
-                         f"in {apart_s:g} s{_recorder_said(recorded or {})}")
+                         f"in {apart_s:g} s{_recorder(recorded)}")
 
 
-def _recorder_said(recorded: Mapping[int, Collectives]) -> str:
-    """`; NCCL's flight recorder: all_reduce #11 of default_pg has not completed on rank 0; rank 1 never entered it
-    (its last: #10)`, for the ranks whose collectives are in flight (those of one collective said once)."""
-    flights: dict[InFlight, list[int]] = {}
-    for rank, collectives in sorted(recorded.items()):
-        if collectives.in_flight is not None:
-            flights.setdefault(collectives.in_flight, []).append(rank)
-    parts = []
-    for flight, ranks in flights.items():
-        lasts: dict[int, list[int]] = {}
-        for rank, last in behind(recorded, flight):
-            lasts.setdefault(last, []).append(rank)
-        never = "".join(f"; {_ranks(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
-                        for last, late in sorted(lasts.items()))
-        parts.append(f"{said(flight)} has not completed on {_ranks(ranks)}{never}")
-    return "; NCCL's flight recorder: " + "; ".join(parts) if parts else ""
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(sorted(ranks))}"
+def _recorder(recorded: Mapping[int, Collectives] | None) -> str:
+    said = in_flight_said(recorded or {})
+    return f"; NCCL's flight recorder: {said}" if said else ""
 
 
 def _moved(before: RankStack | None, after: RankStack) -> bool:
@@ -99,7 +81,7 @@ def _moved(before: RankStack | None, after: RankStack) -> bool:
 
 
 def _who(stacks: Sequence[RankStack]) -> str:
-    return _ranks([s.rank for s in stacks])
+    return ranks_text([s.rank for s in stacks])
 
 
 def _verb(stacks: Sequence[RankStack], one: str, many: str) -> str:

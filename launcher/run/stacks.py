@@ -13,8 +13,9 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import NCCL_MAX_BYTES, STACKS_WAIT_S
+from launcher.limits import NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
 from launcher.options import Options
+from launcher.report import flightrec
 from launcher.report.hangs import from_answers, write_nccl, write_stacks
 from launcher.report.stacks import RankStack, answer
 from launcher.run.control import _agent_error, chosen_run
@@ -32,9 +33,13 @@ class StacksReport:
     folder: Path | None
     nccl: tuple[str, ...] = ()
     """Where NCCL's flight recorder dumps went, and how to read them (GPU nodes only)."""
+    in_flight: str = ""
+    """What the dumps say of the collectives not completed (`launcher.report.flightrec`); "" when none is."""
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}: {answer(self.stacks)}"]
+        if self.in_flight:
+            out.append(f"NCCL's flight recorder: {self.in_flight}")
         out += [f"{node}: no stacks ({why})" for node, why in sorted(self.failures.items())]
         if self.folder is not None:
             out.append(f"stacks of every rank: {self.folder}")
@@ -62,7 +67,8 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[
         raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
     folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
     nccl = write_nccl(folder, answers) if folder is not None else []
-    return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl))
+    in_flight = flightrec.in_flight_said(flightrec.from_answers(answers))
+    return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl), in_flight)
 
 
 def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options, err: IO[str]
@@ -70,5 +76,6 @@ def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Opti
     run_id = run_id or chosen_run(cluster, nodes, opts, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
-    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES}
-    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + opts.connect_timeout)
+    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES,
+               "nccl_dump_wait_s": NCCL_DUMP_WAIT_S}
+    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + NCCL_DUMP_WAIT_S + opts.connect_timeout)

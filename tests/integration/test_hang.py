@@ -174,6 +174,31 @@ def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_
     assert run_processes(run_id) == []
 
 
+def test_inv_stacks_on_a_gpu_hang_says_what_the_flight_recorder_shows_in_flight(make_sandbox, tmp_path: Path
+                                                                                 ) -> None:
+    # The same hang, the watch off: `inv stacks` from another terminal asks the recorder too, and says its word.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "0", "--skip-doctor",
+                          log_dir=logs, out=out)
+    try:
+        wait_for(lambda: out.read_text(errors="replace").count("step 4") == 2, 120, "every rank's fifth step")
+        time.sleep(1)  # rank 0 reaches its loss.item() line
+        stacks = inv("stacks", "--hosts", str(box.inventory), log_dir=logs)
+        assert stacks.returncode == 0, stacks.stderr
+        said = stacks.stdout + stacks.stderr
+        assert re.search(r"rank 0 is in loss\.item \(gpu_sync_hang\.py:\d+\); rank 1 \(node-1, pid \d+\) is in "
+                         r"time\.sleep", said), said
+        assert ("NCCL's flight recorder: all_reduce #6 of default_pg has not completed on rank 0; rank 1 never "
+                "entered it (its last: #5)") in said, said
+        run_id = run_id_of(out.read_text())
+    finally:
+        stop = inv("stop", "--hosts", str(box.inventory), log_dir=logs)
+        proc.wait(timeout=60)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert run_processes(run_id) == []
+
+
 def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what_was_seen(make_sandbox,
                                                                                          tmp_path: Path) -> None:
     # Rank 0 writes a checkpoint for 30 s, silent; rank 1 sleeps on a slow write, then waits in the barrier. The
