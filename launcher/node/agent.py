@@ -155,6 +155,14 @@ def action_stop(request):
     grace = request.get("grace")
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
         return refuse("a stop request needs its grace period (seconds, a number >= 0); got %r" % (grace,))
+    if request.get("choose"):
+        # `inv stop` without --run, in this one session: this node's runs first, then the run chosen from every
+        # node's (a line on stdin; none when nothing is to be stopped, or the choice failed)
+        reply({"runs": listed_runs(request["node"])})
+        chosen = json.loads(sys.stdin.readline() or "{}").get("run_id")
+        if chosen is None:
+            return reply({"run_id": None, "state": "none", "found": 0, "left": 0})
+        request = dict(request, run_id=chosen)
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
@@ -189,7 +197,11 @@ def action_runs(request):
 def action_list(request):
     """Every run on this node with its state (as `status` says it), the nodes it was started on and the inventory it
     was started from: what `inv stop` and `inv status` choose from, and all `inv status` needs."""
-    node = request["node"]
+    return reply({"runs": listed_runs(request["node"])})
+
+
+def listed_runs(node):
+    """`list`'s runs: each run's state, nodes and inventory."""
     root, run_ids = runs_here(node)
     marks = live_marks()
     found = []
@@ -201,8 +213,8 @@ def action_list(request):
         except (ValueError, AttributeError):
             nodes = inventory = None
         state = run_state(run_id, run_dir, node, marks["%s/%s" % (run_id, node)])
-        found.append({**state, "nodes": nodes, "inventory": inventory})
-    return reply({"runs": found})
+        found.append(dict(state, nodes=nodes, inventory=inventory))
+    return found
 
 
 @checked

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -97,14 +99,19 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
     nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
     listed: dict[str, NodeState] = {}
     try:
-        if request["run_id"] is None and nodes:
-            run_id, results, listings = _listed_runs(cluster, nodes, opts, err)
-            request = {**request, "run_id": run_id}
-            if request["action"] == "status":  # the listings say all a status would: no second session a node
+        if request["run_id"] is None and nodes and request["action"] == "stop":
+            # One session a node: each lists its runs, hears the run chosen from all of them, and stops it.
+            results = _ask_then_tell(nodes, cluster, {**request, "choose": True},
+                                     lambda firsts: _choice(cluster, _listings(firsts), err), opts.action_timeout)
+        else:
+            if request["run_id"] is None and nodes:
+                run_id, results, listings = _listed_runs(cluster, nodes, opts, err)
+                request = {**request, "run_id": run_id}
+                # the listings say all a status would: no second session a node
                 listed = {name: _listed_state(name, result, listings.get(name), request["run_id"])
                           for name, result in results.items()}
-        # The action's own limit follows the grace period, so a long grace never reads as a lost node.
-        results = {} if listed else agent_action(nodes, cluster, request, opts.action_timeout)
+            # The action's own limit follows the grace period, so a long grace never reads as a lost node.
+            results = {} if listed else agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
         close_all(nodes.values())
     states = []
@@ -129,6 +136,82 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
                                 answer.get("exit_code"), answer.get("started_at"), answer.get("ended_at"),
                                 answer.get("found", 0), answer.get("left", 0)))
     return states
+
+
+def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
+                   decide: Callable[[dict[str, Result | NodeFailure]], str | None],
+                   timeout: float) -> dict[str, Result | NodeFailure]:
+    """An action in one session a node that needs every node's first answer to go on: each node's agent answers a
+    line, `decide` reads all the answers (a node that could not answer is a NodeFailure) and gives the run id each
+    node is then told (`{"run_id": ...}` on its stdin); each node's result holds its whole output. All sessions are
+    open at once, as a launch's start gate's: the choice waits for the last node."""
+    hosts = [h for h in cluster.hosts if h.name in nodes]
+    firsts: dict[str, Result | NodeFailure] = {}
+    results: dict[str, Result | NodeFailure] = {}
+    answered, told = threading.Condition(), threading.Event()
+    word = [_word(None)]  # what each node hears when the choice fails: nothing to act on
+
+    def one(host: Host) -> None:
+        node, channel = nodes[host.name], None
+        out, err = bytearray(), bytearray()
+        try:
+            channel = node.open_channel(host_command(host))
+            channel.send(agent_input({**request, "node": host.name}))
+            deadline = time.monotonic() + timeout
+            while b"\n" not in out and not channel.finished and not channel.closed and time.monotonic() < deadline:
+                o, e = channel.read()
+                out, err = out + o, err + e
+                if not o and not e:
+                    channel.wait_readable(0.2)
+            first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out),
+                                                 bytes(err))
+        except Exception as exc:
+            first = classify(node.target, exc)
+        with answered:
+            firsts[host.name] = first
+            answered.notify_all()
+        if isinstance(first, NodeFailure) or channel is None or channel.finished:
+            results[host.name] = first  # it ended on its own (a refused request): nothing more to tell it
+            if channel is not None:
+                channel.close()
+            return
+        try:
+            told.wait()
+            channel.send(word[0])
+            channel.close_stdin()
+            rest = channel.collect(timeout)
+            results[host.name] = Result(rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr,
+                                        rest.timed_out)
+        except Exception as exc:
+            results[host.name] = classify(node.target, exc)
+        finally:
+            channel.close()
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True, name=f"ask-{h.name}") for h in hosts]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + timeout + max(n.timeout for n in nodes.values())
+        with answered:
+            while len(firsts) < len(hosts) and time.monotonic() < deadline:
+                answered.wait(0.2)
+        missing = {h.name: NodeFailure(h.name, "timeout", f"no answer within {timeout:g} s",
+                                       "is the node overloaded, or its sshd stuck?")
+                   for h in hosts if h.name not in firsts}
+        word[0] = _word(decide({**missing, **firsts}))
+    finally:
+        told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting here)
+    deadline = time.monotonic() + timeout + 5
+    for t in threads:
+        while t.is_alive() and time.monotonic() < deadline:
+            t.join(0.2)  # in short steps: Ctrl-C is heard at once
+    return {h.name: results.get(h.name) or firsts.get(h.name) or NodeFailure(
+        h.name, "timeout", f"no answer within {timeout:g} s", "is the node overloaded, or its sshd stuck?")
+        for h in hosts}
+
+
+def _word(run_id: str | None) -> bytes:
+    return (json.dumps({"run_id": run_id}) + "\n").encode()
 
 
 def _agent_error(result: Result) -> str:

@@ -97,6 +97,30 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
             inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
 
 
+def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, tmp_path: Path) -> None:
+    shells = tmp_path / "shells"  # each node's login shell (one a session) leaves a line in its own file
+    shells.mkdir()
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
+                       login_rc=f'echo "$$" >> {shells}/"$(hostname)"\n')
+    hosts = str(box.inventory)
+    result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 0, result.stderr
+    run_id = run_id_of(result.stderr)
+    try:
+        wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
+        before = {p.name: len(p.read_text().splitlines()) for p in shells.iterdir()}
+        stopped = inv("stop", "--hosts", hosts, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"run {run_id}: the run of {hosts} that is running (no --run given)" in stopped.stderr
+        assert stopped.stdout.count("│ stopped │") == 2, stopped.stdout
+        assert {p.name: len(p.read_text().splitlines()) - before[p.name] for p in shells.iterdir()} == {
+            "node-0": 1, "node-1": 1}  # the listing and the stop in one login
+        assert run_processes(run_id) == []
+    finally:
+        if run_processes(run_id):
+            inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
+
+
 def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
     shells = tmp_path / "shells"  # each node's login shell (one a session) leaves a line in its own file
     shells.mkdir()
@@ -247,6 +271,14 @@ def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
         assert time.monotonic() - t0 < 3, out.read_text()
+
+        t0 = time.monotonic()  # without --run: the choice from the nodes that answer, within the same bounds
+        chosen = inv("stop", "--hosts", hosts, env=quick, timeout=60)
+        took = time.monotonic() - t0
+        assert chosen.returncode == 1 and took < 2 + 6 + 1, (took, chosen.stdout + chosen.stderr)
+        assert "node-1" in chosen.stdout and "unreachable" in chosen.stdout, chosen.stdout
+        assert "│ node-0 │" in chosen.stdout and "stopped" in chosen.stdout.split("│ node-0 │")[1].split("\n")[0], \
+            chosen.stdout
 
         t0 = time.monotonic()
         stop = inv("stop", "--hosts", hosts, "--run", run_id, env=quick, timeout=60)
