@@ -160,14 +160,24 @@ def check_port(ev: Evidence) -> list[Finding]:
     if listener.get("free"):
         return [Finding(master.name, "port", "ok", f"port {port} is free on {master.name}")]
     holders = listener.get("holders") or []
-    who = "; ".join(f"pid {h['pid']} ({h['command'][:60] or '?'}) {h['state']}" for h in holders)
+    who = "; ".join(f"pid {h['pid']} ({_holder(h)}) {h['state']}" for h in holders)
     states = listener.get("states") or []
     why = who or ("something listens on it" if "listening" in states else
                   "a socket listens on it (perhaps in another container or network namespace)")
-    stop = f"stop pid {holders[0]['pid']}" if holders else f"find its owner with `ss -ltnp 'sport = :{port}'`"
+    runs = sorted({h["run"].partition("/")[0] for h in holders if h.get("run")})
+    stop = (f"stop that run (`inv stop --hosts {ev.cluster.source} --run {runs[0]}`)" if runs else
+            f"stop pid {holders[0]['pid']} on {master.name}" if holders else
+            f"find its owner with `ss -ltnp 'sport = :{port}'` on {master.name}")
     return [Finding(master.name, "port", "fail",
                     f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
-                    f"{stop} on {master.name}, or set rendezvous.master_port to a free port")]
+                    f"{stop}, or set rendezvous.master_port to a free port")]
+
+
+def _holder(holder: Mapping[str, Any]) -> str:
+    """A port holder as a person knows it: the launcher run it belongs to (torchrun's store), or its command."""
+    if holder.get("run"):
+        return f"launcher run {holder['run'].partition('/')[0]}: {holder['command'][:40] or '?'}"
+    return holder["command"][:60] or "?"
 
 
 @check("tcp", fast=True)

@@ -11,8 +11,7 @@ import time
 
 from launcher.node import limits, smi
 from launcher.node.devices import VISIBLE, chosen, entries
-from launcher.node.proc import environ_of
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.proc import run_of
 
 
 def _seen_by(word, rows, migs):
@@ -63,12 +62,6 @@ def parse_apps(text):
         if cells["pid"].isdigit():
             apps.setdefault(cells["gpu_uuid"], []).append((int(cells["pid"]), smi.number(cells["used_memory"])))
     return apps
-
-
-def run_of(pid):
-    """The launcher run a process belongs to (its mark, `<run>/<node>`), where this user may read its environment."""
-    mark = environ_of(pid).get(RUN_ID_ENV.encode())
-    return mark.decode("utf-8", "replace") if mark else None
 
 
 def is_busy(row, pids):

@@ -7,6 +7,7 @@ import socket
 import time
 
 from launcher.node import limits
+from launcher.node.proc import run_of
 from launcher.node.protocol import error_text, host_arg, seconds
 
 
@@ -58,7 +59,8 @@ def tcp_connect(addr, port, token, window, read_s):
 
 
 def port_holders(port, budget):
-    """Who holds TCP `port` here: state and pid/command when /proc shows them (best effort, time-boxed)."""
+    """Who holds TCP `port` here: state and pid/command when /proc shows them, and the launcher run it belongs to
+    (best effort, time-boxed)."""
     inodes = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -91,7 +93,7 @@ def port_holders(port, budget):
                         cmd = handle.read(limits.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
                 except OSError:
                     cmd = ""
-                holders.append({"pid": int(pid), "command": cmd, "state": wanted.pop(link)})
+                holders.append({"pid": int(pid), "command": cmd, "state": wanted.pop(link), "run": run_of(int(pid))})
                 break
     return {"states": sorted(set(inodes.values())), "holders": holders}
 

@@ -197,6 +197,12 @@ def environ_of(pid):
     return dict(w.partition(b"=")[::2] for w in words if w)
 
 
+def run_of(pid):
+    """The launcher run a process belongs to (its mark, `<run>/<node>`), where this user may read its environment."""
+    mark = environ_of(pid).get(RUN_ID_ENV.encode())
+    return mark.decode("utf-8", "replace") if mark else None
+
+
 def live_marks():
     """{run mark: how many of this user's live processes carry it} (a Counter: 0 for any other): one pass over /proc
     for every run listed."""

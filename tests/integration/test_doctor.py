@@ -288,3 +288,30 @@ def test_a_node_slow_to_start_its_python_is_a_warning_with_its_time(make_sandbox
     assert "raise --probe-timeout" in gone["fix"]
 
 
+
+
+@pytest.mark.integration
+def test_the_port_held_by_a_running_run_names_that_run_and_how_to_stop_it(make_sandbox, tmp_path: Path) -> None:
+    # A second launch of an inventory whose run still goes on (seen on an H100): torchrun's store holds the port.
+    from tests.helpers import run_id_of, run_processes, wait_for
+
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.5"])
+    hosts = str(box.inventory)
+    started = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_of(started.stderr)
+    try:
+        port = load_inventory(box.inventory).rendezvous.master_port
+
+        def listening() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex((box.nodes[0].addr, port)) == 0  # node-0, the master: its store is up
+
+        wait_for(listening, 60, "the run's store on master_port")
+        checked = inv("doctor", "--hosts", hosts, "--fast", timeout=60)
+        said = " ".join((checked.stdout + checked.stderr).split())  # the table's lines wrap long findings
+        assert checked.returncode == 1, said
+        assert f"(launcher run {run_id}: " in said and f"--run {run_id}`), or set rendezvous.master_port" in said, said
+    finally:
+        inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
+    assert run_processes(run_id) == []

@@ -363,6 +363,14 @@ def test_master_port_taken_names_the_holder_and_skips_the_tcp_check() -> None:
     assert found.fix == "stop pid 4242 on node-0, or set rendezvous.master_port to a free port"
     assert findings(ev, "tcp") == []
     assert findings(ev, "port", "node-1") == []
+    # torchrun's store of a run of the launcher's (seen on an H100: a doctor beside a running run)
+    ours = {**listener, "holders": [{"pid": 1035, "command": "/opt/torch/.venv/bin/python3 -m torch.distributed.run "
+                                     "--nnodes 2", "state": "listening", "run": "20261126-120846-665ea5/node-0"}]}
+    found = only(evidence(listener=ours), "port", "node-0")
+    assert found.detail.endswith(": pid 1035 (launcher run 20261126-120846-665ea5: /opt/torch/.venv/bin/python3 -m "
+                                 "torch.di) listening"), found.detail
+    assert found.fix.startswith("stop that run (`inv stop --hosts ") and found.fix.endswith(
+        " --run 20261126-120846-665ea5`), or set rendezvous.master_port to a free port"), found.fix
     failed = only(evidence(listener={"failed": "node-0: refused: gone"}), "port", "node-0")
     assert failed.status == "fail" and "could not check port 29500" in failed.detail
 
