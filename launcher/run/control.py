@@ -195,9 +195,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
         with answered:
             while len(firsts) < len(hosts) and time.monotonic() < deadline:
                 answered.wait(0.2)
-        missing = {h.name: NodeFailure(h.name, "timeout", f"no answer within {timeout:g} s",
-                                       "is the node overloaded, or its sshd stuck?")
-                   for h in hosts if h.name not in firsts}
+        missing = {h.name: _no_answer(h.name, timeout) for h in hosts if h.name not in firsts}
         word[0] = _word(decide({**missing, **firsts}))
     finally:
         told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting here)
@@ -205,9 +203,11 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
     for t in threads:
         while t.is_alive() and time.monotonic() < deadline:
             t.join(0.2)  # in short steps: Ctrl-C is heard at once
-    return {h.name: results.get(h.name) or firsts.get(h.name) or NodeFailure(
-        h.name, "timeout", f"no answer within {timeout:g} s", "is the node overloaded, or its sshd stuck?")
-        for h in hosts}
+    return {h.name: results.get(h.name) or firsts.get(h.name) or _no_answer(h.name, timeout) for h in hosts}
+
+
+def _no_answer(name: str, timeout: float) -> NodeFailure:
+    return NodeFailure(name, "timeout", f"no answer within {timeout:g} s", "is the node overloaded, or its sshd stuck?")
 
 
 def _word(run_id: str | None) -> bytes:
