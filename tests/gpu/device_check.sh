@@ -1,0 +1,92 @@
+#!/bin/bash
+# The GPU path on a real GPU: two sshd nodes of this machine (own hostnames, so NCCL takes them for two hosts and
+# lets both ranks use GPU 0 over its socket transport), the launcher against real nvidia-smi, CUDA torch and NCCL.
+# Run on the device as .dev/device_check.sh (tests/gpu/prepare.sh puts it there): see tests/gpu/README.md.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+step() { echo; echo "=== [${SECONDS}s] $*"; }
+PY=${PY:-$(command -v python3)}
+[ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
+INV="$PY -m invoke"
+H=hosts/sandbox.yaml
+ONLY=${1:-all}
+want() { [ "$ONLY" = all ] || [[ ",$ONLY," == *",$1,"* ]]; }
+
+step facts
+nvidia-smi || true
+nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,utilization.gpu,persistence_mode --format=csv || true
+head -2 /etc/os-release; nproc; id; uname -r
+$PY -c "import sys,torch; print(sys.version, sys.executable, torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.nccl.version() if torch.cuda.is_available() else None)"
+command -v sshd ssh-keygen unshare ssh rsync || true
+
+step setup
+[ -x /usr/sbin/sshd ] || cp .dev/ssh/sshd /usr/sbin/sshd
+command -v ssh-keygen >/dev/null || cp .dev/ssh/ssh-keygen /usr/local/bin/ssh-keygen
+for round in 1 2 3 4; do
+    for l in $( (ldd /usr/sbin/sshd; ldd "$(command -v ssh-keygen)") | awk '/not found/{print $1}' | sort -u); do
+        echo "bringing $l"; cp .dev/ssh/lib/"$l" /usr/local/lib/
+    done
+    ldconfig
+done
+ldd /usr/sbin/sshd | grep "not found"
+getent passwd sshd >/dev/null || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd \
+    || echo 'sshd:x:988:65534::/run/sshd:/usr/sbin/nologin' >>/etc/passwd
+if ! $PY -c "import fabric" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+$PY -c "import fabric, invoke, paramiko, rich, yaml, pathspec, dotenv; print('controller imports ok', paramiko.__version__)"
+
+step sandbox up
+$INV sandbox.up --nodes 2 --nproc-per-node 1 || { tail -5 .sandbox/node-*/sshd.log; exit 1; }
+cat $H
+
+if want doctor; then
+    step doctor
+    timeout 120 $INV doctor --hosts $H; echo "rc=$?"
+    timeout 120 $INV doctor --hosts $H --json >"$OUT/doctor.json"; echo "rc=$?"
+fi
+if want ddp; then
+    step launch train/ddp.py, attached
+    timeout 180 $INV launch --hosts $H --script train/ddp.py --args "--epochs 1"; echo "rc=$?"
+fi
+if want top; then
+    step a detached run: top, status, the doctor beside it, stop
+    timeout 60 $INV launch --hosts $H --script train/ddp.py --args "--epochs 500 --sleep-per-step 0.02" --detach
+    echo "rc=$?"
+    sleep 25
+    timeout 60 $INV top --hosts $H --once; echo "rc=$?"
+    timeout 60 $INV top --hosts $H --once --json >"$OUT/top.json"; echo "rc=$?"
+    nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv
+    timeout 60 $INV status --hosts $H; echo "rc=$?"
+    timeout 60 $INV doctor --hosts $H --fast; echo "rc=$?"
+    timeout 60 $INV stop --hosts $H; echo "rc=$?"
+    sleep 1
+    nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv
+fi
+if want barrier; then
+    step hang inside dist.barrier: found, NCCL dumps through the pipes, stopped
+    timeout 150 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "barrier 200" --hang-timeout 10 --skip-doctor
+    echo "rc=$?"
+fi
+if want item; then
+    step hang behind loss.item: NCCL watchdog at 60 s
+    (timeout 170 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "item 60" --hang-timeout 10 --skip-doctor
+     echo "launch rc=$?") &
+    sleep 40
+    timeout 60 $INV stacks --hosts $H; echo "stacks rc=$?"
+    nvidia-smi --query-gpu=utilization.gpu --format=csv
+    top -bn1 -w 200 | head -14
+    wait
+fi
+if want net; then
+    step doctor --net
+    timeout 150 $INV doctor --hosts $H --net; echo "rc=$?"
+fi
+step down
+$INV sandbox.down
+tar czf "$OUT/logs.tgz" logs .sandbox/node-*/sshd.log 2>/dev/null
+ls -la "$OUT"
+echo "done in ${SECONDS}s"
