@@ -78,7 +78,8 @@ def read_dump(data: bytes, rank: int) -> Collectives | None:
             continue
         last[str(group)] = enqueued
         if enqueued > completed and in_flight is None:
-            desc = (config.get(group) or {}).get("desc") if isinstance(config.get(group), dict) else None
+            named = config.get(group)
+            desc = named.get("desc") if isinstance(named, dict) else None
             in_flight = _oldest(entries, str(group), desc or str(group), completed + 1)
     return Collectives(rank, last, in_flight)
 

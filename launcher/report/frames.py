@@ -117,11 +117,8 @@ def wait_of(frames: Sequence[Frame]) -> Wait | None:
             module = inner.file.rsplit("/", 2)
             stem = module[-2] if module[-2] in ("multiprocessing", "futures") else module[-1][:-3]
             return Wait("lock", f"{stem}.{inner.func}", "a lock, event or queue")
-    found = _SYNC.search(inner.source or "")
-    if found:  # a trainer's own `.item()` (Lightning's logging, HF Trainer's loss): on a GPU, behind the kernels
-        return Wait("cuda", found.group(1) if "." in found.group(1) else "." + found.group(1),
-                    "a CUDA synchronisation")
-    return None
+    # a trainer's own `.item()` (Lightning's logging, HF Trainer's loss): on a GPU, behind the kernels
+    return _synchronised(inner.source, "a CUDA synchronisation")
 
 
 def _on_users_line(frame: Frame) -> Wait | None:
@@ -130,7 +127,12 @@ def _on_users_line(frame: Frame) -> Wait | None:
     found = _SLEEP.search(source)
     if found:
         return Wait("sleep" if found.group(1).endswith("sleep") else "wait", found.group(1))
-    found = _SYNC.search(source)
-    if found:  # `loss.item()`, or `.item()` of an expression
-        return Wait("cuda", found.group(1) if "." in found.group(1) else "." + found.group(1))
-    return None
+    return _synchronised(source)
+
+
+def _synchronised(source: str | None, note: str | None = None) -> Wait | None:
+    """A host-device synchronisation called on a line of source: `loss.item()`, or `.item()` of an expression."""
+    found = _SYNC.search(source or "")
+    if found is None:
+        return None
+    return Wait("cuda", found.group(1) if "." in found.group(1) else "." + found.group(1), note)

@@ -52,7 +52,7 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     if unknown:
         return Verdict(False, f"{_who(unknown)} gave no stack")
     syncing = [s for s in second if (w := waits[(s.node, s.rank)]) is not None and w.kind == "cuda"]
-    on_gpu = [s for s in syncing if recorded and recorded.get(s.rank) and recorded[s.rank].in_flight is not None]
+    on_gpu = [s for s in syncing if (c := (recorded or {}).get(s.rank)) is not None and c.in_flight is not None]
     peers = [s for s in second if ((w := waits[(s.node, s.rank)]) is not None and w.collective) or s in on_gpu]
     if not peers:
         if syncing and recorded is None:

@@ -97,24 +97,37 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
             inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
 
 
+class Logins:
+    """Each node's login shell (one a session) leaves a line in its own file: `rc` is the nodes' login rc."""
+
+    def __init__(self, tmp_path: Path):
+        self.folder = tmp_path / "shells"
+        self.folder.mkdir()
+        self.rc = f'echo "$$" >> {self.folder}/"$(hostname)"\n'
+
+    def counts(self) -> dict[str, int]:
+        return {p.name: len(p.read_text().splitlines()) for p in self.folder.iterdir()}
+
+    def since(self, before: dict[str, int]) -> dict[str, int]:
+        return {name: count - before.get(name, 0) for name, count in self.counts().items()}
+
+
 def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, tmp_path: Path) -> None:
-    shells = tmp_path / "shells"  # each node's login shell (one a session) leaves a line in its own file
-    shells.mkdir()
+    logins = Logins(tmp_path)
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
-                       login_rc=f'echo "$$" >> {shells}/"$(hostname)"\n')
+                       login_rc=logins.rc)
     hosts = str(box.inventory)
     result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 0, result.stderr
     run_id = run_id_of(result.stderr)
     try:
         wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
-        before = {p.name: len(p.read_text().splitlines()) for p in shells.iterdir()}
+        before = logins.counts()
         stopped = inv("stop", "--hosts", hosts, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert f"run {run_id}: the run of {hosts} that is running (no --run given)" in stopped.stderr
         assert stopped.stdout.count("│ stopped │") == 2, stopped.stdout
-        assert {p.name: len(p.read_text().splitlines()) - before[p.name] for p in shells.iterdir()} == {
-            "node-0": 1, "node-1": 1}  # the listing and the stop in one login
+        assert logins.since(before) == {"node-0": 1, "node-1": 1}  # the listing and the stop in one login
         assert run_processes(run_id) == []
     finally:
         if run_processes(run_id):
@@ -122,10 +135,9 @@ def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, 
 
 
 def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
-    shells = tmp_path / "shells"  # each node's login shell (one a session) leaves a line in its own file
-    shells.mkdir()
+    logins = Logins(tmp_path)
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"],
-                       login_rc=f'echo "$$" >> {shells}/"$(hostname)"\n')
+                       login_rc=logins.rc)
     hosts = str(box.inventory)
     # Sandbox nodes share this machine's home, so "latest" may be another test's run: ask for an unknown id.
     before = inv("status", "--hosts", hosts, "--run", "20000101-000000-000000")
@@ -139,12 +151,11 @@ def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None
     run_id = run_id_of(launched.stderr)
     status = inv("status", "--hosts", hosts, "--run", run_id)
     assert status.stdout.count("exited") == 2, status.stdout
-    before = {p.name: len(p.read_text().splitlines()) for p in shells.iterdir()}
+    before = logins.counts()
     chosen = inv("status", "--hosts", hosts)  # no --run: this inventory's run, from one session a node
     assert chosen.returncode == 0 and chosen.stdout.count("exited") == 2, chosen.stdout + chosen.stderr
     assert run_id in chosen.stdout + chosen.stderr
-    assert {p.name: len(p.read_text().splitlines()) - before[p.name] for p in shells.iterdir()} == {
-        "node-0": 1, "node-1": 1}
+    assert logins.since(before) == {"node-0": 1, "node-1": 1}
     replay = inv("logs", "--hosts", hosts, "--run", run_id, "--rank", "1")
     assert replay.returncode == 0, replay.stderr
     assert "node-1 r1" in replay.stdout and "echoed rank 1 of 2 on node-1" in replay.stdout
