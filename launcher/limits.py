@@ -203,6 +203,11 @@ NODE_TIMING: dict[str, float] = {
     "keeper_wait_s": 2.0,  # how long a stop waits for that record
     "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone
     "read_chunk": 1 << 16,  # bytes of the log read at a time
+    # torchrun on a node that joins the store waits for its port before trying it (launcher/node/storewait.py): at
+    # most this long (then torch's own retry goes on), checking this often (a plain connection; torch's backoff after
+    # a refusal is 0.26-0.68 s)
+    "store_wait_s": 60.0,
+    "store_poll_s": 0.02,
 }
 """Every wait and read size of the node agent (launcher/node/protocol.py `AGENT_TIMING`): each agent request's
 `timing`."""

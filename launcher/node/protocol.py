@@ -213,7 +213,8 @@ def seconds(section, key, where):
     return float(value)
 
 
-AGENT_TIMING = ("poll_s", "wait_s", "check_s", "keeper_poll_s", "keeper_wait_s", "kill_wait_s", "read_chunk")
+AGENT_TIMING = ("poll_s", "wait_s", "check_s", "keeper_poll_s", "keeper_wait_s", "kill_wait_s", "read_chunk",
+                "store_wait_s", "store_poll_s")
 """The waits and read sizes every agent request carries in `timing` (launcher.options.NODE_TIMING)."""
 SYNC_TIMING = ("wait_s", "read_chunk", "relay_connect_s", "relay_wait_s", "relay_chunk")
 """Those of a sync request (launcher.options.SYNC_TIMING)."""

@@ -11,6 +11,7 @@ from launcher.node.devices import VISIBLE, chosen
 from launcher.node.proc import become_reaper, is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
 from launcher.node.rundir import leader_of, live_leader, node_path, record, record_leader, record_stop, write_atomic
+from launcher.node.storewait import waiting_argv
 
 
 def unset_match(name, patterns):
@@ -92,7 +93,8 @@ def spawn(request, run_dir):
     own = open(merger.own, "ab")
     try:
         reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
-        proc = child.start(argv, home(request["workdir"]), env, own.fileno())
+        started = waiting_argv(argv, request, timing("store_wait_s"), timing("store_poll_s"))
+        proc = child.start(started, home(request["workdir"]), env, own.fileno())
     except BaseException:
         os.close(merger.out)
         raise
