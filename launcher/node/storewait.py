@@ -9,7 +9,8 @@ lotteries sets the start. Checking the port with a plain connection every `store
 The program below runs in the node's own python as `python -c SOURCE HOST PORT LIMIT POLL <torchrun's words>`, and
 then runs torch.distributed.run exactly as `-m` does. A refused or timed-out try is tried again until LIMIT; an
 address that does not resolve or cannot be reached ends the wait at once, so torchrun itself says what is wrong, as
-it would without the wait.
+it would without the wait. (With the doctor on, node 0's agent listened on that port for the TCP check; it lets go
+when `go` comes, while this program is still importing torch.)
 """
 
 TORCHRUN = ("-m", "torch.distributed.run")
