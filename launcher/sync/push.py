@@ -14,26 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.limits import SYNC_LOCK_WAIT as LOCK_WAIT
 from launcher.limits import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
-from launcher.limits import SYNC_SEND_CHUNK as SEND_CHUNK
-from launcher.limits import SYNC_SHARED_BYTES as SHARED_BYTES
 from launcher.limits import SYNC_TIMING
 from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
+from launcher.sync.stream import Contents, Gone, SyncStream
 from launcher.sync.tree import (
     Entry,
     Tree,
@@ -44,58 +40,12 @@ from launcher.sync.tree import (
     size_text,
     spec_of,
 )
-from launcher.transport.channel import Channel
 from launcher.transport.program import host_command, node_program, program_input
 from launcher.transport.sessions import Node, classify, close_all, connect_all
 from launcher.transport.settings import DEFAULT_FANOUT, SshSettings
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
-
-
-# --- the local tree's contents, read once for every node ------------------------------------------------------
-
-
-class Contents:
-    """The tree's files under SEND_CHUNK, each read once for all the nodes of a sync.
-
-    One open, fstat, read and close a file instead of one a node: each of those system calls, in every node's
-    sending thread, hands the GIL over and waits to get it back. And every node gets the same bytes of a file being
-    edited during the sync. Larger files stream from disk node by node (a few calls a megabyte). What is kept is
-    bounded (SHARED_BYTES, the least recently used dropped): a node that lags that far behind reads again.
-    """
-
-    def __init__(self, root: Path, budget: int = SHARED_BYTES):
-        self.root = root
-        self.budget = budget
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[str, tuple[int, int, bytes]] = OrderedDict()
-        """path -> (mtime_ns, mode, content), the most recently used last."""
-        self._kept_bytes = 0
-        self._reading: dict[str, threading.Lock] = {}
-        """A lock a path while one thread reads it: the others wait for its bytes instead of reading too."""
-
-    def small(self, entry: Entry) -> tuple[int, int, bytes]:
-        """(mtime_ns, mode, content) of a file listed under SEND_CHUNK."""
-        with self._lock:
-            gate = self._reading.setdefault(entry.path, threading.Lock())
-        with gate:
-            with self._lock:
-                if entry.path in self._kept:
-                    self._kept.move_to_end(entry.path)
-                    return self._kept[entry.path]
-            f, st = _open_inside(self.root, entry)
-            with f:
-                content = f.read(st.st_size)
-            if len(content) < st.st_size:
-                raise LauncherError(f"{entry.path} shrank while it was being sent; run the sync again")
-            found = (st.st_mtime_ns, st.st_mode & 0o777, content)
-            with self._lock:
-                self._kept[entry.path] = found
-                self._kept_bytes += len(content)
-                while self._kept_bytes > self.budget and len(self._kept) > 1:
-                    self._kept_bytes -= len(self._kept.popitem(last=False)[1][2])
-        return found
 
 
 # --- one node -------------------------------------------------------------------------------------------------
@@ -122,126 +72,6 @@ class NodeSync:
     """Why its files came straight from the controller after all: the relay that failed it."""
 
 
-class _Gone(Exception):
-    """The node's side ended (or said why) while the controller was sending."""
-
-
-class _Session:
-    """The controller's end of one node's syncd session: JSON lines in, a header + content stream out."""
-
-    def __init__(self, channel: Channel, stall_timeout: float):
-        self.channel = channel
-        self.stall_timeout = stall_timeout
-        self.buffer = bytearray()
-        self.errors = bytearray()
-        self.pending = bytearray()
-        self.crossed = 0
-        """Bytes the node's channel took (headers and content): what a failure part way discards there."""
-
-    def answer(self, timeout: float) -> dict[str, Any] | None:
-        """The node's next JSON line; None when it ended without one (stderr says why)."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            out, err = self.channel.read()
-            self.buffer += out
-            self.errors += err
-            if out or err:
-                continue
-            if self.channel.finished or self.channel.closed:
-                return None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from the node's sync program in {timeout:.0f}s")
-            self.channel.wait_readable(0.2)
-        line, _, rest = bytes(self.buffer).partition(b"\n")
-        self.buffer = bytearray(rest)
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            return None
-        return answer if isinstance(answer, dict) else None
-
-    def send(self, data: bytes, flush: bool = False) -> None:
-        """Queue `data`; what is queued goes out once it reaches SEND_CHUNK (a chunk that size goes as it is)."""
-        if len(data) >= SEND_CHUNK and not self.pending:
-            self._out(data)
-            return
-        self.pending += data
-        if len(self.pending) >= SEND_CHUNK or flush:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            self._out(bytes(self.pending))
-            self.pending.clear()
-
-    def _out(self, data: bytes) -> None:
-        if not self.channel.send(data, timeout=self.stall_timeout):
-            raise _Gone
-        self.crossed += len(data)
-
-    def stalled(self) -> bool:
-        """The send gave up while the node's session was still open: it stopped taking data."""
-        return not (self.channel.finished or self.channel.closed)
-
-    def send_entry(self, contents: Contents, entry: Entry) -> int:
-        """Send one entry's header and content; returns its content bytes."""
-        if entry.kind == "link":
-            self.send(_header(entry.path, "link", target=entry.target))
-            return 0
-        if entry.size < SEND_CHUNK:
-            mtime_ns, mode, content = contents.small(entry)
-            self.send(_header(entry.path, "file", size=len(content), mtime_ns=mtime_ns, mode=mode))
-            self.send(content)
-            return len(content)
-        f, st = _open_inside(contents.root, entry)
-        with f:
-            self.send(_header(entry.path, "file", size=st.st_size, mtime_ns=st.st_mtime_ns, mode=st.st_mode & 0o777))
-            left = st.st_size
-            if left >= SEND_CHUNK:  # a large file's chunks go out as they are read, not copied into the queue
-                self.flush()
-            while left:
-                chunk = f.read(min(SEND_CHUNK, left))
-                if not chunk:
-                    raise LauncherError(f"{entry.path} shrank while it was being sent; run the sync again")
-                self.send(chunk)
-                left -= len(chunk)
-        return st.st_size
-
-    def why(self) -> str:
-        """The node's own words when it ended without an answer (a missing interpreter, a traceback)."""
-        text = bytes(self.errors).decode(errors="replace").strip().splitlines()
-        if text:
-            return text[-1]
-        return "the connection closed" if self.channel.closed else "the sync program ended without a word"
-
-
-def _open_inside(root: Path, entry: Entry) -> tuple[IO[bytes], os.stat_result]:
-    """Open a file of the tree for reading without following a link: not the file itself (O_NOFOLLOW), nor a folder
-    on its way (one replaced by a symlink since the tree was listed). The file the listing found (its device, inode
-    and ctime) is that file; another one (saved anew since) must have its real path where the name says. Returns
-    the open file and its fstat."""
-    path = entry.path
-    full = root / path
-    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-    f = os.fdopen(fd, "rb")
-    try:
-        st = os.fstat(fd)
-        if entry.identity == (st.st_dev, st.st_ino, st.st_ctime_ns):
-            return f, st
-        real_parent = os.path.realpath(full.parent)
-        if real_parent != os.path.join(os.path.realpath(root), *path.split("/")[:-1]).rstrip("/"):
-            raise LauncherError(f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync "
-                                "again")
-    except BaseException:
-        f.close()
-        raise
-    return f, st
-
-
-def _header(path: str, kind: str, **fields: Any) -> bytes:
-    return (json.dumps({"path": path, "kind": kind, **fields}) + "\n").encode()
-
-
 class SyncFailure(NodeFailure):
     """A node's sync that failed, with the bytes that had crossed the wire to it (discarded there)."""
 
@@ -257,7 +87,7 @@ class SyncFailure(NodeFailure):
 class _Begun:
     """A node whose syncd answered with its manifest: what it needs, on its open session."""
 
-    session: _Session
+    session: SyncStream
     node: Node
     answer: dict[str, Any]
     todo: list[Entry]
@@ -290,7 +120,7 @@ def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool, stall_t
     """Start syncd and read its manifest (with `relay`, it then takes its place in the relay: launcher.sync.relay).
     `stall_timeout` bounds every wait on data in flight, the relay's between nodes too."""
     try:
-        session = _Session(node.open_channel(host_command(host)), stall_timeout)
+        session = SyncStream(node.open_channel(host_command(host)), stall_timeout)
     except Exception as exc:
         return classify(node.target, exc)
     t0 = time.monotonic()
@@ -354,7 +184,7 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
                 for entry in todo:
                     sent += session.send_entry(contents, entry)
                 session.send(b'{"end": true}\n', flush=True)
-            except _Gone:
+            except Gone:
                 if session.stalled():
                     return NodeFailure(node.name, "sync", f"the node took no data for {stall_timeout:g} s (a hung "
                                        "disk?); what was sent is removed there when the sync program ends, so nothing "
@@ -378,7 +208,7 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
     return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
 
 
-def _relayed_answer(session: _Session, relay_done: threading.Event | None, stall_timeout: float
+def _relayed_answer(session: SyncStream, relay_done: threading.Event | None, stall_timeout: float
                     ) -> dict[str, Any] | None:
     """A relayed node's end: it comes once the stream has come through the relay, which takes as long as the
     controller's own sending and then some; bounded from the moment the controller has sent its last byte."""

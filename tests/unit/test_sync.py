@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.sync.push import Contents, _Session
 from launcher.sync.relay import asks_relay, relay_places, with_ports
+from launcher.sync.stream import Contents, SyncStream
 from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
 from tests.helpers import REPO
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
@@ -69,7 +69,7 @@ def test_a_folder_replaced_by_a_symlink_sends_nothing_from_behind_it(tmp_path: P
 
 
 class _Wire:
-    """What a node's channel took: the headers and contents `_Session` sends, as they would cross the wire."""
+    """What a node's channel took: the headers and contents `SyncStream` sends, as they would cross the wire."""
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -82,7 +82,7 @@ class _Wire:
 def _sent(contents: Contents, entry: Entry) -> bytes:
     """The bytes one node's session sends for `entry`."""
     wire = _Wire()
-    session = _Session(wire, stall_timeout=5)  # type: ignore[arg-type]
+    session = SyncStream(wire, stall_timeout=5)  # type: ignore[arg-type]
     session.send_entry(contents, entry)
     session.flush()
     return bytes(wire.data)
