@@ -103,15 +103,14 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
             # One session a node: each lists its runs, hears the run chosen from all of them, and stops it.
             results = _ask_then_tell(nodes, cluster, {**request, "choose": True},
                                      lambda firsts: _choice(cluster, _listings(firsts), err), opts.action_timeout)
+        elif request["run_id"] is None and nodes:
+            # `status`: the listings say all it would, no second session a node
+            run_id, answers, listings = _listed_runs(cluster, nodes, opts, err)
+            listed = {name: _listed_state(name, result, listings.get(name), run_id) for name, result in answers.items()}
+            results = {}
         else:
-            if request["run_id"] is None and nodes:
-                run_id, results, listings = _listed_runs(cluster, nodes, opts, err)
-                request = {**request, "run_id": run_id}
-                # the listings say all a status would: no second session a node
-                listed = {name: _listed_state(name, result, listings.get(name), request["run_id"])
-                          for name, result in results.items()}
             # The action's own limit follows the grace period, so a long grace never reads as a lost node.
-            results = {} if listed else agent_action(nodes, cluster, request, opts.action_timeout)
+            results = agent_action(nodes, cluster, request, opts.action_timeout)
     finally:
         close_all(nodes.values())
     states = []

@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from bench.observe import free_port
+from launcher.sandbox import Sandbox
 from tests.helpers import REPO, inv, inv_background, run_id_of, run_processes, wait_for
 
 SCRIPT = "tests/scripts/hang_rank.py"
@@ -39,11 +41,19 @@ def _worker_of(run_id: str, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} in run {run_id}")
 
 
+def _launch(box: Sandbox, tmp_path: Path, hang_timeout: str, *options: str
+            ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """`inv launch --skip-doctor` of the box's job in the background, its hang timeout given: (the process, the file
+    its output goes to, its log dir)."""
+    out, logs = tmp_path / "launch.out", tmp_path / "logs"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", hang_timeout, *options,
+                          "--skip-doctor", log_dir=logs, out=out)
+    return proc, out, logs
+
+
 def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_stopped(hang_box, tmp_path: Path
                                                                                        ) -> None:
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(hang_box.inventory), "--hang-timeout", "10", "--skip-doctor",
-                          log_dir=logs, out=out)
+    proc, out, logs = _launch(hang_box, tmp_path, "10")
     wait_for(lambda: out.read_text(errors="replace").count("step 1") == 4, 120, "every rank's second step")
     hang_began = time.monotonic()  # rank 1 sleeps from here; the others wait in all_reduce
     run_id = run_id_of(out.read_text())
@@ -64,9 +74,7 @@ def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_s
 
 
 def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tmp_path: Path) -> None:
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(hang_box.inventory), "--hang-timeout", "8", "--on-hang", "keep",
-                          "--skip-doctor", log_dir=logs, out=out)
+    proc, out, logs = _launch(hang_box, tmp_path, "8", "--on-hang", "keep")
     try:
         wait_for(lambda: "the run goes on (--on-hang keep)" in out.read_text(errors="replace"), 120, "a kept hang")
         run_id = run_id_of(out.read_text())
@@ -91,9 +99,7 @@ def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tm
 def test_a_stopped_rank_is_reported_as_stopped_by_rank_and_node(make_sandbox, tmp_path: Path) -> None:
     # Every rank steps on; rank 3 is SIGSTOPped mid-run, so the others block in their next all_reduce.
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["9", "0", "100000"])
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
-                          log_dir=logs, out=out)
+    proc, out, _ = _launch(box, tmp_path, "10")
     wait_for(lambda: "step 20" in out.read_text(errors="replace"), 120, "the run stepping")
     run_id = run_id_of(out.read_text())
     stopped = _worker_of(run_id, 3)
@@ -130,9 +136,7 @@ def test_a_hang_whose_threads_spin_is_found_and_the_flight_recorder_is_asked_fir
                                                                                      ) -> None:
     # Every rank's CPU stays busy (a polling thread, as NCCL's proxy thread): only the stacks tell the hang.
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/spin_hang.py")
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
-                          log_dir=logs, out=out)
+    proc, out, logs = _launch(box, tmp_path, "10")
     wait_for(lambda: out.read_text(errors="replace").count("step 4") == 2, 120, "every rank's fifth step")
     hang_began = time.monotonic()  # rank 1 sleeps from here; rank 0 waits in all_reduce
     run_id = run_id_of(out.read_text())
@@ -158,9 +162,7 @@ def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_
     # As on an H100: rank 0's host waits in loss.item() behind an all-reduce that rank 1 never entered; its stack
     # shows no collective, its flight recorder (a stand-in writing torch's format) does.
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "8", "--skip-doctor",
-                          log_dir=logs, out=out)
+    proc, out, logs = _launch(box, tmp_path, "8")
     assert proc.wait(timeout=150) == 124, out.read_text(errors="replace")
     text = out.read_text(errors="replace")
     assert GPU_SYNC.search(text), text
@@ -178,9 +180,7 @@ def test_inv_stacks_on_a_gpu_hang_says_what_the_flight_recorder_shows_in_flight(
                                                                                  ) -> None:
     # The same hang, the watch off: `inv stacks` from another terminal asks the recorder too, and says its word.
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
-    out, logs = tmp_path / "launch.out", tmp_path / "logs"
-    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "0", "--skip-doctor",
-                          log_dir=logs, out=out)
+    proc, out, logs = _launch(box, tmp_path, "0")
     try:
         wait_for(lambda: out.read_text(errors="replace").count("step 4") == 2, 120, "every rank's fifth step")
         time.sleep(1)  # rank 0 reaches its loss.item() line
