@@ -7,7 +7,8 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
   answer (the master also holds master_port open meanwhile, and each node connects to it when the launcher says
   `tcp`, answering `tcp`); check the workdir, python and run directory, say `ready` and wait for `go` (sent once
   every node is ready and the launcher's checks passed: a run starts on all nodes or on none; `abort` or `stop`
-  instead ends the agent with nothing made); then make the run directory and start torchrun under `setsid`
+  instead ends the agent with nothing made). An attached run's torchrun python starts meanwhile and imports torch,
+  held until `go` (launcher/node/prestart.py); then make the run directory and start torchrun under `setsid`
   (one process group; every process of the run also carries DDP_LAUNCHER_RUN=<run id>/<node> in its
   environment); record pid, times and exit code.
   Attached: stream the log to stdout, obey `stop` lines on stdin, and stop the run by itself when stdin closes
@@ -84,7 +85,7 @@ def start(request):
     import threading
 
     from launcher.node.attend import GateChecks, LauncherWords, attend
-    from launcher.node.runner import spawn, start_detached
+    from launcher.node.runner import prestart, spawn, start_detached
 
     run_id, _, node = request["mark"].partition("/")
     problem = names_problem({"run_id": run_id or None, "node": node}) or (None if run_id else "the run has no id")
@@ -96,53 +97,60 @@ def start(request):
     checks = GateChecks(section) if section else None
     words.on_tcp = checks.tcp if checks is not None else None
     threading.Thread(target=words.listen, daemon=True, name="listen").start()
+    problem = node_problem(request, run_dir)
+    # An attached run's torchrun imports torch while the doctor checks and the other nodes get ready.
+    held = prestart(request, run_dir) if problem is None and not request["detach"] else None
     try:
-        if checks is not None:
-            checks.run()  # the doctor's evidence first: the launcher judges it even when a check below fails
-        code = start_checked(request, run_dir, words)
+        try:
+            if checks is not None:
+                checks.run()  # the doctor's evidence first: the launcher judges it even when a check below failed
+            code = refuse(problem) if problem else wait_for_go(request, words)
+        finally:
+            if checks is not None:
+                checks.close()  # master_port is let go before torchrun's store binds it
+        if code is not None:
+            return code
+        if request["detach"]:
+            return start_detached(request, run_dir)
+        try:
+            proc = spawn(request, run_dir, held)
+        except OSError as exc:
+            emit(Event.ERROR, message="cannot start torchrun: %s" % exc)
+            return 2
     finally:
-        if checks is not None:
-            checks.close()  # master_port is let go before torchrun's store binds it
-    if code is not None:
-        return code
-    if request["detach"]:
-        return start_detached(request, run_dir)
-    try:
-        proc = spawn(request, run_dir)
-    except OSError as exc:
-        emit(Event.ERROR, message="cannot start torchrun: %s" % exc)
-        return 2
+        if held is not None:
+            held.drop()  # nothing once torchrun was let go
     emit(Event.STARTED, pid=proc.pid, run_dir=run_dir)
     return attend(request, run_dir, proc, words)
 
 
-def start_checked(request, run_dir, words):
-    """Check what this node can, say `ready` and wait for `go`; None on `go`, else the agent's exit code."""
+def node_problem(request, run_dir):
+    """What keeps this node from starting the run (its workdir, python, run directory, socket interface, GPUs), or
+    None with the request completed (`socket_ifname` found, `visible_devices` chosen)."""
     node = request["mark"].partition("/")[2]
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
-        emit(Event.ERROR, message="workdir %s does not exist on this node" % request["workdir"])
-        return 2
+        return "workdir %s does not exist on this node" % request["workdir"]
     if request["argv"][0] != os.path.expanduser(request["argv"][0]) or os.sep in request["argv"][0]:
         python = os.path.expanduser(request["argv"][0])
         if not os.access(python, os.X_OK):
-            emit(Event.ERROR, message="python %s is not an executable file on this node" % request["argv"][0])
-            return 2
+            return "python %s is not an executable file on this node" % request["argv"][0]
     if os.path.exists(run_dir):
-        emit(Event.ERROR, message="run directory %s already exists" % request["run_dir"])
-        return 2
+        return "run directory %s already exists" % request["run_dir"]
     ifname, problem = socket_ifname(request)
     if problem is not None:
-        emit(Event.ERROR, message="%s: socket_ifname auto found no interface toward master_addr %s: %s; name the "
-                              "interface in the inventory (socket_ifname: eth0)" % (node, request["master_addr"],
-                                                                                   problem))
-        return 2
+        return ("%s: socket_ifname auto found no interface toward master_addr %s: %s; name the interface in the "
+                "inventory (socket_ifname: eth0)" % (node, request["master_addr"], problem))
     request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the keeper) sets this
     problem = choose_gpus(request, os.environ)
     if problem is not None:
-        emit(Event.ERROR, message="%s: %s; name GPUs the node shows, or the whole host" % (node, problem))
-        return 2
-    # Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no process).
+        return "%s: %s; name GPUs the node shows, or the whole host" % (node, problem)
+    return None
+
+
+def wait_for_go(request, words):
+    """Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no
+    process). None on `go`, else the agent's exit code."""
     emit(Event.READY)
     if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
         emit(Event.ABORTED, reason=words.stop_word)

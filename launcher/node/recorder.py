@@ -39,14 +39,16 @@ def has_gpu():
     return which("nvidia-smi", os.environ.get("PATH")) is not None
 
 
-def flight_recorder_env(run_dir, env, settings, gpu, torch_version=None):
+def flight_recorder_env(run_dir, env, settings, gpu, torch_version=None, make=True):
     """Turn NCCL's flight recorder on for the run's workers, dumping into the run directory on a timeout or when
     asked through its pipe; only on a node with GPUs, and never when the user set any of its variables. Whether it
-    did. `torch_version` ("2.11.0+cu130", None: unknown) decides whether the deprecated names are set too."""
+    did. `torch_version` ("2.11.0+cu130", None: unknown) decides whether the deprecated names are set too; with `make`
+    false the folder is not made (the environment only)."""
     if not gpu or any(name in env for name in tuple(settings) + USER_NAMES):
         return False
     folder = os.path.join(run_dir, NCCL_DIR)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if make:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     env.update(settings)
     for name in DUMP_NAMES:
         env[name] = os.path.join(folder, NCCL_PREFIX)

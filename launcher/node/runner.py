@@ -65,15 +65,42 @@ def torchrun_env(request, inherited):
     return env
 
 
-def spawn(request, run_dir):
-    """Start torchrun in its own session; its output goes to the run's log file."""
-    from launcher.node.logmerge import LogMerger
+def run_env(request, run_dir, make=True):
+    """torchrun's whole environment for this run: `torchrun_env`, the workers' hook and (on a GPU node) NCCL's
+    flight recorder, all pointing into the run directory; `make` also writes what they point at there."""
     from launcher.node.recorder import flight_recorder_env, has_gpu
     from launcher.node.stacks import install_hook
 
+    env = torchrun_env(request, os.environ)
+    install_hook(run_dir, env, make)  # every worker's stack on request, without ptrace (launcher/node/stacks.py)
+    if has_gpu():  # torch's version (its metadata, no import) says which names of the recorder's it reads
+        from launcher.node.facts import torch_info
+
+        flight_recorder_env(run_dir, env, request["flight_recorder"], True, torch_info()["version"], make)
+    return env
+
+
+def planned_argv(request):
+    """torchrun's words on this node: `~` expanded where the plan says, behind the store wait on nodes 1+."""
+    argv = [node_path(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
+    return argv, waiting_argv(argv, request, timing("store_wait_s"), timing("store_poll_s"))
+
+
+def prestart(request, run_dir):
+    """torchrun's python started now, importing torch while the node waits for `go` (launcher/node/prestart.py);
+    None where it cannot be (spawn then starts torchrun as it would without)."""
+    from launcher.node.prestart import hold
+
+    become_reaper()  # before anything of the run's starts: its orphans stay below the keeper
+    return hold(planned_argv(request)[1], node_path(request["workdir"]), run_env(request, run_dir, False))
+
+
+def spawn(request, run_dir, held=None):
+    """Start torchrun in its own session (or let go the one `prestart` held); its output goes to the run's log."""
+    from launcher.node.logmerge import LogMerger
+
     os.makedirs(run_dir, mode=0o700)
-    home = node_path
-    argv = [home(w) if i in request.get("expand_home", []) else w for i, w in enumerate(request["argv"])]
+    argv, started = planned_argv(request)
     public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
     write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
         "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
@@ -82,19 +109,15 @@ def spawn(request, run_dir):
         "node_rank": request.get("node_rank"), "nodes": request.get("nodes"), "inventory": request.get("inventory"),
     }, indent=1))
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
-    env = torchrun_env(request, os.environ)
-    install_hook(run_dir, env)  # every worker's stack on request, without ptrace (launcher/node/stacks.py)
-    if has_gpu():  # torch's version (its metadata, no import) says which names of the recorder's it reads
-        from launcher.node.facts import torch_info
-
-        flight_recorder_env(run_dir, env, request["flight_recorder"], True, torch_info()["version"])
+    env = run_env(request, run_dir)
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])
     own = open(merger.own, "ab")
     try:
         reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
-        started = waiting_argv(argv, request, timing("store_wait_s"), timing("store_poll_s"))
-        proc = child.start(started, home(request["workdir"]), env, own.fileno())
+        proc = held.release(started, env, merger.own) if held is not None else None
+        if proc is None:
+            proc = child.start(started, node_path(request["workdir"]), env, own.fileno())
     except BaseException:
         os.close(merger.out)
         raise

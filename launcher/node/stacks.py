@@ -33,14 +33,15 @@ def stack_signal():
     return int(rtmin) + 7 if rtmin is not None else int(signal.SIGUSR2)
 
 
-def install_hook(run_dir, env):
+def install_hook(run_dir, env, make=True):
     """Write the hook (launcher/node/hook.py: stacks on a signal, progress records) into the run directory and point
-    the workers' environment at it (PYTHONPATH first)."""
+    the workers' environment at it (PYTHONPATH first); with `make` false, only the environment (nothing written)."""
     hook_dir, stacks, progress = (os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR))
-    for folder in (hook_dir, stacks, progress):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    with open(os.path.join(hook_dir, "sitecustomize.py"), "w") as handle:
-        handle.write(hook.__loader__.get_source(hook.__name__))  # the node's loader and a file's both give it
+    if make:
+        for folder in (hook_dir, stacks, progress):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        with open(os.path.join(hook_dir, "sitecustomize.py"), "w") as handle:
+            handle.write(hook.__loader__.get_source(hook.__name__))  # the node's loader and a file's both give it
     env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
     env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, limits.RECORD_BYTES, limits.RECORD_FLUSH_S)
     env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
