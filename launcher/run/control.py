@@ -156,12 +156,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
         try:
             channel = node.open_channel(host_command(host))
             channel.send(agent_input({**request, "node": host.name}))
-            deadline = time.monotonic() + timeout
-            while b"\n" not in out and not channel.finished and not channel.closed and time.monotonic() < deadline:
-                o, e = channel.read()
-                out, err = out + o, err + e
-                if not o and not e:
-                    channel.wait_readable(0.2)
+            channel.read_line(out, err, time.monotonic() + timeout)
             first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out),
                                                  bytes(err))
         except Exception as exc:

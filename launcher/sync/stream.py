@@ -86,18 +86,10 @@ class SyncStream:
 
     def answer(self, timeout: float) -> dict[str, Any] | None:
         """The node's next JSON line; None when it ended without one (stderr says why)."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            out, err = self.channel.read()
-            self.buffer += out
-            self.errors += err
-            if out or err:
-                continue
+        if not self.channel.read_line(self.buffer, self.errors, time.monotonic() + timeout):
             if self.channel.finished or self.channel.closed:
                 return None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from the node's sync program in {timeout:.0f}s")
-            self.channel.wait_readable(0.2)
+            raise TimeoutError(f"no answer from the node's sync program in {timeout:.0f}s")
         line, _, rest = bytes(self.buffer).partition(b"\n")
         self.buffer = bytearray(rest)
         try:

@@ -8,6 +8,7 @@ import contextlib
 import select
 import selectors
 import threading
+import time
 from dataclasses import dataclass
 
 import paramiko
@@ -131,6 +132,21 @@ class Channel:
         out = self._chan.recv(1 << 16) if self._chan.recv_ready() else b""
         err = self._chan.recv_stderr(1 << 16) if self._chan.recv_stderr_ready() else b""
         return out, err
+
+    def read_line(self, out: bytearray, err: bytearray, deadline: float) -> bool:
+        """Read into `out` and `err` until `out` holds a whole line (True), or the command ended, the connection
+        went or `deadline` (monotonic) passed first (False)."""
+        while b"\n" not in out:
+            o, e = self.read()
+            out += o
+            err += e
+            if o or e:
+                continue
+            left = deadline - time.monotonic()
+            if self.finished or self.closed or left <= 0:
+                return False
+            self.wait_readable(min(0.2, left))
+        return True
 
     @property
     def finished(self) -> bool:
