@@ -8,7 +8,8 @@ on all nodes or on none), and with the doctor on until its checks pass: before t
 What it may and may not do before `go`: the process is started with torchrun's whole environment (its run mark
 included, so a stop's sweep finds it), in torchrun's folder and its own session, and imports
 `torch.distributed.launcher.api` (what `torch.distributed.run` imports, without running it). It makes nothing:
-no run directory, no log, no file; its output goes nowhere until `go`. On `go` the agent sends the path of
+no run directory, no log, no named file; what it prints (an import's warning) waits in a file without a name
+(O_TMPFILE) and goes first into torchrun's log on `go`. On `go` the agent sends the path of
 torchrun's own log; the program sends its output there and runs torchrun's words as the launcher planned them
 (behind the store wait on nodes 1+). An `abort`, a stop or a failed check kills it; if the agent itself dies first,
 the kernel kills it (PR_SET_PDEATHSIG, cleared on `go`). Whatever goes wrong before `go` (an import error, a
@@ -43,7 +44,20 @@ except Exception:
 line = sys.stdin.readline()
 if not line.endswith("\\n"):
     os._exit(0)
+try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+except Exception:
+    pass
 fd = os.open(line[:-1], os.O_WRONLY | os.O_APPEND)
+try:
+    os.lseek(1, 0, 0)
+    chunk = os.read(1, 65536)
+    while chunk:
+        os.write(fd, chunk)
+        chunk = os.read(1, 65536)
+except OSError:
+    pass
 os.dup2(fd, 1)
 os.dup2(fd, 2)
 os.close(fd)
@@ -118,8 +132,10 @@ def hold(argv, workdir, env):
                 os.set_inheritable(fd, False)
             except OSError:
                 pass
-    actions = [(os.POSIX_SPAWN_DUP2, read_fd, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-               (os.POSIX_SPAWN_DUP2, 1, 2)]
+    early = _early_output(env)
+    actions = [(os.POSIX_SPAWN_DUP2, read_fd, 0),
+               (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else
+               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
     words = [argv[0], "-c", SOURCE, workdir, str(os.getpid()), *argv[1:]]
     try:
         pid = os.posix_spawn(program, words, env, file_actions=actions, setsid=True,
@@ -129,7 +145,18 @@ def hold(argv, workdir, env):
         return None
     finally:
         os.close(read_fd)
+        if early is not None:
+            os.close(early)
     return Prestarted(child.Child(pid), list(argv), dict(env), write_fd)
+
+
+def _early_output(env):
+    """A file without a name (O_TMPFILE) for what the held python prints before `go` (an import's warnings), which
+    it copies into torchrun's log on `go`; None where the system or the folder has no such files (then /dev/null)."""
+    try:
+        return os.open(env.get("TMPDIR") or "/tmp", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (AttributeError, OSError):
+        return None
 
 
 def _launcher_form(argv):

@@ -23,14 +23,15 @@ RUN = ("import os, sys, time\nprint(repr(time.time()), __name__, os.getcwd(), os
 
 @pytest.fixture
 def stand_in(tmp_path: Path) -> Path:
-    """torch.distributed.launcher.api notes when it was imported; torch.distributed.run prints when it ran, as what,
-    where, an environment value and its words."""
+    """torch.distributed.launcher.api says something and notes when it was imported; torch.distributed.run prints
+    when it ran, as what, where, an environment value and its words."""
     root = tmp_path / "site"
     for package in ("torch", "torch/distributed", "torch/distributed/launcher"):
         (root / package).mkdir(parents=True)
         (root / package / "__init__.py").write_text("")
     (root / "torch/distributed/launcher/api.py").write_text(
-        "import os, time\nwith open(os.environ['IMPORTED'], 'w') as f:\n    f.write(repr(time.time()))\n")
+        "import os, sys, time\nprint('UserWarning: said while importing', file=sys.stderr)\n"
+        "with open(os.environ['IMPORTED'], 'w') as f:\n    f.write(repr(time.time()))\n")
     (root / "torch/distributed/run.py").write_text(RUN)
     return root
 
@@ -80,7 +81,9 @@ def test_it_imports_at_once_and_runs_torchrun_only_when_let_go(stand_in: Path, t
     proc = held.release(_planned(), dict(env), str(log))
     assert proc is held.proc
     assert proc.wait() == 0
-    ran_at, name, cwd, asked, *words = log.read_text().split()
+    said, ran = log.read_text().split("\n", 1)
+    assert said == "UserWarning: said while importing"  # what it printed before `go`, first in torchrun's log
+    ran_at, name, cwd, asked, *words = ran.split()
     assert float(ran_at) >= let_go > float((tmp_path / "imported").read_text())
     assert (name, cwd, asked) == ("__main__", str(workdir), "yes")
     assert words == ["--nnodes", "2", "train.py"]
@@ -101,7 +104,8 @@ def test_the_store_wait_form_runs_too(stand_in: Path, tmp_path: Path):
         assert held is not None
         proc = held.release(planned, _env(stand_in, tmp_path), str(log))
         assert proc is not None and proc.wait() == 0
-    assert log.read_text().split()[1:] == ["__main__", str(tmp_path), "yes", "--nnodes", "2", "train.py"]
+    assert log.read_text().splitlines()[1].split()[1:] == ["__main__", str(tmp_path), "yes", "--nnodes", "2",
+                                                            "train.py"]
 
 
 def test_other_words_or_environment_than_it_started_with_end_it(stand_in: Path, tmp_path: Path):
