@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.observe import free_port
 from launcher.limits import NODE_TIMING
 from launcher.node.storewait import waiting_argv
 
@@ -49,15 +49,9 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_to_barrier(worker: Path, wait: bool) -> float:
     """Seconds from starting both torchruns to rank 0 past the first barrier."""
-    port = _free_port()
+    port = free_port()
     procs = []
     began = time.time()
     for rank in (0, 1):

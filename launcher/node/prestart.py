@@ -125,21 +125,13 @@ def hold(argv, workdir, env):
     if program is None:
         return None
     read_fd, write_fd = os.pipe()
-    os.set_inheritable(write_fd, False)
-    for fd in child.open_descriptors():
-        if fd != read_fd:
-            try:
-                os.set_inheritable(fd, False)
-            except OSError:
-                pass
     early = _early_output(env)
     actions = [(os.POSIX_SPAWN_DUP2, read_fd, 0),
                (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else
                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
     words = [argv[0], "-c", SOURCE, workdir, str(os.getpid()), *argv[1:]]
     try:
-        pid = os.posix_spawn(program, words, env, file_actions=actions, setsid=True,
-                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        proc = child.spawn_in_session(program, words, env, actions)
     except (OSError, NotImplementedError):
         os.close(write_fd)
         return None
@@ -147,7 +139,7 @@ def hold(argv, workdir, env):
         os.close(read_fd)
         if early is not None:
             os.close(early)
-    return Prestarted(child.Child(pid), list(argv), dict(env), write_fd)
+    return Prestarted(proc, list(argv), dict(env), write_fd)
 
 
 def _early_output(env):

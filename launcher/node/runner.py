@@ -91,7 +91,6 @@ def prestart(request, run_dir):
     None where it cannot be (spawn then starts torchrun as it would without)."""
     from launcher.node.prestart import hold
 
-    become_reaper()  # before anything of the run's starts: its orphans stay below the keeper
     return hold(planned_argv(request)[1], node_path(request["workdir"]), run_env(request, run_dir, False))
 
 

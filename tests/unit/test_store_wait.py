@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.observe import free_port
 from launcher.limits import NODE_TIMING
 from launcher.node.storewait import SOURCE, waiting_argv
 
@@ -51,14 +52,8 @@ def _run_waiting(stand_in: Path, host: str, port: int, limit: float) -> tuple[fl
     return float(ran_at), words
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_torchrun_runs_as_its_module_once_the_store_listens(stand_in: Path):
-    port = _free_port()
+    port = free_port()
     listening: dict[str, float] = {}
     server = socket.socket()
 
@@ -81,7 +76,7 @@ def test_torchrun_runs_as_its_module_once_the_store_listens(stand_in: Path):
 
 def test_a_store_that_never_listens_is_waited_for_until_the_limit(stand_in: Path):
     began = time.time()
-    ran_at, _ = _run_waiting(stand_in, "127.0.0.1", _free_port(), 0.6)
+    ran_at, _ = _run_waiting(stand_in, "127.0.0.1", free_port(), 0.6)
     assert 0.6 <= ran_at - began < 5  # then torch's own retry and its own error
 
 
