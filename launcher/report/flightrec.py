@@ -105,24 +105,37 @@ def _user_frame(frames: list[Any]) -> str | None:
     return None
 
 
-def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> dict[int, Collectives]:
-    """Every node's answer's dumps ({name: base64}) -> rank -> its collectives, for the dumps torch wrote."""
-    found: dict[int, Collectives] = {}
+def sent_dumps(answers: Mapping[str, Mapping[str, Any] | str]) -> dict[str, bytes]:
+    """Every dump the nodes sent (file name -> its bytes), decoded once for what is kept (`hangs.write_nccl`) and
+    what is read (`recorded`); one that is not base64 is left out of both."""
+    found: dict[str, bytes] = {}
     for reply in answers.values():
         if isinstance(reply, str):
             continue
         for name, data in (reply.get("nccl") or {}).items():
-            rank = name[len(NCCL_PREFIX):]
-            if not name.startswith(NCCL_PREFIX) or not rank.isdigit():
-                continue
             try:
-                raw = base64.b64decode(data, validate=True)
-            except (binascii.Error, ValueError):
+                found[name] = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError, TypeError):
                 continue
-            read = read_dump(raw, int(rank))
-            if read is not None:
-                found[int(rank)] = read
     return found
+
+
+def recorded(dumps: Mapping[str, bytes]) -> dict[int, Collectives]:
+    """The dumps torch wrote (`<prefix><rank>`) -> rank -> its collectives."""
+    found: dict[int, Collectives] = {}
+    for name, raw in dumps.items():
+        rank = name[len(NCCL_PREFIX):]
+        if not name.startswith(NCCL_PREFIX) or not rank.isdigit():
+            continue
+        read = read_dump(raw, int(rank))
+        if read is not None:
+            found[int(rank)] = read
+    return found
+
+
+def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> dict[int, Collectives]:
+    """Every node's answer's dumps ({name: base64}) -> rank -> its collectives, for the dumps torch wrote."""
+    return recorded(sent_dumps(answers))
 
 
 def behind(recorded: Mapping[int, Collectives], flight: InFlight) -> list[tuple[int, int]]:

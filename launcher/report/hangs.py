@@ -3,7 +3,6 @@ answer in `answer.txt` beside them (what `inv status` shows), and the console's 
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from launcher.events import HangRuledOut, HangSuspected
 from launcher.node.recorder import NCCL_PREFIX
+from launcher.report.flightrec import sent_dumps
 from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
 
 
@@ -36,17 +36,19 @@ def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[R
     return stacks, failures
 
 
-def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str]) -> list[str]:
+def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str],
+               dumps: Mapping[str, bytes] | None = None) -> list[str]:
     """The NCCL flight recorder dumps the nodes sent, into `<folder>/nccl/`; the line that says how to read them
-    (with `--allow-incomplete-ranks` when a rank the nodes listed has no dump: torchfrtrace refuses a partial set)."""
-    dumps = {name: data for reply in answers.values() if not isinstance(reply, str)
-             for name, data in (reply.get("nccl") or {}).items()}
+    (with `--allow-incomplete-ranks` when a rank the nodes listed has no dump: torchfrtrace refuses a partial set).
+    `dumps`: the answers' dumps already decoded (`flightrec.sent_dumps`), where the caller reads them too."""
+    if dumps is None:
+        dumps = sent_dumps(answers)
     if not dumps:
         return []
     nccl = folder / "nccl"
     nccl.mkdir(parents=True, exist_ok=True)
     for name, data in dumps.items():
-        (nccl / Path(name).name).write_bytes(base64.b64decode(data))
+        (nccl / Path(name).name).write_bytes(data)
     found = [p.name for p in nccl.iterdir()]  # with those of nodes that sent theirs before
     dumped = {name[len(NCCL_PREFIX):] for name in found if name.startswith(NCCL_PREFIX)}
     listed = {str(w["rank"]) for reply in answers.values() if not isinstance(reply, str)

@@ -66,8 +66,9 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[
     if not stacks and not failures:
         raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
     folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
-    nccl = write_nccl(folder, answers) if folder is not None else []
-    in_flight = flightrec.in_flight_said(flightrec.from_answers(answers))
+    dumps = flightrec.sent_dumps(answers)
+    nccl = write_nccl(folder, answers, dumps) if folder is not None else []
+    in_flight = flightrec.in_flight_said(flightrec.recorded(dumps))
     return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl), in_flight)
 
 

@@ -24,6 +24,7 @@ from launcher.node.recorder import (
     nccl_dumps,
 )
 from launcher.node.stacks import source_lines
+from launcher.report.flightrec import sent_dumps
 from launcher.report.hangs import write_nccl
 
 
@@ -153,3 +154,14 @@ def test_the_agent_reads_each_frames_line_from_the_file_on_the_node(tmp_path: Pa
     script.write_text("import time\n\ntime.sleep(600)  # the odd one out\n")
     stack = f'Current thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
     assert source_lines(stack) == {f"{script}:3": "time.sleep(600)  # the odd one out"}
+
+
+def test_a_dump_that_is_not_base64_is_neither_kept_nor_read(tmp_path: Path) -> None:
+    answers = {"node-0": {"workers": [{"rank": 0}], "nccl": {f"{NCCL_PREFIX}0": "ZHVtcA==", f"{NCCL_PREFIX}1": "%%"}}}
+    dumps = sent_dumps(answers)
+    assert dumps == {f"{NCCL_PREFIX}0": b"dump"}
+    [line] = write_nccl(tmp_path, answers, dumps)
+    assert [p.name for p in (tmp_path / "nccl").iterdir()] == [f"{NCCL_PREFIX}0"]
+    assert "1 dump(s)" in line
+    [again] = write_nccl(tmp_path / "again", answers)  # decoded by write_nccl itself: the same
+    assert again == line.replace(str(tmp_path), str(tmp_path / "again"))
