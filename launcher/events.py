@@ -55,14 +55,19 @@ class NodeEnd:
     """Processes of the run the node could not kill."""
     tail: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    before_workers: bool = False
+    """torchrun ended by itself before it ever started its workers: it never completed the rendezvous (its peers may
+    still wait there), whatever its exit code says."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", EndKind(self.kind))  # ValueError for a kind no one decides on
 
     @property
     def failed(self) -> bool:
-        """Anything but torchrun's exit 0; a node that stopped its part by itself failed whatever torchrun said."""
-        return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS
+        """Anything but torchrun's exit 0 after its workers ran; a node that stopped its part by itself failed whatever
+        torchrun said."""
+        return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS \
+            or self.before_workers
 
 
 @dataclass(frozen=True)

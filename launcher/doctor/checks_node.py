@@ -67,7 +67,6 @@ def check_python(ev: Evidence) -> list[Finding]:
     major_minor, _ = compare(ev, minor)
     major_full, same_full = compare(ev, {h: v for h, v in full.items() if minor[h] == major_minor})
     for h, p in probes.items():
-        exe = p["python"]["executable"]
         if minor[h] != major_minor:
             same = [x for x, v in minor.items() if v == major_minor]
             out.append(Finding(h, "python", "fail",
@@ -78,8 +77,19 @@ def check_python(ev: Evidence) -> list[Finding]:
             out.append(Finding(h, "python", "warn", f"Python {full[h]} here, {major_full} on {listed(same_full)}",
                                f"use the same Python build everywhere ({major_full}) to rule out subtle differences"))
         else:
-            out.append(Finding(h, "python", "ok", f"Python {full[h]} ({exe})"))
+            out.append(Finding(h, "python", "ok", f"Python {full[h]} ({_interpreter(p['python'])})",
+                               note=bool(p["python"].get("wrapper"))))
     return out + _slow_probes(ev, probes)
+
+
+def _interpreter(python: Mapping[str, Any]) -> str:
+    """The interpreter a node runs, and the wrapper it runs through (`python:` a script, a shim): fine either way,
+    since the launcher stops a run by its session and its mark, never by the pid it started."""
+    wrapper = python.get("wrapper")
+    if not wrapper:
+        return str(python["executable"])
+    how = "execs it" if wrapper.get("execs") else "does not exec (it stays as python's parent)"
+    return f"{wrapper['runs']} through {wrapper['path']}, a wrapper that {how}: fine"
 
 
 def slow_probe_limit(times: Iterable[float], timeout: float | None) -> float:

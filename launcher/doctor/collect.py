@@ -60,7 +60,7 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
     request: dict[str, Any] = {
         "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
         "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
-        "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir,
+        "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir, "python": host.python,
         "script": cluster.job.script if cluster.job else None,
         "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
     }

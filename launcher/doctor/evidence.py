@@ -24,6 +24,8 @@ class Finding:
     """What was found, in a line."""
     fix: str = ""
     """What to do about it (empty when ok)."""
+    note: bool = False
+    """An ok worth a line under the table all the same (a `python:` that is a wrapper)."""
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,9 @@ def render_table(report: Report, console: Console) -> None:
         took = report.probe_times.get(host)
         table.add_row(Text(host), Text(f"{took:.1f} s") if took is not None else NONE.copy(), *cells)
     console.print(table)
-    for f in report.findings:  # --net: every node's figures, not only the slow one's
-        if f.check == "net" and f.status == "ok":
-            console.print(Text.assemble(MARKS["ok"], f" {f.host} net: "), end="", highlight=False)
+    for f in report.findings:  # --net: every node's figures, not only the slow one's; an ok's note
+        if f.status == "ok" and (f.check == "net" or f.note):
+            console.print(Text.assemble(MARKS["ok"], f" {f.host} {f.check}: "), end="", highlight=False)
             console.print(f.detail, markup=False, highlight=False)
     for f in report.problems:
         console.print(Text.assemble(MARKS[f.status], f" {f.host} {f.check}: "), end="", highlight=False)

@@ -310,7 +310,9 @@ def attend(request, run_dir, proc, words):
     while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
         threads["stream"].join(timing("wait_s"))
     run.send_nccl()
-    emit(Event.EXITED, code=code, left=left, reason=stopping)
+    merger = getattr(proc, "merger", None)
+    emit(Event.EXITED, code=code, left=left, reason=stopping,
+         workers=None if merger is None else merger.workers_started)
     end_events()
     threads["send_events"].join(limits.EVENTS_DRAIN_S)
     return code

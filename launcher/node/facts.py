@@ -85,6 +85,31 @@ def python_info():
             "implementation": IMPLEMENTATIONS.get(name, name)}
 
 
+def python_wrapper(given):
+    """How the `python:` the launcher ran reaches this interpreter: None where it is this interpreter (a venv's link
+    too); else {path, runs, execs}: `path` is a wrapper (a shell script, a pyenv shim, `conda run`) that runs `runs`,
+    and `execs` says whether it became python (exec) or stays as its parent process."""
+    if not given:
+        return None
+    if os.sep in given:
+        path = os.path.abspath(os.path.expanduser(given))
+    else:
+        path = next((os.path.join(d, given) for d in os.environ.get("PATH", "").split(os.pathsep)
+                     if d and os.access(os.path.join(d, given), os.X_OK)), None)
+        if path is None:
+            return None
+    real, runs = os.path.realpath(path), os.path.realpath(sys.executable)
+    if real == runs:
+        return None
+    try:
+        with open("/proc/%d/cmdline" % os.getppid(), "rb") as handle:
+            parent = handle.read().split(b"\0")
+    except OSError:
+        parent = []
+    stays = any(os.path.realpath(os.fsdecode(word)) == real for word in parent[:3] if word)
+    return {"path": path, "runs": runs, "execs": not stays}
+
+
 def assigned_value(text, name):
     """The literal assigned to `name` at the top of a module's text (`cuda: Optional[str] = '12.1'`)."""
     match = re.search(r"^" + re.escape(name) + r"\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)

@@ -44,6 +44,8 @@ class LogMerger:
         self.own = os.path.join(run_dir, "torchrun.log")
         self.known = {}  # (restart count, local rank) -> global rank, or None when it cannot be told
         self.last_line = {}  # local rank -> when (monotonic) its latest attempt's files last gave a whole line
+        self.workers_started = False
+        """Whether torchrun started its workers at least once: it makes attempt_N only then, after the rendezvous."""
         self.stopping = threading.Event()
         self.wrote = threading.Event()
         """Set at each append to `log`: an attached agent's streamer waits on it instead of polling the file."""
@@ -88,6 +90,7 @@ class LogMerger:
             for attempt in listdir(os.path.join(self.ranks, run)):
                 if not (attempt.startswith("attempt_") and attempt[8:].isdigit()):
                     continue
+                self.workers_started = True
                 base = os.path.join(self.ranks, run, attempt)
                 for local in listdir(base):
                     if not local.isdigit():

@@ -15,7 +15,7 @@ torchrun's own log; the program sends its output there and runs torchrun's words
 the kernel kills it (PR_SET_PDEATHSIG, cleared on `go`). Whatever goes wrong before `go` (an import error, a
 process that died) leaves torchrun to start as it did without this: the log shows torchrun's own error.
 
-Started as `python -c SOURCE WORKDIR AGENT_PID <the planned words after python>`, where the planned words are
+Started as `python -c SOURCE WORKDIR <the planned words after python>`, where the planned words are
 `-m torch.distributed.run ...` or the store wait's `-c SOURCE ...` (launcher/node/storewait.py).
 """
 
@@ -26,7 +26,11 @@ from launcher.node import child
 from launcher.node.storewait import SOURCE as STORE_WAIT
 from launcher.node.storewait import TORCHRUN
 
-# prctl(1, 9): PR_SET_PDEATHSIG, SIGKILL; prctl(1, 0) clears it.
+# prctl(1, 9): PR_SET_PDEATHSIG, SIGKILL; prctl(1, 0) clears it. The death that matters is the agent's, and the
+# parent may be another process: a node's `python:` can be a wrapper that runs python without `exec` (`conda run`, a
+# site's shell script), and so stays between them. So the agent's presence is read from the pipe it holds, never from
+# the parent's pid: a pipe whose only writer is gone hangs up (checked once the signal is set, for an agent that died
+# before), and reads end of file (after the import, for an agent that died during it behind a wrapper).
 SOURCE = """\
 import os, sys
 os.chdir(sys.argv[1])
@@ -35,7 +39,10 @@ try:
     ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
 except Exception:
     pass
-if os.getppid() != int(sys.argv[2]):
+import select
+gone = select.poll()
+gone.register(0, select.POLLIN)
+if any(ev & select.POLLHUP and not ev & select.POLLIN for _, ev in gone.poll(0)):
     os._exit(0)
 try:
     import torch.distributed.launcher.api
@@ -68,7 +75,7 @@ try:
     ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)
 except Exception:
     pass
-words = sys.argv[3:]
+words = sys.argv[2:]
 if words[0] == "-m":
     import runpy
     sys.argv[:] = [sys.argv[0]] + words[2:]
@@ -129,7 +136,7 @@ def hold(argv, workdir, env):
     actions = [(os.POSIX_SPAWN_DUP2, read_fd, 0),
                (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else
                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
-    words = [argv[0], "-c", SOURCE, workdir, str(os.getpid()), *argv[1:]]
+    words = [argv[0], "-c", SOURCE, workdir, *argv[1:]]
     try:
         proc = child.spawn_in_session(program, words, env, actions)
     except (OSError, NotImplementedError):

@@ -36,7 +36,7 @@ import threading
 import time
 
 from launcher.node import limits
-from launcher.node.facts import packages, python_info, sha256, torch_info
+from launcher.node.facts import packages, python_info, python_wrapper, sha256, torch_info
 from launcher.node.gpus import ask_gpus, gpu_info, visible_spec
 from launcher.node.listener import listen, tcp_connect
 from launcher.node.netif import route_to
@@ -172,7 +172,7 @@ def probe(request):
     reply = {
         "mode": "probe",
         "hostname": hostname,
-        "python": python_info(),
+        "python": dict(python_info(), wrapper=python_wrapper(request.get("python"))),
         "torch": torch_info(),
         "resolve": {n: resolved[n] for n in names},
         "self": {"hostname": hostname, "hosts_lines": hosts_lines(hostname), **resolved[hostname]},

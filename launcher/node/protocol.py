@@ -65,7 +65,8 @@ class Event:
     STOPPED = "stopped"
     """The stop is over (fields: left, reason); `exited` follows with the same."""
     EXITED = "exited"
-    """torchrun's end (fields: code, left, reason): the attached agent's last event."""
+    """torchrun's end (fields: code, left, reason, workers: whether it ever started its workers, which it does only
+    after the rendezvous): the attached agent's last event."""
     ERROR = "error"
     """Something went wrong (field: message); any node program may say it."""
     RUN = "run"

@@ -46,6 +46,9 @@ def headline(end: NodeEnd) -> tuple[str, int, int | None]:
                 f"(a frozen launcher or network)", 1, None)
     if end.stop_reason == LAUNCHER_GONE:
         return f"root cause: {end.node} stopped its part by itself: its connection to the launcher closed", 1, None
+    if end.before_workers:
+        return (f"root cause: {end.node}: torchrun ended ({ended_how(end)}) before it started any worker: it never "
+                "completed the rendezvous", end.exit_code or 1, None)
     rank, local, worker_code = failed_rank(root_cause_block(list(end.tail)))
     # The worker's own exit code says more than torchrun's (which is 1 for any worker failure).
     code = worker_code if worker_code else (end.exit_code or 1)

@@ -259,16 +259,18 @@ class Sessions:
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
             self._end(session, EndKind.EXITED, int(session.reported.get("code", status)),
                       None if reason in (None, STOP, KILL) else str(reason),
-                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL))
+                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL),
+                      before_workers=reason is None and session.reported.get("workers") is False)
         elif not session.started:
             self._end(session, EndKind.START_ERROR, status)
         else:
             self._end(session, EndKind.AGENT_DIED, status)
 
     def _end(self, session: Session, kind: EndKind, code: int | None = None, reason: str | None = None,
-             left: int = 0, asked_to_stop: bool | None = None) -> None:
+             left: int = 0, asked_to_stop: bool | None = None, before_workers: bool = False) -> None:
         asked = session.asked_to_stop if asked_to_stop is None else asked_to_stop
-        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left)
+        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left,
+                      before_workers=before_workers)
         self.control.put(Ended(session.name, end.time, end, (session.reported or {}).get("time")))
 
     # --- heartbeats ------------------------------------------------------------------------------------------

@@ -242,6 +242,42 @@ def test_python_minor_version_differs_fails_and_patch_warns() -> None:
     assert (warned.status, warned.detail) == ("warn", "Python 3.11.4 here, 3.11.7 on node-0, node-2")
 
 
+def test_a_python_that_is_a_wrapper_is_said_and_fine() -> None:
+    """`python:` a script that runs another interpreter: ok, and a line under the table says which, and whether
+    it stays as python's parent (no exec)."""
+    wrapped = probe("node-1")
+    wrapped["python"] = {**wrapped["python"], "wrapper": {"path": "/opt/wrap", "runs": "/usr/bin/python3.11",
+                                                          "execs": False}}
+    found = only(evidence(node_1=wrapped), "python", "node-1")
+    assert (found.status, found.note) == ("ok", True)
+    assert found.detail == ("Python 3.11.7 (/usr/bin/python3.11 through /opt/wrap, a wrapper that does not exec "
+                            "(it stays as python's parent): fine)")
+    plain = only(evidence(), "python", "node-1")
+    assert not plain.note and "wrapper" not in plain.detail
+
+
+def test_the_probe_tells_a_wrapper_from_the_interpreter(tmp_path: Path) -> None:
+    """launcher.node.facts.python_wrapper, run for real: the interpreter itself (or a link to it) is no wrapper; a
+    script that runs it is, and one that stays as its parent does not exec."""
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    stays, execs = tmp_path / "stays", tmp_path / "execs"
+    ask = "from launcher.node.facts import python_wrapper as w; import json, sys; print(json.dumps(w(sys.argv[1])))"
+    stays.write_text(f'#!/bin/bash\n{sys.executable} "$@"\n')
+    execs.write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+    for path in (stays, execs):
+        path.chmod(0o755)
+    answers = {}
+    for name in (str(link), str(stays), str(execs)):
+        out = subprocess.run([name, "-c", ask, name], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).parents[2])
+        answers[name] = json.loads(out.stdout)
+    real = str(Path(sys.executable).resolve())
+    assert answers[str(link)] is None
+    assert answers[str(stays)] == {"path": str(stays), "runs": real, "execs": False}
+    assert answers[str(execs)] == {"path": str(execs), "runs": real, "execs": True}
+
+
 def test_torch_version_differs_names_the_odd_node_and_the_majority() -> None:
     odd = probe("node-2")
     odd["torch"] = {**odd["torch"], "version": "2.12.0"}

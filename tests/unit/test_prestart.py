@@ -147,3 +147,46 @@ def test_it_dies_with_the_agent_that_held_it(stand_in: Path, tmp_path: Path):
         agent.kill()
         agent.wait()
     assert _gone(pid)
+
+
+def _wrapper(tmp_path: Path) -> str:
+    """A node's `python:` as many sites have it: a shell script that runs python without `exec`, and stays."""
+    path = tmp_path / "python-wrapper"
+    path.write_text(f"#!/bin/bash\n{sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_python_wrapper_that_does_not_exec_is_held_and_runs_torchrun(stand_in: Path, tmp_path: Path):
+    """The held python's parent is the wrapper, not the agent: it waits for `go` all the same."""
+    log = tmp_path / "torchrun.log"
+    log.touch()
+    env = _env(stand_in, tmp_path)
+    planned = [_wrapper(tmp_path), *_planned()[1:]]
+    held = hold(planned, str(tmp_path), env)
+    assert held is not None
+    _wait_for(tmp_path / "imported")
+    time.sleep(0.3)
+    assert held.proc.poll() is None  # still held: it did not take the wrapper for a dead agent
+    proc = held.release(planned, dict(env), str(log))
+    assert proc is held.proc and proc.wait() == 0
+    ran = log.read_text().splitlines()
+    assert ran[1].split()[1:] == ["__main__", str(tmp_path), "yes", "--nnodes", "2", "train.py"], ran
+
+
+def test_behind_a_wrapper_it_ends_with_the_agent(stand_in: Path, tmp_path: Path):
+    """kill -9 of the agent: the parent-death signal reaches the wrapper only, and the held python ends at the
+    end of the agent's pipe instead."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from launcher.node.prestart import hold\n"
+         f"held = hold({[_wrapper(tmp_path), *_planned()[1:]]!r}, {str(tmp_path)!r}, {_env(stand_in, tmp_path)!r})\n"
+         "print(held.proc.pid, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        pid = int(agent.stdout.readline())
+        _wait_for(tmp_path / "imported")
+        assert not _gone(pid, 0.2)
+    finally:
+        agent.kill()
+        agent.wait()
+    assert _gone(pid)

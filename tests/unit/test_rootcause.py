@@ -57,3 +57,15 @@ def test_the_report_carries_node_rank_exit_code_and_tail() -> None:
     assert text[1] == "root cause: node-1, rank 3 (local rank 1), exit code 7"
     assert "  the agent said so" in text
     assert "node-0: exit code 143 (stopped by the launcher)" in text and text[-1] == "logs: logs/x/"
+
+
+def test_a_torchrun_that_ended_before_its_workers_is_the_cause_even_with_exit_0() -> None:
+    """A node whose torchrun never completed the rendezvous while the others wait in it: exit 0 is no success."""
+    early = end("node-1", 2.0, exit_code=0, before_workers=True)
+    waiting = end("node-0", 3.0, exit_code=1, asked_to_stop=True)
+    assert early.failed and not end("node-1", 2.0, exit_code=0).failed
+    assert first_failure([waiting, early]) is early
+    sentence, code, rank = headline(early)
+    assert sentence == ("root cause: node-1: torchrun ended (exit code 0) before it started any worker: it never "
+                        "completed the rendezvous")
+    assert (code, rank) == (1, None)
