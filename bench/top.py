@@ -26,7 +26,7 @@ from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import launch as run_launch
-from launcher.run.top import SshFeed, wait_first
+from launcher.run.topfeed import SshFeed, wait_first
 from launcher.run.wiring import Wiring
 from launcher.transport.sessions import close_all, connect_all
 

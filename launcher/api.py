@@ -41,7 +41,7 @@ from launcher.plan.launch import new_run_id
 from launcher.run import control as run_control
 from launcher.run.control import NodeState
 from launcher.run.launch import check_run_id
-from launcher.run.stacks import StacksReport, collect_stacks
+from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 
 Lines = Callable[[str], None]

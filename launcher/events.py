@@ -151,7 +151,7 @@ class HangSuspected(NodeEvent):
     kept: bool = False
     """The run goes on (`--on-hang keep`); else the launcher stops it."""
     why: str = ""
-    """What made it a hang (launcher.report.verdict)."""
+    """What made it a hang (launcher.watch.verdict)."""
 
 
 @dataclass(frozen=True)

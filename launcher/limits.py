@@ -218,7 +218,7 @@ connecting to the next node, a relayed node's on waiting for its stream to come,
 (launcher/node/syncrelay.py)."""
 
 
-# --- stacks and hangs (launcher.run.stacks, launcher.plan.hang) -----------------------------------------------------
+# --- stacks and hangs (launcher.run.takestacks, launcher.watch.hang) ------------------------------------------------
 STACKS_WAIT_S = 5.0
 """Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
 may not)."""
@@ -253,7 +253,7 @@ HANG_EXIT = 124
 STATE_ROWS_MAX = 16
 """Above this many nodes their states are grouped (a row per run, state and exit code, the nodes as a hostlist)."""
 
-# `inv top` (launcher/run/top.py; the node side is launcher/node/top.py).
+# `inv top` (launcher/run/topfeed.py; the node side is launcher/node/top.py).
 TOP_INTERVAL_S = 1.0
 """Seconds between two views (each node's agent sends a snapshot that often)."""
 TOP_ONCE_S = 3.0
@@ -277,7 +277,7 @@ TOP_GPU_REFRESH_S = 2.0
 """Seconds between two of a node's nvidia-smi calls while `inv top` watches (a background refresh: a snapshot takes
 the last answer and says its age). A call costs 100-500 ms of CPU on 8 GPUs: once a second would be a core's tenth."""
 FORWARD_GAP = 0.1
-"""A rank flagged by its forward share (lockstep DDP, launcher/plan/straggler.py) is at least this far above the
+"""A rank flagged by its forward share (lockstep DDP, launcher/watch/straggler.py) is at least this far above the
 median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""
 
 # `inv doctor --net` (launcher/doctor/net.py; the job is launcher/doctor/netjob.py).

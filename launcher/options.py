@@ -103,7 +103,7 @@ class Options:
     """Seconds a node that caused two failed attempts sits out."""
     hang_timeout: float | None = None
     """Seconds without progress (no rank printed a line, no rank's CPU time grew) after which a run is suspected
-    hung; None: learnt from the run (`launcher.plan.hang`); 0: never."""
+    hung; None: learnt from the run (`launcher.watch.hang`); 0: never."""
     on_hang: str = "stop"
     """What a suspected hang does after every rank's stack is taken: `stop` the run (exit code 124) or `keep` it."""
     straggler_factor: float = STRAGGLER_FACTOR

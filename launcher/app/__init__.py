@@ -173,7 +173,7 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     from launcher.report.hangs import latest_answer
     from launcher.report.states import console, problems, say, state_table
     from launcher.run import control as run_control
-    from launcher.run.straggler import stragglers_of
+    from launcher.watch.straggler import stragglers_of
 
     states = run_control.status(load_inventory(hosts), run_id, opts, wiring=wiring)
     con = console(wiring.out)
@@ -247,7 +247,7 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
 
         report = on_slurm.job_stacks(job, load_inventory(hosts), run_id, opts, wiring)
     else:
-        from launcher.run.stacks import collect_stacks
+        from launcher.run.takestacks import collect_stacks
 
         report = collect_stacks(load_inventory(hosts), run_id, opts, wiring.err)
     for line in report.lines():
@@ -258,7 +258,7 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
 def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, once: bool = False,
         as_json: bool = False, job: str | None = None, wiring: Wiring | None = None) -> int:
     """Every node and rank of a running run at once: live (q quits, the run goes on), or one look (`once`)."""
-    from launcher.run import top as run_top
+    from launcher.run import topfeed as run_top
 
     opts, wiring = opts or Options(), wiring or Wiring()
     run_launch.check_run_id(run_id)  # a usage error before any node is contacted

@@ -19,7 +19,7 @@ from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
 from launcher.paths import REPO, command_name, relative
 from launcher.plan.launch import LaunchPlan, plan_launch
-from launcher.run.stacks import StacksReport, collect_stacks
+from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import launch as slurm_launch

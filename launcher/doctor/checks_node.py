@@ -13,8 +13,8 @@ from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.doctor.registry import check, compare, listed, probes_of
 from launcher.errors import NodeFailure
 from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR, SLOW_PROBE_MARGIN_S, SLOW_PROBE_SHARE
-from launcher.report.units import human_bytes
 from launcher.transport.program import SETUP_FAILED
+from launcher.units import human_bytes
 
 
 @check("ssh", fast=True)

@@ -10,8 +10,8 @@ from typing import Any
 
 from launcher.events import HangRuledOut, HangSuspected
 from launcher.node.recorder import NCCL_PREFIX
-from launcher.report.flightrec import sent_dumps
-from launcher.report.stacks import RankStack, answer, rank_stacks, stack_file
+from launcher.watch.flightrec import sent_dumps
+from launcher.watch.stacks import RankStack, answer, from_answers, stack_file
 
 
 def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: float | None = None) -> Path:
@@ -22,18 +22,6 @@ def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: 
     for stack in stacks:
         (folder / f"{stack.node}-r{stack.rank}.txt").write_text(stack_file(stack), encoding="utf-8")
     return folder
-
-
-def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[RankStack], dict[str, str]]:
-    """Every node's `stacks` answer (or why it gave none) -> RankStacks and failures."""
-    stacks: list[RankStack] = []
-    failures: dict[str, str] = {}
-    for node, reply in answers.items():
-        if isinstance(reply, str):
-            failures[node] = reply
-        else:
-            stacks += rank_stacks(node, reply.get("workers", []))
-    return stacks, failures
 
 
 def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str],

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.limits import STATE_ROWS_MAX
-from launcher.report.ranges import names_text
+from launcher.ranges import names_text
 
 
 class NodeStateRow(Protocol):

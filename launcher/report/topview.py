@@ -1,6 +1,6 @@
 """`inv top`'s two faces on the screen: one snapshot (`--once`, a table or JSON) and the live view (rich's Live, about
 once a second, keys read from the terminal: q quits and the run goes on, s takes every rank's stack, l follows a
-rank). What feeds them (the nodes' agents) is `launcher.run.top`."""
+rank). What feeds them (the nodes' agents) is `launcher.run.topfeed`."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ from rich.console import Console
 from rich.live import Live
 
 from launcher.options import Options
-from launcher.plan.straggler import StragglerWatch
-from launcher.report.top import NodeView, as_json, forward_shares, node_table, rank_table, ranks_of, rates, view
+from launcher.report.toptables import node_table, rank_table, view
+from launcher.watch.straggler import StragglerWatch
+from launcher.watch.top import NodeView, as_json, forward_shares, ranks_of, rates
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
 
 
 class Feed(Protocol):
-    """What the live view reads: every node's latest view, and which rank's lines to send (`launcher.run.top`)."""
+    """What the live view reads: every node's latest view, and which rank's lines to send (`launcher.run.topfeed`)."""
 
     def views(self) -> list[NodeView]: ...
     def follow(self, rank: int | None) -> None: ...

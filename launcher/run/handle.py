@@ -3,7 +3,7 @@
 Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
 handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
-on without a node, a run alive but stuck: `launcher.run.hangcheck`). Output goes to `on_event` from the reader
+on without a node, a run alive but stuck: `launcher.watch.hangcheck`). Output goes to `on_event` from the reader
 threads, so consumers must not block: nothing here ever waits on a console or a disk.
 """
 
@@ -32,13 +32,13 @@ from launcher.events import (
 from launcher.limits import STALL, STOP_MARGIN
 from launcher.node.protocol import ABORT, GO, KILL, STOP, TCP, Event, word_line
 from launcher.options import Options
-from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import LaunchPlan
 from launcher.run.gate import StartGate
-from launcher.run.hangcheck import HangCheck
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
+from launcher.watch.hang import hang_timeout
+from launcher.watch.hangcheck import HangCheck
 
 
 class RunHandle:
@@ -63,7 +63,7 @@ class RunHandle:
         self._last_step = time.monotonic()
         timeout = hang_timeout(opts.hang_timeout, plan.job)
         self.hangs = None if timeout == 0 else HangCheck(timeout, opts.on_hang == "keep")
-        """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
+        """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 
     @property

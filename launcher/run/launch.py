@@ -55,7 +55,6 @@ from launcher.limits import (
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
 from launcher.options import DEFAULT_PROGRESS, Options
 from launcher.paths import command_name
-from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
@@ -65,12 +64,13 @@ from launcher.run.gate import StartGate
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
-from launcher.run.straggler import LaunchStragglers
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
 from launcher.transport.settings import SshSettings
+from launcher.watch.hang import hang_timeout
+from launcher.watch.straggler import LaunchStragglers
 
 AGENT_SOURCE = node_program("agent")
 

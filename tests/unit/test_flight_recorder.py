@@ -24,8 +24,8 @@ from launcher.node.recorder import (
     nccl_dumps,
 )
 from launcher.node.stacks import source_lines
-from launcher.report.flightrec import sent_dumps
 from launcher.report.hangs import write_nccl
+from launcher.watch.flightrec import sent_dumps
 
 
 def test_the_flight_recorder_is_on_only_on_gpu_nodes_and_never_over_the_users_own(tmp_path: Path) -> None:

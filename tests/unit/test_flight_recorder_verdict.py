@@ -1,4 +1,4 @@
-"""What NCCL's flight recorder says decides a GPU hang (launcher.report.flightrec, launcher.report.verdict): a rank
+"""What NCCL's flight recorder says decides a GPU hang (launcher.watch.flightrec, launcher.watch.verdict): a rank
 behind a hung collective waits in a CUDA synchronisation on its own line (`loss.item()`), with no collective on its
 Python stack. The dumps read here are real: torch 2.11 / NCCL 2.28 on an H100, two ranks, rank 1 asleep, rank 0 in
 `dist.barrier` (h100_barrier_*), or in `loss.item()` behind DDP's all-reduce (h100_item_*), taken through the
@@ -11,9 +11,9 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from launcher.report.flightrec import Collectives, InFlight, from_answers, read_dump
-from launcher.report.stacks import RankStack, rank_stacks
-from launcher.report.verdict import judge
+from launcher.watch.flightrec import Collectives, InFlight, from_answers, read_dump
+from launcher.watch.stacks import RankStack, rank_stacks
+from launcher.watch.verdict import judge
 
 DATA = Path(__file__).parents[1] / "data" / "flight_recorder"
 ITEM = """Current thread 0x00007f0000000002 (most recent call first):

@@ -1,13 +1,13 @@
-"""The hang verdict on two looks at every rank's stack (launcher.report.verdict), what a frame waits on
-(launcher.report.frames) and how the answer says it (launcher.report.stacks), with canned faulthandler dumps."""
+"""The hang verdict on two looks at every rank's stack (launcher.watch.verdict), what a frame waits on
+(launcher.watch.frames) and how the answer says it (launcher.watch.stacks), with canned faulthandler dumps."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.report.frames import Frame, wait_of
-from launcher.report.stacks import RankStack, answer, parse_dump, rank_stacks
-from launcher.report.verdict import judge
+from launcher.watch.frames import Frame, wait_of
+from launcher.watch.stacks import RankStack, answer, parse_dump, rank_stacks
+from launcher.watch.verdict import judge
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"

@@ -9,11 +9,11 @@ import pytest
 from rich.console import Console
 
 from launcher.limits import STATE_ROWS_MAX
-from launcher.report.frames import Frame
-from launcher.report.ranges import names_text, numbers_text
-from launcher.report.stacks import RankStack, answer
+from launcher.ranges import names_text, numbers_text
 from launcher.report.states import console, problems, state_table
 from launcher.run.control import NodeState
+from launcher.watch.frames import Frame
+from launcher.watch.stacks import RankStack, answer
 
 
 @pytest.mark.parametrize(("numbers", "text"), [

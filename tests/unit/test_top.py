@@ -13,8 +13,9 @@ from launcher.config.inventory import load_inventory
 from launcher.errors import LauncherError
 from launcher.node.top import RankProgress
 from launcher.options import DEFAULT_PROGRESS
-from launcher.plan.straggler import StragglerWatch, heavy_ranks, slow_ranks, straggler_line
-from launcher.report.top import NodeView, as_json, forward_shares, rank_table, rates
+from launcher.report.toptables import rank_table
+from launcher.watch.straggler import StragglerWatch, heavy_ranks, slow_ranks, straggler_line
+from launcher.watch.top import NodeView, as_json, forward_shares, rates
 
 
 def test_a_rank_below_the_factor_of_the_median_is_slow_and_none_without_two_rates() -> None:

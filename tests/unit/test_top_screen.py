@@ -8,8 +8,9 @@ import re
 
 from rich.console import Console
 
-from launcher.plan.straggler import Straggler
-from launcher.report.top import NodeView, view
+from launcher.report.toptables import view
+from launcher.watch.straggler import Straggler
+from launcher.watch.top import NodeView
 
 
 def _views(nodes: int, per_node: int, **rank_fields: object) -> list[NodeView]:

@@ -1,5 +1,5 @@
 """Every rank's stack, as an answer and not a dump (pure): group the ranks by where they are, the innermost frame
-that explains their wait (`launcher.report.frames`) and the user's own frame that led there, and name the odd ones
+that explains their wait (`launcher.watch.frames`) and the user's own frame that led there, and name the odd ones
 out.
 
 `ranks 0,2,3 wait in all_reduce (train.py:88); rank 1 (node-0, pid 4242) is in time.sleep (train.py:80)`
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.report.frames import Frame, called_back, user_frame, wait_of
-from launcher.report.ranges import numbers_text
+from launcher.ranges import numbers_text
+from launcher.watch.frames import Frame, called_back, user_frame, wait_of
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+")
@@ -159,3 +159,15 @@ def _stack_text(stack: RankStack, title: str) -> str:
     if stack.extra.get("pyspy"):
         body += ["--- py-spy dump --native ---", str(stack.extra["pyspy"])]
     return "\n".join(head) + "\n\n" + "\n".join(body).rstrip("\n") + "\n"
+
+
+def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> tuple[list[RankStack], dict[str, str]]:
+    """Every node's `stacks` answer (or why it gave none) -> RankStacks and failures."""
+    stacks: list[RankStack] = []
+    failures: dict[str, str] = {}
+    for node, reply in answers.items():
+        if isinstance(reply, str):
+            failures[node] = reply
+        else:
+            stacks += rank_stacks(node, reply.get("workers", []))
+    return stacks, failures

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.node.recorder import NCCL_PREFIX
-from launcher.report.frames import is_library
-from launcher.report.ranges import numbers_text
+from launcher.ranges import numbers_text
+from launcher.watch.frames import is_library
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Whether a run without progress is hung, from every rank's stack looked at twice, a few seconds apart (pure).
 
 A hang: no rank's main thread moved between the two looks, every rank waits (its innermost frame explains a wait,
-`launcher.report.frames`, or /proc says it is stopped, a zombie, in uninterruptible sleep), and at least one waits
+`launcher.watch.frames`, or /proc says it is stopped, a zombie, in uninterruptible sleep), and at least one waits
 for its peers in a collective or DDP's backward. Anything else is not a hang, and says why: a rank whose stack moved,
 one busy outside any wait (a checkpoint being written, an evaluation pass, a slow first step), one that gave no
 stack, or ranks that all wait on something other than each other (a sleep, data). A false verdict stops a healthy
@@ -9,7 +9,7 @@ run, so in doubt the run goes on.
 
 On a GPU a rank behind a hung collective waits in a CUDA synchronisation (`loss.item()`), not in the collective:
 NCCL runs it as a kernel. Such a rank waits for its peers when NCCL's flight recorder shows it enqueued a collective
-that has not completed (`launcher.report.flightrec`); without the recorder's word the verdict asks for it.
+that has not completed (`launcher.watch.flightrec`); without the recorder's word the verdict asks for it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.report.flightrec import Collectives, in_flight_said, ranks_text
-from launcher.report.frames import wait_of
-from launcher.report.stacks import STUCK_STATES, RankStack
+from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
+from launcher.watch.frames import wait_of
+from launcher.watch.stacks import STUCK_STATES, RankStack
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Every rank's stack of a running run, from every node at once, without stopping it (`inv stacks`; and a suspected
 hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/stacks.py), the
-answer is grouped (`launcher.report.stacks`), and the whole stacks are kept in
+answer is grouped (`launcher.watch.stacks`), and the whole stacks are kept in
 `logs/<run id>/stacks-<time>/<node>-r<rank>.txt`."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
 from launcher.options import Options
-from launcher.report import flightrec
-from launcher.report.hangs import from_answers, write_nccl, write_stacks
-from launcher.report.stacks import RankStack, answer
+from launcher.report.hangs import write_nccl, write_stacks
 from launcher.run.control import _agent_error, chosen_run
 from launcher.run.launch import agent_action, check_run_id, reached
 from launcher.transport.channel import Result
+from launcher.watch import flightrec
+from launcher.watch.stacks import RankStack, answer, from_answers
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StacksReport:
     nccl: tuple[str, ...] = ()
     """Where NCCL's flight recorder dumps went, and how to read them (GPU nodes only)."""
     in_flight: str = ""
-    """What the dumps say of the collectives not completed (`launcher.report.flightrec`); "" when none is."""
+    """What the dumps say of the collectives not completed (`launcher.watch.flightrec`); "" when none is."""
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}: {answer(self.stacks)}"]

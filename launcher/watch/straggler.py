@@ -8,15 +8,25 @@ Data parallel training runs at the pace of its slowest rank: every all_reduce wa
   rank whose forward share is above the median / `factor` and at least `FORWARD_GAP` above it is *slow*.
 Rates and shares come from each rank's progress record or its lines (launcher/node/top.py). A slow rank is a
 *straggler* once it has been slow for `hold_s` without a break. `inv top --once` judges one look (hold 0).
+
+An attached launch (`LaunchStragglers`) reads each node's `alive` beats (its ranks' rates and forward shares, with the
+watch on): a new straggler of the whole run is told once on the console and kept in `logs/<run id>/stragglers.txt`,
+where `inv status` finds it (`stragglers_of`).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Hashable, Mapping
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from launcher.limits import FORWARD_GAP
+from launcher.options import Options
+
+FILE = "stragglers.txt"
 
 
 def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Hashable, float]:
@@ -101,3 +111,41 @@ def straggler_line(found: Straggler, node: str) -> str:
         return (f"straggler: {node} r{found.key}: {found.forward:.0%} of each step computing (forward) against a "
                 f"median of {found.median_forward or 0.0:.0%}; the others wait for it")
     return f"straggler: {node} r{found.key} at {found.share or 0.0:.2f}x the median rate for {found.for_s:.0f} s"
+
+
+class LaunchStragglers:
+    """The straggler rule over an attached launch's beats; each new straggler said and kept."""
+
+    def __init__(self, opts: Options, run_id: str, say: Callable[[str], None]):
+        self.path = opts.log_dir / run_id / FILE
+        self.say = say
+        self.watch = StragglerWatch(opts.straggler_factor, opts.straggler_hold)
+        self.rates: dict[str, dict[int, float | None]] = {}
+        self.forward: dict[str, dict[int, float | None]] = {}
+        self.node_of: dict[int, str] = {}
+
+    def beat(self, node: str, progress: Iterable[Mapping[str, Any]]) -> None:
+        """One node's beat: its ranks' rates and forward shares now; any new straggler of the whole run is told."""
+        progress = list(progress)
+        self.rates[node] = {int(r["rank"]): r.get("steps_per_s") for r in progress}
+        self.forward[node] = {int(r["rank"]): r.get("forward_share") for r in progress}
+        self.node_of.update({rank: node for rank in self.rates[node]})
+        merged = {rank: rate for rates in self.rates.values() for rank, rate in rates.items()}
+        forward = {rank: share for shares in self.forward.values() for rank, share in shares.items()}
+        for found in self.watch.new(self.watch.look(time.monotonic(), merged, forward)):
+            line = straggler_line(found, self.node_of.get(found.key, "?"))  # type: ignore[call-overload]
+            self.say(line)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a", encoding="utf-8") as handle:
+                    handle.write(line + "\n")
+            except OSError:
+                pass  # the console said it: a log folder that cannot be written is told elsewhere
+
+
+def stragglers_of(log_dir: Path, run_id: str) -> list[str]:
+    """The stragglers an attached launch told for a run (for `inv status`)."""
+    try:
+        return (log_dir / run_id / FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []

@@ -19,13 +19,13 @@ from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
 from launcher.options import Options
-from launcher.report.top import NodeView
 from launcher.run.control import _agent_error, chosen_run
 from launcher.run.launch import agent_action, agent_input, check_run_id, progress_settings, reached
-from launcher.run.stacks import collect_stacks
+from launcher.run.takestacks import collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command
 from launcher.transport.sessions import classify
+from launcher.watch.top import NodeView
 
 
 def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None

@@ -1,5 +1,5 @@
 """When a run that is alive may be stuck (pure): no rank has printed a line, and no rank's optimizer steps or
-DataLoader batches have grown, for the hang timeout. Then every rank's stack decides (`launcher.report.verdict`).
+DataLoader batches have grown, for the hang timeout. Then every rank's stack decides (`launcher.watch.verdict`).
 
 CPU time is never progress: a hung NCCL collective keeps a CPU busy (NCCL's proxy thread polls, a CUDA
 synchronisation spins), and so does any thread of the job's that polls.

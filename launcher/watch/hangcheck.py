@@ -1,6 +1,6 @@
 """A run alive but stuck, as an attached run's handle finds it (`launcher.run.handle`): no progress for the hang
-timeout (`launcher.plan.hang`), then every rank's stack twice, a few seconds apart, and the verdict on them
-(`launcher.report.verdict`). A hang: NCCL's flight recorder is asked for its dumps (the `dumps` word: torch's
+timeout (`launcher.watch.hang`), then every rank's stack twice, a few seconds apart, and the verdict on them
+(`launcher.watch.verdict`). A hang: NCCL's flight recorder is asked for its dumps (the `dumps` word: torch's
 debug-info pipes), then the run is stopped (exit code 124) or kept (`--on-hang keep`). Not a hang: one line says what
 was seen, and the run goes on. Under SLURM the same words travel on the step's stdin.
 
@@ -17,17 +17,28 @@ from typing import Any, Protocol
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, word_line
-from launcher.plan.hang import HangWatch
-from launcher.report import flightrec
-from launcher.report.hangs import from_answers
-from launcher.report.verdict import judge
-from launcher.run.sessions import Session
+from launcher.watch import flightrec
+from launcher.watch.hang import HangWatch
+from launcher.watch.stacks import from_answers
+from launcher.watch.verdict import judge
+
+
+class Channel(Protocol):
+    def send(self, data: bytes, block: bool = True) -> bool: ...
+
+
+class Watched(Protocol):
+    """What the look needs of a node's session (`launcher.run.sessions.Session`)."""
+
+    name: str
+    end: object | None
+    channel: Channel
 
 
 class Waiter(Protocol):
     """What the look needs of the run's handle (`RunHandle`)."""
 
-    sessions: dict[str, Session]
+    sessions: Mapping[str, Watched]
     on_event: Callable[[NodeEvent], None]
 
     def step(self, timeout: float) -> None: ...
