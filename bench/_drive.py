@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 T0 = time.perf_counter()
 MAIN_WALL = time.time()
@@ -89,10 +90,8 @@ def _install_trace() -> dict:
     return trace
 
 
-def main(argv: list[str]) -> int:
+def _arguments(argv: list[str]) -> Any:
     import argparse
-    import dataclasses
-    from pathlib import Path
 
     parser = argparse.ArgumentParser()
     parser.add_argument("inventory")
@@ -103,7 +102,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--torchrun", action="store_true", help="keep the plan's torchrun command (no light command)")
     parser.add_argument("--detach", action="store_true", help="start the run detached and return (inv launch --detach)")
     parser.add_argument("light", nargs="*", help="the light command (default: PYTHON -c pass)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    args = _arguments(argv)
 
     import gc
 

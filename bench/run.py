@@ -155,7 +155,7 @@ def cpu_figure(fan: dict[str, Any]) -> dict[str, Any] | None:
                     "driver's own VmHWM at exit"}
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer N, 3 runs each (about 4 minutes)")
     parser.add_argument("--only", default="", help=f"comma-separated figures: {', '.join(FIGURES)}")
@@ -164,6 +164,65 @@ def main() -> int:
     parser.add_argument("--skip-doctor-too", action="store_true",
                         help="the real job's figure runs `inv launch --skip-doctor` too, at every N, with more "
                              "runs (8, 6, 4, 3)")
+    return parser
+
+
+def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], results: dict[str, Any]) -> None:
+    """One figure of the bench, its results put into `results` (the fan-out also gives the CPU figure)."""
+    from bench import (
+        doctor_fig,
+        elastic,
+        failures,
+        fanout,
+        hang,
+        job,
+        logs_fig,
+        net,
+        scale,
+        startup,
+        stop,
+        stop_scale,
+        sync_fig,
+        top,
+    )
+
+    if name == "fanout":
+        results["fanout"] = fanout.run(conf["sizes"], repeats(conf), root)
+        if not only or "cpu" in only:
+            results["cpu"] = cpu_figure(results["fanout"])
+        if only == {"cpu"}:
+            del results["fanout"]
+    elif name == "job":
+        # `inv launch` runs the doctor's fast checks first; --skip-doctor too shows what they cost.
+        results["job"] = job.run(conf["sizes"], conf["repeat"], root,
+                                 skip_doctor_too=conf["skip_doctor_too"], warm_up=conf["warm_up"])
+    elif name == "doctor":
+        results["doctor"] = doctor_fig.run(conf["sizes"], repeats(conf), root)
+    elif name == "stop":
+        results["stop"] = stop.run(conf["repeat"], root, conf["baselines_every_run"])
+        results["stop_scale"] = stop_scale.run(conf["scale_sizes"], conf["scale_repeat"], root)
+    elif name == "logs":
+        results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
+    elif name == "failures":
+        results["failures"] = failures.run(conf["repeat"], root)
+    elif name == "sync":
+        results["sync"] = sync_fig.run(conf["repeat"], root)
+    elif name == "elastic":
+        results["elastic"] = elastic.run(conf["repeat"], root)
+    elif name == "hang":
+        results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
+    elif name == "top":
+        results["top"] = top.run(conf["repeat"], root)
+    elif name == "net":
+        results["net"] = net.run(conf["sizes"], conf["repeat"], root)
+    elif name == "scale":
+        results["scale"] = scale.run(conf["sizes"], conf["repeat"], root)
+    elif name == "startup":
+        results["startup"] = startup.run(conf["sizes"], conf["repeat"], root)
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
     if args.real_login:
         os.environ[REAL_LOGIN_ENV] = "1"
@@ -190,59 +249,10 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
     log(f"{command}: {', '.join(todo)}; scratch in {root}")
     try:
-        from bench import (
-            doctor_fig,
-            elastic,
-            failures,
-            fanout,
-            hang,
-            job,
-            logs_fig,
-            net,
-            scale,
-            startup,
-            stop,
-            stop_scale,
-            sync_fig,
-            top,
-        )
-
         for name, conf in todo.items():
             t0 = time.monotonic()
             try:
-                if name == "fanout":
-                    results["fanout"] = fanout.run(conf["sizes"], repeats(conf), root)
-                    if not only or "cpu" in only:
-                        results["cpu"] = cpu_figure(results["fanout"])
-                    if only == {"cpu"}:
-                        del results["fanout"]
-                elif name == "job":
-                    # `inv launch` runs the doctor's fast checks first; --skip-doctor too shows what they cost.
-                    results["job"] = job.run(conf["sizes"], conf["repeat"], root,
-                                             skip_doctor_too=conf["skip_doctor_too"], warm_up=conf["warm_up"])
-                elif name == "doctor":
-                    results["doctor"] = doctor_fig.run(conf["sizes"], repeats(conf), root)
-                elif name == "stop":
-                    results["stop"] = stop.run(conf["repeat"], root, conf["baselines_every_run"])
-                    results["stop_scale"] = stop_scale.run(conf["scale_sizes"], conf["scale_repeat"], root)
-                elif name == "logs":
-                    results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
-                elif name == "failures":
-                    results["failures"] = failures.run(conf["repeat"], root)
-                elif name == "sync":
-                    results["sync"] = sync_fig.run(conf["repeat"], root)
-                elif name == "elastic":
-                    results["elastic"] = elastic.run(conf["repeat"], root)
-                elif name == "hang":
-                    results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
-                elif name == "top":
-                    results["top"] = top.run(conf["repeat"], root)
-                elif name == "net":
-                    results["net"] = net.run(conf["sizes"], conf["repeat"], root)
-                elif name == "scale":
-                    results["scale"] = scale.run(conf["sizes"], conf["repeat"], root)
-                elif name == "startup":
-                    results["startup"] = startup.run(conf["sizes"], conf["repeat"], root)
+                run_figure(name, conf, root, only, results)
             except Exception as exc:  # one figure failing still leaves the others' figures
                 log(f"{name} FAILED: {type(exc).__name__}: {exc}")
                 results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"

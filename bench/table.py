@@ -39,56 +39,12 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     if fan:
         out += scale_table.fanout_rows(fan, cell)
         failed_row(out, "fan-out", fan)
-    job = results.get("job")
-    if job:
-        for r in job["rows"]:
-            out.append(["real job (ddp.py 20 steps)", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]),
-                        cell(r["local"]), f"{r['launcher_over_a']:.2f}x (a), {r['launcher_over_d']:.2f}x (d)",
-                        f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["launcher_ok"])])
-            if "launcher_skip_doctor" in r:
-                out.append(["real job, --skip-doctor", str(r["nodes"]), cell(r["launcher_skip_doctor"]),
-                            cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)",
-                            f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["skip_doctor_over_a"] <= job_fig.TARGET)])
-        failed_row(out, "real job", job)
+    job_rows(out, results.get("job"))
     doc = results.get("doctor")
     if doc:
         out += scale_table.doctor_rows(doc, cell, "≤ 1.5x (a)")
-    stop = results.get("stop")
-    if stop:
-        floor = stop.get("local_sigterm")
-        floor_cell = f"{cell(floor)} (SIGTERM to local torchruns)" if floor else ""
-        for key, label in (("sigint", "stop: Ctrl-C attached"), ("inv_stop", "stop: inv stop, detached")):
-            s = stop[key]
-            out.append([label, str(stop["nodes"]), cell(s) + f"; {s['left_total']} left, {s['timeouts']} timed out; "
-                        f"first process gone at {cell(s['first_gone'])}", "", floor_cell, "", "≤ 2 s, 0 left",
-                        verdict(stop[f"{key}_ok"])])
-        failed = stop.get("start_failures") or []
-        if failed:
-            first = " ".join(failed[0]["error"].split())[:160]
-            out.append(["stop: runs that did not come up", str(stop["nodes"]),
-                        f"{len(failed)} ({', '.join(sorted({f['way'] for f in failed}))}), retried; first: {first}",
-                        "", "", "", "0 expected", "MISSED"])
-        a = stop["ssh_loop_sigint"]
-        out.append(["stop: (a) Ctrl-C on ssh loop", str(stop["nodes"]), "",
-                    f"{a['left']['median']:.0f} of {a['remote_before']['median']:.0f} remote procs left after "
-                    f"{a['watched_s']:.0f} s (min {a['left']['min']:.0f}, {len(a['left']['runs'])} runs); "
-                    f"{a['ssh_clients_left']['median']:.0f} ssh clients left running", "", "", "",
-                    "–"])
-    logs = results.get("logs")
-    if logs:
-        lines_note = "every line once, whole, in order" if logs["lines_ok"] else f"LINES BAD: {logs['line_problems']}"
-        out.append([f"logs: {logs['total_lines']:,} lines, 2 nodes", "2",
-                    f"{cell(logs['launcher'])}; launcher process "
-                    f"{logs['launcher_controller_cpu_s']['median']:.1f} CPU s",
-                    cell(logs.get("ssh_loop")) if "ssh_loop" in logs else "", cell(logs["local"]),
-                    f"{logs['launcher_over_floor']:.2f}x (d)" + (
-                        f", {logs['launcher_over_a']:.2f}x (a); (a) {logs['ssh_loop_over_floor']:.2f}x (d)"
-                        if "launcher_over_a" in logs else ""), "≤ 1.10x (d)", verdict(logs["launcher_ok"])])
-        out.append(["logs: launcher's output check", "2", lines_note, "", "", "", "", "–"])
-        failed_row(out, "logs", logs)
-        if "local_tee" in logs:
-            out.append(["logs: (d) with --tee 3 (diagnostic)", "2", "", "", cell(logs["local_tee"]),
-                        f"launcher {logs['launcher_over_floor_tee']:.2f}x this", "", "–"])
+    stop_rows(out, results.get("stop"))
+    logs_rows(out, results.get("logs"))
     if results.get("stop_scale"):
         out += scale_table.stop_scale_rows(results["stop_scale"], cell)
     cpu = results.get("cpu")
@@ -118,6 +74,65 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         out += sync_fig.rows(results["sync"], cell)
     # Rows of figures without a pdsh baseline have 8 cells: an empty (p) cell goes in after (a).
     return [row if len(row) == len(HEADER) else [*row[:4], "", *row[4:]] for row in out]
+
+
+def job_rows(out: list[list[str]], job: dict[str, Any] | None) -> None:
+    """The real job at each size: the launcher against the ssh loop and local torchrun."""
+    if not job:
+        return
+    for r in job["rows"]:
+        out.append(["real job (ddp.py 20 steps)", str(r["nodes"]), cell(r["launcher"]), cell(r["ssh_loop"]),
+                    cell(r["local"]), f"{r['launcher_over_a']:.2f}x (a), {r['launcher_over_d']:.2f}x (d)",
+                    f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["launcher_ok"])])
+        if "launcher_skip_doctor" in r:
+            out.append(["real job, --skip-doctor", str(r["nodes"]), cell(r["launcher_skip_doctor"]),
+                        cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)",
+                        f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["skip_doctor_over_a"] <= job_fig.TARGET)])
+    failed_row(out, "real job", job)
+
+
+def stop_rows(out: list[list[str]], stop: dict[str, Any] | None) -> None:
+    """Stopping a run: Ctrl-C attached, inv stop detached, and Ctrl-C on the ssh loop."""
+    if not stop:
+        return
+    floor = stop.get("local_sigterm")
+    floor_cell = f"{cell(floor)} (SIGTERM to local torchruns)" if floor else ""
+    for key, label in (("sigint", "stop: Ctrl-C attached"), ("inv_stop", "stop: inv stop, detached")):
+        s = stop[key]
+        out.append([label, str(stop["nodes"]), cell(s) + f"; {s['left_total']} left, {s['timeouts']} timed out; "
+                    f"first process gone at {cell(s['first_gone'])}", "", floor_cell, "", "≤ 2 s, 0 left",
+                    verdict(stop[f"{key}_ok"])])
+    failed = stop.get("start_failures") or []
+    if failed:
+        first = " ".join(failed[0]["error"].split())[:160]
+        out.append(["stop: runs that did not come up", str(stop["nodes"]),
+                    f"{len(failed)} ({', '.join(sorted({f['way'] for f in failed}))}), retried; first: {first}",
+                    "", "", "", "0 expected", "MISSED"])
+    a = stop["ssh_loop_sigint"]
+    out.append(["stop: (a) Ctrl-C on ssh loop", str(stop["nodes"]), "",
+                f"{a['left']['median']:.0f} of {a['remote_before']['median']:.0f} remote procs left after "
+                f"{a['watched_s']:.0f} s (min {a['left']['min']:.0f}, {len(a['left']['runs'])} runs); "
+                f"{a['ssh_clients_left']['median']:.0f} ssh clients left running", "", "", "",
+                "–"])
+
+
+def logs_rows(out: list[list[str]], logs: dict[str, Any] | None) -> None:
+    """Replaying a big log: the launcher against the ssh loop and the floor; its output check."""
+    if not logs:
+        return
+    lines_note = "every line once, whole, in order" if logs["lines_ok"] else f"LINES BAD: {logs['line_problems']}"
+    out.append([f"logs: {logs['total_lines']:,} lines, 2 nodes", "2",
+                f"{cell(logs['launcher'])}; launcher process "
+                f"{logs['launcher_controller_cpu_s']['median']:.1f} CPU s",
+                cell(logs.get("ssh_loop")) if "ssh_loop" in logs else "", cell(logs["local"]),
+                f"{logs['launcher_over_floor']:.2f}x (d)" + (
+                    f", {logs['launcher_over_a']:.2f}x (a); (a) {logs['ssh_loop_over_floor']:.2f}x (d)"
+                    if "launcher_over_a" in logs else ""), "≤ 1.10x (d)", verdict(logs["launcher_ok"])])
+    out.append(["logs: launcher's output check", "2", lines_note, "", "", "", "", "–"])
+    failed_row(out, "logs", logs)
+    if "local_tee" in logs:
+        out.append(["logs: (d) with --tee 3 (diagnostic)", "2", "", "", cell(logs["local_tee"]),
+                    f"launcher {logs['launcher_over_floor_tee']:.2f}x this", "", "–"])
 
 
 def failure_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:

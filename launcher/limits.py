@@ -13,6 +13,8 @@ HEARTBEAT_DIVISOR = 4
 
 MAX_LINE_BYTES = 64 * 1024
 """A line longer than this (output without newlines) is cut into pieces of this size, each marked."""
+CUT_MARK = b" [line cut: no newline within %d bytes]" % MAX_LINE_BYTES
+"""What ends a line cut at MAX_LINE_BYTES (the console's and the nodes' log merger's)."""
 
 LOG_POLL_S = 0.2
 """Seconds a node's agent waits before it looks again at quiet worker log files: the most a line lags there. Each look

@@ -8,14 +8,13 @@ import sys
 from collections import deque
 from typing import IO
 
-from launcher.limits import MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
+from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 
 # The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.node.logmerge.LogMerger), or
 # `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is
 # "default".
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
-CUT_MARK = b" [line cut: no newline within %d bytes]" % MAX_LINE_BYTES
 
 
 class LineSplitter:

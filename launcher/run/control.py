@@ -17,8 +17,9 @@ from launcher.node.protocol import Event
 from launcher.options import Options
 from launcher.plan import runchoice
 from launcher.plan.launch import rank_offsets
+from launcher.plan.request import inventory_id
 from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail, inventory_id
+from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command
@@ -137,6 +138,12 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
     return states
 
 
+def _join(threads: list[threading.Thread], deadline: float) -> None:
+    for t in threads:
+        while t.is_alive() and time.monotonic() < deadline:
+            t.join(0.2)  # in short steps: Ctrl-C is heard at once
+
+
 def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
                    decide: Callable[[dict[str, Result | NodeFailure]], str | None],
                    timeout: float) -> dict[str, Result | NodeFailure]:
@@ -193,10 +200,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
         word[0] = _word(decide({**missing, **firsts}))
     finally:
         told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting here)
-    deadline = time.monotonic() + timeout + 5
-    for t in threads:
-        while t.is_alive() and time.monotonic() < deadline:
-            t.join(0.2)  # in short steps: Ctrl-C is heard at once
+    _join(threads, time.monotonic() + timeout + 5)
     return {h.name: results.get(h.name) or firsts.get(h.name) or _no_answer(h.name, timeout) for h in hosts}
 
 

@@ -15,10 +15,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import IO, Any
 
-from launcher.config.model import Cluster, Host, Job
+from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, NodeFailure, RunFailed, UsageError
 from launcher.events import (
     Beat,
@@ -34,33 +33,19 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import (
-    EVENT_CHUNK,
-    FLIGHT_RECORDER_ENV,
     HANG_EXIT,
-    LOG_CHUNK,
-    LOG_POLL_S,
-    MAX_LINE_BYTES,
-    NCCL_DUMP_WAIT_S,
-    NCCL_MAX_BYTES,
     NODE_TIMING,
-    NVIDIA_SMI_TIMEOUT_S,
-    STACKS_WAIT_S,
-    TOP_GPU_REFRESH_S,
-    TOP_KEEP_LINES,
-    TOP_RATE_WINDOW_S,
-    TOP_READ_S,
-    TOP_TAIL_BYTES,
     heartbeat_interval,
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
-from launcher.options import DEFAULT_PROGRESS, Options
+from launcher.options import Options
 from launcher.paths import command_name
-from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
+from launcher.plan.launch import LaunchPlan
+from launcher.plan.request import start_request
 from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
-from launcher.report.lines import CUT_MARK, NodeLog, supports_colour
-from launcher.run.gate import StartGate
+from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.handle import RunHandle
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
@@ -69,7 +54,6 @@ from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
 from launcher.transport.settings import SshSettings
-from launcher.watch.hang import hang_timeout
 from launcher.watch.straggler import LaunchStragglers
 
 AGENT_SOURCE = node_program("agent")
@@ -82,84 +66,12 @@ def agent_input(request: dict[str, Any]) -> bytes:
     return program_input(AGENT_SOURCE, {**request, "timing": NODE_TIMING})
 
 
-def inventory_id(cluster: Cluster) -> str:
-    """How a run records the inventory it was started from: its path as this controller resolves it (a hostfile's
-    too); `inv stop` without --run chooses the runs that were started from the same one."""
-    return str(Path(cluster.source).resolve())
-
-
 def check_run_id(run_id: str | None) -> str | None:
     """A run id given by a user, checked against the pattern every run id has (None means the latest); a usage
     error (exit code 2) otherwise."""
     if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
         raise UsageError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
     return run_id
-
-
-def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options,
-                  gate: StartGate | None = None) -> dict[str, Any]:
-    """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
-
-    With a `gate` (the doctor's checks), its `gate` part: what the agent probes first.
-
-    `env` is `resolve_env`'s: the names it marks secret (and the inventory's secret `env`) go in `secret_names`,
-    which the agent keeps out of its run directory's command.json.
-    """
-    secret = {v.name for v in command.env if v.secret}
-    if isinstance(env, NodeEnv):
-        secret |= env.secret_names
-    rdzv = plan.cluster.rendezvous
-    request: dict[str, Any] = {
-        "action": "start",
-        "timing": NODE_TIMING,
-        "run_dir": command.run_dir,
-        "mark": f"{plan.run_id}/{command.host.name}",
-        "workdir": command.workdir,
-        "argv": list(command.argv),
-        "expand_home": list(command.home_words),
-        "env": dict(env),
-        "launcher_env": dict(command.launcher_env),
-        "secret_names": sorted(secret),
-        "unset_env": list(command.unset_env),
-        "socket_ifname": command.socket_ifname,
-        "gpus": None if command.gpus is None else list(command.gpus),
-        "master_addr": rdzv.master_addr,
-        "master_port": rdzv.master_port,
-        "node_rank": command.node_rank,
-        "nodes": [c.host.name for c in plan.nodes],  # recorded on the node: `inv stop` tells this run's nodes
-        "inventory": inventory_id(plan.cluster),  # ... and which inventory started it
-        "detach": opts.detach,
-        "grace": opts.grace,
-        "heartbeat_timeout": opts.heartbeat_timeout,
-        "alive_interval": heartbeat_interval(opts.silence_timeout),
-        "log_tail": log_tail_settings(),
-        **stacks_settings(),
-        "watch": hang_timeout(opts.hang_timeout, plan.job) != 0,  # each rank's progress in the agent's beats
-        "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
-    }
-    section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
-    if section is not None:  # the doctor's probe, run by the agent before it says ready
-        request["gate"] = section
-    return request
-
-
-def stacks_settings() -> dict[str, Any]:
-    """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
-    return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
-            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK}
-
-
-def progress_settings(job: Job | None) -> dict[str, Any]:
-    """How a node's agent reads its ranks' progress lines (launcher/node/top.py): the expression, every number."""
-    return {"ranks": RANKS_DIR, "progress": (job.progress if job else None) or DEFAULT_PROGRESS, "read_s": TOP_READ_S,
-            "tail_bytes": TOP_TAIL_BYTES, "keep_lines": TOP_KEEP_LINES, "rate_window_s": TOP_RATE_WINDOW_S,
-            "gpu_timeout_s": NVIDIA_SMI_TIMEOUT_S, "gpu_refresh_s": TOP_GPU_REFRESH_S}
-
-
-def log_tail_settings() -> dict[str, Any]:
-    """How a node's agent merges its workers' files into the run's log (`agent.LogMerger`): every number here."""
-    return {"ranks": RANKS_DIR, "poll_s": LOG_POLL_S, "chunk": LOG_CHUNK, "max_line": MAX_LINE_BYTES,
-            "cut_mark": CUT_MARK.decode()}
 
 
 class _Progress:

@@ -109,16 +109,23 @@ def up(
                     for i in range(nodes)]
         started, records, cluster = _start_nodes(state_dir, commands, addrs, ssh_port, ready_timeout,
                                                  slurm_timeout if slurm else None)
-        try:
-            inventory.parent.mkdir(parents=True, exist_ok=True)
-            inventory.write_text(inventory_text, encoding="utf-8")
-            statefile.write(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
-        except BaseException:  # Ctrl-C included: nothing half-started stays behind
-            if cluster is not None:
-                slurm_cluster.stop(cluster)
-            _stop_started(started)
-            raise
+        _keep(state_dir, inventory, inventory_text, started, (records, ssh_config, known_hosts, identity, cluster))
     return load(state_dir)
+
+
+def _keep(state_dir: Path, inventory: Path, text: str, started: Any, state: tuple[Any, ...]) -> None:
+    """Write the inventory and the state file (records, ssh config, known hosts, identity, SLURM cluster); on any
+    failure, Ctrl-C included, stop what started: nothing half-started stays behind."""
+    records, ssh_config, known_hosts, identity, cluster = state
+    try:
+        inventory.parent.mkdir(parents=True, exist_ok=True)
+        inventory.write_text(text, encoding="utf-8")
+        statefile.write(state_dir, records, ssh_config, known_hosts, identity, inventory, cluster)
+    except BaseException:
+        if cluster is not None:
+            slurm_cluster.stop(cluster)
+        _stop_started(started)
+        raise
 
 
 def _check_request(nodes: int, ssh_port: int, indices: Iterable[int]) -> None:

@@ -28,6 +28,7 @@ from launcher.limits import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
 from launcher.limits import SYNC_TIMING
 from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
+from launcher.sync.outcomes import NodeSync, outcome_lines, summary
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.stream import Contents, Gone, SyncStream
 from launcher.sync.tree import (
@@ -49,27 +50,6 @@ SYNCD_SOURCE = node_program("syncd")
 
 
 # --- one node -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeSync:
-    """What one node's sync did."""
-
-    node: str
-    dest: str
-    """The destination as the node resolved it."""
-    sent: int
-    """Entries sent (files and links)."""
-    bytes: int
-    """Content bytes sent."""
-    unchanged: int
-    seconds: float
-    via: str | None = None
-    """The node the files came through (`sync.relay`); None: straight from the controller."""
-    unreached: tuple[tuple[str, str], ...] = ()
-    """The nodes this one should have passed the stream on to and could not, and why."""
-    relay_failed: str | None = None
-    """Why its files came straight from the controller after all: the relay that failed it."""
 
 
 class SyncFailure(NodeFailure):
@@ -292,18 +272,24 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
         again = parallel(lambda n: sync_node(nodes[n], by_name[n], spec.dest or by_name[n].workdir, tree,
                                              home_ok=spec.dest is not None, stall_timeout=stall_timeout,
                                              contents=contents), retry, DEFAULT_FANOUT)
-        # The relaying node's word first (it could not connect, or the node stopped taking data), else the node's.
-        unreached = {peer: f"{o.node} could not pass it on ({why}); can the nodes reach each other? sync.relay: "
-                           "false keeps it to SSH" for o in outcomes.values()
-                     if isinstance(o, NodeSync) for peer, why in o.unreached}
-        for name, result in zip(retry, again, strict=True):
-            first = outcomes[name]
-            outcome = _failure(by_name[name], result)
-            if isinstance(outcome, NodeSync) and isinstance(first, NodeFailure):
-                why = unreached.get(name, first.detail)
-                outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {why}")
-            outcomes[name] = outcome
+        _retried(outcomes, dict(zip(retry, again, strict=True)), by_name, places)
     return {h.name: outcomes[h.name] for h in hosts}
+
+
+def _retried(outcomes: dict[str, NodeSync | NodeFailure], again: Mapping[str, object], by_name: Mapping[str, Host],
+             places: Mapping[str, dict[str, Any]]) -> None:
+    """The outcomes of the nodes the relay failed and that were sent their files straight from here after: one
+    that succeeded says why the relay did not (the relaying node's word first, else its own failure's)."""
+    unreached = {peer: f"{o.node} could not pass it on ({why}); can the nodes reach each other? sync.relay: "
+                       "false keeps it to SSH" for o in outcomes.values()
+                 if isinstance(o, NodeSync) for peer, why in o.unreached}
+    for name, result in again.items():
+        first = outcomes[name]
+        outcome = _failure(by_name[name], result)
+        if isinstance(outcome, NodeSync) and isinstance(first, NodeFailure):
+            why = unreached.get(name, first.detail)
+            outcome = dataclasses.replace(outcome, relay_failed=f"{relayed_from(places[name])}: {why}")
+        outcomes[name] = outcome
 
 
 def _listening(relayed: Mapping[str, _Begun], places: Mapping[str, dict[str, Any]]) -> dict[str, int | None]:
@@ -335,34 +321,6 @@ def _failure(host: Host, result: object) -> NodeSync | NodeFailure:
 
 
 # --- tasks ----------------------------------------------------------------------------------------------------
-
-
-def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
-    """One line per node: what was sent, or the one-sentence failure."""
-    lines = []
-    for outcome in outcomes.values():
-        if isinstance(outcome, NodeSync):
-            via = f" through {outcome.via}" if outcome.via else ""
-            lines.append(f"{outcome.node}: sent {outcome.sent} file(s), {size_text(outcome.bytes)}{via} in "
-                         f"{outcome.seconds:.2f}s; {outcome.unchanged} unchanged -> {outcome.dest}")
-            if outcome.relay_failed:
-                lines.append(f"{outcome.node}: sent straight from here: the relay through {outcome.relay_failed}")
-        else:
-            lines.append(f"{outcome}")
-    return lines
-
-
-def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> str:
-    done = [o for o in outcomes.values() if isinstance(o, NodeSync)]
-    lost = sum(getattr(o, "crossed", 0) for o in outcomes.values() if isinstance(o, NodeFailure))
-    text = (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
-            f"{size_text(sum(o.bytes for o in done))} sent")
-    relayed = [o for o in done if o.via]
-    if relayed:
-        text += (f" ({size_text(sum(o.bytes for o in done if not o.via))} from here, the rest node to node: "
-                 f"{len(relayed)} node(s) through another)")
-    return text + (f"; {size_text(lost)} more crossed the wire to the nodes that failed, discarded there" if lost
-                   else "")
 
 
 def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],

@@ -18,7 +18,8 @@ import pytest
 from launcher.node import proc as procs
 from launcher.node import protocol, rundir
 from launcher.plan import launch as plan
-from launcher.run.launch import agent_input, log_tail_settings, stacks_settings
+from launcher.plan.request import log_tail_settings, stacks_settings
+from launcher.run.launch import agent_input
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.node import logmerge, protocol
+from launcher.plan.request import log_tail_settings
 from launcher.report.lines import CUT_MARK, NodeLog
-from launcher.run.launch import log_tail_settings
 
 # --- the controller: bulk prefixes, the same text as one line at a time ------------------------------------
 

@@ -24,6 +24,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import doctor_gate
 from launcher.options import Options
 from launcher.plan.launch import plan_launch
+from launcher.plan.request import start_request
 from launcher.run import launch as run_launch
 from launcher.run.gate import StartGate
 from launcher.transport.program import BOOTSTRAP, program_input
@@ -39,7 +40,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    request = run_launch.start_request(plan, plan.nodes[node], {}, Options(), doctor_gate(Options(), io.StringIO()))
+    request = start_request(plan, plan.nodes[node], {}, Options(), doctor_gate(Options(), io.StringIO()))
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 

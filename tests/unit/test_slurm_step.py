@@ -14,6 +14,7 @@ import pytest
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
 from launcher.plan.launch import plan_launch
+from launcher.plan.request import start_request
 from launcher.slurm.allocation import allocation_cluster, allocation_nodes, cpus_per_task
 from launcher.slurm.step import SELECTOR_SOURCE, SrunStep, srun_argv, step_input
 from launcher.transport.program import BOOTSTRAP, program_line
@@ -163,7 +164,7 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
         plan = plan_launch(cluster)
-        return [(c, run_launch.start_request(plan, c, {}, Options(), doctor.DoctorGate())) for c in plan.nodes]
+        return [(c, start_request(plan, c, {}, Options(), doctor.DoctorGate())) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
     per_task = len(step_input(run_launch.AGENT_SOURCE, large))
