@@ -84,7 +84,9 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
                                      sync=sync, opts=opts, wiring=wiring)
     plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id)  # a PlanError names the inventory
     if dry_run:
-        wiring.out.write(plan.dry_run_text() + "\n")
+        from launcher.plan.request import shown_request
+
+        wiring.out.write("\n".join([plan.dry_run_text(), "", *shown_request(plan, opts)]) + "\n")
         return 0
     if doctor and wiring.gate is None:
         from launcher.doctor.collect import doctor_gate

@@ -4,6 +4,7 @@ can show it; run/ only sends it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -108,3 +109,15 @@ def log_tail_settings() -> dict[str, Any]:
     """How a node's agent merges its workers' files into the run's log (`agent.LogMerger`): every number here."""
     return {"ranks": RANKS_DIR, "poll_s": LOG_POLL_S, "chunk": LOG_CHUNK, "max_line": MAX_LINE_BYTES,
             "cut_mark": CUT_MARK.decode()}
+
+
+def shown_request(plan: LaunchPlan, opts: Options) -> list[str]:
+    """`--dry-run`'s last lines: the request the first node's agent would get, as JSON. Secret values are shown by
+    name only; what is read at launch (env files, forward_env, a value copied from this machine's environment) is
+    not read here, and the doctor's part (`gate`) is left out."""
+    command = plan.nodes[0]
+    env = {v.name: f"<secret {v.name}>" if v.secret else v.value if v.value is not None
+           else f"<${v.from_env} at launch>" for v in command.env}
+    request = start_request(plan, command, env, opts)
+    return [f"the request {command.host.name}'s agent gets (the other nodes' differ in node_rank, run_dir and mark; "
+            "env files and forward_env are read at launch):", json.dumps(request, indent=1, sort_keys=True)]

@@ -554,3 +554,28 @@ def test_secrets_of_new_settings_never_show() -> None:
     line = plan.nodes[0].shell_line()
     assert "$API_KEY" not in line and "API_KEY='<secret>'" in line and "'<from secret.env, secret>'" in line
     assert line in plan.dry_run_text()
+
+
+def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path) -> None:
+    """`--dry-run` ends with the first node's request as JSON (the settings resolved once, in plan/request.py): a
+    secret's value never appears, a value copied at launch is said as such, the hang watch as resolved."""
+    import io
+    import json as json_
+
+    from launcher import app
+    from launcher.options import Options
+    from launcher.run.wiring import Wiring
+
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("hosts: [gpu01, gpu02]\njob: {script: train.py, hang_timeout: 90}\ndefaults:\n  env:\n"
+                         "    TOKEN: {value: s3cr3t-value, secret: true}\n    MODE: fast\n"
+                         "    KEY: {from_env: HOME_KEY}\n")
+    out = io.StringIO()
+    wiring = Wiring(out=out, err=io.StringIO())
+    assert app.launch(str(inventory), dry_run=True, opts=Options(grace=7), wiring=wiring) == 0
+    text = out.getvalue()
+    assert "s3cr3t-value" not in text
+    request = json_.loads(text[text.index("\n{", text.index("the request gpu01's agent gets")):])
+    assert request["env"] == {"TOKEN": "<secret TOKEN>", "MODE": "fast", "KEY": "<$HOME_KEY at launch>"}
+    assert request["secret_names"] == ["TOKEN"]
+    assert (request["grace"], request["node_rank"], request["watch"]) == (7, 0, True)
