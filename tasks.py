@@ -1,23 +1,8 @@
 """This checkout's Invoke tasks (`inv`): the launcher's own, defined once in launcher/tasks.py (the installed `ddpl`
-runs the same), and the sandbox, the demo and the bench, which need this checkout (train/, bench/, hosts/)."""
+runs the same), and the sandbox, the demo and the bench (devtools/tasks.py), which need this checkout."""
 
-from launcher.tasks import (
-    bench,
-    checkout_namespace,
-    demo,
-    doctor,
-    init,
-    launch,
-    logs,
-    sandbox_down,
-    sandbox_up,
-    slurm_submit,
-    stacks,
-    status,
-    stop,
-    sync,
-    top,
-)
+from devtools.tasks import bench, checkout_namespace, demo, sandbox_down, sandbox_up
+from launcher.tasks import doctor, init, launch, logs, slurm_submit, stacks, status, stop, sync, top
 
 ns = checkout_namespace()
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.observe import free_port, pids_with_env, reserve_base_addr, run_processes, subnets_for
-from launcher import sandbox
+from devtools import sandbox
+from devtools.observe import free_port, pids_with_env, reserve_base_addr, run_processes, subnets_for
+from devtools.sandbox import procs
 from launcher.node import protocol
-from launcher.sandbox import procs
 from launcher.transport.program import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parent.parent

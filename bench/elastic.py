@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from bench.common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
-from bench.observe import children, pids_with_env, sshd_family
-from launcher import sandbox
+from devtools import sandbox
+from devtools.observe import children, pids_with_env, sshd_family
 from launcher.node.protocol import RUN_ID_ENV
 
 NODES = 3

@@ -43,7 +43,7 @@ from bench.common import (
     wait_gone,
     wait_until,
 )
-from bench.observe import children, gone, parent, processes_mentioning, sshd_family
+from devtools.observe import children, gone, parent, processes_mentioning, sshd_family
 from launcher.node.protocol import RUN_ID_ENV
 
 NODES = 2

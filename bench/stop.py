@@ -45,8 +45,8 @@ from bench.common import (
     wait_until,
 )
 from bench.job import with_port
+from devtools.sandbox.procs import table as process_table
 from launcher.node.protocol import RUN_ID_ENV
-from launcher.sandbox.procs import table as process_table
 
 NODES = 4
 SCRIPT = "bench/workloads/sleeper.py"

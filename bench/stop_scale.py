@@ -41,8 +41,8 @@ from bench.common import (
     wait_gone,
 )
 from bench.usage import Sampler
+from devtools.sandbox import procs
 from launcher.node.protocol import RUN_ID_ENV
-from launcher.sandbox import procs
 
 GONE_TIMEOUT_S = 60.0
 UP_TIMEOUT_S = 120.0

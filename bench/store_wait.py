@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher.limits import NODE_TIMING
 from launcher.node.storewait import waiting_argv
 

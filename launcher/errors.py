@@ -118,10 +118,6 @@ class RunFailed(LauncherError):
         super().__init__(message)
 
 
-class SandboxError(LauncherError):
-    """The sandbox cannot be started, found or stopped; the message says why and what to do."""
-
-
 class DoctorFailed(LauncherError):
     """The doctor's fast checks failed before a launch; nothing was started. Carries the report."""
 

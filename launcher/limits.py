@@ -179,18 +179,6 @@ API_WAIT_POLL_S = 2.0
 agent session a node, as `status` opens)."""
 
 
-# --- the sandbox (launcher.sandbox) -----------------------------------------------------------------------------------
-SANDBOX_STOP_GRACE_S = 3.0
-"""Seconds between TERM and KILL when a sandbox node is stopped."""
-SANDBOX_STOP_LIMIT_S = 60.0
-"""How long a stop may take in all before it gives up and names what it could not stop."""
-SANDBOX_MAX_NODES = 512
-"""The most sshd nodes one sandbox starts (each takes a loopback address, a few processes and ~5 MB): twice the
-256 nodes the bench measures."""
-SANDBOX_CPUS_PER_NODE = 2
-"""CPUs each sandbox node declares to its slurmd."""
-
-
 NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "keep_s": 30 * 24 * 3600.0}
 """Where each node keeps the node modules compiled (launcher/node/loader.py: ~9 ms of CPU a session saved), and how
 long an entry not written again is kept (entries are removed when a new one is stored)."""

@@ -253,41 +253,6 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
     return app.top(_hosts(c, hosts), run, _options(c), once=once, as_json=json, job=job)
 
 
-@task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",
-            "master-port": "rendezvous port written to the inventory",
-            "slurm": "also start a real SLURM cluster on the nodes (munged, slurmctld, a slurmd in each node); "
-                     "prints the SLURM_CONF to export for srun/salloc"})
-@_reported
-def sandbox_up(c, nodes=2, nproc_per_node=1, master_port=options.DEFAULT_MASTER_PORT, slurm=False):
-    """Start N real sshd 'nodes' on 127.0.0.2.. (own hostname and /etc/hosts each); writes hosts/sandbox.yaml."""
-    nproc = options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
-    port = options.whole_number("master_port", master_port, 1, 65535)
-    app.sandbox_up(options.whole_number("nodes", nodes, 1), nproc_per_node=nproc, master_port=port, slurm=slurm)
-
-
-@task
-@_reported
-def sandbox_down(c):
-    """Stop the sandbox's sshd nodes (exactly the processes it started)."""
-    app.sandbox_down()
-
-
-@task(help={"quick": "fewer sizes and repeats (a few minutes)",
-            "only": "comma-separated figures: fanout,job,doctor,stop,logs,cpu,failures,sync,elastic,hang,top,net,"
-                    "startup"})
-@_reported
-def bench(c, quick=False, only=None):
-    """Benchmarks on the sandbox against an ssh loop, pdsh and local torchrun: table, JSON, picture in bench/results/"""
-    return app.bench(quick=quick, only=only)
-
-
-@task
-@_reported
-def demo(c):
-    """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
-    return app.demo()
-
-
 @task(help={
     "hosts": HOSTS_HELP + "; the job's nodes are the allocation's, the inventory gives everything else",
     "nodes": "how many nodes to ask SLURM for (one launcher agent each)",
@@ -354,14 +319,3 @@ slurm.add_task(slurm_submit, "submit")
 ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, slurm)
 """The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
 ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py
-
-
-def checkout_namespace() -> Collection:
-    """A checkout's tasks (its tasks.py: `inv`): the installed ones, and the sandbox, the demo and the bench, which
-    need the checkout (train/, bench/, hosts/)."""
-    sandbox = Collection("sandbox")
-    sandbox.add_task(sandbox_up, "up")
-    sandbox.add_task(sandbox_down, "down")
-    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, demo, bench, sandbox, slurm)
-    whole.configure({SECTION: options.config_defaults()})
-    return whole

@@ -25,8 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from bench.observe import free_port as free_port  # re-exported for the train tests
-from bench.observe import pids_with_env
+from devtools.observe import free_port as free_port  # re-exported for the train tests
+from devtools.observe import pids_with_env
 from tests.support.nodeenv import node_python
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from bench.observe import free_port as free_port  # re-exported: tests import it from here
-from bench.observe import reserve_base_addr
-from launcher import sandbox
-from launcher.sandbox import Sandbox
+from devtools import sandbox
+from devtools.observe import free_port as free_port  # re-exported: tests import it from here
+from devtools.observe import reserve_base_addr
+from devtools.sandbox import Sandbox
 from tests.support.nodeenv import node_python
 
 # Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.

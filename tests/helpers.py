@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.observe import run_processes as run_processes  # re-exported: tests import it from here
-from launcher.sandbox import node_cache
+from devtools.observe import run_processes as run_processes  # re-exported: tests import it from here
+from devtools.sandbox import node_cache
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")

@@ -4,7 +4,6 @@ nothing below imports it."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +25,6 @@ from launcher.transport.settings import SshSettings
 
 if TYPE_CHECKING:  # each task imports what it alone uses (a launch: no rich, no doctor with --skip-doctor)
     from launcher.doctor.evidence import Report
-    from launcher.sandbox import Sandbox
 
 @dataclass(frozen=True)
 class Hosts:
@@ -312,55 +310,10 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
     return 0
 
 
-def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
-               slurm: bool = False) -> Sandbox:
-    from launcher import sandbox  # a test and demo tool: off the import path of every other task
-
-    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port, slurm=slurm)
-    print(f"sandbox: {len(box.nodes)} sshd node(s) up "
-          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {relative(box.inventory)}")
-    if box.slurm_conf is None:
-        print(f"try: inv launch --hosts {relative(box.inventory)}    (and `inv sandbox.down` when done)")
-        return box
-    print(f"sandbox: SLURM cluster up (slurmctld, a slurmd on each node, partition main); config {box.slurm_conf}")
-    # SLURM's commands find this cluster only through SLURM_CONF: the shell that runs them needs it.
-    print(f"try: export SLURM_CONF={shlex.quote(str(box.slurm_conf))}; "
-          f"salloc -N {len(box.nodes)} inv launch --slurm --hosts {relative(box.inventory)}"
-          "    (and `inv sandbox.down` when done)")
-    return box
-
-
-def sandbox_down() -> None:
-    from launcher import sandbox
-
-    for line in sandbox.down():
-        print(line)
-
-
-def demo() -> int:
-    """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
-    box = sandbox_up(2, nproc_per_node=2)
-    try:
-        return launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"))
-    finally:
-        sandbox_down()
-
-
-def bench(quick: bool = False, only: str | None = None) -> int:
-    """The checkout's benchmarks (`python -m bench.run`), from its root: bench/ is no part of the installed package."""
-    import subprocess
-    import sys
-
-    from launcher.paths import REPO
-
-    words = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
-    return subprocess.run(words, cwd=REPO).returncode
-
-
 def main_error(exc: LauncherError) -> tuple[str, int]:
     """The message and exit code a task shows for a launcher error (one sentence, no traceback)."""
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
-           "main_error", "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "JobWords", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
+           "main_error", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

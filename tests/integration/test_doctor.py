@@ -16,14 +16,14 @@ import pytest
 import yaml
 from rich.console import Console
 
-from bench.observe import free_port
+from devtools.observe import free_port
+from devtools.sandbox import Sandbox
 from launcher import doctor, sandbox
 from launcher.config.inventory import load_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Finding
 from launcher.errors import DoctorFailed
 from launcher.node import limits as node_limits
-from launcher.sandbox import Sandbox
 from launcher.transport import sessions as transport
 from launcher.transport.settings import SshSettings
 from tests.helpers import inv

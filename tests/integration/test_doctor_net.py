@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.observe import free_port, pids_with_env
+from devtools.observe import free_port, pids_with_env
 from tests.helpers import inv
 
 

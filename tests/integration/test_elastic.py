@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import children, free_port, pids_with_env, sshd_family
-from launcher import sandbox
+from devtools import sandbox
+from devtools.observe import children, free_port, pids_with_env, sshd_family
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
 

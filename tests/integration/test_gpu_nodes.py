@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.observe import free_port, processes_mentioning, reserve_base_addr
-from launcher import sandbox
-from launcher.sandbox import Sandbox
+from devtools import sandbox
+from devtools.observe import free_port, processes_mentioning, reserve_base_addr
+from devtools.sandbox import Sandbox
 from tests.helpers import inv, run_id_of, runs_on, wait_for
 from tests.support.gpus import fake_torch, gpu, install_smi, node_gpus
 from tests.support.nodeenv import node_python

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
-from launcher.sandbox import Sandbox
+from devtools.observe import free_port
+from devtools.sandbox import Sandbox
 from tests.helpers import REPO, inv, inv_background, run_id_of, run_processes, wait_for
 
 SCRIPT = "tests/scripts/hang_rank.py"

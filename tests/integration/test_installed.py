@@ -77,6 +77,10 @@ def test_the_wheel_installs_ddpl_without_torch(user: Session) -> None:
     for name in ("launch", "doctor", "stop", "status", "logs", "stacks", "top", "sync", "init", "slurm.submit"):
         assert f"  {name} " in listed, listed
     assert "sandbox" not in listed and "demo" not in listed  # they need a checkout
+    shipped = subprocess.run([python, "-c", "import importlib.util as u; print([n for n in ('devtools', 'bench', "
+                              "'tests', 'launcher.sandbox') if u.find_spec(n)])"], capture_output=True, text=True,
+                             env=user.env(), cwd=user.bin).stdout
+    assert shipped.strip() == "[]", shipped  # the wheel is the product: no sandbox, bench or tests in it
     completion = user.ddpl("--print-completion-script", "bash")
     assert completion.returncode == 0 and "complete -F" in completion.stdout
     module = subprocess.run([python, "-m", "launcher", "--version"], capture_output=True, text=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port
-from launcher import sandbox
+from devtools import sandbox
+from devtools.observe import free_port
 from tests._train_helpers import (
     assert_replicas_in_sync,
     assert_state_dicts_close,

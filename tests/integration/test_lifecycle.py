@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from tests.helpers import inv, inv_background, run_id_of, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
@@ -257,7 +257,7 @@ def marks_of(run_id: str) -> set[str]:
 
 def test_status_and_stop_are_bounded_by_their_limits_when_a_node_stops_answering(sleeper_box, tmp_path: Path,
                                                                                  monkeypatch) -> None:
-    from bench.observe import signal_each, sshd_family
+    from devtools.observe import signal_each, sshd_family
 
     hosts = str(sleeper_box.inventory)
     result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)

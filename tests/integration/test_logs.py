@@ -151,7 +151,7 @@ def check_lines(text: str, count: int, ranks: list[int]) -> None:
 
 @pytest.mark.integration
 def test_a_chatty_jobs_lines_arrive_once_whole_and_in_order_live_and_replayed(make_sandbox, tmp_path: Path) -> None:
-    from bench.observe import free_port
+    from devtools.observe import free_port
     from tests.helpers import inv, run_id_of
 
     count = 20_000

@@ -48,7 +48,7 @@ for k in names:
 
 @pytest.mark.integration
 def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sandbox, tmp_path: Path) -> None:
-    from bench.observe import free_port
+    from devtools.observe import free_port
     from tests.helpers import inv, node_runs, run_id_of
 
     token, file_secret = "tok-s3cret-4567", "file-s3cret-7890"
@@ -103,7 +103,7 @@ def test_forwarded_and_file_variables_arrive_and_secrets_go_nowhere_else(make_sa
 
 @pytest.mark.integration
 def test_a_hosts_override_of_a_secret_default_is_never_shown_or_stored(make_sandbox, tmp_path: Path) -> None:
-    from bench.observe import free_port
+    from devtools.observe import free_port
     from tests.helpers import inv, node_runs, run_id_of
 
     default, override = f"ghp_default{secrets.token_hex(8)}", f"ghp_override{secrets.token_hex(8)}"

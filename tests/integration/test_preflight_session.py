@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher import doctor
 from tests.helpers import inv, runs_on
 from tests.support.nodeenv import node_python

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher.node.hook import PROGRESS_DIR
 from launcher.node.records import parse_record
 from tests.helpers import REPO, inv, node_runs, run_id_of, run_processes

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port, signal_each, sshd_family
+from devtools.observe import free_port, signal_each, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, wait_for
 from tests.support.nodeenv import node_python
 

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.observe import free_port, reserve_base_addr
+from devtools.observe import free_port, reserve_base_addr
 from launcher.config.fields import RESERVED_ENV
 from launcher.config.inventory import load_inventory
 from launcher.node.protocol import RUNS_ROOT
@@ -45,7 +45,7 @@ _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters
 
 @pytest.fixture(scope="module")
 def node_zero(tmp_path_factory):
-    from launcher import sandbox
+    from devtools import sandbox
 
     root = tmp_path_factory.mktemp("quoting")
     base, lock = reserve_base_addr()  # held while the module's node lives: the factory's sandboxes skip it

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port, gone, processes_mentioning
-from launcher import sandbox
-from launcher.sandbox import Sandbox, SandboxError
+from devtools import sandbox
+from devtools.observe import free_port, gone, processes_mentioning
+from devtools.sandbox import Sandbox, SandboxError
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure helpers.
@@ -210,7 +210,7 @@ def test_port_taken_stops_what_started(make_sandbox) -> None:
 @pytest.mark.integration
 def test_down_from_another_process(make_sandbox) -> None:
     sb = make_sandbox(2)
-    code = f"from launcher import sandbox; print('|'.join(sandbox.down({str(sb.state_dir)!r})))"
+    code = f"from devtools import sandbox; print('|'.join(sandbox.down({str(sb.state_dir)!r})))"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=sandbox.REPO_ROOT, capture_output=True, text=True, timeout=30
     )

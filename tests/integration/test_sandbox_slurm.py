@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.observe import children, gone, processes_mentioning
-from launcher import sandbox
-from launcher.sandbox import Sandbox, SandboxError, node_cache, procs
-from launcher.sandbox import slurm as slurm_cluster
+from devtools import sandbox
+from devtools.observe import children, gone, processes_mentioning
+from devtools.sandbox import Sandbox, SandboxError, node_cache, procs
+from devtools.sandbox import slurm as slurm_cluster
 
 STEPD = os.path.realpath(slurm_cluster.SLURMSTEPD)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.sandbox.procs import pids_mentioning
+from devtools.sandbox.procs import pids_mentioning
 from tests.helpers import REPO, wait_for
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")

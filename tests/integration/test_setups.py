@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import inv, run_id_of, run_processes
 from tests.support.nodeenv import node_python

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.sandbox import Sandbox, slurm_env
+from devtools.sandbox import Sandbox, slurm_env
 from tests.conftest import free_port
 from tests.helpers import REPO, node_runs, run_id_of, run_processes, runs_on, wait_for
 

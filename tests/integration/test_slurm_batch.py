@@ -24,7 +24,7 @@ import pytest
 
 @pytest.mark.integration
 def test_job_output_is_0600_in_a_0700_folder_and_the_job_keeps_the_users_umask(make_sandbox, tmp_path: Path):
-    from launcher.sandbox import slurm_env
+    from devtools.sandbox import slurm_env
     from tests.conftest import free_port
     from tests.helpers import inv, wait_for
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port, gone, parent, signal_each, sshd_family
+from devtools.observe import free_port, gone, parent, signal_each, sshd_family
 from tests.helpers import REPO, inv, node_runs, run_processes, runs_on, wait_for
 
 pytestmark = pytest.mark.integration

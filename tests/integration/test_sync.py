@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import children, free_port, process_name
-from launcher import sandbox
+from devtools import sandbox
+from devtools.observe import children, free_port, process_name
 from launcher.config import inventory
 from launcher.limits import SYNC_TIMING
 from launcher.sync.push import SYNCD_SOURCE

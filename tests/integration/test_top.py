@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from tests.helpers import REPO, inv, run_id_of, run_processes, wait_for
 
 PERIOD, SLOW_RANK, FACTOR = 0.1, 3, 3.0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from tests.helpers import inv, run_id_of, run_processes, wait_for
 from tests.support.nodeenv import trainers_env
 

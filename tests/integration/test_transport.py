@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher.config.inventory import load_inventory, parse_inventory
 from launcher.errors import NodeFailure
 from launcher.transport.sessions import Node, connect, connect_all, run_all

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.observe import processes_mentioning
+from devtools.observe import processes_mentioning
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding

@@ -124,3 +124,15 @@ def test_report_imports_nothing_from_run_and_events_sit_below_both() -> None:
     below = imports("launcher.events", known["launcher.events"], known)
     assert below <= {"launcher.errors", "launcher.node", "launcher.node.protocol"}, below
     assert "launcher.run.events" not in known  # no alias that only renames
+
+
+def test_the_product_imports_none_of_the_checkouts_tools() -> None:
+    """The wheel ships `launcher` alone: nothing in it may import the sandbox (devtools/), the bench or the tests."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in ("devtools", "bench",
+                                                                                               "tests")]
+    assert found == [], "\n".join(found)

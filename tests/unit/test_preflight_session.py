@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import doctor_gate

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import sandbox
-from launcher.limits import SANDBOX_MAX_NODES
-from launcher.sandbox import SandboxError, SandboxNode
+from devtools import sandbox
+from devtools.sandbox import SandboxError, SandboxNode
+from devtools.sandbox.limits import SANDBOX_MAX_NODES
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure helpers.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import sandbox
-from launcher.sandbox import SandboxError, SlurmNode
+from devtools import sandbox
+from devtools.sandbox import SandboxError, SlurmNode
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure: slurm.conf and the environment that points at it.

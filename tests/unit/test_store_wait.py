@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.observe import free_port
+from devtools.observe import free_port
 from launcher.limits import NODE_TIMING
 from launcher.node.storewait import SOURCE, waiting_argv
 

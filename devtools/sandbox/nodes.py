@@ -8,12 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.model import DEFAULT_MASTER_PORT
-from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_MAX_NODES
-from launcher.sandbox import procs, start, statefile
-from launcher.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
-from launcher.sandbox.render import (
+from devtools.sandbox import procs, start, statefile
+from devtools.sandbox import slurm as slurm_cluster  # `slurm` is up's flag
+from devtools.sandbox.limits import SANDBOX_MAX_NODES, SandboxError
+from devtools.sandbox.render import (
     SSHD,
     SandboxNode,
     config_path,
@@ -27,7 +25,8 @@ from launcher.sandbox.render import (
     render_ssh_config,
     render_sshd_config,
 )
-from launcher.sandbox.stop import stop_families
+from devtools.sandbox.stop import stop_families
+from launcher.config.model import DEFAULT_MASTER_PORT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"

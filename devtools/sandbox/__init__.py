@@ -1,8 +1,8 @@
 """A local cluster for tests and demos: N real sshd servers on loopback addresses, each its own hostname, and
 optionally a real SLURM cluster on them."""
 
-from launcher.errors import SandboxError
-from launcher.sandbox.nodes import (
+from devtools.sandbox.limits import SandboxError
+from devtools.sandbox.nodes import (
     DEFAULT_INVENTORY,
     DEFAULT_STATE_DIR,
     REPO_ROOT,
@@ -14,7 +14,7 @@ from launcher.sandbox.nodes import (
     stop_node,
     up,
 )
-from launcher.sandbox.render import (
+from devtools.sandbox.render import (
     SSHD,
     TRAP_ADDR,
     node_addresses,
@@ -27,8 +27,8 @@ from launcher.sandbox.render import (
     render_ssh_config,
     render_sshd_config,
 )
-from launcher.sandbox.slurmconf import SLURM_CONF_NAME, SlurmNode, render_slurm_conf, slurm_conf_path, slurm_env
-from launcher.sandbox.start import default_python
+from devtools.sandbox.slurmconf import SLURM_CONF_NAME, SlurmNode, render_slurm_conf, slurm_conf_path, slurm_env
+from devtools.sandbox.start import default_python
 
 __all__ = [
     "DEFAULT_INVENTORY",

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import SandboxError
+from devtools.sandbox.limits import SandboxError
 
 NAME = "sandbox.json"
 _NODE_KEYS = {"name", "addr", "port", "pid", "start_time"}

@@ -1,5 +1,5 @@
 """What the bench and the tests look at on a sandbox: free ports and subnets, a run's processes, families of
-processes, sshd's. Read from /proc through `launcher.sandbox.procs` (the sandbox's own reader) where it has the
+processes, sshd's. Read from /proc through `devtools.sandbox.procs` (the sandbox's own reader) where it has the
 question; the questions only the bench and the tests ask are answered here, out of the product package. The tests'
 support re-exports this module: tests may import the bench, the bench imports nothing of the tests."""
 
@@ -12,9 +12,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-from launcher.errors import SandboxError
+from devtools.sandbox import procs
+from devtools.sandbox.limits import SandboxError
 from launcher.node.protocol import RUN_ID_ENV
-from launcher.sandbox import procs
 
 __all__ = [
     "children",

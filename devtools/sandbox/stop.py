@@ -8,11 +8,10 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 
-from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_STOP_GRACE_S, SANDBOX_STOP_LIMIT_S
-from launcher.sandbox import procs
-from launcher.sandbox.procs import Ident
-from launcher.sandbox.render import SSHD
+from devtools.sandbox import procs
+from devtools.sandbox.limits import SANDBOX_STOP_GRACE_S, SANDBOX_STOP_LIMIT_S, SandboxError
+from devtools.sandbox.procs import Ident
+from devtools.sandbox.render import SSHD
 
 
 def stop_families(leaders: Sequence[Ident]) -> set[int]:

@@ -11,9 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_CPUS_PER_NODE
-from launcher.sandbox.render import config_path
+from devtools.sandbox.limits import SANDBOX_CPUS_PER_NODE, SandboxError
+from devtools.sandbox.render import config_path
 
 SLURM_DIR_NAME = "slurm"
 """The sandbox's SLURM files live in STATE_DIR/slurm/."""

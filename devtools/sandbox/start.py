@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.errors import SandboxError
-from launcher.sandbox.render import SSHD, node_name
+from devtools.sandbox.limits import SandboxError
+from devtools.sandbox.render import SSHD, node_name
 
 # The sshd listeners this process started, kept so that stopping them also reaps them (no zombies).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}

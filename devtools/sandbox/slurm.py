@@ -12,12 +12,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from launcher.errors import SandboxError
-from launcher.limits import SANDBOX_STOP_LIMIT_S
-from launcher.sandbox import procs
-from launcher.sandbox.procs import Ident
-from launcher.sandbox.render import node_cache
-from launcher.sandbox.slurmconf import (
+from devtools.sandbox import procs
+from devtools.sandbox.limits import SANDBOX_STOP_LIMIT_S, SandboxError
+from devtools.sandbox.procs import Ident
+from devtools.sandbox.render import node_cache
+from devtools.sandbox.slurmconf import (
     SLURM_CONF_NAME,
     TASK_PROLOG,
     SlurmNode,
@@ -28,8 +27,8 @@ from launcher.sandbox.slurmconf import (
     slurm_env,
     spool_dir,
 )
-from launcher.sandbox.start import last_lines, read_text
-from launcher.sandbox.stop import scan, terminate
+from devtools.sandbox.start import last_lines, read_text
+from devtools.sandbox.stop import scan, terminate
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"

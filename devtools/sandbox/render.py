@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from launcher.errors import SandboxError
+from devtools.sandbox.limits import SandboxError
 
 SSHD = "/usr/sbin/sshd"
 TRAP_ADDR = "127.0.1.1"
