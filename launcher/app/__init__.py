@@ -80,7 +80,8 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
 
         return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts, wiring=wiring)
-    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id)  # a PlanError names the inventory
+    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id,  # a PlanError names the inventory
+                       hang_timeout=opts.hang_timeout, retries=opts.retries)
     if dry_run:
         from launcher.plan.request import shown_request
 
@@ -96,17 +97,16 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
         before = code_sync.before_launch(_project_tree(cluster, hosts), wiring.err, stall_timeout=opts.silence_timeout)
         wiring = replace(wiring, gate=replace(gate, before=before))
-    retries = cluster.retries if opts.retries is None else opts.retries
-    if retries and opts.detach:  # no launcher stays to start it again
+    if plan.retries and opts.detach:  # no launcher stays to start it again
         if opts.retries:
             raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
-        wiring.err.write(f"note: {cluster.source}: retries: {retries} does not apply to a detached run\n")
-        retries = 0
-    if not retries:
+        wiring.err.write(f"note: {cluster.source}: retries: {plan.retries} does not apply to a detached run\n")
+        plan = replace(plan, retries=0)
+    if not plan.retries:
         return run_launch.launch_run(plan, opts, wiring)
     from launcher.doctor.collect import between_attempts
 
-    return attempts.launch_with_retries(plan, opts, wiring, retries, between_attempts(opts, doctor))
+    return attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
 
 
 def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:

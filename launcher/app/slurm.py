@@ -37,7 +37,7 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
     if cluster.retries:
         wiring.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
     names = allocation.allocation_nodes(os.environ)
-    plan = plan_launch(allocation.allocation_cluster(cluster, names), job)
+    plan = plan_launch(allocation.allocation_cluster(cluster, names), job, hang_timeout=opts.hang_timeout, retries=0)
     if dry_run:
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0

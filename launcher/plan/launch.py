@@ -129,6 +129,12 @@ class LaunchPlan:
     cluster: Cluster
     job: Job
     nodes: tuple[NodeCommand, ...]
+    hang_timeout: float | None = None
+    """Seconds without progress before the run is suspected hung, resolved once here (the command line's or the
+    settings', else the inventory's job's): None, learnt from the run (launcher.watch.hang); 0, never watched."""
+    retries: int = 0
+    """How many times a failed attached run is started again on the nodes left (the command line's or the settings',
+    else the inventory's)."""
 
     def dry_run_text(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
@@ -314,8 +320,10 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
     return offsets
 
 
-def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None) -> LaunchPlan:
-    """Plan a run of `job` (default: the inventory's) on every node of `cluster`."""
+def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None, *,
+                hang_timeout: float | None = None, retries: int | None = None) -> LaunchPlan:
+    """Plan a run of `job` (default: the inventory's) on every node of `cluster`; `hang_timeout` and `retries` are
+    the user's options (None: not given), resolved here against the inventory once for the whole run."""
     job = job or cluster.job
     if job is None:
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
@@ -350,4 +358,6 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
             gpus=host.gpus,
         ))
-    return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes))
+    return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes),
+                      hang_timeout=job.hang_timeout if hang_timeout is None else hang_timeout,
+                      retries=cluster.retries if retries is None else retries)

@@ -31,7 +31,6 @@ from launcher.limits import (
 )
 from launcher.options import DEFAULT_PROGRESS, Options
 from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
-from launcher.watch.hang import hang_timeout
 
 
 class GateSection(Protocol):
@@ -83,7 +82,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "log_tail": log_tail_settings(),
         **stacks_settings(),
-        "watch": hang_timeout(opts.hang_timeout, plan.job) != 0,  # each rank's progress in the agent's beats
+        "watch": plan.hang_timeout != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
     }
     section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None

@@ -128,7 +128,7 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     wiring.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    return plan_launch(chosen.cluster, job)
+    return plan_launch(chosen.cluster, job, hang_timeout=first.hang_timeout, retries=first.retries)
 
 
 def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -> dict[str, str]:

@@ -37,7 +37,6 @@ from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
-from launcher.watch.hang import hang_timeout
 from launcher.watch.hangcheck import HangCheck
 
 
@@ -61,8 +60,7 @@ class RunHandle:
         """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self.stop_deadline: float | None = None
         self._last_step = time.monotonic()
-        timeout = hang_timeout(opts.hang_timeout, plan.job)
-        self.hangs = None if timeout == 0 else HangCheck(timeout, opts.on_hang == "keep")
+        self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, opts.on_hang == "keep")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 

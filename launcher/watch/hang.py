@@ -18,16 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.config.model import Job
 from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
 
 COUNTERS = ("steps", "batches")
 """A rank's counters in the beats (absent where the worker's hook does not count): any growth is progress."""
-
-
-def hang_timeout(given: float | None, job: Job) -> float | None:
-    """The run's hang timeout: the command line's or invoke.yaml's, else the inventory's job's (None: learnt)."""
-    return given if given is not None else job.hang_timeout
 
 
 @dataclass

@@ -579,3 +579,17 @@ def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path
     assert request["env"] == {"TOKEN": "<secret TOKEN>", "MODE": "fast", "KEY": "<$HOME_KEY at launch>"}
     assert request["secret_names"] == ["TOKEN"]
     assert (request["grace"], request["node_rank"], request["watch"]) == (7, 0, True)
+
+
+def test_the_plan_resolves_the_hang_timeout_and_retries_once() -> None:
+    """The command line's (or settings') value wins, else the inventory's; everything after reads the plan."""
+    from launcher.config.inventory import parse_inventory
+    from launcher.plan.launch import plan_launch
+
+    cluster = parse_inventory("hosts: [a, b]\nretries: 2\njob: {script: train.py, hang_timeout: 90}\n", "i.yaml")
+    plan = plan_launch(cluster)
+    assert (plan.hang_timeout, plan.retries) == (90.0, 2)
+    given = plan_launch(cluster, hang_timeout=0, retries=0)
+    assert (given.hang_timeout, given.retries) == (0, 0)
+    bare = plan_launch(parse_inventory("hosts: [a]\njob: {script: train.py}\n", "i.yaml"))
+    assert (bare.hang_timeout, bare.retries) == (None, 0)  # None: learnt from the run
