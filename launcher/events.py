@@ -55,6 +55,9 @@ class NodeEnd:
     """Processes of the run the node could not kill."""
     tail: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    raised: tuple[tuple[int, int | None, str], ...] = ()
+    """(local rank, global rank, the exception line) of each rank that printed a traceback's last line: what the
+    root cause says, where torchrun's own summary has only `To enable traceback see: ...`."""
     before_workers: bool = False
     """torchrun ended by itself before it ever started its workers: it never completed the rendezvous (its peers may
     still wait there), whatever its exit code says."""

@@ -14,6 +14,9 @@ from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 # `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is
 # "default".
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?:: .*)?$")
+"""A traceback's last line (`RuntimeError: boom`, `torch.distributed.DistBackendError: ...`): what a rank raised."""
+_RAISED_WORDS = (b"Error", b"Exception", b"Interrupt", b"Exit")
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
 
 
@@ -60,6 +63,8 @@ class NodeLog:
         self.rank_offset = rank_offset
         self.splitter = LineSplitter()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.raised: dict[int, tuple[int | None, str]] = {}
+        """Local rank -> (its global rank, the last exception line it printed): the root cause's own words."""
         label = name.ljust(width)
         code = _COLOURS[index % len(_COLOURS)]
         self._start = f"\x1b[{code}m" if colour else ""
@@ -115,6 +120,20 @@ class NodeLog:
                 prefix, end = self._new_tag(line, parts)
             parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
         self._keep_tail(lines[-TAIL_LINES:])
+        self._note_raised(b"\n".join(lines))
+
+    def _note_raised(self, data: bytes) -> None:
+        """Each rank's last exception line in `data` (whole lines), wherever it falls: a failed rank's traceback is
+        often followed by more lines than the tail keeps (its peers' errors, torchrun's summary). Lines are looked at
+        only in a block that names an error at all (one search in C for a chatty job's blocks)."""
+        if not any(word in data for word in _RAISED_WORDS):
+            return
+        for line in data.split(b"\n"):
+            if line[:1] == b"[" and any(word in line for word in _RAISED_WORDS):
+                _, local, global_rank, body = self._split_rank(line)
+                text = body.decode("utf-8", errors="replace").rstrip("\r")
+                if local is not None and _RAISED.match(text):
+                    self.raised[local] = (global_rank, text[:TAIL_WIDTH])
 
     def _keep_tail(self, lines: list[bytes]) -> None:
         for line in lines:
@@ -150,6 +169,7 @@ class NodeLog:
             if n:
                 text = text.replace(tag, prefix)
         self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
+        self._note_raised(block)
         return text[1:].decode("utf-8", errors="replace"), count
 
     def format_rest(self) -> tuple[str, int]:

@@ -54,7 +54,23 @@ def headline(end: NodeEnd) -> tuple[str, int, int | None]:
     code = worker_code if worker_code else (end.exit_code or 1)
     code = 128 - code if code < 0 else code  # a worker killed by signal N: 128+N, like a shell
     who = end.node + (f", rank {rank} (local rank {local})" if rank is not None else "")
-    return f"root cause: {who}, exit code {code}", code if code > 0 else 1, rank
+    what = raised_by(end, local)
+    return f"root cause: {who}, exit code {code}" + (f": {what}" if what else ""), code if code > 0 else 1, rank
+
+
+def raised_by(end: NodeEnd, local: int | None) -> str | None:
+    """The exception line the failed rank printed (its local rank's; the only one when the rank is not known)."""
+    if local is None:
+        return end.raised[0][2] if len(end.raised) == 1 else None
+    return next((line for at, _, line in end.raised if at == local), None)
+
+
+def failed_on_its_own(end: NodeEnd) -> bool:
+    """A node asked to stop whose own rank had already failed (torchrun's root-cause block names a worker's exit
+    code, not a signal, nor a peer lost): a failure of its own, not the launcher's doing."""
+    block = root_cause_block(list(end.tail))
+    _, _, code = failed_rank(block)
+    return bool(block) and not collateral(end) and code is not None and 0 < code < 128
 
 
 def ended_how(end: NodeEnd) -> str:
@@ -75,15 +91,19 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
     if origin is not None:
         sentence, code, rank = headline(origin)
         block = root_cause_block(list(origin.tail))
+        what = raised_by(origin, failed_rank(block)[1])
         lines.append(sentence)
-        lines += [f"  {line}" for line in (block or list(origin.tail)[-15:])] + [f"  {t}" for t in origin.errors]
+        lines += [f"  exception : {what}" if what and "To enable traceback" in line else f"  {line}"
+                  for line in (block or list(origin.tail)[-15:])] + [f"  {t}" for t in origin.errors]
     for end in ends:
         if end is origin or not end.failed:
             continue
         if end.stop_reason in SELF_STOPS:
             lines.append(f"{end.node}: stopped its part by itself too ({end.stop_reason})")
             continue
-        why = "stopped by the launcher" if end.asked_to_stop else "failed too"
+        why = "stopped by the launcher" if end.asked_to_stop and not failed_on_its_own(end) else "failed too"
+        said = raised_by(end, failed_rank(root_cause_block(list(end.tail)))[1]) if why == "failed too" else None
+        why += f": {said}" if said else ""
         what = f"exit code {end.exit_code}" if end.kind == EndKind.EXITED else end.kind.value
         lines.append(f"{end.node}: {what} ({why})")
     lines.append(log_hint)

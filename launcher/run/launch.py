@@ -277,7 +277,9 @@ class _Attached:
                     self.handle.stop(kill=True)
 
     def _report(self, ends: list[NodeEnd]) -> int:
-        ends = [replace(e, tail=tuple(self.logs[e.node].tail)) for e in ends]
+        ends = [replace(e, tail=tuple(self.logs[e.node].tail),
+                        raised=tuple((local, rank, line) for local, (rank, line) in self.logs[e.node].raised.items()))
+                for e in ends]
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
         if self.interrupts:

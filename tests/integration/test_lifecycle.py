@@ -171,8 +171,10 @@ def test_a_rank_that_raises_fails_the_run_fast_with_its_exception(make_sandbox, 
     elapsed = time.monotonic() - t0
     assert result.returncode != 0
     assert elapsed < 60
-    assert "root cause: node-1, rank 1" in result.stderr, result.stderr
-    assert "injected failure at step 5 on rank 1" in result.stderr
+    assert ("root cause: node-1, rank 1 (local rank 0), exit code 1: RuntimeError: injected failure at step 5 on "
+            "rank 1") in result.stderr, result.stderr
+    assert "To enable traceback" not in result.stderr  # torchrun's placeholder: the exception stands there
+    assert "node-0: exit code" in result.stderr and "(stopped by the launcher)" in result.stderr, result.stderr
     assert run_processes(run_id_of(result.stderr)) == []
 
 

@@ -69,3 +69,44 @@ def test_a_torchrun_that_ended_before_its_workers_is_the_cause_even_with_exit_0(
     assert sentence == ("root cause: node-1: torchrun ended (exit code 0) before it started any worker: it never "
                         "completed the rendezvous")
     assert (code, rank) == (1, None)
+
+
+FAILED_BLOCK = ("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-27_17:00:00",
+                "  host      : node-1", "  rank      : 3 (local_rank: 1)", "  exitcode  : 1 (pid: 4242)",
+                "  error_file: <N/A>",
+                "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+                "=" * 20)
+
+
+def test_the_summary_says_the_exception_the_failed_rank_raised() -> None:
+    """torchrun's own block has only `To enable traceback see: ...`: the rank's exception line takes its place."""
+    origin = end("node-1", 1.0, exit_code=1, tail=FAILED_BLOCK,
+                 raised=((0, 2, "ValueError: not this one"), (1, 3, "RuntimeError: boom at step 7")))
+    other = end("node-0", 2.0, exit_code=143, asked_to_stop=True)
+    failed = run_failed("20261127-170000-abcdef", [other, origin], "logs: logs/x/")
+    lines = str(failed).splitlines()
+    assert lines[1] == "root cause: node-1, rank 3 (local rank 1), exit code 1: RuntimeError: boom at step 7"
+    assert "  exception : RuntimeError: boom at step 7" in lines and not any("To enable" in x for x in lines)
+    assert "node-0: exit code 143 (stopped by the launcher)" in lines
+
+
+def test_a_node_whose_own_rank_had_failed_is_not_said_stopped_by_the_launcher() -> None:
+    """Two nodes' ranks raise; the launcher's stop reaches the second after its rank failed: it failed too."""
+    first = end("node-1", 1.0, exit_code=1, tail=FAILED_BLOCK, raised=((1, 3, "RuntimeError: boom"),))
+    own = tuple(x.replace("rank      : 3 (local_rank: 1)", "rank      : 0 (local_rank: 0)") for x in FAILED_BLOCK)
+    second = end("node-0", 1.5, exit_code=1, asked_to_stop=True, tail=own, raised=((0, 0, "KeyError: 'x'"),))
+    lines = str(run_failed("r", [second, first], "logs")).splitlines()
+    assert "node-0: exit code 1 (failed too: KeyError: 'x')" in lines, lines
+    stopped = end("node-0", 1.5, exit_code=1, asked_to_stop=True, tail=PEER_LOST)
+    assert "node-0: exit code 1 (stopped by the launcher)" in str(run_failed("r", [stopped, first], "logs"))
+
+
+def test_a_nodes_log_keeps_the_last_exception_line_of_each_rank() -> None:
+    from launcher.report.lines import NodeLog
+
+    log = NodeLog("node-1", 0, 6, 2, colour=False)
+    log.format(b"[default1@r3]:Traceback (most recent call last):\n[default1@r3]:  File \"train.py\", line 9\n"
+               b"[default1@r3]:RuntimeError: boom\n[default0@r2]:step 7 loss 0.1\nE1127 torchrun's own Error: x\n")
+    assert log.raised == {1: (3, "RuntimeError: boom")}
+    log.format(b"[default0@r2]:KeyError: 'x'\n" + b"[default0@r2]:gloo: connection closed by peer\n" * 60)
+    assert log.raised == {1: (3, "RuntimeError: boom"), 0: (2, "KeyError: 'x'")}  # though past the 40-line tail
