@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
 
 SELF_STOPS = (HEARTBEAT_TIMEOUT, LAUNCHER_GONE)
 """Why a node's agent stops its part without being asked: the launcher went silent, or its connection closed."""
@@ -69,6 +69,8 @@ class NodeEnd:
     def failed(self) -> bool:
         """Anything but torchrun's exit 0 after its workers ran; a node that stopped its part by itself failed whatever
         torchrun said."""
+        if self.stop_reason == STOPPED_ELSEWHERE:
+            return False  # a stop from another terminal: what the user asked for
         return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS \
             or self.before_workers
 

@@ -238,6 +238,9 @@ main thread moved between them is not stuck (a spinning thread keeps CPU time gr
 never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
+STOPPED_EXIT = 143
+"""The exit code of an attached launch whose run a stop from another terminal ended (128 + SIGTERM, as a shell
+says of a process stopped that way): neither a success nor a failure of the run's own."""
 
 # What `inv status` and `inv stop` print (launcher/report/states.py).
 STATE_ROWS_MAX = 16

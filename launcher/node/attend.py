@@ -19,6 +19,7 @@ from launcher.node.protocol import (
     LAUNCHER_GONE,
     STACKS,
     STOP,
+    STOPPED_ELSEWHERE,
     TCP,
     Event,
     emit,
@@ -304,6 +305,8 @@ def attend(request, run_dir, proc, words):
     for thread in threads.values():
         thread.start()
     code, left, stopping = run.supervise()
+    if stopping is None and os.path.exists(os.path.join(run_dir, "stop_requested")):
+        stopping = STOPPED_ELSEWHERE  # no word of this launcher's: a stop from another terminal ended it
     if stopping:
         emit(Event.STOPPED, left=left, reason=stopping)
     # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.

@@ -39,6 +39,9 @@ run's agent for every worker's stack (the `stacks` event), `dumps` for NCCL's fl
 through torch's debug-info pipes (the `nccl` event)."""
 ENDING_WORDS = (STOP, KILL, ABORT)
 """Words after which no run starts or goes on."""
+STOPPED_ELSEWHERE = "stopped-elsewhere"
+"""Why an attached run ended that its own launcher did not stop: a stop from another terminal (`inv stop`, the API's
+`Run.stop`) asked for it, as the run directory's stop record says: the user's will, not a failure."""
 HEARTBEAT_TIMEOUT, LAUNCHER_GONE = "heartbeat-timeout", "launcher-gone"
 """Why an attached agent stops its run without being asked (an event's `reason`, beside the words `stop`/`kill`):
 no word from the launcher for heartbeat_timeout, or its connection closed (SIGHUP)."""

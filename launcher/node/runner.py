@@ -217,9 +217,9 @@ def stop_run(run_dir, mark, grace, record=True):
     targets = marked_processes(mark)
     if not targets:  # the common sweep: nothing of the run is left, and nothing is left to start anything
         return 0, 0
-    found = signal_run(run_dir, mark, signal.SIGTERM, targets)
-    if found and record:
+    if record:  # before the signal: the run's own keeper, seeing torchrun end, reads who stopped it
         record_stop(run_dir)
+    found = signal_run(run_dir, mark, signal.SIGTERM, targets)
     leader = leader_of(run_dir)
     leader_pid = {leader[0]} if leader else set()
     deadline = time.monotonic() + grace

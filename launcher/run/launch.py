@@ -35,9 +35,10 @@ from launcher.events import (
 from launcher.limits import (
     HANG_EXIT,
     NODE_TIMING,
+    STOPPED_EXIT,
     heartbeat_interval,
 )
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN, STOPPED_ELSEWHERE
 from launcher.options import Options
 from launcher.paths import command_name
 from launcher.plan.launch import LaunchPlan
@@ -292,6 +293,11 @@ class _Attached:
             return 130
         if self.handle.hang is not None:  # the launcher stopped it: the hang is the root cause, not the stop
             raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT)
+        elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
+        if elsewhere and not any(e.failed for e in ends):
+            self.console.message(f"run {self.plan.run_id} was stopped from elsewhere (`{command_name()} stop`) on "
+                                 f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}")
+            return STOPPED_EXIT
         if not any(e.failed for e in ends):
             self.console.message(f"run {self.plan.run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
             return 0

@@ -46,6 +46,21 @@ def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None
     assert "stopping the run on every node" in out.read_text()
 
 
+def test_an_attached_run_stopped_from_another_terminal_ends_as_stopped(sleeper_box, tmp_path: Path) -> None:
+    """`inv stop` from elsewhere ends an attached launch as stopped (exit 143, the stop named), never as a failure
+    whose root cause is the stop's own exit code 143 or 137."""
+    out = tmp_path / "launch.out"
+    proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
+    run_id = started_run(out, workers=2)
+    stopped = inv("stop", "--hosts", str(sleeper_box.inventory), "--run", run_id, timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert proc.wait(timeout=30) == 143
+    said = out.read_text()
+    assert f"run {run_id} was stopped from elsewhere (`inv stop`) on 2 node(s)" in said, said
+    assert "FAILED" not in said and "root cause" not in said, said
+    assert run_processes(run_id) == []
+
+
 def test_killed_launcher_stops_the_run_by_itself(sleeper_box, tmp_path: Path) -> None:
     out = tmp_path / "launch.out"
     proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)

@@ -110,3 +110,8 @@ def test_a_nodes_log_keeps_the_last_exception_line_of_each_rank() -> None:
     assert log.raised == {1: (3, "RuntimeError: boom")}
     log.format(b"[default0@r2]:KeyError: 'x'\n" + b"[default0@r2]:gloo: connection closed by peer\n" * 60)
     assert log.raised == {1: (3, "RuntimeError: boom"), 0: (2, "KeyError: 'x'")}  # though past the 40-line tail
+
+
+def test_a_stop_from_another_terminal_is_no_failure() -> None:
+    stopped = end("node-0", 1.0, exit_code=143, stop_reason="stopped-elsewhere")
+    assert not stopped.failed and first_failure([stopped]) is None
