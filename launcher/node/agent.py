@@ -21,7 +21,7 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
   line every interval until the launcher closes stdin (launcher/node/top.py).
 
 Protocol (launcher/node/protocol.py): stdout carries the run's log bytes (or an action's JSON reply); stderr one
-JSON event per line. The parts: runner.py (torchrun's start, end and stop), attend.py (an attached run),
+JSON event per line. The parts: runner.py (torchrun's start, end and stop), attached.py (an attached run),
 logmerge.py, rundir.py, proc.py, netif.py. Kept compatible with Python 3.8: it runs under whatever interpreter the
 node has.
 """
@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 
-# Each action imports what it alone needs (a start: attend, netif, runner's spawn; stacks: stacks): a node's `stop`
+# Each action imports what it alone needs (a start: attached, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
 from launcher.node import limits
 from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
@@ -84,7 +84,7 @@ def follow_log(log, run_dir, run_id, mark):
 def start(request):
     import threading
 
-    from launcher.node.attend import GateChecks, LauncherWords, attend
+    from launcher.node.attached import GateChecks, LauncherWords, supervise_run
     from launcher.node.runner import prestart, spawn, start_detached
 
     run_id, _, node = request["mark"].partition("/")
@@ -121,7 +121,7 @@ def start(request):
         if held is not None:
             held.drop()  # nothing once torchrun was let go
     emit(Event.STARTED, pid=proc.pid, run_dir=run_dir)
-    return attend(request, run_dir, proc, words)
+    return supervise_run(request, run_dir, proc, words)
 
 
 def node_problem(request, run_dir):

@@ -44,7 +44,7 @@ DRAIN_BYTES = 4096
 CMDLINE_BYTES = 300
 """How much of a port holder's command line the doctor shows."""
 
-# --- an attached run (agent, attend) ---------------------------------------------------------------------------------
+# --- an attached run (agent, attached) ------------------------------------------------------------------------------
 EVENTS_DRAIN_S = 5.0
 """How long an agent whose run ended waits for its last events (`exited`) to reach a launcher that still reads."""
 QUEUED_BEATS_MAX = 100

@@ -293,7 +293,7 @@ class Attended:
         return code, left, stopping
 
 
-def attend(request, run_dir, proc, words):
+def supervise_run(request, run_dir, proc, words):
     """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
     queue_events()
     run = Attended(request, run_dir, proc, words)
