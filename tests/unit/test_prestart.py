@@ -132,11 +132,12 @@ def test_only_the_launchers_torchrun_is_held(stand_in: Path, tmp_path: Path):
     assert hold(["no-such-python", "-m", "torch.distributed.run"], str(tmp_path), _env(stand_in, tmp_path)) is None
 
 
-def test_it_dies_with_the_agent_that_held_it(stand_in: Path, tmp_path: Path):
-    """kill -9 of the agent before `go`: the held python does not outlive it (the kernel's parent-death signal)."""
+def _held_by_an_agent_killed(planned: list[str], stand_in: Path, tmp_path: Path) -> int:
+    """An agent process holds torchrun's python for `planned`, then dies by kill -9 once it has imported; the held
+    process's pid."""
     agent = subprocess.Popen(
         [sys.executable, "-c", "import sys; from launcher.node.prestart import hold\n"
-         f"held = hold({_planned()!r}, {str(tmp_path)!r}, {_env(stand_in, tmp_path)!r})\n"
+         f"held = hold({planned!r}, {str(tmp_path)!r}, {_env(stand_in, tmp_path)!r})\n"
          "print(held.proc.pid, flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     try:
@@ -146,7 +147,12 @@ def test_it_dies_with_the_agent_that_held_it(stand_in: Path, tmp_path: Path):
     finally:
         agent.kill()
         agent.wait()
-    assert _gone(pid)
+    return pid
+
+
+def test_it_dies_with_the_agent_that_held_it(stand_in: Path, tmp_path: Path):
+    """kill -9 of the agent before `go`: the held python does not outlive it (the kernel's parent-death signal)."""
+    assert _gone(_held_by_an_agent_killed(_planned(), stand_in, tmp_path))
 
 
 def _wrapper(tmp_path: Path) -> str:
@@ -177,16 +183,4 @@ def test_a_python_wrapper_that_does_not_exec_is_held_and_runs_torchrun(stand_in:
 def test_behind_a_wrapper_it_ends_with_the_agent(stand_in: Path, tmp_path: Path):
     """kill -9 of the agent: the parent-death signal reaches the wrapper only, and the held python ends at the
     end of the agent's pipe instead."""
-    agent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from launcher.node.prestart import hold\n"
-         f"held = hold({[_wrapper(tmp_path), *_planned()[1:]]!r}, {str(tmp_path)!r}, {_env(stand_in, tmp_path)!r})\n"
-         "print(held.proc.pid, flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
-    try:
-        pid = int(agent.stdout.readline())
-        _wait_for(tmp_path / "imported")
-        assert not _gone(pid, 0.2)
-    finally:
-        agent.kill()
-        agent.wait()
-    assert _gone(pid)
+    assert _gone(_held_by_an_agent_killed([_wrapper(tmp_path), *_planned()[1:]], stand_in, tmp_path))
