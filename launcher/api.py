@@ -241,12 +241,15 @@ def _ended(run_id: str, opts: Options, ends: Sequence[NodeEnd], error: RunFailed
                      error.rank, error)
 
 
-def doctor(hosts: str | Path, *, checks: str = "all", net: bool = False, include: str | None = None,
-           exclude: str | None = None, **options: Any) -> Report:
+def doctor(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
+           checks: str = "all", net: bool = False, include: str | None = None, exclude: str | None = None,
+           **options: Any) -> Report:
     """The doctor's findings on every node, as `ddpl doctor` shows them: `report.ok`, `report.findings` (each a
-    `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks."""
+    `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
+    `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet())
+    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet(),
+                             words=app.JobWords(script, module, command))
 
 
 def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:

@@ -180,10 +180,14 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
             "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
                              "a late answer is a warning with its time, none a failure",
             "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
-            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)"})
+            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)",
+            "script": "check this script instead of the inventory's job (as launch --script runs it)",
+            "module": "check this module instead (importable by each node's python, as launch --module runs it)",
+            "command": "check this program instead (on each node's PATH, as launch --command runs it)"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False):
+           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False, script=None, module=None,
+           command=None):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
@@ -192,7 +196,8 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
                     connect_timeout=connect_timeout)
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
-                      slurm=slurm, job=job, net_all_gpus=net_all_gpus)
+                      slurm=slurm, job=job, net_all_gpus=net_all_gpus,
+                      words=app.JobWords(script, module, command))
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",

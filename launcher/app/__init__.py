@@ -94,7 +94,8 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         from launcher.sync import push as code_sync
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(_project_tree(cluster, hosts), wiring.err, stall_timeout=opts.silence_timeout)
+        before = code_sync.before_launch(_project_tree(plan.cluster, hosts), wiring.err,
+                                         stall_timeout=opts.silence_timeout)
         wiring = replace(wiring, gate=replace(gate, before=before))
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
@@ -120,17 +121,17 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
            net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-           net_all_gpus: bool = False) -> int:
+           net_all_gpus: bool = False, words: JobWords | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
-    job instead of SSH."""
+    job instead of SSH. `words`: the job to check, as launch's --script, --module or --command name it."""
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
     wiring = wiring or Wiring()
     report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring,
-                           net_all_gpus=net_all_gpus)
+                           net_all_gpus=net_all_gpus, words=words)
     if as_json:
         wiring.out.write(doctor_checks.report_json(report) + "\n")
     else:
@@ -140,12 +141,15 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
 
 def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
                   slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-                  net_all_gpus: bool = False) -> Report:
-    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`."""
+                  net_all_gpus: bool = False, words: JobWords | None = None) -> Report:
+    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
+    is the one `words` name, else the inventory's."""
     from launcher import doctor as doctor_checks
 
     opts, wiring = opts or Options(), wiring or Wiring()
     cluster = load_inventory(hosts)
+    if words is not None and words.given() is not None:
+        cluster = replace(cluster, job=job_of(cluster, words))
     if slurm or job:
         from launcher.app import slurm as on_slurm
 

@@ -61,9 +61,9 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
         "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
         "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
         "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir, "python": host.python,
-        "script": cluster.job.script if cluster.job else None,
         "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
     }
+    request.update(job_request(cluster, host))
     if host.gpus is not None:  # --include host:0,2: among the GPUs the node shows (its own CUDA_VISIBLE_DEVICES)
         request["gpus"] = list(host.gpus)
     visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
@@ -72,6 +72,16 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
     if connect:
         request["connect"] = dict(connect)
     return request
+
+
+def job_request(cluster: Cluster, host: Host) -> dict[str, Any]:
+    """What a probe is asked of the job that will run (pure): its form and value (`{"module": "pkg.train"}`), and the
+    PATH and PYTHONPATH the inventory sets for it on `host`, where the probe looks for its command or module."""
+    if cluster.job is None:
+        return {}
+    form, value = cluster.job.form
+    paths = {v.name: v.value for v in host.env if v.name in ("PATH", "PYTHONPATH") and v.value is not None}
+    return {form: value, **({"job_env": paths} if paths else {})}
 
 
 def _outcome(result: Result | NodeFailure) -> Outcome:
