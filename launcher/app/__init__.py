@@ -293,7 +293,8 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
          wiring: Wiring | None = None) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
-    findings are its advice); a file at `output` is never overwritten."""
+    findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
+    overwritten, and none is written when no node has a python with torch."""
     from launcher.app.newcluster import write_inventory
 
     opts, wiring = opts or Options(), wiring or Wiring()
@@ -305,13 +306,17 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
                      + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
                      + "\n")
     hosts = "" if default_output else f" --hosts {relative(output)}"
+    unknown = [f.name for f in found if f.python is None]
+    if unknown:
+        wiring.err.write(f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
+                         f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n")
     code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
     if code:
         wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
                          f"missing {script} is what --sync copies. Then: {name} doctor{hosts}\n")
     wiring.out.write(f"next: {name} launch{hosts} --dry-run, then {name} launch{hosts} --sync (this project to every "
                      "workdir first)\n")
-    return 0
+    return 1 if unknown else 0
 
 
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
