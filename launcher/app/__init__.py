@@ -319,6 +319,19 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
     return 1 if unknown else 0
 
 
+def init_example(output: Path, *, wiring: Wiring | None = None) -> int:
+    """Write the reference inventory at `output` (every key, what it does and its default), never over a file; no
+    node is asked."""
+    from launcher.app.newcluster import write_example
+
+    wiring, name = wiring or Wiring(), command_name()
+    write_example(output, name)
+    wiring.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
+                     f"lines you need into yours (`{name} init --hosts gpu01,gpu02` writes one from what your nodes "
+                     "say)\n")
+    return 0
+
+
 def sandbox_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
                slurm: bool = False) -> Sandbox:
     from launcher import sandbox  # a test and demo tool: off the import path of every other task
@@ -369,5 +382,6 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
-           "main_error", "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = ["Hosts", "JobWords", "bench", "demo", "doctor", "doctor_report", "init", "init_example", "launch",
+           "load_inventory", "logs", "main_error", "sandbox_down", "sandbox_up", "slurm_submit", "stacks", "status",
+           "stop", "sync", "top"]

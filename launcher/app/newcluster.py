@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,6 +70,18 @@ def seek(cluster: Cluster, workdir: str, opts: Options) -> list[Found]:
             why = lines[-1][:200] if lines else f"exit code {result.exit_code}"
             found[name] = Found(name, notes=(f"python3 there gave no answer ({why})",))
     return [found[h.name] for h in cluster.hosts]
+
+
+def write_example(output: Path, command: str) -> None:
+    """Write the reference inventory (every key, what it does, its default: launcher/config/example.yaml, shipped
+    with the package) at `output`, never over a file that is there."""
+    if output.exists():
+        raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over a file (give "
+                         "--output another one)")
+    text = (resources.files("launcher.config") / "example.yaml").read_text(encoding="utf-8")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "x", encoding="utf-8") as file:
+        file.write(text)
 
 
 def no_python(found: Sequence[Found], command: str) -> str:

@@ -86,7 +86,8 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
              f"#   {command} doctor                     # same Python and torch everywhere? DNS? port? script?",
              f"#   {command} launch --dry-run           # each node's exact command, and why each flag is there",
              f"#   {command} launch --sync              # copy this project to every workdir, then start",
-             "# Every key, with what it does and its default: hosts/example.yaml in the launcher's repository."]
+             f"# Every key, with what it does and its default: `{command} init --example` writes them to "
+             "hosts/example.yaml."]
     lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
     lines += _hosts(found, python, nproc)
     if ssh_config is not None:

@@ -54,7 +54,7 @@ from launcher.limits import (
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN
 from launcher.options import DEFAULT_PROGRESS, Options
-from launcher.paths import command_name
+from launcher.paths import from_api, hint
 from launcher.plan.hang import hang_timeout
 from launcher.plan.launch import RANKS_DIR, LaunchPlan, NodeCommand
 from launcher.report import rootcause
@@ -160,6 +160,15 @@ def log_tail_settings() -> dict[str, Any]:
     """How a node's agent merges its workers' files into the run's log (`agent.LogMerger`): every number here."""
     return {"ranks": RANKS_DIR, "poll_s": LOG_POLL_S, "chunk": LOG_CHUNK, "max_line": MAX_LINE_BYTES,
             "cut_mark": CUT_MARK.decode()}
+
+
+def _detached_hint(source: str) -> str:
+    """What works on a detached run of the inventory `source`, in the caller's words: its commands, or the Run handle
+    the API returned."""
+    if from_api():
+        return "the Run handle api.launch returned works on it: status(), logs(), top(), stacks(), stop(), wait()"
+    hosts = f"--hosts {source}"
+    return f"`{hint(f'status {hosts}')}`, `{hint(f'logs {hosts} --follow')}` and `{hint(f'stop {hosts}')}` work on it"
 
 
 class _Progress:
@@ -334,9 +343,8 @@ class _Attached:
             self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             if self.opts.detach:
                 self._wait()
-                name = command_name()
-                self.console.message(f"detached: run {self.plan.run_id} keeps going; `{name} status`, `{name} logs "
-                                     f"--follow` and `{name} stop` work on it")
+                self.console.message(f"detached: run {self.plan.run_id} keeps going; "
+                                     f"{_detached_hint(self.plan.cluster.source)}")
                 return 0
             return self._report(self._wait())
         finally:

@@ -97,6 +97,9 @@ def test_init_writes_the_inventory_from_what_the_nodes_say(user: Session) -> Non
     assert "next: ddpl launch --dry-run, then ddpl launch --sync" in done.stdout
     again = user.ddpl("init", "--hosts", "node-0")
     assert again.returncode == 2 and "is there already" in again.stderr
+    example = user.ddpl("init", "--example")  # the reference, shipped in the wheel: the user has no checkout
+    assert example.returncode == 0, example.stderr
+    assert (user.project / "hosts" / "example.yaml").read_text().startswith("# A reference, not a first copy")
     # The job passes one of torchrun's own options through (it reaches the workers as ROLE_NAME).
     data["job"]["torchrun"] = ["--role", "trainer"]
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
