@@ -1,7 +1,8 @@
 """The launcher's Invoke tasks, one definition for both commands: `ddpl` (installed: `ns`) and a checkout's `inv`
 (its tasks.py: `checkout_ns`, with the sandbox, demo and bench). Each parses its options and calls `launcher.app`.
 
-A project's own tasks.py can add them: `from launcher.tasks import ns; namespace.add_collection(ns, "ddp")`.
+A project's own tasks.py can add them: `ns = Collection(its_task, ...)`, then `ns.add_collection(launcher.tasks.ns,
+"ddp")` (the README's lines: a file of plain `@task`s has no namespace until it names one).
 """
 
 from __future__ import annotations
