@@ -95,7 +95,7 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
         before = code_sync.before_launch(_project_tree(plan.cluster, hosts), wiring.err,
-                                         stall_timeout=opts.silence_timeout)
+                                         stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
         wiring = replace(wiring, gate=replace(gate, before=before))
     retries = cluster.retries if opts.retries is None else opts.retries
     if retries and opts.detach:  # no launcher stays to start it again
@@ -116,7 +116,7 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
 
     opts, wiring = opts or Options(), wiring or Wiring()
     return code_sync.sync_hosts(_project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
-                                stall_timeout=opts.silence_timeout)
+                                stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,

@@ -116,6 +116,10 @@ def test_launch_sync_sends_the_project_and_runs_it(user: Session) -> None:
     assert not synced & {"tasks.py", "pyproject.toml", "invoke.yaml", "launcher/__init__.py"}  # not the launcher's
     assert os.access(user.workdir / "run.sh", os.X_OK)
     assert (user.project / "logs" / run_id_of(done.stderr)).is_dir()  # the project's log_dir, not src/'s
+    again = user.ddpl("launch", "--sync", "--args=--steps 1")  # the first run's logs are in the project now
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "left out logs/: the launcher's own output" in again.stderr
+    assert not (user.workdir / "logs").exists()  # the launcher's own outputs never travel, ignored or not
     assert user.ddpl("doctor").returncode == 0
 
 
