@@ -219,3 +219,16 @@ def test_the_readmes_tasks_py_lines_work_in_a_file_of_plain_tasks(tmp_path: Path
     assert {"lint", "ddp.launch", "ddp.doctor", "ddp.init", "ddp.slurm.submit"} <= names, listed.stdout
     missing = run("ddp.doctor", "--hosts", "nope.yaml")  # a task of the launcher's, with its settings' defaults
     assert missing.returncode == 1 and "nope.yaml: no such file" in missing.stderr, missing.stderr
+
+
+def test_the_readme_installs_from_what_exists_and_says_what_an_unknown_option_exits_with() -> None:
+    """`pip install ddp-launcher` failed (no release on PyPI yet); the README said an unknown option exits 2."""
+    readme = (REPO / "README.md").read_text()
+    assert "pip install ddp-launcher" not in readme
+    assert "pip install ./ddp-launcher" in readme and 'pip install "git+URL"' in readme
+    for words in (["launcher", "--nope"], ["invoke", "--nope"], ["launcher", "launch", "--nope"]):
+        done = subprocess.run([sys.executable, "-m", *words], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+        assert (done.returncode, done.stderr.strip()) == (1, "No idea what '--nope' is!"), words
+    said = " ".join(readme.split())
+    assert "an option the task does not have exits 1 (Invoke's own `No idea what '--nope' is!`" in said
