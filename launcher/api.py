@@ -28,8 +28,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from functools import wraps
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, ParamSpec, TypeVar
 
 from launcher import app
 from launcher.doctor.evidence import Finding, Report
@@ -37,6 +38,7 @@ from launcher.errors import LauncherError, RunFailed, StillRunning
 from launcher.events import Ended, NodeEnd, Started
 from launcher.limits import API_WAIT_POLL_S
 from launcher.options import Options, from_config
+from launcher.paths import API, called_as
 from launcher.plan.launch import new_run_id
 from launcher.run import control as run_control
 from launcher.run.control import NodeState
@@ -174,6 +176,21 @@ class _LineStream(io.TextIOBase):
             self.deliver(rest)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _api(fn: Callable[P, R]) -> Callable[P, R]:
+    """A call of the API: the launcher's messages name its calls where it has them (`launcher.paths.hint`)."""
+
+    @wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with called_as(API):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def _options(given: Mapping[str, Any], detach: bool = False) -> Options:
     """The options as `Options`, each checked as the command line's are (a wrong one: a LauncherError)."""
     values = {**given, "detach": detach}
@@ -190,6 +207,7 @@ def _stream(deliver: Lines | None, default: IO[str]) -> IO[str]:
     return default if deliver is None else _LineStream(deliver)
 
 
+@_api
 def launch(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
            args: Sequence[str] | None = None, detach: bool = False, sync: bool = False, doctor: bool = True,
            include: str | None = None, exclude: str | None = None, on_output: Lines | None = None,
@@ -241,14 +259,19 @@ def _ended(run_id: str, opts: Options, ends: Sequence[NodeEnd], error: RunFailed
                      error.rank, error)
 
 
-def doctor(hosts: str | Path, *, checks: str = "all", net: bool = False, include: str | None = None,
-           exclude: str | None = None, **options: Any) -> Report:
+@_api
+def doctor(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
+           checks: str = "all", net: bool = False, include: str | None = None, exclude: str | None = None,
+           **options: Any) -> Report:
     """The doctor's findings on every node, as `ddpl doctor` shows them: `report.ok`, `report.findings` (each a
-    `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks."""
+    `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
+    `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet())
+    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet(),
+                             words=app.JobWords(script, module, command))
 
 
+@_api
 def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
     """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
     is running, else its newest, as `ddpl status` and `ddpl stop` choose."""
@@ -265,20 +288,24 @@ class Run:
     hosts: app.Hosts
     options: Options
 
+    @_api
     def status(self) -> list[NodeState]:
         """Each node's state of the run (running, exited with its code, stopped, lost, unreachable)."""
         return run_control.status(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
 
+    @_api
     def top(self) -> TopSnapshot:
         """One look at every node and rank (a few seconds long), as `ddpl top --once --json`."""
         out = io.StringIO()
         app.top(self.hosts, self.run_id, self.options, once=True, as_json=True, wiring=Wiring(out, io.StringIO()))
         return TopSnapshot.of(json.loads(out.getvalue()))
 
+    @_api
     def stacks(self) -> StacksReport:
         """Every rank's Python stack, grouped by where the ranks are (`report.lines()` as `ddpl stacks` says it)."""
         return collect_stacks(app.load_inventory(self.hosts), self.run_id, self.options, io.StringIO())
 
+    @_api
     def logs(self, node: str | None = None, rank: int | None = None) -> str:
         """The run's log so far, from its nodes, each line prefixed by node and rank (one node's, one rank's)."""
         out, err = io.StringIO(), io.StringIO()
@@ -286,10 +313,12 @@ class Run:
             raise LauncherError(f"run {self.run_id}: the logs of some nodes could not be read: {err.getvalue()}")
         return out.getvalue()
 
+    @_api
     def stop(self) -> list[NodeState]:
         """Stop the run on every node (TERM, the grace period, KILL); each node's state after."""
         return run_control.stop(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
 
+    @_api
     def wait(self, timeout: float | None = None, poll_s: float = API_WAIT_POLL_S) -> RunResult:
         """Wait until no node runs it (a `StillRunning` error after `timeout` seconds); how each node's part ended."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -123,7 +123,8 @@ class DoctorFailed(LauncherError):
 
     exit_code = 1
 
-    def __init__(self, report: _Report, more: str | None = "run `inv doctor` for the full report"):
+    def __init__(self, report: _Report, more: str | None = None):
+        """`more`: a last line, where to look further (the doctor's command: `launcher.doctor.collect.DoctorGate`)."""
         self.report = report
         lines = [f"the doctor found {len(report.failures)} problem(s); nothing was started:"]
         for f in report.failures:

@@ -48,6 +48,8 @@ DEFAULT_RETRY_COOLDOWN = 300.0
 """A node that caused two failed attempts sits out the attempts that start within this many seconds (Horovod's
 blacklist with a cool-down): one more try after it may have been fixed, never a loop on a bad node."""
 DEFAULT_HOSTS = "hosts/cluster.yaml"
+DEFAULT_EXAMPLE = "hosts/example.yaml"
+"""Where `init --example` writes the reference inventory in a project."""
 DEFAULT_LOG_DIR = "logs"
 MAX_SECONDS = 86400.0
 """The most any time option may be (a day): what select(), thread waits and timers take without overflow."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,8 +19,51 @@ def relative(path: Path) -> str:
         return str(path)
 
 
+_CALLERS: list[str] = []
+"""How the launcher is being called, innermost last (`called_as`): `ddpl`, `inv`, `api`."""
+
+API = "api"
+"""The caller name of the Python API (launcher/api.py): its hints are calls, where it has them."""
+
+
+@contextmanager
+def called_as(name: str) -> Iterator[None]:
+    """Within: the launcher runs for `name`'s user (the task layer says `ddpl` or `inv` from Invoke's config, the API
+    `api`), and every message's hint names that command (`command_name`, `hint`)."""
+    _CALLERS.append(name)
+    try:
+        yield
+    finally:
+        _CALLERS.pop()
+
+
+def invoked_as(config_prefix: str) -> str:
+    """The command a user typed, from the prefix of its Invoke config: `ddpl` (launcher/cliconfig.py), `invoke` for a
+    tasks.py run by `inv` (the checkout's, or a project's own with the launcher's tasks added), `fabric` for `fab`."""
+    return {"invoke": "inv", "fabric": "fab"}.get(config_prefix, config_prefix)
+
+
 def command_name() -> str:
-    """The command that runs the launcher's tasks in this process, as the hints in messages name it: `ddpl` (the
-    installed command, or `python -m launcher`), else `inv` (a checkout's tasks.py)."""
+    """The command that runs the launcher's tasks in this call, as the hints in messages name it: the one `called_as`
+    gave (the API's: `ddpl`, the installed command beside it, for what has no call); outside any, `ddpl` (the
+    installed command, or `python -m launcher`), else `inv`."""
+    if _CALLERS:
+        return "ddpl" if _CALLERS[-1] == API else _CALLERS[-1]
     first = sys.argv[0] if sys.argv else ""
     return "ddpl" if Path(first).name == "ddpl" or Path(first).parts[-2:] == ("launcher", "__main__.py") else "inv"
+
+
+def stop_call(hosts: str, run_id: str) -> str:
+    """The API's call that stops run `run_id` of the inventory `hosts` (a hint's `api` form)."""
+    return f"api.run({hosts!r}, {run_id!r}).stop()"
+
+
+def from_api() -> bool:
+    """Whether this call came through the Python API."""
+    return bool(_CALLERS) and _CALLERS[-1] == API
+
+
+def hint(words: str, api: str | None = None) -> str:
+    """A command a message tells the user to run, without its quotes: `ddpl WORDS` (`inv WORDS`); from the Python
+    API, the call `api` where it has one (`api.doctor('hosts/cluster.yaml')`)."""
+    return api if api is not None and from_api() else f"{command_name()} {words}"

@@ -1,7 +1,8 @@
 """The launcher's Invoke tasks, one definition for both commands: `ddpl` (installed: `ns`) and a checkout's `inv`
 (its tasks.py: `checkout_ns`, with the sandbox, demo and bench). Each parses its options and calls `launcher.app`.
 
-A project's own tasks.py can add them: `from launcher.tasks import ns; namespace.add_collection(ns, "ddp")`.
+A project's own tasks.py can add them: `ns = Collection(its_task, ...)`, then `ns.add_collection(launcher.tasks.ns,
+"ddp")` (the README's lines: a file of plain `@task`s has no namespace until it names one).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from launcher import app, options
 from launcher.cliconfig import NOT_OPTIONS, SECTION, setting_lines, sources
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE, LauncherError
-from launcher.paths import relative
+from launcher.paths import called_as, invoked_as, relative
 from launcher.project import check_owner, resolve
 
 gc.freeze()
@@ -36,7 +37,7 @@ HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; 
 INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
-JOB_HELP = "a SLURM job id (from `inv slurm.submit`): ask SLURM instead of the nodes"
+JOB_HELP = "a SLURM job id (from the slurm.submit task): ask SLURM instead of the nodes"
 SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to each node's workdir)"
 MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
 COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
@@ -53,12 +54,14 @@ def task(*args: Any, **kwargs: Any) -> Any:
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a task body; a LauncherError becomes its message and exit code, never a traceback."""
+    """Run a task body; a LauncherError becomes its message and exit code, never a traceback. Its messages name the
+    command that runs it (`ddpl`, or `inv`: the prefix of Invoke's config)."""
 
     @wraps(fn)
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> None:
         try:
-            code = fn(c, *args, **kwargs)
+            with called_as(invoked_as(c.config.prefix)):
+                code = fn(c, *args, **kwargs)
         except LauncherError as exc:
             message, code = app.main_error(exc)
             raise Exit(f"error: {message}", code) from None
@@ -137,7 +140,7 @@ def _settings_lines(c: Context) -> list[str]:
     "dry-run": "print each node's exact command and why each flag is there (and the settings' sources); start "
                "nothing",
     "detach": "start the run and return; use status, logs and stop on it later",
-    "sync": "first make every node's workdir hold this project tree, as `inv sync` does (over the same connections)",
+    "sync": "first make every node's workdir hold this project tree, as the sync task does (over the same connections)",
     "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
@@ -180,10 +183,14 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
             "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
                              "a late answer is a warning with its time, none a failure",
             "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
-            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)"})
+            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)",
+            "script": "check this script instead of the inventory's job (as launch --script runs it)",
+            "module": "check this module instead (importable by each node's python, as launch --module runs it)",
+            "command": "check this program instead (on each node's PATH, as launch --command runs it)"})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False):
+           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False, script=None, module=None,
+           command=None):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
@@ -192,7 +199,8 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
                     connect_timeout=connect_timeout)
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
-                      slurm=slurm, job=job, net_all_gpus=net_all_gpus)
+                      slurm=slurm, job=job, net_all_gpus=net_all_gpus,
+                      words=app.JobWords(script, module, command))
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",
@@ -235,7 +243,7 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
-            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
+            "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
 @_reported
 def stacks(c, hosts=None, run=None, job=None):
     """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
@@ -244,7 +252,7 @@ def stacks(c, hosts=None, run=None, job=None):
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
             "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
-            "job": "a SLURM job id (from `inv slurm.submit`): the run inside it, through steps of the job"})
+            "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
 @_reported
 def top(c, hosts=None, run=None, once=False, json=False, job=None):
     """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
@@ -271,7 +279,7 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
 @_reported
 def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_node=None, job_name=None,
                  dry_run=False, script=None, args=None, skip_doctor=False, module=None, command=None):
-    """Submit `inv launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
+    """Submit `launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
     return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
@@ -293,13 +301,20 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
     "master-port": "the rendezvous port on the first node",
     "skip-doctor": "write the inventory only; run no doctor on it",
     "connect-timeout": "seconds to wait for each node's SSH connection",
+    "example": f"write the reference inventory instead (every key, what it does, its default) to --output "
+               f"(default: {options.DEFAULT_EXAMPLE} in the project); no node is asked",
 })
 @_reported
 def init(c, hosts=None, output=None, workdir=None, script="train.py", python=None, nproc_per_node=None, ssh_config=None,
-         master_port=options.DEFAULT_MASTER_PORT, skip_doctor=False, connect_timeout=None):
+         master_port=options.DEFAULT_MASTER_PORT, skip_doctor=False, connect_timeout=None, example=False):
     """Write a commented inventory for new nodes from what they say over SSH; run the doctor; say what is next.
 
     It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
+    if example:
+        _none_given("--example (no node is asked)", hosts=hosts, workdir=workdir, python=python,
+                    nproc_per_node=nproc_per_node, ssh_config=ssh_config, connect_timeout=connect_timeout)
+        return app.init_example(Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE,
+                                                                                    _root(c)))))
     names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
     if not names:
         raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)

@@ -95,7 +95,8 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         from launcher.sync import push as code_sync
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(_project_tree(cluster, hosts), wiring.err, stall_timeout=opts.silence_timeout)
+        before = code_sync.before_launch(_project_tree(plan.cluster, hosts), wiring.err,
+                                         stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
         wiring = replace(wiring, gate=replace(gate, before=before))
     if plan.retries and opts.detach:  # no launcher stays to start it again
         if opts.retries:
@@ -115,22 +116,22 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
 
     opts, wiring = opts or Options(), wiring or Wiring()
     return code_sync.sync_hosts(_project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
-                                stall_timeout=opts.silence_timeout)
+                                stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
            net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-           net_all_gpus: bool = False) -> int:
+           net_all_gpus: bool = False, words: JobWords | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
-    job instead of SSH."""
+    job instead of SSH. `words`: the job to check, as launch's --script, --module or --command name it."""
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
     wiring = wiring or Wiring()
     report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring,
-                           net_all_gpus=net_all_gpus)
+                           net_all_gpus=net_all_gpus, words=words)
     if as_json:
         wiring.out.write(doctor_checks.report_json(report) + "\n")
     else:
@@ -140,12 +141,15 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
 
 def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
                   slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-                  net_all_gpus: bool = False) -> Report:
-    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`."""
+                  net_all_gpus: bool = False, words: JobWords | None = None) -> Report:
+    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
+    is the one `words` name, else the inventory's."""
     from launcher import doctor as doctor_checks
 
     opts, wiring = opts or Options(), wiring or Wiring()
     cluster = load_inventory(hosts)
+    if words is not None and words.given() is not None:
+        cluster = replace(cluster, job=job_of(cluster, words))
     if slurm or job:
         from launcher.app import slurm as on_slurm
 
@@ -289,7 +293,8 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
          wiring: Wiring | None = None) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
-    findings are its advice); a file at `output` is never overwritten."""
+    findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
+    overwritten, and none is written when no node has a python with torch."""
     from launcher.app.newcluster import write_inventory
 
     opts, wiring = opts or Options(), wiring or Wiring()
@@ -301,12 +306,29 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
                      + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
                      + "\n")
     hosts = "" if default_output else f" --hosts {relative(output)}"
+    unknown = [f.name for f in found if f.python is None]
+    if unknown:
+        wiring.err.write(f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
+                         f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n")
     code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
     if code:
         wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
                          f"missing {script} is what --sync copies. Then: {name} doctor{hosts}\n")
     wiring.out.write(f"next: {name} launch{hosts} --dry-run, then {name} launch{hosts} --sync (this project to every "
                      "workdir first)\n")
+    return 1 if unknown else 0
+
+
+def init_example(output: Path, *, wiring: Wiring | None = None) -> int:
+    """Write the reference inventory at `output` (every key, what it does and its default), never over a file; no
+    node is asked."""
+    from launcher.app.newcluster import write_example
+
+    wiring, name = wiring or Wiring(), command_name()
+    write_example(output, name)
+    wiring.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
+                     f"lines you need into yours (`{name} init --hosts gpu01,gpu02` writes one from what your nodes "
+                     "say)\n")
     return 0
 
 
@@ -315,5 +337,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "doctor", "doctor_report", "init", "launch", "load_inventory", "logs",
+__all__ = ["Hosts", "JobWords", "doctor", "doctor_report", "init", "init_example", "launch", "load_inventory", "logs",
            "main_error", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

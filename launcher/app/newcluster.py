@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
 from launcher.config.inventory import cluster_from_data
 from launcher.config.model import Cluster
 from launcher.config.starter import Found, render_inventory
-from launcher.errors import NodeFailure, UsageError
+from launcher.errors import LauncherError, NodeFailure, UsageError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
 from launcher.options import Options
 from launcher.paths import relative
@@ -71,11 +72,31 @@ def seek(cluster: Cluster, workdir: str, opts: Options) -> list[Found]:
     return [found[h.name] for h in cluster.hosts]
 
 
+def write_example(output: Path, command: str) -> None:
+    """Write the reference inventory (every key, what it does, its default: launcher/config/example.yaml, shipped
+    with the package) at `output`, never over a file that is there."""
+    if output.exists():
+        raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over a file (give "
+                         "--output another one)")
+    text = (resources.files("launcher.config") / "example.yaml").read_text(encoding="utf-8")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "x", encoding="utf-8") as file:
+        file.write(text)
+
+
+def no_python(found: Sequence[Found], command: str) -> str:
+    """Why `init` wrote nothing: no node said which python has torch (each node's notes), and what to give."""
+    why = "; ".join(f"{f.name}: {', '.join(f.notes) or 'no interpreter with torch'}" for f in found)
+    return (f"no python with torch was found on any node ({why}); nothing was written: give the interpreter that has "
+            f"torch on the nodes (`{command} init --python ~/venvs/train/bin/python ...`), or install torch there")
+
+
 def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Mapping[str, Any], master_port: int,
                     python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
                     opts: Options, err: IO[str], command: str) -> list[Found]:
     """Write the inventory for `names` to `output` (never over a file that is there): what every node said, or what
-    the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it)."""
+    the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it). Nothing is written where
+    no node has a python with torch (a LauncherError that asks for --python)."""
     if output.exists():
         raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over an inventory "
                          "(edit it, or give --output another file)")
@@ -87,6 +108,8 @@ def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Ma
         found = [Found(h.name) for h in cluster.hosts]
     found = [Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
              for f in found]
+    if all(f.python is None for f in found):
+        raise LauncherError(no_python(found, command))
     text = render_inventory(found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config,
                             command=command)
     output.parent.mkdir(parents=True, exist_ok=True)

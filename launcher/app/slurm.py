@@ -17,7 +17,7 @@ from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
-from launcher.paths import REPO, command_name, relative
+from launcher.paths import REPO, command_name, hint, relative
 from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
@@ -31,7 +31,7 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
                                   (opts.retries, "--retries", "a SLURM job is requeued by SLURM (sbatch --requeue)"),
-                                  (opts.detach, "--detach", "submit the job instead (`inv slurm.submit`)")):
+                                  (opts.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     if cluster.retries:
@@ -42,7 +42,7 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0
     if doctor and wiring.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        wiring = replace(wiring, gate=replace(doctor_gate(opts, wiring.err), more=None))
+        wiring = replace(wiring, gate=replace(doctor_gate(opts, wiring.err), full_report=False))
     return slurm_launch.launch_step(plan, opts, wiring)
 
 

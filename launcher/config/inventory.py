@@ -31,6 +31,12 @@ from launcher.config.text import render, typed
 from launcher.config.torchrun import refusal
 from launcher.config.yamltext import load_yaml
 from launcher.errors import InventoryError
+from launcher.paths import hint
+
+MISSING = ("no such file: `{init}` writes one from what your nodes say over SSH, `{example}` the reference "
+           "(every key, what it does, its default)")
+"""A missing inventory's message; `{init}` and `{example}` in the caller's words (`launcher.paths.hint`): a user of
+the installed command has no checkout, and no hosts/example.yaml of its own until `init --example` writes it."""
 
 
 def load_inventory(path: str | Path) -> Cluster:
@@ -44,7 +50,8 @@ def read_hosts_file(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InventoryError(source, "no such file (see hosts/example.yaml for the format)") from None
+        raise InventoryError(source, MISSING.format(init=hint("init --hosts NODE1,NODE2"),
+                                                    example=hint("init --example"))) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(source, f"cannot read it: {exc}") from None
 

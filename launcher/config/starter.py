@@ -8,6 +8,9 @@ from typing import Any
 
 import yaml
 
+UNKNOWN_PYTHON = "python3"
+"""What an inventory names where no node said which python has torch: the login's, a line the comment says to set."""
+
 
 @dataclass(frozen=True)
 class Found:
@@ -52,16 +55,18 @@ def _hosts(found: Sequence[Found], python: str | None, nproc: int | None) -> lis
         return [_line(f"hosts: {_flow(names)}", "node rank 0 first: it holds the rendezvous")]
     lines = ["hosts:                                  # node rank 0 first: it holds the rendezvous"]
     for f in found:
-        own = {"name": f.name, **({} if python is not None else {"python": f.python or "python3"}),
+        own = {"name": f.name, **({} if python is not None else {"python": f.python or UNKNOWN_PYTHON}),
                **({} if nproc is not None else {"nproc_per_node": f.nproc})}
-        lines.append(f"  - {_flow(own)}")
+        unknown = python is None and f.python is None
+        lines.append(_line(f"  - {_flow(own)}", f"no python with torch was found on {f.name}: set it" if unknown
+                           else ""))
     return lines
 
 
-def _python_comment(found: Sequence[Found], python: str | None) -> str:
-    if any(f.python is None for f in found):
-        return f"no interpreter with torch found on {', '.join(f.name for f in found if f.python is None)}: set it"
-    return "has torch on every node" if python is not None else ""
+def _python_comment(found: Sequence[Found]) -> str:
+    if all(f.python is None for f in found):
+        return "no python with torch was found on any node: set it (every host uses this one)"
+    return "has torch on every node"
 
 
 def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, Any], master_port: int,
@@ -69,6 +74,8 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
     """The commented inventory for `found` (in rank order): what every node shares in `defaults:`, what differs on
     its host, the notes of what could not be found as comments."""
     python, nproc = _common(found, "python"), _common(found, "nproc")
+    if python is None and all(f.python is None for f in found):
+        python = UNKNOWN_PYTHON  # once, in defaults: a host's own line would override the one a user sets
     gpus = _common(found, "gpus")
     nproc_why = (f"nvidia-smi lists {gpus} GPU(s) on every node" if gpus else
                  "no GPUs (nvidia-smi): one process a node, torch uses its cores") if gpus is not None else ""
@@ -79,14 +86,15 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
              f"#   {command} doctor                     # same Python and torch everywhere? DNS? port? script?",
              f"#   {command} launch --dry-run           # each node's exact command, and why each flag is there",
              f"#   {command} launch --sync              # copy this project to every workdir, then start",
-             "# Every key, with what it does and its default: hosts/example.yaml in the launcher's repository."]
+             f"# Every key, with what it does and its default: `{command} init --example` writes them to "
+             "hosts/example.yaml."]
     lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
     lines += _hosts(found, python, nproc)
     if ssh_config is not None:
         lines.append(_line(f"ssh_config: {_flow(ssh_config)}", "how this machine reaches the nodes"))
     lines.append("defaults:")
-    if python is not None or all(f.python is None for f in found):
-        lines.append(_line(f"  python: {_flow(python or 'python3')}", _python_comment(found, python)))
+    if python is not None:
+        lines.append(_line(f"  python: {_flow(python)}", _python_comment(found)))
     lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command} launch --sync`"))
     if nproc is not None:
         lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))

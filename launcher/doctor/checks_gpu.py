@@ -17,6 +17,7 @@ from launcher.config.model import Host
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import check, compare, listed, probes_of
 from launcher.limits import GPU_DRIVER_FLOOR, GPU_DRIVER_FOR_CUDA
+from launcher.paths import hint
 
 WHEELS = "https://download.pytorch.org/whl"
 
@@ -123,8 +124,9 @@ def _in_use(host: Host, used: list[dict[str, Any]], in_use_ok: bool) -> list[Fin
                                f"{_gpu_name(device)} (cuda:{device['cuda']} for this run) is in use: "
                                f"{_holders(device)}",
                                "" if in_use_ok else
-                               f"stop those processes (`nvidia-smi` on {host.name}; a launcher run: `inv stop --run "
-                               f"ID`), or leave the GPU out (--exclude {host.name}:{device['cuda']})"))
+                               f"stop those processes (`nvidia-smi` on {host.name}; a launcher run: "
+                               f"`{hint('stop --run ID', 'api.run(HOSTS, ID).stop()')}`), or leave the GPU out "
+                               f"(--exclude {host.name}:{device['cuda']})"))
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from launcher.config.model import Cluster
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import check, listed, majority, master_host, probes_of
+from launcher.paths import hint, stop_call
 
 
 @cache
@@ -165,7 +166,9 @@ def check_port(ev: Evidence) -> list[Finding]:
     why = who or ("something listens on it" if "listening" in states else
                   "a socket listens on it (perhaps in another container or network namespace)")
     runs = sorted({h["run"].partition("/")[0] for h in holders if h.get("run")})
-    stop = (f"stop that run (`inv stop --hosts {ev.cluster.source} --run {runs[0]}`)" if runs else
+    stopping = hint(f"stop --hosts {ev.cluster.source} --run {runs[0]}", stop_call(ev.cluster.source, runs[0])) \
+        if runs else ""
+    stop = (f"stop that run (`{stopping}`)" if runs else
             f"stop pid {holders[0]['pid']} on {master.name}" if holders else
             f"find its owner with `ss -ltnp 'sport = :{port}'` on {master.name}")
     return [Finding(master.name, "port", "fail",

@@ -1,5 +1,6 @@
-"""The doctor's checks of each node's own setup: SSH, Python, torch (and CUDA/NCCL), the script, installed packages,
-free disk, the clock (its GPUs: checks_gpu.py). Pure functions from the probes' `Evidence` to `Finding`s."""
+"""The doctor's checks of each node's own setup: SSH, Python, torch (and CUDA/NCCL), the job's script (or module,
+or command), installed packages, free disk, the clock (its GPUs: checks_gpu.py). Pure functions from the probes'
+`Evidence` to `Finding`s."""
 
 from __future__ import annotations
 
@@ -172,10 +173,16 @@ def check_torch(ev: Evidence) -> list[Finding]:
 
 @check("script", fast=True)
 def check_script(ev: Evidence) -> list[Finding]:
-    """The job's script exists on every node, with the same sha256."""
+    """What the job runs is there on every node, whichever form it takes: its script (the same sha256 everywhere),
+    its module (importable by the node's python) or its command (on the node's PATH)."""
     job = ev.cluster.job
     if job is None:
         return []
+    form, value = job.form
+    return _script_findings(ev, value) if form == "script" else _found_findings(ev, form, value)
+
+
+def _script_findings(ev: Evidence, script: str) -> list[Finding]:
     probes = {h: p for h, p in probes_of(ev).items() if p.get("script") is not None}
     hashes = {h: p["script"]["sha256"] for h, p in probes.items() if p["script"].get("sha256")}
     major, same = compare(ev, hashes) if hashes else (None, [])
@@ -188,15 +195,42 @@ def check_script(ev: Evidence) -> list[Finding]:
             if ref else "from your checkout"
         if h not in hashes:
             where = info["path"] if p["workdir"]["exists"] else f"{info['path']} (workdir {workdir} does not exist)"
-            out.append(Finding(h, "script", "fail", f"{job.script} is missing on {h}: {where}",
+            out.append(Finding(h, "script", "fail", f"{script} is missing on {h}: {where}",
                                f"copy the code to {h} ({source}), or fix `workdir` for {h}"))
         elif hashes[h] != major:
             out.append(Finding(h, "script", "fail",
-                               f"{job.script} differs on {h} (sha256 {hashes[h][:12]}), "
+                               f"{script} differs on {h} (sha256 {hashes[h][:12]}), "
                                f"{listed(same)} have {major[:12]}",
                                f"sync the code so every node runs the same script ({source})"))
         else:
-            out.append(Finding(h, "script", "ok", f"{job.script} sha256 {hashes[h][:12]}"))
+            out.append(Finding(h, "script", "ok", f"{script} sha256 {hashes[h][:12]}"))
+    return out
+
+
+def _found_findings(ev: Evidence, form: str, value: str) -> list[Finding]:
+    """A module's or a command's finding on each node: where it was found, or why it cannot start there."""
+    out = []
+    for h, p in probes_of(ev).items():
+        info = p.get(form)
+        if info is None:
+            continue
+        if info.get("error") is None:
+            out.append(Finding(h, "script", "ok", f"{form} {value}: {info.get('origin') or info.get('path')}"))
+            continue
+        exe, workdir = p["python"]["executable"], p["workdir"]["path"]
+        if info.get("late"):
+            out.append(Finding(h, "script", "warn", f"module {value}: not found in time on {h}: {info['error']}",
+                               f"look at the folders {exe} imports from on {h} (a network filesystem that hangs?)"))
+        elif form == "module":
+            out.append(Finding(h, "script", "fail", f"module {value} cannot be imported by {exe} on {h}: "
+                               f"{info['error']}",
+                               f"install it for {exe} on {h} (`{exe} -m pip install ...`), or put its code in the "
+                               f"workdir {workdir} (launch --sync copies this project there), or set PYTHONPATH in "
+                               "the inventory's env"))
+        else:
+            out.append(Finding(h, "script", "fail", f"command {value} cannot be started on {h}: {info['error']}",
+                               f"install it on {h}, give its path (absolute, or relative to the workdir {workdir}), "
+                               "or put its folder on PATH (a `setup:` line, or PATH in the inventory's env)"))
     return out
 
 

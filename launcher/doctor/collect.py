@@ -29,6 +29,7 @@ from launcher.limits import (
 )
 from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
+from launcher.paths import hint
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, classify, close_all, connect_all
@@ -61,9 +62,9 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
         "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
         "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
         "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir, "python": host.python,
-        "script": cluster.job.script if cluster.job else None,
         "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
     }
+    request.update(job_request(cluster, host))
     if host.gpus is not None:  # --include host:0,2: among the GPUs the node shows (its own CUDA_VISIBLE_DEVICES)
         request["gpus"] = list(host.gpus)
     visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
@@ -72,6 +73,16 @@ def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[st
     if connect:
         request["connect"] = dict(connect)
     return request
+
+
+def job_request(cluster: Cluster, host: Host) -> dict[str, Any]:
+    """What a probe is asked of the job that will run (pure): its form and value (`{"module": "pkg.train"}`), and the
+    PATH and PYTHONPATH the inventory sets for it on `host`, where the probe looks for its command or module."""
+    if cluster.job is None:
+        return {}
+    form, value = cluster.job.form
+    paths = {v.name: v.value for v in host.env if v.name in ("PATH", "PYTHONPATH") and v.value is not None}
+    return {form: value, **({"job_env": paths} if paths else {})}
 
 
 def _outcome(result: Result | NodeFailure) -> Outcome:
@@ -258,15 +269,21 @@ class DoctorGate:
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
-    more: str | None = "run `inv doctor` for the full report"
-    """The failure's last line: where to look further (None where `inv doctor` cannot reach the nodes: SLURM)."""
+    full_report: bool = True
+    """A failure's last line says where the full report is (not under SLURM: the doctor there needs the job)."""
 
     def __call__(self, cluster: Cluster, nodes: Mapping[str, Node]) -> Report:
         """The fast checks on open connections, over probe sessions of their own; raises DoctorFailed."""
         report = run_doctor(cluster, nodes, self.ssh, checks="fast", probe_timeout=self.probe_timeout)
         if not report.ok:
-            raise DoctorFailed(report)
+            raise DoctorFailed(report, self.more(cluster))
         return report
+
+    def more(self, cluster: Cluster) -> str | None:
+        """The failure's last line: the doctor's command on this inventory (its call, from the API)."""
+        if not self.full_report:
+            return None
+        return f"the full report: `{hint(f'doctor --hosts {cluster.source}', f'api.doctor({cluster.source!r})')}`"
 
     def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
         """Before the agents' sessions open: `before`, if any."""
@@ -286,7 +303,7 @@ class DoctorGate:
         report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times), "fast",
                          {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)})
         if not report.ok:
-            raise DoctorFailed(report, self.more)
+            raise DoctorFailed(report, self.more(cluster))
         if self.on_pass is not None:
             self.on_pass(report, seconds)
         return report

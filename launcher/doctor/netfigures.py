@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.doctor.evidence import Finding
+from launcher.paths import hint
 
 SLOW_FIX = ("look at the interface this node reaches its peers through (the doctor's iface column; `ip -s link` for "
             "errors and drops), set socket_ifname in the inventory to the fast one (GLOO_SOCKET_IFNAME, "
@@ -26,8 +27,9 @@ _DEVICE = re.compile(r"\[\d+\]")
 CPU_FIX = ("look at what else runs on this node and how fast its cores are (`top`, `uptime`; a CPU quota or "
            "throttling: `cat /sys/fs/cgroup/cpu.max`, `dmesg | grep -i thrott`); its network is not the cause")
 NOT_MEASURED = "not measured: a node that fails the checks above cannot join (fix them first)"
-FAILED_FIX = ("run `inv doctor` without --net first: a node that fails its checks (dns, port, tcp) cannot join; the "
-              "node's own log of the measurement is in the launcher's log folder")
+FAILED_FIX = ("run the doctor without --net first (`{doctor}`): a node that fails its checks (dns, port, tcp) cannot "
+              "join; the node's own log of the measurement is in the launcher's log folder")
+"""A failed measurement's fix, `{doctor}` the doctor's command (`launcher.paths.hint`)."""
 
 
 def nccl_transport(line: str, seen: dict[str, str]) -> None:
@@ -98,7 +100,8 @@ def net_verdict(hosts: Sequence[str], measured: Mapping[str, Any] | None, error:
         return [Finding(h, "net", "fail", NOT_MEASURED) for h in hosts], {}, {}
     if measured is None:
         why = f"the network measurement did not finish: {error}"
-        return [Finding(h, "net", "fail", why, FAILED_FIX) for h in hosts], {}, {}
+        fix = FAILED_FIX.format(doctor=hint("doctor", "api.doctor(HOSTS)"))
+        return [Finding(h, "net", "fail", why, fix) for h in hosts], {}, {}
     group = group_figures(measured)
     figures = _figures(hosts, measured, group)
     known = [f["busbw_gbps"] for f in figures.values() if f.get("busbw_gbps") is not None]

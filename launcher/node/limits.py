@@ -17,6 +17,9 @@ SMI_MAX_BYTES = 1 << 20
 """The most of an nvidia-smi answer read: a line per GPU, per compute process, per MIG device is a few KiB."""
 HASH_BLOCK = 1 << 20
 """Bytes of the job's script read at a time to hash it (few reads, little memory)."""
+MODULE_FIND_S = 5.0
+"""How long the probe looks for the job's module (`python -m`'s search, a listing of a few folders: milliseconds):
+past it a filesystem on the path hangs, which is said (a warning: the module may still import) and not waited on."""
 METADATA_HEADER_BYTES = 4096
 """Bytes of a METADATA/PKG-INFO file read for its Name and Version, which come first."""
 GPU_BUSY_MIB = 1024

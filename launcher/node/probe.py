@@ -10,10 +10,11 @@ never imports torch (seconds, and the point is to look before anything starts).
 Two modes:
 - probe (every node): hostname, Python, torch/CUDA/NCCL versions read from the installed files, the GPUs the run
   would see (launcher/node/gpus.py: nvidia-smi, started first and bounded by the request's gpu_timeout_s), its
-  InfiniBand ports, what each requested name resolves to here, the node's own hostname, the script's sha256, the
-  installed distributions (`checks: all` only), the interface toward the master, free disk, the clock; last, when
-  asked, a TCP connection to
-  master_addr:master_port that must answer with the doctor's token (so we know it reached *our* listener).
+  InfiniBand ports, what each requested name resolves to here, the node's own hostname, the job's script (its
+  sha256), module (found, not imported) or command (on PATH: launcher/node/runnable.py), the installed
+  distributions (`checks: all` only), the interface toward the master, free disk, the clock; last, when asked, a
+  TCP connection to master_addr:master_port that must answer with the doctor's token (so we know it reached *our*
+  listener).
 - listen (the master, a second session started just before the probes): bind master_port on 0.0.0.0 with
   SO_REUSEADDR on, as torchrun's store binds (is it free?), answer every connection with the token, and stop
   when the launcher closes stdin (or after max_s, whatever happens to the launcher).
@@ -36,11 +37,12 @@ import threading
 import time
 
 from launcher.node import limits
-from launcher.node.facts import packages, python_info, python_wrapper, sha256, torch_info
+from launcher.node.facts import packages, python_info, python_wrapper, torch_info
 from launcher.node.gpus import ask_gpus, gpu_info, visible_spec
 from launcher.node.listener import listen, tcp_connect
 from launcher.node.netif import route_to
 from launcher.node.protocol import BadRequest, error_text, host_arg, seconds
+from launcher.node.runnable import job_info
 
 # --- names, addresses, routes -----------------------------------------------------------------------------
 
@@ -98,19 +100,6 @@ def hosts_lines(name):
 
 
 # --- files ------------------------------------------------------------------------------------------------
-
-
-def script_info(workdir, script):
-    path = script if os.path.isabs(script) else os.path.join(workdir, script)
-    digest = sha256()
-    try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(limits.HASH_BLOCK), b""):
-                digest.update(block)
-            size = handle.tell()
-    except OSError as exc:
-        return {"path": path, "error": error_text(exc)}
-    return {"path": path, "sha256": digest.hexdigest(), "size": size}
 
 
 def disk_free(workdir):
@@ -177,12 +166,13 @@ def probe(request):
         "resolve": {n: resolved[n] for n in names},
         "self": {"hostname": hostname, "hosts_lines": hosts_lines(hostname), **resolved[hostname]},
         "workdir": {"path": workdir, "exists": os.path.isdir(workdir)},
-        "script": script_info(workdir, request["script"]) if request.get("script") else None,
+        "script": None,
         "route": route_to(request["master_addr"], request["master_port"]) if request.get("master_addr") else None,
         "disk_free": disk_free(workdir),
         "gpus": gpu_info(asked, visible_spec(request), request.get("gpus")),
         "ib": ib_ports(),
     }
+    reply.update(job_info(request, workdir))  # the job's script (its sha256), module (importable?) or command
     if full:
         reply["packages"] = packages()
     if connect:  # last: the master's listener has had the most time to come up

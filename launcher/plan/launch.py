@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
@@ -127,6 +127,7 @@ class LaunchPlan:
 
     run_id: str
     cluster: Cluster
+    """The nodes, with `job` as their job: what the doctor's start gate checks is what runs."""
     job: Job
     nodes: tuple[NodeCommand, ...]
     hang_timeout: float | None = None
@@ -358,6 +359,7 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
             gpus=host.gpus,
         ))
-    return LaunchPlan(run_id=run_id, cluster=cluster, job=job, nodes=tuple(nodes),
+    # The command line's job (--script, api.launch's module=) replaces the inventory's for all that reads the plan.
+    return LaunchPlan(run_id=run_id, cluster=replace(cluster, job=job), job=job, nodes=tuple(nodes),
                       hang_timeout=job.hang_timeout if hang_timeout is None else hang_timeout,
                       retries=cluster.retries if retries is None else retries)

@@ -17,6 +17,7 @@ from typing import IO
 
 from launcher.limits import MIRROR_CLOSE_S, MIRROR_QUEUE_CHUNKS
 from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES
+from launcher.paths import hint
 
 
 class ConsoleWriter:
@@ -154,7 +155,7 @@ class Mirror:
             self.failed = why
         if self.warn is not None:
             self.warn.message(f"warning: cannot write the log copy in {self.folder}/ ({why}); the run goes "
-                              f"on, and each node keeps its complete log (`inv logs --run {self.folder.name}`)")
+                              f"on, and each node keeps its complete log (`{hint(f'logs --run {self.folder.name}')}`)")
 
     def close(self, timeout: float = MIRROR_CLOSE_S) -> None:
         """Write what is queued (at most `timeout` seconds: a stalled disk does not hold the launcher), then close."""

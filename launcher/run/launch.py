@@ -40,7 +40,7 @@ from launcher.limits import (
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN, STOPPED_ELSEWHERE
 from launcher.options import Options
-from launcher.paths import command_name
+from launcher.paths import from_api, hint
 from launcher.plan.launch import LaunchPlan
 from launcher.plan.request import start_request
 from launcher.report import rootcause
@@ -73,6 +73,15 @@ def check_run_id(run_id: str | None) -> str | None:
     if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
         raise UsageError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
     return run_id
+
+
+def _detached_hint(source: str) -> str:
+    """What works on a detached run of the inventory `source`, in the caller's words: its commands, or the Run handle
+    the API returned."""
+    if from_api():
+        return "the Run handle api.launch returned works on it: status(), logs(), top(), stacks(), stop(), wait()"
+    hosts = f"--hosts {source}"
+    return f"`{hint(f'status {hosts}')}`, `{hint(f'logs {hosts} --follow')}` and `{hint(f'stop {hosts}')}` work on it"
 
 
 class _Progress:
@@ -247,9 +256,8 @@ class _Attached:
             self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             if self.opts.detach:
                 self._wait()
-                name = command_name()
-                self.console.message(f"detached: run {self.plan.run_id} keeps going; `{name} status`, `{name} logs "
-                                     f"--follow` and `{name} stop` work on it")
+                self.console.message(f"detached: run {self.plan.run_id} keeps going; "
+                                     f"{_detached_hint(self.plan.cluster.source)}")
                 return 0
             return self._report(self._wait())
         finally:
@@ -295,7 +303,7 @@ class _Attached:
             raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT)
         elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
         if elsewhere and not any(e.failed for e in ends):
-            self.console.message(f"run {self.plan.run_id} was stopped from elsewhere (`{command_name()} stop`) on "
+            self.console.message(f"run {self.plan.run_id} was stopped from elsewhere (`{hint('stop')}`) on "
                                  f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}")
             return STOPPED_EXIT
         if not any(e.failed for e in ends):

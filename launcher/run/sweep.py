@@ -12,7 +12,7 @@ from typing import Any
 from launcher.events import EndKind
 from launcher.limits import NODE_TIMING, SWEEP_MARGIN
 from launcher.options import Options
-from launcher.paths import command_name
+from launcher.paths import hint, stop_call
 from launcher.run.sessions import Session
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node
@@ -68,5 +68,5 @@ class Sweeps:
     def lines(self, source: str) -> list[str]:
         """For each node whose part could not be stopped over a new channel: what to run."""
         return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
-                f"{why}); run `{command_name()} stop --hosts {source} --run {self.run_id}`"
+                f"{why}); run `{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}`"
                 for name, why in sorted(self.unswept.items())]

@@ -13,10 +13,12 @@ from dataclasses import replace
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError
+from launcher.paths import hint
 from launcher.slurm.jobs import failure, run_slurm
 
 NOT_IN_ALLOCATION = ("--slurm runs inside a SLURM allocation (SLURM_JOB_ID is not set): start it under `salloc "
-                     "-N 2 inv launch --slurm ...`, in an sbatch script, or submit with `inv slurm.submit`")
+                     "-N 2 {launch}`, in an sbatch script, or submit with `{submit}`")
+"""Said outside an allocation; `{launch}` and `{submit}` the commands in the caller's words (`launcher.paths.hint`)."""
 
 
 def allocation_cluster(cluster: Cluster, names: Sequence[str]) -> Cluster:
@@ -37,7 +39,7 @@ def allocation_cluster(cluster: Cluster, names: Sequence[str]) -> Cluster:
 def allocation_nodes(env: Mapping[str, str]) -> list[str]:
     """The allocation's node names, in SLURM's node-id order (`scontrol show hostnames $SLURM_JOB_NODELIST`)."""
     if not env.get("SLURM_JOB_ID"):
-        raise LauncherError(NOT_IN_ALLOCATION)
+        raise LauncherError(NOT_IN_ALLOCATION.format(launch=hint("launch --slurm ..."), submit=hint("slurm.submit")))
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     shown = run_slurm(["scontrol", "show", "hostnames", nodelist], env=env)
     if shown.returncode != 0:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from launcher.errors import UsageError
+from launcher.paths import hint
 
 DEFAULT_JOB_NAME = "ddp"
 OUTPUT_PATTERN = "slurm-%j.out"
@@ -77,7 +78,7 @@ def check_job_id(job_id: str) -> str:
     """A SLURM job id as given (`123`, or `123_4` for one task of an array job), stripped of spaces."""
     text = str(job_id).strip()
     if not _JOB_ID.fullmatch(text):
-        raise UsageError(f"--job must be a SLURM job id such as 123 or 123_4 (from `inv slurm.submit`), "
+        raise UsageError(f"--job must be a SLURM job id such as 123 or 123_4 (from `{hint('slurm.submit')}`), "
                           f"got {job_id!r}")
     return text
 
@@ -147,14 +148,16 @@ def render_batch_script(spec: BatchSpec) -> str:
     lines = [
         "#!/bin/bash",
         *_directives(spec),
-        "# Written by `inv slurm.submit`. The doctor's fast checks run inside the launch below, on every node of the",
+        f"# Written by `{hint('slurm.submit')}`. The doctor's fast checks run inside the launch below, on every node "
+        "of the",
         "# allocation, before torchrun starts (unless --skip-doctor): no separate doctor step here.",
         "",
         "# SLURM created this job's output file 0600 (SLURM_UMASK=0077 at submit); the job's own files get the",
         "# submitter's umask.",
         f"umask {spec.umask:04o}",
         "",
-        "# How the job ended, one line as `scontrol show job -o` writes it: `inv status --job` reads it once SLURM",
+        f"# How the job ended, one line as `scontrol show job -o` writes it: `{hint('status --job')}` reads it once "
+        "SLURM",
         "# has forgotten the job (MinJobAge) and no accounting (sacct) remembers it.",
         "record() {",
         "    printf 'JobId=%s JobState=%s ExitCode=%s NodeList=%s EndTime=%s\\n' \"$SLURM_JOB_ID\" \"$1\" \"$2\" \\",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from launcher.errors import LauncherError
 from launcher.options import Options
+from launcher.paths import hint
 from launcher.plan.launch import LaunchPlan
 from launcher.run import launch as run_launch
 from launcher.run.nodeenv import resolve_env
@@ -106,8 +107,8 @@ def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, 
     """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
     if opts.detach:
-        raise LauncherError("--detach does not apply to --slurm: submit the job instead (`inv slurm.submit`), "
-                            "then `inv status/logs/stop --job ID`")
+        raise LauncherError(f"--detach does not apply to --slurm: submit the job instead (`{hint('slurm.submit')}`), "
+                            f"then `{hint('status/logs/stop --job ID')}`")
     commands = {host_command(c.host) for c in plan.nodes}
     if len(commands) > 1:
         raise LauncherError(f"{plan.cluster.source}: under SLURM every node starts the same command (one srun "

@@ -17,8 +17,9 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host, SyncSpec
@@ -31,16 +32,7 @@ from launcher.parallel import parallel
 from launcher.sync.outcomes import NodeSync, outcome_lines, summary
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.stream import Contents, Gone, SyncStream
-from launcher.sync.tree import (
-    Entry,
-    Tree,
-    changed,
-    describe_tree,
-    env_files,
-    local_tree,
-    size_text,
-    spec_of,
-)
+from launcher.sync.tree import Entry, Tree, changed, describe_tree, project_tree, size_text
 from launcher.transport.program import host_command, node_program, program_input
 from launcher.transport.sessions import Node, classify, close_all, connect_all
 from launcher.transport.settings import DEFAULT_FANOUT, SshSettings
@@ -324,12 +316,11 @@ def _failure(host: Host, result: object) -> NodeSync | NodeFailure:
 
 
 def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
-               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> int:
-    """`inv sync`: every reachable node is synced; 1 when any node could not be (each says why in one line)."""
-    spec = spec_of(cluster)
-    tree = local_tree(spec.src, spec.exclude, env_files(cluster))
-    for line in describe_tree(cluster, tree, spec):
-        out.write(line + "\n")
+               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT, outputs: Sequence[Path] = ()) -> int:
+    """`inv sync`: every reachable node is synced (less `outputs`, the launcher's own log_dir); 1 when any node
+    could not be (each says why in one line)."""
+    spec, tree = project_tree(cluster, outputs)
+    out.writelines(f"{line}\n" for line in describe_tree(cluster, tree, spec))
     t0 = time.monotonic()
     nodes, failures = connect_all(cluster, ssh=ssh)
     try:
@@ -344,14 +335,12 @@ def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
     return 1 if any(isinstance(o, NodeFailure) for o in ordered.values()) else 0
 
 
-def before_launch(cluster: Cluster, err: IO[str],
-                  stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> Callable[[Cluster, dict[str, Node]], None]:
-    """What a launch does first on its open connections with --sync (a start gate's `before`): sync the tree.
-
-    The local tree is listed now, before any node is contacted; a node that cannot be synced stops the launch.
-    """
-    spec = spec_of(cluster)
-    tree = local_tree(spec.src, spec.exclude, env_files(cluster))
+def before_launch(cluster: Cluster, err: IO[str], stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
+                  outputs: Sequence[Path] = ()) -> Callable[[Cluster, dict[str, Node]], None]:
+    """What a launch does first on its open connections with --sync (a start gate's `before`): sync the tree, less
+    `outputs` (the launcher's own log_dir). It is listed now, before any node is contacted; a node that cannot be
+    synced stops the launch."""
+    spec, tree = project_tree(cluster, outputs)
 
     def step(cluster: Cluster, nodes: dict[str, Node]) -> None:
         for line in describe_tree(cluster, tree, spec):

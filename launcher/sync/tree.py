@@ -79,30 +79,54 @@ def env_files(cluster: Cluster) -> list[Path]:
     return sorted(found)
 
 
-def local_tree(src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence[Path] = ()) -> Tree:
+def project_tree(cluster: Cluster, outputs: Sequence[Path] = ()) -> tuple[SyncSpec, Tree]:
+    """The inventory's sync settings and the tree they send: its source less sync.exclude, its env files, and the
+    launcher's own folders `outputs` (its log_dir)."""
+    spec = spec_of(cluster)
+    return spec, local_tree(spec.src, spec.exclude, env_files(cluster), outputs)
+
+
+def local_tree(src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence[Path] = (),
+               outputs: Sequence[Path] = ()) -> Tree:
     """List the tree at `src`: git's view of it in a work tree, else a walk honouring .gitignore; less `exclude`,
-    the files `leave_out` (the inventory's env files), any `.env`, and what lies behind a symlinked folder."""
+    the files `leave_out` (the inventory's env files), any `.env`, what lies behind a symlinked folder, and the
+    launcher's own output folders `outputs` (its log_dir), which no .gitignore needs to name."""
     root = Path(src).expanduser().absolute()
     if not root.is_dir():
         raise LauncherError(f"sync source {root} is not a directory")
     try:
-        return _list_tree(root, exclude, leave_out)
+        return _list_tree(root, exclude, leave_out, _inside(root, outputs))
     except OSError as exc:  # an unreadable folder or .gitignore: one sentence, before any node is contacted
         where = exc.filename or root
         raise LauncherError(f"cannot read {where} to list the sync tree ({exc.strerror or exc}); fix its "
                             "permissions or leave it out with sync.exclude") from None
 
 
-def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path]) -> Tree:
+def _inside(root: Path, folders: Sequence[Path]) -> list[str]:
+    """Each of `folders` that lies in the tree at `root`, relative to it (`logs`); the others are no part of it."""
+    found = []
+    for folder in folders:
+        try:
+            rel = Path(folder).expanduser().absolute().resolve().relative_to(root.resolve())
+        except ValueError:
+            continue
+        if rel.parts:
+            found.append(rel.as_posix())
+    return found
+
+
+def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path], ours: Sequence[str] = ()) -> Tree:
     from pathspec import GitIgnoreSpec
 
-    excluded = GitIgnoreSpec.from_lines(exclude)
+    excluded = GitIgnoreSpec.from_lines([*exclude, *(f"/{folder}/" for folder in ours)])
     names = _git_names(root)
     how = "git ls-files"
     if names is None:
         names, how = list(_walk_names(root, excluded)), "walk + .gitignore"
     secret_files = {str(p) for p in leave_out}
-    entries, notes, behind_links = [], [], {}
+    entries, behind_links = [], {}
+    notes = [f"left out {folder}/: the launcher's own output (its log_dir), never synced" for folder in ours
+             if (root / folder).is_dir()]
     for name in names:
         base = name.rsplit("/", 1)[-1]
         if excluded.match_file(name) or base == LOCK_NAME or base.startswith(TEMP_PREFIX):

@@ -16,9 +16,10 @@ import pytest
 import yaml
 from rich.console import Console
 
+from devtools import sandbox
 from devtools.observe import free_port
 from devtools.sandbox import Sandbox
-from launcher import doctor, sandbox
+from launcher import api, doctor
 from launcher.config.inventory import load_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Finding
@@ -315,3 +316,27 @@ def test_the_port_held_by_a_running_run_names_that_run_and_how_to_stop_it(make_s
     finally:
         inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
     assert run_processes(run_id) == []
+
+
+@pytest.mark.integration
+def test_the_job_named_on_the_command_line_is_the_one_checked(healthy: Sandbox, tmp_path: Path) -> None:
+    """`--script nope.py` (or api.launch's script=) once passed the start gate on the inventory's script, and torchrun
+    started on a missing file: a traceback a rank. The gate and the doctor check the job that will run."""
+    hosts, logs = str(healthy.inventory), tmp_path / "logs"
+    missing = inv("launch", "--hosts", hosts, "--script", "nope.py", log_dir=logs, timeout=120)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    said = " ".join(missing.stderr.split())
+    assert "node-0 script: nope.py is missing on node-0" in said and "nothing was started" in said, said
+    assert "Traceback" not in missing.stdout + missing.stderr
+    module = inv("launch", "--hosts", hosts, "--module", "nopkg.train", log_dir=logs, timeout=120)
+    assert module.returncode == 1, module.stdout + module.stderr
+    assert "module nopkg.train cannot be imported by" in " ".join(module.stderr.split()), module.stderr
+    with pytest.raises(DoctorFailed, match=r"nope\.py is missing on node-1"):
+        api.launch(healthy.inventory, script="nope.py", log_dir=logs, on_output=lambda line: None,
+                   on_message=lambda line: None)
+    checked = inv("doctor", "--hosts", hosts, "--module", "json.tool", "--fast", "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    found = [f for f in json.loads(checked.stdout)["findings"] if f["check"] == "script"]
+    assert [(f["host"], f["status"]) for f in found] == [("node-0", "ok"), ("node-1", "ok"), ("node-2", "ok")]
+    assert found[0]["detail"].startswith("module json.tool: ") and found[0]["detail"].endswith("json/tool.py")
+    assert not api.doctor(healthy.inventory, command="no-such-program", checks="fast").ok

@@ -101,6 +101,9 @@ def test_init_writes_the_inventory_from_what_the_nodes_say(user: Session) -> Non
     assert "next: ddpl launch --dry-run, then ddpl launch --sync" in done.stdout
     again = user.ddpl("init", "--hosts", "node-0")
     assert again.returncode == 2 and "is there already" in again.stderr
+    example = user.ddpl("init", "--example")  # the reference, shipped in the wheel: the user has no checkout
+    assert example.returncode == 0, example.stderr
+    assert (user.project / "hosts" / "example.yaml").read_text().startswith("# A reference, not a first copy")
     # The job passes one of torchrun's own options through (it reaches the workers as ROLE_NAME).
     data["job"]["torchrun"] = ["--role", "trainer"]
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -117,6 +120,10 @@ def test_launch_sync_sends_the_project_and_runs_it(user: Session) -> None:
     assert not synced & {"tasks.py", "pyproject.toml", "invoke.yaml", "launcher/__init__.py"}  # not the launcher's
     assert os.access(user.workdir / "run.sh", os.X_OK)
     assert (user.project / "logs" / run_id_of(done.stderr)).is_dir()  # the project's log_dir, not src/'s
+    again = user.ddpl("launch", "--sync", "--args=--steps 1")  # the first run's logs are in the project now
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "left out logs/: the launcher's own output" in again.stderr
+    assert not (user.workdir / "logs").exists()  # the launcher's own outputs never travel, ignored or not
     assert user.ddpl("doctor").returncode == 0
 
 

@@ -127,8 +127,8 @@ print(json.dumps(report))
 
 
 def user_project(root: Path) -> Path:
-    """The user's repository: their code, a ddpl.yaml that names the inventory `ddpl init` writes and a logs folder,
-    a subfolder they work in; one commit."""
+    """The user's repository: their code, a ddpl.yaml that names the inventory `ddpl init` writes and a logs folder
+    (which no .gitignore names: a new user's has none), a subfolder they work in; one commit."""
     write(root / "train.py", TRAIN)
     write(root / "pkg" / "__init__.py", "")
     write(root / "pkg" / "train.py", MODULE)
@@ -136,7 +136,7 @@ def user_project(root: Path) -> Path:
     os.chmod(root / "run.sh", 0o755)
     write(root / "ddpl.yaml", "hosts: hosts/cluster.yaml\nlog_dir: logs\ngrace: 2\n")
     write(root / "api_script.py", textwrap.dedent(API_SCRIPT))
-    write(root / ".gitignore", "logs/\n")
+    write(root / ".gitignore", "__pycache__/\n")
     write(root / "src" / "notes.md", "where the user works\n")
     git(root, "init", "-q")
     git(root, "add", ".")

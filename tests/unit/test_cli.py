@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -195,3 +198,37 @@ def test_no_task_has_a_short_flag_and_every_option_shows_its_name() -> None:
         options = [line.split()[0] for line in lines if line.startswith("  ") and not line.startswith("   ")]
         assert all(o.startswith("--") and not o.startswith("--=") for o in options if o != "none"), (name, options)
     assert "the run of this inventory that is running" in inv("stop", "--help").stdout
+
+
+def test_the_readmes_tasks_py_lines_work_in_a_file_of_plain_tasks(tmp_path: Path) -> None:
+    """`namespace.add_collection(ns, "ddp")`, as the README had it, failed pasted into a tasks.py of plain @tasks
+    (NameError: namespace); the README's lines are run here as a project's own tasks.py."""
+    readme = (REPO / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if "add_collection(ddp" in b]
+    (tmp_path / "tasks.py").write_text(block)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}, "PYTHONPATH": str(REPO)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    listed = run("--list")
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()}
+    assert {"lint", "ddp.launch", "ddp.doctor", "ddp.init", "ddp.slurm.submit"} <= names, listed.stdout
+    missing = run("ddp.doctor", "--hosts", "nope.yaml")  # a task of the launcher's, with its settings' defaults
+    assert missing.returncode == 1 and "nope.yaml: no such file" in missing.stderr, missing.stderr
+
+
+def test_the_readme_installs_from_what_exists_and_says_what_an_unknown_option_exits_with() -> None:
+    """`pip install ddp-launcher` failed (no release on PyPI yet); the README said an unknown option exits 2."""
+    readme = (REPO / "README.md").read_text()
+    assert "pip install ddp-launcher" not in readme
+    assert "pip install ./ddp-launcher" in readme and 'pip install "git+URL"' in readme
+    for words in (["launcher", "--nope"], ["invoke", "--nope"], ["launcher", "launch", "--nope"]):
+        done = subprocess.run([sys.executable, "-m", *words], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+        assert (done.returncode, done.stderr.strip()) == (1, "No idea what '--nope' is!"), words
+    said = " ".join(readme.split())
+    assert "an option the task does not have exits 1 (Invoke's own `No idea what '--nope' is!`" in said

@@ -3,6 +3,7 @@ the commented inventory written from what the nodes said (a valid one), and neve
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from launcher.config.inventory import parse_inventory
 from launcher.config.starter import Found, render_inventory
+from launcher.errors import LauncherError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S
 from launcher.transport.program import BOOTSTRAP, node_program, program_input
 from tests.helpers import REPO
@@ -63,14 +65,48 @@ def test_nodes_that_differ_get_their_own_values_and_what_was_not_found_is_said()
     cluster = parse_inventory(text, "hosts/cluster.yaml")
     assert [(h.python, h.nproc_per_node) for h in cluster.hosts] == [("/opt/conda/bin/python", 4), ("python3", 1)]
     assert "# b: no interpreter with torch (...)" in text
+    line = next(x for x in text.splitlines() if x.startswith("  - {name: b"))
+    assert line.endswith("# no python with torch was found on b: set it"), line
 
 
-def test_no_python_found_anywhere_leaves_python3_and_says_so() -> None:
+def test_no_python_found_anywhere_is_written_once_where_setting_it_sets_every_host() -> None:
+    """It was `python: python3` on every host and in defaults: setting the default changed nothing."""
     found = [Found("a", None, 0, 2, ("no interpreter with torch",)), Found("b", None, 0, 2)]
     text = render_inventory(found, workdir="~", job=JOB, master_port=29500)
-    assert "python: python3" in text and "no interpreter with torch found on a, b: set it" in text
+    assert text.count("python:") == 1 and "no python with torch was found on any node: set it" in text
     assert "no GPUs (nvidia-smi): one process a node" in text
-    parse_inventory(text, "x.yaml")
+    assert {h.python for h in parse_inventory(text, "x.yaml").hosts} == {"python3"}
+    edited = parse_inventory(text.replace("python: python3", "python: /v/bin/python"), "x.yaml")
+    assert {h.python for h in edited.hosts} == {"/v/bin/python"}
+
+
+def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found]) -> tuple[int, str, Path]:
+    """`init` on nodes that said `found` (no SSH): its exit code, its stderr, the inventory's path."""
+    from launcher import app
+    from launcher.app import newcluster
+    from launcher.run.wiring import Wiring
+
+    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, opts: found)
+    out, err, output = io.StringIO(), io.StringIO(), tmp_path / "hosts" / "cluster.yaml"
+    code = app.init([f.name for f in found], output, workdir="~/p", script="train.py", doctor_too=False,
+                    wiring=Wiring(out, err))
+    return code, err.getvalue(), output
+
+
+def test_init_writes_nothing_when_no_node_has_a_python_with_torch(tmp_path: Path, monkeypatch) -> None:
+    """It wrote an inventory of python3s and exited 0: the user found out at the doctor, with a file to delete."""
+    found = [Found("a", None, notes=("no interpreter with torch (tried python3: no torch)",)), Found("b", None)]
+    with pytest.raises(LauncherError) as info:
+        _init(tmp_path, monkeypatch, found)
+    assert str(info.value).startswith("no python with torch was found on any node (a: no interpreter with torch "
+                                      "(tried python3: no torch); b: no interpreter with torch); nothing was "
+                                      "written: give the interpreter that has torch on the nodes (`")
+    assert "init --python " in str(info.value)
+    assert not (tmp_path / "hosts" / "cluster.yaml").exists()
+    code, said, output = _init(tmp_path, monkeypatch, [Found("a", "~/v/bin/python"), Found("b", None)])
+    assert code == 1 and output.exists()
+    assert said.endswith("no python with torch was found on b: set `python:` for it in "
+                         f"{output}, or install torch there\n"), said
 
 
 def test_init_never_writes_over_a_file_and_needs_hosts(tmp_path: Path) -> None:

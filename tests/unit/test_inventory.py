@@ -81,7 +81,9 @@ def test_missing_file_names_it_and_points_to_the_example(tmp_path: Path) -> None
     path = tmp_path / "nope.yaml"
     with pytest.raises(InventoryError) as info:
         load_inventory(path)
-    assert str(info.value) == f"{path}: no such file (see hosts/example.yaml for the format)"
+    assert str(info.value) == (f"{path}: no such file: `inv init --hosts NODE1,NODE2` writes one from what your nodes "
+                               "say over SSH, `inv init --example` the reference (every key, what it does, its "
+                               "default)")
     assert isinstance(info.value, LauncherError)
 
 

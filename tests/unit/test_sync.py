@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
 from launcher.sync.relay import asks_relay, relay_places, with_ports
 from launcher.sync.stream import Contents, SyncStream
-from launcher.sync.tree import Entry, changed, is_current, local_tree, same_time
+from launcher.sync.tree import Entry, changed, is_current, local_tree, project_tree, same_time
 from tests.helpers import REPO
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
 from tests.support.syncrun import END, frame, syncd
@@ -150,6 +151,25 @@ def test_env_files_never_travel(tmp_path: Path) -> None:
     for name in ("hosts/.env", "pkg/.env", "hosts/tokens.env"):
         assert f"left out {name}: an env file (its values reach the nodes with the launch, never as a file)" \
             in tree.notes
+
+
+@pytest.mark.parametrize("with_git", [True, False], ids=["git ls-files", "walk + .gitignore"])
+def test_the_launchers_own_logs_never_travel(tmp_path: Path, with_git: bool) -> None:
+    """launch --sync sent the launcher's logs/ to every node (untracked, not ignored): 43 files at the first sync,
+    more with every run. Its log_dir is left out wherever it is in the tree, with no .gitignore line."""
+    root = project(tmp_path / "p", with_git)
+    for run in ("20261122-031701-259dd3", "20261122-041701-aaaaaa"):  # the .log files are ignored here anyway
+        write(root / "logs" / run / "attempts.json", "[]\n")
+        write(root / "logs" / run / "stacks-1" / "node-0-r0.txt", "Thread 0x1 (most recent call first):\n")
+    write(root / "runs" / "x" / "answer.txt", "a log_dir of its own\n")
+    cluster = parse_inventory(f"hosts: [a]\ndefaults: {{python: p, workdir: w}}\nsync: {{src: {root}, exclude: "
+                              "[data/]}\n", "c.yaml")
+    spec, tree = project_tree(cluster, outputs=[root / "logs"])
+    assert spec.exclude == ("data/",)
+    assert tree.paths == EXPECTED | {"runs/x/answer.txt"}
+    assert "left out logs/: the launcher's own output (its log_dir), never synced" in tree.notes
+    assert len(project_tree(cluster, outputs=[root / "runs"])[1].paths - EXPECTED) == 4  # logs/ is a user's here
+    assert project_tree(cluster, outputs=[tmp_path / "elsewhere"])[1].paths >= EXPECTED  # outside: nothing to do
 
 
 @pytest.mark.parametrize("with_git", [True, False], ids=["git ls-files", "walk + .gitignore"])
