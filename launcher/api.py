@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
 from launcher import app
+from launcher.app import runs
 from launcher.doctor.evidence import Finding, Report
 from launcher.errors import LauncherError, RunFailed, StillRunning
 from launcher.events import Ended, NodeEnd, Started
@@ -40,10 +41,9 @@ from launcher.limits import API_WAIT_POLL_S
 from launcher.options import Options, from_config
 from launcher.paths import API, called_as
 from launcher.plan.launch import new_run_id
-from launcher.run import control as run_control
 from launcher.run.control import NodeState
 from launcher.run.launch import check_run_id
-from launcher.run.takestacks import StacksReport, collect_stacks
+from launcher.run.takestacks import StacksReport
 from launcher.run.wiring import Wiring
 
 Lines = Callable[[str], None]
@@ -291,7 +291,7 @@ class Run:
     @_api
     def status(self) -> list[NodeState]:
         """Each node's state of the run (running, exited with its code, stopped, lost, unreachable)."""
-        return run_control.status(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
+        return runs.states(self.hosts, self.run_id, self.options, _quiet())
 
     @_api
     def top(self) -> TopSnapshot:
@@ -303,7 +303,7 @@ class Run:
     @_api
     def stacks(self) -> StacksReport:
         """Every rank's Python stack, grouped by where the ranks are (`report.lines()` as `ddpl stacks` says it)."""
-        return collect_stacks(app.load_inventory(self.hosts), self.run_id, self.options, io.StringIO())
+        return runs.stacks_of(self.hosts, self.run_id, self.options, _quiet())
 
     @_api
     def logs(self, node: str | None = None, rank: int | None = None) -> str:
@@ -316,7 +316,7 @@ class Run:
     @_api
     def stop(self) -> list[NodeState]:
         """Stop the run on every node (TERM, the grace period, KILL); each node's state after."""
-        return run_control.stop(app.load_inventory(self.hosts), self.run_id, self.options, wiring=_quiet())
+        return runs.stopped(self.hosts, self.run_id, self.options, _quiet())
 
     @_api
     def wait(self, timeout: float | None = None, poll_s: float = API_WAIT_POLL_S) -> RunResult:

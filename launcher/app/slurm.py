@@ -9,7 +9,9 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from launcher.app.hosts import Hosts
 from launcher.app.job import JobWords
 from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
@@ -222,3 +224,13 @@ def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options,
     """`inv stacks --job ID`: every rank's stack of the run inside a running batch job."""
     on_job, nodes = job_nodes(job_id, cluster, opts)
     return collect_stacks(on_job, run_id, opts, wiring.err, nodes)
+
+
+def submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, wiring: Wiring | None = None,
+                 **batch: Any) -> int:
+    """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
+    job_name, dry_run, job (JobWords), skip_doctor); print its job id. The job starts in the project of `hosts`
+    (the installed command's) or in this checkout."""
+    spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
+    return slurm_submit(spec.path, nodes, opts=opts or Options(), wiring=wiring or Wiring(),
+                                 project=spec.project, **batch)

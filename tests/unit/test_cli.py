@@ -168,7 +168,7 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
     found = 1 if task == "stop" else 0
     states = [run_control.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
               run_control.NodeState("n2", "none", "id[/]")]
-    monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(app.runs, "load_inventory", lambda hosts: None)
     monkeypatch.setattr(run_control, task, lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
     getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", options.Options(), wiring=Wiring(out=out))
@@ -179,7 +179,7 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
 
 
 def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app, "load_inventory", lambda hosts: None)
+    monkeypatch.setattr(app.runs, "load_inventory", lambda hosts: None)
     states = [run_control.NodeState("n1", "none", "x[/]")]
     monkeypatch.setattr(run_control, "stop", lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()

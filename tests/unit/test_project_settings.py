@@ -153,11 +153,11 @@ def test_relative_paths_in_settings_are_the_projects(project: Path, monkeypatch:
     assert Path(hosts.path).resolve() == project / "hosts" / "c.yaml" and hosts.project == project
     assert tasks._hosts(c, "mine.yaml").path == "mine.yaml"  # the command line's path: from where it is typed
     cluster = app.load_inventory(hosts)
-    assert app._project_tree(cluster, hosts).sync.src == str(project / ".")  # sync sends the project's tree
+    assert app.project_tree(cluster, hosts).sync.src == str(project / ".")  # sync sends the project's tree
     moved = Cluster(cluster.source, cluster.hosts, cluster.rendezvous, cluster.job,
-                    sync=type(app._project_tree(cluster, hosts).sync)(src="code"))
-    assert app._project_tree(moved, hosts).sync.src == str(project / "code")
-    assert app._project_tree(cluster, "hosts/c.yaml").sync is None  # a checkout's inv: the current folder
+                    sync=type(app.project_tree(cluster, hosts).sync)(src="code"))
+    assert app.project_tree(moved, hosts).sync.src == str(project / "code")
+    assert app.project_tree(cluster, "hosts/c.yaml").sync is None  # a checkout's inv: the current folder
 
 
 def test_a_projects_own_tasks_py_adds_the_launchers_tasks(tmp_path: Path) -> None:

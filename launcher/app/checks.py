@@ -1,0 +1,61 @@
+"""The doctor's task: every node probed once, in parallel, its findings as a table or JSON (and, asked, the
+network measured with the run's own backend); under SLURM through the job's own steps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from launcher.app.hosts import Hosts, load_inventory
+from launcher.app.job import JobWords, job_of
+from launcher.options import Options
+from launcher.run.wiring import Wiring
+from launcher.transport.settings import SshSettings
+
+if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor when it runs
+    from launcher.doctor.evidence import Report
+
+
+def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
+           net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
+           net_all_gpus: bool = False, words: JobWords | None = None) -> int:
+    """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
+    then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
+    rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
+    job instead of SSH. `words`: the job to check, as launch's --script, --module or --command name it."""
+    from launcher import doctor as doctor_checks
+    from launcher.report.states import console
+
+    wiring = wiring or Wiring()
+    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring,
+                           net_all_gpus=net_all_gpus, words=words)
+    if as_json:
+        wiring.out.write(doctor_checks.report_json(report) + "\n")
+    else:
+        doctor_checks.render_table(report, console(wiring.out))
+    return 0 if report.ok else 1
+
+
+def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
+                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
+                  net_all_gpus: bool = False, words: JobWords | None = None) -> Report:
+    """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
+    is the one `words` name, else the inventory's."""
+    from launcher import doctor as doctor_checks
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    cluster = load_inventory(hosts)
+    if words is not None and words.given() is not None:
+        cluster = replace(cluster, job=job_of(cluster, words))
+    if slurm or job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring,
+                                     all_gpus=net_all_gpus)
+    report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
+                                      probe_timeout=opts.probe_timeout)
+    if net:
+        from launcher.doctor.net import with_net  # torchrun on every node: only when asked
+
+        report = with_net(report, cluster, opts, all_gpus=net_all_gpus)
+    return report

@@ -1,0 +1,68 @@
+"""Launching: a run of the job on every node at once (`launch`: attached, detached, with retries, under SLURM), and
+the project's tree to every node first (`sync`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from launcher.app.hosts import Hosts, load_inventory, project_tree
+from launcher.app.job import JobWords, job_of
+from launcher.errors import UsageError
+from launcher.options import Options
+from launcher.plan.launch import plan_launch
+from launcher.run import attempts
+from launcher.run import launch as run_launch
+from launcher.run.gate import ConnectionsFirst
+from launcher.run.wiring import Wiring
+from launcher.transport.settings import SshSettings
+
+
+def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
+           sync: bool = False, slurm: bool = False, opts: Options | None = None, wiring: Wiring | None = None,
+           run_id: str | None = None) -> int:
+    """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
+    run's id (default: a new one), which a caller may need before the run ends (`launcher.api`)."""
+    cluster = load_inventory(hosts)
+    opts, wiring = opts or Options(), wiring or Wiring()
+    if slurm:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
+                                     sync=sync, opts=opts, wiring=wiring)
+    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id,  # a PlanError names the inventory
+                       hang_timeout=opts.hang_timeout, retries=opts.retries)
+    if dry_run:
+        from launcher.plan.request import shown_request
+
+        wiring.out.write("\n".join([plan.dry_run_text(), "", *shown_request(plan, opts)]) + "\n")
+        return 0
+    if doctor and wiring.gate is None:
+        from launcher.doctor.collect import doctor_gate
+
+        wiring = replace(wiring, gate=doctor_gate(opts, wiring.err))
+    if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
+        from launcher.sync import push as code_sync
+
+        gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
+        before = code_sync.before_launch(project_tree(plan.cluster, hosts), wiring.err,
+                                         stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
+        wiring = replace(wiring, gate=replace(gate, before=before))
+    if plan.retries and opts.detach:  # no launcher stays to start it again
+        if opts.retries:
+            raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
+        wiring.err.write(f"note: {cluster.source}: retries: {plan.retries} does not apply to a detached run\n")
+        plan = replace(plan, retries=0)
+    if not plan.retries:
+        return run_launch.launch_run(plan, opts, wiring)
+    from launcher.doctor.collect import between_attempts
+
+    return attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
+
+
+def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:
+    """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
+    from launcher.sync import push as code_sync
+
+    opts, wiring = opts or Options(), wiring or Wiring()
+    return code_sync.sync_hosts(project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
+                                stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))

@@ -1,0 +1,159 @@
+"""The commands on a run (status, stop, logs, stacks, top), from the CLI and the Python API alike: one opening
+(`_opening`: the run id checked before any node is contacted, the settings, the output), then the action on the
+inventory's nodes or, with `job`, a SLURM job's. What the API returns as data (`states`, `stopped`, `stacks_of`)
+is what the CLI's forms render."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.app.hosts import Hosts, load_inventory
+from launcher.options import Options
+from launcher.run import attempts
+from launcher.run.launch import check_run_id
+from launcher.run.wiring import Wiring
+
+if TYPE_CHECKING:  # types only: each command imports what it alone uses (a status: no stacks, no rich live view)
+    from launcher.run.control import NodeState
+    from launcher.run.takestacks import StacksReport
+
+
+def _opening(run_id: str | None, opts: Options | None, wiring: Wiring | None) -> tuple[Options, Wiring]:
+    """What every command on a run does first: the run id checked (a usage error before any node is contacted),
+    the settings and the output as given, else the defaults."""
+    check_run_id(run_id)
+    return opts or Options(), wiring or Wiring()
+
+
+def states(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
+           wiring: Wiring | None = None) -> list[NodeState]:
+    """Each node's state of the run (`api.Run.status`, what `status` shows)."""
+    from launcher.run import control as run_control
+
+    opts, wiring = _opening(run_id, opts, wiring)
+    return run_control.status(load_inventory(hosts), run_id, opts, wiring=wiring)
+
+
+def stopped(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
+            wiring: Wiring | None = None) -> list[NodeState]:
+    """Stop the run on every node (TERM, grace, KILL); each node's state after (`api.Run.stop`, what `stop` shows)."""
+    from launcher.run import control as run_control
+
+    opts, wiring = _opening(run_id, opts, wiring)
+    return run_control.stop(load_inventory(hosts), run_id, opts, wiring=wiring)
+
+
+def stacks_of(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
+              wiring: Wiring | None = None, job: str | None = None) -> StacksReport:
+    """Every rank's stack of a running run, grouped, kept under logs/<run id>/ (`api.Run.stacks`, what `stacks`
+    prints); with `job`, the run inside that SLURM batch job, reached through the job's own steps."""
+    opts, wiring = _opening(run_id, opts, wiring)
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.job_stacks(job, load_inventory(hosts), run_id, opts, wiring)
+    from launcher.run.takestacks import collect_stacks
+
+    return collect_stacks(load_inventory(hosts), run_id, opts, wiring.err)
+
+
+def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
+           wiring: Wiring | None = None) -> int:
+    """Per node: the run's state, exit code and times, and what the launcher kept about it (a hang's answer,
+    stragglers, attempts); with `job`, a SLURM batch job's state."""
+    opts, wiring = _opening(run_id, opts, wiring)
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.job_status(job, opts, wiring)
+    from launcher.report.hangs import latest_answer
+    from launcher.report.states import console, problems, say, state_table
+    from launcher.watch.straggler import stragglers_of
+
+    found = states(hosts, run_id, opts, wiring)
+    con = console(wiring.out)
+    shown = run_id or next((s.run_id for s in found if s.run_id), None)
+    con.print(state_table(f"run {shown or '(none)'} on {len(found)} node(s)", found, stop=False))
+    problems(con, found)
+    hang = latest_answer(opts.log_dir, shown) if shown else None
+    if hang is not None:
+        say(con, f"last {hang}")
+    for line in stragglers_of(opts.log_dir, shown) if shown else []:
+        say(con, line)
+    tried = attempts.read_attempts(opts.log_dir, shown) if shown else []
+    if len(tried) > 1:
+        say(con, f"run {shown} is one of {len(tried)} attempts of a launch (--retries):")
+        for attempt in tried:
+            say(con, f"  {attempt.line()}")
+    return _code(found)
+
+
+def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
+         wiring: Wiring | None = None) -> int:
+    """Stop a run on every node (TERM, grace, KILL) and say what was left; with `job`, scancel a SLURM job."""
+    opts, wiring = _opening(run_id, opts, wiring)
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.job_stop(job, opts, wiring)
+    from launcher.report.states import console, problems, say, state_table
+
+    found = stopped(hosts, run_id, opts, wiring)
+    con = console(wiring.out)
+    if all(s.found == 0 and s.state not in ("unreachable", "error") for s in found):
+        say(con, f"nothing was running on {len(found)} node(s)"
+            + (f" (run {found[0].run_id})" if found and found[0].run_id else ""))
+    else:
+        shown = run_id or next((s.run_id for s in found if s.run_id), None)
+        con.print(state_table(f"stop run {shown or '(none)'}", found, stop=True))
+    problems(con, found)
+    left = sum(s.left for s in found)
+    if left:
+        con.print(f"[red]{left} process(es) of the run could not be killed[/]")
+    return 1 if left else _code(found)
+
+
+def _code(found: list[NodeState]) -> int:
+    """1 when a node could not be reached or answered with an error."""
+    return 1 if any(s.state in ("unreachable", "error") for s in found) else 0
+
+
+def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
+         follow: bool = False, opts: Options | None = None, *, job: str | None = None,
+         wiring: Wiring | None = None) -> int:
+    """Replay a run's log from its nodes (with `follow`, until it ends); with `job`, a SLURM job's output file."""
+    opts, wiring = _opening(run_id, opts, wiring)
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        return on_slurm.job_logs(job, follow, opts, wiring)
+    from launcher.run import control as run_control
+
+    return run_control.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts,
+                            wiring=wiring)
+
+
+def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, job: str | None = None,
+           wiring: Wiring | None = None) -> int:
+    """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered.
+    With `job`, the run inside that SLURM batch job, reached through the job's own steps."""
+    opts, wiring = _opening(run_id, opts, wiring)
+    report = stacks_of(hosts, run_id, opts, wiring, job)
+    for line in report.lines():
+        wiring.out.write(line + "\n")
+    return 0 if report.stacks else 1
+
+
+def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, once: bool = False,
+        as_json: bool = False, job: str | None = None, wiring: Wiring | None = None) -> int:
+    """Every node and rank of a running run at once: live (q quits, the run goes on), or one look (`once`)."""
+    from launcher.run import topfeed as run_top
+
+    opts, wiring = _opening(run_id, opts, wiring)
+    cluster = load_inventory(hosts)
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        cluster, nodes = on_slurm.job_nodes(job, cluster, opts)
+        return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json, nodes=nodes)
+    return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json)
