@@ -1,4 +1,5 @@
-"""Where the launcher's own files are, and how a path is shown to a user: the bottom layer, it imports nothing."""
+"""Where the launcher's own files are, how a path is shown to a user, and how a message names what to run next (the
+command the user typed, or the API's call): the bottom layer, it imports nothing."""
 
 from __future__ import annotations
 
@@ -56,6 +57,15 @@ def command_name() -> str:
 def stop_call(hosts: str, run_id: str) -> str:
     """The API's call that stops run `run_id` of the inventory `hosts` (a hint's `api` form)."""
     return f"api.run({hosts!r}, {run_id!r}).stop()"
+
+
+def detached_hint(source: str) -> str:
+    """What works on a detached run of the inventory `source`, in the caller's words: its commands, or the Run handle
+    the API returned."""
+    if from_api():
+        return "the Run handle api.launch returned works on it: status(), logs(), top(), stacks(), stop(), wait()"
+    hosts = f"--hosts {source}"
+    return f"`{hint(f'status {hosts}')}`, `{hint(f'logs {hosts} --follow')}` and `{hint(f'stop {hosts}')}` work on it"
 
 
 def from_api() -> bool:

@@ -40,7 +40,7 @@ from launcher.limits import (
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN, STOPPED_ELSEWHERE
 from launcher.options import Options
-from launcher.paths import from_api, hint
+from launcher.paths import detached_hint, hint
 from launcher.plan.launch import LaunchPlan
 from launcher.plan.request import start_request
 from launcher.report import rootcause
@@ -75,15 +75,7 @@ def check_run_id(run_id: str | None) -> str | None:
     return run_id
 
 
-def _detached_hint(source: str) -> str:
-    """What works on a detached run of the inventory `source`, in the caller's words: its commands, or the Run handle
-    the API returned."""
-    if from_api():
-        return "the Run handle api.launch returned works on it: status(), logs(), top(), stacks(), stop(), wait()"
-    hosts = f"--hosts {source}"
-    return f"`{hint(f'status {hosts}')}`, `{hint(f'logs {hosts} --follow')}` and `{hint(f'stop {hosts}')}` work on it"
-
-
+<<<<<<< ours
 class _Progress:
     """`connected 14/16`-style progress: one rewritten line on a terminal, one plain line otherwise."""
 
@@ -257,7 +249,7 @@ class _Attached:
             if self.opts.detach:
                 self._wait()
                 self.console.message(f"detached: run {self.plan.run_id} keeps going; "
-                                     f"{_detached_hint(self.plan.cluster.source)}")
+                                     f"{detached_hint(self.plan.cluster.source)}")
                 return 0
             return self._report(self._wait())
         finally:

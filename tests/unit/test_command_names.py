@@ -15,8 +15,7 @@ from launcher import api
 from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import DoctorGate
 from launcher.errors import InventoryError
-from launcher.paths import API, called_as, command_name, hint
-from launcher.run.launch import _detached_hint
+from launcher.paths import API, called_as, command_name, detached_hint, hint
 from tests.helpers import REPO, inv
 
 
@@ -68,11 +67,11 @@ def test_the_start_gate_points_to_the_doctor_of_the_caller() -> None:
 
 def test_a_detached_run_says_what_works_on_it_in_the_callers_words() -> None:
     with called_as("ddpl"):
-        said = _detached_hint("hosts/c.yaml")
+        said = detached_hint("hosts/c.yaml")
     assert said == ("`ddpl status --hosts hosts/c.yaml`, `ddpl logs --hosts hosts/c.yaml --follow` and "
                     "`ddpl stop --hosts hosts/c.yaml` work on it")
     with called_as(API):
-        assert "the Run handle api.launch returned" in _detached_hint("hosts/c.yaml")
+        assert "the Run handle api.launch returned" in detached_hint("hosts/c.yaml")
 
 
 def test_the_task_layer_takes_the_name_from_invokes_config() -> None:
