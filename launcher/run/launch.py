@@ -75,7 +75,6 @@ def check_run_id(run_id: str | None) -> str | None:
     return run_id
 
 
-<<<<<<< ours
 class _Progress:
     """`connected 14/16`-style progress: one rewritten line on a terminal, one plain line otherwise."""
 
