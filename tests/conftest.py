@@ -88,3 +88,15 @@ def hostfile(tmp_path: Path) -> Path:
     path = tmp_path / "hostfile"
     path.write_text("# DeepSpeed's format\nworker-1 slots=4\nworker-2 slots=4\n")
     return path
+
+
+HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_elastic.py", "test_slurm.py", "test_setup_script.py",
+                  "test_launch.py", "test_progress.py", "test_installed.py", "test_lifecycle.py", "test_top.py")
+"""The files that take longest (real trainers, hang timeouts, a SLURM cluster, a venv made from scratch), measured
+with --durations: run first, so that with the suite spread over workers (pytest-xdist, --dist loadfile) none of them
+is left to run alone at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(item.path).name, len(rank)))  # stable: a file keeps its own order

@@ -44,7 +44,10 @@ def kill_node(box, index: int, run_id: str) -> None:
     """Node `index` dies: its run's processes and its agent by SIGKILL, then its sshd (no more connections)."""
     name = box.nodes[index].name
     family = sshd_family(box.nodes[index].pid)
-    agents = [c for pid in family for c in children(pid) if c not in family]
+    agents, below = [], [c for pid in family for c in children(pid) if c not in family]
+    while below:  # the sessions' shells and what they started (the agent may be a shell's child): all of them
+        agents += below
+        below = [c for pid in below for c in children(pid)]
     for pid in [*agents, *pids_with_env(f"DDP_LAUNCHER_RUN={run_id}/{name}".encode())]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
