@@ -58,11 +58,36 @@ def subnets_for(nodes: int) -> int:
     return (nodes + 2 + 255) // 256
 
 
+PORTS = range(20000, 32000)
+"""Where `free_port` looks: below Linux's ephemeral range (32768-60999), which every outgoing connection (the many
+ssh clients of tests running side by side) draws its local port from."""
+_HELD: list[object] = []
+"""The lock files of the ports this process was given, open until it exits."""
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (a master port: every sandbox node shares one port space)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on every address right now and given to no other process of the tests or the bench (a master
+    port: every sandbox node shares one port space). The kernel's own choice (bind to port 0) is an ephemeral port,
+    which an outgoing connection may take a moment later; and tests on several workers ask at once: so a port is
+    held through a lock file per port, as `reserve_base_addr`'s subnets are, and taken outside the ephemeral range."""
+    start = PORTS.start + (os.getpid() * 7919) % len(PORTS)  # each process starts elsewhere: fewer lock files tried
+    for i in range(len(PORTS)):
+        port = PORTS.start + (start - PORTS.start + i) % len(PORTS)
+        handle = open(Path(tempfile.gettempdir()) / f"launcher-test-port-{port}.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                handle.close()
+                continue
+        _HELD.append(handle)
+        return port
+    raise SandboxError(f"no free port left in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def pids_with_env(prefix: bytes) -> list[int]:
