@@ -5,7 +5,7 @@ shared opening), the doctor (checks.py), SLURM (slurm.py: --slurm, --job, slurm.
 (newcluster.py: init). Every task comes through here; nothing below imports it."""
 
 from launcher.app.checks import doctor, doctor_report
-from launcher.app.hosts import Hosts, load_inventory, project_tree
+from launcher.app.hosts import Hosts, load_inventory
 from launcher.app.job import JobWords
 from launcher.app.launching import launch, sync
 from launcher.app.newcluster import init, init_example
@@ -20,4 +20,4 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
 
 
 __all__ = ["Hosts", "JobWords", "doctor", "doctor_report", "init", "init_example", "launch", "load_inventory", "logs",
-           "main_error", "project_tree", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+           "main_error", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

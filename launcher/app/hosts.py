@@ -45,7 +45,7 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
 
 
-def project_tree(cluster: Cluster, hosts: str | Hosts) -> Cluster:
+def with_project_src(cluster: Cluster, hosts: str | Hosts) -> Cluster:
     """The cluster whose `sync` sends the project's tree wherever in the project the command was run: a relative
     `sync.src` (default `.`) starts at the installed command's project root."""
     project = hosts.project if isinstance(hosts, Hosts) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from launcher.app.hosts import Hosts, load_inventory, project_tree
+from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
 from launcher.errors import UsageError
 from launcher.options import Options
@@ -44,7 +44,7 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         from launcher.sync import push as code_sync
 
         gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(project_tree(plan.cluster, hosts), wiring.err,
+        before = code_sync.before_launch(with_project_src(plan.cluster, hosts), wiring.err,
                                          stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
         wiring = replace(wiring, gate=replace(gate, before=before))
     if plan.retries and opts.detach:  # no launcher stays to start it again
@@ -64,5 +64,5 @@ def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None 
     from launcher.sync import push as code_sync
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    return code_sync.sync_hosts(project_tree(load_inventory(hosts), hosts), ssh=SshSettings.of(opts), out=wiring.out,
-                                stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
+    return code_sync.sync_hosts(with_project_src(load_inventory(hosts), hosts), ssh=SshSettings.of(opts),
+                                out=wiring.out, stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))

@@ -33,6 +33,7 @@ from launcher.node.protocol import (
     write_all,
 )
 from launcher.node.recorder import ask_dumps, nccl_dumps
+from launcher.node.rundir import stop_recorded
 from launcher.node.runner import finish, signal_run, stop_run
 from launcher.node.stacks import collect, proc_state
 
@@ -305,7 +306,7 @@ def supervise_run(request, run_dir, proc, words):
     for thread in threads.values():
         thread.start()
     code, left, stopping = run.supervise()
-    if stopping is None and os.path.exists(os.path.join(run_dir, "stop_requested")):
+    if stopping is None and stop_recorded(run_dir):
         stopping = STOPPED_ELSEWHERE  # no word of this launcher's: a stop from another terminal ended it
     if stopping:
         emit(Event.STOPPED, left=left, reason=stopping)

@@ -6,6 +6,7 @@ import re
 import sys
 
 from launcher.node import limits
+from launcher.node.child import which
 
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 
@@ -91,13 +92,10 @@ def python_wrapper(given):
     and `execs` says whether it became python (exec) or stays as its parent process."""
     if not given:
         return None
-    if os.sep in given:
-        path = os.path.abspath(os.path.expanduser(given))
-    else:
-        path = next((os.path.join(d, given) for d in os.environ.get("PATH", "").split(os.pathsep)
-                     if d and os.access(os.path.join(d, given), os.X_OK)), None)
-        if path is None:
-            return None
+    found = which(os.path.expanduser(given), os.environ.get("PATH"))
+    if found is None:
+        return None
+    path = os.path.abspath(found)
     real, runs = os.path.realpath(path), os.path.realpath(sys.executable)
     if real == runs:
         return None

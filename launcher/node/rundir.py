@@ -86,11 +86,19 @@ def live_leader(run_dir, mark):
     return None
 
 
+STOP_RECORD = "stop_requested"
+"""The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
+
+
 def record_stop(run_dir):
     """Note that the run was asked to stop (status then says `stopped`, not `exited`); best effort."""
-    path = os.path.join(run_dir, "stop_requested")
-    if not os.path.exists(path):
-        record(path, str(time.time()))
+    if not stop_recorded(run_dir):
+        record(os.path.join(run_dir, STOP_RECORD), str(time.time()))
+
+
+def stop_recorded(run_dir):
+    """Whether a stop (this node's agent's, or one from another terminal) asked for the run's end."""
+    return os.path.exists(os.path.join(run_dir, STOP_RECORD))
 
 
 def find_run_dir(request):
@@ -137,8 +145,7 @@ def run_state(run_id, run_dir, node, left=None):
     started = read_text(os.path.join(run_dir, "started_at"))
     ended = read_text(os.path.join(run_dir, "ended_at"))
     if exit_code is not None and not left:
-        stopped = os.path.exists(os.path.join(run_dir, "stop_requested"))
-        state = "stopped" if stopped else "exited"
+        state = "stopped" if stop_recorded(run_dir) else "exited"
     elif left:
         state = "running"
     else:

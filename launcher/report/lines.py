@@ -120,15 +120,12 @@ class NodeLog:
                 prefix, end = self._new_tag(line, parts)
             parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
         self._keep_tail(lines[-TAIL_LINES:])
-        self._note_raised(b"\n".join(lines))
+        self._note_raised(lines)
 
-    def _note_raised(self, data: bytes) -> None:
-        """Each rank's last exception line in `data` (whole lines), wherever it falls: a failed rank's traceback is
-        often followed by more lines than the tail keeps (its peers' errors, torchrun's summary). Lines are looked at
-        only in a block that names an error at all (one search in C for a chatty job's blocks)."""
-        if not any(word in data for word in _RAISED_WORDS):
-            return
-        for line in data.split(b"\n"):
+    def _note_raised(self, lines: list[bytes]) -> None:
+        """Each rank's last exception line among `lines`, wherever it falls: a failed rank's traceback is often
+        followed by more lines than the tail keeps (its peers' errors, torchrun's summary)."""
+        for line in lines:
             if line[:1] == b"[" and any(word in line for word in _RAISED_WORDS):
                 _, local, global_rank, body = self._split_rank(line)
                 text = body.decode("utf-8", errors="replace").rstrip("\r")
@@ -169,7 +166,8 @@ class NodeLog:
             if n:
                 text = text.replace(tag, prefix)
         self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
-        self._note_raised(block)
+        if any(word in block for word in _RAISED_WORDS):  # one search in C for a chatty job's block
+            self._note_raised(block.split(b"\n"))
         return text[1:].decode("utf-8", errors="replace"), count
 
     def format_rest(self) -> tuple[str, int]:

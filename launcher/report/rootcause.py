@@ -65,10 +65,15 @@ def raised_by(end: NodeEnd, local: int | None) -> str | None:
     return next((line for at, _, line in end.raised if at == local), None)
 
 
-def failed_on_its_own(end: NodeEnd) -> bool:
-    """A node asked to stop whose own rank had already failed (torchrun's root-cause block names a worker's exit
-    code, not a signal, nor a peer lost): a failure of its own, not the launcher's doing."""
+def own_failure(end: NodeEnd) -> tuple[list[str], str | None]:
+    """torchrun's root-cause block in a node's tail, and the exception line its failed rank printed."""
     block = root_cause_block(list(end.tail))
+    return block, raised_by(end, failed_rank(block)[1])
+
+
+def failed_on_its_own(end: NodeEnd, block: list[str]) -> bool:
+    """A node asked to stop whose own rank had already failed (its root-cause `block` names a worker's exit code,
+    not a signal, nor a peer lost): a failure of its own, not the launcher's doing."""
     _, _, code = failed_rank(block)
     return bool(block) and not collateral(end) and code is not None and 0 < code < 128
 
@@ -90,8 +95,7 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
     code, rank = 1, None
     if origin is not None:
         sentence, code, rank = headline(origin)
-        block = root_cause_block(list(origin.tail))
-        what = raised_by(origin, failed_rank(block)[1])
+        block, what = own_failure(origin)
         lines.append(sentence)
         lines += [f"  exception : {what}" if what and "To enable traceback" in line else f"  {line}"
                   for line in (block or list(origin.tail)[-15:])] + [f"  {t}" for t in origin.errors]
@@ -101,9 +105,11 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
         if end.stop_reason in SELF_STOPS:
             lines.append(f"{end.node}: stopped its part by itself too ({end.stop_reason})")
             continue
-        why = "stopped by the launcher" if end.asked_to_stop and not failed_on_its_own(end) else "failed too"
-        said = raised_by(end, failed_rank(root_cause_block(list(end.tail)))[1]) if why == "failed too" else None
-        why += f": {said}" if said else ""
+        block, said = own_failure(end)
+        if end.asked_to_stop and not failed_on_its_own(end, block):
+            why = "stopped by the launcher"
+        else:
+            why = "failed too" + (f": {said}" if said else "")
         what = f"exit code {end.exit_code}" if end.kind == EndKind.EXITED else end.kind.value
         lines.append(f"{end.node}: {what} ({why})")
     lines.append(log_hint)

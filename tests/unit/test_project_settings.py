@@ -13,6 +13,7 @@ import pytest
 from invoke import Context
 
 from launcher import app, tasks
+from launcher.app.hosts import with_project_src
 from launcher.cliconfig import DdplConfig, sources
 from launcher.config.model import Cluster
 from launcher.errors import UnsafeProject
@@ -153,11 +154,11 @@ def test_relative_paths_in_settings_are_the_projects(project: Path, monkeypatch:
     assert Path(hosts.path).resolve() == project / "hosts" / "c.yaml" and hosts.project == project
     assert tasks._hosts(c, "mine.yaml").path == "mine.yaml"  # the command line's path: from where it is typed
     cluster = app.load_inventory(hosts)
-    assert app.project_tree(cluster, hosts).sync.src == str(project / ".")  # sync sends the project's tree
+    assert with_project_src(cluster, hosts).sync.src == str(project / ".")  # sync sends the project's tree
     moved = Cluster(cluster.source, cluster.hosts, cluster.rendezvous, cluster.job,
-                    sync=type(app.project_tree(cluster, hosts).sync)(src="code"))
-    assert app.project_tree(moved, hosts).sync.src == str(project / "code")
-    assert app.project_tree(cluster, "hosts/c.yaml").sync is None  # a checkout's inv: the current folder
+                    sync=type(with_project_src(cluster, hosts).sync)(src="code"))
+    assert with_project_src(moved, hosts).sync.src == str(project / "code")
+    assert with_project_src(cluster, "hosts/c.yaml").sync is None  # a checkout's inv: the current folder
 
 
 def test_a_projects_own_tasks_py_adds_the_launchers_tasks(tmp_path: Path) -> None:
