@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from devtools import sandbox
-from devtools.observe import children, free_port, pids_with_env, sshd_family
+from devtools.observe import children, free_port, pids_with_env, process_name, sshd_family
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
 
@@ -45,8 +45,9 @@ def kill_node(box, index: int, run_id: str) -> None:
     name = box.nodes[index].name
     family = sshd_family(box.nodes[index].pid)
     agents, below = [], [c for pid in family for c in children(pid) if c not in family]
-    while below:  # the sessions' shells and what they started (the agent may be a shell's child): all of them
-        agents += below
+    while below:  # the agent may be a login shell's child: every python below the sessions, never a shell (a
+        # login's `pyenv rehash` killed in its lock leaves the lock behind, and every later login waits on it)
+        agents += [c for c in below if (process_name(c) or "").startswith("python")]
         below = [c for pid in below for c in children(pid)]
     for pid in [*agents, *pids_with_env(f"DDP_LAUNCHER_RUN={run_id}/{name}".encode())]:
         with contextlib.suppress(ProcessLookupError):
