@@ -218,6 +218,18 @@ FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_
 run directory), unless the user set any of its variables. Both names of the buffer: torch reads TORCH_FR_* first and
 the deprecated TORCH_NCCL_* where it is older; from torch 2.11 on the node leaves the deprecated ones out (it warns of
 them on every rank: launcher/node/recorder.py, which sets the file names alike)."""
+COLLECTIVES = {"status_s": 1.0, "arrivals_s": 5.0, "keep": 200, "cost_factor": 100.0, "buffer": "500"}
+"""Each worker's collectives' thread (launcher/node/collectives.py): the groups' progress read every `status_s` (a
+hang is judged from it), the arrival times every `arrivals_s` at least (the straggler rule) and never sooner than
+`cost_factor` times the last such read took (under 1% of the worker's time), the last `keep` of them per process
+group in the file; on a node without GPUs, torch's recorder keeps `buffer` collectives
+(TORCH_FR_BUFFER_SIZE, unless the user set it: without it gloo records nothing), enough for `arrivals_s` at 100 a
+second."""
+COLLECTIVES_FRESH_S = 10.0
+"""A rank's collectives read longer ago than this (its worker's thread could not run: the GIL held in a C call) are
+not judged from: the hang's stacks decide alone (launcher/watch/arrival.py)."""
+ARRIVALS_KEPT = 1000
+"""The most collectives per process group whose arrival times the launcher keeps (the straggler's window)."""
 NCCL_MAX_BYTES = 64 << 20
 """The most of a node's flight recorder dumps brought back with its stacks."""
 NCCL_DUMP_WAIT_S = 5.0
@@ -269,6 +281,8 @@ TOP_RATE_WINDOW_S = 30.0
 TOP_GPU_REFRESH_S = 2.0
 """Seconds between two of a node's nvidia-smi calls while `inv top` watches (a background refresh: a snapshot takes
 the last answer and says its age). A call costs 100-500 ms of CPU on 8 GPUs: once a second would be a core's tenth."""
+STRAGGLER_WINDOW_S = 30.0
+"""The arrival rule judges the collectives of the last this many seconds (launcher/watch/straggler.py)."""
 FORWARD_GAP = 0.1
 """A rank flagged by its forward share (lockstep DDP, launcher/watch/straggler.py) is at least this far above the
 median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""

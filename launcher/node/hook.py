@@ -10,6 +10,8 @@ is this file's source (launcher/node/stacks.py `install_hook`); imported under i
   pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
   every flush interval (a step or a batch after it writes); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
+- Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
+  into `collectives/<pid>` (launcher/node/collectives.py).
 
 The record: `p1 START on|off T STEPS T_STEP BATCHES T_BATCH FORWARD_S DATA_S [WHY]`, padded with spaces to its size
 and ended by a newline; START is the process's start time (/proc/<pid>/stat field 22), the times are
@@ -24,6 +26,10 @@ STACKS_ENV = "DDP_LAUNCHER_STACKS"
 PROGRESS_ENV = "DDP_LAUNCHER_PROGRESS"
 """What the progress part reads: `<folder>:<record bytes>:<flush seconds>`."""
 PROGRESS_DIR = "progress"
+COLLECTIVES_ENV, COLLECTIVES_MODULE = "DDP_LAUNCHER_COLLECTIVES", "_ddp_launcher_collectives"
+"""The collectives' thread: its setting (`<folder>:<status s>:<arrival s>:<kept per group>:<cost factor>`), its
+module's name in the hook's folder (launcher/node/collectives.py, copied there beside this file)."""
+COLLECTIVES_DIR = "collectives"
 MODULE_NAME = "_ddp_launcher_hook"
 """The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
 OPTIMIZER, LOADER, TENSOR = "torch.optim.optimizer", "torch.utils.data.dataloader", "torch._tensor"
@@ -276,6 +282,14 @@ def stacks(setting):
     os.register_at_fork(after_in_child=lambda: _quietly(register))
 
 
+def collectives(setting):
+    """The thread that reads the rank's collectives (launcher/node/collectives.py, a module beside this one)."""
+    import importlib
+
+    watcher = importlib.import_module(COLLECTIVES_MODULE).watch(setting, own_start())
+    globals()["collectives_watcher"] = watcher
+
+
 def _quietly(call):
     try:
         call()
@@ -286,7 +300,6 @@ def _quietly(call):
 def main():
     """What the worker runs first: the stacks, the progress, then the node's own sitecustomize, if it has one."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     _quietly(lambda: stacks(os.environ.get(STACKS_ENV, "")))
     setting = os.environ.get(PROGRESS_ENV)
     if setting and "RANK" in os.environ:
@@ -296,6 +309,10 @@ def main():
             globals()["recorder"] = progress(setting, time.monotonic)
         except Exception:
             pass  # a setting it cannot read: no record, the program as without us
+    setting = os.environ.get(COLLECTIVES_ENV)
+    if setting and "RANK" in os.environ:
+        _quietly(lambda: collectives(setting))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     ours = sys.modules.pop("sitecustomize", None)
     sys.modules[MODULE_NAME] = ours
     try:

@@ -73,6 +73,8 @@ Started without it (by hand, an older command line), events go to stderr."""
 # --- the workers' progress records (hook, records) -------------------------------------------------------------------
 RECORD_BYTES = 128
 """A progress record's fixed size: its numbers take about 80 bytes; the rest holds why recording is off."""
+COLLECTIVES_MAX_BYTES = 1 << 20
+"""The most of a rank's collectives file read (launcher/node/collectives.py: ~40 bytes an arrival, 200 per group)."""
 RECORD_FLUSH_S = 0.1
 """The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
 second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""

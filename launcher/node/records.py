@@ -6,10 +6,11 @@ The record's times are the node's monotonic clock, the agent's too: a rate count
 from when the agent happened to look.
 """
 
+import json
 import os
 
 from launcher.node import limits
-from launcher.node.hook import PROGRESS_DIR, VERSION
+from launcher.node.hook import COLLECTIVES_DIR, PROGRESS_DIR, VERSION
 
 NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
 COUNTS = ("steps", "batches")
@@ -101,6 +102,45 @@ class RankRecord:
             value = window_rate(moves, now, last["t"], limits.RECORD_FLUSH_S)
             found[rate] = None if value is None else round(value, 3)
         return found
+
+
+def read_collectives(run_dir, pid, start):
+    """A rank's collectives file (launcher/node/collectives.py) as a dict; None when there is none yet, or it is
+    another process's (a pid used again), or not one whole JSON object."""
+    try:
+        with open(os.path.join(run_dir, COLLECTIVES_DIR, str(pid)), "rb") as handle:
+            data = json.loads(handle.read(limits.COLLECTIVES_MAX_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("start") not in (start, -1):
+        return None
+    return data
+
+
+class RankCollectives:
+    """One rank's collectives as one reader (a beat's, a live view's) passes them on: each arrival once."""
+
+    def __init__(self):
+        self.sent = {}  # process group -> the newest collective whose arrival was passed on
+
+    def fields(self, data, wall):
+        """`collectives`: source (torch's recorder the figures come from; None: none), age_s (since the rank's
+        thread last read them), groups ({group: desc, size, enqueued, started, completed, in_flight}), the
+        arrivals not passed on before ({group: [[seq, name, wall seconds], ...]}), why (reading stopped); None
+        without a file."""
+        if data is None:
+            return None
+        arrivals = {}
+        for group, rows in (data.get("arrivals") or {}).items():
+            sent = self.sent.get(group)
+            new = [row for row in rows if isinstance(row, list) and len(row) == 3 and (sent is None or row[0] > sent)]
+            if new:
+                arrivals[group] = new
+                self.sent[group] = new[-1][0]
+        written = data.get("wall")
+        return {"source": data.get("source") or None, "groups": data.get("groups") or {}, "arrivals": arrivals,
+                "age_s": round(max(0.0, wall - written), 1) if isinstance(written, (int, float)) else None,
+                "why": data.get("why") or None}
 
 
 def _share(seconds, span):

@@ -68,15 +68,19 @@ def torchrun_env(request, inherited):
 def run_env(request, run_dir, make=True):
     """torchrun's whole environment for this run: `torchrun_env`, the workers' hook and (on a GPU node) NCCL's
     flight recorder, all pointing into the run directory; `make` also writes what they point at there."""
-    from launcher.node.recorder import flight_recorder_env, has_gpu
+    from launcher.node.recorder import USER_NAMES, flight_recorder_env, has_gpu
     from launcher.node.stacks import install_hook
 
     env = torchrun_env(request, os.environ)
-    install_hook(run_dir, env, make)  # every worker's stack on request, without ptrace (launcher/node/stacks.py)
+    collectives = request.get("collectives")
+    # every worker's stack on request, without ptrace, and its collectives (launcher/node/stacks.py)
+    install_hook(run_dir, env, make, collectives)
     if has_gpu():  # torch's version (its metadata, no import) says which names of the recorder's it reads
         from launcher.node.facts import torch_info
 
         flight_recorder_env(run_dir, env, request["flight_recorder"], True, torch_info()["version"], make)
+    elif collectives and not any(name in env for name in USER_NAMES):
+        env["TORCH_FR_BUFFER_SIZE"] = str(collectives["buffer"])  # gloo's collectives recorded (torch 2.7+)
     return env
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from launcher.node import hook, limits
+from launcher.node import collectives, hook, limits
 from launcher.node.child import which
 from launcher.node.proc import rank_processes, signal_process
 from launcher.node.protocol import timing
@@ -33,17 +33,25 @@ def stack_signal():
     return int(rtmin) + 7 if rtmin is not None else int(signal.SIGUSR2)
 
 
-def install_hook(run_dir, env, make=True):
-    """Write the hook (launcher/node/hook.py: stacks on a signal, progress records) into the run directory and point
-    the workers' environment at it (PYTHONPATH first); with `make` false, only the environment (nothing written)."""
-    hook_dir, stacks, progress = (os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR))
+def install_hook(run_dir, env, make=True, collecting=None):
+    """Write the hook (launcher/node/hook.py: stacks on a signal, progress records; launcher/node/collectives.py:
+    the collectives' thread) into the run directory and point the workers' environment at it (PYTHONPATH first);
+    with `make` false, only the environment (nothing written). `collecting`: the thread's settings (status_s,
+    arrivals_s, keep), None for no thread."""
+    folders = [os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR)]
+    hook_dir, stacks, progress, collected = folders
     if make:
-        for folder in (hook_dir, stacks, progress):
+        for folder in folders:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        with open(os.path.join(hook_dir, "sitecustomize.py"), "w") as handle:
-            handle.write(hook.__loader__.get_source(hook.__name__))  # the node's loader and a file's both give it
+        for module, name in ((hook, "sitecustomize"), (collectives, hook.COLLECTIVES_MODULE)):
+            with open(os.path.join(hook_dir, name + ".py"), "w") as handle:
+                handle.write(module.__loader__.get_source(module.__name__))  # the node's loader and a file's both
     env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
     env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, limits.RECORD_BYTES, limits.RECORD_FLUSH_S)
+    if collecting:
+        env[hook.COLLECTIVES_ENV] = "%s:%r:%r:%d:%r" % (
+            collected, float(collecting["status_s"]), float(collecting["arrivals_s"]), int(collecting["keep"]),
+            float(collecting["cost_factor"]))
     env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 

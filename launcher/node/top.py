@@ -22,7 +22,7 @@ import time
 
 from launcher.node.gpus import VISIBLE, GpuWatch
 from launcher.node.proc import environ_of, marked_processes, rank_processes
-from launcher.node.records import NO_RECORD, RankRecord, record_path, window_rate
+from launcher.node.records import NO_RECORD, RankCollectives, RankRecord, read_collectives, record_path, window_rate
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -131,6 +131,7 @@ class Sampler:
         self.pattern = re.compile(settings["progress"])
         self.progress = {}  # (pid, start) -> RankProgress
         self.records = {}  # (pid, start) -> RankRecord
+        self.collectives = {}  # (pid, start) -> RankCollectives
         self.files = {}  # (pid, start) -> its files
         self.cpu = {}  # pid -> (monotonic time, CPU seconds) at the last snapshot
         self.found = []  # the ranks' own processes as last found
@@ -146,18 +147,20 @@ class Sampler:
         for key in [k for k in self.progress if k not in live]:  # a worker that ended (a restart): forget it
             del self.progress[key]
             self.records.pop(key, None)
+            self.collectives.pop(key, None)
             self.files.pop(key, None)
         for pid, start, _, local_rank, restart in self.found:
             key = (pid, start)
             if key not in self.progress:
                 self.progress[key] = RankProgress(self.pattern, self.settings["rate_window_s"])
                 self.records[key] = RankRecord(start, self.settings["rate_window_s"])
+                self.collectives[key] = RankCollectives()
             if not self.files.get(key):
                 self.files[key] = rank_files(self.ranks_dir, local_rank, restart)
 
     def fields(self, pid, start, now):
         """A rank's progress: steps, batches, their rates, forward and data shares from its record (the hook's);
-        steps per second from its lines where the record has no step."""
+        steps per second from its lines where the record has no step; its collectives (`RankCollectives.fields`)."""
         record = self.records.get((pid, start))
         if record is None:
             found = dict(NO_RECORD)
@@ -168,6 +171,9 @@ class Sampler:
             lines = self.progress.get((pid, start))
             rate = None if lines is None else lines.rate(now)
             found["steps_per_s"] = None if rate is None else round(rate, 3)
+        reader = self.collectives.get((pid, start))
+        found["collectives"] = None if reader is None else reader.fields(read_collectives(self.run_dir, pid, start),
+                                                                         time.time())
         return found
 
     def read(self):

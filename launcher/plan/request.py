@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from launcher.config.model import Cluster, Host, Job
 from launcher.limits import (
+    COLLECTIVES,
     CUT_MARK,
     EVENT_CHUNK,
     FLIGHT_RECORDER_ENV,
@@ -94,7 +95,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stacks.py): every number."""
     return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
-            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK}
+            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK, "collectives": COLLECTIVES}
 
 
 def progress_settings(job: Job | None) -> dict[str, Any]:

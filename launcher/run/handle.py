@@ -174,7 +174,7 @@ class RunHandle:
         elif isinstance(event, Message):
             session.messages.append(event.text)
         elif isinstance(event, Beat) and self.hangs is not None:
-            self.hangs.watch.observe(time.monotonic(), event.node, event.progress)
+            self.hangs.observe(time.monotonic(), event.node, event.progress)
         elif self.hangs is not None and self.hangs.takes(event):
             return  # a node's answer to a hang's look (its stacks, its dumps): the look says it
         self.on_event(event)

@@ -11,13 +11,14 @@ that ends is seen, and a stop word is never held back.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, word_line
 from launcher.watch import flightrec
+from launcher.watch.arrival import ArrivalBook
 from launcher.watch.hang import HangWatch
 from launcher.watch.stacks import from_answers
 from launcher.watch.verdict import judge
@@ -51,6 +52,8 @@ class HangCheck:
 
     def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S):
         self.watch = HangWatch(timeout)
+        self.book = ArrivalBook()
+        """Every rank's collectives, from the same beats (the suspects: the ranks behind)."""
         self.keep = keep
         self.apart_s = apart_s
         self.hang: HangSuspected | None = None
@@ -59,6 +62,12 @@ class HangCheck:
         """A look is under way (its waits step the handle, which would start another)."""
         self._taking: type[NodeEvent] | None = None
         self._taken: dict[str, NodeEvent] = {}
+
+    def observe(self, now: float, node: str, progress: Iterable[Mapping[str, Any]]) -> None:
+        """One node's beat: its ranks' progress (the watch) and collectives (the book)."""
+        progress = list(progress)
+        self.watch.observe(now, node, progress)
+        self.book.feed(progress, time.time())
 
     def takes(self, event: NodeEvent) -> bool:
         """Keep a node's answer to the word being waited on (its stacks, its dumps); True when it was one."""
@@ -93,12 +102,15 @@ class HangCheck:
         before, failed_before = from_answers(looked)
         after, failed = from_answers(answers)
         unanswered = sorted(set(failed) | set(failed_before))
-        verdict = judge(before, after, self.apart_s, unanswered)
+        wall = time.time()
+        behind, stuck = self.book.behind(wall) or [], self.book.stuck(wall)
+        verdict = judge(before, after, self.apart_s, unanswered, behind=behind, stuck=stuck)
         if verdict.hang or verdict.asks_recorder:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
             _add_dumps(answers, self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S))
-            verdict = judge(before, after, self.apart_s, unanswered, flightrec.from_answers(answers))
+            if not behind:  # the collectives did not decide: the stacks, now with the dumps' word
+                verdict = judge(before, after, self.apart_s, unanswered, flightrec.from_answers(answers), stuck=stuck)
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())

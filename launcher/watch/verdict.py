@@ -7,9 +7,19 @@ one busy outside any wait (a checkpoint being written, an evaluation pass, a slo
 stack, or ranks that all wait on something other than each other (a sleep, data). A false verdict stops a healthy
 run, so in doubt the run goes on.
 
-On a GPU a rank behind a hung collective waits in a CUDA synchronisation (`loss.item()`), not in the collective:
-NCCL runs it as a kernel. Such a rank waits for its peers when NCCL's flight recorder shows it enqueued a collective
-that has not completed (`launcher.watch.flightrec`); without the recorder's word the verdict asks for it.
+First of all the collectives (`launcher.watch.arrival`, from each rank's flight recorder, read inside the worker):
+where some ranks of a group entered a collective that others did not, the ranks behind are the suspects, whatever the
+others' stacks or CPU say (on a GPU a rank waiting for a stuck peer spins in whatever synchronisation comes first).
+Then the suspect itself decides: its stack unchanged in a wait (a sleep, a lock, a collective of another group, its
+DataLoader's workers stuck in the dataset: the worker named) is a hang; a suspect at work (its stack moved, its
+loader workers moved, it computes or writes outside any wait, it is in uninterruptible I/O) is not, and the line says
+what it does. Every rank of a group in one collective, none completed, and no stack moved: the collective itself.
+
+Without the collectives (no recorder: torch before 2.7; a rank whose thread could not read them lately), the stacks
+alone: on a GPU a rank behind a hung collective waits in a CUDA synchronisation (`loss.item()`), not in the
+collective: NCCL runs it as a kernel. Such a rank waits for its peers when NCCL's flight recorder dumps show it
+enqueued a collective that has not completed (`launcher.watch.flightrec`); without their word the verdict asks for
+them.
 """
 
 from __future__ import annotations
@@ -17,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from launcher.watch.arrival import Behind, Stuck
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
-from launcher.watch.frames import wait_of
+from launcher.watch.frames import user_frame, wait_of
 from launcher.watch.stacks import STUCK_STATES, RankStack
 
 
@@ -32,16 +43,22 @@ class Verdict:
 
 
 def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
-          unanswered: Sequence[str] = (), recorded: Mapping[int, Collectives] | None = None) -> Verdict:
+          unanswered: Sequence[str] = (), recorded: Mapping[int, Collectives] | None = None,
+          behind: Sequence[Behind] = (), stuck: Sequence[Stuck] = ()) -> Verdict:
     """The verdict on two looks at every rank's stack, `apart_s` seconds apart; `unanswered`: the nodes that sent
     no stacks at either look (their ranks are unknown); `recorded`: what NCCL's flight recorder dumps say of each
-    rank's collectives (None: not asked)."""
+    rank's collectives (None: not asked); `behind` and `stuck`: what every rank's collectives say now
+    (`ArrivalBook.behind`, `.stuck`)."""
     if unanswered:
         return Verdict(False, f"{', '.join(sorted(unanswered))} sent no stacks")
     if not second:
         return Verdict(False, "no worker of the run was found")
+    if behind:
+        return _suspects(first, second, apart_s, behind)
     before = {(s.node, s.rank): s for s in first}
     moved = [s for s in second if _moved(before.get((s.node, s.rank)), s)]
+    if stuck and not moved:
+        return Verdict(True, f"{'; '.join(s.said() for s in stuck)}; no stack moved in {apart_s:g} s")
     if moved:
         return Verdict(False, f"the stack of {_who(moved)} moved between two looks {apart_s:g} s apart")
     waits = {(s.node, s.rank): wait_of(s.frames) for s in second}
@@ -68,6 +85,65 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(True, f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
                          f"in {apart_s:g} s{_recorder(recorded)}")
+
+
+def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
+              behind: Sequence[Behind]) -> Verdict:
+    """The ranks behind are the suspects: a hang when each of them is stuck, not when any is at work."""
+    told = "; ".join(b.said() for b in behind)
+    before = {s.rank: s for s in first}
+    now = {s.rank: s for s in second}
+    working, stuck = [], []
+    for rank in sorted({rank for b in behind for rank in b.late}):
+        held, what = _suspect(before.get(rank), now.get(rank), apart_s)
+        (stuck if held else working).append(f"rank {rank}{_at(now.get(rank))} {what}")
+    if working:
+        return Verdict(False, f"{told}; but {'; '.join(working)}")
+    return Verdict(True, f"{told}; {'; '.join(stuck)}")
+
+
+def _at(stack: RankStack | None) -> str:
+    return "" if stack is None else f" ({stack.node}, pid {stack.pid})"
+
+
+def _suspect(before: RankStack | None, after: RankStack | None, apart_s: float) -> tuple[bool, str]:
+    """(whether a rank behind is stuck, what it does)."""
+    if after is None:
+        return False, "gave no stack"
+    if not after.frames:
+        if after.state == "D":
+            return False, "is in uninterruptible I/O (state D): at work"
+        if after.state in STUCK_STATES:
+            return True, f"is {after.state_name} (state {after.state})"
+        return False, f"gave no stack ({after.why or 'no answer'})"
+    if _moved(before, after):
+        return False, f"is at work: its stack moved in {apart_s:g} s (it {_said(after.place)})"
+    wait = wait_of(after.frames)
+    if wait is None:
+        return False, f"is at work: it {_said(after.place)}, outside any wait"
+    if wait.kind == "data":
+        return _loader(before, after, apart_s)
+    return True, f"{_said(after.place)}, its stack unchanged in {apart_s:g} s"
+
+
+def _loader(before: RankStack | None, after: RankStack, apart_s: float) -> tuple[bool, str]:
+    """A rank that waits for its DataLoader: stuck when a worker of its is stuck in the dataset's code."""
+    earlier = {h.pid: h for h in (before.helpers if before is not None else ())}
+    busy = [h for h in after.helpers if h.frames and user_frame(h.frames) is not None]
+    moving = [h for h in busy if _moved(earlier.get(h.pid), h)]
+    if moving:
+        worker = moving[0]
+        return False, f"waits for its DataLoader, whose worker pid {worker.pid} is at work (it {_said(worker.place)})"
+    if busy:
+        worker = busy[0]
+        return True, (f"waits for its DataLoader worker pid {worker.pid}, stuck: it {_said(worker.place)}, its "
+                      f"stack unchanged in {apart_s:g} s")
+    return True, f"{_said(after.place)}, its stack unchanged in {apart_s:g} s"
+
+
+def _said(place: str) -> str:
+    """A place (`wait in all_reduce (...)`, `is in time.sleep (...)`) said of one rank."""
+    return "waits" + place[4:] if place.startswith("wait ") else place
 
 
 def _recorder(recorded: Mapping[int, Collectives] | None) -> str:

@@ -89,7 +89,8 @@ def test_a_console_nobody_reads_never_stops_a_healthy_run(make_sandbox, tmp_path
     run_id = run_dirs[0].parent.name
     for node in ("node-0", "node-1"):
         mirrored = (tmp_path / "logs" / run_id / f"{node}.log").read_text().splitlines()
-        assert sum(1 for line in mirrored if " line " in f" {line}" or "]:line " in line) == 300, node
+        # chatty's own lines (a warning of torch's or a traceback may say "line" too: a fresh clone's run counted 302)
+        assert sum(1 for line in mirrored if re.search(r"\bline \d+ rank \d+ ", line)) == 300, node
     assert "console: skipped" in err and f"every line is in {tmp_path / 'logs' / run_id}/" in err, err
     assert out.count(b"| line ") < 600  # the console really skipped some
 

@@ -59,7 +59,7 @@ def test_the_sampler_reads_a_ranks_record_and_falls_back_on_its_lines(tmp_path: 
     sampler = Sampler(str(tmp_path), "mark", settings)
     pid, start = os.getpid(), 12345
     sampler.find(([(pid, start, 0, 0, 0)], []))
-    assert sampler.fields(pid, start, 1.0) == NO_RECORD  # no record, no lines
+    assert sampler.fields(pid, start, 1.0) == {**NO_RECORD, "collectives": None}  # no record, no lines, no file
     sampler.progress[(pid, start)].feed("step 1\n", "out", 5, 1.0)
     sampler.progress[(pid, start)].feed("step 2\n", "out", 5, 2.0)
     sampler.progress[(pid, start)].feed("step 3\n", "out", 5, 3.0)

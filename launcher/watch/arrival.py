@@ -1,0 +1,215 @@
+"""What every rank did with its collectives, across the run (pure): the ranks *behind* (a hang's suspects) and the
+rank that *arrives last* (the straggler), from each rank's collectives as its node's beats carry them
+(launcher/node/collectives.py reads torch's flight recorder inside each worker; launcher/node/records.py passes
+each arrival on once).
+
+Why not the host's time: CUDA is asynchronous, so a rank waiting for a slow or stuck peer blocks at whatever
+synchronisation comes first (a `.item()`, a forward's allocation), and its wait lands there. What it cannot hide is
+the collective it *entered*: a rank whose last enqueued collective of a group is older than the group's newest is
+behind, whatever its CPU or its stack says; in lockstep data parallelism the rank that enters each collective last
+holds the others back for the difference.
+
+Arrival times are each rank's wall clock (torch's `time_created_ns`): nodes' clocks must agree to well under a
+step (NTP keeps them within milliseconds).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.limits import ARRIVALS_KEPT, COLLECTIVES_FRESH_S
+from launcher.ranges import numbers_text
+
+MIN_SPAN_S = 1.0
+"""Arrivals over less than this are too few to say who holds the others back."""
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(ranks)}"
+
+
+@dataclass(frozen=True)
+class Behind:
+    """A collective some ranks of its group entered and others did not."""
+
+    group: str
+    desc: str
+    seq: int
+    """The first collective the ranks behind did not enter (the one the others wait in)."""
+    name: str | None
+    late: Mapping[int, int]
+    """Each rank behind -> its last enqueued collective in the group."""
+    entered: tuple[int, ...]
+
+    @property
+    def collective(self) -> str:
+        return f"{self.name or 'collective'} #{self.seq} of {self.desc}"
+
+    def said(self) -> str:
+        """`rank 1 never entered all_reduce #101 of default_pg (its last: #100), which rank 0 entered`."""
+        lasts: dict[int, list[int]] = {}
+        for rank, last in sorted(self.late.items()):
+            lasts.setdefault(last, []).append(rank)
+        parts = [f"{_ranks(ranks)} never entered {self.collective} "
+                 f"({'its' if len(ranks) == 1 else 'their'} last: #{last})" for last, ranks in sorted(lasts.items())]
+        return "; ".join(parts) + f", which {_ranks(self.entered)} entered"
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A collective every rank of its group entered and none completed: the collective itself (network, NCCL)."""
+
+    group: str
+    desc: str
+    seq: int
+    name: str | None
+    ranks: tuple[int, ...]
+
+    def said(self) -> str:
+        return (f"every rank of {self.desc} ({_ranks(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
+                "and none completed it: the collective itself is stuck (the network, or NCCL)")
+
+
+@dataclass(frozen=True)
+class Late:
+    """A rank that arrives last at the collectives, over a window."""
+
+    rank: int
+    wait_share: float
+    """The others' wait for it, per second of the window (0.6: they wait 60% of their time)."""
+    last_share: float
+    """The share of the window's collectives it entered last."""
+    collectives: int
+    """The collectives of the window, entered by every rank of their group."""
+
+
+@dataclass
+class _Seen:
+    groups: Mapping[str, Mapping[str, Any]]
+    source: str | None
+    read_at: float
+    """The wall time its worker read them (the beat's time less their age)."""
+
+
+@dataclass
+class ArrivalBook:
+    """Each rank's collectives as the beats bring them: the last status of its groups, and the arrival times."""
+
+    fresh_s: float = COLLECTIVES_FRESH_S
+    kept: int = ARRIVALS_KEPT
+    seen: dict[int, _Seen | None] = field(default_factory=dict)
+    """rank -> its collectives as last read (None: the rank has none: no recorder, or its torch too old)."""
+    arrived: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
+    """group -> collective -> rank -> when the rank entered it (wall seconds)."""
+    names: dict[tuple[str, int], str] = field(default_factory=dict)
+    members: dict[str, set[int]] = field(default_factory=dict)
+    """group -> the ranks that reported it."""
+
+    def feed(self, ranks: Iterable[Mapping[str, Any]], now: float) -> None:
+        """One node's beat (its ranks' `collectives`), at wall time `now`."""
+        for rank in ranks:
+            number, found = int(rank["rank"]), rank.get("collectives")
+            if not isinstance(found, Mapping) or not found.get("source"):
+                self.seen[number] = None
+                continue
+            groups = found.get("groups") or {}
+            self.seen[number] = _Seen(groups, str(found["source"]), now - float(found.get("age_s") or 0.0))
+            for group in groups:
+                self.members.setdefault(group, set()).add(number)
+            for group, rows in (found.get("arrivals") or {}).items():
+                book = self.arrived.setdefault(group, {})
+                for seq, name, at in rows:
+                    book.setdefault(int(seq), {})[number] = float(at)
+                    self.names[(group, int(seq))] = str(name)
+                for old in sorted(book)[:-self.kept]:
+                    del book[old]
+                    self.names.pop((group, old), None)
+
+    def sources(self) -> dict[int, str | None]:
+        """rank -> where its figures come from (`flight recorder`, `nccl flight recorder`; None: none)."""
+        return {rank: None if seen is None else seen.source for rank, seen in self.seen.items()}
+
+    def status(self, now: float) -> dict[int, Mapping[str, Mapping[str, Any]]] | None:
+        """Every rank's groups, when every rank has them read within `fresh_s`; None otherwise (the rules that
+        need them stand aside)."""
+        if not self.seen or any(s is None or now - s.read_at > self.fresh_s for s in self.seen.values()):
+            return None
+        return {rank: seen.groups for rank, seen in self.seen.items() if seen is not None}
+
+    def _name(self, group: str, seq: int, groups: Iterable[Mapping[str, Mapping[str, Any]]]) -> str | None:
+        for status in groups:
+            flight = status.get(group, {}).get("in_flight")
+            if isinstance(flight, list) and len(flight) == 2 and flight[0] == seq and flight[1]:
+                return str(flight[1])
+        return self.names.get((group, seq))
+
+    def behind(self, now: float) -> list[Behind] | None:
+        """The collectives some ranks did not enter while others did; None: not every rank's status is known."""
+        status = self.status(now)
+        if status is None:
+            return None
+        found = []
+        for group in sorted({g for groups in status.values() for g in groups}):
+            enqueued = {rank: int(groups[group]["enqueued"]) for rank, groups in status.items() if group in groups}
+            newest = max(enqueued.values())
+            late = {rank: last for rank, last in enqueued.items() if last < newest}
+            if not late:
+                continue
+            seq = min(late.values()) + 1
+            entered = tuple(sorted(rank for rank, last in enqueued.items() if last >= seq))
+            found.append(Behind(group, _desc(status, group), seq, self._name(group, seq, status.values()), late,
+                                entered))
+        return found
+
+    def stuck(self, now: float) -> list[Stuck]:
+        """The collectives every rank of a group entered and none completed."""
+        status = self.status(now) or {}
+        found = []
+        for group in sorted({g for groups in status.values() for g in groups}):
+            rows = {rank: groups[group] for rank, groups in status.items() if group in groups}
+            enqueued = {int(row["enqueued"]) for row in rows.values()}
+            if len(rows) < 2 or len(enqueued) != 1:
+                continue
+            seq = enqueued.pop()
+            if seq >= 0 and all(int(row["completed"]) < seq for row in rows.values()):
+                found.append(Stuck(group, _desc(status, group), seq, self._name(group, seq, status.values()),
+                                   tuple(sorted(rows))))
+        return found
+
+    def lateness(self, now: float, window_s: float) -> dict[int, Late]:
+        """Over the collectives of the last `window_s` that every rank of their group entered: for each rank that
+        entered any of them last, the others' wait for it per second, and how often it was last."""
+        caused: dict[int, float] = {}
+        lasts: dict[int, int] = {}
+        count, first, latest = 0, None, None
+        for group, book in self.arrived.items():
+            members = self.members.get(group, set())
+            if len(members) < 2:
+                continue
+            for times in book.values():
+                if set(times) != members or max(times.values()) < now - window_s:
+                    continue
+                last = max(times, key=lambda rank: times[rank])
+                others = [at for rank, at in times.items() if rank != last]
+                caused[last] = caused.get(last, 0.0) + times[last] - statistics.median(others)
+                lasts[last] = lasts.get(last, 0) + 1
+                count += 1
+                first = min([*times.values(), *([] if first is None else [first])])
+                latest = max([*times.values(), *([] if latest is None else [latest])])
+        if not count or first is None or latest is None or latest - first < MIN_SPAN_S:
+            return {}
+        span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
+        return {rank: Late(rank, round(seconds / span, 4), round(lasts[rank] / count, 3), count)
+                for rank, seconds in caused.items()}
+
+
+def _desc(status: Mapping[int, Mapping[str, Mapping[str, Any]]], group: str) -> str:
+    for groups in status.values():
+        desc = groups.get(group, {}).get("desc")
+        if desc and desc != group:
+            return str(desc)
+    return f"group {group}"

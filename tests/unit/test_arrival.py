@@ -1,0 +1,187 @@
+"""The collectives across ranks (launcher.watch.arrival): the ranks behind a hang's collective, a collective stuck on
+every rank, the rank that arrives last (the straggler rule by arrival), and the hang verdict that starts from them
+(launcher.watch.verdict). The recorded cases are real collectives files of two gloo ranks
+(tests/scripts/record_collectives.py), read as the node's agent reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.node.records import RankCollectives
+from launcher.watch.arrival import ArrivalBook
+from launcher.watch.stacks import RankStack, rank_stacks
+from launcher.watch.straggler import StragglerWatch, lateness, straggler_line
+from launcher.watch.verdict import judge
+from tests.unit.test_hang_verdict import ALL_REDUCE, BACKWARD, BARRIER, HOOK_SLEEP, SAVE, SITE, STDLIB, rank
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "collectives"
+
+
+def recorded(case: str) -> tuple[list[dict[str, Any]], float]:
+    """A recorded case as one node's beat (each rank's `collectives` as the agent passes them on), and the wall time
+    the files were written (the beat's `now`)."""
+    ranks, wall = [], 0.0
+    for path in sorted((DATA / case).glob("rank*.json")):
+        data = json.loads(path.read_text())
+        wall = max(wall, data["wall"])
+        ranks.append({"rank": data["rank"], "collectives": RankCollectives().fields(data, data["wall"])})
+    return ranks, wall
+
+
+def beat(groups: dict[int, tuple[int, int]], source: str | None = "flight recorder", age: float = 0.5,
+         name: str = "all_reduce") -> list[dict[str, Any]]:
+    """Ranks whose default group's last enqueued and completed collectives are given."""
+    return [{"rank": rank, "collectives": None if source is None else {
+        "source": source, "age_s": age, "arrivals": {}, "why": None,
+        "groups": {"0": {"desc": "default_pg", "size": None, "enqueued": enq, "started": -1, "completed": done,
+                         "in_flight": [done + 1, name] if enq > done else None}}}}
+            for rank, (enq, done) in groups.items()]
+
+
+def test_the_rank_that_never_entered_the_collective_is_behind_in_a_recorded_gloo_hang() -> None:
+    ranks, wall = recorded("hang")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    [behind] = book.behind(wall)
+    assert list(behind.late) == [1] and behind.entered == (0,)
+    assert behind.seq == behind.late[1] + 1 and behind.name == "all_reduce" and behind.desc == "default_pg"
+    assert behind.said() == (f"rank 1 never entered all_reduce #{behind.seq} of default_pg (its last: "
+                             f"#{behind.seq - 1}), which rank 0 entered")
+    assert book.sources() == {0: "flight recorder", 1: "flight recorder"}
+
+
+def test_a_recorded_gloo_hang_is_judged_from_the_rank_behind_whatever_the_waiting_rank_does() -> None:
+    ranks, wall = recorded("hang")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    # rank 0 as a GPU shows it: busy on a line nobody knows as a wait (the stacks alone said "not a hang")
+    look = [rank("node-0", 0, SAVE, "R"), rank("node-1", 1, HOOK_SLEEP)]
+    verdict = judge(look, look, 5.0, behind=book.behind(wall))
+    assert verdict.hang, verdict.why
+    seq = book.behind(wall)[0].seq
+    assert verdict.why == (f"rank 1 never entered all_reduce #{seq} of default_pg (its last: #{seq - 1}), which "
+                           "rank 0 entered; rank 1 (node-1, pid 4241) is in time.sleep (boring.py:12, in "
+                           "training_step), its stack unchanged in 5 s")
+
+
+def test_a_rank_behind_that_is_at_work_is_no_hang_and_the_line_says_what_it_does() -> None:
+    book = ArrivalBook()
+    book.feed(beat({0: (41, 40), 1: (40, 40)}, name="barrier"), 100.0)
+    behind = book.behind(100.0)
+    writing = [rank("node-0", 0, BARRIER), rank("node-1", 1, SAVE, "R")]
+    verdict = judge(writing, writing, 5.0, behind=behind)
+    assert not verdict.hang
+    assert verdict.why == ("rank 1 never entered barrier #41 of default_pg (its last: #40), which rank 0 entered; but "
+                           "rank 1 (node-1, pid 4241) is at work: it is in save_checkpoint (job.py:14), outside any "
+                           "wait")
+    moved = [rank("node-0", 0, BARRIER), rank("node-1", 1, SAVE.replace("line 14", "line 15"))]
+    assert "its stack moved in 5 s" in judge(writing, moved, 5.0, behind=behind).why
+    in_io = [rank("node-0", 0, BARRIER), rank("node-1", 1, None, "D")]
+    assert "uninterruptible I/O" in judge(in_io, in_io, 5.0, behind=behind).why
+    stopped = [rank("node-0", 0, BARRIER), rank("node-1", 1, None, "T")]
+    assert judge(stopped, stopped, 5.0, behind=behind).hang
+
+
+LOADER_WAIT = f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "{STDLIB}/multiprocessing/queues.py", line 113 in get
+  File "{SITE}/torch/utils/data/dataloader.py", line 1133 in _try_get_data
+  File "{SITE}/torch/utils/data/dataloader.py", line 1300 in _get_data
+  File "{SITE}/torch/utils/data/dataloader.py", line 733 in __next__
+  File "/home/u/job.py", line 30 in <module>
+"""
+WORKER_STUCK = f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/u/data.py", line 7 in __getitem__
+  File "{SITE}/torch/utils/data/_utils/fetch.py", line 52 in fetch
+  File "{SITE}/torch/utils/data/_utils/worker.py", line 349 in _worker_loop
+"""
+WORKER_IDLE = f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "{STDLIB}/multiprocessing/queues.py", line 113 in get
+  File "{SITE}/torch/utils/data/_utils/worker.py", line 300 in _worker_loop
+"""
+
+
+def loader_rank(*helpers: tuple[int, str]) -> RankStack:
+    """Rank 1 waiting for its DataLoader, with its workers (pid, stack) as the node's agent reports them."""
+    worker = {"rank": 1, "local_rank": 0, "pid": 4241, "state": "S", "state_name": "sleeping", "stack": LOADER_WAIT,
+              "why": None, "lines": {"/home/u/data.py:7": "time.sleep(600)"}}
+    [found] = rank_stacks("node-1", [worker, *({**worker, "pid": pid, "stack": text, "helper": True, "parent": 4241,
+                                                "owner": 4241} for pid, text in helpers)])
+    return found
+
+
+def test_a_dataloader_worker_stuck_in_the_dataset_is_a_hang_that_names_the_worker() -> None:
+    book = ArrivalBook()
+    book.feed(beat({0: (41, 40), 1: (40, 40)}), 100.0)
+    loading = loader_rank((5001, WORKER_IDLE), (5002, WORKER_STUCK))
+    look = [rank("node-0", 0, BACKWARD), loading]
+    verdict = judge(look, look, 5.0, behind=book.behind(100.0))
+    assert verdict.hang, verdict.why
+    assert verdict.why.endswith("rank 1 (node-1, pid 4241) waits for its DataLoader worker pid 5002, stuck: it is in "
+                                "time.sleep (data.py:7, in __getitem__), its stack unchanged in 5 s")
+    later = loader_rank((5001, WORKER_IDLE), (5002, WORKER_STUCK.replace("line 7", "line 8")))
+    verdict = judge(look, [look[0], later], 5.0, behind=book.behind(100.0))
+    assert not verdict.hang and "whose worker pid 5002 is at work" in verdict.why
+
+
+def test_every_rank_in_one_collective_that_none_completed_is_the_collective_itself() -> None:
+    book = ArrivalBook()
+    book.feed(beat({0: (41, 40), 1: (41, 40)}), 100.0)
+    assert book.behind(100.0) == []
+    [stuck] = book.stuck(100.0)
+    spinning = [rank("node-0", 0, SAVE, "R"), rank("node-1", 1, SAVE, "R")]  # on a GPU: anywhere, spinning
+    verdict = judge(spinning, spinning, 5.0, stuck=[stuck])
+    assert verdict.hang
+    assert verdict.why == ("every rank of default_pg (ranks 0,1) entered all_reduce #41 and none completed it: the "
+                           "collective itself is stuck (the network, or NCCL); no stack moved in 5 s")
+
+
+def test_without_every_ranks_collectives_fresh_the_stacks_decide_alone() -> None:
+    book = ArrivalBook()
+    book.feed(beat({0: (41, 40)}) + beat({1: (40, 40)}, source=None), 100.0)
+    assert book.behind(100.0) is None and book.sources() == {0: "flight recorder", 1: None}
+    stale = ArrivalBook()
+    stale.feed(beat({0: (41, 40), 1: (40, 40)}, age=30.0), 100.0)
+    assert stale.behind(100.0) is None
+    look = [rank("node-0", 0, ALL_REDUCE), rank("node-1", 1, SAVE, "R")]
+    assert judge(look, look, 5.0, behind=book.behind(100.0) or []).why == "rank 1 is busy, not waiting"
+
+
+def test_the_slow_rank_of_a_recorded_gloo_run_arrives_last_and_is_flagged_alone() -> None:
+    ranks, wall = recorded("slow")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    late = lateness(book, wall)
+    assert late is not None
+    # 0.1 s more a step of 0.15 s: rank 0 waits two thirds of its time for rank 1, which never waits
+    assert late[1].last_share > 0.9 and late[1].wait_share == pytest.approx(0.67, abs=0.1), late
+    assert late.get(0) is None or late[0].wait_share < 0.02, late
+    found = StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0}, {0: 0.9, 1: 0.1}, late)
+    assert list(found) == [1] and found[1].kind == "arrival"
+    assert found[1].lost_s == pytest.approx(late[1].wait_share / 5.0, abs=1e-3)
+    assert straggler_line(found[1], "node-1").startswith("straggler: node-1 r1 enters the collectives last (")
+
+
+def test_no_rank_of_a_recorded_healthy_gloo_run_is_flagged_and_the_forward_rule_stands_aside() -> None:
+    ranks, wall = recorded("healthy")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    late = lateness(book, wall)
+    assert late is not None
+    # a waiting rank's forward share is high (its wait lands there): never flagged while the collectives are known
+    assert StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0}, {0: 0.9, 1: 0.1}, late) == {}
+    assert list(StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0}, {0: 0.9, 1: 0.1}, None)) == [0]
+
+
+def test_each_arrival_is_passed_on_once_by_one_reader() -> None:
+    data = {"source": "flight recorder", "wall": 10.0, "groups": {}, "why": "",
+            "arrivals": {"0": [[1, "all_reduce", 9.0], [2, "all_reduce", 9.5]]}}
+    reader = RankCollectives()
+    assert reader.fields(data, 10.5)["arrivals"] == {"0": [[1, "all_reduce", 9.0], [2, "all_reduce", 9.5]]}
+    data["arrivals"]["0"].append([3, "broadcast", 9.8])
+    assert reader.fields(data, 11.0) == {"source": "flight recorder", "groups": {}, "age_s": 1.0, "why": None,
+                                         "arrivals": {"0": [[3, "broadcast", 9.8]]}}
+    assert reader.fields(None, 11.0) is None
