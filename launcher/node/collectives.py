@@ -12,9 +12,9 @@ A daemon thread (the main thread may be blocked in the very collective that hang
 `status_s` (a dump without entries: some microseconds), and the entries, for the times each rank arrived at each
 collective, every `arrivals_s` or `cost_factor` (100) times as long as the last such read took, whichever is longer,
 so reading costs under 1% of the process's time whatever the recorder's buffer. It writes `collectives/<pid>`, one
-JSON object replaced whole (a rename), that the node's agent reads (`launcher/node/records.py` `read_collectives`). Any failure
-ends the thread and says why in the file; the program goes on untouched. Forked children (DataLoader workers) have
-no thread: threads do not survive a fork.
+JSON object replaced whole (a rename), that the node's agent reads (`launcher/node/records.py` `read_collectives`).
+Any failure ends the thread and says why in the file; the program goes on untouched. Forked children (DataLoader
+workers) have no thread: threads do not survive a fork.
 """
 
 import json
