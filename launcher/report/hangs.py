@@ -51,8 +51,9 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     stacks, failures = from_answers(event.answers)
     folder = write_stacks(log_dir, run_id, stacks, event.time)
     first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
-    (folder / "answer.txt").write_text(first + "\n", encoding="utf-8")
-    lines = [first, *([f"why a hang: {event.why}"] if event.why else []),
+    why = [f"why a hang: {event.why}"] if event.why else []
+    (folder / "answer.txt").write_text("\n".join([first, *why]) + "\n", encoding="utf-8")
+    lines = [first, *why,
              *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
              f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"

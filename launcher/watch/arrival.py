@@ -133,6 +133,11 @@ class ArrivalBook:
         """rank -> where its figures come from (`flight recorder`, `nccl flight recorder`; None: none)."""
         return {rank: None if seen is None else seen.source for rank, seen in self.seen.items()}
 
+    def recording(self) -> bool:
+        """Whether every rank's recorder keeps its collectives (a source, and process groups in it: with
+        TORCH_FR_BUFFER_SIZE=0 torch has a recorder that keeps nothing)."""
+        return bool(self.seen) and all(s is not None and s.groups for s in self.seen.values())
+
     def status(self, now: float) -> dict[int, Mapping[str, Mapping[str, Any]]] | None:
         """Every rank's groups, when every rank has them read within `fresh_s`; None otherwise (the rules that
         need them stand aside)."""
@@ -180,9 +185,10 @@ class ArrivalBook:
                                    tuple(sorted(rows))))
         return found
 
-    def lateness(self, now: float, window_s: float) -> dict[int, Late]:
+    def lateness(self, now: float, window_s: float) -> dict[int, Late] | None:
         """Over the collectives of the last `window_s` that every rank of their group entered: for each rank that
-        entered any of them last, the others' wait for it per second, and how often it was last."""
+        entered any of them last, the others' wait for it per second, and how often it was last. None: too few
+        arrivals to say yet."""
         caused: dict[int, float] = {}
         lasts: dict[int, int] = {}
         count, first, latest = 0, None, None
@@ -201,7 +207,7 @@ class ArrivalBook:
                 first = min([*times.values(), *([] if first is None else [first])])
                 latest = max([*times.values(), *([] if latest is None else [latest])])
         if not count or first is None or latest is None or latest - first < MIN_SPAN_S:
-            return {}
+            return None
         span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
         return {rank: Late(rank, round(seconds / span, 4), round(lasts[rank] / count, 3), count)
                 for rank, seconds in caused.items()}

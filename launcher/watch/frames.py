@@ -16,9 +16,11 @@ from launcher.node.protocol import RUNS_ROOT
 
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<|"
                       r"/(?:torch|lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)/|"
-                      + re.escape("/" + RUNS_ROOT.partition("/")[2] + "/"))
+                      + re.escape("/" + RUNS_ROOT.partition("/")[2] + "/") + "|"
+                      + re.escape("/" + RUNS_ROOT.rsplit("/", 2)[1] + "/runs/") + r"[^/]+/[^/]+/hook/")
 """Not the user's own code: installed packages, the standard library, torch and the trainers around it (also from
-a source checkout), and the worker's hook in the run directory (it wraps `Tensor.backward` and optimizer steps)."""
+a source checkout), and the worker's hook in the run directory (it wraps `Tensor.backward` and optimizer steps), also
+where the cache is elsewhere (XDG_CACHE_HOME: `<cache>/ddp-launcher/runs/<run>/<node>/hook/`)."""
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 _WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn")
 _COLLECTIVE = re.compile(r"torch/distributed/(?:distributed_c10d|c10d_logger|_functional_collectives(?:_impl)?|utils)"
@@ -27,8 +29,13 @@ _COLLECTIVE = re.compile(r"torch/distributed/(?:distributed_c10d|c10d_logger|_fu
 _BACKWARD = re.compile(r"torch/autograd/(?:graph|__init__)\.py$|torch/_tensor\.py$")
 _BACKWARD_CALLS = ("backward", "_engine_run_backward", "grad", "run_backward")
 _DATALOADER = re.compile(r"torch/utils/data/dataloader\.py$")
-_WAITING = re.compile(r"/lib/python\d+(?:\.\d+)?/(?:threading|queue|multiprocessing/\w+|concurrent/futures/\w+)\.py$")
-"""The standard library's waits: locks, events, conditions, queues, processes, futures."""
+_FETCHING = ("__next__", "_next_data", "_get_data", "_try_get_data")
+"""A DataLoader iterator's functions that wait for its workers (a worker forked from `__iter__` has dataloader.py
+frames too, but none of these)."""
+_WORKER_LOOP = re.compile(r"torch/utils/data/_utils/worker\.py$")
+_WAITING = re.compile(r"/lib/python\d+(?:\.\d+)?/(?:threading|queue|selectors|multiprocessing/\w+|"
+                      r"concurrent/futures/\w+)\.py$")
+"""The standard library's waits: locks, events, conditions, queues, processes, futures, select and poll."""
 _SLEEP = re.compile(r"((?:[A-Za-z_][\w]*\.)*(?:sleep|wait\w*))\s*\(")
 _SYNC = re.compile(r"((?:[A-Za-z_][\w]*\.)*(?:synchronize|item|cpu|tolist))\s*\(\s*\)")
 """A host-device synchronisation on the user's own line (a hung NCCL kernel keeps it spinning)."""
@@ -111,7 +118,7 @@ def wait_of(frames: Sequence[Frame]) -> Wait | None:
     if "torch/cuda/" in inner.file and inner.func in ("synchronize", "wait", "wait_event", "wait_stream"):
         return Wait("cuda", f"torch.cuda.{inner.func}", "a CUDA synchronisation")
     if _WAITING.search(inner.file) or _DATALOADER.search(inner.file):
-        if any(_DATALOADER.search(f.file) for f in frames):
+        if any(_DATALOADER.search(f.file) and f.func in _FETCHING for f in _library_run(frames)):
             return Wait("data", "DataLoader.__next__", "the next batch from its workers")
         if _WAITING.search(inner.file):
             module = inner.file.rsplit("/", 2)
@@ -119,6 +126,20 @@ def wait_of(frames: Sequence[Frame]) -> Wait | None:
             return Wait("lock", f"{stem}.{inner.func}", "a lock, event or queue")
     # a trainer's own `.item()` (Lightning's logging, HF Trainer's loss): on a GPU, behind the kernels
     return _synchronised(inner.source, "a CUDA synchronisation")
+
+
+def in_dataset(frames: Sequence[Frame]) -> bool:
+    """Whether a DataLoader worker is in the user's dataset code (a user's frame inside its `_worker_loop`), not
+    idle on its queue (whose only frames of the user's are those it was forked from)."""
+    loop = next((i for i, f in enumerate(frames) if _WORKER_LOOP.search(f.file) and f.func == "_worker_loop"), None)
+    user = user_frame(frames)
+    return loop is not None and user is not None and user < loop
+
+
+def _library_run(frames: Sequence[Frame]) -> list[Frame]:
+    """The innermost frames up to the first of the user's (what the rank's own call led into)."""
+    index = user_frame(frames)
+    return list(frames if index is None else frames[:index])
 
 
 def _on_users_line(frame: Frame) -> Wait | None:

@@ -183,12 +183,11 @@ class LaunchStragglers:
 
 
 def lateness(book: ArrivalBook, now: float) -> dict[Hashable, Late] | None:
-    """What the arrival rule reads at wall time `now`: every rank's lateness over the window, where every rank's
-    collectives are known (None where any rank has none: the forward rule then)."""
-    sources = book.sources()
-    if not sources or any(source is None for source in sources.values()):
+    """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until arrivals
+    cover it), where every rank's recorder keeps its collectives (None otherwise: the forward rule then)."""
+    if not book.recording():
         return None
-    return dict(book.lateness(now, STRAGGLER_WINDOW_S))
+    return dict(book.lateness(now, STRAGGLER_WINDOW_S) or {})
 
 
 def stragglers_of(log_dir: Path, run_id: str) -> list[str]:

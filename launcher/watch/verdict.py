@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from launcher.watch.arrival import Behind, Stuck
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
-from launcher.watch.frames import user_frame, wait_of
+from launcher.watch.frames import in_dataset, wait_of
 from launcher.watch.stacks import STUCK_STATES, RankStack
 
 
@@ -129,7 +129,7 @@ def _suspect(before: RankStack | None, after: RankStack | None, apart_s: float) 
 def _loader(before: RankStack | None, after: RankStack, apart_s: float) -> tuple[bool, str]:
     """A rank that waits for its DataLoader: stuck when a worker of its is stuck in the dataset's code."""
     earlier = {h.pid: h for h in (before.helpers if before is not None else ())}
-    busy = [h for h in after.helpers if h.frames and user_frame(h.frames) is not None]
+    busy = [h for h in after.helpers if in_dataset(h.frames)]
     moving = [h for h in busy if _moved(earlier.get(h.pid), h)]
     if moving:
         worker = moving[0]

@@ -216,3 +216,6 @@ def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what
                      r"between two looks 3 s apart)\): rank 0 is in save_checkpoint \(busy_save\.py:\d+\); rank 1 "
                      r"\(node-1, pid \d+\) is in time\.sleep \(busy_save\.py:\d+\); the run goes on", seen[0]), seen
     assert all("rank 0 is in save_checkpoint" in line for line in seen), seen
+    # the look while rank 1 waits in the barrier: rank 0 is behind, and at work (the collectives name the suspect)
+    assert any(re.search(r"rank 0 never entered barrier #\d+ of default_pg \(its last: #\d+\), which rank 1 "
+                         r"entered; but rank 0 \(node-0, pid \d+\) is at work", line) for line in seen), seen

@@ -6,6 +6,7 @@ their runs (progress, stragglers, hangs) must hold for them as it does for train
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -101,5 +102,22 @@ def test_a_hang_with_dataloader_workers_is_found(make_sandbox, tmp_path: Path) -
     assert launched.returncode == 124, launched.stdout[-3000:] + launched.stderr[-3000:]
     answer = next(line for line in (launched.stdout + launched.stderr).splitlines() if "hang suspected" in line)
     assert "rank 1 (node-1" in answer and "time.sleep" in answer, answer
+    assert time.monotonic() - t0 < 120
+    wait_for(lambda: run_processes(run_id_of(launched.stderr)) == [], 30, "every process of the run gone")
+
+
+def test_a_dataloader_worker_stuck_in_its_dataset_is_found_and_named(make_sandbox, tmp_path: Path) -> None:
+    # A worker of rank 1 sleeps in __getitem__; rank 1 waits for it in DataLoader.__next__, rank 0 in the all-reduce.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/loader_hang.py",
+                       script_args=["1", "100000", "worker"])
+    t0 = time.monotonic()
+    launched = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",
+                   log_dir=tmp_path / "logs", timeout=300)
+    said = launched.stdout + launched.stderr
+    assert launched.returncode == 124, said[-3000:]
+    answer = next(line for line in said.splitlines() if line.startswith("why a hang:"))
+    assert re.search(r"rank 1 never entered \w+ #\d+ of default_pg \(its last: #\d+\), which rank 0 entered; rank 1 "
+                     r"\(node-1, pid \d+\) waits for its DataLoader worker pid \d+, stuck: it is in time\.sleep "
+                     r"\(loader_hang\.py:\d+, in __getitem__\)", answer), answer
     assert time.monotonic() - t0 < 120
     wait_for(lambda: run_processes(run_id_of(launched.stderr)) == [], 30, "every process of the run gone")

@@ -16,7 +16,7 @@ from launcher.watch.arrival import ArrivalBook
 from launcher.watch.stacks import RankStack, rank_stacks
 from launcher.watch.straggler import StragglerWatch, lateness, straggler_line
 from launcher.watch.verdict import judge
-from tests.unit.test_hang_verdict import ALL_REDUCE, BACKWARD, BARRIER, HOOK_SLEEP, SAVE, SITE, STDLIB, rank
+from tests.unit.test_hang_verdict import ALL_REDUCE, BACKWARD, BARRIER, HOOK, HOOK_SLEEP, SAVE, SITE, STDLIB, rank
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "collectives"
 
@@ -86,22 +86,34 @@ def test_a_rank_behind_that_is_at_work_is_no_hang_and_the_line_says_what_it_does
     assert judge(stopped, stopped, 5.0, behind=behind).hang
 
 
+FORKED = f"""  File "{STDLIB}/multiprocessing/process.py", line 108 in run
+  File "{STDLIB}/multiprocessing/popen_fork.py", line 71 in _launch
+  File "{STDLIB}/multiprocessing/process.py", line 121 in start
+  File "{SITE}/torch/utils/data/dataloader.py", line 1176 in __init__
+  File "{SITE}/torch/utils/data/dataloader.py", line 500 in __iter__
+  File "/home/u/job.py", line 30 in <module>
+"""
+"""A DataLoader worker's frames below its loop: those of the rank it was forked from (as torch 2.13 shows them)."""
 LOADER_WAIT = f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "{STDLIB}/selectors.py", line 415 in select
+  File "{STDLIB}/multiprocessing/connection.py", line 947 in wait
   File "{STDLIB}/multiprocessing/queues.py", line 113 in get
-  File "{SITE}/torch/utils/data/dataloader.py", line 1133 in _try_get_data
-  File "{SITE}/torch/utils/data/dataloader.py", line 1300 in _get_data
-  File "{SITE}/torch/utils/data/dataloader.py", line 733 in __next__
+  File "{SITE}/torch/utils/data/dataloader.py", line 1291 in _try_get_data
+  File "{SITE}/torch/utils/data/dataloader.py", line 1464 in _get_data
+  File "{SITE}/torch/utils/data/dataloader.py", line 725 in __next__
+  File "{HOOK}", line 152 in __next__
   File "/home/u/job.py", line 30 in <module>
 """
 WORKER_STUCK = f"""Current thread 0x00007f0000000002 (most recent call first):
   File "/home/u/data.py", line 7 in __getitem__
-  File "{SITE}/torch/utils/data/_utils/fetch.py", line 52 in fetch
-  File "{SITE}/torch/utils/data/_utils/worker.py", line 349 in _worker_loop
-"""
+  File "{SITE}/torch/utils/data/_utils/fetch.py", line 54 in fetch
+  File "{SITE}/torch/utils/data/_utils/worker.py", line 374 in _worker_loop
+""" + FORKED
 WORKER_IDLE = f"""Current thread 0x00007f0000000002 (most recent call first):
+  File "{STDLIB}/selectors.py", line 415 in select
   File "{STDLIB}/multiprocessing/queues.py", line 113 in get
-  File "{SITE}/torch/utils/data/_utils/worker.py", line 300 in _worker_loop
-"""
+  File "{SITE}/torch/utils/data/_utils/worker.py", line 334 in _worker_loop
+""" + FORKED
 
 
 def loader_rank(*helpers: tuple[int, str]) -> RankStack:
@@ -111,6 +123,16 @@ def loader_rank(*helpers: tuple[int, str]) -> RankStack:
     [found] = rank_stacks("node-1", [worker, *({**worker, "pid": pid, "stack": text, "helper": True, "parent": 4241,
                                                 "owner": 4241} for pid, text in helpers)])
     return found
+
+
+def test_a_rank_waiting_for_its_loader_waits_on_data_and_its_workers_are_not_said_to() -> None:
+    from launcher.watch.frames import in_dataset, wait_of
+
+    loading = loader_rank((5001, WORKER_IDLE), (5002, WORKER_STUCK))
+    assert wait_of(loading.frames) is not None and wait_of(loading.frames).kind == "data"  # type: ignore[union-attr]
+    idle, stuck = loading.helpers
+    assert wait_of(idle.frames).kind == "lock" and not in_dataset(idle.frames)  # type: ignore[union-attr]
+    assert in_dataset(stuck.frames) and stuck.place == "is in time.sleep (data.py:7, in __getitem__)"
 
 
 def test_a_dataloader_worker_stuck_in_the_dataset_is_a_hang_that_names_the_worker() -> None:
