@@ -283,6 +283,17 @@ TOP_GPU_REFRESH_S = 2.0
 the last answer and says its age). A call costs 100-500 ms of CPU on 8 GPUs: once a second would be a core's tenth."""
 STRAGGLER_WINDOW_S = 30.0
 """The arrival rule judges the collectives of the last this many seconds (launcher/watch/straggler.py)."""
+TOP_BEHIND_SAY_S = 5.0
+"""`inv top` says a rank behind (launcher/watch/arrival.py) once the ranks that entered the collective it never entered
+have waited this long in it: each rank's collectives are read once a second at a moment of its own, so in a healthy
+run one rank is often a collective behind another at a single look (the recorded healthy gloo run is:
+tests/data/collectives/healthy)."""
+TOP_BEHIND_HANG_S = 30.0
+"""... and suspects a hang once they have waited this long (a healthy step, even a slow rank's, is far shorter; a
+launch's own hang watch waits HANG_FLOOR_S of no progress at least before it looks)."""
+TOP_BEHIND_LINES = 3
+"""The live view says this many collectives with ranks behind, one a line; more are counted in one line (`--once`
+says every one)."""
 FORWARD_GAP = 0.1
 """A rank flagged by its forward share (lockstep DDP, launcher/watch/straggler.py) is at least this far above the
 median share, besides the straggler factor's ratio: 0.41 against 0.23 is a straggler; 0.03 against 0.02 is noise."""

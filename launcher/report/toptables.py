@@ -1,21 +1,22 @@
 """What `inv top` shows (pure): the tables of the live view and of `--once`, from the run as the watch has it
 (launcher/watch/top.py): a row per node (load, memory, GPUs) and a row per rank (its helpers beside it: their count,
-CPU and memory), stragglers marked."""
+CPU and memory), stragglers and ranks behind a collective marked, a line for each collective with ranks behind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from launcher.limits import TOP_GPU_REFRESH_S
+from launcher.limits import TOP_BEHIND_LINES, TOP_GPU_REFRESH_S
+from launcher.ranges import numbers_text
 from launcher.units import human_bytes
 from launcher.watch.straggler import Straggler
-from launcher.watch.top import NodeView, flagged, ranks_of
+from launcher.watch.top import NodeView, RankBehind, behind_ranks, flagged, ranks_of
 
 GPU_OLD_S = 2 * TOP_GPU_REFRESH_S
 """A node's GPU answer older than this is shown with its age: nvidia-smi is slow or stuck there."""
@@ -68,14 +69,27 @@ def _share(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
 
 
-def _rate(row: Mapping[str, Any], found: Straggler | None) -> str:
+class Marks(NamedTuple):
+    """What a rank's row is marked with: the straggler it is, the collective it is behind in."""
+
+    found: Straggler | None = None
+    behind: RankBehind | None = None
+
+
+def _rate(row: Mapping[str, Any], marks: Marks) -> str:
+    """Steps a second, and why the rank is flagged: `SLOW 0.45x` (by rate), `SLOW +0.15 s/step` (by arrival: the
+    others wait that long a step for it), `BEHIND` (a collective it never entered)."""
     if row.get("steps_per_s") is None and row.get("step") is None and not row.get("steps"):
         rate = "off" if (row.get("record") or "").startswith("off") else "no progress lines"
     else:
         rate = _number(row.get("steps_per_s"), ".2f")
+    found = marks.found
     if found is not None and found.kind == "rate":
         rate += f" SLOW {found.share:.2f}x"
-    return rate
+    elif found is not None and found.late is not None:  # by arrival
+        lost = f"+{found.lost_s:.2f} s/step" if found.lost_s is not None else f"({found.late.wait_share:.0%} wait)"
+        rate += f" SLOW {lost}"
+    return rate + (" BEHIND" if marks.behind is not None else "")
 
 
 def _helpers(helpers: Sequence[Mapping[str, Any]] | None) -> str:
@@ -86,12 +100,12 @@ def _helpers(helpers: Sequence[Mapping[str, Any]] | None) -> str:
     return f"{len(helpers)}: {cpu:.0f}% {size(sum(h.get('rss_bytes') or 0 for h in helpers))}"
 
 
-def _forward(row: Mapping[str, Any], found: Straggler | None) -> str:
+def _forward(row: Mapping[str, Any], marks: Marks) -> str:
     share = _share(row.get("forward_share"))
-    return share + " SLOW" if found is not None and found.kind == "forward" else share
+    return share + " SLOW" if marks.found is not None and marks.found.kind == "forward" else share
 
 
-_CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Straggler | None], str]], ...] = (
+_CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Marks], str]], ...] = (
     ("node", False, None, lambda r, _: r["node"]),
     ("rank", True, None, lambda r, _: f"r{r['rank']}"),
     ("pid", True, None, lambda r, _: str(r["pid"])),
@@ -111,71 +125,114 @@ a run that only prints lines keeps its narrow table), and the cell."""
 
 
 def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], rows: Sequence[Mapping[str, Any]] | None
-               = None, width: int | None = None) -> Table:
+               = None, width: int | None = None, behind: Sequence[RankBehind] = ()) -> Table:
     """The ranks' table (`rows`: those to show, in order; all by default). With the terminal's `width`, the columns
-    that matter least are left out until the last line keeps `LAST_LINE_MIN` characters."""
+    that matter least are left out until the last line keeps `LAST_LINE_MIN` characters (and the node's name is
+    never cut)."""
     rows = ranks_of(views) if rows is None else rows
+    behind_of = behind_ranks(behind)
+
+    def marks(row: Mapping[str, Any]) -> Marks:
+        return Marks(stragglers.get(row["rank"]), behind_of.get(row["rank"]))
+
     cells = [c for c in _CELLS if c[2] is None or any(r.get(c[2]) for r in rows)]
+    last_min = LAST_LINE_MIN
     if width is not None:
-        cells = _fitting(cells, rows, stragglers, width)
+        cells, last_min = _fitting(cells, rows, marks, width)
     table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     for name, right, _, _ in cells:
         table.add_column(name, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
-                         ratio=1 if name == "last line" else None,
-                         min_width=LAST_LINE_MIN if name == "last line" else None)
+                         ratio=1 if name == "last line" else None, min_width=last_min if name == "last line" else None)
     for row in rows:
-        found = stragglers.get(row["rank"])
-        table.add_row(*(cell(row, found) for _, _, _, cell in cells), style="bold red" if found is not None else None)
+        mark = marks(row)
+        table.add_row(*(cell(row, mark) for _, _, _, cell in cells),
+                      style="bold red" if mark.found is not None or mark.behind is not None else None)
     return table
 
 
 LAST_LINE_MIN = 24
 """The last line keeps at least this many characters in a narrow terminal (it shrank to 9 in 80 columns)."""
-DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s")
-"""The columns a narrow terminal loses first, in order; node, rank, CPU, steps/s, fwd and the last line stay."""
+DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s", "fwd", "CPU %")
+"""The columns a narrow terminal loses, in order; node, rank, steps/s and the last line stay (the last line shrinks
+below LAST_LINE_MIN only when nothing else is left to lose: a node's name is never cut)."""
 
 
-def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], width: int) -> list:
+def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Mapping[str, Any]], Marks],
+             width: int) -> tuple[list, int]:
+    """The columns that fit in `width` with the last line's least width: rich cuts every column alike (the node's
+    name too) when a table does not fit."""
     def natural(cell: tuple) -> int:
         name, _, _, make = cell
-        return max([len(name), *(len(make(r, stragglers.get(r["rank"]))) for r in rows)]) + 1
+        return max([len(name), *(len(make(r, marks(r))) for r in rows)])
+
+    def needed(kept: list) -> int:  # every column but the last line, and two spaces between columns
+        return sum(natural(c) for c in kept if c[0] != "last line") + 2 * (len(kept) - 1)
 
     kept = list(cells)
     for name in DROPPED_FIRST:
-        if sum(natural(c) for c in kept if c[0] != "last line") + LAST_LINE_MIN <= width:
-            break
+        if needed(kept) + LAST_LINE_MIN <= width:
+            return kept, LAST_LINE_MIN
         kept = [c for c in kept if c[0] != name]
-    return kept
+    return kept, max(1, min(LAST_LINE_MIN, width - needed(kept)))
 
 
-def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], what: str) -> Text:
-    marks = [f"r{r['rank']} " + ("SLOW" if r["rank"] in stragglers else r.get("state") or "?") for r in hidden
-             if flagged(r, stragglers)]
-    said = f"+{len(hidden)} {what} not shown" + (f": {', '.join(marks[:6])}" if marks else "")
-    return Text(said + (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else ""), style="yellow")
+def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Sequence[int]
+                 ) -> Text:
+    def mark(row: Mapping[str, Any]) -> str:
+        said = "behind" if row["rank"] in behind else "SLOW" if row["rank"] in stragglers else row.get("state")
+        return f"r{row['rank']} {said or '?'}"
+
+    marks = [mark(r) for r in hidden if flagged(r, stragglers, behind)]
+    said = f"+{len(hidden)} ranks not shown" + (f": {', '.join(marks[:6])}" if marks else "")
+    said += (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else "") + " (inv top --once shows every rank)"
+    return Text(said, style="yellow", no_wrap=True, overflow="ellipsis")
+
+
+def behind_lines(behind: Sequence[RankBehind], most: int | None = None) -> list[Text]:
+    """A line for each collective with ranks behind (`most` of them, the others counted): `r1 behind: never entered
+    all_reduce #101 of default_pg (22 s)`, where the seconds are how long the ranks that entered it have waited;
+    `hang suspected: ...` first once that is long."""
+    def line(said: RankBehind) -> Text:
+        who, what = f"r{numbers_text(said.ranks)}", f"never entered {said.behind.collective} ({said.waited_s:.0f} s)"
+        if said.hang:
+            return Text(f"hang suspected: {who} {what}", style="bold red", no_wrap=True, overflow="ellipsis")
+        return Text(f"{who} behind: {what}", style="yellow", no_wrap=True, overflow="ellipsis")
+
+    shown = list(behind) if most is None or len(behind) <= most else list(behind[:most - 1])
+    lines = [line(said) for said in shown]
+    if len(shown) < len(behind):
+        lines.append(Text(f"+{len(behind) - len(shown)} more collectives with ranks behind (inv top --once says "
+                          "every one)", style="yellow", no_wrap=True, overflow="ellipsis"))
+    return lines
 
 
 def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], follow: int | None = None,
-         footer: Sequence[str] = (), height: int = 50, width: int | None = None) -> RenderableType:
-    """The live view's screen, made to fit `height` lines (and `width` columns): the key line and the answer to a
-    key always have room; nodes and ranks that do not fit are said (`+4 ranks not shown: r13 SLOW`), flagged ranks
-    first (`flagged`), then the others in rank order; the followed rank's last lines take what room is left."""
+         footer: Sequence[str] = (), height: int = 50, width: int | None = None, behind: Sequence[RankBehind] = ()
+         ) -> RenderableType:
+    """The live view's screen, made to fit `height` lines (and `width` columns): the key line, the answer to a key
+    and the ranks behind a collective (`behind_lines`) always have room; nodes and ranks that do not fit are said
+    (`+4 ranks not shown: r13 SLOW`), flagged ranks first (`flagged`: those behind, then stragglers, then the
+    others), then the others in rank order; the followed rank's last lines take what room is left."""
     rows = ranks_of(views)
     keys = Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim")
+    said = behind_lines(behind, TOP_BEHIND_LINES)
+    late = behind_ranks(behind)
     panel = 5 if follow is not None else 0  # at least 3 lines and the panel's borders
-    room = height - 2 - len(footer) - 1 - panel  # the title and the blank line; the answer to a key; the keys
+    room = height - 2 - len(footer) - 1 - panel - len(said)  # the title, the blank line; a key's answer; the keys
     problems = [v for v in views if v.snapshot is None]
     shown_nodes = (problems + [v for v in views if v.snapshot is not None])[:max(1, min(len(views), room // 4))]
     shown_nodes = [v for v in views if v in shown_nodes]
     room -= 1 + len(shown_nodes) + (1 if len(shown_nodes) < len(views) else 0)  # header, rows, "+N nodes"
     fit = max(1, room - 1 - (1 if len(rows) > room - 1 else 0))  # the table's header; "+N ranks"
-    shown = sorted(rows, key=lambda r: (not flagged(r, stragglers), r["rank"]))[:fit]
+    shown = sorted(rows, key=lambda r: (r["rank"] not in late, r["rank"] not in stragglers,
+                                        not flagged(r, stragglers, late), r["rank"]))[:fit]
     parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(shown_nodes)]
     if len(shown_nodes) < len(views):
         parts.append(Text(f"+{len(views) - len(shown_nodes)} nodes not shown", style="yellow"))
-    parts += [Text(""), rank_table(views, stragglers, shown, width)]
+    parts += [Text(""), rank_table(views, stragglers, shown, width, behind)]
     if len(shown) < len(rows):
-        parts.append(_hidden_line([r for r in rows if r not in shown], stragglers, "ranks"))
+        parts.append(_hidden_line([r for r in rows if r not in shown], stragglers, list(late)))
+    parts += said
     if follow is not None:
         row = next((r for r in rows if r["rank"] == follow), None)
         spare = max(3, room - 1 - len(shown) - (1 if len(shown) < len(rows) else 0) + panel - 2)

@@ -17,9 +17,8 @@ from rich.console import Console
 from rich.live import Live
 
 from launcher.options import Options
-from launcher.report.toptables import node_table, rank_table, view
-from launcher.watch.straggler import StragglerWatch
-from launcher.watch.top import NodeView, as_json, forward_shares, ranks_of, rates
+from launcher.report.toptables import behind_lines, node_table, rank_table, view
+from launcher.watch.top import NodeView, TopJudge, as_json, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -33,15 +32,19 @@ class Feed(Protocol):
 
 
 def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool) -> int:
-    """`inv top --once`: the snapshot as a table, or as JSON for scripts; stragglers judged on this one look."""
-    found = StragglerWatch(opts.straggler_factor, 0.0).look(time.monotonic(), rates(views), forward_shares(views))
+    """`inv top --once`: the snapshot as a table (as wide as the terminal, 200 columns when not one), or as JSON for
+    scripts; stragglers and ranks behind judged on this one look (its snapshot carries each group's recent
+    arrivals: a rank behind is said where they show how long the others have waited)."""
+    look = TopJudge(opts.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
     if as_json_too:
-        out.write(json.dumps(as_json(run_id, views, found)) + "\n")
+        out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")
         return 0
     console = Console(file=out, width=200 if not out.isatty() else None)
     console.print(f"run {run_id}")
     console.print(node_table(views))
-    console.print(rank_table(views, found))
+    console.print(rank_table(views, look.stragglers, width=console.width, behind=look.behind))
+    for line in behind_lines(look.behind):
+        console.print(line)
     return 0
 
 
@@ -69,12 +72,13 @@ def keys_of(stream: IO[str]) -> Iterator[Callable[[float], str | None]]:
 
 
 class TopScreen:
-    """The live view: draws the feed's latest views, flags stragglers held for `straggler_hold`, answers keys."""
+    """The live view: draws the feed's latest views, flags stragglers held for `straggler_hold` and says the ranks
+    behind a collective (its judge remembers since when), answers keys."""
 
     def __init__(self, run_id: str, feed: Feed, opts: Options, out: IO[str], take_stacks: Callable[[], list[str]]):
         self.run_id, self.feed, self.opts, self.out = run_id, feed, opts, out
         self.take_stacks = take_stacks
-        self.watch = StragglerWatch(opts.straggler_factor, opts.straggler_hold)
+        self.judge = TopJudge(opts.straggler_factor, opts.straggler_hold)
         self.follow: int | None = None
         self.footer: list[str] = []
 
@@ -83,9 +87,9 @@ class TopScreen:
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
                 views = self.feed.views()
-                found = self.watch.look(time.monotonic(), rates(views), forward_shares(views))
-                live.update(view(self.run_id, views, found, self.follow, self.footer, console.size.height,
-                                 console.size.width),
+                look = self.judge.look(views, time.time(), time.monotonic())
+                live.update(view(self.run_id, views, look.stragglers, self.follow, self.footer, console.size.height,
+                                 console.size.width, look.behind),
                             refresh=True)
                 key = keys(REFRESH_S)
                 if key in ("q", "Q"):

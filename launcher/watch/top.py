@@ -1,14 +1,17 @@
 """What `inv top` knows of a run (pure): every node's snapshot (launcher/node/top.py) as the view last saw it, each
-rank with its node, the figures the straggler rule reads, the ranks worth a row first, and `--json`'s object.
-Rendering is launcher/report/toptables.py and topview.py."""
+rank with its node, the figures the straggler rule reads, what each look judges (`TopJudge`: the stragglers, by
+arrival where every rank's collectives are known, and the ranks behind a collective), the ranks worth a row first,
+and `--json`'s object. Rendering is launcher/report/toptables.py and topview.py."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.watch.straggler import Straggler
+from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S
+from launcher.watch.arrival import ArrivalBook, Behind
+from launcher.watch.straggler import Straggler, StragglerWatch, lateness
 
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "cpu_s", "rss_bytes", "last_output_s",
                "steps_per_s", "step", "last_line", "steps", "batches", "batches_per_s", "forward_share", "data_share",
@@ -39,23 +42,113 @@ def forward_shares(views: Sequence[NodeView]) -> dict[int, float | None]:
     return {r["rank"]: r.get("forward_share") for r in ranks_of(views)}
 
 
-def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler]) -> dict[str, Any]:
-    """`inv top --once --json`: {"run", "nodes": [...], "ranks": [...]} (GPU fields where a node has GPUs)."""
+def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler],
+            behind: Sequence[RankBehind] = (), sources: Mapping[int, str | None] | None = None) -> dict[str, Any]:
+    """`inv top --once --json`: {"run", "nodes": [...], "ranks": [...]} (GPU fields where a node has GPUs; each rank's
+    collectives' source, the collective it is behind in, and how it straggles)."""
     nodes = []
     for view in views:
         node: dict[str, Any] = {"node": view.name, "reachable": view.snapshot is not None, "problem": view.problem}
         node.update({k: (view.snapshot or {}).get(k) for k in NODE_FIELDS})
         nodes.append(node)
     ranks = []
+    behind_of = behind_ranks(behind)
     for row in ranks_of(views):
-        found = stragglers.get(row["rank"])
+        found, late = stragglers.get(row["rank"]), behind_of.get(row["rank"])
         ranks.append({"node": row["node"], **{k: row.get(k) for k in RANK_FIELDS}, "straggler": found is not None,
                       "straggler_by": None if found is None else found.kind,
-                      "share_of_median": None if found is None or found.share is None else round(found.share, 3)})
+                      "share_of_median": None if found is None or found.share is None else round(found.share, 3),
+                      "lost_s_per_step": None if found is None else found.lost_s,
+                      "collectives_source": (sources or {}).get(row["rank"]),
+                      "behind": None if late is None else {
+                          "collective": late.behind.collective, "last": late.behind.late[row["rank"]],
+                          "waited_s": late.waited_s, "hang_suspected": late.hang}})
     return {"run": run_id, "nodes": nodes, "ranks": ranks}
 
 
-def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler]) -> bool:
-    """A rank worth a row before the quiet healthy ones: a straggler, stopped, stuck, a zombie, or its record off."""
-    return (row["rank"] in stragglers or (row.get("state") or "") in ("D", "T", "t", "Z")
+def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()) -> bool:
+    """A rank worth a row before the quiet healthy ones: a straggler, behind a collective, stopped, stuck, a zombie,
+    or its record off."""
+    return (row["rank"] in stragglers or row["rank"] in behind or (row.get("state") or "") in ("D", "T", "t", "Z")
             or str(row.get("record") or "").startswith("off"))
+
+
+@dataclass(frozen=True)
+class RankBehind:
+    """A collective some ranks never entered, as `inv top` says it: how long the ranks that entered it have waited
+    in it, and whether that is long enough to suspect a hang."""
+
+    behind: Behind
+    waited_s: float
+    hang: bool
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks that never entered the collective (the others of `behind.late` entered it, not the newest)."""
+        return tuple(sorted(rank for rank, last in self.behind.late.items() if last < self.behind.seq))
+
+
+def behind_ranks(behind: Sequence[RankBehind]) -> dict[int, RankBehind]:
+    """rank -> the first collective it never entered."""
+    found: dict[int, RankBehind] = {}
+    for said in behind:
+        for rank in said.ranks:
+            found.setdefault(rank, said)
+    return found
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one look of `inv top` judged."""
+
+    stragglers: dict[Hashable, Straggler]
+    behind: list[RankBehind]
+    sources: dict[int, str | None]
+    """rank -> where its collectives come from (None: it has none)."""
+
+
+@dataclass
+class TopJudge:
+    """Each look's judgement, with what it keeps between looks: the straggler watch's hold, every rank's collectives
+    (each node's snapshot fed once: a live view draws the same snapshot more than once) and when each collective
+    with ranks behind was first seen (its wait where no arrival time of it has come yet)."""
+
+    factor: float
+    hold_s: float
+    say_s: float = TOP_BEHIND_SAY_S
+    hang_s: float = TOP_BEHIND_HANG_S
+    book: ArrivalBook = field(default_factory=ArrivalBook)
+    fed: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    first_seen: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.watch = StragglerWatch(self.factor, self.hold_s)
+
+    def look(self, views: Sequence[NodeView], now_wall: float, now: float) -> Look:
+        """The stragglers (as of monotonic `now`) and the collectives ranks have been behind in for `say_s` at least
+        (as of wall time `now_wall`)."""
+        for view in views:
+            if view.snapshot is not None and self.fed.get(view.name) is not view.snapshot:
+                self.fed[view.name] = view.snapshot
+                self.book.feed(view.snapshot.get("ranks", []), now_wall)
+        found = self.watch.look(now, rates(views), forward_shares(views), lateness(self.book, now_wall))
+        return Look(found, self._behind(now_wall), self.book.sources())
+
+    def _behind(self, now_wall: float) -> list[RankBehind]:
+        found = self.book.behind(now_wall)
+        if found is None:  # not every rank's collectives known and fresh: nothing said, nothing forgotten
+            return []
+        self.first_seen = {(b.group, b.seq): self.first_seen.get((b.group, b.seq), now_wall) for b in found}
+        said = []
+        for behind in found:
+            waited = round(now_wall - self._since(behind), 1)
+            if waited >= self.say_s:
+                said.append(RankBehind(behind, waited, waited >= self.hang_s))
+        return said
+
+    def _since(self, behind: Behind) -> float:
+        """When the first rank that entered the collective entered it (its node's clock), or when a look first saw
+        it, whichever is earlier (a controller's clock behind the nodes' would put the arrival in the future)."""
+        times = self.book.arrived.get(behind.group, {}).get(behind.seq, {})
+        entered = [at for rank, at in times.items() if rank in behind.entered]
+        return min([*entered, self.first_seen[(behind.group, behind.seq)]])

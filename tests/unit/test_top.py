@@ -1,5 +1,5 @@
-"""inv top's pure parts: the straggler rules (by rate, by forward share), a rank's progress from its lines, the JSON
-shape, the inventory's `job.progress`."""
+"""inv top's pure parts: the straggler rules (by rate, by forward share, by arrival on recorded collectives), a rank's
+progress from its lines, the JSON shape, the inventory's `job.progress`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from launcher.node.top import RankProgress
 from launcher.options import DEFAULT_PROGRESS
 from launcher.report.toptables import rank_table
 from launcher.watch.straggler import StragglerWatch, heavy_ranks, slow_ranks, straggler_line
-from launcher.watch.top import NodeView, as_json, forward_shares, rates
+from launcher.watch.top import NodeView, TopJudge, as_json, forward_shares, rates
+from tests.unit.test_arrival import recorded
 
 
 def test_a_rank_below_the_factor_of_the_median_is_slow_and_none_without_two_rates() -> None:
@@ -142,3 +143,58 @@ def test_a_run_that_only_prints_lines_keeps_the_narrow_table() -> None:
     text = console.export_text()
     assert "fwd" not in text and "helpers" not in text and "batches/s" not in text
     assert "node-0    r0" in text and "rank 0 step 56" in text  # what fits in 80 columns, as before records
+
+
+def recorded_views(case: str, **fields: object) -> tuple[list[NodeView], float]:
+    """A recorded gloo case (tests/data/collectives) as `inv top` sees it: each rank on a node of its own, in lockstep
+    (the same rate), with its collectives as the node's snapshot carries them; and the wall time of the recording."""
+    ranks, wall = recorded(case)
+    rows = [{"rank": r["rank"], "local_rank": 0, "pid": 4000 + r["rank"], "state": "S", "cpu_percent": 99.0,
+             "rss_bytes": 300 << 20, "last_output_s": 0.2, "steps_per_s": 5.0, "step": 60, "steps": 60,
+             "record": "on", "forward_share": 0.9 if r["rank"] == 0 else 0.1, "last_line": f"rank {r['rank']} step 60",
+             "collectives": r["collectives"], **fields} for r in ranks]
+    return [NodeView(f"node-{row['rank']}", {"ranks": [row]}) for row in rows], wall
+
+
+def test_top_flags_the_recorded_slow_rank_by_its_arrival_and_marks_what_the_others_lose() -> None:
+    views, wall = recorded_views("slow")
+    look = TopJudge(0.8, 0.0).look(views, wall, 0.0)
+    assert list(look.stragglers) == [1] and look.stragglers[1].kind == "arrival"  # not rank 0's forward share
+    lost = look.stragglers[1].lost_s
+    assert lost is not None and lost == pytest.approx(0.13, abs=0.03)
+    console = Console(width=120, record=True)
+    console.print(rank_table(views, look.stragglers))
+    row = next(line for line in console.export_text().splitlines() if " r1 " in line)
+    assert f"5.00 SLOW +{lost:.2f} s/step" in row, row
+    snap = as_json("run-x", views, look.stragglers, look.behind, look.sources)
+    slow = snap["ranks"][1]
+    assert (slow["straggler_by"], slow["lost_s_per_step"], slow["collectives_source"]) == ("arrival", lost,
+                                                                                         "flight recorder")
+    assert snap["ranks"][0]["straggler"] is False and snap["ranks"][0]["lost_s_per_step"] is None
+
+
+def test_a_straggler_by_arrival_is_held_in_the_live_view_and_a_healthy_recording_flags_nobody() -> None:
+    views, wall = recorded_views("slow")
+    judge = TopJudge(0.8, 60.0)
+    assert judge.look(views, wall, 0.0).stragglers == {}
+    assert list(judge.look(views, wall + 1.0, 60.0).stragglers) == [1]  # the same snapshot: fed once, still late
+    healthy, wall = recorded_views("healthy")
+    look = TopJudge(0.8, 0.0).look(healthy, wall, 0.0)
+    assert look.stragglers == {} and look.behind == []  # one collective apart at one look: reads a second apart
+
+
+def test_the_json_says_each_ranks_collectives_source_and_the_collective_it_is_behind_in() -> None:
+    views, wall = recorded_views("hang")
+    views.append(NodeView("node-2", {"ranks": [{"rank": 2, "pid": 4002, "collectives": None}]}))
+    look = TopJudge(0.8, 0.0).look(views, wall, 0.0)
+    assert look.behind == [] and look.sources == {0: "flight recorder", 1: "flight recorder", 2: None}
+    snap = as_json("run-x", views, look.stragglers, look.behind, look.sources)
+    assert [(r["rank"], r["collectives_source"], r["behind"]) for r in snap["ranks"]] == [
+        (0, "flight recorder", None), (1, "flight recorder", None), (2, None, None)]  # rank 2 has none: no judging
+    views, wall = recorded_views("hang")
+    look = TopJudge(0.8, 0.0).look(views, wall + 25.0, 0.0)
+    snap = as_json("run-x", views, look.stragglers, look.behind, look.sources)
+    # rank 0 entered all_reduce #46 9 s before the files were written: 34 s of waiting 25 s later
+    assert snap["ranks"][1]["behind"] == {"collective": "all_reduce #46 of default_pg", "last": 45,
+                                          "waited_s": 34.1, "hang_suspected": True}
+    assert snap["ranks"][0]["behind"] is None and snap["ranks"][1]["straggler_by"] is None

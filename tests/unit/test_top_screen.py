@@ -1,16 +1,23 @@
-"""`inv top`'s live view in a terminal smaller than the run (pure): what is hidden is said, flagged ranks first, the
-key line and a key's answer always on the screen, the last line readable; rendered as rich renders the live view."""
+"""`inv top`'s live view in a terminal smaller than the run (pure): what is hidden is said, flagged ranks first (those
+behind a collective, then stragglers), the key line, a key's answer and the ranks behind always on the screen, the
+last line readable, node names whole; rendered as rich renders the live view (and `--once` its table)."""
 
 from __future__ import annotations
 
 import io
 import re
+from types import SimpleNamespace
+from unittest import mock
 
+import pytest
 from rich.console import Console
 
 from launcher.report.toptables import view
+from launcher.report.topview import show_once
 from launcher.watch.straggler import Straggler
-from launcher.watch.top import NodeView
+from launcher.watch.top import NodeView, TopJudge
+from tests.unit.test_arrival import beat
+from tests.unit.test_top import recorded_views
 
 
 def _views(nodes: int, per_node: int, **rank_fields: object) -> list[NodeView]:
@@ -76,3 +83,94 @@ def test_a_wide_terminal_shows_every_rank_and_every_column() -> None:
     text = "\n".join(lines)
     assert all(f" r{r} " in text for r in range(4)) and "not shown" not in text
     assert "pid" in text and "RSS" in text
+
+
+def _collectives(views: list[NodeView], behind: dict[int, int], newest: int = 101) -> list[NodeView]:
+    """The views again (a new snapshot, as the next one a node sends) with every rank's default group at `newest`
+    but the ranks of `behind` (rank -> its last collective)."""
+    groups = {b["rank"]: b["collectives"] for b in beat({r: (behind.get(r, newest), behind.get(r, newest) - 1)
+                                                         for r in range(64)})}
+    return [NodeView(v.name, {**v.snapshot, "ranks": [{**r, "collectives": groups[r["rank"]]}  # type: ignore[index]
+                                                      for r in v.snapshot["ranks"]]})  # type: ignore[index]
+            for v in views]
+
+
+def test_a_rank_behind_is_said_once_the_others_have_waited_and_a_hang_suspected_once_long() -> None:
+    judge = TopJudge(0.8, 60.0)
+    views = _views(2, 2)
+    assert judge.look(_collectives(views, {3: 100}), 1000.0, 0.0).behind == []  # just seen: it may be passing
+    look = judge.look(_collectives(views, {3: 100}), 1006.0, 6.0)  # no arrival of #101 yet: since first seen
+    lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
+    assert "r3 behind: never entered all_reduce #101 of default_pg (6 s)" in lines, "\n".join(lines)
+    assert any(" r3 " in line and "BEHIND" in line for line in lines), "\n".join(lines)
+    look = judge.look(_collectives(views, {3: 100}), 1031.0, 31.0)
+    lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
+    assert "hang suspected: r3 never entered all_reduce #101 of default_pg (31 s)" in lines, "\n".join(lines)
+    assert judge.look(_collectives(views, {}, 102), 1032.0, 32.0).behind == []  # caught up: forgotten
+    assert judge.first_seen == {}
+
+
+def test_32_ranks_in_80x24_keep_a_rank_behind_and_a_straggler_on_screen_and_say_how_to_see_all() -> None:
+    views = _views(8, 4, steps=1200, record="on", batches_per_s=11.7, forward_share=0.2, data_share=0.01)
+    for snap_rank in views[5].snapshot["ranks"]:  # type: ignore[index]
+        snap_rank["steps_per_s"] = 3.0 if snap_rank["rank"] == 22 else 11.7
+    judge = TopJudge(0.8, 0.0)
+    judge.look(_collectives(views, {29: 100}), 1000.0, 0.0)
+    look = judge.look(_collectives(views, {29: 100}), 1040.0, 40.0)
+    assert list(look.stragglers) == [22] and [b.ranks for b in look.behind] == [(29,)]
+    lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
+    text = "\n".join(lines)
+    assert len(lines) <= 24 and lines[-1].startswith("q quit"), text
+    assert any(re.match(r"node-7\s+r29\s.*BEHIND", line) for line in lines), text
+    assert any(re.match(r"node-5\s+r22\s.*SLOW 0.26x", line) for line in lines), text
+    hidden = next(line for line in lines if "ranks not shown" in line)
+    assert hidden.endswith("ranks not shown (inv top --once shows every rank)"), text
+    assert "hang suspected: r29 never entered all_reduce #101 of default_pg (40 s)" in lines, text
+
+
+def test_a_rank_behind_hidden_by_the_room_is_named_in_the_hidden_line() -> None:
+    views = _views(4, 4)
+    judge = TopJudge(0.8, 0.0)
+    judge.look(_collectives(views, {r: 100 for r in range(8, 16)}), 1000.0, 0.0)
+    look = judge.look(_collectives(views, {r: 100 for r in range(8, 16)}), 1010.0, 10.0)
+    lines = _screen(view("run-x", views, look.stragglers, height=12, width=120, behind=look.behind), width=120)
+    text = "\n".join(lines)
+    hidden = next(line for line in lines if "ranks not shown" in line)
+    assert "r15 behind" in hidden and "r8 " in text and "r0 " not in text, text  # those behind before the others
+    assert "r8-15 behind: never entered all_reduce #101 of default_pg (10 s)" in lines, text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _once(views: list[NodeView], tty: bool, now: float | None = None) -> list[str]:
+    out = _Terminal() if tty else io.StringIO()
+    opts = SimpleNamespace(straggler_factor=0.8)
+    with mock.patch("launcher.report.topview.time.time", return_value=now or 0.0):
+        show_once("run-x", views, opts, out, False)  # type: ignore[arg-type]
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
+
+
+def test_once_at_80_columns_keeps_long_node_names_whole_and_says_a_rank_behind(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    views, wall = recorded_views("hang", batches=60, batches_per_s=5.0, data_share=0.01,
+                                 helpers=[{"pid": 9, "cpu_percent": 3.0, "rss_bytes": 1 << 28}])
+    views = [NodeView(f"gpu-a100-{v.name}.cluster.example.org", v.snapshot) for v in views]
+    for tty in (True, False):  # a terminal of 80 columns; a pipe (200 columns, whatever COLUMNS says)
+        lines = _once(views, tty, wall)
+        text = "\n".join(lines)
+        rows = [line for line in lines if re.match(r"gpu-a100-node-\d\.cluster\.example\.org\s+r\d", line)]
+        assert len(rows) == 2 and all(len(line) <= (80 if tty else 200) for line in lines), text
+        assert "r1 behind: never entered all_reduce #46 of default_pg (9 s)" in lines, text
+        assert "BEHIND" in rows[1] and ("pid" in text) is (not tty), text
+    # 25 s later (the rank's files as fresh, for the test): long enough to suspect a hang
+    assert "hang suspected: r1 never entered all_reduce #46 of default_pg (34 s)" in _once(views, True, wall + 25)
+
+
+def test_once_says_no_rank_behind_where_no_arrival_shows_the_others_waited() -> None:
+    views, wall = recorded_views("healthy")
+    lines = _once(views, True, wall)  # rank 1 is a collective behind rank 0 at this one look, for no known time
+    assert not any("behind" in line or "BEHIND" in line for line in lines), "\n".join(lines)
