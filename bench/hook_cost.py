@@ -6,9 +6,12 @@
 2. A real torch loop (a tiny Linear model, SGD, a DataLoader in the process: about 0.2 ms a step, where the hook
    weighs most) in one process under the hook, its patches taken off and put back round after round: the time a
    step takes with and without them.
-3. With `--real-job`: a real job, train/ddp.py under torchrun (2 ranks, gloo), with the hook as a launch installs it
-   and without, in pairs whose order alternates (a fixed order measured the machine's drift, not the hook): the
-   median of the pairs' ratios.
+3. With `--real-job`: a real job, train/ddp.py under torchrun (2 ranks, gloo), without the hook, with the hook as it
+   was before the collectives' thread (stacks, progress), and with the whole hook as a launch installs it (its
+   thread reading torch's flight recorder, TORCH_FR_BUFFER_SIZE set as on a CPU node), in rounds whose order
+   rotates (a fixed order measured the machine's drift, not the hook): each against no hook, the rounds' median.
+4. With `--reads`: what one read of the collectives' thread costs inside a worker (launcher/node/collectives.py): the
+   groups' status, and a full read of the recorder's entries at its buffer's sizes, after as many collectives.
 """
 
 from __future__ import annotations
@@ -107,15 +110,21 @@ def torch_loop() -> dict[str, float]:
 
 JOB_PAIRS = 6
 JOB = ("train/ddp.py", "--epochs", "3", "--dataset-size", "8192", "--log-every", "0")
+MODES = ("plain", "hook", "collectives")
 
 
-def _job_s(with_hook: bool) -> float:
-    """Seconds train/ddp.py takes under torchrun on 2 ranks here, with the hook (stacks and progress) or without."""
+def _job_s(mode: str) -> float:
+    """Seconds train/ddp.py takes under torchrun on 2 ranks here: `plain` (no hook), `hook` (stacks and progress),
+    `collectives` (the whole hook as a launch installs it on a CPU node)."""
     from bench.common import REPO
+    from launcher.limits import COLLECTIVES
 
     env = dict(os.environ)
-    if with_hook:
-        stacks.install_hook(tempfile.mkdtemp(prefix="hook-cost-job-"), env)
+    if mode != "plain":
+        stacks.install_hook(tempfile.mkdtemp(prefix="hook-cost-job-"), env, True,
+                            COLLECTIVES if mode == "collectives" else None)
+    if mode == "collectives":
+        env["TORCH_FR_BUFFER_SIZE"] = COLLECTIVES["buffer"]
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *JOB]
     began = time.perf_counter()
     subprocess.run(argv, cwd=REPO, env=env, capture_output=True, check=True, timeout=600)
@@ -123,25 +132,80 @@ def _job_s(with_hook: bool) -> float:
 
 
 def real_job() -> dict[str, float]:
-    """The hook's cost on a real job: JOB_PAIRS pairs, hooked first in every other pair; the median ratio."""
+    """The hook's cost on a real job: JOB_PAIRS rounds of every mode, the order rotating; each mode's median
+    seconds, and the median of its rounds' ratios to no hook."""
     import statistics
 
-    ratios, walls = [], {"hooked": [], "plain": []}
-    for pair in range(JOB_PAIRS):
-        order = (True, False) if pair % 2 == 0 else (False, True)
-        took = {flag: _job_s(flag) for flag in order}
-        walls["hooked"].append(took[True])
-        walls["plain"].append(took[False])
-        ratios.append(took[True] / took[False])
-    return {"ratio": statistics.median(ratios), "hooked_s": statistics.median(walls["hooked"]),
-            "plain_s": statistics.median(walls["plain"]), "pairs": JOB_PAIRS}
+    walls: dict[str, list[float]] = {mode: [] for mode in MODES}
+    ratios: dict[str, list[float]] = {mode: [] for mode in MODES[1:]}
+    for round_ in range(JOB_PAIRS):
+        order = MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]
+        took = {mode: _job_s(mode) for mode in order}
+        for mode in MODES:
+            walls[mode].append(took[mode])
+        for mode in MODES[1:]:
+            ratios[mode].append(took[mode] / took["plain"])
+    found: dict[str, float] = {f"{mode}_s": statistics.median(walls[mode]) for mode in MODES}
+    found.update({f"{mode}_ratio": statistics.median(ratios[mode]) for mode in MODES[1:]})
+    return {**found, "rounds": JOB_PAIRS}
+
+
+READS = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, HOOK_DIR)
+import _ddp_launcher_collectives as collectives
+dist.init_process_group("gloo")
+tensor = torch.ones(1)
+for _ in range(COUNT):
+    dist.all_reduce(tensor)
+watcher = collectives.Watcher(FOLDER, 1.0, 5.0, 200, 100.0, -1)
+status, full = [], []
+for _ in range(20):
+    watcher.next_full = float("inf")
+    began = time.perf_counter(); watcher.look(time.monotonic()); status.append(time.perf_counter() - began)
+    watcher.next_full = 0.0
+    began = time.perf_counter(); watcher.look(time.monotonic()); full.append(time.perf_counter() - began)
+    watcher.write(time.monotonic())
+if dist.get_rank() == 0:
+    print(json.dumps({"status_ms": min(status) * 1e3, "full_ms": min(full) * 1e3, "source": watcher.sources}))
+dist.destroy_process_group()
+"""
+
+
+def reads(buffer: int) -> dict[str, float]:
+    """One status read and one full read of the collectives' thread, in a gloo rank whose recorder holds `buffer`
+    collectives (the fastest of 20 each, in milliseconds)."""
+    run_dir = tempfile.mkdtemp(prefix="hook-cost-reads-")
+    stacks.install_hook(run_dir, {}, True)
+    source = (READS.replace("HOOK_DIR", repr(os.path.join(run_dir, stacks.HOOK_DIR))).replace("COUNT", str(buffer))
+              .replace("FOLDER", repr(os.path.join(run_dir, hook.COLLECTIVES_DIR))))
+    script = os.path.join(run_dir, "reads.py")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(source)
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(buffer))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     if "--real-job" in sys.argv[1:]:
         job = real_job()
-        print(f"train/ddp.py, 2 ranks, {job['pairs']} pairs in alternating order: {job['hooked_s']:.2f} s with the "
-              f"hook, {job['plain_s']:.2f} s without (medians); the pairs' median ratio {job['ratio']:.3f}x")
+        print(f"train/ddp.py, 2 ranks, {job['rounds']} rounds in rotating order (medians): {job['plain_s']:.2f} s "
+              f"without the hook, {job['hook_s']:.2f} s with stacks and progress ({job['hook_ratio']:.3f}x), "
+              f"{job['collectives_s']:.2f} s with the collectives' thread too ({job['collectives_ratio']:.3f}x)")
+        return 0
+    if "--reads" in sys.argv[1:]:
+        from launcher.limits import COLLECTIVES
+
+        for buffer in (int(COLLECTIVES["buffer"]), 2000):
+            found = reads(buffer)
+            every = max(COLLECTIVES["arrivals_s"], COLLECTIVES["cost_factor"] * found["full_ms"] / 1e3)
+            print(f"recorder of {buffer} collectives ({' and '.join(found['source'])}): a status read "
+                  f"{found['status_ms']:.3f} ms (every {COLLECTIVES['status_s']:g} s: "
+                  f"{found['status_ms'] / 10 / COLLECTIVES['status_s']:.3f}% of a worker's time), a full read "
+                  f"{found['full_ms']:.2f} ms (every {every:g} s: {found['full_ms'] / 10 / every:.3f}%)")
         return 0
     alone = hook_alone()
     print(f"hook alone: {alone['plain_us']:.2f} us a step unwrapped, {alone['hooked_us']:.2f} us wrapped and "
