@@ -49,8 +49,12 @@ class Watcher:
         self.next_full, self.cost_s, self.why = 0.0, 0.0, ""
 
     def ready(self):
+        """Whether the program's process group is there to read (torch itself is never imported from here)."""
         dist = sys.modules.get("torch.distributed")
-        return dist is not None and dist.is_available() and dist.is_initialized()
+        try:
+            return dist is not None and dist.is_available() and dist.is_initialized()
+        except Exception:  # the main thread is importing it right now (a module half made): next time
+            return False
 
     def look(self, now):
         """Read every recorder there is: the groups always, their entries when a full read is due."""

@@ -74,13 +74,15 @@ def proc_state(pid):
 
 def collect(run_dir, mark, wait_s):
     """Every worker's stack: ask each that can answer, wait up to `wait_s` for all, and say what each is. Each rank's
-    own process comes first, then its helpers (DataLoader and compile workers: `helper`, `parent`, `owner`)."""
+    own process comes first (with its `collectives`: `_collectives`), then its helpers (DataLoader and compile
+    workers: `helper`, `parent`, `owner`)."""
     folder = os.path.join(run_dir, STACKS_DIR)
     asked = {}
     report = []
     ranks, helpers = rank_processes(mark)
     for pid, start, rank, local_rank, _ in ranks:
         report.append(_ask(folder, pid, start, {"rank": rank, "local_rank": local_rank}, asked))
+        report[-1]["collectives"] = _collectives(run_dir, pid, start)
         for helper, helper_start, _, parent, owner in helpers:
             if owner == pid:
                 report.append(_ask(folder, helper, helper_start, {
@@ -95,6 +97,15 @@ def collect(run_dir, mark, wait_s):
         entry["lines"] = source_lines(entry["stack"])
         _add_pyspy(entry, wait_s)
     return report
+
+
+def _collectives(run_dir, pid, start):
+    """A rank's process groups as its collectives' thread last read them (no arrivals: a look wants only where each
+    rank is); None without its file."""
+    from launcher.node.records import RankCollectives, read_collectives
+
+    found = RankCollectives().fields(read_collectives(run_dir, pid, start), time.time())
+    return None if found is None else dict(found, arrivals={})
 
 
 def _ask(folder, pid, start, fields, asked):

@@ -158,6 +158,10 @@ class Sampler:
             if not self.files.get(key):
                 self.files[key] = rank_files(self.ranks_dir, local_rank, restart)
 
+    def resend(self):
+        """Each rank's kept arrivals passed on again by the next snapshot (the one before was not sent)."""
+        self.collectives = {key: RankCollectives() for key in self.collectives}
+
     def fields(self, pid, start, now):
         """A rank's progress: steps, batches, their rates, forward and data shares from its record (the hook's);
         steps per second from its lines where the record has no step; its collectives (`RankCollectives.fields`)."""
@@ -299,6 +303,7 @@ def _watch(sampler, settings, emit_line):
     settle = settings.get("settle")
     threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()
     sampler.snapshot()  # the workers, the CPU baseline and the output written before we looked
+    sampler.resend()  # ... but the first snapshot sent carries every rank's kept arrivals (`--once` has one)
     sent = 0
     while count is None or sent < count:
         began = time.monotonic()

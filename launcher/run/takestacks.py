@@ -6,6 +6,7 @@ answer is grouped (`launcher.watch.stacks`), and the whole stacks are kept in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from launcher.run.control import _agent_error, chosen_run
 from launcher.run.launch import agent_action, check_run_id, reached
 from launcher.transport.channel import Result
 from launcher.watch import flightrec
+from launcher.watch.arrival import ArrivalBook, answered
 from launcher.watch.stacks import RankStack, answer, from_answers
 
 
@@ -35,9 +37,14 @@ class StacksReport:
     """Where NCCL's flight recorder dumps went, and how to read them (GPU nodes only)."""
     in_flight: str = ""
     """What the dumps say of the collectives not completed (`launcher.watch.flightrec`); "" when none is."""
+    behind: str = ""
+    """The ranks behind a collective the others of their group entered, from every rank's collectives as its
+    worker's thread read them (`launcher.watch.arrival`); "" when none is, or not every rank's are known."""
 
     def lines(self) -> list[str]:
         out = [f"run {self.run_id}: {answer(self.stacks)}"]
+        if self.behind:
+            out.append(f"collectives: {self.behind}")
         if self.in_flight:
             out.append(f"NCCL's flight recorder: {self.in_flight}")
         out += [f"{node}: no stacks ({why})" for node, why in sorted(self.failures.items())]
@@ -69,7 +76,15 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[
     dumps = flightrec.sent_dumps(answers)
     nccl = write_nccl(folder, answers, dumps) if folder is not None else []
     in_flight = flightrec.in_flight_said(flightrec.recorded(dumps))
-    return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl), in_flight)
+    return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl), in_flight, behind_said(answers))
+
+
+def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:
+    """What every rank's collectives in the nodes' answers say of the ranks behind; "" when nothing (or not every
+    rank's collectives are known)."""
+    book = ArrivalBook()
+    book.feed(answered(answers), time.time())
+    return "; ".join(b.said() for b in book.behind(time.time()) or ())
 
 
 def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options, err: IO[str]

@@ -108,11 +108,15 @@ class ArrivalBook:
     names: dict[tuple[str, int], str] = field(default_factory=dict)
     members: dict[str, set[int]] = field(default_factory=dict)
     """group -> the ranks that reported it."""
+    stopped: dict[int, str] = field(default_factory=dict)
+    """rank -> why its worker's thread stopped reading its collectives (it never will again)."""
 
     def feed(self, ranks: Iterable[Mapping[str, Any]], now: float) -> None:
         """One node's beat (its ranks' `collectives`), at wall time `now`."""
         for rank in ranks:
             number, found = int(rank["rank"]), rank.get("collectives")
+            if isinstance(found, Mapping) and found.get("why"):
+                self.stopped[number] = str(found["why"])
             if not isinstance(found, Mapping) or not found.get("source"):
                 self.seen[number] = None
                 continue
@@ -134,9 +138,11 @@ class ArrivalBook:
         return {rank: None if seen is None else seen.source for rank, seen in self.seen.items()}
 
     def recording(self) -> bool:
-        """Whether every rank's recorder keeps its collectives (a source, and process groups in it: with
-        TORCH_FR_BUFFER_SIZE=0 torch has a recorder that keeps nothing)."""
-        return bool(self.seen) and all(s is not None and s.groups for s in self.seen.values())
+        """Whether the run's recorders keep its collectives: any rank's has process groups in it (with
+        TORCH_FR_BUFFER_SIZE=0 torch has a recorder that keeps nothing). A rank without them yet (its thread reads
+        a second after the process group is made) does not turn the rule by arrival off: the others show it is
+        coming; a rank whose thread stopped (its file says why) does: its arrivals will never come."""
+        return not self.stopped and any(s is not None and s.groups for s in self.seen.values())
 
     def status(self, now: float) -> dict[int, Mapping[str, Mapping[str, Any]]] | None:
         """Every rank's groups, when every rank has them read within `fresh_s`; None otherwise (the rules that
@@ -189,6 +195,8 @@ class ArrivalBook:
         """Over the collectives of the last `window_s` that every rank of their group entered: for each rank that
         entered any of them last, the others' wait for it per second, and how often it was last. None: too few
         arrivals to say yet."""
+        if any(s is None or not s.groups for s in self.seen.values()):
+            return None  # a rank's collectives not read yet: the arrivals of the others would blame one of them
         caused: dict[int, float] = {}
         lasts: dict[int, int] = {}
         count, first, latest = 0, None, None
@@ -211,6 +219,13 @@ class ArrivalBook:
         span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
         return {rank: Late(rank, round(seconds / span, 4), round(lasts[rank] / count, 3), count)
                 for rank, seconds in caused.items()}
+
+
+def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:
+    """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/stacks.py `collect`), as a beat's
+    ranks for `ArrivalBook.feed`: read at the moment of the look."""
+    return [{"rank": w["rank"], "collectives": w.get("collectives")} for reply in answers.values()
+            if not isinstance(reply, str) for w in reply.get("workers") or () if not w.get("helper")]
 
 
 def _desc(status: Mapping[int, Mapping[str, Mapping[str, Any]]], group: str) -> str:

@@ -18,7 +18,7 @@ from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, S
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, word_line
 from launcher.watch import flightrec
-from launcher.watch.arrival import ArrivalBook
+from launcher.watch.arrival import ArrivalBook, answered
 from launcher.watch.hang import HangWatch
 from launcher.watch.stacks import from_answers
 from launcher.watch.verdict import judge
@@ -103,6 +103,7 @@ class HangCheck:
         after, failed = from_answers(answers)
         unanswered = sorted(set(failed) | set(failed_before))
         wall = time.time()
+        self.book.feed(answered(answers), wall)  # each rank's collectives at the second look: the freshest there are
         behind, stuck = self.book.behind(wall) or [], self.book.stuck(wall)
         verdict = judge(before, after, self.apart_s, unanswered, behind=behind, stuck=stuck)
         if verdict.hang or verdict.asks_recorder:

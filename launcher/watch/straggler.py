@@ -183,8 +183,8 @@ class LaunchStragglers:
 
 
 def lateness(book: ArrivalBook, now: float) -> dict[Hashable, Late] | None:
-    """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until arrivals
-    cover it), where every rank's recorder keeps its collectives (None otherwise: the forward rule then)."""
+    """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until every rank's
+    arrivals cover it), where the run's recorders keep its collectives (None otherwise: the forward rule then)."""
     if not book.recording():
         return None
     return dict(book.lateness(now, STRAGGLER_WINDOW_S) or {})

@@ -49,8 +49,9 @@ def _detached(box, logs: Path) -> str:
     return run_id_of(started.stdout + started.stderr)
 
 
-def _ranks_stepping(box, logs: Path) -> list[dict]:
-    """`inv top --once --json`'s ranks once every rank has a step rate (the trainers print no step lines)."""
+def _ranks_stepping(box, logs: Path, flagged: bool = False) -> list[dict]:
+    """`inv top --once --json`'s ranks once every rank has a step rate (the trainers print no step lines), and with
+    `flagged` once a rank is flagged too (the arrival rule needs a second of arrivals from every rank)."""
     seen: list[dict] = []
 
     def every_rank_steps() -> bool:
@@ -58,9 +59,10 @@ def _ranks_stepping(box, logs: Path) -> list[dict]:
         if result.returncode != 0:
             return False
         seen[:] = json.loads(result.stdout)["ranks"]
-        return len(seen) == 4 and all((r.get("steps_per_s") or 0) > 0 for r in seen)
+        stepping = len(seen) == 4 and all((r.get("steps_per_s") or 0) > 0 for r in seen)
+        return stepping and (not flagged or any(r["straggler"] for r in seen))
 
-    wait_for(every_rank_steps, 120, "a step rate on every rank", interval=1)
+    wait_for(every_rank_steps, 120, "a step rate on every rank" + (" and a straggler" if flagged else ""), interval=1)
     return seen
 
 
@@ -72,11 +74,15 @@ def test_every_rank_steps_in_top_and_the_slow_one_is_the_straggler(make_sandbox,
     box, logs = _box(make_sandbox, script, **env), tmp_path / "logs"
     run_id = _detached(box, logs)
     try:
-        ranks = _ranks_stepping(box, logs)
+        ranks = _ranks_stepping(box, logs, flagged=True)
         rates = [r["steps_per_s"] for r in ranks]
         assert max(rates) / min(rates) < 1.5, ranks  # lockstep: every rank at the slow one's pace
         assert all(r["record"] == "on" for r in ranks), ranks
         assert [r["rank"] for r in ranks if r["straggler"]] == [3], ranks
+        # judged by arrival (every rank's collectives from torch's recorder), never by the waiting ranks' forward share
+        assert {r["collectives_source"] for r in ranks} == {"flight recorder"}, [
+            (r["rank"], r["collectives_source"], r["straggler_by"], r["record"]) for r in ranks]
+        assert [r["straggler_by"] for r in ranks if r["straggler"]] == ["arrival"], ranks
     finally:
         inv("stop", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
     wait_for(lambda: run_processes(run_id) == [], 30, "every process of the run gone")

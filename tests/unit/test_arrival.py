@@ -207,3 +207,20 @@ def test_each_arrival_is_passed_on_once_by_one_reader() -> None:
     assert reader.fields(data, 11.0) == {"source": "flight recorder", "groups": {}, "age_s": 1.0, "why": None,
                                          "arrivals": {"0": [[3, "broadcast", 9.8]]}}
     assert reader.fields(None, 11.0) is None
+
+
+def test_a_rank_whose_collectives_are_not_read_yet_neither_blames_the_others_nor_brings_the_forward_rule_back() -> None:
+    ranks, wall = recorded("slow")
+    book = ArrivalBook()
+    book.feed([ranks[0], {"rank": 1, "collectives": None}, {"rank": 2, "collectives": ranks[1]["collectives"]}],
+              wall)
+    assert book.recording() and lateness(book, wall) == {}
+    # the waiting ranks' forward shares are high: the forward rule would flag them
+    assert StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0, 2: 5.0}, {0: 0.9, 1: 0.1, 2: 0.1}, {}) == {}
+    off = ArrivalBook()
+    off.feed(beat({0: (0, 0), 1: (0, 0)}, source=None), wall)
+    assert not off.recording() and lateness(off, wall) is None
+    stopped = ArrivalBook()
+    stopped.feed([ranks[0], {"rank": 1, "collectives": {"source": None, "groups": {}, "arrivals": {}, "age_s": 0.0,
+                                                        "why": "AttributeError: partially initialized module"}}], wall)
+    assert not stopped.recording() and lateness(stopped, wall) is None  # the forward rule, as without a recorder
