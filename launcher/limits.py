@@ -222,9 +222,9 @@ COLLECTIVES = {"status_s": 1.0, "arrivals_s": 5.0, "keep": 200, "cost_factor": 1
 """Each worker's collectives' thread (launcher/node/collectives.py): the groups' progress read every `status_s` (a
 hang is judged from it), the arrival times every `arrivals_s` at least (the straggler rule) and never sooner than
 `cost_factor` times the last such read took (under 1% of the worker's time), the last `keep` of them per process
-group in the file; on a node without GPUs, torch's recorder keeps `buffer` collectives
-(TORCH_FR_BUFFER_SIZE, unless the user set it: without it gloo records nothing), enough for `arrivals_s` at 100 a
-second."""
+group in the file; on a node without GPUs, torch's recorder keeps `buffer` collectives (TORCH_FR_BUFFER_SIZE, unless
+the user set it: torch 2.13 records gloo's collectives by default too, and the bound keeps a full read's cost known),
+enough for `arrivals_s` at 100 a second."""
 COLLECTIVES_FRESH_S = 10.0
 """A rank's collectives read longer ago than this (its worker's thread could not run: the GIL held in a C call) are
 not judged from: the hang's stacks decide alone (launcher/watch/arrival.py)."""

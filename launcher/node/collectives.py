@@ -5,8 +5,8 @@ What a rank did with its collectives is the one thing about a running job that C
 waiting for a stuck peer spins in whatever synchronisation comes first, but it *entered* the collective, and its peer
 did not. torch's flight recorder keeps, per process group, the last collective enqueued, started and completed
 (`pg_status`), and per collective its sequence number, name and the wall-clock time it was created (`entries`): for
-gloo in torch's own recorder (`_dump_fr_trace`, torch 2.7+, with TORCH_FR_BUFFER_SIZE set), for NCCL in NCCL's
-(`_dump_nccl_trace`).
+gloo in torch's own recorder (`_dump_fr_trace`, torch 2.7+; TORCH_FR_BUFFER_SIZE=0 empties it), for NCCL in
+NCCL's (`_dump_nccl_trace`).
 
 A daemon thread (the main thread may be blocked in the very collective that hangs) reads the group status every
 `status_s` (a dump without entries: some microseconds), and the entries, for the times each rank arrived at each

@@ -80,7 +80,7 @@ def run_env(request, run_dir, make=True):
 
         flight_recorder_env(run_dir, env, request["flight_recorder"], True, torch_info()["version"], make)
     elif collectives and not any(name in env for name in USER_NAMES):
-        env["TORCH_FR_BUFFER_SIZE"] = str(collectives["buffer"])  # gloo's collectives recorded (torch 2.7+)
+        env["TORCH_FR_BUFFER_SIZE"] = str(collectives["buffer"])  # gloo's recorder (torch 2.7+), its size bounded
     return env
 
 

@@ -37,7 +37,7 @@ def install_hook(run_dir, env, make=True, collecting=None):
     """Write the hook (launcher/node/hook.py: stacks on a signal, progress records; launcher/node/collectives.py:
     the collectives' thread) into the run directory and point the workers' environment at it (PYTHONPATH first);
     with `make` false, only the environment (nothing written). `collecting`: the thread's settings (status_s,
-    arrivals_s, keep), None for no thread."""
+    arrivals_s, keep, cost_factor: launcher.limits.COLLECTIVES), None for no thread."""
     folders = [os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR)]
     hook_dir, stacks, progress, collected = folders
     if make:

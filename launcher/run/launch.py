@@ -55,6 +55,7 @@ from launcher.transport.channel import Result
 from launcher.transport.program import host_command, node_program, program_input, python_command
 from launcher.transport.sessions import Node, close_all, connect_all, run_all
 from launcher.transport.settings import SshSettings
+from launcher.watch.arrival import ArrivalBook
 from launcher.watch.straggler import LaunchStragglers
 
 AGENT_SOURCE = node_program("agent")
@@ -191,7 +192,9 @@ class _Attached:
         self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, wiring.gate)
         self.interrupts = 0
         self.hang_lines: list[str] = []
-        self.stragglers = LaunchStragglers(opts, plan.run_id, self.console.message)
+        hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
+        self.stragglers = LaunchStragglers(opts, plan.run_id, self.console.message,
+                                           hangs.book if hangs is not None else ArrivalBook())
 
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.

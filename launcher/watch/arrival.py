@@ -21,15 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.limits import ARRIVALS_KEPT, COLLECTIVES_FRESH_S
-from launcher.ranges import numbers_text
+from launcher.watch.flightrec import ranks_text
 
 MIN_SPAN_S = 1.0
 """Arrivals over less than this are too few to say who holds the others back."""
-
-
-def _ranks(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {numbers_text(ranks)}"
 
 
 @dataclass(frozen=True)
@@ -54,9 +49,9 @@ class Behind:
         lasts: dict[int, list[int]] = {}
         for rank, last in sorted(self.late.items()):
             lasts.setdefault(last, []).append(rank)
-        parts = [f"{_ranks(ranks)} never entered {self.collective} "
+        parts = [f"{ranks_text(ranks)} never entered {self.collective} "
                  f"({'its' if len(ranks) == 1 else 'their'} last: #{last})" for last, ranks in sorted(lasts.items())]
-        return "; ".join(parts) + f", which {_ranks(self.entered)} entered"
+        return "; ".join(parts) + f", which {ranks_text(self.entered)} entered"
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ class Stuck:
     ranks: tuple[int, ...]
 
     def said(self) -> str:
-        return (f"every rank of {self.desc} ({_ranks(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
+        return (f"every rank of {self.desc} ({ranks_text(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
                 "and none completed it: the collective itself is stuck (the network, or NCCL)")
 
 
@@ -199,7 +194,7 @@ class ArrivalBook:
             return None  # a rank's collectives not read yet: the arrivals of the others would blame one of them
         caused: dict[int, float] = {}
         lasts: dict[int, int] = {}
-        count, first, latest = 0, None, None
+        count, first, latest = 0, float("inf"), float("-inf")
         for group, book in self.arrived.items():
             members = self.members.get(group, set())
             if len(members) < 2:
@@ -212,9 +207,8 @@ class ArrivalBook:
                 caused[last] = caused.get(last, 0.0) + times[last] - statistics.median(others)
                 lasts[last] = lasts.get(last, 0) + 1
                 count += 1
-                first = min([*times.values(), *([] if first is None else [first])])
-                latest = max([*times.values(), *([] if latest is None else [latest])])
-        if not count or first is None or latest is None or latest - first < MIN_SPAN_S:
+                first, latest = min(first, *times.values()), max(latest, *times.values())
+        if not count or latest - first < MIN_SPAN_S:
             return None
         span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
         return {rank: Late(rank, round(seconds / span, 4), round(lasts[rank] / count, 3), count)

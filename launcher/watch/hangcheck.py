@@ -53,7 +53,8 @@ class HangCheck:
     def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S):
         self.watch = HangWatch(timeout)
         self.book = ArrivalBook()
-        """Every rank's collectives, from the same beats (the suspects: the ranks behind)."""
+        """Every rank's collectives, from the same beats (the suspects: the ranks behind; the launch's straggler rule
+        reads it too)."""
         self.keep = keep
         self.apart_s = apart_s
         self.hang: HangSuspected | None = None

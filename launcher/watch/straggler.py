@@ -152,11 +152,13 @@ def straggler_line(found: Straggler, node: str) -> str:
 class LaunchStragglers:
     """The straggler rule over an attached launch's beats; each new straggler said and kept."""
 
-    def __init__(self, opts: Options, run_id: str, say: Callable[[str], None]):
+    def __init__(self, opts: Options, run_id: str, say: Callable[[str], None], book: ArrivalBook):
         self.path = opts.log_dir / run_id / FILE
         self.say = say
         self.watch = StragglerWatch(opts.straggler_factor, opts.straggler_hold)
-        self.book = ArrivalBook()
+        self.book = book
+        """The run's collectives, fed from the same beats by the hang check (`HangCheck.observe`, before a beat
+        reaches here): beats carry the ranks' progress only while hangs are watched for."""
         self.rates: dict[str, dict[int, float | None]] = {}
         self.forward: dict[str, dict[int, float | None]] = {}
         self.node_of: dict[int, str] = {}
@@ -169,7 +171,6 @@ class LaunchStragglers:
         self.node_of.update({rank: node for rank in self.rates[node]})
         merged = {rank: rate for rates in self.rates.values() for rank, rate in rates.items()}
         forward = {rank: share for shares in self.forward.values() for rank, share in shares.items()}
-        self.book.feed(progress, time.time())
         late = lateness(self.book, time.time())
         for found in self.watch.new(self.watch.look(time.monotonic(), merged, forward, late)):
             line = straggler_line(found, self.node_of.get(found.key, "?"))  # type: ignore[call-overload]
