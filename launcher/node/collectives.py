@@ -70,8 +70,8 @@ class Watcher:
                 data = pickle.loads(dump(full, False, False))  # (collectives, stack traces, only active)
             except Exception:  # a recorder this build has but cannot use (NCCL's, on a CPU build)
                 continue
-            if not isinstance(data, dict) or not isinstance(data.get("pg_status"), dict):
-                continue
+            if not isinstance(data, dict) or not isinstance(data.get("pg_status"), dict) or not data["pg_status"]:
+                continue  # CUDA builds have both recorders: the one of no group is not a source
             sources.append(source)
             self.read_groups(data, groups)
             if full:

@@ -188,11 +188,16 @@ class ArrivalBook:
 
     def lateness(self, now: float, window_s: float) -> dict[int, Late] | None:
         """Over the collectives of the last `window_s` that every rank of their group entered: for each rank that
-        entered any of them last, the others' wait for it per second, and how often it was last. None: too few
-        arrivals to say yet."""
+        entered any of them last, the share of the time the others waited for it, and how often it was last. None:
+        too few arrivals to say yet.
+
+        The others' wait is the union of their waits, not the sum: the buckets of one backward all wait for the
+        same late rank at once, and on a GPU a fast rank enqueues collectives ahead of its peers (CUDA runs
+        asynchronously until a synchronisation), so that a rank a few steps behind is late to each collective by
+        those steps. Counted once, the wait can never exceed the time it spans."""
         if any(s is None or not s.groups for s in self.seen.values()):
             return None  # a rank's collectives not read yet: the arrivals of the others would blame one of them
-        caused: dict[int, float] = {}
+        waits: dict[int, list[tuple[float, float]]] = {}
         lasts: dict[int, int] = {}
         count, first, latest = 0, float("inf"), float("-inf")
         for group, book in self.arrived.items():
@@ -204,15 +209,25 @@ class ArrivalBook:
                     continue
                 last = max(times, key=lambda rank: times[rank])
                 others = [at for rank, at in times.items() if rank != last]
-                caused[last] = caused.get(last, 0.0) + times[last] - statistics.median(others)
+                waits.setdefault(last, []).append((statistics.median(others), times[last]))
                 lasts[last] = lasts.get(last, 0) + 1
                 count += 1
                 first, latest = min(first, *times.values()), max(latest, *times.values())
         if not count or latest - first < MIN_SPAN_S:
             return None
         span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
-        return {rank: Late(rank, round(seconds / span, 4), round(lasts[rank] / count, 3), count)
-                for rank, seconds in caused.items()}
+        return {rank: Late(rank, round(_covered(spans) / span, 4), round(lasts[rank] / count, 3), count)
+                for rank, spans in waits.items()}
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The seconds covered by the union of the (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:

@@ -75,11 +75,64 @@ if want item; then
     step hang behind loss.item: NCCL watchdog at 60 s
     (timeout 170 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "item 60" --hang-timeout 10 --skip-doctor
      echo "launch rc=$?") &
-    sleep 40
+    job=$!; sleep 40
     timeout 60 $INV stacks --hosts $H; echo "stacks rc=$?"
     nvidia-smi --query-gpu=utilization.gpu --format=csv
     top -bn1 -w 200 | head -14
-    wait
+    wait $job  # not a bare `wait`: it waits for the log's tee too, for ever
+fi
+# --- issue #46: the judgement from the collectives (modes lhang,gitem,hfslow,slow,save) ---
+keep() {  # the runs so far (each rank's collectives/<pid>, NCCL's dumps) into OUT, after each step: a call cut short keeps them
+    tar czf "$OUT/logs.tgz" logs .sandbox/node-*/sshd.log .sandbox/node-*/cache/ddp-launcher/runs 2>/dev/null
+}
+setenv() {  # the jobs' knobs go to the nodes through the inventory's defaults.env
+    $PY - "$@" <<'PYEOF'
+import sys, yaml
+path = "hosts/sandbox.yaml"
+data = yaml.safe_load(open(path))
+data["defaults"]["env"] = dict(arg.split("=", 1) for arg in sys.argv[1:])
+yaml.safe_dump(data, open(path, "w"), sort_keys=False)
+PYEOF
+}
+topjson() {  # `inv top --once --json` into $OUT/$1, and a summary of its verdicts
+    timeout 60 $INV top --hosts $H --once --json >"$OUT/$1"; echo "top rc=$?"
+    $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print({k: r.get(k) for k in ('rank','straggler','straggler_by','behind','lost_s_per_step','collectives_source')}) for r in d.get('ranks', [])]; print({k: d.get(k) for k in d if k != 'ranks'})" "$OUT/$1" 2>&1 | cut -c1-400
+}
+if want lhang; then
+    step "Lightning on GPU, rank 1 stuck at step 20: found within 30 s of the hang, rank 1 behind"
+    setenv BORING_GPU=1 BORING_STUCK_RANK=1 BORING_STUCK_STEP=20 BORING_STEPS=100000
+    date +%T.%N
+    timeout 200 $INV launch --hosts $H --script tests/scripts/lightning_boring.py --hang-timeout 15 --skip-doctor
+    echo "rc=$?"; date +%T.%N; keep
+fi
+if want slow; then
+    step "plain DDP on GPU, rank 1 0.1 s slower a step (lines every 50 steps): straggler rank 1; each rank's in-process recorder dumps at step 3 into OUT/fr"
+    setenv FR_PROBE_DIR="$OUT/fr"
+    (timeout 150 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "slow 120" --skip-doctor; echo "launch rc=$?") &
+    job=$!; sleep 25; topjson slow_top.json; ls -la "$OUT/fr"; head -c 1200 "$OUT/fr/rank0_dump_nccl_trace.txt"; echo
+    wait $job; keep
+fi
+if want gitem; then
+    step "hang behind loss.item: found by the collectives (rank 1 behind) well before NCCL's watchdog (120 s)"
+    setenv
+    date +%T.%N
+    (timeout 170 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "item 120" --hang-timeout 10 --skip-doctor
+     echo "launch rc=$?"; date +%T.%N) &
+    job=$!; sleep 20
+    timeout 60 $INV stacks --hosts $H; echo "stacks rc=$?"
+    wait $job; keep
+fi
+if want hfslow; then
+    step "HF Trainer on GPU, rank 1 0.15 s slower a step: top flags rank 1 by arrival, never rank 0"
+    setenv HF_GPU=1 HF_SLOW_RANK=1 HF_SLOW_S=0.15 HF_STEPS=250
+    (timeout 200 $INV launch --hosts $H --script tests/scripts/hf_trainer.py --skip-doctor; echo "launch rc=$?") &
+    job=$!; sleep 30; topjson hf_top.json; timeout 60 $INV top --hosts $H --once; wait $job; keep
+fi
+if want save; then
+    step "rank 0 busy 60 s (a checkpoint) while rank 1 waits in loss.item(): not a hang (--hang-timeout 15)"
+    setenv
+    timeout 150 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "save 200" --hang-timeout 15 --skip-doctor
+    echo "rc=$?"; keep
 fi
 if want net; then
     step doctor --net
@@ -87,6 +140,6 @@ if want net; then
 fi
 step down
 $INV sandbox.down
-tar czf "$OUT/logs.tgz" logs .sandbox/node-*/sshd.log 2>/dev/null
+tar czf "$OUT/logs.tgz" logs .sandbox/node-*/sshd.log .sandbox/node-*/cache/ddp-launcher/runs 2>/dev/null
 ls -la "$OUT"
 echo "done in ${SECONDS}s"

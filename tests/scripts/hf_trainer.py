@@ -2,7 +2,8 @@
 downloaded. Only rank 0 has a progress bar; no rank prints per-step lines.
 
 Knobs for the tests, by environment: HF_STEPS (default 30), HF_SLOW_RANK / HF_SLOW_S (that rank's forward sleeps
-this long each step), HF_STUCK_RANK / HF_STUCK_STEP (that rank sleeps 600 s in its forward at that step).
+this long each step), HF_STUCK_RANK / HF_STUCK_STEP (that rank sleeps 600 s in its forward at that step),
+HF_GPU=1 (each rank on its GPU, NCCL: the device check).
 """
 
 import os
@@ -49,9 +50,11 @@ def main() -> None:
                         intermediate_size=32, max_position_embeddings=32)
     torch.manual_seed(0)
     model = Knobs(config)
+    gpu = os.environ.get("HF_GPU") == "1"
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps, use_cpu=True,
-                                 report_to=[], save_strategy="no", logging_strategy="no", ddp_backend="gloo",
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps, use_cpu=not gpu,
+                                 report_to=[], save_strategy="no", logging_strategy="no",
+                                 ddp_backend="nccl" if gpu else "gloo",
                                  dataloader_num_workers=0, remove_unused_columns=False,
                                  ddp_find_unused_parameters=False)
         trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4 * steps * 4, 64))

@@ -4,7 +4,7 @@ Under torchrun, Lightning takes the ranks from the environment (TorchElasticEnvi
 lines: its progress bar writes nothing line-wise when stdout is a file, which is what the launcher's workers have.
 Knobs for the tests, by environment: BORING_STEPS (default 40), BORING_SLOW_RANK / BORING_SLOW_S (that rank's
 training step sleeps this long each step), BORING_STUCK_RANK / BORING_STUCK_STEP (that rank sleeps 600 s in its
-training step at that step).
+training step at that step), BORING_GPU=1 (each rank on its GPU, NCCL: the device check).
 """
 
 import os
@@ -51,7 +51,9 @@ def main() -> None:
     local = int(os.environ["LOCAL_WORLD_SIZE"])
     nodes = int(os.environ["WORLD_SIZE"]) // local
     steps = int(_knob("BORING_STEPS", 40))
-    trainer = L.Trainer(accelerator="cpu", devices=local, num_nodes=nodes, strategy="ddp", max_steps=steps,
+    gpu = os.environ.get("BORING_GPU") == "1"
+    trainer = L.Trainer(accelerator="gpu" if gpu else "cpu", devices=local, num_nodes=nodes, strategy="ddp",
+                        max_steps=steps,
                         logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(Boring(), DataLoader(RandomData(32, 64 * steps), batch_size=4))
     print(f"done rank {trainer.global_rank} steps {trainer.global_step}", flush=True)

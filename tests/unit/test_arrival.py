@@ -187,6 +187,49 @@ def test_the_slow_rank_of_a_recorded_gloo_run_arrives_last_and_is_flagged_alone(
     assert straggler_line(found[1], "node-1").startswith("straggler: node-1 r1 enters the collectives last (")
 
 
+def test_the_rank_behind_a_hang_on_an_h200_is_the_one_that_never_entered_nccls_all_reduce() -> None:
+    # tests/gpu/gpu_hang.py item on NCCL: rank 1 asleep at step 5, rank 0 in loss.item() behind all_reduce #11
+    ranks, wall = recorded("h200-item-hang")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    [behind] = book.behind(wall)
+    assert behind.said() == "rank 1 never entered all_reduce #11 of default_pg (its last: #10), which rank 0 entered"
+    assert book.sources() == {0: "nccl flight recorder", 1: "nccl flight recorder"}
+
+
+def test_hf_trainers_slow_rank_on_an_h200_is_flagged_by_arrival_with_the_seconds_it_costs_a_step() -> None:
+    # tests/scripts/hf_trainer.py on NCCL, rank 1's forward 0.15 s slower: each step's all_reduce waits for it
+    ranks, wall = recorded("h200-hf-slow")
+    book = ArrivalBook()
+    book.feed(ranks, wall)
+    late = lateness(book, wall)
+    assert late is not None and (0 not in late or late[0].wait_share < 0.05), late
+    found = StragglerWatch(0.8, 0.0).look(0.0, {0: 5.92, 1: 5.92}, {0: 0.9, 1: 0.2}, late)
+    assert list(found) == [1] and found[1].kind == "arrival"
+    assert found[1].lost_s == pytest.approx(0.15, abs=0.02)
+
+
+def test_a_rank_steps_behind_a_peer_that_enqueues_ahead_costs_at_most_the_step_not_its_lag_each_collective() -> None:
+    # on a GPU, rank 0 enqueues up to a sync point ahead: rank 1, 0.1 s slower a step of 0.12 s, reaches each of the
+    # 3 collectives a step 2 s after rank 0 (an H200 said "2.07 s a step" when each collective's lag was summed)
+    book = ArrivalBook()
+    arrivals = {0: [], 1: []}
+    for step in range(250):
+        for bucket in range(3):
+            seq = step * 3 + bucket + 1
+            arrivals[0].append([seq, "all_reduce", 1000.0 + step * 0.12 + bucket * 0.001])
+            arrivals[1].append([seq, "all_reduce", 1002.0 + step * 0.12 + bucket * 0.001])
+    wall = 1002.0 + 250 * 0.12
+    book.feed([{"rank": rank, "collectives": {
+        "source": "nccl flight recorder", "age_s": 0.5, "why": None, "arrivals": {"0": rows},
+        "groups": {"0": {"desc": "default_pg", "size": 2, "enqueued": 750, "started": -1, "completed": 740,
+                         "in_flight": None}}}} for rank, rows in arrivals.items()], wall)
+    late = lateness(book, wall)
+    assert late is not None and list(late) == [1] and 0.9 < late[1].wait_share <= 1.0, late
+    found = StragglerWatch(0.8, 0.0).look(0.0, {0: 1 / 0.12, 1: 1 / 0.12}, None, late)
+    assert list(found) == [1] and found[1].lost_s is not None and found[1].lost_s <= 0.12
+
+
 def test_no_rank_of_a_recorded_healthy_gloo_run_is_flagged_and_the_forward_rule_stands_aside() -> None:
     ranks, wall = recorded("healthy")
     book = ArrivalBook()

@@ -3,6 +3,7 @@ half imported is waited for, not a reason to stop; a recorder's dump becomes the
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 import sys
@@ -60,3 +61,23 @@ def test_a_recorders_dump_becomes_the_rank_file_with_its_group_and_last_arrivals
     arrivals = data["arrivals"]["0"]
     assert [row[0] for row in arrivals] == list(range(1, 13))[-keep:]
     assert arrivals[-1] == [12, "all_reduce", pytest.approx(1e9 + 1.2)]
+
+
+def test_a_cuda_build_reads_nccls_recorder_as_an_h200_dumped_it_and_not_the_empty_gloo_one(monkeypatch,
+                                                                                          tmp_path: Path) -> None:
+    # What `_dump_nccl_trace(True, False, False)` and `_dump_fr_trace` returned in-process on an H200 (torch 2.11,
+    # NCCL 2.28.9; tests/gpu/gpu_hang.py's probe at step 3): a CUDA build has both, the gloo one with no group.
+    folder = Path(__file__).resolve().parents[1] / "data" / "collectives" / "h200-nccl-dump"
+    nccl, gloo = (ast.literal_eval((folder / name).read_text()) for name in ("rank0.txt", "rank0_gloo_recorder.txt"))
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d", types.SimpleNamespace(
+        _dump_fr_trace=lambda *args: pickle.dumps(gloo), _dump_nccl_trace=lambda *args: pickle.dumps(nccl)))
+    monkeypatch.setenv("RANK", "0")
+    watcher = collectives.Watcher(str(tmp_path), 1.0, 5.0, 200, 100.0, 1)
+    watcher.look(100.0)
+    watcher.write(100.0)
+    data = json.loads(next(tmp_path.iterdir()).read_text())
+    assert data["source"] == "nccl flight recorder"
+    assert data["groups"] == {"0": {"desc": "default_pg", "size": 2, "enqueued": 8, "started": -1, "completed": 6,
+                                    "in_flight": [7, "all_reduce"]}}
+    assert [row[:2] for row in data["arrivals"]["0"]][:3] == [[1, "all_gather"], [2, "broadcast"], [3, "broadcast"]]
+    assert len(data["arrivals"]["0"]) == 8
