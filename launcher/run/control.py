@@ -274,11 +274,12 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
             channel.close_stdin()
             err = bytearray()
             while not channel.finished:
+                gone = channel.closed  # before the read: what came before the close is in the buffers by now
                 out, e = channel.read()
                 err += e
                 if out:
                     log.feed(out, sink)
-                elif channel.closed:
+                elif gone and not e:
                     break
                 else:
                     channel.wait_readable(0.5)

@@ -159,6 +159,7 @@ class Sessions:
         channel, name = session.channel, session.name
         err_rest = b""
         while True:
+            gone = channel.closed  # before the read: the output that came before the close is read first
             out, err = channel.read()
             if out or err:
                 session.heard = time.monotonic()
@@ -171,7 +172,7 @@ class Sessions:
             if channel.finished:
                 self._channel_ended(session, channel.exit_code())
                 return
-            if channel.closed and not out and not err:
+            if gone and not out and not err:
                 self._end(session, EndKind.LOST)
                 return
             if not out and not err:

@@ -106,6 +106,7 @@ class SshFeed:
             channel.send(agent_input({"action": "top", "node": host.name, "run_id": self.run_id, "top": settings}))
             pending, err = b"", b""
             while not self.closing:
+                gone = channel.closed or channel.finished  # before the read: the last snapshot is read first
                 out, more = channel.read()
                 err += more
                 if out:
@@ -113,7 +114,7 @@ class SshFeed:
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
                         self._take(host.name, line)
-                elif channel.closed or channel.finished:
+                elif gone and not more:
                     break
                 else:
                     channel.wait_readable(0.5)
