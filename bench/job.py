@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,10 @@ def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
         inventory = with_port(box, free_port(), root)
         result = run_timed([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), *extra],
                            timeout=180, env={"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")})
-        note_runs(result.stderr)
+        ids = note_runs(result.stderr)
         try:
             check(result, "inv launch")
+            wait_for_pages(root / "logs", ids)
             return result
         except RuntimeError as exc:
             FAILURES.append({"nodes": box.n, "code": result.code, "seconds": round(result.seconds, 3),
@@ -60,6 +62,17 @@ def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
             log(f"real job: inv launch failed on {box.n} nodes (exit {result.code}), try {attempt + 1}/{tries}")
             if attempt == tries - 1:
                 raise
+
+
+def wait_for_pages(logs: Path, run_ids: list[str], limit_s: float = 60.0) -> None:
+    """Untimed: until each run's page (written by a process of its own after the launch returned) is there, so that
+    it draws on no other variant's time (on the sandbox's 2 CPUs it would)."""
+    deadline = time.monotonic() + limit_s
+    for run_id in run_ids:
+        folder = logs / run_id
+        while not ((folder / "report.html").exists() or (folder / "report.err").exists()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def ssh_run(box: Box) -> Any:

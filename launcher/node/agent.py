@@ -285,13 +285,14 @@ def action_top(request):
 def action_report(request):
     """What the run's page needs from this node (launcher.report.page): its state, each rank's start (the hook's
     phases), the series its keeper sampled, the end of its log, and this node's clock now."""
+    from launcher.node.hook import PHASES_DIR
     from launcher.node.series import read_series
 
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none"})
     phases = {}
-    folder = os.path.join(run_dir, "phases")
+    folder = os.path.join(run_dir, PHASES_DIR)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         phases[name] = read_text(os.path.join(folder, name), "").splitlines()
     tail = b""

@@ -100,7 +100,9 @@ class Page:
                 "duration_s": self.duration_s, "root_cause": self.root_cause or None, "logs": self.logs,
                 "nodes": {e.node: {"state": e.state, "exit_code": e.exit_code, "raised": list(e.raised)}
                           for e in self.exits},
-                "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks]}
+                "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks],
+                "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
+                "ranks": [{"node": r.node, "rank": r.rank, "steps_per_s": r.mean_rate()} for r in self.timeline.ranks]}
 
 
 def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
