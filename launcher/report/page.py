@@ -204,7 +204,7 @@ def _ranks_table(page: Page) -> str:
         return f"{sum(found) / len(found):.3g}" if found else ""
 
     rows = "".join(f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{mean(r.steps_per_s)}</td>"
-                   f"<td>{mean(r.data_share)}</td><td class=text>{'slowest' if (r.node, r.rank) in slow else ''}</td>"
+                   f"<td>{mean(r.data_share)}</td><td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td>"
                    "</tr>" for r in shown)
     return ("<table><tr><th>rank</th><th>node</th><th>steps/s (mean)</th><th>waiting for data (mean share)</th>"
             f"<th></th></tr>{rows}</table>")

@@ -18,6 +18,7 @@ from launcher.report.pagedata import PHASES
 from tests.helpers import inv, run_id_of, wait_for
 
 ORDER = [p[0] for p in PHASES]
+PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}  # tests/helpers.py turns it off for every other test
 WORKER_PHASES = ["hook", "torch", "pg", "batch", "step"]
 
 
@@ -34,7 +35,7 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["200", "3", "0.06", "0", "fail"])
     logs = tmp_path / "logs"
-    env = {"INVOKE_LAUNCHER_STRAGGLER_HOLD": "3"}
+    env = {"INVOKE_LAUNCHER_STRAGGLER_HOLD": "3", **PAGE_ON}
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=env)
     assert result.returncode != 0 and "fails on purpose" in result.stdout + result.stderr, result.stderr
     run_id = run_id_of(result.stdout + result.stderr)
@@ -70,13 +71,13 @@ def test_a_detached_runs_page_is_written_at_the_first_status_after_its_end(make_
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
                                                                                                      "0"])
     logs = tmp_path / "logs"
-    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
+    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)
     assert started.returncode == 0, started.stderr
     run_id = run_id_of(started.stdout + started.stderr)
     assert (logs / run_id / "journal.json").exists() and not (logs / run_id / "report.html").exists()
 
     def ended() -> bool:
-        status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
+        status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs, env=PAGE_ON)
         return status.stdout.count("exited") >= 2
 
     wait_for(ended, 120, "the detached run's end", interval=2)
@@ -89,7 +90,7 @@ def test_a_headless_browser_opens_the_page_with_no_error_and_no_request(make_san
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
                                                                                                      "0"])
     logs = tmp_path / "logs"
-    result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs)
+    result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=PAGE_ON)
     assert result.returncode == 0, result.stderr
     page = _page(logs, run_id_of(result.stdout + result.stderr))
     shot = tmp_path / "page.png"
