@@ -157,10 +157,26 @@ def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[
     ended = [e.ended for e in exits if e.ended is not None]
     end = journal.get("end") or {}
     duration = max(ended) if ended else (end["t"] - began if end.get("t") else None)
-    return Page(run_id, began, headline, first, slowest, tuple(shown), hidden,
-                tuple(sorted(marks, key=lambda m: m.t)), exits, _root_cause(end, exits), logs,
-                None if duration is None else round(duration, 1),
+    return Page(run_id, began, headline, first, slowest, tuple(shown), hidden, _grouped(marks), exits,
+                _root_cause(end, exits), logs, None if duration is None else round(duration, 1),
                 timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began))
+
+
+def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
+    """The marks by time; past REPORT_NAMED marks of one kind about nodes (every node stopped, 256 nodes' ends), the
+    first few as they are and the rest as one mark that counts them (a figure of 256 dashed lines says nothing)."""
+    kept: list[Mark] = []
+    for kind in dict.fromkeys(m.kind for m in marks):
+        mine = sorted((m for m in marks if m.kind == kind), key=lambda m: m.t)
+        if kind not in ("end", "stop", "restart", "left") or len(mine) <= REPORT_NAMED:
+            kept += mine
+            continue
+        kept += mine[:REPORT_NAMED - 1]
+        rest = mine[REPORT_NAMED - 1:]
+        names = ", ".join(m.node or "?" for m in rest)
+        kept.append(Mark(rest[0].t, kind, f"{len(rest)} more ({kind}) from {rest[0].t:.0f} to {rest[-1].t:.0f} s: "
+                                          f"{_few(names)}"))
+    return tuple(sorted(kept, key=lambda m: m.t))
 
 
 def _ordered(times: Mapping[str, float]) -> tuple[tuple[str, float], ...]:

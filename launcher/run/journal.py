@@ -16,7 +16,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.events import Ended, HangRuledOut, HangSuspected, Left, NodeEvent, Probed, Ready, Started, Stopping
+from launcher.events import (
+    SELF_STOPS,
+    Ended,
+    HangRuledOut,
+    HangSuspected,
+    Left,
+    NodeEvent,
+    Probed,
+    Ready,
+    Started,
+    Stopping,
+)
 
 JOURNAL_FILE = "journal.json"
 
@@ -62,8 +73,8 @@ class Journal:
                       event.node or None, event.time)
         elif isinstance(event, Left):
             self.mark("left", f"{event.node} left the run; {event.remaining} node(s) go on", event.node, event.time)
-        elif isinstance(event, Stopping):
-            self.mark("stop", f"{event.node} stops its part ({event.reason})", event.node, event.time)
+        elif isinstance(event, Stopping) and event.reason in SELF_STOPS:  # the launcher's own stops: its end says
+            self.mark("stop", f"{event.node} stops its part by itself ({event.reason})", event.node, event.time)
         elif isinstance(event, Ended):
             self.phase([event.node], "ended", event.time)
 

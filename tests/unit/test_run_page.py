@@ -134,6 +134,16 @@ def test_a_page_of_256_nodes_draws_bands_names_the_worst_and_stays_under_2_mb() 
     assert page.hidden_bars == 256 - 32 and "224 faster nodes are not listed" in text
     assert "r623 (node-77)" in text  # the slowest rank, named on the band
     assert "middle half" in text
+    failed = build_page(RUN, journal(256), answers(256, per_node=1, samples=3, fail=True), "logs/x/")
+    assert len(failed.marks) == 1  # one node failed: one end mark
+
+
+def test_many_nodes_ends_are_a_few_marks_and_one_that_counts_the_rest() -> None:
+    found = answers(40, per_node=1, samples=3)
+    for answer in found.values():
+        answer.update(state="stopped", exit_code=137)
+    marks = build_page(RUN, journal(40), found, "logs/x/").marks
+    assert [m.kind for m in marks] == ["end"] * 5 and marks[-1].text.startswith("36 more (end) from ")
 
 
 def test_a_band_holds_the_extremes_quartiles_and_median_of_its_lines_per_bucket() -> None:
