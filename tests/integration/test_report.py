@@ -67,6 +67,19 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
     assert "RuntimeError: rank 3 fails on purpose" in text and str(logs / run_id) in text
 
 
+def test_a_hung_runs_page_marks_the_hang_and_ends_with_it(make_sandbox, tmp_path: Path) -> None:
+    # 2 nodes x 1 rank: rank 1 sleeps 10 minutes before an all_reduce rank 0 entered; the watch's timeout is 10 s.
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/hang_rank.py", script_args=["1", "600"])
+    logs = tmp_path / "logs"
+    result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor", log_dir=logs,
+                 env=PAGE_ON)
+    assert result.returncode == 124, result.stderr
+    text = _page(logs, run_id_of(result.stdout + result.stderr)).read_text()
+    assert text.count("hang suspected") >= 2  # its mark, and the end's words
+    assert re.search(r"<td class=text>hang</td><td class=text>[^<]*</td><td class=text>hang suspected[^<]*"
+                     r"all_reduce", text), text[text.find("<h2>2."):][:3000]
+
+
 def test_a_detached_runs_page_is_written_at_the_first_status_after_its_end(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
                                                                                                      "0"])
