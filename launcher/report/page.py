@@ -24,7 +24,7 @@ STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:12
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
 .headline{font-size:1.15em;font-weight:600;background:#f4f6fb;padding:.6em .8em;border-left:4px solid #8da0cb}
 table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #ddd;padding:2px 6px;
-text-align:right}td:first-child,th:first-child,td.text{text-align:left}pre{background:#f7f7f7;padding:.6em;
+text-align:right}td:first-child,th:first-child,td.text{text-align:left}td:first-child{white-space:nowrap}pre{background:#f7f7f7;padding:.6em;
 overflow-x:auto;white-space:pre-wrap}.note{color:#555}svg{max-width:100%;height:auto}"""
 
 

@@ -267,8 +267,9 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
     if longest is None:
         return first, None, f"command -> first optimizer step on every rank: {first:.1f} s"
     what, seconds = longest
+    took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
     return first, (last.node, what, seconds), (f"command -> first optimizer step on every rank: {first:.1f} s; the "
-                                               f"slowest node, {last.node}: {seconds:.0f} s in {what}")
+                                               f"slowest node, {last.node}: {took} s in {what}")
 
 
 def _few(text: str) -> str:
