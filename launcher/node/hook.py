@@ -12,8 +12,8 @@ is this file's source (launcher/node/stacks.py `install_hook`); imported under i
   the process and says why in its record; the program goes on as it would without the hook.
 - Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done, the
   process group ready (`init_process_group` returned), the first batch and the first optimizer step, each a line
-  `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (five writes in a process's life, none in a loop:
-  the run's page draws its start from them). A forked child records none.
+  `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (five writes in a process's life; a step or a
+  batch pays one comparison: the run's page draws its start from them). A forked child records none.
 - Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
   into `collectives/<pid>` (launcher/node/collectives.py).
 
