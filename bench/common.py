@@ -191,6 +191,8 @@ class Timed:
     this is at least the bench's own size; the fan-out driver reports its own VmHWM instead."""
     peak: dict[str, int] | None = None
     """With `sample=True`: the process tree's peak processes, threads, fds and RSS (kB), sampled (bench/usage.py)."""
+    began: float = 0.0
+    """The wall clock (time.time()) at the spawn: what a job's own wall-clock lines are measured from."""
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> int | None:
@@ -211,7 +213,7 @@ def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] 
     `sample`: also watch its process tree's threads, fds and memory while it runs (Timed.peak).
     """
     full_env = {**os.environ, **(env or {})}
-    start = time.perf_counter()
+    began, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(list(argv), cwd=cwd, env=full_env, stdout=stdout, stderr=subprocess.PIPE,
                             start_new_session=True)
     out_chunks: list[bytes] = []
@@ -254,7 +256,7 @@ def run_timed(argv: Sequence[str], *, timeout: float = 300, env: dict[str, str] 
     return Timed(seconds, proc.returncode, b"".join(out_chunks).decode("utf-8", "replace"),
                  b"".join(err_chunks).decode("utf-8", "replace"),
                  cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kb=usage.ru_maxrss,
-                 peak=sampler.stop().as_dict() if sampler else None)
+                 peak=sampler.stop().as_dict() if sampler else None, began=began)
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:

@@ -6,8 +6,10 @@ floor: the same torchrun processes started locally, without SSH. Each run gets a
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,8 @@ import yaml
 from bench.baselines import ssh_loop
 from bench.common import REPO, Box, free_port, log, note_runs, paired_ratio, ratio, run_timed, sandbox_of, stats
 
-JOB_ARGS = ["--max-steps", "20", "--dataset-size", "512"]
+JOB_ARGS = ["--max-steps", "20", "--dataset-size", "512", "--say-first-step"]
+FIRST_STEP = re.compile(r"first optimizer step rank (\d+) at wall ([\d.]+)")
 SCRIPT = "train/ddp.py"
 TARGET = 1.03
 
@@ -35,6 +38,13 @@ def with_port(box: Box, port: int, root: Path) -> Path:
     return path
 
 
+def first_step_s(result: Any, ranks: int) -> float | None:
+    """Command -> first optimizer step on every rank: the latest rank's own wall-clock line less the spawn's wall
+    clock (the sandbox's nodes share this machine's clock); None unless every rank said it."""
+    said = {int(rank): float(wall) for rank, wall in FIRST_STEP.findall(result.stdout + result.stderr)}
+    return round(max(said.values()) - result.began, 3) if len(said) == ranks else None
+
+
 def check(result: Any, what: str) -> None:
     text = result.stdout + result.stderr
     if result.code != 0 or "finished at step" not in text:
@@ -50,9 +60,10 @@ def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
         inventory = with_port(box, free_port(), root)
         result = run_timed([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), *extra],
                            timeout=180, env={"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")})
-        note_runs(result.stderr)
+        ids = note_runs(result.stderr)
         try:
             check(result, "inv launch")
+            wait_for_pages(root / "logs", ids)
             return result
         except RuntimeError as exc:
             FAILURES.append({"nodes": box.n, "code": result.code, "seconds": round(result.seconds, 3),
@@ -60,6 +71,17 @@ def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
             log(f"real job: inv launch failed on {box.n} nodes (exit {result.code}), try {attempt + 1}/{tries}")
             if attempt == tries - 1:
                 raise
+
+
+def wait_for_pages(logs: Path, run_ids: list[str], limit_s: float = 60.0) -> None:
+    """Untimed: until each run's page (written by a process of its own after the launch returned) is there, so that
+    it draws on no other variant's time (on the sandbox's 2 CPUs it would)."""
+    deadline = time.monotonic() + limit_s
+    for run_id in run_ids:
+        folder = logs / run_id
+        while not ((folder / "report.html").exists() or (folder / "report.err").exists()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def ssh_run(box: Box) -> Any:
@@ -80,6 +102,11 @@ def local_run(box: Box) -> Any:
     return result
 
 
+def _median(variant: dict[str, Any]) -> str:
+    first = variant.get("first_step_s")
+    return f"{first['median']:.2f}s" if first else "?"
+
+
 def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_too: bool,
         warm_up: bool = True) -> dict[str, Any]:
     """`repeat`: runs per N (a number, or N -> runs, 3 for an N it does not name)."""
@@ -94,6 +121,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
                 ssh_run(box)  # untimed: the first sessions of a fresh sandbox are slower
             times: dict[str, list[float]] = {v: [] for v in variants}
             cpu: dict[str, list[float]] = {v: [] for v in variants}
+            first: dict[str, list[float]] = {v: [] for v in variants}
             for rep in range(runs):
                 order = variants[rep % len(variants):] + variants[:rep % len(variants)]
                 for variant in order:
@@ -105,7 +133,11 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
                         result = launcher_run(box, root, ["--skip-doctor"] if variant.endswith("doctor") else [])
                     times[variant].append(result.seconds)
                     cpu[variant].append(result.cpu_s)
-            row: dict[str, Any] = {"nodes": n, **{v: {**stats(times[v]), "controller_cpu_s": stats(cpu[v])}
+                    stepped = first_step_s(result, n)
+                    if stepped is not None:
+                        first[variant].append(stepped)
+            row: dict[str, Any] = {"nodes": n, **{v: {**stats(times[v]), "controller_cpu_s": stats(cpu[v]),
+                                                      "first_step_s": stats(first[v]) if first[v] else None}
                                                   for v in variants}}
             row["launcher_over_a_paired"] = paired_ratio(row["launcher"], row["ssh_loop"])
             row["launcher_over_a"] = ratio(row["launcher"], row["ssh_loop"])
@@ -117,6 +149,7 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
                 row["skip_doctor_over_a_paired"] = paired_ratio(row["launcher_skip_doctor"], row["ssh_loop"])
             rows.append(row)
             log(f"real job {n}: a {row['ssh_loop']['median']:.2f}s, inv launch {row['launcher']['median']:.2f}s, "
-                f"local {row['local']['median']:.2f}s")
+                f"local {row['local']['median']:.2f}s; command -> first optimizer step on every rank: "
+                f"{_median(row['ssh_loop'])} (ssh loop), {_median(row['launcher'])} (inv launch)")
     return {"rows": rows, "job": f"{SCRIPT} {' '.join(JOB_ARGS)}", "failed_launches": FAILURES,
             "repeat": repeat if isinstance(repeat, int) else {str(k): v for k, v in repeat.items()}}

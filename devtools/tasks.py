@@ -16,7 +16,7 @@ from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
 from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
-from launcher.tasks import doctor, init, launch, logs, slurm, stacks, status, stop, sync, task, top
+from launcher.tasks import doctor, init, launch, logs, report, slurm, stacks, status, stop, sync, task, top
 
 
 def bring_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
@@ -101,6 +101,7 @@ def checkout_namespace() -> Collection:
     sandbox = Collection("sandbox")
     sandbox.add_task(sandbox_up, "up")
     sandbox.add_task(sandbox_down, "down")
-    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, demo, bench, sandbox, slurm)
+    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, report, init, demo, bench, sandbox,
+                       slurm)
     whole.configure({SECTION: options.config_defaults()})
     return whole

@@ -311,3 +311,27 @@ NET_MAX_ITERS = 20
 """The most runs of one size."""
 NET_TIMEOUT_S = 300.0
 """The most the whole measurement may take, from the start of its torchrun to its answer."""
+
+
+# --- the run's page (launcher.report.page; its node side: launcher/node/series.py) ----------------------------------
+SERIES = {"interval_s": 5.0, "max_samples": 720}
+"""Each node's time series of its run (the run directory's `series`, kept by the run's keeper from what `inv top`
+reads: the ranks' progress records and /proc, the node's load and memory): a sample every `interval_s`, and at most
+`max_samples` of them: past it every other sample goes and the interval doubles, so an hour keeps 5 s samples, a day
+80 s ones, and a node's file stays under ~0.5 MB at 8 ranks whatever the run's length (a sample a few hundred
+bytes)."""
+REPORT_LOG_TAIL_BYTES = 64 << 10
+"""How much of the end of a node's log its `report` answer carries (16 MB at 256 nodes): the failing rank's
+traceback and exception line are near the end (a run that went on after its failure, an elastic one, may push them
+out: the page then says where the logs are)."""
+REPORT_SERIES_BYTES = 1 << 20
+"""The most of a node's series its `report` answer carries (SERIES keeps it near half of this at 8 ranks)."""
+REPORT_BACKGROUND_TIMEOUT_S = 300.0
+"""The most the page's own process may take after an attached run's end (it opens a session a node, then draws)."""
+REPORT_MAX_ROWS = 32
+"""A figure draws up to this many ranks (or nodes) one line each; above it, a band (the median, the middle half,
+the extremes) with the worst REPORT_NAMED named: 256 nodes stay readable and the page small."""
+REPORT_NAMED = 5
+"""How many of the worst ranks (slowest step rate) and slowest starting nodes a page names above REPORT_MAX_ROWS."""
+REPORT_POINTS = 600
+"""The most points a line of the timeline has (longer series are averaged down): a page under 2 MB at 256 nodes."""

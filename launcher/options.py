@@ -112,6 +112,10 @@ class Options:
     """A rank whose step rate is below this share of the median rank's..."""
     straggler_hold: float = STRAGGLER_HOLD_S
     """...for this many seconds is a straggler (`inv top`, a launch's console, `inv status`)."""
+    page: bool = True
+    """Write the run's page (logs/<run id>/report.html) once it ends: an attached launch's in a process of its own
+    after the launch returns, a detached run's at the first status or logs after its end (`report` writes it any
+    time)."""
 
     @property
     def action_timeout(self) -> float:
@@ -140,7 +144,7 @@ _SHARES = ("straggler_factor",)
 ON_HANG = ("stop", "keep")
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
-CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY))
+CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY), "page")
 """The keys `launcher:` in invoke.yaml may hold."""
 
 
@@ -210,6 +214,10 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
             values[key] = number(key, value, where(key))
         elif key == "log_dir":
             values[key] = Path(str(value))
+        elif key == "page":
+            if not isinstance(value, bool):
+                raise LauncherError(f"{where(key)} must be true or false, got {str(value)[:40]!r}")
+            values[key] = value
     for key, value in overrides.items():
         if value is None:
             continue

@@ -250,6 +250,14 @@ def stacks(c, hosts=None, run=None, job=None):
     return app.stacks(_hosts(c, hosts), run, _options(c), job=job)
 
 
+@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
+            "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)"})
+@_reported
+def report(c, hosts=None, run=None, json=False):
+    """Write the run's page, logs/<run id>/report.html: its start as a waterfall, its timeline, its end."""
+    return app.report(_hosts(c, hosts), run, _options(c), as_json=json)
+
+
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
             "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
             "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
@@ -331,6 +339,6 @@ def init(c, hosts=None, output=None, workdir=None, script="train.py", python=Non
 
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
-ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, init, slurm)
+ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, report, init, slurm)
 """The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
 ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py

@@ -25,6 +25,7 @@ Lines other programs may parse (stdout; each written whole, so ranks' lines neve
   stopping after epoch N (--stop-after-epoch) ...     rank 0
   finished at step S in Ts (X samples/s)              rank 0
   CHECKSUM rank=R sha256=<64 hex>                     every rank, last (also after a stop)
+  first optimizer step rank R at wall T               every rank, with --say-first-step (T: time.time())
 --fail-at S --fail-rank R makes rank R raise RuntimeError("injected failure at step S on
 rank R") before its S-th optimizer step (1-based global count: a run resumed past S goes on).
 
@@ -124,6 +125,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=0,
                    help="the global rank that raises for --fail-at; -1 = every rank")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep after each step")
+    p.add_argument("--say-first-step", action="store_true",
+                   help="every rank says when (wall clock) its first optimizer step returned: the bench's figure of "
+                        "command -> first step, measured the same way under any launcher")
     p.add_argument("--save-weights", default=None, help="rank 0 saves the final model state_dict here")
     p.add_argument(
         "--reference-world-size",
@@ -538,6 +542,8 @@ def train(args: argparse.Namespace, w: World) -> None:
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
+            if args.say_first_step and step == step_first:
+                say(f"first optimizer step rank {w.rank} at wall {time.time():.3f}")
             step, sample = step + 1, sample + global_batch
             if args.log_every > 0 and step % args.log_every == 0:
                 avg = loss.detach().clone()

@@ -52,11 +52,18 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
             raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
         wiring.err.write(f"note: {cluster.source}: retries: {plan.retries} does not apply to a detached run\n")
         plan = replace(plan, retries=0)
-    if not plan.retries:
-        return run_launch.launch_run(plan, opts, wiring)
-    from launcher.doctor.collect import between_attempts
+    try:
+        if not plan.retries:
+            return run_launch.launch_run(plan, opts, wiring)
+        from launcher.doctor.collect import between_attempts
 
-    return attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
+        return attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
+    finally:
+        if not opts.detach:  # the run's page (each attempt's), by a process of its own: this command returns now
+            from launcher.app.pages import page_later
+
+            tried = [a.run_id for a in attempts.read_attempts(opts.log_dir, plan.run_id)]
+            page_later(plan.cluster, tried or [plan.run_id], opts)
 
 
 def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:

@@ -85,7 +85,16 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
         say(con, f"run {shown} is one of {len(tried)} attempts of a launch (--retries):")
         for attempt in tried:
             say(con, f"  {attempt.line()}")
+    _page_if_due(hosts, shown, [s.state for s in found], opts)
     return _code(found)
+
+
+def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], opts: Options) -> None:
+    """A run that has ended everywhere and has no page yet (a detached run) gets it now, by a process of its own."""
+    from launcher.app.pages import page_due, page_later
+
+    if run_id is not None and page_due(opts, run_id, found):
+        page_later(load_inventory(hosts), [run_id], opts)
 
 
 def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
@@ -127,10 +136,14 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_logs(job, follow, opts, wiring)
+    from launcher.app.pages import PAGE_FILE, page_later
     from launcher.run import control as run_control
 
-    return run_control.logs(load_inventory(hosts), run_id, node=node, rank=rank, follow=follow, opts=opts,
-                            wiring=wiring)
+    cluster = load_inventory(hosts)
+    code = run_control.logs(cluster, run_id, node=node, rank=rank, follow=follow, opts=opts, wiring=wiring)
+    if run_id is None or not (opts.log_dir / run_id / PAGE_FILE).exists():
+        page_later(cluster, [run_id], opts, if_ended=True)  # a detached run's page, once it ended: its own process
+    return code
 
 
 def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, job: str | None = None,

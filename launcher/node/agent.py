@@ -17,6 +17,7 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
 - status: running / exited / stopped / lost, with times.
 - logs: print the log, optionally following it until the run ends.
 - runs: list this node's run ids.
+- report: what the run's page needs from this node (its state, the ranks' start phases, its series, its log's end).
 - stacks: every worker's Python stack (launcher/node/stacks.py); top: the workers as `inv top` shows them, a JSON
   line every interval until the launcher closes stdin (launcher/node/top.py).
 
@@ -280,9 +281,36 @@ def action_top(request):
     return 0
 
 
+@checked
+def action_report(request):
+    """What the run's page needs from this node (launcher.report.page): its state, each rank's start (the hook's
+    phases), the series its keeper sampled, the end of its log, and this node's clock now."""
+    from launcher.node.hook import PHASES_DIR
+    from launcher.node.series import read_series
+
+    run_id, run_dir = find_run_dir(request)
+    if run_dir is None:
+        return reply({"run_id": run_id, "state": "none"})
+    phases = {}
+    folder = os.path.join(run_dir, PHASES_DIR)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        phases[name] = read_text(os.path.join(folder, name), "").splitlines()
+    tail = b""
+    try:
+        with open(os.path.join(run_dir, "log"), "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - int(request["tail_bytes"])))
+            tail = log.read()
+    except OSError:
+        pass
+    state = run_state(run_id, run_dir, request["node"])
+    return reply(dict(state, phases=phases, series=read_series(run_dir, int(request["series_bytes"])),
+                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time()))
+
+
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,
            "runs": action_runs, "list": action_list, "stacks": action_stacks,
-           "top": action_top}
+           "top": action_top, "report": action_report}
 
 
 def main():

@@ -10,6 +10,10 @@ is this file's source (launcher/node/stacks.py `install_hook`); imported under i
   pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
   every flush interval (a step or a batch after it writes); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
+- Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done, the
+  process group ready (`init_process_group` returned), the first batch and the first optimizer step, each a line
+  `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (five writes in a process's life; a step or a
+  batch pays one comparison: the run's page draws its start from them). A forked child records none.
 - Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
   into `collectives/<pid>` (launcher/node/collectives.py).
 
@@ -26,6 +30,9 @@ STACKS_ENV = "DDP_LAUNCHER_STACKS"
 PROGRESS_ENV = "DDP_LAUNCHER_PROGRESS"
 """What the progress part reads: `<folder>:<record bytes>:<flush seconds>`."""
 PROGRESS_DIR = "progress"
+PHASES_DIR = "phases"
+PHASES = (b"hook", b"torch", b"pg", b"batch", b"step")
+"""A rank's start, in order: the hook ran, torch imported, process group ready, first batch, first optimizer step."""
 COLLECTIVES_ENV, COLLECTIVES_MODULE = "DDP_LAUNCHER_COLLECTIVES", "_ddp_launcher_collectives"
 """The collectives' thread: its setting (`<folder>:<status s>:<arrival s>:<kept per group>:<cost factor>`), its
 module's name in the hook's folder (launcher/node/collectives.py, copied there beside this file)."""
@@ -33,6 +40,9 @@ COLLECTIVES_DIR = "collectives"
 MODULE_NAME = "_ddp_launcher_hook"
 """The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
 OPTIMIZER, LOADER, TENSOR = "torch.optim.optimizer", "torch.utils.data.dataloader", "torch._tensor"
+TORCH, C10D = "torch", "torch.distributed.distributed_c10d"
+WATCHED = (C10D, OPTIMIZER, LOADER, TORCH)
+"""The modules whose import the hook waits for (c10d's before torch's end: torch.distributed copies its names)."""
 VERSION = b"p1"
 
 
@@ -52,7 +62,29 @@ class Recorder:
         self.folder, self.size, self.flush_s, self.clock = folder, size, flush_s, clock
         self.on, self.why = True, b""
         self.fd, self.start = None, None
+        self.phased = set()  # the phases this process has recorded (each once)
         self.reset()
+
+    def phase(self, name):
+        """Append `name`'s line to this process's phases file, once: a few microseconds, five times a life."""
+        if name in self.phased:
+            return
+        self.phased.add(name)
+        try:
+            import time
+
+            env = os.environ
+            line = b"%s %.3f %s %s %s\n" % (name, time.time(), env.get("RANK", "-").encode(),
+                                            env.get("LOCAL_RANK", "-").encode(),
+                                            env.get("TORCHELASTIC_RESTART_COUNT", "0").encode())
+            path = os.path.join(os.path.dirname(self.folder), PHASES_DIR, str(os.getpid()))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except Exception:
+            pass  # the start's picture loses a mark; the program and its progress go on
 
     def reset(self):
         self.steps = self.batches = 0
@@ -69,6 +101,7 @@ class Recorder:
             except OSError:
                 pass
         self.fd, self.start = None, None
+        self.phased = set(PHASES)  # a DataLoader worker's batches are no rank's start
         self.reset()
 
     def open(self):
@@ -104,6 +137,8 @@ class Recorder:
             self.steps += 1
             self.t_step = self.began = now
             self.flush(now)
+            if self.steps == 1:
+                self.phase(b"step")
         except Exception as exc:
             self.off(exc)
 
@@ -115,6 +150,8 @@ class Recorder:
             self.data_s += now - asked
             self.t_batch = self.began = now
             self.flush(now)
+            if self.batches == 1:
+                self.phase(b"batch")
         except Exception as exc:
             self.off(exc)
 
@@ -156,6 +193,19 @@ def wrap_next(recorder, original):
     return __next__
 
 
+def wrap_init(recorder, original):
+    """init_process_group, noting when it returned: the rendezvous is over, the process group ready."""
+    import functools
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        recorder.phase(b"pg")
+        return result
+
+    return init_process_group
+
+
 def wrap_backward(recorder, original):
     import functools
 
@@ -185,11 +235,16 @@ class Patches:
                 self.done.add(name)
                 cls = module._BaseDataLoaderIter
                 cls.__next__ = wrap_next(self.recorder, cls.__next__)
+            elif name == C10D and name not in self.done:
+                self.done.add(name)  # before torch.distributed's `import *` copies it: every caller gets this one
+                module.init_process_group = wrap_init(self.recorder, module.init_process_group)
+            elif name == TORCH:
+                self.recorder.phase(b"torch")
             tensor = sys.modules.get(TENSOR)
             if tensor is not None and TENSOR not in self.done:
                 self.done.add(TENSOR)
                 tensor.Tensor.backward = wrap_backward(self.recorder, tensor.Tensor.backward)
-            if self.recorder.on and self.recorder.written is None:
+            if self.recorder.on and self.recorder.written is None and name in (OPTIMIZER, LOADER):
                 self.recorder.write(self.recorder.clock())  # the record exists: the hook is in place
         except Exception as exc:
             self.recorder.off(exc)
@@ -257,10 +312,11 @@ def progress(setting, clock):
 
         os.register_at_fork(after_in_child=recorder.forked)
         atexit.register(recorder.last)
-        for name in (OPTIMIZER, LOADER):
+        recorder.phase(b"hook")
+        for name in WATCHED:
             if name in sys.modules:  # imported before us (a .pth file): patched now
                 patches.after(name, sys.modules[name])
-        sys.meta_path.insert(0, AfterImport((OPTIMIZER, LOADER), patches.after, recorder))
+        sys.meta_path.insert(0, AfterImport(WATCHED, patches.after, recorder))
     except Exception as exc:
         recorder.off(exc)
     return recorder

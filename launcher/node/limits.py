@@ -79,6 +79,10 @@ RECORD_FLUSH_S = 0.1
 """The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
 second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""
 
+SERIES_JOIN_S = 5.0
+"""How long a run's end waits for its series' thread to finish a sample under way (a look at /proc and a few
+files: milliseconds) before it takes the last one itself."""
+
 # --- the sync's relay (syncrelay) ------------------------------------------------------------------------------------
 RELAY_FIRST_LINE_MAX = 1 << 20
 """The most a relayed stream's first line may hold (the places of the nodes after this one: ~150 bytes each, 256

@@ -127,6 +127,7 @@ def spawn(request, run_dir, held=None):
     finally:
         own.close()
     proc.merger = merger.start()  # `finish` drains it before the exit code is recorded
+    proc.series = _series(request, run_dir)  # the run's page's numbers, sampled until `finish`
     try:
         write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
         record_leader(run_dir, proc.pid)
@@ -143,6 +144,16 @@ def spawn(request, run_dir, held=None):
     return proc
 
 
+def _series(request, run_dir):
+    """The run's time series on this node (launcher/node/series.py); None when it cannot be started."""
+    try:
+        from launcher.node.series import start_series
+
+        return start_series(request, run_dir)
+    except Exception:
+        return None  # the page loses its timeline, the run nothing
+
+
 def finish(proc, run_dir, mark, grace):
     """Wait for torchrun, sweep what it left, record its exit code (128+N for a signal, like a shell).
 
@@ -151,6 +162,9 @@ def finish(proc, run_dir, mark, grace):
     """
     code = proc.wait()
     code = 128 - code if code < 0 else code
+    series = getattr(proc, "series", None)
+    if series is not None:
+        series.close()
     _, left = sweep_run(run_dir, mark, grace)
     proc.merger.close()  # every line in `log` before the exit code says the log is complete
     record(os.path.join(run_dir, "exit_code"), str(code))

@@ -38,8 +38,9 @@ def install_hook(run_dir, env, make=True, collecting=None):
     the collectives' thread) into the run directory and point the workers' environment at it (PYTHONPATH first);
     with `make` false, only the environment (nothing written). `collecting`: the thread's settings (status_s,
     arrivals_s, keep, cost_factor: launcher.limits.COLLECTIVES), None for no thread."""
-    folders = [os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR)]
-    hook_dir, stacks, progress, collected = folders
+    folders = [os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR,
+                                                          hook.PHASES_DIR)]
+    hook_dir, stacks, progress, collected, _ = folders  # phases/: the hook writes there beside progress/
     if make:
         for folder in folders:
             os.makedirs(folder, mode=0o700, exist_ok=True)

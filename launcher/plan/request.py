@@ -22,6 +22,7 @@ from launcher.limits import (
     NCCL_MAX_BYTES,
     NODE_TIMING,
     NVIDIA_SMI_TIMEOUT_S,
+    SERIES,
     STACKS_WAIT_S,
     TOP_GPU_REFRESH_S,
     TOP_KEEP_LINES,
@@ -85,6 +86,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         **stacks_settings(),
         "watch": plan.hang_timeout != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
+        "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's keeper
     }
     section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready

@@ -16,6 +16,8 @@ from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")
 _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?:: .*)?$")
 """A traceback's last line (`RuntimeError: boom`, `torch.distributed.DistBackendError: ...`): what a rank raised."""
+_TORCH_RANK = re.compile(r"^\[rank\d+\]: ?")
+"""What torch puts before each line of a traceback a rank raises once its process group is up (`[rank3]: ...`)."""
 _RAISED_WORDS = (b"Error", b"Exception", b"Interrupt", b"Exit")
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
 
@@ -128,7 +130,7 @@ class NodeLog:
         for line in lines:
             if line[:1] == b"[" and any(word in line for word in _RAISED_WORDS):
                 _, local, global_rank, body = self._split_rank(line)
-                text = body.decode("utf-8", errors="replace").rstrip("\r")
+                text = _TORCH_RANK.sub("", body.decode("utf-8", errors="replace").rstrip("\r"), count=1)
                 if local is not None and _RAISED.match(text):
                     self.raised[local] = (global_rank, text[:TAIL_WIDTH])
 

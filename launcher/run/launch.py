@@ -48,6 +48,7 @@ from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.handle import RunHandle
+from launcher.run.journal import Journal
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
 from launcher.run.wiring import Wiring
@@ -132,25 +133,32 @@ def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | N
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
     opts, wiring = opts or Options(), wiring or Wiring()
+    journal = Journal(plan.run_id, opts.log_dir / plan.run_id)  # the run's page's account, from the command's start
     cluster = plan.cluster
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
     nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
+    names = [c.host.name for c in plan.nodes]
+    journal.phase(names, "connected")
     try:
         if wiring.gate is not None:
             wiring.gate.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
-        return run_attached(plan, opts, wiring, nodes, envs)
+            if getattr(wiring.gate, "before", None) is not None:
+                journal.phase(names, "synced")
+        return run_attached(plan, opts, wiring, nodes, envs, journal=journal)
     finally:
         close_all(nodes.values())
 
 
 def run_attached(plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
-                 opener: SessionOpener | None = None) -> int:
+                 opener: SessionOpener | None = None, journal: Journal | None = None) -> int:
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
+    `journal`: the run's account for its page, begun at the command's start (else begun now).
 
     SIGTERM and SIGHUP count as Ctrl-C meanwhile: the run is stopped on every node, never orphaned.
     """
+    journal = journal or Journal(plan.run_id, opts.log_dir / plan.run_id)
     with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
-        return _Attached(plan, opts, wiring, dict(nodes), envs, opener).execute()
+        return _Attached(plan, opts, wiring, dict(nodes), envs, opener, journal).execute()
 
 
 @contextlib.contextmanager
@@ -175,8 +183,9 @@ class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
     def __init__(self, plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: dict[str, Node],
-                 envs: dict[str, NodeEnv], opener: SessionOpener | None = None):
+                 envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal):
         self.plan, self.opts, self.wiring = plan, opts, wiring
+        self.journal = journal
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
         self.console = ConsoleWriter(wiring.out, wiring.err, opts.console_buffer, f"{folder}/",
@@ -193,8 +202,12 @@ class _Attached:
         self.interrupts = 0
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(opts, plan.run_id, self.console.message,
+        self.stragglers = LaunchStragglers(opts, plan.run_id, self._straggler,
                                            hangs.book if hangs is not None else ArrivalBook())
+
+    def _straggler(self, line: str) -> None:
+        self.console.message(line)
+        self.journal.mark("straggler", line)
 
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
@@ -203,7 +216,9 @@ class _Attached:
                 self.mirror.write(event.node, event.data)
             text, count = self.logs[event.node].format(event.data)
             self.console.lines(event.node, text, count)
-        elif isinstance(event, Ended):
+        else:
+            self.journal.event(event)  # the page's account: phases and marks, never Output (it is not kept there)
+        if isinstance(event, Ended):
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
@@ -245,20 +260,40 @@ class _Attached:
                     self._stop_detached(handle.started)
                 others = handle.started
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
-                raise RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
-                                130 if interrupted else 1)  # 130: what a shell reports for Ctrl-C
+                failed = RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
+                                   130 if interrupted else 1)  # 130: what a shell reports for Ctrl-C
+                self.journal.end(failed.exit_code, str(failed))
+                self.journal.write()
+                raise failed
             self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
+            self.journal.write()  # a detached run's page has its start from here
             if self.opts.detach:
                 self._wait()
                 self.console.message(f"detached: run {self.plan.run_id} keeps going; "
                                      f"{detached_hint(self.plan.cluster.source)}")
                 return 0
-            return self._report(self._wait())
+            return self._ended(self._report, self._wait())
         finally:
             handle.close()
             self.console.close()
             if self.mirror is not None:
                 self.mirror.close()
+
+    def _ended(self, report: Any, ends: list[NodeEnd]) -> int:
+        """The report's exit code (or its RunFailed), kept in the journal with its words."""
+        try:
+            code = report(ends)
+        except RunFailed as exc:
+            self.journal.end(exc.exit_code, str(exc))
+            raise
+        except BaseException:
+            self.journal.end(1, "the launcher itself failed")
+            raise
+        else:
+            self.journal.end(code, "interrupted (Ctrl-C)" if self.interrupts else "")
+            return code
+        finally:
+            self.journal.write()
 
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}

@@ -2,7 +2,8 @@
 model, SGD, a DataLoader. Every rank's forward takes 20 ms; the rank named `slow` takes `extra` seconds more, so in
 lockstep every rank has the same step rate and only its forward tells it apart. argv: steps, slow rank (-1: none),
 extra seconds, DataLoader workers of local rank 0 (the others draw in the process), and `break-hook` to make the
-launcher's hook fail as it patches torch (recording off; the job must run as without it)."""
+launcher's hook fail as it patches torch (recording off; the job must run as without it), `fail` to make the slow
+rank raise once its steps are done (the run's page shows its exception)."""
 
 import os
 import sys
@@ -38,6 +39,8 @@ while done < steps:
         done += 1
         if done == steps:
             break
+if "fail" in sys.argv[5:] and rank == slow:
+    raise RuntimeError(f"rank {rank} fails on purpose after {done} steps")
 dist.destroy_process_group()
 print(f"rank {rank} finished {done} steps", flush=True)
 os._exit(0)  # no interpreter teardown under gloo's last threads: it can abort a good run (see train/ddp.py's end)

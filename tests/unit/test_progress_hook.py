@@ -35,6 +35,14 @@ FAKE_TORCH = {
                 for hook in _hooks:
                     hook(self, (), {})
     '''),
+    "torch/distributed/__init__.py": "from torch.distributed.distributed_c10d import *\n",
+    "torch/distributed/distributed_c10d.py": textwrap.dedent('''
+        __all__ = ["init_process_group"]
+
+        def init_process_group(backend=None):
+            """Joins the group."""
+            return "group of " + backend
+    '''),
     "torch/utils/__init__.py": "",
     "torch/utils/data/__init__.py": "from torch.utils.data import dataloader\n",
     "torch/utils/data/dataloader.py": textwrap.dedent('''
@@ -138,6 +146,21 @@ def test_a_forked_child_keeps_its_own_record_and_never_writes_its_parents(tmp_pa
     child = json.loads(next(p.name for p in folder.iterdir() if p.name != str(seen["pid"])))
     mine = record_of(folder, child)
     assert mine["steps"] == 1 and mine["batches"] == 0 and mine["forward_s"] == 0.0
+    assert [p.name for p in (folder.parent / hook.PHASES_DIR).iterdir()] == [str(seen["pid"])]  # a child's: none
+
+
+def test_a_rank_notes_its_start_once_a_phase_in_order_with_its_rank_and_restart(tmp_path: Path) -> None:
+    before = textwrap.dedent('''
+        import torch.distributed as dist
+        assert dist.init_process_group("gloo") == "group of gloo"
+        assert dist.init_process_group.__name__ == "init_process_group" and "Joins" in dist.init_process_group.__doc__
+    ''')
+    seen, folder = run_job(tmp_path, before=before)
+    lines = [line.split() for line in (folder.parent / hook.PHASES_DIR / str(seen["pid"])).read_text().splitlines()]
+    assert [line[0] for line in lines] == ["hook", "torch", "pg", "batch", "step"]  # each once: 5 steps, 5 batches
+    times = [float(line[1]) for line in lines]
+    assert times == sorted(times) and times[-1] - times[0] < 30
+    assert {tuple(line[2:]) for line in lines} == {("0", "0", "0")}  # rank, local rank, restart
 
 
 def test_a_failure_in_the_hooks_patching_turns_recording_off_and_says_why_while_the_program_runs(

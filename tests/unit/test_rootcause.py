@@ -110,6 +110,9 @@ def test_a_nodes_log_keeps_the_last_exception_line_of_each_rank() -> None:
     assert log.raised == {1: (3, "RuntimeError: boom")}
     log.format(b"[default0@r2]:KeyError: 'x'\n" + b"[default0@r2]:gloo: connection closed by peer\n" * 60)
     assert log.raised == {1: (3, "RuntimeError: boom"), 0: (2, "KeyError: 'x'")}  # though past the 40-line tail
+    # torch 2.13 puts `[rankN]: ` before each line of a traceback raised once the process group is up
+    log.format(b"[default1@r3]:[rank3]: RuntimeError: rank 3 fails on purpose\n")
+    assert log.raised[1] == (3, "RuntimeError: rank 3 fails on purpose")
 
 
 def test_a_stop_from_another_terminal_is_no_failure() -> None:

@@ -1,0 +1,148 @@
+"""The run's page (`report`, and after a run's end by itself): every node asked once for what it kept of the run
+(its agent's `report`: state, the ranks' start phases, the series its keeper sampled, its log's end), the launch's
+own journal read from `logs/<run id>/`, the page built (launcher.report.pagedata) and written there as
+`report.html` (launcher.report.page).
+
+After an attached launch, and at a detached run's first `status` or `logs` after its end, the page is written by a
+process of its own (`page_later`): the command returns as it would without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.app.hosts import Hosts, load_inventory
+from launcher.config.model import Cluster
+from launcher.errors import LauncherError, NodeFailure
+from launcher.limits import REPORT_BACKGROUND_TIMEOUT_S, REPORT_LOG_TAIL_BYTES, REPORT_SERIES_BYTES
+from launcher.options import Options
+from launcher.report.pagedata import Page, build_page
+from launcher.run.journal import read_journal
+from launcher.run.launch import agent_action, check_run_id
+from launcher.run.wiring import Wiring
+from launcher.transport.sessions import close_all, connect_all
+from launcher.transport.settings import SshSettings
+
+PAGE_FILE = "report.html"
+ENDED = ("exited", "stopped", "lost")
+"""A node's states once its part of the run is over (`none`: it never had one)."""
+
+
+def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
+           wiring: Wiring | None = None) -> int:
+    """Write the run's page (the newest run of the inventory by default) and say where, with its headline."""
+    check_run_id(run_id)
+    opts, wiring = opts or Options(), wiring or Wiring()
+    path, page = write_page(load_inventory(hosts), run_id, opts, wiring.err)
+    if as_json:
+        wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
+    else:
+        wiring.out.write(f"{page.headline}\npage: {path}\n")
+    return 0
+
+
+def report_request(run_id: str) -> dict[str, Any]:
+    """The agent's `report` request: the run, and how much of a node's log and series it may send."""
+    return {"action": "report", "run_id": run_id, "tail_bytes": REPORT_LOG_TAIL_BYTES,
+            "series_bytes": REPORT_SERIES_BYTES}
+
+
+def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any) -> tuple[Path, Page]:
+    """Ask every node, build the page, write it; (its path, the page)."""
+    from launcher.report.page import render
+    from launcher.run.control import chosen_run
+
+    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    try:
+        run_id = run_id or chosen_run(cluster, nodes, opts, err)
+        if run_id is None:
+            raise LauncherError(f"no run on the nodes of {cluster.source} to write a page of")
+        asked = time.time()
+        results: dict[str, Any] = agent_action(nodes, cluster, report_request(run_id), opts.action_timeout)
+        answered = time.time()
+    finally:
+        close_all(nodes.values())
+    results.update({f.host: f for f in failures})
+    answers, offsets = {}, {}
+    for host in cluster.hosts:
+        answers[host.name] = _answer(results.get(host.name))
+        node_time = answers[host.name].get("node_time")
+        if isinstance(node_time, int | float):  # the node's clock against ours, the round trip's middle
+            offsets[host.name] = (asked + answered) / 2 - node_time
+    folder = opts.log_dir / run_id
+    page = build_page(run_id, read_journal(folder), answers, f"{folder}/", offsets)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PAGE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(render(page), encoding="utf-8")
+    os.replace(tmp, path)
+    return path, page
+
+
+def _answer(result: Any) -> dict[str, Any]:
+    """A node's `report` answer; one that could not answer says why, as its state's detail."""
+    if result is None:
+        return {"state": "unreachable", "detail": "not asked"}
+    if isinstance(result, NodeFailure):
+        return {"state": "unreachable", "detail": str(result)}
+    try:
+        answer = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"state": "error", "detail": result.stderr.decode("utf-8", "replace").strip()[-300:]}
+    return answer if isinstance(answer, dict) else {"state": "error", "detail": "not an answer"}
+
+
+def page_due(opts: Options, run_id: str | None, states: list[str]) -> bool:
+    """Whether a run's page is to be written now: pages are on, the run is over on every node that had it, and no
+    page is there yet (a detached run's first status or logs after its end)."""
+    had = [s for s in states if s != "none"]
+    return bool(opts.page and run_id and had and all(s in ENDED for s in had)
+                and not (opts.log_dir / run_id / PAGE_FILE).exists())
+
+
+def page_later(cluster: Cluster, run_ids: list[str | None], opts: Options, if_ended: bool = False) -> None:
+    """The runs' pages written by a process of its own, which this command does not wait for (None: the run
+    `status` would choose); `if_ended`: only once the run is over on every node and has no page yet (`page_due`,
+    from one short session a node). What it could not do goes into `logs/<run id>/report.err`."""
+    if not opts.page or not run_ids:
+        return
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "from launcher.app.pages import later; later()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)  # a Ctrl-C at the terminal is not its
+        assert child.stdin is not None
+        child.stdin.write(pickle.dumps((cluster, run_ids, opts, if_ended)))
+        child.stdin.close()
+    except (OSError, pickle.PicklingError):
+        pass  # no page; `report` writes it
+
+
+def later() -> None:
+    """`page_later`'s process: the pages, each within REPORT_BACKGROUND_TIMEOUT_S."""
+    import signal
+
+    from launcher.run import control
+
+    cluster, run_ids, opts, if_ended = pickle.loads(sys.stdin.buffer.read())
+    signal.alarm(int(REPORT_BACKGROUND_TIMEOUT_S))
+    with open(os.devnull, "w") as quiet:
+        for run_id in run_ids:
+            try:
+                if if_ended:
+                    found = control.status(cluster, run_id, opts, Wiring(out=quiet, err=quiet))
+                    run_id = run_id or next((s.run_id for s in found if s.run_id), None)
+                    if not page_due(opts, run_id, [s.state for s in found]):
+                        continue
+                write_page(cluster, run_id, opts, quiet)
+            except Exception as exc:
+                if run_id is not None:
+                    folder = opts.log_dir / run_id
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / "report.err").write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")

@@ -1,0 +1,220 @@
+"""The run's page (`logs/<run id>/report.html`): launcher.report.pagedata's `Page` as one self-contained HTML file
+that opens offline and reads without JavaScript: tables always, charts where matplotlib is installed (the `report`
+extra), drawn as inline SVG; without it, one line says what to install.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from launcher.limits import REPORT_MAX_ROWS
+from launcher.report.pagedata import PHASES, Page
+from launcher.report.pageseries import band
+
+INSTALL = "pip install 'ddp-launcher[report]'"
+COLOURS = ("#8da0cb", "#a6d854", "#b3b3b3", "#66c2a5", "#ffd92f", "#e78ac3", "#fc8d62", "#e5c494", "#1b9e77")
+"""One colour a phase of the start, in PHASES' order (the time before that phase)."""
+MARK_COLOURS = {"hang": "#d62728", "hang-ruled-out": "#ff9896", "straggler": "#ff7f0e", "left": "#9467bd",
+                "stop": "#7f7f7f", "restart": "#17becf", "end": "#000000"}
+STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
+.headline{font-size:1.15em;font-weight:600;background:#f4f6fb;padding:.6em .8em;border-left:4px solid #8da0cb}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}td,th{border:1px solid #ddd;padding:2px 6px;
+text-align:right}td:first-child,th:first-child,td.text{text-align:left}td:first-child{white-space:nowrap}pre{background:#f7f7f7;padding:.6em;
+overflow-x:auto;white-space:pre-wrap}.note{color:#555}svg{max-width:100%;height:auto}"""
+
+
+def render(page: Page, charts: bool = True) -> str:
+    """The whole page; `charts` false (or no matplotlib) gives the tables alone, with the line that says why."""
+    plt = _pyplot() if charts else None
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>run {_e(page.run_id)}</title>"
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>run {_e(page.run_id)}</h1>", f"<p class=headline>{_e(page.headline)}</p>", _facts(page)]
+    if plt is None:
+        parts.append(f"<p class=note>No charts: matplotlib is not installed here ({_e(INSTALL)} draws them); the "
+                     "tables hold the same figures.</p>")
+    parts += ["<h2>1. The start</h2>", _figure(plt, _waterfall, page), _start_table(page),
+              "<h2>2. The run</h2>", _figure(plt, _timeline, page), _marks_table(page), _ranks_table(page),
+              "<h2>3. The end</h2>", _end(page), "</body></html>"]
+    return "\n".join(p for p in parts if p)
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _facts(page: Page) -> str:
+    start = page.first_step_s
+    took = page.duration_s
+    share = f" ({100 * start / took:.0f}% of it starting)" if start is not None and took else ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(page.command_start)) if page.command_start else "?"
+    lines = [f"started {when}", f"took {took:.1f} s{share}" if took is not None else "still running or unknown",
+             f"logs: {page.logs}"]
+    return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "ddp-launcher", "font.size": 9})
+    return plt
+
+
+def _figure(plt: Any, draw: Any, page: Page) -> str:
+    """One chart as inline SVG (no XML header: it lives inside the HTML)."""
+    if plt is None:
+        return ""
+    fig = draw(plt, page)
+    if fig is None:
+        return ""
+    out = io.StringIO()
+    fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    svg = out.getvalue()
+    return "<figure>" + svg[svg.index("<svg"):] + "</figure>"
+
+
+def _waterfall(plt: Any, page: Page) -> Any:
+    rows = [b for b in page.bars if b.phases]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 0.8 + 0.28 * len(rows)))
+    labels = []
+    for y, bar in enumerate(rows):
+        before = 0.0
+        for name, t in bar.phases:
+            colour = COLOURS[[p[0] for p in PHASES].index(name)]
+            ax.barh(y, max(t - before, 0.0), left=before, color=colour, height=0.7 if bar.rank is None else 0.45)
+            before = t
+        labels.append(bar.node if bar.rank is None else f"  {bar.node} r{bar.rank}")
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the command's start")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS]
+    ax.legend(handles, [f"until {p[1]}" for p in PHASES], loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.6 /
+              len(rows)), ncol=5, fontsize=8, frameon=False)
+    if page.hidden_bars:
+        ax.set_title(f"the {len(rows)} slowest nodes ({page.hidden_bars} more in the table)", fontsize=9)
+    return fig
+
+
+def _timeline(plt: Any, page: Page) -> Any:
+    line = page.timeline
+    if not line.ranks and not line.nodes:
+        return None
+    gpus = any(n.gpus for n in line.nodes)
+    count = 4 + (2 if gpus else 0)
+    fig, axes = plt.subplots(count, 1, figsize=(11, 1.9 * count), sharex=True)
+    _lines(axes[0], [(f"r{r.rank}", r.t, r.steps_per_s) for r in line.ranks], line.end, "steps/s per rank",
+           [f"r{r.rank} ({r.node})" for r in line.slowest()])
+    _lines(axes[1], [(f"r{r.rank}", r.t, r.data_share) for r in line.ranks], line.end, "waiting for data (share)")
+    _lines(axes[2], [(n.node, n.t, n.cpu_percent) for n in line.nodes], line.end, "CPU % of the ranks, per node")
+    _lines(axes[3], [(n.node, n.t, n.mem_gib) for n in line.nodes], line.end, "memory used, GiB per node")
+    if gpus:
+        _lines(axes[4], [(f"{n.node} gpu{g[0]}", g[1], g[2]) for n in line.nodes for g in n.gpus], line.end,
+               "GPU use %")
+        _lines(axes[5], [(f"{n.node} gpu{g[0]}", g[1], g[3]) for n in line.nodes for g in n.gpus], line.end,
+               "GPU memory, GiB")
+    for number, mark in enumerate(page.marks, start=1):
+        for ax in axes:
+            ax.axvline(mark.t, color=MARK_COLOURS.get(mark.kind, "#333"), lw=1, ls="--")
+        axes[0].annotate(str(number), (mark.t, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                         color=MARK_COLOURS.get(mark.kind, "#333"), ha="center", va="bottom")
+    axes[-1].set_xlabel("seconds from the command's start (dashed: the marks below, by number)")
+    axes[-1].set_xlim(0, max(line.end, max((m.t for m in page.marks), default=0.0)) * 1.02 or 1)
+    return fig
+
+
+def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float | None]]], end: float, title: str,
+           named: Sequence[str] = ()) -> None:
+    """A line each where few; else the band (extremes, middle half, median) and the slowest ones named."""
+    ax.set_title(title, fontsize=9, loc="left")
+    if len(lines) <= REPORT_MAX_ROWS:
+        for label, t, values in lines:
+            ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label)
+        _floor(ax, title)
+        if 1 < len(lines) <= 16:
+            ax.legend(fontsize=7, ncol=8, loc="upper right", frameon=False)
+        return
+    found = band([t for _, t, _ in lines], [v for _, _, v in lines], end)
+    if found is None:
+        return
+    ax.fill_between(found.t, found.low, found.high, color="#c6dbef", lw=0, label="all")
+    ax.fill_between(found.t, found.q1, found.q3, color="#6baed6", lw=0, label="middle half")
+    ax.plot(found.t, found.median, color="#08519c", lw=1, label="median")
+    for label in named:
+        short = label.split(" ")[0]
+        for name, t, values in lines:
+            if name == short:
+                ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label)
+    _floor(ax, title)
+    ax.legend(fontsize=7, ncol=4, loc="upper right", frameon=False)
+
+
+def _floor(ax: Any, title: str) -> None:
+    """Every figure from 0 (a share up to 1): a small change never looks like a fall."""
+    ax.set_ylim(bottom=0)
+    if "share" in title:
+        ax.set_ylim(top=1)
+
+
+def _start_table(page: Page) -> str:
+    head = "".join(f"<th>{_e(label)}</th>" for _, label, _ in PHASES)
+    rows = []
+    for bar in page.bars:
+        name = bar.node if bar.rank is None else f"&nbsp;&nbsp;{_e(bar.node)} r{bar.rank}"
+        cells = "".join(f"<td>{'' if bar.at(p) is None else f'{bar.at(p):.1f}'}</td>" for p, _, _ in PHASES)
+        longest = bar.longest()
+        said = "" if longest is None else f"{longest[1]:.1f} s in {longest[0]}"
+        rows.append(f"<tr><td>{name if bar.rank is not None else _e(name)}</td>{cells}<td class=text>{_e(said)}"
+                    "</td></tr>")
+    more = f"<p class=note>{page.hidden_bars} faster nodes are not listed.</p>" if page.hidden_bars else ""
+    return (f"<table><tr><th>node</th>{head}<th>longest</th></tr>{''.join(rows)}</table>{more}"
+            "<p class=note>Seconds from the command's start, by this machine's clock.</p>")
+
+
+def _marks_table(page: Page) -> str:
+    if not page.marks:
+        return "<p class=note>No hang, straggler, restart, lost node or stop during the run.</p>"
+    rows = "".join(f"<tr><td>{i}</td><td>{m.t:.1f}</td><td class=text>{_e(m.kind)}</td>"
+                   f"<td class=text>{_e(m.node or '')}</td><td class=text>{_e(m.text)}</td></tr>"
+                   for i, m in enumerate(page.marks, start=1))
+    return f"<table><tr><th>#</th><th>s</th><th>what</th><th>node</th><th>said</th></tr>{rows}</table>"
+
+
+def _ranks_table(page: Page) -> str:
+    ranks = page.timeline.ranks
+    if not ranks:
+        return "<p class=note>No rank's progress was sampled (a run shorter than one sample, or from before the page)."\
+               "</p>"
+    slow = {(r.node, r.rank) for r in page.timeline.slowest()} if len(ranks) > 1 else set()
+    shown = ranks if len(ranks) <= REPORT_MAX_ROWS * 4 else [r for r in ranks if (r.node, r.rank) in slow]
+
+    def mean(values: Sequence[float | None]) -> str:
+        found = [v for v in values if v is not None]
+        return f"{sum(found) / len(found):.3g}" if found else ""
+
+    rows = "".join(f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{mean(r.steps_per_s)}</td>"
+                   f"<td>{mean(r.data_share)}</td><td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td>"
+                   "</tr>" for r in shown)
+    return ("<table><tr><th>rank</th><th>node</th><th>steps/s (mean)</th><th>waiting for data (mean share)</th>"
+            f"<th></th></tr>{rows}</table>")
+
+
+def _end(page: Page) -> str:
+    rows = "".join(f"<tr><td>{_e(e.node)}</td><td class=text>{_e(e.state)}</td>"
+                   f"<td>{'' if e.exit_code is None else e.exit_code}</td>"
+                   f"<td>{'' if e.ended is None else f'{e.ended:.1f}'}</td>"
+                   f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>" for e in page.exits)
+    cause = f"<pre>{_e(page.root_cause)}</pre>" if page.root_cause else "<p>Every node ended without a failure.</p>"
+    return (f"{cause}<table><tr><th>node</th><th>state</th><th>exit code</th><th>ended (s)</th>"
+            f"<th>exception</th></tr>{rows}</table><p>Logs: {_e(page.logs)}</p>")

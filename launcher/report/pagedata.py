@@ -1,0 +1,279 @@
+"""The run's page as data (pure): from what the launch kept (its journal) and what each node answered (`report`:
+state, each rank's start phases, the series its keeper sampled, its log's end), the start as a waterfall and its
+headline, the run's marks, each node's end. Every time is seconds from the command's start, by the launcher's clock
+(a node's own times moved by its clock's offset). The timeline's numbers are launcher.report.pageseries'; drawing and
+HTML are launcher.report.page's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.limits import REPORT_MAX_ROWS, REPORT_NAMED
+from launcher.report.lines import NodeLog
+from launcher.report.pageseries import Timeline, timeline
+
+PHASES = (("connected", "SSH connected", "connecting"), ("synced", "sync done", "the sync"),
+          ("ready", "checks done", "the checks"), ("torchrun", "torchrun started", "waiting for every node"),
+          ("hook", "workers started", "starting the workers"), ("torch", "import torch done", "the imports"),
+          ("pg", "process group ready", "the rendezvous"), ("batch", "first batch", "the first batch"),
+          ("step", "first optimizer step", "the first step"))
+"""(name, what the page calls the moment, what it calls the time before it), in the order a start goes through them:
+the launcher's own (journal.json) first, then each rank's (the hook's phases/<pid>)."""
+LAUNCHER_PHASES = ("connected", "synced", "ready", "torchrun")
+RANK_SPREAD_S = 1.0
+"""A node's ranks get bars of their own when their start phases lie further apart than this."""
+STRAGGLER_TEXT = re.compile(r"straggler: (\S+) r(\d+)")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One row of the waterfall: a node (rank None: its last rank's times) or one of its ranks."""
+
+    node: str
+    rank: int | None
+    phases: tuple[tuple[str, float], ...]
+    """(phase name, seconds from the command's start), in PHASES' order, those that happened."""
+
+    def at(self, name: str) -> float | None:
+        return next((t for n, t in self.phases if n == name), None)
+
+    def longest(self) -> tuple[str, float] | None:
+        """What took longest before a phase: (what the page calls that time, seconds)."""
+        gaps, before = [], 0.0
+        for name, t in self.phases:
+            gaps.append((t - before, name))
+            before = t
+        if not gaps:
+            return None
+        seconds, name = max(gaps)
+        return next(p[2] for p in PHASES if p[0] == name), seconds
+
+
+@dataclass(frozen=True)
+class Mark:
+    t: float
+    kind: str
+    """hang, hang-ruled-out, straggler, left, stop, restart, end."""
+    text: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeExit:
+    node: str
+    state: str
+    exit_code: int | None
+    ended: float | None
+    raised: tuple[str, ...] = ()
+    """`rN: <exception line>` of each rank whose traceback ended in the node's log."""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Page:
+    run_id: str
+    command_start: float
+    headline: str
+    first_step_s: float | None
+    """Command -> first optimizer step on every rank (None: not every rank stepped)."""
+    slowest: tuple[str, str, float] | None
+    """(node, what took it longest, seconds) of the node whose ranks stepped last."""
+    bars: tuple[Bar, ...]
+    hidden_bars: int
+    marks: tuple[Mark, ...]
+    exits: tuple[NodeExit, ...]
+    root_cause: str
+    logs: str
+    duration_s: float | None
+    timeline: Timeline
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> dict[str, Any]:
+        """What `--json` says of the page."""
+        return {"run": self.run_id, "headline": self.headline, "first_step_s": self.first_step_s,
+                "slowest": None if self.slowest is None else {"node": self.slowest[0], "in": self.slowest[1],
+                                                              "seconds": round(self.slowest[2], 1)},
+                "duration_s": self.duration_s, "root_cause": self.root_cause or None, "logs": self.logs,
+                "nodes": {e.node: {"state": e.state, "exit_code": e.exit_code, "raised": list(e.raised)}
+                          for e in self.exits},
+                "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks],
+                "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
+                "ranks": [{"node": r.node, "rank": r.rank, "steps_per_s": r.mean_rate()} for r in self.timeline.ranks]}
+
+
+def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
+    """A process's phases file as (rank, restart, {phase: wall}): each phase's first line counts."""
+    rank, restart, found = None, 0, {}
+    for line in lines:
+        words = line.split()
+        if len(words) != 5:
+            continue
+        try:
+            when = float(words[1])
+            rank = int(words[2]) if words[2].isdigit() else rank
+            restart = int(words[4]) if words[4].isdigit() else restart
+        except ValueError:
+            continue
+        found.setdefault(words[0], when)
+    return rank, restart, found
+
+
+def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[str, Mapping[str, Any]],
+               logs: str, offsets: Mapping[str, float] | None = None) -> Page:
+    """The page of a run: `answers` are each node's `report` answer in the inventory's order (a node that could not
+    answer: {"state": "unreachable", "detail": why}); `offsets` each node's clock against this one where the journal
+    has none (a detached run's page made elsewhere)."""
+    journal = journal or {}
+    known = journal.get("nodes") or {}
+    offset = {n: float((known.get(n) or {}).get("offset", (offsets or {}).get(n, 0.0))) for n in answers}
+    began = journal.get("command_start") or _earliest(answers, offset)
+    bars, marks, spread = [], [], {}
+    for node, answer in answers.items():
+        own = {k: float(v) - began for k, v in (known.get(node) or {}).items() if k in LAUNCHER_PHASES}
+        ranks: dict[int, dict[str, float]] = {}
+        for lines in (answer.get("phases") or {}).values():
+            rank, restart, found = rank_phases(lines)
+            if rank is None or not found:
+                continue
+            if restart:
+                marks.append(Mark(found.get("hook", min(found.values())) + offset[node] - began, "restart",
+                                  f"{node} r{rank}: workers started again (restart {restart})", node))
+                continue
+            ranks[rank] = {k: v + offset[node] - began for k, v in found.items()}
+        names = [p[0] for p in PHASES]
+        last = {k: max(r[k] for r in ranks.values() if k in r) for k in names if any(k in r for r in ranks.values())}
+        bars.append(Bar(node, None, _ordered({**own, **last})))
+        spread[node] = [Bar(node, rank, _ordered({**own, **times})) for rank, times in sorted(ranks.items())]
+    marks += _journal_marks(journal, began)
+    exits = tuple(_exit(node, answer, offset[node], began) for node, answer in answers.items())
+    marks += [Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code else ""),
+                   e.node) for e in exits if e.ended is not None and (e.state != "exited" or e.exit_code)]
+    shown, hidden = _rows(bars, spread)
+    first, slowest, headline = _headline(bars, spread)
+    ended = [e.ended for e in exits if e.ended is not None]
+    end = journal.get("end") or {}
+    duration = max(ended) if ended else (end["t"] - began if end.get("t") else None)
+    return Page(run_id, began, headline, first, slowest, tuple(shown), hidden, _grouped(marks), exits,
+                _root_cause(end, exits), logs, None if duration is None else round(duration, 1),
+                timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began))
+
+
+def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
+    """The marks by time; past REPORT_NAMED marks of one kind about nodes (every node stopped, 256 nodes' ends), the
+    first few as they are and the rest as one mark that counts them (a figure of 256 dashed lines says nothing)."""
+    kept: list[Mark] = []
+    for kind in dict.fromkeys(m.kind for m in marks):
+        mine = sorted((m for m in marks if m.kind == kind), key=lambda m: m.t)
+        if kind not in ("end", "stop", "restart", "left") or len(mine) <= REPORT_NAMED:
+            kept += mine
+            continue
+        kept += mine[:REPORT_NAMED - 1]
+        rest = mine[REPORT_NAMED - 1:]
+        names = ", ".join(m.node or "?" for m in rest)
+        kept.append(Mark(rest[0].t, kind, f"{len(rest)} more ({kind}) from {rest[0].t:.0f} to {rest[-1].t:.0f} s: "
+                                          f"{_few(names)}"))
+    return tuple(sorted(kept, key=lambda m: m.t))
+
+
+def _ordered(times: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    return tuple((name, round(times[name], 3)) for name, _, _ in PHASES if name in times)
+
+
+def _earliest(answers: Mapping[str, Mapping[str, Any]], offset: Mapping[str, float]) -> float:
+    """Without a journal, the run's start: the earliest time any node knows of it."""
+    found = [float(a["started_at"]) + offset[n] for n, a in answers.items() if a.get("started_at")]
+    return min(found) if found else 0.0
+
+
+def _journal_marks(journal: Mapping[str, Any], began: float) -> list[Mark]:
+    marks = []
+    for mark in journal.get("marks") or []:
+        node = mark.get("node")
+        if mark.get("kind") == "straggler" and node is None:
+            found = STRAGGLER_TEXT.search(mark.get("text", ""))
+            node = found.group(1) if found else None
+        marks.append(Mark(float(mark["t"]) - began, str(mark.get("kind")), str(mark.get("text", "")), node))
+    return marks
+
+
+def _exit(node: str, answer: Mapping[str, Any], offset: float, began: float) -> NodeExit:
+    ended = answer.get("ended_at")
+    log = NodeLog(node, 0, len(node), None, False)
+    log.format((answer.get("log_tail") or "").encode())
+    log.format_rest()
+    raised = tuple(f"r{rank if rank is not None else local}: {line}"
+                   for local, (rank, line) in sorted(log.raised.items()))
+    return NodeExit(node, str(answer.get("state", "error")), answer.get("exit_code"),
+                    None if ended is None else round(float(ended) + offset - began, 1), raised,
+                    str(answer.get("detail", "")))
+
+
+def _root_cause(end: Mapping[str, Any], exits: tuple[NodeExit, ...]) -> str:
+    """The launch's own words when it ended a failure (attached); else the first node that failed, by its end."""
+    if end.get("text"):
+        return str(end["text"])
+    failed = sorted((e for e in exits if e.exit_code not in (0, None) or e.state == "lost"),
+                    key=lambda e: e.ended if e.ended is not None else float("inf"))
+    if not failed:
+        return ""
+    first = failed[0]
+    said = f"; {first.raised[0]}" if first.raised else ""
+    return f"root cause: {first.node} {first.state} (exit code {first.exit_code}){said}"
+
+
+def _rows(bars: list[Bar], spread: Mapping[str, list[Bar]]) -> tuple[list[Bar], int]:
+    """The waterfall's rows: each node, its ranks too where they differ, the slowest nodes first past
+    REPORT_MAX_ROWS (with how many were left out)."""
+    if len(bars) > REPORT_MAX_ROWS:
+        ordered = sorted(bars, key=lambda b: -(b.phases[-1][1] if b.phases else 0.0))
+        return ordered[:REPORT_MAX_ROWS], len(bars) - REPORT_MAX_ROWS
+    rows: list[Bar] = []
+    for bar in bars:
+        rows.append(bar)
+        ranks = spread.get(bar.node, [])
+        if len(ranks) > 1 and _differ(ranks) and len(rows) + len(ranks) <= REPORT_MAX_ROWS:
+            rows += ranks
+    return rows, 0
+
+
+def _differ(ranks: list[Bar]) -> bool:
+    for name, _, _ in PHASES:
+        times = [t for t in (r.at(name) for r in ranks) if t is not None]
+        if times and max(times) - min(times) > RANK_SPREAD_S:
+            return True
+    return False
+
+
+def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
+              ) -> tuple[float | None, tuple[str, str, float] | None, str]:
+    ranks = [r for node in spread.values() for r in node]
+    stepped = [r for r in ranks if r.at("step") is not None]
+    if not ranks:
+        return None, None, "no rank recorded its start (a run from before the page, or nothing started)"
+    if len(stepped) < len(ranks):
+        never = ", ".join(f"{r.node} r{r.rank}" for r in ranks if r.at("step") is None)
+        return None, None, (f"not every rank made an optimizer step ({len(stepped)} of {len(ranks)}; not "
+                            f"{_few(never)})")
+    first = round(max(r.at("step") or 0.0 for r in stepped), 1)
+    # Every node leaves the rendezvous together: of those that stepped last, the one that came to it last held the
+    # others up (they spent that time in the rendezvous, waiting for it).
+    late = [b for b in bars if (b.at("step") or 0.0) >= first - RANK_SPREAD_S] or bars
+    last = max(late, key=lambda b: (b.at("torch") or b.at("hook") or 0.0, b.at("step") or 0.0))
+    longest = last.longest()
+    if longest is None:
+        return first, None, f"command -> first optimizer step on every rank: {first:.1f} s"
+    what, seconds = longest
+    took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
+    return first, (last.node, what, seconds), (f"command -> first optimizer step on every rank: {first:.1f} s; the "
+                                               f"slowest node, {last.node}: {took} s in {what}")
+
+
+def _few(text: str) -> str:
+    names = text.split(", ")
+    if len(names) <= REPORT_NAMED:
+        return text
+    return ", ".join(names[:REPORT_NAMED]) + f" and {len(names) - REPORT_NAMED} more"

@@ -1,0 +1,180 @@
+"""The run's timeline as data (pure): each node's series (launcher/node/series.py, samples of totals) turned into
+rates on the launcher's clock, seconds from the command's start: steps per second and the share of time waiting for
+data per rank, CPU (the ranks' own processes, in % of one core), memory and GPUs per node; and, for many ranks, the
+bands the page draws instead of a line each (the median, the middle half, the extremes) with the slowest ranks named.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.limits import REPORT_NAMED, REPORT_POINTS
+from launcher.options import STRAGGLER_FACTOR
+
+GIB = float(1 << 30)
+CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S = range(6)
+"""The places of a rank's numbers in a sample (launcher/node/series.py)."""
+
+Values = tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class RankLine:
+    node: str
+    rank: int
+    t: tuple[float, ...]
+    steps_per_s: Values
+    data_share: Values
+
+    def mean_rate(self) -> float | None:
+        rates = [r for r in self.steps_per_s if r is not None]
+        return sum(rates) / len(rates) if rates else None
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    node: str
+    t: tuple[float, ...]
+    cpu_percent: Values
+    """The node's ranks' own processes together, in % of one core."""
+    mem_gib: Values
+    """The node's memory in use (total less available)."""
+    gpus: tuple[tuple[int, tuple[float, ...], Values, Values], ...] = ()
+    """(GPU index, times, utilisation %, memory used GiB) of each GPU of the run."""
+
+
+@dataclass(frozen=True)
+class Band:
+    """A figure's many lines as one band over time buckets: the extremes, the middle half, the median."""
+
+    t: tuple[float, ...]
+    low: tuple[float, ...]
+    q1: tuple[float, ...]
+    median: tuple[float, ...]
+    q3: tuple[float, ...]
+    high: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    ranks: tuple[RankLine, ...]
+    nodes: tuple[NodeLine, ...]
+    end: float
+    """The last sample's time."""
+
+    def slowest(self) -> tuple[RankLine, ...]:
+        """The ranks whose mean step rate is below the straggler factor's share of the median rank's, slowest first,
+        REPORT_NAMED at most: the page names them."""
+        rated = [r for r in self.ranks if r.mean_rate() is not None]
+        if not rated:
+            return ()
+        median = statistics.median(r.mean_rate() or 0.0 for r in rated)
+        slow = [r for r in rated if (r.mean_rate() or 0.0) < STRAGGLER_FACTOR * median]
+        return tuple(sorted(slow, key=lambda r: (r.mean_rate() or 0.0, r.rank))[:REPORT_NAMED])
+
+
+def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[str, float], began: float
+             ) -> Timeline:
+    """Every node's samples as lines on the launcher's clock (each a node's time moved by its clock's offset)."""
+    ranks, nodes, end = [], [], 0.0
+    for node, samples in series.items():
+        samples = sorted((s for s in samples if isinstance(s.get("t"), int | float)), key=lambda s: s["t"])
+        shift = offset.get(node, 0.0) - began
+        pairs = list(itertools.pairwise(samples))
+        if not pairs:
+            continue
+        end = max(end, samples[-1]["t"] + shift)
+        times = tuple(round(b["t"] + shift, 2) for _, b in pairs)
+        for rank in sorted({int(k) for s in samples for k in s.get("ranks", {})}):
+            steps = tuple(_rate(a, b, str(rank), STEPS) for a, b in pairs)
+            data = tuple(_share(a, b, str(rank), DATA_S) for a, b in pairs)
+            ranks.append(RankLine(node, rank, *_thin(times, steps, data)))
+        cpu = tuple(_cpu(a, b) for a, b in pairs)
+        mem = tuple(None if b.get("mem_used") is None else b["mem_used"] / GIB for _, b in pairs)
+        nodes.append(NodeLine(node, *_thin(times, cpu, mem), gpus=_gpus(samples, shift)))
+    return Timeline(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(nodes), round(end, 1))
+
+
+def _numbers(sample: Mapping[str, Any], rank: str) -> list[Any] | None:
+    found = (sample.get("ranks") or {}).get(rank)
+    return found if isinstance(found, list) and len(found) > FORWARD_S else None
+
+
+def _rate(a: Mapping[str, Any], b: Mapping[str, Any], rank: str, at: int) -> float | None:
+    """Counts a second between two samples; a count lower than before is a process that started again."""
+    first, second = _numbers(a, rank), _numbers(b, rank)
+    dt = b["t"] - a["t"]
+    if second is None or second[at] is None or dt <= 0:
+        return None
+    before = first[at] if first is not None and first[at] is not None else 0
+    moved = second[at] - before if second[at] >= before else second[at]
+    return round(moved / dt, 3)
+
+
+def _share(a: Mapping[str, Any], b: Mapping[str, Any], rank: str, at: int) -> float | None:
+    rate = _rate(a, b, rank, at)
+    return None if rate is None else round(min(1.0, max(0.0, rate)), 3)
+
+
+def _cpu(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
+    rates = [_rate(a, b, rank, CPU) for rank in (b.get("ranks") or {})]
+    rates = [r for r in rates if r is not None]
+    return round(100.0 * sum(rates), 1) if rates else None
+
+
+def _gpus(samples: Sequence[Mapping[str, Any]], shift: float) -> tuple[tuple[int, tuple[float, ...], Values, Values],
+                                                                       ...]:
+    found: dict[int, list[tuple[float, float | None, float | None]]] = {}
+    for sample in samples:
+        for row in sample.get("gpus") or []:
+            index, util, used = row[0], row[1], row[2]
+            found.setdefault(int(index), []).append((round(sample["t"] + shift, 2), util,
+                                                     None if used is None else used / GIB))
+    return tuple((index, *_thin(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows)))
+                 for index, rows in sorted(found.items()))
+
+
+def _thin(t: tuple[float, ...], *lines: Values) -> tuple[Any, ...]:
+    """At most REPORT_POINTS points: consecutive ones averaged together (a page of a run of days stays small)."""
+    if len(t) <= REPORT_POINTS:
+        return (t, *lines)
+    size = -(-len(t) // REPORT_POINTS)
+    groups = range(0, len(t), size)
+    return (tuple(t[min(i + size, len(t)) - 1] for i in groups),
+            *(tuple(_mean(line[i:i + size]) for i in groups) for line in lines))
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return round(sum(found) / len(found), 3) if found else None
+
+
+def band(times: Sequence[Sequence[float]], lines: Sequence[Values], end: float, buckets: int = REPORT_POINTS
+         ) -> Band | None:
+    """Many lines as one band: each line's values placed in `buckets` time buckets over [0, end], then per bucket
+    the lowest, the quartiles, the median and the highest of the lines that have a value there."""
+    if end <= 0:
+        return None
+    width = end / buckets
+    cells: list[list[float]] = [[] for _ in range(buckets)]
+    for t, line in zip(times, lines, strict=True):
+        for when, value in zip(t, line, strict=True):
+            if value is not None and when >= 0:
+                cells[min(buckets - 1, int(when / width))].append(value)
+    rows = [(round((i + 0.5) * width, 2), sorted(c)) for i, c in enumerate(cells) if c]
+    if not rows:
+        return None
+
+    def quart(values: list[float]) -> tuple[float, float]:
+        if len(values) < 2:
+            return values[0], values[0]
+        q = statistics.quantiles(values, n=4)
+        return q[0], q[2]
+
+    return Band(tuple(t for t, _ in rows), tuple(c[0] for _, c in rows), tuple(quart(c)[0] for _, c in rows),
+                tuple(statistics.median(c) for _, c in rows), tuple(quart(c)[1] for _, c in rows),
+                tuple(c[-1] for _, c in rows))

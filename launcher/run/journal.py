@@ -1,0 +1,105 @@
+"""What a launch itself saw of its run, kept for the run's page (`logs/<run id>/journal.json`): when the command
+started, each node's start by the launcher's clock (connected, checked, synced, torchrun started) and how far its
+clock is from this one, the marks of the run (a hang suspected or ruled out, a straggler, a node that left, a stop),
+and its end (the exit code, the root cause's words).
+
+Fed from the launch's events (`launcher.run.launch`); nothing here waits on a disk while a run goes on: the file is
+written when the start is over and when the run ends, from the launch's own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.events import (
+    SELF_STOPS,
+    Ended,
+    HangRuledOut,
+    HangSuspected,
+    Left,
+    NodeEvent,
+    Probed,
+    Ready,
+    Started,
+    Stopping,
+)
+
+JOURNAL_FILE = "journal.json"
+
+
+class Journal:
+    """One launch's account of its run (see the module's docstring); every time is this machine's wall clock."""
+
+    def __init__(self, run_id: str, folder: Path, command_start: float | None = None):
+        self.path = folder / JOURNAL_FILE
+        self.lock = threading.Lock()
+        self.data: dict[str, Any] = {"run_id": run_id, "command_start": command_start or time.time(), "nodes": {},
+                                     "marks": [], "end": None}
+
+    def phase(self, nodes: list[str], name: str, when: float | None = None) -> None:
+        """`name` happened for each of `nodes` at `when` (now)."""
+        when = time.time() if when is None else when
+        with self.lock:
+            for node in nodes:
+                self.data["nodes"].setdefault(node, {}).setdefault(name, when)
+
+    def mark(self, kind: str, text: str, node: str | None = None, when: float | None = None) -> None:
+        """Something the timeline shows: a hang, a straggler, a node left, a stop, a restart."""
+        with self.lock:
+            self.data["marks"].append({"t": time.time() if when is None else when, "kind": kind, "node": node,
+                                       "text": text})
+
+    def event(self, event: NodeEvent) -> None:
+        """A launch's event, as the page keeps it."""
+        if isinstance(event, Probed):
+            self.phase([event.node], "checked", event.time)
+        elif isinstance(event, Ready):
+            self.phase([event.node], "ready", event.time)
+        elif isinstance(event, Started):
+            self.phase([event.node], "torchrun", event.time)
+            if event.node_time is not None:  # the node's clock against ours (the event's trip, milliseconds, aside)
+                with self.lock:
+                    self.data["nodes"][event.node]["offset"] = event.time - event.node_time
+        elif isinstance(event, HangSuspected):
+            self.mark("hang", f"hang suspected: {event.why or f'no progress for {event.quiet_s:.0f} s'}",
+                      event.node or None, event.time)
+        elif isinstance(event, HangRuledOut):
+            self.mark("hang-ruled-out", f"no progress for {event.quiet_s:.0f} s, not a hang: {event.why}",
+                      event.node or None, event.time)
+        elif isinstance(event, Left):
+            self.mark("left", f"{event.node} left the run; {event.remaining} node(s) go on", event.node, event.time)
+        elif isinstance(event, Stopping) and event.reason in SELF_STOPS:  # the launcher's own stops: its end says
+            self.mark("stop", f"{event.node} stops its part by itself ({event.reason})", event.node, event.time)
+        elif isinstance(event, Ended):
+            self.phase([event.node], "ended", event.time)
+
+    def end(self, code: int, text: str) -> None:
+        """The launch's end: its exit code and the words it ended with (the root cause of a failure)."""
+        with self.lock:
+            self.data["end"] = {"t": time.time(), "code": code, "text": text}
+
+    def write(self) -> None:
+        """The file, whole or not at all; a disk that refuses costs the page, never the launch."""
+        with self.lock:
+            text = json.dumps(self.data, indent=1)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+def read_journal(folder: Path) -> dict[str, Any] | None:
+    """A run's journal (None where no launch on this machine kept one: another machine started it)."""
+    try:
+        data = json.loads((folder / JOURNAL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,170 @@
+"""The run's page from canned answers (launcher/report/pagedata.py, pageseries.py, page.py): the waterfall's phases
+in order and its headline, the timeline's rates, the marks of a hang, a straggler, a restart and a failure with the
+failing rank's exception, and a page of 256 nodes that stays readable and under 2 MB; with and without matplotlib."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from launcher.report import page as page_module
+from launcher.report.page import INSTALL, render
+from launcher.report.pagedata import PHASES, build_page, rank_phases
+from launcher.report.pageseries import band
+
+T0 = 1_800_000_000.0
+RUN = "20270115-080000-abcdef"
+
+
+def answers(nodes: int, per_node: int = 2, samples: int = 12, slow: str = "node-1", fail: bool = False,
+            restart: bool = False) -> dict[str, dict]:
+    """Each node's `report` answer: node clocks 2 s ahead of the launcher's; `slow` waits 20 s in the rendezvous
+    less (it arrives last: the others wait for it) and its r{last} steps at half the rate."""
+    found = {}
+    for n in range(nodes):
+        node = f"node-{n}"
+        late = 20.0 if node == slow else 0.0
+        phases, series = {}, []
+        for local in range(per_node):
+            rank = n * per_node + local
+            base = T0 + 2.0 + 3.0 + 0.1 * local + late
+            times = {"hook": base, "torch": base + 5, "pg": 30.0 + T0 + 2.0 + 6, "batch": T0 + 2.0 + 37,
+                     "step": T0 + 2.0 + 38 + 0.2 * local}
+            phases[str(1000 + rank)] = [f"{k} {v:.3f} {rank} {local} 0" for k, v in times.items()]
+            if restart and node == "node-0" and local == 0:
+                phases["2000"] = [f"hook {T0 + 2.0 + 70:.3f} {rank} 0 1"]
+        for i in range(samples):
+            t = T0 + 2.0 + 40 + 5 * i
+            ranks = {}
+            for local in range(per_node):
+                rank = n * per_node + local
+                rate = 5.0 if (node == slow and local == per_node - 1) else 10.0
+                ranks[str(rank)] = [2.0 * i, 300 << 20, int(rate * 5 * i), int(rate * 5 * i), 0.5 * i, 2.0 * i]
+            series.append({"t": t, "load1": 1.0, "mem_total": 8 << 30, "mem_used": (2 << 30) + i, "ranks": ranks})
+        failed = fail and node == "node-1"
+        tail = ("[default1@r3]:Traceback (most recent call last):\n[default1@r3]:  File \"train.py\", line 9\n"
+                "[default1@r3]:RuntimeError: boom on purpose\n") if failed else "[default0@r0]:done\n"
+        found[node] = {"state": "exited", "exit_code": 1 if failed else 0, "started_at": T0 + 4.0,
+                       "ended_at": T0 + 2.0 + 40 + 5 * samples, "phases": phases, "series": series, "log_tail": tail}
+    return found
+
+
+def journal(nodes: int, marks: list[dict] | None = None, end: dict | None = None) -> dict:
+    names = [f"node-{n}" for n in range(nodes)]
+    return {"run_id": RUN, "command_start": T0,
+            "nodes": {n: {"connected": T0 + 0.5, "ready": T0 + 1.5, "torchrun": T0 + 2.0, "offset": -2.0}
+                      for n in names},
+            "marks": marks or [], "end": end}
+
+
+def test_the_waterfall_has_every_nodes_phases_in_order_and_the_headline_names_the_slowest_node() -> None:
+    page = build_page(RUN, journal(2), answers(2), "logs/x/")
+    order = [p[0] for p in PHASES]
+    nodes = [b for b in page.bars if b.rank is None]
+    assert [b.node for b in nodes] == ["node-0", "node-1"]
+    for bar in nodes:
+        names = [n for n, _ in bar.phases]
+        assert names == [n for n in order if n in names] and set(names) >= {"connected", "torchrun", "pg", "step"}
+        times = [t for _, t in bar.phases]
+        assert times == sorted(times)
+    assert nodes[0].at("connected") == 0.5 and nodes[0].at("step") == pytest.approx(38.2)  # node clock - 2 s
+    assert page.first_step_s == pytest.approx(38.2)
+    # node-1's ranks: 20 s later to their imports; its rendezvous the shortest, yet its ranks stepped last? No: every
+    # rank steps together; node-1 is the last by a hair only when its r3's step is latest: the headline says so.
+    assert re.fullmatch(r"command -> first optimizer step on every rank: 38\.2 s; the slowest node, node-\d: "
+                        r"\d+ s in [a-z ]+", page.headline), page.headline
+    assert page.summary()["first_step_s"] == pytest.approx(38.2)
+    ranks = [b for b in page.bars if b.rank is not None]
+    assert not ranks  # a node's ranks start within RANK_SPREAD_S of each other: no rows of their own
+
+
+def test_the_timeline_has_each_rank_its_rate_and_data_share_and_each_nodes_cpu_and_memory() -> None:
+    page = build_page(RUN, journal(2), answers(2), "logs/x/")
+    line = page.timeline
+    assert [(r.node, r.rank) for r in line.ranks] == [("node-0", 0), ("node-0", 1), ("node-1", 2), ("node-1", 3)]
+    assert line.ranks[0].t[0] == pytest.approx(45.0)  # the second sample, on the launcher's clock
+    assert set(line.ranks[0].steps_per_s) == {10.0} and set(line.ranks[3].steps_per_s) == {5.0}
+    assert set(line.ranks[0].data_share) == {0.1}
+    assert line.slowest()[0].rank == 3
+    assert set(line.nodes[0].cpu_percent) == {80.0}  # two ranks of 0.4 s a second
+    text = render(page)
+    assert text.count("<svg") == 2 and "<script" not in text
+    for rank in range(4):
+        assert f"<td>r{rank}</td>" in text
+
+
+def test_a_hang_a_straggler_a_restart_and_a_failure_are_each_marked_with_the_failing_ranks_exception() -> None:
+    marks = [{"t": T0 + 60, "kind": "straggler", "node": None,
+              "text": "straggler: node-1 r3 at 0.50x the median rate for 60 s"},
+             {"t": T0 + 80, "kind": "hang", "node": None, "text": "hang suspected: rank 3 never entered all_reduce #9"}]
+    end = {"t": T0 + 101, "code": 1, "text": "run x failed: root cause: node-1 r3 exited 1: RuntimeError: boom"}
+    page = build_page(RUN, journal(2, marks, end), answers(2, fail=True, restart=True), "logs/x/")
+    kinds = {m.kind: m for m in page.marks}
+    assert set(kinds) >= {"straggler", "hang", "restart", "end"}
+    assert kinds["straggler"].node == "node-1" and kinds["restart"].t == pytest.approx(70.0)
+    assert kinds["end"].node == "node-1" and "exit code 1" in kinds["end"].text
+    failed = next(e for e in page.exits if e.node == "node-1")
+    assert failed.raised == ("r3: RuntimeError: boom on purpose",)
+    assert "RuntimeError: boom" in page.root_cause
+    text = render(page)
+    for said in ("straggler: node-1 r3", "hang suspected", "workers started again (restart 1)",
+                 "RuntimeError: boom on purpose", "logs/x/"):
+        assert said in text
+
+
+def test_without_a_journal_the_root_cause_is_the_first_node_that_failed_by_its_exception() -> None:
+    page = build_page(RUN, None, answers(2, fail=True), "logs/x/", offsets={"node-0": -2.0, "node-1": -2.0})
+    assert page.root_cause == "root cause: node-1 exited (exit code 1); r3: RuntimeError: boom on purpose"
+    assert page.bars[0].at("connected") is None and page.bars[0].at("hook") is not None
+
+
+def test_without_matplotlib_the_same_page_has_its_tables_and_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setattr(page_module, "_pyplot", lambda: None)
+    text = render(build_page(RUN, journal(2), answers(2), "logs/x/"))
+    assert "<svg" not in text and html.escape(INSTALL) in text and "first optimizer step" in text
+    assert "<td>r3</td>" in text
+
+
+def test_a_page_of_256_nodes_draws_bands_names_the_worst_and_stays_under_2_mb() -> None:
+    page = build_page(RUN, journal(256), answers(256, per_node=8, samples=120, slow="node-77"), "logs/x/")
+    text = render(page)
+    assert len(text.encode()) < 2 << 20, len(text.encode())
+    assert page.hidden_bars == 256 - 32 and "224 faster nodes are not listed" in text
+    assert "r623 (node-77)" in text  # the slowest rank, named on the band
+    assert "middle half" in text
+    failed = build_page(RUN, journal(256), answers(256, per_node=1, samples=3, fail=True), "logs/x/")
+    assert len(failed.marks) == 1  # one node failed: one end mark
+
+
+def test_many_nodes_ends_are_a_few_marks_and_one_that_counts_the_rest() -> None:
+    found = answers(40, per_node=1, samples=3)
+    for answer in found.values():
+        answer.update(state="stopped", exit_code=137)
+    marks = build_page(RUN, journal(40), found, "logs/x/").marks
+    assert [m.kind for m in marks] == ["end"] * 5 and marks[-1].text.startswith("36 more (end) from ")
+
+
+def test_a_band_holds_the_extremes_quartiles_and_median_of_its_lines_per_bucket() -> None:
+    found = band([(1.0, 2.0), (1.0, 2.0), (1.0,)], [(1.0, 2.0), (3.0, None), (5.0,)], end=4.0, buckets=2)
+    assert found is not None and found.t == (1.0, 3.0) and found.median == (3.0, 2.0) and found.low == (1.0, 2.0)
+    assert found.high == (5.0, 2.0) and found.q1[0] < 3.0 < found.q3[0]
+
+
+def test_a_phases_file_reads_each_phase_once_with_its_rank_and_restart() -> None:
+    assert rank_phases(["hook 1.5 3 1 2", "step 2.5 3 1 2", "step 9.0 3 1 2", "bad line"]) == (
+        3, 2, {"hook": 1.5, "step": 2.5})
+
+
+def test_a_page_is_due_once_the_run_is_over_on_every_node_that_had_it_and_has_none_yet(tmp_path) -> None:
+    from launcher.app.pages import PAGE_FILE, page_due
+    from launcher.options import Options
+
+    opts = Options(log_dir=tmp_path)
+    assert page_due(opts, RUN, ["exited", "stopped", "none"])  # a node that never had the run has no say
+    assert not page_due(opts, RUN, ["exited", "running"]) and not page_due(opts, RUN, ["none", "unreachable"])
+    assert not page_due(Options(log_dir=tmp_path, page=False), RUN, ["exited"]) and not page_due(opts, None, ["lost"])
+    (tmp_path / RUN).mkdir()
+    (tmp_path / RUN / PAGE_FILE).write_text("<html>")
+    assert not page_due(opts, RUN, ["exited"])
