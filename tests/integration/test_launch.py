@@ -191,4 +191,5 @@ def test_the_logs_folder_a_run_names_exists_when_its_workers_wrote_nothing(make_
         assert result.returncode == code, result.stdout + result.stderr
         folder = tmp_path / "logs" / run_id_of(result.stderr)
         assert f"logs: {folder}/" in result.stderr
-        assert sorted(p.name for p in folder.iterdir()) == ["node-0.log", "node-1.log"]  # each node's, empty
+        # each node's log, empty, and the launch's journal (the run's page's account)
+        assert sorted(p.name for p in folder.iterdir()) == ["journal.json", "node-0.log", "node-1.log"]
