@@ -274,12 +274,11 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
             channel.close_stdin()
             err = bytearray()
             while not channel.finished:
-                gone = channel.closed  # before the read: what came before the close is in the buffers by now
                 out, e = channel.read()
                 err += e
                 if out:
                     log.feed(out, sink)
-                elif gone and not e:
+                elif channel.drained:
                     break
                 else:
                     channel.wait_readable(0.5)

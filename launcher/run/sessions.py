@@ -52,7 +52,7 @@ class SessionChannel(Protocol):
     @property
     def finished(self) -> bool: ...
     @property
-    def closed(self) -> bool: ...
+    def drained(self) -> bool: ...
     def exit_code(self) -> int: ...
     def close(self) -> None: ...
 
@@ -159,7 +159,6 @@ class Sessions:
         channel, name = session.channel, session.name
         err_rest = b""
         while True:
-            gone = channel.closed  # before the read: the output that came before the close is read first
             out, err = channel.read()
             if out or err:
                 session.heard = time.monotonic()
@@ -172,7 +171,7 @@ class Sessions:
             if channel.finished:
                 self._channel_ended(session, channel.exit_code())
                 return
-            if gone and not out and not err:
+            if channel.drained:
                 self._end(session, EndKind.LOST)
                 return
             if not out and not err:

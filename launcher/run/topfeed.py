@@ -106,7 +106,6 @@ class SshFeed:
             channel.send(agent_input({"action": "top", "node": host.name, "run_id": self.run_id, "top": settings}))
             pending, err = b"", b""
             while not self.closing:
-                gone = channel.closed or channel.finished  # before the read: the last snapshot is read first
                 out, more = channel.read()
                 err += more
                 if out:
@@ -114,7 +113,7 @@ class SshFeed:
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
                         self._take(host.name, line)
-                elif gone and not more:
+                elif channel.finished or channel.drained:
                     break
                 else:
                     channel.wait_readable(0.5)

@@ -96,6 +96,7 @@ class StepChannel:
         self._out, self._err = bytearray(), bytearray()
         self._code: int | None = None
         """The task's exit code, once srun said it (or the step ended)."""
+        self._drained = False
 
     def _add(self, data: bytes, is_err: bool) -> None:
         with self.step.ready:
@@ -113,9 +114,11 @@ class StepChannel:
 
     def read(self) -> tuple[bytes, bytes]:
         with self.step.ready:
+            gone = self.closed
             out, err = bytes(self._out), bytes(self._err)
             self._out.clear()
             self._err.clear()
+        self._drained = gone and not out and not err
         return out, err
 
     def wait_readable(self, timeout: float) -> None:
@@ -130,6 +133,11 @@ class StepChannel:
     @property
     def closed(self) -> bool:
         return self.step.ended and self._code is None
+
+    @property
+    def drained(self) -> bool:
+        """As `transport.Channel.drained`: the step had ended before the last read, which found nothing."""
+        return self._drained
 
     def exit_code(self) -> int:
         return -1 if self._code is None else self._code

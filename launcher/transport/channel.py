@@ -76,6 +76,7 @@ class Channel:
         self.node = node
         self._chan = chan
         self._send_lock = threading.Lock()
+        self._drained = False
 
     def send(self, data: bytes, block: bool = True, timeout: float | None = None) -> bool:
         """Write to the command's stdin; False when the channel is already gone, or (`timeout`) the node took none of
@@ -128,10 +129,19 @@ class Channel:
             selector.select(timeout)
 
     def read(self) -> tuple[bytes, bytes]:
-        """Whatever stdout and stderr hold now (empty when nothing new)."""
+        """Whatever stdout and stderr hold now (empty when nothing new); `drained` then says if that is all."""
+        gone = self.closed  # before the read: what came before the close is in the buffers by now
         out = self._chan.recv(1 << 16) if self._chan.recv_ready() else b""
         err = self._chan.recv_stderr(1 << 16) if self._chan.recv_stderr_ready() else b""
+        self._drained = gone and not out and not err
         return out, err
+
+    @property
+    def drained(self) -> bool:
+        """True when the connection was gone before the last read and that read found nothing: no more output
+        will come. (`closed` seen after an empty read is not that: output may have come with the close between
+        the read and the look, and would be dropped.)"""
+        return self._drained
 
     def read_line(self, out: bytearray, err: bytearray, deadline: float) -> bool:
         """Read into `out` and `err` until `out` holds a whole line (True), or the command ended, the connection
@@ -143,7 +153,7 @@ class Channel:
             if o or e:
                 continue
             left = deadline - time.monotonic()
-            if self.finished or self.closed or left <= 0:
+            if self.finished or self.drained or left <= 0:
                 return False
             self.wait_readable(min(0.2, left))
         return True
@@ -182,7 +192,7 @@ class Channel:
             if self.finished:
                 o, e = self.read()
                 return Result(self.exit_code(), bytes(out + o), bytes(err + e))
-            if self.closed and not o and not e:
+            if self.drained:
                 return Result(-1, bytes(out), bytes(err))
             if deadline is not None and time.monotonic() > deadline:
                 return Result(-1, bytes(out), bytes(err), timed_out=timeout)
