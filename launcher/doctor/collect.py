@@ -285,10 +285,11 @@ class DoctorGate:
             return None
         return f"the full report: `{hint(f'doctor --hosts {cluster.source}', f'api.doctor({cluster.source!r})')}`"
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
-        """Before the agents' sessions open: `before`, if any."""
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
+        """Before the agents' sessions open: `before`, if any (True then)."""
         if self.before is not None:
             self.before(cluster, nodes)
+        return self.before is not None
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
         return session_section(cluster, host, run_id, self.probe_timeout)

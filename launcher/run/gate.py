@@ -24,8 +24,8 @@ class StartGate(Protocol):
     probe_timeout: float
     in_session: bool
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
-        """Work on the open connections before any session opens (`launch --sync`)."""
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
+        """Work on the open connections before any session opens (`launch --sync`); True when there was some."""
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         """The start request's `gate` part for this host (None: the agent checks nothing before `ready`)."""
@@ -44,9 +44,10 @@ class ConnectionsFirst:
     probe_timeout: float = 0.0
     in_session: bool = False
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> None:
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
         if self.before is not None:
             self.before(cluster, nodes)
+        return self.before is not None
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         return None

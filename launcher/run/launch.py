@@ -140,10 +140,9 @@ def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | N
     names = [c.host.name for c in plan.nodes]
     journal.phase(names, "connected")
     try:
-        if wiring.gate is not None:
-            wiring.gate.prepare(cluster, nodes)  # e.g. --sync; the checks run inside the agents' sessions
-            if getattr(wiring.gate, "before", None) is not None:
-                journal.phase(names, "synced")
+        # e.g. --sync; the checks run inside the agents' sessions
+        if wiring.gate is not None and wiring.gate.prepare(cluster, nodes):
+            journal.phase(names, "synced")
         return run_attached(plan, opts, wiring, nodes, envs, journal=journal)
     finally:
         close_all(nodes.values())
