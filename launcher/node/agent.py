@@ -36,7 +36,7 @@ import time
 # Each action imports what it alone needs (a start: attached, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
 from launcher.node import limits
-from launcher.node.proc import live_marks, marked_pids, same_process, signal_process, stdout_gone
+from launcher.node.proc import alive, live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import find_run_dir, leader_of, names_problem, read_text, run_dir_of, run_state, runs_here
 from launcher.node.runner import choose_gpus, socket_ifname, stop_run
@@ -180,11 +180,14 @@ def action_stop(request):
     if request.get("kill_keeper") and keeper is not None and same_process(*keeper):
         # The launcher found this run's agent silent (stopped, stuck): it can neither stop its run nor record it.
         signal_process(keeper[0], keeper[1], signal.SIGKILL)
+        deadline = time.time() + timing("keeper_wait_s")
+        while alive(keeper[0]) and same_process(*keeper) and time.time() < deadline:
+            time.sleep(timing("keeper_poll_s"))  # dead, its orphans below whoever reaps them: found by a /proc pass
     found, left = stop_run(run_dir, mark, grace)
     # The run's keeper records the exit code a moment after torchrun is gone; a dead keeper never will.
     deadline = time.time() + timing("keeper_wait_s")
     while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
-           and keeper is not None and same_process(*keeper)):
+           and keeper is not None and same_process(*keeper) and alive(keeper[0])):
         time.sleep(timing("keeper_poll_s"))
     result = run_state(run_id, run_dir, request["node"])
     result.update(found=found, left=left)

@@ -129,13 +129,15 @@ def run_tree(mark):
         return None
     seen = None
     for _ in range(TREE_READS):
-        if not same_process(pid, start):
+        # A reaper killed a moment ago (a stop that kills a silent keeper) is a zombie whose orphans have moved up
+        # already: an empty tree then would be "nothing left", and a torchrun would outlive its stop.
+        if not (same_process(pid, start) and alive(pid)):
             return None
         below = sorted(descendants(pid))
         if below == seen:
-            return below
+            return below if alive(pid) else None
         seen = below
-    return seen
+    return seen if alive(pid) else None
 
 
 def marked_processes(mark):

@@ -316,9 +316,12 @@ while not os.path.exists('end'):
 """
 
 
-def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("end", ["the-runs-end", "a-stop-that-kills-the-keeper"])
+def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: Path, monkeypatch, end: str) -> None:
     """The keeper is its run's reaper: a process that double-forked out of torchrun's session stays below it, a look
-    for the run reads that tree (not every process of the node), and the run's end stops what it finds there."""
+    for the run reads that tree (not every process of the node), and the run's end stops what it finds there. A
+    keeper killed by a stop (a silent agent) is a zombie until its parent waits for it, its orphans gone up: the stop
+    then looks over /proc (an empty tree had said "nothing left", and torchrun outlived the stop)."""
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     mark = f"{run_id}/{NODE}"
     request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{mark}", "mark": mark, "workdir": str(tmp_path),
@@ -347,8 +350,18 @@ def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: P
         tree = procs.run_tree(mark)
         assert tree is not None and daemon in tree
         assert daemon in procs.marked_processes(mark)
-        (tmp_path / "end").touch()
-        assert agent.wait(timeout=30) == 0
+        if end == "the-runs-end":
+            (tmp_path / "end").touch()
+            assert agent.wait(timeout=30) == 0
+        else:
+            os.kill(agent.pid, signal.SIGKILL)  # not waited for: a zombie while the stop looks
+            deadline = time.monotonic() + 10
+            while procs.alive(agent.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert procs.run_tree(mark) is None and daemon in procs.marked_processes(mark)
+            done, events = Node(tmp_path).request(action="stop", run_id=run_id, grace=1, kill_keeper=True)
+            assert done.returncode == 0, events
+            assert json.loads(done.stdout)["left"] == 0
         assert procs.alive(daemon) is False, "the run's daemon outlived its run"
     finally:
         (tmp_path / "end").touch()
