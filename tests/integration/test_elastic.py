@@ -8,6 +8,7 @@ group itself and the launcher lets it. A script that raises on every rank is not
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import pytest
 from devtools import sandbox
 from devtools.observe import children, free_port, pids_with_env, process_name, sshd_family
 from tests._train_helpers import assert_replicas_in_sync
-from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
+from tests.helpers import PAGE_OFF, REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ SAVED = re.compile(r"checkpoint saved \S+ step (\d+)")
 
 
 def launch_background(inventory: Path, args: str, logs: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}
+    env = {**PAGE_OFF, **os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}
     with open(out, "wb") as sink:
         return subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), "--script",
                                  "train/ddp.py", "--args", args, *extra], cwd=REPO, env=env, stdout=sink,
@@ -143,6 +144,14 @@ def test_c10d_group_goes_on_without_a_lost_node(make_sandbox, tmp_path: Path) ->
     final_checksums(text, 2)
     assert run_processes(run_id) == []
     print(f"node lost -> the group finished on 2 nodes in {took:.1f}s")
+    # The run's page marks the node that left and the workers torchrun started again on the others (#49).
+    said = inv("report", "--hosts", str(box.inventory), "--run", run_id, "--json", log_dir=tmp_path / "logs")
+    assert said.returncode == 0, said.stderr
+    marks = json.loads(said.stdout)["marks"]
+    assert any(m["kind"] == "left" and m["node"] == "node-2" for m in marks), marks
+    restarted = {m["node"] for m in marks if m["kind"] == "restart"}
+    assert restarted == {"node-0", "node-1"}, marks
+    assert (tmp_path / "logs" / run_id / "report.html").exists()
 
 
 def box_port(box) -> int:

@@ -32,13 +32,27 @@ HOSTILE_ARGS = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/launcher
 TRAIN = "--epochs 2 --dataset-size 256 --batch-size 16 --log-every 2"
 
 
-def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly(make_sandbox, tmp_path: Path) -> None:
-    """2 nodes x 2 processes through `inv launch`: one world, the single-process math, exact resume."""
+def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly_with_or_without_rank_0s_checkpoint(
+        make_sandbox, tmp_path: Path) -> None:
+    """2 nodes x 2 processes through `inv launch`, each node its own workdir (they share no disk): one world, the
+    single-process math, and an exact resume both where only node-0 has the checkpoint (node-1's ranks get its bytes
+    over the group) and where every node has it (a shared disk's view: each rank reads its own copy).
+
+    The nodes run the declared dependencies only (no numpy, tests/support/nodeenv.py), as a user's venv: the resume
+    once used all_gather_object, which needs numpy in torch 2.13, and every rank failed on the first retry.
+    """
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
+    data = yaml.safe_load(box.inventory.read_text())
+    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
+    for workdir in workdirs:
+        (workdir / "train").mkdir(parents=True)
+        (workdir / "train" / "ddp.py").write_bytes((REPO / "train" / "ddp.py").read_bytes())
+    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     logs = tmp_path / "logs"
 
     def launch(*extra: str) -> subprocess.CompletedProcess[str]:
-        args = " ".join((TRAIN, *extra))
+        args = " ".join((TRAIN, "--checkpoint-dir ckpt", *extra))  # relative: each node's own workdir
         result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
                      log_dir=logs)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -62,53 +76,33 @@ def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly(make_sandbox, tmp
     assert reference.returncode == 0, reference.output
     assert_state_dicts_close(load(tmp_path / "whole.pt"), load(tmp_path / "reference.pt"), atol=1e-5)
 
-    # Interrupted after epoch 1, relaunched with --resume: exactly the uninterrupted weights.
-    ckpt = tmp_path / "ckpt"
-    first = launch(f"--checkpoint-dir {ckpt} --stop-after-epoch 1")
-    saved = [line for line in first.stdout.splitlines() if "checkpoint saved" in line]
-    assert saved and all(line.startswith("node-0 r0 ") for line in saved), "only rank 0 writes checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt"]  # no half-written temp file left
-    resumed = launch(f"--checkpoint-dir {ckpt} --resume --save-weights {tmp_path / 'resumed.pt'}")
-    assert "resumed from" in resumed.stdout
-    assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
-    assert assert_replicas_in_sync(resumed.stdout, world_size=4) == checksum
-
-
-def test_resume_sends_rank_0s_checkpoint_to_a_node_without_one(make_sandbox, tmp_path: Path) -> None:
-    """Nodes that share no disk: only node-0 has the checkpoint, and node-1's ranks get its bytes over the group.
-
-    The nodes run the declared dependencies only (no numpy, tests/support/nodeenv.py), as a user's venv: this path
-    once used all_gather_object, which needs numpy in torch 2.13, and every rank failed on the first retry.
-    """
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
-    data = yaml.safe_load(box.inventory.read_text())
-    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
-    for workdir in workdirs:
-        (workdir / "train").mkdir(parents=True)
-        (workdir / "train" / "ddp.py").write_bytes((REPO / "train" / "ddp.py").read_bytes())
-    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
-    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
-    logs = tmp_path / "logs"
-
-    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
-        args = " ".join((TRAIN, "--checkpoint-dir ckpt", *extra))  # relative: each node's own workdir
-        result = inv("launch", "--hosts", str(box.inventory), "--script", "train/ddp.py", "--args", args,
-                     log_dir=logs)
-        assert result.returncode == 0, result.stdout + result.stderr
-        return result
-
-    whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
+    # Interrupted after epoch 1: rank 0 alone writes the checkpoint, whole (no temp file left), on node-0's disk.
     for workdir in workdirs:
         (workdir / "ckpt" / "checkpoint.pt").unlink(missing_ok=True)
-    launch("--stop-after-epoch 1")
-    assert [(w / "ckpt" / "checkpoint.pt").exists() for w in workdirs] == [True, False]  # rank 0 alone writes
+    first = launch("--stop-after-epoch 1")
+    saved = [line for line in first.stdout.splitlines() if "checkpoint saved" in line]
+    assert saved and all(line.startswith("node-0 r0 ") for line in saved), "only rank 0 writes checkpoints"
+    assert sorted(p.name for p in (workdirs[0] / "ckpt").iterdir()) == ["checkpoint.pt"]
+    assert [(w / "ckpt" / "checkpoint.pt").exists() for w in workdirs] == [True, False]
+    after_epoch_1 = (workdirs[0] / "ckpt" / "checkpoint.pt").read_bytes()
+
+    # Relaunched with --resume, node-1 without the checkpoint: exactly the uninterrupted weights.
     resumed = launch(f"--resume --save-weights {tmp_path / 'resumed.pt'}")
     for rank in (2, 3):
         assert re.search(rf"^node-1 r{rank} +\| rank {rank}: local checkpoint missing or different, using rank 0's$",
                          resumed.stdout, re.M), resumed.stdout
     assert "Numpy is not available" not in resumed.stdout + resumed.stderr
     assert_state_dicts_equal(load(tmp_path / "resumed.pt"), load(tmp_path / "whole.pt"))
-    assert assert_replicas_in_sync(resumed.stdout, 4) == assert_replicas_in_sync(whole.stdout, 4)
+    assert assert_replicas_in_sync(resumed.stdout, world_size=4) == checksum
+
+    # The same checkpoint on every node: each rank resumes from its own copy, to the same weights.
+    for workdir in workdirs:
+        (workdir / "ckpt").mkdir(exist_ok=True)
+        (workdir / "ckpt" / "checkpoint.pt").write_bytes(after_epoch_1)
+    again = launch(f"--resume --save-weights {tmp_path / 'again.pt'}")
+    assert again.stdout.count("resumed from") >= 1 and "using rank 0's" not in again.stdout, again.stdout
+    assert_state_dicts_equal(load(tmp_path / "again.pt"), load(tmp_path / "whole.pt"))
+    assert assert_replicas_in_sync(again.stdout, world_size=4) == checksum
 
 
 def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) -> None:

@@ -9,12 +9,14 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devtools.observe import free_port
 from launcher.report.pagedata import PHASES
+from tests.conftest import SandboxFactory
 from tests.helpers import inv, run_id_of, wait_for
 
 ORDER = [p[0] for p in PHASES]
@@ -82,32 +84,38 @@ def test_a_hung_runs_page_marks_the_hang_and_ends_with_it(make_sandbox, tmp_path
                      r"all_reduce", text), text[text.find("<h2>2."):][:3000]
 
 
-def test_a_detached_runs_page_is_written_at_the_first_status_after_its_end(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
-                                                                                                     "0"])
-    logs = tmp_path / "logs"
-    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)
-    assert started.returncode == 0, started.stderr
-    run_id = run_id_of(started.stdout + started.stderr)
-    assert (logs / run_id / "journal.json").exists() and not (logs / run_id / "report.html").exists()
+@pytest.fixture(scope="module")
+def detached_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A detached run's page, written at the first `status` after its end; the browser test opens the same page."""
+    root = tmp_path_factory.mktemp("detached")
+    factory = SandboxFactory(root)
+    try:
+        box = factory(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
+                                                                                                      "0"])
+        logs = root / "logs"
+        started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)
+        assert started.returncode == 0, started.stderr
+        run_id = run_id_of(started.stdout + started.stderr)
+        assert (logs / run_id / "journal.json").exists() and not (logs / run_id / "report.html").exists()
 
-    def ended() -> bool:
-        status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs, env=PAGE_ON)
-        return status.stdout.count("exited") >= 2
+        def ended() -> bool:
+            status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs, env=PAGE_ON)
+            return status.stdout.count("exited") >= 2
 
-    wait_for(ended, 120, "the detached run's end", interval=2)
-    text = _page(logs, run_id).read_text()
+        wait_for(ended, 120, "the detached run's end", interval=2)
+        yield _page(logs, run_id)
+    finally:
+        factory.close()
+
+
+def test_a_detached_runs_page_is_written_at_the_first_status_after_its_end(detached_page: Path) -> None:
+    text = detached_page.read_text()
     assert "first optimizer step on every rank: " in text and "node-1" in text
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="no headless browser here (Debian's chromium)")
-def test_a_headless_browser_opens_the_page_with_no_error_and_no_request(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
-                                                                                                     "0"])
-    logs = tmp_path / "logs"
-    result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=PAGE_ON)
-    assert result.returncode == 0, result.stderr
-    page = _page(logs, run_id_of(result.stdout + result.stderr))
+def test_a_headless_browser_opens_the_page_with_no_error_and_no_request(detached_page: Path, tmp_path: Path) -> None:
+    page = detached_page
     shot, net = tmp_path / "page.png", tmp_path / "net.json"
     # --no-sandbox: root. The net log holds every request; chromium's own (its updates, its clock) go to Google's
     # hosts whatever the page, so the page's would be any other.
