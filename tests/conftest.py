@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from devtools import sandbox
 from devtools.observe import free_port as free_port  # re-exported: tests import it from here
 from devtools.observe import reserve_base_addr
 from devtools.sandbox import Sandbox
+from tests.helpers import PAGE_OFF
 from tests.support.nodeenv import node_python
 
 # Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.
@@ -29,6 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # each child at exec, as a terminal's job would have it.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The run's page after an attached launch is a process of its own (matplotlib, a second or two of CPU): off for
+    # every launch a test starts, whichever way it starts it, unless the test turns it on (test_report.py).
+    os.environ.update(PAGE_OFF)
 
 
 class SandboxFactory:
@@ -90,8 +95,9 @@ def hostfile(tmp_path: Path) -> Path:
     return path
 
 
-HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_elastic.py", "test_slurm.py", "test_setup_script.py",
-                  "test_launch.py", "test_progress.py", "test_installed.py", "test_lifecycle.py", "test_top.py")
+HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_slurm.py", "test_supervision.py", "test_progress.py",
+                  "test_elastic.py", "test_launch.py", "test_lifecycle.py", "test_installed.py", "test_train.py",
+                  "test_report.py", "test_setup_script.py", "test_top.py")
 """The files that take longest (real trainers, hang timeouts, a SLURM cluster, a venv made from scratch), measured
 with --durations: run first, so that with the suite spread over workers (pytest-xdist, --dist loadfile) none of them
 is left to run alone at the end."""

@@ -265,7 +265,7 @@ class DoctorGate:
     """The checks run in the agents' start sessions (`launcher.run.gate.StartGate`)."""
     ssh: SshSettings = DEFAULT_SSH
     """For the standalone form only: how the SSH connections it opens are made (the launch has its own)."""
-    before: Callable[[Cluster, dict[str, Node]], None] | None = None
+    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float] | None] | None = None
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
@@ -285,11 +285,9 @@ class DoctorGate:
             return None
         return f"the full report: `{hint(f'doctor --hosts {cluster.source}', f'api.doctor({cluster.source!r})')}`"
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
-        """Before the agents' sessions open: `before`, if any (True then)."""
-        if self.before is not None:
-            self.before(cluster, nodes)
-        return self.before is not None
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
+        """Before the agents' sessions open: `before`, if any (when it was done on each node)."""
+        return dict(self.before(cluster, nodes) or {}) if self.before is not None else {}
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
         return session_section(cluster, host, run_id, self.probe_timeout)

@@ -24,8 +24,9 @@ class StartGate(Protocol):
     probe_timeout: float
     in_session: bool
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
-        """Work on the open connections before any session opens (`launch --sync`); True when there was some."""
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
+        """Work on the open connections before any session opens (`launch --sync`): when it was done on each node
+        (wall clock, for the run's page), empty when there was none."""
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         """The start request's `gate` part for this host (None: the agent checks nothing before `ready`)."""
@@ -40,14 +41,12 @@ class ConnectionsFirst:
     """A start gate that only works on the open connections (`launch --sync --skip-doctor`): no checks in the
     agents' sessions."""
 
-    before: Callable[[Cluster, dict[str, Node]], None] | None = None
+    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float] | None] | None = None
     probe_timeout: float = 0.0
     in_session: bool = False
 
-    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> bool:
-        if self.before is not None:
-            self.before(cluster, nodes)
-        return self.before is not None
+    def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
+        return dict(self.before(cluster, nodes) or {}) if self.before is not None else {}
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         return None

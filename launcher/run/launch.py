@@ -137,12 +137,12 @@ def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | N
     cluster = plan.cluster
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
     nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
-    names = [c.host.name for c in plan.nodes]
-    journal.phase(names, "connected")
+    for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
+        journal.phase([name], "connected", getattr(nodes.get(name), "connected_at", None))
     try:
         # e.g. --sync; the checks run inside the agents' sessions
-        if wiring.gate is not None and wiring.gate.prepare(cluster, nodes):
-            journal.phase(names, "synced")
+        for name, when in (wiring.gate.prepare(cluster, nodes) if wiring.gate is not None else {}).items():
+            journal.phase([name], "synced", when)
         return run_attached(plan, opts, wiring, nodes, envs, journal=journal)
     finally:
         close_all(nodes.values())

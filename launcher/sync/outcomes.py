@@ -29,6 +29,8 @@ class NodeSync:
     """The nodes this one should have passed the stream on to and could not, and why."""
     relay_failed: str | None = None
     """Why its files came straight from the controller after all: the relay that failed it."""
+    done_at: float = 0.0
+    """When the controller knew it done (wall clock; 0: not known): the run's page's 'sync done'."""
 
 
 def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:

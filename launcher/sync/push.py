@@ -171,7 +171,8 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
             return NodeFailure(node.name, "sync", f"{why}; nothing was changed there" if last else why)
         return NodeSync(node.name, dest, len(todo), int(last.get("bytes", sent)), len(tree.entries) - len(todo),
                         time.monotonic() - begun.t0, via=relayed_from(place),
-                        unreached=tuple((str(u.get("node")), str(u.get("why"))) for u in last.get("unreached") or ()))
+                        unreached=tuple((str(u.get("node")), str(u.get("why"))) for u in last.get("unreached") or ()),
+                        done_at=time.time())
 
     try:
         outcome = _guarded(node, finish)
@@ -336,13 +337,13 @@ def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
 
 
 def before_launch(cluster: Cluster, err: IO[str], stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
-                  outputs: Sequence[Path] = ()) -> Callable[[Cluster, dict[str, Node]], None]:
+                  outputs: Sequence[Path] = ()) -> Callable[[Cluster, dict[str, Node]], dict[str, float]]:
     """What a launch does first on its open connections with --sync (a start gate's `before`): sync the tree, less
     `outputs` (the launcher's own log_dir). It is listed now, before any node is contacted; a node that cannot be
-    synced stops the launch."""
+    synced stops the launch. The step returns when each node's sync was done (wall clock: the run's page)."""
     spec, tree = project_tree(cluster, outputs)
 
-    def step(cluster: Cluster, nodes: dict[str, Node]) -> None:
+    def step(cluster: Cluster, nodes: dict[str, Node]) -> dict[str, float]:
         for line in describe_tree(cluster, tree, spec):
             err.write(line + "\n")
         t0 = time.monotonic()
@@ -353,5 +354,6 @@ def before_launch(cluster: Cluster, err: IO[str], stall_timeout: float = DEFAULT
         failures = [o for o in outcomes.values() if isinstance(o, NodeFailure)]
         if failures:
             raise SyncFailed(failures, "; nothing was started")
+        return {name: o.done_at for name, o in outcomes.items() if isinstance(o, NodeSync) and o.done_at}
 
     return step

@@ -15,6 +15,7 @@ import shlex
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -57,6 +58,8 @@ class Node:
     """The user's connect timeout: it bounds opening a channel and starting its command too."""
     gateways: tuple[Connection, ...] = ()
     """The ProxyJump hops' connections, first hop first (Fabric leaves them open: closed with the node)."""
+    connected_at: float = field(default_factory=time.time)
+    """When the connection was open (wall clock): the run's page's 'SSH connected'."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def open_channel(self, command: str) -> Channel:

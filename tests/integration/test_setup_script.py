@@ -88,3 +88,4 @@ def test_the_readme_set_up_commands_work_with_the_distributions_own_python3(tmp_
     assert len(checksums) == 1 and demo.stdout.count("CHECKSUM rank=") == 4, demo.stdout[-3000:]
     assert "all 2 node(s) exited 0" in demo.stderr + demo.stdout
     wait_for(lambda: pids_mentioning(str(checkout)) == [], 30, "the demo's nodes and run gone")
+    shutil.rmtree(checkout / ".venv")  # 2 GB (torch, transformers): pytest keeps the last three runs' folders
