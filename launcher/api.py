@@ -272,6 +272,19 @@ def doctor(hosts: str | Path, script: str | None = None, *, module: str | None =
 
 
 @_api
+@dataclass(frozen=True)
+class RunPage:
+    """A run's page as `Run.report()` wrote it."""
+
+    path: Path
+    """logs/<run id>/report.html"""
+    headline: str
+    """`command -> first optimizer step on every rank: 41.2 s; the slowest node, ...`, or why there is no figure."""
+    first_step_s: float | None
+    summary: Mapping[str, Any]
+    """What `ddpl report --json` says: the start's phases, the ranks, the marks, each node's end."""
+
+
 def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
     """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
     is running, else its newest, as `ddpl status` and `ddpl stop` choose."""
@@ -319,6 +332,14 @@ class Run:
         return runs.stopped(self.hosts, self.run_id, self.options, _quiet())
 
     @_api
+    def report(self) -> RunPage:
+        """Write the run's page (`logs/<run id>/report.html`, as `ddpl report`) and say where, with its figures."""
+        out = io.StringIO()
+        app.report(self.hosts, self.run_id, self.options, as_json=True, wiring=Wiring(out, io.StringIO()))
+        said = json.loads(out.getvalue())
+        return RunPage(Path(said["page"]), said["headline"], said.get("first_step_s"), said)
+
+    @_api
     def wait(self, timeout: float | None = None, poll_s: float = API_WAIT_POLL_S) -> RunResult:
         """Wait until no node runs it (a `StillRunning` error after `timeout` seconds); how each node's part ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -345,5 +366,5 @@ def _states_result(run_id: str, opts: Options, states: Sequence[NodeState]) -> R
                      f"run {run_id} FAILED: {first.host}: {how}", first.host)
 
 
-__all__ = ["Finding", "NodeResult", "NodeTop", "RankTop", "Report", "Run", "RunResult", "StacksReport",
+__all__ = ["Finding", "NodeResult", "NodeTop", "RankTop", "Report", "Run", "RunPage", "RunResult", "StacksReport",
            "TopSnapshot", "doctor", "launch", "run"]

@@ -183,7 +183,7 @@ def unlock_dest(lock):
 def main():
     request = json.loads(sys.stdin.readline())
     dest = os.path.abspath(os.path.expanduser(request["dest"]))
-    made, lock, ok, relay = [], None, False, {}
+    made, lock, ok, relay, error = [], None, False, {}, None
     try:
         use_timing(request, SYNC_TIMING)
         refuse_home(dest, request)
@@ -197,14 +197,11 @@ def main():
             count, total = receive(dest, request["token"], sys.stdin.buffer)
         ok = True
     except Refused as exc:
-        reply({"error": str(exc)})
-        sys.exit(1)
+        error = str(exc)
     except OSError as exc:
-        reply({"error": os_sentence(exc, dest)})
-        sys.exit(1)
+        error = os_sentence(exc, dest)
     except Exception as exc:
-        reply({"error": f"{type(exc).__name__}: {exc}"})
-        sys.exit(1)
+        error = f"{type(exc).__name__}: {exc}"
     finally:
         if lock is not None:
             unlock_dest(lock)
@@ -212,6 +209,9 @@ def main():
             for path in reversed(made):  # the destination this failed sync made, if nothing else went in since
                 with contextlib.suppress(OSError):
                     os.rmdir(path)
+    if error is not None:  # said after the clean-up: told, the controller may close the connection, and us, at once
+        reply({"error": error})
+        sys.exit(1)
     reply({"ok": True, "entries": count, "bytes": total, **relay})
 
 
