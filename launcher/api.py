@@ -146,6 +146,19 @@ class TopSnapshot:
         return cls(data["run"], nodes, tuple(_pick(RankTop, {**r, "data": r}) for r in data.get("ranks", [])))
 
 
+@dataclass(frozen=True)
+class RunPage:
+    """A run's page as `Run.report()` wrote it."""
+
+    path: Path
+    """logs/<run id>/report.html"""
+    headline: str
+    """`command -> first optimizer step on every rank: 41.2 s; the slowest node, ...`, or why there is no figure."""
+    first_step_s: float | None
+    summary: Mapping[str, Any]
+    """What `ddpl report --json` says: the start's phases, the ranks, the marks, each node's end."""
+
+
 T = TypeVar("T")
 
 
@@ -272,19 +285,6 @@ def doctor(hosts: str | Path, script: str | None = None, *, module: str | None =
 
 
 @_api
-@dataclass(frozen=True)
-class RunPage:
-    """A run's page as `Run.report()` wrote it."""
-
-    path: Path
-    """logs/<run id>/report.html"""
-    headline: str
-    """`command -> first optimizer step on every rank: 41.2 s; the slowest node, ...`, or why there is no figure."""
-    first_step_s: float | None
-    summary: Mapping[str, Any]
-    """What `ddpl report --json` says: the start's phases, the ranks, the marks, each node's end."""
-
-
 def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
     """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
     is running, else its newest, as `ddpl status` and `ddpl stop` choose."""

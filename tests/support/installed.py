@@ -122,7 +122,8 @@ report["top_ranks"] = sorted(r.rank for r in snap.ranks)
 report["stop"] = [s.state for s in run.stop()]
 report["wait"] = [n.state for n in run.wait(timeout=60).nodes]
 page = run.report()  # without matplotlib in this venv: the page of tables
-report["page"] = [page.path.name, page.path.is_file(), bool(page.headline), page.summary["run"] == run.run_id]
+report["page"] = [isinstance(page, api.RunPage), page.path.name, page.path.is_file(), bool(page.headline),
+                  page.summary["run"] == run.run_id]
 report["clean_at_end"] = settled(before) is True
 print(json.dumps(report))
 """
