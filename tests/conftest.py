@@ -31,8 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # each child at exec, as a terminal's job would have it.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    # The run's page after an attached launch is a process of its own (matplotlib, a second or two of CPU): off for
-    # every launch a test starts, whichever way it starts it, unless the test turns it on (test_report.py).
+    # The run's page after an attached launch is a process of its own (matplotlib, a second or two of CPU, loading
+    # the next test's 2 CPUs): off for every launch a test starts, whichever way, unless it turns it on (test_report).
     os.environ.update(PAGE_OFF)
 
 

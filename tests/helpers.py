@@ -17,14 +17,15 @@ from devtools.sandbox import node_cache
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 PAGE_OFF = {"INVOKE_LAUNCHER_PAGE": "0"}
-"""The run's page written by no process of its own after a launch (Invoke reads "0" as false)."""
+"""The run's page written by no process of its own after a launch (Invoke reads "0" as false): tests/conftest.py
+puts it in the test process's environment, so every launch a test starts, whichever way, inherits it."""
 
 
 def inv(*args: str, log_dir: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None,
         **popen: object) -> subprocess.CompletedProcess[str]:
-    """Run `inv ARGS` from the repo root, as a user would, and capture its output. The run's page is off (its process
-    after a launch would load the next test's 2 CPUs) unless `env` turns it on (tests/integration/test_report.py)."""
-    full_env = {**PAGE_OFF, **os.environ, **(env or {})}
+    """Run `inv ARGS` from the repo root, as a user would, and capture its output. The run's page is off (PAGE_OFF)
+    unless `env` turns it on (tests/integration/test_report.py)."""
+    full_env = {**os.environ, **(env or {})}
     if log_dir is not None:
         full_env["INVOKE_LAUNCHER_LOG_DIR"] = str(log_dir)
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=full_env, capture_output=True,
@@ -33,7 +34,7 @@ def inv(*args: str, log_dir: Path | None = None, timeout: float = 180, env: dict
 
 def inv_background(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[bytes]:
     """Start `inv ARGS` in its own process group (so a test can signal it like a terminal would)."""
-    env = {**PAGE_OFF, **os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(log_dir)}
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(log_dir)}
     with open(out, "wb") as sink:
         return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)

@@ -265,7 +265,7 @@ class DoctorGate:
     """The checks run in the agents' start sessions (`launcher.run.gate.StartGate`)."""
     ssh: SshSettings = DEFAULT_SSH
     """For the standalone form only: how the SSH connections it opens are made (the launch has its own)."""
-    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float] | None] | None = None
+    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float]] | None = None
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
@@ -287,7 +287,7 @@ class DoctorGate:
 
     def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
         """Before the agents' sessions open: `before`, if any (when it was done on each node)."""
-        return dict(self.before(cluster, nodes) or {}) if self.before is not None else {}
+        return self.before(cluster, nodes) if self.before is not None else {}
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
         return session_section(cluster, host, run_id, self.probe_timeout)

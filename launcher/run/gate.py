@@ -41,12 +41,12 @@ class ConnectionsFirst:
     """A start gate that only works on the open connections (`launch --sync --skip-doctor`): no checks in the
     agents' sessions."""
 
-    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float] | None] | None = None
+    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float]] | None = None
     probe_timeout: float = 0.0
     in_session: bool = False
 
     def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
-        return dict(self.before(cluster, nodes) or {}) if self.before is not None else {}
+        return self.before(cluster, nodes) if self.before is not None else {}
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         return None

@@ -138,7 +138,7 @@ def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | N
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
     nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
     for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
-        journal.phase([name], "connected", getattr(nodes.get(name), "connected_at", None))
+        journal.phase([name], "connected", nodes[name].connected_at)
     try:
         # e.g. --sync; the checks run inside the agents' sessions
         for name, when in (wiring.gate.prepare(cluster, nodes) if wiring.gate is not None else {}).items():

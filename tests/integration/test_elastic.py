@@ -23,7 +23,7 @@ import pytest
 from devtools import sandbox
 from devtools.observe import children, free_port, pids_with_env, process_name, sshd_family
 from tests._train_helpers import assert_replicas_in_sync
-from tests.helpers import PAGE_OFF, REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
+from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ SAVED = re.compile(r"checkpoint saved \S+ step (\d+)")
 
 
 def launch_background(inventory: Path, args: str, logs: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**PAGE_OFF, **os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}
     with open(out, "wb") as sink:
         return subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), "--script",
                                  "train/ddp.py", "--args", args, *extra], cwd=REPO, env=env, stdout=sink,

@@ -22,7 +22,7 @@ from launcher.limits import SYNC_TIMING
 from launcher.sync.push import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests._train_helpers import assert_replicas_in_sync
-from tests.helpers import PAGE_OFF, REPO, edit_inventory, run_id_of
+from tests.helpers import REPO, edit_inventory, run_id_of
 from tests.support.nodeenv import node_python
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
 from tests.support.syncrun import END, frame, syncd
@@ -82,7 +82,7 @@ def own_workdirs(box: sandbox.Sandbox, root: Path, **top: object) -> list[Path]:
 def inv_in(cwd: Path, *args: str, log_dir: Path | None = None, timeout: float = 180
            ) -> subprocess.CompletedProcess[str]:
     """`inv ARGS` with this repo's tasks, run from `cwd` (the tree `inv sync` sends by default)."""
-    env = {**PAGE_OFF, **os.environ, **({"INVOKE_LAUNCHER_LOG_DIR": str(log_dir)} if log_dir else {})}
+    env = {**os.environ, **({"INVOKE_LAUNCHER_LOG_DIR": str(log_dir)} if log_dir else {})}
     return subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
