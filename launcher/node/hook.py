@@ -10,10 +10,11 @@ is this file's source (launcher/node/stacks.py `install_hook`); imported under i
   pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
   every flush interval (a step or a batch after it writes); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
-- Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done, the
-  process group ready (`init_process_group` returned), the first batch and the first optimizer step, each a line
-  `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (five writes in a process's life; a step or a
-  batch pays one comparison: the run's page draws its start from them). A forked child records none.
+- Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done,
+  `init_process_group` called (the rendezvous begins) and returned (the process group ready), the first batch and the
+  first optimizer step, each a line `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (six writes in a
+  process's life; a step or a batch pays one comparison: the run's page draws its start from them). A forked child
+  records none.
 - Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
   into `collectives/<pid>` (launcher/node/collectives.py).
 
@@ -31,8 +32,9 @@ PROGRESS_ENV = "DDP_LAUNCHER_PROGRESS"
 """What the progress part reads: `<folder>:<record bytes>:<flush seconds>`."""
 PROGRESS_DIR = "progress"
 PHASES_DIR = "phases"
-PHASES = (b"hook", b"torch", b"pg", b"batch", b"step")
-"""A rank's start, in order: the hook ran, torch imported, process group ready, first batch, first optimizer step."""
+PHASES = (b"hook", b"torch", b"rdzv", b"pg", b"batch", b"step")
+"""A rank's start, in order: the hook ran, torch imported, init_process_group called (the script's own setup done:
+a trainer's imports, the model), process group ready (the rendezvous over), first batch, first optimizer step."""
 COLLECTIVES_ENV, COLLECTIVES_MODULE = "DDP_LAUNCHER_COLLECTIVES", "_ddp_launcher_collectives"
 """The collectives' thread: its setting (`<folder>:<status s>:<arrival s>:<kept per group>:<cost factor>`), its
 module's name in the hook's folder (launcher/node/collectives.py, copied there beside this file)."""
@@ -66,7 +68,7 @@ class Recorder:
         self.reset()
 
     def phase(self, name):
-        """Append `name`'s line to this process's phases file, once: a few microseconds, five times a life."""
+        """Append `name`'s line to this process's phases file, once: a few microseconds, six times a life."""
         if name in self.phased:
             return
         self.phased.add(name)
@@ -194,11 +196,14 @@ def wrap_next(recorder, original):
 
 
 def wrap_init(recorder, original):
-    """init_process_group, noting when it returned: the rendezvous is over, the process group ready."""
+    """init_process_group, noting when it was called (the rendezvous begins: Lightning and the HF Trainer call it
+    seconds after `import torch`, once their imports and the model are done) and when it returned (the process group
+    is ready)."""
     import functools
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
+        recorder.phase(b"rdzv")
         result = original(*args, **kwargs)
         recorder.phase(b"pg")
         return result

@@ -19,6 +19,7 @@ from launcher.report.pageseries import Timeline, timeline
 PHASES = (("connected", "SSH connected", "connecting"), ("synced", "sync done", "the sync"),
           ("ready", "checks done", "the checks"), ("torchrun", "torchrun started", "waiting for every node"),
           ("hook", "workers started", "starting the workers"), ("torch", "import torch done", "the imports"),
+          ("rdzv", "init_process_group called", "the script's own setup"),
           ("pg", "process group ready", "the rendezvous"), ("batch", "first batch", "the first batch"),
           ("step", "first optimizer step", "the first step"))
 """(name, what the page calls the moment, what it calls the time before it), in the order a start goes through them:
@@ -262,7 +263,7 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
     # Every node leaves the rendezvous together: of those that stepped last, the one that came to it last held the
     # others up (they spent that time in the rendezvous, waiting for it).
     late = [b for b in bars if (b.at("step") or 0.0) >= first - RANK_SPREAD_S] or bars
-    last = max(late, key=lambda b: (b.at("torch") or b.at("hook") or 0.0, b.at("step") or 0.0))
+    last = max(late, key=lambda b: (b.at("rdzv") or b.at("torch") or b.at("hook") or 0.0, b.at("step") or 0.0))
     longest = last.longest()
     if longest is None:
         return first, None, f"command -> first optimizer step on every rank: {first:.1f} s"

@@ -37,6 +37,12 @@ if ! $PY -c "import fabric" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
+if ! $PY -c "import matplotlib" 2>/dev/null && ls .dev/whl-report/*.whl >/dev/null 2>&1; then  # the page's extra
+    $PY -m pip install -q --no-index --no-compile --no-cache-dir --target /tmp/site-report --find-links .dev/whl-report \
+        matplotlib || echo "matplotlib did not install: the page has tables"
+    $PY -c "import numpy" 2>/dev/null && rm -rf /tmp/site-report/numpy /tmp/site-report/numpy-* /tmp/site-report/numpy.libs
+    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site-report
+fi
 $PY -c "import fabric, invoke, paramiko, rich, yaml, pathspec, dotenv; print('controller imports ok', paramiko.__version__)"
 
 step sandbox up
@@ -94,6 +100,13 @@ data["defaults"]["env"] = dict(arg.split("=", 1) for arg in sys.argv[1:])
 yaml.safe_dump(data, open(path, "w"), sort_keys=False)
 PYEOF
 }
+savepage() {  # the newest run's page and its `inv report --json` into $OUT/$1.html and $1.json (issue #49)
+    local run; run=$(ls -t logs | head -1)
+    timeout 60 $INV report --hosts $H --run "$run" --json >"$OUT/$1.json"; echo "report rc=$?"
+    cp "logs/$run/report.html" "$OUT/$1.html"
+    $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['headline']); print(d['marks']); print(d['root_cause'])" \
+        "$OUT/$1.json" 2>&1 | cut -c1-800
+}
 topjson() {  # `inv top --once --json` into $OUT/$1, and a summary of its verdicts
     timeout 60 $INV top --hosts $H --once --json >"$OUT/$1"; echo "top rc=$?"
     $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print({k: r.get(k) for k in ('rank','straggler','straggler_by','behind','lost_s_per_step','collectives_source')}) for r in d.get('ranks', [])]; print({k: d.get(k) for k in d if k != 'ranks'})" "$OUT/$1" 2>&1 | cut -c1-400
@@ -103,7 +116,7 @@ if want lhang; then
     setenv BORING_GPU=1 BORING_STUCK_RANK=1 BORING_STUCK_STEP=20 BORING_STEPS=100000
     date +%T.%N
     timeout 200 $INV launch --hosts $H --script tests/scripts/lightning_boring.py --hang-timeout 15 --skip-doctor
-    echo "rc=$?"; date +%T.%N; keep
+    echo "rc=$?"; date +%T.%N; savepage lhang-page; keep
 fi
 if want slow; then
     step "plain DDP on GPU, rank 1 0.1 s slower a step (lines every 50 steps): straggler rank 1; each rank's in-process recorder dumps at step 3 into OUT/fr"
@@ -125,14 +138,22 @@ fi
 if want hfslow; then
     step "HF Trainer on GPU, rank 1 0.15 s slower a step: top flags rank 1 by arrival, never rank 0"
     setenv HF_GPU=1 HF_SLOW_RANK=1 HF_SLOW_S=0.15 HF_STEPS=250
-    (timeout 200 $INV launch --hosts $H --script tests/scripts/hf_trainer.py --skip-doctor; echo "launch rc=$?") &
-    job=$!; sleep 30; topjson hf_top.json; timeout 60 $INV top --hosts $H --once; wait $job; keep
+    (INVOKE_LAUNCHER_STRAGGLER_HOLD=10 timeout 200 $INV launch --hosts $H --script tests/scripts/hf_trainer.py \
+        --skip-doctor; echo "launch rc=$?") &
+    job=$!; sleep 30; topjson hf_top.json; timeout 60 $INV top --hosts $H --once; wait $job; savepage hfslow-page; keep
 fi
 if want save; then
     step "rank 0 busy 60 s (a checkpoint) while rank 1 waits in loss.item(): not a hang (--hang-timeout 15)"
     setenv
     timeout 150 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "save 200" --hang-timeout 15 --skip-doctor
     echo "rc=$?"; keep
+fi
+if want page; then
+    step "the run's page of a GPU run (issue #49): GPU use and memory per GPU on its timeline, rank 1 the slow one"
+    setenv
+    $PY -c "import matplotlib; print('matplotlib', matplotlib.__version__)" || echo "no matplotlib: the page has tables"
+    timeout 150 $INV launch --hosts $H --script tests/gpu/gpu_hang.py --args "slow 120" --skip-doctor; echo "rc=$?"
+    savepage page; keep
 fi
 if want net; then
     step doctor --net

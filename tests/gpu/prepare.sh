@@ -15,5 +15,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_34_x86_64 -d .dev/whl fabric invoke==2.2.1 paramiko cryptography cffi pycparser bcrypt \
     pynacl decorator deprecated==1.3.1 python-dotenv pathspec
+# the page's extra (matplotlib and what it needs; numpy too, for an image without it: pip takes the image's own first)
+rm -rf .dev/whl-report && mkdir -p .dev/whl-report
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_34_x86_64 -d .dev/whl-report "matplotlib>=3.5"
 cp tests/gpu/device_check.sh tests/gpu/gpu_hang.py .dev/
 echo "ready: run(command='PYTHONUNBUFFERED=1 bash .dev/device_check.sh all', carry=['.dev'], timeout_s=540)"

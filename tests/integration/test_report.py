@@ -23,7 +23,7 @@ ORDER = [p[0] for p in PHASES]
 PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}  # tests/helpers.py turns it off for every other test
 CHROMIUM_OWN = ("google.com", "googleapis.com", "gvt1.com")
 """Where Debian's chromium asks by itself (updates, its clock, accounts), whatever page it shows."""
-WORKER_PHASES = ["hook", "torch", "pg", "batch", "step"]
+WORKER_PHASES = ["hook", "torch", "rdzv", "pg", "batch", "step"]
 
 
 def _page(logs: Path, run_id: str) -> Path:

@@ -157,7 +157,8 @@ def test_a_rank_notes_its_start_once_a_phase_in_order_with_its_rank_and_restart(
     ''')
     seen, folder = run_job(tmp_path, before=before)
     lines = [line.split() for line in (folder.parent / hook.PHASES_DIR / str(seen["pid"])).read_text().splitlines()]
-    assert [line[0] for line in lines] == ["hook", "torch", "pg", "batch", "step"]  # each once: 5 steps, 5 batches
+    # each once: 5 steps, 5 batches
+    assert [line[0] for line in lines] == ["hook", "torch", "rdzv", "pg", "batch", "step"]
     times = [float(line[1]) for line in lines]
     assert times == sorted(times) and times[-1] - times[0] < 30
     assert {tuple(line[2:]) for line in lines} == {("0", "0", "0")}  # rank, local rank, restart

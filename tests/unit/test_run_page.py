@@ -5,7 +5,9 @@ failing rank's exception, and a page of 256 nodes that stays readable and under 
 from __future__ import annotations
 
 import html
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +170,54 @@ def test_a_page_is_due_once_the_run_is_over_on_every_node_that_had_it_and_has_no
     (tmp_path / RUN).mkdir()
     (tmp_path / RUN / PAGE_FILE).write_text("<html>")
     assert not page_due(opts, RUN, ["exited"])
+
+
+def recorded(name: str) -> tuple[dict, dict]:
+    """A real run's journal and each node's `report` answer (tests/data/pages/<name>: from the H200 device check of
+    2026-11-28, tests/gpu/device_check.sh: two sandbox nodes sharing GPU 0 over NCCL)."""
+    folder = Path(__file__).parent.parent / "data" / "pages" / name
+    return (json.loads((folder / "journal.json").read_text()), json.loads((folder / "answers.json").read_text()))
+
+
+def test_a_lightning_hang_on_an_h200_has_its_gpu_lines_the_hang_mark_and_the_waiting_rank_spinning() -> None:
+    found_journal, found = recorded("h200-lightning-hang")
+    page = build_page(found_journal["run_id"], found_journal, found, "logs/x/")
+    assert page.first_step_s == pytest.approx(23.0)
+    hang = next(m for m in page.marks if m.kind == "hang")
+    assert hang.t == pytest.approx(44.5, abs=0.1) and "rank 1 never entered all_reduce #58" in hang.text
+    assert {e.node: (e.state, e.exit_code) for e in page.exits} == {"node-0": ("stopped", 137),
+                                                                   "node-1": ("stopped", 137)}
+    for node in page.timeline.nodes:
+        ((index, _, util, used),) = node.gpus  # GPU 0 of each node (one GPU, shared by the two nodes' ranks)
+        assert index == 0 and max(u for u in util if u is not None) == 100
+        assert 2.0 < max(u for u in used if u is not None) < 3.0  # GiB
+    # rank 1 sleeps in its training_step; rank 0 waits for it in a CUDA sync, and that wait is a spinning CPU
+    waiting, stuck = page.timeline.nodes
+    assert waiting.cpu_percent[-3] > 150 and stuck.cpu_percent[-3] < 20
+    text = render(page)
+    assert "GPU use" in text and "node-1 gpu0" in text and "rank 1 never entered all_reduce #58" in text
+
+
+def test_hf_trainers_slow_rank_on_an_h200_steps_at_the_others_rate_and_is_marked_by_its_arrival() -> None:
+    found_journal, found = recorded("h200-hf-slow")
+    page = build_page(found_journal["run_id"], found_journal, found, "logs/x/")
+    straggler = next(m for m in page.marks if m.kind == "straggler")
+    assert straggler.node == "node-1" and "r1 enters the collectives last" in straggler.text
+    rates = [r.mean_rate() or 0.0 for r in page.timeline.ranks]
+    assert rates[0] == pytest.approx(rates[1], rel=0.05)  # lockstep: the rates cannot tell who is behind
+    assert not page.timeline.slowest()
+    assert page.root_cause == "" and {e.exit_code for e in page.exits} == {0}
+
+
+def test_a_long_setup_before_init_process_group_is_the_scripts_own_not_the_rendezvous() -> None:
+    found = answers(2)
+    for answer in found.values():  # a trainer's imports and model: 15 s between import torch and the rendezvous
+        for pid, lines in answer["phases"].items():
+            words = {line.split()[0]: line.split() for line in lines}
+            pg = float(words["pg"][1])
+            words["rdzv"] = ["rdzv", f"{pg - 0.5:.3f}", *words["pg"][2:]]
+            answer["phases"][pid] = [" ".join(w) for w in words.values()]
+    page = build_page(RUN, journal(2), found, "logs/x/")
+    assert page.slowest is not None and page.slowest[1] == "the script's own setup", page.headline
+    assert all(b.at("torch") < b.at("rdzv") < b.at("pg") for b in page.bars)
+    assert "until init_process_group called" in render(page)
