@@ -251,11 +251,12 @@ def stacks(c, hosts=None, run=None, job=None):
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
-            "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)"})
+            "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)",
+            "job": "a running SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
 @_reported
-def report(c, hosts=None, run=None, json=False):
+def report(c, hosts=None, run=None, json=False, job=None):
     """Write the run's page, logs/<run id>/report.html: its start as a waterfall, its timeline, its end."""
-    return app.report(_hosts(c, hosts), run, _options(c), as_json=json)
+    return app.report(_hosts(c, hosts), run, _options(c), as_json=json, job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",

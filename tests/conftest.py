@@ -95,12 +95,13 @@ def hostfile(tmp_path: Path) -> Path:
     return path
 
 
-HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_slurm.py", "test_supervision.py", "test_progress.py",
-                  "test_elastic.py", "test_launch.py", "test_lifecycle.py", "test_installed.py", "test_train.py",
-                  "test_report.py", "test_setup_script.py", "test_top.py")
+HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_slurm.py", "test_progress.py", "test_elastic.py",
+                  "test_report.py", "test_installed.py", "test_lifecycle.py", "test_launch.py", "test_supervision.py",
+                  "test_setup_script.py", "test_top.py", "test_train.py")
 """The files that take longest (real trainers, hang timeouts, a SLURM cluster, a venv made from scratch), measured
 with --durations: run first, so that with the suite spread over workers (pytest-xdist, --dist loadfile) none of them
-is left to run alone at the end."""
+is left to run alone at the end. xdist would reorder files by their count of tests (its default `--loadscope-reorder`
+put the one-test venv file last, alone for its 50 s): pyproject's addopts turn that off."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,16 +1,16 @@
 """The application layer: what each task does, between parsing its options (launcher/tasks.py, `ddpl` and `inv`)
 or a call of the Python API (launcher/api.py) and the core modules (load, plan, run, render), split by what the user
-asks: launching (launching.py: launch, sync), the commands on a run (runs.py: status, stop, logs, stacks, top, one
-shared opening), the doctor (checks.py), SLURM (slurm.py: --slurm, --job, slurm.submit) and a new cluster
-(newcluster.py: init), the run's page (pages.py: report). Every task comes through here; nothing below imports it."""
+asks: launching (launching.py: launch, sync), the commands on a run (runs.py: status, stop, logs, stacks, top,
+report, one shared opening), the doctor (checks.py), SLURM (slurm.py: --slurm, --job, slurm.submit), a new cluster
+(newcluster.py: init) and the run's page (pages.py: gathered, built and written). Every task comes through here;
+nothing below imports it."""
 
 from launcher.app.checks import doctor, doctor_report
 from launcher.app.hosts import Hosts, load_inventory
 from launcher.app.job import JobWords
 from launcher.app.launching import launch, sync
 from launcher.app.newcluster import init, init_example
-from launcher.app.pages import report
-from launcher.app.runs import logs, stacks, status, stop, top
+from launcher.app.runs import logs, report, stacks, status, stop, top
 from launcher.app.slurm import submit as slurm_submit
 from launcher.errors import LauncherError
 

@@ -4,7 +4,8 @@ own journal read from `logs/<run id>/`, the page built (launcher.report.pagedata
 `report.html` (launcher.report.page).
 
 After an attached launch, and at a detached run's first `status` or `logs` after its end, the page is written by a
-process of its own (`page_later`): the command returns as it would without it.
+process of its own (`page_later`): the command returns as it would without it. An attached `launch --slurm` writes
+it before it returns (`page_now`): in a batch job, the job and every process it left end with the command.
 """
 
 from __future__ import annotations
@@ -15,37 +16,22 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher.app.hosts import Hosts, load_inventory
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import REPORT_BACKGROUND_TIMEOUT_S, REPORT_LOG_TAIL_BYTES, REPORT_SERIES_BYTES
 from launcher.options import Options
 from launcher.report.pagedata import Page, build_page
 from launcher.run.journal import read_journal
-from launcher.run.launch import agent_action, check_run_id
+from launcher.run.launch import agent_action, reached
 from launcher.run.wiring import Wiring
-from launcher.transport.sessions import close_all, connect_all
-from launcher.transport.settings import SshSettings
 
 PAGE_FILE = "report.html"
 ENDED = ("exited", "stopped", "lost")
 """A node's states once its part of the run is over (`none`: it never had one)."""
-
-
-def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
-           wiring: Wiring | None = None) -> int:
-    """Write the run's page (the newest run of the inventory by default) and say where, with its headline."""
-    check_run_id(run_id)
-    opts, wiring = opts or Options(), wiring or Wiring()
-    path, page = write_page(load_inventory(hosts), run_id, opts, wiring.err)
-    if as_json:
-        wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
-    else:
-        wiring.out.write(f"{page.headline}\npage: {path}\n")
-    return 0
 
 
 def report_request(run_id: str) -> dict[str, Any]:
@@ -54,21 +40,20 @@ def report_request(run_id: str) -> dict[str, Any]:
             "series_bytes": REPORT_SERIES_BYTES}
 
 
-def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any) -> tuple[Path, Page]:
-    """Ask every node, build the page, write it; (its path, the page)."""
+def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
+               given: Mapping[str, Any] | None = None) -> tuple[Path, Page]:
+    """Ask every node, build the page, write it; (its path, the page). `given`: the nodes as a SLURM job's steps reach
+    them (`launcher.slurm.launch.SlurmNode`), else each over SSH."""
     from launcher.report.page import render
     from launcher.run.control import chosen_run
 
-    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
-    try:
+    with reached(cluster, opts, given) as (nodes, failures):
         run_id = run_id or chosen_run(cluster, nodes, opts, err)
         if run_id is None:
             raise LauncherError(f"no run on the nodes of {cluster.source} to write a page of")
         asked = time.time()
         results: dict[str, Any] = agent_action(nodes, cluster, report_request(run_id), opts.action_timeout)
         answered = time.time()
-    finally:
-        close_all(nodes.values())
     results.update({f.host: f for f in failures})
     answers, offsets = {}, {}
     for host in cluster.hosts:
@@ -143,6 +128,23 @@ def later() -> None:
                 write_page(cluster, run_id, opts, quiet)
             except Exception as exc:
                 if run_id is not None:
-                    folder = opts.log_dir / run_id
-                    folder.mkdir(parents=True, exist_ok=True)
-                    (folder / "report.err").write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")
+                    _why(opts, run_id, exc)
+
+
+def page_now(cluster: Cluster, run_id: str, opts: Options, given: Mapping[str, Any]) -> None:
+    """An attached `launch --slurm`'s page, before the command returns (in a batch job the job ends with it, and a
+    process left to write the page would end with the job): one short step a node; what stopped it goes into
+    `logs/<run id>/report.err`, as `page_later`'s."""
+    if not opts.page:
+        return
+    try:
+        with open(os.devnull, "w") as quiet:
+            write_page(cluster, run_id, opts, quiet, given)
+    except Exception as exc:
+        _why(opts, run_id, exc)
+
+
+def _why(opts: Options, run_id: str, exc: Exception) -> None:
+    folder = opts.log_dir / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.err").write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The commands on a run (status, stop, logs, stacks, top), from the CLI and the Python API alike: one opening
+"""The commands on a run (status, stop, logs, stacks, top, report), from the CLI and the Python API alike: one opening
 (`_opening`: the run id checked before any node is contacted, the settings, the output), then the action on the
 inventory's nodes or, with `job`, a SLURM job's. What the API returns as data (`states`, `stopped`, `stacks_of`)
 is what the CLI's forms render."""
@@ -170,3 +170,25 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
         cluster, nodes = on_slurm.job_nodes(job, cluster, opts)
         return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json, nodes=nodes)
     return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json)
+
+
+def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
+           wiring: Wiring | None = None, job: str | None = None) -> int:
+    """Write the run's page (the newest run of the inventory by default) and say where, with its headline; with
+    `job`, of the run inside that running SLURM batch job, through the job's own steps."""
+    import json
+
+    from launcher.app.pages import write_page
+
+    opts, wiring = _opening(run_id, opts, wiring)
+    cluster, given = load_inventory(hosts), None
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        cluster, given = on_slurm.job_nodes(job, cluster, opts)
+    path, page = write_page(cluster, run_id, opts, wiring.err, given)
+    if as_json:
+        wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
+    else:
+        wiring.out.write(f"{page.headline}\npage: {path}\n")
+    return 0

@@ -45,7 +45,13 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         return 0
     if doctor and wiring.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
         wiring = replace(wiring, gate=replace(doctor_gate(opts, wiring.err), full_report=False))
-    return slurm_launch.launch_step(plan, opts, wiring)
+    try:
+        return slurm_launch.launch_step(plan, opts, wiring)
+    finally:
+        from launcher.app.pages import page_now
+
+        page_now(plan.cluster, plan.run_id, opts,
+                 {c.host.name: slurm_launch.SlurmNode(c.host.name, dict(os.environ)) for c in plan.nodes})
 
 
 def _slurm_log_dir(opts: Options) -> Path:

@@ -24,12 +24,15 @@ CHECKSUM = re.compile(r"^node-(\d) r(\d)\s+\| CHECKSUM rank=(\d) sha256=([0-9a-f
 STEPS_MARK = "steps left:"
 
 
-def _env(box: Sandbox, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, **slurm_env(box.state_dir), "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs")}
+PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}  # tests/conftest.py turns the run's page off for every other test
 
 
-def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2,
-                  timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _env(box: Sandbox, tmp_path: Path, **more: str) -> dict[str, str]:
+    return {**os.environ, **slurm_env(box.state_dir), "INVOKE_LAUNCHER_LOG_DIR": str(tmp_path / "logs"), **more}
+
+
+def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2, timeout: float = 180,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`salloc -N 2 inv launch --slurm ...` as a user types it; then, still inside the allocation, the steps that
     are left (none may be: a launch ends its step whatever happened)."""
     launch = " ".join([sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(box.inventory), *args])
@@ -38,8 +41,8 @@ def salloc_launch(box: Sandbox, tmp_path: Path, *args: str, nodes: int = 2,
     steps = "squeue --steps --noheader -j $SLURM_JOB_ID"
     script = (f'{launch}; code=$?; for i in $(seq 50); do [ -z "$({steps})" ] && break; sleep 0.2; done; '
               f'echo "{STEPS_MARK} $({steps})"; exit $code')
-    return subprocess.run(["salloc", "-N", str(nodes), "sh", "-c", script], cwd=REPO, env=_env(box, tmp_path),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["salloc", "-N", str(nodes), "sh", "-c", script], cwd=REPO,
+                          env=_env(box, tmp_path, **(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
 def _steps_left(result: subprocess.CompletedProcess[str]) -> str:
@@ -53,7 +56,7 @@ def slurm_box(make_sandbox) -> Sandbox:
 
 
 def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox, tmp_path: Path) -> None:
-    result = salloc_launch(slurm_box, tmp_path, "--args", "'--epochs 1'")
+    result = salloc_launch(slurm_box, tmp_path, "--args", "'--epochs 1'", env=PAGE_ON)
     assert result.returncode == 0, result.stdout + result.stderr
     sums = CHECKSUM.findall(result.stdout)
     assert sorted((int(node), int(rank)) for node, rank, _, _ in sums) == [(0, 0), (0, 1), (1, 2), (1, 3)]
@@ -62,7 +65,12 @@ def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox
     assert "all 2 node(s) exited 0" in result.stderr
     assert [len(list(node_runs(slurm_box, i).iterdir())) for i in (0, 1)] == [1, 1]  # each node's own run dir
     assert _steps_left(result) == ""
-    assert run_processes(run_id_of(result.stderr)) == []
+    run_id = run_id_of(result.stderr)
+    assert run_processes(run_id) == []
+    # the run's page, written before the launch returned (a batch job ends with it): every node's start, by steps
+    page = (tmp_path / "logs" / run_id / "report.html").read_text()
+    assert "command -&gt; first optimizer step on every rank: " in page, page[:2000]
+    assert page.count("<td>node-0</td>") >= 2 and page.count("<td>node-1</td>") >= 2  # its start and its end
 
 
 def test_a_node_that_cannot_resolve_the_master_starts_nothing(make_sandbox, tmp_path: Path) -> None:
@@ -116,8 +124,9 @@ def _children_named(pid: int, word: str) -> list[int]:
     return [int(p) for p in found.stdout.split()]
 
 
-def _inv(box: Sandbox, tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=_env(box, tmp_path),
+def _inv(box: Sandbox, tmp_path: Path, *args: str, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=_env(box, tmp_path, **(env or {})),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -130,7 +139,7 @@ def _submitted(result: subprocess.CompletedProcess[str]) -> str:
 def test_a_submitted_job_runs_to_its_end_and_inv_logs_shows_its_prefixed_output(slurm_box: Sandbox,
                                                                                  tmp_path: Path) -> None:
     submitted = _inv(slurm_box, tmp_path, "slurm.submit", "--hosts", str(slurm_box.inventory), "--nodes", "2",
-                     "--time", "10", "--args", "--epochs 1")
+                     "--time", "10", "--args", "--epochs 1", env=PAGE_ON)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job = _submitted(submitted)
     wait_for(lambda: "state: PENDING" not in _inv(slurm_box, tmp_path, "status", "--job", job).stdout
@@ -146,6 +155,8 @@ def test_a_submitted_job_runs_to_its_end_and_inv_logs_shows_its_prefixed_output(
     assert len({digest for *_, digest in sums}) == 1
     assert "checked 9 things on 2 node(s)" in logs.stdout  # the doctor ran inside the job, before torchrun
     assert "all 2 node(s) exited 0" in logs.stdout
+    page = tmp_path / "logs" / run_id_of(logs.stdout) / "report.html"  # written inside the job, before its end
+    assert "command -&gt; first optimizer step on every rank: " in page.read_text()
 
 
 def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(slurm_box: Sandbox, tmp_path: Path) -> None:
@@ -192,6 +203,11 @@ def test_inv_stacks_on_a_submitted_job_names_the_odd_rank_and_the_job_goes_on(ma
         run_id = run_id_of(output.read_text())
         assert len(list((tmp_path / "logs" / run_id).glob("stacks-*/node-*-r*.txt"))) == 4
         assert "state: RUNNING" in _inv(box, tmp_path, "status", "--job", job).stdout  # it goes on
+        report = _inv(box, tmp_path, "report", "--hosts", str(box.inventory), "--job", job, "--json")
+        assert report.returncode == 0, report.stdout + report.stderr
+        summary = json.loads(report.stdout)
+        assert summary["run"] == run_id and summary["page"] == str(tmp_path / "logs" / run_id / "report.html")
+        assert {n: s["state"] for n, s in summary["nodes"].items()} == {"node-0": "running", "node-1": "running"}
         assert len(run_processes(run_id)) >= 6
     finally:
         _inv(box, tmp_path, "stop", "--job", job)
