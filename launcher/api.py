@@ -41,8 +41,8 @@ from launcher.limits import API_WAIT_POLL_S
 from launcher.options import Options, from_config
 from launcher.paths import API, called_as
 from launcher.plan.launch import new_run_id
+from launcher.run.actions import check_run_id
 from launcher.run.control import NodeState
-from launcher.run.launch import check_run_id
 from launcher.run.takestacks import StacksReport
 from launcher.run.wiring import Wiring
 

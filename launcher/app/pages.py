@@ -25,8 +25,8 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import REPORT_BACKGROUND_TIMEOUT_S, REPORT_LOG_TAIL_BYTES, REPORT_SERIES_BYTES
 from launcher.options import Options
 from launcher.report.pagedata import Page, build_page
+from launcher.run.actions import agent_action, reached
 from launcher.run.journal import read_journal
-from launcher.run.launch import agent_action, reached
 from launcher.run.wiring import Wiring
 
 PAGE_FILE = "report.html"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from launcher.app.hosts import Hosts, load_inventory
 from launcher.options import Options
 from launcher.run import attempts
-from launcher.run.launch import check_run_id
+from launcher.run.actions import check_run_id
 from launcher.run.wiring import Wiring
 
 if TYPE_CHECKING:  # types only: each command imports what it alone uses (a status: no stacks, no rich live view)

@@ -12,23 +12,6 @@ from typing import Any
 from launcher.doctor.checklist import CHECKS, FAST_CHECKS, evaluate, selected_checks
 from launcher.doctor.checks_net import requested_names
 from launcher.doctor.checks_node import slow_probe_limit
-from launcher.doctor.collect import (
-    LISTEN_WINDOW_S,
-    LISTENER_MARGIN_S,
-    PROBE_SOURCE,
-    TOKEN_READ_S,
-    CheckMode,
-    DoctorGate,
-    connect_section,
-    default_gate,
-    listen_request,
-    probe_command,
-    probe_input,
-    probe_request,
-    run_doctor,
-    session_section,
-    session_token,
-)
 from launcher.doctor.evidence import Evidence, Finding, Outcome, ProbeFailed, Report, Status
 from launcher.doctor.registry import Check, check
 from launcher.errors import DoctorFailed
@@ -36,6 +19,11 @@ from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR,
 
 _RENDERING = ("MARKS", "render_table", "report_json")
 """From launcher.doctor.report, imported when first used: rich is no cost to a launch that only checks."""
+_COLLECTING = ("LISTEN_WINDOW_S", "LISTENER_MARGIN_S", "PROBE_SOURCE", "TOKEN_READ_S", "CheckMode", "DoctorGate",
+               "connect_section", "default_gate", "listen_request", "probe_command", "probe_input", "probe_request",
+               "run_doctor", "session_section", "session_token")
+"""From launcher.doctor.collect (the I/O: SSH, the agents' sessions), imported when first used: `inv status` reads
+FAST_CHECKS for its help, and needs none of it."""
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +31,10 @@ def __getattr__(name: str) -> Any:
         from launcher.doctor import report
 
         return getattr(report, name)
+    if name in _COLLECTING:
+        from launcher.doctor import collect
+
+        return getattr(collect, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

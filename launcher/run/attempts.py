@@ -26,7 +26,6 @@ from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
 from launcher.run import control as run_control
-from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 
 ATTEMPTS_FILE = "attempts.json"
@@ -38,6 +37,8 @@ AttemptCheck = Callable[[Cluster], Mapping[str, str]]
 
 def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: AttemptCheck) -> int:
     """`run_launch.launch_run`, again on what is left after a lost node, up to `retries` more times."""
+    from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
+
     attempts: list[Attempt] = []
     failures: dict[str, list[float]] = {}
     first = plan

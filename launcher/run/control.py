@@ -19,7 +19,7 @@ from launcher.plan import runchoice
 from launcher.plan.launch import rank_offsets
 from launcher.plan.request import inventory_id
 from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.launch import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.run.actions import agent_action, agent_input, check_run_id, connect_or_fail
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
 from launcher.transport.program import host_command

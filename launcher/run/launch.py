@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import IO, Any
+from typing import Any
 
-from launcher.config.model import Cluster, Host
-from launcher.errors import ConnectError, NodeFailure, RunFailed, UsageError
+from launcher.errors import RunFailed
 from launcher.events import (
     Beat,
     Ended,
@@ -34,11 +32,9 @@ from launcher.events import (
 )
 from launcher.limits import (
     HANG_EXIT,
-    NODE_TIMING,
     STOPPED_EXIT,
-    heartbeat_interval,
 )
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, RUN_ID_PATTERN, STOPPED_ELSEWHERE
+from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.options import Options
 from launcher.paths import detached_hint, hint
 from launcher.plan.launch import LaunchPlan
@@ -47,84 +43,15 @@ from launcher.report import rootcause
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
+from launcher.run.actions import AGENT_SOURCE, agent_action, connect_or_fail
 from launcher.run.handle import RunHandle
 from launcher.run.journal import Journal
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.sessions import SessionOpener
 from launcher.run.wiring import Wiring
-from launcher.transport.channel import Result
-from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, close_all, connect_all, run_all
-from launcher.transport.settings import SshSettings
+from launcher.transport.sessions import Node, close_all
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.straggler import LaunchStragglers
-
-AGENT_SOURCE = node_program("agent")
-
-agent_command = python_command
-
-
-def agent_input(request: dict[str, Any]) -> bytes:
-    """The agent's source and one request (with the agent's `timing`), for its stdin."""
-    return program_input(AGENT_SOURCE, {**request, "timing": NODE_TIMING})
-
-
-def check_run_id(run_id: str | None) -> str | None:
-    """A run id given by a user, checked against the pattern every run id has (None means the latest); a usage
-    error (exit code 2) otherwise."""
-    if run_id is not None and not re.fullmatch(RUN_ID_PATTERN, run_id):
-        raise UsageError(f"--run must be a run id like 20261122-031500-a1b2c3, got {run_id[:60]!r}")
-    return run_id
-
-
-class _Progress:
-    """`connected 14/16`-style progress: one rewritten line on a terminal, one plain line otherwise."""
-
-    def __init__(self, err: IO[str]):
-        self.err = err
-        self.tty = err.isatty()
-
-    def update(self, text: str) -> None:
-        if self.tty:
-            self.err.write(f"\r\x1b[K{text}")
-            self.err.flush()
-
-    def done(self, text: str) -> None:
-        self.err.write(f"\r\x1b[K{text}\n" if self.tty else f"{text}\n")
-        self.err.flush()
-
-
-def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err: IO[str]) -> dict[str, Node]:
-    """Connect to every host at once; any failure closes the rest and raises `ConnectError`."""
-    progress = _Progress(err)
-    hosts = list(hosts)
-    progress.update(f"connecting to {len(hosts)} node(s)")
-    t0 = time.monotonic()
-    # SSH keepalives as often as heartbeats: they keep NAT and firewall state of a quiet run alive.
-    ssh = replace(SshSettings.of(opts), keepalive=heartbeat_interval(opts.silence_timeout))
-    nodes, failures = connect_all(cluster, hosts, ssh,
-                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
-    if failures:
-        close_all(nodes.values())
-        progress.done(f"connected {len(nodes)}/{len(hosts)}")
-        raise ConnectError(failures)
-    progress.done(f"connected {len(nodes)}/{len(hosts)} in {time.monotonic() - t0:.1f}s")
-    return nodes
-
-
-@contextlib.contextmanager
-def reached(cluster: Cluster, opts: Options, given: Mapping[str, Any] | None = None
-            ) -> Iterator[tuple[dict[str, Any], list[NodeFailure]]]:
-    """The nodes an action works on, and those it could not reach: the `given` ones (a SLURM job's steps), or a new
-    SSH connection to every host that answers, closed after."""
-    if given is not None:
-        yield dict(given), []
-        return
-    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
-    try:
-        yield nodes, failures
-    finally:
-        close_all(nodes.values())
 
 
 def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | None = None) -> int:
@@ -344,14 +271,3 @@ class _Attached:
                                  f"{left}. {self.log_hint}")
             return 0
         raise rootcause.run_failed(self.plan.run_id, ends, self.log_hint)
-
-
-# --- stop, status, logs: each one agent action per node, all nodes in parallel -----------------------------
-
-
-def agent_action(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
-                  timeout: float | None = 60) -> dict[str, Result | NodeFailure]:
-    hosts = [h for h in cluster.hosts if h.name in nodes]
-    commands = {h.name: host_command(h) for h in hosts}
-    inputs = {h.name: agent_input({**request, "node": h.name}) for h in hosts}
-    return run_all([nodes[h.name] for h in hosts], commands, inputs, timeout)

@@ -17,8 +17,8 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
 from launcher.options import Options
 from launcher.report.hangs import write_nccl, write_stacks
+from launcher.run.actions import agent_action, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
-from launcher.run.launch import agent_action, check_run_id, reached
 from launcher.transport.channel import Result
 from launcher.watch import flightrec
 from launcher.watch.arrival import ArrivalBook, answered

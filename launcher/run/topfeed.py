@@ -20,8 +20,8 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
 from launcher.options import Options
 from launcher.plan.request import progress_settings
+from launcher.run.actions import agent_action, agent_input, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
-from launcher.run.launch import agent_action, agent_input, check_run_id, reached
 from launcher.run.takestacks import collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command

@@ -19,7 +19,7 @@ from launcher.node import proc as procs
 from launcher.node import protocol, rundir
 from launcher.plan import launch as plan
 from launcher.plan.request import log_tail_settings, stacks_settings
-from launcher.run.launch import agent_input
+from launcher.run.actions import agent_input
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 

@@ -25,7 +25,7 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.limits import NODE_TIMING
 from launcher.plan.launch import plan_launch
-from launcher.run import launch as run_launch
+from launcher.run import actions as run_actions
 from launcher.slurm.step import step_input
 from launcher.transport.program import python_command
 from tests import _train_helpers as h
@@ -106,7 +106,7 @@ def test_probe_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
 
 def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
     # `runs` executes the whole module (every top-level import) and a full request/reply round.
-    request = run_launch.agent_input({"action": "runs", "node": "node-0"})
+    request = run_actions.agent_input({"action": "runs", "node": "node-0"})
     reply = run_on_node(stdlib_env.python, request, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
     assert reply == {"runs": []}
 
@@ -114,7 +114,7 @@ def test_agent_answers_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> N
 def test_an_srun_task_picks_its_agent_request_under_a_bare_python(stdlib_env: Env, tmp_path: Path) -> None:
     # What every task of a `launch --slurm` step runs first: the selector, then the agent with this node's request.
     plan = plan_launch(parse_inventory("hosts: [node-0, node-1]\njob: {script: train/ddp.py}\n", "inv.yaml"))
-    stdin = step_input(run_launch.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name, "timing": NODE_TIMING})
+    stdin = step_input(run_actions.AGENT_SOURCE, [(c, {"action": "runs", "node": c.host.name, "timing": NODE_TIMING})
                                                   for c in plan.nodes])
     reply = run_on_node(stdlib_env.python, stdin, tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
                         SLURM_NODEID="1", SLURMD_NODENAME="node-1")

@@ -14,7 +14,7 @@ from launcher.config.fields import RESERVED_ENV
 from launcher.node import protocol
 from launcher.node.protocol import RUNS_ROOT
 from launcher.plan.request import log_tail_settings, stacks_settings
-from launcher.run.launch import agent_input
+from launcher.run.actions import agent_input
 from launcher.transport.program import BOOTSTRAP
 from tests.support.nodeenv import node_python
 

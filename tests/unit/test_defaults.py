@@ -19,7 +19,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import limits
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
-from launcher.run import launch as run_launch
+from launcher.run import actions as run_actions
 from launcher.sync import push as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
@@ -28,7 +28,7 @@ NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector
                  for path, source in node_files(entry).items()}
 NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
-SENT = {run_launch.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
+SENT = {run_actions.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from launcher.limits import NODE_CODE_CACHE
-from launcher.run import launch as run_launch
+from launcher.run import actions as run_actions
 from launcher.transport.program import _module, _node_sources, program_line, python_command
 from tests.support.nodeenv import node_python
 
@@ -24,7 +24,7 @@ def run_node(stdin: bytes, cache: Path, python: str | None = None) -> subprocess
 
 
 def runs(cache: Path) -> dict:
-    result = run_node(run_launch.agent_input({"action": "runs", "node": "node-0"}), cache)
+    result = run_node(run_actions.agent_input({"action": "runs", "node": "node-0"}), cache)
     assert result.returncode == 0, result.stderr.decode()
     return json.loads(result.stdout.decode().splitlines()[-1])
 

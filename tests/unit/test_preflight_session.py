@@ -25,7 +25,7 @@ from launcher.doctor.collect import doctor_gate
 from launcher.options import Options
 from launcher.plan.launch import plan_launch
 from launcher.plan.request import start_request
-from launcher.run import launch as run_launch
+from launcher.run import actions as run_actions
 from launcher.run.gate import StartGate
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
@@ -51,7 +51,7 @@ class Agent:
         self.proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         assert self.proc.stdin is not None and self.proc.stderr is not None
-        self.proc.stdin.write(program_input(run_launch.AGENT_SOURCE, request))
+        self.proc.stdin.write(program_input(run_actions.AGENT_SOURCE, request))
         self.proc.stdin.flush()
 
     def say(self, word: str) -> None:

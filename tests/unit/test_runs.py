@@ -13,7 +13,8 @@ from launcher.limits import heartbeat_interval
 from launcher.options import Options
 from launcher.plan.launch import plan_launch
 from launcher.plan.request import start_request
-from launcher.run.launch import check_run_id, resolve_env
+from launcher.run.actions import check_run_id
+from launcher.run.nodeenv import resolve_env
 from launcher.transport.program import node_files
 
 INVENTORY = """

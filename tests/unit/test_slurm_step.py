@@ -159,7 +159,7 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
     from launcher import doctor
     from launcher.node.selector import merged
     from launcher.options import Options
-    from launcher.run import launch as run_launch
+    from launcher.run import actions as run_actions
     def requests(count: int) -> list[tuple[Any, dict[str, Any]]]:
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
@@ -167,14 +167,14 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
         return [(c, start_request(plan, c, {}, Options(), doctor.DoctorGate())) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
-    per_task = len(step_input(run_launch.AGENT_SOURCE, large))
+    per_task = len(step_input(run_actions.AGENT_SOURCE, large))
     old_way = sum(len(json.dumps(r)) for _, r in large)  # every node's whole request, in every task's stdin
     print(f"step input per task at 256 nodes: {per_task / 1e6:.2f} MB (every request whole: {old_way / 1e6:.1f} MB)")
-    programs = sum(len(program_line(p)) + 1 for p in (SELECTOR_SOURCE, run_launch.AGENT_SOURCE))  # once, any size
+    programs = sum(len(program_line(p)) + 1 for p in (SELECTOR_SOURCE, run_actions.AGENT_SOURCE))  # once, any size
     assert (per_task - programs) * 10 < old_way  # the probe is the agent's own module now: in no request
-    growth = (per_task - len(step_input(run_launch.AGENT_SOURCE, small))) / (256 - 8)
+    growth = (per_task - len(step_input(run_actions.AGENT_SOURCE, small))) / (256 - 8)
     assert growth < 1_000, f"{growth:.0f} bytes per node"  # a node's own part, not the probe's source again
-    lines = step_input(run_launch.AGENT_SOURCE, large).decode().splitlines()
+    lines = step_input(run_actions.AGENT_SOURCE, large).decode().splitlines()
     common, parts = json.loads(lines[2]), json.loads(lines[3])
     for i, (_, request) in enumerate(large):
         assert merged(common, parts[str(i)]["request"]) == json.loads(json.dumps(request))
