@@ -55,15 +55,18 @@ FAILURES: list[dict[str, Any]] = []
 """Launches that failed, kept for the report (and retried): a figure should not hide them."""
 
 
-def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3) -> Any:
+def launcher_run(box: Box, root: Path, extra: list[str], tries: int = 3, page: bool = True) -> Any:
+    """`page` False: the run's page off (`page: false`), the launch otherwise the same: what the page costs."""
     for attempt in range(tries):
         inventory = with_port(box, free_port(), root)
         result = run_timed([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), *extra],
-                           timeout=180, env={"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")})
+                           timeout=180, env={"INVOKE_LAUNCHER_LOG_DIR": str(root / "logs"),
+                                             "INVOKE_LAUNCHER_PAGE": "1" if page else "0"})
         ids = note_runs(result.stderr)
         try:
             check(result, "inv launch")
-            wait_for_pages(root / "logs", ids)
+            if page:
+                wait_for_pages(root / "logs", ids)
             return result
         except RuntimeError as exc:
             FAILURES.append({"nodes": box.n, "code": result.code, "seconds": round(result.seconds, 3),
@@ -108,13 +111,15 @@ def _median(variant: dict[str, Any]) -> str:
 
 
 def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_too: bool,
-        warm_up: bool = True) -> dict[str, Any]:
-    """`repeat`: runs per N (a number, or N -> runs, 3 for an N it does not name)."""
+        warm_up: bool = True, page_off_too: bool = False) -> dict[str, Any]:
+    """`repeat`: runs per N (a number, or N -> runs, 3 for an N it does not name). `page_off_too`: the launch with the
+    run's page off as well, interleaved, so that the page's cost to the command is a paired ratio."""
     rows = []
     for n in sizes:
         runs = repeat if isinstance(repeat, int) else repeat.get(n, 3)
         with_skip = skip_doctor_too  # --skip-doctor too: what the preflight costs at each N
-        variants = ["ssh_loop", "launcher", "local"] + (["launcher_skip_doctor"] if with_skip else [])
+        variants = (["ssh_loop", "launcher", "local"] + (["launcher_skip_doctor"] if with_skip else [])
+                    + (["launcher_page_off"] if page_off_too else []))
         with sandbox_of(n, root, script=SCRIPT, script_args=JOB_ARGS) as box:
             log(f"real job: {n} nodes")
             if warm_up:
@@ -130,7 +135,8 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
                     elif variant == "local":
                         result = local_run(box)
                     else:
-                        result = launcher_run(box, root, ["--skip-doctor"] if variant.endswith("doctor") else [])
+                        result = launcher_run(box, root, ["--skip-doctor"] if variant.endswith("doctor") else [],
+                                              page=variant != "launcher_page_off")
                     times[variant].append(result.seconds)
                     cpu[variant].append(result.cpu_s)
                     stepped = first_step_s(result, n)
@@ -144,6 +150,8 @@ def run(sizes: list[int], repeat: int | dict[int, int], root: Path, skip_doctor_
             row["launcher_over_d"] = ratio(row["launcher"], row["local"])
             row["a_over_d"] = ratio(row["ssh_loop"], row["local"])
             row["launcher_ok"] = row["launcher_over_a"] is not None and row["launcher_over_a"] <= TARGET
+            if page_off_too:  # the page is written after the command returns: this should stay at 1.00
+                row["page_on_over_off_paired"] = paired_ratio(row["launcher"], row["launcher_page_off"])
             if with_skip:
                 row["skip_doctor_over_a"] = ratio(row["launcher_skip_doctor"], row["ssh_loop"])
                 row["skip_doctor_over_a_paired"] = paired_ratio(row["launcher_skip_doctor"], row["ssh_loop"])

@@ -82,7 +82,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "fanout": {"sizes": [2, 4, 8, 16, 32, 64], "repeat": {32: 3, 64: 3}, "default_repeat": 5},
         # 8 and 16 nodes (#36): 8 and 16 torch processes share the 2 cores, ~15 and ~35 s a run: 3 runs each.
         "job": {"sizes": [2, 4, 8, 16], "repeat": {2: 5, 4: 5, 8: 3, 16: 3}, "skip_doctor_too": False,
-                "warm_up": False},
+                "warm_up": False, "page_off_too": True},
         "doctor": {"sizes": [2, 16, 64], "repeat": {64: 2}, "default_repeat": 3},
         "stop": {"repeat": 2, "baselines_every_run": False, "scale_sizes": [4, 16, 64],
                  "scale_repeat": {64: 1}},  # 2 runs below 64 (stop_scale's default); one 64-node run is ~2 minutes
@@ -194,8 +194,8 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
             del results["fanout"]
     elif name == "job":
         # `inv launch` runs the doctor's fast checks first; --skip-doctor too shows what they cost.
-        results["job"] = job.run(conf["sizes"], conf["repeat"], root,
-                                 skip_doctor_too=conf["skip_doctor_too"], warm_up=conf["warm_up"])
+        results["job"] = job.run(conf["sizes"], conf["repeat"], root, skip_doctor_too=conf["skip_doctor_too"],
+                                 warm_up=conf["warm_up"], page_off_too=conf.get("page_off_too", False))
     elif name == "doctor":
         results["doctor"] = doctor_fig.run(conf["sizes"], repeats(conf), root)
     elif name == "stop":

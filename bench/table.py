@@ -88,6 +88,10 @@ def job_rows(out: list[list[str]], job: dict[str, Any] | None) -> None:
         if first and loop:  # the run's page's headline figure, measured from the job's own lines under both
             out.append(["command -> first optimizer step, every rank", str(r["nodes"]), cell(first), cell(loop), "",
                         f"{first['median'] / loop['median']:.2f}x (a)", "", ""])
+        if r.get("page_on_over_off_paired"):  # the run's page is written after the command returns
+            out.append(["real job, the run's page off", str(r["nodes"]), cell(r["launcher_page_off"]), "", "",
+                        f"page on / off {r['page_on_over_off_paired']:.2f}x (paired)", "≤ 1.03x",
+                        verdict(r["page_on_over_off_paired"] <= job_fig.TARGET)])
         if "launcher_skip_doctor" in r:
             out.append(["real job, --skip-doctor", str(r["nodes"]), cell(r["launcher_skip_doctor"]),
                         cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)",

@@ -30,9 +30,12 @@ ROOMS = {"doctor": "checks", "doctor_report": "checks", "Hosts": "hosts", "load_
          "logs": "runs", "report": "runs", "stacks": "runs", "status": "runs", "stop": "runs", "top": "runs",
          "slurm_submit": "slurm"}
 """Each name's module in launcher/app/ (`slurm_submit` is slurm.py's `submit`)."""
+MODULES = frozenset({*ROOMS.values(), "pages"})
 
 
 def __getattr__(name: str) -> Any:
+    if name in MODULES:  # `launcher.app.runs` before anything imported it (a dotted path, mock.patch's)
+        return importlib.import_module(f"launcher.app.{name}")
     room = ROOMS.get(name)
     if room is None:
         raise AttributeError(f"module 'launcher.app' has no attribute {name!r}")

@@ -7,6 +7,8 @@ start session); `report` the table and the JSON. The probe itself is `launcher/n
 over each node's connection.
 """
 
+import importlib
+import importlib.util
 from typing import Any
 
 from launcher.doctor.checklist import CHECKS, FAST_CHECKS, evaluate, selected_checks
@@ -35,6 +37,8 @@ def __getattr__(name: str) -> Any:
         from launcher.doctor import collect
 
         return getattr(collect, name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule nothing imported yet (a dotted path)
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
