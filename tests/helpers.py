@@ -19,6 +19,8 @@ RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 PAGE_OFF = {"INVOKE_LAUNCHER_PAGE": "0"}
 """The run's page written by no process of its own after a launch (Invoke reads "0" as false): tests/conftest.py
 puts it in the test process's environment, so every launch a test starts, whichever way, inherits it."""
+PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}
+"""For the tests of the page itself (test_report.py, test_slurm.py): given to the launch that should write one."""
 
 
 def inv(*args: str, log_dir: Path | None = None, timeout: float = 180, env: dict[str, str] | None = None,

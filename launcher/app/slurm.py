@@ -51,7 +51,7 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         from launcher.app.pages import page_now
 
         page_now(plan.cluster, plan.run_id, opts,
-                 {c.host.name: slurm_launch.SlurmNode(c.host.name, dict(os.environ)) for c in plan.nodes})
+                 slurm_launch.slurm_nodes((c.host.name for c in plan.nodes), dict(os.environ)))
 
 
 def _slurm_log_dir(opts: Options) -> Path:
@@ -196,7 +196,7 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
         raise LauncherError(f"job {state.job_id} is {state.state}: it runs nothing to look at")
     env = {**os.environ, "SLURM_JOB_ID": state.job_id, "SLURM_JOBID": state.job_id, "SLURM_JOB_NODELIST": state.nodes}
     names = allocation.allocation_nodes(env)
-    return allocation.allocation_cluster(cluster, names), {name: slurm_launch.SlurmNode(name, env) for name in names}
+    return allocation.allocation_cluster(cluster, names), slurm_launch.slurm_nodes(names, env)
 
 
 def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
@@ -206,7 +206,7 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
     if job_id is None:
         env = dict(os.environ)
         on_job = allocation.allocation_cluster(cluster, allocation.allocation_nodes(env))
-        nodes = {host.name: slurm_launch.SlurmNode(host.name, env) for host in on_job.hosts}
+        nodes = slurm_launch.slurm_nodes((host.name for host in on_job.hosts), env)
     else:
         on_job, nodes = job_nodes(job_id, cluster, opts)
         env = next(iter(nodes.values())).env

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from launcher.errors import LauncherError
@@ -102,6 +103,11 @@ class SlurmNode:
         return StepProcess(self._argv(command), self.env)
 
 
+def slurm_nodes(names: Iterable[str], env: dict[str, str]) -> dict[str, SlurmNode]:
+    """Each node of the job `env` names, by name, reached through steps of that job."""
+    return {name: SlurmNode(name, env) for name in names}
+
+
 def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, str] | None = None,
                 overlap: bool = False) -> int:
     """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
@@ -119,7 +125,7 @@ def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, 
     static = plan.cluster.rendezvous.elastic.backend != "c10d"
     step = SrunStep([c.host.name for c in plan.nodes], commands.pop(), kill_on_bad_exit=static,
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
-    nodes = {c.host.name: SlurmNode(c.host.name, env) for c in plan.nodes}
+    nodes = slurm_nodes((c.host.name for c in plan.nodes), env)
     try:
         return run_launch.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
     finally:

@@ -17,10 +17,9 @@ import pytest
 from devtools.observe import free_port
 from launcher.report.pagedata import PHASES
 from tests.conftest import SandboxFactory
-from tests.helpers import inv, run_id_of, wait_for
+from tests.helpers import PAGE_ON, inv, run_id_of, wait_for
 
 ORDER = [p[0] for p in PHASES]
-PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}  # tests/helpers.py turns it off for every other test
 CHROMIUM_OWN = ("google.com", "googleapis.com", "gvt1.com")
 """Where Debian's chromium asks by itself (updates, its clock, accounts), whatever page it shows."""
 WORKER_PHASES = ["hook", "torch", "rdzv", "pg", "batch", "step"]

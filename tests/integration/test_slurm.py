@@ -16,7 +16,7 @@ import pytest
 
 from devtools.sandbox import Sandbox, slurm_env
 from tests.conftest import free_port
-from tests.helpers import REPO, node_runs, run_id_of, run_processes, runs_on, wait_for
+from tests.helpers import PAGE_ON, REPO, node_runs, run_id_of, run_processes, runs_on, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,6 @@ CHECKSUM = re.compile(r"^node-(\d) r(\d)\s+\| CHECKSUM rank=(\d) sha256=([0-9a-f
 STEPS_MARK = "steps left:"
 
 
-PAGE_ON = {"INVOKE_LAUNCHER_PAGE": "1"}  # tests/conftest.py turns the run's page off for every other test
 
 
 def _env(box: Sandbox, tmp_path: Path, **more: str) -> dict[str, str]:
