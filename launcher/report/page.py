@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from launcher.limits import REPORT_MAX_ROWS
-from launcher.report.pagedata import PHASES, Page
+from launcher.report.pagedata import PHASES, Page, end_rows
 from launcher.report.pageseries import band
 
 INSTALL = "pip install 'ddp-launcher[report]'"
@@ -162,10 +162,13 @@ def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float |
 
 
 def _floor(ax: Any, title: str) -> None:
-    """Every figure from 0 (a share up to 1): a small change never looks like a fall."""
+    """Every figure from 0 (a share up to 1): a small change never looks like a fall; room above the highest value
+    (a flat line is not hidden in the frame's top edge, nor under the legend)."""
     ax.set_ylim(bottom=0)
     if "share" in title:
         ax.set_ylim(top=1)
+    else:
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.15 or 1)
 
 
 def _start_table(page: Page) -> str:
@@ -215,7 +218,7 @@ def _end(page: Page) -> str:
     rows = "".join(f"<tr><td>{_e(e.node)}</td><td class=text>{_e(e.state)}</td>"
                    f"<td>{'' if e.exit_code is None else e.exit_code}</td>"
                    f"<td>{'' if e.ended is None else f'{e.ended:.1f}'}</td>"
-                   f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>" for e in page.exits)
+                   f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>" for e in end_rows(page.exits))
     cause = f"<pre>{_e(page.root_cause)}</pre>" if page.root_cause else "<p>Every node ended without a failure.</p>"
     return (f"{cause}<table><tr><th>node</th><th>state</th><th>exit code</th><th>ended (s)</th>"
             f"<th>exception</th></tr>{rows}</table><p>Logs: {_e(page.logs)}</p>")

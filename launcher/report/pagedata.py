@@ -8,7 +8,7 @@ HTML are launcher.report.page's.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,6 +213,25 @@ def _exit(node: str, answer: Mapping[str, Any], offset: float, began: float) -> 
                     str(answer.get("detail", "")))
 
 
+def end_rows(exits: Sequence[NodeExit]) -> list[NodeExit]:
+    """The end table's rows: a node each where few; past REPORT_MAX_ROWS a node with an exception keeps its own row
+    (REPORT_MAX_ROWS of them) and the others that ended alike (state, exit code) share one that names a few of them
+    and counts the rest, with the latest end: 256 nodes that exited 0 are one row."""
+    if len(exits) <= REPORT_MAX_ROWS:
+        return list(exits)
+    own = [e for e in exits if e.raised][:REPORT_MAX_ROWS]
+    alike: dict[tuple[str, int | None, str], list[NodeExit]] = {}
+    for e in exits:
+        if e not in own:
+            alike.setdefault((e.state, e.exit_code, e.detail), []).append(e)
+    rows = list(own)
+    for (state, exit_code, detail), group in alike.items():
+        ended = max((e.ended for e in group if e.ended is not None), default=None)
+        names = _few(", ".join(e.node for e in group)) if len(group) > 1 else group[0].node
+        rows.append(NodeExit(names, state, exit_code, ended, (), detail))
+    return rows
+
+
 def _root_cause(end: Mapping[str, Any], exits: tuple[NodeExit, ...]) -> str:
     """The launch's own words when it ended a failure (attached); else the first node that failed, by its end."""
     if end.get("text"):
@@ -230,8 +249,7 @@ def _rows(bars: list[Bar], spread: Mapping[str, list[Bar]]) -> tuple[list[Bar], 
     """The waterfall's rows: each node, its ranks too where they differ, the slowest nodes first past
     REPORT_MAX_ROWS (with how many were left out)."""
     if len(bars) > REPORT_MAX_ROWS:
-        ordered = sorted(bars, key=lambda b: -(b.phases[-1][1] if b.phases else 0.0))
-        return ordered[:REPORT_MAX_ROWS], len(bars) - REPORT_MAX_ROWS
+        return _slowest_first(bars)[:REPORT_MAX_ROWS], len(bars) - REPORT_MAX_ROWS
     rows: list[Bar] = []
     for bar in bars:
         rows.append(bar)
@@ -239,6 +257,21 @@ def _rows(bars: list[Bar], spread: Mapping[str, list[Bar]]) -> tuple[list[Bar], 
         if len(ranks) > 1 and _differ(ranks) and len(rows) + len(ranks) <= REPORT_MAX_ROWS:
             rows += ranks
     return rows, 0
+
+
+def _slowest_first(bars: list[Bar]) -> list[Bar]:
+    """The nodes in the order the headline judges them: one that never stepped first, then those that stepped last
+    (within RANK_SPREAD_S: every node leaves the rendezvous together), of those the one that came to the rendezvous
+    last first (it held the others up, who spent that time waiting in it)."""
+    ends = [b.phases[-1][1] for b in bars if b.phases]
+    last = max(ends, default=0.0)
+
+    def lateness(bar: Bar) -> tuple[bool, bool, float, float]:
+        end = bar.phases[-1][1] if bar.phases else 0.0
+        came = bar.at("rdzv") or bar.at("torch") or bar.at("hook") or 0.0
+        return bar.at("step") is None, end >= last - RANK_SPREAD_S, came, end
+
+    return sorted(bars, key=lateness, reverse=True)
 
 
 def _differ(ranks: list[Bar]) -> bool:
@@ -260,10 +293,7 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
         return None, None, (f"not every rank made an optimizer step ({len(stepped)} of {len(ranks)}; not "
                             f"{_few(never)})")
     first = round(max(r.at("step") or 0.0 for r in stepped), 1)
-    # Every node leaves the rendezvous together: of those that stepped last, the one that came to it last held the
-    # others up (they spent that time in the rendezvous, waiting for it).
-    late = [b for b in bars if (b.at("step") or 0.0) >= first - RANK_SPREAD_S] or bars
-    last = max(late, key=lambda b: (b.at("rdzv") or b.at("torch") or b.at("hook") or 0.0, b.at("step") or 0.0))
+    last = _slowest_first(bars)[0]  # the waterfall's first row where nodes are left out
     longest = last.longest()
     if longest is None:
         return first, None, f"command -> first optimizer step on every rank: {first:.1f} s"

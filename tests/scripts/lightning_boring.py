@@ -4,7 +4,9 @@ Under torchrun, Lightning takes the ranks from the environment (TorchElasticEnvi
 lines: its progress bar writes nothing line-wise when stdout is a file, which is what the launcher's workers have.
 Knobs for the tests, by environment: BORING_STEPS (default 40), BORING_SLOW_RANK / BORING_SLOW_S (that rank's
 training step sleeps this long each step), BORING_STUCK_RANK / BORING_STUCK_STEP (that rank sleeps 600 s in its
-training step at that step), BORING_GPU=1 (each rank on its GPU, NCCL: the device check).
+training step at that step), BORING_STOP_FILE (every 10 steps the ranks agree whether that file exists, and stop
+together when it does: a test ends a long run when it has seen what it waited for), BORING_GPU=1 (each rank on its
+GPU, NCCL: the device check).
 """
 
 import os
@@ -42,6 +44,12 @@ class Boring(L.LightningModule):
         if rank == int(_knob("BORING_SLOW_RANK")):
             time.sleep(_knob("BORING_SLOW_S", 0.2))
         return self.layer(batch).sum()
+
+    def on_train_batch_end(self, outputs: object, batch: torch.Tensor, batch_idx: int) -> None:
+        stop_file = os.environ.get("BORING_STOP_FILE")
+        if stop_file and batch_idx % 10 == 9:  # one collective more every 10 steps, after the step's own
+            self.trainer.should_stop = self.trainer.strategy.reduce_boolean_decision(os.path.exists(stop_file),
+                                                                                     all=False)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.layer.parameters(), lr=0.1)

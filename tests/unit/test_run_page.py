@@ -134,10 +134,17 @@ def test_a_page_of_256_nodes_draws_bands_names_the_worst_and_stays_under_2_mb() 
     text = render(page)
     assert len(text.encode()) < 2 << 20, len(text.encode())
     assert page.hidden_bars == 256 - 32 and "224 faster nodes are not listed" in text
+    # every node steps at once (the rendezvous): the first row is the one that came to it last, as the headline says
+    assert page.bars[0].node == "node-77" and "the slowest node, node-77:" in page.headline, page.headline
     assert "r623 (node-77)" in text  # the slowest rank, named on the band
     assert "middle half" in text
+    assert "<td>node-0, node-1, node-2, node-3, node-4 and 251 more</td><td class=text>exited</td><td>0</td>" in text
+    assert text.count("<td class=text>exited</td>") == 1  # the end: 256 nodes that exited 0 are one row
     failed = build_page(RUN, journal(256), answers(256, per_node=1, samples=3, fail=True), "logs/x/")
     assert len(failed.marks) == 1  # one node failed: one end mark
+    ends = render(failed, charts=False)
+    assert "<td>node-1</td><td class=text>exited</td><td>1</td>" in ends and "RuntimeError: boom on purpose" in ends
+    assert "<td>node-0, node-2, node-3, node-4, node-5 and 250 more</td>" in ends
 
 
 def test_many_nodes_ends_are_a_few_marks_and_one_that_counts_the_rest() -> None:
