@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from launcher.config.model import OTHER_WORDS
 from launcher.config.text import SHOWN, render, shorten, typed
 from launcher.config.yamltext import is_secret
 from launcher.errors import InventoryError
@@ -51,7 +52,8 @@ class Reader:
             raise self.fail(entry, f"must be a mapping, got {typed(value)}")
         for key in value:
             if not isinstance(key, str) or key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1)
+                ours = OTHER_WORDS.get(str(key).lower())
+                close = [ours] if ours in allowed else difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(allowed)}"
                 where = f"{entry}.{key}" if entry else str(key)
                 if secret or is_secret(value):  # no did-you-mean either: it would say what the secret resembles

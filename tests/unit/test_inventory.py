@@ -232,6 +232,12 @@ def test_duplicate_keys_in_a_mapping(text: str, entry: str, line: int) -> None:
     ("hosts: [a]\njob:\n  script: x\n  arg: []\n", "job.arg", "args", 4),
     ("hosts: [a]\ndefaults:\n  env:\n    A: {valeu: x}\n", "defaults.env.A.valeu", "value", 4),
     ("hosts:\n  - name: a\n    env: {A: {from_evn: X}}\n", "hosts[0].env.A.from_evn", "from_env", 3),
+    # other tools' words for ours, where ours is allowed there
+    ("nodes: [a]\n", "nodes", "hosts", 1),
+    ("hosts:\n  - host: 10.0.0.1\n", "hosts[0].host", "addr", 2),
+    ("hosts:\n  - name: a\n    slots: 8\n", "hosts[0].slots", "nproc_per_node", 3),
+    ("defaults: {gpus: 8}\nhosts: [a]\n", "defaults.gpus", "nproc_per_node", 1),
+    ("defaults: {key_filename: ~/.ssh/k}\nhosts: [a]\n", "defaults.key_filename", "identity_file", 1),
 ])
 def test_unknown_key_near_miss_suggests_the_key(text: str, entry: str, guess: str, line: int) -> None:
     key = entry.rsplit(".", 1)[-1]
