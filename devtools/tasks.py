@@ -5,16 +5,21 @@ the wheel does not ship. `checkout_namespace` is what this checkout's tasks.py g
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 from invoke import Collection
 
 from devtools import sandbox
 from devtools.sandbox import Sandbox
 from launcher import app, options
+from launcher.app.hosts import load_inventory
 from launcher.app.job import JobWords
+from launcher.app.pages import PAGE_FILE, page_now
 from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
+from launcher.plan.launch import new_run_id
+from launcher.tasks import _options as options_of  # the settings as the installed tasks read them
 from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
 from launcher.tasks import doctor, init, launch, logs, report, slurm, stacks, status, stop, sync, task, top
 
@@ -40,11 +45,20 @@ def bring_down() -> None:
         print(line)
 
 
-def run_demo() -> int:
+def run_demo(opts: options.Options | None = None) -> int:
     """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
     box = bring_up(2, nproc_per_node=2)
+    run_id, opts = new_run_id(), opts or options.Options()
     try:
-        return app.launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"))
+        # The run's page before the nodes go down (a page written by a process of its own, as after a launch, would
+        # race the sandbox's end and could find no node to ask).
+        code = app.launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"), run_id=run_id,
+                          opts=replace(opts, page=False))
+        page_now(load_inventory(str(box.inventory)), run_id, opts)
+        page = opts.log_dir / run_id / PAGE_FILE
+        if page.exists():
+            print(f"the run's page: {relative(page)}")
+        return code
     finally:
         bring_down()
 
@@ -92,7 +106,7 @@ def bench(c, quick=False, only=None):
 @reported
 def demo(c):
     """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
-    return run_demo()
+    return run_demo(options_of(c))
 
 
 def checkout_namespace() -> Collection:

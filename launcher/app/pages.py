@@ -131,10 +131,10 @@ def later() -> None:
                     _why(opts, run_id, exc)
 
 
-def page_now(cluster: Cluster, run_id: str, opts: Options, given: Mapping[str, Any]) -> None:
-    """An attached `launch --slurm`'s page, before the command returns (in a batch job the job ends with it, and a
-    process left to write the page would end with the job): one short step a node; what stopped it goes into
-    `logs/<run id>/report.err`, as `page_later`'s."""
+def page_now(cluster: Cluster, run_id: str, opts: Options, given: Mapping[str, Any] | None = None) -> None:
+    """A run's page before the command returns: an attached `launch --slurm`'s (in a batch job the job ends with it,
+    and a process left to write the page would end with the job: one short step a node, `given`), the demo's (its
+    nodes go down next); what stopped it goes into `logs/<run id>/report.err`, as `page_later`'s."""
     if not opts.page:
         return
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,6 +110,9 @@ def test_the_readme_set_up_commands_work_with_the_distributions_own_python3(tmp_
     checksums = {line.rsplit("sha256=", 1)[1] for line in demo.stdout.splitlines() if "CHECKSUM rank=" in line}
     assert len(checksums) == 1 and demo.stdout.count("CHECKSUM rank=") == 4, demo.stdout[-3000:]
     assert "all 2 node(s) exited 0" in demo.stderr + demo.stdout
+    # the run's page, written before the demo's nodes go down (a user's environment: pages on)
+    page = re.search(r"the run's page: (logs/\S+/report\.html)", demo.stdout)
+    assert page and "first optimizer step on every rank" in (checkout / page.group(1)).read_text(), demo.stdout[-2000:]
     wait_for(lambda: pids_mentioning(str(checkout)) == [], 30, "the demo's nodes and run gone")
     if made is None:
         shutil.rmtree(checkout / ".venv")  # 2 GB (torch, transformers): pytest keeps the last three runs' folders

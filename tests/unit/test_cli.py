@@ -173,7 +173,9 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
     monkeypatch.setattr(app.runs, "load_inventory", lambda hosts: None)
     monkeypatch.setattr(run_control, task, lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
-    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", options.Options(), wiring=Wiring(out=out))
+    # page=False: a status that finds the run over would start the page's own process (into ./logs, as a user's)
+    opts = options.Options(page=False)
+    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", opts, wiring=Wiring(out=out))
     text = out.getvalue()
     assert "n[/]1: odd [/] detail" in text
     assert "id[/]" in text
