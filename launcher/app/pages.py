@@ -116,6 +116,11 @@ def later() -> None:
     from launcher.run import control
 
     cluster, run_ids, opts, if_ended = pickle.loads(sys.stdin.buffer.read())
+
+    def too_long(signum: int, frame: Any) -> None:  # into report.err, as any other reason (the default would be mute)
+        raise TimeoutError(f"no page within {REPORT_BACKGROUND_TIMEOUT_S:.0f} s of the run's end")
+
+    signal.signal(signal.SIGALRM, too_long)
     signal.alarm(int(REPORT_BACKGROUND_TIMEOUT_S))
     with open(os.devnull, "w") as quiet:
         for run_id in run_ids:

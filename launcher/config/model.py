@@ -61,14 +61,15 @@ JOB_KEYS = (*JOB_FORMS, "args", "torchrun", "resume_args", "hang_timeout", "prog
 ENV_KEYS = ("value", "from_env", "secret")
 
 
-OTHER_WORDS = {"nodes": "hosts", "machines": "hosts", "host": "addr", "hostname": "addr", "ip": "addr",
-               "address": "addr", "slots": "nproc_per_node", "gpus": "nproc_per_node", "nproc": "nproc_per_node",
+OTHER_WORDS = {"nodes": "hosts", "machines": "hosts", "host": "name", "hostname": "name", "ip": "name",
+               "address": "name", "slots": "nproc_per_node", "gpus": "nproc_per_node", "nproc": "nproc_per_node",
                "gpus_per_node": "nproc_per_node", "num_gpus": "nproc_per_node", "username": "user",
                "key_filename": "identity_file", "identityfile": "identity_file", "ssh_key": "identity_file",
                "cwd": "workdir", "working_dir": "workdir", "environment": "env", "arguments": "args",
                "entrypoint": "script", "program": "script", "rdzv": "rendezvous", "rdzv_backend": "backend"}
 """Keys other launchers and inventories use for one of ours (Fabric's, Ansible's, DeepSpeed's, SkyPilot's, torchrun's
-spelling): an unknown key that is one of them is answered with ours where ours is allowed there, as a near miss is."""
+spelling): an unknown key that is one of them is answered with ours where ours is allowed there, as a near miss is.
+A host's address in theirs is where the controller connects: our `name` (`addr`, how peers reach it, defaults to it)."""
 
 
 DEFAULTS: dict[str, Any] = {"python": "python3", "workdir": "~", "nproc_per_node": 1}

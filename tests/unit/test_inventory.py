@@ -234,7 +234,7 @@ def test_duplicate_keys_in_a_mapping(text: str, entry: str, line: int) -> None:
     ("hosts:\n  - name: a\n    env: {A: {from_evn: X}}\n", "hosts[0].env.A.from_evn", "from_env", 3),
     # other tools' words for ours, where ours is allowed there
     ("nodes: [a]\n", "nodes", "hosts", 1),
-    ("hosts:\n  - host: 10.0.0.1\n", "hosts[0].host", "addr", 2),
+    ("hosts:\n  - host: 10.0.0.1\n", "hosts[0].host", "name", 2),
     ("hosts:\n  - name: a\n    slots: 8\n", "hosts[0].slots", "nproc_per_node", 3),
     ("defaults: {gpus: 8}\nhosts: [a]\n", "defaults.gpus", "nproc_per_node", 1),
     ("defaults: {key_filename: ~/.ssh/k}\nhosts: [a]\n", "defaults.key_filename", "identity_file", 1),
