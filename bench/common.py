@@ -142,11 +142,10 @@ class Box:
         return f"TMPDIR={shlex.quote(str(self.root))} "
 
 
-LOGIN_RC = f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n"
-"""The bench's nodes log in with a ~/.bashrc of their own that only sets PATH: this machine's root .bashrc runs
-`pyenv init`, whose rehash takes one lock for every node (they share this home), so concurrent logins queued on it
-in 0.1 s steps (8 nodes: 0.6-1.3 s for the ssh loop from run to run) and each spent ~50 ms of CPU on it. Nodes of a
-real cluster log in on their own CPUs with their own files; every method here logs in the same way."""
+LOGIN_RC = sandbox.PATH_ONLY_RC
+"""The bench's nodes log in with a ~/.bashrc of their own that only sets PATH (why: PATH_ONLY_RC; 8 nodes queued
+0.6-1.3 s on pyenv's lock for the ssh loop from run to run, each login ~50 ms of CPU on it); every method here logs
+in the same way."""
 
 
 REAL_LOGIN_ENV = "BENCH_REAL_LOGIN"

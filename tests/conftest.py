@@ -58,6 +58,9 @@ class SandboxFactory:
         up_kwargs.setdefault("ssh_port", 2222)
         # Every node program runs under the declared dependencies only (no numpy): as on a user's node venv.
         up_kwargs.setdefault("python", node_python())
+        # Logins read a ~/.bashrc of their own that sets PATH only (PATH_ONLY_RC: this machine's runs pyenv's rehash,
+        # whose lock one killed login leaves behind, and every later login then waits 60 s); a test may give its own.
+        up_kwargs.setdefault("login_rc", sandbox.PATH_ONLY_RC)
         if "base_addr" not in up_kwargs:
             up_kwargs["base_addr"] = self.reserve_base()
         self.state_dirs.append(Path(up_kwargs["state_dir"]))  # before `up`: teardown covers a failed start

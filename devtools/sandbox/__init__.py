@@ -5,6 +5,7 @@ from devtools.sandbox.limits import SandboxError
 from devtools.sandbox.nodes import (
     DEFAULT_INVENTORY,
     DEFAULT_STATE_DIR,
+    PATH_ONLY_RC,
     REPO_ROOT,
     Sandbox,
     SandboxNode,
@@ -33,6 +34,7 @@ from devtools.sandbox.start import default_python
 __all__ = [
     "DEFAULT_INVENTORY",
     "DEFAULT_STATE_DIR",
+    "PATH_ONLY_RC",
     "REPO_ROOT",
     "SLURM_CONF_NAME",
     "SSHD",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,13 @@ from launcher.config.model import DEFAULT_MASTER_PORT
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".sandbox"
 DEFAULT_INVENTORY = REPO_ROOT / "hosts" / "sandbox.yaml"
+
+PATH_ONLY_RC = f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n"
+"""A node login's ~/.bashrc that only sets PATH (the caller's), for the bench's and the tests' nodes: this machine's
+root .bashrc runs `pyenv init`, whose rehash takes one lock file for every node (they share this home), so concurrent
+logins queue on it in 0.1 s steps; and a login killed mid-rehash (a test's kill -9, a stop) leaves the lock behind,
+after which every login waits 60 s (PYENV_REHASH_TIMEOUT) until someone deletes it. Nodes of a real cluster log in
+with their own files on their own CPUs."""
 
 _USER_KEY = "id_ed25519"
 
