@@ -119,8 +119,12 @@ class Sessions:
             channel = node.open_channel(host_command(command.host))
         except Exception as exc:  # a closed connection, a session or command the node's sshd never started
             return classify(node.target, exc).detail
-        session = self._register(command, channel)
-        channel.send(program_input(self.agent_source, self.requests[session.name]))
+        # The program first, then the session is seen: once registered, other threads send it words (a heartbeat, the
+        # stop when another node's start failed), and a word before the program is read as the program (the node's
+        # python: "zlib.error: incorrect header check"; a healthy master named broken). One told nothing yet is told
+        # by the gate's abort or the stop that follows the opening.
+        channel.send(program_input(self.agent_source, self.requests[command.host.name]))
+        self._register(command, channel)
         return None
 
     def _open_with(self, opener: SessionOpener, commands: Sequence[NodeCommand]) -> list[str | None]:
