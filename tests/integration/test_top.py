@@ -38,11 +38,21 @@ def test_top_once_json_shows_every_rank_with_its_rate_and_flags_the_slow_one(ste
     logs = tmp_path / "logs"
     run_id = _detached(steps_box, logs)
     try:
-        time.sleep(2)  # every rank is stepping
-        t0 = time.monotonic()
-        result = inv("top", "--hosts", str(steps_box.inventory), "--once", "--json", log_dir=logs)
-        took = time.monotonic() - t0
-        assert result.returncode == 0, result.stderr
+        time.sleep(2)  # every rank is stepping, its rate from 2 s of steps
+        taken: list = []
+
+        def every_rank_seen_twice() -> bool:
+            # --once reads every rank twice, its CPU % between the two: a rank whose worker started between them
+            # (a loaded machine's start) has none yet, and the next call has it
+            t0 = time.monotonic()
+            result = inv("top", "--hosts", str(steps_box.inventory), "--once", "--json", log_dir=logs)
+            taken[:] = [result, time.monotonic() - t0]
+            assert result.returncode == 0, result.stderr
+            ranks = json.loads(result.stdout)["ranks"]
+            return len(ranks) == 4 and all(r["cpu_percent"] is not None and r["last_line"] for r in ranks)
+
+        wait_for(every_rank_seen_twice, 60, "every rank stepping, seen twice by one top --once", interval=0.5)
+        result, took = taken
         snap = json.loads(result.stdout)
         assert snap["run"] == run_id
         assert [n["node"] for n in snap["nodes"]] == ["node-0", "node-1"]
