@@ -14,7 +14,7 @@ from devtools.sandbox import Sandbox
 from launcher import app, options
 from launcher.app.hosts import load_inventory
 from launcher.app.job import JobWords
-from launcher.app.pages import PAGE_FILE, page_now
+from launcher.app.pages import page_now
 from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
@@ -54,9 +54,8 @@ def run_demo(opts: options.Options | None = None) -> int:
         # race the sandbox's end and could find no node to ask).
         code = app.launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"), run_id=run_id,
                           opts=replace(opts, page=False))
-        page_now(load_inventory(str(box.inventory)), run_id, opts)
-        page = opts.log_dir / run_id / PAGE_FILE
-        if page.exists():
+        page = page_now(load_inventory(str(box.inventory)), run_id, opts)
+        if page is not None:
             print(f"the run's page: {relative(page)}")
         return code
     finally:

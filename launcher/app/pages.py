@@ -30,6 +30,12 @@ from launcher.run.journal import read_journal
 from launcher.run.wiring import Wiring
 
 PAGE_FILE = "report.html"
+
+
+def page_path(opts: Options, run_id: str) -> Path:
+    """Where a run's page is (or will be): `logs/<run id>/report.html`."""
+    return opts.log_dir / run_id / PAGE_FILE
+
 ENDED = ("exited", "stopped", "lost")
 """A node's states once its part of the run is over (`none`: it never had one)."""
 
@@ -64,7 +70,7 @@ def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
     folder = opts.log_dir / run_id
     page = build_page(run_id, read_journal(folder), answers, f"{folder}/", offsets)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / PAGE_FILE
+    path = page_path(opts, run_id)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(render(page), encoding="utf-8")
     os.replace(tmp, path)
@@ -89,7 +95,7 @@ def page_due(opts: Options, run_id: str | None, states: list[str]) -> bool:
     page is there yet (a detached run's first status or logs after its end)."""
     had = [s for s in states if s != "none"]
     return bool(opts.page and run_id and had and all(s in ENDED for s in had)
-                and not (opts.log_dir / run_id / PAGE_FILE).exists())
+                and not page_path(opts, run_id).exists())
 
 
 def page_later(cluster: Cluster, run_ids: list[str | None], opts: Options, if_ended: bool = False) -> None:
@@ -136,17 +142,19 @@ def later() -> None:
                     _why(opts, run_id, exc)
 
 
-def page_now(cluster: Cluster, run_id: str, opts: Options, given: Mapping[str, Any] | None = None) -> None:
+def page_now(cluster: Cluster, run_id: str, opts: Options, given: Mapping[str, Any] | None = None) -> Path | None:
     """A run's page before the command returns: an attached `launch --slurm`'s (in a batch job the job ends with it,
     and a process left to write the page would end with the job: one short step a node, `given`), the demo's (its
-    nodes go down next); what stopped it goes into `logs/<run id>/report.err`, as `page_later`'s."""
+    nodes go down next). Its path; None when pages are off or it could not be written (why: in
+    `logs/<run id>/report.err`, as `page_later`'s)."""
     if not opts.page:
-        return
+        return None
     try:
         with open(os.devnull, "w") as quiet:
-            write_page(cluster, run_id, opts, quiet, given)
+            return write_page(cluster, run_id, opts, quiet, given)[0]
     except Exception as exc:
         _why(opts, run_id, exc)
+        return None
 
 
 def _why(opts: Options, run_id: str, exc: Exception) -> None:

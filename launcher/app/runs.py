@@ -136,12 +136,12 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_logs(job, follow, opts, wiring)
-    from launcher.app.pages import PAGE_FILE, page_later
+    from launcher.app.pages import page_later, page_path
     from launcher.run import control as run_control
 
     cluster = load_inventory(hosts)
     code = run_control.logs(cluster, run_id, node=node, rank=rank, follow=follow, opts=opts, wiring=wiring)
-    if run_id is None or not (opts.log_dir / run_id / PAGE_FILE).exists():
+    if run_id is None or not page_path(opts, run_id).exists():
         page_later(cluster, [run_id], opts, if_ended=True)  # a detached run's page, once it ended: its own process
     return code
 

@@ -220,9 +220,10 @@ def end_rows(exits: Sequence[NodeExit]) -> list[NodeExit]:
     if len(exits) <= REPORT_MAX_ROWS:
         return list(exits)
     own = [e for e in exits if e.raised][:REPORT_MAX_ROWS]
+    listed = {e.node for e in own}
     alike: dict[tuple[str, int | None, str], list[NodeExit]] = {}
     for e in exits:
-        if e not in own:
+        if e.node not in listed:
             alike.setdefault((e.state, e.exit_code, e.detail), []).append(e)
     rows = list(own)
     for (state, exit_code, detail), group in alike.items():
