@@ -42,8 +42,8 @@ def test_top_once_json_shows_every_rank_with_its_rate_and_flags_the_slow_one(ste
         taken: list = []
 
         def every_rank_seen_twice() -> bool:
-            # --once reads every rank twice, its CPU % between the two: a rank whose worker started between them
-            # (a loaded machine's start) has none yet, and the next call has it
+            # a rank's CPU % is from two of the look's reads of it: one first found at the look's last read has
+            # none yet (seen once in a loaded fresh-clone run), and the next call has it
             t0 = time.monotonic()
             result = inv("top", "--hosts", str(steps_box.inventory), "--once", "--json", log_dir=logs)
             taken[:] = [result, time.monotonic() - t0]
