@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
+from collections.abc import Iterable
 from typing import IO
 
 from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
@@ -19,6 +20,17 @@ _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Inte
 _TORCH_RANK = re.compile(r"^\[rank\d+\]: ?")
 """What torch puts before each line of a traceback a rank raises once its process group is up (`[rank3]: ...`)."""
 _RAISED_WORDS = (b"Error", b"Exception", b"Interrupt", b"Exit")
+_FRAME = re.compile(r'^ *File "[^"]*", line \d+')
+"""A traceback's frame line (`  File "train.py", line 7, in <module>`): the last one before a rank's exception line
+is where it raised."""
+_FRAME_WORDS = b'File "'
+_NOISE = re.compile(r"^(?:\S.*?:\d+: \w*Warning: |\[?[WI]\d{4} \d\d:\d\d:\d\d|\s*traceback : To enable traceback see"
+                    r"|\*{8,}$|Setting OMP_NUM_THREADS environment variable)")
+"""Lines that are never a cause: Python's warnings (`train.py:3: UserWarning: ...`), torch's own warning and info
+log lines (`W1128 15:57:54.402000 ...`, `[W1128 ...`), torchrun's `To enable traceback see` notice and its
+OMP_NUM_THREADS banner."""
+RANK_WORDS = 3
+"""Lines kept of each rank's last output that is not noise: the root cause's words for a rank that raised nothing."""
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
 
 
@@ -64,9 +76,19 @@ class NodeLog:
         self.name = name
         self.rank_offset = rank_offset
         self.splitter = LineSplitter()
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._recent: deque[str] = deque(maxlen=TAIL_LINES)
         self.raised: dict[int, tuple[int | None, str]] = {}
         """Local rank -> (its global rank, the last exception line it printed): the root cause's own words."""
+        self._frames: dict[int, tuple[str, ...]] = {}
+        """Local rank -> the last traceback frame it printed (its `File ...` line and the source line after it)."""
+        self._pending: dict[int, str] = {}
+        """Local rank -> a frame line whose next line (its source line, or not) has not come yet."""
+        self._last_words: dict[int, tuple[str, ...]] = {}
+        """Local rank -> where its last exception was raised and the exception, as tail lines (`tail` keeps them)."""
+        self._said: dict[int, deque[str]] = {}
+        """Local rank -> its last RANK_WORDS lines that are not noise, as tail lines."""
+        self._warned: set[int] = set()
+        """Local ranks whose last line was a Python warning (its next line, the warning's source line, is noise)."""
         label = name.ljust(width)
         code = _COLOURS[index % len(_COLOURS)]
         self._start = f"\x1b[{code}m" if colour else ""
@@ -128,11 +150,27 @@ class NodeLog:
         """Each rank's last exception line among `lines`, wherever it falls: a failed rank's traceback is often
         followed by more lines than the tail keeps (its peers' errors, torchrun's summary)."""
         for line in lines:
-            if line[:1] == b"[" and any(word in line for word in _RAISED_WORDS):
-                _, local, global_rank, body = self._split_rank(line)
-                text = _TORCH_RANK.sub("", body.decode("utf-8", errors="replace").rstrip("\r"), count=1)
-                if local is not None and _RAISED.match(text):
-                    self.raised[local] = (global_rank, text[:TAIL_WIDTH])
+            if line[:1] != b"[" or not (self._pending or _FRAME_WORDS in line
+                                        or any(word in line for word in _RAISED_WORDS)):
+                continue
+            _, local, global_rank, body = self._split_rank(line)
+            if local is None:
+                continue
+            text = _TORCH_RANK.sub("", body.decode("utf-8", errors="replace").rstrip("\r"), count=1)
+            frame = self._pending.pop(local, None)
+            if _FRAME.match(text):
+                self._pending[local] = text[:TAIL_WIDTH]
+            elif frame is not None:  # the line after a frame: its source line, if it is one (not Python's ^^^ marks)
+                source = text[:TAIL_WIDTH] if text.startswith("    ") and text.strip("^~ ") else None
+                self._frames[local] = (frame, source) if source else (frame,)
+            if _RAISED.match(text):
+                self.raised[local] = (global_rank, text[:TAIL_WIDTH])
+                said = (*self._frames.get(local, ()), text[:TAIL_WIDTH])
+                self._last_words[local] = tuple(self._tagged(local, global_rank, x) for x in said)
+
+    @staticmethod
+    def _tagged(local: int, global_rank: int | None, text: str) -> str:
+        return f"[local rank {local}{'' if global_rank is None else f', rank {global_rank}'}] {text}"
 
     def _keep_tail(self, lines: list[bytes]) -> None:
         for line in lines:
@@ -140,8 +178,27 @@ class NodeLog:
             text = body.decode("utf-8", errors="replace").rstrip("\r")
             text = text if len(text) <= TAIL_WIDTH else text[:TAIL_WIDTH] + "…"  # a report, not a dump
             if local is not None:
-                text = f"[local rank {local}{'' if global_rank is None else f', rank {global_rank}'}] {text}"
-            self.tail.append(text)
+                own = _TORCH_RANK.sub("", text, count=1)
+                text = self._tagged(local, global_rank, text)
+                if noise(own) or (local in self._warned and own.startswith("  ")):
+                    if "Warning: " in own:
+                        self._warned.add(local)
+                    else:
+                        self._warned.discard(local)
+                else:
+                    self._warned.discard(local)
+                    self._said.setdefault(local, deque(maxlen=RANK_WORDS)).append(text)
+            self._recent.append(text)
+
+    @property
+    def tail(self) -> tuple[str, ...]:
+        """The node's last TAIL_LINES lines, after each rank's own last words where those scrolled out of them: where
+        its last exception was raised and the exception, else its last lines that are not noise (a rank that failed
+        is often followed by dozens of lines: torchrun's traceback, its summary, its peers')."""
+        recent = set(self._recent)
+        kept = [line for local in sorted({*self._last_words, *self._said})
+                for line in self._last_words.get(local) or self._said.get(local, ()) if line not in recent]
+        return (*kept, *self._recent)
 
     def format(self, data: bytes) -> tuple[str, int]:
         """The prefixed text of the whole lines `data` completes, and how many lines that is."""
@@ -168,7 +225,7 @@ class NodeLog:
             if n:
                 text = text.replace(tag, prefix)
         self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
-        if any(word in block for word in _RAISED_WORDS):  # one search in C for a chatty job's block
+        if self._pending or _FRAME_WORDS in block or any(word in block for word in _RAISED_WORDS):  # C searches
             self._note_raised(block.split(b"\n"))
         return text[1:].decode("utf-8", errors="replace"), count
 
@@ -200,6 +257,48 @@ def supports_colour(stream: IO[str] = sys.stdout) -> bool:
     import os
 
     return stream.isatty() and os.environ.get("TERM") != "dumb" and "NO_COLOR" not in os.environ
+
+
+def noise(text: str) -> bool:
+    """A line that is never a cause (`_NOISE`): a warning, torch's log lines, torchrun's notices."""
+    return bool(_NOISE.match(text))
+
+
+_TAIL_TAG = re.compile(r"^\[local rank (\d+)(?:, rank \d+)?\] ")
+
+
+def rank_lines(tail: Iterable[str], local: int) -> list[str]:
+    """The lines of local rank `local` in a node's tail (`NodeLog.tail`), without their tags (ours, torch's)."""
+    out = []
+    for line in tail:
+        match = _TAIL_TAG.match(line)
+        if match and int(match.group(1)) == local:
+            out.append(_TORCH_RANK.sub("", line[match.end():], count=1))
+    return out
+
+
+def untagged(line: str) -> str:
+    """A tail line without its tags (`[local rank 1, rank 3] [rank3]: `)."""
+    match = _TAIL_TAG.match(line)
+    return _TORCH_RANK.sub("", line[match.end():], count=1) if match else line
+
+
+def without_noise(lines: Iterable[str]) -> list[str]:
+    """`lines` (a tail's, tagged or not) less the noise: `noise`, and the source line Python prints under a warning."""
+    out: list[str] = []
+    warned: set[str | None] = set()  # the tags whose last line was a warning
+    for line in lines:
+        match = _TAIL_TAG.match(line)
+        tag, text = (match.group(1) if match else None), untagged(line)
+        if noise(text) or (tag in warned and text.startswith("  ")):
+            if "Warning: " in text:
+                warned.add(tag)
+            else:
+                warned.discard(tag)
+            continue
+        warned.discard(tag)
+        out.append(line)
+    return out
 
 
 def root_cause_block(lines: list[str]) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from launcher.errors import RunFailed
 from launcher.events import SELF_STOPS, EndKind, NodeEnd
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
-from launcher.report.lines import failed_rank, root_cause_block
+from launcher.report.lines import RANK_WORDS, failed_rank, rank_lines, root_cause_block, without_noise
 
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
@@ -71,6 +71,37 @@ def own_failure(end: NodeEnd) -> tuple[list[str], str | None]:
     return block, raised_by(end, failed_rank(block)[1])
 
 
+def summary_lines(end: NodeEnd) -> list[str]:
+    """What the report shows under the root cause: torchrun's block with, in place of its `To enable traceback see`
+    notice, the failed rank's own words (`rank_words`); without a block, the node's last lines that are not noise
+    (warnings, torch's log lines are never a cause)."""
+    block, what = own_failure(end)
+    if not block:
+        return [f"  {line}" for line in without_noise(end.tail)[-15:]]
+    out = []
+    for line in block:
+        if "To enable traceback" in line:
+            out += [f"  {x}" for x in rank_words(end, failed_rank(block)[1], what)]
+        else:
+            out.append(f"  {line}")
+    return out
+
+
+def rank_words(end: NodeEnd, local: int | None, what: str | None) -> list[str]:
+    """The failed rank's own words: its exception and the frame that raised it (its traceback's last), or, when it
+    raised none, its last lines that are not noise."""
+    own = rank_lines(end.tail, local) if local is not None else []
+    if what:
+        before = own[:len(own) - own[::-1].index(what) - 1] if what in own else own
+        at = next((i for i in range(len(before) - 1, -1, -1) if before[i].lstrip().startswith('File "')), None)
+        if at is None:
+            return [f"exception : {what}"]
+        source = [x.strip() for x in before[at + 1:at + 2] if x.startswith("    ") and x.strip("^~ ")]
+        return [f"exception : {what}", f"raised at : {before[at].strip()}", *(f"            {x}" for x in source)]
+    said = without_noise(own)[-RANK_WORDS:]
+    return ["last lines: (no exception)", *(f"  {x}" for x in said)] if said else []
+
+
 def failed_on_its_own(end: NodeEnd, block: list[str]) -> bool:
     """A node asked to stop whose own rank had already failed (its root-cause `block` names a worker's exit code,
     not a signal, nor a peer lost): a failure of its own, not the launcher's doing."""
@@ -95,10 +126,7 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
     code, rank = 1, None
     if origin is not None:
         sentence, code, rank = headline(origin)
-        block, what = own_failure(origin)
-        lines.append(sentence)
-        lines += [f"  exception : {what}" if what and "To enable traceback" in line else f"  {line}"
-                  for line in (block or list(origin.tail)[-15:])] + [f"  {t}" for t in origin.errors]
+        lines += [sentence, *summary_lines(origin), *(f"  {t}" for t in origin.errors)]
     for end in ends:
         if end is origin or not end.failed:
             continue

@@ -193,6 +193,36 @@ def test_a_rank_that_raises_fails_the_run_fast_with_its_exception(make_sandbox, 
     assert run_processes(run_id_of(result.stderr)) == []
 
 
+NO_NUMPY = """import os, time
+import torch
+import torch.distributed as dist
+print(f"rank {os.environ['RANK']} up", flush=True)
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    torch.zeros(2).numpy()
+time.sleep(60)
+"""
+
+
+def test_the_root_cause_of_a_rank_with_warnings_is_its_exception_not_the_warnings(make_sandbox, tmp_path: Path
+                                                                                   ) -> None:
+    """The nodes' venv has no numpy (as a user's may not): torch warns `Failed to initialize NumPy` in every rank,
+    then rank 1 raises. The summary shows its exception and the line that raised it, never the warnings."""
+    script = tmp_path / "no_numpy.py"
+    script.write_text(NO_NUMPY)
+    box = make_sandbox(1, nproc_per_node=2, master_port=free_port(), script=str(script))
+    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    assert result.returncode == 1, result.stderr
+    summary = result.stderr[result.stderr.index("FAILED"):].splitlines()
+    assert summary[1] == ("root cause: node-0, rank 1 (local rank 1), exit code 1: RuntimeError: Numpy is not "
+                          "available"), result.stderr
+    at = summary.index("  exception : RuntimeError: Numpy is not available")
+    assert summary[at + 1:at + 3] == [f'  raised at : File "{script}", line 7, in <module>',
+                                      "              torch.zeros(2).numpy()"], result.stderr
+    assert not any("Warning" in line or "To enable traceback" in line for line in summary), result.stderr
+    assert "UserWarning: Failed to initialize NumPy" in result.stdout  # the console streamed them as they came
+
+
 def test_a_silent_launcher_is_treated_as_gone(sleeper_box, tmp_path: Path) -> None:
     """A frozen launcher or a dead network sends no heartbeats: each node stops its part by itself."""
     out = tmp_path / "launch.out"

@@ -118,3 +118,61 @@ def test_a_nodes_log_keeps_the_last_exception_line_of_each_rank() -> None:
 def test_a_stop_from_another_terminal_is_no_failure() -> None:
     stopped = end("node-0", 1.0, exit_code=143, stop_reason="stopped-elsewhere")
     assert not stopped.failed and first_failure([stopped]) is None
+
+
+WARNED = (b"[default1@r1]:/venv/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to initialize NumPy: "
+          b"No module named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
+          b"[default1@r1]:  cpu = _conversion_method_template(device=torch.device(\"cpu\"))\n"
+          b"[default1@r1]:rank 1 up\n")
+TORCHRUN_AFTER = (b"W1128 15:57:54.402000 5896 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+                  b"5920 closing signal SIGTERM\n"
+                  + b"".join(b'  File "/venv/torch/distributed/run.py", line %d, in main\n    run(args)\n' % i
+                             for i in range(15))
+                  + "\n".join(("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-28_15:57:54",
+                               "  host      : node-0", "  rank      : 1 (local_rank: 1)",
+                               "  exitcode  : 1 (pid: 5922)", "  error_file: <N/A>",
+                               "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/"
+                               "errors.html", "=" * 20, "")).encode())
+
+
+def _failed(output: bytes, chunk: int = 300) -> list[str]:
+    """The report of node-0's failure, its log fed as the agent's chunks come."""
+    from launcher.report.lines import NodeLog
+
+    log = NodeLog("node-0", 0, 6, None, colour=False)
+    for at in range(0, len(output), chunk):
+        log.format(output[at:at + chunk])
+    log.format_rest()
+    origin = end("node-0", 1.0, exit_code=1, tail=log.tail,
+                 raised=tuple((local, rank, line) for local, (rank, line) in log.raised.items()))
+    return str(run_failed("r", [origin], "logs: logs/r/")).splitlines()
+
+
+def test_the_root_cause_shows_the_exception_and_where_it_was_raised_never_the_warnings() -> None:
+    """A rank in a venv without numpy: torch's warnings first, then its traceback, then torchrun's 30 lines: the
+    report says the exception and its frame (though far past the node's last 40 lines), no warning, no W1128 line."""
+    traceback = (b"[default1@r1]:[rank1]: Traceback (most recent call last):\n"
+                 b'[default1@r1]:[rank1]:   File "/work/nonumpy.py", line 7, in <module>\n'
+                 b"[default1@r1]:[rank1]:     torch.zeros(2).numpy()\n"
+                 b"[default1@r1]:[rank1]:     ^^^^^^^^^^^^^^^^^^^^^^\n"
+                 b"[default1@r1]:[rank1]: RuntimeError: Numpy is not available\n")
+    for chunk in (7, 300, 100_000):
+        lines = _failed(WARNED + traceback + TORCHRUN_AFTER, chunk)
+        assert lines[1] == "root cause: node-0, rank 1 (local rank 1), exit code 1: RuntimeError: Numpy is not available"
+        at = lines.index("  exception : RuntimeError: Numpy is not available")
+        assert lines[at + 1:at + 3] == ['  raised at : File "/work/nonumpy.py", line 7, in <module>',
+                                        "              torch.zeros(2).numpy()"], lines
+        assert not any("Warning" in x or "W1128" in x or "To enable traceback" in x for x in lines), lines
+
+
+def test_a_rank_that_raised_nothing_shows_its_last_lines_that_are_not_warnings() -> None:
+    lines = _failed(WARNED + b"[default1@r1]:[W1128 15:57:54.1 ProcessGroupGloo.cpp:1] Warning: slow\n"
+                    + TORCHRUN_AFTER)
+    at = lines.index("  last lines: (no exception)")
+    assert lines[at + 1:at + 2] == ["    rank 1 up"], lines
+    assert not any("Warning" in x or "cpu = " in x or "To enable traceback" in x for x in lines), lines
+
+
+def test_without_torchruns_block_the_last_lines_shown_are_not_warnings() -> None:
+    lines = _failed(WARNED + b"Killed\n")
+    assert lines[2:] == ["  [local rank 1, rank 1] rank 1 up", "  Killed", "logs: logs/r/"], lines
