@@ -32,8 +32,7 @@ def check_ssh(ev: Evidence) -> list[Finding]:
 
 
 def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Finding:
-    text = (failed.stderr or failed.stdout).strip()
-    last = text.splitlines()[-1] if text else ""
+    text, last = (failed.stderr or failed.stdout).strip(), failed.said
     python = host.python
     if failed.exit_code == SETUP_FAILED:  # the node's setup lines, before any python ran
         return Finding(host.name, "python", "fail", last or "a setup line failed",
@@ -48,8 +47,9 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
                        f"is {host.name} overloaded, or does its python hang at start? "
                        f"try `ssh {host.name} {shlex.quote(python)} -c pass`; if it only starts slowly (a cold "
                        "network filesystem), raise --probe-timeout (launcher.probe_timeout in invoke.yaml)")
-    return Finding(host.name, "python", "fail", f"the probe failed (exit {failed.exit_code}): {last or 'no output'}",
-                   f"run `ssh {host.name} {shlex.quote(python)} -V`: the probe needs Python 3.8 or newer")
+    return Finding(host.name, "python", "fail", f"the probe gave no answer (exit {failed.exit_code}): "
+                   f"{last or 'no output'}", f"see what {python} says there: `ssh {host.name} {shlex.quote(python)} "
+                   f"-c 'import sys; print(sys.version)'` (the probe needs Python 3.8 or newer)")
 
 
 @check("python", fast=True)

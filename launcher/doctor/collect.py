@@ -85,18 +85,29 @@ def job_request(cluster: Cluster, host: Host) -> dict[str, Any]:
     return {form: value, **({"job_env": paths} if paths else {})}
 
 
+def probe_answer(stdout: str) -> dict[str, Any] | None:
+    """The probe's answer in its output: the last line that is a JSON object. A `python:` that is a wrapper may print
+    before its interpreter starts or after it ends (`wrapper-done`), and exit as it likes: the launch's start gate
+    reads the agent's events whatever the wrapper adds, and so does the doctor."""
+    for line in reversed(stdout.splitlines()):
+        if line.lstrip().startswith("{"):
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict):
+                return answer
+    return None
+
+
 def _outcome(result: Result | NodeFailure) -> Outcome:
     if isinstance(result, NodeFailure):
         return result
     out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
-    if result.exit_code == 0:
-        try:
-            answer = json.loads(out.strip().splitlines()[-1])
-            if isinstance(answer, dict):
-                return answer
-        except (ValueError, IndexError):
-            pass
-    return ProbeFailed(result.exit_code if result.exit_code != 0 else 1, err[-2000:], out[-2000:])
+    answer = probe_answer(out)
+    if answer is not None and (result.exit_code == 0 or "error" not in answer):  # a request it refused: exit 2
+        return answer
+    return ProbeFailed(result.exit_code, err[-2000:], out[-2000:])
 
 
 def listen_request(cluster: Cluster, token: str, timeout: float) -> dict[str, Any]:
@@ -207,7 +218,7 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
     ev = dataclasses.replace(ev, outcomes=outcomes)
-    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}"
+    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}: {o.said or 'no output'}"
               for h, o in outcomes.items() if not isinstance(o, dict)}
     return Report(
         source=cluster.source,

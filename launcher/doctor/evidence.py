@@ -33,9 +33,15 @@ class ProbeFailed:
     """The probe ran on the node but gave no answer: its exit code and the tail of its output."""
 
     exit_code: int
-    """-1 when it did not finish in time."""
+    """-1 when it did not finish in time (0: it ended well but printed no answer)."""
     stderr: str = ""
     stdout: str = ""
+
+    @property
+    def said(self) -> str:
+        """Its last line of output (stderr's, else stdout's), or ""."""
+        text = (self.stderr or self.stdout).strip()
+        return text.splitlines()[-1] if text else ""
 
 
 Outcome = dict[str, Any] | NodeFailure | ProbeFailed

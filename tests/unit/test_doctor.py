@@ -178,8 +178,23 @@ def test_probe_that_runs_out_of_time_or_crashes() -> None:
                                  "try `ssh node-1 /opt/venv/bin/python -c pass`")
     assert silent.fix.endswith("raise --probe-timeout (launcher.probe_timeout in invoke.yaml)")
     crashed = only(ev, "python", "node-2")
-    assert crashed.detail == "the probe failed (exit 1): SyntaxError: invalid syntax"
+    assert crashed.detail == "the probe gave no answer (exit 1): SyntaxError: invalid syntax"
     assert "3.8 or newer" in crashed.fix
+
+
+def test_a_wrapper_that_prints_after_python_ends_is_no_failure() -> None:
+    """`python:` a script that prints a line once python has answered (`wrapper-done`), or before it starts: the
+    answer is the probe's JSON line, whatever the wrapper adds or exits with, as the launch's gate reads it."""
+    from launcher.doctor.collect import _outcome
+    from launcher.transport.channel import Result
+
+    answer = json.dumps(probe("node-1"))
+    for out, code in ((f"{answer}\nwrapper-done\n", 0), (f"activating\n{answer}\n", 0), (f"{answer}\nbye\n", 1)):
+        assert _outcome(Result(code, out.encode(), b"")) == probe("node-1"), out
+    silent = _outcome(Result(0, b"wrapper-done\n", b""))
+    assert silent == ProbeFailed(0, "", "wrapper-done\n") and silent.said == "wrapper-done"
+    refused = _outcome(Result(2, b'{"mode": "probe", "error": "no checks"}\n', b"probe: no checks\n"))
+    assert isinstance(refused, ProbeFailed) and refused.said == "probe: no checks"
 
 
 def test_slow_probe_limit_is_an_outlier_among_peers_or_past_half_the_limit() -> None:
