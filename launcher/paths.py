@@ -4,7 +4,7 @@ command the user typed, or the API's call): the bottom layer, it imports nothing
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,18 +20,20 @@ def relative(path: Path) -> str:
         return str(path)
 
 
-_CALLERS: list[str] = []
-"""How the launcher is being called, innermost last (`called_as`): `ddpl`, `inv`, `api`."""
+_CALLERS: list[tuple[str, str]] = []
+"""How the launcher is being called, innermost last (`called_as`): (`ddpl`, `inv` or `api`; the collection path the
+user typed before a task's own name: `ddp.` for `inv ddp.launch`)."""
 
 API = "api"
 """The caller name of the Python API (launcher/api.py): its hints are calls, where it has them."""
 
 
 @contextmanager
-def called_as(name: str) -> Iterator[None]:
+def called_as(name: str, prefix: str = "") -> Iterator[None]:
     """Within: the launcher runs for `name`'s user (the task layer says `ddpl` or `inv` from Invoke's config, the API
-    `api`), and every message's hint names that command (`command_name`, `hint`)."""
-    _CALLERS.append(name)
+    `api`), and every message's hint names that command (`command_name`, `hint`), its tasks under `prefix` (`ddp.`:
+    a project's own tasks.py that added the launcher's as a collection, `task_prefix`)."""
+    _CALLERS.append((name, prefix))
     try:
         yield
     finally:
@@ -49,9 +51,29 @@ def command_name() -> str:
     gave (the API's: `ddpl`, the installed command beside it, for what has no call); outside any, `ddpl` (the
     installed command, or `python -m launcher`), else `inv`."""
     if _CALLERS:
-        return "ddpl" if _CALLERS[-1] == API else _CALLERS[-1]
+        return "ddpl" if _CALLERS[-1][0] == API else _CALLERS[-1][0]
     first = sys.argv[0] if sys.argv else ""
     return "ddpl" if Path(first).name == "ddpl" or Path(first).parts[-2:] == ("launcher", "__main__.py") else "inv"
+
+
+def task_prefix(path: str, argv: Sequence[str]) -> str:
+    """The collection path a user typed before the task `path` (`launch`, `slurm.submit`) on the command line `argv`:
+    `ddp.` for `inv ddp.launch` (a project's tasks.py with `ns.add_collection(launcher.tasks.ns, "ddp")`), "" for
+    `ddpl launch` or this checkout's `inv launch`. Invoke does not tell a task the name it was called by."""
+    words = {path, path.replace("_", "-")}
+    for word in argv[1:]:
+        for name in words:
+            if word.endswith("." + name) and not word.startswith("-"):
+                return word[:-len(name)]
+            if word == name:
+                return ""
+    return ""
+
+
+def task_words(words: str) -> str:
+    """`words` (`doctor --hosts H`) as the user runs them here: `ddpl doctor --hosts H`, `inv ddp.doctor ...`."""
+    prefix = _CALLERS[-1][1] if _CALLERS else ""
+    return f"{command_name()} {prefix}{words}"
 
 
 def stop_call(hosts: str, run_id: str) -> str:
@@ -70,10 +92,10 @@ def detached_hint(source: str) -> str:
 
 def from_api() -> bool:
     """Whether this call came through the Python API."""
-    return bool(_CALLERS) and _CALLERS[-1] == API
+    return bool(_CALLERS) and _CALLERS[-1][0] == API
 
 
 def hint(words: str, api: str | None = None) -> str:
     """A command a message tells the user to run, without its quotes: `ddpl WORDS` (`inv WORDS`); from the Python
     API, the call `api` where it has one (`api.doctor('hosts/cluster.yaml')`)."""
-    return api if api is not None and from_api() else f"{command_name()} {words}"
+    return api if api is not None and from_api() else task_words(words)

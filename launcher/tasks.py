@@ -8,6 +8,7 @@ A project's own tasks.py can add them: `ns = Collection(its_task, ...)`, then `n
 from __future__ import annotations
 
 import gc
+import sys
 
 # The imports below make ~60,000 objects that live as long as the process: no collection walks them while they are
 # made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
@@ -25,7 +26,7 @@ from launcher import app, options
 from launcher.cliconfig import NOT_OPTIONS, SECTION, setting_lines, sources
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE, LauncherError
-from launcher.paths import called_as, invoked_as, relative
+from launcher.paths import called_as, invoked_as, relative, task_prefix
 from launcher.project import check_owner, resolve
 
 gc.freeze()
@@ -55,12 +56,14 @@ def task(*args: Any, **kwargs: Any) -> Any:
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a task body; a LauncherError becomes its message and exit code, never a traceback. Its messages name the
-    command that runs it (`ddpl`, or `inv`: the prefix of Invoke's config)."""
+    command that runs it (`ddpl`, or `inv`: the prefix of Invoke's config) and the collection its tasks were added
+    as in a project's tasks.py (`inv ddp.doctor`)."""
+    path = fn.__name__.replace("_", ".")  # its name in `ns`: slurm_submit is the `submit` of `slurm`
 
     @wraps(fn)
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> None:
         try:
-            with called_as(invoked_as(c.config.prefix)):
+            with called_as(invoked_as(c.config.prefix), task_prefix(path, sys.argv)):
                 code = fn(c, *args, **kwargs)
         except LauncherError as exc:
             message, code = app.main_error(exc)

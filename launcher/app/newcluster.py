@@ -15,7 +15,7 @@ from launcher.config.starter import Found, render_inventory
 from launcher.errors import LauncherError, NodeFailure, UsageError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
 from launcher.options import DEFAULT_MASTER_PORT, Options
-from launcher.paths import command_name, relative
+from launcher.paths import relative, task_words
 from launcher.run.wiring import Wiring
 from launcher.transport.program import node_program, program_input, python_command
 from launcher.transport.sessions import close_all, connect_all, run_all
@@ -77,7 +77,7 @@ def write_example(output: Path, command: str) -> None:
     """Write the reference inventory (every key, what it does, its default: launcher/config/example.yaml, shipped
     with the package) at `output`, never over a file that is there."""
     if output.exists():
-        raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over a file (give "
+        raise UsageError(f"{relative(output)} is there already: `{command}init` never writes over a file (give "
                          "--output another one)")
     text = (resources.files("launcher.config") / "example.yaml").read_text(encoding="utf-8")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def no_python(found: Sequence[Found], command: str) -> str:
     """Why `init` wrote nothing: no node said which python has torch (each node's notes), and what to give."""
     why = "; ".join(f"{f.name}: {', '.join(f.notes) or 'no interpreter with torch'}" for f in found)
     return (f"no python with torch was found on any node ({why}); nothing was written: give the interpreter that has "
-            f"torch on the nodes (`{command} init --python ~/venvs/train/bin/python ...`), or install torch there")
+            f"torch on the nodes (`{command}init --python ~/venvs/train/bin/python ...`), or install torch there")
 
 
 def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Mapping[str, Any], master_port: int,
@@ -99,7 +99,7 @@ def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Ma
     the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it). Nothing is written where
     no node has a python with torch (a LauncherError that asks for --python)."""
     if output.exists():
-        raise UsageError(f"{relative(output)} is there already: `{command} init` never writes over an inventory "
+        raise UsageError(f"{relative(output)} is there already: `{command}init` never writes over an inventory "
                          "(edit it, or give --output another file)")
     cluster = nodes_cluster(names, ssh_config)
     if python is None or nproc_per_node is None:
@@ -128,7 +128,7 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
     findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
     overwritten, and none is written when no node has a python with torch."""
     opts, wiring = opts or Options(), wiring or Wiring()
-    name = command_name()
+    name = task_words("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
     found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
                             master_port=master_port, python=python, nproc_per_node=nproc_per_node,
                             ssh_config=ssh_config, opts=opts, err=wiring.err, command=name)
@@ -145,8 +145,8 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
     code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
     if code:
         wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
-                         f"missing {script} is what --sync copies. Then: {name} doctor{hosts}\n")
-    wiring.out.write(f"next: {name} launch{hosts} --dry-run, then {name} launch{hosts} --sync (this project to every "
+                         f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n")
+    wiring.out.write(f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every "
                      "workdir first)\n")
     return 1 if unknown else 0
 
@@ -154,9 +154,9 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
 def init_example(output: Path, *, wiring: Wiring | None = None) -> int:
     """Write the reference inventory at `output` (every key, what it does and its default), never over a file; no
     node is asked."""
-    wiring, name = wiring or Wiring(), command_name()
+    wiring, name = wiring or Wiring(), task_words("")
     write_example(output, name)
     wiring.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
-                     f"lines you need into yours (`{name} init --hosts gpu01,gpu02` writes one from what your nodes "
+                     f"lines you need into yours (`{name}init --hosts gpu01,gpu02` writes one from what your nodes "
                      "say)\n")
     return 0

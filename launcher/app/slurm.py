@@ -19,7 +19,7 @@ from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
-from launcher.paths import REPO, command_name, hint, relative
+from launcher.paths import REPO, hint, relative, task_words
 from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
@@ -104,12 +104,12 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
         pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
-    name = command_name()
+    name = task_words("")
     wiring.out.write(f"submitted batch job {job_id}\n"
                      f"  script: {relative(script_path)}\n"
                      f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
-                     f"  {name} status --job {job_id}\n  {name} logs --job {job_id} --follow\n"
-                     f"  {name} stop --job {job_id}\n")
+                     f"  {name}status --job {job_id}\n  {name}logs --job {job_id} --follow\n"
+                     f"  {name}stop --job {job_id}\n")
     return 0
 
 

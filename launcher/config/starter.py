@@ -70,9 +70,10 @@ def _python_comment(found: Sequence[Found]) -> str:
 
 
 def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, Any], master_port: int,
-                     ssh_config: str | None = None, command: str = "ddpl") -> str:
+                     ssh_config: str | None = None, command: str = "ddpl ") -> str:
     """The commented inventory for `found` (in rank order): what every node shares in `defaults:`, what differs on
-    its host, the notes of what could not be found as comments."""
+    its host, the notes of what could not be found as comments. `command`: what comes before a task's name as the
+    user runs it (`ddpl `, `inv `, `inv ddp.`: launcher.paths.task_words)."""
     python, nproc = _common(found, "python"), _common(found, "nproc")
     if python is None and all(f.python is None for f in found):
         python = UNKNOWN_PYTHON  # once, in defaults: a host's own line would override the one a user sets
@@ -81,12 +82,12 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
                  "no GPUs (nvidia-smi): one process a node, torch uses its cores") if gpus is not None else ""
     if any(f.given_nproc for f in found):
         nproc_why = "as --nproc-per-node gave"
-    lines = [f"# Written by `{command} init`: your nodes, what it found on them over SSH, and the job to run.",
+    lines = [f"# Written by `{command}init`: your nodes, what it found on them over SSH, and the job to run.",
              "# Check it, then:",
-             f"#   {command} doctor                     # same Python and torch everywhere? DNS? port? script?",
-             f"#   {command} launch --dry-run           # each node's exact command, and why each flag is there",
-             f"#   {command} launch --sync              # copy this project to every workdir, then start",
-             f"# Every key, with what it does and its default: `{command} init --example` writes them to "
+             f"#   {command}doctor                     # same Python and torch everywhere? DNS? port? script?",
+             f"#   {command}launch --dry-run           # each node's exact command, and why each flag is there",
+             f"#   {command}launch --sync              # copy this project to every workdir, then start",
+             f"# Every key, with what it does and its default: `{command}init --example` writes them to "
              "hosts/example.yaml."]
     lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
     lines += _hosts(found, python, nproc)
@@ -95,7 +96,7 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
     lines.append("defaults:")
     if python is not None:
         lines.append(_line(f"  python: {_flow(python)}", _python_comment(found)))
-    lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command} launch --sync`"))
+    lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command}launch --sync`"))
     if nproc is not None:
         lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))
     lines += ["rendezvous:", _line(f"  master_port: {master_port}", "a free TCP port on the first node"),

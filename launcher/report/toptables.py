@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.limits import TOP_BEHIND_LINES, TOP_GPU_REFRESH_S
+from launcher.paths import hint
 from launcher.ranges import numbers_text
 from launcher.units import human_bytes
 from launcher.watch.straggler import Straggler
@@ -184,7 +185,8 @@ def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, S
 
     marks = [mark(r) for r in hidden if flagged(r, stragglers, behind)]
     said = f"+{len(hidden)} ranks not shown" + (f": {', '.join(marks[:6])}" if marks else "")
-    said += (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else "") + " (inv top --once shows every rank)"
+    said += (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else "")
+    said += f" ({hint('top --once')} shows every rank)"
     return Text(said, style="yellow", no_wrap=True, overflow="ellipsis")
 
 
@@ -201,7 +203,7 @@ def behind_lines(behind: Sequence[RankBehind], most: int | None = None) -> list[
     shown = list(behind) if most is None or len(behind) <= most else list(behind[:most - 1])
     lines = [line(said) for said in shown]
     if len(shown) < len(behind):
-        lines.append(Text(f"+{len(behind) - len(shown)} more collectives with ranks behind (inv top --once says "
+        lines.append(Text(f"+{len(behind) - len(shown)} more collectives with ranks behind ({hint('top --once')} says "
                           "every one)", style="yellow", no_wrap=True, overflow="ellipsis"))
     return lines
 

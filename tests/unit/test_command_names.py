@@ -91,3 +91,33 @@ def test_the_task_layer_takes_the_name_from_invokes_config() -> None:
     body(Context(Config()))
     body(Context(DdplConfig(lazy=True)))
     assert seen == ["inv", "ddpl"]
+
+
+def test_a_hint_names_the_task_as_the_collection_the_user_added_it_under() -> None:
+    """A project's tasks.py adds the launcher's as `ddp` (the README's snippet): `inv ddp.launch`'s hints say
+    `inv ddp.doctor`, never `inv doctor` (`No idea what 'doctor' is!` there)."""
+    from launcher.paths import task_prefix
+
+    assert task_prefix("launch", ["inv", "ddp.launch", "--script", "launch"]) == "ddp."
+    assert task_prefix("slurm.submit", ["inv", "-e", "ddp.slurm.submit"]) == "ddp."
+    assert task_prefix("slurm.submit", ["inv", "slurm.submit"]) == ""
+    assert task_prefix("launch", ["/usr/bin/ddpl", "launch", "--args", "x.launch"]) == ""
+    assert task_prefix("launch", ["inv", "train.tools.ddp.launch"]) == "train.tools.ddp."
+    with called_as("inv", "ddp."):
+        assert hint("doctor --hosts h.yaml") == "inv ddp.doctor --hosts h.yaml"
+        assert "`inv ddp.status --hosts h.yaml`" in detached_hint("h.yaml")
+    with called_as("ddpl"):
+        assert hint("doctor") == "ddpl doctor"
+
+
+def test_a_projects_tasks_py_gets_its_collections_names_in_every_hint(tmp_path: Path) -> None:
+    """The README's tasks.py, run by a project's `inv`: a missing inventory's hint names `inv ddp.init`."""
+    readme = (REPO / "README.md").read_text()
+    (block,) = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:] if "add_collection(ddp" in b]
+    (tmp_path / "tasks.py").write_text(block)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}, "PYTHONPATH": str(REPO)}
+    said = subprocess.run([sys.executable, "-m", "invoke", "ddp.doctor", "--hosts", "nope.yaml"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert said.returncode == 1, said.stderr
+    assert "`inv ddp.init --hosts NODE1,NODE2` writes one" in said.stderr, said.stderr
+    assert "`inv ddp.init --example`" in said.stderr

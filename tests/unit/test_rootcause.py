@@ -158,7 +158,8 @@ def test_the_root_cause_shows_the_exception_and_where_it_was_raised_never_the_wa
                  b"[default1@r1]:[rank1]: RuntimeError: Numpy is not available\n")
     for chunk in (7, 300, 100_000):
         lines = _failed(WARNED + traceback + TORCHRUN_AFTER, chunk)
-        assert lines[1] == "root cause: node-0, rank 1 (local rank 1), exit code 1: RuntimeError: Numpy is not available"
+        assert lines[1] == ("root cause: node-0, rank 1 (local rank 1), exit code 1: RuntimeError: Numpy is not "
+                            "available")
         at = lines.index("  exception : RuntimeError: Numpy is not available")
         assert lines[at + 1:at + 3] == ['  raised at : File "/work/nonumpy.py", line 7, in <module>',
                                         "              torch.zeros(2).numpy()"], lines
