@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from launcher.app.hosts import Hosts, load_inventory
+from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
 from launcher.options import Options
 from launcher.run.wiring import Wiring
@@ -44,7 +44,7 @@ def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | No
     from launcher import doctor as doctor_checks
 
     opts, wiring = opts or Options(), wiring or Wiring()
-    cluster = load_inventory(hosts)
+    cluster = with_project_src(load_inventory(hosts), hosts)  # the script check looks for the script there too
     if words is not None and words.given() is not None:
         cluster = replace(cluster, job=job_of(cluster, words))
     if slurm or job:

@@ -14,6 +14,7 @@ from launcher.doctor.evidence import Evidence, Finding, ProbeFailed
 from launcher.doctor.registry import check, compare, listed, probes_of
 from launcher.errors import NodeFailure
 from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR, SLOW_PROBE_MARGIN_S, SLOW_PROBE_SHARE
+from launcher.paths import hint
 from launcher.transport.program import SETUP_FAILED
 from launcher.units import human_bytes
 
@@ -192,11 +193,11 @@ def _script_findings(ev: Evidence, script: str) -> list[Finding]:
         info = p["script"]
         workdir = p["workdir"]["path"]
         source = f"e.g. `rsync -a {ref}:{shlex.quote(probes[ref]['workdir']['path'])}/ {h}:{shlex.quote(workdir)}/`" \
-            if ref else "from your checkout"
+            if ref else f"`{hint('launch --sync')}` sends this project's tree"
         if h not in hashes:
             where = info["path"] if p["workdir"]["exists"] else f"{info['path']} (workdir {workdir} does not exist)"
             out.append(Finding(h, "script", "fail", f"{script} is missing on {h}: {where}",
-                               f"copy the code to {h} ({source}), or fix `workdir` for {h}"))
+                               _missing_fix(ev, h, source, ref is not None)))
         elif hashes[h] != major:
             out.append(Finding(h, "script", "fail",
                                f"{script} differs on {h} (sha256 {hashes[h][:12]}), "
@@ -205,6 +206,15 @@ def _script_findings(ev: Evidence, script: str) -> list[Finding]:
         else:
             out.append(Finding(h, "script", "ok", f"{script} sha256 {hashes[h][:12]}"))
     return out
+
+
+def _missing_fix(ev: Evidence, host: str, source: str, elsewhere: bool) -> str:
+    """What gives `host` the script it lacks: another node's copy, this project's (`launch --sync`), or, where this
+    machine lacks it too, its name to check."""
+    if not elsewhere and ev.local_script is not None and not ev.local_script[1]:
+        return (f"no node has it, nor this machine at {ev.local_script[0]}: check the script's name (--script, "
+                f"job.script), or fix `workdir` for {host}")
+    return f"copy the code to {host} ({source}), or fix `workdir` for {host}"
 
 
 def _found_findings(ev: Evidence, form: str, value: str) -> list[Finding]:

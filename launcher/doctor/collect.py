@@ -12,9 +12,10 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from launcher.config.model import Cluster, Host
+from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.doctor.checklist import FAST_CHECKS, evaluate, selected_checks
 from launcher.doctor.checks_net import requested_names
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
@@ -98,6 +99,19 @@ def probe_answer(stdout: str) -> dict[str, Any] | None:
             if isinstance(answer, dict):
                 return answer
     return None
+
+
+def local_script(cluster: Cluster) -> tuple[str, bool] | None:
+    """Where the job's script is in the tree `launch --sync` sends from this machine (sync.src: the current folder,
+    or the project's), and whether it is there; None for a job that is no script, a script given by an absolute
+    path, or a sync into another folder than the workdir."""
+    if cluster.job is None or cluster.job.form[0] != "script":
+        return None
+    script, spec = cluster.job.form[1], cluster.sync or SyncSpec()
+    if spec.dest is not None or script.startswith(("/", "~")):
+        return None
+    path = (Path(spec.src).expanduser() / script).absolute()
+    return str(path), path.is_file()
 
 
 def _outcome(result: Result | NodeFailure) -> Outcome:
@@ -209,7 +223,8 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: S
     outcomes.update({f.host: f for f in failures})
     timings = {"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
                "total_s": round(time.monotonic() - start, 3)}
-    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times, gpus_in_use), checks, timings)
+    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times, gpus_in_use,
+                            local_script(cluster)), checks, timings)
 
 
 def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Report:
@@ -310,7 +325,8 @@ class DoctorGate:
         master = facts.get(cluster.hosts[0].name)
         listener = master.listener if master is not None and master.probe is not None else None
         times = {name: f.took for name, f in facts.items() if f.took is not None}
-        report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times), "fast",
+        report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times,
+                                  local_script=local_script(cluster)), "fast",
                          {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)})
         if not report.ok:
             raise DoctorFailed(report, self.more(cluster))

@@ -66,6 +66,9 @@ class Evidence:
     gpus_in_use: bool = False
     """The nodes' GPUs are expected to be in use (`doctor --job` on a running job: its own run is on them): a busy
     GPU is said, not failed."""
+    local_script: tuple[str, bool] | None = None
+    """Where the job's script is in the tree `launch --sync` sends from this machine, and whether it is there (None:
+    not a script job, or a sync to another folder than the workdir): what a node that lacks it can be given."""
 
 
 @dataclass(frozen=True)

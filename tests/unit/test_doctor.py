@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import io
 import json
 import shutil
@@ -451,6 +452,27 @@ def test_script_missing_or_different() -> None:
     differs = only(ev, "script", "node-2")
     assert differs.detail == f"train.py differs on node-2 (sha256 {'cd' * 6}), node-0 have {'ab' * 6}"
     assert findings(evidence(make_cluster(job=False)), "script") == []
+
+
+def test_a_script_no_node_has_says_whether_this_machine_has_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """`--script nope.py`: on no node, and not in this project either, the fix is its name, not a copy of the code
+    `from your checkout`; one this project has is what `launch --sync` sends."""
+    from launcher.doctor.collect import local_script
+
+    gone = {name: {**probe(name), "script": {"path": "/home/u/project/train.py", "error": "[Errno 2]"}}
+            for name in ADDRS}
+    monkeypatch.chdir(tmp_path)
+    cluster = make_cluster()
+    assert local_script(cluster) == (str(tmp_path / "train.py"), False)
+    ev = dataclasses.replace(evidence(**{k.replace("-", "_"): v for k, v in gone.items()}),
+                             local_script=local_script(cluster))
+    assert only(ev, "script", "node-1").fix == (f"no node has it, nor this machine at {tmp_path / 'train.py'}: check "
+                                                "the script's name (--script, job.script), or fix `workdir` for node-1")
+    (tmp_path / "train.py").write_text("print()\n")
+    ev = dataclasses.replace(ev, local_script=local_script(cluster))
+    assert only(ev, "script", "node-1").fix == ("copy the code to node-1 (`inv launch --sync` sends this project's "
+                                                "tree), or fix `workdir` for node-1")
 
 
 def test_gpu_count_busy_gpus_and_cpu_only_nodes() -> None:
