@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError, UsageError
-from launcher.limits import ACTION_MARGIN
+from launcher.limits import ACTION_MARGIN, HANG_FACTOR, HANG_FLOOR_S
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
@@ -69,6 +69,13 @@ are cut at 64 KiB, so a million of them could have held 64 GB (1,500 long lines 
 MIN_CONSOLE_BUFFER_BYTES = 1 << 20
 MAX_CONSOLE_BUFFER_BYTES = 16 << 30
 
+HANG_TIMEOUT_HELP = (f"seconds in which no rank printed a line and no rank's optimizer steps or DataLoader batches "
+                     f"grew (CPU time is never progress: a hung collective keeps a CPU busy) before the run is "
+                     f"suspected hung and every rank's stack is taken; unset: learnt from the run ({HANG_FACTOR:g}x "
+                     f"its longest quiet gap, at least {HANG_FLOOR_S:g} s); 0: never")
+"""What `hang_timeout` means, the one text of it (launcher.watch.hang's rule): the options' help says it, and every
+other place that explains it agrees (tests/unit/test_options.py)."""
+
 STRAGGLER_FACTOR = 0.8
 """A rank is slow below this share of the median rank's step rate..."""
 STRAGGLER_HOLD_S = 60.0
@@ -104,8 +111,7 @@ class Options:
     retry_cooldown: float = DEFAULT_RETRY_COOLDOWN
     """Seconds a node that caused two failed attempts sits out."""
     hang_timeout: float | None = None
-    """Seconds without progress (no rank printed a line, no rank's CPU time grew) after which a run is suspected
-    hung; None: learnt from the run (`launcher.watch.hang`); 0: never."""
+    """`HANG_TIMEOUT_HELP`: None learnt from the run, 0 never."""
     on_hang: str = "stop"
     """What a suspected hang does after every rank's stack is taken: `stop` the run (exit code 124) or `keep` it."""
     straggler_factor: float = STRAGGLER_FACTOR

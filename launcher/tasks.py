@@ -152,9 +152,8 @@ def _settings_lines(c: Context) -> list[str]:
     "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
-    "hang-timeout": "seconds without progress (no rank printed a line, no rank's CPU grew) before the run is "
-                    "suspected hung and every rank's stack is taken (default: learnt from the run, at least 300 s; "
-                    "0: never)",
+    "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
+                    "job.hang_timeout)",
     "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
     "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
              "master; the inventory gives everything else",

@@ -202,8 +202,8 @@ class Job:
     resume_args: tuple[str, ...] = DEFAULT_RESUME_ARGS
     """Added to `args` when the launcher retries a failed run (`retries`): how the script resumes its checkpoint."""
     hang_timeout: float | None = None
-    """Seconds without progress before the run is suspected hung (`launcher.watch.hang`); None: learnt; 0: never.
-    `--hang-timeout` (or invoke.yaml's `launcher.hang_timeout`) wins."""
+    """launcher.options.HANG_TIMEOUT_HELP; None: learnt; 0: never. `--hang-timeout` (or the `hang_timeout`
+    setting) wins."""
     progress: str | None = None
     """A regular expression of a rank's progress lines, its group `step` the step (`inv top`'s rates and
     stragglers); None: launcher.options.DEFAULT_PROGRESS (`step N`, tqdm's `N/M`)."""

@@ -36,3 +36,24 @@ def test_config_values_are_checked_naming_their_key(key: str, value: object, sen
     with pytest.raises(LauncherError) as caught:
         from_config({key: value}, {})
     assert str(caught.value) == sentence
+
+
+def test_what_hang_timeout_means_is_one_text_and_every_other_agrees_cpu_time_is_never_progress() -> None:
+    """launcher/watch/hang.py's rule: a line, a step or a batch is progress; CPU time never is (a hung collective
+    keeps a CPU busy). Its options, the launch task's help, the inventory's job.hang_timeout, the example inventory
+    and invoke.yaml once said a rank's CPU growth was progress."""
+    import re
+    from pathlib import Path
+
+    from launcher import tasks
+    from launcher.options import HANG_TIMEOUT_HELP
+    from launcher.watch import hang
+
+    assert "CPU time is never progress" in HANG_TIMEOUT_HELP and "CPU time is never progress" in hang.__doc__
+    assert tasks.launch.help["hang-timeout"].startswith(HANG_TIMEOUT_HELP)
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("invoke.yaml", "hosts/example.yaml", "launcher/config/example.yaml", "launcher/options.py",
+                 "launcher/config/model.py", "launcher/tasks.py", "README.md"):
+        for said in re.findall(r"hang[_ -]timeout.{0,300}", (repo / name).read_text(), re.S):
+            cpu = said[:said.find("CPU") + 40] if "CPU" in said else ""
+            assert not cpu or "CPU time is never progress" in cpu or "CPU time says nothing" in cpu, (name, said)
