@@ -23,7 +23,7 @@ from invoke import Collection, Context, Exit
 from invoke import task as invoke_task
 
 from launcher import app, options
-from launcher.cliconfig import NOT_OPTIONS, SECTION, setting_lines, sources
+from launcher.cliconfig import NOT_OPTIONS, SECTION, sources
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE, LauncherError
 from launcher.paths import called_as, invoked_as, relative, task_prefix
@@ -128,10 +128,14 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
                      project=root, defaults_source=where)
 
 
-def _settings_lines(c: Context) -> list[str]:
-    """The settings that are not their defaults, and where each came from (ddpl's dry run's last lines)."""
-    changed = setting_lines(c.config, changed_only=True) if _root(c) is not None else []
-    return ["", "settings (not their defaults) and where each came from:", *changed] if changed else []
+def _settings_from(c: Context, given: dict[str, Any]) -> dict[str, str]:
+    """Where each setting that is not its default came from: the command line's option (`given`: not None), else
+    the settings' file or variable (Invoke's levels, ddpl's files)."""
+    found = {key: where for key, where in sources(c.config).items() if where != "default"}
+    typed = {key: f"--{key.replace('_', '-')}" for key, value in given.items() if value not in (None, False)}
+    return {**found, **typed}
+
+
 @task(help={
     "hosts": HOSTS_HELP,
     "include": INCLUDE_HELP,
@@ -140,8 +144,9 @@ def _settings_lines(c: Context) -> list[str]:
     "module": MODULE_HELP,
     "command": COMMAND_HELP,
     "args": ARGS_HELP,
-    "dry-run": "print each node's exact command and why each flag is there (and the settings' sources); start "
-               "nothing",
+    "dry-run": "print each node's exact command and why each flag is there, and the settings the run uses that "
+               "are not their defaults, with where each came from; start nothing",
+    "json": "with --dry-run: also the request each node's agent gets, as JSON",
     "detach": "start the run and return; use status, logs and stop on it later",
     "sync": "first make every node's workdir hold this project tree, as the sync task does (over the same connections)",
     "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
@@ -162,16 +167,16 @@ def _settings_lines(c: Context) -> list[str]:
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
            include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
-           command=None):
+           command=None, json=False):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
-    opts = _options(c, detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
-                    silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
-                    hang_timeout=hang_timeout, on_hang=on_hang)
-    code = app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
-                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=opts)
-    for line in _settings_lines(c) if dry_run else ():
-        print(line)
-    return code
+    given = dict(detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
+                 silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
+                 hang_timeout=hang_timeout, on_hang=on_hang)
+    if json and not dry_run:
+        raise Exit("error: --json goes with --dry-run", USAGE)
+    return app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
+                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, **given),
+                      as_json=json, settings_from=_settings_from(c, {**given, "hosts": hosts}))
 
 
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,

@@ -3,6 +3,7 @@ the project's tree to every node first (`sync`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
@@ -19,9 +20,10 @@ from launcher.transport.settings import SshSettings
 
 def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
            sync: bool = False, slurm: bool = False, opts: Options | None = None, wiring: Wiring | None = None,
-           run_id: str | None = None) -> int:
+           run_id: str | None = None, as_json: bool = False, settings_from: Mapping[str, str] | None = None) -> int:
     """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
-    run's id (default: a new one), which a caller may need before the run ends (`launcher.api`)."""
+    run's id (default: a new one), which a caller may need before the run ends (`launcher.api`). A `dry_run` prints
+    the plan and the settings it uses (`settings_from`: where each came from), the agent's request with `as_json`."""
     cluster = load_inventory(hosts)
     opts, wiring = opts or Options(), wiring or Wiring()
     if slurm:
@@ -33,8 +35,10 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
                        hang_timeout=opts.hang_timeout, retries=opts.retries)
     if dry_run:
         from launcher.plan.request import shown_request
+        from launcher.plan.settings import settings_text
 
-        wiring.out.write("\n".join([plan.dry_run_text(), "", *shown_request(plan, opts)]) + "\n")
+        shown = [plan.dry_run_text(), "", *settings_text(plan, opts, settings_from or {})]
+        wiring.out.write("\n".join(shown + (["", *shown_request(plan, opts)] if as_json else [])) + "\n")
         return 0
     if doctor and wiring.gate is None:
         from launcher.doctor.collect import doctor_gate

@@ -188,9 +188,9 @@ class LaunchPlan:
             "                              their lines with local and global rank and sends them to the console",
             *_job_lines(self.job),
         ]
-        if self.cluster.retries:
+        if self.retries:  # what the run uses: the command line's over the inventory's
             resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
-            lines.append(f"retries: {self.cluster.retries}: a run that loses a node is started again on the nodes "
+            lines.append(f"retries: {self.retries}: a run that loses a node is started again on the nodes "
                          f"that pass the doctor, with {resume} added")
         return "\n".join(lines)
 

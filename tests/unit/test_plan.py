@@ -28,6 +28,7 @@ from launcher.plan.launch import (
     quote_path,
     rank_offsets,
 )
+from tests.helpers import inv
 
 HETERO = """\
     defaults: {python: /opt/venv/bin/python, workdir: ~/project}
@@ -557,7 +558,7 @@ def test_secrets_of_new_settings_never_show() -> None:
 
 
 def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path) -> None:
-    """`--dry-run` ends with the first node's request as JSON (the settings resolved once, in plan/request.py): a
+    """`--dry-run --json` ends with the first node's request as JSON (the settings resolved once, in plan/request.py): a
     secret's value never appears, a value copied at launch is said as such, the hang watch as resolved."""
     import io
     import json as json_
@@ -573,6 +574,10 @@ def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path
     out = io.StringIO()
     wiring = Wiring(out=out, err=io.StringIO())
     assert app.launch(str(inventory), dry_run=True, opts=Options(grace=7), wiring=wiring) == 0
+    assert "the request gpu01's agent gets" not in out.getvalue()  # the agent's JSON only with --json
+    out = io.StringIO()
+    wiring = Wiring(out=out, err=io.StringIO())
+    assert app.launch(str(inventory), dry_run=True, opts=Options(grace=7), wiring=wiring, as_json=True) == 0
     text = out.getvalue()
     assert "s3cr3t-value" not in text
     request = json_.loads(text[text.index("\n{", text.index("the request gpu01's agent gets")):])
@@ -593,3 +598,28 @@ def test_the_plan_resolves_the_hang_timeout_and_retries_once() -> None:
     assert (given.hang_timeout, given.retries) == (0, 0)
     bare = plan_launch(parse_inventory("hosts: [a]\njob: {script: train.py}\n", "i.yaml"))
     assert (bare.hang_timeout, bare.retries) == (None, 0)  # None: learnt from the run
+
+
+def test_the_dry_run_shows_the_settings_the_run_uses_and_where_each_came_from(tmp_path) -> None:
+    """`--retries 0 --hang-timeout 900` over an inventory's `retries: 2`: the dry run said `retries: 2: ...` and
+    nowhere 900, in ~150 lines that were mostly the agent's JSON; it says what the run uses, from where, and the JSON
+    only with --json."""
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("hosts: [gpu01, gpu02]\nretries: 2\njob: {script: train.py}\n")
+    shown = inv("launch", "--hosts", str(inventory), "--dry-run", "--retries", "0", "--hang-timeout", "900",
+                timeout=60, env={"INVOKE_LAUNCHER_GRACE": "3"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert not any(line.startswith("retries: 2") for line in lines), shown.stdout
+    settings = lines[lines.index("settings the run uses that are not their defaults, and where each came from:"):]
+    said = {line.split()[0]: line.split(None, 2)[1:] for line in settings[1:]}
+    assert said["retries"] == ["0", "--retries (over the inventory's retries: 2)"], settings
+    assert said["hang_timeout"] == ["900", "--hang-timeout"] and said["grace"] == ["3", "INVOKE_LAUNCHER_GRACE"]
+    assert said["hosts"] == [str(inventory), "--hosts"]
+    assert "agent gets" not in shown.stdout and not any(line.startswith((" \"", "{")) for line in lines)
+    assert len(lines) < 60, len(lines)
+    inventoried = inv("launch", "--hosts", str(inventory), "--dry-run", "--json", timeout=60)
+    assert "retries: 2: a run that loses a node" in inventoried.stdout
+    assert "  retries  2  " in inventoried.stdout and f"{inventory} (retries)" in inventoried.stdout
+    assert "the request gpu01's agent gets" in inventoried.stdout
+    assert inv("launch", "--hosts", str(inventory), "--json", timeout=60).returncode == 2

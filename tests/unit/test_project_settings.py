@@ -57,9 +57,11 @@ def test_from_a_subfolder_the_projects_settings_and_paths_are_used(project: Path
     shown = ddpl(project / "src" / "deep", "launch", "--dry-run", home=home, env={"DDPL_SILENCE_TIMEOUT": "7"})
     assert shown.returncode == 0, shown.stderr
     assert "train.py" in shown.stdout
-    lines = shown.stdout.split("settings (not their defaults) and where each came from:\n")[1].splitlines()
-    assert [line.split()[0] for line in lines] == ["grace", "hosts", "log_dir", "silence_timeout"]
-    assert lines[0].endswith(f"from {project}/ddpl.yaml") and lines[-1].endswith("from DDPL_SILENCE_TIMEOUT")
+    heading = "settings the run uses that are not their defaults, and where each came from:\n"
+    lines = shown.stdout.split(heading)[1].splitlines()
+    assert [line.split()[:2] for line in lines] == [["hosts", f"{project}/hosts/c.yaml"], ["grace", "5"],
+                                                    ["silence_timeout", "7"], ["log_dir", f"{project}/runs"]]
+    assert lines[1].endswith(f"  {project}/ddpl.yaml") and lines[2].endswith("  DDPL_SILENCE_TIMEOUT")
 
 
 def test_config_sources_names_every_level(project: Path) -> None:
