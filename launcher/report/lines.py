@@ -7,6 +7,7 @@ import re
 import sys
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from typing import IO
 
 from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
@@ -89,6 +90,9 @@ class NodeLog:
         """Local rank -> its last RANK_WORDS lines that are not noise, as tail lines."""
         self._warned: set[int] = set()
         """Local ranks whose last line was a Python warning (its next line, the warning's source line, is noise)."""
+        self._hold: str | None = None
+        """Once the user asked the run to stop: where torchrun's own lines are, which the console no longer shows."""
+        self._held = 0
         label = name.ljust(width)
         code = _COLOURS[index % len(_COLOURS)]
         self._start = f"\x1b[{code}m" if colour else ""
@@ -142,6 +146,9 @@ class NodeLog:
             prefix = cache.get(line[:end + 2]) if end > 0 else cache.get(b"")
             if prefix is None:
                 prefix, end = self._new_tag(line, parts)
+            if self._hold is not None and prefix == cache[b""]:  # torchrun's own, on a stop the user asked for
+                self._held += 1
+                continue
             parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
         self._keep_tail(lines[-TAIL_LINES:])
         self._note_raised(lines)
@@ -205,7 +212,7 @@ class NodeLog:
         block = self.splitter.feed_block(data)
         if not block:
             return "", 0
-        text, count = self._bulk(block)
+        text, count = self._bulk(block) if self._hold is None else (None, 0)
         if text is None:  # a line without a known tag (torchrun's own, a new or moved rank): one line at a time
             return self._text(block.split(b"\n")[:-1])
         return text, count
@@ -230,16 +237,31 @@ class NodeLog:
         return text[1:].decode("utf-8", errors="replace"), count
 
     def format_rest(self) -> tuple[str, int]:
-        """The prefixed text of an unfinished last line, at the end of the stream."""
-        return self._text(self.splitter.flush())
+        """The prefixed text of an unfinished last line, at the end of the stream; after a stop the user asked for,
+        one line that says how many of torchrun's own lines it brought and where they are."""
+        text, count = self._text(self.splitter.flush())
+        if self._held:
+            text += (f"{self.prefix(None)}stopped as asked; torchrun's {self._held} line(s) on it (its signal, "
+                     f"its traceback) are in {self._hold}\n")
+            count, self._held = count + 1, 0
+        return text, count
+
+    def stop_asked(self, folder: Path | str) -> None:
+        """The user asked the run to stop (Ctrl-C): from here the console leaves out torchrun's own lines (`Received 15
+        death signal`, its 30-line SignalException traceback), which `format_rest` counts in one line at the node's
+        end; the tail, this machine's copy of the node's output (in `folder`) and the node's log keep every one."""
+        self._hold = f"{folder}/{self.name}.log"
 
     def _text(self, lines: list[bytes]) -> tuple[str, int]:
         if not lines:
             return "", 0
         parts: list[bytes] = []
+        held = self._held
         self._format_lines(lines, parts)
+        if not parts:
+            return "", 0
         parts.append(b"")
-        return b"\n".join(parts).decode("utf-8", errors="replace"), len(lines)
+        return b"\n".join(parts).decode("utf-8", errors="replace"), len(lines) - (self._held - held)
 
     def feed(self, data: bytes, out: IO[str]) -> None:
         text, _ = self.format(data)

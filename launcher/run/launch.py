@@ -233,6 +233,8 @@ class _Attached:
             except KeyboardInterrupt:
                 self.interrupts += 1
                 if self.interrupts == 1:
+                    for log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
+                        log.stop_asked(self.opts.log_dir / self.plan.run_id)
                     self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
                                          f"{self.opts.grace:g}s; Ctrl-C again to kill now)")
                     self.handle.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def sleeper_box(make_sandbox):
 
 
 def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None:
+    """Ctrl-C stops every node's part; the console says so in one line a node, where torchrun's own lines on it
+    (`Received 15 death signal`, its SignalException traceback) are, which its copy of the node's log keeps."""
     out = tmp_path / "launch.out"
     proc = inv_background("launch", "--hosts", str(sleeper_box.inventory), log_dir=tmp_path / "logs", out=out)
     run_id = started_run(out, workers=2)
@@ -43,7 +46,17 @@ def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None
     assert proc.wait(timeout=15) == 130
     assert time.monotonic() - t0 < 15
     assert run_processes(run_id) == []
-    assert "stopping the run on every node" in out.read_text()
+    said = out.read_text()
+    assert "stopping the run on every node" in said
+    after = said[said.index("stopping the run on every node"):].splitlines()
+    for node in ("node-0", "node-1"):
+        own = [line for line in after if line.startswith(f"{node}     | ")]  # torchrun's, not a rank's
+        kept = (tmp_path / "logs" / run_id / f"{node}.log").read_text()
+        assert "Received 15 death signal" in kept, kept[-2000:]  # every line stays in the logs
+        where = re.escape(f"{tmp_path / 'logs' / run_id}/{node}.log")
+        assert len(own) == 1 and re.fullmatch(rf"{node}     \| stopped as asked; torchrun's \d+ line\(s\) on it "
+                                              rf"\(its signal, its traceback\) are in {where}", own[0]), said
+    assert "death signal" not in said and "SignalException" not in said
 
 
 def test_an_attached_run_stopped_from_another_terminal_ends_as_stopped(sleeper_box, tmp_path: Path) -> None:

@@ -177,3 +177,26 @@ def test_a_rank_that_raised_nothing_shows_its_last_lines_that_are_not_warnings()
 def test_without_torchruns_block_the_last_lines_shown_are_not_warnings() -> None:
     lines = _failed(WARNED + b"Killed\n")
     assert lines[2:] == ["  [local rank 1, rank 1] rank 1 up", "  Killed", "logs: logs/r/"], lines
+
+
+def test_after_a_stop_the_user_asked_for_torchruns_lines_are_one_line_a_node() -> None:
+    """Ctrl-C: torchrun's `Received 15 death signal` and its 30-line SignalException traceback stay out of the
+    console, and the node's end says how many there were and where; the ranks' lines still show, the tail keeps all."""
+    from launcher.report.lines import NodeLog
+
+    log = NodeLog("node-1", 1, 6, 2, colour=False)
+    before, _ = log.format(b"[default0@r2]:step 7\nW1128 torchrun's own line before the stop\n")
+    assert before.splitlines() == ["node-1 r2  | step 7", "node-1     | W1128 torchrun's own line before the stop"]
+    log.stop_asked("logs/r")
+    stop = (b"W1128 16:28:38.323000 28673 api.py:753] Received 15 death signal, shutting down workers\n"
+            b"[default0@r2]:saving a checkpoint on SIGTERM\nTraceback (most recent call last):\n"
+            + b'  File "run.py", line 9, in main\n' * 28
+            + b"torch.distributed.elastic.multiprocessing.api.SignalException: Process 5898 got signal: 15")
+    for at in range(0, len(stop), 50):
+        text, count = log.format(stop[at:at + 50])
+        assert "Traceback" not in text and "death signal" not in text and count == len(text.splitlines())
+    rest, count = log.format_rest()
+    assert rest.splitlines() == ["node-1     | stopped as asked; torchrun's 31 line(s) on it (its signal, its "
+                                 "traceback) are in logs/r/node-1.log"] and count == 1
+    assert log.tail[-1].endswith("SignalException: Process 5898 got signal: 15")
+    assert log.format_rest() == ("", 0)
