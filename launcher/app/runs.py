@@ -78,7 +78,12 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     hang = latest_answer(opts.log_dir, shown) if shown else None
     if hang is not None:
         say(con, f"last {hang}")
-    for line in stragglers_of(opts.log_dir, shown) if shown else []:
+    told = stragglers_of(opts.log_dir, shown) if shown else []
+    if shown and not told and any(s.state == "running" for s in found):  # no launcher watches it (detached): a look
+        from launcher.run.topfeed import stragglers_now
+
+        told = stragglers_now(load_inventory(hosts), shown, opts)
+    for line in told:
         say(con, line)
     tried = attempts.read_attempts(opts.log_dir, shown) if shown else []
     if len(tried) > 1:

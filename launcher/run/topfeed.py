@@ -19,6 +19,7 @@ from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
 from launcher.options import Options
+from launcher.paths import hint
 from launcher.plan.request import progress_settings
 from launcher.run.actions import agent_action, agent_input, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
@@ -46,10 +47,20 @@ def _answer(name: str, result: Any) -> NodeView:
     return view_of(name, reply)
 
 
+def not_running(run_id: Any, state: str | None = None) -> str:
+    """How a node's row says the run is not running there: one sentence in every view, whether the run had ended
+    before the view began (`state`, the agent's word) or while it watched."""
+    if state == "none":
+        return f"run {run_id} did not run here"
+    return f"run {run_id} has ended here" + (f" ({state})" if state and state != "running" else "")
+
+
 def view_of(name: str, reply: Mapping[str, Any]) -> NodeView:
     """A node's `top` reply: a snapshot, or the agent's word that the run is not running there."""
     if "ranks" not in reply:
-        return NodeView(name, problem=f"run {reply.get('run_id')} is {reply.get('state', 'unknown')} here")
+        return NodeView(name, problem=not_running(reply.get("run_id"), reply.get("state", "unknown")))
+    if not reply.get("running", True):  # its last snapshot: the run ended while the view watched
+        return NodeView(name, reply, problem=not_running(reply.get("run_id")))
     return NodeView(name, snapshot=reply)
 
 
@@ -64,6 +75,21 @@ def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Opt
     results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + opts.action_timeout)
     return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
             for h in cluster.hosts]
+
+
+def stragglers_now(cluster: Cluster, run_id: str, opts: Options) -> list[str]:
+    """The stragglers of a running run as `inv top --once` flags them, one look (a few seconds): what `inv status`
+    says of a run no attached launcher watches (detached), which keeps no account of them."""
+    from launcher.watch.straggler import straggler_line
+    from launcher.watch.top import TopJudge
+
+    with reached(cluster, opts) as (usable, _):
+        views = look_once(cluster, usable, run_id, opts, settle=True) if usable else []
+    look = TopJudge(opts.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
+    node = {r["rank"]: v.name for v in views if v.snapshot is not None for r in v.snapshot.get("ranks", [])}
+    told = f" (now, one look as `{hint('top --once')}`)"
+    return [straggler_line(found, node.get(key, "?"), one_look=True) + told
+            for key, found in sorted(look.stragglers.items(), key=lambda kv: str(kv[0]))]
 
 
 def check_running(run_id: str, views: list[NodeView], source: str) -> None:
@@ -117,9 +143,10 @@ class SshFeed:
                     break
                 else:
                     channel.wait_readable(0.5)
-            if not self.closing:
+            latest = self.latest[host.name]
+            if not self.closing and latest.problem is None:  # a node that said why it ended keeps its word
                 why = err.decode("utf-8", "replace").strip().splitlines()
-                self._set(NodeView(host.name, self.latest[host.name].snapshot,
+                self._set(NodeView(host.name, latest.snapshot,
                                    problem=f"its agent ended ({why[-1][:200] if why else 'no reason given'})"))
         except Exception as exc:  # this node's row says what went wrong; the view goes on
             self._set(NodeView(host.name, problem=str(classify(self.nodes[host.name].target, exc))))
@@ -129,10 +156,7 @@ class SshFeed:
             reply = json.loads(line)
         except ValueError:
             return
-        view = view_of(name, reply)
-        if view.snapshot is not None and not reply.get("running", True):
-            view = NodeView(name, reply, problem="its part of the run has ended")
-        self._set(view)
+        self._set(view_of(name, reply))
 
     def _set(self, view: NodeView) -> None:
         with self.lock:

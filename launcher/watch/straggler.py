@@ -135,7 +135,7 @@ def _of(rate: float | None, median: float) -> float | None:
     return rate / median if rate is not None and median > 0 else None
 
 
-def straggler_line(found: Straggler, node: str) -> str:
+def straggler_line(found: Straggler, node: str, one_look: bool = False) -> str:
     """What a launch's console and `inv status` say: `straggler: node-1 r3 at 0.45x the median rate for 60 s`,
     `straggler: node-1 r3 enters the collectives last: the others wait 0.15 s a step for it (62% of their time)`, or
     `straggler: node-1 r3: 41% of each step computing (forward) against a median of 23%; the others wait for it`."""
@@ -146,7 +146,8 @@ def straggler_line(found: Straggler, node: str) -> str:
     if found.forward is not None:
         return (f"straggler: {node} r{found.key}: {found.forward:.0%} of each step computing (forward) against a "
                 f"median of {found.median_forward or 0.0:.0%}; the others wait for it")
-    return f"straggler: {node} r{found.key} at {found.share or 0.0:.2f}x the median rate for {found.for_s:.0f} s"
+    held = "" if one_look else f" for {found.for_s:.0f} s"  # one look (`inv top --once`, status) holds nothing
+    return f"straggler: {node} r{found.key} at {found.share or 0.0:.2f}x the median rate{held}"
 
 
 class LaunchStragglers:

@@ -120,7 +120,8 @@ def test_top_says_what_is_wrong_with_a_run_that_is_not_there_or_ended_and_an_unr
     logs = tmp_path / "logs"
     none = inv("top", "--hosts", str(steps_box.inventory), "--once", "--run", "20200101-000000-abcdef", log_dir=logs)
     assert none.returncode == 1
-    assert "run 20200101-000000-abcdef is not running on" in none.stderr and "is none here" in none.stderr
+    assert "run 20200101-000000-abcdef is not running on" in none.stderr, none.stderr
+    assert "node-0: run 20200101-000000-abcdef did not run here" in none.stderr
     run_id = _detached(steps_box, logs)
     time.sleep(1)
     # A node that cannot be reached keeps its row, saying why; the others are shown.
@@ -138,7 +139,30 @@ def test_top_says_what_is_wrong_with_a_run_that_is_not_there_or_ended_and_an_unr
     inv("stop", "--hosts", str(steps_box.inventory), "--run", run_id, log_dir=logs)
     ended = inv("top", "--hosts", str(steps_box.inventory), "--once", "--run", run_id, log_dir=logs)
     assert ended.returncode == 1, ended.stdout
-    assert f"run {run_id} is not running" in ended.stderr and "is stopped here" in ended.stderr
+    said = f"node-0: run {run_id} has ended here (stopped); node-1: run {run_id} has ended here (stopped)"
+    assert f"run {run_id} is not running" in ended.stderr and said in ended.stderr, ended.stderr
+    # The live view says it the same way of every node (its agent's session ends as it answers: never `its agent
+    # ended (no reason given)` beside `run ... is exited here`).
+    live = inv("top", "--hosts", str(steps_box.inventory), "--run", run_id, log_dir=logs)
+    assert live.returncode == 1 and said in live.stderr, live.stderr
+
+
+def test_status_of_a_detached_run_says_the_stragglers_top_flags(steps_box, tmp_path: Path) -> None:
+    """No launcher watches a detached run, so none keeps its stragglers: `inv status` of it showed none of those
+    `inv top` flags. It takes one look, as `inv top --once` does, and says them."""
+    logs = tmp_path / "logs"
+    run_id = _detached(steps_box, logs)
+    try:
+        wait_for(lambda: "SLOW" in inv("top", "--hosts", str(steps_box.inventory), "--once", log_dir=logs).stdout,
+                 60, "inv top --once flags rank 3")
+        status = inv("status", "--hosts", str(steps_box.inventory), log_dir=logs)
+        assert status.returncode == 0, status.stdout + status.stderr
+        said = [line for line in status.stdout.splitlines() if "straggler:" in line]
+        assert len(said) == 1 and re.search(r"straggler: node-1 r3 at 0\.[2-5]\dx the median rate \(now, one look as "
+                                            r"`inv top --once`\)", said[0]), status.stdout
+    finally:
+        inv("stop", "--hosts", str(steps_box.inventory), "--run", run_id, log_dir=logs)
+    assert run_processes(run_id) == []
 
 
 def test_an_attached_launch_tells_a_straggler_once_and_inv_status_shows_it(make_sandbox, tmp_path: Path) -> None:
