@@ -314,12 +314,13 @@ NET_TIMEOUT_S = 300.0
 
 
 # --- the run's page (launcher.report.page; its node side: launcher/node/series.py) ----------------------------------
-SERIES = {"interval_s": 5.0, "max_samples": 720}
+SERIES = {"interval_s": 5.0, "max_samples": 720, "look_s": 0.5}
 """Each node's time series of its run (the run directory's `series`, kept by the run's keeper from what `inv top`
 reads: the ranks' progress records and /proc, the node's load and memory): a sample every `interval_s`, and at most
 `max_samples` of them: past it every other sample goes and the interval doubles, so an hour keeps 5 s samples, a day
 80 s ones, and a node's file stays under ~0.5 MB at 8 ranks whatever the run's length (a sample a few hundred
-bytes)."""
+bytes). Until the ranks are up, a look for them every `look_s` (one pass over the run's own processes): the first
+sample is their start, so a run shorter than one interval still has its picture."""
 REPORT_LOG_TAIL_BYTES = 64 << 10
 """How much of the end of a node's log its `report` answer carries (16 MB at 256 nodes): the failing rank's
 traceback and exception line are near the end (a run that went on after its failure, an elastic one, may push them

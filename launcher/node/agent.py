@@ -307,8 +307,10 @@ def action_report(request):
     except OSError:
         pass
     state = run_state(run_id, run_dir, request["node"])
+    from launcher.node.runner import read_stop  # how a stop ended its processes: the page says it
+
     return reply(dict(state, phases=phases, series=read_series(run_dir, int(request["series_bytes"])),
-                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time()))
+                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time(), stop=read_stop(run_dir)))
 
 
 ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,

@@ -225,22 +225,31 @@ def still_marked(targets, mark):
     return {pid: start for pid, start in targets.items() if is_marked(pid, start, mark)}
 
 
+STOP_OUTCOME = "stop.json"
+"""How a stop ended the run's processes (`stop_run`): when it began (wall), its grace, the seconds until nothing but
+torchrun was left (`term_s`, null past the grace), whether torchrun was then killed alone (`alone`), how many were
+still there at the grace's end and killed (`killed`). `report` carries it to the run's page."""
+
+
 def stop_run(run_dir, mark, grace, record=True):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
 
     One pass over /proc finds the run's processes; the waits look at those alone (a pass a poll made every node's
     stop read every process of the node 20 times a second); a last pass finds any the run started meanwhile.
-    `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop.
+    `record`: note the stop in the run directory (status then says `stopped`) when there was something to stop, and
+    how it went (STOP_OUTCOME).
     """
     targets = marked_processes(mark)
     if not targets:  # the common sweep: nothing of the run is left, and nothing is left to start anything
         return 0, 0
     if record:  # before the signal: the run's own keeper, seeing torchrun end, reads who stopped it
         record_stop(run_dir)
+    began, t0 = time.time(), time.monotonic()
     found = signal_run(run_dir, mark, signal.SIGTERM, targets)
     leader = leader_of(run_dir)
     leader_pid = {leader[0]} if leader else set()
-    deadline = time.monotonic() + grace
+    deadline = t0 + grace
+    term_s, alone = None, False
     while True:
         targets = still_marked(targets, mark)
         if not targets or time.monotonic() >= deadline:
@@ -248,15 +257,36 @@ def stop_run(run_dir, mark, grace, record=True):
         if set(targets) <= leader_pid:
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
             # has nothing left to save, so do not make the user wait for it.
+            term_s, alone = time.monotonic() - t0, True
             signal_run(run_dir, mark, signal.SIGKILL, targets)
         time.sleep(timing("poll_s"))
+    if not targets and term_s is None:
+        term_s = time.monotonic() - t0
     targets.update(marked_processes(mark))  # started during the grace (a worker restarted), or missed before
+    killed = len(set(targets) - (leader_pid if alone else set()))
     if targets:
         signal_run(run_dir, mark, signal.SIGKILL, targets)
         deadline = time.monotonic() + timing("kill_wait_s")
         while still_marked(targets, mark) and time.monotonic() < deadline:
             time.sleep(timing("poll_s"))
+    if record:
+        _stop_outcome(run_dir, {"at": round(began, 3), "grace": grace, "alone": alone, "killed": killed,
+                                "term_s": None if term_s is None else round(term_s, 2)})
     return found, len(still_marked(targets, mark))
+
+
+def _stop_outcome(run_dir, outcome):
+    record(os.path.join(run_dir, STOP_OUTCOME), json.dumps(outcome))  # best effort: never in a stop's way
+
+
+def read_stop(run_dir):
+    """How a stop ended the run here (STOP_OUTCOME's dict), or None: no stop, or one from before this record."""
+    try:
+        with open(os.path.join(run_dir, STOP_OUTCOME)) as handle:
+            found = json.loads(handle.read())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def sweep_run(run_dir, mark, grace):

@@ -3,9 +3,14 @@ attached agent, or a detached run's daemon) for the run's page: every `interval_
 `<run dir>/series`, bounded for a run of days (past `max_samples`, every other line goes and the interval doubles).
 
 A line: {"t": wall seconds, "load1", "mem_total", "mem_used" (bytes), "ranks": {global rank: [CPU seconds of its own
-process, its resident bytes, steps, batches, data_s, forward_s]}, "gpus": [[index, util %, used bytes, total
-bytes], ...] or absent}. Counts and seconds are totals as the rank's progress record has them (null without one):
-the page takes rates from two samples. A rank's process that started again (a restart) starts its totals again.
+process, its resident bytes, steps, batches, data_s, forward_s, t_step]}, "gpus": [[index, util %, used bytes, total
+bytes], ...] or absent}. Counts and seconds are totals as the rank's progress record has them (null without one);
+t_step is its last step's wall time (null before its first): the page takes a rank's steps/s from its steps' own
+times, not from when a sample happened to look. A rank's process that started again (a restart) starts its totals
+again. The first sample is taken as soon as the ranks are up (a look every `look_s` until then), the last once
+torchrun ended: a rank whose process ended keeps its record's last numbers and the CPU time it had at the last
+glance (one every `look_s` between samples; its memory null), so a run shorter than one interval still has its
+steps and CPU from start to end.
 
 It only reads (/proc, the ranks' records), as `inv top` does; nothing here runs in a worker.
 """
@@ -34,6 +39,14 @@ def read_record(run_dir, pid, start):
     return record
 
 
+def numbers_of(record, to_wall):
+    """A sample's numbers of a rank from its record: steps, batches, data_s, forward_s, its last step's wall time."""
+    if record is None:
+        return [None] * 5
+    last = round(record["t_step"] + to_wall, 3) if record["steps"] else None
+    return [record["steps"], record["batches"], round(record["data_s"], 3), round(record["forward_s"], 3), last]
+
+
 class Series:
     """The node's samples, taken on a thread of their own until `close`."""
 
@@ -41,6 +54,9 @@ class Series:
         self.run_dir, self.mark = run_dir, mark
         self.path = os.path.join(run_dir, SERIES_FILE)
         self.interval = float(settings["interval_s"])
+        self.look = min(self.interval, float(settings.get("look_s") or self.interval))  # an older launcher: none
+        self.seen = {}  # rank -> (pid, start time) of its newest process: one that ended is read from its record
+        self.cpu = {}  # rank -> its process's CPU seconds at the last look: what it had used when it ended
         self.max_samples = int(settings["max_samples"])
         self.count = 0
         self.gpus = gpus  # a launcher.node.gpus.GpuWatch on a GPU node, else None
@@ -54,8 +70,31 @@ class Series:
         return self
 
     def _loop(self):
-        while not self.stopped.wait(self.interval):
+        # Until the ranks are up, a look every `look` seconds, sampling the moment they are: the workers' start.
+        while not self.seen and not self.stopped.wait(self.look):
+            self.sample(ranks_only=True)
+        # Then a sample every interval, and between two a glance at each rank's CPU time (one read of its stat): the
+        # last sample, taken once torchrun ended, has the CPU its ranks had used by their end.
+        due = time.monotonic() + self.interval
+        while not self.stopped.wait(max(0.0, min(self.look, due - time.monotonic()))):
+            if time.monotonic() < due:
+                self.glance()
+                continue
             self.sample()
+            due = time.monotonic() + self.interval
+
+    def glance(self):
+        from launcher.node.proc import start_time
+        from launcher.node.stacks import proc_state
+
+        with self.lock:
+            try:
+                for rank, (pid, start) in list(self.seen.items()):
+                    cpu = proc_state(pid)[2]
+                    if cpu is not None and start_time(pid) == start:  # still that process, not a pid used again
+                        self.cpu[rank] = cpu
+            except Exception:
+                pass
 
     def close(self):
         """The last sample (the ranks as they ended), and no more."""
@@ -66,11 +105,15 @@ class Series:
         if self.gpus is not None:
             self.gpus.close()
 
-    def sample(self):
-        """One line appended; best effort: a full disk costs the page its picture, never the run."""
+    def sample(self, ranks_only=False):
+        """One line appended (`ranks_only`: only once a rank is up); best effort: a full disk costs the page its
+        picture, never the run."""
         with self.lock:
             try:
-                line = json.dumps(self.taken(), separators=(",", ":"))
+                taken = self.taken()
+                if ranks_only and not taken["ranks"]:
+                    return
+                line = json.dumps(taken, separators=(",", ":"))
                 with open(self.path, "a") as handle:
                     handle.write(line + "\n")
                 self.count += 1
@@ -84,13 +127,22 @@ class Series:
         from launcher.node.top import memory, rss_bytes
 
         found, _ = rank_processes(self.mark)
+        to_wall = time.time() - time.monotonic()  # the records' times are the node's monotonic clock
         ranks = {}
         for pid, start, rank, _, _ in found:
+            if self.seen.get(rank) != (pid, start):
+                self.seen[rank] = (pid, start)
+                self.cpu.pop(rank, None)  # a process that started again: its CPU time starts again
             cpu = proc_state(pid)[2]
-            record = read_record(self.run_dir, pid, start)
-            numbers = [None] * 4 if record is None else [record["steps"], record["batches"],
-                                                         round(record["data_s"], 3), round(record["forward_s"], 3)]
-            ranks[str(rank)] = [None if cpu is None else round(cpu, 2), rss_bytes(pid), *numbers]
+            if cpu is not None:
+                self.cpu[rank] = cpu
+            ranks[str(rank)] = [None if cpu is None else round(cpu, 2), rss_bytes(pid),
+                                *numbers_of(read_record(self.run_dir, pid, start), to_wall)]
+        for rank, (pid, start) in self.seen.items():  # ended (or between restarts): its last look and record
+            if str(rank) not in ranks:
+                cpu = self.cpu.get(rank)
+                ranks[str(rank)] = [None if cpu is None else round(cpu, 2), None,
+                                    *numbers_of(read_record(self.run_dir, pid, start), to_wall)]
         total, available = memory()
         sample = {"t": round(time.time(), 2), "load1": round(os.getloadavg()[0], 2), "mem_total": total,
                   "mem_used": None if total is None or available is None else total - available, "ranks": ranks}
