@@ -6,10 +6,14 @@ own journal read from `logs/<run id>/`, the page built (launcher.report.pagedata
 After an attached launch, and at a detached run's first `status` or `logs` after its end, the page is written by a
 process of its own (`page_later`): the command returns as it would without it. An attached `launch --slurm` writes
 it before it returns (`page_now`): in a batch job, the job and every process it left end with the command.
+
+Each write keeps the nodes' answers beside the page (`answers.json.gz`): a later write that cannot reach a node
+(released, down) builds the page from what that node said before and says so, never an emptier page over a full one.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pickle
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +30,15 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import REPORT_BACKGROUND_TIMEOUT_S, REPORT_LOG_TAIL_BYTES, REPORT_SERIES_BYTES
 from launcher.options import Options
 from launcher.report.pagedata import Page, build_page
+from launcher.report.pageend import Retried
+from launcher.report.pagekeep import kept_answers
 from launcher.run.actions import agent_action, reached
 from launcher.run.journal import read_journal
 from launcher.run.wiring import Wiring
 
 PAGE_FILE = "report.html"
+ANSWERS_FILE = "answers.json.gz"
+"""Beside the page: each node's last answer about the run, with when it gave it (`launcher.report.pagekeep`)."""
 
 
 def page_path(opts: Options, run_id: str) -> Path:
@@ -48,12 +57,17 @@ def report_request(run_id: str) -> dict[str, Any]:
 
 def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
                given: Mapping[str, Any] | None = None) -> tuple[Path, Page]:
-    """Ask every node, build the page, write it; (its path, the page). `given`: the nodes as a SLURM job's steps reach
-    them (`launcher.slurm.launch.SlurmNode`), else each over SSH."""
+    """Ask every node, build the page, write it; (its path, the page: its `unreached` the nodes that could not answer,
+    whose figures are those they gave before). `given`: the nodes as a SLURM job's steps reach them
+    (`launcher.slurm.launch.SlurmNode`), else each over SSH. Raises, leaving the page as it was, when no node answered
+    and nothing of theirs was kept (a page from before the kept answers)."""
     from launcher.report.page import render
     from launcher.run.control import chosen_run
 
     with reached(cluster, opts, given) as (nodes, failures):
+        if run_id is None and not nodes:
+            raise LauncherError(f"could not reach any node of {cluster.source} ({_failures(failures)}) to find its "
+                                f"newest run: give the run's id (--run; this machine's runs are in {opts.log_dir})")
         run_id = run_id or chosen_run(cluster, nodes, opts, err)
         if run_id is None:
             raise LauncherError(f"no run on the nodes of {cluster.source} to write a page of")
@@ -67,14 +81,51 @@ def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
         node_time = answers[host.name].get("node_time")
         if isinstance(node_time, int | float):  # the node's clock against ours, the round trip's middle
             offsets[host.name] = (asked + answered) / 2 - node_time
-    folder = opts.log_dir / run_id
-    page = build_page(run_id, read_journal(folder), answers, f"{folder}/", offsets)
+    folder, path = opts.log_dir / run_id, page_path(opts, run_id)
+    saved = _read_saved(folder)
+    kept = kept_answers(answers, saved, answered)
+    if len(kept.unreached) == len(answers) and not saved and path.exists():
+        raise LauncherError(f"could not reach {_failures(failures) or 'any node'}: {path} is as it was")
+    page = build_page(run_id, read_journal(folder), kept.answers, f"{folder}/", offsets,
+                      _retried(opts, run_id), kept.notes)
+    page = replace(page, unreached=tuple(kept.unreached))
     folder.mkdir(parents=True, exist_ok=True)
-    path = page_path(opts, run_id)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(render(page), encoding="utf-8")
-    os.replace(tmp, path)
+    _write(path, render(page).encode("utf-8"))
+    if kept.saved != saved:
+        _write(folder / ANSWERS_FILE, gzip.compress(json.dumps(kept.saved).encode("utf-8"), mtime=0))
     return path, page
+
+
+def _failures(failures: list[NodeFailure]) -> str:
+    return "; ".join(str(f) for f in failures)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Whole or not at all: a reader (a browser, the next write) never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _read_saved(folder: Path) -> dict[str, Any]:
+    """The answers an earlier write kept ({} where none did, or they cannot be read)."""
+    try:
+        found = json.loads(gzip.decompress((folder / ANSWERS_FILE).read_bytes()))
+    except (OSError, ValueError, EOFError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _retried(opts: Options, run_id: str) -> Retried | None:
+    """The attempt this run was, where its launch (`--retries`) started the run again after it."""
+    from launcher.run.attempts import read_attempts
+
+    attempts = read_attempts(opts.log_dir, run_id)
+    for index, attempt in enumerate(attempts):
+        if attempt.run_id == run_id and attempt.outcome == "failed":
+            after = attempts[index + 1].run_id if index + 1 < len(attempts) else None
+            return Retried(attempt.number, len(attempts), attempt.why, after)
+    return None
 
 
 def _answer(result: Any) -> dict[str, Any]:
@@ -82,7 +133,7 @@ def _answer(result: Any) -> dict[str, Any]:
     if result is None:
         return {"state": "unreachable", "detail": "not asked"}
     if isinstance(result, NodeFailure):
-        return {"state": "unreachable", "detail": str(result)}
+        return {"state": "unreachable", "detail": f"{result.kind}: {result.detail}"}
     try:
         answer = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):

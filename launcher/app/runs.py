@@ -180,7 +180,8 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
 def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
            wiring: Wiring | None = None, job: str | None = None) -> int:
     """Write the run's page (the newest run of the inventory by default) and say where, with its headline; with
-    `job`, of the run inside that running SLURM batch job, through the job's own steps."""
+    `job`, of the run inside that running SLURM batch job, through the job's own steps. The nodes it could not reach
+    are named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
     import json
 
     from launcher.app.pages import write_page
@@ -196,4 +197,9 @@ def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
         wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
     else:
         wiring.out.write(f"{page.headline}\npage: {path}\n")
+    for note in page.notes:
+        wiring.err.write(f"note: {note}\n")
+    if page.unreached and len(page.unreached) == len(page.exits):
+        wiring.err.write(f"could not reach {', '.join(page.unreached)}: the page has nothing new\n")
+        return 1
     return 0

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from launcher.limits import REPORT_MAX_ROWS
-from launcher.report.pagedata import PHASES, Page, end_rows
+from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
 
 INSTALL = "pip install 'ddp-launcher[report]'"
@@ -21,6 +21,11 @@ COLOURS = ("#8da0cb", "#a6d854", "#b3b3b3", "#66c2a5", "#ffd92f", "#e78ac3", "#c
 """One colour a phase of the start, in PHASES' order (the time before that phase)."""
 MARK_COLOURS = {"hang": "#d62728", "hang-ruled-out": "#ff9896", "straggler": "#ff7f0e", "left": "#9467bd",
                 "stop": "#7f7f7f", "restart": "#17becf", "end": "#000000"}
+"""A colour a kind of mark; any other kind (one a newer launcher's journal holds) is drawn in OTHER_MARK."""
+OTHER_MARK = "#333333"
+LABEL_WIDTH = 0.012
+"""The share of the time axis one character of a mark's number takes (7 pt on an 11 in figure), and the gap between
+two labels: marks closer than their labels' width share one label (`1, 2`), never printed over each other."""
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
 .headline{font-size:1.15em;font-weight:600;background:#f4f6fb;padding:.6em .8em;border-left:4px solid #8da0cb}
@@ -34,7 +39,8 @@ def render(page: Page, charts: bool = True) -> str:
     plt = _pyplot() if charts else None
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>run {_e(page.run_id)}</title>"
              f"<style>{STYLE}</style></head><body>",
-             f"<h1>run {_e(page.run_id)}</h1>", f"<p class=headline>{_e(page.headline)}</p>", _facts(page)]
+             f"<h1>run {_e(page.run_id)}</h1>", f"<p class=headline>{_e(page.headline)}</p>", _facts(page),
+             *(f"<p class=note>{_e(note)}</p>" for note in page.notes)]
     if plt is None:
         parts.append(f"<p class=note>No charts: matplotlib is not installed here ({_e(INSTALL)} draws them); the "
                      "tables hold the same figures.</p>")
@@ -53,8 +59,11 @@ def _facts(page: Page) -> str:
     took = page.duration_s
     share = f" ({100 * start / took:.0f}% of it starting)" if start is not None and took else ""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(page.command_start)) if page.command_start else "?"
-    lines = [f"started {when}", f"took {took:.1f} s{share}" if took is not None else "still running or unknown",
-             f"logs: {page.logs}"]
+    if page.never:
+        ended = "never started: nothing ran"
+    else:
+        ended = f"took {took:.1f} s{share}" if took is not None else "still running or unknown"
+    lines = [f"started {when}", ended, *(["stopped by the user"] if page.stopped else []), f"logs: {page.logs}"]
     return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
 
 
@@ -115,36 +124,67 @@ def _timeline(plt: Any, page: Page) -> Any:
     gpus = any(n.gpus for n in line.nodes)
     count = 4 + (2 if gpus else 0)
     fig, axes = plt.subplots(count, 1, figsize=(11, 1.9 * count), sharex=True)
-    _lines(axes[0], [(f"r{r.rank}", r.t, r.steps_per_s) for r in line.ranks], line.end, "steps/s per rank",
-           [f"r{r.rank} ({r.node})" for r in line.slowest()])
-    _lines(axes[1], [(f"r{r.rank}", r.t, r.data_share) for r in line.ranks], line.end, "waiting for data (share)")
-    _lines(axes[2], [(n.node, n.t, n.cpu_percent) for n in line.nodes], line.end, "CPU % of the ranks, per node")
+    _lines(axes[0], [(f"r{r.rank}", r.step_t, r.steps_per_s) for r in line.ranks], line.end,
+           "steps/s per rank (each from its steps' own times)", [f"r{r.rank} ({r.node})" for r in line.slowest()],
+           steps=True)
+    _lines(axes[1], [(f"r{r.rank}", r.t, r.data_share) for r in line.ranks], line.end, "waiting for data (share)",
+           steps=True)
+    _lines(axes[2], [(n.node, n.t, n.cpu_percent) for n in line.nodes], line.end, "CPU % of the ranks, per node",
+           steps=True)
     _lines(axes[3], [(n.node, n.t, n.mem_gib) for n in line.nodes], line.end, "memory used, GiB per node")
     if gpus:
         _lines(axes[4], [(f"{n.node} gpu{g[0]}", g[1], g[2]) for n in line.nodes for g in n.gpus], line.end,
                "GPU use %")
         _lines(axes[5], [(f"{n.node} gpu{g[0]}", g[1], g[3]) for n in line.nodes for g in n.gpus], line.end,
                "GPU memory, GiB")
-    for number, mark in enumerate(page.marks, start=1):
+    span = max(line.end, max((m.t for m in page.marks), default=0.0)) * 1.02 or 1
+    for mark in page.marks:
         for ax in axes:
-            ax.axvline(mark.t, color=MARK_COLOURS.get(mark.kind, "#333"), lw=1, ls="--")
-        axes[0].annotate(str(number), (mark.t, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
-                         color=MARK_COLOURS.get(mark.kind, "#333"), ha="center", va="bottom")
+            ax.axvline(mark.t, color=MARK_COLOURS.get(mark.kind, OTHER_MARK), lw=1, ls="--", zorder=1)
+    for t, text, kind in mark_labels(page.marks, span):
+        axes[0].annotate(text, (t, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                         color=MARK_COLOURS.get(kind, OTHER_MARK), ha="center", va="bottom")
     axes[-1].set_xlabel("seconds from the command's start (dashed: the marks below, by number)")
-    axes[-1].set_xlim(0, max(line.end, max((m.t for m in page.marks), default=0.0)) * 1.02 or 1)
+    axes[-1].set_xlim(0, span)
     return fig
 
 
+def mark_labels(marks: Sequence[Mark], span: float) -> list[tuple[float, str, str]]:
+    """Each mark's number above the figure, (time, text, kind of its first mark): marks closer than their labels'
+    width (LABEL_WIDTH of `span` a character, one more between labels) share one label, `1, 2` or `3-6`."""
+    groups: list[list[tuple[int, Mark]]] = []
+    for number, mark in enumerate(marks, start=1):
+        if groups:
+            last = groups[-1]
+            width = (len(_numbers([n for n, _ in last])) + len(str(number)) + 2) * LABEL_WIDTH * span / 2
+            if mark.t - last[0][1].t < width:
+                last.append((number, mark))
+                continue
+        groups.append([(number, mark)])
+    return [(g[0][1].t, _numbers([n for n, _ in g]), g[0][1].kind) for g in groups]
+
+
+def _numbers(numbers: Sequence[int]) -> str:
+    """`1`, `1, 2`, `3-6`: consecutive numbers (every group's are) past two as a range."""
+    if len(numbers) <= 2:
+        return ", ".join(str(n) for n in numbers)
+    return f"{numbers[0]}-{numbers[-1]}"
+
+
 def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float | None]]], end: float, title: str,
-           named: Sequence[str] = ()) -> None:
-    """A line each where few; else the band (extremes, middle half, median) and the slowest ones named."""
+           named: Sequence[str] = (), steps: bool = False) -> None:
+    """A line each where few (`steps`: each value holds back to the point before it, as a rate over a stretch
+    does); else the band (extremes, middle half, median) and the slowest ones named. Legends sit right of the
+    figure, where no mark's line crosses them."""
     ax.set_title(title, fontsize=9, loc="left")
+    style = "steps-pre" if steps else "default"
     if len(lines) <= REPORT_MAX_ROWS:
         for label, t, values in lines:
-            ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label)
+            ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label, drawstyle=style)
         _floor(ax, title)
         if 1 < len(lines) <= 16:
-            ax.legend(fontsize=7, ncol=8, loc="upper right", frameon=False)
+            ax.legend(fontsize=7, ncol=1 + len(lines) // 9, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                      frameon=False)
         return
     found = band([t for _, t, _ in lines], [v for _, _, v in lines], end)
     if found is None:
@@ -156,9 +196,9 @@ def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float |
         short = label.split(" ")[0]
         for name, t, values in lines:
             if name == short:
-                ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label)
+                ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label, drawstyle=style)
     _floor(ax, title)
-    ax.legend(fontsize=7, ncol=4, loc="upper right", frameon=False)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
 def _floor(ax: Any, title: str) -> None:
@@ -203,15 +243,14 @@ def _ranks_table(page: Page) -> str:
     slow = {(r.node, r.rank) for r in page.timeline.slowest()} if len(ranks) > 1 else set()
     shown = ranks if len(ranks) <= REPORT_MAX_ROWS * 4 else [r for r in ranks if (r.node, r.rank) in slow]
 
-    def mean(values: Sequence[float | None]) -> str:
-        found = [v for v in values if v is not None]
-        return f"{sum(found) / len(found):.3g}" if found else ""
+    def figure(value: float | None) -> str:
+        return "" if value is None else f"{value:.3g}"
 
-    rows = "".join(f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{mean(r.steps_per_s)}</td>"
-                   f"<td>{mean(r.data_share)}</td><td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td>"
-                   "</tr>" for r in shown)
-    return ("<table><tr><th>rank</th><th>node</th><th>steps/s (mean)</th><th>waiting for data (mean share)</th>"
-            f"<th></th></tr>{rows}</table>")
+    rows = "".join(f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{_e(r.steps or '')}</td>"
+                   f"<td>{figure(r.mean_rate())}</td><td>{figure(r.data_mean)}</td>"
+                   f"<td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td></tr>" for r in shown)
+    return ("<table><tr><th>rank</th><th>node</th><th>steps</th><th>steps/s (first step to last)</th>"
+            f"<th>waiting for data (share, while drawing batches)</th><th></th></tr>{rows}</table>")
 
 
 def _end(page: Page) -> str:
@@ -219,6 +258,14 @@ def _end(page: Page) -> str:
                    f"<td>{'' if e.exit_code is None else e.exit_code}</td>"
                    f"<td>{'' if e.ended is None else f'{e.ended:.1f}'}</td>"
                    f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>" for e in end_rows(page.exits))
-    cause = f"<pre>{_e(page.root_cause)}</pre>" if page.root_cause else "<p>Every node ended without a failure.</p>"
+    if page.root_cause:
+        cause = f"<pre>{_e(page.root_cause)}</pre>"
+    elif page.stopped or page.never:
+        said = page.stopped or f"never started: {page.never}"
+        cause = f"<p>{_e(said[0].upper() + said[1:])}.</p>"
+    elif any(e.state in ("exited", "stopped", "lost") for e in page.exits):
+        cause = "<p>Every node ended without a failure.</p>"
+    else:
+        cause = "<p>No node said how the run ended (it may still run; the nodes may be out of reach).</p>"
     return (f"{cause}<table><tr><th>node</th><th>state</th><th>exit code</th><th>ended (s)</th>"
             f"<th>exception</th></tr>{rows}</table><p>Logs: {_e(page.logs)}</p>")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.limits import REPORT_MAX_ROWS, REPORT_NAMED
-from launcher.report.lines import NodeLog
+from launcher.report.pageend import ANSWERED, Mark, NodeExit, Retried, end_rows, few, node_exit, run_end
 from launcher.report.pageseries import Timeline, timeline
+
+__all__ = ["PHASES", "Bar", "Mark", "NodeExit", "Page", "build_page", "end_rows", "rank_phases"]
 
 PHASES = (("connected", "SSH connected", "connecting"), ("synced", "sync done", "the sync"),
           ("ready", "checks done", "the checks"), ("torchrun", "torchrun started", "waiting for every node"),
@@ -55,26 +57,6 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class Mark:
-    t: float
-    kind: str
-    """hang, hang-ruled-out, straggler, left, stop, restart, end."""
-    text: str
-    node: str | None = None
-
-
-@dataclass(frozen=True)
-class NodeExit:
-    node: str
-    state: str
-    exit_code: int | None
-    ended: float | None
-    raised: tuple[str, ...] = ()
-    """`rN: <exception line>` of each rank whose traceback ended in the node's log."""
-    detail: str = ""
-
-
-@dataclass(frozen=True)
 class Page:
     run_id: str
     command_start: float
@@ -92,18 +74,28 @@ class Page:
     duration_s: float | None
     timeline: Timeline
     notes: tuple[str, ...] = field(default_factory=tuple)
+    """What the page could not know (a node it could not reach now, whose figures are those it gave before)."""
+    stopped: str = ""
+    """How a stop the user asked for ended the run ("" when none did)."""
+    never: str = ""
+    """Why the launch never started anything ("" when it did)."""
+    unreached: tuple[str, ...] = ()
+    """The nodes that could not answer when the page was written (`notes` say whose figures are from before)."""
 
     def summary(self) -> dict[str, Any]:
         """What `--json` says of the page."""
         return {"run": self.run_id, "headline": self.headline, "first_step_s": self.first_step_s,
                 "slowest": None if self.slowest is None else {"node": self.slowest[0], "in": self.slowest[1],
                                                               "seconds": round(self.slowest[2], 1)},
-                "duration_s": self.duration_s, "root_cause": self.root_cause or None, "logs": self.logs,
-                "nodes": {e.node: {"state": e.state, "exit_code": e.exit_code, "raised": list(e.raised)}
-                          for e in self.exits},
+                "duration_s": self.duration_s, "root_cause": self.root_cause or None,
+                "stopped": self.stopped or None, "never_started": self.never or None, "logs": self.logs,
+                "nodes": {e.node: {"state": e.state, "exit_code": e.exit_code, "raised": list(e.raised),
+                                   "detail": e.detail or None} for e in self.exits},
                 "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks],
                 "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
-                "ranks": [{"node": r.node, "rank": r.rank, "steps_per_s": r.mean_rate()} for r in self.timeline.ranks]}
+                "ranks": [{"node": r.node, "rank": r.rank, "steps": r.steps, "steps_per_s": r.mean_rate(),
+                           "data_share": r.data_mean} for r in self.timeline.ranks],
+                "notes": list(self.notes), "unreached": list(self.unreached)}
 
 
 def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
@@ -124,14 +116,42 @@ def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
 
 
 def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[str, Mapping[str, Any]],
-               logs: str, offsets: Mapping[str, float] | None = None) -> Page:
+               logs: str, offsets: Mapping[str, float] | None = None, retried: Retried | None = None,
+               notes: Sequence[str] = ()) -> Page:
     """The page of a run: `answers` are each node's `report` answer in the inventory's order (a node that could not
     answer: {"state": "unreachable", "detail": why}); `offsets` each node's clock against this one where the journal
-    has none (a detached run's page made elsewhere)."""
+    has none (a detached run's page made elsewhere); `retried`: the attempt of a launch with retries this run was,
+    where the launcher started it again; `notes`: what the page could not know."""
     journal = journal or {}
     known = journal.get("nodes") or {}
     offset = {n: float((known.get(n) or {}).get("offset", (offsets or {}).get(n, 0.0))) for n in answers}
     began = journal.get("command_start") or _earliest(answers, offset)
+    bars, spread, marks = _start(answers, known, offset, began)
+    marks += _journal_marks(journal, began)
+    exits = tuple(node_exit(node, answer, offset[node], began) for node, answer in answers.items())
+    started = any("torchrun" in (known.get(n) or {}) for n in answers) or any(
+        a.get("state") in ANSWERED for a in answers.values()) or not (
+        journal.get("end") or all(a.get("state") == "none" for a in answers.values()))
+    end = run_end(journal.get("end") or {}, exits, started, retried)
+    if end.never:
+        exits = tuple(replace(e, detail=e.detail or "nothing was started here") for e in exits)
+    shown, hidden = _rows(bars, spread)
+    first, slowest, headline = _headline(bars, spread)
+    ended = [e.ended for e in exits if e.ended is not None]
+    said = journal.get("end") or {}
+    duration = max(ended) if ended else (said["t"] - began if said.get("t") and started else None)
+    first_steps = {(b.node, b.rank): b.at("step") for ranks in spread.values() for b in ranks if b.at("step")}
+    return Page(run_id, began, f"never started: {end.never}" if end.never else headline, first, slowest,
+                tuple(shown), hidden, _grouped([*marks, *end.marks]), exits, end.root_cause, logs,
+                None if duration is None else round(duration, 1),
+                timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began, first_steps),
+                tuple(notes), end.stopped, end.never)
+
+
+def _start(answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], offset: Mapping[str, float],
+           began: float) -> tuple[list[Bar], dict[str, list[Bar]], list[Mark]]:
+    """Each node's bar (its launcher phases, its last rank's), each of its ranks' bars, and a mark of each rank's
+    process that started again (its phases: a restart count)."""
     bars, marks, spread = [], [], {}
     for node, answer in answers.items():
         own = {k: float(v) - began for k, v in (known.get(node) or {}).items() if k in LAUNCHER_PHASES}
@@ -149,18 +169,7 @@ def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[
         last = {k: max(r[k] for r in ranks.values() if k in r) for k in names if any(k in r for r in ranks.values())}
         bars.append(Bar(node, None, _ordered({**own, **last})))
         spread[node] = [Bar(node, rank, _ordered({**own, **times})) for rank, times in sorted(ranks.items())]
-    marks += _journal_marks(journal, began)
-    exits = tuple(_exit(node, answer, offset[node], began) for node, answer in answers.items())
-    marks += [Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code else ""),
-                   e.node) for e in exits if e.ended is not None and (e.state != "exited" or e.exit_code)]
-    shown, hidden = _rows(bars, spread)
-    first, slowest, headline = _headline(bars, spread)
-    ended = [e.ended for e in exits if e.ended is not None]
-    end = journal.get("end") or {}
-    duration = max(ended) if ended else (end["t"] - began if end.get("t") else None)
-    return Page(run_id, began, headline, first, slowest, tuple(shown), hidden, _grouped(marks), exits,
-                _root_cause(end, exits), logs, None if duration is None else round(duration, 1),
-                timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began))
+    return bars, spread, marks
 
 
 def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
@@ -176,7 +185,7 @@ def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
         rest = mine[REPORT_NAMED - 1:]
         names = ", ".join(m.node or "?" for m in rest)
         kept.append(Mark(rest[0].t, kind, f"{len(rest)} more ({kind}) from {rest[0].t:.0f} to {rest[-1].t:.0f} s: "
-                                          f"{_few(names)}"))
+                                          f"{few(names)}"))
     return tuple(sorted(kept, key=lambda m: m.t))
 
 
@@ -199,51 +208,6 @@ def _journal_marks(journal: Mapping[str, Any], began: float) -> list[Mark]:
             node = found.group(1) if found else None
         marks.append(Mark(float(mark["t"]) - began, str(mark.get("kind")), str(mark.get("text", "")), node))
     return marks
-
-
-def _exit(node: str, answer: Mapping[str, Any], offset: float, began: float) -> NodeExit:
-    ended = answer.get("ended_at")
-    log = NodeLog(node, 0, len(node), None, False)
-    log.format((answer.get("log_tail") or "").encode())
-    log.format_rest()
-    raised = tuple(f"r{rank if rank is not None else local}: {line}"
-                   for local, (rank, line) in sorted(log.raised.items()))
-    return NodeExit(node, str(answer.get("state", "error")), answer.get("exit_code"),
-                    None if ended is None else round(float(ended) + offset - began, 1), raised,
-                    str(answer.get("detail", "")))
-
-
-def end_rows(exits: Sequence[NodeExit]) -> list[NodeExit]:
-    """The end table's rows: a node each where few; past REPORT_MAX_ROWS a node with an exception keeps its own row
-    (REPORT_MAX_ROWS of them) and the others that ended alike (state, exit code) share one that names a few of them
-    and counts the rest, with the latest end: 256 nodes that exited 0 are one row."""
-    if len(exits) <= REPORT_MAX_ROWS:
-        return list(exits)
-    own = [e for e in exits if e.raised][:REPORT_MAX_ROWS]
-    listed = {e.node for e in own}
-    alike: dict[tuple[str, int | None, str], list[NodeExit]] = {}
-    for e in exits:
-        if e.node not in listed:
-            alike.setdefault((e.state, e.exit_code, e.detail), []).append(e)
-    rows = list(own)
-    for (state, exit_code, detail), group in alike.items():
-        ended = max((e.ended for e in group if e.ended is not None), default=None)
-        names = _few(", ".join(e.node for e in group)) if len(group) > 1 else group[0].node
-        rows.append(NodeExit(names, state, exit_code, ended, (), detail))
-    return rows
-
-
-def _root_cause(end: Mapping[str, Any], exits: tuple[NodeExit, ...]) -> str:
-    """The launch's own words when it ended a failure (attached); else the first node that failed, by its end."""
-    if end.get("text"):
-        return str(end["text"])
-    failed = sorted((e for e in exits if e.exit_code not in (0, None) or e.state == "lost"),
-                    key=lambda e: e.ended if e.ended is not None else float("inf"))
-    if not failed:
-        return ""
-    first = failed[0]
-    said = f"; {first.raised[0]}" if first.raised else ""
-    return f"root cause: {first.node} {first.state} (exit code {first.exit_code}){said}"
 
 
 def _rows(bars: list[Bar], spread: Mapping[str, list[Bar]]) -> tuple[list[Bar], int]:
@@ -292,7 +256,7 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
     if len(stepped) < len(ranks):
         never = ", ".join(f"{r.node} r{r.rank}" for r in ranks if r.at("step") is None)
         return None, None, (f"not every rank made an optimizer step ({len(stepped)} of {len(ranks)}; not "
-                            f"{_few(never)})")
+                            f"{few(never)})")
     first = round(max(r.at("step") or 0.0 for r in stepped), 1)
     last = _slowest_first(bars)[0]  # the waterfall's first row where nodes are left out
     longest = last.longest()
@@ -302,10 +266,3 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
     took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
     return first, (last.node, what, seconds), (f"command -> first optimizer step on every rank: {first:.1f} s; the "
                                                f"slowest node, {last.node}: {took} s in {what}")
-
-
-def _few(text: str) -> str:
-    names = text.split(", ")
-    if len(names) <= REPORT_NAMED:
-        return text
-    return ", ".join(names[:REPORT_NAMED]) + f" and {len(names) - REPORT_NAMED} more"

@@ -2,6 +2,11 @@
 rates on the launcher's clock, seconds from the command's start: steps per second and the share of time waiting for
 data per rank, CPU (the ranks' own processes, in % of one core), memory and GPUs per node; and, for many ranks, the
 bands the page draws instead of a line each (the median, the middle half, the extremes) with the slowest ranks named.
+
+A rank's steps per second come from its steps' own times (its first optimizer step, then each sample's count with
+its last step's time), never from when a sample happened to look: the 5 s samples of a run that trains for one
+second, or the time before its first step, would say a tenth of its rate. Its mean is the rate a training loop says
+of itself: the steps from its first optimizer step to its last, over the time between.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from launcher.limits import REPORT_NAMED, REPORT_POINTS
 from launcher.options import STRAGGLER_FACTOR
 
 GIB = float(1 << 30)
-CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S = range(6)
-"""The places of a rank's numbers in a sample (launcher/node/series.py)."""
+CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP = range(7)
+"""The places of a rank's numbers in a sample (launcher/node/series.py; T_STEP is absent from an older node's)."""
+STILL_S = 1.0
+"""A rank whose count has not moved for two of its steps and this long is drawn at 0 steps/s from then: its record is
+rewritten at most every 0.1 s (launcher/node/limits.py RECORD_FLUSH_S), so a count that old is one that stopped."""
 
 Values = tuple[float | None, ...]
 
@@ -27,12 +35,20 @@ class RankLine:
     node: str
     rank: int
     t: tuple[float, ...]
+    """The samples' times (data_share's)."""
     steps_per_s: Values
+    """Steps a second over the stretch that ends at the same place of `step_t` (its first value: where it began)."""
     data_share: Values
+    step_t: tuple[float, ...] = ()
+    rate: float | None = None
+    """Steps a second from its first optimizer step to its last (each process's, when it started again)."""
+    steps: int | None = None
+    """Its last count of optimizer steps (its last process's)."""
+    data_mean: float | None = None
+    """Its share of time waiting for data, over the samples' stretches in which it drew batches."""
 
     def mean_rate(self) -> float | None:
-        rates = [r for r in self.steps_per_s if r is not None]
-        return sum(rates) / len(rates) if rates else None
+        return self.rate
 
 
 @dataclass(frozen=True)
@@ -77,9 +93,10 @@ class Timeline:
         return tuple(sorted(slow, key=lambda r: (r.mean_rate() or 0.0, r.rank))[:REPORT_NAMED])
 
 
-def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[str, float], began: float
-             ) -> Timeline:
-    """Every node's samples as lines on the launcher's clock (each a node's time moved by its clock's offset)."""
+def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[str, float], began: float,
+             first_steps: Mapping[tuple[str, int], float] | None = None) -> Timeline:
+    """Every node's samples as lines on the launcher's clock (each a node's time moved by its clock's offset);
+    `first_steps`: each (node, rank)'s first optimizer step on that clock (its start phases), where its steps begin."""
     ranks, nodes, end = [], [], 0.0
     for node, samples in series.items():
         samples = sorted((s for s in samples if isinstance(s.get("t"), int | float)), key=lambda s: s["t"])
@@ -88,15 +105,89 @@ def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[
         if not pairs:
             continue
         end = max(end, samples[-1]["t"] + shift)
-        times = tuple(round(b["t"] + shift, 2) for _, b in pairs)
+        times = tuple(round(s["t"] + shift, 2) for s in samples)  # a rate's line begins where its first stretch does
         for rank in sorted({int(k) for s in samples for k in s.get("ranks", {})}):
-            steps = tuple(_rate(a, b, str(rank), STEPS) for a, b in pairs)
-            data = tuple(_share(a, b, str(rank), DATA_S) for a, b in pairs)
-            ranks.append(RankLine(node, rank, *_thin(times, steps, data)))
-        cpu = tuple(_cpu(a, b) for a, b in pairs)
-        mem = tuple(None if b.get("mem_used") is None else b["mem_used"] / GIB for _, b in pairs)
+            steps = step_line(samples, str(rank), shift, (first_steps or {}).get((node, rank)))
+            step_t, rates = _thin(steps.t, steps.rates)
+            t, data = _thin(times, _stretches(tuple(_share(a, b, str(rank), DATA_S) for a, b in pairs)))
+            ranks.append(RankLine(node, rank, t, rates, data, step_t, steps.rate, steps.count,
+                                  _data_mean(pairs, str(rank))))
+        cpu = _stretches(tuple(_cpu(a, b) for a, b in pairs))
+        mem = tuple(None if s.get("mem_used") is None else s["mem_used"] / GIB for s in samples)
         nodes.append(NodeLine(node, *_thin(times, cpu, mem), gpus=_gpus(samples, shift)))
     return Timeline(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(nodes), round(end, 1))
+
+
+def _stretches(values: Values) -> Values:
+    """Rates between samples, one a stretch, placed at both its ends' samples' times as the page draws them (steps:
+    each value back to the point before it): the first stretch's value at the first sample too."""
+    return values[:1] + values
+
+
+@dataclass(frozen=True)
+class StepLine:
+    t: tuple[float, ...]
+    rates: Values
+    rate: float | None
+    count: int | None
+
+
+def step_line(samples: Sequence[Mapping[str, Any]], rank: str, shift: float, first: float | None) -> StepLine:
+    """A rank's steps/s from its steps' own times: a stretch from each count to the next (the first from its first
+    optimizer step, count 1; a sample without its last step's time counts at its own); a count that fell is a process
+    that started again (a gap, then a new first count); a count still for two of its steps and STILL_S reads 0 from
+    that sample on. The mean: the steps of the stretches over their seconds."""
+    moves: list[tuple[float, int]] = [] if first is None else [(first, 1)]
+    t: list[float] = []
+    rates: list[float | None] = []
+    done, spent, count, resumed = 0, 0.0, None, None
+    for sample in samples:
+        numbers = _numbers(sample, rank)
+        if numbers is None or not numbers[STEPS]:
+            continue  # no record, or no step yet
+        count, seen = numbers[STEPS], sample["t"] + shift
+        when = seen if len(numbers) <= T_STEP or numbers[T_STEP] is None else numbers[T_STEP] + shift
+        if moves and count < moves[-1][1]:  # a process that started again: a gap in the line, then its own counts
+            if t:
+                t.append(t[-1])
+                rates.append(None)
+            moves = []
+        if not moves:
+            moves, resumed = [(when, count)], None
+            continue
+        at, before = moves[-1]
+        if count == before:
+            if len(moves) > 1 and seen - at > 2 * (at - moves[-2][0]) / (before - moves[-2][1]) + STILL_S:
+                t.append(round(seen, 2))
+                rates.append(0.0)
+                resumed = seen
+            continue
+        if when <= at:
+            continue
+        since = resumed if resumed is not None and resumed < when else at
+        rate = round((count - before) / (when - since), 3)
+        if len(moves) == 1:
+            t.append(round(at, 2))
+            rates.append(rate)
+        t.append(round(when, 2))
+        rates.append(rate)
+        done, spent, resumed = done + count - before, spent + when - at, None
+        moves.append((when, count))
+    return StepLine(tuple(t), tuple(rates), round(done / spent, 3) if spent > 0 else None, count)
+
+
+def _data_mean(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], rank: str) -> float | None:
+    """The share of time waiting for data over the stretches between two samples in which the rank drew batches
+    (the time before its loop, or after it, is no wait for data)."""
+    waited = spent = 0.0
+    for a, b in pairs:
+        before, after = _numbers(a, rank), _numbers(b, rank)
+        if before is None or after is None or None in (before[BATCHES], after[BATCHES], before[DATA_S], after[DATA_S]):
+            continue
+        if after[BATCHES] > before[BATCHES]:
+            waited += after[DATA_S] - before[DATA_S]
+            spent += b["t"] - a["t"]
+    return round(min(1.0, max(0.0, waited / spent)), 3) if spent > 0 else None
 
 
 def _numbers(sample: Mapping[str, Any], rank: str) -> list[Any] | None:

@@ -43,7 +43,9 @@ def answers(nodes: int, per_node: int = 2, samples: int = 12, slow: str = "node-
             for local in range(per_node):
                 rank = n * per_node + local
                 rate = 5.0 if (node == slow and local == per_node - 1) else 10.0
-                ranks[str(rank)] = [2.0 * i, 300 << 20, int(rate * 5 * i), int(rate * 5 * i), 0.5 * i, 2.0 * i]
+                first = T0 + 2.0 + 38 + 0.2 * local  # its "step" phase: count 1, then one every 1/rate s
+                steps = 1 + int(rate * (t - first))
+                ranks[str(rank)] = [2.0 * i, 300 << 20, steps, steps, 0.5 * i, 2.0 * i, first + (steps - 1) / rate]
             series.append({"t": t, "load1": 1.0, "mem_total": 8 << 30, "mem_used": (2 << 30) + i, "ranks": ranks})
         failed = fail and node == "node-1"
         tail = ("[default1@r3]:Traceback (most recent call last):\n[default1@r3]:  File \"train.py\", line 9\n"
@@ -86,7 +88,8 @@ def test_the_timeline_has_each_rank_its_rate_and_data_share_and_each_nodes_cpu_a
     page = build_page(RUN, journal(2), answers(2), "logs/x/")
     line = page.timeline
     assert [(r.node, r.rank) for r in line.ranks] == [("node-0", 0), ("node-0", 1), ("node-1", 2), ("node-1", 3)]
-    assert line.ranks[0].t[0] == pytest.approx(45.0)  # the second sample, on the launcher's clock
+    assert line.ranks[0].t[:2] == pytest.approx((40.0, 45.0))  # the first stretch drawn from the first sample on
+    assert line.ranks[0].step_t[0] == pytest.approx(38.0) and line.ranks[0].rate == pytest.approx(10.0)
     assert set(line.ranks[0].steps_per_s) == {10.0} and set(line.ranks[3].steps_per_s) == {5.0}
     assert set(line.ranks[0].data_share) == {0.1}
     assert line.slowest()[0].rank == 3
@@ -151,7 +154,8 @@ def test_many_nodes_ends_are_a_few_marks_and_one_that_counts_the_rest() -> None:
     found = answers(40, per_node=1, samples=3)
     for answer in found.values():
         answer.update(state="stopped", exit_code=137)
-    marks = build_page(RUN, journal(40), found, "logs/x/").marks
+    hang = {"t": T0 + 60, "code": 124, "text": "run x stopped: hang suspected"}  # the launcher's stop: no user's
+    marks = build_page(RUN, journal(40, end=hang), found, "logs/x/").marks
     assert [m.kind for m in marks] == ["end"] * 5 and marks[-1].text.startswith("36 more (end) from ")
 
 
