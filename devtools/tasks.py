@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import replace
+from typing import Any
 
 from invoke import Collection
 
@@ -25,12 +26,16 @@ from launcher.tasks import doctor, init, launch, logs, report, slurm, stacks, st
 
 
 def bring_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
-             slurm: bool = False) -> Sandbox:
-    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port, slurm=slurm)
+             slurm: bool = False, tell: bool = True, **where: Any) -> Sandbox:
+    """The sandbox up, and what to try on it (`tell`; not where the caller takes it down itself: the demo).
+    `where`: sandbox.up's place for it (state_dir, inventory, base_addr, ...; a test's own)."""
+    box = sandbox.up(nodes, nproc_per_node=nproc_per_node, master_port=master_port, slurm=slurm, **where)
     print(f"sandbox: {len(box.nodes)} sshd node(s) up "
-          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {relative(box.inventory)}")
+          f"({', '.join(f'{n.name}={n.addr}:{n.port}' for n in box.nodes)}); inventory {relative(box.inventory)}",
+          flush=True)  # before the launch's lines, whatever the buffering of a pipe
     if box.slurm_conf is None:
-        print(f"try: inv launch --hosts {relative(box.inventory)}    (and `inv sandbox.down` when done)")
+        if tell:
+            print(f"try: inv launch --hosts {relative(box.inventory)}    (and `inv sandbox.down` when done)")
         return box
     print(f"sandbox: SLURM cluster up (slurmctld, a slurmd on each node, partition main); config {box.slurm_conf}")
     # SLURM's commands find this cluster only through SLURM_CONF: the shell that runs them needs it.
@@ -40,14 +45,15 @@ def bring_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MAS
     return box
 
 
-def bring_down() -> None:
-    for line in sandbox.down():
+def bring_down(**where: Any) -> None:
+    for line in sandbox.down(**where):
         print(line)
 
 
-def run_demo(opts: options.Options | None = None) -> int:
-    """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down."""
-    box = bring_up(2, nproc_per_node=2)
+def run_demo(opts: options.Options | None = None, **where: Any) -> int:
+    """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down (no
+    `try:` line: they are gone when it ends). `where`: the sandbox's place (bring_up's; a test's own)."""
+    box = bring_up(2, nproc_per_node=2, tell=False, **where)
     run_id, opts = new_run_id(), opts or options.Options()
     try:
         # The run's page before the nodes go down (a page written by a process of its own, as after a launch, would
@@ -56,10 +62,10 @@ def run_demo(opts: options.Options | None = None) -> int:
                           opts=replace(opts, page=False))
         page = page_now(load_inventory(str(box.inventory)), run_id, opts)
         if page is not None:
-            print(f"the run's page: {relative(page)}")
+            print(f"the run's page: {relative(page)}", flush=True)
         return code
     finally:
-        bring_down()
+        bring_down(**{k: v for k, v in where.items() if k == "state_dir"})
 
 
 def run_bench(quick: bool = False, only: str | None = None) -> int:

@@ -3,14 +3,15 @@ the project's tree to every node first (`sync`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, RunFailed, UsageError
 from launcher.options import Options
-from launcher.plan.launch import plan_launch
+from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.gate import ConnectionsFirst
@@ -56,18 +57,52 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
             raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
         wiring.err.write(f"note: {cluster.source}: retries: {plan.retries} does not apply to a detached run\n")
         plan = replace(plan, retries=0)
+    began = time.time()
     try:
         if not plan.retries:
-            return run_launch.launch_run(plan, opts, wiring)
-        from launcher.doctor.collect import between_attempts
+            code = run_launch.launch_run(plan, opts, wiring)
+        else:
+            from launcher.doctor.collect import between_attempts
 
-        return attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
-    finally:
-        if not opts.detach:  # the run's page (each attempt's), by a process of its own: this command returns now
-            from launcher.app.pages import page_later
+            code = attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
+    except LauncherError as exc:
+        said = _pages(plan, opts, began, exc)
+        if said and isinstance(exc, RunFailed):  # the page's line last, after the root cause, as after a success
+            raise RunFailed(f"{exc}\n{said}", exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail,
+                            ends=exc.ends) from exc
+        raise
+    except BaseException:
+        _pages(plan, opts, began, None)
+        raise
+    said = _pages(plan, opts, began, None)
+    if said:
+        wiring.err.write(said + "\n")
+    return code
 
-            tried = [a.run_id for a in attempts.read_attempts(opts.log_dir, plan.run_id)]
-            page_later(plan.cluster, tried or [plan.run_id], opts)
+
+def _pages(plan: LaunchPlan, opts: Options, began: float, failed: LauncherError | None) -> str:
+    """The run's page (each attempt's) by a process of its own, this command returning now; the line that says where
+    it will be. A launch that started nothing (the doctor's checks refused it, a node out of reach) has no page: its
+    error says why, and its reason is kept for a later `report`."""
+    if not opts.page:
+        return ""
+    from launcher.app.pages import page_later, page_path
+    from launcher.paths import hint, relative
+    from launcher.run.journal import note_end, started_anywhere
+
+    tried = [a.run_id for a in attempts.read_attempts(opts.log_dir, plan.run_id)] or [plan.run_id]
+    if failed is not None:
+        note_end(opts.log_dir / tried[-1], tried[-1], began, getattr(failed, "exit_code", 1), str(failed))
+    if opts.detach:
+        return "" if failed is not None else (f"its page: {relative(page_path(opts, plan.run_id))}, written at the "
+                                              f"first `{hint('status')}` after the run's end")
+    ran = [run_id for run_id in tried if started_anywhere(opts.log_dir / run_id)]
+    if not ran:
+        return ""
+    page_later(plan.cluster, ran, opts)
+    pages = [relative(page_path(opts, run_id)) for run_id in ran]
+    before = f"; its earlier attempts': {', '.join(pages[:-1])}" if len(pages) > 1 else ""
+    return f"the run's page: {pages[-1]} (written in a few seconds{before})"
 
 
 def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:

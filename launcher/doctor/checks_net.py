@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from launcher.config.model import Cluster
@@ -165,15 +166,27 @@ def check_port(ev: Evidence) -> list[Finding]:
     states = listener.get("states") or []
     why = who or ("something listens on it" if "listening" in states else
                   "a socket listens on it (perhaps in another container or network namespace)")
-    runs = sorted({h["run"].partition("/")[0] for h in holders if h.get("run")})
-    stopping = hint(f"stop --hosts {ev.cluster.source} --run {runs[0]}", stop_call(ev.cluster.source, runs[0])) \
-        if runs else ""
-    stop = (f"stop that run (`{stopping}`)" if runs else
+    runs = [h for h in holders if h.get("run")]
+    stop = (_stop_run(ev, runs[0]) if runs else
             f"stop pid {holders[0]['pid']} on {master.name}" if holders else
             f"find its owner with `ss -ltnp 'sport = :{port}'` on {master.name}")
     return [Finding(master.name, "port", "fail",
                     f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
                     f"{stop}, or set rendezvous.master_port to a free port")]
+
+
+def _stop_run(ev: Evidence, holder: Mapping[str, Any]) -> str:
+    """How to stop the launcher run that holds the port, saying whose it is: its user, and the inventory it was
+    started from where that is not this one (the command that stops it names that inventory)."""
+    run_id = holder["run"].partition("/")[0]
+    theirs = holder.get("inventory")
+    ours = str(Path(ev.cluster.source).resolve())
+    hosts = ev.cluster.source if theirs in (None, ours) else theirs
+    said = [f"{holder['user']}'s" if holder.get("user") else "",
+            "started from this inventory" if theirs == ours else f"started from {theirs}" if theirs else ""]
+    whose = ", ".join(x for x in said if x)
+    stop = hint(f"stop --hosts {hosts} --run {run_id}", stop_call(hosts, run_id))
+    return f"stop run {run_id} ({whose}{': ' if whose else ''}`{stop}`)"
 
 
 def _holder(holder: Mapping[str, Any]) -> str:

@@ -93,9 +93,46 @@ def port_holders(port, budget):
                         cmd = handle.read(limits.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
                 except OSError:
                     cmd = ""
-                holders.append({"pid": int(pid), "command": cmd, "state": wanted.pop(link), "run": run_of(int(pid))})
+                holder = {"pid": int(pid), "command": cmd, "state": wanted.pop(link), "run": run_of(int(pid)),
+                          "user": owner_of(int(pid))}
+                holder.update(run_record(holder["run"]))
+                holders.append(holder)
                 break
     return {"states": sorted(set(inodes.values())), "holders": holders}
+
+
+def owner_of(pid):
+    """The name of the user a process runs as (its uid where the name is unknown), or None."""
+    try:
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def run_record(mark):
+    """What launcher run `mark` (`<run id>/<node>`) recorded in its folder here: the inventory it was started from,
+    as its controller resolved it ({} where it says nothing): whose run holds a port, and how to stop it."""
+    import json
+    import re
+
+    from launcher.node.loader import node_path
+    from launcher.node.protocol import RUN_ID_PATTERN, RUNS_ROOT
+
+    run_id, _, node = (mark or "").partition("/")
+    if not re.fullmatch(RUN_ID_PATTERN, run_id) or not node or "/" in node or node.startswith("."):
+        return {}
+    try:
+        with open(os.path.join(node_path(RUNS_ROOT), run_id, node, "command.json"), encoding="utf-8") as handle:
+            inventory = json.load(handle).get("inventory")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {"inventory": inventory} if isinstance(inventory, str) else {}
 
 
 def open_listener(port):

@@ -103,3 +103,22 @@ def read_journal(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def note_end(folder: Path, run_id: str, began: float, code: int, text: str) -> None:
+    """A launch's end where its run kept no account of it (the doctor's checks refused it, a node could not be
+    reached: nothing started), so its page can say why; an end already kept stays as it is."""
+    journal = Journal(run_id, folder, began)
+    found = read_journal(folder)
+    if found is not None:
+        if found.get("end"):
+            return
+        journal.data.update(found)
+    journal.end(code, text)
+    journal.write()
+
+
+def started_anywhere(folder: Path) -> bool:
+    """Whether the launch's account says torchrun started on any node (a run with something to show)."""
+    found = read_journal(folder) or {}
+    return any("torchrun" in (phases or {}) for phases in (found.get("nodes") or {}).values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import getpass
 import json
 import os
 import socket
@@ -313,6 +314,14 @@ def test_the_port_held_by_a_running_run_names_that_run_and_how_to_stop_it(make_s
         said = " ".join((checked.stdout + checked.stderr).split())  # the table's lines wrap long findings
         assert checked.returncode == 1, said
         assert f"(launcher run {run_id}: " in said and f"--run {run_id}`), or set rendezvous.master_port" in said, said
+        # Whose run it is, from another inventory of the same nodes: its user, the inventory that started it.
+        other = tmp_path / "other.yaml"
+        other.write_text(box.inventory.read_text())
+        checked = inv("doctor", "--hosts", str(other), "--fast", "--json", timeout=60)
+        (port_fix,) = [f["fix"] for f in json.loads(checked.stdout)["findings"] if f["check"] == "port"]
+        theirs = box.inventory.resolve()
+        assert port_fix == (f"stop run {run_id} ({getpass.getuser()}'s, started from {theirs}: `inv stop --hosts "
+                            f"{theirs} --run {run_id}`), or set rendezvous.master_port to a free port"), port_fix
     finally:
         inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
     assert run_processes(run_id) == []

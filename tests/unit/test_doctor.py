@@ -421,8 +421,13 @@ def test_master_port_taken_names_the_holder_and_skips_the_tcp_check() -> None:
     found = only(evidence(listener=ours), "port", "node-0")
     assert found.detail.endswith(": pid 1035 (launcher run 20261126-120846-665ea5: /opt/torch/.venv/bin/python3 -m "
                                  "torch.di) listening"), found.detail
-    assert found.fix.startswith("stop that run (`inv stop --hosts ") and found.fix.endswith(
+    assert found.fix.startswith("stop run 20261126-120846-665ea5 (`inv stop --hosts ") and found.fix.endswith(
         " --run 20261126-120846-665ea5`), or set rendezvous.master_port to a free port"), found.fix
+    # whose it is: the node says its user and the inventory it was started from (another one here)
+    theirs = {**ours, "holders": [{**ours["holders"][0], "user": "ana", "inventory": "/home/ana/hosts/big.yaml"}]}
+    assert only(evidence(listener=theirs), "port", "node-0").fix == (
+        "stop run 20261126-120846-665ea5 (ana's, started from /home/ana/hosts/big.yaml: `inv stop --hosts "
+        "/home/ana/hosts/big.yaml --run 20261126-120846-665ea5`), or set rendezvous.master_port to a free port")
     failed = only(evidence(listener={"failed": "node-0: refused: gone"}), "port", "node-0")
     assert failed.status == "fail" and "could not check port 29500" in failed.detail
 
