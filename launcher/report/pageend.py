@@ -40,6 +40,8 @@ class NodeExit:
     detail: str = ""
     stop_at: float | None = None
     """When a stop began on the node (seconds from the command's start), where one did."""
+    stop: Mapping[str, Any] | None = None
+    """How that stop ended its processes, as the node recorded it (launcher/node/runner.py `stop_run`)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def node_exit(node: str, answer: Mapping[str, Any], offset: float, began: float)
     return NodeExit(node, str(answer.get("state", "error")), answer.get("exit_code"),
                     None if ended is None else round(float(ended) + offset - began, 1), raised,
                     str(answer.get("detail") or (stop_words(stop, answer.get("exit_code")) if stop else "")),
-                    None if not isinstance(at, int | float) else round(float(at) + offset - began, 1))
+                    None if not isinstance(at, int | float) else round(float(at) + offset - began, 1), stop)
 
 
 def stop_words(stop: Mapping[str, Any], exit_code: int | None) -> str:
@@ -120,10 +122,23 @@ def _stopped_by_user(stopped: Sequence[NodeExit], ctrl_c: bool) -> RunEnd:
     times = [e.stop_at for e in stopped if e.stop_at is not None] or [e.ended for e in stopped if e.ended is not None]
     how = " (Ctrl-C)" if ctrl_c else ""
     at = f" at {min(times):.1f} s" if times else ""
-    words = {e.detail for e in stopped}
-    said = f": on every node, {words.pop()}" if len(words) == 1 and "" not in words else " (each node's end below)"
-    sentence = f"stopped by the user{at}{how}, not a failure{said}"
+    sentence = f"stopped by the user{at}{how}, not a failure{_every_node(stopped)}"
     return RunEnd("", sentence, "", (Mark(min(times), "stop", f"stopped by the user{how}"),) if times else ())
+
+
+def _every_node(stopped: Sequence[NodeExit]) -> str:
+    """How the stop ended every node's processes, where it ended them alike (the longest of their times)."""
+    stops = [e.stop for e in stopped if e.stop is not None]
+    kinds = {"killed" if s.get("killed") else "alone" if s.get("alone") else "term" for s in stops}
+    if len(stops) < len(stopped) or len(kinds) != 1:
+        return " (each node's end below)"
+    terms = [s.get("term_s") for s in stops]
+    merged = {"grace": max(float(s.get("grace") or 0) for s in stops), "alone": "alone" in kinds,
+              "killed": sum(int(s.get("killed") or 0) for s in stops),
+              "term_s": None if None in terms else max(terms)}
+    codes = {e.exit_code for e in stopped}
+    words = stop_words(merged, codes.pop() if len(codes) == 1 else None)
+    return f": {words}" if "killed" in kinds else f": on every node, {words}"
 
 
 def _first_failure(failed: Sequence[NodeExit]) -> str:

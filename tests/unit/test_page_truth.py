@@ -94,10 +94,11 @@ def stopped(node: str, at: float, **stop: object) -> dict:
 
 
 def test_a_stop_the_user_asked_for_is_no_failure_and_has_a_stop_mark_and_how_each_node_ended() -> None:
-    answers = {n: stopped(n, 7.0, term_s=0.4, alone=True, killed=0) for n in ("node-0", "node-1")}
+    answers = {n: stopped(n, 7.0, term_s=term, alone=True, killed=0) for n, term in (("node-0", 0.4), ("node-1", 0.6))}
     page = build_page(RUN, journal(2), answers, "logs/x/")  # a detached run: no end of the launch's own
     assert page.root_cause == "" and page.stopped.startswith("stopped by the user at 7.0 s, not a failure: "), page
-    assert "its ranks ended on TERM within 0.4 s; torchrun, left without them, was then killed" in page.stopped
+    assert ("on every node, its ranks ended on TERM within 0.6 s; torchrun, left without them, was then killed "
+            "(exit code 137)") in page.stopped, page.stopped  # the longest of the nodes' times
     assert [(m.kind, m.t) for m in page.marks] == [("stop", 7.0)]
     said = page.summary()
     assert said["root_cause"] is None and said["stopped"] == page.stopped and said["marks"][0]["kind"] == "stop"
