@@ -79,7 +79,9 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     if hang is not None:
         say(con, f"last {hang}")
     told = stragglers_of(opts.log_dir, shown) if shown else []
-    if shown and not told and any(s.state == "running" for s in found):  # no launcher watches it (detached): a look
+    # A detached run: no launcher told its stragglers. One look where every node runs it (one out of reach would cost
+    # its connect timeout again, and a look at part of the run judges part of it).
+    if shown and not told and found and all(s.state == "running" for s in found):
         from launcher.run.topfeed import stragglers_now
 
         told = stragglers_now(load_inventory(hosts), shown, opts)
