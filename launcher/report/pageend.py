@@ -90,10 +90,10 @@ def stop_words(stop: Mapping[str, Any], exit_code: int | None) -> str:
         return (f"{stop['killed']} process(es) had not ended {float(stop.get('grace') or 0):g} s after TERM: "
                 f"killed{code}")
     took = stop.get("term_s")
-    within = f" within {float(took):.1f} s" if isinstance(took, int | float) else ""
+    within = "" if not isinstance(took, int | float) else " at once" if took < 0.05 else f" within {took:.1f} s"
     if stop.get("alone"):
         return (f"its ranks ended on TERM{within}; torchrun, left without them, was then killed{code}: a stop does "
-                "not wait out its own shutdown")
+                "not wait for torchrun's own shutdown")
     return f"ended on TERM{within}{code}"
 
 

@@ -115,6 +115,9 @@ def test_how_a_stop_ended_a_nodes_processes_is_said_as_it_happened() -> None:
         "2 process(es) had not ended 5 s after TERM: killed (exit code 137)")
     assert stop_words({"grace": 5, "killed": 0, "term_s": 1.23, "alone": False}, 1) == (
         "ended on TERM within 1.2 s (exit code 1)")
+    assert stop_words({"grace": 5, "killed": 0, "term_s": 0.01, "alone": True}, 137) == (
+        "its ranks ended on TERM at once; torchrun, left without them, was then killed (exit code 137): a stop does "
+        "not wait for torchrun's own shutdown")
 
 
 def test_the_launchers_own_stop_after_a_failure_is_not_the_users() -> None:
