@@ -42,6 +42,9 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=env)
     assert result.returncode != 0 and "fails on purpose" in result.stdout + result.stderr, result.stderr
     run_id = run_id_of(result.stdout + result.stderr)
+    # where the page is: the launch's last line, after the root cause (#60 item 13)
+    assert result.stderr.splitlines()[-1] == f"the run's page: {logs / run_id / 'report.html'} (written in a few " \
+                                             "seconds)", result.stderr[-1000:]
     text = _page(logs, run_id).read_text()
     assert "<svg" in text and "<script" not in text
     assert re.findall(r'(?:src|href)="(?!#|data:)[^"]*"', text) == []  # nothing to fetch: no link leaves the file
