@@ -173,12 +173,13 @@ def _start(answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], o
 
 
 def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
-    """The marks by time; past REPORT_NAMED marks of one kind about nodes (every node stopped, 256 nodes' ends), the
-    first few as they are and the rest as one mark that counts them (a figure of 256 dashed lines says nothing)."""
+    """The marks by time; past REPORT_NAMED marks of one kind, each about a node (every node stopped, 256 nodes' ends
+    or reconnects, any kind a newer launcher notes), the first few as they are and the rest as one mark that counts
+    them (a figure of 256 dashed lines says nothing)."""
     kept: list[Mark] = []
     for kind in dict.fromkeys(m.kind for m in marks):
         mine = sorted((m for m in marks if m.kind == kind), key=lambda m: m.t)
-        if kind not in ("end", "stop", "restart", "left") or len(mine) <= REPORT_NAMED:
+        if len(mine) <= REPORT_NAMED or any(m.node is None for m in mine):
             kept += mine
             continue
         kept += mine[:REPORT_NAMED - 1]

@@ -170,6 +170,10 @@ def test_a_mark_of_a_kind_the_page_does_not_know_is_drawn_and_listed_with_its_te
                  "node-0&#x27;s connection came back"):
         assert said in text, said
     assert text.count("stroke-dasharray") >= 2 * 4  # each mark's dashed line across the four figures
+    many = [{"t": T0 + 12.0 + 0.01 * n, "kind": "reconnect", "node": f"node-{n}", "text": f"node-{n} came back"}
+            for n in range(40)]
+    grouped = build_page(RUN, journal(marks=many), {"node-0": answer}, "logs/x/").marks
+    assert len(grouped) == 5 and grouped[-1].text.startswith("36 more (reconnect) from 12 to 12 s: node-4, ")
 
 
 def test_a_node_out_of_reach_keeps_the_figures_it_gave_before_and_is_named() -> None:
