@@ -2,9 +2,9 @@
 runs the same), and the sandbox, the demo and the bench (devtools/tasks.py), which need this checkout."""
 
 from devtools.tasks import bench, checkout_namespace, demo, sandbox_down, sandbox_up
-from launcher.tasks import doctor, init, launch, logs, report, slurm_submit, stacks, status, stop, sync, top
+from launcher.tasks import attach, doctor, init, launch, logs, report, slurm_submit, stacks, status, stop, sync, top
 
 ns = checkout_namespace()
 
-__all__ = ["bench", "demo", "doctor", "init", "launch", "logs", "ns", "report", "sandbox_down", "sandbox_up",
+__all__ = ["attach", "bench", "demo", "doctor", "init", "launch", "logs", "ns", "report", "sandbox_down", "sandbox_up",
            "slurm_submit", "stacks", "status", "stop", "sync", "top"]

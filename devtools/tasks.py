@@ -22,7 +22,8 @@ from launcher.paths import relative
 from launcher.plan.launch import new_run_id
 from launcher.tasks import _options as options_of  # the settings as the installed tasks read them
 from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
-from launcher.tasks import doctor, init, launch, logs, report, slurm, stacks, status, stop, sync, task, top
+from launcher.tasks import ns as installed
+from launcher.tasks import task
 
 
 def bring_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,
@@ -120,7 +121,6 @@ def checkout_namespace() -> Collection:
     sandbox = Collection("sandbox")
     sandbox.add_task(sandbox_up, "up")
     sandbox.add_task(sandbox_down, "down")
-    whole = Collection(launch, sync, doctor, stop, status, logs, stacks, top, report, init, demo, bench, sandbox,
-                       slurm)
+    whole = Collection(*installed.tasks.values(), *installed.collections.values(), demo, bench, sandbox)
     whole.configure({SECTION: options.config_defaults()})
     return whole

@@ -32,6 +32,8 @@ class EndKind(str, Enum):
     """No answer to a stop in time."""
     START_ERROR = "start-error"
     """The session ended before torchrun started (a setup line, a refused start, an abort)."""
+    TAKEN = "taken"
+    """Another launcher took the run over (`attach`): this one lets go of the node; its part goes on."""
 
     def __str__(self) -> str:
         return self.value  # an f-string says `lost`, on every Python (3.12 formats a mixed-in Enum by its str)
@@ -69,8 +71,8 @@ class NodeEnd:
     def failed(self) -> bool:
         """Anything but torchrun's exit 0 after its workers ran; a node that stopped its part by itself failed whatever
         torchrun said."""
-        if self.stop_reason == STOPPED_ELSEWHERE:
-            return False  # a stop from another terminal: what the user asked for
+        if self.stop_reason == STOPPED_ELSEWHERE or self.kind == EndKind.TAKEN:
+            return False  # a stop from another terminal, or another launcher's now: what the user asked for
         return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS \
             or self.before_workers
 
@@ -129,6 +131,46 @@ class Left(NodeEvent):
     end: NodeEnd
     remaining: int
     """Nodes still running."""
+
+
+@dataclass(frozen=True)
+class Reattached(NodeEvent):
+    """The node's run was reached over a new session (its connection dropped and came back, or `attach`): it is this
+    launcher's console again."""
+
+    down_s: float | None = None
+    """Seconds from the loss of the old session to this one (None: `attach`'s first session)."""
+    log_bytes: int = 0
+    """The node's log's size when it took the session: what this launcher reads to be where the node is."""
+    replay: bool = False
+    """The run had ended there meanwhile: the session replays its end."""
+    away_s: float | None = None
+    """How long the node had heard no launcher."""
+
+
+@dataclass(frozen=True)
+class Position(NodeEvent):
+    """How long the node's log is now (the answer to `position`)."""
+
+    log_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CaughtUp(NodeEvent):
+    """A launcher back from away (`node` is ""), or a node reconnected, has read what its nodes printed meanwhile."""
+
+    away_s: float = 0.0
+    """How long it was away (the launcher frozen, or the node's connection down)."""
+    since: float = 0.0
+    """When the absence began (wall clock)."""
+    lines: int = 0
+    """Lines that came in once it was back."""
+    kept: tuple[str, ...] = ()
+    """The nodes whose run went on meanwhile."""
+    ended: tuple[str, ...] = ()
+    """The nodes whose part ended meanwhile (not those another launcher took over)."""
+    complete: bool = True
+    """False: not every node's backlog was read within CATCH_UP_WAIT_S."""
 
 
 @dataclass(frozen=True)

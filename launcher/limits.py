@@ -32,6 +32,14 @@ ACTION_MARGIN = 20.0
 """Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
 
 
+AWAY_AFTER_BEATS = 3
+"""A node counts its launcher as away (`inv status` says so, with when the run will stop by itself) after this many
+heartbeats did not come: one late beat is a busy network, three are a launcher that sleeps or lost its way."""
+ATTACH_TAIL_BYTES = 64 * 1024
+"""What `attach` shows of a run's log when this machine has no copy of it (another machine started the run): the
+lines of its last this many bytes."""
+
+
 def heartbeat_interval(timeout: float) -> float:
     """Seconds between two heartbeats for a given timeout (at most 5 s)."""
     return min(5.0, timeout / HEARTBEAT_DIVISOR)
@@ -49,6 +57,20 @@ FD_RESERVE = 64
 # --- an attached run's decisions (launcher.run) -----------------------------------------------------------------
 STALL = 2.0
 """A gap this long between two of the waiter's steps means the launcher itself was frozen, not its nodes."""
+REATTACH_AFTER_BEATS = 2.5
+"""A node that sent nothing for this many of its beats is reconnected to at once (a new SSH connection, the run's
+console taken there): a roaming network or a NAT that forgot the flow leaves a TCP connection open that carries
+nothing, and the silence timeout is the bound for coming back, not a wait before trying."""
+REATTACH_FIRST_S = 0.25
+"""The first pause between two tries at reconnecting to a node; it doubles after each failed try..."""
+REATTACH_MAX_S = 4.0
+"""... up to this (every try is bounded by connect_timeout itself), until the silence timeout since the loss."""
+EOF_GRACE_S = 2.0
+"""A node's session whose output has ended this long without its command's exit is one whose console the run let go
+(another launcher took it, or its keeper is ending): it is asked why over a new session."""
+CATCH_UP_WAIT_S = 30.0
+"""The most a launcher back from away (or a node reconnected) waits to have read what its nodes printed meanwhile
+before it says how many lines it caught up."""
 STOP_MARGIN = 5.0
 """Seconds beyond the grace period that a node gets to confirm a stop before the launcher gives up on it."""
 SWEEP_MARGIN = 3.0
@@ -250,6 +272,10 @@ main thread moved between them is not stuck (a spinning thread keeps CPU time gr
 never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
+AWAY_EXIT = 129
+"""The exit code of an attached launch that lost its run without the run failing (128 + SIGHUP, as a shell says of a
+process whose terminal hung up): its terminal closed and it left the run to the nodes, another launcher took the run
+over (`attach`), or the nodes stopped their part because no launcher was heard from for the heartbeat timeout."""
 STOPPED_EXIT = 143
 """The exit code of an attached launch whose run a stop from another terminal ended (128 + SIGTERM, as a shell
 says of a process stopped that way): neither a success nor a failure of the run's own."""

@@ -43,6 +43,12 @@ SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to 
 MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
 COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
 ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
+SILENCE_HELP = ("a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot be "
+                "reached again within this many seconds fails the run")
+HEARTBEAT_HELP = ("how long the nodes keep the run going while no launcher is heard from (a laptop asleep, a network "
+                  "that roams, a closed terminal, a killed launcher; `attach` takes it back meanwhile); then they "
+                  "stop their part. A launcher that died holds the GPUs this long "
+                  f"(default: {options.DEFAULT_HEARTBEAT_TIMEOUT:g})")
 
 
 def task(*args: Any, **kwargs: Any) -> Any:
@@ -153,8 +159,8 @@ def _settings_from(c: Context, given: dict[str, Any]) -> dict[str, str]:
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
     "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
-    "silence-timeout": "the run fails when a node sends nothing (not even a heartbeat) for this many seconds",
-    "heartbeat-timeout": "an attached run's nodes stop their part when the launcher is silent this many seconds",
+    "silence-timeout": SILENCE_HELP,
+    "heartbeat-timeout": HEARTBEAT_HELP,
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
     "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
@@ -177,6 +183,22 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
     return app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
                       dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, **given),
                       as_json=json, settings_from=_settings_from(c, {**given, "hosts": hosts}))
+
+
+@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the run of this inventory that is running)",
+            "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
+            "silence-timeout": SILENCE_HELP, "heartbeat-timeout": HEARTBEAT_HELP,
+            "hang-timeout": "seconds without progress before the run is suspected hung (default: the inventory's, else "
+                            "learnt; 0: never)",
+            "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep"})
+@_reported
+def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_timeout=None, hang_timeout=None,
+           on_hang=None):
+    """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
+    machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
+    opts = _options(c, grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
+                    hang_timeout=hang_timeout, on_hang=on_hang)
+    return app.attach(_hosts(c, hosts), run, opts=opts)
 
 
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
@@ -347,6 +369,6 @@ def init(c, hosts=None, output=None, workdir=None, script="train.py", python=Non
 
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
-ns = Collection(launch, sync, doctor, stop, status, logs, stacks, top, report, init, slurm)
+ns = Collection(launch, attach, sync, doctor, stop, status, logs, stacks, top, report, init, slurm)
 """The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
 ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py

@@ -4,16 +4,18 @@ the project's tree to every node first (`sync`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
+from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed, UsageError
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan, plan_launch
 from launcher.run import attempts
 from launcher.run import launch as run_launch
+from launcher.run.actions import check_run_id
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.wiring import Wiring
 from launcher.transport.settings import SshSettings
@@ -86,7 +88,7 @@ def _pages(plan: LaunchPlan, opts: Options, began: float, failed: LauncherError 
     error says why, and its reason is kept for a later `report`."""
     if not opts.page:
         return ""
-    from launcher.app.pages import page_later, page_path
+    from launcher.app.pages import page_path
     from launcher.paths import hint, relative
     from launcher.run.journal import note_end, started_anywhere
 
@@ -97,12 +99,52 @@ def _pages(plan: LaunchPlan, opts: Options, began: float, failed: LauncherError 
         return "" if failed is not None else (f"its page: {relative(page_path(opts, plan.run_id))}, written at the "
                                               f"first `{hint('status')}` after the run's end")
     ran = [run_id for run_id in tried if started_anywhere(opts.log_dir / run_id)]
-    if not ran:
+    if not ran or not _page_once_ended(plan.cluster, ran, opts):
         return ""
-    page_later(plan.cluster, ran, opts)
     pages = [relative(page_path(opts, run_id)) for run_id in ran]
     before = f"; its earlier attempts': {', '.join(pages[:-1])}" if len(pages) > 1 else ""
     return f"the run's page: {pages[-1]} (written in a few seconds{before})"
+
+
+def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | None = None,
+           wiring: Wiring | None = None, on_run: Callable[[str], None] | None = None) -> int:
+    """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed launcher,
+    another terminal): stream it from where this machine's copy stopped, send heartbeats again, stop it everywhere on
+    Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run."""
+    cluster = load_inventory(hosts)
+    opts, wiring = opts or Options(), wiring or Wiring()
+    check_run_id(run_id)
+    job = cluster.job or Job(command="true")  # the run's own argv is on its nodes; the inventory's job names its
+    #                                          progress lines and hang timeout, where it has one
+
+    def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
+        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0)
+
+    chosen: list[str] = []
+
+    def heard(found: str) -> None:
+        chosen.append(found)
+        if on_run is not None:
+            on_run(found)
+
+    try:
+        return run_launch.attach_run(cluster, plan_for, run_id, opts, wiring, heard)
+    finally:
+        if chosen:
+            _page_once_ended(cluster, chosen, opts)
+
+
+def _page_once_ended(cluster: Cluster, run_ids: list[str], opts: Options) -> bool:
+    """The run's page (each attempt's), by a process of its own, once the run has ended: not while it goes on
+    without this launcher (it left, or another took it over: that one writes it). Whether it is being written."""
+    from launcher.app.pages import page_later
+    from launcher.run.journal import read_journal
+
+    end = (read_journal(opts.log_dir / run_ids[-1]) or {}).get("end") or {}
+    if end.get("going_on"):
+        return False
+    page_later(cluster, run_ids, opts)
+    return True
 
 
 def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:

@@ -5,6 +5,7 @@ is what the CLI's forms render."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from launcher.app.hosts import Hosts, load_inventory
@@ -66,8 +67,9 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
         from launcher.app import slurm as on_slurm
 
         return on_slurm.job_status(job, opts, wiring)
+    from launcher.paths import hint
     from launcher.report.hangs import latest_answer
-    from launcher.report.states import console, problems, say, state_table
+    from launcher.report.states import console, launcher_lines, problems, say, state_table
     from launcher.watch.straggler import stragglers_of
 
     found = states(hosts, run_id, opts, wiring)
@@ -75,6 +77,9 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     shown = run_id or next((s.run_id for s in found if s.run_id), None)
     con.print(state_table(f"run {shown or '(none)'} on {len(found)} node(s)", found, stop=False))
     problems(con, found)
+    source = hosts.path if isinstance(hosts, Hosts) else hosts
+    for line in launcher_lines(found, hint(f"attach --hosts {source} --run {shown}"), time.time()):
+        say(con, line)
     hang = latest_answer(opts.log_dir, shown) if shown else None
     if hang is not None:
         say(con, f"last {hang}")

@@ -11,8 +11,10 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
   held until `go` (launcher/node/prestart.py); then make the run directory and start torchrun under `setsid`
   (one process group; every process of the run also carries DDP_LAUNCHER_RUN=<run id>/<node> in its
   environment); record pid, times and exit code.
-  Attached: stream the log to stdout, obey `stop` lines on stdin, and stop the run by itself when stdin closes
-  or heartbeats stop (the launcher died or the network dropped). Detached: a daemon keeps the run; returns at once.
+  Attached: stream the log to the launcher's session, obey its `stop` lines, and go on when that session ends (a
+  dropped connection, a laptop asleep, a killed launcher): a launcher reconnects with `attach`; only when none has said
+  a word for the heartbeat bound does the node stop its part. Detached: a daemon keeps the run; returns at once.
+- attach: hand this session to a running attached run's keeper (or replay the end of one that ended meanwhile).
 - stop: TERM the run's process group and every process carrying its mark, a grace period, then KILL; report.
 - status: running / exited / stopped / lost, with times.
 - logs: print the log, optionally following it until the run ends.
@@ -85,7 +87,8 @@ def follow_log(log, run_dir, run_id, mark):
 def start(request):
     import threading
 
-    from launcher.node.attached import GateChecks, LauncherWords, supervise_run
+    from launcher.node.attached import LauncherWords, supervise_run
+    from launcher.node.gatechecks import GateChecks
     from launcher.node.runner import prestart, spawn, start_detached
 
     run_id, _, node = request["mark"].partition("/")
@@ -93,7 +96,7 @@ def start(request):
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
-    words = LauncherWords()
+    words = LauncherWords(bool(request.get("reattach")))
     section = request.get("gate")  # only with the doctor on
     checks = GateChecks(section) if section else None
     words.on_tcp = checks.tcp if checks is not None else None
@@ -176,6 +179,9 @@ def action_stop(request):
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     mark = "%s/%s" % (run_id, request["node"])
+    taken = taken_from(request, run_dir)
+    if taken is not None:  # a launcher that lost the run to another one's `attach` stops nothing of it
+        return reply(dict(run_state(run_id, run_dir, request["node"]), taken=taken, found=0, left=0))
     keeper = leader_of(run_dir, "keeper")
     if request.get("kill_keeper") and keeper is not None and same_process(*keeper):
         # The launcher found this run's agent silent (stopped, stuck): it can neither stop its run nor record it.
@@ -192,6 +198,17 @@ def action_stop(request):
     result = run_state(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
     return reply(result)
+
+
+def taken_from(request, run_dir):
+    """Who owns the run now, when a launcher that no longer does asks to stop it (its `owner` is not the run's)."""
+    if not request.get("owner"):
+        return None
+    from launcher.node.console import read_record
+
+    record = read_record(run_dir) or {}
+    owner = record.get("owner_id")
+    return None if owner in (None, request["owner"]) else {"by": record.get("owner"), "at": record.get("owner_since")}
 
 
 @checked
@@ -313,7 +330,15 @@ def action_report(request):
                       log_tail=tail.decode("utf-8", "replace"), node_time=time.time(), stop=read_stop(run_dir)))
 
 
-ACTIONS = {"start": start, "stop": action_stop, "status": action_status, "logs": action_logs,
+@checked
+def action_attach(request):
+    """A launcher's new session to a run that lives here (a dropped connection, `ddpl attach`): node/attach.py."""
+    from launcher.node.attach import attach
+
+    return attach(request)
+
+
+ACTIONS = {"start": start, "attach": action_attach, "stop": action_stop, "status": action_status, "logs": action_logs,
            "runs": action_runs, "list": action_list, "stacks": action_stacks,
            "top": action_top, "report": action_report}
 

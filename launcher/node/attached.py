@@ -1,6 +1,9 @@
-"""An attached run's node side (stdlib only, Python 3.8+): the launcher's words on stdin, the doctor's checks in
-the start session, and the supervision that streams the log and obeys `stop` without ever waiting on the launcher."""
+"""An attached run's node side (stdlib only, Python 3.8+): the launcher's words, and the supervision that streams the
+log to the run's console and obeys `stop` without ever waiting on a launcher. The run lives here: a launcher may go
+and come back (launcher/node/consoles.py); only when none has said a word for the heartbeat bound does the node stop
+its part by itself."""
 
+import json
 import os
 import signal
 import sys
@@ -8,6 +11,8 @@ import threading
 import time
 
 from launcher.node import limits
+from launcher.node.console import Console
+from launcher.node.consoles import Consoles
 from launcher.node.proc import rank_processes
 from launcher.node.protocol import (
     DUMPS,
@@ -17,6 +22,7 @@ from launcher.node.protocol import (
     HEARTBEAT_TIMEOUT,
     KILL,
     LAUNCHER_GONE,
+    POSITION,
     STACKS,
     STOP,
     STOPPED_ELSEWHERE,
@@ -28,26 +34,33 @@ from launcher.node.protocol import (
     next_event,
     queue_events,
     queued_events,
-    seconds,
     timing,
-    write_all,
 )
 from launcher.node.recorder import ask_dumps, nccl_dumps
-from launcher.node.rundir import stop_recorded
+from launcher.node.rundir import END_RECORD, record, stop_recorded
 from launcher.node.runner import finish, signal_run, stop_run
 from launcher.node.stacks import collect, proc_state
 
 
 class LauncherWords:
-    """The launcher's words on stdin, read by one thread for the whole start: heartbeats, `go`, `stop`, `kill`.
+    """The launcher's words: heartbeats, `go`, `stop`, `kill`, ... The start session's stdin is read by one thread for
+    the whole run (`listen`); a console that attaches later has a reader of its own (launcher/node/consoles.py).
 
-    EOF means the launcher or its network is gone. `decided` is set by `go` and by anything that stops the run.
+    Before `go`, the end of stdin means the launcher or its network is gone: nothing starts. After it, an SSH run
+    (`reattach`) only loses that console and goes on within the heartbeat bound; under SLURM it stops, as srun's
+    step is ending. `decided` is set by `go` and by anything that stops the start.
     """
 
-    def __init__(self):
+    def __init__(self, reattach=False):
+        self.reattach = reattach
         self.last_word = time.monotonic()
+        self.last_word_wall = time.time()
         self.stop_word = None
         self.go = False
+        self.input_ended = False
+        """The start session's stdin ended after `go` (before the run's consoles were made)."""
+        self.consoles = None
+        """The run's consoles once it started (`Consoles`): the words of the current one count."""
         self.decided = threading.Event()
         self.on_tcp = None
         """What `tcp` starts (the doctor's TCP check, `GateChecks.tcp`), on a thread of its own."""
@@ -55,6 +68,8 @@ class LauncherWords:
         """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
         self.on_dumps = None
         """What `dumps` starts (NCCL's flight recorder asked to dump, as the `nccl` event), on a thread of its own."""
+        self.on_position = None
+        """What `position` answers (the log's size, as the `position` event)."""
         self.changed = threading.Event()
         """Set by a stop word, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
 
@@ -62,23 +77,37 @@ class LauncherWords:
         self.stop_word = word
         self.changed.set()
 
+    def heard(self):
+        """A word, or a console that came: the launcher is there now."""
+        self.last_word, self.last_word_wall = time.monotonic(), time.time()
+        if self.consoles is not None:
+            self.consoles.heard()
+
+    def take(self, word):
+        """One word of the current console's."""
+        self.heard()
+        if word in ENDING_WORDS:  # abort: the launcher's checks failed somewhere
+            self.stop(word)
+        elif word == GO:
+            self.go = self.stop_word is None
+        else:
+            started = {TCP: self.on_tcp, STACKS: self.on_stacks, DUMPS: self.on_dumps,
+                       POSITION: self.on_position}.get(word)
+            if started is not None:
+                threading.Thread(target=started, daemon=True, name=word).start()
+        if word == GO or word in ENDING_WORDS:
+            self.decided.set()
+
     def listen(self):
         for line in sys.stdin:
-            self.last_word = time.monotonic()
-            word = line.strip()
-            if word in ENDING_WORDS:  # abort: the launcher's checks failed somewhere
-                self.stop(word)
-            elif word == GO:
-                self.go = self.stop_word is None
-            elif word == TCP and self.on_tcp is not None:
-                threading.Thread(target=self.on_tcp, daemon=True, name="tcp").start()
-            elif word == STACKS and self.on_stacks is not None:
-                threading.Thread(target=self.on_stacks, daemon=True, name="stacks").start()
-            elif word == DUMPS and self.on_dumps is not None:
-                threading.Thread(target=self.on_dumps, daemon=True, name="dumps").start()
-            if word == GO or word in ENDING_WORDS:
-                self.decided.set()
-        if self.stop_word is None:
+            consoles = self.consoles
+            if consoles is None or consoles.current is consoles.first:
+                self.take(line.strip())
+        self.input_ended = True  # before the look: consoles made from now on start without this one
+        consoles = self.consoles
+        if consoles is not None:
+            consoles.lost(consoles.first, "its connection closed")
+        elif not (self.go and self.reattach) and self.stop_word is None:
             self.stop(LAUNCHER_GONE)
         self.decided.set()
 
@@ -98,64 +127,15 @@ class LauncherWords:
         return self.go
 
 
-class GateChecks:
-    """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
-
-    The probe is the node package's own module (launcher/node/probe.py, sent with the agent); the request's
-    `gate` section holds every request and number it needs, from the launcher
-    (launcher.doctor.collect.session_section):
-    - probe: what the probe looks at; its answer goes out as the `probed` event;
-    - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
-      answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
-    - connect: on the launcher's `tcp` word, once every node has probed (so the master's listener is up), this
-      node connects to master_addr:master_port and says what it found as the `tcp` event.
-    """
-
-    def __init__(self, section):
-        self.section = section
-        self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
-
-    def run(self):
-        from launcher.node import listener, probe  # only a launch with the doctor on compiles them
-
-        listen = self.section.get("listen")
-        reply = None
-        if listen:
-            max_s = seconds(listen, "max_s", "listen")
-            server, reply = listener.open_listener(listen["master_port"])
-            if server is not None:
-                stop_r, stop_w = os.pipe()
-                thread = threading.Thread(target=listener.serve, daemon=True, name="listener",
-                                          args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
-                thread.start()
-                self.listener = (thread, stop_w, stop_r)
-        emit(Event.PROBED, probe=probe.probe(self.section["probe"]), listener=reply)
-
-    def tcp(self):
-        from launcher.node.listener import tcp_connect
-
-        connect = self.section["connect"]
-        window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
-        probe = self.section["probe"]
-        emit(Event.TCP, tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
-
-    def close(self):
-        if self.listener is not None:
-            thread, stop_w, stop_r = self.listener
-            self.listener = None
-            os.close(stop_w)
-            thread.join()
-            os.close(stop_r)
-
-
 class Attended:
     """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
 
-    - words: the launcher's stdin lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
-    - stream: the run's log file -> stdout, as it grows (a `LogMerger` thread, started with torchrun, makes that
-      file from torchrun's and its workers' files; it only reads and appends files).
-    - events: JSON events -> stderr, and an `alive` event every `alive_interval` s so the launcher can tell a
-      silent node from a quiet one.
+    - words: the current console's lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
+    - stream: the run's log file -> the current console's stdout, as it grows (a `LogMerger` thread, started with
+      torchrun, makes that file from torchrun's and its workers' files; it only reads and appends files).
+    - events: JSON events -> the current console, and an `alive` event every `alive_interval` s so the launcher can
+      tell a silent node from a quiet one.
+    - consoles: the launcher sessions that come and go (`Consoles`); with none there, the run goes on.
     The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
     all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
     """
@@ -167,43 +147,88 @@ class Attended:
         self.wrote = getattr(getattr(proc, "merger", None), "wrote", None)
         """The merger's append signal (launcher/node/logmerge.py), which the streamer waits on; None without one."""
         self.streamed_at = time.monotonic()
+        self.consoles = None  # the run's `Consoles`, made by supervise_run
         self.steps = None  # each rank's progress, from its record and its lines (a Sampler, with the watch)
         self.nccl_sent = {}
         """The flight recorder dumps already sent, as they were (with stacks, or asked for): the run's end sends only
         the others, and a rank's dump written again goes again."""
 
     def stream(self):
-        """The run's log to stdout as it grows. Woken by the merger's appends and the run's end, not by polling the
-        file 20 times a second: such a poll costs ~3 ms of CPU a second of a run (launcher.limits.LOG_POLL_S)."""
-        wrote = self.wrote
+        """The run's log to the current console as it grows, from where that console's launcher is (its offset). Woken
+        by the merger's appends, a console's change and the run's end, not by polling the file 20 times a second (~3 ms
+        of CPU a second of a run: launcher.limits.LOG_POLL_S). With no console it waits for one: the log keeps all."""
+        wrote, consoles, console = self.wrote, self.consoles, None
         with open(os.path.join(self.run_dir, "log"), "rb") as log:
-            while True:
-                finished = self.done.is_set()  # read before the last read: nothing is written after it is set
-                if wrote is not None:
-                    wrote.clear()  # before the read: an append after it ends the wait below at once
-                chunk = log.read(int(timing("read_chunk")))
-                if chunk:
-                    if not write_all(1, chunk):
+            try:
+                while True:
+                    finished = self.done.is_set()  # read before the last read: nothing is written after it is set
+                    if wrote is not None:
+                        wrote.clear()  # before the read: an append after it ends the wait below at once
+                    if consoles.current is not console:
+                        console = self._turn(console)
+                        if console is not None:
+                            log.seek(console.offset)
+                    if console is None:
+                        if finished:
+                            return
+                        consoles.wait_change(timing("check_s"))
+                        continue
+                    chunk = log.read(int(timing("read_chunk")))
+                    if chunk:
+                        if console.write(1, chunk):
+                            self.streamed_at = time.monotonic()
+                        else:
+                            consoles.lost(console, "its output closed")
+                    elif finished:
                         return
-                    self.streamed_at = time.monotonic()
-                elif finished:
-                    return
-                elif wrote is not None:
-                    wrote.wait(timing("check_s"))
-                else:
-                    self.done.wait(timing("poll_s"))
+                    elif wrote is not None:
+                        wrote.wait(timing("check_s"))
+                    else:
+                        self.done.wait(timing("poll_s"))
+            finally:
+                if console is not None:
+                    console.leave()
+
+    def _turn(self, console):
+        """Leave `console` for the current one (None when there is none, or it was let go meanwhile)."""
+        if console is not None:
+            console.leave()
+        current = self.consoles.current
+        return current if current is not None and current.enter() else None
+
+    def wake(self):
+        """A console came or went: the streamer's wait on the merger's appends ends now."""
+        if self.wrote is not None:
+            self.wrote.set()
 
     def end(self):
         """The run is over: every thread's wait ends (the streamer's too, which waits on the merger's appends)."""
         self.done.set()
-        if self.wrote is not None:
-            self.wrote.set()
+        self.wake()
 
     def send_events(self):
-        while True:
-            line = next_event()
-            if line is None or not write_all(EVENT_OUT, line):
-                return
+        """The events to the current console; with none there they go nowhere (the run's end is kept in the run
+        directory for the next one), and beats made before a console came are not sent to it (they are stale)."""
+        console, since = None, time.monotonic()
+        try:
+            while True:
+                item = next_event()
+                if item is None:
+                    return
+                name, made, line = item
+                if self.consoles.current is not console:
+                    console, since = self._turn(console), time.monotonic()
+                if console is None or (name == Event.ALIVE and made < since):
+                    continue
+                if not console.write(2, line):
+                    self.consoles.lost(console, "its events' pipe closed")
+        finally:
+            if console is not None:
+                console.leave()
+
+    def position(self):
+        """The log's size now (the word `position`): a launcher back from away knows when it has caught up."""
+        emit(Event.POSITION, log_bytes=self.consoles.log_bytes())
 
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
@@ -272,6 +297,7 @@ class Attended:
             words.changed.clear()  # before looking: a change after the look ends the wait below
             if self.proc.poll() is not None:
                 break
+            self.consoles.note_silence(time.monotonic())
             if words.stop_word is None and time.monotonic() - words.last_word > request["heartbeat_timeout"]:
                 words.stop_word = HEARTBEAT_TIMEOUT
             if words.stop_word is not None and stopping is None:
@@ -295,28 +321,39 @@ class Attended:
 
 
 def supervise_run(request, run_dir, proc, words):
-    """Stream the log, obey stop lines, stop the run when the launcher is gone, sweep, report the exit."""
+    """Stream the log to the run's consoles, obey their words, stop the run when no launcher has said a word for the
+    heartbeat bound, sweep, keep the end in the run directory, report the exit."""
     queue_events()
     run = Attended(request, run_dir, proc, words)
-    words.on_stacks, words.on_dumps = run.stacks, run.dumps
-    signal.signal(signal.SIGHUP, lambda *_: words.stop(LAUNCHER_GONE))
+    run.consoles = Consoles(run_dir, request, words,
+                            Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who")))
+    run.consoles.wake = run.wake
+    words.on_stacks, words.on_dumps, words.on_position = run.stacks, run.dumps, run.position
+    # A closed terminal's SIGHUP reaches no SSH session's command; under SLURM it means the step is going.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if words.reattach else lambda *_: words.stop(LAUNCHER_GONE))
     signal.signal(signal.SIGTERM, lambda *_: words.stop(STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
                for name in ("stream", "send_events", "tick")}
     for thread in threads.values():
         thread.start()
+    run.consoles.serve()
     code, left, stopping = run.supervise()
     if stopping is None and stop_recorded(run_dir):
         stopping = STOPPED_ELSEWHERE  # no word of this launcher's: a stop from another terminal ended it
+    merger = getattr(proc, "merger", None)
+    ended = {"code": code, "left": left, "reason": stopping,
+             "workers": None if merger is None else merger.workers_started}
+    record(os.path.join(run_dir, END_RECORD), json.dumps(ended))  # what a launcher that comes later is told
     if stopping:
         emit(Event.STOPPED, left=left, reason=stopping)
-    # The log goes out whole while the launcher takes it; a launcher that stopped reading gets no more wait.
-    while threads["stream"].is_alive() and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]:
+    # The log goes out whole while a launcher takes it; one that stopped reading gets no more wait, and with none
+    # there the next one replays the end from the run directory (launcher/node/attach.py).
+    while (threads["stream"].is_alive() and run.consoles.current is not None
+           and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]):
         threads["stream"].join(timing("wait_s"))
     run.send_nccl()
-    merger = getattr(proc, "merger", None)
-    emit(Event.EXITED, code=code, left=left, reason=stopping,
-         workers=None if merger is None else merger.workers_started)
+    emit(Event.EXITED, **ended)
     end_events()
     threads["send_events"].join(limits.EVENTS_DRAIN_S)
+    run.consoles.close()
     return code

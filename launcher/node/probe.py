@@ -20,7 +20,7 @@ Two modes:
   when the launcher closes stdin (or after max_s, whatever happens to the launcher).
 
 `inv doctor` runs those two modes in sessions of their own. A launch with the doctor on runs them inside the
-agent instead (launcher/node/attached.py, `GateChecks`): the agent runs `probe`, holds the listener (`open_listener`,
+agent instead (launcher/node/gatechecks.py, `GateChecks`): the agent runs `probe`, holds the listener (`open_listener`,
 `serve`) on the master, and runs `tcp_connect` when the launcher asks, all in its one session.
 
 Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives

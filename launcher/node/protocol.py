@@ -37,6 +37,9 @@ GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS, DUMPS = "go", "abort", "stop", "k
 """The launcher's words to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
 run's agent for every worker's stack (the `stacks` event), `dumps` for NCCL's flight recorder dumps of a hung run
 through torch's debug-info pipes (the `nccl` event)."""
+POSITION = "position"
+"""Asks an attached run's keeper how long its log is now (the `position` event): a launcher that was away (frozen,
+asleep) knows from it when it has caught up with what its nodes printed meanwhile."""
 ENDING_WORDS = (STOP, KILL, ABORT)
 """Words after which no run starts or goes on."""
 STOPPED_ELSEWHERE = "stopped-elsewhere"
@@ -44,7 +47,8 @@ STOPPED_ELSEWHERE = "stopped-elsewhere"
 `Run.stop`) asked for it, as the run directory's stop record says: the user's will, not a failure."""
 HEARTBEAT_TIMEOUT, LAUNCHER_GONE = "heartbeat-timeout", "launcher-gone"
 """Why an attached agent stops its run without being asked (an event's `reason`, beside the words `stop`/`kill`):
-no word from the launcher for heartbeat_timeout, or its connection closed (SIGHUP)."""
+no word from any launcher for heartbeat_timeout (the bound a launcher may be away: asleep, unreachable, killed), or,
+under SLURM only, the step's stdin closed (srun is the run's owner there: without it the step ends anyway)."""
 
 
 class Event:
@@ -81,6 +85,14 @@ class Event:
     ranks whose pipe was written to); sent as parts."""
     PART = "part"
     """A piece of a large event (fields: of, seq, count, data): `emit_parts`."""
+    ATTACHED = "attached"
+    """An attach session became the run's console (fields: log_bytes, the log's size now; away_s, how long no launcher
+    had said a word; replay: the run had ended and this session replays its end; owner_was, when another launcher's
+    run was taken over)."""
+    TAKEN = "taken"
+    """This console's launcher no longer owns the run: another launcher attached (`ddpl attach`) (fields: by, at)."""
+    POSITION = "position"
+    """The answer to the word `position` (field: log_bytes)."""
 
 
 EVENTS = tuple(value for name, value in vars(Event).items() if name.isupper())
@@ -140,12 +152,17 @@ def emit(event, **fields):
     """One JSON event line for the launcher (`EVENTS_FD`); while attached, through a writer thread of its own."""
     fields["event"] = event
     fields.setdefault("time", time.time())
-    line = (json.dumps(fields) + "\n").encode()
+    line = event_line(fields)
     if _EVENTS is not None:
-        _EVENTS.put(line)
+        _EVENTS.put((event, time.monotonic(), line))
     else:
         with _WRITE_LOCK:  # whole lines, whichever thread says them (a `tcp` answer, an `alive` beat)
             write_all(EVENT_OUT, line)  # a failure: the launcher is gone; the run directory still records everything
+
+
+def event_line(fields):
+    """An event as it goes on the wire: one JSON line."""
+    return (json.dumps(fields) + "\n").encode()
 
 
 # While a run is attached, events go through this queue: the supervision never waits on a launcher that reads
@@ -176,7 +193,8 @@ def queue_events():
 
 
 def next_event():
-    """The next queued event line (waits for one); None once `end_events` was called."""
+    """The next queued event as (name, when it was made (monotonic), its line); waits for one; None once `end_events`
+    was called."""
     return _EVENTS.get()
 
 

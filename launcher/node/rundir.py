@@ -86,6 +86,9 @@ def live_leader(run_dir, mark):
     return None
 
 
+END_RECORD = "end.json"
+"""An attached run's end as its keeper reported it (code, left, reason, workers): a launcher that was away when the run
+ended is told it from here (the `attach` action's replay)."""
 STOP_RECORD = "stop_requested"
 """The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
 
@@ -150,6 +153,13 @@ def run_state(run_id, run_dir, node, left=None):
         state = "running"
     else:
         state = "lost"  # no exit code and nothing alive: the keeper itself was killed
-    return {"run_id": run_id, "state": state, "exit_code": None if exit_code is None else int(exit_code),
-            "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
-            "processes": left}
+    found = {"run_id": run_id, "state": state, "exit_code": None if exit_code is None else int(exit_code),
+             "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
+             "processes": left}
+    if state == "running":
+        from launcher.node.console import read_record  # an attached run's: who owns it, and whether it is there
+
+        record = read_record(run_dir)
+        if record is not None:
+            found["launcher"] = {key: record.get(key) for key in ("owner", "present", "away_since", "stops_at")}
+    return found

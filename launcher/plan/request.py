@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.config.model import Cluster, Host, Job
 from launcher.limits import (
+    ATTACH_TAIL_BYTES,
+    AWAY_AFTER_BEATS,
     COLLECTIVES,
     CUT_MARK,
     EVENT_CHUNK,
@@ -41,6 +44,15 @@ class GateSection(Protocol):
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None: ...
 
 
+@dataclass(frozen=True)
+class Owner:
+    """The launcher that owns an attached run: the token its nodes know it by (its reconnects are taken at once, another
+    launcher's only with `attach`) and who it is, as `status` and a launcher that lost the run say it."""
+
+    token: str
+    who: str
+
+
 def inventory_id(cluster: Cluster) -> str:
     """How a run records the inventory it was started from: its path as this controller resolves it (a hostfile's
     too); `inv stop` without --run chooses the runs that were started from the same one."""
@@ -49,10 +61,11 @@ def inventory_id(cluster: Cluster) -> str:
 
 
 def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options,
-                  gate: GateSection | None = None) -> dict[str, Any]:
+                  gate: GateSection | None = None, owner: Owner | None = None, reattach: bool = True) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
-    With a `gate` (the doctor's checks), its `gate` part: what the agent probes first.
+    With a `gate` (the doctor's checks), its `gate` part: what the agent probes first. `owner`: the launcher the run's
+    keeper takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
 
     `env` is `resolve_env`'s (launcher.run.nodeenv.NodeEnv): the names it marks secret (and the inventory's secret
     `env`) go in `secret_names`, which the agent keeps out of its run directory's command.json.
@@ -82,6 +95,11 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "grace": opts.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,
         "alive_interval": heartbeat_interval(opts.silence_timeout),
+        "owner": owner.token if owner else None,
+        "who": owner.who if owner else None,
+        "reattach": reattach and not opts.detach,
+        "away_after_s": AWAY_AFTER_BEATS * heartbeat_interval(opts.heartbeat_timeout),
+        "attach_tail_bytes": ATTACH_TAIL_BYTES,
         "log_tail": log_tail_settings(),
         **stacks_settings(),
         "watch": plan.hang_timeout != 0,  # each rank's progress in the agent's beats

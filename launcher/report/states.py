@@ -26,6 +26,7 @@ class NodeStateRow(Protocol):
     found: int
     left: int
     detail: str | None
+    launcher: dict[str, object] | None
 
 
 _COLOURS = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "dim",
@@ -91,3 +92,19 @@ def problems(con: Console, states: Sequence[NodeStateRow]) -> None:
             said.setdefault(s.detail, []).append(s.host)
     for detail, hosts in said.items():
         say(con, f"{names_text(hosts)}: {detail}")
+
+
+def launcher_lines(states: Sequence[NodeStateRow], attach: str, now: float) -> list[str]:
+    """An attached run whose launcher is away, as its running nodes know it: since when, and when they stop it."""
+    away = [s for s in states if s.launcher and not s.launcher.get("present") and s.launcher.get("away_since")]
+    if not away:
+        return []
+    since = min(float(s.launcher["away_since"]) for s in away if s.launcher)  # type: ignore[arg-type]
+    stops = [float(s.launcher["stops_at"]) for s in away if s.launcher and s.launcher.get("stops_at")]  # type: ignore[arg-type]
+    owner = next((s.launcher.get("owner") for s in away if s.launcher and s.launcher.get("owner")), None)
+    who = f" ({owner})" if owner else ""
+    line = f"its launcher{who} has not been heard from since {_when(since)} ({now - since:.0f} s)"
+    if stops:
+        line += (f": {names_text([s.host for s in away])} stop the run by themselves at {_when(min(stops))} unless a "
+                 "launcher comes back")
+    return [f"{line}; `{attach}` takes it over now"]

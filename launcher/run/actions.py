@@ -57,15 +57,18 @@ class _Progress:
         self.err.flush()
 
 
+def run_ssh(opts: Options) -> SshSettings:
+    """A run's connections: SSH keepalives as often as heartbeats keep NAT and firewall state of a quiet run alive."""
+    return replace(SshSettings.of(opts), keepalive=heartbeat_interval(opts.silence_timeout))
+
+
 def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err: IO[str]) -> dict[str, Node]:
     """Connect to every host at once; any failure closes the rest and raises `ConnectError`."""
     progress = _Progress(err)
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
-    # SSH keepalives as often as heartbeats: they keep NAT and firewall state of a quiet run alive.
-    ssh = replace(SshSettings.of(opts), keepalive=heartbeat_interval(opts.silence_timeout))
-    nodes, failures = connect_all(cluster, hosts, ssh,
+    nodes, failures = connect_all(cluster, hosts, run_ssh(opts),
                                   on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
     if failures:
         close_all(nodes.values())

@@ -15,6 +15,7 @@ from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import ACTION_MARGIN
 from launcher.node.protocol import Event
 from launcher.options import Options
+from launcher.paths import hint
 from launcher.plan import runchoice
 from launcher.plan.launch import rank_offsets
 from launcher.plan.request import inventory_id
@@ -41,6 +42,9 @@ class NodeState:
     found: int = 0
     left: int = 0
     detail: str = ""
+    launcher: dict[str, Any] | None = None
+    """An attached run's launcher as the node knows it: owner, present, away_since, stops_at (None: detached, or a
+    run that is not running)."""
 
 
 def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]) -> str | None:
@@ -55,6 +59,26 @@ def _listed_runs(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: I
     results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
     listings = _listings(results)
     return _choice(cluster, listings, err), results, listings
+
+
+def run_and_nodes(cluster: Cluster, nodes: dict[str, Node], run_id: str | None, opts: Options, err: IO[str]
+                  ) -> tuple[str, list[str]]:
+    """The run `attach` takes (`run_id`, or as `status` chooses) and the nodes it was started on, as they list it."""
+    if run_id is None:
+        run_id, _, listings = _listed_runs(cluster, nodes, opts, err)
+    else:
+        listings = _listings(agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout))
+    if run_id is None:
+        raise LauncherError(f"no run on the nodes of {cluster.source} to attach to")
+    listed = [run for runs in listings.values() for run in runs if run["run_id"] == run_id]
+    if not listed:
+        raise LauncherError(f"no run {run_id} on the nodes of {cluster.source} (`{hint('status')}` lists them)")
+    recorded = next((run["nodes"] for run in listed if run.get("nodes")), None)
+    names = recorded or [name for name, runs in listings.items() if any(r["run_id"] == run_id for r in runs)]
+    missing = sorted(set(names) - {h.name for h in cluster.hosts})
+    if missing:
+        raise LauncherError(f"run {run_id} runs on {', '.join(missing)} too, which {cluster.source} does not list")
+    return run_id, [h.name for h in cluster.hosts if h.name in names]
 
 
 def _listings(results: dict[str, Result | NodeFailure]) -> dict[str, list[dict[str, Any]]]:
@@ -92,7 +116,13 @@ def _listed_state(host: str, result: Result | NodeFailure, runs: list[dict[str, 
     run = next((r for r in runs if r["run_id"] == run_id), None)
     if run is None:
         return NodeState(host, "none", run_id)
-    return NodeState(host, run["state"], run_id, run.get("exit_code"), run.get("started_at"), run.get("ended_at"))
+    return NodeState(host, run["state"], run_id, run.get("exit_code"), run.get("started_at"), run.get("ended_at"),
+                     launcher=_launcher(run))
+
+
+def _launcher(answer: dict[str, Any]) -> dict[str, Any] | None:
+    launcher = answer.get("launcher")
+    return launcher if isinstance(launcher, dict) else None
 
 
 def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[str]) -> list[NodeState]:
@@ -134,7 +164,7 @@ def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[st
             continue
         states.append(NodeState(host.name, answer.get("state", "error"), answer.get("run_id"),
                                 answer.get("exit_code"), answer.get("started_at"), answer.get("ended_at"),
-                                answer.get("found", 0), answer.get("left", 0)))
+                                answer.get("found", 0), answer.get("left", 0), launcher=_launcher(answer)))
     return states
 
 

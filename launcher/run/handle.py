@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -26,14 +26,18 @@ from launcher.events import (
     NodeEnd,
     NodeEvent,
     NodeFacts,
+    Position,
+    Reattached,
     Started,
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import ABORT, GO, KILL, STOP, TCP, Event, word_line
+from launcher.node.protocol import ABORT, GO, KILL, POSITION, STOP, TCP, Event, word_line
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan
+from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
+from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.sessions import Node
@@ -45,20 +49,27 @@ class RunHandle:
 
     def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
                  agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None,
-                 gate: StartGate | None = None):
+                 gate: StartGate | None = None, reconnector: Reconnector | None = None):
         self.plan, self.opts, self.nodes = plan, opts, nodes
         self.gate = gate
         """What runs before `go`: the doctor's checks in the agents' sessions (`launcher.run.gate`)."""
         self.opener = opener
         self.on_event = on_event
-        self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout)
+        self.reconnector = reconnector
+        """New sessions to a node's run (a dropped connection, `attach`); None under SLURM."""
+        self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout, opts.silence_timeout,
+                             reconnector)
         self.sessions: dict[str, Session] = self.link.by_name
-        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, opts)
+        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, opts, reconnector)
+        self.returns = Returns()
+        """The launcher's own returns and its nodes' reconnects whose backlog is being read."""
         self.start_failure: str | None = None
         low, _ = plan.cluster.rendezvous.elastic.nodes_range(len(plan.nodes))
         self.min_nodes = low if plan.cluster.rendezvous.elastic.backend == "c10d" else len(plan.nodes) + 1
         """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
         self.stop_deadline: float | None = None
+        self.attaching = False
+        """This handle takes over a run that lives on (`attach`) rather than starting one."""
         self._last_step = time.monotonic()
         self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, opts.on_hang == "keep")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
@@ -100,6 +111,23 @@ class RunHandle:
         if self.hangs is not None:
             self.hangs.watch.start(time.monotonic())
 
+    def attach(self, offsets: Mapping[str, int | None]) -> None:
+        """Take over a run that lives on its nodes (`attach`): an attach session to every node at once, each taken by
+        the node's run (or replaying its end, when it ended meanwhile), the log from `offsets` (this machine's copy;
+        None: its last lines). Nothing is started, and a node that cannot be attached stops nothing anywhere."""
+        assert self.reconnector is not None
+        reconnector = self.reconnector
+        self.attaching = True
+        errors = self.link.attach(self.plan.nodes, lambda command: reconnector.open(
+            command.host, False, offsets.get(command.host.name), take_over=True))
+        for command, error in zip(self.plan.nodes, errors, strict=True):
+            if error is not None:
+                self._fail_start(f"{command.host.name}: {error}")
+        while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
+            self.step(0.2)
+        if self.hangs is not None:
+            self.hangs.watch.start(time.monotonic())
+
     def opened(self, errors: list[str | None]) -> dict[str, str]:
         """Every session is open or could not be: those that could not fail the start (and a stop that went out
         while the others were opening reaches them too). The nodes without a session, and why."""
@@ -117,7 +145,8 @@ class RunHandle:
     def _fail_start(self, reason: str) -> None:
         if self.start_failure is None:
             self.start_failure = reason
-            self.stop()
+            if not self.attaching:  # an attach that fails leaves the run as it found it
+                self.stop()
 
     @property
     def started(self) -> list[str]:
@@ -135,16 +164,28 @@ class RunHandle:
             self._take(event)
         now = time.monotonic()
         if now - self._last_step > STALL:
-            # The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence.
-            for session in list(self.sessions.values()):
-                session.heard = max(session.heard, now)
+            self._back(now, now - self._last_step)
         self._last_step = now
+        for caught in self.returns.due(self.sessions, now):
+            self.on_event(caught)
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now)
         if self.hangs is not None and self.hang is None and self.stop_deadline is None and self.start_failure is None \
                 and self.sessions and all(s.started for s in list(self.sessions.values())):
             self.hangs.look(self, now)
+
+    def _back(self, now: float, away_s: float) -> None:
+        """The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence and
+        no hang's; each node says how long its log is now, and once it is read that far a line says the absence."""
+        live = [s for c in self.plan.nodes if (s := self.sessions.get(c.host.name)) is not None and s.end is None]
+        for session in live:
+            session.heard = max(session.heard, now)
+            if session.started:
+                session.channel.send(word_line(POSITION), block=False)
+        if self.hangs is not None:
+            self.hangs.watch.rearm(now)
+        self.returns.away(now, away_s, {s.name: s.lines for s in live if s.started})
 
     def _look_at(self, session: Session, now: float) -> None:
         """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
@@ -153,12 +194,25 @@ class RunHandle:
         silent = now - session.heard
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
-        if silent > limit:
+        if session.outage is not None and (silent > limit or (self.stop_deadline or now) < now):
+            self._lost(session, now, limit)
+        elif silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
         elif self.stop_deadline is not None and now > self.stop_deadline:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
+
+    def _lost(self, session: Session, now: float, limit: float) -> None:
+        """A node whose connection went and is not back within the silence timeout, or by the time the run's stop is
+        over (its peers failed meanwhile: it went first). Lost since the loss: it is the root cause, not a node that
+        missed a stop."""
+        assert session.outage is not None
+        since = time.time() - (now - session.outage)
+        if session.reconnect_error is not None:
+            session.messages.append(f"could not reconnect within {now - session.outage:.0f} s: "
+                                    f"{session.reconnect_error}")
+        self._take(Ended(session.name, since, NodeEnd(session.name, EndKind.LOST, since)))
 
     def _take(self, event: NodeEvent) -> None:
         session = self.sessions[event.node]
@@ -175,6 +229,12 @@ class RunHandle:
             session.messages.append(event.text)
         elif isinstance(event, Beat) and self.hangs is not None:
             self.hangs.observe(time.monotonic(), event.node, event.progress)
+        elif isinstance(event, Position):
+            self.returns.position(event)
+            return
+        elif isinstance(event, Reattached):
+            session.started = True
+            self.returns.reattached(event, session.attach_lines)
         elif self.hangs is not None and self.hangs.takes(event):
             return  # a node's answer to a hang's look (its stacks, its dumps): the look says it
         self.on_event(event)
@@ -211,7 +271,7 @@ class RunHandle:
         word = word_line(KILL if kill else STOP)
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
-                session.asked_to_stop = True
+                session.asked_to_stop, session.stop_word = True, word
                 if not session.channel.send(word, block=False):
                     session.pending_word = word  # the channel could not take it now: sent again at the next step
         grace = 0.0 if kill else self.opts.grace
@@ -229,7 +289,8 @@ class RunHandle:
         return [self.sessions[c.host.name].end for c in self.plan.nodes if c.host.name in self.sessions]  # type: ignore[misc]
 
     def close(self) -> None:
-        """Stop heartbeats and close the channels (an attached node then stops what is left by itself)."""
+        """Stop heartbeats and close the channels: each node's run goes on within its heartbeat bound (a launcher may
+        attach), then stops by itself; a run that ended or was stopped has nothing left to go on."""
         self.link.close()
 
 

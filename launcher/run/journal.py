@@ -41,6 +41,15 @@ class Journal:
         self.data: dict[str, Any] = {"run_id": run_id, "command_start": command_start or time.time(), "nodes": {},
                                      "marks": [], "end": None}
 
+    @classmethod
+    def resumed(cls, run_id: str, folder: Path) -> Journal:
+        """The journal this machine kept of a run (`attach`: its launch's, now carried on), else a new one."""
+        journal = cls(run_id, folder)
+        kept = read_journal(folder)
+        if kept is not None and kept.get("run_id") == run_id:
+            journal.data.update(kept)
+        return journal
+
     def phase(self, nodes: list[str], name: str, when: float | None = None) -> None:
         """`name` happened for each of `nodes` at `when` (now)."""
         when = time.time() if when is None else when
@@ -78,10 +87,11 @@ class Journal:
         elif isinstance(event, Ended):
             self.phase([event.node], "ended", event.time)
 
-    def end(self, code: int, text: str) -> None:
-        """The launch's end: its exit code and the words it ended with (the root cause of a failure)."""
+    def end(self, code: int, text: str, going_on: bool = False) -> None:
+        """The launch's end: its exit code and the words it ended with (the root cause of a failure); `going_on`: the
+        run goes on without this launcher (it left, or another took it over)."""
         with self.lock:
-            self.data["end"] = {"t": time.time(), "code": code, "text": text}
+            self.data["end"] = {"t": time.time(), "code": code, "text": text, "going_on": going_on}
 
     def write(self) -> None:
         """The file, whole or not at all; a disk that refuses costs the page, never the launch."""

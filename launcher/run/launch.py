@@ -12,13 +12,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from launcher.config.model import Cluster
 from launcher.errors import RunFailed
 from launcher.events import (
     Beat,
+    CaughtUp,
     Ended,
     EndKind,
     HangRuledOut,
@@ -28,9 +31,11 @@ from launcher.events import (
     NodeEnd,
     NodeEvent,
     Output,
+    Reattached,
     Stopping,
 )
 from launcher.limits import (
+    AWAY_EXIT,
     HANG_EXIT,
     STOPPED_EXIT,
 )
@@ -40,13 +45,17 @@ from launcher.paths import detached_hint, hint
 from launcher.plan.launch import LaunchPlan
 from launcher.plan.request import start_request
 from launcher.report import rootcause
+from launcher.report.absence import attached_line, away_line, left_line, taken_line
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.actions import AGENT_SOURCE, agent_action, connect_or_fail
+from launcher.run.actions import AGENT_SOURCE, agent_action, connect_or_fail, run_ssh
+from launcher.run.catchup import caught_up_line
+from launcher.run.control import run_and_nodes
 from launcher.run.handle import RunHandle
 from launcher.run.journal import Journal
 from launcher.run.nodeenv import NodeEnv, resolve_env
+from launcher.run.reattach import Reconnector, new_owner
 from launcher.run.sessions import SessionOpener
 from launcher.run.wiring import Wiring
 from launcher.transport.sessions import Node, close_all
@@ -80,24 +89,58 @@ def run_attached(plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: Mapping
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
     `journal`: the run's account for its page, begun at the command's start (else begun now).
 
-    SIGTERM and SIGHUP count as Ctrl-C meanwhile: the run is stopped on every node, never orphaned.
+    SIGTERM counts as Ctrl-C meanwhile: the run is stopped on every node. SIGHUP (the terminal closed) leaves the run
+    to its nodes: it goes on within the heartbeat bound, and `attach` takes it back from any terminal.
     """
     journal = journal or Journal(plan.run_id, opts.log_dir / plan.run_id)
-    with _interrupt_on(signal.SIGTERM, signal.SIGHUP):
+    with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
         return _Attached(plan, opts, wiring, dict(nodes), envs, opener, journal).execute()
 
 
+def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, opts: Options,
+               wiring: Wiring, on_run: Callable[[str], None] | None = None) -> int:
+    """Take over an attached run that lives on its nodes, whose launcher is gone (`attach`): each node's console from
+    where this machine's copy of its log stopped (none: its last lines), heartbeats again, Ctrl-C stops it
+    everywhere; returns (or raises) as its launch would have. `plan_for(nodes' cluster, run id)` is the run's plan
+    (the application layer's: the inventory's job); `on_run` hears the run's id once chosen."""
+    nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
+    try:
+        run_id, names = run_and_nodes(cluster, nodes, run_id, opts, wiring.err)
+        if on_run is not None:
+            on_run(run_id)
+        plan = plan_for(replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name in names)), run_id)
+        folder = opts.log_dir / run_id
+        journal = Journal.resumed(run_id, folder)
+        offsets = {name: _size(folder / f"{name}.log") for name in names}
+        with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
+            return _Attached(plan, opts, wiring, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
+    finally:
+        close_all(nodes.values())
+
+
+def _size(path: Path) -> int | None:
+    """A local copy's size: where a node's log goes on for this machine (None: it has none)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+class Hangup(BaseException):
+    """The launcher's terminal closed (SIGHUP) while a run was attached: the run goes on without this launcher."""
+
+
 @contextlib.contextmanager
-def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
-    """Treat these signals like Ctrl-C while a run is attached: the run is stopped on every node, not orphaned."""
+def _interrupt_on(raised: Mapping[signal.Signals, type[BaseException]]) -> Iterator[None]:
+    """While a run is attached, raise these exceptions on these signals in the main thread (Ctrl-C's, or a hangup's)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise raised[signal.Signals(signum)]
 
-    previous = {s: signal.signal(s, interrupt) for s in signals}
+    previous = {s: signal.signal(s, interrupt) for s in raised}
     try:
         yield
     finally:
@@ -109,9 +152,12 @@ class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
     def __init__(self, plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: dict[str, Node],
-                 envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal):
+                 envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal,
+                 attach: Mapping[str, int | None] | None = None):
         self.plan, self.opts, self.wiring = plan, opts, wiring
         self.journal = journal
+        self.attach = attach
+        """`attach`: each node's offset in its log this machine has (None: none), to take over a run that lives on."""
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
         self.console = ConsoleWriter(wiring.out, wiring.err, opts.console_buffer, f"{folder}/",
@@ -123,9 +169,23 @@ class _Attached:
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
                      for i, c in enumerate(plan.nodes)}
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, wiring.gate) for c in plan.nodes}
-        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, wiring.gate)
+        owner = new_owner()
+        self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
+        reconnector = None if opener is not None or opts.detach else Reconnector(
+            plan.cluster, nodes, run_ssh(opts), AGENT_SOURCE, plan.run_id, owner)
+        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, wiring.gate, owner, opener is None)
+                    for c in plan.nodes} if attach is None else {}
+        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, wiring.gate,
+                                reconnector)
         self.interrupts = 0
+        self.left: str | None = None
+        """Why this launcher let go of a run that goes on without it (its terminal closed)."""
+        self.end_text = ""
+        """The words the launch ended with when they are not a failure's (the journal keeps them for the page)."""
+        self.going_on = False
+        """The run goes on after this launch returns (left, or taken over by another launcher)."""
+        self.away: dict[str, float | None] = {}
+        """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
         self.stragglers = LaunchStragglers(opts, plan.run_id, self._straggler,
@@ -148,7 +208,13 @@ class _Attached:
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
-            self.console.message(f"{event.node}: no heartbeat from the launcher in time; the node stops its part")
+            self.console.message(f"{event.node}: no launcher heard from for {self.opts.heartbeat_timeout:g} s "
+                                 "(--heartbeat-timeout); the node stops its part")
+        elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
+            self.console.message(line)
+            self.journal.mark("reconnect" if event.node else "away", line, event.node or None, event.since)
+        elif isinstance(event, Reattached) and event.down_s is None:
+            self.away[event.node] = event.away_s
         elif isinstance(event, HangSuspected):
             self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
             for line in self.hang_lines:
@@ -176,10 +242,15 @@ class _Attached:
         try:
             interrupted = False
             try:
-                handle.start()
-            except KeyboardInterrupt:
+                if self.attach is None:
+                    handle.start()
+                else:
+                    handle.attach(self.attach)
+            except (KeyboardInterrupt, Hangup):  # nothing runs yet: a closed terminal drops the start too
                 interrupted = True
                 handle.abort("interrupted while starting")
+            if handle.start_failure is not None and self.attach is not None:
+                return self._not_attached()
             if handle.start_failure is not None:
                 self._wait()
                 if self.opts.detach:  # a detached node's keeper outlives its agent: stop it by its run id
@@ -191,7 +262,8 @@ class _Attached:
                 self.journal.end(failed.exit_code, str(failed))
                 self.journal.write()
                 raise failed
-            self.console.message(f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
+            self.console.message(attached_line(self.plan.run_id, self.away) if self.attach is not None else
+                                 f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             self.journal.write()  # a detached run's page has its start from here
             if self.opts.detach:
                 self._wait()
@@ -216,10 +288,29 @@ class _Attached:
             self.journal.end(1, "the launcher itself failed")
             raise
         else:
-            self.journal.end(code, "interrupted (Ctrl-C)" if self.interrupts else "")
+            self.journal.end(code, self.end_text or ("interrupted (Ctrl-C)" if self.interrupts else ""),
+                             going_on=self.going_on)
             return code
         finally:
             self.journal.write()
+
+    def _not_attached(self) -> int:
+        """`attach` could not take the run on every node: nothing was stopped; what it took goes on without it."""
+        raise RunFailed(f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
+                        f"stopped, and the run's nodes keep it within its heartbeat bound", 1)
+
+    def _lost_run(self, ends: list[NodeEnd]) -> str | None:
+        """How this launcher lost a run that did not fail (its terminal closed, another took it over, or no launcher
+        was heard from for the heartbeat bound); None when it did not."""
+        if self.left is not None:
+            self.going_on = True
+            return left_line(self.plan.run_id, len(self.plan.nodes), self.opts.heartbeat_timeout,
+                             hint(f"attach --hosts {self.plan.cluster.source} --run {self.plan.run_id}"))
+        taken = taken_line(self.plan.run_id, ends)
+        if taken is not None:
+            self.going_on = True
+            return taken
+        return away_line(self.plan.run_id, ends, self.opts.heartbeat_timeout)
 
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
@@ -230,6 +321,9 @@ class _Attached:
         while True:
             try:
                 return self.handle.wait()  # type: ignore[return-value]
+            except Hangup:  # the terminal closed: the run goes on on its nodes, within the heartbeat bound
+                self.left = "its terminal closed"
+                return []
             except KeyboardInterrupt:
                 self.interrupts += 1
                 if self.interrupts == 1:
@@ -248,6 +342,11 @@ class _Attached:
                 for e in ends]
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
+        lost = self._lost_run(ends)
+        if lost is not None:
+            self.end_text = lost
+            self.console.message(f"{lost}. {self.log_hint}")
+            return AWAY_EXIT
         if self.interrupts:
             left = sum(e.left for e in ends)
             unconfirmed = [e.node for e in ends if e.kind != EndKind.EXITED]

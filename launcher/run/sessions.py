@@ -8,96 +8,54 @@ not block; every other event goes to `control`, where the run's handle takes the
 
 from __future__ import annotations
 
-import base64
-import json
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from launcher.events import (
-    Beat,
     Ended,
     EndKind,
-    Message,
-    NcclDumps,
     NodeEnd,
     NodeEvent,
     Output,
-    Probed,
-    Reached,
-    Ready,
-    StacksTaken,
-    Started,
-    Stopping,
 )
-from launcher.limits import heartbeat_interval
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, Event, word_line
+from launcher.limits import (
+    EOF_GRACE_S,
+    REATTACH_AFTER_BEATS,
+    REATTACH_FIRST_S,
+    REATTACH_MAX_S,
+    STALL,
+    heartbeat_interval,
+)
+from launcher.node.limits import ATTACH_REFUSED, KEEPER_GONE
+from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
 from launcher.plan.launch import NodeCommand
+from launcher.run.agentevents import HANDLERS as HANDLERS  # re-exported: the table of what each event name does
+from launcher.run.agentevents import IGNORED as IGNORED
+from launcher.run.agentevents import agent_line
+from launcher.run.nodesession import Session as Session  # re-exported: the run's modules take it from here
+from launcher.run.nodesession import SessionChannel, SessionOpener
+from launcher.run.reattach import Reconnector
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node, classify
 from launcher.transport.settings import DEFAULT_FANOUT
-
-
-class SessionChannel(Protocol):
-    """A node agent's session as the controller uses it (`transport.Channel` over SSH)."""
-
-    def send(self, data: bytes, block: bool = True) -> bool: ...
-    def read(self) -> tuple[bytes, bytes]: ...
-    def wait_readable(self, timeout: float) -> None: ...
-    @property
-    def finished(self) -> bool: ...
-    @property
-    def drained(self) -> bool: ...
-    def exit_code(self) -> int: ...
-    def close(self) -> None: ...
-
-
-SessionOpener = Callable[[str, Sequence[tuple[NodeCommand, dict[str, Any]]]], list["SessionChannel | str"]]
-"""Starts every node's agent session at once from the node program's source and each node's request; a channel or
-an error per node, in order. The default opens a channel on each node's SSH connection."""
-
-
-@dataclass
-class Session:
-    """One node's agent, as the controller sees it."""
-
-    command: NodeCommand
-    channel: SessionChannel
-    heard: float = field(default_factory=time.monotonic)
-    opened: float = field(default_factory=time.monotonic)
-    """When its request was sent: a probe's time counts from here."""
-    checked: dict[str, Any] = field(default_factory=dict)
-    """What the agent said for the start's checks, by event name: `probed` (probe, listener, at), `tcp`."""
-    ready: bool = False
-    started: bool = False
-    pending_word: bytes | None = None
-    """A stop word the channel could not take yet."""
-    stop_reason: str | None = None
-    asked_to_stop: bool = False
-    messages: list[str] = field(default_factory=list)
-    end: NodeEnd | None = None
-    reported: dict[str, Any] | None = None
-    """The agent's `exited` event, once it came."""
-    parts: dict[str, list[str]] = field(default_factory=dict)
-    """The parts of a large event received so far, by the event's name."""
-
-    @property
-    def name(self) -> str:
-        return self.command.host.name
 
 
 class Sessions:
     """The run's sessions by node name, the queue their events go to, and the heartbeat thread."""
 
     def __init__(self, nodes: Mapping[str, Node], requests: Mapping[str, dict[str, Any]], agent_source: str,
-                 on_event: Callable[[NodeEvent], None], heartbeat_timeout: float):
+                 on_event: Callable[[NodeEvent], None], heartbeat_timeout: float, silence_timeout: float = 30.0,
+                 reconnector: Reconnector | None = None):
         self.nodes, self.requests, self.agent_source = nodes, requests, agent_source
         self.on_event = on_event
+        self.reconnector = reconnector
+        """New sessions to a node whose session ended before its run did (None under SLURM: srun owns the run)."""
+        self.silence_timeout = silence_timeout
+        self.reattach_after = REATTACH_AFTER_BEATS * heartbeat_interval(silence_timeout)
         self.by_name: dict[str, Session] = {}
         self.control: queue.Queue[NodeEvent] = queue.Queue()
         self._lock = threading.Lock()
@@ -143,118 +101,145 @@ class Sessions:
                 errors.append(None)
         return errors
 
-    def _register(self, command: NodeCommand, channel: SessionChannel) -> Session:
+    def attach(self, commands: Sequence[NodeCommand], open_one: Callable[[NodeCommand], SessionChannel | str]
+               ) -> list[str | None]:
+        """An attach session to every node at once (`attach`: the run lives there), each read once opened and taken
+        by the node's run when its `attached` event comes; an error or None per command, in order."""
+        self._heartbeat.start()
+
+        def one(command: NodeCommand) -> str | None:
+            opened = open_one(command)
+            if isinstance(opened, str):
+                return opened
+            self._register(command, opened, attaching=True)
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(DEFAULT_FANOUT, len(commands))) as pool:
+            return list(pool.map(one, commands))
+
+    def _register(self, command: NodeCommand, channel: SessionChannel, attaching: bool = False) -> Session:
         """Track a node's open session and start reading it."""
-        session = Session(command, channel)
+        session = Session(command, channel, attaching=attaching)
         with self._lock:
             self.by_name[session.name] = session
         threading.Thread(target=self._read, args=(session,), daemon=True, name=f"read-{session.name}").start()
         return session
 
     def close(self) -> None:
-        """Stop heartbeats and close the channels (an attached node then stops what is left by itself)."""
+        """Stop heartbeats and close the channels (an attached node's run goes on within its heartbeat bound, and
+        stops by itself after it unless a launcher attaches)."""
         self._closing.set()
         for session in self.by_name.values():
             session.channel.close()
+            if session.following is not None and session.following is not session.channel:
+                session.following.close()
+        if self.reconnector is not None:
+            self.reconnector.close()
 
     # --- the node's channel -> events ---------------------------------------------------------------------
 
     def _read(self, session: Session) -> None:
-        channel, name = session.channel, session.name
-        err_rest = b""
+        """Follow the node's session to its end; one that ends before the node's run did is replaced by a new one
+        (`Reconnector`: over SSH), within the silence timeout, and the run goes on being read where it was."""
+        channel: SessionChannel | None = session.channel
+        while channel is not None:
+            how = self._follow(session, channel)
+            if not self._may_reattach(session, channel, how):
+                return
+            channel.close()  # read no more of it: the new session's stream starts at what was read
+            channel = self._reattach(session, how)
+
+    def _follow(self, session: Session, channel: SessionChannel) -> str:
+        """Read a channel into events until it ends: `finished` (the command exited), `drained` (the connection
+        went), `eof` (the command's output ended, its exit not said: its console was let go), `silent` (nothing for
+        REATTACH_AFTER_BEATS beats: a connection that carries nothing any more)."""
+        session.following = channel
+        err_rest, eof_since, last = b"", None, time.monotonic()
         while True:
             out, err = channel.read()
+            now = time.monotonic()
+            if now - last > STALL:  # this launcher itself was frozen: what it did not read is no node's silence
+                session.heard = max(session.heard, now)
+            last = now
             if out or err:
-                session.heard = time.monotonic()
+                session.heard = now
             if out:
-                self.on_event(Output(name, time.time(), out))
+                session.received += len(out)
+                session.lines += out.count(b"\n")
+                self.on_event(Output(session.name, time.time(), out))
             if err:
                 *lines, err_rest = (err_rest + err).split(b"\n")
                 for line in lines:
                     self._agent_line(session, line)
             if channel.finished:
-                self._channel_ended(session, channel.exit_code())
-                return
+                return "finished"
             if channel.drained:
-                self._end(session, EndKind.LOST)
-                return
-            if not out and not err:
-                channel.wait_readable(0.5)
+                return "drained"
+            if session.taken is not None:
+                return "taken"  # another launcher's now: nothing more to read here
+            if out or err:
+                continue
+            if channel.output_ended:
+                eof_since = eof_since or now
+                if now - eof_since > EOF_GRACE_S:
+                    return "eof"
+            elif self._fell_silent(session, now):
+                return "silent"
+            channel.wait_readable(0.5)
+
+    def _fell_silent(self, session: Session, now: float) -> bool:
+        return (self.reconnector is not None and session.started and not session.attaching and session.end is None
+                and not self._closing.is_set() and now - session.heard > self.reattach_after)
+
+    def _may_reattach(self, session: Session, channel: SessionChannel, how: str) -> bool:
+        """Whether a session that ended is to be replaced by a new one; else its node's end is decided here."""
+        if self.reconnector is None or self._closing.is_set() or session.end is not None \
+                or session.reported is not None or session.taken is not None:
+            self._settle(session, channel, how)
+            return False
+        code = channel.exit_code() if session.attaching and how == "finished" else None
+        if code in (KEEPER_GONE, ATTACH_REFUSED):  # the node said its run has no keeper, or takes no console
+            self._end(session, EndKind.AGENT_DIED if session.started or code == KEEPER_GONE else EndKind.START_ERROR,
+                      code)
+            return False
+        # Any other end of a new session before the run took it (its keeper stopped or stuck: KEEPER_SILENT; the
+        # connection or sshd going away meanwhile) is one more try, within the silence timeout.
+        if not session.started and not session.attaching:
+            self._settle(session, channel, how)  # the start's own session: a failed start is no lost console
+            return False
+        return True
+
+    def _settle(self, session: Session, channel: SessionChannel, how: str) -> None:
+        """The node's end, from how its (last) session ended and what its agent said."""
+        if session.taken is not None:
+            self._end(session, EndKind.TAKEN, reason=f"taken over by {session.taken.get('by') or 'another launcher'}")
+        elif how == "finished" or session.reported is not None:
+            self._channel_ended(session, channel.exit_code() if how == "finished" else -1)
+        else:
+            self._end(session, EndKind.LOST)
+
+    def _reattach(self, session: Session, how: str) -> SessionChannel | None:
+        """A new session to the node's run, tried with back-off until the silence timeout since the loss (each try
+        bounded by connect_timeout); None when none could be opened (the handle's silence rule ends it as lost)."""
+        assert self.reconnector is not None
+        if session.outage is None:  # the silence timeout runs from the last word heard, as for any silent node
+            session.outage = session.heard
+        deadline, delay = session.outage + self.silence_timeout, REATTACH_FIRST_S
+        fresh = how in ("drained", "silent")  # a connection that went, or carries nothing: a new one
+        while session.end is None and not self._closing.is_set():
+            opened = self.reconnector.open(session.command.host, fresh, session.received)
+            if not isinstance(opened, str):
+                session.attaching, session.attach_lines = True, session.lines
+                return opened
+            session.reconnect_error, fresh = opened, True
+            if time.monotonic() + delay >= deadline:
+                break
+            self._closing.wait(delay)
+            delay = min(2 * delay, REATTACH_MAX_S)
+        return None  # the run's handle ends it as lost once the silence timeout has passed since the loss
 
     def _agent_line(self, session: Session, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-            name = event["event"]
-        except (ValueError, KeyError, TypeError):
-            text = line.decode("utf-8", errors="replace").strip()
-            if text:
-                self.control.put(Message(session.name, time.time(), text))
-            return
-        if name == Event.PART:
-            event = self._part(session, event)
-            if event is None:
-                return
-            name = event.get("event")
-        handler = HANDLERS.get(name) if isinstance(name, str) else None  # a name outside the vocabulary: nothing
-        if handler is not None:
-            handler(self, session, event, time.time())
-
-    # One handler per event name the controller acts on (launcher.node.protocol.Event); IGNORED says why the others
-    # are not. Output goes to `on_event` from the reader; everything else to `control`, for the run's handle.
-
-    def _ready(self, session: Session, event: dict[str, Any], now: float) -> None:
-        session.ready = True
-        self.control.put(Ready(session.name, now))
-
-    def _probed(self, session: Session, event: dict[str, Any], now: float) -> None:
-        session.checked[Event.PROBED] = {"probe": event.get("probe"), "listener": event.get("listener"),
-                                         "at": time.monotonic()}
-        self.control.put(Probed(session.name, now))
-
-    def _tcp(self, session: Session, event: dict[str, Any], now: float) -> None:
-        session.checked[Event.TCP] = event.get("tcp")
-        self.control.put(Reached(session.name, now))
-
-    def _started(self, session: Session, event: dict[str, Any], now: float) -> None:
-        session.started = True  # here too: the channel's end may be judged before the waiter sees this
-        if event.get("detached"):
-            session.reported = {"code": 0}  # a detached agent's work ends with the start
-        self.control.put(Started(session.name, now, int(event.get("pid", 0)), event.get("time")))
-
-    def _error(self, session: Session, event: dict[str, Any], now: float) -> None:
-        self.control.put(Message(session.name, now, str(event.get("message", "unknown error"))))
-
-    def _stopping(self, session: Session, event: dict[str, Any], now: float) -> None:
-        self.control.put(Stopping(session.name, now, str(event.get("reason", STOP))))
-
-    def _exited(self, session: Session, event: dict[str, Any], now: float) -> None:
-        session.reported = event  # the node's end is decided when its channel ends (`_channel_ended`)
-
-    def _alive(self, session: Session, event: dict[str, Any], now: float) -> None:
-        if event.get("progress") is not None:  # else only a heartbeat: `heard` was set when it was read
-            self.control.put(Beat(session.name, now, tuple(event["progress"])))
-
-    def _stacks(self, session: Session, event: dict[str, Any], now: float) -> None:
-        self.control.put(StacksTaken(session.name, now, tuple(event.get("workers") or ()),
-                                     dict(event.get("nccl") or {})))
-
-    def _nccl(self, session: Session, event: dict[str, Any], now: float) -> None:
-        self.control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {}),
-                                   tuple(int(r) for r in event.get("asked") or ())))
-
-    def _part(self, session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
-        """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""
-        key = str(part.get("of"))
-        pieces = session.parts.setdefault(key, [])
-        pieces.append(str(part.get("data", "")))
-        if len(pieces) < int(part.get("count", 1)):
-            return None
-        del session.parts[key]
-        try:
-            fields = json.loads(zlib.decompress(base64.b64decode("".join(pieces))))
-        except (ValueError, zlib.error):
-            return {"event": Event.ERROR, "message": f"the {key} event came damaged"}
-        return {**fields, "event": key}
+        agent_line(self.control, session, line)
 
     def _channel_ended(self, session: Session, status: int) -> None:
         if session.reported is not None:
@@ -286,18 +271,3 @@ class Sessions:
                     session.channel.send(word_line(HEARTBEAT), block=False)  # never waits on a silent node
 
 
-Handler = Callable[[Sessions, Session, dict[str, Any], float], None]
-HANDLERS: dict[str, Handler] = {
-    Event.READY: Sessions._ready, Event.PROBED: Sessions._probed, Event.TCP: Sessions._tcp,
-    Event.STARTED: Sessions._started, Event.ERROR: Sessions._error, Event.STOPPING: Sessions._stopping,
-    Event.EXITED: Sessions._exited, Event.ALIVE: Sessions._alive, Event.STACKS: Sessions._stacks,
-    Event.NCCL: Sessions._nccl,
-}
-"""What the controller does with each event name a node's agent session says (`part`s are put together first)."""
-IGNORED = {
-    Event.ABORTED: "the start was dropped: the launcher's own `abort` or stop, or it was gone; the session's end "
-                   "(start-error) follows",
-    Event.STOPPED: "`exited` follows with the same fields (left, reason), and the node's end is decided on that",
-    Event.RUN: "only the logs action says it, and that action's stdout is the log (launcher.run.control)",
-}
-"""Event names a session may say that the controller deliberately does nothing with, and why."""

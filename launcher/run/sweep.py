@@ -1,6 +1,7 @@
-"""Sweeps after a node's agent is gone: a node whose agent died (killed) or went silent (stopped, stuck) may still
-run its part of the run, so the launcher stops it over a new channel, the silent agent too. When that fails as well,
-the node's part may still run, and the report says what to run (`lines`)."""
+"""Sweeps after a node's agent is gone: a node whose agent died (killed), went silent (stopped, stuck) or could not be
+reached again may still run its part of the run, so the launcher stops it over a new channel (a new connection when
+the old one is gone), the silent agent too. When that fails as well, the node's part may still run until its
+heartbeat bound, and the report says so and what to run (`lines`)."""
 
 from __future__ import annotations
 
@@ -13,35 +14,44 @@ from launcher.events import EndKind
 from launcher.limits import NODE_TIMING, SWEEP_MARGIN
 from launcher.options import Options
 from launcher.paths import hint, stop_call
+from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session
 from launcher.transport.program import host_command, program_input
 from launcher.transport.sessions import Node
 
-SWEPT = (EndKind.AGENT_DIED, EndKind.SILENT)
-"""Ends after which the node's part may live on without its agent: the launcher stops it over a new channel. (A
+SWEPT = (EndKind.AGENT_DIED, EndKind.SILENT, EndKind.LOST)
+"""Ends after which the node's part may live on without a launcher: the launcher stops it over a new channel. (A
 node that did not confirm a stop in time is not waited for again: Ctrl-C returns within grace + STOP_MARGIN.)"""
 
 
 class Sweeps:
     """The sweeps of one run, each on a thread of its own with the moment the launcher stops waiting for it."""
 
-    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, opts: Options):
+    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, opts: Options,
+                 reconnector: Reconnector | None = None):
         self.run_id, self.nodes, self.agent_source, self.opts = run_id, nodes, agent_source, opts
+        self.reconnector = reconnector
+        """Reaches a node whose connection is gone over a new one; without it (SLURM), the node's own."""
         self._threads: list[tuple[threading.Thread, float, str]] = []
         self.unswept: dict[str, str] = {}
         """Nodes whose sweep failed, and why: their part may still run."""
 
     def after(self, session: Session) -> None:
         """Stop the run on the session's node over a new channel (killing a silent agent too)."""
-        node = self.nodes[session.name]
+        host = session.command.host
         request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
                                    "grace": self.opts.grace,
                                    "kill_keeper": session.end is not None and session.end.kind != EndKind.AGENT_DIED,
+                                   "owner": self.reconnector.owner.token if self.reconnector else None,
                                    "timing": NODE_TIMING}
 
         def sweep() -> None:
+            node = self.reconnector.reach(host) if self.reconnector is not None else self.nodes[session.name]
+            if isinstance(node, str):
+                self.unswept[session.name] = f"cannot connect: {node}"
+                return
             try:
-                result = node.run(host_command(session.command.host), program_input(self.agent_source, request),
+                result = node.run(host_command(host), program_input(self.agent_source, request),
                                   timeout=self.opts.action_timeout)
                 why = (f"no answer within {result.timed_out:g} s" if result.timed_out is not None else
                        f"the stop exited with code {result.exit_code}" if result.exit_code != 0 else None)
@@ -66,7 +76,9 @@ class Sweeps:
                 self.unswept.setdefault(name, f"no answer within {self.opts.grace + SWEEP_MARGIN:g} s")
 
     def lines(self, source: str) -> list[str]:
-        """For each node whose part could not be stopped over a new channel: what to run."""
+        """For each node whose part could not be stopped over a new channel: what to run, and when it stops anyway."""
+        bound = self.opts.heartbeat_timeout
         return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
-                f"{why}); run `{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}`"
-                for name, why in sorted(self.unswept.items())]
+                f"{why}); it stops by itself {bound:g} s after it last heard a launcher, unless one attaches; run "
+                f"`{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}` to stop it "
+                "now" for name, why in sorted(self.unswept.items())]

@@ -131,6 +131,10 @@ class StepChannel:
             return self._code is not None and not self._out and not self._err
 
     @property
+    def output_ended(self) -> bool:
+        return False  # a task's output ends with the task (`finished`): a step has no console to let go
+
+    @property
     def closed(self) -> bool:
         return self.step.ended and self._code is None
 

@@ -170,6 +170,11 @@ class Channel:
                 and not chan.recv_ready() and not chan.recv_stderr_ready())
 
     @property
+    def output_ended(self) -> bool:
+        """The command's stdout and stderr have ended (sshd said EOF), whether or not it has exited yet."""
+        return bool(self._chan.eof_received)
+
+    @property
     def closed(self) -> bool:
         """True when the connection under the channel is gone (the node dropped off)."""
         transport = self._chan.get_transport()

@@ -82,6 +82,12 @@ class Node:
         _exec(chan, command, self.timeout, self.name)
         return Channel(self.name, chan)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the connection is still up as far as Paramiko knows (a dropped one is not; a silent one may be)."""
+        transport = self.connection.client.get_transport()
+        return transport is not None and transport.is_active()
+
     def run(self, command: str, stdin: bytes = b"", timeout: float | None = None) -> Result:
         """Run `command` to its end, feeding it `stdin`; returns its exit code and output."""
         channel = self.open_channel(command)

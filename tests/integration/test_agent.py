@@ -279,6 +279,7 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None,
                "master_addr": "127.0.0.1",
                "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
+               "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": False,
                "alive_interval": 5.0, "log_tail": log_tail_settings(), **stacks_settings(), "watch": True}
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for word, ran in (("stop", False), ("go", True)):
@@ -328,6 +329,7 @@ def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: P
                "argv": [sys.executable, "-c", ESCAPER], "expand_home": [], "env": {}, "launcher_env": {},
                "secret_names": [], "unset_env": [], "socket_ifname": None, "master_addr": "127.0.0.1",
                "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,
+               "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": False,
                "alive_interval": 5.0, "log_tail": log_tail_settings(), **stacks_settings(), "watch": True}
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     agent = subprocess.Popen([node_python(), *AGENT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -78,6 +78,7 @@ def test_any_text_reaches_the_program_exactly(node_zero, tmp_path_factory, args,
                "workdir": str(workdir), "argv": [host.python, "-c", program, *args], "expand_home": [0],
                "env": {"HOSTILE": value}, "launcher_env": {}, "secret_names": [], "detach": False, "grace": 5.0,
                "heartbeat_timeout": 30.0, "alive_interval": 5.0, "unset_env": list(RESERVED_ENV),
+               "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": False,
                "socket_ifname": None, "master_addr": "node-0", "master_port": 29500, "log_tail": log_tail_settings(),
                **stacks_settings(), "watch": True}
     channel = node.open_channel(agent_command(host.python))

@@ -29,6 +29,7 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
             "expand_home": [], "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": list(RESERVED_ENV),
             "socket_ifname": None, "master_addr": "127.0.0.1", "master_port": 29400, "node_rank": 0,
             "detach": False, "grace": 5.0, "heartbeat_timeout": 30.0, "alive_interval": 5.0,
+            "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": False,
             "log_tail": log_tail_settings(), **stacks_settings(), "watch": True, **request}
     env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop(protocol.RUN_ID_ENV, None)

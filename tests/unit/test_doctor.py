@@ -603,8 +603,8 @@ def test_doctor_failed_lists_failures_and_fixes() -> None:
 
 
 def test_probe_command_quotes_the_interpreter() -> None:
-    assert doctor.probe_command("~/my env/bin/python").startswith("\"$HOME\"/'my env/bin/python' -S -c ")
-    assert doctor.probe_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -S -c 'import sys,zlib,")
+    assert doctor.probe_command("~/my env/bin/python").startswith("exec \"$HOME\"/'my env/bin/python' -S -c ")
+    assert doctor.probe_command("/opt/venv/bin/python").startswith("exec /opt/venv/bin/python -S -c 'import sys,zlib,")
     request = doctor.probe_request(make_cluster(), make_cluster().hosts[1], "fast", {"token": "t", "window": 1})
     assert request["names"] == ["node-0", "node-1", "node-2"] and request["is_master"] is False
     assert request["script"] == "train.py" and request["workdir"] == "~/project"

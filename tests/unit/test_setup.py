@@ -29,10 +29,11 @@ def run_local(command: str, request: dict | None = None, cwd: Path | None = None
                           cwd=cwd, timeout=60, check=False)
 
 
-def test_without_setup_the_command_is_the_interpreter_alone() -> None:
+def test_without_setup_the_command_is_the_interpreter_alone_in_place_of_the_shell() -> None:
+    # exec: the node program alone holds the session's pipes (a keeper that lets its console go ends its output)
     assert python_command("/opt/venv/bin/python") == python_command("/opt/venv/bin/python", ())
-    assert python_command("/opt/venv/bin/python").startswith("/opt/venv/bin/python -S -c 'import sys,zlib,")
-    assert python_command("python3") == ("python3 -S -c 'import sys,zlib,binascii;exec(zlib.decompress("
+    assert python_command("/opt/venv/bin/python").startswith("exec /opt/venv/bin/python -S -c 'import sys,zlib,")
+    assert python_command("python3") == ("exec python3 -S -c 'import sys,zlib,binascii;exec(zlib.decompress("
                                          "binascii.a2b_base64(sys.stdin.readline())))' 3>&2")
 
 

@@ -1,0 +1,55 @@
+"""How an attached launch ends when its run did not fail but the launcher lost it (pure): its terminal closed and it
+left the run to the nodes, another launcher took the run over (`attach`), or the nodes stopped their part because no
+launcher was heard from for the heartbeat timeout. None of them is a training failure: each says what happened, what
+the run's state is, and what to run (exit code launcher.limits.AWAY_EXIT)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from launcher.events import EndKind, NodeEnd
+from launcher.node.protocol import HEARTBEAT_TIMEOUT
+from launcher.report.rootcause import ended_how
+
+
+def left_line(run_id: str, nodes: int, bound: float, attach: str) -> str:
+    """This launcher's terminal closed (SIGHUP): the run goes on without it."""
+    return (f"the launcher's terminal closed: run {run_id} goes on on its {nodes} node(s) without it; `{attach}` takes "
+            f"it back from any terminal; with no launcher heard from for {bound:g} s (--heartbeat-timeout) its nodes "
+            "stop it")
+
+
+def taken_line(run_id: str, ends: Sequence[NodeEnd]) -> str | None:
+    """Another launcher took the run over: this one lets go (None when none did)."""
+    taken = [e for e in ends if e.kind == EndKind.TAKEN]
+    if not taken:
+        return None
+    by = taken[0].stop_reason or "taken over by another launcher"
+    return f"run {run_id} was {by} (`attach`) on {', '.join(e.node for e in taken)}: this launcher lets go; the run " \
+           "goes on there"
+
+
+def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
+    """The nodes stopped their part because no launcher was heard from for the bound (None when none did): the run
+    ended for want of a launcher, not by a failure of its own; every node's end is said."""
+    stopped = [e.node for e in ends if e.stop_reason == HEARTBEAT_TIMEOUT]
+    if not stopped:
+        return None
+    others = [f"{e.node}: {ended_how(e)}" + (" (its peer stopped)" if e.failed else "")
+              for e in ends if e.node not in stopped]
+    return (f"run {run_id}: no launcher was heard from for {bound:g} s (--heartbeat-timeout), so "
+            f"{', '.join(stopped)} stopped {'its' if len(stopped) == 1 else 'their'} part by "
+            f"{'itself' if len(stopped) == 1 else 'themselves'}" + (f"; {'; '.join(others)}" if others else "")
+            + "; the run did not fail: start it again to resume it")
+
+
+def attached_line(run_id: str, away: Mapping[str, float | None]) -> str:
+    """`attach` took the run: on how many nodes, and how long they had been without a launcher."""
+    known = [seconds for seconds in away.values() if seconds is not None]
+    ended = [name for name, seconds in away.items() if seconds is None]
+    line = f"attached to run {run_id} on {len(away)} node(s)"
+    if known:
+        line += f"; its nodes had heard no launcher for {max(known):.0f} s"
+    if ended:
+        line += f"; it had ended on {', '.join(ended)} meanwhile"
+    return line
