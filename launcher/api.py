@@ -10,6 +10,8 @@ results and raise typed errors (`launcher.errors`), never exit the process.
     print(run.top().ranks[0].steps_per_s)
     run.stop()
 
+    result = api.attach("hosts/cluster.yaml")   # an attached run whose launcher is gone (asleep, killed), to its end
+
     findings = api.doctor("hosts/cluster.yaml").findings
 
 Paths are Python's: relative to the current folder. No settings file is read: options are arguments (`grace=5`,
@@ -36,7 +38,7 @@ from launcher import app
 from launcher.app import runs
 from launcher.doctor.evidence import Finding, Report
 from launcher.errors import LauncherError, RunFailed, StillRunning
-from launcher.events import Ended, NodeEnd, Started
+from launcher.events import Ended, NodeEnd, Reattached, Started
 from launcher.limits import API_WAIT_POLL_S
 from launcher.options import Options, from_config
 from launcher.paths import API, called_as
@@ -237,31 +239,56 @@ def launch(hosts: str | Path, script: str | None = None, *, module: str | None =
     opts = _options(options, detach)
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
     words = app.JobWords(script, module, command, None if args is None else shlex.join(str(a) for a in args))
-    run_id, ends, started = new_run_id(), {}, []
+    run_id = new_run_id()
+    ended = _attended(lambda wiring: app.launch(spec, words, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
+                                                wiring=wiring), lambda: run_id, opts, on_output, on_message,
+                      raising=detach)
+    return Run(run_id, spec, opts) if ended is None else ended
+
+
+@_api
+def attach(hosts: str | Path, run_id: str | None = None, *, on_output: Lines | None = None,
+           on_message: Lines | None = None, **options: Any) -> RunResult:
+    """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed process,
+    another machine), as `ddpl attach` does: its output from where this machine's copy stopped (to `on_output` and
+    `on_message`, as `launch`'s), heartbeats again, a KeyboardInterrupt stops it everywhere; returns its `RunResult`
+    once it ends. `run_id`: default, the inventory's running run."""
+    opts = _options(options)
+    chosen = [check_run_id(run_id) or ""]
+    ended = _attended(lambda wiring: app.attach(app.Hosts(str(hosts)), run_id, opts=opts, wiring=wiring,
+                                                on_run=chosen.append), lambda: chosen[-1], opts, on_output, on_message)
+    assert ended is not None  # followed to its end (not `raising`)
+    return ended
+
+
+def _attended(call: Callable[[Wiring], int], run_id: Callable[[], str], opts: Options, on_output: Lines | None,
+              on_message: Lines | None, raising: bool = False) -> RunResult | None:
+    """An attached run followed to its end: its `RunResult` (a failed run's too; None with
+    `raising`: a detached launch, where an error is the answer, as when nothing started). Each node's end is taken
+    from the run's events."""
+    ends: dict[str, NodeEnd] = {}
+    started: list[str] = []
 
     def heard(event: Any) -> None:
         if isinstance(event, Ended):
             ends[event.node] = event.end
-        elif isinstance(event, Started):
+        elif isinstance(event, Started | Reattached):
             started.append(event.node)
 
     out, err = _stream(on_output, sys.stdout), _stream(on_message, sys.stderr)
     try:
-        code = app.launch(spec, words, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
-                          wiring=Wiring(out=out, err=err, on_event=heard))
+        code = call(Wiring(out=out, err=err, on_event=heard))
     except RunFailed as exc:
-        if detach or not started:  # nothing runs: the error is the answer
+        if raising or not started:  # nothing runs: the error is the answer
             raise
-        return _ended(run_id, opts, exc.ends or tuple(ends.values()), exc)
+        return _ended(run_id(), opts, exc.ends or tuple(ends.values()), exc)
     finally:
         for stream in (out, err):
             if isinstance(stream, _LineStream):
                 stream.end()
     if code == 130:  # interrupted: the run was stopped on every node, as Ctrl-C does; the caller hears it too
         raise KeyboardInterrupt
-    if detach:
-        return Run(run_id, spec, opts)
-    return _ended(run_id, opts, tuple(ends.values()), None, code)
+    return None if raising else _ended(run_id(), opts, tuple(ends.values()), None, code)
 
 
 def _ended(run_id: str, opts: Options, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0) -> RunResult:

@@ -68,11 +68,10 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
 
             code = attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
     except LauncherError as exc:
-        said = _pages(plan, opts, began, exc)
-        if said and isinstance(exc, RunFailed):  # the page's line last, after the root cause, as after a success
-            raise RunFailed(f"{exc}\n{said}", exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail,
-                            ends=exc.ends) from exc
-        raise
+        shown = _said_last(exc, _pages(plan, opts, began, exc))
+        if shown is exc:
+            raise
+        raise shown from exc
     except BaseException:
         _pages(plan, opts, began, None)
         raise
@@ -98,12 +97,26 @@ def _pages(plan: LaunchPlan, opts: Options, began: float, failed: LauncherError 
     if opts.detach:
         return "" if failed is not None else (f"its page: {relative(page_path(opts, plan.run_id))}, written at the "
                                               f"first `{hint('status')}` after the run's end")
-    ran = [run_id for run_id in tried if started_anywhere(opts.log_dir / run_id)]
-    if not ran or not _page_once_ended(plan.cluster, ran, opts):
+    return _page_line(plan.cluster, [run_id for run_id in tried if started_anywhere(opts.log_dir / run_id)], opts)
+
+
+def _page_line(cluster: Cluster, ran: list[str], opts: Options) -> str:
+    """The page of a run that has ended (each attempt's), started by a process of its own; the line that says where."""
+    from launcher.app.pages import page_path
+    from launcher.paths import relative
+
+    if not opts.page or not ran or not _page_once_ended(cluster, ran, opts):
         return ""
     pages = [relative(page_path(opts, run_id)) for run_id in ran]
     before = f"; its earlier attempts': {', '.join(pages[:-1])}" if len(pages) > 1 else ""
     return f"the run's page: {pages[-1]} (written in a few seconds{before})"
+
+
+def _said_last(exc: LauncherError, said: str) -> LauncherError:
+    """A failure with the page's line last, after its root cause, as after a success."""
+    if not said or not isinstance(exc, RunFailed):
+        return exc
+    return RunFailed(f"{exc}\n{said}", exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail, ends=exc.ends)
 
 
 def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | None = None,
@@ -128,10 +141,16 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
             on_run(found)
 
     try:
-        return run_launch.attach_run(cluster, plan_for, run_id, opts, wiring, heard)
-    finally:
-        if chosen:
-            _page_once_ended(cluster, chosen, opts)
+        code = run_launch.attach_run(cluster, plan_for, run_id, opts, wiring, heard)
+    except LauncherError as exc:
+        shown = _said_last(exc, _page_line(cluster, chosen, opts))
+        if shown is exc:
+            raise
+        raise shown from exc
+    said = _page_line(cluster, chosen, opts)
+    if said:
+        wiring.err.write(said + "\n")
+    return code
 
 
 def _page_once_ended(cluster: Cluster, run_ids: list[str], opts: Options) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -63,7 +64,8 @@ def _facts(page: Page) -> str:
         ended = "never started: nothing ran"
     else:
         ended = f"took {took:.1f} s{share}" if took is not None else "still running or unknown"
-    lines = [f"started {when}", ended, *(["stopped by the user"] if page.stopped else []), f"logs: {page.logs}"]
+    stopped = re.match(r"stopped by [^,:]*?(?= at |,|:|$)", page.stopped) if page.stopped else None
+    lines = [f"started {when}", ended, *([stopped.group()] if stopped else []), f"logs: {page.logs}"]
     return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.limits import REPORT_MAX_ROWS, REPORT_NAMED, STOPPED_EXIT
+from launcher.limits import AWAY_EXIT, REPORT_MAX_ROWS, REPORT_NAMED, STOPPED_EXIT
 from launcher.report.lines import NodeLog
 
 INTERRUPTED = 130
@@ -60,7 +60,8 @@ class RunEnd:
     root_cause: str
     """The failure's words ("" when nothing failed)."""
     stopped: str
-    """How a stop the user asked for ended the run ("" when none did)."""
+    """How a stop that is no failure ended the run: the user's, or its nodes' own when no launcher was heard from for
+    the heartbeat timeout ("" when none did)."""
     never: str
     """Why the launch never started anything ("" when it did)."""
     marks: tuple[Mark, ...]
@@ -106,6 +107,11 @@ def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool,
         return RunEnd(text, "", never.splitlines()[0], ())
     failed = [e for e in exits if e.state == "lost" or (e.exit_code not in (0, None) and e.state != "stopped")]
     stopped = [e for e in exits if e.state == "stopped"]
+    if end.get("code") == AWAY_EXIT and text:  # no launcher was heard from for the bound: its nodes stopped it
+        times = [e.stop_at for e in stopped if e.stop_at is not None] or [e.ended for e in stopped if e.ended]
+        sentence = f"stopped by its nodes, not a failure: {text.splitlines()[0]}"
+        return RunEnd("", sentence, "", (Mark(min(times), "stop", "stopped by its nodes: no launcher heard from"),)
+                      if times else ())
     if stopped and not failed and (not text or end.get("code") in (INTERRUPTED, STOPPED_EXIT)):
         return _stopped_by_user(stopped, end.get("code") == INTERRUPTED)
     marks = tuple(Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code

@@ -175,23 +175,38 @@ def test_a_closed_terminal_leaves_the_run_and_attach_takes_it_to_its_end(chatty_
     assert not run_processes(run_id)
 
 
+ATTACH_BY_API = """
+import sys
+from launcher import api
+
+lines = []
+result = api.attach(sys.argv[1], log_dir=sys.argv[2], on_output=lines.append, on_message=print)
+print("RESULT", result.run_id, result.ok, result.exit_code, len(lines))
+"""
+
+
 def test_a_launcher_that_wakes_after_an_attach_lets_go(chatty_box, tmp_path: Path) -> None:
-    """The first launcher asleep (SIGSTOP) while `attach` takes the run over from another terminal: once awake it
-    says who took the run and leaves (exit code 129) without touching it; the attach ends the run as its owner."""
-    out, again = tmp_path / "out", tmp_path / "attach"
+    """The first launcher asleep (SIGSTOP) while the Python API's `attach` takes the run over from another process:
+    once awake it says who took the run and leaves (exit code 129) without touching it; the attach follows the run
+    to its end as its owner and returns its result."""
+    out = tmp_path / "out"
     proc = start(chatty_box, tmp_path / "logs", out)
     with ended(proc):
         printing(out, 10)
         os.killpg(proc.pid, signal.SIGSTOP)
-        follower = start(chatty_box, tmp_path / "logs", again, "attach")
+        run_id = run_dir(chatty_box, 0).parent.name
+        with open(tmp_path / "api", "wb") as sink:
+            follower = subprocess.Popen([sys.executable, "-c", ATTACH_BY_API, str(chatty_box.inventory),
+                                         str(tmp_path / "logs")], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         with ended(follower):
-            wait_for(lambda: "attached to run" in Path(f"{again}.err").read_text(), 60, "the attach")
+            wait_for(lambda: "attached to run" in (tmp_path / "api").read_text(), 60, "the attach")
             os.killpg(proc.pid, signal.SIGCONT)
             assert proc.wait(timeout=30) == 129
-            code = follower.wait(timeout=60)
-    left, said = Path(f"{out}.err").read_text(), Path(f"{again}.err").read_text()
+            follower.wait(timeout=60)
+    left, said = Path(f"{out}.err").read_text(), (tmp_path / "api").read_text()
     assert re.search(r"run \S+ was taken over by .+ \(`attach`\) on node-0, node-1: this launcher lets go", left), left
-    assert code == 0, said
+    assert re.search(rf"RESULT {run_id} True 0 \d+", said), said
 
 
 def test_a_node_whose_sshd_is_gone_fails_the_run_within_the_silence_timeout(chatty_box, tmp_path: Path) -> None:
