@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from devtools import sandbox
-from devtools.observe import free_port, pids_with_env, reserve_base_addr, run_processes, subnets_for
+from devtools.observe import end_runs_under, free_port, reserve_base_addr, run_processes, subnets_for
+from devtools.observe import kill_marked as kill_marked  # re-exported: the figures end their runs by their mark
+from devtools.observe import pids_with_env as pids_with_env  # re-exported: bench/stop.py takes it from here
 from devtools.sandbox import procs
 from launcher.node import protocol
 from launcher.transport.program import BOOTSTRAP
@@ -168,6 +170,8 @@ def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args:
         yield Box(box, n, port, sandbox.default_python(), folder)
     finally:
         try:
+            for i in range(n):  # a run the figure left (its launcher killed) lives on within its bound: not here
+                end_runs_under(sandbox.node_cache(state, i))
             sandbox.down(state)
         finally:
             lock.close()
@@ -270,18 +274,6 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | Non
     residual = sum((y - fixed - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     return {"fixed": round(fixed, 4), "per_node": round(slope, 5),
             "r2": round(1 - residual / total, 4) if total else 1.0, "points": len(xs)}
-
-
-def kill_marked(needle: bytes, timeout: float = 10.0) -> int:
-    """KILL every process whose environment carries `needle`; returns how many there were."""
-    pids = pids_with_env(needle)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while pids_with_env(needle) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return len(pids)
 
 
 def wait_gone(find: Callable[[], list[int]], timeout: float, poll: float = 0.02,

@@ -70,15 +70,19 @@ class Mode:
 
     @property
     def target_s(self) -> float:
-        """Seconds allowed from the launcher's exit (or, for sshd, from the fault) to no process left."""
-        return SILENCE_TIMEOUT_S + GRACE_S + MARGIN_S if self.key == "sshd" else GRACE_S + MARGIN_S
+        """Seconds allowed from the launcher's exit (or, for sshd, from the fault) to no process left: a killed
+        launcher leaves the run to its nodes for the heartbeat timeout (it may come back, or `attach`)."""
+        if self.key == "sshd":
+            return SILENCE_TIMEOUT_S + GRACE_S + MARGIN_S
+        return (HEARTBEAT_TIMEOUT_S if self.key == "launcher" else 0.0) + GRACE_S + MARGIN_S
 
     @property
     def target(self) -> str:
         if self.key == "sshd":
             return f"≤ silence timeout + grace + 2 s ({self.target_s:.0f} s) after the fault, 0 left"
         if self.key == "launcher":
-            return f"≤ grace + 2 s ({self.target_s:.0f} s) after the launcher's exit (the kill), 0 left"
+            return (f"≤ heartbeat timeout + grace + 2 s ({self.target_s:.0f} s) after the kill (the nodes keep the run "
+                    "for the bound), 0 left")
         return f"≤ grace + 2 s ({self.target_s:.0f} s) after the launcher's exit, 0 left"
 
 

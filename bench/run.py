@@ -19,6 +19,8 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
   failures  a 2-node sleeper run broken five ways (worker crash, kill -9 of a torchrun, of an agent, of the
           launcher; a node's sshd SIGSTOPped), grace 1 s, timeouts 4 s: time until no process of the run is left,
           the launcher's exit code and time, processes left after 60 s (2 runs each; --quick: 1)
+  reconnect a node's sshd session SIGKILLed 5 times in one attached run: from the kill to its stream flowing again
+          on the launcher's console, every line once, nothing left after Ctrl-C (bench/reconnect.py)
   sync    `inv sync` of a 1,000-file, 50 MB tree to 8 nodes vs a parallel `rsync -a` loop: first sync, nothing
           changed, one file changed (2 runs; --quick: 1)
   elastic from a node's death to training resumed on the 2 nodes left of 3: relaunch with --retries, and a c10d
@@ -64,8 +66,8 @@ from typing import Any
 from bench.common import REAL_LOGIN_ENV, REPO, RESULTS, log, machine, remove_run_dirs
 from bench.table import markdown, print_table, rows
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "sync", "elastic", "hang", "top", "net",
-           "startup", "scale")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "reconnect", "sync", "elastic", "hang", "top",
+           "net", "startup", "scale")
 ON_REQUEST = ("scale",)
 """Figures only `--only` runs: 256 sshd nodes take the machine for ~15 minutes, on top of the full run's ~20."""
 
@@ -88,6 +90,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
                  "scale_repeat": {64: 1}},  # 2 runs below 64 (stop_scale's default); one 64-node run is ~2 minutes
         "logs": {"repeat": 5, "diagnostics": True},  # with the ssh loop: what SSH itself costs over the floor
         "failures": {"repeat": 2},
+        "reconnect": {"repeat": 5},
         "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
         "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 4},
@@ -103,6 +106,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "stop": {"repeat": 3, "baselines_every_run": False, "scale_sizes": [4, 16], "scale_repeat": 1},
         "logs": {"repeat": 3, "diagnostics": False},
         "failures": {"repeat": 1},
+        "reconnect": {"repeat": 3},
         "sync": {"repeat": 1},
         "elastic": {"repeat": 1},
         "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
@@ -178,6 +182,7 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         job,
         logs_fig,
         net,
+        reconnect,
         scale,
         startup,
         stop,
@@ -205,6 +210,8 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
     elif name == "failures":
         results["failures"] = failures.run(conf["repeat"], root)
+    elif name == "reconnect":
+        results["reconnect"] = reconnect.run(conf["repeat"], root)
     elif name == "sync":
         results["sync"] = sync_fig.run(conf["repeat"], root)
     elif name == "elastic":

@@ -56,6 +56,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     if fan:
         out += scale_table.cost_rows(fan)
     failure_rows(out, results.get("failures"))
+    reconnect_rows(out, results.get("reconnect"))
     elastic_rows(out, results.get("elastic"))
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
@@ -166,6 +167,16 @@ def failure_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
         out.append(["failure: runs that did not come up", n,
                     f"{len(failed)} ({', '.join(sorted({f['way'] for f in failed}))}), retried; first: {first}",
                     "", "", "", "0 expected", "MISSED"])
+
+
+def reconnect_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """A dropped connection to the stream flowing again (bench/reconnect.py), and what the run kept."""
+    if not fig:
+        return
+    kept = f"{fig['ticks']} ticks: {len(fig['lost'])} lost, {len(fig['twice'])} twice; {fig['left']} left"
+    out.append(["dropped connection -> stream flowing again", "2",
+                f"{cell(fig['flowing'])} ({fig['drops']} drops); the launcher's own: {cell(fig['reconnect_said'])}; "
+                f"{kept}", "", "", "", f"≤ {fig['target_s']:g} s, none lost or twice", verdict(fig["ok"])])
 
 
 def elastic_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 from devtools.sandbox import procs
@@ -101,6 +103,28 @@ def pids_with_env(prefix: bytes) -> list[int]:
         if any(var.startswith(prefix) for var in environ.split(b"\0")):
             found.append(pid)
     return found
+
+
+def kill_marked(needle: bytes, timeout: float = 10.0) -> int:
+    """KILL every process whose environment carries `needle`; returns how many there were."""
+    pids = pids_with_env(needle)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while pids_with_env(needle) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(pids)
+
+
+def end_runs_under(cache: Path) -> int:
+    """KILL what is left of every run whose directory a node keeps under `cache` (its processes carry the run's mark):
+    an attached run whose launcher died lives on within its heartbeat bound, a detached one until stopped; a test or a
+    bench that is over must not leave either to the next. How many processes there were."""
+    runs = cache / "ddp-launcher" / "runs"
+    marks = [f"{RUN_ID_ENV}={run.name}/{node.name}".encode() for run in (runs.iterdir() if runs.is_dir() else ())
+             for node in run.iterdir() if node.is_dir()]
+    return sum(kill_marked(mark) for mark in marks)
 
 
 def run_processes(run_id: str) -> list[int]:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from devtools import sandbox
+from devtools.observe import end_runs_under, reserve_base_addr
 from devtools.observe import free_port as free_port  # re-exported: tests import it from here
-from devtools.observe import reserve_base_addr
 from devtools.sandbox import Sandbox
 from tests.helpers import PAGE_OFF
 from tests.support.nodeenv import node_python
@@ -67,10 +67,13 @@ class SandboxFactory:
         return sandbox.up(nodes, **up_kwargs)
 
     def close(self) -> None:
-        """Down every sandbox made (each even if another fails), then free their addresses."""
+        """Down every sandbox made (each even if another fails), then free their addresses. What is left of a run the
+        test left (a launcher it killed: the run lives on within its heartbeat bound) ends with it, not in the next."""
         errors = []
         for state_dir in self.state_dirs:
             try:
+                for cache in Path(state_dir).glob("node-*/cache"):
+                    end_runs_under(cache)
                 sandbox.down(state_dir)
             except Exception as exc:
                 errors.append(exc)

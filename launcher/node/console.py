@@ -51,6 +51,10 @@ class Console:
         self.gone = threading.Event()
         self._lock = threading.Lock()
         self._users = 0
+        try:  # the log's pipe takes what it has room for, in one call (a run's million lines); its only writer is here
+            os.set_blocking(fds[1], False)
+        except OSError:
+            pass
 
     def enter(self):
         """A thread starts using the descriptors; False when the console is already let go."""
@@ -69,14 +73,21 @@ class Console:
             self._close()
 
     def write(self, which, data):
-        """All of `data` to stdout (1) or the events (2), a page at a time once the pipe takes it (select, not poll:
-        a keeper holds few descriptors); False when the console was let go or its reader is gone."""
+        """All of `data` to stdout (1, non-blocking: as much as the pipe has room for at a time) or the events (2, a
+        page at a time once select says the pipe takes it: select, not poll, as a keeper holds few descriptors);
+        False when the console was let go or its reader is gone. Never blocked past CONSOLE_LOOK_S on a launcher that
+        stopped reading (asleep), so a console that takes this one's place is turned to at once."""
         fd, view = self.fds[which], memoryview(data)
         try:
             while view:
                 if self.gone.is_set():
                     return False
-                if _ready(fd, True, limits.CONSOLE_LOOK_S):
+                if which == 1:
+                    try:
+                        view = view[os.write(fd, view):]
+                    except BlockingIOError:
+                        _ready(fd, True, limits.CONSOLE_LOOK_S)
+                elif _ready(fd, True, limits.CONSOLE_LOOK_S):
                     view = view[os.write(fd, view[:limits.CONSOLE_PIECE]):]
         except OSError:
             return False
