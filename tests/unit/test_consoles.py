@@ -168,3 +168,23 @@ def test_the_words_of_a_run_the_launcher_lost_without_a_failure() -> None:
     assert "`ddpl attach --run R` takes it back" in left_line("R", 2, 600, "ddpl attach --run R")
     assert attached_line("R", {"node-0": 73.4, "node-1": None}) == (
         "attached to run R on 2 node(s); its nodes had heard no launcher for 73 s; it had ended on node-1 meanwhile")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="takes another uid for the stranger")
+def test_another_users_session_is_never_taken(keeper) -> None:
+    """Only this uid's sessions become a console (SO_PEERCRED): another user on the node cannot take the run's
+    stream or send it words, whatever the socket's name."""
+    stranger = 65534  # nobody
+    child = os.fork()
+    if child == 0:  # the stranger: hands its descriptors over, and says whether they were taken
+        try:
+            os.setgid(stranger)
+            os.setuid(stranger)
+            session, _ = pipes()
+            _, answer = hand_over(keeper.dir, {"owner": "owner-a", "take_over": True}, session)
+            os._exit(0 if answer is not None and "silent" in answer else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert keeper.consoles.current is keeper.consoles.first and keeper.consoles.owner == "owner-a"
