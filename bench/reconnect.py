@@ -4,7 +4,7 @@ An attached launch of bench/workloads/sleeper.py printing a line every 20 ms on 
 the launcher is SIGKILLed (what a roam or a NAT that forgot the flow does to a TCP connection) `repeat` times, 3 s
 apart, in one run. For each drop: the time from the kill to the first line of node 1 that reaches the launcher's
 console after it (the launcher's own stdout, read here and timed as each line arrives), and the reconnect's own
-figure as the launcher says it (`opened again after X s`: from the last word it heard to the new session taken).
+figure as the launcher says it (`opened again after X s`: from finding the session gone to the new one taken).
 Then: every one of node 1's ticks came once (none lost, none twice), and the run is stopped (Ctrl-C) with nothing
 left. The target: under 2 s, the reconnect's first try having no back-off.
 """

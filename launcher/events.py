@@ -139,7 +139,7 @@ class Reattached(NodeEvent):
     launcher's console again."""
 
     down_s: float | None = None
-    """Seconds from the loss of the old session to this one (None: `attach`'s first session)."""
+    """Seconds from finding the old session gone to this one taken (None: `attach`'s first session)."""
     log_bytes: int = 0
     """The node's log's size when it took the session: what this launcher reads to be where the node is."""
     replay: bool = False

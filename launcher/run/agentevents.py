@@ -99,8 +99,8 @@ def _attached(control: Control, session: Session, event: dict[str, Any], now: fl
     for is said again there (the old session may have lost it)."""
     if session.following is not None:
         session.channel = session.following
-    down = None if session.outage is None or not session.started else time.monotonic() - session.outage
-    session.started, session.attaching, session.outage = True, False, None
+    down = None if session.lost_at is None or not session.started else time.monotonic() - session.lost_at
+    session.started, session.attaching, session.outage, session.lost_at = True, False, None, None
     session.heard = time.monotonic()
     if session.asked_to_stop and session.stop_word is not None:
         session.pending_word = session.stop_word

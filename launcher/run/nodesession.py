@@ -67,6 +67,8 @@ class Session:
     being opened; the silence timeout counts from here."""
     attaching: bool = False
     """A new session is open and has not yet been taken by the node's run (its `attached` event)."""
+    lost_at: float | None = None
+    """When the launcher found that session gone (monotonic): a reconnect's line says the time from here."""
     reconnect_error: str | None = None
     """Why the last try at a new session failed (`could not reconnect ...: connection refused`)."""
     attach_lines: int = 0

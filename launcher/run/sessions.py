@@ -223,7 +223,7 @@ class Sessions:
         bounded by connect_timeout); None when none could be opened (the handle's silence rule ends it as lost)."""
         assert self.reconnector is not None
         if session.outage is None:  # the silence timeout runs from the last word heard, as for any silent node
-            session.outage = session.heard
+            session.outage, session.lost_at = session.heard, time.monotonic()
         deadline, delay = session.outage + self.silence_timeout, REATTACH_FIRST_S
         fresh = how in ("drained", "silent")  # a connection that went, or carries nothing: a new one
         while session.end is None and not self._closing.is_set():
