@@ -149,6 +149,17 @@ class Reattached(NodeEvent):
 
 
 @dataclass(frozen=True)
+class CutOff(NodeEvent):
+    """No node of the run can be reached (`node` is ""), past the silence timeout: this launcher's own network, most
+    likely. It keeps trying until the nodes' bound, when they stop the run by themselves."""
+
+    since: float = 0.0
+    """When the first of them went out of reach (wall clock)."""
+    until: float = 0.0
+    """When the nodes stop the run by themselves, unless a launcher is back (wall clock)."""
+
+
+@dataclass(frozen=True)
 class Position(NodeEvent):
     """How long the node's log is now (the answer to `position`)."""
 

@@ -5,6 +5,7 @@ the run's state is, and what to run (exit code launcher.limits.AWAY_EXIT)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from launcher.events import EndKind, NodeEnd
@@ -53,3 +54,23 @@ def attached_line(run_id: str, away: Mapping[str, float | None]) -> str:
     if ended:
         line += f"; it had ended on {', '.join(ended)} meanwhile"
     return line
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
+def cut_off_line(since: float, until: float) -> str:
+    """No node can be reached at once: this machine's network, most likely; the run goes on on its nodes."""
+    return (f"no node of the run can be reached since {_clock(since)} (this machine's network?): the run goes on on "
+            f"its nodes; trying again until {_clock(until)}, when they stop it by themselves unless a launcher is back")
+
+
+def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
+    """The launcher gave up after its nodes' bound with no node reached: no failure of the run's (None unless every
+    node was lost so)."""
+    if not ends or any(e.kind != EndKind.LOST for e in ends):
+        return None
+    return (f"run {run_id}: no node could be reached for {bound:g} s (--heartbeat-timeout; this machine's network?), "
+            "so its nodes stopped the run by themselves, as no launcher was heard from; the run did not fail: start it "
+            "again to resume it")

@@ -10,7 +10,6 @@ threads, so consumers must not block: nothing here ever waits on a console or a 
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -18,6 +17,7 @@ from typing import Any
 
 from launcher.events import (
     Beat,
+    CutOff,
     Ended,
     EndKind,
     HangSuspected,
@@ -25,18 +25,18 @@ from launcher.events import (
     Message,
     NodeEnd,
     NodeEvent,
-    NodeFacts,
     Position,
     Reattached,
     Started,
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import ABORT, GO, KILL, POSITION, STOP, TCP, Event, word_line
+from launcher.node.protocol import GO, KILL, POSITION, STOP, word_line
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
+from launcher.run.gaterounds import gate_check
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
@@ -70,6 +70,8 @@ class RunHandle:
         self.stop_deadline: float | None = None
         self.attaching = False
         """This handle takes over a run that lives on (`attach`) rather than starting one."""
+        self.cut_off: float | None = None
+        """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
         self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, opts.on_hang == "keep")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
@@ -97,7 +99,7 @@ class RunHandle:
         began = time.monotonic()
         gate = self.gate
         if gate is not None and gate.in_session:
-            _gate_check(self, gate, began)  # the sessions open while their checks are gathered
+            gate_check(self, gate, began)  # the sessions open while their checks are gathered
         else:
             self.opened(self.link.open(self.plan.nodes, self.opener))
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
@@ -168,9 +170,10 @@ class RunHandle:
         self._last_step = now
         for caught in self.returns.due(self.sessions, now):
             self.on_event(caught)
+        bound = self._outage_bound(now)
         for session in list(self.sessions.values()):
             if session.end is None:
-                self._look_at(session, now)
+                self._look_at(session, now, bound)
         if self.hangs is not None and self.hang is None and self.stop_deadline is None and self.start_failure is None \
                 and self.sessions and all(s.started for s in list(self.sessions.values())):
             self.hangs.look(self, now)
@@ -187,15 +190,31 @@ class RunHandle:
             self.hangs.watch.rearm(now)
         self.returns.away(now, away_s, {s.name: s.lines for s in live if s.started})
 
-    def _look_at(self, session: Session, now: float) -> None:
-        """A word the channel could not take before; a node silent past its limit; a stop past its deadline."""
+    def _outage_bound(self, now: float) -> float:
+        """How long a node may be out of reach: the silence timeout, or, while no node of the run can be reached at all
+        (this launcher's own network, most likely: a laptop's Wi-Fi), the nodes' own bound, when they stop the run by
+        themselves (said once, as it begins); until every node is back or ended."""
+        live = [s for s in list(self.sessions.values()) if s.end is None]
+        out = [s.outage for s in live if s.outage is not None]
+        if not out:
+            self.cut_off = None
+        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.opts.silence_timeout:
+            self.cut_off = min(out)
+            since = time.time() - (now - self.cut_off)
+            self.on_event(CutOff("", time.time(), since, since + self.opts.heartbeat_timeout))
+        return self.opts.silence_timeout if self.cut_off is None else self.opts.heartbeat_timeout
+
+    def _look_at(self, session: Session, now: float, outage_bound: float) -> None:
+        """A word the channel could not take before; a node out of reach or silent past its limit; a stop past its
+        deadline."""
         if session.pending_word is not None and session.channel.send(session.pending_word, block=False):
             session.pending_word = None
         silent = now - session.heard
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
-        if session.outage is not None and (silent > limit or (self.stop_deadline or now) < now):
-            self._lost(session, now, limit)
+        if session.outage is not None:
+            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now:
+                self._lost(session, now)
         elif silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
@@ -203,7 +222,7 @@ class RunHandle:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
 
-    def _lost(self, session: Session, now: float, limit: float) -> None:
+    def _lost(self, session: Session, now: float) -> None:
         """A node whose connection went and is not back within the silence timeout, or by the time the run's stop is
         over (its peers failed meanwhile: it went first). Lost since the loss: it is the root cause, not a node that
         missed a stop."""
@@ -292,105 +311,3 @@ class RunHandle:
         """Stop heartbeats and close the channels: each node's run goes on within its heartbeat bound (a launcher may
         attach), then stops by itself; a run that ended or was stopped has nothing left to go on."""
         self.link.close()
-
-
-# --- the start gate's checks inside the agents' sessions (`launcher.run.gate`) -----------------------------
-
-
-def _gate_check(handle: RunHandle, gate: StartGate, began: float) -> None:
-    """The gate's checks inside the agents' sessions, gathered while the sessions still open, then the verdict.
-
-    Each agent's `probed` event (the master's says whether master_port was free, and holds it). A node whose probe
-    has not answered within the gate's probe_timeout, or whose session ended first, is judged on that. Once the
-    master holds the port, every node that probed is told `tcp` as its probe comes in, and answers `tcp`. At 256
-    nodes the first probes come seconds before the last session opens: no check waits for the opening to end.
-    """
-    sent = time.time()
-    sessions = handle.sessions
-    outcome: list[list[str | None] | BaseException] = []
-
-    def open_all() -> None:
-        try:
-            outcome.append(handle.link.open(handle.plan.nodes, handle.opener))
-        except BaseException as exc:  # said in the calling thread
-            outcome.append(exc)
-
-    opening = threading.Thread(target=open_all, daemon=True, name="open")
-    opening.start()
-    asked: dict[str, float] = {}  # node -> when it was told `tcp`
-    try:
-        while True:
-            _ask_tcp(handle, asked)
-            now = time.monotonic()
-            waiting = [s for s in list(sessions.values()) if Event.PROBED not in s.checked and s.end is None
-                       and now - s.opened < gate.probe_timeout]
-            if not waiting and not opening.is_alive():
-                break
-            until = min((s.opened + gate.probe_timeout for s in waiting), default=now + 0.2)
-            handle.step(min(0.2, max(0.0, until - now)))
-    finally:
-        opening.join()  # Ctrl-C too: the sessions it opens are then the ones told to stop
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    unopened = handle.opened(outcome[0])
-    _ask_tcp(handle, asked)
-    _tcp_answers(handle, gate, asked)
-    facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
-    try:
-        gate.judge(handle.plan.cluster, facts, (sent, time.time()), time.monotonic() - began)
-    except Exception:
-        _abort_start(handle)
-        raise
-
-
-def _ask_tcp(handle: RunHandle, asked: dict[str, float]) -> None:
-    """`tcp` to every node that probed and was not told yet, once the master holds master_port (else no run can
-    start anyway)."""
-    master = handle.sessions.get(handle.plan.cluster.hosts[0].name)
-    listener = master.checked.get(Event.PROBED, {}).get("listener") if master is not None else None
-    if not (listener and listener.get("free")) or handle.start_failure is not None:
-        return
-    for session in list(handle.sessions.values()):
-        if session.name not in asked and Event.PROBED in session.checked and session.end is None:
-            session.channel.send(word_line(TCP))
-            asked[session.name] = time.monotonic()
-
-
-def _tcp_answers(handle: RunHandle, gate: StartGate, asked: dict[str, float]) -> None:
-    """Each node told `tcp` answers `tcp` within the probe timeout, or is said not to have."""
-    told = [handle.sessions[name] for name in asked]
-    until = max(asked.values(), default=0.0) + gate.probe_timeout
-    while any(Event.TCP not in s.checked and s.end is None for s in told) and time.monotonic() < until:
-        handle.step(0.2)
-    for session in told:
-        if session.end is None:
-            session.checked.setdefault(Event.TCP, {"ok": False, "error": f"no answer to the TCP check within "
-                                                                      f"{gate.probe_timeout:g} s"})
-
-
-def _facts(handle: RunHandle, name: str, unopened: dict[str, str]) -> NodeFacts:
-    """What one node's session said for the checks (a probe past its limit counts as not answering)."""
-    session = handle.sessions.get(name)
-    if session is None:
-        return NodeFacts(failure=unopened.get(name, "no session was opened"))
-    probed = session.checked.get(Event.PROBED)
-    if probed is not None:
-        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get(Event.TCP),
-                         took=round(probed["at"] - session.opened, 3))
-    end = session.end
-    if end is None or end.kind == EndKind.SILENT:  # no answer in time (the silence limit is never shorter)
-        return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)
-    return NodeFacts(exit_code=end.exit_code, messages=tuple(session.messages))
-
-
-def _abort_start(handle: RunHandle) -> None:
-    """The checks failed: `abort` to every agent; wait for those that answer (none has made anything)."""
-    for session in handle.sessions.values():
-        if session.end is None:
-            session.asked_to_stop = True
-            if not session.channel.send(word_line(ABORT), block=False):
-                session.pending_word = word_line(ABORT)  # sent again at the next step
-    handle.stop_deadline = time.monotonic() + STOP_MARGIN
-    # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
-    while any(s.end is None and Event.PROBED in s.checked for s in handle.sessions.values()):
-        handle.step(0.2)

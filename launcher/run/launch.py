@@ -22,6 +22,7 @@ from launcher.errors import RunFailed
 from launcher.events import (
     Beat,
     CaughtUp,
+    CutOff,
     Ended,
     EndKind,
     HangRuledOut,
@@ -45,7 +46,14 @@ from launcher.paths import detached_hint, hint
 from launcher.plan.launch import LaunchPlan
 from launcher.plan.request import start_request
 from launcher.report import rootcause
-from launcher.report.absence import attached_line, away_line, left_line, taken_line
+from launcher.report.absence import (
+    attached_line,
+    away_line,
+    cut_off_end_line,
+    cut_off_line,
+    left_line,
+    taken_line,
+)
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
@@ -213,6 +221,10 @@ class _Attached:
         elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
             self.console.message(line)
             self.journal.mark("reconnect" if event.node else "away", line, event.node or None, event.since)
+        elif isinstance(event, CutOff):
+            line = cut_off_line(event.since, event.until)
+            self.console.message(line)
+            self.journal.mark("away", line, None, event.since)
         elif isinstance(event, Reattached) and event.down_s is None:
             self.away[event.node] = event.away_s
         elif isinstance(event, HangSuspected):
@@ -310,6 +322,8 @@ class _Attached:
         if taken is not None:
             self.going_on = True
             return taken
+        if self.handle.cut_off is not None:
+            return cut_off_end_line(self.plan.run_id, ends, self.opts.heartbeat_timeout)
         return away_line(self.plan.run_id, ends, self.opts.heartbeat_timeout)
 
     def _stop_detached(self, names: list[str]) -> None:

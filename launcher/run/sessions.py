@@ -219,12 +219,13 @@ class Sessions:
             self._end(session, EndKind.LOST)
 
     def _reattach(self, session: Session, how: str) -> SessionChannel | None:
-        """A new session to the node's run, tried with back-off until the silence timeout since the loss (each try
-        bounded by connect_timeout); None when none could be opened (the handle's silence rule ends it as lost)."""
+        """A new session to the node's run, tried with back-off (each try bounded by connect_timeout) until one is
+        open; None once the run's handle ended the node as lost (its rule: the silence timeout since the last word
+        heard, or the nodes' own bound while no node at all can be reached) or the run is over."""
         assert self.reconnector is not None
         if session.outage is None:  # the silence timeout runs from the last word heard, as for any silent node
             session.outage, session.lost_at = session.heard, time.monotonic()
-        deadline, delay = session.outage + self.silence_timeout, REATTACH_FIRST_S
+        delay = REATTACH_FIRST_S
         fresh = how in ("drained", "silent")  # a connection that went, or carries nothing: a new one
         while session.end is None and not self._closing.is_set():
             opened = self.reconnector.open(session.command.host, fresh, session.received)
@@ -232,11 +233,9 @@ class Sessions:
                 session.attaching, session.attach_lines = True, session.lines
                 return opened
             session.reconnect_error, fresh = opened, True
-            if time.monotonic() + delay >= deadline:
-                break
             self._closing.wait(delay)
             delay = min(2 * delay, REATTACH_MAX_S)
-        return None  # the run's handle ends it as lost once the silence timeout has passed since the loss
+        return None
 
     def _agent_line(self, session: Session, line: bytes) -> None:
         agent_line(self.control, session, line)

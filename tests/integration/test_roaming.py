@@ -49,10 +49,10 @@ def lines_of(text: str) -> Counter[tuple[int, int]]:
     return Counter((int(rank), int(i)) for i, rank in re.findall(r"line (\d+) rank (\d+) ", text))
 
 
-def every_line_once(text: str, ranks: int = 2) -> None:
+def every_line_once(text: str, ranks: int = 2, lines: int = LINES) -> None:
     counted = lines_of(text)
-    assert set(counted) == {(r, i) for r in range(ranks) for i in range(LINES)}, sorted(
-        set((r, i) for r in range(ranks) for i in range(LINES)) ^ set(counted))[:10]
+    assert set(counted) == {(r, i) for r in range(ranks) for i in range(lines)}, sorted(
+        set((r, i) for r in range(ranks) for i in range(lines)) ^ set(counted))[:10]
     assert max(counted.values()) == 1, [k for k, n in counted.items() if n > 1][:10]
 
 
@@ -228,3 +228,31 @@ def test_a_node_whose_sshd_is_gone_fails_the_run_within_the_silence_timeout(chat
     assert "could not reconnect within 4 s: connection refused" in said, said
     assert "node-1: its part of the run may still be running" in said and "it stops by itself 8 s after" in said, said
     assert took < 4 + GRACE + 5 + 5, said
+
+
+def test_a_launcher_cut_off_from_every_node_waits_for_them_within_their_bound(make_sandbox, tmp_path: Path) -> None:
+    """This machine's network gone for 8 s (every node's sshd session killed, and no new connection answered: each
+    node's listener SIGSTOPped), past the silence timeout (3 s): no node is lost, since none can be reached (this
+    launcher's own network, most likely); it says so and keeps trying within the nodes' bound (30 s), reconnects to
+    each when the network is back, and the run ends well with every line once."""
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["250", "10", "40"])
+    out = tmp_path / "out"
+    proc = start(box, tmp_path / "logs", out, silence_timeout=3, heartbeat_timeout=30, connect_timeout=2)
+    with ended(proc):
+        printing(out, 20)
+        listeners = [node.pid for node in box.nodes]
+        stopped = signal_each(listeners, signal.SIGSTOP)
+        try:
+            for listener in listeners:
+                signal_each([pid for pid in sshd_family(listener) if pid != listener], signal.SIGKILL)
+            time.sleep(8)
+        finally:
+            signal_each(stopped, signal.SIGCONT)
+        code = proc.wait(timeout=90)
+    said = Path(f"{out}.err").read_text()
+    assert code == 0, said
+    assert re.search(r"no node of the run can be reached since \d\d:\d\d:\d\d \(this machine's network\?\): the run "
+                     r"goes on on its nodes; trying again until \d\d:\d\d:\d\d", said), said
+    for node in ("node-0", "node-1"):
+        assert f"{node}: the connection dropped and was opened again after" in said, said
+    every_line_once(out.read_text(), lines=250)
