@@ -40,6 +40,8 @@ class Consoles:
         self.owner, self.who, self.owner_since = first.owner, first.who, time.time()
         self.changed = threading.Condition()
         """Notified when the current console changes: the log's and the events' senders turn to it."""
+        self.wake = None
+        """Called too when it changes: the log's sender may be waiting on the merger's appends, not on `changed`."""
         self.away_since = None
         """The wall clock's time of the last word before an absence (no console, or one silent for away_after)."""
         self.server = None
@@ -106,6 +108,7 @@ class Consoles:
             self.current = console
             self.words.heard()
             self.changed.notify_all()
+        self._woken()
         if old is not None:
             old.release(Event.TAKEN if taken else "replaced", by=console.who, at=self.owner_since)
         threading.Thread(target=read_words, args=(console, self.word, self.lost), daemon=True,
@@ -129,6 +132,7 @@ class Consoles:
                 return
             self.current = None
             self.changed.notify_all()
+        self._woken()
         console.release("lost")
         if not self.reattach:
             self.words.stop(LAUNCHER_GONE)
@@ -145,6 +149,10 @@ class Consoles:
         if self.away_since is not None and self.current is not None:
             self.away_since = None
             self.record()
+
+    def _woken(self):
+        if self.wake is not None:
+            self.wake()
 
     def wait_change(self, seconds):
         with self.changed:
@@ -169,6 +177,7 @@ class Consoles:
             self.closed = True
             console, self.current = self.current, None
             self.changed.notify_all()
+        self._woken()
         if self.server is not None:
             try:
                 self.server.shutdown(socket.SHUT_RDWR)
