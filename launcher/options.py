@@ -82,6 +82,16 @@ HANG_TIMEOUT_HELP = (f"seconds in which no rank printed a line and no rank's opt
 """What `hang_timeout` means, the one text of it (launcher.watch.hang's rule): the options' help says it, and every
 other place that explains it agrees (tests/unit/test_options.py)."""
 
+HEARTBEAT_TIMEOUT_HELP = ("how long an attached run's nodes keep it going while no launcher is heard from (a laptop "
+                          "asleep, a network that roams, a closed terminal, a killed launcher; `attach` takes it back "
+                          "meanwhile); then they stop their part. A launcher that died holds the GPUs this long "
+                          f"(default: {DEFAULT_HEARTBEAT_TIMEOUT:g})")
+"""What `heartbeat_timeout` means and trades, the one text of it (the tasks' help draws on it)."""
+SILENCE_TIMEOUT_HELP = ("a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot "
+                        "be reached again within this many seconds fails the run (while no node at all can be "
+                        "reached, the launcher waits for them up to the heartbeat timeout)")
+"""What `silence_timeout` means, the one text of it."""
+
 STRAGGLER_FACTOR = 0.8
 """A rank is slow below this share of the median rank's step rate..."""
 STRAGGLER_HOLD_S = 60.0

@@ -43,12 +43,6 @@ SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to 
 MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
 COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
 ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
-SILENCE_HELP = ("a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot be "
-                "reached again within this many seconds fails the run")
-HEARTBEAT_HELP = ("how long the nodes keep the run going while no launcher is heard from (a laptop asleep, a network "
-                  "that roams, a closed terminal, a killed launcher; `attach` takes it back meanwhile); then they "
-                  "stop their part. A launcher that died holds the GPUs this long "
-                  f"(default: {options.DEFAULT_HEARTBEAT_TIMEOUT:g})")
 
 
 def task(*args: Any, **kwargs: Any) -> Any:
@@ -159,8 +153,8 @@ def _settings_from(c: Context, given: dict[str, Any]) -> dict[str, str]:
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
     "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
-    "silence-timeout": SILENCE_HELP,
-    "heartbeat-timeout": HEARTBEAT_HELP,
+    "silence-timeout": options.SILENCE_TIMEOUT_HELP,
+    "heartbeat-timeout": options.HEARTBEAT_TIMEOUT_HELP,
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
     "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
@@ -187,9 +181,8 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
 
 @task(help={"hosts": HOSTS_HELP, "run": "run id (default: the run of this inventory that is running)",
             "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
-            "silence-timeout": SILENCE_HELP, "heartbeat-timeout": HEARTBEAT_HELP,
-            "hang-timeout": "seconds without progress before the run is suspected hung (default: the inventory's, else "
-                            "learnt; 0: never)",
+            "silence-timeout": options.SILENCE_TIMEOUT_HELP, "heartbeat-timeout": options.HEARTBEAT_TIMEOUT_HELP,
+            "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the inventory's)",
             "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep"})
 @_reported
 def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_timeout=None, hang_timeout=None,
