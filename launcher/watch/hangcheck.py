@@ -18,10 +18,9 @@ from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, S
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, word_line
 from launcher.watch import flightrec
-from launcher.watch.arrival import ArrivalBook, answered
+from launcher.watch.arrival import ArrivalBook
 from launcher.watch.hang import HangWatch
-from launcher.watch.stacks import from_answers
-from launcher.watch.verdict import judge
+from launcher.watch.verdict import judge, on_looks
 
 
 class Channel(Protocol):
@@ -100,19 +99,15 @@ class HangCheck:
         answers = {name: _stacks_answer(reply) for name, reply in second.items()}
         looked = {name: _stacks_answer(reply) for name, reply in first.items()}
         _add_dumps(answers, looked, newer=False)  # a node sends each dump once: those that came with the first look
-        before, failed_before = from_answers(looked)
-        after, failed = from_answers(answers)
-        unanswered = sorted(set(failed) | set(failed_before))
-        wall = time.time()
-        self.book.feed(answered(answers), wall)  # each rank's collectives at the second look: the freshest there are
-        behind, stuck = self.book.behind(wall) or [], self.book.stuck(wall)
-        verdict = judge(before, after, self.apart_s, unanswered, behind=behind, stuck=stuck)
+        seen = on_looks(looked, answers, self.apart_s, self.book, time.time())  # inv top judges by it too
+        verdict = seen.verdict
         if verdict.hang or verdict.asks_recorder:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
             _add_dumps(answers, self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S))
-            if not behind:  # the collectives did not decide: the stacks, now with the dumps' word
-                verdict = judge(before, after, self.apart_s, unanswered, flightrec.from_answers(answers), stuck=stuck)
+            if not seen.behind:  # the collectives did not decide: the stacks, now with the dumps' word
+                verdict = judge(seen.before, seen.after, self.apart_s, seen.unanswered,
+                                flightrec.from_answers(answers), stuck=seen.stuck)
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())

@@ -20,17 +20,30 @@ alone: on a GPU a rank behind a hung collective waits in a CUDA synchronisation 
 collective: NCCL runs it as a kernel. Such a rank waits for its peers when NCCL's flight recorder dumps show it
 enqueued a collective that has not completed (`launcher.watch.flightrec`); without their word the verdict asks for
 them.
+
+One judgment: an attached launch's hang watch (no progress for the hang timeout) and `inv top` (a rank behind a
+collective the others have waited in for TOP_BEHIND_HANG_S) both take two looks and judge them with `on_looks`, and
+both say the verdict in `said`'s words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from launcher.watch.arrival import Behind, Stuck
+from launcher.watch.arrival import ArrivalBook, Behind, Stuck, answered
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
 from launcher.watch.frames import in_dataset, wait_of
-from launcher.watch.stacks import STUCK_STATES, RankStack
+from launcher.watch.stacks import STUCK_STATES, RankStack, from_answers
+
+AT_WORK, STUCK = "at work", "stuck"
+"""What the verdict found a rank behind a collective to be (`inv top` marks its row `BEHIND, at work`)."""
+
+
+def said(hang: bool, why: str) -> str:
+    """A verdict in the words the hang watch and `inv top` both print: `not a hang (WHY)`, `hang suspected (WHY)`."""
+    return f"{'hang suspected' if hang else 'not a hang'} ({why})"
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,44 @@ class Verdict:
     """What decided it, in a few words: `rank 0 is busy, not waiting`."""
     asks_recorder: bool = False
     """Only NCCL's flight recorder can tell: a rank waits in a CUDA synchronisation, and no dump was read."""
+    working: tuple[int, ...] = ()
+    """The ranks behind a collective found at work (where the collectives named the suspects)..."""
+    held: tuple[int, ...] = ()
+    """... and those found stuck."""
+
+    def said(self) -> str:
+        return said(self.hang, self.why)
+
+    def of_rank(self, rank: int) -> str | None:
+        """What the verdict found a rank behind to be (AT_WORK, STUCK); None: not a suspect it looked at."""
+        return AT_WORK if rank in self.working else STUCK if rank in self.held else None
+
+
+@dataclass(frozen=True)
+class Looks:
+    """Two looks at every rank's stack as the nodes answered them, what every rank's collectives said at the second,
+    and the verdict on them."""
+
+    before: list[RankStack]
+    after: list[RankStack]
+    unanswered: list[str]
+    behind: list[Behind]
+    stuck: list[Stuck]
+    verdict: Verdict
+
+
+def on_looks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
+             apart_s: float, book: ArrivalBook, wall: float) -> Looks:
+    """The verdict on two looks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
+    rank's collectives as the second look read them go into `book` first (the freshest there are). What the hang
+    watch (`launcher.watch.hangcheck`) and `inv top` (`launcher.watch.top`) both judge by: one judgment."""
+    before, failed_before = from_answers(first)
+    after, failed = from_answers(second)
+    book.feed(answered(second), wall)
+    behind, stuck = book.behind(wall) or [], book.stuck(wall)
+    unanswered = sorted(set(failed) | set(failed_before))
+    return Looks(before, after, unanswered, behind, stuck,
+                 judge(before, after, apart_s, unanswered, behind=behind, stuck=stuck))
 
 
 def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
@@ -93,13 +144,14 @@ def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: 
     told = "; ".join(b.said() for b in behind)
     before = {s.rank: s for s in first}
     now = {s.rank: s for s in second}
-    working, stuck = [], []
-    for rank in sorted({rank for b in behind for rank in b.late}):
-        held, what = _suspect(before.get(rank), now.get(rank), apart_s)
-        (stuck if held else working).append(f"rank {rank}{_at(now.get(rank))} {what}")
+    found = {rank: _suspect(before.get(rank), now.get(rank), apart_s)
+             for rank in sorted({rank for b in behind for rank in b.late})}
+    working = tuple(rank for rank, (held, _) in found.items() if not held)
+    held = tuple(rank for rank, (stuck, _) in found.items() if stuck)
+    what = {rank: f"rank {rank}{_at(now.get(rank))} {does}" for rank, (_, does) in found.items()}
     if working:
-        return Verdict(False, f"{told}; but {'; '.join(working)}")
-    return Verdict(True, f"{told}; {'; '.join(stuck)}")
+        return Verdict(False, f"{told}; but {'; '.join(what[r] for r in working)}", working=working, held=held)
+    return Verdict(True, f"{told}; {'; '.join(what[r] for r in held)}", held=held)
 
 
 def _at(stack: RankStack | None) -> str:
