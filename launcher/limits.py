@@ -315,8 +315,10 @@ have waited this long in it: each rank's collectives are read once a second at a
 run one rank is often a collective behind another at a single look (the recorded healthy gloo run is:
 tests/data/collectives/healthy)."""
 TOP_BEHIND_HANG_S = 30.0
-"""... and suspects a hang once they have waited this long (a healthy step, even a slow rank's, is far shorter; a
-launch's own hang watch waits HANG_FLOOR_S of no progress at least before it looks)."""
+"""... and takes two looks at every rank's stack once they have waited this long, judged as the hang watch judges them
+(launcher/watch/verdict.py: a rank behind that is at work is no hang), and again this long after (a healthy step,
+even a slow rank's, is far shorter; a launch's own hang watch waits HANG_FLOOR_S of no progress at least before it
+looks)."""
 TOP_BEHIND_LINES = 3
 """The live view says this many collectives with ranks behind, one a line; more are counted in one line (`--once`
 says every one)."""

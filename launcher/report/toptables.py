@@ -90,7 +90,10 @@ def _rate(row: Mapping[str, Any], marks: Marks) -> str:
     elif found is not None and found.late is not None:  # by arrival
         lost = f"+{found.lost_s:.2f} s/step" if found.lost_s is not None else f"({found.late.wait_share:.0%} wait)"
         rate += f" SLOW {lost}"
-    return rate + (" BEHIND" if marks.behind is not None else "")
+    if marks.behind is None:
+        return rate
+    found = marks.behind.found(row["rank"])  # the verdict on its stacks: `BEHIND, at work`, `BEHIND, stuck`
+    return rate + " BEHIND" + (f", {found}" if found else "")
 
 
 def _helpers(helpers: Sequence[Mapping[str, Any]] | None) -> str:
@@ -190,21 +193,32 @@ def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, S
     return Text(said, style="yellow", no_wrap=True, overflow="ellipsis")
 
 
-def behind_lines(behind: Sequence[RankBehind], most: int | None = None) -> list[Text]:
+def behind_lines(behind: Sequence[RankBehind], most: int | None = None, cut: bool = True) -> list[Text]:
     """A line for each collective with ranks behind (`most` of them, the others counted): `r1 behind: never entered
     all_reduce #101 of default_pg (22 s)`, where the seconds are how long the ranks that entered it have waited;
-    `hang suspected: ...` first once that is long."""
+    once they have waited long, the verdict on two looks at the stacks in the hang watch's words: `r1 behind 34 s,
+    at work: not a hang (...)`, `r1 behind 34 s, stuck: hang suspected (...)`. `cut`: one screen line each (the
+    live view); else wrapped (`--once`)."""
+    def text(words: str, style: str) -> Text:
+        return Text(words, style=style, no_wrap=True, overflow="ellipsis") if cut else Text(words, style=style)
+
     def line(said: RankBehind) -> Text:
-        who, what = f"r{numbers_text(said.ranks)}", f"never entered {said.behind.collective} ({said.waited_s:.0f} s)"
-        if said.hang:
-            return Text(f"hang suspected: {who} {what}", style="bold red", no_wrap=True, overflow="ellipsis")
-        return Text(f"{who} behind: {what}", style="yellow", no_wrap=True, overflow="ellipsis")
+        who = f"r{numbers_text(said.ranks)}"
+        if said.looking:  # the verdict's words, as they will come: `r1 behind 34 s, at work: ...`
+            return text(f"{who} behind {said.waited_s:.0f} s, judging its stack: never entered "
+                        f"{said.behind.collective}", "yellow")
+        if said.verdict is None:
+            return text(f"{who} behind: never entered {said.behind.collective} ({said.waited_s:.0f} s)", "yellow")
+        found = {said.found(rank) for rank in said.ranks}
+        head = f"{who} behind {said.waited_s:.0f} s" + (f", {found.pop()}" if len(found) == 1 and None not in found
+                                                        else "")
+        return text(f"{head}: {said.verdict.said()}", "bold red" if said.hang else "yellow")
 
     shown = list(behind) if most is None or len(behind) <= most else list(behind[:most - 1])
     lines = [line(said) for said in shown]
     if len(shown) < len(behind):
-        lines.append(Text(f"+{len(behind) - len(shown)} more collectives with ranks behind ({hint('top --once')} says "
-                          "every one)", style="yellow", no_wrap=True, overflow="ellipsis"))
+        lines.append(text(f"+{len(behind) - len(shown)} more collectives with ranks behind ({hint('top --once')} "
+                          "says every one)", "yellow"))
     return lines
 
 

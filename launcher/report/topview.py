@@ -9,16 +9,17 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
 
+from launcher.limits import HANG_LOOKS_APART_S
 from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.top import NodeView, TopJudge, as_json, ranks_of
+from launcher.watch.top import Look, NodeView, TopJudge, as_json, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -31,11 +32,23 @@ class Feed(Protocol):
     def follow(self, rank: int | None) -> None: ...
 
 
-def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool) -> int:
+Looks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
+"""Two looks at every rank's stack, HANG_LOOKS_APART_S apart: each node's `stacks` answer, or why there is none
+(`launcher.run.takestacks.two_looks`)."""
+
+
+def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool,
+              looks: Looks | None = None) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal, 200 columns when not one), or as JSON for
-    scripts; stragglers and ranks behind judged on this one look (its snapshot carries each group's recent
-    arrivals: a rank behind is said where they show how long the others have waited)."""
-    look = TopJudge(opts.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
+    scripts; stragglers and ranks behind judged on this one look (its snapshot
+    carries each group's recent arrivals: a rank behind is said where they show how long the others have waited),
+    and ranks behind for long judged on two looks at the stacks, as the hang watch judges them."""
+    judge = TopJudge(opts.straggler_factor, 0.0)
+    look = judge.look(views, time.time(), time.monotonic())
+    if looks is not None and judge.asking(look, time.time()):
+        first, second = looks()
+        judge.judge(first, second, HANG_LOOKS_APART_S, time.time())
+        look = judge.look(views, time.time(), time.monotonic())
     if as_json_too:
         out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")
         return 0
@@ -43,7 +56,7 @@ def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], a
     console.print(f"run {run_id}")
     console.print(node_table(views))
     console.print(rank_table(views, look.stragglers, width=console.width, behind=look.behind))
-    for line in behind_lines(look.behind):
+    for line in behind_lines(look.behind, cut=False):
         console.print(line)
     return 0
 
@@ -73,21 +86,25 @@ def keys_of(stream: IO[str]) -> Iterator[Callable[[float], str | None]]:
 
 class TopScreen:
     """The live view: draws the feed's latest views, flags stragglers held for `straggler_hold` and says the ranks
-    behind a collective (its judge remembers since when), answers keys."""
+    behind a collective (its judge remembers since when; `looks` takes the stacks it judges them by
+    once the others have waited long, on a thread of its own), answers keys."""
 
-    def __init__(self, run_id: str, feed: Feed, opts: Options, out: IO[str], take_stacks: Callable[[], list[str]]):
+    def __init__(self, run_id: str, feed: Feed, opts: Options, out: IO[str], take_stacks: Callable[[], list[str]],
+                 looks: Looks | None = None):
         self.run_id, self.feed, self.opts, self.out = run_id, feed, opts, out
-        self.take_stacks = take_stacks
+        self.take_stacks, self.looks = take_stacks, looks
         self.judge = TopJudge(opts.straggler_factor, opts.straggler_hold)
         self.follow: int | None = None
         self.footer: list[str] = []
+        self.looked: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
+        """Two looks taken, for the judge (the screen's own thread judges: the judge is not shared)."""
 
     def run(self, keys: Callable[[float], str | None]) -> int:
         console = Console(file=self.out)
         with Live(console=console, screen=console.is_terminal, auto_refresh=False) as live:
             while True:
                 views = self.feed.views()
-                look = self.judge.look(views, time.time(), time.monotonic())
+                look = self._look(views)
                 live.update(view(self.run_id, views, look.stragglers, self.follow, self.footer, console.size.height,
                                  console.size.width, look.behind),
                             refresh=True)
@@ -98,6 +115,25 @@ class TopScreen:
                     self._stacks()
                 elif key == "l":
                     self._next_rank(views)
+
+    def _look(self, views: list[NodeView]) -> Look:
+        """This look's judgement; the stacks' looks that came since judged first, and new ones asked for when due."""
+        taken, self.looked = self.looked, None
+        if taken is not None:
+            self.judge.judge(*taken, HANG_LOOKS_APART_S, time.time())
+        look = self.judge.look(views, time.time(), time.monotonic())
+        if self.looks is not None and self.judge.asking(look, time.time()):
+            looks = self.looks
+
+            def take() -> None:
+                try:
+                    self.looked = looks()
+                except Exception as exc:  # the view goes on: it says what went wrong, and asks again later
+                    self.footer = [f"stacks of the ranks behind: {exc}"]
+
+            threading.Thread(target=take, daemon=True, name="looks").start()
+            look = self.judge.look(views, time.time(), time.monotonic())  # its lines say they are being looked at
+        return look
 
     def _stacks(self) -> None:
         self.footer = ["stacks: taking every rank's stack..."]

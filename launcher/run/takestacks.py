@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
+from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
 from launcher.options import Options
 from launcher.report.hangs import write_nccl, write_stacks
 from launcher.run.actions import agent_action, check_run_id, reached
@@ -61,14 +61,7 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[
     with reached(cluster, opts, nodes) as (usable, failed):
         run_id, results = _ask(cluster, usable, run_id, opts, err)
     answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
-    for name, result in results.items():
-        if isinstance(result, NodeFailure):
-            answers[name] = str(result)
-            continue
-        try:
-            answers[name] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            answers[name] = _agent_error(result)
+    answers.update(_answers(results))
     stacks, failures = from_answers(answers)
     if not stacks and not failures:
         raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
@@ -77,6 +70,39 @@ def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[
     nccl = write_nccl(folder, answers, dumps) if folder is not None else []
     in_flight = flightrec.in_flight_said(flightrec.recorded(dumps))
     return StacksReport(run_id, tuple(stacks), failures, folder, tuple(nccl), in_flight, behind_said(answers))
+
+
+Answers = dict[str, Mapping[str, Any] | str]
+"""Each node's `stacks` answer, or why there is none."""
+
+
+def _answers(results: Mapping[str, Result | NodeFailure]) -> Answers:
+    answers: Answers = {}
+    for name, result in results.items():
+        if isinstance(result, NodeFailure):
+            answers[name] = str(result)
+            continue
+        try:
+            answers[name] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            answers[name] = _agent_error(result)
+    return answers
+
+
+def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options,
+              apart_s: float = HANG_LOOKS_APART_S) -> tuple[Answers, Answers]:
+    """Every node's `stacks` answer (or why there is none) twice, `apart_s` seconds apart, over the connections
+    given: what the hang watch judges (`launcher.watch.verdict.on_looks`), for `inv top`. Nothing is kept, and
+    NCCL's recorder is not asked (a verdict reads the collectives every worker reads itself)."""
+    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": 0,
+               "nccl_dump_wait_s": 0}
+
+    def look() -> Answers:
+        return _answers(agent_action(dict(nodes), cluster, request, STACKS_WAIT_S + opts.action_timeout))
+
+    first = look()
+    time.sleep(apart_s)
+    return first, look()
 
 
 def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:

@@ -23,7 +23,7 @@ from launcher.paths import hint
 from launcher.plan.request import progress_settings
 from launcher.run.actions import agent_action, agent_input, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
-from launcher.run.takestacks import collect_stacks
+from launcher.run.takestacks import Answers, collect_stacks, two_looks
 from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command
 from launcher.transport.sessions import classify
@@ -225,11 +225,15 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
     with reached(cluster, opts, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
         run_id = choose(cluster, usable, run_id, opts, wiring.err)
+
+        def looks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
+            return two_looks(cluster, usable, run_id, opts)
+
         if once:
             views = look_once(cluster, usable, run_id, opts, settle=True)
             views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
             check_running(run_id, views, cluster.source)
-            return topview.show_once(run_id, views, opts, wiring.out, as_json_too)
+            return topview.show_once(run_id, views, opts, wiring.out, as_json_too, looks)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
         feed.start()
         try:
@@ -239,7 +243,7 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
                 return collect_stacks(cluster, run_id, opts, io.StringIO(), usable).lines()
 
             with topview.keys_of(sys.stdin) as keys:
-                return topview.TopScreen(run_id, feed, opts, wiring.out, take_stacks).run(keys)
+                return topview.TopScreen(run_id, feed, opts, wiring.out, take_stacks, looks).run(keys)
         except KeyboardInterrupt:
             return 0
         finally:

@@ -1,7 +1,8 @@
 """What `inv top` knows of a run (pure): every node's snapshot (launcher/node/top.py) as the view last saw it, each
 rank with its node, the figures the straggler rule reads, what each look judges (`TopJudge`: the stragglers, by
-arrival where every rank's collectives are known, and the ranks behind a collective), the ranks worth a row first,
-and `--json`'s object. Rendering is launcher/report/toptables.py and topview.py."""
+arrival where every rank's collectives are known, and the ranks behind a collective, judged once the others have
+waited long by the hang watch's own verdict on two looks at the stacks), the ranks worth a row first, and `--json`'s
+object. Rendering is launcher/report/toptables.py and topview.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S
 from launcher.watch.arrival import ArrivalBook, Behind
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
+from launcher.watch.verdict import Verdict, on_looks
 
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "cpu_s", "rss_bytes", "last_output_s",
                "steps_per_s", "step", "last_line", "steps", "batches", "batches_per_s", "forward_share", "data_share",
@@ -62,7 +64,8 @@ def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Str
                       "collectives_source": (sources or {}).get(row["rank"]),
                       "behind": None if late is None else {
                           "collective": late.behind.collective, "last": late.behind.late[row["rank"]],
-                          "waited_s": late.waited_s, "hang_suspected": late.hang}})
+                          "waited_s": late.waited_s, "hang_suspected": late.hang, "judged": late.found(row["rank"]),
+                          "verdict": None if late.verdict is None else late.verdict.said()}})
     return {"run": run_id, "nodes": nodes, "ranks": ranks}
 
 
@@ -76,16 +79,30 @@ def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler], behind:
 @dataclass(frozen=True)
 class RankBehind:
     """A collective some ranks never entered, as `inv top` says it: how long the ranks that entered it have waited
-    in it, and whether that is long enough to suspect a hang."""
+    in it, whether that is long enough to look at the stacks, and the verdict on them (the hang watch's)."""
 
     behind: Behind
     waited_s: float
-    hang: bool
+    due: bool = False
+    """Waited in for TOP_BEHIND_HANG_S: two looks at every rank's stack are due (again, once a verdict is as old)."""
+    looking: bool = False
+    """The looks were asked for and no verdict has come yet."""
+    verdict: Verdict | None = None
+    """The last verdict on two looks while ranks were behind in it (`launcher.watch.verdict.on_looks`)."""
 
     @property
     def ranks(self) -> tuple[int, ...]:
         """The ranks that never entered the collective (the others of `behind.late` entered it, not the newest)."""
         return tuple(sorted(rank for rank, last in self.behind.late.items() if last < self.behind.seq))
+
+    @property
+    def hang(self) -> bool:
+        """A hang suspected: the verdict said so (never the wait alone: a rank behind may be evaluating)."""
+        return self.verdict is not None and self.verdict.hang
+
+    def found(self, rank: int) -> str | None:
+        """What the verdict found the rank to be (`at work`, `stuck`); None: not judged."""
+        return None if self.verdict is None else self.verdict.of_rank(rank)
 
 
 def behind_ranks(behind: Sequence[RankBehind]) -> dict[int, RankBehind]:
@@ -110,8 +127,9 @@ class Look:
 @dataclass
 class TopJudge:
     """Each look's judgement, with what it keeps between looks: the straggler watch's hold, every rank's collectives
-    (each node's snapshot fed once: a live view draws the same snapshot more than once) and when each collective
-    with ranks behind was first seen (its wait where no arrival time of it has come yet)."""
+    (each node's snapshot fed once: a live view draws the same snapshot more than once), when each collective
+    with ranks behind was first seen (its wait where no arrival time of it has come yet), when its ranks' stacks were
+    last asked for and the verdict on them."""
 
     factor: float
     hold_s: float
@@ -120,6 +138,9 @@ class TopJudge:
     book: ArrivalBook = field(default_factory=ArrivalBook)
     fed: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     first_seen: dict[tuple[str, int], float] = field(default_factory=dict)
+    asked: dict[tuple[str, int], float] = field(default_factory=dict)
+    """(group, collective) -> when two looks at the stacks were last asked for while ranks were behind in it."""
+    verdicts: dict[tuple[str, int], Verdict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.watch = StragglerWatch(self.factor, self.hold_s)
@@ -134,16 +155,38 @@ class TopJudge:
         found = self.watch.look(now, rates(views), forward_shares(views), lateness(self.book, now_wall))
         return Look(found, self._behind(now_wall), self.book.sources())
 
+    def asking(self, look: Look, now_wall: float) -> bool:
+        """Whether two looks at the stacks are due (a collective waited in for `hang_s`, not asked about for as long);
+        if so, they count as asked for now (a look that fails is not asked again at once)."""
+        due = [(said.behind.group, said.behind.seq) for said in look.behind if said.due]
+        self.asked.update((key, now_wall) for key in due)
+        return bool(due)
+
+    def judge(self, first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
+              apart_s: float, now_wall: float) -> Verdict | None:
+        """The hang watch's verdict on two looks at every rank's stack (each node's `stacks` answer, or why none),
+        kept for each collective that still has ranks behind it; None where none has (they caught up meanwhile)."""
+        seen = on_looks(first, second, apart_s, self.book, now_wall)
+        if not seen.behind:
+            return None
+        self.verdicts.update(((b.group, b.seq), seen.verdict) for b in seen.behind)
+        return seen.verdict
+
     def _behind(self, now_wall: float) -> list[RankBehind]:
         found = self.book.behind(now_wall)
         if found is None:  # not every rank's collectives known and fresh: nothing said, nothing forgotten
             return []
-        self.first_seen = {(b.group, b.seq): self.first_seen.get((b.group, b.seq), now_wall) for b in found}
+        keys = {(b.group, b.seq) for b in found}
+        self.first_seen = {key: self.first_seen.get(key, now_wall) for key in keys}
+        self.asked = {key: at for key, at in self.asked.items() if key in keys}
+        self.verdicts = {key: verdict for key, verdict in self.verdicts.items() if key in keys}
         said = []
         for behind in found:
-            waited = round(now_wall - self._since(behind), 1)
+            key, waited = (behind.group, behind.seq), round(now_wall - self._since(behind), 1)
+            due = waited >= self.hang_s and now_wall - self.asked.get(key, -float("inf")) >= self.hang_s
             if waited >= self.say_s:
-                said.append(RankBehind(behind, waited, waited >= self.hang_s))
+                said.append(RankBehind(behind, waited, due, key in self.asked and key not in self.verdicts,
+                                       self.verdicts.get(key)))
         return said
 
     def _since(self, behind: Behind) -> float:

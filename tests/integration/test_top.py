@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devtools.observe import free_port
-from tests.helpers import REPO, inv, run_id_of, run_processes, wait_for
+from tests.helpers import REPO, inv, inv_background, run_id_of, run_processes, wait_for
 
 PERIOD, SLOW_RANK, FACTOR = 0.1, 3, 3.0
 
@@ -179,3 +179,60 @@ def test_an_attached_launch_tells_a_straggler_once_and_inv_status_shows_it(make_
     run_id = run_id_of(result.stdout + result.stderr)
     status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
     assert "straggler: node-1 r1 at" in status.stdout, status.stdout
+
+
+def _tmux_top(session: str, box, logs: Path, code: Path, width: int, height: int) -> None:
+    """The live view of the box's run in a terminal of `width` x `height` (tmux), its exit code into `code`."""
+    # the terminal's own size: not LINES and COLUMNS as this process has them (rich would believe them)
+    command = (f"unset LINES COLUMNS; cd {REPO} && INVOKE_LAUNCHER_LOG_DIR={logs} {sys.executable} -m invoke top "
+               f"--hosts {box.inventory}; echo $? > {code}; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command],
+                   check=True)
+
+
+def _one_line(text: str) -> str:
+    """Lines wrapped to the width as one line again (the verdict's words, whole)."""
+    return re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (scripts/setup installs it)")
+def test_top_and_the_hang_watch_give_one_verdict_on_a_rank_behind_at_work(make_sandbox, tmp_path: Path) -> None:
+    """#60 item 10: rank 0 computes alone (a checkpoint, an evaluation: CPU busy, state R) while rank 1 waits in the
+    barrier. The launch's hang watch (--hang-timeout 10) said `not a hang (... rank 0 ... is at work ...)`; `inv top`
+    said `hang suspected: r0 never entered barrier #N of default_pg (33 s)` from the wait alone. Now `--once` and the
+    live view take two looks at the stacks and say the watch's verdict in its words: r0 `BEHIND, at work`."""
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["600", "0"])
+    out, logs, code = tmp_path / "launch.out", tmp_path / "logs", tmp_path / "code"
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
+                          log_dir=logs, out=out)
+    session = f"top-verdict-{os.getpid()}"
+    try:
+        wait_for(lambda: out.read_text(errors="replace").count("step 2") == 2, 120, "both ranks' third step")
+        began = time.monotonic()  # rank 0 saves from here (600 s); rank 1 waits in the barrier
+        run_id = run_id_of(out.read_text())
+        _tmux_top(session, box, logs, code, 120, 30)
+        watch_said = re.compile(r"no progress for \d+ s, but (not a hang \(rank 0 never entered barrier #\d+ of "
+                                r"default_pg \(its last: #\d+\), which rank 1 entered; but rank 0 \(node-0, pid \d+\) "
+                                r"is at work: )")
+        wait_for(lambda: watch_said.search(out.read_text(errors="replace")), 60, "the hang watch's look")
+        watched = watch_said.search(out.read_text(errors="replace"))
+        assert watched is not None
+        time.sleep(max(0.0, 32 - (time.monotonic() - began)))  # the others have waited TOP_BEHIND_HANG_S
+        once = inv("top", "--hosts", str(box.inventory), "--once", log_dir=logs)
+        assert once.returncode == 0, once.stderr
+        said = _one_line(once.stdout)
+        assert "hang suspected" not in said, once.stdout
+        assert any(re.match(r"node-0\s+r0\s.*BEHIND, at work", line) for line in once.stdout.splitlines()), once.stdout
+        assert re.search(r"r0 behind \d+ s, at work: " + re.escape(watched.group(1)), said), (watched.group(1),
+                                                                                              once.stdout)
+        # the live view, from its own look at the stacks: the same verdict on the screen
+        wait_for(lambda: re.search(r"node-0\s+r0\s.*BEHIND, at work", _screen(session)), 60, "the view's verdict")
+        screen = _screen(session)
+        assert re.search(r"^r0 behind \d+ s, at work: not a hang \(rank 0 never entered barrier", screen, re.M), screen
+        assert "hang suspected" not in screen, screen
+        assert proc.poll() is None  # nothing was stopped
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        inv("stop", "--hosts", str(box.inventory), log_dir=logs)
+        proc.wait(timeout=60)
+    assert run_processes(run_id) == []

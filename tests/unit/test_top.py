@@ -196,5 +196,6 @@ def test_the_json_says_each_ranks_collectives_source_and_the_collective_it_is_be
     snap = as_json("run-x", views, look.stragglers, look.behind, look.sources)
     # rank 0 entered all_reduce #46 9 s before the files were written: 34 s of waiting 25 s later
     assert snap["ranks"][1]["behind"] == {"collective": "all_reduce #46 of default_pg", "last": 45,
-                                          "waited_s": 34.1, "hang_suspected": True}
+                                          "waited_s": 34.1, "hang_suspected": False, "judged": None, "verdict": None}
+    assert look.behind[0].due  # its stacks are to be judged (the verdict then: test_top_verdict.py)
     assert snap["ranks"][0]["behind"] is None and snap["ranks"][1]["straggler_by"] is None

@@ -95,7 +95,7 @@ def _collectives(views: list[NodeView], behind: dict[int, int], newest: int = 10
             for v in views]
 
 
-def test_a_rank_behind_is_said_once_the_others_have_waited_and_a_hang_suspected_once_long() -> None:
+def test_a_rank_behind_is_said_once_the_others_have_waited_and_never_suspected_of_a_hang_for_the_wait_alone() -> None:
     judge = TopJudge(0.8, 60.0)
     views = _views(2, 2)
     assert judge.look(_collectives(views, {3: 100}), 1000.0, 0.0).behind == []  # just seen: it may be passing
@@ -105,7 +105,9 @@ def test_a_rank_behind_is_said_once_the_others_have_waited_and_a_hang_suspected_
     assert any(" r3 " in line and "BEHIND" in line for line in lines), "\n".join(lines)
     look = judge.look(_collectives(views, {3: 100}), 1031.0, 31.0)
     lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
-    assert "hang suspected: r3 never entered all_reduce #101 of default_pg (31 s)" in lines, "\n".join(lines)
+    # long enough to look at its stack (test_top_verdict.py): a rank behind may be at work, evaluating alone
+    assert look.behind[0].due and "r3 behind: never entered all_reduce #101 of default_pg (31 s)" in lines, lines
+    assert not any("hang" in line for line in lines), "\n".join(lines)
     assert judge.look(_collectives(views, {}, 102), 1032.0, 32.0).behind == []  # caught up: forgotten
     assert judge.first_seen == {}
 
@@ -125,7 +127,7 @@ def test_32_ranks_in_80x24_keep_a_rank_behind_and_a_straggler_on_screen_and_say_
     assert any(re.match(r"node-5\s+r22\s.*SLOW 0.26x", line) for line in lines), text
     hidden = next(line for line in lines if "ranks not shown" in line)
     assert hidden.endswith("ranks not shown (inv top --once shows every rank)"), text
-    assert "hang suspected: r29 never entered all_reduce #101 of default_pg (40 s)" in lines, text
+    assert "r29 behind: never entered all_reduce #101 of default_pg (40 s)" in lines, text
 
 
 def test_a_rank_behind_hidden_by_the_room_is_named_in_the_hidden_line() -> None:
@@ -166,8 +168,8 @@ def test_once_at_80_columns_keeps_long_node_names_whole_and_says_a_rank_behind(m
         assert len(rows) == 2 and all(len(line) <= (80 if tty else 200) for line in lines), text
         assert "r1 behind: never entered all_reduce #46 of default_pg (9 s)" in lines, text
         assert "BEHIND" in rows[1] and ("pid" in text) is (not tty), text
-    # 25 s later (the rank's files as fresh, for the test): long enough to suspect a hang
-    assert "hang suspected: r1 never entered all_reduce #46 of default_pg (34 s)" in _once(views, True, wall + 25)
+    # 25 s later (the rank's files as fresh, for the test): long enough to judge its stack (test_top_verdict.py)
+    assert "r1 behind: never entered all_reduce #46 of default_pg (34 s)" in _once(views, True, wall + 25)
 
 
 def test_once_says_no_rank_behind_where_no_arrival_shows_the_others_waited() -> None:
