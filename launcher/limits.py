@@ -319,6 +319,11 @@ TOP_BEHIND_HANG_S = 30.0
 (launcher/watch/verdict.py: a rank behind that is at work is no hang), and again this long after (a healthy step,
 even a slow rank's, is far shorter; a launch's own hang watch waits HANG_FLOOR_S of no progress at least before it
 looks)."""
+TOP_WHY_GAP = 0.1
+"""A flagged rank whose data or forward share of each step is this far above the median rank's is flagged for it: a
+narrow view keeps that column (a slow input read 53% against 2% and was dropped at 80 columns)."""
+TOP_PIPE_COLUMNS = 200
+"""`inv top --once` into a file or pipe is this wide where COLUMNS does not say (a terminal is as wide as it is)."""
 TOP_BEHIND_LINES = 3
 """The live view says this many collectives with ranks behind, one a line; more are counted in one line (`--once`
 says every one)."""

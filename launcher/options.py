@@ -95,7 +95,8 @@ SILENCE_TIMEOUT_HELP = ("a node that sends nothing (not even a heartbeat) is rec
 STRAGGLER_FACTOR = 0.8
 """A rank is slow below this share of the median rank's step rate..."""
 STRAGGLER_HOLD_S = 60.0
-"""...for this long (in the view and a launch's console; `inv top --once` judges the rates of its one look)."""
+"""...for this long (a launch's console and stragglers.txt, which `inv status` shows: a line said cannot be taken
+back); `inv top`, live or `--once`, marks what each look finds (a row can)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ class Options:
     straggler_factor: float = STRAGGLER_FACTOR
     """A rank whose step rate is below this share of the median rank's..."""
     straggler_hold: float = STRAGGLER_HOLD_S
-    """...for this many seconds is a straggler (`inv top`, a launch's console, `inv status`)."""
+    """...for this many seconds is told as a straggler (a launch's console, `inv status`); `inv top` marks what each
+    look finds."""
     page: bool = True
     """Write the run's page (logs/<run id>/report.html) once it ends: an attached launch's in a process of its own
     after the launch returns, a detached run's at the first status or logs after its end (`report` writes it any

@@ -4,7 +4,7 @@ CPU and memory), stragglers and ranks behind a collective marked, a line for eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rich.console import Group, RenderableType
@@ -17,7 +17,7 @@ from launcher.paths import hint
 from launcher.ranges import numbers_text
 from launcher.units import human_bytes
 from launcher.watch.straggler import Straggler
-from launcher.watch.top import NodeView, RankBehind, behind_ranks, flagged, ranks_of
+from launcher.watch.top import STILL_STATES, NodeView, RankBehind, behind_ranks, flagged, ranks_of, telling
 
 GPU_OLD_S = 2 * TOP_GPU_REFRESH_S
 """A node's GPU answer older than this is shown with its age: nvidia-smi is slow or stuck there."""
@@ -142,7 +142,8 @@ def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], r
     cells = [c for c in _CELLS if c[2] is None or any(r.get(c[2]) for r in rows)]
     last_min = LAST_LINE_MIN
     if width is not None:
-        cells, last_min = _fitting(cells, rows, marks, width)
+        why = {name for name, field in TELLS.items() if field in telling(ranks_of(views), stragglers, behind_of)}
+        cells, last_min = _fitting(cells, rows, marks, width, why)
     table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     for name, right, _, _ in cells:
         table.add_column(name, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
@@ -158,13 +159,16 @@ LAST_LINE_MIN = 24
 """The last line keeps at least this many characters in a narrow terminal (it shrank to 9 in 80 columns)."""
 DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s", "fwd", "CPU %")
 """The columns a narrow terminal loses, in order; node, rank, steps/s and the last line stay (the last line shrinks
-below LAST_LINE_MIN only when nothing else is left to lose: a node's name is never cut)."""
+below LAST_LINE_MIN only when nothing else is left to lose: a node's name is never cut), and so does a column that
+says why a rank is flagged (`TELLS`)."""
+TELLS = {"data": "data_share", "fwd": "forward_share", "state": "state"}
+"""The columns that may say why a rank is flagged, and their fields (`launcher.watch.top.telling`)."""
 
 
 def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Mapping[str, Any]], Marks],
-             width: int) -> tuple[list, int]:
-    """The columns that fit in `width` with the last line's least width: rich cuts every column alike (the node's
-    name too) when a table does not fit."""
+             width: int, why: Collection[str] = ()) -> tuple[list, int]:
+    """The columns that fit in `width` with the last line's least width, those named in `why` kept: rich cuts every
+    column alike (the node's name too) when a table does not fit."""
     def natural(cell: tuple) -> int:
         name, _, _, make = cell
         return max([len(name), *(len(make(r, marks(r))) for r in rows)])
@@ -173,7 +177,7 @@ def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Ma
         return sum(natural(c) for c in kept if c[0] != "last line") + 2 * (len(kept) - 1)
 
     kept = list(cells)
-    for name in DROPPED_FIRST:
+    for name in (name for name in DROPPED_FIRST if name not in why):
         if needed(kept) + LAST_LINE_MIN <= width:
             return kept, LAST_LINE_MIN
         kept = [c for c in kept if c[0] != name]
@@ -183,12 +187,15 @@ def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Ma
 def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Sequence[int]
                  ) -> Text:
     def mark(row: Mapping[str, Any]) -> str:
-        said = "behind" if row["rank"] in behind else "SLOW" if row["rank"] in stragglers else row.get("state")
-        return f"r{row['rank']} {said or '?'}"
+        state = row.get("state") or ""
+        said = ("behind" if row["rank"] in behind else "SLOW" if row["rank"] in stragglers
+                else state if state in STILL_STATES else "record off")
+        return f"r{row['rank']} {said}"
 
-    marks = [mark(r) for r in hidden if flagged(r, stragglers, behind)]
-    said = f"+{len(hidden)} ranks not shown" + (f": {', '.join(marks[:6])}" if marks else "")
-    said += (f" and {len(marks) - 6} more flagged" if len(marks) > 6 else "")
+    marks = [mark(r) for r in hidden if flagged(r, stragglers, behind)]  # hidden only for want of room: counted
+    said = f"+{len(hidden)} ranks not shown, " + (f"{len(marks)} flagged: {', '.join(marks[:6])}" if marks
+                                                   else "none flagged")
+    said += (f" and {len(marks) - 6} more" if len(marks) > 6 else "")
     said += f" ({hint('top --once')} shows every rank)"
     return Text(said, style="yellow", no_wrap=True, overflow="ellipsis")
 
@@ -226,9 +233,10 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
          footer: Sequence[str] = (), height: int = 50, width: int | None = None, behind: Sequence[RankBehind] = ()
          ) -> RenderableType:
     """The live view's screen, made to fit `height` lines (and `width` columns): the key line, the answer to a key
-    and the ranks behind a collective (`behind_lines`) always have room; nodes and ranks that do not fit are said
-    (`+4 ranks not shown: r13 SLOW`), flagged ranks first (`flagged`: those behind, then stragglers, then the
-    others), then the others in rank order; the followed rank's last lines take what room is left."""
+    and the ranks behind a collective (`behind_lines`) always have room; nodes and ranks that do not fit are said,
+    and how many of them are flagged (`+4 ranks not shown, 1 flagged: r13 SLOW`, `none flagged`): flagged ranks come
+    first (`flagged`: those behind, then stragglers, then the others), then the others in rank order; the followed
+    rank's last lines take what room is left."""
     rows = ranks_of(views)
     keys = Text("q quit (the run goes on)   s stacks   l follow the next rank's log", style="dim")
     said = behind_lines(behind, TOP_BEHIND_LINES)

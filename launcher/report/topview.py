@@ -16,7 +16,7 @@ from typing import IO, Any, Protocol
 from rich.console import Console
 from rich.live import Live
 
-from launcher.limits import HANG_LOOKS_APART_S
+from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
 from launcher.watch.top import Look, NodeView, TopJudge, as_json, ranks_of
@@ -39,11 +39,11 @@ Looks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
 
 def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool,
               looks: Looks | None = None) -> int:
-    """`inv top --once`: the snapshot as a table (as wide as the terminal, 200 columns when not one), or as JSON for
-    scripts; stragglers and ranks behind judged on this one look (its snapshot
+    """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
+    TOP_PIPE_COLUMNS), or as JSON for scripts; stragglers and ranks behind judged on this one look (its snapshot
     carries each group's recent arrivals: a rank behind is said where they show how long the others have waited),
     and ranks behind for long judged on two looks at the stacks, as the hang watch judges them."""
-    judge = TopJudge(opts.straggler_factor, 0.0)
+    judge = TopJudge(opts.straggler_factor)
     look = judge.look(views, time.time(), time.monotonic())
     if looks is not None and judge.asking(look, time.time()):
         first, second = looks()
@@ -52,7 +52,8 @@ def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], a
     if as_json_too:
         out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")
         return 0
-    console = Console(file=out, width=200 if not out.isatty() else None)
+    told = out.isatty() or os.environ.get("COLUMNS", "").isdigit()  # rich reads COLUMNS itself
+    console = Console(file=out, width=None if told else TOP_PIPE_COLUMNS)
     console.print(f"run {run_id}")
     console.print(node_table(views))
     console.print(rank_table(views, look.stragglers, width=console.width, behind=look.behind))
@@ -85,15 +86,15 @@ def keys_of(stream: IO[str]) -> Iterator[Callable[[float], str | None]]:
 
 
 class TopScreen:
-    """The live view: draws the feed's latest views, flags stragglers held for `straggler_hold` and says the ranks
-    behind a collective (its judge remembers since when; `looks` takes the stacks it judges them by
+    """The live view: draws the feed's latest views, flags stragglers as each look finds them (as `--once` does) and
+    says the ranks behind a collective (its judge remembers since when; `looks` takes the stacks it judges them by
     once the others have waited long, on a thread of its own), answers keys."""
 
     def __init__(self, run_id: str, feed: Feed, opts: Options, out: IO[str], take_stacks: Callable[[], list[str]],
                  looks: Looks | None = None):
         self.run_id, self.feed, self.opts, self.out = run_id, feed, opts, out
         self.take_stacks, self.looks = take_stacks, looks
-        self.judge = TopJudge(opts.straggler_factor, opts.straggler_hold)
+        self.judge = TopJudge(opts.straggler_factor)
         self.follow: int | None = None
         self.footer: list[str] = []
         self.looked: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None

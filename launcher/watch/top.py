@@ -1,16 +1,17 @@
 """What `inv top` knows of a run (pure): every node's snapshot (launcher/node/top.py) as the view last saw it, each
 rank with its node, the figures the straggler rule reads, what each look judges (`TopJudge`: the stragglers, by
 arrival where every rank's collectives are known, and the ranks behind a collective, judged once the others have
-waited long by the hang watch's own verdict on two looks at the stacks), the ranks worth a row first, and `--json`'s
-object. Rendering is launcher/report/toptables.py and topview.py."""
+waited long by the hang watch's own verdict on two looks at the stacks), the ranks worth a row first and the fields
+that say why, and `--json`'s object. Rendering is launcher/report/toptables.py and topview.py."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S
+from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S, TOP_WHY_GAP
 from launcher.watch.arrival import ArrivalBook, Behind
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
 from launcher.watch.verdict import Verdict, on_looks
@@ -69,11 +70,30 @@ def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Str
     return {"run": run_id, "nodes": nodes, "ranks": ranks}
 
 
+STILL_STATES = ("D", "T", "t", "Z")
+"""A rank in one of these /proc states is flagged: in uninterruptible sleep, stopped, a zombie."""
+
+
 def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()) -> bool:
     """A rank worth a row before the quiet healthy ones: a straggler, behind a collective, stopped, stuck, a zombie,
     or its record off."""
-    return (row["rank"] in stragglers or row["rank"] in behind or (row.get("state") or "") in ("D", "T", "t", "Z")
+    return (row["rank"] in stragglers or row["rank"] in behind or (row.get("state") or "") in STILL_STATES
             or str(row.get("record") or "").startswith("off"))
+
+
+def telling(rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()
+            ) -> set[str]:
+    """The fields that say why the flagged ranks of `rows` (every rank) are flagged, whose columns a narrow view
+    keeps: a share of each step (waiting for data, in the forward) at least TOP_WHY_GAP above the median rank's, a
+    state that makes no progress."""
+    marked = [row for row in rows if flagged(row, stragglers, behind)]
+    found = {"state"} if any((row.get("state") or "") in STILL_STATES for row in marked) else set()
+    for name in ("data_share", "forward_share"):
+        known = [row[name] for row in rows if row.get(name) is not None]
+        if len(known) >= 2 and any(row.get(name) is not None and row[name] - statistics.median(known) >= TOP_WHY_GAP
+                                   for row in marked):
+            found.add(name)
+    return found
 
 
 @dataclass(frozen=True)
@@ -129,10 +149,13 @@ class TopJudge:
     """Each look's judgement, with what it keeps between looks: the straggler watch's hold, every rank's collectives
     (each node's snapshot fed once: a live view draws the same snapshot more than once), when each collective
     with ranks behind was first seen (its wait where no arrival time of it has come yet), when its ranks' stacks were
-    last asked for and the verdict on them."""
+    last asked for and the verdict on them.
+
+    `hold_s` is 0 in every view: a row marks what each look finds, as `--once` does (a row can be taken back; a
+    launch's console line cannot, so the launch holds: `LaunchStragglers`)."""
 
     factor: float
-    hold_s: float
+    hold_s: float = 0.0
     say_s: float = TOP_BEHIND_SAY_S
     hang_s: float = TOP_BEHIND_HANG_S
     book: ArrivalBook = field(default_factory=ArrivalBook)

@@ -82,7 +82,8 @@ def test_top_sees_a_quiet_torch_loop_step_through_its_records_with_helpers_and_t
         assert 0.03 <= ranks[SLOW_RANK]["lost_s_per_step"] <= 0.12, ranks
         others = [r["forward_share"] for r in ranks if r["rank"] != SLOW_RANK]
         assert ranks[SLOW_RANK]["forward_share"] > max(others) + 0.1, ranks
-        table = inv("top", "--hosts", str(box.inventory), "--once", log_dir=logs)
+        # every column: --once into a pipe is COLUMNS wide, and xdist's workers set COLUMNS=80
+        table = inv("top", "--hosts", str(box.inventory), "--once", log_dir=logs, env={"COLUMNS": "200"})
         assert re.search(r"node-1\s+r3 .* SLOW \+0\.\d+ s/step", table.stdout), table.stdout  # in its steps/s
         assert re.search(r"node-0\s+r0 .* 2: \d+% ", table.stdout), table.stdout  # its helpers beside it
         # Stacks: each rank's own first, its helpers after it in the rank's file, marked.

@@ -236,3 +236,57 @@ def test_top_and_the_hang_watch_give_one_verdict_on_a_rank_behind_at_work(make_s
         inv("stop", "--hosts", str(box.inventory), log_dir=logs)
         proc.wait(timeout=60)
     assert run_processes(run_id) == []
+
+
+@pytest.fixture
+def input_box(make_sandbox):
+    # 2 nodes x 4 ranks training alone; rank 6 (node-1's third) waits 60 ms more for each batch: ~0.45x the rate,
+    # data ~55% of its step against ~0% for the others. Ends by itself after 240 s.
+    return make_sandbox(2, nproc_per_node=4, master_port=free_port(), script="tests/scripts/slow_input.py",
+                        script_args=["6", "0.06", "240"])
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (scripts/setup installs it)")
+def test_a_slow_rank_comes_first_at_once_in_a_small_terminal_with_the_column_that_says_why(input_box, tmp_path: Path
+                                                                                          ) -> None:
+    """#60 item 11: the live view in 80 columns showed r0-r4, all healthy, and `+3 ranks not shown`: its straggler
+    was held for straggler_hold (60 s) where `--once` flags it at once, and the `data` column that says why was
+    dropped; `--once` into a pipe ignored COLUMNS (200-wide lines)."""
+    logs, code = tmp_path / "logs", tmp_path / "code"
+    run_id = _detached(input_box, logs)
+    session = f"top-slow-{os.getpid()}"
+    try:
+        taken: list = []
+
+        def flagged_once() -> bool:
+            taken[:] = [inv("top", "--hosts", str(input_box.inventory), "--once", log_dir=logs, env={"COLUMNS": "80"})]
+            return "SLOW" in taken[0].stdout
+
+        wait_for(flagged_once, 90, "inv top --once flags rank 6", interval=0.5)
+        lines = taken[0].stdout.splitlines()
+        assert all(len(line) <= 80 for line in lines), taken[0].stdout  # COLUMNS, into a pipe
+        header = next(line for line in lines if "last line" in line)
+        slow = next(line for line in lines if re.match(r"node-1\s+r6\s", line))
+        assert "SLOW" in slow and "data" in header, taken[0].stdout
+        assert int(slow[header.index("data") - 1:header.index("data") + 4].strip().rstrip("%")) >= 35, taken[0].stdout
+        _tmux_top(session, input_box, logs, code, 80, 13)  # room for five ranks of eight
+
+        def first_row() -> str:
+            rows = [line for line in _screen(session).splitlines() if re.match(r"node-\d\s+r\d\s", line)]
+            return rows[0] if rows else ""
+
+        # well before straggler_hold (60 s): as soon as a look finds it, as --once does
+        until = time.monotonic() + 40
+        while not re.match(r"node-1\s+r6\s.*SLOW", first_row()) and time.monotonic() < until:
+            time.sleep(0.2)
+        screen = _screen(session)
+        assert re.match(r"node-1\s+r6\s.*SLOW", first_row()), screen
+        header = next(line for line in screen.splitlines() if "last line" in line)
+        assert "data" in header, screen
+        assert int(first_row()[header.index("data") - 1:header.index("data") + 4].strip().rstrip("%")) >= 35, screen
+        assert re.search(r"^\+3 ranks not shown, none flagged \(inv top --once shows every rank\)", screen, re.M), \
+            screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        inv("stop", "--hosts", str(input_box.inventory), log_dir=logs)
+    assert run_processes(run_id) == []

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from launcher.report.toptables import view
-from launcher.report.topview import show_once
+from launcher.report.topview import TopScreen, show_once
 from launcher.watch.straggler import Straggler
 from launcher.watch.top import NodeView, TopJudge
 from tests.unit.test_arrival import beat
@@ -126,7 +126,7 @@ def test_32_ranks_in_80x24_keep_a_rank_behind_and_a_straggler_on_screen_and_say_
     assert any(re.match(r"node-7\s+r29\s.*BEHIND", line) for line in lines), text
     assert any(re.match(r"node-5\s+r22\s.*SLOW 0.26x", line) for line in lines), text
     hidden = next(line for line in lines if "ranks not shown" in line)
-    assert hidden.endswith("ranks not shown (inv top --once shows every rank)"), text
+    assert hidden.endswith("ranks not shown, none flagged (inv top --once shows every rank)"), text
     assert "r29 behind: never entered all_reduce #101 of default_pg (40 s)" in lines, text
 
 
@@ -161,18 +161,56 @@ def test_once_at_80_columns_keeps_long_node_names_whole_and_says_a_rank_behind(m
     views, wall = recorded_views("hang", batches=60, batches_per_s=5.0, data_share=0.01,
                                  helpers=[{"pid": 9, "cpu_percent": 3.0, "rss_bytes": 1 << 28}])
     views = [NodeView(f"gpu-a100-{v.name}.cluster.example.org", v.snapshot) for v in views]
-    for tty in (True, False):  # a terminal of 80 columns; a pipe (200 columns, whatever COLUMNS says)
+    for tty in (True, False):  # a terminal of 80 columns; a pipe that COLUMNS says is 80 wide (#60 item 11)
         lines = _once(views, tty, wall)
         text = "\n".join(lines)
         rows = [line for line in lines if re.match(r"gpu-a100-node-\d\.cluster\.example\.org\s+r\d", line)]
-        assert len(rows) == 2 and all(len(line) <= (80 if tty else 200) for line in lines), text
+        assert len(rows) == 2 and all(len(line) <= 80 for line in lines), text
         assert "r1 behind: never entered all_reduce #46 of default_pg (9 s)" in lines, text
-        assert "BEHIND" in rows[1] and ("pid" in text) is (not tty), text
+        assert "BEHIND" in rows[1] and "pid" not in text, text
     # 25 s later (the rank's files as fresh, for the test): long enough to judge its stack (test_top_verdict.py)
     assert "r1 behind: never entered all_reduce #46 of default_pg (34 s)" in _once(views, True, wall + 25)
+    monkeypatch.delenv("COLUMNS")
+    lines = _once(views, False, wall)  # a pipe without COLUMNS: TOP_PIPE_COLUMNS, every column
+    assert "pid" in "\n".join(lines) and max(len(line) for line in lines) > 80, "\n".join(lines)
 
 
 def test_once_says_no_rank_behind_where_no_arrival_shows_the_others_waited() -> None:
     views, wall = recorded_views("healthy")
     lines = _once(views, True, wall)  # rank 1 is a collective behind rank 0 at this one look, for no known time
     assert not any("behind" in line or "BEHIND" in line for line in lines), "\n".join(lines)
+
+
+def test_the_live_view_shows_a_slow_rank_first_at_once_with_the_column_that_says_why() -> None:
+    """#60 item 11: 2 nodes x 16 ranks in 80x24, rank 21 slow on its input. The view showed r0-r15, all healthy, and
+    `+16 ranks not shown`: its straggler was held for straggler_hold (60 s) where `--once` flags it at once, and the
+    `data` column that explains it was the fourth to go at 80 columns."""
+    views = _views(2, 16, steps=1200, record="on", batches_per_s=11.7, forward_share=0.3, data_share=0.02)
+    for snap_rank in views[1].snapshot["ranks"]:  # type: ignore[index]
+        if snap_rank["rank"] == 21:
+            snap_rank.update(steps_per_s=5.3, batches_per_s=5.3, data_share=0.53)
+    opts = SimpleNamespace(straggler_factor=0.8, straggler_hold=60.0)
+    screen = TopScreen("run-x", SimpleNamespace(), opts, io.StringIO(), list)  # type: ignore[arg-type]
+    look = screen._look(views)  # the first look
+    assert list(look.stragglers) == [21]
+    lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
+    text = "\n".join(lines)
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines), text
+    header = next(line for line in lines if "last line" in line)
+    rows = [line for line in lines if re.match(r"node-\d+\s+r\d+\s", line)]
+    assert re.match(r"node-1\s+r21\s.*SLOW 0\.45x", rows[0]), text  # first, and marked
+    assert "data" in header and rows[0][header.index("data") - 1:header.index("data") + 4].strip() == "53%", text
+    hidden = next(line for line in lines if "ranks not shown" in line)
+    assert hidden == f"+{32 - len(rows)} ranks not shown, none flagged (inv top --once shows every rank)", text
+
+
+def test_flagged_ranks_past_the_room_are_counted_in_the_hidden_line() -> None:
+    views = _views(4, 4)
+    for view_ in views[2:]:
+        for snap_rank in view_.snapshot["ranks"]:  # type: ignore[index]
+            snap_rank["state"] = "T"
+    lines = _screen(view("run-x", views, {}, height=12, width=80))
+    rows = [line for line in lines if re.match(r"node-\d+\s+r\d+\s", line)]
+    assert all(re.match(r"node-[23]\s", row) and "  T  " in row for row in rows), "\n".join(lines)  # flagged first
+    hidden = next(line for line in lines if "ranks not shown" in line)
+    assert hidden.startswith(f"+{16 - len(rows)} ranks not shown, {8 - len(rows)} flagged: r"), "\n".join(lines)
