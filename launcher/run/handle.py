@@ -231,7 +231,9 @@ class RunHandle:
         if session.reconnect_error is not None:
             session.messages.append(f"could not reconnect within {now - session.outage:.0f} s: "
                                     f"{session.reconnect_error}")
-        self._take(Ended(session.name, since, NodeEnd(session.name, EndKind.LOST, since)))
+        # A node that fell silent with its connection up stopped answering; one whose connection went was lost.
+        kind = EndKind.SILENT if session.lost_how == "silent" else EndKind.LOST
+        self._take(Ended(session.name, since, NodeEnd(session.name, kind, since, silent_for=now - session.outage)))
 
     def _take(self, event: NodeEvent) -> None:
         session = self.sessions[event.node]

@@ -69,6 +69,8 @@ class Session:
     """A new session is open and has not yet been taken by the node's run (its `attached` event)."""
     lost_at: float | None = None
     """When the launcher found that session gone (monotonic): a reconnect's line says the time from here."""
+    lost_how: str = ""
+    """How it was found gone: `silent` (nothing came: the node stopped answering), or its connection or output ended."""
     reconnect_error: str | None = None
     """Why the last try at a new session failed (`could not reconnect ...: connection refused`)."""
     attach_lines: int = 0

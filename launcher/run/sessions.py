@@ -224,7 +224,7 @@ class Sessions:
         heard, or the nodes' own bound while no node at all can be reached) or the run is over."""
         assert self.reconnector is not None
         if session.outage is None:  # the silence timeout runs from the last word heard, as for any silent node
-            session.outage, session.lost_at = session.heard, time.monotonic()
+            session.outage, session.lost_at, session.lost_how = session.heard, time.monotonic(), how
         delay = REATTACH_FIRST_S
         fresh = how in ("drained", "silent")  # a connection that went, or carries nothing: a new one
         while session.end is None and not self._closing.is_set():

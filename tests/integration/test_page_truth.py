@@ -164,8 +164,8 @@ def test_a_retried_attempts_page_says_what_the_console_said_of_it(make_sandbox, 
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         runs = node_runs(box, 1)
-        wait_for(lambda: runs.is_dir() and any((r / "node-1" / "progress").is_dir() for r in runs.iterdir()), 90,
-                 "attempt 1 stepping")
+        wait_for(lambda: runs.is_dir() and any((r / "node-1" / "progress").is_dir() and (r / "node-1" / "leader")
+                                               .exists() for r in runs.iterdir()), 90, "attempt 1 stepping")
         first = next(runs.iterdir()).name
         leader = int((runs / first / "node-1" / "leader").read_text().split()[0])
         os.kill(leader, signal.SIGKILL)  # node-1's torchrun killed: a retry may help
