@@ -210,6 +210,12 @@ class HangSuspected(NodeEvent):
     """The run goes on (`--on-hang keep`); else the launcher stops it."""
     why: str = ""
     """What made it a hang (launcher.watch.verdict)."""
+    suspects: tuple[tuple[str, int], ...] = ()
+    """(node, rank) of each rank that holds the hang up (the verdict's); none where every rank is stuck alike."""
+    step: int | None = None
+    """The furthest step the ranks' lines named when it hung (None: none names its steps)."""
+    restarting: bool = False
+    """The launcher stops this attempt to start the run again (`--on-hang restart`, a retry left)."""
 
 
 @dataclass(frozen=True)

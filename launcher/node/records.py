@@ -10,7 +10,7 @@ import json
 import os
 
 from launcher.node import limits
-from launcher.node.hook import COLLECTIVES_DIR, PROGRESS_DIR, VERSION
+from launcher.node.hook import COLLECTIVES_DIR, PHASES_DIR, PROGRESS_DIR, VERSION
 
 NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
 COUNTS = ("steps", "batches")
@@ -102,6 +102,18 @@ class RankRecord:
             value = window_rate(moves, now, last["t"], limits.RECORD_FLUSH_S)
             found[rate] = None if value is None else round(value, 3)
         return found
+
+
+def first_step_at(run_dir, pid):
+    """When a rank's first optimizer step ended (the hook's `step` phase line, wall clock); None before it has."""
+    try:
+        with open(os.path.join(run_dir, PHASES_DIR, str(pid)), "rb") as handle:
+            for line in handle:
+                if line.startswith(b"step "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def read_collectives(run_dir, pid, start):

@@ -22,7 +22,15 @@ import time
 
 from launcher.node.gpus import VISIBLE, GpuWatch
 from launcher.node.proc import environ_of, marked_processes, rank_processes
-from launcher.node.records import NO_RECORD, RankCollectives, RankRecord, read_collectives, record_path, window_rate
+from launcher.node.records import (
+    NO_RECORD,
+    RankCollectives,
+    RankRecord,
+    first_step_at,
+    read_collectives,
+    record_path,
+    window_rate,
+)
 from launcher.node.stacks import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -36,6 +44,7 @@ class RankProgress:
         self.offsets = {}  # path -> bytes read
         self.rest = {}  # path -> an unfinished line
         self.last_line, self.last_step, self.total = None, None, 0
+        self.first_step = None  # the first step its lines named: where a resumed run started again
         self.moves = []  # (monotonic time, total) each time the count moved, within window_s
         self.lines = []  # the last lines, for `follow`
 
@@ -73,6 +82,8 @@ class RankProgress:
             if value is None or not value.isdigit():
                 continue
             step = int(value)
+            if self.first_step is None:
+                self.first_step = step
             if self.last_step is None or history:
                 self.last_step = step  # a step seen before we looked: where the count starts, no move yet
                 continue
@@ -133,6 +144,7 @@ class Sampler:
         self.records = {}  # (pid, start) -> RankRecord
         self.collectives = {}  # (pid, start) -> RankCollectives
         self.files = {}  # (pid, start) -> its files
+        self.first_steps = {}  # (pid, start) -> when its first optimizer step ended, once it has
         self.cpu = {}  # pid -> (monotonic time, CPU seconds) at the last snapshot
         self.found = []  # the ranks' own processes as last found
         self.helpers = []  # their helpers (proc.rank_processes)
@@ -147,6 +159,7 @@ class Sampler:
         for key in [k for k in self.progress if k not in live]:  # a worker that ended (a restart): forget it
             del self.progress[key]
             self.records.pop(key, None)
+            self.first_steps.pop(key, None)
             self.collectives.pop(key, None)
             self.files.pop(key, None)
         for pid, start, _, local_rank, restart in self.found:
@@ -164,17 +177,25 @@ class Sampler:
 
     def fields(self, pid, start, now):
         """A rank's progress: steps, batches, their rates, forward and data shares from its record (the hook's);
-        steps per second from its lines where the record has no step; its collectives (`RankCollectives.fields`)."""
+        steps per second from its lines where the record has no step; the last step its lines named (`step`); its
+        collectives (`RankCollectives.fields`)."""
         record = self.records.get((pid, start))
         if record is None:
             found = dict(NO_RECORD)
         else:
             record.read(record_path(self.run_dir, pid), now)
             found = record.fields(now)
+        lines = self.progress.get((pid, start))
         if not found["steps"]:
-            lines = self.progress.get((pid, start))
             rate = None if lines is None else lines.rate(now)
             found["steps_per_s"] = None if rate is None else round(rate, 3)
+        found["step"] = None if lines is None else lines.last_step  # the program's own (a resumed run's goes on)
+        found["first_step"] = None if lines is None else lines.first_step
+        if (pid, start) not in self.first_steps:  # read until it is there: one small file, a few times
+            at = first_step_at(self.run_dir, pid)
+            if at is not None:
+                self.first_steps[(pid, start)] = at
+        found["first_step_at"] = self.first_steps.get((pid, start))
         reader = self.collectives.get((pid, start))
         found["collectives"] = None if reader is None else reader.fields(read_collectives(self.run_dir, pid, start),
                                                                          time.time())

@@ -4,6 +4,7 @@ answer in `answer.txt` beside them (what `inv status` shows), and the console's 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,24 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
     why = [f"why a hang: {event.why}"] if event.why else []
     (folder / "answer.txt").write_text("\n".join([first, *why]) + "\n", encoding="utf-8")
+    _keep_verdict(folder, event)
     lines = [first, *why,
              *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
              f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
     lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
-                 if event.kept else "stopping the run (--on-hang keep would keep it)")
+                 if event.kept else "stopping this attempt (--on-hang restart: what follows is said below)"
+                 if event.restarting else "stopping the run (--on-hang keep would keep it)")
     return lines
+
+
+def _keep_verdict(folder: Path, event: HangSuspected) -> None:
+    """Beside the stacks: the verdict as data (its words, the ranks that held the run up, the step it had reached) and
+    each rank's collectives as the second look read them, for what follows (a restart) and for whoever reads later."""
+    collectives = {f"{node}-r{w.get('rank')}": w.get("collectives") for node, reply in sorted(event.answers.items())
+                   if isinstance(reply, dict) for w in reply.get("workers") or () if not w.get("helper")}
+    kept = {"why": event.why, "quiet_s": round(event.quiet_s, 1), "step": event.step,
+            "suspects": [{"node": node, "rank": rank} for node, rank in event.suspects], "collectives": collectives}
+    (folder / "verdict.json").write_text(json.dumps(kept, indent=1), encoding="utf-8")
 
 
 def ruled_out_line(event: HangRuledOut) -> str:

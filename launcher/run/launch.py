@@ -370,7 +370,9 @@ class _Attached:
                 + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
             return 130
         if self.handle.hang is not None:  # the launcher stopped it: the hang is the root cause, not the stop
-            raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT)
+            node, rank = self.handle.hang.suspects[0] if self.handle.hang.suspects else (None, None)
+            raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT,
+                            node=node, rank=rank, ends=tuple(ends))
         elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
         if elsewhere and not any(e.failed for e in ends):
             self.console.message(f"run {self.plan.run_id} was stopped from elsewhere (`{hint('stop')}`) on "

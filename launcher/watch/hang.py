@@ -42,6 +42,9 @@ class HangWatch:
     longest_gap: float = 0.0
     _lines: dict[tuple[str, int], float] = field(default_factory=dict)
     _counts: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    _steps: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Each rank's last step as its lines named it (the program's own count: a resumed run's goes on from its
+    checkpoint's): where a hang caught the run (`reached`)."""
 
     def start(self, now: float) -> None:
         self.started = self.last_progress = now
@@ -61,6 +64,9 @@ class HangWatch:
                 self._line(now - float(quiet), key)
             for counter in COUNTERS:
                 self._count(now, (*key, counter), rank.get(counter))
+            step = rank.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self._steps[key] = step
 
     def _line(self, at: float, key: tuple[str, int]) -> None:
         if self._lines.get(key) is not None and at <= self._lines[key] + 1e-6:
@@ -99,6 +105,10 @@ class HangWatch:
             return None
         quiet = now - self.last_progress
         return quiet if quiet >= limit else None
+
+    def reached(self) -> int | None:
+        """The furthest step any rank's lines named (None: no rank names its steps)."""
+        return max(self._steps.values(), default=None)
 
     def rearm(self, now: float) -> None:
         """After the stacks were looked at and the run goes on (not hung, or `--on-hang keep`): the next look one

@@ -49,12 +49,15 @@ class Waiter(Protocol):
 class HangCheck:
     """The watch, the looks it starts, and the hang that stopped the run."""
 
-    def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S):
+    def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S,
+                 restart: bool = False):
         self.watch = HangWatch(timeout)
         self.book = ArrivalBook()
         """Every rank's collectives, from the same beats (the suspects: the ranks behind; the launch's straggler rule
         reads it too)."""
         self.keep = keep
+        self.restart = restart
+        """`--on-hang restart`: a hang stops this attempt, and what follows it is the attempts' decision."""
         self.apart_s = apart_s
         self.hang: HangSuspected | None = None
         """The hang that stopped the run (exit code 124)."""
@@ -112,7 +115,8 @@ class HangCheck:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())
             return
-        event = HangSuspected("", time.time(), quiet, answers, self.keep, verdict.why)
+        event = HangSuspected("", time.time(), quiet, answers, self.keep, verdict.why, verdict.suspects,
+                              self.watch.reached(), self.restart and not self.keep)
         run.on_event(event)
         if self.keep:
             self.watch.rearm(time.monotonic())

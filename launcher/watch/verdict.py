@@ -57,6 +57,9 @@ class Verdict:
     """The ranks behind a collective found at work (where the collectives named the suspects)..."""
     held: tuple[int, ...] = ()
     """... and those found stuck."""
+    suspects: tuple[tuple[str, int], ...] = ()
+    """(node, rank) of each rank that holds a hang up: behind its group and stuck, or stuck outside any collective
+    while the others wait in one; none where every rank is in the same stuck collective."""
 
     def said(self) -> str:
         return said(self.hang, self.why)
@@ -135,7 +138,7 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     others = [s for s in second if s not in peers]
     stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(True, f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
-                         f"in {apart_s:g} s{_recorder(recorded)}")
+                         f"in {apart_s:g} s{_recorder(recorded)}", suspects=tuple((s.node, s.rank) for s in others))
 
 
 def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
@@ -151,7 +154,8 @@ def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: 
     what = {rank: f"rank {rank}{_at(now.get(rank))} {does}" for rank, (_, does) in found.items()}
     if working:
         return Verdict(False, f"{told}; but {'; '.join(what[r] for r in working)}", working=working, held=held)
-    return Verdict(True, f"{told}; {'; '.join(what[r] for r in held)}", held=held)
+    suspects = tuple((now[r].node, r) for r in held if r in now)
+    return Verdict(True, f"{told}; {'; '.join(what[r] for r in held)}", held=held, suspects=suspects)
 
 
 def _at(stack: RankStack | None) -> str:

@@ -59,11 +59,14 @@ def test_the_sampler_reads_a_ranks_record_and_falls_back_on_its_lines(tmp_path: 
     sampler = Sampler(str(tmp_path), "mark", settings)
     pid, start = os.getpid(), 12345
     sampler.find(([(pid, start, 0, 0, 0)], []))
-    assert sampler.fields(pid, start, 1.0) == {**NO_RECORD, "collectives": None}  # no record, no lines, no file
+    assert sampler.fields(pid, start, 1.0) == {**NO_RECORD, "collectives": None, "step": None, "first_step": None,
+                                               "first_step_at": None}  # no record, no lines, no file
     sampler.progress[(pid, start)].feed("step 1\n", "out", 5, 1.0)
     sampler.progress[(pid, start)].feed("step 2\n", "out", 5, 2.0)
     sampler.progress[(pid, start)].feed("step 3\n", "out", 5, 3.0)
-    assert sampler.fields(pid, start, 3.0)["steps_per_s"] == pytest.approx(1.0)  # from the lines, as before records
+    lines = sampler.fields(pid, start, 3.0)
+    assert lines["steps_per_s"] == pytest.approx(1.0)  # from the lines, as before records
+    assert (lines["first_step"], lines["step"]) == (1, 3)  # where the attempt began (a resumed run's), and is
     (tmp_path / PROGRESS_DIR).mkdir()
     clock = iter([50.0, 51.0, 60.0, 61.0]).__next__
     recorder = Recorder(str(tmp_path / PROGRESS_DIR), 128, 0.0, clock)
