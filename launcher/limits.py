@@ -272,6 +272,8 @@ main thread moved between them is not stuck (a spinning thread keeps CPU time gr
 never taken as progress)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
+INTERRUPTED_EXIT = 130
+"""An attached launch's exit code after Ctrl-C (what a shell reports for it: 128 + SIGINT)."""
 AWAY_EXIT = 129
 """The exit code of an attached launch that lost its run without the run failing (128 + SIGHUP, as a shell says of a
 process whose terminal hung up): its terminal closed and it left the run to the nodes, another launcher took the run

@@ -130,8 +130,9 @@ class Options:
     """Seconds a node that caused two failed attempts sits out."""
     hang_timeout: float | None = None
     """`HANG_TIMEOUT_HELP`: None learnt from the run, 0 never."""
-    on_hang: str = "stop"
-    """What a suspected hang does after every rank's stack is taken: `stop` the run (exit code 124) or `keep` it."""
+    on_hang: str | None = None
+    """What a suspected hang does after every rank's stack is taken (ON_HANG): `stop` the run
+    (exit code 124), `keep` it, or `restart` it; None: the inventory's `job.on_hang`, else stop."""
     straggler_factor: float = STRAGGLER_FACTOR
     """A rank whose step rate is below this share of the median rank's..."""
     straggler_hold: float = STRAGGLER_HOLD_S
@@ -166,7 +167,8 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
 }
 _SHARES = ("straggler_factor",)
 """Float options that are a share, not seconds (the messages say so)."""
-ON_HANG = ("stop", "keep")
+ON_HANG = ("stop", "keep", "restart")
+"""What a suspected hang may do (`--on-hang`, the inventory's `job.on_hang`)."""
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
 CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY), "page")
@@ -249,7 +251,7 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
         if key not in names:
             raise LauncherError(f"unknown option {key!r}")
         values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
-    if values.get("on_hang", "stop") not in ON_HANG:
+    if values.get("on_hang") not in (None, *ON_HANG):
         raise LauncherError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {str(values['on_hang'])[:40]!r}")
     return Options(**values)
 

@@ -60,6 +60,11 @@ def run_id_of(output: str) -> str:
     return match.group(1)
 
 
+def run_ids(output: str) -> list[str]:
+    """Every run id the output names, in order, each once (a launch with retries names each attempt's)."""
+    return list(dict.fromkeys(RUN_ID.findall(output)))
+
+
 def node_runs(box, index: int) -> Path:
     """Sandbox node `index`'s own run directories (each node has its own cache home, as on separate machines)."""
     return node_cache(box.state_dir, index) / "ddp-launcher" / "runs"

@@ -10,9 +10,10 @@ from dataclasses import replace
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
 from launcher.config.model import Cluster, Job
-from launcher.errors import LauncherError, RunFailed, UsageError
+from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.recovery import restarts
 from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.actions import check_run_id
@@ -35,7 +36,13 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts, wiring=wiring)
     plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id,  # a PlanError names the inventory
-                       hang_timeout=opts.hang_timeout, retries=opts.retries)
+                       hang_timeout=opts.hang_timeout, retries=opts.retries, on_hang=opts.on_hang)
+    # Whether the run may start again, decided and said before anything starts (the dry run shows what it uses).
+    policy = restarts(plan.retries, plan.on_hang, source=cluster.source, detach=opts.detach,
+                      given=opts.retries is not None, on_hang_given=opts.on_hang is not None)
+    for note in policy.notes:
+        wiring.err.write(note + "\n")
+    plan = replace(plan, retries=policy.retries, on_hang=policy.on_hang)
     if dry_run:
         from launcher.plan.request import shown_request
         from launcher.plan.settings import settings_text
@@ -54,11 +61,6 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         before = code_sync.before_launch(with_project_src(plan.cluster, hosts), wiring.err,
                                          stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
         wiring = replace(wiring, gate=replace(gate, before=before))
-    if plan.retries and opts.detach:  # no launcher stays to start it again
-        if opts.retries:
-            raise UsageError("--retries needs an attached run: a detached run has no launcher to start it again")
-        wiring.err.write(f"note: {cluster.source}: retries: {plan.retries} does not apply to a detached run\n")
-        plan = replace(plan, retries=0)
     began = time.time()
     try:
         if not plan.retries:
@@ -131,7 +133,8 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
     #                                          progress lines and hang timeout, where it has one
 
     def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
-        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0)
+        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0,
+                           on_hang="stop" if opts.on_hang == "restart" else opts.on_hang)
 
     chosen: list[str] = []
 

@@ -87,7 +87,7 @@ def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
     if len(kept.unreached) == len(answers) and not saved and path.exists():
         raise LauncherError(f"could not reach {_failures(failures) or 'any node'}: {path} is as it was")
     page = build_page(run_id, read_journal(folder), kept.answers, f"{folder}/", offsets,
-                      _retried(opts, run_id), kept.notes)
+                      _retried(opts, run_id), kept.notes, *_attempts(opts, run_id))
     page = replace(page, unreached=tuple(kept.unreached))
     folder.mkdir(parents=True, exist_ok=True)
     _write(path, render(page).encode("utf-8"))
@@ -126,6 +126,19 @@ def _retried(opts: Options, run_id: str) -> Retried | None:
             after = attempts[index + 1].run_id if index + 1 < len(attempts) else None
             return Retried(attempt.number, len(attempts), attempt.why, after)
     return None
+
+
+def _attempts(opts: Options, run_id: str) -> tuple[list[str], float | None]:
+    """Each attempt's line of the launch this run belongs to (none where it had one attempt), and the seconds from
+    its first attempt's start to its last one's end (None while one runs)."""
+    from launcher.plan.retry import summary
+    from launcher.run.attempts import read_attempts
+
+    attempts = read_attempts(opts.log_dir, run_id)
+    if len(attempts) < 2:
+        return [], None
+    last = attempts[-1].ended_at
+    return summary(attempts), None if last is None else last - attempts[0].started_at
 
 
 def _answer(result: Any) -> dict[str, Any]:

@@ -68,6 +68,7 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
 
         return on_slurm.job_status(job, opts, wiring)
     from launcher.paths import hint
+    from launcher.plan.retry import summary
     from launcher.report.hangs import latest_answer
     from launcher.report.states import console, launcher_lines, problems, say, state_table
     from launcher.watch.straggler import stragglers_of
@@ -80,6 +81,8 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     source = hosts.path if isinstance(hosts, Hosts) else hosts
     for line in launcher_lines(found, hint(f"attach --hosts {source} --run {shown}"), time.time()):
         say(con, line)
+    for note in _detached_notes(hosts, found):
+        say(con, note)
     hang = latest_answer(opts.log_dir, shown) if shown else None
     if hang is not None:
         say(con, f"last {hang}")
@@ -95,10 +98,23 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     tried = attempts.read_attempts(opts.log_dir, shown) if shown else []
     if len(tried) > 1:
         say(con, f"run {shown} is one of {len(tried)} attempts of a launch (--retries):")
-        for attempt in tried:
-            say(con, f"  {attempt.line()}")
+        for line in summary(tried):
+            say(con, f"  {line}")
     _page_if_due(hosts, shown, [s.state for s in found], opts)
     return _code(found)
+
+
+def _detached_notes(hosts: str | Hosts, found: list[NodeState]) -> tuple[str, ...]:
+    """A running detached run (no node has a launcher's console): what of its inventory's retries and on_hang no
+    launcher is there to do."""
+    running = [s for s in found if s.state == "running"]
+    if not running or any(s.launcher for s in running):
+        return ()
+    from launcher.plan.recovery import restarts
+
+    cluster = load_inventory(hosts)
+    on_hang = cluster.job.on_hang if cluster.job is not None else None
+    return restarts(cluster.retries, on_hang or "stop", source=cluster.source, detach=True).notes
 
 
 def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], opts: Options) -> None:

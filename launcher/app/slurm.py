@@ -21,6 +21,7 @@ from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
 from launcher.paths import REPO, hint, relative, task_words
 from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.recovery import restarts
 from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
@@ -32,14 +33,16 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
                  wiring: Wiring) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
-                                  (opts.retries, "--retries", "a SLURM job is requeued by SLURM (sbatch --requeue)"),
                                   (opts.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
-    if cluster.retries:
-        wiring.err.write(f"note: {cluster.source}: retries: {cluster.retries} does not apply under SLURM\n")
+    policy = restarts(opts.retries or cluster.retries, opts.on_hang or job.on_hang or "stop", source=cluster.source,
+                      slurm=True, given=bool(opts.retries), on_hang_given=opts.on_hang is not None)
+    for note in policy.notes:
+        wiring.err.write(note + "\n")
     names = allocation.allocation_nodes(os.environ)
-    plan = plan_launch(allocation.allocation_cluster(cluster, names), job, hang_timeout=opts.hang_timeout, retries=0)
+    plan = plan_launch(allocation.allocation_cluster(cluster, names), job, hang_timeout=opts.hang_timeout, retries=0,
+                       on_hang=policy.on_hang)
     if dry_run:
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0

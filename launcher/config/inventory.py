@@ -31,6 +31,7 @@ from launcher.config.text import render, typed
 from launcher.config.torchrun import refusal
 from launcher.config.yamltext import load_yaml
 from launcher.errors import InventoryError
+from launcher.options import ON_HANG
 from launcher.paths import hint
 
 MISSING = ("no such file: `{init}` writes one from what your nodes say over SSH, `{example}` the reference "
@@ -188,11 +189,13 @@ def parse_job(r: Reader, raw: Any, max_restarts: int = 0) -> Job:
     value = r.text(fields[form], f"job.{form}")
     if value.startswith("-"):
         raise r.fail(f"job.{form}", f"{value[:60]!r} starts with '-': torchrun would read it as an option")
-    hang = fields.get("hang_timeout")
+    hang, on_hang = fields.get("hang_timeout"), fields.get("on_hang")
+    if on_hang is not None and on_hang not in ON_HANG:
+        raise r.fail("job.on_hang", f"must be one of {', '.join(ON_HANG)}, got {typed(on_hang)}")
     return Job(**{form: value}, args=_words(r, fields.get("args"), "job.args"),
                torchrun=_torchrun(r, fields.get("torchrun"), max_restarts),
                resume_args=parse_resume_args(r, fields.get("resume_args")),
-               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"),
+               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"), on_hang=on_hang,
                progress=parse_progress(r, fields.get("progress")))
 
 

@@ -55,7 +55,9 @@ JOB_FORMS = ("script", "module", "command")
 that is not Python (`torchrun --no-python ./train.sh`)."""
 
 
-JOB_KEYS = (*JOB_FORMS, "args", "torchrun", "resume_args", "hang_timeout", "progress")
+JOB_KEYS = (*JOB_FORMS, "args", "torchrun", "resume_args", "hang_timeout", "on_hang", "progress")
+"""What a suspected hang does once every rank's stack is taken: stop the run (exit code 124), keep it, or stop this
+attempt and start the run again (`retries` left) without the node that held it up, where the run can do without it."""
 
 
 ENV_KEYS = ("value", "from_env", "secret")
@@ -204,6 +206,8 @@ class Job:
     hang_timeout: float | None = None
     """launcher.options.HANG_TIMEOUT_HELP; None: learnt; 0: never. `--hang-timeout` (or the `hang_timeout`
     setting) wins."""
+    on_hang: str | None = None
+    """ON_HANG's: what a suspected hang does; None: `stop`. `--on-hang` wins."""
     progress: str | None = None
     """A regular expression of a rank's progress lines, its group `step` the step (`inv top`'s rates and
     stragglers); None: launcher.options.DEFAULT_PROGRESS (`step N`, tqdm's `N/M`)."""

@@ -136,6 +136,9 @@ class LaunchPlan:
     retries: int = 0
     """How many times a failed attached run is started again on the nodes left (the command line's or the settings',
     else the inventory's)."""
+    on_hang: str = "stop"
+    """What a suspected hang does (launcher.options.ON_HANG), resolved once here: the command line's, else the
+    inventory's job's, else stop."""
 
     def dry_run_text(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
@@ -322,7 +325,8 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
 
 
 def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None, *,
-                hang_timeout: float | None = None, retries: int | None = None) -> LaunchPlan:
+                hang_timeout: float | None = None, retries: int | None = None, on_hang: str | None = None
+                ) -> LaunchPlan:
     """Plan a run of `job` (default: the inventory's) on every node of `cluster`; `hang_timeout` and `retries` are
     the user's options (None: not given), resolved here against the inventory once for the whole run."""
     job = job or cluster.job
@@ -362,4 +366,5 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
     # The command line's job (--script, api.launch's module=) replaces the inventory's for all that reads the plan.
     return LaunchPlan(run_id=run_id, cluster=replace(cluster, job=job), job=job, nodes=tuple(nodes),
                       hang_timeout=job.hang_timeout if hang_timeout is None else hang_timeout,
-                      retries=cluster.retries if retries is None else retries)
+                      retries=cluster.retries if retries is None else retries,
+                      on_hang=on_hang or job.on_hang or "stop")

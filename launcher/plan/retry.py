@@ -33,12 +33,30 @@ class Attempt:
     """How it ended, in a sentence (the root cause of a failure)."""
     cause: str | None = None
     """The node whose failure ended it, if one did."""
+    how: str = ""
+    """launcher.plan.recovery's word for its end (ok, lost, hang, ...); "" while it runs."""
+    step: int | None = None
+    """A hang's: the furthest step the ranks' lines named when it hung."""
+    sat_out: dict[str, str] = field(default_factory=dict)
+    """The nodes the decision after the previous attempt kept out of this one, and why."""
+    resumed_from: int | None = None
+    """The first step its ranks' lines named (where a resumed run went on from)."""
+    hang_since: float | None = None
+    """When it stopped making progress, where it hung (wall clock)."""
+    training_at: float | None = None
+    """When its last rank's first optimizer step ended (wall clock: the nodes')."""
 
-    def line(self) -> str:
-        """`attempt 1 (run 2026...) on node-0, node-1, node-2; master node-0: node-2 was lost (...)`."""
+    def line(self, previous: Attempt | None = None) -> str:
+        """`attempt 2 (run 2026...) on node-0, node-2; master node-0; node-1 sat out (its rank 1 held the run up at
+        step 12); resumed at step 10: exit 0 after 20 s; training again 31 s after the hang began`."""
         took = f" after {self.ended_at - self.started_at:.0f} s" if self.ended_at else ""
-        return (f"attempt {self.number} (run {self.run_id}) on {', '.join(self.nodes)}; master {self.master}: "
-                f"{self.why or self.outcome}{took}")
+        sat = "".join(f"; {name} sat out ({why})" for name, why in self.sat_out.items())
+        resumed = f"; resumed at step {self.resumed_from}" if self.resumed_from is not None and self.number > 1 else ""
+        back = ""
+        if previous is not None and previous.hang_since is not None and self.training_at is not None:
+            back = f"; training again {self.training_at - previous.hang_since:.0f} s after the hang began"
+        return (f"attempt {self.number} (run {self.run_id}) on {', '.join(self.nodes)}; master {self.master}{sat}"
+                f"{resumed}: {self.why or self.outcome}{took}{back}")
 
     def as_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -93,5 +111,6 @@ def resumed(job: Job) -> Job:
 
 
 def summary(attempts: Iterable[Attempt]) -> list[str]:
-    """The report's lines: one per attempt."""
-    return [a.line() for a in attempts]
+    """The report's lines: one per attempt (each after a hang says how long the run took to train again)."""
+    done = list(attempts)
+    return [a.line(done[i - 1] if i else None) for i, a in enumerate(done)]

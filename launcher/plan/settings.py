@@ -1,5 +1,6 @@
 """The settings a run uses, resolved, and where each came from (`--dry-run`'s list; pure): the command line's over
-the settings' files and variables, over the inventory's (`retries`, `job.hang_timeout`), over the defaults."""
+the settings' files and variables, over the inventory's (`retries`, `job.hang_timeout`, `job.on_hang`), over the
+defaults."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan
 
-RESOLVED_IN_PLAN = {"retries": "retries", "hang_timeout": "job.hang_timeout"}
+RESOLVED_IN_PLAN = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
 """The settings an inventory may set too (its key): the plan holds what the run uses of them."""
 
 
@@ -27,11 +28,11 @@ def used_settings(plan: LaunchPlan, opts: Options, where: Mapping[str, str]) -> 
     """(name, the value the run uses, where it came from) of every setting that is not its default, or that was set
     somewhere (`where`: name -> `--grace`, a settings file, a variable; the defaults are not in it)."""
     defaults, out = Options(), []
-    inventory = {"retries": plan.cluster.retries, "hang_timeout": plan.job.hang_timeout}
+    inventory = {"retries": plan.cluster.retries, "hang_timeout": plan.job.hang_timeout, "on_hang": plan.job.on_hang}
     for field in fields(Options):
         name = field.name
         value = getattr(plan, name) if name in RESOLVED_IN_PLAN else getattr(opts, name)
-        default = 0 if name == "retries" else getattr(defaults, name)
+        default = {"retries": 0, "on_hang": "stop"}.get(name, getattr(defaults, name))
         if name in where:
             said = where[name]
             mine = inventory.get(name)

@@ -47,8 +47,17 @@ def render(page: Page, charts: bool = True) -> str:
                      "tables hold the same figures.</p>")
     parts += ["<h2>1. The start</h2>", _figure(plt, _waterfall, page), _start_table(page),
               "<h2>2. The run</h2>", _figure(plt, _timeline, page), _marks_table(page), _ranks_table(page),
-              "<h2>3. The end</h2>", _end(page), "</body></html>"]
+              "<h2>3. The end</h2>", _end(page), _attempts(page), "</body></html>"]
     return "\n".join(p for p in parts if p)
+
+
+def _attempts(page: Page) -> str:
+    """Every attempt of the launch, a line each, where there was more than one."""
+    if len(page.attempts) < 2:
+        return ""
+    took = "" if page.launch_s is None else f", {page.launch_s:.1f} s in all"
+    return (f"<h2>4. The attempts</h2><p>This run is one of the {len(page.attempts)} attempts of its launch{took}:"
+            "</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in page.attempts) + "</ul>")
 
 
 def _e(text: object) -> str:
@@ -64,6 +73,9 @@ def _facts(page: Page) -> str:
         ended = "never started: nothing ran"
     else:
         ended = f"took {took:.1f} s{share}" if took is not None else "still running or unknown"
+        if len(page.attempts) > 1:  # the launch's time is the attempts' (section 4)
+            whole = "" if page.launch_s is None else f", the launch {page.launch_s:.1f} s"
+            ended = f"this attempt {ended}{whole} over {len(page.attempts)} attempts"
     stopped = re.match(r"stopped by [^,:]*?(?= at |,|:|$)", page.stopped) if page.stopped else None
     lines = [f"started {when}", ended, *([stopped.group()] if stopped else []), f"logs: {page.logs}"]
     return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
@@ -230,7 +242,8 @@ def _start_table(page: Page) -> str:
 
 def _marks_table(page: Page) -> str:
     if not page.marks:
-        return "<p class=note>No hang, straggler, restart, lost node or stop during the run.</p>"
+        during = "this attempt (the others: section 4)" if len(page.attempts) > 1 else "the run"
+        return f"<p class=note>No hang, straggler, restart, lost node or stop during {during}.</p>"
     rows = "".join(f"<tr><td>{i}</td><td>{m.t:.1f}</td><td class=text>{_e(m.kind)}</td>"
                    f"<td class=text>{_e(m.node or '')}</td><td class=text>{_e(m.text)}</td></tr>"
                    for i, m in enumerate(page.marks, start=1))

@@ -81,6 +81,11 @@ class Page:
     """Why the launch never started anything ("" when it did)."""
     unreached: tuple[str, ...] = ()
     """The nodes that could not answer when the page was written (`notes` say whose figures are from before)."""
+    attempts: tuple[str, ...] = ()
+    """Each attempt of the launch this run belongs to (`--retries`, `--on-hang restart`), a line each: how it ended,
+    which node sat out, where the next resumed from, how long after a hang the run trained again."""
+    launch_s: float | None = None
+    """With `attempts`: seconds from the launch's first attempt's start to its last one's end (None: one runs)."""
 
     def summary(self) -> dict[str, Any]:
         """What `--json` says of the page."""
@@ -95,7 +100,8 @@ class Page:
                 "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
                 "ranks": [{"node": r.node, "rank": r.rank, "steps": r.steps, "steps_per_s": r.mean_rate(),
                            "data_share": r.data_mean} for r in self.timeline.ranks],
-                "notes": list(self.notes), "unreached": list(self.unreached)}
+                "notes": list(self.notes), "unreached": list(self.unreached), "attempts": list(self.attempts),
+                "launch_s": None if self.launch_s is None else round(self.launch_s, 1)}
 
 
 def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
@@ -117,7 +123,7 @@ def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
 
 def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[str, Mapping[str, Any]],
                logs: str, offsets: Mapping[str, float] | None = None, retried: Retried | None = None,
-               notes: Sequence[str] = ()) -> Page:
+               notes: Sequence[str] = (), attempts: Sequence[str] = (), launch_s: float | None = None) -> Page:
     """The page of a run: `answers` are each node's `report` answer in the inventory's order (a node that could not
     answer: {"state": "unreachable", "detail": why}); `offsets` each node's clock against this one where the journal
     has none (a detached run's page made elsewhere); `retried`: the attempt of a launch with retries this run was,
@@ -145,7 +151,8 @@ def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[
                 tuple(shown), hidden, _grouped([*marks, *end.marks]), exits, end.root_cause, logs,
                 None if duration is None else round(duration, 1),
                 timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began, first_steps),
-                tuple(notes), end.stopped, end.never)
+                tuple(notes), end.stopped, end.never, attempts=tuple(attempts),
+                launch_s=launch_s)
 
 
 def _start(answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], offset: Mapping[str, float],

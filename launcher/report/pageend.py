@@ -10,11 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.limits import AWAY_EXIT, REPORT_MAX_ROWS, REPORT_NAMED, STOPPED_EXIT
+from launcher.limits import AWAY_EXIT, INTERRUPTED_EXIT, REPORT_MAX_ROWS, REPORT_NAMED, STOPPED_EXIT
 from launcher.report.lines import NodeLog
 
-INTERRUPTED = 130
-"""An attached launch's exit code after Ctrl-C (what a shell reports for it)."""
 ANSWERED = ("running", "exited", "stopped", "lost")
 """A node's states that say it had the run (`none`: it never had it; `unreachable`, `error`: it could not say)."""
 
@@ -112,8 +110,8 @@ def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool,
         sentence = f"stopped by its nodes, not a failure: {text.splitlines()[0]}"
         return RunEnd("", sentence, "", (Mark(min(times), "stop", "stopped by its nodes: no launcher heard from"),)
                       if times else ())
-    if stopped and not failed and (not text or end.get("code") in (INTERRUPTED, STOPPED_EXIT)):
-        return _stopped_by_user(stopped, end.get("code") == INTERRUPTED)
+    if stopped and not failed and (not text or end.get("code") in (INTERRUPTED_EXIT, STOPPED_EXIT)):
+        return _stopped_by_user(stopped, end.get("code") == INTERRUPTED_EXIT)
     marks = tuple(Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code
                                                                   else ""), e.node)
                   for e in exits if e.ended is not None and (e.state != "exited" or e.exit_code))

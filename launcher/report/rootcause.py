@@ -6,9 +6,13 @@ stopped because the launcher (or a lost peer) told it to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from launcher.errors import RunFailed
-from launcher.events import SELF_STOPS, EndKind, NodeEnd
+from launcher.events import SELF_STOPS, EndKind, HangSuspected, NodeEnd
+from launcher.limits import AWAY_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
+from launcher.plan.recovery import AttemptEnd
 from launcher.report.lines import RANK_WORDS, failed_rank, rank_lines, root_cause_block, without_noise
 
 # Messages of a worker that died only because a peer died first: never the root cause when another exists.
@@ -149,20 +153,34 @@ LOST = {EndKind.LOST: "the connection to it was lost", EndKind.SILENT: "it stopp
         EndKind.AGENT_DIED: "the launcher's agent on it died", EndKind.UNANSWERED: "it did not answer the stop"}
 
 
-def retry_reason(ends: list[NodeEnd]) -> str | None:
-    """Why a failed run may succeed when started again: a node was lost, or its processes were killed (a signal).
-    None when the script itself failed (an exception, an exit code): another attempt would fail the same way."""
-    origin = first_failure(ends)
+def attempt_end(code: int, ends: Sequence[NodeEnd], hang: HangSuspected | None = None) -> AttemptEnd:
+    """How an attempt of a launch ended, from its exit code, every node's end and the hang that stopped it (if one
+    did): what launcher.plan.recovery decides on. A node lost or a process killed by a signal is the node's; the
+    script's own exception or exit code is the program's."""
+    if code == 0:
+        return AttemptEnd("ok", "exit 0")
+    if code == INTERRUPTED_EXIT:
+        return AttemptEnd("interrupted", "interrupted (Ctrl-C)")
+    if code == STOPPED_EXIT:
+        return AttemptEnd("stopped", "stopped from elsewhere")
+    if hang is not None and not hang.kept:
+        node, rank = hang.suspects[0] if hang.suspects else (None, None)
+        return AttemptEnd("hang", hang.why, node, rank, hang.step)
+    if code == AWAY_EXIT and (not ends or any(e.kind == EndKind.TAKEN for e in ends)):
+        return AttemptEnd("left", "this launcher let the run go on without it")
+    if not ends:
+        return AttemptEnd("no-start", "it could not start")
+    origin = first_failure(list(ends))
     if origin is None:
-        return None
+        return AttemptEnd("failed", f"exit {code}")
     if origin.kind in LOST:
-        return f"{origin.node} was lost: {LOST[origin.kind]}"
+        return AttemptEnd("lost", f"{origin.node} was lost: {LOST[origin.kind]}", origin.node)
     if origin.stop_reason in SELF_STOPS:
-        return f"{origin.node} lost the launcher ({origin.stop_reason})"
-    if origin.kind != EndKind.EXITED:
-        return None
-    _, _, worker_code = failed_rank(root_cause_block(list(origin.tail)))
-    for code, whose in ((origin.exit_code, "torchrun"), (worker_code, "a worker")):
-        if code is not None and (code < 0 or code > 128):
-            return f"{origin.node}: {whose} was killed by signal {-code if code < 0 else code - 128}"
-    return None
+        return AttemptEnd("launcher-gone", f"{origin.node} lost the launcher ({origin.stop_reason})", origin.node)
+    if origin.kind == EndKind.EXITED:
+        _, _, worker_code = failed_rank(root_cause_block(list(origin.tail)))
+        for killed, whose in ((origin.exit_code, "torchrun"), (worker_code, "a worker")):
+            if killed is not None and (killed < 0 or killed > 128):
+                signal = -killed if killed < 0 else killed - 128
+                return AttemptEnd("killed", f"{origin.node}: {whose} was killed by signal {signal}", origin.node)
+    return AttemptEnd("failed", headline(origin)[0], origin.node)

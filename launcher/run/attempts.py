@@ -1,13 +1,14 @@
-"""A launch that survives a lost node: attempts of a run, each on the nodes that are left (`inv launch --retries`).
+"""A launch that survives a lost node or a hang: attempts of a run, each on the nodes that are left (`inv launch
+--retries`, `--on-hang restart`).
 
-Each attempt is a whole run (`launch_run`, its own run id, logs and atomic start). After an attempt that failed
-because a node was lost or its processes were killed (`rootcause.retry_reason`; never after the script's own
-error), the launcher waits `retry_wait`, runs the doctor's fast checks on the nodes not blacklisted, and starts the
-next attempt on those that pass, if at least the rendezvous' MIN remain, with the job's `resume_args` added. Each
-node kept is first swept of the previous attempt over a new channel (a lost or silent node may still hold its
-workers: GPU memory, a checkpoint half-written) and must be confirmed empty, or it sits out. The decisions are
-`launcher/plan/retry.py`'s; every attempt's folder of logs holds `attempts.json`, which `inv status` shows, however the
-attempt ended (one that could not start too).
+Each attempt is a whole run (`launch_run`, its own run id, logs and atomic start). What follows it is decided in one
+place, launcher/plan/recovery.py (`after_attempt`), from how it ended (`rootcause.attempt_end`: a node lost, a process
+killed, a hang with its suspects and step, the script's own failure, ...) and the attempts before; this module only
+carries it out: it waits `retry_wait`, runs the doctor's fast checks on the nodes the decision did not keep out, sweeps
+each node kept of the previous attempt over a new channel (a lost, silent or hung node may still hold its workers:
+GPU memory, a checkpoint half-written) and needs it confirmed empty, then starts the next attempt on those, if at
+least the rendezvous' MIN remain, with the job's `resume_args` added. Every attempt's folder of logs holds
+`attempts.json`, which `inv status` and the run's page show, however the attempt ended (one that could not start too).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
+from launcher.events import Beat, Ended, HangSuspected, NodeEnd
 from launcher.options import Options
 from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.recovery import AttemptEnd, Final, Retry, after_attempt
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
 from launcher.run import control as run_control
@@ -33,82 +37,133 @@ ATTEMPTS_FILE = "attempts.json"
 
 AttemptCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
+NODE_CAUSED = ("lost", "killed", "hang", "launcher-gone")
+"""Ends that count against the node that caused them (the blacklist's failed attempts)."""
+
+
+class Seen:
+    """What one attempt's events say, beside what they are for (`wiring.on_event`): each node's end, the hang that
+    stopped it, where it resumed from and when every rank was training again."""
+
+    def __init__(self, wiring: Wiring):
+        self.passed = wiring.on_event
+        self.ends: dict[str, NodeEnd] = {}
+        self.hang: HangSuspected | None = None
+        self.resumed_from: int | None = None
+        self.first_steps: dict[tuple[str, int], float] = {}
+
+    def take(self, event: Any) -> None:
+        if isinstance(event, Ended):
+            self.ends[event.node] = event.end
+        elif isinstance(event, HangSuspected) and not event.kept:
+            self.hang = event
+        elif isinstance(event, Beat):
+            steps = [r["first_step"] for r in event.progress if isinstance(r.get("first_step"), int)]
+            if steps:
+                self.resumed_from = min(steps if self.resumed_from is None else [*steps, self.resumed_from])
+            for rank in event.progress:
+                if isinstance(rank.get("first_step_at"), int | float):
+                    self.first_steps[(event.node, int(rank["rank"]))] = float(rank["first_step_at"])
+        if self.passed is not None:
+            self.passed(event)
+
+    def noted(self, attempt: Attempt, end: AttemptEnd) -> Attempt:
+        """The attempt with what its events said."""
+        hang_since = None if self.hang is None else self.hang.time - self.hang.quiet_s
+        return replace(attempt, ended_at=time.time(), how=end.how, step=end.step, cause=end.node,
+                       resumed_from=self.resumed_from, hang_since=hang_since,
+                       training_at=max(self.first_steps.values(), default=None))
 
 
 def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: AttemptCheck) -> int:
-    """`run_launch.launch_run`, again on what is left after a lost node, up to `retries` more times."""
+    """`run_launch.launch_run`, again as `after_attempt` decides, up to `retries` more times."""
     from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
 
     attempts: list[Attempt] = []
+    ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
-    first = plan
+    first, sat_out = plan, {}
     elastic = plan.cluster.rendezvous.elastic
     # A static run is planned again for the nodes left; a c10d one needs its MIN.
     low = elastic.nodes_range(len(plan.nodes))[0] if elastic.backend == "c10d" else 1
     while True:
         attempt = Attempt(len(attempts) + 1, plan.run_id, tuple(c.host.name for c in plan.nodes),
-                          _master_name(plan.cluster))
+                          _master_name(plan.cluster), sat_out=dict(sat_out))
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
+        seen, error = Seen(wiring), None
         try:
-            code = run_launch.launch_run(plan, opts, wiring)
+            code = run_launch.launch_run(plan, opts, replace(wiring, on_event=seen.take))
+        except RunFailed as exc:
+            code, error = exc.exit_code, exc
         except (LauncherError, KeyboardInterrupt) as exc:
-            if isinstance(exc, RunFailed):
-                plan = _after_failure(exc, attempt, attempts, first, opts, wiring, failures, health, low, retries)
-                continue
-            # It could not start (the doctor's checks, a connection) or was interrupted while starting: recorded
-            # as ended, never left "running" for `inv status`.
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
-            attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else
-                                   "failed-final", why=why)
-            _record(opts.log_dir, attempts)
-            if len(attempts) > 1:
-                wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+            _could_not_start(exc, attempt, attempts, opts, wiring)
             raise
-        attempts[-1] = replace(attempt, ended_at=time.time(), outcome="ok" if code == 0 else "interrupted",
-                               why="exit 0" if code == 0 else f"exit {code}")
+        end = rootcause.attempt_end(code, list(error.ends) if error and error.ends else list(seen.ends.values()),
+                                    seen.hang)
+        ends.append(end)
+        if end.how in NODE_CAUSED and end.node is not None:
+            failures.setdefault(end.node, []).append(time.time())
+        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=low, retries=retries,
+                                 on_hang=first.on_hang, failures=failures, now=time.time(),
+                                 cooldown=opts.retry_cooldown)
+        attempts[-1] = replace(seen.noted(attempt, end), outcome=_outcome(end, decision),
+                               why=end.why if end.how != "hang" else decision.reason.split("; no retry")[0])
         _record(opts.log_dir, attempts)
-        if len(attempts) > 1:
-            wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
-        return code
+        if isinstance(decision, Final):
+            return _final(decision, code, error, attempts, wiring)
+        try:
+            plan, sat_out = _next_plan(first, opts, wiring, failures, health, low, retries, decision, attempts)
+        except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
+            lines = ["interrupted between attempts: nothing is running", "attempts:",
+                     *(f"  {line}" for line in summary(attempts))]
+            raise RunFailed("\n".join(lines), 130, node=end.node) from None
 
 
-def _after_failure(exc: RunFailed, attempt: Attempt, attempts: list[Attempt], first: LaunchPlan, opts: Options,
-                   wiring: Wiring,
-                   failures: dict[str, list[float]], health: AttemptCheck, low: int, retries: int) -> LaunchPlan:
-    """Record a failed attempt; the next attempt's plan, or raise the failure when it is final."""
-    reason = rootcause.retry_reason(list(exc.ends)) if exc.ends else None
-    final = reason is None or exc.exit_code == 130 or len(attempts) > retries
-    outcome = "interrupted" if exc.exit_code == 130 else "failed-final" if final else "failed"
-    why = reason or _first_line(exc) or "failed"
-    attempts[-1] = replace(attempt, ended_at=time.time(), outcome=outcome, why=why, cause=exc.node)
+def _outcome(end: AttemptEnd, decision: Retry | Final) -> str:
+    if end.how == "ok":
+        return "ok"
+    if end.how in ("interrupted", "stopped", "left"):
+        return "interrupted"
+    return "failed" if isinstance(decision, Retry) else "failed-final"
+
+
+def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], wiring: Wiring) -> int:
+    """The launch's end: its last attempt's code, or its failure, with every attempt's line where there were more."""
+    if error is not None:
+        raise _with_attempts(error, attempts, decision.reason) from None
+    if len(attempts) > 1:
+        wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+    return code
+
+
+def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attempt], opts: Options,
+                     wiring: Wiring) -> None:
+    """An attempt that could not start (the doctor's checks, a connection) or was interrupted while starting:
+    recorded as ended, never left "running" for `inv status`."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
+    attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else "failed-final",
+                           why=why, how="interrupted" if interrupted else "no-start")
     _record(opts.log_dir, attempts)
-    if final:
-        raise _with_attempts(exc, attempts, retries, reason) from None
-    if exc.node is not None:
-        failures.setdefault(exc.node, []).append(time.time())
-    try:
-        plan = _next_plan(first, opts, wiring, failures, health, low, retries, reason, attempts)
-    except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
-        lines = ["interrupted between attempts: nothing is running", "attempts:",
-                 *(f"  {line}" for line in summary(attempts))]
-        raise RunFailed("\n".join(lines), 130, node=exc.node) from None
-    return plan
+    if len(attempts) > 1:
+        wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
 
 
 def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[str, list[float]],
-               health: AttemptCheck, low: int, retries: int, reason: str, attempts: list[Attempt]) -> LaunchPlan:
-    """Wait, check the nodes, and plan the next attempt on those that may take part; raise when too few are left.
+               health: AttemptCheck, low: int, retries: int, decision: Retry, attempts: list[Attempt]
+               ) -> tuple[LaunchPlan, dict[str, str]]:
+    """Wait, check the nodes, and plan the next attempt on those that may take part (and who sits out: the decision's
+    and those the checks and the sweep left out); raise when too few are left.
 
-    Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over)
-    takes part again as soon as it passes."""
+    Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
+    hang it held) takes part again as soon as nothing keeps it out."""
     done = len(attempts)
-    wiring.err.write(f"attempt {done} of {retries + 1} failed: {reason}; checking the nodes again in "
-                   f"{opts.retry_wait:g} s (retry {done} of {retries})\n")
+    wiring.err.write(f"attempt {done} of {retries + 1} failed: {decision.reason}; checking the nodes again in "
+                     f"{opts.retry_wait:g} s (retry {done} of {retries})\n")
     time.sleep(opts.retry_wait)
     inventory = first.cluster
-    out = blacklisted(failures, time.time(), opts.retry_cooldown)
+    out = {**blacklisted(failures, time.time(), opts.retry_cooldown), **decision.sit_out}
     candidates = next_nodes(inventory, out).cluster
     if candidates.hosts:
         out.update(health(candidates))
@@ -129,7 +184,9 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     wiring.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    return plan_launch(chosen.cluster, job, hang_timeout=first.hang_timeout, retries=first.retries)
+    plan = plan_launch(chosen.cluster, job, hang_timeout=first.hang_timeout, retries=first.retries,
+                       on_hang=first.on_hang)
+    return plan, dict(chosen.dropped)
 
 
 def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -> dict[str, str]:
@@ -157,16 +214,11 @@ def _first_line(exc: Exception) -> str:
     return next((line for line in lines if line.startswith("root cause")), lines[0] if lines else "")
 
 
-def _with_attempts(exc: RunFailed, attempts: list[Attempt], retries: int, reason: str | None) -> RunFailed:
-    """The last attempt's failure, with every attempt's line (and why there is no other) when there were retries."""
-    if retries == 0 or exc.exit_code == 130:
+def _with_attempts(exc: RunFailed, attempts: list[Attempt], reason: str) -> RunFailed:
+    """The last attempt's failure, with every attempt's line and why no other follows (the decision's words)."""
+    if exc.exit_code == 130:
         return exc
-    if not exc.ends:
-        why = "not retried: the run could not start (a retry would not either)"
-    elif reason is None:
-        why = "not retried: the script itself failed (a retry would fail the same way)"
-    else:
-        why = f"no retry left ({retries} allowed)"
+    why = reason if "no retry left" in reason or "not a node" in reason else f"not retried: {reason}"
     lines = [str(exc), "attempts:", *(f"  {line}" for line in summary(attempts)), why]
     return RunFailed("\n".join(lines), exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail, ends=exc.ends)
 

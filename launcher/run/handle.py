@@ -73,7 +73,8 @@ class RunHandle:
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
-        self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, opts.on_hang == "keep")
+        self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, plan.on_hang == "keep",
+                                                                   restart=plan.on_hang == "restart")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 

@@ -53,7 +53,7 @@ def _launch(box: Sandbox, tmp_path: Path, hang_timeout: str, *options: str
 
 def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_stopped(hang_box, tmp_path: Path
                                                                                        ) -> None:
-    proc, out, logs = _launch(hang_box, tmp_path, "10")
+    proc, out, logs = _launch(hang_box, tmp_path, "10", "--on-hang", "restart")  # and no retries: a stop, said
     wait_for(lambda: out.read_text(errors="replace").count("step 1") == 4, 120, "every rank's second step")
     hang_began = time.monotonic()  # rank 1 sleeps from here; the others wait in all_reduce
     run_id = run_id_of(out.read_text())
@@ -68,6 +68,8 @@ def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_s
                                                                "node-1-r3.txt"]
     assert "in <module>" in (folder / "node-0-r1.txt").read_text()
     assert "stopping the run" in text and f"stacks of every rank: {folder}" in text
+    assert ("note: on_hang: restart starts the run again as one of its retries, and it has none (--retries N, or the "
+            "inventory's retries): a hang stops the run") in text, text
     assert run_processes(run_id) == []
     status = inv("status", "--hosts", str(hang_box.inventory), "--run", run_id, log_dir=logs)
     assert "last hang suspected" in status.stdout and "rank 1 (node-0" in status.stdout

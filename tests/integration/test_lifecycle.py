@@ -136,11 +136,19 @@ def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, 
     box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
                        login_rc=logins.rc)
     hosts = str(box.inventory)
+    data = yaml.safe_load(box.inventory.read_text())
+    data["retries"], data["job"]["on_hang"] = 1, "restart"  # what no launcher does for a detached run: said
+    box.inventory.write_text(yaml.safe_dump(data))
     result = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 0, result.stderr
+    unwatched = (f"note: {hosts}: job.on_hang: restart does not apply to a detached run: no launcher watches it for "
+                 "a hang")
+    assert unwatched in result.stderr and "retries: 1 does not apply to a detached run" in result.stderr
     run_id = run_id_of(result.stderr)
     try:
         wait_for(lambda: len(run_processes(run_id)) >= 4, timeout=30)
+        status = inv("status", "--hosts", hosts, "--run", run_id, timeout=60)
+        assert unwatched in " ".join(status.stdout.split()), status.stdout  # rich wraps it
         before = logins.counts()
         stopped = inv("stop", "--hosts", hosts, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr

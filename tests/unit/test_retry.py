@@ -10,9 +10,10 @@ from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
 from launcher.events import NodeEnd
 from launcher.plan.launch import plan_launch
+from launcher.plan.recovery import Final, Retry, after_attempt
 from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
 from launcher.report.lines import NodeLog
-from launcher.report.rootcause import retry_reason
+from launcher.report.rootcause import attempt_end
 
 THREE = """\
 hosts: [node-0, node-1, {name: node-2, addr: 10.0.0.3}]
@@ -89,20 +90,27 @@ BLOCK = ("Root Cause (first observed failure):", "[0]:", "  rank      : 2 (local
          "=====")
 
 
-@pytest.mark.parametrize(("ends", "reason"), [
-    ([end("n0", asked=True, code=0), end("n2", "agent-died", None)],
+@pytest.mark.parametrize(("ends", "how", "why"), [
+    ([end("n0", asked=True, code=0), end("n2", "agent-died", None)], "lost",
      "n2 was lost: the launcher's agent on it died"),
-    ([end("n1", "lost", None)], "n1 was lost: the connection to it was lost"),
-    ([end("n1", "silent", None)], "n1 was lost: it stopped answering"),
-    ([end("n2", code=137)], "n2: torchrun was killed by signal 9"),
-    ([end("n2", code=-9)], "n2: torchrun was killed by signal 9"),
-    ([end("n2", tail=tuple(line.format(code=-9) for line in BLOCK))], "n2: a worker was killed by signal 9"),
-    ([end("n2", tail=tuple(line.format(code=1) for line in BLOCK))], None),
-    ([end("n2", code=1)], None),
-    ([end("n2", "start-error", 125)], None),
+    ([end("n1", "lost", None)], "lost", "n1 was lost: the connection to it was lost"),
+    ([end("n1", "silent", None)], "lost", "n1 was lost: it stopped answering"),
+    ([end("n2", code=137)], "killed", "n2: torchrun was killed by signal 9"),
+    ([end("n2", code=-9)], "killed", "n2: torchrun was killed by signal 9"),
+    ([end("n2", tail=tuple(line.format(code=-9) for line in BLOCK))], "killed", "n2: a worker was killed by signal 9"),
+    ([end("n2", tail=tuple(line.format(code=1) for line in BLOCK))], "failed", None),
+    ([end("n2", code=1)], "failed", None),
+    ([end("n2", "start-error", 125)], "failed", None),
 ])
-def test_only_a_lost_node_or_a_killed_process_is_retried(ends: list[NodeEnd], reason: str | None) -> None:
-    assert retry_reason(ends) == reason
+def test_an_attempts_end_is_a_lost_node_a_killed_process_or_the_scripts_own(ends: list[NodeEnd], how: str,
+                                                                           why: str | None) -> None:
+    found = attempt_end(1, ends)
+    assert found.how == how and found.node == ends[-1].node
+    if why is not None:
+        assert found.why == why
+    decision = after_attempt(found, [], nodes=["n0", "n1", "n2"], min_nodes=1, retries=1, on_hang="stop",
+                             failures={}, now=0.0, cooldown=300.0)
+    assert isinstance(decision, Retry) == (how in ("lost", "killed"))
 
 
 def test_next_nodes_keeps_the_order_and_moves_the_master_when_it_is_gone() -> None:
@@ -150,10 +158,18 @@ def test_the_report_says_why_there_was_no_retry() -> None:
     from launcher.run.attempts import _with_attempts
 
     tried = [Attempt(1, "20261122-101010-abcdef", ("n0", "n1"), "n0", 0.0, 5.0, "failed-final", "root cause: n1")]
-    script = _with_attempts(RunFailed("run FAILED", 1, ends=(end("n1"),)), tried, 2, None)
-    assert str(script).endswith("not retried: the script itself failed (a retry would fail the same way)")
-    start = _with_attempts(RunFailed("could not start", 1), tried, 2, None)
-    assert str(start).endswith("not retried: the run could not start (a retry would not either)")
-    spent = _with_attempts(RunFailed("run FAILED", 1, ends=(end("n1", "lost"),)), tried, 1, "n1 was lost")
-    assert "attempt 1 (run 20261122-101010-abcdef) on n0, n1; master n0: root cause: n1 after 5 s" in str(spent)
-    assert str(spent).endswith("no retry left (1 allowed)")
+
+    def said(failed: RunFailed, retries: int) -> str:
+        found = attempt_end(failed.exit_code, list(failed.ends))
+        decision = after_attempt(found, [], nodes=["n0", "n1"], min_nodes=1, retries=retries, on_hang="stop",
+                                 failures={}, now=0.0, cooldown=300.0)
+        assert isinstance(decision, Final)
+        return str(_with_attempts(failed, tried, decision.reason))
+
+    script = said(RunFailed("run FAILED", 1, ends=(end("n1"),)), 2)
+    assert script.endswith("not retried: the script itself failed (a retry would fail the same way)")
+    start = said(RunFailed("could not start", 1), 2)
+    assert start.endswith("not retried: the run could not start (a retry would not either)")
+    spent = said(RunFailed("run FAILED", 1, ends=(end("n1", "lost"),)), 0)
+    assert "attempt 1 (run 20261122-101010-abcdef) on n0, n1; master n0: root cause: n1 after 5 s" in spent
+    assert spent.endswith("n1 was lost: the connection to it was lost; no retry left (0 allowed)")

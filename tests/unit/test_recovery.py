@@ -1,0 +1,91 @@
+"""What follows an attempt (launcher.plan.recovery, pure): for every way an attempt ends, a restart (on which nodes)
+or the end, and why; and whether a launch may restart at all (detached, under SLURM, without retries)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.plan.recovery import HOWS, AttemptEnd, Final, Retry, after_attempt, restarts
+
+NODES = ["node-0", "node-1", "node-2"]
+
+
+def decide(end: AttemptEnd, before: tuple[AttemptEnd, ...] = (), *, nodes: list[str] = NODES, min_nodes: int = 1,
+           retries: int = 2, on_hang: str = "restart", failures: dict[str, list[float]] | None = None
+           ) -> Retry | Final:
+    return after_attempt(end, before, nodes=nodes, min_nodes=min_nodes, retries=retries, on_hang=on_hang,
+                         failures=failures or {}, now=100.0, cooldown=300.0)
+
+
+HUNG = AttemptEnd("hang", "rank 1 (node-1, pid 7) never entered all_reduce #12", "node-1", 1, 11)
+
+
+@pytest.mark.parametrize(("end", "then"), [
+    (AttemptEnd("ok", "exit 0"), Final("exit 0")),
+    (AttemptEnd("failed", "root cause: node-1, rank 1, exit code 1", "node-1"),
+     Final("the script itself failed (a retry would fail the same way)")),
+    (AttemptEnd("no-start", "it could not start"), Final("the run could not start (a retry would not either)")),
+    (AttemptEnd("stopped", "stopped from elsewhere"), Final("stopped from elsewhere")),
+    (AttemptEnd("interrupted", "interrupted (Ctrl-C)"), Final("interrupted (Ctrl-C)")),
+    (AttemptEnd("left", "this launcher let the run go on without it"),
+     Final("this launcher let the run go on without it")),
+    (AttemptEnd("lost", "node-2 was lost: it stopped answering", "node-2"),
+     Retry("node-2 was lost: it stopped answering")),
+    (AttemptEnd("killed", "node-2: torchrun was killed by signal 9", "node-2"),
+     Retry("node-2: torchrun was killed by signal 9")),
+    (AttemptEnd("launcher-gone", "node-0 lost the launcher (heartbeat-timeout)", "node-0"),
+     Retry("node-0 lost the launcher (heartbeat-timeout)")),
+    (HUNG, Retry("it hung after step 11: node-1 held the run up (rank 1)",
+                 {"node-1": "its rank 1 held the run up after step 11"})),
+])
+def test_each_way_an_attempt_ends_is_followed_by_a_restart_or_the_end(end: AttemptEnd, then: Retry | Final) -> None:
+    assert decide(end) == then
+
+
+def test_every_end_is_decided() -> None:
+    for how in HOWS:
+        assert isinstance(decide(AttemptEnd(how, "why", "node-1", 1, 3)), Retry | Final)
+    with pytest.raises(ValueError):
+        AttemptEnd("crashed")
+
+
+def test_a_hang_restarts_only_with_restart_and_a_retry_left() -> None:
+    assert decide(HUNG, on_hang="stop") == Final(f"{HUNG.why} (--on-hang stop)")
+    assert decide(HUNG, retries=0) == Final("it hung after step 11: node-1 held the run up (rank 1); no retry left "
+                                            "(0 allowed)")
+
+
+def test_the_node_that_held_the_run_up_sits_out_only_where_the_run_can_do_without_it() -> None:
+    assert decide(HUNG, min_nodes=3).sit_out == {}  # a c10d range whose minimum is every node: the same nodes
+    assert decide(HUNG, nodes=["node-1"]).sit_out == {}  # one node: nothing to do without
+    assert decide(AttemptEnd("hang", "every rank waits alike", None, None, 4)).sit_out == {}
+
+
+def test_the_same_hang_on_another_node_is_the_programs_not_a_nodes() -> None:
+    again = AttemptEnd("hang", "rank 1 (node-2) never entered all_reduce #12", "node-2", 1, 11)
+    assert decide(again, (HUNG,)) == Final("the run hung after step 11 twice, on node-1 then node-2: the program, "
+                                           "not a node (no retry: it would hang there again)")
+    elsewhere = AttemptEnd("hang", "rank 1 (node-2) never entered all_reduce #40", "node-2", 1, 39)
+    assert isinstance(decide(elsewhere, (HUNG,)), Retry)  # another step: not the same bug
+    same_node = decide(HUNG, (HUNG,), failures={"node-1": [10.0, 50.0]})
+    assert isinstance(same_node, Retry)  # the same node twice: a bad node, which sits out as one that failed twice
+    assert same_node.sit_out["node-1"].startswith("caused 2 failed attempts")
+
+
+def test_restarts_apply_to_an_attached_run_over_ssh_only() -> None:
+    assert restarts(2, "restart", source="c.yaml") == restarts(2, "restart", source="c.yaml")
+    attached = restarts(2, "restart", source="c.yaml")
+    assert (attached.retries, attached.on_hang, attached.notes) == (2, "restart", ())
+    none_left = restarts(0, "restart", source="c.yaml")
+    assert none_left.on_hang == "stop" and "a hang stops the run" in none_left.notes[0]
+    detached = restarts(2, "restart", source="c.yaml", detach=True)
+    assert (detached.retries, detached.on_hang) == (0, "stop")
+    assert detached.notes == ("note: c.yaml: retries: 2 does not apply to a detached run: no launcher is there to "
+                              "start it again",
+                              "note: c.yaml: job.on_hang: restart does not apply to a detached run: no launcher "
+                              "watches it for a hang (an attached run's does; `inv top` shows a rank behind)")
+    with pytest.raises(UsageError, match="--retries needs an attached run"):
+        restarts(2, "stop", source="c.yaml", detach=True, given=True)
+    with pytest.raises(UsageError, match="--on-hang restart does not apply to --slurm"):
+        restarts(0, "restart", source="c.yaml", slurm=True, on_hang_given=True)
