@@ -21,6 +21,8 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           the launcher's exit code and time, processes left after 60 s (2 runs each; --quick: 1)
   reconnect a node's sshd session SIGKILLed 5 times in one attached run: from the kill to its stream flowing again
           on the launcher's console, every line once, nothing left after Ctrl-C (bench/reconnect.py)
+  recover from a hang's start to every rank's first step after `--on-hang restart` started the run again without
+          the node that held it (3 nodes, --hang-timeout 15), and where the time went (bench/recover.py)
   sync    `inv sync` of a 1,000-file, 50 MB tree to 8 nodes vs a parallel `rsync -a` loop: first sync, nothing
           changed, one file changed (2 runs; --quick: 1)
   elastic from a node's death to training resumed on the 2 nodes left of 3: relaunch with --retries, and a c10d
@@ -66,8 +68,8 @@ from typing import Any
 from bench.common import REAL_LOGIN_ENV, REPO, RESULTS, log, machine, remove_run_dirs
 from bench.table import markdown, print_table, rows
 
-FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "reconnect", "sync", "elastic", "hang", "top",
-           "net", "startup", "scale")
+FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "reconnect", "sync", "elastic", "recover",
+           "hang", "top", "net", "startup", "scale")
 ON_REQUEST = ("scale",)
 """Figures only `--only` runs: 256 sshd nodes take the machine for ~15 minutes, on top of the full run's ~20."""
 
@@ -93,6 +95,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "reconnect": {"repeat": 5},
         "sync": {"repeat": 2},
         "elastic": {"repeat": 3},
+        "recover": {"repeat": 2},
         "hang": {"sizes": [2, 16, 64], "repeat": 2, "job_repeat": 4},
         "top": {"repeat": 2},
         "net": {"sizes": [2, 8, 16], "repeat": 2},
@@ -109,6 +112,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "reconnect": {"repeat": 3},
         "sync": {"repeat": 1},
         "elastic": {"repeat": 1},
+        "recover": {"repeat": 1},
         "hang": {"sizes": [2, 16], "repeat": 1, "job_repeat": 2},
         "top": {"repeat": 1},
         "net": {"sizes": [2, 8], "repeat": 1},
@@ -183,6 +187,7 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         logs_fig,
         net,
         reconnect,
+        recover,
         scale,
         startup,
         stop,
@@ -216,6 +221,8 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         results["sync"] = sync_fig.run(conf["repeat"], root)
     elif name == "elastic":
         results["elastic"] = elastic.run(conf["repeat"], root)
+    elif name == "recover":
+        results["recover"] = recover.run(conf["repeat"], root)
     elif name == "hang":
         results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
     elif name == "top":

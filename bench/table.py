@@ -58,6 +58,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     failure_rows(out, results.get("failures"))
     reconnect_rows(out, results.get("reconnect"))
     elastic_rows(out, results.get("elastic"))
+    recover_rows(out, results.get("recover"))
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
     startup_rows(out, results.get("startup"))
@@ -177,6 +178,19 @@ def reconnect_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
     out.append(["dropped connection -> stream flowing again", "2",
                 f"{cell(fig['flowing'])} ({fig['drops']} drops); the launcher's own: {cell(fig['reconnect_said'])}; "
                 f"{kept}", "", "", "", f"≤ {fig['target_s']:g} s, none lost or twice", verdict(fig["ok"])])
+
+
+def recover_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
+    """From a hang's start to training again after `--on-hang restart` (bench/recover.py), and where the time went."""
+    if not fig:
+        return
+    parts = fig["parts"]
+    went = "; ".join(f"{label} {cell(parts[key])}" for key, label in (
+        ("verdict_s", "timeout + the looks"), ("stop_s", "stop"), ("between_s", "between attempts"),
+        ("start_to_step_s", "start -> first step")))
+    out.append([f"hang -> training again (--on-hang restart, --hang-timeout {fig['hang_timeout_s']:g})",
+                str(fig["nodes"]), f"{cell(fig['back'])}: {went}", "", "", "",
+                f"≤ timeout + 20 s ({fig['target_s']:g} s)", verdict(fig["ok"])])
 
 
 def elastic_rows(out: list[list[str]], fig: dict[str, Any] | None) -> None:
