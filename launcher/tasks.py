@@ -159,7 +159,8 @@ def _settings_from(c: Context, given: dict[str, Any]) -> dict[str, str]:
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
     "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
                     "job.hang_timeout)",
-    "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
+    "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124), keep, or restart "
+               "(with --retries: again without the node that held it up)",
     "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
              "master; the inventory gives everything else",
 })

@@ -38,8 +38,9 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
     plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id,  # a PlanError names the inventory
                        hang_timeout=opts.hang_timeout, retries=opts.retries, on_hang=opts.on_hang)
     # Whether the run may start again, decided and said before anything starts (the dry run shows what it uses).
-    policy = restarts(plan.retries, plan.on_hang, source=cluster.source, detach=opts.detach,
-                      given=opts.retries is not None, on_hang_given=opts.on_hang is not None)
+    policy = restarts(plan.retries, plan.on_hang, source=cluster.source,
+                      where="detached" if opts.detach else "attached", given=opts.retries is not None,
+                      on_hang_given=opts.on_hang is not None)
     for note in policy.notes:
         wiring.err.write(note + "\n")
     plan = replace(plan, retries=policy.retries, on_hang=policy.on_hang)
@@ -132,9 +133,14 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
     job = cluster.job or Job(command="true")  # the run's own argv is on its nodes; the inventory's job names its
     #                                          progress lines and hang timeout, where it has one
 
+    # A run taken over is followed to its end, one attempt: the launch it came from chose whether to start it again.
+    policy = restarts(0, opts.on_hang or job.on_hang or "stop", source=cluster.source, where="attach",
+                      on_hang_given=opts.on_hang is not None)
+    for note in policy.notes:
+        wiring.err.write(note + "\n")
+
     def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
-        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0,
-                           on_hang="stop" if opts.on_hang == "restart" else opts.on_hang)
+        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0, on_hang=policy.on_hang)
 
     chosen: list[str] = []
 

@@ -114,7 +114,7 @@ def _detached_notes(hosts: str | Hosts, found: list[NodeState]) -> tuple[str, ..
 
     cluster = load_inventory(hosts)
     on_hang = cluster.job.on_hang if cluster.job is not None else None
-    return restarts(cluster.retries, on_hang or "stop", source=cluster.source, detach=True).notes
+    return restarts(cluster.retries, on_hang or "stop", source=cluster.source, where="detached").notes
 
 
 def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], opts: Options) -> None:

@@ -37,7 +37,7 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     policy = restarts(opts.retries or cluster.retries, opts.on_hang or job.on_hang or "stop", source=cluster.source,
-                      slurm=True, given=bool(opts.retries), on_hang_given=opts.on_hang is not None)
+                      where="slurm", given=bool(opts.retries), on_hang_given=opts.on_hang is not None)
     for note in policy.notes:
         wiring.err.write(note + "\n")
     names = allocation.allocation_nodes(os.environ)

@@ -129,30 +129,38 @@ class Restarts:
     """What the user is told of a setting that does not apply (the inventory's: an option given is refused)."""
 
 
-def restarts(retries: int, on_hang: str, *, source: str, detach: bool = False, slurm: bool = False,
-             given: bool = False, on_hang_given: bool = False) -> Restarts:
-    """A launch's `retries` and `on_hang` as the run will use them, decided once: no launcher starts a detached run
-    again (nor watches it for hangs), under SLURM the scheduler requeues a job, and a restart after a hang is one of
-    the retries. `given`, `on_hang_given`: the command line set them (refused with a usage error where they cannot
-    apply; the inventory's are noted and dropped)."""
-    if slurm or detach:
-        refused = (lambda option: f"{option} does not apply to --slurm (a SLURM job is requeued by SLURM (sbatch "
-                   "--requeue))") if slurm else \
-            (lambda option: f"{option} needs an attached run: a detached run has no launcher to start it again")
+WHERE = ("attached", "detached", "slurm", "attach")
+"""Where a run is followed: an attached launch over SSH (the only one that starts a run again), a detached one (no
+launcher), under SLURM (the scheduler requeues), `attach` (a run taken over, followed to its end)."""
+_WHY_NOT = {
+    "detached": ("needs an attached run: a detached run has no launcher to start it again",
+                 "does not apply to a detached run: no launcher is there to start it again",
+                 "does not apply to a detached run: no launcher watches it for a hang (an attached run's does; `inv "
+                 "top` shows a rank behind)"),
+    "slurm": ("does not apply to --slurm (a SLURM job is requeued by SLURM (sbatch --requeue))",
+              "does not apply under SLURM", "does not apply under SLURM; a hang stops the run"),
+    "attach": ("does not apply to attach: it follows the run it takes over to its end (`launch --on-hang restart` "
+               "starts a run again)", "does not apply to attach", "does not apply to attach; a hang stops the run"),
+}
+"""Per WHERE that cannot restart: an option given (refused), the inventory's retries, its job.on_hang (noted)."""
+
+
+def restarts(retries: int, on_hang: str, *, source: str, where: str = "attached", given: bool = False,
+             on_hang_given: bool = False) -> Restarts:
+    """A launch's `retries` and `on_hang` as the run will use them, decided once: only an attached launch over SSH
+    starts a run again, and a restart after a hang is one of its retries. `given`, `on_hang_given`: the command line
+    set them (refused with a usage error where they cannot apply; the inventory's are noted and dropped)."""
+    if where not in WHERE:
+        raise ValueError(f"a run is followed one of {', '.join(WHERE)} ways, not {where!r}")
+    if where != "attached":
+        refused, retries_note, on_hang_note = _WHY_NOT[where]
         if given and retries:
-            raise UsageError(refused("--retries"))
+            raise UsageError(f"--retries {refused}")
         if on_hang_given and on_hang == "restart":
-            raise UsageError(refused("--on-hang restart"))
-        if slurm:
-            notes = [f"note: {source}: retries: {retries} does not apply under SLURM"] if retries else []
-            if on_hang == "restart":
-                notes.append(f"note: {source}: job.on_hang: restart does not apply under SLURM; a hang stops the run")
-        else:
-            notes = [f"note: {source}: retries: {retries} does not apply to a detached run: no launcher is there to "
-                     "start it again"] if retries else []
-            if on_hang == "restart":
-                notes.append(f"note: {source}: job.on_hang: restart does not apply to a detached run: no launcher "
-                             "watches it for a hang (an attached run's does; `inv top` shows a rank behind)")
+            raise UsageError(f"--on-hang restart {refused}")
+        notes = [f"note: {source}: retries: {retries} {retries_note}"] if retries else []
+        if on_hang == "restart":
+            notes.append(f"note: {source}: job.on_hang: restart {on_hang_note}")
         return Restarts(0, "stop" if on_hang == "restart" else on_hang, tuple(notes))
     if on_hang == "restart" and not retries:
         return Restarts(0, "stop", ("note: on_hang: restart starts the run again as one of its retries, and it has "

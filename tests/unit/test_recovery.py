@@ -79,13 +79,25 @@ def test_restarts_apply_to_an_attached_run_over_ssh_only() -> None:
     assert (attached.retries, attached.on_hang, attached.notes) == (2, "restart", ())
     none_left = restarts(0, "restart", source="c.yaml")
     assert none_left.on_hang == "stop" and "a hang stops the run" in none_left.notes[0]
-    detached = restarts(2, "restart", source="c.yaml", detach=True)
+    detached = restarts(2, "restart", source="c.yaml", where="detached")
     assert (detached.retries, detached.on_hang) == (0, "stop")
     assert detached.notes == ("note: c.yaml: retries: 2 does not apply to a detached run: no launcher is there to "
                               "start it again",
                               "note: c.yaml: job.on_hang: restart does not apply to a detached run: no launcher "
                               "watches it for a hang (an attached run's does; `inv top` shows a rank behind)")
     with pytest.raises(UsageError, match="--retries needs an attached run"):
-        restarts(2, "stop", source="c.yaml", detach=True, given=True)
+        restarts(2, "stop", source="c.yaml", where="detached", given=True)
     with pytest.raises(UsageError, match="--on-hang restart does not apply to --slurm"):
-        restarts(0, "restart", source="c.yaml", slurm=True, on_hang_given=True)
+        restarts(0, "restart", source="c.yaml", where="slurm", on_hang_given=True)
+
+
+def test_a_run_taken_over_is_followed_to_its_end_and_never_started_again() -> None:
+    taken = restarts(0, "restart", source="c.yaml", where="attach")
+    assert (taken.retries, taken.on_hang) == (0, "stop")
+    assert taken.notes == ("note: c.yaml: job.on_hang: restart does not apply to attach; a hang stops the run",)
+    assert restarts(0, "keep", source="c.yaml", where="attach", on_hang_given=True).on_hang == "keep"
+    with pytest.raises(UsageError, match=r"--on-hang restart does not apply to attach: it follows the run it takes "
+                                         r"over to its end \(`launch --on-hang restart` starts a run again\)"):
+        restarts(0, "restart", source="c.yaml", where="attach", on_hang_given=True)
+    with pytest.raises(ValueError, match="not 'nowhere'"):
+        restarts(0, "stop", source="c.yaml", where="nowhere")
