@@ -53,6 +53,8 @@ def test_a_hang_restarts_without_the_node_that_held_it_and_the_run_resumes_to_it
     assert {p.name for p in kept.glob("*.txt")} >= {"node-0-r0.txt", "node-1-r1.txt", "node-2-r2.txt", "answer.txt"}
     verdict = json.loads((kept / "verdict.json").read_text())
     assert verdict["suspects"] == [{"node": "node-1", "rank": 1}] and verdict["step"] == AT - 1, verdict
+    collectives = verdict["collectives"]  # each rank's, as the second look read them
+    assert set(collectives) == {"node-0-r0", "node-1-r1", "node-2-r2"} and collectives["node-0-r0"], collectives
     assert run_processes(first) == [] and run_processes(second) == []
     status = inv("status", "--hosts", str(box.inventory), "--run", second, log_dir=tmp_path / "logs")
     assert f"run {second} is one of 2 attempts of a launch" in status.stdout, status.stdout
