@@ -91,6 +91,12 @@ wrappers) cannot swallow them, and the launch does not wait out its probe timeou
 Started without it (by hand, an older command line), events go to stderr."""
 
 
+TORCHRUN_ALONE_S = 0.5
+"""How long a stop lets torchrun shut down by itself once its workers are gone, before it KILLs it: long enough for
+its own lines (`Received 15 death signal`, its SignalException traceback) to reach the log on a loaded node (at
+40 ms one was cut off before its first line), short of its whole Python shutdown (a second or more, nothing to save).
+"""
+
 # --- the workers' progress records (hook, records) -------------------------------------------------------------------
 RECORD_BYTES = 128
 """A progress record's fixed size: its numbers take about 80 bytes; the rest holds why recording is off."""

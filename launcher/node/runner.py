@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from launcher.node import child
+from launcher.node import child, limits
 from launcher.node.devices import VISIBLE, chosen
 from launcher.node.proc import become_reaper, is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
@@ -249,16 +249,18 @@ def stop_run(run_dir, mark, grace, record=True):
     leader = leader_of(run_dir)
     leader_pid = {leader[0]} if leader else set()
     deadline = t0 + grace
-    term_s, alone = None, False
+    term_s, alone, alone_since = None, False, None
     while True:
         targets = still_marked(targets, mark)
         if not targets or time.monotonic() >= deadline:
             break
         if set(targets) <= leader_pid:
-            # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python)
-            # has nothing left to save, so do not make the user wait for it.
-            term_s, alone = time.monotonic() - t0, True
-            signal_run(run_dir, mark, signal.SIGKILL, targets)
+            # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python) has
+            # nothing left to save, so do not make the user wait for it, once its own lines are out.
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since >= limits.TORCHRUN_ALONE_S:
+                term_s, alone = alone_since - t0, True
+                signal_run(run_dir, mark, signal.SIGKILL, targets)
         time.sleep(timing("poll_s"))
     if not targets and term_s is None:
         term_s = time.monotonic() - t0

@@ -68,10 +68,15 @@ def hosts_with(box: sandbox.Sandbox, path: Path, **edits: dict[str, Any]) -> Pat
 
 
 @contextlib.contextmanager
-def squatting(port: int) -> Iterator[None]:
+def squatting(box: sandbox.Sandbox, hosts: Path) -> Iterator[None]:
+    """A port held by someone else, named as the rendezvous port in `hosts`. The OS chooses it while we hold it: a
+    port found free earlier may be taken by then (by a torchrun of a test beside this one)."""
     with socket.socket() as squatter:
-        squatter.bind(("0.0.0.0", port))
+        squatter.bind(("0.0.0.0", 0))
         squatter.listen()
+        data = yaml.safe_load(box.inventory.read_text())
+        data["rendezvous"]["master_port"] = squatter.getsockname()[1]
+        hosts.write_text(yaml.safe_dump(data, sort_keys=False))
         yield
 
 
@@ -86,7 +91,6 @@ def faults(box: sandbox.Sandbox, tmp: Path) -> dict[str, tuple[Path, Callable[[]
         path.chmod(0o755)
     (tmp / "empty").mkdir()
     smi = install_smi(tmp / "smi", node_gpus(1), apps=[{"pid": 4242, "gpu": 0, "used": 20000}])
-    port = yaml.safe_load(box.inventory.read_text())["rendezvous"]["master_port"]
     at = {name: tmp / f"{name}.yaml" for name in ("wrapper", "python", "torch", "script", "gpus", "port")}
     return {
         "wrapper": (hosts_with(box, at["wrapper"], node_1={"python": str(wrapper)}), contextlib.nullcontext),
@@ -96,7 +100,7 @@ def faults(box: sandbox.Sandbox, tmp: Path) -> dict[str, tuple[Path, Callable[[]
         "script": (hosts_with(box, at["script"], node_1={"workdir": str(tmp / "empty")}), contextlib.nullcontext),
         "gpus": (hosts_with(box, at["gpus"], node_1={"setup": [f"export PATH={smi}:$PATH"]}),
                  contextlib.nullcontext),
-        "port": (hosts_with(box, at["port"]), lambda: squatting(port)),
+        "port": (at["port"], lambda: squatting(box, at["port"])),
     }
 
 

@@ -52,7 +52,7 @@ def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None
     for node in ("node-0", "node-1"):
         own = [line for line in after if line.startswith(f"{node}     | ")]  # torchrun's, not a rank's
         kept = (tmp_path / "logs" / run_id / f"{node}.log").read_text()
-        assert "Received 15 death signal" in kept, kept[-2000:]  # every line stays in the logs
+        assert "Received 15 death signal" in kept, kept[-2000:] + "\n=====\n" + said  # every line stays in the logs
         where = re.escape(f"{tmp_path / 'logs' / run_id}/{node}.log")
         assert len(own) == 1 and re.fullmatch(rf"{node}     \| stopped as asked; torchrun's \d+ line\(s\) on it "
                                               rf"\(its signal, its traceback\) are in {where}", own[0]), said
