@@ -23,7 +23,6 @@ each call closes its connections, ends its threads and gives back the signal han
 from __future__ import annotations
 
 import io
-import json
 import shlex
 import sys
 import threading
@@ -336,9 +335,7 @@ class Run:
     @_api
     def top(self) -> TopSnapshot:
         """One look at every node and rank (a few seconds long), as `ddpl top --once --json`."""
-        out = io.StringIO()
-        app.top(self.hosts, self.run_id, self.options, once=True, as_json=True, wiring=Wiring(out, io.StringIO()))
-        return TopSnapshot.of(json.loads(out.getvalue()))
+        return TopSnapshot.of(runs.top_snapshot(self.hosts, self.run_id, self.options, _quiet()))
 
     @_api
     def stacks(self) -> StacksReport:
@@ -361,10 +358,9 @@ class Run:
     @_api
     def report(self) -> RunPage:
         """Write the run's page (`logs/<run id>/report.html`, as `ddpl report`) and say where, with its figures."""
-        out = io.StringIO()
-        app.report(self.hosts, self.run_id, self.options, as_json=True, wiring=Wiring(out, io.StringIO()))
-        said = json.loads(out.getvalue())
-        return RunPage(Path(said["page"]), said["headline"], said.get("first_step_s"), said)
+        path, page = runs.written_page(self.hosts, self.run_id, self.options, _quiet())
+        summary = dict(page.summary(), page=str(path))
+        return RunPage(path, page.headline, summary.get("first_step_s"), summary)
 
     @_api
     def wait(self, timeout: float | None = None, poll_s: float = API_WAIT_POLL_S) -> RunResult:

@@ -6,7 +6,8 @@ is what the CLI's forms render."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from launcher.app.hosts import Hosts, load_inventory
 from launcher.options import Options
@@ -15,6 +16,7 @@ from launcher.run.actions import check_run_id
 from launcher.run.wiring import Wiring
 
 if TYPE_CHECKING:  # types only: each command imports what it alone uses (a status: no stacks, no rich live view)
+    from launcher.report.pagedata import Page
     from launcher.run.control import NodeState
     from launcher.run.takestacks import StacksReport
 
@@ -200,22 +202,41 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
     return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json)
 
 
-def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
-           wiring: Wiring | None = None, job: str | None = None) -> int:
-    """Write the run's page (the newest run of the inventory by default) and say where, with its headline; with
-    `job`, of the run inside that running SLURM batch job, through the job's own steps. The nodes it could not reach
-    are named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
-    import json
+def top_snapshot(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: Wiring,
+                 job: str | None = None) -> dict[str, Any]:
+    """One look at every node and rank of a running run, judged: the value `inv top --once --json` prints."""
+    from launcher.run import topfeed as run_top
 
+    cluster, nodes = load_inventory(hosts), None
+    if job:
+        from launcher.app import slurm as on_slurm
+
+        cluster, nodes = on_slurm.job_nodes(job, cluster, opts)
+    return run_top.snapshot(cluster, run_id, opts, wiring.err, nodes)
+
+
+def written_page(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: Wiring,
+                 job: str | None = None) -> tuple[Path, Page]:
+    """Write the run's page (the newest run of the inventory by default): where, and the page. With `job`, of the run
+    inside that running SLURM batch job, through the job's own steps."""
     from launcher.app.pages import write_page
 
-    opts, wiring = _opening(run_id, opts, wiring)
     cluster, given = load_inventory(hosts), None
     if job:
         from launcher.app import slurm as on_slurm
 
         cluster, given = on_slurm.job_nodes(job, cluster, opts)
-    path, page = write_page(cluster, run_id, opts, wiring.err, given)
+    return write_page(cluster, run_id, opts, wiring.err, given)
+
+
+def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
+           wiring: Wiring | None = None, job: str | None = None) -> int:
+    """Write the run's page and say where, with its headline (`written_page`). The nodes it could not reach are
+    named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
+    import json
+
+    opts, wiring = _opening(run_id, opts, wiring)
+    path, page = written_page(hosts, run_id, opts, wiring, job)
     if as_json:
         wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
     else:

@@ -19,7 +19,7 @@ from rich.live import Live
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.top import Look, NodeView, TopJudge, as_json, ranks_of
+from launcher.watch.top import Look, Looks, NodeView, TopJudge, as_json, judged_once, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -32,23 +32,11 @@ class Feed(Protocol):
     def follow(self, rank: int | None) -> None: ...
 
 
-Looks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
-"""Two looks at every rank's stack, HANG_LOOKS_APART_S apart: each node's `stacks` answer, or why there is none
-(`launcher.run.takestacks.two_looks`)."""
-
-
 def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool,
               looks: Looks | None = None) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
-    TOP_PIPE_COLUMNS), or as JSON for scripts; stragglers and ranks behind judged on this one look (its snapshot
-    carries each group's recent arrivals: a rank behind is said where they show how long the others have waited),
-    and ranks behind for long judged on two looks at the stacks, as the hang watch judges them."""
-    judge = TopJudge(opts.straggler_factor)
-    look = judge.look(views, time.time(), time.monotonic())
-    if looks is not None and judge.asking(look, time.time()):
-        first, second = looks()
-        judge.judge(first, second, HANG_LOOKS_APART_S, time.time())
-        look = judge.look(views, time.time(), time.monotonic())
+    TOP_PIPE_COLUMNS), or as JSON for scripts, with what one look judges (`launcher.watch.top.judged_once`)."""
+    look = judged_once(views, opts.straggler_factor, looks)
     if as_json_too:
         out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")
         return 0

@@ -27,7 +27,7 @@ from launcher.run.takestacks import Answers, collect_stacks, two_looks
 from launcher.run.wiring import Wiring
 from launcher.transport.program import host_command
 from launcher.transport.sessions import classify
-from launcher.watch.top import NodeView
+from launcher.watch.top import NodeView, as_json, judged_once
 
 
 def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
@@ -216,6 +216,25 @@ def wait_first(feed: SshFeed | PollFeed, timeout: float) -> list[NodeView]:
     return feed.views()
 
 
+def _views_once(cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str, str], run_id: str,
+                opts: Options) -> list[NodeView]:
+    views = look_once(cluster, usable, run_id, opts, settle=True)
+    views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
+    check_running(run_id, views, cluster.source)
+    return views
+
+
+def snapshot(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
+             nodes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One look at every node and rank, judged, as a value: what `inv top --once --json` prints."""
+    with reached(cluster, opts, nodes) as (usable, failures):
+        failed = {f.host: str(f) for f in failures}
+        run_id = choose(cluster, usable, run_id, opts, err)
+        views = _views_once(cluster, usable, failed, run_id, opts)
+        look = judged_once(views, opts.straggler_factor, lambda: two_looks(cluster, usable, run_id, opts))
+        return as_json(run_id, views, look.stragglers, look.behind, look.sources)
+
+
 def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, once: bool = False,
         as_json_too: bool = False, nodes: Mapping[str, Any] | None = None) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
@@ -230,10 +249,8 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
             return two_looks(cluster, usable, run_id, opts)
 
         if once:
-            views = look_once(cluster, usable, run_id, opts, settle=True)
-            views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
-            check_running(run_id, views, cluster.source)
-            return topview.show_once(run_id, views, opts, wiring.out, as_json_too, looks)
+            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, opts), opts, wiring.out,
+                                     as_json_too, looks)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
         feed.start()
         try:
