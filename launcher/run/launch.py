@@ -65,10 +65,10 @@ from launcher.run.journal import Journal
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.reattach import Reconnector, new_owner
 from launcher.run.sessions import SessionOpener
+from launcher.run.stragglers import STRAGGLERS_FILE, LaunchStragglers
 from launcher.run.wiring import Wiring
 from launcher.transport.sessions import Node, close_all
 from launcher.watch.arrival import ArrivalBook
-from launcher.watch.straggler import LaunchStragglers
 
 
 def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | None = None) -> int:
@@ -196,7 +196,8 @@ class _Attached:
         """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(opts, plan.run_id, self._straggler,
+        self.stragglers = LaunchStragglers(opts.straggler_factor, opts.straggler_hold,
+                                           opts.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
                                            hangs.book if hangs is not None else ArrivalBook())
 
     def _straggler(self, line: str) -> None:

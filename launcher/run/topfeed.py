@@ -80,7 +80,7 @@ def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Opt
 def stragglers_now(cluster: Cluster, run_id: str, opts: Options) -> list[str]:
     """The stragglers of a running run as `inv top --once` flags them, one look (a few seconds): what `inv status`
     says of a run no attached launcher watches (detached), which keeps no account of them."""
-    from launcher.watch.straggler import straggler_line
+    from launcher.report.stragglers import straggler_line
     from launcher.watch.top import TopJudge
 
     with reached(cluster, opts) as (usable, _):

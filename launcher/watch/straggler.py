@@ -14,25 +14,18 @@ Data parallel training runs at the pace of its slowest rank: every all_reduce wa
 Rates and shares come from each rank's progress record or its lines (launcher/node/top.py). A slow rank is a
 *straggler* once it has been slow for `hold_s` without a break. `inv top --once` judges one look (hold 0).
 
-An attached launch (`LaunchStragglers`) reads each node's `alive` beats (its ranks' rates and forward shares, with the
-watch on): a new straggler of the whole run is told once on the console and kept in `logs/<run id>/stragglers.txt`,
-where `inv status` finds it (`stragglers_of`).
+An attached launch applies it to each node's `alive` beats (`launcher.run.stragglers`); the words are
+`launcher.report.stragglers`.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
 
 from launcher.limits import FORWARD_GAP, STRAGGLER_WINDOW_S
-from launcher.options import Options
 from launcher.watch.arrival import ArrivalBook, Late
-
-FILE = "stragglers.txt"
 
 
 def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Hashable, float]:
@@ -135,66 +128,9 @@ def _of(rate: float | None, median: float) -> float | None:
     return rate / median if rate is not None and median > 0 else None
 
 
-def straggler_line(found: Straggler, node: str, one_look: bool = False) -> str:
-    """What a launch's console and `inv status` say: `straggler: node-1 r3 at 0.45x the median rate for 60 s`,
-    `straggler: node-1 r3 enters the collectives last: the others wait 0.15 s a step for it (62% of their time)`, or
-    `straggler: node-1 r3: 41% of each step computing (forward) against a median of 23%; the others wait for it`."""
-    if found.late is not None:
-        wait = f"wait {found.lost_s:.2f} s a step for it" if found.lost_s is not None else "wait for it"
-        return (f"straggler: {node} r{found.key} enters the collectives last ({found.late.last_share:.0%} of them): "
-                f"the others {wait} ({found.late.wait_share:.0%} of their time)")
-    if found.forward is not None:
-        return (f"straggler: {node} r{found.key}: {found.forward:.0%} of each step computing (forward) against a "
-                f"median of {found.median_forward or 0.0:.0%}; the others wait for it")
-    held = "" if one_look else f" for {found.for_s:.0f} s"  # one look (`inv top --once`, status) holds nothing
-    return f"straggler: {node} r{found.key} at {found.share or 0.0:.2f}x the median rate{held}"
-
-
-class LaunchStragglers:
-    """The straggler rule over an attached launch's beats; each new straggler said and kept."""
-
-    def __init__(self, opts: Options, run_id: str, say: Callable[[str], None], book: ArrivalBook):
-        self.path = opts.log_dir / run_id / FILE
-        self.say = say
-        self.watch = StragglerWatch(opts.straggler_factor, opts.straggler_hold)
-        self.book = book
-        """The run's collectives, fed from the same beats by the hang check (`HangCheck.observe`, before a beat
-        reaches here): beats carry the ranks' progress only while hangs are watched for."""
-        self.rates: dict[str, dict[int, float | None]] = {}
-        self.forward: dict[str, dict[int, float | None]] = {}
-        self.node_of: dict[int, str] = {}
-
-    def beat(self, node: str, progress: Iterable[Mapping[str, Any]]) -> None:
-        """One node's beat: its ranks' rates and forward shares now; any new straggler of the whole run is told."""
-        progress = list(progress)
-        self.rates[node] = {int(r["rank"]): r.get("steps_per_s") for r in progress}
-        self.forward[node] = {int(r["rank"]): r.get("forward_share") for r in progress}
-        self.node_of.update({rank: node for rank in self.rates[node]})
-        merged = {rank: rate for rates in self.rates.values() for rank, rate in rates.items()}
-        forward = {rank: share for shares in self.forward.values() for rank, share in shares.items()}
-        late = lateness(self.book, time.time())
-        for found in self.watch.new(self.watch.look(time.monotonic(), merged, forward, late)):
-            line = straggler_line(found, self.node_of.get(found.key, "?"))  # type: ignore[call-overload]
-            self.say(line)
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with self.path.open("a", encoding="utf-8") as handle:
-                    handle.write(line + "\n")
-            except OSError:
-                pass  # the console said it: a log folder that cannot be written is told elsewhere
-
-
 def lateness(book: ArrivalBook, now: float) -> dict[Hashable, Late] | None:
     """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until every rank's
     arrivals cover it), where the run's recorders keep its collectives (None otherwise: the forward rule then)."""
     if not book.recording():
         return None
     return dict(book.lateness(now, STRAGGLER_WINDOW_S) or {})
-
-
-def stragglers_of(log_dir: Path, run_id: str) -> list[str]:
-    """The stragglers an attached launch told for a run (for `inv status`)."""
-    try:
-        return (log_dir / run_id / FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
