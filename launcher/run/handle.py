@@ -194,12 +194,15 @@ class RunHandle:
     def _outage_bound(self, now: float) -> float:
         """How long a node may be out of reach: the silence timeout, or, while no node of the run can be reached at all
         (this launcher's own network, most likely: a laptop's Wi-Fi), the nodes' own bound, when they stop the run by
-        themselves (said once, as it begins); until every node is back or ended."""
-        live = [s for s in list(self.sessions.values()) if s.end is None]
+        themselves (said once, as it begins); until every node is back or ended. A node heard from since the first
+        outage began (its end, as its peers fail after a node died) says this machine's network works: not cut off."""
+        sessions = list(self.sessions.values())
+        live = [s for s in sessions if s.end is None]
         out = [s.outage for s in live if s.outage is not None]
         if not out:
             self.cut_off = None
-        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.opts.silence_timeout:
+        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.opts.silence_timeout \
+                and not any(s.heard > min(out) for s in sessions if s.outage is None):
             self.cut_off = min(out)
             since = time.time() - (now - self.cut_off)
             self.on_event(CutOff("", time.time(), since, since + self.opts.heartbeat_timeout))
@@ -214,7 +217,7 @@ class RunHandle:
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
         if session.outage is not None:
-            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now:
+            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over(session):
                 self._lost(session, now)
         elif silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
@@ -222,6 +225,14 @@ class RunHandle:
         elif self.stop_deadline is not None and now > self.stop_deadline:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
+
+    def _stop_over(self, session: Session) -> bool:
+        """A stop is under way and every node that can be reached has ended: waiting for this one's reconnect (it is
+        out of reach) would only hold up the run's end (the sweep still tries to stop it over a new connection). Where
+        none has ended (this machine's network, most likely), the stop's deadline gives the stop a chance to get out."""
+        sessions = list(self.sessions.values())
+        return self.stop_deadline is not None and any(s.end is not None for s in sessions) \
+            and all(s.end is not None or s.outage is not None for s in sessions)
 
     def _lost(self, session: Session, now: float) -> None:
         """A node whose connection went and is not back within the silence timeout, or by the time the run's stop is

@@ -93,6 +93,7 @@ def test_static_run_retries_on_the_nodes_left(make_sandbox, tmp_path: Path, vict
     assert re.search(rf"attempt 2 \(run {ids[1]}\) on {', '.join(survivors)}; master {survivors[0]}; node-{victim} sat "
                      rf"out \([^)]*\)(; resumed at step {step})?: exit 0", text), text  # the step: once a beat said it
     assert f"node-{victim} sits out: " in text
+    assert "no node of the run can be reached" not in text  # the others were: they ended, failing without it
     assert ("new master: node-1" in text) == (victim == 0)
     assert f"resumed from {ckpt / 'checkpoint.pt'} at step {step}" in text, text
     for run_id in ids:

@@ -182,14 +182,15 @@ def test_a_silent_agents_node_is_swept_over_a_new_channel(sleeper_box, tmp_path:
 
 
 def test_a_silent_node_that_cannot_be_swept_is_named_with_the_stop_line(sleeper_box, tmp_path: Path) -> None:
-    with running_launch(sleeper_box, tmp_path, heartbeat_timeout=60, silence_timeout=4) as (proc, run_id):
+    # The bound outlasts the launch (the silence timeout, the grace, the sweep's wait: ~10 s)
+    with running_launch(sleeper_box, tmp_path, heartbeat_timeout=20, silence_timeout=4) as (proc, run_id):
         with sshd_stopped(sleeper_box, 1):
             code = proc.wait(timeout=60)
-        gone_within(run_id, 70)  # node-1's agent: no launcher heard from for its bound (60 s), it stops its part
+        gone_within(run_id, 30)  # node-1's agent: no launcher heard from for its bound (20 s), it stops its part
     err = (tmp_path / "err").read_text()
     assert code == 1, err
     assert (f"node-1: its part of the run may still be running (stopping it over a new connection failed: no answer "
-            f"within {GRACE + 3:g} s); it stops by itself 60 s after it last heard a launcher, unless one attaches; "
+            f"within {GRACE + 3:g} s); it stops by itself 20 s after it last heard a launcher, unless one attaches; "
             f"run `inv stop --hosts {sleeper_box.inventory} --run {run_id}` to stop it now") in err, err
 
 
