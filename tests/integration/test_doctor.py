@@ -240,8 +240,10 @@ def test_a_hung_node_does_not_hold_the_report(healthy: Sandbox, tmp_path: Path) 
     started = time.monotonic()
     report = doctor.run_doctor(cluster, ssh=SshSettings(30.0), probe_timeout=3.0, checks="fast")
     assert time.monotonic() - started < 3.0 + 2.5  # the probe's limit bounds it, not the (longer) connect timeout
-    assert _bad(report) == [("node-2", "python")], report.problems
-    assert report.problems[0].detail == "the probe did not answer within 3 s (probe_timeout)"
+    # failures only: on a loaded machine a good node's probe may pass half of this short limit (a slow warning)
+    failed = [f for f in report.problems if f.status == "fail"]
+    assert [(f.host, f.check) for f in failed] == [("node-2", "python")], report.problems
+    assert failed[0].detail == "the probe did not answer within 3 s (probe_timeout)"
     assert report.probe_times["node-2"] == pytest.approx(3.0, abs=1.0)
     deadline = time.monotonic() + 5
     while _running(str(slow)) and time.monotonic() < deadline:  # the node's side ends by itself
