@@ -38,7 +38,7 @@ def _install_trace() -> dict:
     import threading
 
     from launcher import events as supervise
-    from launcher.transport import sessions as transport
+    from launcher.transport import connections as transport
 
     trace: dict = {"resolve": {}, "connect": {}, "channel": {}, "sessions": {}, "started": {}, "exited": {}, "cpu": {}}
     lock = threading.Lock()
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     gc.disable()  # as tasks.py does around its imports (`inv launch`)
     from launcher.config.inventory import load_inventory
     from launcher.options import Options
-    from launcher.plan.launch import plan_launch
+    from launcher.plan.launchplan import plan_launch
     from launcher.run import launch as run_launch
     from launcher.run.wiring import Wiring
 

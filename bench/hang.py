@@ -32,7 +32,7 @@ from launcher import events
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 

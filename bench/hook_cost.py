@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from launcher.node import hook, limits, stacks
+from launcher.node import bounds, hook, stackdump
 
 STEPS = 20000
 ROUNDS = 5
@@ -76,7 +76,7 @@ def one_step(it: Iterator, tensor: Tensor, step) -> None:  # type: ignore[no-unt
 def hook_alone() -> dict[str, float]:
     """Microseconds a step: the calls unwrapped, and wrapped with the record written."""
     folder = tempfile.mkdtemp(prefix="hook-cost-")
-    recorder = hook.Recorder(folder, limits.RECORD_BYTES, limits.RECORD_FLUSH_S, time.monotonic)
+    recorder = hook.Recorder(folder, bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S, time.monotonic)
     plain_next, plain_backward = Iterator.__next__, Tensor.backward
     it, tensor = Iterator(), Tensor()
     plain, wrapped = [], []
@@ -101,7 +101,7 @@ def torch_loop() -> dict[str, float]:
     fastest of TORCH_ROUNDS rounds each: the machine's other work only adds)."""
     run_dir = tempfile.mkdtemp(prefix="hook-cost-run-")
     env = dict(os.environ, RANK="0", LOCAL_RANK="0")
-    stacks.install_hook(run_dir, env)
+    stackdump.install_hook(run_dir, env)
     source = LOOP.replace("STEPS", str(TORCH_STEPS)).replace("ROUNDS", str(TORCH_ROUNDS))
     done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, check=True)
     found = json.loads(done.stdout)
@@ -121,7 +121,7 @@ def _job_s(mode: str) -> float:
 
     env = dict(os.environ)
     if mode != "plain":
-        stacks.install_hook(tempfile.mkdtemp(prefix="hook-cost-job-"), env, True,
+        stackdump.install_hook(tempfile.mkdtemp(prefix="hook-cost-job-"), env, True,
                             COLLECTIVES if mode == "collectives" else None)
     if mode == "collectives":
         env["TORCH_FR_BUFFER_SIZE"] = COLLECTIVES["buffer"]
@@ -177,8 +177,8 @@ def reads(buffer: int) -> dict[str, float]:
     """One status read and one full read of the collectives' thread, in a gloo rank whose recorder holds `buffer`
     collectives (the fastest of 20 each, in milliseconds)."""
     run_dir = tempfile.mkdtemp(prefix="hook-cost-reads-")
-    stacks.install_hook(run_dir, {}, True)
-    source = (READS.replace("HOOK_DIR", repr(os.path.join(run_dir, stacks.HOOK_DIR))).replace("COUNT", str(buffer))
+    stackdump.install_hook(run_dir, {}, True)
+    source = (READS.replace("HOOK_DIR", repr(os.path.join(run_dir, stackdump.HOOK_DIR))).replace("COUNT", str(buffer))
               .replace("FOLDER", repr(os.path.join(run_dir, hook.COLLECTIVES_DIR))))
     script = os.path.join(run_dir, "reads.py")
     with open(script, "w", encoding="utf-8") as handle:

@@ -28,7 +28,7 @@ from launcher.options import Options
 from launcher.run import launch as run_launch
 from launcher.run.topfeed import SshFeed, wait_first
 from launcher.run.wiring import Wiring
-from launcher.transport.sessions import close_all, connect_all
+from launcher.transport.connections import close_all, connect_all
 
 VIEW_S = 10.0
 JOB_PAIRS = 3

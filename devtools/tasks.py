@@ -19,7 +19,7 @@ from launcher.app.pages import page_now
 from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
-from launcher.plan.launch import new_run_id
+from launcher.plan.launchplan import new_run_id
 from launcher.tasks import _options as options_of  # the settings as the installed tasks read them
 from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
 from launcher.tasks import ns as installed

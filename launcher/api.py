@@ -41,7 +41,7 @@ from launcher.events import Ended, NodeEnd, Reattached, Started
 from launcher.limits import API_WAIT_POLL_S
 from launcher.options import Options, from_config
 from launcher.paths import API, called_as
-from launcher.plan.launch import new_run_id
+from launcher.plan.launchplan import new_run_id
 from launcher.run.actions import check_run_id
 from launcher.run.control import NodeState
 from launcher.run.takestacks import StacksReport

@@ -193,7 +193,7 @@ class Beat(NodeEvent):
 
 @dataclass(frozen=True)
 class StacksTaken(NodeEvent):
-    """A node's agent took every worker's stack (the `stacks` word): launcher/node/stacks.py's answer."""
+    """A node's agent took every worker's stack (the `stacks` word): launcher/node/stackdump.py's answer."""
 
     workers: tuple[dict[str, Any], ...] = ()
     nccl: dict[str, str] = field(default_factory=dict)

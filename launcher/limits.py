@@ -1,5 +1,5 @@
 """The launcher's internal limits: the numbers no user sets, each with why it is what it is, grouped by the package
-that uses it. The user's options and their defaults are `launcher.options`; SSH's are `launcher.transport.settings`.
+that uses it. The user's options and their defaults are `launcher.options`; SSH's are `launcher.transport.sshsettings`.
 
 A node program has numbers only from here (sent in its request: `NODE_TIMING`, `SYNC_TIMING`, the sections that
 `launcher.run.launch` builds) or from the one block of `launcher/node/protocol.py` that declares its own.
@@ -206,7 +206,7 @@ NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "kee
 long an entry not written again is kept (entries are removed when a new one is stored)."""
 
 
-# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/limits.py) -------
+# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/bounds.py) -------
 NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
@@ -286,7 +286,7 @@ says of a process stopped that way): neither a success nor a failure of the run'
 STATE_ROWS_MAX = 16
 """Above this many nodes their states are grouped (a row per run, state and exit code, the nodes as a hostlist)."""
 
-# `inv top` (launcher/run/topfeed.py; the node side is launcher/node/top.py).
+# `inv top` (launcher/run/topfeed.py; the node side is launcher/node/sampler.py).
 TOP_INTERVAL_S = 1.0
 """Seconds between two views (each node's agent sends a snapshot that often)."""
 TOP_ONCE_S = 3.0

@@ -10,7 +10,7 @@ from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobWords, job_of
 from launcher.options import Options
 from launcher.run.wiring import Wiring
-from launcher.transport.settings import SshSettings
+from launcher.transport.sshsettings import SshSettings
 
 if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor when it runs
     from launcher.doctor.evidence import Report

@@ -12,14 +12,14 @@ from launcher.app.job import JobWords, job_of
 from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
-from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import restarts
 from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.actions import check_run_id
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.wiring import Wiring
-from launcher.transport.settings import SshSettings
+from launcher.transport.sshsettings import SshSettings
 
 
 def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
@@ -46,7 +46,7 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
     plan = replace(plan, retries=policy.retries, on_hang=policy.on_hang)
     if dry_run:
         from launcher.plan.request import shown_request
-        from launcher.plan.settings import settings_text
+        from launcher.plan.usedsettings import settings_text
 
         shown = [plan.dry_run_text(), "", *settings_text(plan, opts, settings_from or {})]
         wiring.out.write("\n".join(shown + (["", *shown_request(plan, opts)] if as_json else [])) + "\n")

@@ -17,9 +17,9 @@ from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
 from launcher.options import DEFAULT_MASTER_PORT, Options
 from launcher.paths import relative, task_words
 from launcher.run.wiring import Wiring
+from launcher.transport.connections import close_all, connect_all, run_all
 from launcher.transport.program import node_program, program_input, python_command
-from launcher.transport.sessions import close_all, connect_all, run_all
-from launcher.transport.settings import SshSettings
+from launcher.transport.sshsettings import SshSettings
 
 PYTHONS = ("python3", "~/venv/bin/python", "~/.venv/bin/python", "~/venvs/*/bin/python", "~/miniconda3/bin/python",
            "~/miniconda3/envs/*/bin/python", "~/anaconda3/bin/python", "~/anaconda3/envs/*/bin/python",

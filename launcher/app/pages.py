@@ -59,8 +59,8 @@ def write_page(cluster: Cluster, run_id: str | None, opts: Options, err: Any,
                given: Mapping[str, Any] | None = None) -> tuple[Path, Page]:
     """Ask every node, build the page, write it; (its path, the page: its `unreached` the nodes that could not answer,
     whose figures are those they gave before). `given`: the nodes as a SLURM job's steps reach them
-    (`launcher.slurm.launch.SlurmNode`), else each over SSH. Raises, leaving the page as it was, when no node answered
-    and nothing of theirs was kept (a page from before the kept answers)."""
+    (`launcher.slurm.slurmlaunch.SlurmNode`), else each over SSH. Raises, leaving the page as it was, when no node
+    answered and nothing of theirs was kept (a page from before the kept answers)."""
     from launcher.report.page import render
     from launcher.run.control import chosen_run
 

@@ -73,7 +73,7 @@ def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
     from launcher.plan.retry import summary
     from launcher.report.hangs import latest_answer
     from launcher.report.states import console, launcher_lines, problems, say, state_table
-    from launcher.run.stragglers import stragglers_of
+    from launcher.run.launchstragglers import stragglers_of
 
     found = states(hosts, run_id, opts, wiring)
     con = console(wiring.out)

@@ -20,12 +20,12 @@ from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
 from launcher.paths import REPO, hint, relative, task_words
-from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import restarts
 from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
-from launcher.slurm import launch as slurm_launch
+from launcher.slurm import slurmlaunch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 

@@ -1,6 +1,6 @@
 """`job.torchrun`: which torchrun options a job may pass through, and why the launcher's own are refused (pure).
 
-The launcher writes torchrun's command line itself (`launcher.plan.launch.torchrun_argv`): the node count and rank,
+The launcher writes torchrun's command line itself (`launcher.plan.launchplan.torchrun_argv`): the node count and rank,
 the rendezvous, the processes a node and where the workers' output goes are its own, and a second value would either
 be ignored or break what the launcher reads (the workers' files, the ranks). Everything else torchrun takes
 (`--numa-binding`, `--local-ranks-filter`, `--max-restarts`, `--signals-to-handle`, ...) passes through as written.

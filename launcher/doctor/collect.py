@@ -32,9 +32,9 @@ from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
 from launcher.paths import hint
 from launcher.transport.channel import Result
+from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, classify, close_all, connect_all
-from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
+from launcher.transport.sshsettings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 
 if TYPE_CHECKING:
     from launcher.events import NodeFacts

@@ -24,7 +24,7 @@ from launcher.errors import LauncherError
 from launcher.events import Output
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_TIMEOUT_S
 from launcher.options import Options
-from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.run.wiring import Wiring
 
 SOURCE = Path(__file__).with_name("netjob.py")

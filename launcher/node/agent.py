@@ -20,8 +20,8 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
 - logs: print the log, optionally following it until the run ends.
 - runs: list this node's run ids.
 - report: what the run's page needs from this node (its state, the ranks' start phases, its series, its log's end).
-- stacks: every worker's Python stack (launcher/node/stacks.py); top: the workers as `inv top` shows them, a JSON
-  line every interval until the launcher closes stdin (launcher/node/top.py).
+- stacks: every worker's Python stack (launcher/node/stackdump.py); top: the workers as `inv top` shows them, a JSON
+  line every interval until the launcher closes stdin (launcher/node/sampler.py).
 
 Protocol (launcher/node/protocol.py): stdout carries the run's log bytes (or an action's JSON reply); stderr one
 JSON event per line. The parts: runner.py (torchrun's start, end and stop), attached.py (an attached run),
@@ -37,7 +37,7 @@ import time
 
 # Each action imports what it alone needs (a start: attached, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.proc import alive, live_marks, marked_pids, same_process, signal_process, stdout_gone
 from launcher.node.protocol import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing, write_all
 from launcher.node.rundir import find_run_dir, leader_of, names_problem, read_text, run_dir_of, run_state, runs_here
@@ -76,7 +76,7 @@ def follow_log(log, run_dir, run_id, mark):
                 return 1
             # Checks in a row, check_s apart: the keeper writes the exit code a moment after torchrun is gone.
             quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
-            if quiet_checks >= limits.LOST_AFTER_CHECKS:
+            if quiet_checks >= bounds.LOST_AFTER_CHECKS:
                 write_all(1, log.read())
                 emit(Event.ERROR, message="run %s was lost on this node: no exit code recorded and none of its "
                                       "processes alive (its keeper was killed); the log ends here" % run_id)
@@ -204,7 +204,7 @@ def taken_from(request, run_dir):
     """Who owns the run now, when a launcher that no longer does asks to stop it (its `owner` is not the run's)."""
     if not request.get("owner"):
         return None
-    from launcher.node.console import read_record
+    from launcher.node.launcherconsole import read_record
 
     record = read_record(run_dir) or {}
     owner = record.get("owner_id")
@@ -269,7 +269,7 @@ def action_stacks(request):
     """Every worker's stack of the run on this node, without stopping it (`inv stacks`), and NCCL's flight recorder
     asked for its dumps where torch made its pipes (GPU nodes): on a GPU they say what a rank waits on."""
     from launcher.node.recorder import ask_dumps, nccl_dumps
-    from launcher.node.stacks import collect
+    from launcher.node.stackdump import collect
 
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
@@ -284,8 +284,8 @@ def action_stacks(request):
 
 @checked
 def action_top(request):
-    """The run's workers on this node as `inv top` shows them: a JSON line each interval (launcher/node/top.py)."""
-    from launcher.node.top import watch
+    """The run's workers on this node as `inv top` shows them: a JSON line each interval (launcher/node/sampler.py)."""
+    from launcher.node.sampler import watch
 
     run_id, run_dir = find_run_dir(request)
     state = run_state(run_id, run_dir, request["node"])["state"]

@@ -1,18 +1,17 @@
 """The `attach` action (stdlib only, Python 3.8+): a launcher's new session to a run that lives on this node, after its
 connection dropped, its laptop slept, or from another terminal (`ddpl attach`).
 
-While the run's keeper lives, this session hands it its stdin, stdout and events (launcher/node/console.py) and waits
-until the keeper lets it go: the keeper streams the log from the offset the launcher has, sends the events, and
+While the run's keeper lives, this session hands it its stdin, stdout and events (launcher/node/launcherconsole.py) and
+waits until the keeper lets it go: the keeper streams the log from the offset the launcher has, sends the events, and
 takes the words. When the keeper has ended (the run ended while no launcher was there), the session replays what the
 launcher missed: the log from its offset and the end the keeper kept (`end.json`). When the keeper died while its
-processes live, or the run was lost, it says so (exit code KEEPER_GONE): the launcher then stops what is left.
-"""
+processes live, or the run was lost, it says so (exit code KEEPER_GONE): the launcher then stops what is left. """
 
 import json
 import os
 
-from launcher.node.console import hand_over, read_record, start_offset, wait_released
-from launcher.node.limits import ATTACH_REFUSED, KEEPER_GONE, KEEPER_SILENT
+from launcher.node.bounds import ATTACH_REFUSED, KEEPER_GONE, KEEPER_SILENT
+from launcher.node.launcherconsole import hand_over, read_record, start_offset, wait_released
 from launcher.node.proc import marked_pids
 from launcher.node.protocol import (
     EVENT_OUT,

@@ -10,9 +10,9 @@ import sys
 import threading
 import time
 
-from launcher.node import limits
-from launcher.node.console import Console
+from launcher.node import bounds
 from launcher.node.consoles import Consoles
+from launcher.node.launcherconsole import Console
 from launcher.node.proc import rank_processes
 from launcher.node.protocol import (
     DUMPS,
@@ -39,7 +39,7 @@ from launcher.node.protocol import (
 from launcher.node.recorder import ask_dumps, nccl_dumps
 from launcher.node.rundir import END_RECORD, record, stop_recorded
 from launcher.node.runner import finish, signal_run, stop_run
-from launcher.node.stacks import collect, proc_state
+from launcher.node.stackdump import collect, proc_state
 
 
 class LauncherWords:
@@ -232,7 +232,7 @@ class Attended:
 
     def tick(self):
         while not self.done.wait(self.request["alive_interval"]):
-            if queued_events() < limits.QUEUED_BEATS_MAX:
+            if queued_events() < bounds.QUEUED_BEATS_MAX:
                 if self.request["watch"]:
                     emit(Event.ALIVE, progress=self.progress())
                 else:
@@ -246,7 +246,7 @@ class Attended:
         last_line = getattr(self.proc, "merger", None)
         last_line = dict(last_line.last_line) if last_line is not None else {}
         if self.steps is None:
-            from launcher.node.top import Sampler
+            from launcher.node.sampler import Sampler
 
             self.steps = Sampler(self.run_dir, self.request["mark"], self.request["top"])
         found = rank_processes(self.request["mark"])
@@ -354,6 +354,6 @@ def supervise_run(request, run_dir, proc, words):
     run.send_nccl()
     emit(Event.EXITED, **ended)
     end_events()
-    threads["send_events"].join(limits.EVENTS_DRAIN_S)
+    threads["send_events"].join(bounds.EVENTS_DRAIN_S)
     run.consoles.close()
     return code

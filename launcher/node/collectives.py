@@ -1,5 +1,5 @@
 """Each rank's collectives, read from inside the worker (stdlib only, Python 3.8+): the hook's second part, written
-into the run directory's `hook/` beside `sitecustomize.py` (launcher/node/stacks.py `install_hook`).
+into the run directory's `hook/` beside `sitecustomize.py` (launcher/node/stackdump.py `install_hook`).
 
 What a rank did with its collectives is the one thing about a running job that CUDA's asynchrony cannot hide: a rank
 waiting for a stuck peer spins in whatever synchronisation comes first, but it *entered* the collective, and its peer

@@ -1,5 +1,6 @@
 """The consoles of one attached run, as its keeper holds them (stdlib only, Python 3.8+): the current one (None while
-no launcher is there), who owns the run, and the socket through which a launcher comes back (launcher/node/console.py).
+no launcher is there), who owns the run, and the socket through which a launcher comes back
+(launcher/node/launcherconsole.py).
 
 - A launcher that reconnects (the same owner) gets the run back at once; its old session is let go.
 - `ddpl attach` from anywhere takes the run over (a new owner): the old owner's session hears `taken`, and a later
@@ -13,8 +14,8 @@ import socket
 import threading
 import time
 
-from launcher.node import limits
-from launcher.node.console import (
+from launcher.node import bounds
+from launcher.node.launcherconsole import (
     Console,
     console_address,
     peer_uid,
@@ -60,7 +61,7 @@ class Consoles:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             server.bind(console_address(self.run_dir))
-            server.listen(limits.CONSOLE_BACKLOG)
+            server.listen(bounds.CONSOLE_BACKLOG)
         except OSError as exc:
             server.close()
             emit(Event.ERROR, message="no launcher can reconnect to this node's part of the run (its console "

@@ -5,7 +5,7 @@ import os
 import re
 import sys
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.child import which
 
 NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
@@ -192,7 +192,7 @@ def _dist_entry(folder, entry):
     for meta in ("METADATA", "PKG-INFO"):  # e.g. `pkg.egg-info` of a develop install: read its header
         try:
             with open(os.path.join(folder, entry, meta), encoding="utf-8", errors="replace") as handle:
-                header = handle.read(limits.METADATA_HEADER_BYTES)
+                header = handle.read(bounds.METADATA_HEADER_BYTES)
         except OSError:
             continue
         name = re.search(r"^Name:\s*(\S+)", header, re.MULTILINE)

@@ -9,7 +9,7 @@ numbers the GPUs as nvidia-smi does and an index means the same GPU to both (lau
 import os
 import time
 
-from launcher.node import limits, smi
+from launcher.node import bounds, smi
 from launcher.node.devices import VISIBLE, chosen, entries
 from launcher.node.proc import run_of
 
@@ -66,8 +66,8 @@ def parse_apps(text):
 
 def is_busy(row, pids):
     """Someone's work is on the GPU: a process, or memory or use beyond what an idle driver shows."""
-    return bool(pids) or (row["memory_used_mib"] or 0) > limits.GPU_BUSY_MIB or \
-        (row["utilization"] or 0) > limits.GPU_BUSY_PERCENT
+    return bool(pids) or (row["memory_used_mib"] or 0) > bounds.GPU_BUSY_MIB or \
+        (row["utilization"] or 0) > bounds.GPU_BUSY_PERCENT
 
 
 def ask_gpus(timeout):

@@ -1,5 +1,5 @@
 """The hook every worker runs at its start (stdlib only, Python 3.8+): the run directory's `hook/sitecustomize.py`
-is this file's source (launcher/node/stacks.py `install_hook`); imported under its own name it does nothing.
+is this file's source (launcher/node/stackdump.py `install_hook`); imported under its own name it does nothing.
 
 - Stacks: `faulthandler` on a real-time signal writes every thread's stack to `stacks/<pid>.txt` (a forked child,
   a DataLoader worker, opens its own file).

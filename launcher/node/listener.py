@@ -6,7 +6,7 @@ import select
 import socket
 import time
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.proc import run_of
 from launcher.node.protocol import error_text, host_arg, seconds
 
@@ -23,7 +23,7 @@ def tcp_connect(addr, port, token, window, read_s):
         try:
             left = deadline - time.monotonic()
             sock = socket.create_connection(
-                (host_arg(addr), port), timeout=max(limits.CONNECT_TRY_MIN_S, min(limits.CONNECT_TRY_MAX_S, left)))
+                (host_arg(addr), port), timeout=max(bounds.CONNECT_TRY_MIN_S, min(bounds.CONNECT_TRY_MAX_S, left)))
         except socket.gaierror as exc:
             return {"ok": False, "error": f"cannot resolve {addr}: {error_text(exc)}", "attempts": attempts}
         except OSError as exc:
@@ -31,15 +31,15 @@ def tcp_connect(addr, port, token, window, read_s):
             if time.monotonic() >= deadline:
                 return {"ok": False, "error": error_text(last), "attempts": attempts,
                         "elapsed": round(time.monotonic() - start, 3)}
-            time.sleep(limits.CONNECT_RETRY_S)
+            time.sleep(bounds.CONNECT_RETRY_S)
             continue
         try:
             peer = sock.getpeername()[0]
             sock.settimeout(read_s)
             data = b""
             try:
-                while b"\n" not in data and len(data) < limits.TOKEN_MAX_BYTES:
-                    chunk = sock.recv(limits.TOKEN_MAX_BYTES)
+                while b"\n" not in data and len(data) < bounds.TOKEN_MAX_BYTES:
+                    chunk = sock.recv(bounds.TOKEN_MAX_BYTES)
                     if not chunk:
                         break
                     data += chunk
@@ -90,7 +90,7 @@ def port_holders(port, budget):
             if link in wanted:
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                        cmd = handle.read(limits.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
+                        cmd = handle.read(bounds.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
                 except OSError:
                     cmd = ""
                 holder = {"pid": int(pid), "command": cmd, "state": wanted.pop(link), "run": run_of(int(pid)),
@@ -146,10 +146,10 @@ def open_listener(port):
     try:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("0.0.0.0", port))
-        server.listen(limits.LISTEN_BACKLOG)
+        server.listen(bounds.LISTEN_BACKLOG)
     except OSError as exc:
         server.close()
-        reply.update(free=False, error=error_text(exc), **port_holders(port, limits.HOLDERS_BUDGET_S))
+        reply.update(free=False, error=error_text(exc), **port_holders(port, bounds.HOLDERS_BUDGET_S))
         return None, reply
     reply.update(free=True, accepted=0, peers=[])
     return server, reply
@@ -169,7 +169,7 @@ def serve(server, token, deadline, reply, stop_fd):
                 if item is server:
                     conn, peer = server.accept()
                     conn.setblocking(True)
-                    conn.settimeout(limits.TOKEN_SEND_S)
+                    conn.settimeout(bounds.TOKEN_SEND_S)
                     try:
                         conn.sendall(token)
                     except OSError:
@@ -179,10 +179,10 @@ def serve(server, token, deadline, reply, stop_fd):
                     reply["accepted"] += 1
                     reply["peers"].append(peer[0])
                 elif isinstance(item, int):
-                    open_ = bool(os.read(item, limits.DRAIN_BYTES))  # its end: every node has its answer
+                    open_ = bool(os.read(item, bounds.DRAIN_BYTES))  # its end: every node has its answer
                 else:
                     try:
-                        more = item.recv(limits.DRAIN_BYTES)
+                        more = item.recv(bounds.DRAIN_BYTES)
                     except OSError:
                         more = b""
                     if not more:  # the client closed first (as it should): no TIME_WAIT on our port

@@ -26,7 +26,7 @@ agent instead (launcher/node/gatechecks.py, `GateChecks`): the agent runs `probe
 Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives
 (max_s) and how long a node tries to reach it (connect.window, connect.token_read_s) arrive in the request
 (`launcher.doctor.collect`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
-probe's own local work (DNS, nvidia-smi, the /proc scan) are in launcher/node/limits.py with every other node number.
+probe's own local work (DNS, nvidia-smi, the /proc scan) are in launcher/node/bounds.py with every other node number.
 """
 
 import json
@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.facts import packages, python_info, python_wrapper, torch_info
 from launcher.node.gpus import ask_gpus, gpu_info, visible_spec
 from launcher.node.listener import listen, tcp_connect
@@ -157,7 +157,7 @@ def probe(request):
     hostname = socket.gethostname()
     names = list(request.get("names", []))
     wanted = names + ([hostname] if hostname not in names else [])
-    resolved = resolve_all(wanted, limits.RESOLVE_BUDGET_S, request.get("resolve_workers") or len(wanted))
+    resolved = resolve_all(wanted, bounds.RESOLVE_BUDGET_S, request.get("resolve_workers") or len(wanted))
     reply = {
         "mode": "probe",
         "hostname": hostname,

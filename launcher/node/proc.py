@@ -10,7 +10,7 @@ import os
 import select
 import signal
 
-from launcher.node.limits import PR_SET_CHILD_SUBREAPER, TREE_READS
+from launcher.node.bounds import PR_SET_CHILD_SUBREAPER, TREE_READS
 from launcher.node.loader import node_path
 from launcher.node.protocol import RUN_ID_ENV, RUNS_ROOT
 

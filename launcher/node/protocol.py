@@ -1,6 +1,6 @@
 """What the launcher and a node's programs say to each other (stdlib only, Python 3.8+): names and words.
 
-The controller imports this module too (launcher.plan.launch, launcher.run), so both sides spell every word alike.
+The controller imports this module too (launcher.plan.launchplan, launcher.run), so both sides spell every word alike.
 - stdin carries the launcher's words to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
   `go` starts a run every node is ready for, `abort` drops it, `stop` (grace) and `kill` (now) end it, `tcp`
   starts the doctor's TCP check on a node.
@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from launcher.node.limits import EVENTS_FD
+from launcher.node.bounds import EVENTS_FD
 
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 """Every process of a run carries RUN_ID_ENV=<run id>/<node> (its mark): how a stop finds them, never by name."""
@@ -245,7 +245,7 @@ _TIMING = {}
 
 def use_timing(request, keys):
     """Take every wait and read size of the run's supervision from the request's `timing` (the node programs' own
-    local bounds are in launcher/node/limits.py); BadRequest naming the first missing or wrong one."""
+    local bounds are in launcher/node/bounds.py); BadRequest naming the first missing or wrong one."""
     section = request.get("timing")
     for key in keys:
         value = section.get(key) if isinstance(section, dict) else None

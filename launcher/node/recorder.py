@@ -13,8 +13,8 @@ import os
 import stat
 import time
 
+from launcher.node.bounds import FR_NAMES_ONLY_SINCE
 from launcher.node.child import which
-from launcher.node.limits import FR_NAMES_ONLY_SINCE
 from launcher.node.protocol import timing
 
 NCCL_DIR = "nccl"

@@ -9,7 +9,7 @@ from when the agent happened to look.
 import json
 import os
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.hook import COLLECTIVES_DIR, PHASES_DIR, PROGRESS_DIR, VERSION
 
 NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
@@ -65,7 +65,7 @@ class RankRecord:
     def read(self, path, now):
         try:
             with open(path, "rb") as handle:
-                data = handle.read(limits.RECORD_BYTES)
+                data = handle.read(bounds.RECORD_BYTES)
         except OSError:
             return
         self.add(parse_record(data), now)
@@ -99,7 +99,7 @@ class RankRecord:
                     moves.append((sample[when], sample[count]))
             # Still only once no record came for two steps and a flush interval: a record is written at most that
             # often, so its last count may be that old while the rank goes on.
-            value = window_rate(moves, now, last["t"], limits.RECORD_FLUSH_S)
+            value = window_rate(moves, now, last["t"], bounds.RECORD_FLUSH_S)
             found[rate] = None if value is None else round(value, 3)
         return found
 
@@ -121,7 +121,7 @@ def read_collectives(run_dir, pid, start):
     another process's (a pid used again), or not one whole JSON object."""
     try:
         with open(os.path.join(run_dir, COLLECTIVES_DIR, str(pid)), "rb") as handle:
-            data = json.loads(handle.read(limits.COLLECTIVES_MAX_BYTES).decode("utf-8", "replace"))
+            data = json.loads(handle.read(bounds.COLLECTIVES_MAX_BYTES).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("start") not in (start, -1):

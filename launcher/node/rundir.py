@@ -157,7 +157,7 @@ def run_state(run_id, run_dir, node, left=None):
              "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
              "processes": left}
     if state == "running":
-        from launcher.node.console import read_record  # an attached run's: who owns it, and whether it is there
+        from launcher.node.launcherconsole import read_record  # an attached run's: who owns it, and whether it is there
 
         record = read_record(run_dir)
         if record is not None:

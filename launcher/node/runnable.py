@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.child import which
 from launcher.node.facts import sha256, with_site
 from launcher.node.protocol import error_text
@@ -21,7 +21,7 @@ def script_info(workdir, script):
     digest = sha256()
     try:
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(limits.HASH_BLOCK), b""):
+            for block in iter(lambda: handle.read(bounds.HASH_BLOCK), b""):
                 digest.update(block)
             size = handle.tell()
     except OSError as exc:
@@ -29,7 +29,7 @@ def script_info(workdir, script):
     return {"path": path, "sha256": digest.hexdigest(), "size": size}
 
 
-def module_info(workdir, name, pythonpath=None, budget=limits.MODULE_FIND_S):
+def module_info(workdir, name, pythonpath=None, budget=bounds.MODULE_FIND_S):
     """Where `python -m NAME` run in `workdir` finds its code: {"origin"} or {"error"}; {"late": True, "error"}
     when the search took longer than `budget` (a hung filesystem on the path: it may still import).
 

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from launcher.node import child, limits
+from launcher.node import bounds, child
 from launcher.node.devices import VISIBLE, chosen
 from launcher.node.proc import become_reaper, is_marked, marked_processes, signal_process, start_time
 from launcher.node.protocol import DEVICE_ORDER, RUN_ID_ENV, Event, close_events_fd, emit, socket_values, timing
@@ -69,11 +69,11 @@ def run_env(request, run_dir, make=True):
     """torchrun's whole environment for this run: `torchrun_env`, the workers' hook and (on a GPU node) NCCL's
     flight recorder, all pointing into the run directory; `make` also writes what they point at there."""
     from launcher.node.recorder import USER_NAMES, flight_recorder_env, has_gpu
-    from launcher.node.stacks import install_hook
+    from launcher.node.stackdump import install_hook
 
     env = torchrun_env(request, os.environ)
     collectives = request.get("collectives")
-    # every worker's stack on request, without ptrace, and its collectives (launcher/node/stacks.py)
+    # every worker's stack on request, without ptrace, and its collectives (launcher/node/stackdump.py)
     install_hook(run_dir, env, make, collectives)
     if has_gpu():  # torch's version (its metadata, no import) says which names of the recorder's it reads
         from launcher.node.facts import torch_info
@@ -258,7 +258,7 @@ def stop_run(run_dir, mark, grace, record=True):
             # Only torchrun is left and its workers are gone: its own shutdown (a second or more of Python) has
             # nothing left to save, so do not make the user wait for it, once its own lines are out.
             alone_since = alone_since or time.monotonic()
-            if time.monotonic() - alone_since >= limits.TORCHRUN_ALONE_S:
+            if time.monotonic() - alone_since >= bounds.TORCHRUN_ALONE_S:
                 term_s, alone = alone_since - t0, True
                 signal_run(run_dir, mark, signal.SIGKILL, targets)
         time.sleep(timing("poll_s"))

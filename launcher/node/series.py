@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.proc import rank_processes
 from launcher.node.records import parse_record, record_path
 
@@ -31,7 +31,7 @@ def read_record(run_dir, pid, start):
     """A rank's progress record (records.parse_record's dict) when it is this process's, else None."""
     try:
         with open(record_path(run_dir, pid), "rb") as handle:
-            record = parse_record(handle.read(limits.RECORD_BYTES))
+            record = parse_record(handle.read(bounds.RECORD_BYTES))
     except OSError:
         return None
     if record is None or record["start"] not in (start, -1) or not record["on"]:
@@ -85,7 +85,7 @@ class Series:
 
     def glance(self):
         from launcher.node.proc import start_time
-        from launcher.node.stacks import proc_state
+        from launcher.node.stackdump import proc_state
 
         with self.lock:
             try:
@@ -100,7 +100,7 @@ class Series:
         """The last sample (the ranks as they ended), and no more."""
         self.stopped.set()
         if self.thread is not None:
-            self.thread.join(limits.SERIES_JOIN_S)
+            self.thread.join(bounds.SERIES_JOIN_S)
         self.sample()
         if self.gpus is not None:
             self.gpus.close()
@@ -123,8 +123,8 @@ class Series:
                 pass
 
     def taken(self):
-        from launcher.node.stacks import proc_state
-        from launcher.node.top import memory, rss_bytes
+        from launcher.node.sampler import memory, rss_bytes
+        from launcher.node.stackdump import proc_state
 
         found, _ = rank_processes(self.mark)
         to_wall = time.time() - time.monotonic()  # the records' times are the node's monotonic clock

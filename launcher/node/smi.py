@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.child import which
 from launcher.node.protocol import error_text
 
@@ -94,7 +94,7 @@ class Asked:
         answers = []
         for proc, out in self.procs:
             out.seek(0)
-            answers.append((proc.returncode, out.read(limits.SMI_MAX_BYTES).decode("utf-8", "replace")))
+            answers.append((proc.returncode, out.read(bounds.SMI_MAX_BYTES).decode("utf-8", "replace")))
             out.close()
         return answers, None
 
@@ -111,7 +111,7 @@ class Asked:
             except OSError:
                 pass
             try:
-                proc.wait(limits.SMI_REAP_S)
+                proc.wait(bounds.SMI_REAP_S)
             except subprocess.TimeoutExpired:  # in the kernel: it ends when the driver lets it, and is reaped then
                 _stuck.append((proc, time.monotonic()))
                 threading.Thread(target=proc.wait, daemon=True, name="smi-reaper").start()

@@ -18,7 +18,7 @@ import json
 import socket
 import time
 
-from launcher.node.limits import RELAY_FIRST_LINE_MAX
+from launcher.node.bounds import RELAY_FIRST_LINE_MAX
 from launcher.node.protocol import timing
 from launcher.node.syncstage import Refused
 

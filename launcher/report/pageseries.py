@@ -25,7 +25,7 @@ CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP = range(7)
 """The places of a rank's numbers in a sample (launcher/node/series.py; T_STEP is absent from an older node's)."""
 STILL_S = 1.0
 """A rank whose count has not moved for two of its steps and this long is drawn at 0 steps/s from then: its record is
-rewritten at most every 0.1 s (launcher/node/limits.py RECORD_FLUSH_S), so a count that old is one that stopped."""
+rewritten at most every 0.1 s (launcher/node/bounds.py RECORD_FLUSH_S), so a count that old is one that stopped."""
 
 Values = tuple[float | None, ...]
 

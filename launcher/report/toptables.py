@@ -1,6 +1,7 @@
 """What `inv top` shows (pure): the tables of the live view and of `--once`, from the run as the watch has it
-(launcher/watch/top.py): a row per node (load, memory, GPUs) and a row per rank (its helpers beside it: their count,
-CPU and memory), stragglers and ranks behind a collective marked, a line for each collective with ranks behind."""
+(launcher/watch/topmodel.py): a row per node (load, memory, GPUs) and a row per rank (its helpers beside it: their
+count, CPU and memory), stragglers and ranks behind a collective marked, a line for each collective with ranks
+behind."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from launcher.paths import hint
 from launcher.ranges import numbers_text
 from launcher.units import human_bytes
 from launcher.watch.straggler import Straggler
-from launcher.watch.top import STILL_STATES, NodeView, RankBehind, behind_ranks, flagged, ranks_of, telling
+from launcher.watch.topmodel import STILL_STATES, NodeView, RankBehind, behind_ranks, flagged, ranks_of, telling
 
 GPU_OLD_S = 2 * TOP_GPU_REFRESH_S
 """A node's GPU answer older than this is shown with its age: nvidia-smi is slow or stuck there."""
@@ -162,7 +163,7 @@ DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s
 below LAST_LINE_MIN only when nothing else is left to lose: a node's name is never cut), and so does a column that
 says why a rank is flagged (`TELLS`)."""
 TELLS = {"data": "data_share", "fwd": "forward_share", "state": "state"}
-"""The columns that may say why a rank is flagged, and their fields (`launcher.watch.top.telling`)."""
+"""The columns that may say why a rank is flagged, and their fields (`launcher.watch.topmodel.telling`)."""
 
 
 def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Mapping[str, Any]], Marks],

@@ -19,7 +19,7 @@ from rich.live import Live
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.top import Look, Looks, NodeView, TopJudge, as_json, judged_once, ranks_of
+from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, as_json, judged_once, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -35,7 +35,7 @@ class Feed(Protocol):
 def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool,
               looks: Looks | None = None) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
-    TOP_PIPE_COLUMNS), or as JSON for scripts, with what one look judges (`launcher.watch.top.judged_once`)."""
+    TOP_PIPE_COLUMNS), or as JSON for scripts, with what one look judges (`launcher.watch.topmodel.judged_once`)."""
     look = judged_once(views, opts.straggler_factor, looks)
     if as_json_too:
         out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")

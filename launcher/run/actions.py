@@ -18,9 +18,9 @@ from launcher.limits import NODE_TIMING, heartbeat_interval
 from launcher.node.protocol import RUN_ID_PATTERN
 from launcher.options import Options
 from launcher.transport.channel import Result
+from launcher.transport.connections import Node, close_all, connect_all, run_all
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sessions import Node, close_all, connect_all, run_all
-from launcher.transport.settings import SshSettings
+from launcher.transport.sshsettings import SshSettings
 
 AGENT_SOURCE = node_program("agent")
 

@@ -25,7 +25,7 @@ from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
 from launcher.events import Beat, Ended, HangSuspected, NodeEnd
 from launcher.options import Options
-from launcher.plan.launch import LaunchPlan, plan_launch
+from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import AttemptEnd, Final, Retry, after_attempt
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause

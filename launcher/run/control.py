@@ -17,15 +17,15 @@ from launcher.node.protocol import Event
 from launcher.options import Options
 from launcher.paths import hint
 from launcher.plan import runchoice
-from launcher.plan.launch import rank_offsets
+from launcher.plan.launchplan import rank_offsets
 from launcher.plan.request import inventory_id
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.actions import agent_action, agent_input, check_run_id, connect_or_fail
 from launcher.run.wiring import Wiring
 from launcher.transport.channel import Result
+from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command
-from launcher.transport.sessions import Node, classify, close_all, connect_all
-from launcher.transport.settings import SshSettings
+from launcher.transport.sshsettings import SshSettings
 
 
 @dataclass

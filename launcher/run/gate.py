@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from launcher.config.model import Cluster, Host
 from launcher.events import NodeFacts
-from launcher.transport.sessions import Node
+from launcher.transport.connections import Node
 
 
 @runtime_checkable

@@ -33,14 +33,14 @@ from launcher.events import (
 from launcher.limits import STALL, STOP_MARGIN
 from launcher.node.protocol import GO, KILL, POSITION, STOP, word_line
 from launcher.options import Options
-from launcher.plan.launch import LaunchPlan
+from launcher.plan.launchplan import LaunchPlan
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
 from launcher.run.gaterounds import gate_check
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
-from launcher.transport.sessions import Node
+from launcher.transport.connections import Node
 from launcher.watch.hangcheck import HangCheck
 
 

@@ -43,7 +43,7 @@ from launcher.limits import (
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.options import Options
 from launcher.paths import detached_hint, hint
-from launcher.plan.launch import LaunchPlan
+from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.request import start_request
 from launcher.report import rootcause
 from launcher.report.absence import (
@@ -62,12 +62,12 @@ from launcher.run.catchup import caught_up_line
 from launcher.run.control import run_and_nodes
 from launcher.run.handle import RunHandle
 from launcher.run.journal import Journal
+from launcher.run.launchstragglers import STRAGGLERS_FILE, LaunchStragglers
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.reattach import Reconnector, new_owner
 from launcher.run.sessions import SessionOpener
-from launcher.run.stragglers import STRAGGLERS_FILE, LaunchStragglers
 from launcher.run.wiring import Wiring
-from launcher.transport.sessions import Node, close_all
+from launcher.transport.connections import Node, close_all
 from launcher.watch.arrival import ArrivalBook
 
 

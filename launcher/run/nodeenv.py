@@ -20,7 +20,7 @@ from dotenv.parser import Binding, parse_stream
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.model import EnvFile
 from launcher.errors import LauncherError
-from launcher.plan.launch import NodeCommand
+from launcher.plan.launchplan import NodeCommand
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

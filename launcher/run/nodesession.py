@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from launcher.events import NodeEnd
-from launcher.plan.launch import NodeCommand
+from launcher.plan.launchplan import NodeCommand
 
 
 class SessionChannel(Protocol):

@@ -30,18 +30,18 @@ from launcher.limits import (
     STALL,
     heartbeat_interval,
 )
-from launcher.node.limits import ATTACH_REFUSED, KEEPER_GONE
+from launcher.node.bounds import ATTACH_REFUSED, KEEPER_GONE
 from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
-from launcher.plan.launch import NodeCommand
+from launcher.plan.launchplan import NodeCommand
 from launcher.run.agentevents import HANDLERS as HANDLERS  # re-exported: the table of what each event name does
 from launcher.run.agentevents import IGNORED as IGNORED
 from launcher.run.agentevents import agent_line
 from launcher.run.nodesession import Session as Session  # re-exported: the run's modules take it from here
 from launcher.run.nodesession import SessionChannel, SessionOpener
 from launcher.run.reattach import Reconnector
+from launcher.transport.connections import Node, classify
 from launcher.transport.program import host_command, program_input
-from launcher.transport.sessions import Node, classify
-from launcher.transport.settings import DEFAULT_FANOUT
+from launcher.transport.sshsettings import DEFAULT_FANOUT
 
 
 class Sessions:

@@ -16,8 +16,8 @@ from launcher.options import Options
 from launcher.paths import hint, stop_call
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session
+from launcher.transport.connections import Node
 from launcher.transport.program import host_command, program_input
-from launcher.transport.sessions import Node
 
 SWEPT = (EndKind.AGENT_DIED, EndKind.SILENT, EndKind.LOST)
 """Ends after which the node's part may live on without a launcher: the launcher stops it over a new channel. (A

@@ -1,6 +1,6 @@
 """Every rank's stack of a running run, from every node at once, without stopping it (`inv stacks`; and a suspected
-hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/stacks.py), the
-answer is grouped (`launcher.watch.stacks`), and the whole stacks are kept in
+hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/stackdump.py), the
+answer is grouped (`launcher.watch.stackgroups`), and the whole stacks are kept in
 `logs/<run id>/stacks-<time>/<node>-r<rank>.txt`."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from launcher.run.control import _agent_error, chosen_run
 from launcher.transport.channel import Result
 from launcher.watch import flightrec
 from launcher.watch.arrival import ArrivalBook, answered
-from launcher.watch.stacks import RankStack, answer, from_answers
+from launcher.watch.stackgroups import RankStack, answer, from_answers
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class StacksReport:
 def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
                    nodes: Mapping[str, Any] | None = None) -> StacksReport:
     """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
-    or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
+    or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     check_run_id(run_id)
     with reached(cluster, opts, nodes) as (usable, failed):
         run_id, results = _ask(cluster, usable, run_id, opts, err)

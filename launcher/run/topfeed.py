@@ -1,4 +1,4 @@
-"""`inv top`: every node and rank of a running run at once, from each node's agent (launcher/node/top.py).
+"""`inv top`: every node and rank of a running run at once, from each node's agent (launcher/node/sampler.py).
 
 Over SSH each node's agent keeps one session open and sends a snapshot every TOP_INTERVAL_S (`SshFeed`); under
 SLURM (`--job`) and for `--once` each look is one agent action of its own (`PollFeed`, `look_once`). A node that
@@ -25,9 +25,9 @@ from launcher.run.actions import agent_action, agent_input, check_run_id, reache
 from launcher.run.control import _agent_error, chosen_run
 from launcher.run.takestacks import Answers, collect_stacks, two_looks
 from launcher.run.wiring import Wiring
+from launcher.transport.connections import classify
 from launcher.transport.program import host_command
-from launcher.transport.sessions import classify
-from launcher.watch.top import NodeView, as_json, judged_once
+from launcher.watch.topmodel import NodeView, as_json, judged_once
 
 
 def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
@@ -80,8 +80,8 @@ def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Opt
 def stragglers_now(cluster: Cluster, run_id: str, opts: Options) -> list[str]:
     """The stragglers of a running run as `inv top --once` flags them, one look (a few seconds): what `inv status`
     says of a run no attached launcher watches (detached), which keeps no account of them."""
-    from launcher.report.stragglers import straggler_line
-    from launcher.watch.top import TopJudge
+    from launcher.report.stragglerline import straggler_line
+    from launcher.watch.topmodel import TopJudge
 
     with reached(cluster, opts) as (usable, _):
         views = look_once(cluster, usable, run_id, opts, settle=True) if usable else []
@@ -237,7 +237,7 @@ def snapshot(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
 
 def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, once: bool = False,
         as_json_too: bool = False, nodes: Mapping[str, Any] | None = None) -> int:
-    """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.launch.SlurmNode`)."""
+    """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     from launcher.report import topview  # rich's Live and the terminal: only this task needs them
 
     ssh = nodes is None  # SSH connections stream; a SLURM job's steps are polled

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from launcher.errors import LauncherError
 from launcher.limits import STEP_END_WAIT
-from launcher.plan.launch import NodeCommand
+from launcher.plan.launchplan import NodeCommand
 from launcher.slurm.jobs import run_slurm
 from launcher.transport.program import node_program, program_line
 

@@ -33,9 +33,9 @@ from launcher.sync.outcomes import NodeSync, outcome_lines, summary
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.stream import Contents, Gone, SyncStream
 from launcher.sync.tree import Entry, Tree, changed, describe_tree, project_tree, size_text
+from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command, node_program, program_input
-from launcher.transport.sessions import Node, classify, close_all, connect_all
-from launcher.transport.settings import DEFAULT_FANOUT, SshSettings
+from launcher.transport.sshsettings import DEFAULT_FANOUT, SshSettings
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import paramiko
 
-from launcher.transport.settings import PREFERRED_CIPHERS
 from launcher.transport.sshconfig import SSHTarget
+from launcher.transport.sshsettings import PREFERRED_CIPHERS
 
 
 @dataclass(frozen=True)

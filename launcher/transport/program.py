@@ -23,8 +23,8 @@ from typing import Any
 import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.limits import NODE_CODE_CACHE
-from launcher.node.limits import EVENTS_FD
-from launcher.plan.launch import quote_path
+from launcher.node.bounds import EVENTS_FD
+from launcher.plan.launchplan import quote_path
 
 BOOTSTRAP = "import sys,zlib,binascii;exec(zlib.decompress(binascii.a2b_base64(sys.stdin.readline())))"
 """What `python -c` runs on a node: the program of the first stdin line (`program_line`)."""

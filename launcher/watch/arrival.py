@@ -231,7 +231,7 @@ def _covered(spans: list[tuple[float, float]]) -> float:
 
 
 def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:
-    """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/stacks.py `collect`), as a beat's
+    """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/stackdump.py `collect`), as a beat's
     ranks for `ArrivalBook.feed`: read at the moment of the look."""
     return [{"rank": w["rank"], "collectives": w.get("collectives")} for reply in answers.values()
             if not isinstance(reply, str) for w in reply.get("workers") or () if not w.get("helper")]

@@ -3,7 +3,7 @@ frame explains a wait: a torch.distributed call, a backward (DDP's gradient all-
 DataLoader waiting for its workers, a lock, event or queue, or a sleep or wait on the user's own line.
 
 faulthandler shows Python frames only: a `time.sleep(600)` or a `.item()` shows as the user's line, which the node's
-agent reads from the file there (`launcher/node/stacks.py` `source_lines`), so the line says what it waits on.
+agent reads from the file there (`launcher/node/stackdump.py` `source_lines`), so the line says what it waits on.
 """
 
 from __future__ import annotations

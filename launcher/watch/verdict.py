@@ -35,7 +35,7 @@ from typing import Any
 from launcher.watch.arrival import ArrivalBook, Behind, Stuck, answered
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
 from launcher.watch.frames import in_dataset, wait_of
-from launcher.watch.stacks import STUCK_STATES, RankStack, from_answers
+from launcher.watch.stackgroups import STUCK_STATES, RankStack, from_answers
 
 AT_WORK, STUCK = "at work", "stuck"
 """What the verdict found a rank behind a collective to be (`inv top` marks its row `BEHIND, at work`)."""
@@ -86,7 +86,7 @@ def on_looks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, 
              apart_s: float, book: ArrivalBook, wall: float) -> Looks:
     """The verdict on two looks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
     rank's collectives as the second look read them go into `book` first (the freshest there are). What the hang
-    watch (`launcher.watch.hangcheck`) and `inv top` (`launcher.watch.top`) both judge by: one judgment."""
+    watch (`launcher.watch.hangcheck`) and `inv top` (`launcher.watch.topmodel`) both judge by: one judgment."""
     before, failed_before = from_answers(first)
     after, failed = from_answers(second)
     book.feed(answered(second), wall)

@@ -17,7 +17,7 @@ import pytest
 
 from launcher.node import proc as procs
 from launcher.node import protocol, rundir
-from launcher.plan import launch as plan
+from launcher.plan import launchplan as plan
 from launcher.plan.request import log_tail_settings, stacks_settings
 from launcher.run.actions import agent_input
 from launcher.transport.program import BOOTSTRAP

@@ -25,9 +25,9 @@ from launcher.config.inventory import load_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Finding
 from launcher.errors import DoctorFailed
-from launcher.node import limits as node_limits
-from launcher.transport import sessions as transport
-from launcher.transport.settings import SshSettings
+from launcher.node import bounds as node_limits
+from launcher.transport import connections as transport
+from launcher.transport.sshsettings import SshSettings
 from tests.helpers import inv
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe

@@ -24,7 +24,7 @@ import pytest
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.limits import NODE_TIMING
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.run import actions as run_actions
 from launcher.slurm.step import step_input
 from launcher.transport.program import python_command

@@ -21,7 +21,7 @@ from launcher.config.inventory import load_inventory
 from launcher.node.protocol import RUNS_ROOT
 from launcher.plan.request import log_tail_settings, stacks_settings
 from launcher.run.actions import agent_command, agent_input
-from launcher.transport.sessions import connect_all
+from launcher.transport.connections import connect_all
 from tests.helpers import inv, node_runs, run_id_of, run_processes, runs_on
 from tests.support.nodeenv import node_python
 

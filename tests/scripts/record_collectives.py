@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from launcher.limits import COLLECTIVES  # noqa: E402
-from launcher.node.stacks import install_hook  # noqa: E402
+from launcher.node.stackdump import install_hook  # noqa: E402
 
 TRAIN = '''
 import sys, time, torch, torch.distributed as dist

@@ -11,7 +11,7 @@ import sys
 import time
 
 from launcher.limits import NODE_TIMING
-from launcher.node import protocol, stacks
+from launcher.node import protocol, stackdump
 
 
 def main() -> None:
@@ -21,15 +21,15 @@ def main() -> None:
     env.update({protocol.RUN_ID_ENV: "20000101-000000-abcdef/node-0", "RANK": "5", "LOCAL_RANK": "1"})
     if len(sys.argv) > 3:
         env["PYTHONPATH"] = sys.argv[3]  # the node's own site folder, with its own sitecustomize
-    stacks.install_hook(run_dir, env)
+    stackdump.install_hook(run_dir, env)
     worker = subprocess.Popen([sys.executable, script], env=env)
     try:
-        hook = os.path.join(run_dir, stacks.STACKS_DIR, f"{worker.pid}.txt")
+        hook = os.path.join(run_dir, stackdump.STACKS_DIR, f"{worker.pid}.txt")
         deadline = time.monotonic() + 30
         while not os.path.exists(hook) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the script reaches its sleep
-        print(json.dumps({"uid": os.getuid(), "workers": stacks.collect(run_dir, env[protocol.RUN_ID_ENV], 5.0)}))
+        print(json.dumps({"uid": os.getuid(), "workers": stackdump.collect(run_dir, env[protocol.RUN_ID_ENV], 5.0)}))
     finally:
         worker.kill()
         worker.wait()

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from launcher.node.records import RankCollectives
-from launcher.report.stragglers import straggler_line
+from launcher.report.stragglerline import straggler_line
 from launcher.watch.arrival import ArrivalBook
-from launcher.watch.stacks import RankStack, rank_stacks
+from launcher.watch.stackgroups import RankStack, rank_stacks
 from launcher.watch.straggler import StragglerWatch, lateness
 from launcher.watch.verdict import judge
 from tests.unit.test_hang_verdict import ALL_REDUCE, BACKWARD, BARRIER, HOOK, HOOK_SLEEP, SAVE, SITE, STDLIB, rank

@@ -15,8 +15,8 @@ import pytest
 
 from launcher.events import CaughtUp, EndKind, NodeEnd, Position, Reattached
 from launcher.node import protocol
-from launcher.node.console import Console, hand_over, start_offset, wait_released
 from launcher.node.consoles import Consoles
+from launcher.node.launcherconsole import Console, hand_over, start_offset, wait_released
 from launcher.report.absence import attached_line, away_line, left_line, taken_line
 from launcher.run.catchup import Returns, caught_up_line
 

@@ -1,8 +1,8 @@
 """Every default has one home: the node-side programs take every number from their request or from
-launcher/node/limits.py (their own local bounds, each with its reason), and speak Python 3.8.
+launcher/node/bounds.py (their own local bounds, each with its reason), and speak Python 3.8.
 
-The agent's constants are checked against launcher.plan.launch's in test_agent.py, and the start request against what
-the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
+The agent's constants are checked against launcher.plan.launchplan's in test_agent.py, and the start request against
+what the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.run import actions as run_actions
 from launcher.sync import push as sync
@@ -98,7 +98,7 @@ def bare_waits(source: str) -> list[str]:
 
 
 def own_constants(source: str) -> list[str]:
-    """Module-level names bound to a number (`SMI_TIMEOUT_S = 3.0`): only limits.py may have them."""
+    """Module-level names bound to a number (`SMI_TIMEOUT_S = 3.0`): only bounds.py may have them."""
     return [ast.unparse(node.targets[0]) for node in ast.parse(source).body
             if isinstance(node, ast.Assign) and _numbers(node.value) and not any(
                 isinstance(n, ast.Name | ast.Attribute | ast.Call) for n in ast.walk(node.value))]
@@ -130,12 +130,12 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
 
 def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
     # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
-    # only its local bounds, all in launcher/node/limits.py.
-    own = {name for name, value in vars(limits).items() if name.isupper() and (isinstance(value, int | float) or (
+    # only its local bounds, all in launcher/node/bounds.py.
+    own = {name for name, value in vars(bounds).items() if name.isupper() and (isinstance(value, int | float) or (
         isinstance(value, tuple) and all(isinstance(v, int) for v in value)))}  # a number, or a version's numbers
     assert {"RESOLVE_BUDGET_S", "SMI_REAP_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
-    source = (REPO / "launcher/node/limits.py").read_text(encoding="utf-8")
+    source = (REPO / "launcher/node/bounds.py").read_text(encoding="utf-8")
     assert sorted(own) == sorted(own_constants(source))  # each a plain number ...
     for statement, after in itertools.pairwise(ast.parse(source).body):  # ... with a docstring that says why
         if isinstance(statement, ast.Assign):
@@ -145,11 +145,11 @@ def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
 @pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])
 def test_node_programs_write_no_number_into_a_wait_or_a_size(program: str) -> None:
     assert bare_waits(NODE_PROGRAMS[program]) == []
-    assert program == "launcher/node/limits.py" or own_constants(NODE_PROGRAMS[program]) == []
+    assert program == "launcher/node/bounds.py" or own_constants(NODE_PROGRAMS[program]) == []
 
 
 def test_the_bare_wait_finder_finds_them() -> None:
-    source = ('t.join(5)\nt.join(limits.EVENTS_DRAIN_S)\ntime.sleep(0.05)\ns = f(a, timeout=max(0.2, left))\n'
+    source = ('t.join(5)\nt.join(bounds.EVENTS_DRAIN_S)\ntime.sleep(0.05)\ns = f(a, timeout=max(0.2, left))\n'
               'sock.recv(256)\nselect.select([a], [], [], max(0.0, left))\npoller.poll(0)\nx.split(",", 1)\n'
               'server.listen(128)\nrun(cmd, timeout=wait_s)\nos.path.join(a, b[-1])\nC = 3.0\nD = 1 << 20\n'
               'E = len(x) + 1\n')
@@ -165,11 +165,11 @@ def test_a_fast_probe_fits_in_the_default_probe_timeout() -> None:
     timeout = DEFAULT_PROBE_TIMEOUT
     connect = doctor.connect_section("t", timeout)
     request = doctor.probe_request(cluster(), cluster().hosts[1], "fast", connect)
-    worst = max(limits.RESOLVE_BUDGET_S, request["gpu_timeout_s"]) + connect["window"] + connect["token_read_s"]
+    worst = max(bounds.RESOLVE_BUDGET_S, request["gpu_timeout_s"]) + connect["window"] + connect["token_read_s"]
     assert worst < timeout
     assert doctor.listen_request(cluster(), "t", timeout)["max_s"] > timeout  # the listener outlives every probe
     short = doctor.connect_section("t", DEFAULT_CONNECT_TIMEOUT)
-    assert limits.RESOLVE_BUDGET_S + short["window"] + short["token_read_s"] < DEFAULT_CONNECT_TIMEOUT
+    assert bounds.RESOLVE_BUDGET_S + short["window"] + short["token_read_s"] < DEFAULT_CONNECT_TIMEOUT
 
 
 @pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])

@@ -23,7 +23,7 @@ from launcher.node.recorder import (
     flight_recorder_env,
     nccl_dumps,
 )
-from launcher.node.stacks import source_lines
+from launcher.node.stackdump import source_lines
 from launcher.report.hangs import write_nccl
 from launcher.watch.flightrec import sent_dumps
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.watch.flightrec import Collectives, InFlight, from_answers, read_dump
-from launcher.watch.stacks import RankStack, rank_stacks
+from launcher.watch.stackgroups import RankStack, rank_stacks
 from launcher.watch.verdict import judge
 
 DATA = Path(__file__).parents[1] / "data" / "flight_recorder"

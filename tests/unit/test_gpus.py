@@ -20,7 +20,7 @@ from launcher.doctor.checks_gpu import check_gpus, newest_cuda
 from launcher.node import gpus as node_gpus
 from launcher.node.devices import chosen, entries
 from launcher.report.toptables import node_table
-from launcher.watch.top import NodeView
+from launcher.watch.topmodel import NodeView
 from tests.support.canned_probes import ADDRS, device, gpus, probe
 from tests.support.gpus import calls, gpu, install_smi
 from tests.support.gpus import node_gpus as standin_gpus

@@ -1,4 +1,4 @@
-"""The hang rule (launcher.watch.hang) and the grouped answer (launcher.watch.stacks), pure: no process."""
+"""The hang rule (launcher.watch.hang) and the grouped answer (launcher.watch.stackgroups), pure: no process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from launcher.errors import InventoryError
 from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
 from launcher.ranges import numbers_text
 from launcher.watch.hang import HangWatch
-from launcher.watch.stacks import answer, parse_dump, rank_stacks
+from launcher.watch.stackgroups import answer, parse_dump, rank_stacks
 
 BEAT = 5.0
 

@@ -1,12 +1,12 @@
 """The hang verdict on two looks at every rank's stack (launcher.watch.verdict), what a frame waits on
-(launcher.watch.frames) and how the answer says it (launcher.watch.stacks), with canned faulthandler dumps."""
+(launcher.watch.frames) and how the answer says it (launcher.watch.stackgroups), with canned faulthandler dumps."""
 
 from __future__ import annotations
 
 import pytest
 
 from launcher.watch.frames import Frame, wait_of
-from launcher.watch.stacks import RankStack, answer, parse_dump, rank_stacks
+from launcher.watch.stackgroups import RankStack, answer, parse_dump, rank_stacks
 from launcher.watch.verdict import judge
 
 SITE = "/venv/lib/python3.11/site-packages"

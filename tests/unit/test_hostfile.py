@@ -12,7 +12,7 @@ from launcher.config.hostfile import load_hosts, looks_like_hostfile, parse_host
 from launcher.config.inventory import load_inventory
 from launcher.config.model import EnvFile, EnvVar, ForwardEnv, Job
 from launcher.errors import InventoryError
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 
 SRC = "hosts.txt"
 

@@ -40,7 +40,7 @@ from launcher.config.model import (
     SyncSpec,
 )
 from launcher.errors import InventoryError, LauncherError
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = "hosts/cluster.yaml"

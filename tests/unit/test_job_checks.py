@@ -16,7 +16,7 @@ from launcher.config.model import Cluster
 from launcher.doctor import Evidence
 from launcher.doctor.collect import probe_request, session_section
 from launcher.node.runnable import module_info
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from tests.support.canned_probes import ADDRS, findings, probe
 from tests.support.proberun import run_probe
 

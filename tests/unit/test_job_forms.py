@@ -12,7 +12,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, Job
 from launcher.config.torchrun import OWNED
 from launcher.errors import InventoryError, UsageError
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from tests.helpers import inv
 
 SRC = "hosts/cluster.yaml"

@@ -20,7 +20,7 @@ from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
 from launcher.node import netif, protocol, runner
 from launcher.options import Options
-from launcher.plan.launch import NodeCommand, plan_launch
+from launcher.plan.launchplan import NodeCommand, plan_launch
 from launcher.plan.request import start_request
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from tests.support.agentrun import run_agent

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Job
-from launcher.plan.launch import (
+from launcher.plan.launchplan import (
     RESERVED_ENV,
     RUNS_ROOT,
     SECRET_MASK,
@@ -589,7 +589,7 @@ def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path
 def test_the_plan_resolves_the_hang_timeout_and_retries_once() -> None:
     """The command line's (or settings') value wins, else the inventory's; everything after reads the plan."""
     from launcher.config.inventory import parse_inventory
-    from launcher.plan.launch import plan_launch
+    from launcher.plan.launchplan import plan_launch
 
     cluster = parse_inventory("hosts: [a, b]\nretries: 2\njob: {script: train.py, hang_timeout: 90}\n", "i.yaml")
     plan = plan_launch(cluster)

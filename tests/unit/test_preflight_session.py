@@ -23,7 +23,7 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import doctor_gate
 from launcher.options import Options
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
 from launcher.run import actions as run_actions
 from launcher.run.gate import StartGate

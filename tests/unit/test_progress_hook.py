@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from launcher.node import hook, stacks
+from launcher.node import hook, stackdump
 from launcher.node.records import parse_record
 
 FAKE_TORCH = {
@@ -92,7 +92,7 @@ def run_job(tmp_path: Path, before: str = "", after: str = "", rank: bool = True
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "PYTHONPATH")}
     env.update({"PYTHONPATH": str(tmp_path / "fake"), **({"RANK": "0", "LOCAL_RANK": "0"} if rank else {})})
-    stacks.install_hook(str(run_dir), env)
+    stackdump.install_hook(str(run_dir), env)
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), run_dir / hook.PROGRESS_DIR
@@ -100,7 +100,7 @@ def run_job(tmp_path: Path, before: str = "", after: str = "", rank: bool = True
 
 def record_of(folder: Path, pid: int) -> dict:
     data = (folder / str(pid)).read_bytes()
-    assert len(data) == stacks.limits.RECORD_BYTES and data.endswith(b"\n")
+    assert len(data) == stackdump.bounds.RECORD_BYTES and data.endswith(b"\n")
     found = parse_record(data)
     assert found is not None, data
     return found
@@ -127,7 +127,7 @@ def test_no_rank_no_record_and_a_program_without_torch_leaves_none(tmp_path: Pat
     plain = tmp_path / "plain.py"
     plain.write_text("import json\nprint(json.dumps({'ok': True}))\n")
     env = {**os.environ, "RANK": "0"}
-    stacks.install_hook(str(tmp_path / "run2"), env)
+    stackdump.install_hook(str(tmp_path / "run2"), env)
     assert subprocess.run([sys.executable, str(plain)], env=env, timeout=60).returncode == 0
     assert list((tmp_path / "run2" / hook.PROGRESS_DIR).iterdir()) == []
 

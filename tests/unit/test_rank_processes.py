@@ -19,7 +19,7 @@ import pytest
 
 from launcher.node.proc import rank_processes, start_time, workers
 from launcher.node.protocol import RUN_ID_ENV
-from launcher.watch.stacks import rank_stacks, stack_file
+from launcher.watch.stackgroups import rank_stacks, stack_file
 
 MARK = f"20000101-000000-abcdef/unit-{os.getpid()}"
 RANK_SCRIPT = textwrap.dedent("""

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.node.hook import PROGRESS_DIR, Recorder
 from launcher.node.records import NO_RECORD, RankRecord, parse_record
-from launcher.node.top import Sampler
+from launcher.node.sampler import Sampler
 from launcher.options import DEFAULT_PROGRESS
 
 

@@ -9,7 +9,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
 from launcher.events import NodeEnd
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.plan.recovery import Final, Retry, after_attempt
 from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
 from launcher.report.lines import NodeLog

@@ -11,7 +11,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
 from launcher.limits import heartbeat_interval
 from launcher.options import Options
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
 from launcher.run.actions import check_run_id
 from launcher.run.nodeenv import resolve_env

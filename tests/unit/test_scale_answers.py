@@ -13,7 +13,7 @@ from launcher.ranges import names_text, numbers_text
 from launcher.report.states import console, problems, state_table
 from launcher.run.control import NodeState
 from launcher.watch.frames import Frame
-from launcher.watch.stacks import RankStack, answer
+from launcher.watch.stackgroups import RankStack, answer
 
 
 @pytest.mark.parametrize(("numbers", "text"), [

@@ -11,7 +11,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, EnvVar, Job
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, PlanError
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 
 SRC = "hosts.txt"
 

@@ -13,7 +13,7 @@ import pytest
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
-from launcher.plan.launch import plan_launch
+from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
 from launcher.slurm.allocation import allocation_cluster, allocation_nodes, cpus_per_task
 from launcher.slurm.step import SELECTOR_SOURCE, SrunStep, srun_argv, step_input

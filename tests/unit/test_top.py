@@ -11,12 +11,12 @@ from rich.console import Console
 
 from launcher.config.inventory import load_inventory
 from launcher.errors import LauncherError
-from launcher.node.top import RankProgress
+from launcher.node.sampler import RankProgress
 from launcher.options import DEFAULT_PROGRESS
-from launcher.report.stragglers import straggler_line
+from launcher.report.stragglerline import straggler_line
 from launcher.report.toptables import rank_table
 from launcher.watch.straggler import StragglerWatch, heavy_ranks, slow_ranks
-from launcher.watch.top import NodeView, TopJudge, as_json, forward_shares, rates
+from launcher.watch.topmodel import NodeView, TopJudge, as_json, forward_shares, rates
 from tests.unit.test_arrival import recorded
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once
 from launcher.watch.straggler import Straggler
-from launcher.watch.top import NodeView, TopJudge
+from launcher.watch.topmodel import NodeView, TopJudge
 from tests.unit.test_arrival import beat
 from tests.unit.test_top import recorded_views
 

@@ -1,4 +1,4 @@
-"""`inv top --once` on one node (launcher/node/top.py `watch` with `settle`): a node whose ranks have all been still
+"""`inv top --once` on one node (launcher/node/sampler.py `watch` with `settle`): a node whose ranks have all been still
 (no output for twice the look, no progress record within the rate window) answers after the least look; one with a
 rank that steps, or whose record moved lately, watches the whole look for its rate. Real rank processes (light
 Pythons carrying the run's mark, as torchrun's workers do), their own output files and records."""
@@ -17,7 +17,7 @@ import pytest
 
 from launcher.node.hook import PROGRESS_DIR
 from launcher.node.protocol import RUN_ID_ENV
-from launcher.node.top import watch
+from launcher.node.sampler import watch
 from launcher.options import DEFAULT_PROGRESS
 
 LOOK_S = 1.5

@@ -24,7 +24,7 @@ from launcher.report.hangs import ruled_out_line
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once
 from launcher.watch.hangcheck import HangCheck
-from launcher.watch.top import NodeView
+from launcher.watch.topmodel import NodeView
 from tests.unit.test_arrival import recorded
 from tests.unit.test_hang_check import Channel, Session
 from tests.unit.test_top import recorded_views

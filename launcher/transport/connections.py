@@ -30,7 +30,6 @@ from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.parallel import parallel, waves
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
 from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
-from launcher.transport.settings import DEFAULT_FANOUT, DEFAULT_SSH, IDLE_POLL_S, SshSettings
 from launcher.transport.sshconfig import (
     MAX_JUMP_DEPTH,
     SSH_G_TIMEOUT,
@@ -39,6 +38,7 @@ from launcher.transport.sshconfig import (
     parse_jumps,
     resolve_target,
 )
+from launcher.transport.sshsettings import DEFAULT_FANOUT, DEFAULT_SSH, IDLE_POLL_S, SshSettings
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from launcher.node import collectives, hook, limits
+from launcher.node import bounds, collectives, hook
 from launcher.node.child import which
 from launcher.node.proc import rank_processes, signal_process
 from launcher.node.protocol import timing
@@ -48,7 +48,7 @@ def install_hook(run_dir, env, make=True, collecting=None):
             with open(os.path.join(hook_dir, name + ".py"), "w") as handle:
                 handle.write(module.__loader__.get_source(module.__name__))  # the node's loader and a file's both
     env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
-    env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, limits.RECORD_BYTES, limits.RECORD_FLUSH_S)
+    env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S)
     if collecting:
         env[hook.COLLECTIVES_ENV] = "%s:%r:%r:%d:%r" % (
             collected, float(collecting["status_s"]), float(collecting["arrivals_s"]), int(collecting["keep"]),

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.options import Options
-from launcher.plan.launch import LaunchPlan
+from launcher.plan.launchplan import LaunchPlan
 
 RESOLVED_IN_PLAN = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
 """The settings an inventory may set too (its key): the plan holds what the run uses of them."""

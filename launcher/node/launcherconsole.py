@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 
-from launcher.node import limits
+from launcher.node import bounds
 from launcher.node.protocol import Event, event_line, write_all
 
 CONSOLE_RECORD = "console.json"
@@ -86,9 +86,9 @@ class Console:
                     try:
                         view = view[os.write(fd, view):]
                     except BlockingIOError:
-                        _ready(fd, True, limits.CONSOLE_LOOK_S)
-                elif _ready(fd, True, limits.CONSOLE_LOOK_S):
-                    view = view[os.write(fd, view[:limits.CONSOLE_PIECE]):]
+                        _ready(fd, True, bounds.CONSOLE_LOOK_S)
+                elif _ready(fd, True, bounds.CONSOLE_LOOK_S):
+                    view = view[os.write(fd, view[:bounds.CONSOLE_PIECE]):]
         except OSError:
             return False
         return True
@@ -107,7 +107,7 @@ class Console:
                 self.link.sendall(event_line(dict(fields, released=why)))
             except OSError:
                 pass
-        elif why == Event.TAKEN and _ready(self.fds[2], True, limits.TAKEN_WRITE_S):
+        elif why == Event.TAKEN and _ready(self.fds[2], True, bounds.TAKEN_WRITE_S):
             write_all(self.fds[2], event_line(dict(fields, event=Event.TAKEN, time=time.time())))
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in self.fds:
@@ -137,13 +137,13 @@ def read_words(console, on_word, on_end):
     console.enter()
     try:
         while not console.gone.is_set():
-            if not _ready(console.fds[0], False, limits.CONSOLE_LOOK_S):
+            if not _ready(console.fds[0], False, bounds.CONSOLE_LOOK_S):
                 continue
-            data = os.read(console.fds[0], limits.CONSOLE_PIECE)
+            data = os.read(console.fds[0], bounds.CONSOLE_PIECE)
             if not data:
                 break
             *lines, rest = (rest + data).split(b"\n")
-            rest = rest[-limits.CONSOLE_PIECE:]  # words are short: a line without end is nobody's word
+            rest = rest[-bounds.CONSOLE_PIECE:]  # words are short: a line without end is nobody's word
             for line in lines:
                 on_word(console, line.decode("utf-8", "replace").strip())
     except OSError:
@@ -162,7 +162,7 @@ def hand_over(run_dir, request, fds):
     listens there (the run ended, or its keeper died), or (None, {"silent": ...}) when it does not answer in time."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(limits.HANDOVER_WAIT_S)
+        sock.settimeout(bounds.HANDOVER_WAIT_S)
         sock.connect(console_address(run_dir))
     except OSError:
         sock.close()
@@ -184,7 +184,7 @@ def _line(sock, first=b""):
     """One JSON line from `sock` (None at its end or when it is not one)."""
     data = first
     while b"\n" not in data:
-        chunk = sock.recv(limits.CONSOLE_PIECE)
+        chunk = sock.recv(bounds.CONSOLE_PIECE)
         if not chunk:
             return None
         data += chunk
@@ -215,9 +215,9 @@ def peer_uid(conn):
 def take_handover(conn):
     """An attach session's request and its three descriptors (non-inheritable here), or (None, ()) when it sends
     something else."""
-    conn.settimeout(limits.HANDOVER_WAIT_S)
+    conn.settimeout(bounds.HANDOVER_WAIT_S)
     fd_size = array.array("i").itemsize
-    data, ancillary, _, _ = conn.recvmsg(limits.CONSOLE_PIECE, socket.CMSG_SPACE(3 * fd_size))
+    data, ancillary, _, _ = conn.recvmsg(bounds.CONSOLE_PIECE, socket.CMSG_SPACE(3 * fd_size))
     fds = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from launcher.errors import LauncherError
 from launcher.options import Options
 from launcher.paths import hint
-from launcher.plan.launch import LaunchPlan
+from launcher.plan.launchplan import LaunchPlan
 from launcher.run import launch as run_launch
 from launcher.run.nodeenv import resolve_env
 from launcher.run.wiring import Wiring

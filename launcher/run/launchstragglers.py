@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher.report.stragglers import straggler_line
+from launcher.report.stragglerline import straggler_line
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.straggler import StragglerWatch, lateness
 

@@ -31,7 +31,7 @@ from launcher.node.records import (
     record_path,
     window_rate,
 )
-from launcher.node.stacks import STATES, proc_state
+from launcher.node.stackdump import STATES, proc_state
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
