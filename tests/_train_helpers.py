@@ -70,6 +70,8 @@ def single_cmd(*train_args: str) -> list[str]:
 @functools.cache
 def import_train_script() -> ModuleType:
     """train/ddp.py as a module, to test its pure parts in this process (imports torch: a second or two)."""
+    if str(TRAIN_SCRIPT.parent) not in sys.path:  # its modules beside it, as when it runs as a script
+        sys.path.insert(0, str(TRAIN_SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("train_ddp", TRAIN_SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -46,7 +46,8 @@ def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly_with_or_without_r
     workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
     for workdir in workdirs:
         (workdir / "train").mkdir(parents=True)
-        (workdir / "train" / "ddp.py").write_bytes((REPO / "train" / "ddp.py").read_bytes())
+        for module in (REPO / "train").glob("*.py"):  # ddp.py and the modules it imports
+            (workdir / "train" / module.name).write_bytes(module.read_bytes())
     data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
     box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     logs = tmp_path / "logs"

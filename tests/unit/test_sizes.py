@@ -1,5 +1,7 @@
-"""The house's size rules (docs/development.md), kept by a test: no module of launcher/ or bench/ over 400 lines,
-no function over 60. A module or function that grows past them is split where its concepts part, not excused."""
+"""The house's size rules (docs/development.md), kept by a test: no module of the repository's code (the product,
+the bench, the demo's training program, the checkout's tools and scripts) over 400 lines, no function over 60. A
+module or function that grows past them is split where its concepts part, not excused. The tests are not under it
+yet: four test modules are longer (test_inventory.py 1,452 lines) and wait for their split."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ from tests.helpers import REPO
 
 MODULE_MAX_LINES = 400
 FUNCTION_MAX_LINES = 60
-FOLDERS = ("launcher", "bench")
+FOLDERS = ("launcher", "bench", "train", "devtools", "scripts")
 
 
 def sources() -> list[Path]:
-    return sorted(p for folder in FOLDERS for p in (REPO / folder).rglob("*.py"))
+    return sorted([*(p for folder in FOLDERS for p in (REPO / folder).rglob("*.py")), *REPO.glob("*.py")])
 
 
 def test_no_module_is_over_400_lines() -> None:
