@@ -2,7 +2,7 @@
 (its tasks.py: `checkout_ns`, with the sandbox, demo and bench). Each parses its options and calls `launcher.app`.
 
 A project's own tasks.py can add them: `ns = Collection(its_task, ...)`, then `ns.add_collection(launcher.tasks.ns,
-"ddp")` (the README's lines: a file of plain `@task`s has no namespace until it names one).
+"ddp")` (docs/usage.md's lines: a file of plain `@task`s has no namespace until it names one).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def project_inv(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_projects_collection_is_named_in_every_hint_and_each_hint_runs(make_sandbox, tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "usage.md").read_text()  # the README points there
     (block,) = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:] if "add_collection(ddp" in b]
     project = tmp_path / "project"
     project.mkdir()

@@ -112,7 +112,7 @@ def test_a_hint_names_the_task_as_the_collection_the_user_added_it_under() -> No
 
 def test_a_projects_tasks_py_gets_its_collections_names_in_every_hint(tmp_path: Path) -> None:
     """The README's tasks.py, run by a project's `inv`: a missing inventory's hint names `inv ddp.init`."""
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "usage.md").read_text()  # the README points there
     (block,) = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:] if "add_collection(ddp" in b]
     (tmp_path / "tasks.py").write_text(block)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}, "PYTHONPATH": str(REPO)}

@@ -53,7 +53,8 @@ def test_what_hang_timeout_means_is_one_text_and_every_other_agrees_cpu_time_is_
     assert tasks.launch.help["hang-timeout"].startswith(HANG_TIMEOUT_HELP)
     repo = Path(__file__).resolve().parents[2]
     for name in ("invoke.yaml", "hosts/example.yaml", "launcher/config/example.yaml", "launcher/options.py",
-                 "launcher/config/model.py", "launcher/tasks.py", "README.md"):
+                 "launcher/config/model.py", "launcher/tasks.py", "README.md", "docs/usage.md", "docs/commands.md",
+                 "docs/watching.md", "docs/troubleshooting.md", "docs/clusters.md"):
         for said in re.findall(r"hang[_ -]timeout.{0,300}", (repo / name).read_text(), re.S):
             cpu = said[:said.find("CPU") + 40] if "CPU" in said else ""
             assert not cpu or "CPU time is never progress" in cpu or "CPU time says nothing" in cpu, (name, said)
