@@ -211,12 +211,24 @@ def signal_run(run_dir, mark, sig, targets=None):
     processes got it."""
     targets = marked_processes(mark) if targets is None else targets
     leader = live_leader(run_dir, mark)
+    reached = set()
     if leader is not None:
         try:
             os.killpg(leader, sig)
+            # Not twice: torchrun's handler logs its first TERM ("Received 15 death signal"), and a second one
+            # raised again inside that log call, before its line was out (seen under load).
+            reached = {pid for pid in targets if _group_of(pid) == leader}
         except OSError:
             pass
-    return sum(1 for pid, start in targets.items() if signal_process(pid, start, sig))
+    return len(reached) + sum(1 for pid, start in targets.items()
+                              if pid not in reached and signal_process(pid, start, sig))
+
+
+def _group_of(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def still_marked(targets, mark):

@@ -134,14 +134,19 @@ def _every_node(stopped: Sequence[NodeExit]) -> str:
     """How the stop ended every node's processes, where it ended them alike (the longest of their times)."""
     stops = [e.stop for e in stopped if e.stop is not None]
     kinds = {"killed" if s.get("killed") else "alone" if s.get("alone") else "term" for s in stops}
-    if len(stops) < len(stopped) or len(kinds) != 1:
+    mixed = kinds == {"term", "alone"}  # the ranks ended on TERM everywhere; torchrun ended by itself on some nodes
+    if len(stops) < len(stopped) or (len(kinds) != 1 and not mixed):
         return " (each node's end below)"
     terms = [s.get("term_s") for s in stops]
-    merged = {"grace": max(float(s.get("grace") or 0) for s in stops), "alone": "alone" in kinds,
+    merged = {"grace": max(float(s.get("grace") or 0) for s in stops), "alone": kinds == {"alone"},
               "killed": sum(int(s.get("killed") or 0) for s in stops),
               "term_s": None if None in terms else max(terms)}
     codes = {e.exit_code for e in stopped}
     words = stop_words(merged, codes.pop() if len(codes) == 1 else None)
+    if mixed:
+        alone = sum(1 for s in stops if s.get("alone"))
+        words += (f"; torchrun, left without its ranks, was then killed on {alone} of the {len(stops)} nodes: a stop "
+                  "does not wait for torchrun's own shutdown")
     return f": {words}" if "killed" in kinds else f": on every node, {words}"
 
 

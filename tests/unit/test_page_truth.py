@@ -110,6 +110,17 @@ def test_a_stop_the_user_asked_for_is_no_failure_and_has_a_stop_mark_and_how_eac
     assert ctrl_c.root_cause == "" and "stopped by the user at 7.0 s (Ctrl-C)" in ctrl_c.stopped
 
 
+def test_a_stop_whose_torchrun_ended_by_itself_on_one_node_and_was_killed_alone_on_the_other_is_one_sentence() -> None:
+    # Seen under load: the ranks ended on TERM everywhere; node-1's torchrun ended within TORCHRUN_ALONE_S, node-0's
+    # was killed after it (the page said only "each node's end below").
+    answers = {"node-0": stopped("node-0", 7.0, term_s=0.4, alone=True, killed=0),
+               "node-1": dict(stopped("node-1", 7.0, term_s=0.9, alone=False, killed=0), exit_code=143)}
+    page = build_page(RUN, journal(2), answers, "logs/x/")
+    assert page.stopped == ("stopped by the user at 7.0 s, not a failure: on every node, ended on TERM within 0.9 s; "
+                            "torchrun, left without its ranks, was then killed on 1 of the 2 nodes: a stop does not "
+                            "wait for torchrun's own shutdown"), page.stopped
+
+
 def test_how_a_stop_ended_a_nodes_processes_is_said_as_it_happened() -> None:
     assert stop_words({"grace": 5, "killed": 2, "term_s": None}, 137) == (
         "2 process(es) had not ended 5 s after TERM: killed (exit code 137)")
