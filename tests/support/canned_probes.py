@@ -1,10 +1,15 @@
-"""Canned doctor evidence: a healthy probe answer per node, and the findings of one check."""
+"""Canned doctor evidence: a healthy probe answer per node, a cluster of those nodes, the evidence the checks judge,
+and the findings of one check."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from launcher import doctor
+from launcher.config.inventory import parse_inventory
+from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding
 
 ADDRS = {"node-0": "10.0.0.1", "node-1": "10.0.0.2", "node-2": "10.0.0.3"}
@@ -57,3 +62,41 @@ def findings(ev: Evidence, check: str, host: str | None = None) -> list[Finding]
 
 def problems(ev: Evidence, checks: str = "all") -> list[Finding]:
     return [f for f in doctor.evaluate(ev, checks) if f.status != "ok"]
+
+
+def make_cluster(nproc: int | str = 1, master_addr: str = "node-0", job: bool = True) -> Cluster:
+    """The three canned nodes (ADDRS) in an inventory, the job `train.py` unless `job` is False."""
+    data: dict[str, Any] = {
+        "defaults": {"python": "/opt/venv/bin/python", "workdir": "~/project", "nproc_per_node": nproc},
+        "hosts": list(ADDRS),
+        "rendezvous": {"master_addr": master_addr, "master_port": 29500},
+    }
+    if job:
+        data["job"] = {"script": "train.py"}
+    return parse_inventory(yaml.safe_dump(data), "hosts/test.yaml")
+
+
+def evidence(cluster: Cluster | None = None, listener: dict[str, Any] | None = None,
+             times: dict[str, float] | None = None, probe_timeout: float = 10.0, **outcomes: Any) -> Evidence:
+    """What the checks judge: each node's healthy probe, `outcomes` (node_1=...: node-1's) in place of some, a free
+    master port that accepted every peer, each probe 0.4 s unless `times` says."""
+    cluster = cluster or make_cluster()
+    found: dict[str, Any] = {h.name: probe(h.name) for h in cluster.hosts}
+    found.update({k.replace("_", "-"): v for k, v in outcomes.items()})
+    return Evidence(cluster, found, listener if listener is not None else {"free": True, "accepted": 3},
+                    clock=(1000.0, 1001.0), probe_timeout=probe_timeout,
+                    probe_times=times if times is not None else {h.name: 0.4 for h in cluster.hosts})
+
+
+def only(ev: Evidence, check: str, host: str) -> Finding:
+    """The one finding of `check` on `host`."""
+    (found,) = findings(ev, check, host)
+    return found
+
+
+def canned_report(ev: Evidence, checks: str = "all") -> doctor.Report:
+    """The report `inv doctor` shows of `ev`, judged by `checks`."""
+    return doctor.Report(source="hosts/test.yaml", hosts=tuple(ADDRS), checks=doctor.selected_checks(checks),
+                         findings=tuple(doctor.evaluate(ev, checks)),
+                         probes={h: o if isinstance(o, dict) else None for h, o in ev.outcomes.items()},
+                         errors={}, listener=ev.listener, probe_times=ev.probe_times, timings={"total_s": 0.5})
