@@ -32,6 +32,34 @@ HOSTILE_ARGS = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/launcher
 TRAIN = "--epochs 2 --dataset-size 256 --batch-size 16 --log-every 2"
 
 
+def own_train_workdirs(box: sandbox.Sandbox, tmp_path: Path) -> list[Path]:
+    """Each sandbox node a workdir of its own (they share no disk) holding train/: ddp.py and the modules it imports."""
+    data = yaml.safe_load(box.inventory.read_text())
+    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
+    for workdir in workdirs:
+        (workdir / "train").mkdir(parents=True)
+        for module in (REPO / "train").glob("*.py"):  # ddp.py and the modules it imports
+            (workdir / "train" / module.name).write_bytes(module.read_bytes())
+    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
+    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    return workdirs
+
+
+def assert_one_world_on_two_nodes(whole: subprocess.CompletedProcess[str], logs: Path) -> str:
+    """Every rank reports from its own node: 4 ranks, one world, node-1 holds ranks 2 and 3; each node's log has its
+    ranks' checksums and no process of the run is left. Returns the replicas' checksum."""
+    out = whole.stdout
+    for rank, node in [(0, "node-0"), (1, "node-0"), (2, "node-1"), (3, "node-1")]:
+        assert re.search(rf"^{node} r{rank} +\| rank {rank}/4 .*host {node}", out, re.M), out
+    checksum = assert_replicas_in_sync(out, world_size=4)
+    run_id = run_id_of(whole.stderr)
+    assert "connected 2/2" in whole.stderr and "started 2/2" in whole.stderr
+    for node in ("node-0", "node-1"):
+        assert (logs / run_id / f"{node}.log").read_text().count("CHECKSUM") == 2
+    assert run_processes(run_id) == []
+    return checksum
+
+
 def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly_with_or_without_rank_0s_checkpoint(
         make_sandbox, tmp_path: Path) -> None:
     """2 nodes x 2 processes through `inv launch`, each node its own workdir (they share no disk): one world, the
@@ -42,14 +70,7 @@ def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly_with_or_without_r
     once used all_gather_object, which needs numpy in torch 2.13, and every rank failed on the first retry.
     """
     box = make_sandbox(2, nproc_per_node=2, master_port=free_port())
-    data = yaml.safe_load(box.inventory.read_text())
-    workdirs = [tmp_path / f"{name}-workdir" for name in data["hosts"]]
-    for workdir in workdirs:
-        (workdir / "train").mkdir(parents=True)
-        for module in (REPO / "train").glob("*.py"):  # ddp.py and the modules it imports
-            (workdir / "train" / module.name).write_bytes(module.read_bytes())
-    data["hosts"] = [{"name": name, "workdir": str(w)} for name, w in zip(data["hosts"], workdirs, strict=True)]
-    box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    workdirs = own_train_workdirs(box, tmp_path)
     logs = tmp_path / "logs"
 
     def launch(*extra: str) -> subprocess.CompletedProcess[str]:
@@ -60,16 +81,7 @@ def test_ddp_across_two_nodes_is_one_world_and_resumes_exactly_with_or_without_r
         return result
 
     whole = launch(f"--save-weights {tmp_path / 'whole.pt'}")
-    out = whole.stdout
-    # Every rank reports from its own node: 4 ranks, one world, node-1 holds ranks 2 and 3.
-    for rank, node in [(0, "node-0"), (1, "node-0"), (2, "node-1"), (3, "node-1")]:
-        assert re.search(rf"^{node} r{rank} +\| rank {rank}/4 .*host {node}", out, re.M), out
-    checksum = assert_replicas_in_sync(out, world_size=4)
-    run_id = run_id_of(whole.stderr)
-    assert "connected 2/2" in whole.stderr and "started 2/2" in whole.stderr
-    for node in ("node-0", "node-1"):
-        assert (logs / run_id / f"{node}.log").read_text().count("CHECKSUM") == 2
-    assert run_processes(run_id) == []
+    checksum = assert_one_world_on_two_nodes(whole, logs)
 
     # DDP is the math the guides promise: the same weights as one process taking the 4 ranks' batches per step.
     reference = run(single_cmd(*TRAIN.split(), "--reference-world-size", "4", "--save-weights",
