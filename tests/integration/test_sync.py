@@ -18,7 +18,6 @@ import yaml
 
 from devtools import sandbox
 from devtools.observe import children, free_port, process_name
-from launcher.config import inventory
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import REPO, run_id_of
 from tests.support.project import EXPECTED, conf_made_a_link, project, write
@@ -132,7 +131,6 @@ def test_each_node_that_cannot_be_synced_says_why_in_one_line(make_sandbox, tmp_
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not hasattr(inventory, "SyncSpec"), reason="the inventory has no `sync:` entry yet")
 def test_inventory_sync_entry_names_the_tree_and_its_excludes(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port())
     src = project(tmp_path / "src", with_git=True)
