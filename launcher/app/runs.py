@@ -16,6 +16,7 @@ from launcher.run.actions import check_run_id
 from launcher.run.wiring import Wiring
 
 if TYPE_CHECKING:  # types only: each command imports what it alone uses (a status: no stacks, no rich live view)
+    from launcher.config.model import Cluster
     from launcher.report.pagedata import Page
     from launcher.run.control import NodeState
     from launcher.run.takestacks import StacksReport
@@ -193,13 +194,19 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
     from launcher.run import topfeed as run_top
 
     opts, wiring = _opening(run_id, opts, wiring)
-    cluster = load_inventory(hosts)
-    if job:
-        from launcher.app import slurm as on_slurm
+    cluster, nodes = _reached_as(hosts, opts, job)
+    return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json, nodes=nodes)
 
-        cluster, nodes = on_slurm.job_nodes(job, cluster, opts)
-        return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json, nodes=nodes)
-    return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json)
+
+def _reached_as(hosts: str | Hosts, opts: Options, job: str | None) -> tuple[Cluster, dict[str, Any] | None]:
+    """The inventory's cluster, and with `job` the nodes of that running SLURM batch job as its own steps reach them
+    (`launcher.slurm.slurmlaunch.SlurmNode`; None: each node over SSH)."""
+    cluster = load_inventory(hosts)
+    if not job:
+        return cluster, None
+    from launcher.app import slurm as on_slurm
+
+    return on_slurm.job_nodes(job, cluster, opts)
 
 
 def top_snapshot(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: Wiring,
@@ -207,11 +214,7 @@ def top_snapshot(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: 
     """One look at every node and rank of a running run, judged: the value `inv top --once --json` prints."""
     from launcher.run import topfeed as run_top
 
-    cluster, nodes = load_inventory(hosts), None
-    if job:
-        from launcher.app import slurm as on_slurm
-
-        cluster, nodes = on_slurm.job_nodes(job, cluster, opts)
+    cluster, nodes = _reached_as(hosts, opts, job)
     return run_top.snapshot(cluster, run_id, opts, wiring.err, nodes)
 
 
@@ -221,11 +224,7 @@ def written_page(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: 
     inside that running SLURM batch job, through the job's own steps."""
     from launcher.app.pages import write_page
 
-    cluster, given = load_inventory(hosts), None
-    if job:
-        from launcher.app import slurm as on_slurm
-
-        cluster, given = on_slurm.job_nodes(job, cluster, opts)
+    cluster, given = _reached_as(hosts, opts, job)
     return write_page(cluster, run_id, opts, wiring.err, given)
 
 

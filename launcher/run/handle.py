@@ -217,7 +217,7 @@ class RunHandle:
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
         if session.outage is not None:
-            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over(session):
+            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over():
                 self._lost(session, now)
         elif silent > limit:
             self._take(Ended(session.name, time.time(), NodeEnd(
@@ -226,7 +226,7 @@ class RunHandle:
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
 
-    def _stop_over(self, session: Session) -> bool:
+    def _stop_over(self) -> bool:
         """A stop is under way and every node that can be reached has ended: waiting for this one's reconnect (it is
         out of reach) would only hold up the run's end (the sweep still tries to stop it over a new connection). Where
         none has ended (this machine's network, most likely), the stop's deadline gives the stop a chance to get out."""
