@@ -33,6 +33,7 @@ from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
 from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
+from launcher.plan.runsettings import run_settings
 from launcher.run import launch as run_launch
 from launcher.run.wiring import Wiring
 
@@ -44,8 +45,10 @@ STEADY_S = 12.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def light_plan(inventory: Path, *args: str):
-    plan = plan_launch(load_inventory(inventory))
+def light_plan(inventory: Path, *args: str, opts: Options | None = None):
+    """The inventory's plan, each node running the light worker with `args`, followed as `opts` say."""
+    cluster = load_inventory(inventory)
+    plan = plan_launch(cluster, settings=run_settings(cluster, opts=opts))
     nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER, *args), home_words=(0,)) for c in plan.nodes)
     return dataclasses.replace(plan, nodes=nodes)
 
@@ -78,7 +81,8 @@ def _agents_of(run_id: str) -> list[int]:
 
 def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     """CPU seconds per second of each node's agent (the median node) over a healthy attached light run."""
-    plan = light_plan(inventory, "steady", str(STEADY_S))
+    opts = Options(hang_timeout=None if watch else 0, log_dir=root / "logs")
+    plan = light_plan(inventory, "steady", str(STEADY_S), opts=opts)
     samples: dict[int, list[tuple[float, float]]] = {}
     done = threading.Event()
 
@@ -93,8 +97,7 @@ def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run_launch.launch_run(plan, Options(hang_timeout=None if watch else 0, log_dir=root / "logs"),
-                             Wiring(out=devnull, err=devnull))
+        run_launch.launch_run(plan, opts, Wiring(out=devnull, err=devnull))
     finally:
         done.set()
         sampler.join()
@@ -117,7 +120,8 @@ def answer_time(inventory: Path, root: Path) -> dict:
     devnull = open(os.devnull, "w")  # noqa: SIM115
     opts = Options(hang_timeout=TIMEOUT_S, log_dir=root / "logs")
     with contextlib.suppress(RunFailed):  # the run is stopped for its hang: exit code 124
-        run_launch.launch_run(light_plan(inventory), opts, Wiring(out=devnull, err=devnull, on_event=on_event))
+        run_launch.launch_run(light_plan(inventory, opts=opts), opts,
+                              Wiring(out=devnull, err=devnull, on_event=on_event))
     bound = max(started) + TIMEOUT_S
     ranks = sum(len(a.get("workers", [])) for a in hang[0].answers.values() if isinstance(a, dict)) if hang else 0
     return {"answer_s": round(hang[0].time - bound, 3) if hang else None, "ranks": ranks}

@@ -32,6 +32,11 @@ ACTION_MARGIN = 20.0
 """Seconds an agent action (stop, status) may take beyond its grace period before it counts as lost."""
 
 
+def action_timeout(grace: float) -> float:
+    """How long a stop/status action may take on a node: the grace period plus ACTION_MARGIN."""
+    return grace + ACTION_MARGIN
+
+
 AWAY_AFTER_BEATS = 3
 """A node counts its launcher as away (`inv status` says so, with when the run will stop by itself) after this many
 heartbeats did not come: one late beat is a busy network, three are a launcher that sleeps or lost its way."""

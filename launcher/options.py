@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError, UsageError
-from launcher.limits import ACTION_MARGIN, HANG_FACTOR, HANG_FLOOR_S
+from launcher.limits import HANG_FACTOR, HANG_FLOOR_S, action_timeout
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
@@ -146,7 +146,27 @@ class Options:
     @property
     def action_timeout(self) -> float:
         """How long a stop/status action may take on a node: the grace period plus a margin, never less."""
-        return self.grace + ACTION_MARGIN
+        return action_timeout(self.grace)
+
+
+@dataclass(frozen=True)
+class Given:
+    """The options one command line gave (None: not given), as Invoke hands them (numbers as text; `from_config`
+    checks each): typed, so that a task names only options that exist and a reader can follow each to its use."""
+
+    detach: bool = False
+    grace: str | float | None = None
+    connect_timeout: str | float | None = None
+    probe_timeout: str | float | None = None
+    silence_timeout: str | float | None = None
+    heartbeat_timeout: str | float | None = None
+    retries: str | int | None = None
+    hang_timeout: str | float | None = None
+    on_hang: str | None = None
+
+    def values(self) -> dict[str, Any]:
+        """The options given, by name (a flag left off is not given)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, False)}
 
 
 # name -> (kind, minimum, maximum), both allowed; checked for invoke.yaml and the command line alike.

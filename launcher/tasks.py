@@ -80,9 +80,10 @@ def _root(c: Context) -> Path | None:
     return getattr(c.config, "project_root", None)
 
 
-def _options(c: Context, **overrides: Any) -> options.Options:
-    """The `launcher:` settings (invoke.yaml, or ddpl's files), then the command line's values (None: not given),
-    every number checked; a relative log_dir in ddpl's settings is the project's."""
+def _options(c: Context, given: options.Given | None = None) -> options.Options:
+    """The `launcher:` settings (invoke.yaml, or ddpl's files), then the options the command line `given`, every
+    number checked; a relative log_dir in ddpl's settings is the project's."""
+    overrides = (given or options.Given()).values()
     try:
         config = {k: v for k, v in c.config.get(SECTION, {}).items() if k not in NOT_OPTIONS}
         root = _root(c)
@@ -128,11 +129,11 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
                      project=root, defaults_source=where)
 
 
-def _settings_from(c: Context, given: dict[str, Any]) -> dict[str, str]:
-    """Where each setting that is not its default came from: the command line's option (`given`: not None), else
+def _settings_from(c: Context, given: options.Given, hosts: str | None) -> dict[str, str]:
+    """Where each setting that is not its default came from: the command line's option (`given`, `--hosts`), else
     the settings' file or variable (Invoke's levels, ddpl's files)."""
     found = {key: where for key, where in sources(c.config).items() if where != "default"}
-    typed = {key: f"--{key.replace('_', '-')}" for key, value in given.items() if value not in (None, False)}
+    typed = {key: f"--{key.replace('_', '-')}" for key in [*given.values(), *(["hosts"] if hosts else [])]}
     return {**found, **typed}
 
 
@@ -170,14 +171,14 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
            include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
            command=None, json=False):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
-    given = dict(detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
-                 silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
-                 hang_timeout=hang_timeout, on_hang=on_hang)
+    given = options.Given(detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
+                          silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
+                          hang_timeout=hang_timeout, on_hang=on_hang)
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
     return app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
-                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, **given),
-                      as_json=json, settings_from=_settings_from(c, {**given, "hosts": hosts}))
+                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, given),
+                      as_json=json, settings_from=_settings_from(c, given, hosts))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": "run id (default: the run of this inventory that is running)",
@@ -190,8 +191,8 @@ def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_
            on_hang=None):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
     machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
-    opts = _options(c, grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
-                    hang_timeout=hang_timeout, on_hang=on_hang)
+    opts = _options(c, options.Given(grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
+                                     hang_timeout=hang_timeout, on_hang=on_hang))
     return app.attach(_hosts(c, hosts), run, opts=opts)
 
 
@@ -221,8 +222,8 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
         _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
                     connect_timeout=connect_timeout)
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      opts=_options(c, connect_timeout=connect_timeout, probe_timeout=probe_timeout), net=net,
-                      slurm=slurm, job=job, net_all_gpus=net_all_gpus,
+                      opts=_options(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
+                      net=net, slurm=slurm, job=job, net_all_gpus=net_all_gpus,
                       words=app.JobWords(script, module, command))
 
 
@@ -232,7 +233,8 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
 def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
-    return app.sync(_hosts(c, hosts), _options(c, connect_timeout=connect_timeout, silence_timeout=silence_timeout))
+    return app.sync(_hosts(c, hosts), _options(c, options.Given(connect_timeout=connect_timeout,
+                                                                               silence_timeout=silence_timeout)))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
@@ -241,7 +243,7 @@ def stop(c, hosts=None, run=None, grace=None, job=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
     if job:  # scancel: SLURM's KillWait is the grace period
         _slurm_job(job, hosts=hosts, run=run, grace=grace)
-    return app.stop(_hosts(c, hosts), run, _options(c, grace=grace), job=job)
+    return app.stop(_hosts(c, hosts), run, _options(c, options.Given(grace=grace)), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
@@ -358,7 +360,7 @@ def init(c, hosts=None, output=None, workdir=None, script="train.py", python=Non
     return app.init(names, Path(output) if output else _inventory(c), workdir=workdir or f"~/{project.name}",
                     script=script, master_port=options.whole_number("master_port", master_port, 1, 65535),
                     python=python, nproc_per_node=nproc, ssh_config=ssh_config, doctor_too=not skip_doctor,
-                    default_output=output is None, opts=_options(c, connect_timeout=connect_timeout))
+                    default_output=output is None, opts=_options(c, options.Given(connect_timeout=connect_timeout)))
 
 
 slurm = Collection("slurm")

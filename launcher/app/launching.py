@@ -13,7 +13,7 @@ from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.plan.recovery import restarts
+from launcher.plan.runsettings import run_settings
 from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.actions import check_run_id
@@ -35,15 +35,12 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
 
         return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
                                      sync=sync, opts=opts, wiring=wiring)
-    plan = plan_launch(cluster, job_of(cluster, job or JobWords()), run_id,  # a PlanError names the inventory
-                       hang_timeout=opts.hang_timeout, retries=opts.retries, on_hang=opts.on_hang)
-    # Whether the run may start again, decided and said before anything starts (the dry run shows what it uses).
-    policy = restarts(plan.retries, plan.on_hang, source=cluster.source,
-                      where="detached" if opts.detach else "attached", given=opts.retries is not None,
-                      on_hang_given=opts.on_hang is not None)
-    for note in policy.notes:
+    chosen = job_of(cluster, job or JobWords())
+    # How the run is followed, decided and said before anything starts (the dry run shows what it uses).
+    settings = run_settings(cluster, chosen, opts, where="detached" if opts.detach else "attached")
+    for note in settings.notes:
         wiring.err.write(note + "\n")
-    plan = replace(plan, retries=policy.retries, on_hang=policy.on_hang)
+    plan = plan_launch(cluster, chosen, run_id, settings=settings)  # a PlanError names the inventory
     if dry_run:
         from launcher.plan.request import shown_request
         from launcher.plan.usedsettings import settings_text
@@ -64,12 +61,12 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         wiring = replace(wiring, gate=replace(gate, before=before))
     began = time.time()
     try:
-        if not plan.retries:
+        if not settings.retries:
             code = run_launch.launch_run(plan, opts, wiring)
         else:
             from launcher.doctor.collect import between_attempts
 
-            code = attempts.launch_with_retries(plan, opts, wiring, plan.retries, between_attempts(opts, doctor))
+            code = attempts.launch_with_retries(plan, opts, wiring, between_attempts(opts, doctor))
     except LauncherError as exc:
         shown = _said_last(exc, _pages(plan, opts, began, exc))
         if shown is exc:
@@ -134,13 +131,12 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
     #                                          progress lines and hang timeout, where it has one
 
     # A run taken over is followed to its end, one attempt: the launch it came from chose whether to start it again.
-    policy = restarts(0, opts.on_hang or job.on_hang or "stop", source=cluster.source, where="attach",
-                      on_hang_given=opts.on_hang is not None)
-    for note in policy.notes:
+    settings = run_settings(cluster, job, opts, where="attach")
+    for note in settings.notes:
         wiring.err.write(note + "\n")
 
     def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
-        return plan_launch(nodes, job, chosen, hang_timeout=opts.hang_timeout, retries=0, on_hang=policy.on_hang)
+        return plan_launch(nodes, job, chosen, settings=settings)
 
     chosen: list[str] = []
 

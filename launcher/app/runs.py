@@ -113,11 +113,9 @@ def _detached_notes(hosts: str | Hosts, found: list[NodeState]) -> tuple[str, ..
     running = [s for s in found if s.state == "running"]
     if not running or any(s.launcher for s in running):
         return ()
-    from launcher.plan.recovery import restarts
+    from launcher.plan.runsettings import run_settings
 
-    cluster = load_inventory(hosts)
-    on_hang = cluster.job.on_hang if cluster.job is not None else None
-    return restarts(cluster.retries, on_hang or "stop", source=cluster.source, where="detached").notes
+    return run_settings(load_inventory(hosts), where="detached").notes
 
 
 def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], opts: Options) -> None:

@@ -21,7 +21,7 @@ from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
 from launcher.paths import REPO, hint, relative, task_words
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.plan.recovery import restarts
+from launcher.plan.runsettings import run_settings
 from launcher.run.takestacks import StacksReport, collect_stacks
 from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
@@ -36,13 +36,11 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
                                   (opts.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
-    policy = restarts(opts.retries or cluster.retries, opts.on_hang or job.on_hang or "stop", source=cluster.source,
-                      where="slurm", given=bool(opts.retries), on_hang_given=opts.on_hang is not None)
-    for note in policy.notes:
+    settings = run_settings(cluster, job, opts, where="slurm")
+    for note in settings.notes:
         wiring.err.write(note + "\n")
     names = allocation.allocation_nodes(os.environ)
-    plan = plan_launch(allocation.allocation_cluster(cluster, names), job, hang_timeout=opts.hang_timeout, retries=0,
-                       on_hang=policy.on_hang)
+    plan = plan_launch(allocation.allocation_cluster(cluster, names), job, settings=settings)
     if dry_run:
         wiring.out.write(plan.dry_run_text() + "\n")
         return 0

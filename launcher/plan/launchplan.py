@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.model import Cluster, EnvFile, EnvVar, ForwardEnv, Host, Job
@@ -18,6 +18,7 @@ from launcher.errors import PlanError
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
 from launcher.node.protocol import DEVICE_ORDER, RUNS_ROOT, socket_values
+from launcher.plan.runsettings import RunSettings, run_settings
 
 SECRET_MASK = "<secret>"
 RANKS_DIR = "ranks"
@@ -130,15 +131,9 @@ class LaunchPlan:
     """The nodes, with `job` as their job: what the doctor's start gate checks is what runs."""
     job: Job
     nodes: tuple[NodeCommand, ...]
-    hang_timeout: float | None = None
-    """Seconds without progress before the run is suspected hung, resolved once here (the command line's or the
-    settings', else the inventory's job's): None, learnt from the run (launcher.watch.hang); 0, never watched."""
-    retries: int = 0
-    """How many times a failed attached run is started again on the nodes left (the command line's or the settings',
-    else the inventory's)."""
-    on_hang: str = "stop"
-    """What a suspected hang does (launcher.options.ON_HANG), resolved once here: the command line's, else the
-    inventory's job's, else stop."""
+    settings: RunSettings = field(default_factory=RunSettings)
+    """How the run is followed, resolved once (launcher.plan.runsettings): its hang timeout and on-hang, retries,
+    a stop's grace, the straggler rule's figures."""
 
     def dry_run_text(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
@@ -191,9 +186,9 @@ class LaunchPlan:
             "                              their lines with local and global rank and sends them to the console",
             *_job_lines(self.job),
         ]
-        if self.retries:  # what the run uses: the command line's over the inventory's
+        if self.settings.retries:  # what the run uses: the command line's over the inventory's
             resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
-            lines.append(f"retries: {self.retries}: a run that loses a node is started again on the nodes "
+            lines.append(f"retries: {self.settings.retries}: a run that loses a node is started again on the nodes "
                          f"that pass the doctor, with {resume} added")
         return "\n".join(lines)
 
@@ -325,10 +320,9 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
 
 
 def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None, *,
-                hang_timeout: float | None = None, retries: int | None = None, on_hang: str | None = None
-                ) -> LaunchPlan:
-    """Plan a run of `job` (default: the inventory's) on every node of `cluster`; `hang_timeout` and `retries` are
-    the user's options (None: not given), resolved here against the inventory once for the whole run."""
+                settings: RunSettings | None = None) -> LaunchPlan:
+    """Plan a run of `job` (default: the inventory's) on every node of `cluster`, followed as `settings` say
+    (default: the inventory's and the defaults, `run_settings(cluster, job)`)."""
     job = job or cluster.job
     if job is None:
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
@@ -365,6 +359,4 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
         ))
     # The command line's job (--script, api.launch's module=) replaces the inventory's for all that reads the plan.
     return LaunchPlan(run_id=run_id, cluster=replace(cluster, job=job), job=job, nodes=tuple(nodes),
-                      hang_timeout=job.hang_timeout if hang_timeout is None else hang_timeout,
-                      retries=cluster.retries if retries is None else retries,
-                      on_hang=on_hang or job.on_hang or "stop")
+                      settings=settings or run_settings(cluster, job))

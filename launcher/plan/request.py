@@ -92,7 +92,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "nodes": [c.host.name for c in plan.nodes],  # recorded on the node: `inv stop` tells this run's nodes
         "inventory": inventory_id(plan.cluster),  # ... and which inventory started it
         "detach": opts.detach,
-        "grace": opts.grace,
+        "grace": plan.settings.grace,
         "heartbeat_timeout": opts.heartbeat_timeout,
         "alive_interval": heartbeat_interval(opts.silence_timeout),
         "owner": owner.token if owner else None,
@@ -102,7 +102,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "attach_tail_bytes": ATTACH_TAIL_BYTES,
         "log_tail": log_tail_settings(),
         **stacks_settings(),
-        "watch": plan.hang_timeout != 0,  # each rank's progress in the agent's beats
+        "watch": plan.settings.hang_timeout != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
         "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's keeper
     }

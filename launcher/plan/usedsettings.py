@@ -11,9 +11,10 @@ from typing import Any
 
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
+from launcher.plan.runsettings import SETTINGS
 
-RESOLVED_IN_PLAN = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
-"""The settings an inventory may set too (its key): the plan holds what the run uses of them."""
+FROM_INVENTORY = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
+"""The settings an inventory may set too (its key); the plan holds what the run uses of them (`SETTINGS`)."""
 
 
 def _shown(value: Any) -> str:
@@ -31,15 +32,15 @@ def used_settings(plan: LaunchPlan, opts: Options, where: Mapping[str, str]) -> 
     inventory = {"retries": plan.cluster.retries, "hang_timeout": plan.job.hang_timeout, "on_hang": plan.job.on_hang}
     for field in fields(Options):
         name = field.name
-        value = getattr(plan, name) if name in RESOLVED_IN_PLAN else getattr(opts, name)
+        value = getattr(plan.settings, name) if name in SETTINGS else getattr(opts, name)
         default = {"retries": 0, "on_hang": "stop"}.get(name, getattr(defaults, name))
         if name in where:
             said = where[name]
             mine = inventory.get(name)
-            if name in RESOLVED_IN_PLAN and mine is not None and mine != value:
-                said += f" (over the inventory's {RESOLVED_IN_PLAN[name]}: {_shown(mine)})"
-        elif name in RESOLVED_IN_PLAN and value != default:
-            said = f"{plan.cluster.source} ({RESOLVED_IN_PLAN[name]})"
+            if name in FROM_INVENTORY and mine is not None and mine != value:
+                said += f" (over the inventory's {FROM_INVENTORY[name]}: {_shown(mine)})"
+        elif name in FROM_INVENTORY and value != default:
+            said = f"{plan.cluster.source} ({FROM_INVENTORY[name]})"
         elif value != default:
             said = "the caller"  # an API keyword, or a setting whose source was not told
         else:

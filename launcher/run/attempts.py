@@ -75,14 +75,15 @@ class Seen:
                        training_at=max(self.first_steps.values(), default=None))
 
 
-def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries: int, health: AttemptCheck) -> int:
-    """`run_launch.launch_run`, again as `after_attempt` decides, up to `retries` more times."""
+def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, health: AttemptCheck) -> int:
+    """`run_launch.launch_run`, again as `after_attempt` decides, up to the plan's `retries` more times."""
     from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
 
     attempts: list[Attempt] = []
     ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
     first, sat_out = plan, {}
+    settings = plan.settings
     elastic = plan.cluster.rendezvous.elastic
     # A static run is planned again for the nodes left; a c10d one needs its MIN.
     low = elastic.nodes_range(len(plan.nodes))[0] if elastic.backend == "c10d" else 1
@@ -104,16 +105,16 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, retries
         ends.append(end)
         if end.how in NODE_CAUSED and end.node is not None:
             failures.setdefault(end.node, []).append(time.time())
-        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=low, retries=retries,
-                                 on_hang=first.on_hang, failures=failures, now=time.time(),
-                                 cooldown=opts.retry_cooldown)
+        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=low, retries=settings.retries,
+                                 on_hang=settings.on_hang, failures=failures, now=time.time(),
+                                 cooldown=settings.retry_cooldown)
         attempts[-1] = replace(seen.noted(attempt, end), outcome=_outcome(end, decision),
                                why=end.why if end.how != "hang" else decision.reason.split("; no retry")[0])
         _record(opts.log_dir, attempts)
         if isinstance(decision, Final):
             return _final(decision, code, error, attempts, wiring)
         try:
-            plan, sat_out = _next_plan(first, opts, wiring, failures, health, low, retries, decision, attempts)
+            plan, sat_out = _next_plan(first, opts, wiring, failures, health, low, decision, attempts)
         except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
             lines = ["interrupted between attempts: nothing is running", "attempts:",
                      *(f"  {line}" for line in summary(attempts))]
@@ -151,19 +152,19 @@ def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attemp
 
 
 def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[str, list[float]],
-               health: AttemptCheck, low: int, retries: int, decision: Retry, attempts: list[Attempt]
+               health: AttemptCheck, low: int, decision: Retry, attempts: list[Attempt]
                ) -> tuple[LaunchPlan, dict[str, str]]:
     """Wait, check the nodes, and plan the next attempt on those that may take part (and who sits out: the decision's
     and those the checks and the sweep left out); raise when too few are left.
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
     hang it held) takes part again as soon as nothing keeps it out."""
-    done = len(attempts)
-    wiring.err.write(f"attempt {done} of {retries + 1} failed: {decision.reason}; checking the nodes again in "
-                     f"{opts.retry_wait:g} s (retry {done} of {retries})\n")
-    time.sleep(opts.retry_wait)
+    done, settings = len(attempts), first.settings
+    wiring.err.write(f"attempt {done} of {settings.retries + 1} failed: {decision.reason}; checking the nodes again "
+                     f"in {settings.retry_wait:g} s (retry {done} of {settings.retries})\n")
+    time.sleep(settings.retry_wait)
     inventory = first.cluster
-    out = {**blacklisted(failures, time.time(), opts.retry_cooldown), **decision.sit_out}
+    out = {**blacklisted(failures, time.time(), settings.retry_cooldown), **decision.sit_out}
     candidates = next_nodes(inventory, out).cluster
     if candidates.hosts:
         out.update(health(candidates))
@@ -184,8 +185,7 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     wiring.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    plan = plan_launch(chosen.cluster, job, hang_timeout=first.hang_timeout, retries=first.retries,
-                       on_hang=first.on_hang)
+    plan = plan_launch(chosen.cluster, job, settings=settings)
     return plan, dict(chosen.dropped)
 
 

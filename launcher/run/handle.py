@@ -60,7 +60,8 @@ class RunHandle:
         self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout, opts.silence_timeout,
                              reconnector)
         self.sessions: dict[str, Session] = self.link.by_name
-        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, opts, reconnector)
+        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, plan.settings.grace, opts.heartbeat_timeout,
+                             reconnector)
         self.returns = Returns()
         """The launcher's own returns and its nodes' reconnects whose backlog is being read."""
         self.start_failure: str | None = None
@@ -73,8 +74,9 @@ class RunHandle:
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
-        self.hangs = None if plan.hang_timeout == 0 else HangCheck(plan.hang_timeout, plan.on_hang == "keep",
-                                                                   restart=plan.on_hang == "restart")
+        hang_timeout, on_hang = plan.settings.hang_timeout, plan.settings.on_hang
+        self.hangs = None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep",
+                                                              restart=on_hang == "restart")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 
@@ -307,7 +309,7 @@ class RunHandle:
                 session.asked_to_stop, session.stop_word = True, word
                 if not session.channel.send(word, block=False):
                     session.pending_word = word  # the channel could not take it now: sent again at the next step
-        grace = 0.0 if kill else self.opts.grace
+        grace = 0.0 if kill else self.plan.settings.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
 

@@ -196,7 +196,7 @@ class _Attached:
         """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(opts.straggler_factor, opts.straggler_hold,
+        self.stragglers = LaunchStragglers(plan.settings.straggler_factor, plan.settings.straggler_hold,
                                            opts.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
                                            hangs.book if hangs is not None else ArrivalBook())
 
@@ -329,8 +329,8 @@ class _Attached:
 
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
-        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.opts.grace}
-        agent_action(nodes, self.plan.cluster, request, self.opts.action_timeout)
+        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.plan.settings.grace}
+        agent_action(nodes, self.plan.cluster, request, self.plan.settings.action_timeout)
 
     def _wait(self) -> list[NodeEnd]:
         while True:
@@ -345,7 +345,7 @@ class _Attached:
                     for log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
                         log.stop_asked(self.opts.log_dir / self.plan.run_id)
                     self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
-                                         f"{self.opts.grace:g}s; Ctrl-C again to kill now)")
+                                         f"{self.plan.settings.grace:g}s; Ctrl-C again to kill now)")
                     self.handle.stop()
                 else:
                     self.console.message("\nkilling the run on every node now")

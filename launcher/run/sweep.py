@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.events import EndKind
-from launcher.limits import NODE_TIMING, SWEEP_MARGIN
-from launcher.options import Options
+from launcher.limits import NODE_TIMING, SWEEP_MARGIN, action_timeout
 from launcher.paths import hint, stop_call
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session
@@ -27,9 +26,11 @@ node that did not confirm a stop in time is not waited for again: Ctrl-C returns
 class Sweeps:
     """The sweeps of one run, each on a thread of its own with the moment the launcher stops waiting for it."""
 
-    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, opts: Options,
-                 reconnector: Reconnector | None = None):
-        self.run_id, self.nodes, self.agent_source, self.opts = run_id, nodes, agent_source, opts
+    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, grace: float,
+                 heartbeat_timeout: float, reconnector: Reconnector | None = None):
+        self.run_id, self.nodes, self.agent_source = run_id, nodes, agent_source
+        self.grace, self.heartbeat_timeout = grace, heartbeat_timeout
+        """The run's stop's grace; how long a node's part lives on without a launcher (what `lines` says)."""
         self.reconnector = reconnector
         """Reaches a node whose connection is gone over a new one; without it (SLURM), the node's own."""
         self._threads: list[tuple[threading.Thread, float, str]] = []
@@ -40,7 +41,7 @@ class Sweeps:
         """Stop the run on the session's node over a new channel (killing a silent agent too)."""
         host = session.command.host
         request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
-                                   "grace": self.opts.grace,
+                                   "grace": self.grace,
                                    "kill_keeper": session.end is not None and session.end.kind != EndKind.AGENT_DIED,
                                    "owner": self.reconnector.owner.token if self.reconnector else None,
                                    "timing": NODE_TIMING}
@@ -52,7 +53,7 @@ class Sweeps:
                 return
             try:
                 result = node.run(host_command(host), program_input(self.agent_source, request),
-                                  timeout=self.opts.action_timeout)
+                                  timeout=action_timeout(self.grace))
                 why = (f"no answer within {result.timed_out:g} s" if result.timed_out is not None else
                        f"the stop exited with code {result.exit_code}" if result.exit_code != 0 else None)
             except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
@@ -62,7 +63,7 @@ class Sweeps:
 
         thread = threading.Thread(target=sweep, daemon=True, name=f"sweep-{session.name}")
         # TERM, grace, KILL on the node, and a margin: whenever its sshd answers, nothing of the run is left then.
-        self._threads.append((thread, time.monotonic() + self.opts.grace + SWEEP_MARGIN, session.name))
+        self._threads.append((thread, time.monotonic() + self.grace + SWEEP_MARGIN, session.name))
         thread.start()
 
     def under_way(self) -> bool:
@@ -73,11 +74,11 @@ class Sweeps:
         """Name the nodes whose sweep is still under way past its limit."""
         for thread, _, name in self._threads:
             if thread.is_alive():
-                self.unswept.setdefault(name, f"no answer within {self.opts.grace + SWEEP_MARGIN:g} s")
+                self.unswept.setdefault(name, f"no answer within {self.grace + SWEEP_MARGIN:g} s")
 
     def lines(self, source: str) -> list[str]:
         """For each node whose part could not be stopped over a new channel: what to run, and when it stops anyway."""
-        bound = self.opts.heartbeat_timeout
+        bound = self.heartbeat_timeout
         return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
                 f"{why}); it stops by itself {bound:g} s after it last heard a launcher, unless one attaches; run "
                 f"`{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}` to stop it "

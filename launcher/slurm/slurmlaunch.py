@@ -129,5 +129,5 @@ def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, 
     try:
         return run_launch.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
     finally:
-        for note in step.close(opts.grace):
+        for note in step.close(plan.settings.grace):
             wiring.err.write(f"note: {note}\n")

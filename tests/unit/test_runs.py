@@ -13,6 +13,7 @@ from launcher.limits import heartbeat_interval
 from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
+from launcher.plan.runsettings import run_settings
 from launcher.run.actions import check_run_id
 from launcher.run.nodeenv import resolve_env
 from launcher.transport.program import node_files
@@ -35,8 +36,9 @@ def agent_reads() -> set[str]:
 
 
 def test_the_start_request_carries_every_number_the_agent_uses() -> None:
-    plan = plan_launch(parse_inventory(INVENTORY, "inv.yaml"))
     opts = Options(grace=3.0, heartbeat_timeout=8.0, silence_timeout=20.0)
+    cluster = parse_inventory(INVENTORY, "inv.yaml")
+    plan = plan_launch(cluster, settings=run_settings(cluster, opts=opts))  # the run's grace: the plan's
     request = start_request(plan, plan.nodes[1], {"A": "1"}, opts)
     assert (request["grace"], request["heartbeat_timeout"]) == (3.0, 8.0)
     assert request["alive_interval"] == heartbeat_interval(20.0) < opts.silence_timeout
