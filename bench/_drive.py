@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     from launcher.options import Options
     from launcher.plan.launchplan import plan_launch
     from launcher.run import launch as run_launch
-    from launcher.run.wiring import Wiring
+    from launcher.run.run_io import RunIO
 
     gc.freeze()
     gc.enable()
@@ -128,25 +128,25 @@ def main(argv: list[str]) -> int:
     plan = plan_launch(cluster)
     nodes = tuple(
         dataclasses.replace(c, argv=tuple(args.light) if args.light else (c.host.python, "-c", "pass"),
-                            home_words=(0,))
+                            home_args=(0,))
         for c in plan.nodes
     )
     if not args.torchrun:
         plan = dataclasses.replace(plan, nodes=nodes)
     opts = Options(detach=args.detach, **({"log_dir": Path(args.log_dir)} if args.log_dir else {}))
-    wiring = Wiring(out=sys.stdout, err=sys.stderr)
+    run_io = RunIO(out=sys.stdout, err=sys.stderr)
     if args.preflight:
         from launcher.doctor import default_gate
 
-        wiring = dataclasses.replace(wiring, gate=default_gate)  # inside the agents' start sessions, as `inv launch`
+        run_io = dataclasses.replace(run_io, gate=default_gate)  # inside the agents' start sessions, as `inv launch`
     if trace is not None:
-        wiring = dataclasses.replace(wiring, on_event=trace.pop("on_event"))
+        run_io = dataclasses.replace(run_io, on_event=trace.pop("on_event"))
         trace["main"] = MAIN_WALL
         trace["imported"] = time.time() - (time.perf_counter() - t_import)
         trace["planned"] = time.time()
         trace["cpu"].update(main=MAIN_CPU, imported_planned=cpu_now())
     try:
-        code = run_launch.launch_run(plan, opts, wiring)
+        code = run_launch.launch_run(plan, opts, run_io)
     finally:
         if trace is not None:
             import json

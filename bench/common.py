@@ -138,7 +138,7 @@ class Box:
         return [node.addr for node in self.box.nodes]
 
     @property
-    def tmp_words(self) -> str:
+    def tmp_env(self) -> str:
         """`TMPDIR=...` for a baseline's torchrun: without --log-dir it leaves a torchelastic_* folder in $TMPDIR;
         this one goes away with the bench's scratch folder."""
         return f"TMPDIR={shlex.quote(str(self.root))} "

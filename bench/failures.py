@@ -110,8 +110,8 @@ def _runs_on(box: Box, index: int) -> set[str]:
 
 
 def _leader(run_dir: Path) -> int | None:
-    words = read_text(run_dir / "leader").split()
-    return int(words[0]) if words else None
+    parts = read_text(run_dir / "leader").split()
+    return int(parts[0]) if parts else None
 
 
 # --------------------------------------------------------------------------------------------------------------

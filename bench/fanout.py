@@ -3,7 +3,7 @@
 A light command (`PYTHON -c pass`) in place of torchrun on N nodes: the launcher, started as a fresh process by
 bench/_drive.py (so its imports count, like a user's `inv launch`), against (a), a bash loop of `ssh node-i CMD &`
 running the same command, and (p) `pdsh -R ssh -f N` running it. With the doctor's fast checks
-(`Wiring(gate=...)`) too, up to 16 nodes. Every run's process tree is sampled for its peak threads, file
+(`RunIO(gate=...)`) too, up to 16 nodes. Every run's process tree is sampled for its peak threads, file
 descriptors and memory (bench/usage.py); `fits` are least-squares lines against N (the per-node cost).
 """
 

@@ -35,7 +35,7 @@ from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.runsettings import run_settings
 from launcher.run import launch as run_launch
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 
 WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
 TIMEOUT_S = 5.0
@@ -49,7 +49,7 @@ def light_plan(inventory: Path, *args: str, opts: Options | None = None):
     """The inventory's plan, each node running the light worker with `args`, followed as `opts` say."""
     cluster = load_inventory(inventory)
     plan = plan_launch(cluster, settings=run_settings(cluster, opts=opts))
-    nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER, *args), home_words=(0,)) for c in plan.nodes)
+    nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER, *args), home_args=(0,)) for c in plan.nodes)
     return dataclasses.replace(plan, nodes=nodes)
 
 
@@ -97,7 +97,7 @@ def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run_launch.launch_run(plan, opts, Wiring(out=devnull, err=devnull))
+        run_launch.launch_run(plan, opts, RunIO(out=devnull, err=devnull))
     finally:
         done.set()
         sampler.join()
@@ -121,7 +121,7 @@ def answer_time(inventory: Path, root: Path) -> dict:
     opts = Options(hang_timeout=TIMEOUT_S, log_dir=root / "logs")
     with contextlib.suppress(RunFailed):  # the run is stopped for its hang: exit code 124
         run_launch.launch_run(light_plan(inventory, opts=opts), opts,
-                              Wiring(out=devnull, err=devnull, on_event=on_event))
+                              RunIO(out=devnull, err=devnull, on_event=on_event))
     bound = max(started) + TIMEOUT_S
     ranks = sum(len(a.get("workers", [])) for a in hang[0].answers.values() if isinstance(a, dict)) if hang else 0
     return {"answer_s": round(hang[0].time - bound, 3) if hang else None, "ranks": ranks}
@@ -132,7 +132,7 @@ def stacks_time(inventory: Path, root: Path) -> dict:
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
     devnull = open(os.devnull, "w")  # noqa: SIM115
     run_launch.launch_run(light_plan(inventory), Options(detach=True, log_dir=root / "logs"),
-                         Wiring(out=devnull, err=devnull))
+                         RunIO(out=devnull, err=devnull))
     time.sleep(2)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", "stacks", "--hosts", str(inventory)], cwd=REPO, env=env,

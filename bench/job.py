@@ -24,7 +24,7 @@ SCRIPT = "train/ddp.py"
 TARGET = 1.03
 
 
-def torchrun_words(python: str, n: int, rank: int, master: str, port: int) -> list[str]:
+def torchrun_argv(python: str, n: int, rank: int, master: str, port: int) -> list[str]:
     return [python, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(rank),
             "--nproc-per-node", "1", "--master-addr", master, "--master-port", str(port), SCRIPT, *JOB_ARGS]
 
@@ -90,7 +90,7 @@ def wait_for_pages(logs: Path, run_ids: list[str], limit_s: float = 60.0) -> Non
 def ssh_run(box: Box) -> Any:
     port = free_port()
     commands = [f"cd {shlex.quote(str(REPO))} && {box.tmp_words}"
-                + shlex.join(torchrun_words(box.python, box.n, i, "node-0", port)) for i in range(box.n)]
+                + shlex.join(torchrun_argv(box.python, box.n, i, "node-0", port)) for i in range(box.n)]
     result = ssh_loop(box.ssh_config, commands, timeout=180)
     check(result, "the ssh loop")
     return result
@@ -98,7 +98,7 @@ def ssh_run(box: Box) -> Any:
 
 def local_run(box: Box) -> Any:
     port = free_port()
-    script = "\n".join([f"{shlex.join(torchrun_words(box.python, box.n, i, '127.0.0.1', port))} &"
+    script = "\n".join([f"{shlex.join(torchrun_argv(box.python, box.n, i, '127.0.0.1', port))} &"
                         for i in range(box.n)] + ["wait"])
     result = run_timed(["bash", "-c", script], timeout=180, env={"TMPDIR": str(box.root)})
     check(result, "the local torchrun")

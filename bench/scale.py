@@ -93,9 +93,9 @@ def fanouts(box: Box, root: Path, runs: int) -> dict[str, Any]:
             "first_launch": {"seconds": round(first.seconds, 3)}}
 
 
-def _inv(root: Path, *words: str, sample: bool = True) -> Any:
+def _inv(root: Path, *args: str, sample: bool = True) -> Any:
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
-    return run_timed([sys.executable, "-m", "invoke", *words], timeout=OP_TIMEOUT_S, env=env, sample=sample)
+    return run_timed([sys.executable, "-m", "invoke", *args], timeout=OP_TIMEOUT_S, env=env, sample=sample)
 
 
 def _answer(result: Any) -> dict[str, Any]:

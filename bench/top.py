@@ -26,8 +26,8 @@ from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
 from launcher.options import Options
 from launcher.run import launch as run_launch
+from launcher.run.run_io import RunIO
 from launcher.run.topfeed import SshFeed, wait_first
-from launcher.run.wiring import Wiring
 from launcher.transport.connections import close_all, connect_all
 
 VIEW_S = 10.0
@@ -48,7 +48,7 @@ def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
 def view_cpu(inventory: Path, root: Path) -> dict:
     """A detached light run; a live view on it for VIEW_S; the view's agents' CPU per second, per node."""
     plan = light_plan(inventory, "steady", "600")
-    quiet = Wiring(out=io.StringIO(), err=io.StringIO())
+    quiet = RunIO(out=io.StringIO(), err=io.StringIO())
     run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"), quiet)
     time.sleep(2)
     before = node_agents()
@@ -77,7 +77,7 @@ def first_view(inventory: Path, root: Path) -> float:
     plan = light_plan(inventory, "steady", "600")
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
     run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
-                         Wiring(out=io.StringIO(), err=io.StringIO()))
+                         RunIO(out=io.StringIO(), err=io.StringIO()))
     time.sleep(1)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", "top", "--hosts", str(inventory), "--once", "--json"],
@@ -120,7 +120,7 @@ def first_frame(inventory: Path, root: Path) -> float:
     run: what the live view takes to show the whole run."""
     plan = light_plan(inventory, "steady", "600")
     run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
-                         Wiring(out=io.StringIO(), err=io.StringIO()))
+                         RunIO(out=io.StringIO(), err=io.StringIO()))
     time.sleep(2)
     t0 = time.perf_counter()
     feed, nodes = open_view(inventory, plan.run_id)

@@ -14,7 +14,7 @@ from devtools import sandbox
 from devtools.sandbox import Sandbox
 from launcher import app, options
 from launcher.app.hosts import load_inventory
-from launcher.app.job import JobWords
+from launcher.app.job import JobArgs
 from launcher.app.pages import page_now
 from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
@@ -59,7 +59,7 @@ def run_demo(opts: options.Options | None = None, **where: Any) -> int:
     try:
         # The run's page before the nodes go down (a page written by a process of its own, as after a launch, would
         # race the sandbox's end and could find no node to ask).
-        code = app.launch(str(box.inventory), JobWords(script="train/ddp.py", args="--epochs 2"), run_id=run_id,
+        code = app.launch(str(box.inventory), JobArgs(script="train/ddp.py", args="--epochs 2"), run_id=run_id,
                           opts=replace(opts, page=False))
         page = page_now(load_inventory(str(box.inventory)), run_id, opts)
         if page is not None:
@@ -76,8 +76,8 @@ def run_bench(quick: bool = False, only: str | None = None) -> int:
 
     from launcher.paths import REPO
 
-    words = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
-    return subprocess.run(words, cwd=REPO).returncode
+    argv = [sys.executable, "-m", "bench.run", *(["--quick"] if quick else []), *(["--only", only] if only else [])]
+    return subprocess.run(argv, cwd=REPO).returncode
 
 
 @task(help={"nodes": "how many sshd nodes", "nproc-per-node": "worker processes per node in the inventory",

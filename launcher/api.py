@@ -44,8 +44,8 @@ from launcher.paths import API, called_as
 from launcher.plan.launchplan import new_run_id
 from launcher.run.actions import check_run_id
 from launcher.run.control import NodeState
+from launcher.run.run_io import RunIO
 from launcher.run.takestacks import StacksReport
-from launcher.run.wiring import Wiring
 
 Lines = Callable[[str], None]
 """Called with each line (without its newline), from the launcher's threads: it must not block for long."""
@@ -213,8 +213,8 @@ def _options(given: Mapping[str, Any], detach: bool = False) -> Options:
     return from_config({}, values)
 
 
-def _quiet() -> Wiring:
-    return Wiring(out=io.StringIO(), err=io.StringIO())
+def _quiet() -> RunIO:
+    return RunIO(out=io.StringIO(), err=io.StringIO())
 
 
 def _stream(deliver: Lines | None, default: IO[str]) -> IO[str]:
@@ -237,10 +237,10 @@ def launch(hosts: str | Path, script: str | None = None, *, module: str | None =
     """
     opts = _options(options, detach)
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    words = app.JobWords(script, module, command, None if args is None else shlex.join(str(a) for a in args))
+    job_args = app.JobArgs(script, module, command, None if args is None else shlex.join(str(a) for a in args))
     run_id = new_run_id()
-    ended = _attended(lambda wiring: app.launch(spec, words, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
-                                                wiring=wiring), lambda: run_id, opts, on_output, on_message,
+    ended = _attended(lambda run_io: app.launch(spec, job_args, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
+                                                run_io=run_io), lambda: run_id, opts, on_output, on_message,
                       raising=detach)
     return Run(run_id, spec, opts) if ended is None else ended
 
@@ -254,13 +254,13 @@ def attach(hosts: str | Path, run_id: str | None = None, *, on_output: Lines | N
     once it ends. `run_id`: default, the inventory's running run."""
     opts = _options(options)
     chosen = [check_run_id(run_id) or ""]
-    ended = _attended(lambda wiring: app.attach(app.Hosts(str(hosts)), run_id, opts=opts, wiring=wiring,
+    ended = _attended(lambda run_io: app.attach(app.Hosts(str(hosts)), run_id, opts=opts, run_io=run_io,
                                                 on_run=chosen.append), lambda: chosen[-1], opts, on_output, on_message)
     assert ended is not None  # followed to its end (not `raising`)
     return ended
 
 
-def _attended(call: Callable[[Wiring], int], run_id: Callable[[], str], opts: Options, on_output: Lines | None,
+def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], opts: Options, on_output: Lines | None,
               on_message: Lines | None, raising: bool = False) -> RunResult | None:
     """An attached run followed to its end: its `RunResult` (a failed run's too; None with
     `raising`: a detached launch, where an error is the answer, as when nothing started). Each node's end is taken
@@ -276,7 +276,7 @@ def _attended(call: Callable[[Wiring], int], run_id: Callable[[], str], opts: Op
 
     out, err = _stream(on_output, sys.stdout), _stream(on_message, sys.stderr)
     try:
-        code = call(Wiring(out=out, err=err, on_event=heard))
+        code = call(RunIO(out=out, err=err, on_event=heard))
     except RunFailed as exc:
         if raising or not started:  # nothing runs: the error is the answer
             raise
@@ -306,8 +306,8 @@ def doctor(hosts: str | Path, script: str | None = None, *, module: str | None =
     `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
     `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, wiring=_quiet(),
-                             words=app.JobWords(script, module, command))
+    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, run_io=_quiet(),
+                             job_args=app.JobArgs(script, module, command))
 
 
 @_api
@@ -346,7 +346,7 @@ class Run:
     def logs(self, node: str | None = None, rank: int | None = None) -> str:
         """The run's log so far, from its nodes, each line prefixed by node and rank (one node's, one rank's)."""
         out, err = io.StringIO(), io.StringIO()
-        if app.logs(self.hosts, self.run_id, node=node, rank=rank, opts=self.options, wiring=Wiring(out, err)):
+        if app.logs(self.hosts, self.run_id, node=node, rank=rank, opts=self.options, run_io=RunIO(out, err)):
             raise LauncherError(f"run {self.run_id}: the logs of some nodes could not be read: {err.getvalue()}")
         return out.getvalue()
 

@@ -72,7 +72,7 @@ REATTACH_MAX_S = 4.0
 """... up to this (every try is bounded by connect_timeout itself), until the silence timeout since the loss."""
 EOF_GRACE_S = 2.0
 """A node's session whose output has ended this long without its command's exit is one whose console the run let go
-(another launcher took it, or its keeper is ending): it is asked why over a new session."""
+(another launcher took it, or its supervisor is ending): it is asked why over a new session."""
 CATCH_UP_WAIT_S = 30.0
 """The most a launcher back from away (or a node reconnected) waits to have read what its nodes printed meanwhile
 before it says how many lines it caught up."""
@@ -216,8 +216,8 @@ NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
     "check_s": 1.0,  # a followed log's look at the run and the launcher; an attached agent's at the heartbeat clock
-    "keeper_poll_s": 0.02,  # a stop's look at whether the run's keeper has recorded the exit code
-    "keeper_wait_s": 2.0,  # how long a stop waits for that record
+    "supervisor_poll_s": 0.02,  # a stop's look at whether the run's supervisor has recorded the exit code
+    "supervisor_wait_s": 2.0,  # how long a stop waits for that record
     "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone
     "read_chunk": 1 << 16,  # bytes of the log read at a time
     # torchrun on a node that joins the store waits for its port before trying it (launcher/node/storewait.py): at
@@ -355,7 +355,7 @@ NET_TIMEOUT_S = 300.0
 
 # --- the run's page (launcher.report.page; its node side: launcher/node/series.py) ----------------------------------
 SERIES = {"interval_s": 5.0, "max_samples": 720, "look_s": 0.5}
-"""Each node's time series of its run (the run directory's `series`, kept by the run's keeper from what `inv top`
+"""Each node's time series of its run (the run directory's `series`, kept by the run's supervisor from what `inv top`
 reads: the ranks' progress records and /proc, the node's load and memory): a sample every `interval_s`, and at most
 `max_samples` of them: past it every other sample goes and the interval doubles, so an hour keeps 5 s samples, a day
 80 s ones, and a node's file stays under ~0.5 MB at 8 ranks whatever the run's length (a sample a few hundred

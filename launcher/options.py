@@ -3,7 +3,7 @@ defaults, their bounds and their checks for invoke.yaml and the command line; an
 
 The launcher's internal numbers are `launcher.limits`; how nodes are reached over SSH is
 `launcher.transport.sshsettings` (`SshSettings.of(opts)` builds it from these). What a run talks to (output streams,
-the start gate, an event sink) is not an option: it travels apart as `launcher.run.wiring.Wiring`.
+the start gate, an event sink) is not an option: it travels apart as `launcher.run.run_io.RunIO`.
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ def task_prefix(path: str, argv: Sequence[str]) -> str:
     """The collection path a user typed before the task `path` (`launch`, `slurm.submit`) on the command line `argv`:
     `ddp.` for `inv ddp.launch` (a project's tasks.py with `ns.add_collection(launcher.tasks.ns, "ddp")`), "" for
     `ddpl launch` or this checkout's `inv launch`. Invoke does not tell a task the name it was called by."""
-    words = {path, path.replace("_", "-")}
+    names = {path, path.replace("_", "-")}
     for word in argv[1:]:
-        for name in words:
+        for name in names:
             if word.endswith("." + name) and not word.startswith("-"):
                 return word[:-len(name)]
             if word == name:
@@ -70,10 +70,11 @@ def task_prefix(path: str, argv: Sequence[str]) -> str:
     return ""
 
 
-def task_words(words: str) -> str:
-    """`words` (`doctor --hosts H`) as the user runs them here: `ddpl doctor --hosts H`, `inv ddp.doctor ...`."""
+def task_call(task: str) -> str:
+    """`task` with its options (`doctor --hosts H`) as the user runs it here: `ddpl doctor --hosts H`, `inv ddp.doctor
+    ...`."""
     prefix = _CALLERS[-1][1] if _CALLERS else ""
-    return f"{command_name()} {prefix}{words}"
+    return f"{command_name()} {prefix}{task}"
 
 
 def stop_call(hosts: str, run_id: str) -> str:
@@ -95,7 +96,7 @@ def from_api() -> bool:
     return bool(_CALLERS) and _CALLERS[-1][0] == API
 
 
-def hint(words: str, api: str | None = None) -> str:
+def hint(names: str, api: str | None = None) -> str:
     """A command a message tells the user to run, without its quotes: `ddpl WORDS` (`inv WORDS`); from the Python
     API, the call `api` where it has one (`api.doctor('hosts/cluster.yaml')`)."""
-    return api if api is not None and from_api() else task_words(words)
+    return api if api is not None and from_api() else task_call(names)

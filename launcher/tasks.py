@@ -176,7 +176,7 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
                           hang_timeout=hang_timeout, on_hang=on_hang)
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
-    return app.launch(_hosts(c, hosts, include, exclude), app.JobWords(script, module, command, args),
+    return app.launch(_hosts(c, hosts, include, exclude), app.JobArgs(script, module, command, args),
                       dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, given),
                       as_json=json, settings_from=_settings_from(c, given, hosts))
 
@@ -224,7 +224,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
                       opts=_options(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
                       net=net, slurm=slurm, job=job, net_all_gpus=net_all_gpus,
-                      words=app.JobWords(script, module, command))
+                      job_args=app.JobArgs(script, module, command))
 
 
 @task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",
@@ -318,7 +318,7 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
     return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
                             time=time, gpus_per_node=gpus_per_node, dry_run=dry_run,
-                            job=app.JobWords(script, module, command, args), skip_doctor=skip_doctor,
+                            job=app.JobArgs(script, module, command, args), skip_doctor=skip_doctor,
                             job_name=job_name, opts=_options(c))
 
 

@@ -19,13 +19,13 @@ from launcher.errors import LauncherError
 if TYPE_CHECKING:
     from launcher.app.checks import doctor, doctor_report
     from launcher.app.hosts import Hosts, load_inventory
-    from launcher.app.job import JobWords
+    from launcher.app.job import JobArgs
     from launcher.app.launching import attach, launch, sync
     from launcher.app.newcluster import init, init_example
     from launcher.app.runs import logs, report, stacks, status, stop, top
     from launcher.app.slurm import submit as slurm_submit
 
-ROOMS = {"doctor": "checks", "doctor_report": "checks", "Hosts": "hosts", "load_inventory": "hosts", "JobWords": "job",
+ROOMS = {"doctor": "checks", "doctor_report": "checks", "Hosts": "hosts", "load_inventory": "hosts", "JobArgs": "job",
          "launch": "launching", "attach": "launching", "sync": "launching", "init": "newcluster",
          "init_example": "newcluster", "logs": "runs", "report": "runs", "stacks": "runs", "status": "runs",
          "stop": "runs", "top": "runs",
@@ -50,5 +50,5 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobWords", "attach", "doctor", "doctor_report", "init", "init_example", "launch", "load_inventory",
+__all__ = ["Hosts", "JobArgs", "attach", "doctor", "doctor_report", "init", "init_example", "launch", "load_inventory",
            "logs", "main_error", "report", "slurm_submit", "stacks", "status", "stop", "sync", "top"]

@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
-from launcher.app.job import JobWords, job_of
+from launcher.app.job import JobArgs, job_of
 from launcher.options import Options
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from launcher.transport.sshsettings import SshSettings
 
 if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor when it runs
@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor 
 
 
 def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
-           net: bool = False, slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-           net_all_gpus: bool = False, words: JobWords | None = None) -> int:
+           net: bool = False, slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
+           net_all_gpus: bool = False, job_args: JobArgs | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
@@ -26,31 +26,31 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
-    wiring = wiring or Wiring()
-    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, wiring=wiring,
-                           net_all_gpus=net_all_gpus, words=words)
+    run_io = run_io or RunIO()
+    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, run_io=run_io,
+                           net_all_gpus=net_all_gpus, job_args=job_args)
     if as_json:
-        wiring.out.write(doctor_checks.report_json(report) + "\n")
+        run_io.out.write(doctor_checks.report_json(report) + "\n")
     else:
-        doctor_checks.render_table(report, console(wiring.out))
+        doctor_checks.render_table(report, console(run_io.out))
     return 0 if report.ok else 1
 
 
 def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
-                  slurm: bool = False, job: str | None = None, wiring: Wiring | None = None,
-                  net_all_gpus: bool = False, words: JobWords | None = None) -> Report:
+                  slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
+                  net_all_gpus: bool = False, job_args: JobArgs | None = None) -> Report:
     """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
     is the one `words` name, else the inventory's."""
     from launcher import doctor as doctor_checks
 
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     cluster = with_project_src(load_inventory(hosts), hosts)  # the script check looks for the script there too
-    if words is not None and words.given() is not None:
-        cluster = replace(cluster, job=job_of(cluster, words))
+    if job_args is not None and job_args.given() is not None:
+        cluster = replace(cluster, job=job_of(cluster, job_args))
     if slurm or job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, wiring=wiring,
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, run_io=run_io,
                                      all_gpus=net_all_gpus)
     report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
                                       probe_timeout=opts.probe_timeout)

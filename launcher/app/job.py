@@ -11,7 +11,7 @@ from launcher.errors import LauncherError, UsageError
 
 
 @dataclass(frozen=True)
-class JobWords:
+class JobArgs:
     """What the command line says of the job: one of `--script`, `--module`, `--command` (each replaces the
     inventory's job.script, job.module or job.command), and `--args` (replaces job.args); None: not given."""
 
@@ -28,16 +28,16 @@ class JobWords:
         return forms[0] if forms else None
 
 
-def job_of(cluster: Cluster, words: JobWords) -> Job:
+def job_of(cluster: Cluster, job_args: JobArgs) -> Job:
     """The inventory's job, with its script (module, command) and/or arguments replaced from the command line."""
-    base, given = cluster.job, words.given()
+    base, given = cluster.job, job_args.given()
     if given is None and base is None:
         raise LauncherError(f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script "
                             "(--module, --command)")
     try:
-        args = tuple(shlex.split(words.args)) if words.args is not None else None
+        args = tuple(shlex.split(job_args.args)) if job_args.args is not None else None
     except ValueError as exc:
-        raise LauncherError(f"--args: cannot split {words.args!r}: {exc}") from None
+        raise LauncherError(f"--args: cannot split {job_args.args!r}: {exc}") from None
     base = base or Job()
     if given is not None:
         base = replace(base, **{name: given[1] if name == given[0] else None for name in JOB_FORMS})

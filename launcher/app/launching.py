@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
-from launcher.app.job import JobWords, job_of
+from launcher.app.job import JobArgs, job_of
 from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed
 from launcher.options import Options
@@ -18,55 +18,55 @@ from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.actions import check_run_id
 from launcher.run.gate import ConnectionsFirst
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from launcher.transport.sshsettings import SshSettings
 
 
-def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = False, doctor: bool = True,
-           sync: bool = False, slurm: bool = False, opts: Options | None = None, wiring: Wiring | None = None,
+def launch(hosts: str | Hosts, job: JobArgs | None = None, *, dry_run: bool = False, doctor: bool = True,
+           sync: bool = False, slurm: bool = False, opts: Options | None = None, run_io: RunIO | None = None,
            run_id: str | None = None, as_json: bool = False, settings_from: Mapping[str, str] | None = None) -> int:
     """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
     run's id (default: a new one), which a caller may need before the run ends (`launcher.api`). A `dry_run` prints
     the plan and the settings it uses (`settings_from`: where each came from), the agent's request with `as_json`."""
     cluster = load_inventory(hosts)
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     if slurm:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobWords()), dry_run=dry_run, doctor=doctor,
-                                     sync=sync, opts=opts, wiring=wiring)
-    chosen = job_of(cluster, job or JobWords())
+        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobArgs()), dry_run=dry_run, doctor=doctor,
+                                     sync=sync, opts=opts, run_io=run_io)
+    chosen = job_of(cluster, job or JobArgs())
     # How the run is followed, decided and said before anything starts (the dry run shows what it uses).
     settings = run_settings(cluster, chosen, opts, where="detached" if opts.detach else "attached")
     for note in settings.notes:
-        wiring.err.write(note + "\n")
+        run_io.err.write(note + "\n")
     plan = plan_launch(cluster, chosen, run_id, settings=settings)  # a PlanError names the inventory
     if dry_run:
         from launcher.plan.request import shown_request
         from launcher.plan.usedsettings import settings_text
 
         shown = [plan.dry_run_text(), "", *settings_text(plan, opts, settings_from or {})]
-        wiring.out.write("\n".join(shown + (["", *shown_request(plan, opts)] if as_json else [])) + "\n")
+        run_io.out.write("\n".join(shown + (["", *shown_request(plan, opts)] if as_json else [])) + "\n")
         return 0
-    if doctor and wiring.gate is None:
+    if doctor and run_io.gate is None:
         from launcher.doctor.collect import doctor_gate
 
-        wiring = replace(wiring, gate=doctor_gate(opts, wiring.err))
+        run_io = replace(run_io, gate=doctor_gate(opts, run_io.err))
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher.sync import push as code_sync
 
-        gate = wiring.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(with_project_src(plan.cluster, hosts), wiring.err,
+        gate = run_io.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
+        before = code_sync.before_launch(with_project_src(plan.cluster, hosts), run_io.err,
                                          stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
-        wiring = replace(wiring, gate=replace(gate, before=before))
+        run_io = replace(run_io, gate=replace(gate, before=before))
     began = time.time()
     try:
         if not settings.retries:
-            code = run_launch.launch_run(plan, opts, wiring)
+            code = run_launch.launch_run(plan, opts, run_io)
         else:
             from launcher.doctor.collect import between_attempts
 
-            code = attempts.launch_with_retries(plan, opts, wiring, between_attempts(opts, doctor))
+            code = attempts.launch_with_retries(plan, opts, run_io, between_attempts(opts, doctor))
     except LauncherError as exc:
         shown = _said_last(exc, _pages(plan, opts, began, exc))
         if shown is exc:
@@ -77,7 +77,7 @@ def launch(hosts: str | Hosts, job: JobWords | None = None, *, dry_run: bool = F
         raise
     said = _pages(plan, opts, began, None)
     if said:
-        wiring.err.write(said + "\n")
+        run_io.err.write(said + "\n")
     return code
 
 
@@ -120,12 +120,12 @@ def _said_last(exc: LauncherError, said: str) -> LauncherError:
 
 
 def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | None = None,
-           wiring: Wiring | None = None, on_run: Callable[[str], None] | None = None) -> int:
+           run_io: RunIO | None = None, on_run: Callable[[str], None] | None = None) -> int:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed launcher,
     another terminal): stream it from where this machine's copy stopped, send heartbeats again, stop it everywhere on
     Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run."""
     cluster = load_inventory(hosts)
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     check_run_id(run_id)
     job = cluster.job or Job(command="true")  # the run's own argv is on its nodes; the inventory's job names its
     #                                          progress lines and hang timeout, where it has one
@@ -133,7 +133,7 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
     # A run taken over is followed to its end, one attempt: the launch it came from chose whether to start it again.
     settings = run_settings(cluster, job, opts, where="attach")
     for note in settings.notes:
-        wiring.err.write(note + "\n")
+        run_io.err.write(note + "\n")
 
     def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
         return plan_launch(nodes, job, chosen, settings=settings)
@@ -146,7 +146,7 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
             on_run(found)
 
     try:
-        code = run_launch.attach_run(cluster, plan_for, run_id, opts, wiring, heard)
+        code = run_launch.attach_run(cluster, plan_for, run_id, opts, run_io, heard)
     except LauncherError as exc:
         shown = _said_last(exc, _page_line(cluster, chosen, opts))
         if shown is exc:
@@ -154,7 +154,7 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
         raise shown from exc
     said = _page_line(cluster, chosen, opts)
     if said:
-        wiring.err.write(said + "\n")
+        run_io.err.write(said + "\n")
     return code
 
 
@@ -171,10 +171,10 @@ def _page_once_ended(cluster: Cluster, run_ids: list[str], opts: Options) -> boo
     return True
 
 
-def sync(hosts: str | Hosts, opts: Options | None = None, wiring: Wiring | None = None) -> int:
+def sync(hosts: str | Hosts, opts: Options | None = None, run_io: RunIO | None = None) -> int:
     """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
     from launcher.sync import push as code_sync
 
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     return code_sync.sync_hosts(with_project_src(load_inventory(hosts), hosts), ssh=SshSettings.of(opts),
-                                out=wiring.out, stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
+                                out=run_io.out, stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))

@@ -15,8 +15,8 @@ from launcher.config.starter import Found, render_inventory
 from launcher.errors import LauncherError, NodeFailure, UsageError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
 from launcher.options import DEFAULT_MASTER_PORT, Options
-from launcher.paths import relative, task_words
-from launcher.run.wiring import Wiring
+from launcher.paths import relative, task_call
+from launcher.run.run_io import RunIO
 from launcher.transport.connections import close_all, connect_all, run_all
 from launcher.transport.program import node_program, program_input, python_command
 from launcher.transport.sshsettings import SshSettings
@@ -122,41 +122,41 @@ def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Ma
 def init(names: list[str], output: Path, *, workdir: str, script: str, master_port: int = DEFAULT_MASTER_PORT,
          python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
          doctor_too: bool = True, default_output: bool = True, opts: Options | None = None,
-         wiring: Wiring | None = None) -> int:
+         run_io: RunIO | None = None) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
     findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
     overwritten, and none is written when no node has a python with torch."""
-    opts, wiring = opts or Options(), wiring or Wiring()
-    name = task_words("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
+    opts, run_io = opts or Options(), run_io or RunIO()
+    name = task_call("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
     found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
                             master_port=master_port, python=python, nproc_per_node=nproc_per_node,
-                            ssh_config=ssh_config, opts=opts, err=wiring.err, command=name)
-    wiring.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
+                            ssh_config=ssh_config, opts=opts, err=run_io.err, command=name)
+    run_io.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
                      + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
                      + "\n")
     hosts = "" if default_output else f" --hosts {relative(output)}"
     unknown = [f.name for f in found if f.python is None]
     if unknown:
-        wiring.err.write(f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
+        run_io.err.write(f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
                          f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n")
     from launcher.app.checks import doctor  # the doctor's findings on the nodes just written down
 
-    code = doctor(str(output), opts=opts, wiring=wiring) if doctor_too else 0
+    code = doctor(str(output), opts=opts, run_io=run_io) if doctor_too else 0
     if code:
-        wiring.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
+        run_io.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
                          f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n")
-    wiring.out.write(f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every "
+    run_io.out.write(f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every "
                      "workdir first)\n")
     return 1 if unknown else 0
 
 
-def init_example(output: Path, *, wiring: Wiring | None = None) -> int:
+def init_example(output: Path, *, run_io: RunIO | None = None) -> int:
     """Write the reference inventory at `output` (every key, what it does and its default), never over a file; no
     node is asked."""
-    wiring, name = wiring or Wiring(), task_words("")
+    run_io, name = run_io or RunIO(), task_call("")
     write_example(output, name)
-    wiring.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
+    run_io.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
                      f"lines you need into yours (`{name}init --hosts gpu01,gpu02` writes one from what your nodes "
                      "say)\n")
     return 0

@@ -1,5 +1,5 @@
 """The run's page (`report`, and after a run's end by itself): every node asked once for what it kept of the run
-(its agent's `report`: state, the ranks' start phases, the series its keeper sampled, its log's end), the launch's
+(its agent's `report`: state, the ranks' start phases, the series its supervisor sampled, its log's end), the launch's
 own journal read from `logs/<run id>/`, the page built (launcher.report.pagedata) and written there as
 `report.html` (launcher.report.page).
 
@@ -34,7 +34,7 @@ from launcher.report.pageend import Retried
 from launcher.report.pagekeep import kept_answers
 from launcher.run.actions import agent_action, reached
 from launcher.run.journal import read_journal
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 
 PAGE_FILE = "report.html"
 ANSWERS_FILE = "answers.json.gz"
@@ -196,7 +196,7 @@ def later() -> None:
         for run_id in run_ids:
             try:
                 if if_ended:
-                    found = control.status(cluster, run_id, opts, Wiring(out=quiet, err=quiet))
+                    found = control.status(cluster, run_id, opts, RunIO(out=quiet, err=quiet))
                     run_id = run_id or next((s.run_id for s in found if s.run_id), None)
                     if not page_due(opts, run_id, [s.state for s in found]):
                         continue

@@ -13,7 +13,7 @@ from launcher.app.hosts import Hosts, load_inventory
 from launcher.options import Options
 from launcher.run import attempts
 from launcher.run.actions import check_run_id
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 
 if TYPE_CHECKING:  # types only: each command imports what it alone uses (a status: no stacks, no rich live view)
     from launcher.config.model import Cluster
@@ -22,62 +22,62 @@ if TYPE_CHECKING:  # types only: each command imports what it alone uses (a stat
     from launcher.run.takestacks import StacksReport
 
 
-def _opening(run_id: str | None, opts: Options | None, wiring: Wiring | None) -> tuple[Options, Wiring]:
+def _opening(run_id: str | None, opts: Options | None, run_io: RunIO | None) -> tuple[Options, RunIO]:
     """What every command on a run does first: the run id checked (a usage error before any node is contacted),
     the settings and the output as given, else the defaults."""
     check_run_id(run_id)
-    return opts or Options(), wiring or Wiring()
+    return opts or Options(), run_io or RunIO()
 
 
 def states(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
-           wiring: Wiring | None = None) -> list[NodeState]:
+           run_io: RunIO | None = None) -> list[NodeState]:
     """Each node's state of the run (`api.Run.status`, what `status` shows)."""
     from launcher.run import control as run_control
 
-    opts, wiring = _opening(run_id, opts, wiring)
-    return run_control.status(load_inventory(hosts), run_id, opts, wiring=wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
+    return run_control.status(load_inventory(hosts), run_id, opts, run_io=run_io)
 
 
 def stopped(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
-            wiring: Wiring | None = None) -> list[NodeState]:
+            run_io: RunIO | None = None) -> list[NodeState]:
     """Stop the run on every node (TERM, grace, KILL); each node's state after (`api.Run.stop`, what `stop` shows)."""
     from launcher.run import control as run_control
 
-    opts, wiring = _opening(run_id, opts, wiring)
-    return run_control.stop(load_inventory(hosts), run_id, opts, wiring=wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
+    return run_control.stop(load_inventory(hosts), run_id, opts, run_io=run_io)
 
 
 def stacks_of(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None,
-              wiring: Wiring | None = None, job: str | None = None) -> StacksReport:
+              run_io: RunIO | None = None, job: str | None = None) -> StacksReport:
     """Every rank's stack of a running run, grouped, kept under logs/<run id>/ (`api.Run.stacks`, what `stacks`
     prints); with `job`, the run inside that SLURM batch job, reached through the job's own steps."""
-    opts, wiring = _opening(run_id, opts, wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
     if job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.job_stacks(job, load_inventory(hosts), run_id, opts, wiring)
+        return on_slurm.job_stacks(job, load_inventory(hosts), run_id, opts, run_io)
     from launcher.run.takestacks import collect_stacks
 
-    return collect_stacks(load_inventory(hosts), run_id, opts, wiring.err)
+    return collect_stacks(load_inventory(hosts), run_id, opts, run_io.err)
 
 
 def status(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
-           wiring: Wiring | None = None) -> int:
+           run_io: RunIO | None = None) -> int:
     """Per node: the run's state, exit code and times, and what the launcher kept about it (a hang's answer,
     stragglers, attempts); with `job`, a SLURM batch job's state."""
-    opts, wiring = _opening(run_id, opts, wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
     if job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.job_status(job, opts, wiring)
+        return on_slurm.job_status(job, opts, run_io)
     from launcher.paths import hint
     from launcher.plan.retry import summary
     from launcher.report.hangs import latest_answer
     from launcher.report.states import console, launcher_lines, problems, say, state_table
     from launcher.run.launchstragglers import stragglers_of
 
-    found = states(hosts, run_id, opts, wiring)
-    con = console(wiring.out)
+    found = states(hosts, run_id, opts, run_io)
+    con = console(run_io.out)
     shown = run_id or next((s.run_id for s in found if s.run_id), None)
     con.print(state_table(f"run {shown or '(none)'} on {len(found)} node(s)", found, stop=False))
     problems(con, found)
@@ -127,17 +127,17 @@ def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], opts:
 
 
 def stop(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, job: str | None = None,
-         wiring: Wiring | None = None) -> int:
+         run_io: RunIO | None = None) -> int:
     """Stop a run on every node (TERM, grace, KILL) and say what was left; with `job`, scancel a SLURM job."""
-    opts, wiring = _opening(run_id, opts, wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
     if job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.job_stop(job, opts, wiring)
+        return on_slurm.job_stop(job, opts, run_io)
     from launcher.report.states import console, problems, say, state_table
 
-    found = stopped(hosts, run_id, opts, wiring)
-    con = console(wiring.out)
+    found = stopped(hosts, run_id, opts, run_io)
+    con = console(run_io.out)
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in found):
         say(con, f"nothing was running on {len(found)} node(s)"
             + (f" (run {found[0].run_id})" if found and found[0].run_id else ""))
@@ -158,42 +158,42 @@ def _code(found: list[NodeState]) -> int:
 
 def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
          follow: bool = False, opts: Options | None = None, *, job: str | None = None,
-         wiring: Wiring | None = None) -> int:
+         run_io: RunIO | None = None) -> int:
     """Replay a run's log from its nodes (with `follow`, until it ends); with `job`, a SLURM job's output file."""
-    opts, wiring = _opening(run_id, opts, wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
     if job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.job_logs(job, follow, opts, wiring)
+        return on_slurm.job_logs(job, follow, opts, run_io)
     from launcher.app.pages import page_later, page_path
     from launcher.run import control as run_control
 
     cluster = load_inventory(hosts)
-    code = run_control.logs(cluster, run_id, node=node, rank=rank, follow=follow, opts=opts, wiring=wiring)
+    code = run_control.logs(cluster, run_id, node=node, rank=rank, follow=follow, opts=opts, run_io=run_io)
     if run_id is None or not page_path(opts, run_id).exists():
         page_later(cluster, [run_id], opts, if_ended=True)  # a detached run's page, once it ended: its own process
     return code
 
 
 def stacks(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, job: str | None = None,
-           wiring: Wiring | None = None) -> int:
+           run_io: RunIO | None = None) -> int:
     """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered.
     With `job`, the run inside that SLURM batch job, reached through the job's own steps."""
-    opts, wiring = _opening(run_id, opts, wiring)
-    report = stacks_of(hosts, run_id, opts, wiring, job)
+    opts, run_io = _opening(run_id, opts, run_io)
+    report = stacks_of(hosts, run_id, opts, run_io, job)
     for line in report.lines():
-        wiring.out.write(line + "\n")
+        run_io.out.write(line + "\n")
     return 0 if report.stacks else 1
 
 
 def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, once: bool = False,
-        as_json: bool = False, job: str | None = None, wiring: Wiring | None = None) -> int:
+        as_json: bool = False, job: str | None = None, run_io: RunIO | None = None) -> int:
     """Every node and rank of a running run at once: live (q quits, the run goes on), or one look (`once`)."""
     from launcher.run import topfeed as run_top
 
-    opts, wiring = _opening(run_id, opts, wiring)
+    opts, run_io = _opening(run_id, opts, run_io)
     cluster, nodes = _reached_as(hosts, opts, job)
-    return run_top.top(cluster, run_id, opts, wiring, once=once, as_json_too=as_json, nodes=nodes)
+    return run_top.top(cluster, run_id, opts, run_io, once=once, as_json_too=as_json, nodes=nodes)
 
 
 def _reached_as(hosts: str | Hosts, opts: Options, job: str | None) -> tuple[Cluster, dict[str, Any] | None]:
@@ -207,40 +207,40 @@ def _reached_as(hosts: str | Hosts, opts: Options, job: str | None) -> tuple[Clu
     return on_slurm.job_nodes(job, cluster, opts)
 
 
-def top_snapshot(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: Wiring,
+def top_snapshot(hosts: str | Hosts, run_id: str | None, opts: Options, run_io: RunIO,
                  job: str | None = None) -> dict[str, Any]:
     """One look at every node and rank of a running run, judged: the value `inv top --once --json` prints."""
     from launcher.run import topfeed as run_top
 
     cluster, nodes = _reached_as(hosts, opts, job)
-    return run_top.snapshot(cluster, run_id, opts, wiring.err, nodes)
+    return run_top.snapshot(cluster, run_id, opts, run_io.err, nodes)
 
 
-def written_page(hosts: str | Hosts, run_id: str | None, opts: Options, wiring: Wiring,
+def written_page(hosts: str | Hosts, run_id: str | None, opts: Options, run_io: RunIO,
                  job: str | None = None) -> tuple[Path, Page]:
     """Write the run's page (the newest run of the inventory by default): where, and the page. With `job`, of the run
     inside that running SLURM batch job, through the job's own steps."""
     from launcher.app.pages import write_page
 
     cluster, given = _reached_as(hosts, opts, job)
-    return write_page(cluster, run_id, opts, wiring.err, given)
+    return write_page(cluster, run_id, opts, run_io.err, given)
 
 
 def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = None, *, as_json: bool = False,
-           wiring: Wiring | None = None, job: str | None = None) -> int:
+           run_io: RunIO | None = None, job: str | None = None) -> int:
     """Write the run's page and say where, with its headline (`written_page`). The nodes it could not reach are
     named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
     import json
 
-    opts, wiring = _opening(run_id, opts, wiring)
-    path, page = written_page(hosts, run_id, opts, wiring, job)
+    opts, run_io = _opening(run_id, opts, run_io)
+    path, page = written_page(hosts, run_id, opts, run_io, job)
     if as_json:
-        wiring.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
+        run_io.out.write(json.dumps(dict(page.summary(), page=str(path))) + "\n")
     else:
-        wiring.out.write(f"{page.headline}\npage: {path}\n")
+        run_io.out.write(f"{page.headline}\npage: {path}\n")
     for note in page.notes:
-        wiring.err.write(f"note: {note}\n")
+        run_io.err.write(f"note: {note}\n")
     if page.unreached and len(page.unreached) == len(page.exits):
-        wiring.err.write(f"could not reach {', '.join(page.unreached)}: the page has nothing new\n")
+        run_io.err.write(f"could not reach {', '.join(page.unreached)}: the page has nothing new\n")
         return 1
     return 0

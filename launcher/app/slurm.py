@@ -12,25 +12,25 @@ from pathlib import Path
 from typing import Any
 
 from launcher.app.hosts import Hosts
-from launcher.app.job import JobWords
+from launcher.app.job import JobArgs
 from launcher.config.model import Cluster, Job
 from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
 from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.options import Options
-from launcher.paths import REPO, hint, relative, task_words
+from launcher.paths import REPO, hint, relative, task_call
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.runsettings import run_settings
+from launcher.run.run_io import RunIO
 from launcher.run.takestacks import StacksReport, collect_stacks
-from launcher.run.wiring import Wiring
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import slurmlaunch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 
 def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options,
-                 wiring: Wiring) -> int:
+                 run_io: RunIO) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
                                   (opts.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
@@ -38,16 +38,16 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     settings = run_settings(cluster, job, opts, where="slurm")
     for note in settings.notes:
-        wiring.err.write(note + "\n")
+        run_io.err.write(note + "\n")
     names = allocation.allocation_nodes(os.environ)
     plan = plan_launch(allocation.allocation_cluster(cluster, names), job, settings=settings)
     if dry_run:
-        wiring.out.write(plan.dry_run_text() + "\n")
+        run_io.out.write(plan.dry_run_text() + "\n")
         return 0
-    if doctor and wiring.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        wiring = replace(wiring, gate=replace(doctor_gate(opts, wiring.err), full_report=False))
+    if doctor and run_io.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
+        run_io = replace(run_io, gate=replace(doctor_gate(opts, run_io.err), full_report=False))
     try:
-        return slurm_launch.launch_step(plan, opts, wiring)
+        return slurm_launch.launch_step(plan, opts, run_io)
     finally:
         from launcher.app.pages import page_now
 
@@ -79,15 +79,15 @@ def _job_hosts(hosts: str, start: Path) -> str:
 
 
 def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
-                 gpus_per_node: str | None = None, dry_run: bool = False, job: JobWords | None = None,
+                 gpus_per_node: str | None = None, dry_run: bool = False, job: JobArgs | None = None,
                  skip_doctor: bool = False, job_name: str | None = None, project: Path | None = None,
-                 opts: Options, wiring: Wiring) -> int:
+                 opts: Options, run_io: RunIO) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
     it); prints the job id and what to do with it. `project`: the installed command's project (the job starts there
     and runs `python -m launcher`); None: this checkout and its tasks.py."""
     log_dir = _slurm_log_dir(opts)
     start = REPO if project is None else project.resolve()
-    job = job or JobWords()
+    job = job or JobArgs()
     command = batch.launch_command(sys.executable, _job_hosts(hosts, start), script=job.script, module=job.module,
                                    command=job.command, args=job.args, skip_doctor=skip_doctor,
                                    runner="invoke" if project is None else "launcher")  # the same code runs
@@ -96,7 +96,7 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
                            gpus_per_node=gpus_per_node, umask=_umask())
     text = batch.render_batch_script(spec)  # checks every option first
     if dry_run:
-        wiring.out.write(text)
+        run_io.out.write(text)
         return 0
     pending = log_dir / f"submit-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.sh"
     job_id = jobs.submit(text, pending)
@@ -105,8 +105,8 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
         pending.replace(script_path)  # beside its output; sbatch keeps its own copy, so the name may change
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
-    name = task_words("")
-    wiring.out.write(f"submitted batch job {job_id}\n"
+    name = task_call("")
+    run_io.out.write(f"submitted batch job {job_id}\n"
                      f"  script: {relative(script_path)}\n"
                      f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
                      f"  {name}status --job {job_id}\n  {name}logs --job {job_id} --follow\n"
@@ -143,17 +143,17 @@ def _known_job(job_id: str, log_dir: Path) -> JobState:
     return state
 
 
-def job_status(job_id: str, opts: Options, wiring: Wiring) -> int:
+def job_status(job_id: str, opts: Options, run_io: RunIO) -> int:
     """A SLURM batch job's state, exit code, nodes and output file, one line each."""
     state = _known_job(job_id, _slurm_log_dir(opts))
-    wiring.out.write("\n".join(_job_lines(state)) + "\n")
+    run_io.out.write("\n".join(_job_lines(state)) + "\n")
     return 0
 
 
-def job_logs(job_id: str, follow: bool, opts: Options, wiring: Wiring) -> int:
+def job_logs(job_id: str, follow: bool, opts: Options, run_io: RunIO) -> int:
     """Print a SLURM batch job's output file (the launch's prefixed lines); with `follow`, until the job ends."""
     log_dir = _slurm_log_dir(opts)
-    state, found = (jobs.follow if follow else jobs.read)(job_id, wiring.out, log_dir)
+    state, found = (jobs.follow if follow else jobs.read)(job_id, run_io.out, log_dir)
     if not found and not state.known:  # an output file alone is enough: it outlives what SLURM remembers
         raise _unknown_job(state.job_id, log_dir)
     if not found and state.ended:  # SLURM writes it on the job's first node: a log dir not shared with this one
@@ -161,30 +161,30 @@ def job_logs(job_id: str, follow: bool, opts: Options, wiring: Wiring) -> int:
         raise LauncherError(f"job {state.job_id} ({state.state}) left no output at {where}: "
                             "SLURM writes it on the job's first node, so the log dir must be shared with this one")
     if not found:
-        wiring.err.write(f"job {state.job_id} is {state.state}"
+        run_io.err.write(f"job {state.job_id} is {state.state}"
                        + (f" ({state.reason})" if state.reason else "") + ": no output yet (--follow waits)\n")
     elif follow:
-        wiring.err.write(f"job {state.job_id} ended: {state.state}"
+        run_io.err.write(f"job {state.job_id} ended: {state.state}"
                        + (f", exit code {state.exit_code}" if state.exit_code is not None else "") + "\n")
     return 0
 
 
-def job_stop(job_id: str, opts: Options, wiring: Wiring) -> int:
+def job_stop(job_id: str, opts: Options, run_io: RunIO) -> int:
     """scancel a SLURM batch job and wait until SLURM has ended its processes on every node; 1 when it has not."""
     log_dir = _slurm_log_dir(opts)
     before = _known_job(job_id, log_dir)
     if before.ended:
-        wiring.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
+        run_io.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
         return 0
     started = time.monotonic()
     after = jobs.cancel(before.job_id, SLURM_STOP_WAIT, log_dir)
     took = time.monotonic() - started
     where = f" on {before.nodes}" if before.nodes else ""
     if not after.ended:
-        wiring.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
+        run_io.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
                        f"all its processes{where} (see `scontrol show job {after.job_id}`)\n")
         return 1
-    wiring.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
+    run_io.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
                    "SLURM lists no process of it\n")
     return 0
 
@@ -201,7 +201,7 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
 
 
 def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
-                 wiring: Wiring, all_gpus: bool = False) -> Report:
+                 run_io: RunIO, all_gpus: bool = False) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
     if job_id is None:
@@ -214,30 +214,30 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         held = on_job.rendezvous.master_port
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
-        wiring.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
+        run_io.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
     report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout,
                         gpus_in_use=job_id is not None)  # a running job's GPUs hold its own run
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
 
-    def start(plan: LaunchPlan, quiet: Options, quiet_wiring: Wiring) -> int:
-        return slurm_launch.launch_step(plan, quiet, quiet_wiring, env=env, overlap=job_id is not None)
+    def start(plan: LaunchPlan, quiet: Options, quiet_run_io: RunIO) -> int:
+        return slurm_launch.launch_step(plan, quiet, quiet_run_io, env=env, overlap=job_id is not None)
 
     return with_net(report, on_job, opts, start, all_gpus)
 
 
-def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring) -> StacksReport:
+def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO) -> StacksReport:
     """`inv stacks --job ID`: every rank's stack of the run inside a running batch job."""
     on_job, nodes = job_nodes(job_id, cluster, opts)
-    return collect_stacks(on_job, run_id, opts, wiring.err, nodes)
+    return collect_stacks(on_job, run_id, opts, run_io.err, nodes)
 
 
-def submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, wiring: Wiring | None = None,
+def submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, run_io: RunIO | None = None,
                  **batch: Any) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
-    job_name, dry_run, job (JobWords), skip_doctor); print its job id. The job starts in the project of `hosts`
+    job_name, dry_run, job (JobArgs), skip_doctor); print its job id. The job starts in the project of `hosts`
     (the installed command's) or in this checkout."""
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    return slurm_submit(spec.path, nodes, opts=opts or Options(), wiring=wiring or Wiring(),
+    return slurm_submit(spec.path, nodes, opts=opts or Options(), run_io=run_io or RunIO(),
                                  project=spec.project, **batch)

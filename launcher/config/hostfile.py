@@ -32,9 +32,9 @@ def _meaningful(text: str) -> list[tuple[int, list[str]]]:
     """(line number, words) of each line that says something: comments (whole-line or trailing) and blanks go."""
     lines = []
     for number, line in enumerate(text.splitlines(), start=1):
-        words = line.split("#", 1)[0].split()
-        if words:
-            lines.append((number, words))
+        parts = line.split("#", 1)[0].split()
+        if parts:
+            lines.append((number, parts))
     return lines
 
 
@@ -58,8 +58,8 @@ def parse_hostfile(text: str, source: str, defaults: Mapping[str, Any] | None = 
     hosts: list[dict[str, Any]] = []
     lines: dict[str, int] = {}
     seen: dict[str, int] = {}
-    for number, words in _meaningful(text):
-        name, *options = words
+    for number, parts in _meaningful(text):
+        name, *options = parts
         mpich = _MPICH.match(name)
         if mpich and is_host_name(mpich[1]):
             raise _error(source, number, f"{shown(name)} is MPICH's NAME:N form; write {mpich[1]} slots={mpich[2]}")

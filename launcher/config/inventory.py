@@ -192,14 +192,14 @@ def parse_job(r: Reader, raw: Any, max_restarts: int = 0) -> Job:
     hang, on_hang = fields.get("hang_timeout"), fields.get("on_hang")
     if on_hang is not None and on_hang not in ON_HANG:
         raise r.fail("job.on_hang", f"must be one of {', '.join(ON_HANG)}, got {typed(on_hang)}")
-    return Job(**{form: value}, args=_words(r, fields.get("args"), "job.args"),
+    return Job(**{form: value}, args=_strings(r, fields.get("args"), "job.args"),
                torchrun=_torchrun(r, fields.get("torchrun"), max_restarts),
                resume_args=parse_resume_args(r, fields.get("resume_args")),
                hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"), on_hang=on_hang,
                progress=parse_progress(r, fields.get("progress")))
 
 
-def _words(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
+def _strings(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
     """A list of words (job.args, job.torchrun); null is none."""
     if raw is None:
         return ()
@@ -210,11 +210,11 @@ def _words(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
 
 def _torchrun(r: Reader, raw: Any, max_restarts: int) -> tuple[str, ...]:
     """`job.torchrun`: torchrun's options as words, none of them one the launcher sets (`launcher.config.torchrun`)."""
-    words = _words(r, raw, "job.torchrun")
-    refused = refusal(words, max_restarts)
+    torchrun_args = _strings(r, raw, "job.torchrun")
+    refused = refusal(torchrun_args, max_restarts)
     if refused is not None:
         raise r.fail(f"job.torchrun[{refused[0]}]", refused[1])
-    return words
+    return torchrun_args
 
 
 def parse_progress(r: Reader, raw: Any) -> str | None:

@@ -228,7 +228,7 @@ class Job:
         raise ValueError("a job names no script, module or command")
 
     @property
-    def words(self) -> tuple[str, ...]:
+    def argv(self) -> tuple[str, ...]:
         """What follows torchrun's own options: the script, `-m MODULE` or `--no-python COMMAND`, then `args`."""
         form, value = self.form
         flag = {"script": (), "module": ("-m",), "command": ("--no-python",)}[form]

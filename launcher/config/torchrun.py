@@ -51,12 +51,12 @@ def owned(word: str) -> str | None:
     return None
 
 
-def refusal(words: tuple[str, ...], max_restarts: int = 0) -> tuple[int, str] | None:
+def refusal(args: tuple[str, ...], max_restarts: int = 0) -> tuple[int, str] | None:
     """The first word of `job.torchrun` that may not be passed, and why in one sentence; None when all may.
 
     `max_restarts`: the inventory's rendezvous.max_restarts (torchrun would get --max-restarts twice).
     """
-    for i, word in enumerate(words):
+    for i, word in enumerate(args):
         if i == 0 and not word.startswith("-"):
             return i, f"{word!r} is not an option: job.torchrun lists torchrun's options (`--numa-binding, socket`)"
         if word == "--":

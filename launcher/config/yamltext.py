@@ -202,9 +202,9 @@ def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
     top = _pairs(root)
     found: dict[str, yaml.Node | None] = {}
     for key in ("args", "resume_args"):
-        words = _pairs(top.get("job")).get(key)
-        if isinstance(words, yaml.SequenceNode):
-            found.update((f"job.{key}[{i}]", item) for i, item in enumerate(words.value))
+        items = _pairs(top.get("job")).get(key)
+        if isinstance(items, yaml.SequenceNode):
+            found.update((f"job.{key}[{i}]", item) for i, item in enumerate(items.value))
     found["rendezvous.nodes"] = _pairs(top.get("rendezvous")).get("nodes")
     for name, node in _pairs(_pairs(top.get("rendezvous")).get("conf")).items():
         found[f"rendezvous.conf.{name}"] = node

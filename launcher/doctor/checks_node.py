@@ -247,11 +247,12 @@ def _found_findings(ev: Evidence, form: str, value: str) -> list[Finding]:
 def _package_diff(mine: list[str], theirs: list[str], limit: int = 5) -> tuple[int, str]:
     a = dict(item.split("==", 1) for item in mine)
     b = dict(item.split("==", 1) for item in theirs)
-    words = [f"{n} {a[n]} (not {b[n]})" for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
-    words += [f"+{n} {a[n]}" for n in sorted(a.keys() - b.keys())]
-    words += [f"-{n} {b[n]}" for n in sorted(b.keys() - a.keys())]
-    shown = ", ".join(words[:limit]) + (f" and {len(words) - limit} more" if len(words) > limit else "")
-    return len(words), shown
+    differences = [f"{n} {a[n]} (not {b[n]})" for n in sorted(a.keys() & b.keys()) if a[n] != b[n]]
+    differences += [f"+{n} {a[n]}" for n in sorted(a.keys() - b.keys())]
+    differences += [f"-{n} {b[n]}" for n in sorted(b.keys() - a.keys())]
+    more = f" and {len(differences) - limit} more" if len(differences) > limit else ""
+    shown = ", ".join(differences[:limit]) + more
+    return len(differences), shown
 
 
 @check("packages")

@@ -277,7 +277,7 @@ def _session_outcome(host: str, facts: NodeFacts) -> Outcome:
 
 @dataclass
 class DoctorGate:
-    """The doctor's fast checks for `launch`, inside each node's one agent session (a start gate: `Wiring.gate`).
+    """The doctor's fast checks for `launch`, inside each node's one agent session (a start gate: `RunIO.gate`).
 
     The agent probes before it says `ready` (the master holds master_port meanwhile), the launcher sends `tcp` once
     every node has answered, then `judge` looks at it all: `go` when every check passed, `abort` everywhere
@@ -336,7 +336,7 @@ class DoctorGate:
 
 
 default_gate = DoctorGate()
-"""The fast checks with the default limits: called, over sessions of their own; as `Wiring.gate`, inside the
+"""The fast checks with the default limits: called, over sessions of their own; as `RunIO.gate`, inside the
 launch's agent sessions."""
 
 

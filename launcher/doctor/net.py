@@ -25,7 +25,7 @@ from launcher.events import Output
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_TIMEOUT_S
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 
 SOURCE = Path(__file__).with_name("netjob.py")
 MARK = b"NETCHECK "
@@ -50,11 +50,11 @@ def net_plan(cluster: Cluster, all_gpus: bool = False) -> LaunchPlan:
     for command in plan.nodes:
         at = command.argv.index("netjob.py")
         argv = (*command.argv[:at], "--no-python", command.host.python, "-c", SOURCE.read_text(), *args)
-        nodes.append(dataclasses.replace(command, argv=argv, home_words=(*command.home_words, at + 1)))
+        nodes.append(dataclasses.replace(command, argv=argv, home_args=(*command.home_args, at + 1)))
     return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
-Starter = Callable[[LaunchPlan, Options, Wiring], int]
+Starter = Callable[[LaunchPlan, Options, RunIO], int]
 """What runs the measurement's plan to its end: `run_launch.launch_run` over SSH, a step of the job under SLURM."""
 
 
@@ -85,13 +85,13 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None, all_g
                     nccl_transport(line.decode("utf-8", "replace"), transport.setdefault(event.node, {}))
 
     quiet = dataclasses.replace(opts, hang_timeout=0, detach=False, retries=0)
-    wiring = Wiring(out=io.StringIO(), err=io.StringIO(), on_event=on_event)  # no gate: the doctor just ran
+    run_io = RunIO(out=io.StringIO(), err=io.StringIO(), on_event=on_event)  # no gate: the doctor just ran
     plan = net_plan(cluster, all_gpus)
     result: list[BaseException] = []
 
     def run() -> None:
         try:
-            runner(plan, quiet, wiring)
+            runner(plan, quiet, run_io)
         except (LauncherError, OSError) as exc:
             result.append(exc)
 

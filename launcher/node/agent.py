@@ -12,9 +12,9 @@ Nothing is installed on a node. The launcher runs `PYTHON -c BOOTSTRAP`; the boo
   (one process group; every process of the run also carries DDP_LAUNCHER_RUN=<run id>/<node> in its
   environment); record pid, times and exit code.
   Attached: stream the log to the launcher's session, obey its `stop` lines, and go on when that session ends (a
-  dropped connection, a laptop asleep, a killed launcher): a launcher reconnects with `attach`; only when none has said
-  a word for the heartbeat bound does the node stop its part. Detached: a daemon keeps the run; returns at once.
-- attach: hand this session to a running attached run's keeper (or replay the end of one that ended meanwhile).
+  dropped connection, a laptop asleep, a killed launcher): a launcher reconnects with `attach`; only when none has sent
+  a message for the heartbeat bound does the node stop its part. Detached: a daemon keeps the run; returns at once.
+- attach: hand this session to a running attached run's supervisor (or replay the end of one that ended meanwhile).
 - stop: TERM the run's process group and every process carrying its mark, a grace period, then KILL; report.
 - status: running / exited / stopped / lost, with times.
 - logs: print the log, optionally following it until the run ends.
@@ -74,12 +74,12 @@ def follow_log(log, run_dir, run_id, mark):
             next_check = time.time() + timing("check_s")
             if stdout_gone():
                 return 1
-            # Checks in a row, check_s apart: the keeper writes the exit code a moment after torchrun is gone.
+            # Checks in a row, check_s apart: the supervisor writes the exit code a moment after torchrun is gone.
             quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
             if quiet_checks >= bounds.LOST_AFTER_CHECKS:
                 write_all(1, log.read())
                 emit(Event.ERROR, message="run %s was lost on this node: no exit code recorded and none of its "
-                                      "processes alive (its keeper was killed); the log ends here" % run_id)
+                                      "processes alive (its supervisor was killed); the log ends here" % run_id)
                 return 1
         time.sleep(timing("wait_s"))
 
@@ -87,7 +87,7 @@ def follow_log(log, run_dir, run_id, mark):
 def start(request):
     import threading
 
-    from launcher.node.attached import LauncherWords, supervise_run
+    from launcher.node.attached import LauncherMessages, supervise_run
     from launcher.node.gatechecks import GateChecks
     from launcher.node.runner import prestart, spawn, start_detached
 
@@ -96,11 +96,11 @@ def start(request):
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
-    words = LauncherWords(bool(request.get("reattach")))
+    messages = LauncherMessages(bool(request.get("reattach")))
     section = request.get("gate")  # only with the doctor on
     checks = GateChecks(section) if section else None
-    words.on_tcp = checks.tcp if checks is not None else None
-    threading.Thread(target=words.listen, daemon=True, name="listen").start()
+    messages.on_tcp = checks.tcp if checks is not None else None
+    threading.Thread(target=messages.listen, daemon=True, name="listen").start()
     problem = node_problem(request, run_dir)
     # An attached run's torchrun imports torch while the doctor checks and the other nodes get ready.
     held = prestart(request, run_dir) if problem is None and not request["detach"] else None
@@ -108,7 +108,7 @@ def start(request):
         try:
             if checks is not None:
                 checks.run()  # the doctor's evidence first: the launcher judges it even when a check below failed
-            code = refuse(problem) if problem else wait_for_go(request, words)
+            code = refuse(problem) if problem else wait_for_go(request, messages)
         finally:
             if checks is not None:
                 checks.close()  # master_port is let go before torchrun's store binds it
@@ -125,7 +125,7 @@ def start(request):
         if held is not None:
             held.drop()  # nothing once torchrun was let go
     emit(Event.STARTED, pid=proc.pid, run_dir=run_dir)
-    return supervise_run(request, run_dir, proc, words)
+    return supervise_run(request, run_dir, proc, messages)
 
 
 def node_problem(request, run_dir):
@@ -145,19 +145,19 @@ def node_problem(request, run_dir):
     if problem is not None:
         return ("%s: socket_ifname auto found no interface toward master_addr %s: %s; name the interface in the "
                 "inventory (socket_ifname: eth0)" % (node, request["master_addr"], problem))
-    request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the keeper) sets this
+    request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the supervisor) sets this
     problem = choose_gpus(request, os.environ)
     if problem is not None:
         return "%s: %s; name GPUs the node shows, or the whole host" % (node, problem)
     return None
 
 
-def wait_for_go(request, words):
+def wait_for_go(request, messages):
     """Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no
     process). None on `go`, else the agent's exit code."""
     emit(Event.READY)
-    if not words.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
-        emit(Event.ABORTED, reason=words.stop_word)
+    if not messages.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
+        emit(Event.ABORTED, reason=messages.stop_message)
         return 0
     return None
 
@@ -182,19 +182,19 @@ def action_stop(request):
     taken = taken_from(request, run_dir)
     if taken is not None:  # a launcher that lost the run to another one's `attach` stops nothing of it
         return reply(dict(run_state(run_id, run_dir, request["node"]), taken=taken, found=0, left=0))
-    keeper = leader_of(run_dir, "keeper")
-    if request.get("kill_keeper") and keeper is not None and same_process(*keeper):
+    supervisor = leader_of(run_dir, "supervisor")
+    if request.get("kill_supervisor") and supervisor is not None and same_process(*supervisor):
         # The launcher found this run's agent silent (stopped, stuck): it can neither stop its run nor record it.
-        signal_process(keeper[0], keeper[1], signal.SIGKILL)
-        deadline = time.time() + timing("keeper_wait_s")
-        while alive(keeper[0]) and same_process(*keeper) and time.time() < deadline:
-            time.sleep(timing("keeper_poll_s"))  # dead, its orphans below whoever reaps them: found by a /proc pass
+        signal_process(supervisor[0], supervisor[1], signal.SIGKILL)
+        deadline = time.time() + timing("supervisor_wait_s")
+        while alive(supervisor[0]) and same_process(*supervisor) and time.time() < deadline:
+            time.sleep(timing("supervisor_poll_s"))  # dead, its orphans below whoever reaps them: found by a /proc pass
     found, left = stop_run(run_dir, mark, grace)
-    # The run's keeper records the exit code a moment after torchrun is gone; a dead keeper never will.
-    deadline = time.time() + timing("keeper_wait_s")
+    # The run's supervisor records the exit code a moment after torchrun is gone; a dead supervisor never will.
+    deadline = time.time() + timing("supervisor_wait_s")
     while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
-           and keeper is not None and same_process(*keeper) and alive(keeper[0])):
-        time.sleep(timing("keeper_poll_s"))
+           and supervisor is not None and same_process(*supervisor) and alive(supervisor[0])):
+        time.sleep(timing("supervisor_poll_s"))
     result = run_state(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
     return reply(result)
@@ -304,7 +304,7 @@ def action_top(request):
 @checked
 def action_report(request):
     """What the run's page needs from this node (launcher.report.page): its state, each rank's start (the hook's
-    phases), the series its keeper sampled, the end of its log, and this node's clock now."""
+    phases), the series its supervisor sampled, the end of its log, and this node's clock now."""
     from launcher.node.hook import PHASES_DIR
     from launcher.node.series import read_series
 

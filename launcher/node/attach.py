@@ -1,16 +1,17 @@
 """The `attach` action (stdlib only, Python 3.8+): a launcher's new session to a run that lives on this node, after its
 connection dropped, its laptop slept, or from another terminal (`ddpl attach`).
 
-While the run's keeper lives, this session hands it its stdin, stdout and events (launcher/node/launcherconsole.py) and
-waits until the keeper lets it go: the keeper streams the log from the offset the launcher has, sends the events, and
-takes the words. When the keeper has ended (the run ended while no launcher was there), the session replays what the
-launcher missed: the log from its offset and the end the keeper kept (`end.json`). When the keeper died while its
-processes live, or the run was lost, it says so (exit code KEEPER_GONE): the launcher then stops what is left. """
+While the run's supervisor lives, this session hands it its stdin, stdout and events (launcher/node/launcherconsole.py)
+and waits until the supervisor lets it go: the supervisor streams the log from the offset the launcher has, sends the
+events, and takes the messages. When the supervisor has ended (the run ended while no launcher was there), the session
+replays what the launcher missed: the log from its offset and the end the supervisor kept (`end.json`). When the
+supervisor died while its processes live, or the run was lost, it says so (exit code SUPERVISOR_GONE): the launcher then
+stops what is left. """
 
 import json
 import os
 
-from launcher.node.bounds import ATTACH_REFUSED, KEEPER_GONE, KEEPER_SILENT
+from launcher.node.bounds import ATTACH_REFUSED, SUPERVISOR_GONE, SUPERVISOR_SILENT
 from launcher.node.launcherconsole import hand_over, read_record, start_offset, wait_released
 from launcher.node.proc import marked_pids
 from launcher.node.protocol import (
@@ -36,14 +37,14 @@ def attach(request):
         return 0
     if answer is not None and answer.get("silent"):
         emit(Event.ERROR, message=answer["silent"])
-        return KEEPER_SILENT
+        return SUPERVISOR_SILENT
     if sock is None:
         if read_record(run_dir) is None and read_text(os.path.join(run_dir, "exit_code")) is None:
             emit(Event.ERROR, message="run %s on this node is detached (or an older launcher's): it has no console "
                                       "to attach to; status, logs --follow and stop work on it" % run_id)
             return ATTACH_REFUSED
         return replay(request, run_id, run_dir)
-    released = wait_released(sock)  # the keeper writes to this session's pipes until then; this process does not
+    released = wait_released(sock)  # the supervisor writes to this session's pipes until then; this process does not
     if released.get("released") == Event.TAKEN:
         emit(Event.TAKEN, by=released.get("by"), at=released.get("at"))
     return 0
@@ -54,15 +55,15 @@ def replay(request, run_id, run_dir):
     code = read_text(os.path.join(run_dir, "exit_code"))
     if code is None:
         left = len(marked_pids("%s/%s" % (run_id, request["node"])))
-        emit(Event.ERROR, message="the run's keeper on this node is gone (killed?) while %d of its processes live"
-             % left if left else "run %s was lost on this node: its keeper is gone, and no exit code nor any of "
+        emit(Event.ERROR, message="the run's supervisor on this node is gone (killed?) while %d of its processes live"
+             % left if left else "run %s was lost on this node: its supervisor is gone, and no exit code nor any of "
              "its processes is left" % run_id)
-        return KEEPER_GONE
+        return SUPERVISOR_GONE
     try:
         ended = json.loads(read_text(os.path.join(run_dir, END_RECORD), "{}"))
     except ValueError:
         ended = {}
-    if not isinstance(ended, dict) or "code" not in ended:  # a detached keeper's end, or one the disk refused
+    if not isinstance(ended, dict) or "code" not in ended:  # a detached supervisor's end, or one the disk refused
         ended = {"code": int(code), "left": 0, "reason": STOPPED_ELSEWHERE if stop_recorded(run_dir) else None}
     log = os.path.join(run_dir, "log")
     offset = start_offset(log, request.get("offset"), request["tail_bytes"])

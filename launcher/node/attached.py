@@ -1,6 +1,6 @@
-"""An attached run's node side (stdlib only, Python 3.8+): the launcher's words, and the supervision that streams the
+"""An attached run's node side (stdlib only, Python 3.8+): the launcher's messages, and the supervision that streams the
 log to the run's console and obeys `stop` without ever waiting on a launcher. The run lives here: a launcher may go
-and come back (launcher/node/consoles.py); only when none has said a word for the heartbeat bound does the node stop
+and come back (launcher/node/consoles.py); only when none has sent a message for the heartbeat bound does the node stop
 its part by itself."""
 
 import json
@@ -16,7 +16,7 @@ from launcher.node.launcherconsole import Console
 from launcher.node.proc import rank_processes
 from launcher.node.protocol import (
     DUMPS,
-    ENDING_WORDS,
+    ENDING_MESSAGES,
     EVENT_OUT,
     GO,
     HEARTBEAT_TIMEOUT,
@@ -42,9 +42,9 @@ from launcher.node.runner import finish, signal_run, stop_run
 from launcher.node.stackdump import collect, proc_state
 
 
-class LauncherWords:
-    """The launcher's words: heartbeats, `go`, `stop`, `kill`, ... The start session's stdin is read by one thread for
-    the whole run (`listen`); a console that attaches later has a reader of its own (launcher/node/consoles.py).
+class LauncherMessages:
+    """The launcher's messages: heartbeats, `go`, `stop`, `kill`, ... The start session's stdin is read by one thread
+    for the whole run (`listen`); a console that attaches later has a reader of its own (launcher/node/consoles.py).
 
     Before `go`, the end of stdin means the launcher or its network is gone: nothing starts. After it, an SSH run
     (`reattach`) only loses that console and goes on within the heartbeat bound; under SLURM it stops, as srun's
@@ -53,14 +53,14 @@ class LauncherWords:
 
     def __init__(self, reattach=False):
         self.reattach = reattach
-        self.last_word = time.monotonic()
-        self.last_word_wall = time.time()
-        self.stop_word = None
+        self.last_message = time.monotonic()
+        self.last_message_wall = time.time()
+        self.stop_message = None
         self.go = False
         self.input_ended = False
         """The start session's stdin ended after `go` (before the run's consoles were made)."""
         self.consoles = None
-        """The run's consoles once it started (`Consoles`): the words of the current one count."""
+        """The run's consoles once it started (`Consoles`): the messages of the current one count."""
         self.decided = threading.Event()
         self.on_tcp = None
         """What `tcp` starts (the doctor's TCP check, `GateChecks.tcp`), on a thread of its own."""
@@ -71,31 +71,31 @@ class LauncherWords:
         self.on_position = None
         """What `position` answers (the log's size, as the `position` event)."""
         self.changed = threading.Event()
-        """Set by a stop word, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
+        """Set by a stop message, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
 
-    def stop(self, word):
-        self.stop_word = word
+    def stop(self, message):
+        self.stop_message = message
         self.changed.set()
 
     def heard(self):
-        """A word, or a console that came: the launcher is there now."""
-        self.last_word, self.last_word_wall = time.monotonic(), time.time()
+        """A message, or a console that came: the launcher is there now."""
+        self.last_message, self.last_message_wall = time.monotonic(), time.time()
         if self.consoles is not None:
             self.consoles.heard()
 
-    def take(self, word):
-        """One word of the current console's."""
+    def take(self, message):
+        """One message of the current console's."""
         self.heard()
-        if word in ENDING_WORDS:  # abort: the launcher's checks failed somewhere
-            self.stop(word)
-        elif word == GO:
-            self.go = self.stop_word is None
+        if message in ENDING_MESSAGES:  # abort: the launcher's checks failed somewhere
+            self.stop(message)
+        elif message == GO:
+            self.go = self.stop_message is None
         else:
             started = {TCP: self.on_tcp, STACKS: self.on_stacks, DUMPS: self.on_dumps,
-                       POSITION: self.on_position}.get(word)
+                       POSITION: self.on_position}.get(message)
             if started is not None:
-                threading.Thread(target=started, daemon=True, name=word).start()
-        if word == GO or word in ENDING_WORDS:
+                threading.Thread(target=started, daemon=True, name=message).start()
+        if message == GO or message in ENDING_MESSAGES:
             self.decided.set()
 
     def listen(self):
@@ -107,7 +107,7 @@ class LauncherWords:
         consoles = self.consoles
         if consoles is not None:
             consoles.lost(consoles.first, "its connection closed")
-        elif not (self.go and self.reattach) and self.stop_word is None:
+        elif not (self.go and self.reattach) and self.stop_message is None:
             self.stop(LAUNCHER_GONE)
         self.decided.set()
 
@@ -118,8 +118,8 @@ class LauncherWords:
         """
         beat = time.monotonic()
         while not self.decided.wait(timing("wait_s")):
-            if time.monotonic() - self.last_word > heartbeat_timeout:
-                self.stop_word = HEARTBEAT_TIMEOUT
+            if time.monotonic() - self.last_message > heartbeat_timeout:
+                self.stop_message = HEARTBEAT_TIMEOUT
                 return False
             if time.monotonic() - beat >= alive_interval:
                 beat = time.monotonic()
@@ -130,7 +130,7 @@ class LauncherWords:
 class Attended:
     """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
 
-    - words: the current console's lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
+    - messages: the current console's lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
     - stream: the run's log file -> the current console's stdout, as it grows (a `LogMerger` thread, started with
       torchrun, makes that file from torchrun's and its workers' files; it only reads and appends files).
     - events: JSON events -> the current console, and an `alive` event every `alive_interval` s so the launcher can
@@ -140,9 +140,9 @@ class Attended:
     all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
     """
 
-    def __init__(self, request, run_dir, proc, words):
+    def __init__(self, request, run_dir, proc, messages):
         self.request, self.run_dir, self.proc = request, run_dir, proc
-        self.words = words
+        self.messages = messages
         self.done = threading.Event()
         self.wrote = getattr(getattr(proc, "merger", None), "wrote", None)
         """The merger's append signal (launcher/node/logmerge.py), which the streamer waits on; None without one."""
@@ -227,7 +227,7 @@ class Attended:
                 console.leave()
 
     def position(self):
-        """The log's size now (the word `position`): a launcher back from away knows when it has caught up."""
+        """The log's size now (the message `position`): a launcher back from away knows when it has caught up."""
         emit(Event.POSITION, log_bytes=self.consoles.log_bytes())
 
     def tick(self):
@@ -262,7 +262,7 @@ class Attended:
         return ranks
 
     def stacks(self):
-        """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` word)."""
+        """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` message)."""
         emit_parts(Event.STACKS, int(self.request["event_chunk"]),
                    workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
                    nccl=self.new_dumps())
@@ -271,7 +271,7 @@ class Attended:
         return nccl_dumps(self.run_dir, self.request["nccl_max_bytes"], self.nccl_sent)
 
     def dumps(self):
-        """NCCL's flight recorder asked to dump through torch's pipes (the launcher's `dumps` word: a hang it found
+        """NCCL's flight recorder asked to dump through torch's pipes (the launcher's `dumps` message: a hang it found
         before NCCL's watchdog did), as the `nccl` event, sent even when nothing came: the launcher waits for it."""
         asked = ask_dumps(self.run_dir, self.request["nccl_dump_wait_s"])
         emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=self.new_dumps(), asked=asked)
@@ -283,55 +283,56 @@ class Attended:
             emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=dumps)
 
     def supervise(self):
-        """Until torchrun ends: obey stop words and the heartbeat bound. It waits on `words.changed` (a word, or
+        """Until torchrun ends: obey stop messages and the heartbeat bound. It waits on `messages.changed` (a message,
         torchrun's end through a waiting thread) rather than polling, so its end is seen at once."""
-        request, words = self.request, self.words
+        request, messages = self.request, self.messages
         stopping, stop_at = None, None
 
         def wait_torchrun():
             self.proc.wait()
-            words.changed.set()
+            messages.changed.set()
 
         threading.Thread(target=wait_torchrun, daemon=True, name="wait").start()
         while True:
-            words.changed.clear()  # before looking: a change after the look ends the wait below
+            messages.changed.clear()  # before looking: a change after the look ends the wait below
             if self.proc.poll() is not None:
                 break
             self.consoles.note_silence(time.monotonic())
-            if words.stop_word is None and time.monotonic() - words.last_word > request["heartbeat_timeout"]:
-                words.stop_word = HEARTBEAT_TIMEOUT
-            if words.stop_word is not None and stopping is None:
-                stopping, stop_at = words.stop_word, time.monotonic()
+            quiet_for = time.monotonic() - messages.last_message
+            if messages.stop_message is None and quiet_for > request["heartbeat_timeout"]:
+                messages.stop_message = HEARTBEAT_TIMEOUT
+            if messages.stop_message is not None and stopping is None:
+                stopping, stop_at = messages.stop_message, time.monotonic()
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
                 emit(Event.STOPPING, reason=stopping)
-            if stopping is not None and words.stop_word == KILL:
+            if stopping is not None and messages.stop_message == KILL:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
             # it); KILL is sent again each poll_s.
-            silent_for = request["heartbeat_timeout"] - (time.monotonic() - words.last_word)
-            words.changed.wait(timing("poll_s") if stopping is not None else
+            silent_for = request["heartbeat_timeout"] - (time.monotonic() - messages.last_message)
+            messages.changed.wait(timing("poll_s") if stopping is not None else
                                max(0.0, min(silent_for, timing("check_s"))))
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
-        killed = self.words.stop_word == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
+        killed = self.messages.stop_message == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
         code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
         self.end()
         return code, left, stopping
 
 
-def supervise_run(request, run_dir, proc, words):
-    """Stream the log to the run's consoles, obey their words, stop the run when no launcher has said a word for the
-    heartbeat bound, sweep, keep the end in the run directory, report the exit."""
+def supervise_run(request, run_dir, proc, messages):
+    """Stream the log to the run's consoles, obey their messages, stop the run when no launcher has sent a message for
+    the heartbeat bound, sweep, keep the end in the run directory, report the exit."""
     queue_events()
-    run = Attended(request, run_dir, proc, words)
-    run.consoles = Consoles(run_dir, request, words,
+    run = Attended(request, run_dir, proc, messages)
+    run.consoles = Consoles(run_dir, request, messages,
                             Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who")))
     run.consoles.wake = run.wake
-    words.on_stacks, words.on_dumps, words.on_position = run.stacks, run.dumps, run.position
+    messages.on_stacks, messages.on_dumps, messages.on_position = run.stacks, run.dumps, run.position
     # A closed terminal's SIGHUP reaches no SSH session's command; under SLURM it means the step is going.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN if words.reattach else lambda *_: words.stop(LAUNCHER_GONE))
-    signal.signal(signal.SIGTERM, lambda *_: words.stop(STOP))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if messages.reattach else lambda *_: messages.stop(LAUNCHER_GONE))
+    signal.signal(signal.SIGTERM, lambda *_: messages.stop(STOP))
     threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
                for name in ("stream", "send_events", "tick")}
     for thread in threads.values():
@@ -339,7 +340,7 @@ def supervise_run(request, run_dir, proc, words):
     run.consoles.serve()
     code, left, stopping = run.supervise()
     if stopping is None and stop_recorded(run_dir):
-        stopping = STOPPED_ELSEWHERE  # no word of this launcher's: a stop from another terminal ended it
+        stopping = STOPPED_ELSEWHERE  # no message of this launcher's: a stop from another terminal ended it
     merger = getattr(proc, "merger", None)
     ended = {"code": code, "left": left, "reason": stopping,
              "workers": None if merger is None else merger.workers_started}

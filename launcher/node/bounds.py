@@ -60,26 +60,27 @@ CONSOLE_LOOK_S = 0.5
 """How often a console's writer waiting on a full pipe, or its reader on a quiet one, looks whether the console was
 let go (another took its place): the longest a new console waits for the old one's threads to turn to it."""
 CONSOLE_BACKLOG = 8
-"""Attach sessions waiting for the keeper to take them: one launcher at a time reconnects."""
+"""Attach sessions waiting for the supervisor to take them: one launcher at a time reconnects."""
 HANDOVER_WAIT_S = 5.0
-"""How long an attach session waits for the run's keeper to take its descriptors and answer: a keeper that does not
-within this (stopped, stuck in the kernel) is one the launcher must treat as silent."""
+"""How long an attach session waits for the run's supervisor to take its descriptors and answer: a supervisor that does
+not within this (stopped, stuck in the kernel) is one the launcher must treat as silent."""
 TAKEN_WRITE_S = 0.2
-"""How long the keeper tries to tell its own start session that another launcher took the run over: that session's
+"""How long the supervisor tries to tell its own start session that another launcher took the run over: that session's
 launcher may be asleep with a full pipe; it learns it anyway when it tries to reattach."""
 ATTACH_REFUSED = 3
 """An `attach` session's exit code when the node has no such run, or one that takes no console (a detached run)."""
-KEEPER_GONE = 5
-"""An `attach` session's exit code when nothing keeps the run and it has not ended: its keeper (the agent) died."""
-KEEPER_SILENT = 6
-"""... when the keeper is there but did not take the session in time (stopped, stuck): the launcher's silence rules."""
+SUPERVISOR_GONE = 5
+"""An `attach` session's exit code when nothing keeps the run and it has not ended: its supervisor (the agent) died."""
+SUPERVISOR_SILENT = 6
+"""... when the supervisor is there but did not take the session in time (stopped, stuck): the launcher's silence
+rules."""
 LOST_AFTER_CHECKS = 2
 """A followed log's run is lost after this many checks in a row (check_s apart) find no exit code and no process:
-the keeper writes the code a moment after torchrun is gone."""
+the supervisor writes the code a moment after torchrun is gone."""
 
 # --- the run's processes (proc) -------------------------------------------------------------------------------------
 PR_SET_CHILD_SUBREAPER = 36
-"""prctl's option that makes the keeper the reaper of its run's orphans (<linux/prctl.h>, Linux 3.4+)."""
+"""prctl's option that makes the supervisor the reaper of its run's orphans (<linux/prctl.h>, Linux 3.4+)."""
 TREE_READS = 4
 """Reads of a run's tree until two agree: a process whose parent exits during a read moves up to the reaper, and one
 read could see it in neither place."""

@@ -1,4 +1,4 @@
-"""torchrun started as a child of the keeper (stdlib only, Python 3.8+), without importing `subprocess`.
+"""torchrun started as a child of the supervisor (stdlib only, Python 3.8+), without importing `subprocess`.
 
 Importing subprocess (selectors, threading's helpers, its C module) cost 12.7 ms of CPU on every node at every start
 (`python -S -c 'import subprocess'`: 21.3 ms against 8.6), a third of what the agent spends; 256 nodes pay it at
@@ -70,7 +70,7 @@ def start(argv, cwd, env, out_fd):
     object where posix_spawn is missing. Raises OSError as Popen does (a missing program, a missing folder)."""
     spawn = getattr(os, "posix_spawn", None)
     if spawn is not None:
-        # No chdir action before Python 3.14: this process moves to the run's folder first (it is the run's keeper
+        # No chdir action before Python 3.14: this process moves to the run's folder first (it is the run's supervisor
         # from here on, and every path it uses is absolute), so that a relative program or PATH entry means what it
         # means to Popen, whose child moves before it looks.
         os.chdir(cwd)

@@ -1,5 +1,5 @@
-"""The consoles of one attached run, as its keeper holds them (stdlib only, Python 3.8+): the current one (None while
-no launcher is there), who owns the run, and the socket through which a launcher comes back
+"""The consoles of one attached run, as its supervisor holds them (stdlib only, Python 3.8+): the current one (None
+while no launcher is there), who owns the run, and the socket through which a launcher comes back
 (launcher/node/launcherconsole.py).
 
 - A launcher that reconnects (the same owner) gets the run back at once; its old session is let go.
@@ -19,7 +19,7 @@ from launcher.node.launcherconsole import (
     Console,
     console_address,
     peer_uid,
-    read_words,
+    read_messages,
     start_offset,
     take_handover,
     write_record,
@@ -28,10 +28,10 @@ from launcher.node.protocol import LAUNCHER_GONE, Event, emit, event_line
 
 
 class Consoles:
-    """The keeper's consoles; `words` is the run's `LauncherWords` (the last word's time, the stop)."""
+    """The supervisor's consoles; `messages` is the run's `LauncherWords` (the last message's time, the stop)."""
 
-    def __init__(self, run_dir, request, words, first):
-        self.run_dir, self.words = run_dir, words
+    def __init__(self, run_dir, request, messages, first):
+        self.run_dir, self.messages = run_dir, messages
         self.log = os.path.join(run_dir, "log")
         self.bound, self.away_after = request["heartbeat_timeout"], request["away_after_s"]
         self.tail_bytes = request["attach_tail_bytes"]
@@ -44,12 +44,12 @@ class Consoles:
         self.wake = None
         """Called too when it changes: the log's sender may be waiting on the merger's appends, not on `changed`."""
         self.away_since = None
-        """The wall clock's time of the last word before an absence (no console, or one silent for away_after)."""
+        """The wall clock's time of the last message before an absence (no console, or one silent for away_after)."""
         self.server = None
         self.closed = False
         self.record()
-        words.consoles = self
-        if words.input_ended:  # the start session's stdin ended before this (its reader saw no consoles yet)
+        messages.consoles = self
+        if messages.input_ended:  # the start session's stdin ended before this (its reader saw no consoles yet)
             self.lost(first, "its connection closed")
 
     # --- the socket later consoles come through -------------------------------------------------------------
@@ -101,29 +101,29 @@ class Consoles:
             console = Console(fds, request.get("owner"), start_offset(self.log, request.get("offset"),
                                                                       self.tail_bytes), conn, request.get("who"))
             conn.sendall(event_line({"accepted": True}))
-            old, away_s = self.current, time.monotonic() - self.words.last_word
+            old, away_s = self.current, time.monotonic() - self.messages.last_message
             taken = console.owner != self.owner
             was = (self.who, self.owner_since)
             if taken:
                 self.owner, self.who, self.owner_since = console.owner, console.who, time.time()
             self.current = console
-            self.words.heard()
+            self.messages.heard()
             self.changed.notify_all()
         self._woken()
         if old is not None:
             old.release(Event.TAKEN if taken else "replaced", by=console.who, at=self.owner_since)
-        threading.Thread(target=read_words, args=(console, self.word, self.lost), daemon=True,
-                         name="console-words").start()
+        threading.Thread(target=read_messages, args=(console, self.message, self.lost), daemon=True,
+                         name="console-messages").start()
         emit(Event.ATTACHED, log_bytes=self.log_bytes(), away_s=round(away_s, 3), replay=False,
              owner_was=list(was) if taken else None)
         self.record()
 
-    # --- words, losses and absences ----------------------------------------------------------------------------
+    # --- messages, losses and absences ----------------------------------------------------------------------------
 
-    def word(self, console, word):
-        """A line from a console: a word only while it is the current one."""
+    def message(self, console, message):
+        """A line from a console: a message only while it is the current one."""
         if console is self.current:
-            self.words.take(word)
+            self.messages.take(message)
 
     def lost(self, console, why):
         """A console's session ended (its input closed, a write failed): the run goes on without it, within the
@@ -136,17 +136,18 @@ class Consoles:
         self._woken()
         console.release("lost")
         if not self.reattach:
-            self.words.stop(LAUNCHER_GONE)
+            self.messages.stop(LAUNCHER_GONE)
         self.note_silence(time.monotonic(), force=True)
 
     def note_silence(self, now, force=False):
         """The supervisor's look at the clock: no console, or none heard for away_after, makes the launcher away."""
-        if self.away_since is None and (force or self.current is None or now - self.words.last_word > self.away_after):
-            self.away_since = self.words.last_word_wall
+        quiet_for = now - self.messages.last_message
+        if self.away_since is None and (force or self.current is None or quiet_for > self.away_after):
+            self.away_since = self.messages.last_message_wall
             self.record()
 
     def heard(self):
-        """A word came from the current console: a launcher that was away is back."""
+        """A message came from the current console: a launcher that was away is back."""
         if self.away_since is not None and self.current is not None:
             self.away_since = None
             self.record()

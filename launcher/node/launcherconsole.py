@@ -1,13 +1,13 @@
 """An attached run's consoles (stdlib only, Python 3.8+): the launcher sessions that watch and steer a run whose life
 is on the node. A console may go (a laptop asleep, a dropped connection, a killed launcher) and come back, and
 another launcher may take the run over (`ddpl attach`); the run goes on through all of it and stops by itself only
-when no launcher has said a word for the run's bound (launcher/node/attached.py).
+when no launcher has sent a message for the run's bound (launcher/node/attached.py).
 
 The start session's own stdin, stdout and events are the first console. A later one is an `attach` session, which
-hands its three descriptors to the run's keeper over a Unix socket of the run's (abstract, peers of this uid only)
-and waits until the keeper lets it go: its session must live as long, since sshd stops writing to a command's stdin
-once the command has exited. The keeper then writes to that session's pipes itself: no copy, no relay. Only the
-current console's words count, and each console's log stream starts at the offset its launcher already has.
+hands its three descriptors to the run's supervisor over a Unix socket of the run's (abstract, peers of this uid only)
+and waits until the supervisor lets it go: its session must live as long, since sshd stops writing to a command's stdin
+once the command has exited. The supervisor then writes to that session's pipes itself: no copy, no relay. Only the
+current console's messages count, and each console's log stream starts at the offset its launcher already has.
 """
 
 import array
@@ -29,7 +29,7 @@ and when the run stops by itself if none comes back (`inv status` says it)."""
 
 
 def console_address(run_dir):
-    """The keeper's socket for `run_dir`: abstract (no path length limit, nothing left on disk), named by the run
+    """The supervisor's socket for `run_dir`: abstract (no path length limit, nothing left on disk), named by the run
     directory's digest; only this uid's sessions are taken (SO_PEERCRED)."""
     digest = hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:32]
     return "\0ddp-launcher-console-" + digest
@@ -42,8 +42,8 @@ def _ready(fd, writing, seconds):
 
 
 class Console:
-    """One launcher session's three descriptors, as the keeper uses them; `link` is the attach session's socket (None
-    for the start session's own descriptors, which are the keeper's fds 0, 1 and the events')."""
+    """One launcher session's three descriptors, as the supervisor uses them; `link` is the attach session's socket
+    (None for the start session's own descriptors, which are the supervisor's fds 0, 1 and the events')."""
 
     def __init__(self, fds, owner, offset=None, link=None, who=None):
         self.fds = fds
@@ -74,7 +74,7 @@ class Console:
 
     def write(self, which, data):
         """All of `data` to stdout (1, non-blocking: as much as the pipe has room for at a time) or the events (2, a
-        page at a time once select says the pipe takes it: select, not poll, as a keeper holds few descriptors);
+        page at a time once select says the pipe takes it: select, not poll, as a supervisor holds few descriptors);
         False when the console was let go or its reader is gone. Never blocked past CONSOLE_LOOK_S on a launcher that
         stopped reading (asleep), so a console that takes this one's place is turned to at once."""
         fd, view = self.fds[which], memoryview(data)
@@ -122,7 +122,7 @@ class Console:
 
     def _close(self):
         if self.link is None:
-            return  # the keeper's own 0, 1 and events: /dev/null from now on, never another file under those numbers
+            return  # the supervisor's own 0, 1 and events: /dev/null from now on, never another file under them
         for fd in self.fds:
             try:
                 os.close(fd)
@@ -131,8 +131,8 @@ class Console:
         self.link.close()
 
 
-def read_words(console, on_word, on_end):
-    """An attach console's words, line by line, until it is let go or its input ends (`on_end(console, why)`)."""
+def read_messages(console, on_message, on_end):
+    """An attach console's messages, line by line, until it is let go or its input ends (`on_end(console, why)`)."""
     rest = b""
     console.enter()
     try:
@@ -143,9 +143,9 @@ def read_words(console, on_word, on_end):
             if not data:
                 break
             *lines, rest = (rest + data).split(b"\n")
-            rest = rest[-bounds.CONSOLE_PIECE:]  # words are short: a line without end is nobody's word
+            rest = rest[-bounds.CONSOLE_PIECE:]  # messages are short: a line without end is nobody's message
             for line in lines:
-                on_word(console, line.decode("utf-8", "replace").strip())
+                on_message(console, line.decode("utf-8", "replace").strip())
     except OSError:
         pass
     finally:
@@ -158,8 +158,10 @@ def read_words(console, on_word, on_end):
 
 
 def hand_over(run_dir, request, fds):
-    """Give this session's descriptors to the run's keeper; (its socket, its answer), or (None, None) when no keeper
-    listens there (the run ended, or its keeper died), or (None, {"silent": ...}) when it does not answer in time."""
+    """Give this session's descriptors to the run's supervisor; (its socket, its answer), or (None, None) when no
+    supervisor
+    listens there (the run ended, or its supervisor died), or (None, {"silent": ...}) when it does not answer in
+    time."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(bounds.HANDOVER_WAIT_S)
@@ -172,10 +174,10 @@ def hand_over(run_dir, request, fds):
         answer = _line(sock)
     except OSError as exc:
         sock.close()
-        return None, {"silent": "the run's keeper did not answer (%s)" % exc}
+        return None, {"silent": "the run's supervisor did not answer (%s)" % exc}
     if answer is None:
         sock.close()
-        return None, {"silent": "the run's keeper did not answer"}
+        return None, {"silent": "the run's supervisor did not answer"}
     sock.settimeout(None)
     return sock, answer
 
@@ -195,7 +197,7 @@ def _line(sock, first=b""):
 
 
 def wait_released(sock):
-    """Until the keeper lets this session go: why (`taken`, `ended`, `lost`) and its fields; {} at a plain end."""
+    """Until the supervisor lets this session go: why (`taken`, `ended`, `lost`) and its fields; {} at a plain end."""
     try:
         return _line(sock) or {}
     except OSError:
@@ -204,7 +206,7 @@ def wait_released(sock):
         sock.close()
 
 
-# --- the keeper's side -----------------------------------------------------------------------------------------------
+# --- the supervisor's side --------------------------------------------------------------------------------------------
 
 
 def peer_uid(conn):

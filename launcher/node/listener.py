@@ -67,9 +67,9 @@ def port_holders(port, budget):
             with open(table, encoding="ascii") as handle:
                 next(handle, None)
                 for line in handle:
-                    words = line.split()
-                    if len(words) > 9 and int(words[1].rsplit(":", 1)[1], 16) == port:
-                        inodes[words[9]] = "listening" if words[3] == "0A" else "bound"
+                    parts = line.split()
+                    if len(parts) > 9 and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        inodes[parts[9]] = "listening" if parts[3] == "0A" else "bound"
         except (OSError, ValueError):
             continue
     holders = []

@@ -28,7 +28,7 @@ class LogMerger:
     attempt_<restart count>/<local rank>/stdout.log and stderr.log) -> the run's `log`, whole lines only, each
     worker line tagged `[default<local rank>@r<global rank>]:` with one bytes.replace per chunk (C, not a loop).
 
-    A thread of the process that keeps the run (the attached agent or the detached keeper): it only reads files and
+    A thread of the process that keeps the run (the attached agent or the detached supervisor): it only reads files and
     appends to one, so it never waits on the launcher. `log` is what the launcher streams and what `inv logs`
     replays. `close()` (after torchrun and its workers are gone) drains everything, ends unfinished lines, and only
     then does `finish` record the exit code: a follower that sees the exit code has the whole log.
@@ -75,7 +75,7 @@ class LogMerger:
             for source in self.sources.values():  # the last line of a file that ends without a newline
                 if source.rest:
                     self.write(self.tagged(source, source.rest + b"\n"))
-        except Exception as exc:  # a bug here must not take the run's keeper down: the rank files keep it all
+        except Exception as exc:  # a bug here must not take the run's supervisor down: the rank files keep it all
             emit(Event.ERROR, message="the log merger stopped: %s: %s" % (type(exc).__name__, exc))
         finally:
             for source in self.sources.values():

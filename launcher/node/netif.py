@@ -35,9 +35,9 @@ def iface_holding(ip, same_subnet):
             want = socket.inet_pton(socket.AF_INET6, ip).hex()
             with open("/proc/net/if_inet6") as handle:
                 for line in handle:
-                    words = line.split()
-                    if len(words) >= 6 and words[0] == want:
-                        return words[5]
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[0] == want:
+                        return parts[5]
         except (OSError, ValueError):
             pass
         return None

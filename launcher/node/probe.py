@@ -91,9 +91,9 @@ def hosts_lines(name):
     try:
         with open("/etc/hosts", encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                words = line.split("#")[0].split()
-                if len(words) >= 2 and name in words[1:]:
-                    found.append(" ".join(words))
+                parts = line.split("#")[0].split()
+                if len(parts) >= 2 and name in parts[1:]:
+                    found.append(" ".join(parts))
     except OSError:
         pass
     return found

@@ -1,7 +1,7 @@
 """This user's processes as /proc shows them (stdlib only, Python 3.8+): a pid and its start time name one
 process for good; a run's processes are the ones whose environment carries its mark (never found by name).
 
-Where they are looked for: below the run's keeper when it is their reaper (`become_reaper`: every orphan of the run
+Where they are looked for: below the run's supervisor when it is their reaper (`become_reaper`: every orphan of the run
 stays below it, so the tree holds the whole run, a handful of processes), else in one pass over /proc (every process
 of this user; where many nodes share one process table, as the sandbox's 256 do, a pass read ~1,300 environments,
 21 ms, on every node at every run's end)."""
@@ -118,8 +118,8 @@ def descendants(pid):
 
 
 def run_tree(mark):
-    """The pids below the run's reaper (its keeper, `become_reaper`), or None when it has none alive to read (no
-    reaper record, the keeper killed, a kernel without children lists): then only a pass over /proc finds them."""
+    """The pids below the run's reaper (its supervisor, `become_reaper`), or None when it has none alive to read (no
+    reaper record, the supervisor killed, a kernel without children lists): then only a pass over /proc finds them."""
     try:
         with open(os.path.join(node_path(RUNS_ROOT), mark, "reaper")) as f:
             pid, start = (int(w) for w in f.read().split())
@@ -129,7 +129,7 @@ def run_tree(mark):
         return None
     seen = None
     for _ in range(TREE_READS):
-        # A reaper killed a moment ago (a stop that kills a silent keeper) is a zombie whose orphans have moved up
+        # A reaper killed a moment ago (a stop that kills a silent supervisor) is a zombie whose orphans have moved up
         # already: an empty tree then would be "nothing left", and a torchrun would outlive its stop.
         if not (same_process(pid, start) and alive(pid)):
             return None
@@ -193,10 +193,10 @@ def environ_of(pid):
     """A process's environment as {name: value} (bytes), or {} when it cannot be read."""
     try:
         with open("/proc/%d/environ" % pid, "rb") as f:
-            words = f.read().split(b"\0")
+            entries = f.read().split(b"\0")
     except OSError:
         return {}
-    return dict(w.partition(b"=")[::2] for w in words if w)
+    return dict(w.partition(b"=")[::2] for w in entries if w)
 
 
 def run_of(pid):

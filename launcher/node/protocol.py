@@ -1,7 +1,7 @@
-"""What the launcher and a node's programs say to each other (stdlib only, Python 3.8+): names and words.
+"""What the launcher and a node's programs say to each other (stdlib only, Python 3.8+): names and messages.
 
-The controller imports this module too (launcher.plan.launchplan, launcher.run), so both sides spell every word alike.
-- stdin carries the launcher's words to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
+The controller imports this module too (launcher.plan.launchplan, launcher.run): both sides spell every message alike.
+- stdin carries the launcher's messages to the agent, one per line: any line is a heartbeat (`hb` says nothing else);
   `go` starts a run every node is ready for, `abort` drops it, `stop` (grace) and `kill` (now) end it, `tcp`
   starts the doctor's TCP check on a node.
 - stderr carries the agent's events, one JSON object per line (`emit`), each named by an `Event` name; stdout the
@@ -34,20 +34,20 @@ def socket_values(ifname):
     return {SOCKET_ENV[0]: "=" + ifname, SOCKET_ENV[1]: ifname}
 
 GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS, DUMPS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks", "dumps"
-"""The launcher's words to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
+"""The launcher's messages to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
 run's agent for every worker's stack (the `stacks` event), `dumps` for NCCL's flight recorder dumps of a hung run
 through torch's debug-info pipes (the `nccl` event)."""
 POSITION = "position"
-"""Asks an attached run's keeper how long its log is now (the `position` event): a launcher that was away (frozen,
+"""Asks an attached run's supervisor how long its log is now (the `position` event): a launcher that was away (frozen,
 asleep) knows from it when it has caught up with what its nodes printed meanwhile."""
-ENDING_WORDS = (STOP, KILL, ABORT)
-"""Words after which no run starts or goes on."""
+ENDING_MESSAGES = (STOP, KILL, ABORT)
+"""Messages after which no run starts or goes on."""
 STOPPED_ELSEWHERE = "stopped-elsewhere"
 """Why an attached run ended that its own launcher did not stop: a stop from another terminal (`inv stop`, the API's
 `Run.stop`) asked for it, as the run directory's stop record says: the user's will, not a failure."""
 HEARTBEAT_TIMEOUT, LAUNCHER_GONE = "heartbeat-timeout", "launcher-gone"
-"""Why an attached agent stops its run without being asked (an event's `reason`, beside the words `stop`/`kill`):
-no word from any launcher for heartbeat_timeout (the bound a launcher may be away: asleep, unreachable, killed), or,
+"""Why an attached agent stops its run without being asked (an event's `reason`, beside the messages `stop`/`kill`):
+no message from any launcher for heartbeat_timeout (the bound a launcher may be away: asleep, unreachable, killed), or,
 under SLURM only, the step's stdin closed (srun is the run's owner there: without it the step ends anyway)."""
 
 
@@ -58,7 +58,7 @@ class Event:
     READY = "ready"
     """An attached agent checked what it could and waits for `go`."""
     ABORTED = "aborted"
-    """... and dropped the start instead (`abort`, a stop word, the launcher gone): no run directory, no process."""
+    """... and dropped the start instead (`abort`, a stop message, the launcher gone): no run directory, no process."""
     PROBED = "probed"
     """The doctor's probe in the start session (fields: probe, listener)."""
     TCP = "tcp"
@@ -68,7 +68,7 @@ class Event:
     ALIVE = "alive"
     """The attached agent's beat (field: progress, each rank as the hang watch sees it, when watched)."""
     STOPPING = "stopping"
-    """It began to stop the run (field: reason: a word, or why it stopped by itself)."""
+    """It began to stop the run (field: reason: a message, or why it stopped by itself)."""
     STOPPED = "stopped"
     """The stop is over (fields: left, reason); `exited` follows with the same."""
     EXITED = "exited"
@@ -79,7 +79,7 @@ class Event:
     RUN = "run"
     """The logs action found the run it replays (field: run_id)."""
     STACKS = "stacks"
-    """Every worker's stack (fields: workers, nccl), the answer to the word `stacks`; sent as parts."""
+    """Every worker's stack (fields: workers, nccl), the answer to the message `stacks`; sent as parts."""
     NCCL = "nccl"
     """NCCL's flight recorder dumps written as the run ended, or asked for by `dumps` (fields: nccl, and asked: the
     ranks whose pipe was written to); sent as parts."""
@@ -87,12 +87,12 @@ class Event:
     """A piece of a large event (fields: of, seq, count, data): `emit_parts`."""
     ATTACHED = "attached"
     """An attach session became the run's console (fields: log_bytes, the log's size now; away_s, how long no launcher
-    had said a word; replay: the run had ended and this session replays its end; owner_was, when another launcher's
+    had sent a message; replay: the run had ended and this session replays its end; owner_was, when another launcher's
     run was taken over)."""
     TAKEN = "taken"
     """This console's launcher no longer owns the run: another launcher attached (`ddpl attach`) (fields: by, at)."""
     POSITION = "position"
-    """The answer to the word `position` (field: log_bytes)."""
+    """The answer to the message `position` (field: log_bytes)."""
 
 
 EVENTS = tuple(value for name, value in vars(Event).items() if name.isupper())
@@ -115,9 +115,9 @@ def error_text(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
-def word_line(word):
-    """A word as it goes on the wire."""
-    return (word + "\n").encode()
+def message_line(message):
+    """A message as it goes on the wire."""
+    return (message + "\n").encode()
 
 
 RANK_TAG = "[default%d@r%d]:"
@@ -141,7 +141,8 @@ def _events_fd():
 
 
 def close_events_fd():
-    """For a process that outlives its session (a detached run's keeper): the session's stderr is not its to hold."""
+    """For a process that outlives its session (a detached run's supervisor): the session's stderr is not its to
+    hold."""
     try:
         os.close(EVENTS_FD)
     except OSError:
@@ -235,7 +236,7 @@ def seconds(section, key, where):
     return float(value)
 
 
-AGENT_TIMING = ("poll_s", "wait_s", "check_s", "keeper_poll_s", "keeper_wait_s", "kill_wait_s", "read_chunk",
+AGENT_TIMING = ("poll_s", "wait_s", "check_s", "supervisor_poll_s", "supervisor_wait_s", "kill_wait_s", "read_chunk",
                 "store_wait_s", "store_poll_s")
 """The waits and read sizes every agent request carries in `timing` (launcher.options.NODE_TIMING)."""
 SYNC_TIMING = ("wait_s", "read_chunk", "relay_connect_s", "relay_wait_s", "relay_chunk")

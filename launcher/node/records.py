@@ -23,16 +23,16 @@ def parse_record(data):
     """A record as a dict (start, on, why, and NUMBERS), or None when it is not one whole record."""
     if not data.endswith(b"\n"):
         return None
-    words = data.split(None, len(NUMBERS) + 3)
-    if len(words) < len(NUMBERS) + 3 or words[0] != VERSION or words[2] not in (b"on", b"off"):
+    parts = data.split(None, len(NUMBERS) + 3)
+    if len(parts) < len(NUMBERS) + 3 or parts[0] != VERSION or parts[2] not in (b"on", b"off"):
         return None
     try:
-        found = {name: (int if name in COUNTS else float)(words[3 + i]) for i, name in enumerate(NUMBERS)}
-        found["start"] = int(words[1])
+        found = {name: (int if name in COUNTS else float)(parts[3 + i]) for i, name in enumerate(NUMBERS)}
+        found["start"] = int(parts[1])
     except ValueError:
         return None
-    found["on"] = words[2] == b"on"
-    found["why"] = words[len(NUMBERS) + 3].decode("utf-8", "replace").strip() if len(words) > len(NUMBERS) + 3 else ""
+    found["on"] = parts[2] == b"on"
+    found["why"] = parts[len(NUMBERS) + 3].decode("utf-8", "replace").strip() if len(parts) > len(NUMBERS) + 3 else ""
     return found
 
 

@@ -1,5 +1,5 @@
 """A run's directory on a node (stdlib only, Python 3.8+): ~/.cache/ddp-launcher/runs/<run id>/<node>/ holds the
-command, the leader's and keeper's identities, times, the exit code and the log; and what a run is, read from it."""
+command, the leader's and supervisor's identities, times, the exit code and the log; and what a run is, read from it."""
 
 import os
 import re
@@ -66,13 +66,13 @@ def record_leader(run_dir, pid):
 
 
 def leader_of(run_dir, record="leader"):
-    """The run's recorded leader (or `keeper`) as (pid, start time), or None when there is no well-formed record."""
-    words = (read_text(os.path.join(run_dir, record)) or "").split()
+    """The run's recorded leader (or `supervisor`) as (pid, start time), or None when there is no well-formed record."""
+    parts = (read_text(os.path.join(run_dir, record)) or "").split()
     try:
-        pid, start = int(words[0]), int(words[1])
+        pid, start = int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
         return None
-    return (pid, start) if len(words) == 2 and pid > 1 and start >= 0 else None
+    return (pid, start) if len(parts) == 2 and pid > 1 and start >= 0 else None
 
 
 def live_leader(run_dir, mark):
@@ -87,8 +87,8 @@ def live_leader(run_dir, mark):
 
 
 END_RECORD = "end.json"
-"""An attached run's end as its keeper reported it (code, left, reason, workers): a launcher that was away when the run
-ended is told it from here (the `attach` action's replay)."""
+"""An attached run's end as its supervisor reported it (code, left, reason, workers): a launcher that was away when the
+run ended is told it from here (the `attach` action's replay)."""
 STOP_RECORD = "stop_requested"
 """The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
 
@@ -152,7 +152,7 @@ def run_state(run_id, run_dir, node, left=None):
     elif left:
         state = "running"
     else:
-        state = "lost"  # no exit code and nothing alive: the keeper itself was killed
+        state = "lost"  # no exit code and nothing alive: the supervisor itself was killed
     found = {"run_id": run_id, "state": state, "exit_code": None if exit_code is None else int(exit_code),
              "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
              "processes": left}

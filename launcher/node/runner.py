@@ -131,11 +131,11 @@ def spawn(request, run_dir, held=None):
     try:
         write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
         record_leader(run_dir, proc.pid)
-        # The keeper is this process (the attached agent or the detached daemon): it records the exit code.
-        keeper = "%d %d" % (os.getpid(), start_time(os.getpid()))
-        write_atomic(os.path.join(run_dir, "keeper"), keeper)
+        # The supervisor is this process (the attached agent or the detached daemon): it records the exit code.
+        supervisor = "%d %d" % (os.getpid(), start_time(os.getpid()))
+        write_atomic(os.path.join(run_dir, "supervisor"), supervisor)
         if reaper:
-            write_atomic(os.path.join(run_dir, "reaper"), keeper)
+            write_atomic(os.path.join(run_dir, "reaper"), supervisor)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)  # unrecorded, it would be a run nobody can stop: it never started
         proc.wait()
@@ -183,7 +183,7 @@ def start_detached(request, run_dir):
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        close_events_fd()  # the keeper outlives the session: holding its stderr would keep the launch waiting
+        close_events_fd()  # the supervisor outlives the session: holding its stderr would keep the launch waiting
         try:
             proc = spawn(request, run_dir)
             os.write(write_fd, ("%d\n" % proc.pid).encode())
@@ -199,7 +199,7 @@ def start_detached(request, run_dir):
     with os.fdopen(read_fd) as pipe:
         answer = pipe.readline().strip()
     if not answer or answer.startswith("error"):
-        emit(Event.ERROR, message="cannot start torchrun: %s" % (answer[6:] or "the keeper died"))
+        emit(Event.ERROR, message="cannot start torchrun: %s" % (answer[6:] or "the supervisor died"))
         return 2
     emit(Event.STARTED, pid=int(answer), run_dir=run_dir, detached=True)
     return 0
@@ -254,7 +254,7 @@ def stop_run(run_dir, mark, grace, record=True):
     targets = marked_processes(mark)
     if not targets:  # the common sweep: nothing of the run is left, and nothing is left to start anything
         return 0, 0
-    if record:  # before the signal: the run's own keeper, seeing torchrun end, reads who stopped it
+    if record:  # before the signal: the run's own supervisor, seeing torchrun end, reads who stopped it
         record_stop(run_dir)
     began, t0 = time.time(), time.monotonic()
     found = signal_run(run_dir, mark, signal.SIGTERM, targets)

@@ -282,15 +282,15 @@ class Sampler:
         return self.gpus.view(ranks, None if spec is None else spec.decode("utf-8", "replace"))
 
 
-def follow_words(sampler, ended, live):
+def follow_requests(sampler, ended, live):
     """The launcher's words on stdin: `follow R` (a global rank, or `-` for none); EOF: a live view is gone (a
     look of its own, `count` snapshots, closes stdin as soon as its request is sent)."""
     import sys
 
     for line in sys.stdin:
-        words = line.split()
-        if len(words) == 2 and words[0] == "follow":
-            sampler.follow = int(words[1]) if words[1].isdigit() else None
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "follow":
+            sampler.follow = int(parts[1]) if parts[1].isdigit() else None
     if live:
         ended.set()
 
@@ -322,7 +322,7 @@ def _watch(sampler, settings, emit_line):
     ended = threading.Event()
     count = settings.get("count")
     settle = settings.get("settle")
-    threading.Thread(target=follow_words, args=(sampler, ended, count is None), daemon=True, name="words").start()
+    threading.Thread(target=follow_requests, args=(sampler, ended, count is None), daemon=True, name="follow").start()
     sampler.snapshot()  # the workers, the CPU baseline and the output written before we looked
     sampler.resend()  # ... but the first snapshot sent carries every rank's kept arrivals (`--once` has one)
     sent = 0

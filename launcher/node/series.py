@@ -1,4 +1,4 @@
-"""A run's time series on one node (stdlib only, Python 3.8+): what `inv top` reads, kept by the run's keeper (the
+"""A run's time series on one node (stdlib only, Python 3.8+): what `inv top` reads, kept by the run's supervisor (the
 attached agent, or a detached run's daemon) for the run's page: every `interval_s` one JSON line appended to
 `<run dir>/series`, bounded for a run of days (past `max_samples`, every other line goes and the interval doubles).
 

@@ -157,10 +157,10 @@ def source_lines(stack):
 
     lines = {}
     for line in (stack or "").splitlines():
-        words = line.strip()
-        if not words.startswith('File "'):
+        frame = line.strip()
+        if not frame.startswith('File "'):
             continue
-        path, _, rest = words[6:].partition('", line ')
+        path, _, rest = frame[6:].partition('", line ')
         number = rest.split(" ", 1)[0]
         if number.isdigit():
             text = linecache.getline(path, int(number)).strip()

@@ -56,7 +56,7 @@ class NodeCommand:
     workdir: str
     run_dir: str
     """This node's run directory; `~` is the node's home."""
-    home_words: tuple[int, ...] = ()
+    home_args: tuple[int, ...] = ()
     """Indices of argv words whose leading `~/` means the node's home (the interpreter, the log dir)."""
     unset_env: tuple[str, ...] = RESERVED_ENV
     """Names (globs allowed) the node's agent removes from the login environment before starting torchrun."""
@@ -86,26 +86,27 @@ class NodeCommand:
         """
         unset = [f"-u {shlex.quote(name)}" for name in self.unset_env if not _is_glob(name)]
         order, default = DEVICE_ORDER
-        words = [*unset, f'{order}="${{{order}:-{default}}}"', *self._file_and_forwarded(), *self._socket_words(),
-                 *(f"{v.name}={_shown_value(v)}" for v in self.env), *self._gpu_words(),
-                 *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env)]
-        env = f"env {' '.join(words)} " if words else ""
-        argv = " ".join(quote_path(w) if i in self.home_words else shlex.quote(w) for i, w in enumerate(self.argv))
+        assignments = [*unset, f'{order}="${{{order}:-{default}}}"', *self._file_and_forwarded(),
+                       *self._socket_assignments(), *(f"{v.name}={_shown_value(v)}" for v in self.env),
+                       *self._gpu_assignments(), *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env)]
+        env = f"env {' '.join(assignments)} " if assignments else ""
+        argv = " ".join(quote_path(w) if i in self.home_args else shlex.quote(w) for i, w in enumerate(self.argv))
         setup = "".join(f"{line} && " for line in self.setup)
         return f"{setup}cd {quote_path(self.workdir)} && {env}{argv}"
 
     def _file_and_forwarded(self) -> list[str]:
-        words = []
+        assignments = []
         if self.env_file is not None:
-            words.append(shlex.quote(f"<from {self.env_file.path}{', secret' if self.env_file.secret else ''}>"))
+            assignments.append(shlex.quote(f"<from {self.env_file.path}{', secret' if self.env_file.secret else ''}>"))
         for item in self.forward_env:
             if _is_glob(item.pattern):
-                words.append(shlex.quote(f"<forwarded{', secret' if item.secret else ''}: {item.pattern}>"))
+                assignments.append(shlex.quote(f"<forwarded{', secret' if item.secret else ''}: {item.pattern}>"))
             else:  # a name: its value is the controller's, read at launch
-                words.append(f"{item.pattern}={shlex.quote(SECRET_MASK) if item.secret else _reference(item.pattern)}")
-        return words
+                shown = shlex.quote(SECRET_MASK) if item.secret else _reference(item.pattern)
+                assignments.append(f"{item.pattern}={shown}")
+        return assignments
 
-    def _socket_words(self) -> list[str]:
+    def _socket_assignments(self) -> list[str]:
         if self.socket_ifname is None:
             return []
         value = self.socket_ifname
@@ -115,7 +116,7 @@ class NodeCommand:
             value = f"<iface to {master}>"
         return [f"{name}={shlex.quote(text)}" for name, text in socket_values(value).items()]
 
-    def _gpu_words(self) -> list[str]:
+    def _gpu_assignments(self) -> list[str]:
         if self.gpus is None:
             return []
         chosen = ",".join(str(i) for i in self.gpus)
@@ -206,7 +207,7 @@ def _job_lines(job: Job) -> list[str]:
             options.append([word])
         else:
             options[-1].append(word)
-    shown += [f"  {shlex.join(words):<28}from job.torchrun: passed to torchrun as written" for words in options]
+    shown += [f"  {shlex.join(option):<28}from job.torchrun: passed to torchrun as written" for option in options]
     return shown
 
 
@@ -299,7 +300,7 @@ def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str, run_
         "--redirects", "3",
         "--log-dir", f"{run_dir}/{RANKS_DIR}",
         *job.torchrun,
-        *job.words,
+        *job.argv,
     )
 
 
@@ -345,7 +346,7 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
             node_rank=rank,
             rank_offset=offsets[host.name],
             argv=argv,
-            home_words=(0, argv.index("--log-dir") + 1),
+            home_args=(0, argv.index("--log-dir") + 1),
             env=host.env,
             workdir=host.workdir,
             run_dir=run_dir,

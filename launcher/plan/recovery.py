@@ -77,7 +77,7 @@ def after_attempt(end: AttemptEnd, before: Sequence[AttemptEnd], *, nodes: Seque
     if end.how == "hang" and on_hang != "restart":
         return Final(f"{end.why or 'it hung'} (--on-hang {on_hang})")
     if end.how not in (*RETRIED, "hang"):
-        return Final(_final_words(end))
+        return Final(_final_reason(end))
     again = _same_hang(end, before)
     if again is not None:
         return Final(again)
@@ -100,7 +100,7 @@ def _reason(end: AttemptEnd) -> str:
     return end.why or end.how
 
 
-def _final_words(end: AttemptEnd) -> str:
+def _final_reason(end: AttemptEnd) -> str:
     if end.how == "failed":
         return "the script itself failed (a retry would fail the same way)"
     if end.how == "no-start":

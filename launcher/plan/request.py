@@ -65,7 +65,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
     """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
 
     With a `gate` (the doctor's checks), its `gate` part: what the agent probes first. `owner`: the launcher the run's
-    keeper takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
+    supervisor takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
 
     `env` is `resolve_env`'s (launcher.run.nodeenv.NodeEnv): the names it marks secret (and the inventory's secret
     `env`) go in `secret_names`, which the agent keeps out of its run directory's command.json.
@@ -79,7 +79,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "mark": f"{plan.run_id}/{command.host.name}",
         "workdir": command.workdir,
         "argv": list(command.argv),
-        "expand_home": list(command.home_words),
+        "expand_home": list(command.home_args),
         "env": dict(env),
         "launcher_env": dict(command.launcher_env),
         "secret_names": sorted(secret),
@@ -104,7 +104,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         **stacks_settings(),
         "watch": plan.settings.hang_timeout != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
-        "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's keeper
+        "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's supervisor
     }
     section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready

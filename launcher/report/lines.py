@@ -84,7 +84,7 @@ class NodeLog:
         """Local rank -> the last traceback frame it printed (its `File ...` line and the source line after it)."""
         self._pending: dict[int, str] = {}
         """Local rank -> a frame line whose next line (its source line, or not) has not come yet."""
-        self._last_words: dict[int, tuple[str, ...]] = {}
+        self._last_lines: dict[int, tuple[str, ...]] = {}
         """Local rank -> where its last exception was raised and the exception, as tail lines (`tail` keeps them)."""
         self._said: dict[int, deque[str]] = {}
         """Local rank -> its last RANK_WORDS lines that are not noise, as tail lines."""
@@ -173,7 +173,7 @@ class NodeLog:
             if _RAISED.match(text):
                 self.raised[local] = (global_rank, text[:TAIL_WIDTH])
                 said = (*self._frames.get(local, ()), text[:TAIL_WIDTH])
-                self._last_words[local] = tuple(self._tagged(local, global_rank, x) for x in said)
+                self._last_lines[local] = tuple(self._tagged(local, global_rank, x) for x in said)
 
     @staticmethod
     def _tagged(local: int, global_rank: int | None, text: str) -> str:
@@ -203,8 +203,8 @@ class NodeLog:
         its last exception was raised and the exception, else its last lines that are not noise (a rank that failed
         is often followed by dozens of lines: torchrun's traceback, its summary, its peers')."""
         recent = set(self._recent)
-        kept = [line for local in sorted({*self._last_words, *self._said})
-                for line in self._last_words.get(local) or self._said.get(local, ()) if line not in recent]
+        kept = [line for local in sorted({*self._last_lines, *self._said})
+                for line in self._last_lines.get(local) or self._said.get(local, ()) if line not in recent]
         return (*kept, *self._recent)
 
     def format(self, data: bytes) -> tuple[str, int]:

@@ -1,5 +1,5 @@
 """The run's page as data (pure): from what the launch kept (its journal) and what each node answered (`report`:
-state, each rank's start phases, the series its keeper sampled, its log's end), the start as a waterfall and its
+state, each rank's start phases, the series its supervisor sampled, its log's end), the start as a waterfall and its
 headline, the run's marks, each node's end. Every time is seconds from the command's start, by the launcher's clock
 (a node's own times moved by its clock's offset). The timeline's numbers are launcher.report.pageseries'; drawing and
 HTML are launcher.report.page's.
@@ -108,16 +108,16 @@ def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
     """A process's phases file as (rank, restart, {phase: wall}): each phase's first line counts."""
     rank, restart, found = None, 0, {}
     for line in lines:
-        words = line.split()
-        if len(words) != 5:
+        parts = line.split()
+        if len(parts) != 5:
             continue
         try:
-            when = float(words[1])
-            rank = int(words[2]) if words[2].isdigit() else rank
-            restart = int(words[4]) if words[4].isdigit() else restart
+            when = float(parts[1])
+            rank = int(parts[2]) if parts[2].isdigit() else rank
+            restart = int(parts[4]) if parts[4].isdigit() else restart
         except ValueError:
             continue
-        found.setdefault(words[0], when)
+        found.setdefault(parts[0], when)
     return rank, restart, found
 
 

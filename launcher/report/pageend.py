@@ -78,11 +78,11 @@ def node_exit(node: str, answer: Mapping[str, Any], offset: float, began: float)
     at = stop.get("at") if stop else None
     return NodeExit(node, str(answer.get("state", "error")), answer.get("exit_code"),
                     None if ended is None else round(float(ended) + offset - began, 1), raised,
-                    str(answer.get("detail") or (stop_words(stop, answer.get("exit_code")) if stop else "")),
+                    str(answer.get("detail") or (stop_sentence(stop, answer.get("exit_code")) if stop else "")),
                     None if not isinstance(at, int | float) else round(float(at) + offset - began, 1), stop)
 
 
-def stop_words(stop: Mapping[str, Any], exit_code: int | None) -> str:
+def stop_sentence(stop: Mapping[str, Any], exit_code: int | None) -> str:
     """How a stop ended a node's processes, from what its stop recorded (launcher/node/runner.py `stop_run`)."""
     code = "" if exit_code is None else f" (exit code {exit_code})"
     if stop.get("killed"):
@@ -142,12 +142,12 @@ def _every_node(stopped: Sequence[NodeExit]) -> str:
               "killed": sum(int(s.get("killed") or 0) for s in stops),
               "term_s": None if None in terms else max(terms)}
     codes = {e.exit_code for e in stopped}
-    words = stop_words(merged, codes.pop() if len(codes) == 1 else None)
+    sentence = stop_sentence(merged, codes.pop() if len(codes) == 1 else None)
     if mixed:
         alone = sum(1 for s in stops if s.get("alone"))
-        words += (f"; torchrun, left without its ranks, was then killed on {alone} of the {len(stops)} nodes: a stop "
-                  "does not wait for torchrun's own shutdown")
-    return f": {words}" if "killed" in kinds else f": on every node, {words}"
+        sentence += (f"; torchrun, left without its ranks, was then killed on {alone} of the {len(stops)} nodes: a "
+                     "stop does not wait for torchrun's own shutdown")
+    return f": {sentence}" if "killed" in kinds else f": on every node, {sentence}"
 
 
 def _first_failure(failed: Sequence[NodeExit]) -> str:

@@ -85,13 +85,13 @@ def summary_lines(end: NodeEnd) -> list[str]:
     out = []
     for line in block:
         if "To enable traceback" in line:
-            out += [f"  {x}" for x in rank_words(end, failed_rank(block)[1], what)]
+            out += [f"  {x}" for x in rank_said(end, failed_rank(block)[1], what)]
         else:
             out.append(f"  {line}")
     return out
 
 
-def rank_words(end: NodeEnd, local: int | None, what: str | None) -> list[str]:
+def rank_said(end: NodeEnd, local: int | None, what: str | None) -> list[str]:
     """The failed rank's own words: its exception and the frame that raised it (its traceback's last), or, when it
     raised none, its last lines that are not noise."""
     own = rank_lines(end.tail, local) if local is not None else []

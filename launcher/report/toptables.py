@@ -207,8 +207,8 @@ def behind_lines(behind: Sequence[RankBehind], most: int | None = None, cut: boo
     once they have waited long, the verdict on two looks at the stacks in the hang watch's words: `r1 behind 34 s,
     at work: not a hang (...)`, `r1 behind 34 s, stuck: hang suspected (...)`. `cut`: one screen line each (the
     live view); else wrapped (`--once`)."""
-    def text(words: str, style: str) -> Text:
-        return Text(words, style=style, no_wrap=True, overflow="ellipsis") if cut else Text(words, style=style)
+    def text(value: str, style: str) -> Text:
+        return Text(value, style=style, no_wrap=True, overflow="ellipsis") if cut else Text(value, style=style)
 
     def line(said: RankBehind) -> Text:
         who = f"r{numbers_text(said.ranks)}"

@@ -102,8 +102,8 @@ def _attached(control: Control, session: Session, event: dict[str, Any], now: fl
     down = None if session.lost_at is None or not session.started else time.monotonic() - session.lost_at
     session.started, session.attaching, session.outage, session.lost_at = True, False, None, None
     session.heard = time.monotonic()
-    if session.asked_to_stop and session.stop_word is not None:
-        session.pending_word = session.stop_word
+    if session.asked_to_stop and session.stop_message is not None:
+        session.pending_message = session.stop_message
     away = event.get("away_s")
     control.put(Reattached(session.name, now, down, int(event.get("log_bytes") or 0), bool(event.get("replay")),
                            None if away is None else float(away)))

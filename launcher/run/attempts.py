@@ -30,7 +30,7 @@ from launcher.plan.recovery import AttemptEnd, Final, Retry, after_attempt
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
 from launcher.run import control as run_control
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
@@ -42,11 +42,11 @@ NODE_CAUSED = ("lost", "killed", "hang", "launcher-gone")
 
 
 class Seen:
-    """What one attempt's events say, beside what they are for (`wiring.on_event`): each node's end, the hang that
+    """What one attempt's events say, beside what they are for (`run_io.on_event`): each node's end, the hang that
     stopped it, where it resumed from and when every rank was training again."""
 
-    def __init__(self, wiring: Wiring):
-        self.passed = wiring.on_event
+    def __init__(self, run_io: RunIO):
+        self.passed = run_io.on_event
         self.ends: dict[str, NodeEnd] = {}
         self.hang: HangSuspected | None = None
         self.resumed_from: int | None = None
@@ -75,7 +75,7 @@ class Seen:
                        training_at=max(self.first_steps.values(), default=None))
 
 
-def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, health: AttemptCheck) -> int:
+def launch_with_retries(plan: LaunchPlan, opts: Options, run_io: RunIO, health: AttemptCheck) -> int:
     """`run_launch.launch_run`, again as `after_attempt` decides, up to the plan's `retries` more times."""
     from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
 
@@ -92,13 +92,13 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, health:
                           _master_name(plan.cluster), sat_out=dict(sat_out))
         attempts.append(attempt)
         _record(opts.log_dir, attempts)
-        seen, error = Seen(wiring), None
+        seen, error = Seen(run_io), None
         try:
-            code = run_launch.launch_run(plan, opts, replace(wiring, on_event=seen.take))
+            code = run_launch.launch_run(plan, opts, replace(run_io, on_event=seen.take))
         except RunFailed as exc:
             code, error = exc.exit_code, exc
         except (LauncherError, KeyboardInterrupt) as exc:
-            _could_not_start(exc, attempt, attempts, opts, wiring)
+            _could_not_start(exc, attempt, attempts, opts, run_io)
             raise
         end = rootcause.attempt_end(code, list(error.ends) if error and error.ends else list(seen.ends.values()),
                                     seen.hang)
@@ -112,9 +112,9 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, wiring: Wiring, health:
                                why=end.why if end.how != "hang" else decision.reason.split("; no retry")[0])
         _record(opts.log_dir, attempts)
         if isinstance(decision, Final):
-            return _final(decision, code, error, attempts, wiring)
+            return _final(decision, code, error, attempts, run_io)
         try:
-            plan, sat_out = _next_plan(first, opts, wiring, failures, health, low, decision, attempts)
+            plan, sat_out = _next_plan(first, opts, run_io, failures, health, low, decision, attempts)
         except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
             lines = ["interrupted between attempts: nothing is running", "attempts:",
                      *(f"  {line}" for line in summary(attempts))]
@@ -129,17 +129,17 @@ def _outcome(end: AttemptEnd, decision: Retry | Final) -> str:
     return "failed" if isinstance(decision, Retry) else "failed-final"
 
 
-def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], wiring: Wiring) -> int:
+def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], run_io: RunIO) -> int:
     """The launch's end: its last attempt's code, or its failure, with every attempt's line where there were more."""
     if error is not None:
         raise _with_attempts(error, attempts, decision.reason) from None
     if len(attempts) > 1:
-        wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+        run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
     return code
 
 
 def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attempt], opts: Options,
-                     wiring: Wiring) -> None:
+                     run_io: RunIO) -> None:
     """An attempt that could not start (the doctor's checks, a connection) or was interrupted while starting:
     recorded as ended, never left "running" for `inv status`."""
     interrupted = isinstance(exc, KeyboardInterrupt)
@@ -148,10 +148,10 @@ def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attemp
                            why=why, how="interrupted" if interrupted else "no-start")
     _record(opts.log_dir, attempts)
     if len(attempts) > 1:
-        wiring.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
+        run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
 
 
-def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[str, list[float]],
+def _next_plan(first: LaunchPlan, opts: Options, run_io: RunIO, failures: dict[str, list[float]],
                health: AttemptCheck, low: int, decision: Retry, attempts: list[Attempt]
                ) -> tuple[LaunchPlan, dict[str, str]]:
     """Wait, check the nodes, and plan the next attempt on those that may take part (and who sits out: the decision's
@@ -160,7 +160,7 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
     hang it held) takes part again as soon as nothing keeps it out."""
     done, settings = len(attempts), first.settings
-    wiring.err.write(f"attempt {done} of {settings.retries + 1} failed: {decision.reason}; checking the nodes again "
+    run_io.err.write(f"attempt {done} of {settings.retries + 1} failed: {decision.reason}; checking the nodes again "
                      f"in {settings.retry_wait:g} s (retry {done} of {settings.retries})\n")
     time.sleep(settings.retry_wait)
     inventory = first.cluster
@@ -170,29 +170,29 @@ def _next_plan(first: LaunchPlan, opts: Options, wiring: Wiring, failures: dict[
         out.update(health(candidates))
     kept = next_nodes(inventory, out).cluster
     if kept.hosts:
-        out.update(_sweep(kept, attempts[-1], opts, wiring))
+        out.update(_sweep(kept, attempts[-1], opts, run_io))
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
-        wiring.err.write(f"  {name} sits out: {why}\n")
+        run_io.err.write(f"  {name} sits out: {why}\n")
     if len(chosen.cluster.hosts) < low:
         lines = [f"cannot retry: {len(chosen.cluster.hosts)} node(s) left, the run needs at least {low}",
                  *(f"  {name}: {why}" for name, why in chosen.dropped.items()), "attempts:",
                  *(f"  {line}" for line in summary(attempts))]
         raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
     if chosen.new_master is not None:
-        wiring.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
+        run_io.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
     job = resumed(first.job)
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
-    wiring.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
+    run_io.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
     plan = plan_launch(chosen.cluster, job, settings=settings)
     return plan, dict(chosen.dropped)
 
 
-def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -> dict[str, str]:
+def _sweep(cluster: Cluster, previous: Attempt, opts: Options, run_io: RunIO) -> dict[str, str]:
     """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
     the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
-    states = run_control.stop(cluster, previous.run_id, opts, sweep=True, wiring=wiring)
+    states = run_control.stop(cluster, previous.run_id, opts, sweep=True, run_io=run_io)
     out = {}
     for state in states:
         if state.state in ("unreachable", "error"):
@@ -200,7 +200,7 @@ def _sweep(cluster: Cluster, previous: Attempt, opts: Options, wiring: Wiring) -
         elif state.left:
             out[state.host] = f"{state.left} process(es) of attempt {previous.number} could not be stopped there"
         elif state.found:
-            wiring.err.write(f"  {state.host}: stopped {state.found} process(es) left of attempt {previous.number}\n")
+            run_io.err.write(f"  {state.host}: stopped {state.found} process(es) left of attempt {previous.number}\n")
     return out
 
 

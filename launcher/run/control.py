@@ -21,7 +21,7 @@ from launcher.plan.launchplan import rank_offsets
 from launcher.plan.request import inventory_id
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.actions import agent_action, agent_input, check_run_id, connect_or_fail
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command
@@ -185,7 +185,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
     firsts: dict[str, Result | NodeFailure] = {}
     results: dict[str, Result | NodeFailure] = {}
     answered, told = threading.Condition(), threading.Event()
-    word = [_word(None)]  # what each node hears when the choice fails: nothing to act on
+    message = [_message(None)]  # what each node hears when the choice fails: nothing to act on
 
     def one(host: Host) -> None:
         node, channel = nodes[host.name], None
@@ -208,7 +208,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
             return
         try:
             told.wait()
-            channel.send(word[0])
+            channel.send(message[0])
             channel.close_stdin()
             rest = channel.collect(timeout)
             results[host.name] = Result(rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr,
@@ -227,7 +227,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
             while len(firsts) < len(hosts) and time.monotonic() < deadline:
                 answered.wait(0.2)
         missing = {h.name: _no_answer(h.name, timeout) for h in hosts if h.name not in firsts}
-        word[0] = _word(decide({**missing, **firsts}))
+        message[0] = _message(decide({**missing, **firsts}))
     finally:
         told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting here)
     _join(threads, time.monotonic() + timeout + 5)
@@ -238,7 +238,7 @@ def _no_answer(name: str, timeout: float) -> NodeFailure:
     return NodeFailure(name, "timeout", f"no answer within {timeout:g} s", "is the node overloaded, or its sshd stuck?")
 
 
-def _word(run_id: str | None) -> bytes:
+def _message(run_id: str | None) -> bytes:
     return (json.dumps({"run_id": run_id}) + "\n").encode()
 
 
@@ -261,42 +261,42 @@ def _agent_error(result: Result) -> str:
 
 
 def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False,
-         wiring: Wiring | None = None) -> list[NodeState]:
+         run_io: RunIO | None = None) -> list[NodeState]:
     """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
     `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
     opts = opts or Options()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_keeper": sweep}, opts,
-                   (wiring or Wiring()).err)
+    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_supervisor": sweep}, opts,
+                   (run_io or RunIO()).err)
 
 
 def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None,
-           wiring: Wiring | None = None) -> list[NodeState]:
+           run_io: RunIO | None = None) -> list[NodeState]:
     """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
-    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options(), (wiring or Wiring()).err)
+    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options(), (run_io or RunIO()).err)
 
 
 def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
-         follow: bool = False, opts: Options | None = None, wiring: Wiring | None = None) -> int:
+         follow: bool = False, opts: Options | None = None, run_io: RunIO | None = None) -> int:
     """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     check_run_id(run_id)
     hosts = [h for h in cluster.hosts if node is None or h.name == node]
     if not hosts:
         raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
                             f"{', '.join(h.name for h in cluster.hosts)})")
-    nodes = connect_or_fail(cluster, hosts, opts, wiring.err)
+    nodes = connect_or_fail(cluster, hosts, opts, run_io.err)
     try:
-        run_id = run_id or chosen_run(cluster, nodes, opts, wiring.err)
+        run_id = run_id or chosen_run(cluster, nodes, opts, run_io.err)
     except BaseException:
         close_all(nodes.values())
         raise
-    offsets, colour, width = rank_offsets(cluster), supports_colour(wiring.out), max(len(h.name) for h in hosts)
+    offsets, colour, width = rank_offsets(cluster), supports_colour(run_io.out), max(len(h.name) for h in hosts)
     lock = threading.Lock()
     failures: list[str] = []
 
     def one(index: int, host: Host) -> None:
         log = NodeLog(host.name, index, width, offsets[host.name], colour)
-        sink = _RankFilter(wiring.out, rank, lock)
+        sink = _RankFilter(run_io.out, rank, lock)
         channel = None
         try:
             channel = nodes[host.name].open_channel(host_command(host))
@@ -332,7 +332,7 @@ def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None
     finally:
         close_all(nodes.values())
     for line in failures:
-        wiring.err.write(line + "\n")
+        run_io.err.write(line + "\n")
     return 1 if failures else 0
 
 

@@ -1,4 +1,4 @@
-"""The start gate: what a launch does before `go` (`Wiring.gate`): work on the open connections, and checks that
+"""The start gate: what a launch does before `go` (`RunIO.gate`): work on the open connections, and checks that
 run inside every node agent's start session (the doctor's fast checks, `launcher.doctor.collect.DoctorGate`),
 driven by `launcher.run.handle`. When the gate raises, every agent is told `abort`, and nothing starts anywhere: no
 run directory, no process.
@@ -17,7 +17,7 @@ from launcher.transport.connections import Node
 
 @runtime_checkable
 class StartGate(Protocol):
-    """What a launch does before `go` (`Wiring.gate`): work on the open connections before any session opens
+    """What a launch does before `go` (`RunIO.gate`): work on the open connections before any session opens
     (`launch --sync`), and, when `in_session`, checks that every node's agent runs in its start session (the
     doctor's: `DoctorGate`)."""
 

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from launcher.events import EndKind, NodeFacts
 from launcher.limits import STOP_MARGIN
-from launcher.node.protocol import ABORT, TCP, Event, word_line
+from launcher.node.protocol import ABORT, TCP, Event, message_line
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
@@ -86,7 +86,7 @@ def _ask_tcp(handle: Starting, asked: dict[str, float]) -> None:
         return
     for session in list(handle.sessions.values()):
         if session.name not in asked and Event.PROBED in session.checked and session.end is None:
-            session.channel.send(word_line(TCP))
+            session.channel.send(message_line(TCP))
             asked[session.name] = time.monotonic()
 
 
@@ -122,8 +122,8 @@ def _abort_start(handle: Starting) -> None:
     for session in handle.sessions.values():
         if session.end is None:
             session.asked_to_stop = True
-            if not session.channel.send(word_line(ABORT), block=False):
-                session.pending_word = word_line(ABORT)  # sent again at the next step
+            if not session.channel.send(message_line(ABORT), block=False):
+                session.pending_message = message_line(ABORT)  # sent again at the next step
     handle.stop_deadline = time.monotonic() + STOP_MARGIN
     # An agent that never probed (a python that hangs) gets `abort` or the channel's end whenever it starts.
     while any(s.end is None and Event.PROBED in s.checked for s in handle.sessions.values()):

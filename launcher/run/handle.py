@@ -31,7 +31,7 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import GO, KILL, POSITION, STOP, word_line
+from launcher.node.protocol import GO, KILL, POSITION, STOP, message_line
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.catchup import Returns
@@ -110,7 +110,7 @@ class RunHandle:
             self.step(0.2)
         if self.start_failure is None:
             for session in self.sessions.values():
-                session.channel.send(word_line(GO))
+                session.channel.send(message_line(GO))
         while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
             self.step(0.2)
         if self.hangs is not None:
@@ -188,7 +188,7 @@ class RunHandle:
         for session in live:
             session.heard = max(session.heard, now)
             if session.started:
-                session.channel.send(word_line(POSITION), block=False)
+                session.channel.send(message_line(POSITION), block=False)
         if self.hangs is not None:
             self.hangs.watch.rearm(now)
         self.returns.away(now, away_s, {s.name: s.lines for s in live if s.started})
@@ -211,10 +211,10 @@ class RunHandle:
         return self.opts.silence_timeout if self.cut_off is None else self.opts.heartbeat_timeout
 
     def _look_at(self, session: Session, now: float, outage_bound: float) -> None:
-        """A word the channel could not take before; a node out of reach or silent past its limit; a stop past its
+        """A message the channel could not take before; a node out of reach or silent past its limit; a stop past its
         deadline."""
-        if session.pending_word is not None and session.channel.send(session.pending_word, block=False):
-            session.pending_word = None
+        if session.pending_message is not None and session.channel.send(session.pending_message, block=False):
+            session.pending_message = None
         silent = now - session.heard
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
         limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
@@ -303,12 +303,12 @@ class RunHandle:
 
     def stop(self, kill: bool = False) -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
-        word = word_line(KILL if kill else STOP)
+        message = message_line(KILL if kill else STOP)
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
-                session.asked_to_stop, session.stop_word = True, word
-                if not session.channel.send(word, block=False):
-                    session.pending_word = word  # the channel could not take it now: sent again at the next step
+                session.asked_to_stop, session.stop_message = True, message
+                if not session.channel.send(message, block=False):
+                    session.pending_message = message  # the channel could not take it now: sent again at the next step
         grace = 0.0 if kill else self.plan.settings.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)

@@ -65,34 +65,34 @@ from launcher.run.journal import Journal
 from launcher.run.launchstragglers import STRAGGLERS_FILE, LaunchStragglers
 from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.reattach import Reconnector, new_owner
+from launcher.run.run_io import RunIO
 from launcher.run.sessions import SessionOpener
-from launcher.run.wiring import Wiring
 from launcher.transport.connections import Node, close_all
 from launcher.watch.arrival import ArrivalBook
 
 
-def launch_run(plan: LaunchPlan, opts: Options | None = None, wiring: Wiring | None = None) -> int:
+def launch_run(plan: LaunchPlan, opts: Options | None = None, run_io: RunIO | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
-    opts, wiring = opts or Options(), wiring or Wiring()
+    opts, run_io = opts or Options(), run_io or RunIO()
     journal = Journal(plan.run_id, opts.log_dir / plan.run_id)  # the run's page's account, from the command's start
     cluster = plan.cluster
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
-    nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
+    nodes = connect_or_fail(cluster, cluster.hosts, opts, run_io.err)
     for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
         journal.phase([name], "connected", nodes[name].connected_at)
     try:
         # e.g. --sync; the checks run inside the agents' sessions
-        for name, when in (wiring.gate.prepare(cluster, nodes) if wiring.gate is not None else {}).items():
+        for name, when in (run_io.gate.prepare(cluster, nodes) if run_io.gate is not None else {}).items():
             journal.phase([name], "synced", when)
-        return run_attached(plan, opts, wiring, nodes, envs, journal=journal)
+        return run_attached(plan, opts, run_io, nodes, envs, journal=journal)
     finally:
         close_all(nodes.values())
 
 
-def run_attached(plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
+def run_attached(plan: LaunchPlan, opts: Options, run_io: RunIO, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
                  opener: SessionOpener | None = None, journal: Journal | None = None) -> int:
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
     `journal`: the run's account for its page, begun at the command's start (else begun now).
@@ -102,18 +102,18 @@ def run_attached(plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: Mapping
     """
     journal = journal or Journal(plan.run_id, opts.log_dir / plan.run_id)
     with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-        return _Attached(plan, opts, wiring, dict(nodes), envs, opener, journal).execute()
+        return _Attached(plan, opts, run_io, dict(nodes), envs, opener, journal).execute()
 
 
 def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, opts: Options,
-               wiring: Wiring, on_run: Callable[[str], None] | None = None) -> int:
+               run_io: RunIO, on_run: Callable[[str], None] | None = None) -> int:
     """Take over an attached run that lives on its nodes, whose launcher is gone (`attach`): each node's console from
     where this machine's copy of its log stopped (none: its last lines), heartbeats again, Ctrl-C stops it
     everywhere; returns (or raises) as its launch would have. `plan_for(nodes' cluster, run id)` is the run's plan
     (the application layer's: the inventory's job); `on_run` hears the run's id once chosen."""
-    nodes = connect_or_fail(cluster, cluster.hosts, opts, wiring.err)
+    nodes = connect_or_fail(cluster, cluster.hosts, opts, run_io.err)
     try:
-        run_id, names = run_and_nodes(cluster, nodes, run_id, opts, wiring.err)
+        run_id, names = run_and_nodes(cluster, nodes, run_id, opts, run_io.err)
         if on_run is not None:
             on_run(run_id)
         plan = plan_for(replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name in names)), run_id)
@@ -121,7 +121,7 @@ def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan],
         journal = Journal.resumed(run_id, folder)
         offsets = {name: _size(folder / f"{name}.log") for name in names}
         with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-            return _Attached(plan, opts, wiring, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
+            return _Attached(plan, opts, run_io, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
     finally:
         close_all(nodes.values())
 
@@ -159,21 +159,21 @@ def _interrupt_on(raised: Mapping[signal.Signals, type[BaseException]]) -> Itera
 class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, wiring: Wiring, nodes: dict[str, Node],
+    def __init__(self, plan: LaunchPlan, opts: Options, run_io: RunIO, nodes: dict[str, Node],
                  envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal,
                  attach: Mapping[str, int | None] | None = None):
-        self.plan, self.opts, self.wiring = plan, opts, wiring
+        self.plan, self.opts, self.run_io = plan, opts, run_io
         self.journal = journal
         self.attach = attach
         """`attach`: each node's offset in its log this machine has (None: none), to take over a run that lives on."""
         folder = opts.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(wiring.out, wiring.err, opts.console_buffer, f"{folder}/",
+        self.console = ConsoleWriter(run_io.out, run_io.err, opts.console_buffer, f"{folder}/",
                                      opts.console_buffer_bytes)
         self.mirror = None if opts.detach else Mirror(folder, self.console)
         for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
             self.mirror.write(command.host.name, b"")
-        colour = supports_colour(wiring.out)
+        colour = supports_colour(run_io.out)
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
                      for i, c in enumerate(plan.nodes)}
@@ -181,9 +181,9 @@ class _Attached:
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
         reconnector = None if opener is not None or opts.detach else Reconnector(
             plan.cluster, nodes, run_ssh(opts), AGENT_SOURCE, plan.run_id, owner)
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, wiring.gate, owner, opener is None)
+        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, run_io.gate, owner, opener is None)
                     for c in plan.nodes} if attach is None else {}
-        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, wiring.gate,
+        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
                                 reconnector)
         self.interrupts = 0
         self.left: str | None = None
@@ -246,8 +246,8 @@ class _Attached:
             low = self.handle.min_nodes
             self.console.message(f"{event.node} left the run ({rootcause.ended_how(event.end)}); {event.remaining} "
                                  f"node(s) go on (the c10d group needs {low})")
-        if self.wiring.on_event is not None:
-            self.wiring.on_event(event)
+        if self.run_io.on_event is not None:
+            self.run_io.on_event(event)
 
     def execute(self) -> int:
         handle, total = self.handle, len(self.plan.nodes)
@@ -266,7 +266,7 @@ class _Attached:
                 return self._not_attached()
             if handle.start_failure is not None:
                 self._wait()
-                if self.opts.detach:  # a detached node's keeper outlives its agent: stop it by its run id
+                if self.opts.detach:  # a detached node's supervisor outlives its agent: stop it by its run id
                     self._stop_detached(handle.started)
                 others = handle.started
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"

@@ -46,8 +46,8 @@ class Session:
     """What the agent said for the start's checks, by event name: `probed` (probe, listener, at), `tcp`."""
     ready: bool = False
     started: bool = False
-    pending_word: bytes | None = None
-    """A stop word the channel could not take yet."""
+    pending_message: bytes | None = None
+    """A stop message the channel could not take yet."""
     stop_reason: str | None = None
     asked_to_stop: bool = False
     messages: list[str] = field(default_factory=list)
@@ -60,10 +60,10 @@ class Session:
     """Bytes of the node's log read so far: where a new session's stream starts (no line lost, none twice)."""
     lines: int = 0
     """Lines of it read so far."""
-    stop_word: bytes | None = None
-    """The last stop word sent (`stop` or `kill`): a session that replaces a lost one is told it again."""
+    stop_message: bytes | None = None
+    """The last stop message sent (`stop` or `kill`): a session that replaces a lost one is told it again."""
     outage: float | None = None
-    """Since when (monotonic: the last word heard before the loss) the node's session is lost, while a new one is
+    """Since when (monotonic: the last message heard before the loss) the node's session is lost, while a new one is
     being opened; the silence timeout counts from here."""
     attaching: bool = False
     """A new session is open and has not yet been taken by the node's run (its `attached` event)."""

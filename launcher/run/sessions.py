@@ -30,8 +30,8 @@ from launcher.limits import (
     STALL,
     heartbeat_interval,
 )
-from launcher.node.bounds import ATTACH_REFUSED, KEEPER_GONE
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, word_line
+from launcher.node.bounds import ATTACH_REFUSED, SUPERVISOR_GONE
+from launcher.node.protocol import HEARTBEAT, KILL, STOP, message_line
 from launcher.plan.launchplan import NodeCommand
 from launcher.run.agentevents import HANDLERS as HANDLERS  # re-exported: the table of what each event name does
 from launcher.run.agentevents import IGNORED as IGNORED
@@ -77,8 +77,8 @@ class Sessions:
             channel = node.open_channel(host_command(command.host))
         except Exception as exc:  # a closed connection, a session or command the node's sshd never started
             return classify(node.target, exc).detail
-        # The program first, then the session is seen: once registered, other threads send it words (a heartbeat, the
-        # stop when another node's start failed), and a word before the program is read as the program (the node's
+        # The program first, then the session is seen: once registered, other threads send it messages (a heartbeat, the
+        # stop when another node's start failed), and a message before the program is read as the program (the node's
         # python: "zlib.error: incorrect header check"; a healthy master named broken). One told nothing yet is told
         # by the gate's abort or the stop that follows the opening.
         channel.send(program_input(self.agent_source, self.requests[command.host.name]))
@@ -198,11 +198,11 @@ class Sessions:
             self._settle(session, channel, how)
             return False
         code = channel.exit_code() if session.attaching and how == "finished" else None
-        if code in (KEEPER_GONE, ATTACH_REFUSED):  # the node said its run has no keeper, or takes no console
-            self._end(session, EndKind.AGENT_DIED if session.started or code == KEEPER_GONE else EndKind.START_ERROR,
-                      code)
+        if code in (SUPERVISOR_GONE, ATTACH_REFUSED):  # the node said its run has no supervisor, or takes no console
+            died = session.started or code == SUPERVISOR_GONE
+            self._end(session, EndKind.AGENT_DIED if died else EndKind.START_ERROR, code)
             return False
-        # Any other end of a new session before the run took it (its keeper stopped or stuck: KEEPER_SILENT; the
+        # Any other end of a new session before the run took it (its supervisor stopped or stuck: SUPERVISOR_SILENT; the
         # connection or sshd going away meanwhile) is one more try, within the silence timeout.
         if not session.started and not session.attaching:
             self._settle(session, channel, how)  # the start's own session: a failed start is no lost console
@@ -220,10 +220,10 @@ class Sessions:
 
     def _reattach(self, session: Session, how: str) -> SessionChannel | None:
         """A new session to the node's run, tried with back-off (each try bounded by connect_timeout) until one is
-        open; None once the run's handle ended the node as lost (its rule: the silence timeout since the last word
+        open; None once the run's handle ended the node as lost (its rule: the silence timeout since the last message
         heard, or the nodes' own bound while no node at all can be reached) or the run is over."""
         assert self.reconnector is not None
-        if session.outage is None:  # the silence timeout runs from the last word heard, as for any silent node
+        if session.outage is None:  # the silence timeout runs from the last message heard, as for any silent node
             session.outage, session.lost_at, session.lost_how = session.heard, time.monotonic(), how
         delay = REATTACH_FIRST_S
         fresh = how in ("drained", "silent")  # a connection that went, or carries nothing: a new one
@@ -243,7 +243,7 @@ class Sessions:
     def _channel_ended(self, session: Session, status: int) -> None:
         if session.reported is not None:
             reason = session.reported.get("reason")
-            # Whether the launcher's stop ended this node is the agent's word: a stop that came after torchrun had
+            # Whether the launcher's stop ended this node is the agent's to say: a stop that came after torchrun had
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
             self._end(session, EndKind.EXITED, int(session.reported.get("code", status)),
                       None if reason in (None, STOP, KILL) else str(reason),
@@ -267,6 +267,6 @@ class Sessions:
         while not self._closing.wait(self._interval):
             for session in list(self.by_name.values()):
                 if session.end is None:
-                    session.channel.send(word_line(HEARTBEAT), block=False)  # never waits on a silent node
+                    session.channel.send(message_line(HEARTBEAT), block=False)  # never waits on a silent node
 
 

@@ -42,7 +42,8 @@ class Sweeps:
         host = session.command.host
         request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
                                    "grace": self.grace,
-                                   "kill_keeper": session.end is not None and session.end.kind != EndKind.AGENT_DIED,
+                                   "kill_supervisor": (session.end is not None
+                                                       and session.end.kind != EndKind.AGENT_DIED),
                                    "owner": self.reconnector.owner.token if self.reconnector else None,
                                    "timing": NODE_TIMING}
 

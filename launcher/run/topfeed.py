@@ -23,8 +23,8 @@ from launcher.paths import hint
 from launcher.plan.request import progress_settings
 from launcher.run.actions import agent_action, agent_input, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
+from launcher.run.run_io import RunIO
 from launcher.run.takestacks import Answers, collect_stacks, two_looks
-from launcher.run.wiring import Wiring
 from launcher.transport.connections import classify
 from launcher.transport.program import host_command
 from launcher.watch.topmodel import NodeView, as_json, judged_once
@@ -235,7 +235,7 @@ def snapshot(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
         return as_json(run_id, views, look.stragglers, look.behind, look.sources)
 
 
-def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, once: bool = False,
+def top(cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO, *, once: bool = False,
         as_json_too: bool = False, nodes: Mapping[str, Any] | None = None) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     from launcher.report import topview  # rich's Live and the terminal: only this task needs them
@@ -243,13 +243,13 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
     ssh = nodes is None  # SSH connections stream; a SLURM job's steps are polled
     with reached(cluster, opts, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
-        run_id = choose(cluster, usable, run_id, opts, wiring.err)
+        run_id = choose(cluster, usable, run_id, opts, run_io.err)
 
         def looks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
             return two_looks(cluster, usable, run_id, opts)
 
         if once:
-            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, opts), opts, wiring.out,
+            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, opts), opts, run_io.out,
                                      as_json_too, looks)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
         feed.start()
@@ -260,7 +260,7 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, wiring: Wiring, *, 
                 return collect_stacks(cluster, run_id, opts, io.StringIO(), usable).lines()
 
             with topview.keys_of(sys.stdin) as keys:
-                return topview.TopScreen(run_id, feed, opts, wiring.out, take_stacks, looks).run(keys)
+                return topview.TopScreen(run_id, feed, opts, run_io.out, take_stacks, looks).run(keys)
         except KeyboardInterrupt:
             return 0
         finally:

@@ -117,13 +117,13 @@ def launch_command(python: str, hosts: str, *, script: str | None = None, args: 
     `runner`: `invoke` (a checkout's tasks.py, found in the folder the job starts in) or `launcher` (the installed
     `ddpl`: `python -m launcher`, which reads the project's ddpl.yaml there)."""
     # `--name=value`: one word per option, whatever the value starts with (`--args=--epochs 2`)
-    words = [python, "-m", runner, "launch", "--slurm", f"--hosts={hosts}"]
+    argv = [python, "-m", runner, "launch", "--slurm", f"--hosts={hosts}"]
     for option, value in (("script", script), ("module", module), ("command", command), ("args", args)):
         if value is not None:
-            words.append(f"--{option}={value}")
+            argv.append(f"--{option}={value}")
     if skip_doctor:
-        words.append("--skip-doctor")
-    return tuple(words)
+        argv.append("--skip-doctor")
+    return tuple(argv)
 
 
 def _directives(spec: BatchSpec) -> list[str]:

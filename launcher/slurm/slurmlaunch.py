@@ -19,7 +19,7 @@ from launcher.paths import hint
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run import launch as run_launch
 from launcher.run.nodeenv import resolve_env
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
 from launcher.transport.channel import Result
@@ -108,7 +108,7 @@ def slurm_nodes(names: Iterable[str], env: dict[str, str]) -> dict[str, SlurmNod
     return {name: SlurmNode(name, env) for name in names}
 
 
-def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, str] | None = None,
+def launch_step(plan: LaunchPlan, opts: Options, run_io: RunIO, env: dict[str, str] | None = None,
                 overlap: bool = False) -> int:
     """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
@@ -127,7 +127,7 @@ def launch_step(plan: LaunchPlan, opts: Options, wiring: Wiring, env: dict[str, 
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
     nodes = slurm_nodes((c.host.name for c in plan.nodes), env)
     try:
-        return run_launch.run_attached(plan, opts, wiring, nodes, envs, opener=step.open)
+        return run_launch.run_attached(plan, opts, run_io, nodes, envs, opener=step.open)
     finally:
         for note in step.close(plan.settings.grace):
-            wiring.err.write(f"note: {note}\n")
+            run_io.err.write(f"note: {note}\n")

@@ -52,20 +52,20 @@ def known_hosts(target: SSHTarget) -> KnownHosts:
         except OSError:
             continue
         for number, line in enumerate(lines, 1):
-            words = line.split()  # OpenSSH takes any run of blanks between fields; Paramiko one space or tab
-            marker = words[0] if words and words[0].startswith("@") else None
+            parts = line.split()  # OpenSSH takes any run of blanks between fields; Paramiko one space or tab
+            marker = parts[0] if parts and parts[0].startswith("@") else None
             if marker:
-                words = words[1:]
-            if not words or words[0].startswith("#") or marker not in (None, "@revoked", "@cert-authority"):
+                parts = parts[1:]
+            if not parts or parts[0].startswith("#") or marker not in (None, "@revoked", "@cert-authority"):
                 continue
-            if not _host_matches(words[0].split(","), name):  # names first: a global file may hold thousands
+            if not _host_matches(parts[0].split(","), name):  # names first: a global file may hold thousands
                 continue
             where = f"{path}:{number}"
             if marker == "@cert-authority":
                 authorities.append(where)
                 continue
             try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(words))
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(parts))
             except (paramiko.SSHException, ValueError):
                 continue
             if entry is not None:

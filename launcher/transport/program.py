@@ -49,8 +49,8 @@ def python_command(python: str, setup: Sequence[str] = ()) -> str:
     # reads the installed packages adds it then (launcher/node/facts.py `with_site`).
     # 3>&2: the session's stderr again as fd 3, where the node program writes its events (protocol.EVENTS_FD): a
     # `python:` wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`) keeps them.
-    # exec: the node program replaces the login shell, so it alone holds the session's pipes (an attached run's keeper
-    # that lets its console go closes them, and the launcher sees that session's output end).
+    # exec: the node program replaces the login shell, so it alone holds the session's pipes (an attached run's
+    # supervisor that lets its console go closes them, and the launcher sees that session's output end).
     program = f"{quote_path(python)} -S -c {shlex.quote(BOOTSTRAP)} {EVENTS_FD}>&2"
     if not setup:
         return f"exec {program}"

@@ -75,8 +75,8 @@ def resolve_target(host: Host, ssh_config: str | None) -> SSHTarget:
         return options.get(key, [default])[0]
 
     def files(key: str, default: str) -> tuple[str, ...]:
-        words = (p for v in options.get(key, [default]) for p in v.split())
-        return tuple(os.path.expanduser(p) for p in words if p.lower() != "none")
+        paths = (p for v in options.get(key, [default]) for p in v.split())
+        return tuple(os.path.expanduser(p) for p in paths if p.lower() != "none")
 
     jump = first("proxyjump")
     alias = first("hostkeyalias")

@@ -1,11 +1,11 @@
 """A run alive but stuck, as an attached run's handle finds it (`launcher.run.handle`): no progress for the hang
 timeout (`launcher.watch.hang`), then every rank's stack twice, a few seconds apart, and the verdict on them
-(`launcher.watch.verdict`). A hang: NCCL's flight recorder is asked for its dumps (the `dumps` word: torch's
+(`launcher.watch.verdict`). A hang: NCCL's flight recorder is asked for its dumps (the `dumps` message: torch's
 debug-info pipes), then the run is stopped (exit code 124) or kept (`--on-hang keep`). Not a hang: one line says what
-was seen, and the run goes on. Under SLURM the same words travel on the step's stdin.
+was seen, and the run goes on. Under SLURM the same messages travel on the step's stdin.
 
-The handle's waiting thread runs all of it, taking events between the words (`Waiter.step`): output goes on, a node
-that ends is seen, and a stop word is never held back.
+The handle's waiting thread runs all of it, taking events between the messages (`Waiter.step`): output goes on, a node
+that ends is seen, and a stop message is never held back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
-from launcher.node.protocol import DUMPS, STACKS, word_line
+from launcher.node.protocol import DUMPS, STACKS, message_line
 from launcher.watch import flightrec
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.hang import HangWatch
@@ -73,7 +73,7 @@ class HangCheck:
         self.book.feed(progress, time.time())
 
     def takes(self, event: NodeEvent) -> bool:
-        """Keep a node's answer to the word being waited on (its stacks, its dumps); True when it was one."""
+        """Keep a node's answer to the message being waited on (its stacks, its dumps); True when it was one."""
         if self._taking is None or not isinstance(event, self._taking):
             return False
         self._taken[event.node] = event
@@ -108,7 +108,7 @@ class HangCheck:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
             _add_dumps(answers, self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S))
-            if not seen.behind:  # the collectives did not decide: the stacks, now with the dumps' word
+            if not seen.behind:  # the collectives did not decide: the stacks, now with the dumps' message
                 verdict = judge(seen.before, seen.after, self.apart_s, seen.unanswered,
                                 flightrec.from_answers(answers), stuck=seen.stuck)
         if not verdict.hang:
@@ -124,19 +124,19 @@ class HangCheck:
             self.hang = event
             run.stop()
 
-    def _ask(self, run: Waiter, word: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
-        """`word` to every node still running; each one's answer, or why there is none, within `wait_s`."""
+    def _ask(self, run: Waiter, message: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
+        """`message` to every node still running; each one's answer, or why there is none, within `wait_s`."""
         running = [s for s in run.sessions.values() if s.end is None]
         self._taking, self._taken = answer, {}
         for session in running:
-            session.channel.send(word_line(word), block=False)
+            session.channel.send(message_line(message), block=False)
         until = time.monotonic() + wait_s
         try:
             while any(s.name not in self._taken and s.end is None for s in running) and time.monotonic() < until:
                 run.step(0.2)
         finally:
             self._taking = None
-        return {s.name: self._taken.get(s.name, f"no answer to `{word}` within {wait_s:g} s") for s in running}
+        return {s.name: self._taken.get(s.name, f"no answer to `{message}` within {wait_s:g} s") for s in running}
 
 
 def _add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = True) -> None:

@@ -64,10 +64,10 @@ class Node:
 
     def follower(self, run_id: str, stdout: int | None) -> subprocess.Popen[bytes]:
         """The agent following the run's log (`logs --follow`), in the background."""
-        request = self.tmp / "follow.json"
-        words = {"action": "logs", "node": NODE, "run_id": run_id, "follow": True}
-        request.write_bytes(agent_input(words))
-        with open(request, "rb") as stdin:
+        path = self.tmp / "follow.json"
+        request = {"action": "logs", "node": NODE, "run_id": run_id, "follow": True}
+        path.write_bytes(agent_input(request))
+        with open(path, "rb") as stdin:
             proc = subprocess.Popen([node_python(), *AGENT], env=self.env, stdin=stdin, stdout=stdout,
                                     stderr=subprocess.PIPE, start_new_session=True)
         self.procs.append(proc)
@@ -234,14 +234,14 @@ def test_stop_needs_a_grace_period_from_the_request(node: Node, grace: object) -
 
 def test_follow_ends_on_a_lost_run(node: Node) -> None:
     run_id = plan.new_run_id()
-    node.run_dir(run_id, log="tick 0\ntick 1\n")  # no exit code, and nothing of it alive: its keeper was killed
+    node.run_dir(run_id, log="tick 0\ntick 1\n")  # no exit code, and nothing of it alive: its supervisor was killed
     t0 = time.monotonic()
     done, events = node.request(timeout=20, action="logs", run_id=run_id, follow=True)
     assert time.monotonic() - t0 < 5
     assert done.returncode == 1
     assert done.stdout == b"tick 0\ntick 1\n"
     assert errors(events) == [f"run {run_id} was lost on this node: no exit code recorded and none of its processes "
-                              f"alive (its keeper was killed); the log ends here"]
+                              f"alive (its supervisor was killed); the log ends here"]
 
 
 def test_follow_keeps_going_while_the_run_lives_and_ends_with_it(node: Node) -> None:
@@ -317,12 +317,12 @@ while not os.path.exists('end'):
 """
 
 
-@pytest.mark.parametrize("end", ["the-runs-end", "a-stop-that-kills-the-keeper"])
-def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: Path, monkeypatch, end: str) -> None:
-    """The keeper is its run's reaper: a process that double-forked out of torchrun's session stays below it, a look
+@pytest.mark.parametrize("end", ["the-runs-end", "a-stop-that-kills-the-supervisor"])
+def test_a_daemon_the_run_left_is_found_below_the_supervisor_and_stopped(tmp_path: Path, monkeypatch, end: str) -> None:
+    """The supervisor is its run's reaper: a process that double-forked out of torchrun's session stays below it, a look
     for the run reads that tree (not every process of the node), and the run's end stops what it finds there. A
-    keeper killed by a stop (a silent agent) is a zombie until its parent waits for it, its orphans gone up: the stop
-    then looks over /proc (an empty tree had said "nothing left", and torchrun outlived the stop)."""
+    supervisor killed by a stop (a silent agent) is a zombie until its parent waits for it, its orphans gone up: the
+    stop then looks over /proc (an empty tree had said "nothing left", and torchrun outlived the stop)."""
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     mark = f"{run_id}/{NODE}"
     request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{mark}", "mark": mark, "workdir": str(tmp_path),
@@ -348,7 +348,7 @@ def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: P
         daemon = int((tmp_path / "daemon.pid").read_text())
         reaper = (tmp_path / "cache" / "ddp-launcher" / "runs" / mark / "reaper").read_text().split()
         assert int(reaper[0]) == agent.pid and int(reaper[1]) == start_time(agent.pid)
-        assert procs.parent_of(daemon) == agent.pid  # not init: the keeper is the reaper of its run's orphans
+        assert procs.parent_of(daemon) == agent.pid  # not init: the supervisor is the reaper of its run's orphans
         tree = procs.run_tree(mark)
         assert tree is not None and daemon in tree
         assert daemon in procs.marked_processes(mark)
@@ -361,7 +361,7 @@ def test_a_daemon_the_run_left_is_found_below_the_keeper_and_stopped(tmp_path: P
             while procs.alive(agent.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert procs.run_tree(mark) is None and daemon in procs.marked_processes(mark)
-            done, events = Node(tmp_path).request(action="stop", run_id=run_id, grace=1, kill_keeper=True)
+            done, events = Node(tmp_path).request(action="stop", run_id=run_id, grace=1, kill_supervisor=True)
             assert done.returncode == 0, events
             assert json.loads(done.stdout)["left"] == 0
         assert procs.alive(daemon) is False, "the run's daemon outlived its run"

@@ -136,11 +136,11 @@ def check_lines(text: str, count: int, ranks: list[int]) -> None:
         if not m:
             continue
         node, rank, body = m.group(1), int(m.group(2)), m.group(3)
-        words = body.split()
-        if words[:1] in (["out"], ["err"]) and len(words) == 3:
-            assert (int(words[1]), node) == (rank, f"node-{rank // 2}"), line
-            seen[(words[0], rank)].append(int(words[2]))
-        elif words[:1] == ["last"]:
+        parts = body.split()
+        if parts[:1] in (["out"], ["err"]) and len(parts) == 3:
+            assert (int(parts[1]), node) == (rank, f"node-{rank // 2}"), line
+            seen[(parts[0], rank)].append(int(parts[2]))
+        elif parts[:1] == ["last"]:
             assert body == f"last {rank}", line
             last.add(rank)
     for rank in ranks:

@@ -31,9 +31,9 @@ def _env(box: Sandbox) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | sandbox.slurm_env(box.state_dir)
 
 
-def _srun(box: Sandbox, *words: str) -> list[str]:
+def _srun(box: Sandbox, *args: str) -> list[str]:
     done = subprocess.run(
-        ["srun", "-N2", "--ntasks-per-node=1", *words], env=_env(box), capture_output=True, text=True, timeout=30
+        ["srun", "-N2", "--ntasks-per-node=1", *args], env=_env(box), capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0, done.stderr
     return sorted(done.stdout.splitlines())

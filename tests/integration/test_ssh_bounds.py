@@ -114,9 +114,9 @@ def test_inv_doctor_and_launch_return_from_a_stalled_sshd(stalling_node: Path) -
                                 check=False)
         took = time.monotonic() - t0
         assert result.returncode == 1, result.stdout + result.stderr
-        words = " ".join((result.stdout + result.stderr).split())  # the doctor's table wraps its cells
+        said = " ".join((result.stdout + result.stderr).split())  # the doctor's table wraps its cells
         # the first channel's command never starts; a second channel on the same stuck server is not even opened
-        assert re.search(r"did not (start the command|open a session) within 2 s \(connect_timeout\)", words), words
+        assert re.search(r"did not (start the command|open a session) within 2 s \(connect_timeout\)", said), said
         assert "Traceback" not in result.stdout + result.stderr
         assert took < 2 + 8, f"inv {task} took {took:.1f} s"  # interpreter start, then one bounded wait
 

@@ -163,17 +163,17 @@ def test_a_silent_agents_node_is_swept_over_a_new_channel(sleeper_box, tmp_path:
     node-1's part over a new channel, the stopped agent too, and nothing of the run is left."""
     with running_launch(sleeper_box, tmp_path, heartbeat_timeout=60, silence_timeout=4) as (proc, run_id):
         node1 = the_run(sleeper_box, 1)
-        keeper = int((node1 / "keeper").read_text().split()[0])
+        supervisor = int((node1 / "supervisor").read_text().split()[0])
         t0 = time.monotonic()
-        os.kill(keeper, signal.SIGSTOP)
+        os.kill(supervisor, signal.SIGSTOP)
         try:
             code = proc.wait(timeout=60)
             gone_within(run_id, max(0.0, 4 + GRACE + 5 - (time.monotonic() - t0)))
             took = time.monotonic() - t0
-            wait_for(lambda: gone(keeper), 5, "the stopped agent killed")
+            wait_for(lambda: gone(supervisor), 5, "the stopped agent killed")
         finally:
-            if not gone(keeper):
-                os.kill(keeper, signal.SIGKILL)
+            if not gone(supervisor):
+                os.kill(supervisor, signal.SIGKILL)
     err = (tmp_path / "err").read_text()
     assert code == 1, err
     assert "root cause: node-1 stopped answering (nothing for 4 s)" in err, err
@@ -291,7 +291,7 @@ def test_a_heartbeat_timeout_is_reported_as_what_it_is(sleeper_box, tmp_path: Pa
 
 
 def test_logs_follow_on_a_lost_run_ends_and_says_so(sleeper_box, tmp_path: Path) -> None:
-    # A run whose keeper was killed: no exit code will ever come, and no process of it is alive.
+    # A run whose supervisor was killed: no exit code will ever come, and no process of it is alive.
     run_id = "20200101-000000-0123ab"
     run_dir = node_runs(sleeper_box, 0) / run_id / "node-0"
     run_dir.mkdir(parents=True)

@@ -63,4 +63,4 @@ def cluster(text: str) -> Cluster:
 
 def as_shell_reads(node: NodeCommand) -> list[str]:
     """argv as the node's shell reads it from shell_line(): `~/` in home words becomes $HOME (unexpanded by shlex)."""
-    return [("$HOME/" + w[2:] if i in node.home_words and w.startswith("~/") else w) for i, w in enumerate(node.argv)]
+    return [("$HOME/" + w[2:] if i in node.home_args and w.startswith("~/") else w) for i, w in enumerate(node.argv)]

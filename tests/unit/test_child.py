@@ -1,7 +1,7 @@
 """torchrun's start without subprocess (launcher/node/child.py): what Popen gave the run, the child still gets.
 
 Each case starts its child from a fresh Python (the start moves that process to the run's folder and marks its
-descriptors non-inheritable, as the keeper it is), with SIGPIPE ignored there as in any Python."""
+descriptors non-inheritable, as the supervisor it is), with SIGPIPE ignored there as in any Python."""
 
 from __future__ import annotations
 

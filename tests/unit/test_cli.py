@@ -19,7 +19,7 @@ from launcher import app, options
 from launcher.errors import LauncherError
 from launcher.report.states import state_table
 from launcher.run import control as run_control
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from tests.helpers import REPO, inv
 
 EXAMPLE = ["--hosts", "hosts/example.yaml"]
@@ -175,7 +175,7 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
     out = io.StringIO()
     # page=False: a status that finds the run over would start the page's own process (into ./logs, as a user's)
     opts = options.Options(page=False)
-    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", opts, wiring=Wiring(out=out))
+    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", opts, run_io=RunIO(out=out))
     text = out.getvalue()
     assert "n[/]1: odd [/] detail" in text
     assert "id[/]" in text
@@ -187,7 +187,7 @@ def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) ->
     states = [run_control.NodeState("n1", "none", "x[/]")]
     monkeypatch.setattr(run_control, "stop", lambda cluster, run_id, opts, **_: states)
     out = io.StringIO()
-    assert app.stop("hosts.yaml", None, options.Options(), wiring=Wiring(out=out)) == 0
+    assert app.stop("hosts.yaml", None, options.Options(), run_io=RunIO(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"
 
 
@@ -238,9 +238,9 @@ def test_the_readme_installs_from_what_exists_and_says_what_an_unknown_option_ex
     readme = (REPO / "README.md").read_text()
     assert "pip install ddp-launcher" not in readme
     assert "pip install ./ddp-launcher" in readme and 'pip install "git+URL"' in readme
-    for words in (["launcher", "--nope"], ["invoke", "--nope"], ["launcher", "launch", "--nope"]):
-        done = subprocess.run([sys.executable, "-m", *words], cwd=REPO, capture_output=True, text=True, timeout=60,
+    for argv in (["launcher", "--nope"], ["invoke", "--nope"], ["launcher", "launch", "--nope"]):
+        done = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
-        assert (done.returncode, done.stderr.strip()) == (1, "No idea what '--nope' is!"), words
+        assert (done.returncode, done.stderr.strip()) == (1, "No idea what '--nope' is!"), argv
     said = " ".join(readme.split())
     assert "an option the task does not have exits 1 (Invoke's own `No idea what '--nope' is!`" in said

@@ -1,6 +1,7 @@
-"""An attached run's consoles, here without SSH: the keeper's socket, a session's descriptors handed over and written
+"""An attached run's consoles, here without SSH: the supervisor's socket, a session's descriptors handed over and
+written
 to, the owner's rules (a reconnect taken at once, another launcher only with take_over), a console let go while its
-launcher sleeps with a full pipe, where a new console's stream begins; and the launcher's words for a return."""
+launcher sleeps with a full pipe, where a new console's stream begins; and the launcher's messages for a return."""
 
 from __future__ import annotations
 
@@ -21,23 +22,23 @@ from launcher.report.absence import attached_line, away_line, left_line, taken_l
 from launcher.run.catchup import Returns, caught_up_line
 
 
-class Words:
-    """What the consoles need of the keeper's `LauncherWords`."""
+class Messages:
+    """What the consoles need of the supervisor's `LauncherWords`."""
 
     def __init__(self) -> None:
-        self.last_word, self.last_word_wall = time.monotonic(), time.time()
+        self.last_message, self.last_message_wall = time.monotonic(), time.time()
         self.input_ended, self.consoles = False, None
         self.said: list[str] = []
         self.stopped: str | None = None
 
     def heard(self) -> None:
-        self.last_word, self.last_word_wall = time.monotonic(), time.time()
+        self.last_message, self.last_message_wall = time.monotonic(), time.time()
 
-    def take(self, word: str) -> None:
-        self.said.append(word)
+    def take(self, message: str) -> None:
+        self.said.append(message)
 
-    def stop(self, word: str) -> None:
-        self.stopped = word
+    def stop(self, message: str) -> None:
+        self.stopped = message
 
 
 def pipes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -47,84 +48,84 @@ def pipes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 
 
 @pytest.fixture
-def keeper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     emitted: list[dict] = []
     monkeypatch.setattr("launcher.node.consoles.emit", lambda name, **fields: emitted.append({"event": name, **fields}))
     (tmp_path / "log").write_bytes(b"line 0\nline 1\nline 2\n")
-    words = Words()
+    messages = Messages()
     session, launcher = pipes()
     request = {"heartbeat_timeout": 600.0, "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": True}
-    consoles = Consoles(str(tmp_path), request, words, Console(session, "owner-a", 0, who="ana@laptop"))
+    consoles = Consoles(str(tmp_path), request, messages, Console(session, "owner-a", 0, who="ana@laptop"))
     consoles.serve()
-    yield SimpleNamespace(consoles=consoles, words=words, emitted=emitted, first=launcher, dir=str(tmp_path))
+    yield SimpleNamespace(consoles=consoles, messages=messages, emitted=emitted, first=launcher, dir=str(tmp_path))
     consoles.close()
 
 
-def attach(keeper, owner: str, take_over: bool = False, offset: int | None = None):
-    attached = len(keeper.emitted)
+def attach(supervisor, owner: str, take_over: bool = False, offset: int | None = None):
+    attached = len(supervisor.emitted)
     session, launcher = pipes()
-    sock, answer = hand_over(keeper.dir, {"owner": owner, "who": f"{owner}@desk", "take_over": take_over,
+    sock, answer = hand_over(supervisor.dir, {"owner": owner, "who": f"{owner}@desk", "take_over": take_over,
                                           "offset": offset}, session)
-    for fd in session:  # the keeper holds its own copies now, as it would of a session's
+    for fd in session:  # the supervisor holds its own copies now, as it would of a session's
         os.close(fd)
-    deadline = time.monotonic() + 5  # its answer comes just before the keeper turns to it and says `attached`
-    while answer.get("accepted") and len(keeper.emitted) == attached and time.monotonic() < deadline:
+    deadline = time.monotonic() + 5  # its answer comes just before the supervisor turns to it and says `attached`
+    while answer.get("accepted") and len(supervisor.emitted) == attached and time.monotonic() < deadline:
         time.sleep(0.01)
     return sock, answer, launcher
 
 
-def test_a_reconnect_of_the_owner_is_taken_and_its_words_and_stream_are_the_runs(keeper) -> None:
-    sock, answer, (stdin, stdout, _) = attach(keeper, "owner-a", offset=7)
+def test_a_reconnect_of_the_owner_is_taken_and_its_words_and_stream_are_the_runs(supervisor) -> None:
+    sock, answer, (stdin, stdout, _) = attach(supervisor, "owner-a", offset=7)
     assert answer == {"accepted": True}
-    current = keeper.consoles.current
+    current = supervisor.consoles.current
     assert current is not None and current.offset == 7 and current.owner == "owner-a"
-    assert [e["event"] for e in keeper.emitted] == [protocol.Event.ATTACHED]
-    assert current.enter() and current.write(1, b"line 1\n")  # the keeper writes to the session's own pipe
+    assert [e["event"] for e in supervisor.emitted] == [protocol.Event.ATTACHED]
+    assert current.enter() and current.write(1, b"line 1\n")  # the supervisor writes to the session's own pipe
     current.leave()
     assert os.read(stdout, 100) == b"line 1\n"
     os.write(stdin, b"hb\n")
     deadline = time.monotonic() + 5
-    while keeper.words.said != ["hb"] and time.monotonic() < deadline:
+    while supervisor.messages.said != ["hb"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert keeper.words.said == ["hb"]
-    keeper.consoles.close()
+    assert supervisor.messages.said == ["hb"]
+    supervisor.consoles.close()
     assert wait_released(sock) == {"released": "ended"}  # the attach session then ends
 
 
-def test_another_launcher_is_refused_with_who_owns_the_run_unless_it_takes_it_over(keeper) -> None:
-    _, refused, _ = attach(keeper, "owner-b")
+def test_another_launcher_is_refused_with_who_owns_the_run_unless_it_takes_it_over(supervisor) -> None:
+    _, refused, _ = attach(supervisor, "owner-b")
     assert refused["taken"] is True and refused["by"] == "ana@laptop"
-    assert keeper.consoles.current is keeper.consoles.first
-    sock, answer, _ = attach(keeper, "owner-b", take_over=True)
+    assert supervisor.consoles.current is supervisor.consoles.first
+    sock, answer, _ = attach(supervisor, "owner-b", take_over=True)
     assert answer == {"accepted": True}
-    assert keeper.consoles.owner == "owner-b" and keeper.consoles.first.gone.is_set()
+    assert supervisor.consoles.owner == "owner-b" and supervisor.consoles.first.gone.is_set()
     # the start session's launcher hears it (its events pipe takes the line now), and a later reconnect of it is refused
-    line = json.loads(os.read(keeper.first[2], 4096).splitlines()[-1])
+    line = json.loads(os.read(supervisor.first[2], 4096).splitlines()[-1])
     assert line["event"] == protocol.Event.TAKEN and line["by"] == "owner-b@desk"
-    _, again, _ = attach(keeper, "owner-a")
+    _, again, _ = attach(supervisor, "owner-a")
     assert again["taken"] is True and again["by"] == "owner-b@desk"
     sock.close()
 
 
-def test_a_console_let_go_never_holds_its_writer_on_a_full_pipe(keeper) -> None:
+def test_a_console_let_go_never_holds_its_writer_on_a_full_pipe(supervisor) -> None:
     """Its launcher asleep: nothing reads the pipe; a write blocked on it ends once the console is let go."""
-    first = keeper.consoles.first
+    first = supervisor.consoles.first
     assert first.enter()
     result: list[bool] = []
     writer = threading.Thread(target=lambda: result.append(first.write(1, b"x" * (1 << 20))))
     writer.start()
     time.sleep(0.3)
     assert writer.is_alive()  # the pipe is full: the write waits
-    attach(keeper, "owner-a")  # a reconnect: the old console is let go
+    attach(supervisor, "owner-a")  # a reconnect: the old console is let go
     writer.join(2)
     assert result == [False]
 
 
-def test_a_lost_console_makes_the_launcher_away_with_when_the_run_stops(keeper) -> None:
-    keeper.consoles.lost(keeper.consoles.first, "its connection closed")
-    record = json.loads((Path(keeper.dir) / "console.json").read_text())
+def test_a_lost_console_makes_the_launcher_away_with_when_the_run_stops(supervisor) -> None:
+    supervisor.consoles.lost(supervisor.consoles.first, "its connection closed")
+    record = json.loads((Path(supervisor.dir) / "console.json").read_text())
     assert record["present"] is False and record["stops_at"] == pytest.approx(record["away_since"] + 600)
-    assert keeper.words.stopped is None  # the run goes on, within its bound
+    assert supervisor.messages.stopped is None  # the run goes on, within its bound
 
 
 @pytest.mark.parametrize(("offset", "tail", "begins"), [(5, 64, 5), (999, 64, 21), (None, 64, 0), (None, 10, 14),
@@ -171,9 +172,9 @@ def test_the_words_of_a_run_the_launcher_lost_without_a_failure() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes another uid for the stranger")
-def test_another_users_session_is_never_taken(keeper) -> None:
+def test_another_users_session_is_never_taken(supervisor) -> None:
     """Only this uid's sessions become a console (SO_PEERCRED): another user on the node cannot take the run's
-    stream or send it words, whatever the socket's name."""
+    stream or send it messages, whatever the socket's name."""
     stranger = 65534  # nobody
     child = os.fork()
     if child == 0:  # the stranger: hands its descriptors over, and says whether they were taken
@@ -181,10 +182,10 @@ def test_another_users_session_is_never_taken(keeper) -> None:
             os.setgid(stranger)
             os.setuid(stranger)
             session, _ = pipes()
-            _, answer = hand_over(keeper.dir, {"owner": "owner-a", "take_over": True}, session)
+            _, answer = hand_over(supervisor.dir, {"owner": "owner-a", "take_over": True}, session)
             os._exit(0 if answer is not None and "silent" in answer else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert keeper.consoles.current is keeper.consoles.first and keeper.consoles.owner == "owner-a"
+    assert supervisor.consoles.current is supervisor.consoles.first and supervisor.consoles.owner == "owner-a"

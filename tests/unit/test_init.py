@@ -84,12 +84,12 @@ def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found]) -
     """`init` on nodes that said `found` (no SSH): its exit code, its stderr, the inventory's path."""
     from launcher import app
     from launcher.app import newcluster
-    from launcher.run.wiring import Wiring
+    from launcher.run.run_io import RunIO
 
     monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, opts: found)
     out, err, output = io.StringIO(), io.StringIO(), tmp_path / "hosts" / "cluster.yaml"
     code = app.init([f.name for f in found], output, workdir="~/p", script="train.py", doctor_too=False,
-                    wiring=Wiring(out, err))
+                    run_io=RunIO(out, err))
     return code, err.getvalue(), output
 
 

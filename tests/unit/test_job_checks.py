@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from launcher import doctor
-from launcher.app.job import JobWords, job_of
+from launcher.app.job import JobArgs, job_of
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence
@@ -38,14 +38,14 @@ def evidence(cluster: Cluster, **answers: dict) -> Evidence:
 def test_the_start_gate_asks_the_nodes_of_the_job_the_command_line_names() -> None:
     """`--script nope.py` once checked the inventory's train.py and passed: torchrun then started on a missing file."""
     cluster = make_cluster({"script": "train.py"}, env={"PYTHONPATH": "src", "PATH": "/opt/tools/bin"})
-    for words, asked in ((JobWords(script="nope.py"), {"script": "nope.py"}),
-                         (JobWords(module="pkg.train"), {"module": "pkg.train"}),
-                         (JobWords(command="./run.sh"), {"command": "./run.sh"})):
-        plan = plan_launch(cluster, job_of(cluster, words), run_id="r")
+    for job_args, asked in ((JobArgs(script="nope.py"), {"script": "nope.py"}),
+                         (JobArgs(module="pkg.train"), {"module": "pkg.train"}),
+                         (JobArgs(command="./run.sh"), {"command": "./run.sh"})):
+        plan = plan_launch(cluster, job_of(cluster, job_args), run_id="r")
         host = plan.cluster.hosts[1]
         request = session_section(plan.cluster, host, "r", 10.0)["probe"]
         form = next(iter(asked))
-        assert {k: request.get(k) for k in ("script", "module", "command") if k in request} == asked, words
+        assert {k: request.get(k) for k in ("script", "module", "command") if k in request} == asked, job_args
         assert request["job_env"] == {"PYTHONPATH": "src", "PATH": "/opt/tools/bin"}
         assert probe_request(plan.cluster, host, "all", None)[form] == asked[form]
     plain = make_cluster({"script": "t.py"})

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from launcher.app.job import JobWords, job_of
+from launcher.app.job import JobArgs, job_of
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, Job
 from launcher.config.torchrun import OWNED
@@ -115,13 +115,13 @@ def test_passed_options_start_with_an_option_and_never_end_torchruns_options() -
 
 def test_the_command_line_replaces_the_form_and_takes_one() -> None:
     c = cluster("job: {script: t.py, args: [--epochs, '3'], torchrun: [--numa-binding, socket]}\n")
-    job = job_of(c, JobWords(module="pkg.eval"))
+    job = job_of(c, JobArgs(module="pkg.eval"))
     assert (job.script, job.module, job.args, job.torchrun) == (None, "pkg.eval", ("--epochs", "3"),
                                                                  ("--numa-binding", "socket"))
-    assert job_of(c, JobWords(command="./x.sh", args="a 'b c'")).words == ("--no-python", "./x.sh", "a", "b c")
+    assert job_of(c, JobArgs(command="./x.sh", args="a 'b c'")).argv == ("--no-python", "./x.sh", "a", "b c")
     with pytest.raises(UsageError, match=r"^--script and --module both name what to run: give one of them$"):
-        job_of(c, JobWords(script="x.py", module="m"))
-    assert job_of(parse_inventory(HOSTS, SRC), JobWords(module="m")).form == ("module", "m")
+        job_of(c, JobArgs(script="x.py", module="m"))
+    assert job_of(parse_inventory(HOSTS, SRC), JobArgs(module="m")).form == ("module", "m")
 
 
 def test_module_and_command_on_the_command_line(tmp_path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from launcher.node.series import numbers_of
 from launcher.report.page import mark_labels, render
 from launcher.report.pagedata import Mark, build_page
-from launcher.report.pageend import Retried, stop_words
+from launcher.report.pageend import Retried, stop_sentence
 from launcher.report.pagekeep import kept_answers
 
 T0 = 1_800_000_000.0
@@ -122,11 +122,11 @@ def test_a_stop_whose_torchrun_ended_by_itself_on_one_node_and_was_killed_alone_
 
 
 def test_how_a_stop_ended_a_nodes_processes_is_said_as_it_happened() -> None:
-    assert stop_words({"grace": 5, "killed": 2, "term_s": None}, 137) == (
+    assert stop_sentence({"grace": 5, "killed": 2, "term_s": None}, 137) == (
         "2 process(es) had not ended 5 s after TERM: killed (exit code 137)")
-    assert stop_words({"grace": 5, "killed": 0, "term_s": 1.23, "alone": False}, 1) == (
+    assert stop_sentence({"grace": 5, "killed": 0, "term_s": 1.23, "alone": False}, 1) == (
         "ended on TERM within 1.2 s (exit code 1)")
-    assert stop_words({"grace": 5, "killed": 0, "term_s": 0.01, "alone": True}, 137) == (
+    assert stop_sentence({"grace": 5, "killed": 0, "term_s": 0.01, "alone": True}, 137) == (
         "its ranks ended on TERM at once; torchrun, left without them, was then killed (exit code 137): a stop does "
         "not wait for torchrun's own shutdown")
 

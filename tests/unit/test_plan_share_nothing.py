@@ -79,10 +79,10 @@ def test_placeholders_are_single_words_and_the_rest_round_trips() -> None:
         line = node.shell_line()
         setup = "".join(f"{step} && " for step in node.setup)
         assert line.startswith(setup)
-        words = shlex.split(line[len(setup):])
-        assert words[:4 + len(HEAD)] == ["cd", "$HOME/project", "&&", "env", *HEAD]
-        assert len(words) == 4 + len(HEAD) + variables + len(node.argv)  # each placeholder is one word
-        assert words[-len(node.argv):] == as_shell_reads(node)
+        argv = shlex.split(line[len(setup):])
+        assert argv[:4 + len(HEAD)] == ["cd", "$HOME/project", "&&", "env", *HEAD]
+        assert len(argv) == 4 + len(HEAD) + variables + len(node.argv)  # each placeholder is one word
+        assert argv[-len(node.argv):] == as_shell_reads(node)
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
@@ -104,7 +104,7 @@ def test_a_real_shell_runs_setup_in_the_same_shell_and_sets_the_interface(tmp_pa
     out = subprocess.run(["sh", "-c", line], capture_output=True, cwd=tmp_path, check=True, timeout=10,
                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "RANK": "3", "COPIED": "it's  $x"},
                          ).stdout.decode()
-    home = [str(tmp_path) + w[1:] if i in node.home_words and w.startswith("~/") else w
+    home = [str(tmp_path) + w[1:] if i in node.home_args and w.startswith("~/") else w
             for i, w in enumerate(node.argv)]
     assert out.split("\0")[:-1] == [str(tmp_path / "my project"), "set up; ok", "set up; ok", "=eth1", "eth1",
                                     "it's  $x", "it's  $x", "unset", *home]

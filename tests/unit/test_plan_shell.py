@@ -21,13 +21,13 @@ def after_cd(node: NodeCommand) -> list[str]:
     """The words of `shell_line()` after `cd <workdir> && env -u RANK ... NAME=value...` (a node without setup,
     forwarded variables, env file or socket interface)."""
     assert not (node.setup or node.forward_env or node.env_file or node.socket_ifname), node
-    words = shlex.split(node.shell_line())
-    assert words[0] == "cd" and words[2] == "&&", words
-    words = words[3:]
-    assert words[:1 + len(HEAD)] == ["env", *HEAD], words
-    words = words[1 + len(HEAD) + len(node.env):]
-    assert words[:len(node.launcher_env)] == [f"{k}={v}" for k, v in node.launcher_env], words
-    return words[len(node.launcher_env):]
+    argv = shlex.split(node.shell_line())
+    assert argv[0] == "cd" and argv[2] == "&&", argv
+    argv = argv[3:]
+    assert argv[:1 + len(HEAD)] == ["env", *HEAD], argv
+    argv = argv[1 + len(HEAD) + len(node.env):]
+    assert argv[:len(node.launcher_env)] == [f"{k}={v}" for k, v in node.launcher_env], argv
+    return argv[len(node.launcher_env):]
 
 
 @pytest.mark.parametrize("word", NASTY_WORDS)
@@ -38,9 +38,9 @@ def test_shell_line_round_trips_every_word(word: str) -> None:
     job = Job(script="t.py" if not word or word.startswith("-") else word, args=(word, f"--opt={word}", word))
     node = plan_launch(c, job, run_id="r").nodes[0]
     assert after_cd(node) == as_shell_reads(node)
-    words = shlex.split(node.shell_line())
-    assert words[:5 + len(HEAD)] == ["cd", "$HOME/dir with space", "&&", "env", *HEAD, f"PLAIN={word}"]
-    assert words[5 + len(HEAD)] == f"OTHER={word}"
+    argv = shlex.split(node.shell_line())
+    assert argv[:5 + len(HEAD)] == ["cd", "$HOME/dir with space", "&&", "env", *HEAD, f"PLAIN={word}"]
+    assert argv[5 + len(HEAD)] == f"OTHER={word}"
 
 
 def test_shell_line_without_env_has_only_the_unsets() -> None:
@@ -76,7 +76,7 @@ def test_a_real_shell_reads_the_same_words(tmp_path: Path) -> None:
                          ).stdout.decode()
     where, _, printed = out.partition("\n")
     assert where == str(tmp_path / "my project")
-    home = [str(tmp_path) + w[1:] if i in node.home_words and w.startswith("~/") else w  # `~/`: the home
+    home = [str(tmp_path) + w[1:] if i in node.home_args and w.startswith("~/") else w  # `~/`: the home
             for i, w in enumerate(node.argv)]
     assert printed.split("\0")[:-1] == ["unset", "unset", node.env[0].value, *home]
     assert not list(tmp_path.rglob("pwned"))

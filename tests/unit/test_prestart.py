@@ -83,10 +83,10 @@ def test_it_imports_at_once_and_runs_torchrun_only_when_let_go(stand_in: Path, t
     assert proc.wait() == 0
     said, ran = log.read_text().split("\n", 1)
     assert said == "UserWarning: said while importing"  # what it printed before `go`, first in torchrun's log
-    ran_at, name, cwd, asked, *words = ran.split()
+    ran_at, name, cwd, asked, *argv = ran.split()
     assert float(ran_at) >= let_go > float((tmp_path / "imported").read_text())
     assert (name, cwd, asked) == ("__main__", str(workdir), "yes")
-    assert words == ["--nnodes", "2", "train.py"]
+    assert argv == ["--nnodes", "2", "train.py"]
     held.drop()  # once let go, nothing: torchrun is the run's now
     assert proc.returncode == 0
 

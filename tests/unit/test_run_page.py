@@ -224,10 +224,10 @@ def test_a_long_setup_before_init_process_group_is_the_scripts_own_not_the_rende
     found = answers(2)
     for answer in found.values():  # a trainer's imports and model: 15 s between import torch and the rendezvous
         for pid, lines in answer["phases"].items():
-            words = {line.split()[0]: line.split() for line in lines}
-            pg = float(words["pg"][1])
-            words["rdzv"] = ["rdzv", f"{pg - 0.5:.3f}", *words["pg"][2:]]
-            answer["phases"][pid] = [" ".join(w) for w in words.values()]
+            parts = {line.split()[0]: line.split() for line in lines}
+            pg = float(parts["pg"][1])
+            parts["rdzv"] = ["rdzv", f"{pg - 0.5:.3f}", *parts["pg"][2:]]
+            answer["phases"][pid] = [" ".join(w) for w in parts.values()]
     page = build_page(RUN, journal(2), found, "logs/x/")
     assert page.slowest is not None and page.slowest[1] == "the script's own setup", page.headline
     assert all(b.at("torch") < b.at("rdzv") < b.at("pg") for b in page.bars)

@@ -30,7 +30,7 @@ def run_local(command: str, request: dict | None = None, cwd: Path | None = None
 
 
 def test_without_setup_the_command_is_the_interpreter_alone_in_place_of_the_shell() -> None:
-    # exec: the node program alone holds the session's pipes (a keeper that lets its console go ends its output)
+    # exec: the node program alone holds the session's pipes (a supervisor that lets its console go ends its output)
     assert python_command("/opt/venv/bin/python") == python_command("/opt/venv/bin/python", ())
     assert python_command("/opt/venv/bin/python").startswith("exec /opt/venv/bin/python -S -c 'import sys,zlib,")
     assert python_command("python3") == ("exec python3 -S -c 'import sys,zlib,binascii;exec(zlib.decompress("
@@ -60,7 +60,7 @@ def test_setup_output_goes_to_stderr_and_setup_never_reads_the_program() -> None
     assert result.stderr == b"said-by-setup\n"
 
 
-@pytest.mark.parametrize(("lines", "failed", "words"), [
+@pytest.mark.parametrize(("lines", "failed", "expected"), [
     (["export X=1", "false", "echo never"], "setup line 2 of 3 failed with exit code 1, so nothing was started on "
                                              "this node: false", b""),
     (["no-such-command-here --x"], "setup line 1 of 1 failed with exit code 127, so nothing was started on this "
@@ -68,13 +68,13 @@ def test_setup_output_goes_to_stderr_and_setup_never_reads_the_program() -> None
     (["(exit 3)"], "setup line 1 of 1 failed with exit code 3, so nothing was started on this node: (exit 3)", b""),
 ])
 def test_a_failing_line_stops_the_command_with_the_shells_words_and_a_sentence(
-        lines: list[str], failed: str, words: bytes) -> None:
+        lines: list[str], failed: str, expected: bytes) -> None:
     result = run_local(python_command(sys.executable, lines))
     assert result.returncode == SETUP_FAILED
     assert result.stdout == b""  # the program never ran
     *before, last = result.stderr.decode().splitlines()
     assert last == failed
-    assert words in "\n".join(before).encode()
+    assert expected in "\n".join(before).encode()
     assert b"never" not in result.stderr
 
 

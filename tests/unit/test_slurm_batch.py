@@ -14,10 +14,10 @@ import pytest
 
 from launcher import paths
 from launcher.app import slurm as on_slurm
-from launcher.app.job import JobWords
+from launcher.app.job import JobArgs
 from launcher.errors import USAGE, LauncherError
 from launcher.options import Options
-from launcher.run.wiring import Wiring
+from launcher.run.run_io import RunIO
 from launcher.slurm import jobs
 from launcher.slurm.batch import BatchSpec, check_job_id, check_time, launch_command, render_batch_script
 
@@ -74,9 +74,9 @@ def test_partition_time_and_gpus_when_given():
 
 
 def test_launch_words_pass_the_inner_launch_options():
-    words = launch_command(PYTHON, "hosts/a b.yaml", script="train/x.py", args="--epochs 2 --name 'a b'",
+    argv = launch_command(PYTHON, "hosts/a b.yaml", script="train/x.py", args="--epochs 2 --name 'a b'",
                            skip_doctor=True)
-    assert words == (PYTHON, "-m", "invoke", "launch", "--slurm", "--hosts=hosts/a b.yaml", "--script=train/x.py",
+    assert argv == (PYTHON, "-m", "invoke", "launch", "--slurm", "--hosts=hosts/a b.yaml", "--script=train/x.py",
                      "--args=--epochs 2 --name 'a b'", "--skip-doctor")
 
 
@@ -260,8 +260,8 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     inventory.write_text("hosts: [{name: node-0}]\n")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, job=JobWords(args="--epochs 1"),
-                                 opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
+    code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, job=JobArgs(args="--epochs 1"),
+                                 opts=Options(log_dir=Path("logs")), run_io=RunIO(out=out))
     assert code == 0
     text = out.getvalue()
     assert f"#SBATCH --output={tmp_path}/logs/slurm/slurm-%j.out" in directives(text)
@@ -280,8 +280,8 @@ def test_the_installed_commands_job_starts_in_the_project_and_runs_python_m_laun
     inventory.write_text("hosts: [{name: node-0}]\n")
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    code = on_slurm.slurm_submit(str(inventory), 2, dry_run=True, job=JobWords(module="pkg.train"), project=tmp_path,
-                                 opts=Options(log_dir=Path("logs")), wiring=Wiring(out=out))
+    code = on_slurm.slurm_submit(str(inventory), 2, dry_run=True, job=JobArgs(module="pkg.train"), project=tmp_path,
+                                 opts=Options(log_dir=Path("logs")), run_io=RunIO(out=out))
     assert code == 0
     assert f"#SBATCH --chdir={tmp_path}" in directives(out.getvalue())
     command = next(line for line in out.getvalue().splitlines() if "-m launcher launch" in line)
@@ -290,7 +290,7 @@ def test_the_installed_commands_job_starts_in_the_project_and_runs_python_m_laun
 
 def test_submit_refuses_a_missing_inventory(tmp_path: Path):
     with pytest.raises(LauncherError) as excinfo:
-        on_slurm.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True, opts=Options(), wiring=Wiring())
+        on_slurm.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True, opts=Options(), run_io=RunIO())
     assert usage(excinfo).startswith("--hosts: no inventory or hostfile at")
 
 

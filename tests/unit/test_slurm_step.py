@@ -48,8 +48,8 @@ def test_outside_an_allocation_the_error_says_how_to_get_one() -> None:
 
 def test_srun_runs_one_task_per_node_and_ends_the_step_on_a_bad_exit() -> None:
     argv = srun_argv(["a", "b"], "python3 -c X", kill_on_bad_exit=True, job_name="run-1")
-    words = " ".join(argv)
-    assert "--nodes 2" in words and "--ntasks-per-node 1" in words and "--kill-on-bad-exit=1" in words
+    line = " ".join(argv)
+    assert "--nodes 2" in line and "--ntasks-per-node 1" in line and "--kill-on-bad-exit=1" in line
     assert "--label" in argv and argv[-3:] == ["/bin/sh", "-c", "python3 -c X"]
     assert "--kill-on-bad-exit=0" in srun_argv(["a"], "x", kill_on_bad_exit=False, job_name="r")
     assert "--overlap" not in argv  # in an allocation: the run's step is the only one

@@ -48,8 +48,8 @@ def _run_waiting(stand_in: Path, host: str, port: int, limit: float) -> tuple[fl
                         {"node_rank": 1, "master_addr": host, "master_port": port}, limit, NODE_TIMING["store_poll_s"])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PYTHONPATH": str(stand_in)})
     assert done.returncode == 0, done.stderr
-    ran_at, *words = done.stdout.split()
-    return float(ran_at), words
+    ran_at, *printed = done.stdout.split()
+    return float(ran_at), printed
 
 
 def test_torchrun_runs_as_its_module_once_the_store_listens(stand_in: Path):
@@ -66,11 +66,11 @@ def test_torchrun_runs_as_its_module_once_the_store_listens(stand_in: Path):
     thread = threading.Thread(target=listen_late)
     thread.start()
     try:
-        ran_at, words = _run_waiting(stand_in, "127.0.0.1", port, 30.0)
+        ran_at, argv = _run_waiting(stand_in, "127.0.0.1", port, 30.0)
     finally:
         thread.join()
         server.close()
-    assert words == ["__main__", "True", "--nnodes", "2", "train.py"]  # as `python -m` runs it, torchrun's words
+    assert argv == ["__main__", "True", "--nnodes", "2", "train.py"]  # as `python -m` runs it, torchrun's words
     assert listening["at"] <= ran_at < listening["at"] + 0.5
 
 

@@ -40,7 +40,7 @@ def test_no_connection_ever_accepts_an_unknown_key_silently(tmp_path: Path) -> N
     assert isinstance(learn, _AcceptNewPolicy) and not isinstance(learn, paramiko.AutoAddPolicy)
 
 
-@pytest.mark.parametrize(("exc", "kind", "words"), [
+@pytest.mark.parametrize(("exc", "kind", "detail"), [
     (socket.gaierror(-2, "Name or service not known"), "unresolvable", "cannot resolve"),
     (NoValidConnectionsError({("127.0.0.1", 22): ConnectionRefusedError()}), "refused", "connection refused"),
     (TimeoutError(), "timeout", "no answer"),
@@ -50,9 +50,9 @@ def test_no_connection_ever_accepts_an_unknown_key_silently(tmp_path: Path) -> N
     (paramiko.SSHException("Server '[h]:22' not found in known_hosts"), "host-key-unknown", "not in known_hosts"),
     (ValueError("odd"), "ssh", "ValueError: odd"),
 ])
-def test_failures_are_typed_with_a_fix(exc: BaseException, kind: str, words: str) -> None:
+def test_failures_are_typed_with_a_fix(exc: BaseException, kind: str, detail: str) -> None:
     failure = classify(SSHTarget(name="gpu01", hostname="10.0.0.1", port=22, user="me"), exc)
-    assert failure.kind == kind and failure.host == "gpu01" and words in failure.detail
+    assert failure.kind == kind and failure.host == "gpu01" and detail in failure.detail
     assert "\n" not in str(failure)
 
 

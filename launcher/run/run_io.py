@@ -1,7 +1,8 @@
-"""What a task's run talks to besides its options: where output goes, what runs before `go`, who hears events.
+"""A run's I/O (`RunIO`): what a task's run talks to besides its options: where output goes, what runs before `go`,
+who hears events.
 
 These are collaborators, not settings: `launcher.options.Options` is a frozen value a user's config and command line
-make; a `Wiring` is made by the application layer (or the bench, or a test) for one call.
+make; a `RunIO` is made by the application layer (or the bench, or a test) for one call.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from launcher.run.gate import StartGate
 
 
 @dataclass(frozen=True)
-class Wiring:
+class RunIO:
+    """A run's I/O: its output streams, its start gate, its event sink."""
+
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     """Where node output goes (prefixed lines), and a task's own answer (tables, JSON)."""
     err: IO[str] = field(default_factory=lambda: sys.stderr)
