@@ -333,12 +333,17 @@ def stacks(setting):
     if not folder or not signum.isdigit():
         return
     import faulthandler
+    import signal
 
     def register():
         handle = open(os.path.join(folder, "%d.txt" % os.getpid()), "a")
         faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
         globals()["stacks_file"] = handle  # faulthandler keeps only the descriptor
 
+    # Ignored before faulthandler first takes it: Python's exit puts back the action found then, and the default of a
+    # real-time signal ends the process (a healthy rank, asked for its stack as it exited, died of signal 41). Once
+    # only: a forked child's faulthandler already holds it (registering again changes its file, not its action).
+    signal.signal(int(signum), signal.SIG_IGN)
     register()
     os.register_at_fork(after_in_child=lambda: _quietly(register))
 
