@@ -5,6 +5,7 @@ is what the CLI's forms render."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,8 +193,11 @@ def top(hosts: str | Hosts, run_id: str | None = None, opts: Options | None = No
     from launcher.run import topfeed as run_top
 
     opts, run_io = _opening(run_id, opts, run_io)
+    if once and as_json:  # the value the API's Run.top() returns, as JSON
+        run_io.out.write(json.dumps(top_snapshot(hosts, run_id, opts, run_io, job)) + "\n")
+        return 0
     cluster, nodes = _reached_as(hosts, opts, job)
-    return run_top.top(cluster, run_id, opts, run_io, once=once, as_json_too=as_json, nodes=nodes)
+    return run_top.top(cluster, run_id, opts, run_io, once=once, nodes=nodes)
 
 
 def _reached_as(hosts: str | Hosts, opts: Options, job: str | None) -> tuple[Cluster, dict[str, Any] | None]:

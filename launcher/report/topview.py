@@ -4,7 +4,6 @@ rank). What feeds them (the nodes' agents) is `launcher.run.topfeed`."""
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import threading
@@ -19,7 +18,7 @@ from rich.live import Live
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, as_json, judged_once, ranks_of
+from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, judged_once, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -32,14 +31,11 @@ class Feed(Protocol):
     def follow(self, rank: int | None) -> None: ...
 
 
-def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], as_json_too: bool,
-              looks: Looks | None = None) -> int:
+def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], looks: Looks | None = None) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
-    TOP_PIPE_COLUMNS), or as JSON for scripts, with what one look judges (`launcher.watch.topmodel.judged_once`)."""
+    TOP_PIPE_COLUMNS), with what one look judges (`launcher.watch.topmodel.judged_once`). Its JSON for scripts is
+    `launcher.run.topfeed.snapshot`'s value, the API's too."""
     look = judged_once(views, opts.straggler_factor, looks)
-    if as_json_too:
-        out.write(json.dumps(as_json(run_id, views, look.stragglers, look.behind, look.sources)) + "\n")
-        return 0
     told = out.isatty() or os.environ.get("COLUMNS", "").isdigit()  # rich reads COLUMNS itself
     console = Console(file=out, width=None if told else TOP_PIPE_COLUMNS)
     console.print(f"run {run_id}")

@@ -236,7 +236,7 @@ def snapshot(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
 
 
 def top(cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO, *, once: bool = False,
-        as_json_too: bool = False, nodes: Mapping[str, Any] | None = None) -> int:
+        nodes: Mapping[str, Any] | None = None) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     from launcher.report import topview  # rich's Live and the terminal: only this task needs them
 
@@ -250,7 +250,7 @@ def top(cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO, *, o
 
         if once:
             return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, opts), opts, run_io.out,
-                                     as_json_too, looks)
+                                     looks)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
         feed.start()
         try:

@@ -151,7 +151,7 @@ def _once(views: list[NodeView], tty: bool, now: float | None = None) -> list[st
     out = _Terminal() if tty else io.StringIO()
     opts = SimpleNamespace(straggler_factor=0.8)
     with mock.patch("launcher.report.topview.time.time", return_value=now or 0.0):
-        show_once("run-x", views, opts, out, False)  # type: ignore[arg-type]
+        show_once("run-x", views, opts, out)  # type: ignore[arg-type]
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
 

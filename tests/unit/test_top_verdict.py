@@ -24,7 +24,7 @@ from launcher.report.hangs import ruled_out_line
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once
 from launcher.watch.hangcheck import HangCheck
-from launcher.watch.topmodel import NodeView
+from launcher.watch.topmodel import NodeView, as_json, judged_once
 from tests.unit.test_arrival import recorded
 from tests.unit.test_hang_check import Channel, Session
 from tests.unit.test_top import recorded_views
@@ -101,7 +101,7 @@ def top_once(views: list[NodeView], replies: dict[str, Any], now: float) -> list
     out = Terminal()
     with mock.patch("launcher.report.topview.time.time", return_value=now), \
             mock.patch.dict("os.environ", {"COLUMNS": "80"}):
-        show_once("run-x", views, SimpleNamespace(straggler_factor=0.8), out, False,  # type: ignore[arg-type]
+        show_once("run-x", views, SimpleNamespace(straggler_factor=0.8), out,  # type: ignore[arg-type]
                   lambda: (replies, replies))
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
@@ -179,11 +179,11 @@ def _wait(done: Any, timeout: float = 5.0) -> None:
 
 
 def test_once_json_says_the_verdict_on_a_rank_behind() -> None:
+    """The value `top --once --json` prints and the API's Run.top() returns (`topfeed.snapshot`: one look, judged)."""
     views, wall = recorded_views("hang")
-    out = io.StringIO()
-    with mock.patch("launcher.report.topview.time.time", return_value=wall + 25.0):
-        show_once("run-x", views, SimpleNamespace(straggler_factor=0.8), out, True,  # type: ignore[arg-type]
-                  lambda: (answers(EVALUATING), answers(EVALUATING)))
-    behind = json.loads(out.getvalue())["ranks"][1]["behind"]
+    with mock.patch("launcher.watch.topmodel.time.time", return_value=wall + 25.0):
+        look = judged_once(views, 0.8, lambda: (answers(EVALUATING), answers(EVALUATING)))
+    value = json.loads(json.dumps(as_json("run-x", views, look.stragglers, look.behind, look.sources)))
+    behind = value["ranks"][1]["behind"]
     assert (behind["hang_suspected"], behind["judged"]) == (False, "at work"), behind
     assert behind["verdict"].startswith("not a hang (rank 1 never entered all_reduce #46 of default_pg"), behind
