@@ -193,7 +193,7 @@ class Beat(NodeEvent):
 
 @dataclass(frozen=True)
 class StacksTaken(NodeEvent):
-    """A node's agent took every worker's stack (the `stacks` word): launcher/node/stackdump.py's answer."""
+    """A node's agent took every worker's stack (the `stacks` message): launcher/node/stackdump.py's answer."""
 
     workers: tuple[dict[str, Any], ...] = ()
     nccl: dict[str, str] = field(default_factory=dict)
@@ -262,7 +262,7 @@ class NodeFacts:
 @dataclass(frozen=True)
 class NcclDumps(NodeEvent):
     """NCCL's flight recorder dumps a node's workers wrote as the run ended (an NCCL timeout), or when the launcher
-    asked for them (the `dumps` word): {name: base64}."""
+    asked for them (the `dumps` message): {name: base64}."""
 
     dumps: dict[str, str] = field(default_factory=dict)
     asked: tuple[int, ...] = ()

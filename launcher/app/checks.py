@@ -22,7 +22,7 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
-    job instead of SSH. `words`: the job to check, as launch's --script, --module or --command name it."""
+    job instead of SSH. `job_args`: the job to check, as launch's --script, --module or --command name it."""
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
@@ -40,7 +40,7 @@ def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | No
                   slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
                   net_all_gpus: bool = False, job_args: JobArgs | None = None) -> Report:
     """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
-    is the one `words` name, else the inventory's."""
+    is the one `job_args` name, else the inventory's."""
     from launcher import doctor as doctor_checks
 
     opts, run_io = opts or Options(), run_io or RunIO()

@@ -17,7 +17,7 @@ class GateChecks:
     - probe: what the probe looks at; its answer goes out as the `probed` event;
     - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
       answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
-    - connect: on the launcher's `tcp` word, once every node has probed (so the master's listener is up), this
+    - connect: on the launcher's `tcp` message, once every node has probed (so the master's listener is up), this
       node connects to master_addr:master_port and says what it found as the `tcp` event.
     """
 
