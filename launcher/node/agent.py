@@ -182,7 +182,8 @@ def action_stop(request):
     taken = taken_from(request, run_dir)
     if taken is not None:  # a launcher that lost the run to another one's `attach` stops nothing of it
         return reply(dict(run_state(run_id, run_dir, request["node"]), taken=taken, found=0, left=0))
-    supervisor = leader_of(run_dir, "supervisor")
+    # ("keeper": the file's name before 2026-11-29, in a run started by an older launcher and stopped by this one)
+    supervisor = leader_of(run_dir, "supervisor") or leader_of(run_dir, "keeper")
     if request.get("kill_supervisor") and supervisor is not None and same_process(*supervisor):
         # The launcher found this run's agent silent (stopped, stuck): it can neither stop its run nor record it.
         signal_process(supervisor[0], supervisor[1], signal.SIGKILL)

@@ -62,7 +62,8 @@ def inventory_id(cluster: Cluster) -> str:
 
 def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options,
                   gate: GateSection | None = None, owner: Owner | None = None, reattach: bool = True) -> dict[str, Any]:
-    """Everything the node's agent needs to start its part; every number comes from `opts` (it has no defaults).
+    """Everything the node's agent needs to start its part; every number comes from `opts` and the plan's settings (it
+    has no defaults).
 
     With a `gate` (the doctor's checks), its `gate` part: what the agent probes first. `owner`: the launcher the run's
     supervisor takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
