@@ -93,8 +93,11 @@ class Asked:
                 return None, timed_out(self.timeout)
         answers = []
         for proc, out in self.procs:
-            out.seek(0)
-            answers.append((proc.returncode, out.read(bounds.SMI_MAX_BYTES).decode("utf-8", "replace")))
+            try:
+                out.seek(0)
+                answers.append((proc.returncode, out.read(bounds.SMI_MAX_BYTES).decode("utf-8", "replace")))
+            except ValueError:  # `stop` closed it from another thread (a GpuWatch closed while it asked)
+                return None, "stopped"
             out.close()
         return answers, None
 

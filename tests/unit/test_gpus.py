@@ -316,3 +316,20 @@ def test_nvidia_smi_gets_its_bound_or_half_a_short_probe_timeout() -> None:
     assert probe_request(c, c.hosts[0], "fast", None)["gpu_timeout_s"] == 10.0  # 8 GPUs without persistence mode
     assert probe_request(c, c.hosts[0], "fast", None, 6.0)["gpu_timeout_s"] == 3.0
     assert session_section(c, c.hosts[0], "20260101-000000-abcdef", 4.0)["probe"]["gpu_timeout_s"] == 2.0
+
+
+def test_a_gpu_watch_closed_while_it_asks_ends_its_thread_quietly(tmp_path: Path, monkeypatch) -> None:
+    """`close` kills a call under way and closes its output; the watch's thread, reading that output, ends without an
+    exception (it raised `seek of closed file` once in the suite)."""
+    import threading
+
+    smi = install_smi(tmp_path / "bin", [gpu(0, used=1000, util=50)])
+    monkeypatch.setenv("PATH", f"{smi}:{os.environ['PATH']}")
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    for delay in [i * 0.002 for i in range(40)]:
+        watch = node_gpus.GpuWatch(2.0, 0.0)
+        time.sleep(delay)
+        watch.close()
+    time.sleep(0.5)
+    assert raised == []
