@@ -234,8 +234,6 @@ def report(hosts: str | Hosts, run_id: str | None = None, opts: Options | None =
            run_io: RunIO | None = None, job: str | None = None) -> int:
     """Write the run's page and say where, with its headline (`written_page`). The nodes it could not reach are
     named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
-    import json
-
     opts, run_io = _opening(run_id, opts, run_io)
     path, page = written_page(hosts, run_id, opts, run_io, job)
     if as_json:

@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
-from launcher.plan.runsettings import SETTINGS
+from launcher.plan.runsettings import SETTINGS, RunSettings
 
 FROM_INVENTORY = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
 """The settings an inventory may set too (its key); the plan holds what the run uses of them (`SETTINGS`)."""
@@ -28,12 +28,12 @@ def _shown(value: Any) -> str:
 def used_settings(plan: LaunchPlan, opts: Options, where: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     """(name, the value the run uses, where it came from) of every setting that is not its default, or that was set
     somewhere (`where`: name -> `--grace`, a settings file, a variable; the defaults are not in it)."""
-    defaults, out = Options(), []
+    defaults, run_defaults, out = Options(), RunSettings(), []
     inventory = {"retries": plan.cluster.retries, "hang_timeout": plan.job.hang_timeout, "on_hang": plan.job.on_hang}
     for field in fields(Options):
         name = field.name
-        value = getattr(plan.settings, name) if name in SETTINGS else getattr(opts, name)
-        default = {"retries": 0, "on_hang": "stop"}.get(name, getattr(defaults, name))
+        ran, unset = (plan.settings, run_defaults) if name in SETTINGS else (opts, defaults)
+        value, default = getattr(ran, name), getattr(unset, name)
         if name in where:
             said = where[name]
             mine = inventory.get(name)
