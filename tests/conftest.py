@@ -19,6 +19,9 @@ from devtools.sandbox import Sandbox
 from tests.helpers import PAGE_OFF
 from tests.support.nodeenv import node_python
 
+STAND_IN_ENV = {"PYTHONPATH": str(Path(__file__).parent / "support" / "torchrun_standin")}
+"""What makes a node's `python -m torch.distributed.run` the tests' stand-in (it drops the folder for its workers)."""
+
 # Sandboxes get 127.0.K.2, 127.0.K.3, ... with K from here, one K per sandbox in this process.
 _SUBNETS = itertools.count(10)
 _LAST_SUBNET = 250
@@ -51,7 +54,13 @@ class SandboxFactory:
         self._locks.append(handle)
         return base
 
-    def __call__(self, nodes: int = 2, **up_kwargs: Any) -> Sandbox:
+    def __call__(self, nodes: int = 2, *, torchrun: str = "real", **up_kwargs: Any) -> Sandbox:
+        """`torchrun="stand-in"`: the nodes run tests/support/torchrun_standin's torchrun (no `import torch`), for a
+        test of the launcher's own mechanics whose job is a light script; anything torch does needs "real"."""
+        if torchrun not in ("real", "stand-in"):
+            raise ValueError(f"torchrun is 'real' or 'stand-in', not {torchrun!r}")
+        if torchrun == "stand-in":
+            up_kwargs["env"] = {**up_kwargs.get("env", {}), **STAND_IN_ENV}
         folder = self._root / f"sandbox-{len(self.state_dirs)}"
         up_kwargs.setdefault("state_dir", folder / "state")
         up_kwargs.setdefault("inventory", folder / "sandbox.yaml")

@@ -79,6 +79,7 @@ def up(
     unresolvable: Mapping[int, Iterable[int]] | None = None,
     self_loopback_trap: Iterable[int] = (),
     python_override: Mapping[int, str] | None = None,
+    env: Mapping[str, str] | None = None,
     ready_timeout: float = 10.0,
     slurm: bool = False,
     slurm_timeout: float = 30.0,
@@ -90,7 +91,8 @@ def up(
 
     Faults for tests: `unresolvable` {i: [j, ...]} leaves node j out of node i's /etc/hosts; `self_loopback_trap`
     [i, ...] maps node i's own name to 127.0.1.1 on node i; `python_override` {i: path} gives node i another
-    interpreter in the inventory. Nothing is left running when it raises.
+    interpreter in the inventory. `env`: the inventory's environment for torchrun on every node. Nothing is left
+    running when it raises.
 
     `login_rc`: what the nodes' logins read as ~/.bashrc (each node its own file), in place of this machine's (the
     bench's nodes: a root .bashrc that runs `pyenv init` takes a lock that concurrent logins wait on in 0.1 s steps).
@@ -108,7 +110,7 @@ def up(
                                       python=python or start.default_python(),
                                       workdir=Path(workdir).absolute() if workdir else REPO_ROOT,
                                       nproc_per_node=nproc_per_node, master_port=master_port, script=script,
-                                      script_args=script_args, python_override=overrides)
+                                      script_args=script_args, python_override=overrides, env=env)
     state_dir.mkdir(parents=True, exist_ok=True)
     with statefile.locked(state_dir):
         _clear_stale(state_dir)

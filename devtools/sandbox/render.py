@@ -161,8 +161,10 @@ def render_inventory(
     script: str,
     script_args: Sequence[str] = (),
     python_override: Mapping[int, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str:
-    """The launcher inventory (YAML) for the sandbox; a node with its own python is written as a mapping."""
+    """The launcher inventory (YAML) for the sandbox; a node with its own python is written as a mapping, `env` as
+    every node's `defaults.env`."""
     overrides = python_override or {}
     hosts: list[Any] = [
         {"name": name, "python": overrides[i]} if i in overrides else name for i, name in enumerate(names)
@@ -170,7 +172,8 @@ def render_inventory(
     data = {
         "ssh_config": str(ssh_config),
         "host_key_policy": "strict",
-        "defaults": {"python": python, "workdir": str(workdir), "nproc_per_node": nproc_per_node},
+        "defaults": {"python": python, "workdir": str(workdir), "nproc_per_node": nproc_per_node,
+                     **({"env": dict(env)} if env else {})},
         "hosts": hosts,
         "rendezvous": {"master_addr": names[0], "master_port": master_port},
         "job": {"script": script, "args": list(script_args)},

@@ -299,7 +299,8 @@ def test_the_port_held_by_a_running_run_names_that_run_and_how_to_stop_it(make_s
     # A second launch of an inventory whose run still goes on (seen on an H100): torchrun's store holds the port.
     from tests.helpers import run_id_of, run_processes, wait_for
 
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.5"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.5"])
     hosts = str(box.inventory)
     started = inv("launch", "--hosts", hosts, "--detach", log_dir=tmp_path / "logs", timeout=60)
     assert started.returncode == 0, started.stderr

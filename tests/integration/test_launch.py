@@ -138,7 +138,8 @@ def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) ->
 
 
 def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/exit_on_node.py", script_args=["1", "3"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/exit_on_node.py", script_args=["1", "3"])
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 3, result.stdout + result.stderr
     assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr
@@ -147,7 +148,7 @@ def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) 
 
 
 def test_dead_node_fails_before_anything_starts(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(3, master_port=free_port(), script="tests/scripts/sleeper.py")
+    box = make_sandbox(3, torchrun="stand-in", master_port=free_port(), script="tests/scripts/sleeper.py")
     sandbox.stop_node(box.state_dir, 2)
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 1
@@ -172,7 +173,8 @@ def test_dry_run_prints_every_node_command_and_starts_nothing(make_sandbox, tmp_
 
 
 def test_launch_refuses_in_seconds_when_a_node_cannot_resolve_the_master(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
     t0 = time.monotonic()
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert time.monotonic() - t0 < 30  # torchrun itself would retry "gai error -2" for many minutes

@@ -31,7 +31,8 @@ def started_run(out: Path, workers: int, timeout: float = 60) -> str:
 
 @pytest.fixture
 def sleeper_box(make_sandbox):
-    return make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    return make_sandbox(2, torchrun="stand-in",
+                        master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
 
 
 def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None:
@@ -133,7 +134,8 @@ class Logins:
 
 def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, tmp_path: Path) -> None:
     logins = Logins(tmp_path)
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
                        login_rc=logins.rc)
     hosts = str(box.inventory)
     data = yaml.safe_load(box.inventory.read_text())
@@ -163,7 +165,8 @@ def test_stop_without_run_chooses_and_stops_in_one_session_a_node(make_sandbox, 
 
 def test_status_and_logs_of_a_finished_run(make_sandbox, tmp_path: Path) -> None:
     logins = Logins(tmp_path)
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"],
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/echo_args.py", script_args=["x"],
                        login_rc=logins.rc)
     hosts = str(box.inventory)
     # Sandbox nodes share this machine's home, so "latest" may be another test's run: ask for an unknown id.
@@ -238,7 +241,7 @@ def test_the_root_cause_of_a_rank_with_warnings_is_its_exception_not_the_warning
 def test_stop_without_run_stops_this_inventorys_run_and_never_anothers(make_sandbox, tmp_path: Path) -> None:
     """Run A on node-0 and node-1, run B on node-1 and node-2, run C on node-1 alone (within A's hosts): `inv stop
     --hosts A.yaml` stops A, not B or C on node-1: each run records the inventory it was started from."""
-    box = make_sandbox(3, script="tests/scripts/sleeper.py", script_args=["0.5"])
+    box = make_sandbox(3, torchrun="stand-in", script="tests/scripts/sleeper.py", script_args=["0.5"])
     base = yaml.safe_load(box.inventory.read_text())
 
     def inventory(name: str, hosts: list[str]) -> str:

@@ -155,7 +155,8 @@ def test_a_chatty_jobs_lines_arrive_once_whole_and_in_order_live_and_replayed(ma
     from tests.helpers import inv, run_id_of
 
     count = 20_000
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/both_streams.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), script="tests/scripts/both_streams.py",
                        script_args=[str(count), "50"])
     logs = tmp_path / "logs"
     live = inv("launch", "--hosts", str(box.inventory), log_dir=logs, timeout=240,

@@ -64,7 +64,8 @@ def test_a_launch_with_the_doctor_opens_one_session_per_node(make_sandbox, tmp_p
 
 @pytest.mark.integration
 def test_a_node_that_cannot_resolve_the_master_starts_nothing_anywhere(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(3, master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
+    box = make_sandbox(3, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", unresolvable={1: [0]})
     counts = _counted(box, tmp_path)
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 1, result.stderr
@@ -80,7 +81,7 @@ def test_a_node_that_cannot_resolve_the_master_starts_nothing_anywhere(make_sand
 @pytest.mark.integration
 def test_a_taken_master_port_starts_nothing_and_names_its_holder(make_sandbox, tmp_path: Path) -> None:
     port = free_port()
-    box = make_sandbox(2, master_port=port, script="tests/scripts/sleeper.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=port, script="tests/scripts/sleeper.py")
     with socket.socket() as squatter:
         squatter.bind(("0.0.0.0", port))
         squatter.listen()

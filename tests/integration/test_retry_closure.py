@@ -39,7 +39,8 @@ def runs_of(box, index: int) -> list[str]:
 
 
 def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
     out = tmp_path / "out"
     proc = launch(box.inventory, tmp_path / "logs", out, silence_timeout=3, heartbeat_timeout=60)
     stopped: list[int] = []
@@ -90,7 +91,8 @@ def test_an_attempt_that_cannot_start_is_recorded_as_ended(make_sandbox, tmp_pat
         "esac\n"
         f'{{ printf "%s\\n%s\\n" "$program" "$request"; exec cat; }} | {node_python()} "$@"\n')
     wrapper.chmod(0o755)
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"],
                        python_override={1: str(wrapper)})
     out, logs = tmp_path / "out", tmp_path / "logs"
     proc = launch(box.inventory, logs, out)

@@ -72,7 +72,7 @@ def ended(proc: subprocess.Popen[bytes]) -> Iterator[None]:
 
 @pytest.fixture
 def chatty_box(make_sandbox):
-    return make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py",
+    return make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/chatty.py",
                         script_args=[str(LINES), str(RATE), "40"])
 
 
@@ -240,7 +240,8 @@ def test_a_launcher_cut_off_from_every_node_waits_for_them_within_their_bound(ma
     node's listener SIGSTOPped), past the silence timeout (3 s): no node is lost, since none can be reached (this
     launcher's own network, most likely); it says so and keeps trying within the nodes' bound (30 s), reconnects to
     each when the network is back, and the run ends well with every line once."""
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["250", "10", "40"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/chatty.py", script_args=["250", "10", "40"])
     out = tmp_path / "out"
     proc = start(box, tmp_path / "logs", out, silence_timeout=3, heartbeat_timeout=30, connect_timeout=2)
     with ended(proc):

@@ -100,7 +100,7 @@ def other_key(tmp_path: Path) -> str:
 
 
 def test_a_changed_host_key_is_refused_naming_the_line(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/sleeper.py")
     lines = box.known_hosts.read_text().splitlines()
     addr = lines[1].split()[0]
     lines[1] = f"{addr} {other_key(tmp_path)}"
@@ -116,7 +116,7 @@ def test_a_changed_host_key_is_refused_naming_the_line(make_sandbox, tmp_path: P
 
 
 def test_unknown_host_strict_refuses_accept_new_learns_once(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/echo_args.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/echo_args.py")
     lines = box.known_hosts.read_text().splitlines()
     box.known_hosts.write_text(lines[0] + "\n")  # node-1 unknown
     strict = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=60)
@@ -133,7 +133,8 @@ def test_unknown_host_strict_refuses_accept_new_learns_once(make_sandbox, tmp_pa
 
 
 def test_secrets_never_show_in_argv_dry_run_logs_or_run_dir(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
     secret = f"s3cret-{secrets.token_hex(8)}"
     set_inventory(box.inventory, env={"ECHO_TOKEN": {"from_env": "LAUNCHER_TEST_TOKEN", "secret": True},
                                       "PLAIN": "visible"})
@@ -168,7 +169,7 @@ def test_secrets_never_show_in_argv_dry_run_logs_or_run_dir(make_sandbox, tmp_pa
 
 
 def test_a_missing_from_env_variable_is_an_error_before_connecting(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(1, master_port=free_port(), script="tests/scripts/sleeper.py")
+    box = make_sandbox(1, torchrun="stand-in", master_port=free_port(), script="tests/scripts/sleeper.py")
     set_inventory(box.inventory, env={"TOKEN": {"from_env": "LAUNCHER_SURELY_UNSET", "secret": True}})
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs")
     assert result.returncode == 1
@@ -179,7 +180,7 @@ def test_a_missing_from_env_variable_is_an_error_before_connecting(make_sandbox,
 
 
 def test_a_node_that_cannot_start_stops_the_others(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/sleeper.py",
                        python_override={1: "/nonexistent/python3"})
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs", timeout=60)
     assert result.returncode == 1

@@ -69,7 +69,8 @@ def test_an_activated_venv_gives_a_bare_python_to_the_probe_the_agent_and_torchr
 
 @pytest.mark.integration
 def test_a_failing_setup_line_names_the_node_shows_its_words_and_starts_nothing(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
     hosts = str(_with_hosts(box, hosts={1: {"setup": ["module load nope"]}}))
 
     # The doctor's preflight runs the probe behind the same setup lines: it fails there, before any agent starts.

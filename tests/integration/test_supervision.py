@@ -66,12 +66,14 @@ def run_id_of_box(box) -> str:
 
 @pytest.fixture
 def sleeper_box(make_sandbox):
-    return make_sandbox(2, master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
+    return make_sandbox(2, torchrun="stand-in",
+                        master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.2"])
 
 
 def test_a_console_nobody_reads_never_stops_a_healthy_run(make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 300 lines of 200 characters at 25 lines/s: 12 s of output, far more than a pipe holds.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["300", "25", "200"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/chatty.py", script_args=["300", "25", "200"])
     proc = launch_background(box.inventory, tmp_path / "logs", tmp_path / "err", stdout=subprocess.PIPE,
                              heartbeat_timeout=3, silence_timeout=3, console_buffer=50)
     try:
@@ -212,7 +214,8 @@ def test_ctrl_c_returns_in_time_when_a_node_is_dead(sleeper_box, tmp_path: Path)
 
 
 def test_a_full_disk_under_the_log_folder_costs_one_warning(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/chatty.py", script_args=["400", "400", "200"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/chatty.py", script_args=["400", "400", "200"])
     full = tmp_path / "full"
     full.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(full)], check=True)
@@ -235,7 +238,7 @@ def xs_in(text: str) -> int:
 
 def test_a_16_mib_line_without_newline_is_cut_and_mirrored_whole(make_sandbox, tmp_path: Path) -> None:
     size = 16 * 1024 * 1024
-    box = make_sandbox(1, master_port=free_port(), script="tests/scripts/chatty.py",
+    box = make_sandbox(1, torchrun="stand-in", master_port=free_port(), script="tests/scripts/chatty.py",
                        script_args=["--no-newline", str(size)])
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 0, result.stderr
