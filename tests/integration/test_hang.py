@@ -120,7 +120,7 @@ def test_a_stopped_rank_is_reported_as_stopped_by_rank_and_node(make_sandbox, tm
 def test_an_nccl_timeout_that_ends_the_run_brings_the_flight_recorder_dumps_back(make_sandbox, tmp_path: Path
                                                                                  ) -> None:
     # No GPU here: the job writes the dumps where NCCL's watchdog would, then fails as the watchdog makes it fail.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/nccl_timeout.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/nccl_timeout.py")
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, timeout=120)
     assert result.returncode == 1, result.stderr

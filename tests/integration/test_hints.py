@@ -33,7 +33,7 @@ def test_a_projects_collection_is_named_in_every_hint_and_each_hint_runs(make_sa
     project.mkdir()
     (project / "tasks.py").write_text(block)
     (project / "hello.py").write_text("import time\nprint('hello', flush=True)\ntime.sleep(60)\n")
-    box = make_sandbox(2, master_port=free_port(), workdir=project, script="hello.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), workdir=project, script="hello.py")
     hosts = str(box.inventory)
 
     refused = project_inv(project, "ddp.launch", "--hosts", hosts, "--script", "nope.py")

@@ -195,7 +195,7 @@ def test_the_logs_folder_a_run_names_exists_when_its_workers_wrote_nothing(make_
     quiet = tmp_path / "quiet.py"
     quiet.write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
     for code in (0, 3):
-        box = make_sandbox(2, master_port=free_port(), script=str(quiet), script_args=[str(code)])
+        box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script=str(quiet), script_args=[str(code)])
         result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs", timeout=120)
         assert result.returncode == code, result.stdout + result.stderr
         folder = tmp_path / "logs" / run_id_of(result.stderr)

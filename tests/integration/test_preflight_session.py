@@ -46,7 +46,7 @@ def _sessions(counts: Path) -> dict[str, int]:
 def test_a_launch_with_the_doctor_opens_one_session_per_node(make_sandbox, tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from rank', os.environ['RANK'])\n")
-    box = make_sandbox(3, master_port=free_port(), script=str(script))
+    box = make_sandbox(3, torchrun="stand-in", master_port=free_port(), script=str(script))
     counts = _counted(box, tmp_path)
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 0, result.stderr
@@ -101,7 +101,8 @@ def test_a_slow_node_is_a_warning_and_one_past_the_probe_limit_starts_nothing(ma
     wrapper.chmod(0o755)
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    box = make_sandbox(2, master_port=free_port(), script=str(script), python_override={1: str(wrapper)})
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script=str(script), python_override={1: str(wrapper)})
     started = time.monotonic()
     late = inv("launch", "--hosts", str(box.inventory), "--probe-timeout", "1", log_dir=tmp_path / "logs")
     assert late.returncode == 1, late.stderr

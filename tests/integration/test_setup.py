@@ -43,7 +43,7 @@ def test_an_activated_venv_gives_a_bare_python_to_the_probe_the_agent_and_torchr
     venv_python = str(build_declared_env(venv).python)
     script = tmp_path / "print_exe.py"
     script.write_text(PRINT_EXE)
-    box = make_sandbox(2, master_port=free_port(), script=str(script))
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script=str(script))
     hosts = str(_with_hosts(box, defaults={"python": "python", "setup": [f". {venv}/bin/activate"]}))
 
     doctor = inv("doctor", "--hosts", hosts, "--json", timeout=120)
@@ -140,7 +140,7 @@ def test_a_python_wrapper_that_sends_stderr_elsewhere_launches_as_fast_as_withou
     wrapper.chmod(0o755)
     script = tmp_path / "print_exe.py"
     script.write_text(PRINT_EXE)
-    box = make_sandbox(2, master_port=free_port(), script=str(script))
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script=str(script))
     hosts = str(_with_hosts(box, defaults={"python": str(wrapper)}))
     t0 = time.monotonic()
     launched = inv("launch", "--hosts", hosts, "--probe-timeout", "60", log_dir=tmp_path / "logs", timeout=120)

@@ -24,7 +24,8 @@ PERIOD, SLOW_RANK, FACTOR = 0.1, 3, 3.0
 @pytest.fixture
 def steps_box(make_sandbox):
     # 2 nodes x 2 ranks; each prints `rank R step N` every 0.1 s, rank 3 every 0.3 s.
-    return make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/steps.py",
+    return make_sandbox(2, torchrun="stand-in",
+                        nproc_per_node=2, master_port=free_port(), script="tests/scripts/steps.py",
                         script_args=[str(PERIOD), str(SLOW_RANK), str(FACTOR)])
 
 
@@ -167,7 +168,7 @@ def test_status_of_a_detached_run_says_the_stragglers_top_flags(steps_box, tmp_p
 
 def test_an_attached_launch_tells_a_straggler_once_and_inv_status_shows_it(make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 1 rank: rank 1 steps 3x slower. Beats every 2 s (silence timeout 8 s), a straggler after 3 s.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/steps.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/steps.py",
                        script_args=["0.05", "1", "3", "12"])
     logs = tmp_path / "logs"
     env = {"INVOKE_LAUNCHER_STRAGGLER_HOLD": "3", "INVOKE_LAUNCHER_SILENCE_TIMEOUT": "8"}

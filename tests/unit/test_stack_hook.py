@@ -13,7 +13,8 @@ from pathlib import Path
 from launcher.node import stackdump
 
 EXITING = "import sys\nprint('up', flush=True)\nsys.stdin.readline()\nprint('bye', flush=True)\n"
-FORKING = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(3)\n    os._exit(0)\n"
+# The child lives until the parent ends it (3 s were not enough under a loaded suite: it was gone before the look).
+FORKING = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(120)\n    os._exit(0)\n"
            "print(pid, flush=True)\nsys.stdin.readline()\nos.kill(pid, 9)\nos.waitpid(pid, 0)\n")
 
 
