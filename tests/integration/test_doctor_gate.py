@@ -108,10 +108,11 @@ def test_the_doctor_and_the_launchs_gate_agree_on_every_check_they_share(make_sa
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "hello.py").write_text("print('hello')\n")
     job = {"workdir": tmp_path / "work", "script": "hello.py"}
-    healthy = make_sandbox(2, master_port=free_port(), **job)
+    healthy = make_sandbox(2, torchrun="stand-in", master_port=free_port(), **job)
     cases = faults(healthy, tmp_path)
     # node-1 resolves node-0 nowhere (dns, tcp); node-2's own name is 127.0.1.1 there (hostname)
-    broken = make_sandbox(3, master_port=free_port(), unresolvable={1: [0]}, self_loopback_trap=[2], **job)
+    broken = make_sandbox(3, torchrun="stand-in",
+                          master_port=free_port(), unresolvable={1: [0]}, self_loopback_trap=[2], **job)
     cases["dns, tcp, hostname"] = (broken.inventory, contextlib.nullcontext)
     failed: set[str] = set()
     for name, (hosts, holding) in [*cases.items(), ("ssh", (healthy.inventory, lambda: down(healthy, 1)))]:

@@ -225,7 +225,7 @@ def test_the_root_cause_of_a_rank_with_warnings_is_its_exception_not_the_warning
     then rank 1 raises. The summary shows its exception and the line that raised it, never the warnings."""
     script = tmp_path / "no_numpy.py"
     script.write_text(NO_NUMPY)
-    box = make_sandbox(1, torchrun="stand-in", nproc_per_node=2, master_port=free_port(), script=str(script))
+    box = make_sandbox(1, nproc_per_node=2, master_port=free_port(), script=str(script))
     result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 1, result.stderr
     summary = result.stderr[result.stderr.index("FAILED"):].splitlines()
