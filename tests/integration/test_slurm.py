@@ -54,6 +54,14 @@ def slurm_box(make_sandbox) -> Sandbox:
     return make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True)
 
 
+@pytest.fixture
+def sleeper_slurm_box(make_sandbox) -> Sandbox:
+    """For the stops: a job that ticks until stopped, under the stand-in torchrun (what is stopped is the launcher's
+    and SLURM's doing; torchrun's own way of ending under a signal is test_torchrun_standin's)."""
+    return make_sandbox(2, torchrun="stand-in", nproc_per_node=2, master_port=free_port(), slurm=True,
+                        script="tests/scripts/sleeper.py", script_args=["0.1"])
+
+
 def test_ddp_on_two_allocated_nodes_ends_with_equal_checksums(slurm_box: Sandbox, tmp_path: Path) -> None:
     result = salloc_launch(slurm_box, tmp_path, "--args", "'--epochs 1'", env=PAGE_ON)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -96,15 +104,14 @@ def test_a_raising_rank_is_the_root_cause_and_the_step_ends_with_nothing_left(sl
     assert run_processes(run_id_of(result.stderr)) == []
 
 
-def test_ctrl_c_stops_the_step_on_every_node(slurm_box: Sandbox, tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_step_on_every_node(sleeper_slurm_box: Sandbox, tmp_path: Path) -> None:
     out = tmp_path / "launch.out"
-    launch = [sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(slurm_box.inventory), "--args",
-              "--epochs 500 --sleep-per-step 0.05"]
+    launch = [sys.executable, "-m", "invoke", "launch", "--slurm", "--hosts", str(sleeper_slurm_box.inventory)]
     with open(out, "wb") as sink:
-        proc = subprocess.Popen(["salloc", "-N", "2", *launch], cwd=REPO, env=_env(slurm_box, tmp_path),
+        proc = subprocess.Popen(["salloc", "-N", "2", *launch], cwd=REPO, env=_env(sleeper_slurm_box, tmp_path),
                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: "epoch 0 step 10 " in out.read_text(), 120, "training under way")
+        wait_for(lambda: "tick 10 " in out.read_text(), 120, "the job under way")
         run_id = run_id_of(out.read_text())
         assert len(run_processes(run_id)) >= 6  # 2 agents, 2 torchruns, 4 workers (and their shells)
         inv_pid = next(p for p in _children_named(proc.pid, "invoke"))
@@ -158,21 +165,21 @@ def test_a_submitted_job_runs_to_its_end_and_inv_logs_shows_its_prefixed_output(
     assert "command -&gt; first optimizer step on every rank: " in page.read_text()
 
 
-def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(slurm_box: Sandbox, tmp_path: Path) -> None:
-    submitted = _inv(slurm_box, tmp_path, "slurm.submit", "--hosts", str(slurm_box.inventory), "--nodes", "2",
-                     "--args", "--epochs 500 --sleep-per-step 0.05")
+def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(sleeper_slurm_box: Sandbox, tmp_path: Path) -> None:
+    box = sleeper_slurm_box
+    submitted = _inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2")
     job = _submitted(submitted)
     output = tmp_path / "logs" / "slurm" / f"slurm-{job}.out"
-    wait_for(lambda: output.exists() and "epoch 0 step 10 " in output.read_text(), 150, "training under way")
+    wait_for(lambda: output.exists() and "tick 10 " in output.read_text(), 150, "the job under way")
     run_id = run_id_of(output.read_text())
     assert len(run_processes(run_id)) >= 6
-    stopped = _inv(slurm_box, tmp_path, "stop", "--job", job)
+    stopped = _inv(box, tmp_path, "stop", "--job", job)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"stopped job {job}" in stopped.stdout
     assert run_processes(run_id) == []
-    assert subprocess.run(["squeue", "--noheader", "--jobs", job], env=_env(slurm_box, tmp_path),
+    assert subprocess.run(["squeue", "--noheader", "--jobs", job], env=_env(box, tmp_path),
                           capture_output=True, text=True).stdout.strip() == ""
-    assert "state: CANCELLED" in _inv(slurm_box, tmp_path, "status", "--job", job).stdout
+    assert "state: CANCELLED" in _inv(box, tmp_path, "status", "--job", job).stdout
 
 
 def test_a_hung_rank_is_named_under_slurm_too(make_sandbox, tmp_path: Path) -> None:
