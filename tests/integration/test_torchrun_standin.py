@@ -74,35 +74,42 @@ def _env_of(files: dict[str, str], local_rank: int) -> dict[str, str]:
     return env
 
 
-def test_workers_get_torchruns_environment_and_files(tmp_path: Path) -> None:
-    seen = {}
+def _run_each(tmp_path: Path, mode: str, sig: signal.Signals | None = None
+              ) -> dict[str, tuple[int, list[str], dict[str, str]]]:
+    """{kind: (exit code, output lines, the workers' files)} of one single-node run of each torchrun; with `sig`,
+    sent once both workers started."""
+    ran = {}
     for kind in KINDS:
         tmp = tmp_path / kind
         tmp.mkdir()
-        proc = _torchrun(kind, tmp, "ok", port=free_port())
+        proc = _torchrun(kind, tmp, mode, port=free_port())
+        if sig is not None:
+            marks = tmp / "marks"
+            wait_for(lambda: len(list(marks.glob("started-*"))) == 2, 60, "both workers started")  # noqa: B023
+            proc.send_signal(sig)
         out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out
-        files = _worker_files(tmp)
-        seen[kind] = (sorted(files), [_env_of(files, r) for r in (0, 1)], files["attempt_0/1/stderr.log"],
-                      "Setting OMP_NUM_THREADS environment variable for each process to be 1" in out)
-    for env in (*seen["real"][1], *seen["stand-in"][1]):
-        env.pop("MASTER_PORT")  # each run its own
+        ran[kind] = (proc.returncode, out.splitlines(), _worker_files(tmp))
+    return ran
+
+
+def test_workers_get_torchruns_environment_and_files(tmp_path: Path) -> None:
+    seen = {}
+    for kind, (code, lines, files) in _run_each(tmp_path, "ok").items():
+        envs = [_env_of(files, r) for r in (0, 1)]
+        for env in envs:
+            env.pop("MASTER_PORT")  # each run its own
+        seen[kind] = (code, sorted(files), envs, files["attempt_0/1/stderr.log"],
+                      any("Setting OMP_NUM_THREADS environment variable for each process to be 1" in x for x in lines))
     assert seen["stand-in"] == seen["real"]
+    assert seen["real"][0] == 0 and seen["real"][4]
 
 
 def test_a_failed_rank_is_the_same_root_cause(tmp_path: Path) -> None:
     seen = {}
-    for kind in KINDS:
-        tmp = tmp_path / kind
-        tmp.mkdir()
-        proc = _torchrun(kind, tmp, "fail", port=free_port())
-        out, _ = proc.communicate(timeout=120)
-        lines = out.splitlines()
-        sent = sum("closing signal SIGTERM" in line for line in lines)
+    for kind, (code, lines, files) in _run_each(tmp_path, "fail").items():
         failed = next(line.split("] ", 1)[1] for line in lines if "failed (exitcode" in line)
-        files = _worker_files(tmp)
-        seen[kind] = (proc.returncode, failed_rank(root_cause_block(lines)), sent, failed.split(" (pid")[0],
-                      "got 15" in files["attempt_0/0/stdout.log"], lines[-1] == "=" * 60,
+        seen[kind] = (code, failed_rank(root_cause_block(lines)), sum("closing signal SIGTERM" in x for x in lines),
+                      failed.split(" (pid")[0], "got 15" in files["attempt_0/0/stdout.log"], lines[-1] == "=" * 60,
                       any(x.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
                           for x in lines))
     assert seen["stand-in"] == seen["real"] == (1, (1, 1, 3), 1, "failed (exitcode: 3) local_rank: 1", True, True,
@@ -112,20 +119,10 @@ def test_a_failed_rank_is_the_same_root_cause(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_death_signal_closes_the_workers_with_it(tmp_path: Path, sig: signal.Signals) -> None:
     seen = {}
-    for kind in KINDS:
-        tmp = tmp_path / kind
-        tmp.mkdir()
-        proc = _torchrun(kind, tmp, "sleep", port=free_port())
-        marks = tmp / "marks"
-        wait_for(lambda: len(list(marks.glob("started-*"))) == 2, 60, "both workers started")  # noqa: B023
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=120)
-        lines = out.splitlines()
-        files = _worker_files(tmp)
+    for kind, (code, lines, files) in _run_each(tmp_path, "sleep", sig).items():
         said = [line.split("] ", 1)[1] for line in lines if "] " in line and line[:1] in "WE"]
-        seen[kind] = (proc.returncode, said[0], sum(f"closing signal {sig.name}" in x for x in said),
-                      lines[-1].split(":")[0], [f"got {int(sig)}" in files[f"attempt_0/{r}/stdout.log"]
-                                                for r in (0, 1)])
+        seen[kind] = (code, said[0], sum(f"closing signal {sig.name}" in x for x in said), lines[-1].split(":")[0],
+                      [f"got {int(sig)}" in files[f"attempt_0/{r}/stdout.log"] for r in (0, 1)])
     assert seen["stand-in"] == seen["real"] == (
         1, f"Received {int(sig)} death signal, shutting down workers", 2,
         "torch.distributed.elastic.multiprocessing.api.SignalException", [True, True])
