@@ -10,6 +10,7 @@ import yaml
 from devtools import sandbox
 from devtools.sandbox import SandboxError, SandboxNode
 from devtools.sandbox.limits import SANDBOX_MAX_NODES
+from launcher.config.inventory import load_inventory
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure helpers.
@@ -110,6 +111,16 @@ def test_render_inventory_shape() -> None:
         "rendezvous": {"master_addr": "node-0", "master_port": 29600},
         "job": {"script": "train/ddp.py", "args": ["--epochs", "3"]},
     }
+
+
+def test_render_inventory_env_is_every_nodes_default_and_the_launcher_reads_it(tmp_path: Path) -> None:
+    text = sandbox.render_inventory(ssh_config=tmp_path / "ssh_config", names=["node-0", "node-1"],
+                                    python="/venv/bin/python", workdir=tmp_path, nproc_per_node=1, master_port=29600,
+                                    script="job.py", env={"PYTHONPATH": "/stand/in"})
+    assert yaml.safe_load(text)["defaults"]["env"] == {"PYTHONPATH": "/stand/in"}
+    (tmp_path / "sandbox.yaml").write_text(text)
+    cluster = load_inventory(tmp_path / "sandbox.yaml")
+    assert [[(v.name, v.value) for v in host.env] for host in cluster.hosts] == [[("PYTHONPATH", "/stand/in")]] * 2
 
 
 def test_node_command_execs_sshd_in_its_own_namespaces() -> None:
