@@ -3,7 +3,7 @@
 - each rank's steps/s on the page (and `report --json`) is within 10% of the rate its program says of itself, for
   a short run (the demo's: under a second of steps) and a long one, lockstep ranks alike;
 - the demo ends with its page, not a `try:` on a sandbox it took down; `report` with the nodes gone keeps every
-  figure the page had, names the nodes it could not reach and exits 1;
+  figure the page had, names the nodes it could not reach and exits 1; the README's demo lines are what it printed;
 - an attached launch says where its page is, last; a stop the user asked for is no failure, with a stop mark and how
   the processes ended; a launch the doctor refused has no page, and a later `report` says it never started and why;
 - a retried attempt's page has the words the console said of it.
@@ -26,6 +26,7 @@ from devtools import sandbox
 from devtools.observe import free_port
 from devtools.tasks import run_demo
 from launcher.options import Options
+from tests._train_helpers import assert_replicas_in_sync
 from tests.conftest import SandboxFactory
 from tests.helpers import PAGE_ON, REPO, inv, node_runs, run_id_of, wait_for
 from tests.support.nodeenv import node_python
@@ -43,6 +44,21 @@ def page_of(logs: Path, run_id: str) -> Path:
 
 def tables(html: str) -> list[str]:
     return re.findall(r"<table>.*?</table>", html, re.S)
+
+
+def assert_the_readmes_demo_lines_are_among(out: str) -> None:
+    """The README's `inv demo` lines are what the demo printed: its world and first loss; its weights' digest is the
+    same on every rank, and the README's digests agree with each other (their value is the CPU's: the losses agree to
+    the printed digits from one machine to another, the last bits of the weights after 64 steps do not)."""
+    readme = (REPO / "README.md").read_text()
+    shown = readme[readme.index("`inv demo` prints, among the rest:"):]
+    shown = shown[:shown.index("## ")]
+    assert_replicas_in_sync(out, 4)
+    figures = re.findall(r"CHECKSUM rank=\d sha256=([0-9a-f]+)\.\.\.", shown)
+    assert len(figures) >= 2 and len(set(figures)) == 1, figures
+    for line in ("per-rank batch size 32, world size 4, global batch size 128, steps per epoch 32, total steps 64",
+                 "epoch 0 step 10 loss 0.113628"):
+        assert line in shown and line in out, line
 
 
 def test_the_demo_ends_with_its_page_whose_steps_per_s_are_the_programs_and_report_keeps_them_once_it_is_down(
@@ -67,6 +83,7 @@ def test_the_demo_ends_with_its_page_whose_steps_per_s_are_the_programs_and_repo
     program = re.search(r"finished at step (\d+) in ([\d.]+)s", out)
     assert program, out[-3000:]
     rate = int(program.group(1)) / float(program.group(2))
+    assert_the_readmes_demo_lines_are_among(out)
 
     # the nodes are gone: the page keeps every figure, says which nodes could not be reached, and exits 1
     report = inv("report", "--hosts", str(where["inventory"]), "--run", run_id, "--json", log_dir=logs)
@@ -83,8 +100,8 @@ def test_the_demo_ends_with_its_page_whose_steps_per_s_are_the_programs_and_repo
 
 def test_a_long_runs_steps_per_s_are_the_programs_and_the_launch_says_last_where_its_page_is(
         make_sandbox, tmp_path: Path) -> None:
-    # 2 nodes x 2 ranks in lockstep, 500 steps of 20 ms and more (~15 s, three samples and more)
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    # 2 nodes x 1 rank in lockstep, 500 steps of 20 ms and more (~15 s, three samples and more)
+    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["500", "-1", "0", "0"])
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=PAGE_ON)
@@ -94,7 +111,7 @@ def test_a_long_runs_steps_per_s_are_the_programs_and_the_launch_says_last_where
                                               "seconds)"), result.stderr[-1000:]
     rates = {int(r): float(x) for r, x in re.findall(r"rank (\d) finished 500 steps in [\d.]+ s \(([\d.]+) steps/s",
                                                      result.stdout)}
-    assert sorted(rates) == [0, 1, 2, 3], result.stdout[-2000:]
+    assert sorted(rates) == [0, 1], result.stdout[-2000:]
     page_of(logs, run_id)
     report = inv("report", "--hosts", str(box.inventory), "--run", run_id, "--json", log_dir=logs)
     assert report.returncode == 0 and not report.stderr, report.stderr
