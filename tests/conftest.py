@@ -55,8 +55,11 @@ class SandboxFactory:
         return base
 
     def __call__(self, nodes: int = 2, *, torchrun: str = "real", **up_kwargs: Any) -> Sandbox:
-        """`torchrun="stand-in"`: the nodes run tests/support/torchrun_standin's torchrun (no `import torch`), for a
-        test of the launcher's own mechanics whose job is a light script; anything torch does needs "real"."""
+        """`torchrun="stand-in"`: the nodes run tests/support/torchrun_standin's torchrun (no `import torch`, ~1.3
+        CPU-seconds a node a launch), for a test of what the launcher does around its job (its mechanics, its
+        verdicts on the workers: their stacks, records, collectives); the job may be a torch job (rank 0's worker
+        serves its group's store). What torchrun itself does (elastic restarts, a c10d rendezvous, the error file
+        `@record` writes, its names byte for byte) needs "real"."""
         if torchrun not in ("real", "stand-in"):
             raise ValueError(f"torchrun is 'real' or 'stand-in', not {torchrun!r}")
         if torchrun == "stand-in":

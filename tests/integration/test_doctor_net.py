@@ -56,7 +56,7 @@ def _slow_link(folder: Path) -> str:
 
 
 def test_doctor_net_measures_every_node_and_flags_the_slow_one(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(3, master_port=free_port(), python_override={2: _slow_link(tmp_path)})
+    box = make_sandbox(3, torchrun="stand-in", master_port=free_port(), python_override={2: _slow_link(tmp_path)})
     result = inv("doctor", "--hosts", str(box.inventory), "--net", "--json", log_dir=tmp_path / "logs")
     assert result.returncode == 0, result.stdout + result.stderr  # slow is a warning: the run would work, slowly
     report = json.loads(result.stdout)

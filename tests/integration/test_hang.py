@@ -26,7 +26,8 @@ ANSWER = re.compile(r"hang suspected \(no progress for (\d+) s\): ranks 0,2,3 wa
 @pytest.fixture
 def hang_box(make_sandbox):
     # Rank 1 (node-0's second) sleeps for 10 minutes before an all_reduce that ranks 0, 2 and 3 already entered.
-    return make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["1", "600"])
+    return make_sandbox(2, torchrun="stand-in",
+                        nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["1", "600"])
 
 
 def _worker_of(run_id: str, rank: int) -> int:
@@ -103,7 +104,8 @@ def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tm
 
 def test_a_stopped_rank_is_reported_as_stopped_by_rank_and_node(make_sandbox, tmp_path: Path) -> None:
     # Every rank steps on; rank 3 is SIGSTOPped mid-run, so the others block in their next all_reduce.
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["9", "0", "100000"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), script=SCRIPT, script_args=["9", "0", "100000"])
     proc, out, _ = _launch(box, tmp_path, "10")
     wait_for(lambda: "step 20" in out.read_text(errors="replace"), 120, "the run stepping")
     run_id = run_id_of(out.read_text())
@@ -140,7 +142,7 @@ SPIN = re.compile(r"hang suspected \(no progress for (\d+) s\): rank 0 waits in 
 def test_a_hang_whose_threads_spin_is_found_and_the_flight_recorder_is_asked_first(make_sandbox, tmp_path: Path
                                                                                      ) -> None:
     # Every rank's CPU stays busy (a polling thread, as NCCL's proxy thread): only the stacks tell the hang.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/spin_hang.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/spin_hang.py")
     proc, out, logs = _launch(box, tmp_path, "10")
     wait_for(lambda: out.read_text(errors="replace").count("step 4") == 2, 120, "every rank's fifth step")
     hang_began = time.monotonic()  # rank 1 sleeps from here; rank 0 waits in all_reduce
@@ -167,7 +169,7 @@ def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_
     # As on an H100: rank 0's host waits in loss.item() behind an all-reduce that rank 1 never entered; its stack
     # shows no collective, its flight recorder (a stand-in writing torch's format) does. The watch says so and keeps
     # the run (--on-hang keep); `inv stacks` from another terminal asks the recorder too, and says the same.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/gpu_sync_hang.py")
     proc, out, logs = _launch(box, tmp_path, "8", "--on-hang", "keep")
     try:
         wait_for(lambda: "the run goes on (--on-hang keep)" in out.read_text(errors="replace"), 150, "a kept hang")
@@ -199,7 +201,8 @@ def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what
     # Rank 0 writes a checkpoint for 36 s, silent; rank 1 sleeps on a slow write, then waits in the barrier. The
     # watch looks at ~10-13 s (rank 1 asleep) and again at ~23-26 s (rank 1 in the barrier); the save ends after
     # (at 30 s, a loaded machine's second look came as the run ended: no stack from either rank).
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["36", "18"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["36", "18"])
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor", log_dir=logs,
                  timeout=240)

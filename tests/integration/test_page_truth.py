@@ -101,7 +101,7 @@ def test_the_demo_ends_with_its_page_whose_steps_per_s_are_the_programs_and_repo
 def test_a_long_runs_steps_per_s_are_the_programs_and_the_launch_says_last_where_its_page_is(
         make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 1 rank in lockstep, 500 steps of 20 ms and more (~15 s, three samples and more)
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["500", "-1", "0", "0"])
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, env=PAGE_ON)
@@ -124,7 +124,7 @@ def test_a_long_runs_steps_per_s_are_the_programs_and_the_launch_says_last_where
 
 def test_a_stop_the_user_asked_for_is_on_the_page_and_in_report_json_as_such_with_its_mark(
         make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["100000", "-1", "0", "0"])
     logs = tmp_path / "logs"
     started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)
@@ -152,7 +152,7 @@ def test_a_stop_the_user_asked_for_is_on_the_page_and_in_report_json_as_such_wit
 
 def test_a_launch_the_doctor_refused_has_no_page_and_report_says_it_never_started_and_why(
         make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="nope.py")
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="nope.py")
     logs = tmp_path / "logs"
     refused = inv("launch", "--hosts", str(box.inventory), log_dir=logs, env=PAGE_ON)
     assert refused.returncode == 1 and "nothing was started" in refused.stderr, refused.stderr
@@ -171,7 +171,7 @@ def test_a_launch_the_doctor_refused_has_no_page_and_report_says_it_never_starte
 
 
 def test_a_retried_attempts_page_says_what_the_console_said_of_it(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["300", "-1", "0", "0"])
     logs, out = tmp_path / "logs", tmp_path / "out"
     env = {**os.environ, **PAGE_ON, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}

@@ -43,7 +43,8 @@ def test_top_sees_a_quiet_torch_loop_step_through_its_records_with_helpers_and_t
         make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 2 ranks in lockstep; local rank 0 of each node draws through 2 DataLoader workers; rank 3's forward
     # takes 80 ms, the others' 20 ms.
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["100000", str(SLOW_RANK), str(EXTRA_S), "2"])
     logs = tmp_path / "logs"
     started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
@@ -112,7 +113,7 @@ def test_an_attached_launch_names_the_lockstep_straggler_by_its_arrival_or_its_f
     # 2 nodes x 1 rank, 200 steps: rank 1's forward takes 80 ms, rank 0's 20 ms; beats every 2 s, held 3 s. With
     # torch's flight recorder (gloo's collectives, on by default) rank 1 arrives last at every all-reduce, 60 ms
     # late; with TORCH_FR_BUFFER_SIZE=0 no collective is recorded, and the forward share says it.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["200", "1", str(EXTRA_S), "0"])
     if recorder != "on":
         data = yaml.safe_load(box.inventory.read_text())
@@ -143,7 +144,7 @@ def _records(box) -> list[dict]:
 
 def test_a_hook_whose_patching_fails_is_off_says_why_and_the_job_runs_to_its_end(make_sandbox, tmp_path: Path
                                                                                  ) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["20", "-1", "0", "0", "break-hook"])
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs")
     assert result.returncode == 0, result.stderr
@@ -160,7 +161,7 @@ def test_pickles_and_forked_dataloader_workers_give_what_they_give_without_the_h
     assert plain.returncode == 0, plain.stderr
     expected = json.loads(plain.stdout.split("result ", 1)[1])
     assert expected["methods"] == [True, True] and expected["model"] and expected["checkpoint"]
-    box = make_sandbox(2, master_port=free_port(), script=script)
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script=script)
     result = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs")
     assert result.returncode == 0, result.stderr
     answers = [json.loads(line.split("result ", 1)[1]) for line in result.stdout.splitlines() if "result {" in line]

@@ -19,7 +19,7 @@ long enough after its resume for a heartbeat (every 1.5 s at --silence-timeout 6
 
 
 def box_of(make_sandbox, tmp_path: Path, who: str):
-    return make_sandbox(3, master_port=free_port(), script=SCRIPT,
+    return make_sandbox(3, torchrun="stand-in", master_port=free_port(), script=SCRIPT,
                         script_args=[str(tmp_path / "ckpt.pt"), str(TOTAL), str(AT), who, str(EVERY)])
 
 

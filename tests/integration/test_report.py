@@ -35,7 +35,8 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
         make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 2 ranks in lockstep, ~15 s of steps (the series samples every 5 s); rank 3's forward 60 ms longer
     # (a straggler, said after 3 s), and rank 3 raises once its steps are done.
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), script="tests/scripts/quiet_loop.py",
                        script_args=["200", "3", "0.06", "0", "fail"])
     logs = tmp_path / "logs"
     env = {"INVOKE_LAUNCHER_STRAGGLER_HOLD": "3", **PAGE_ON}
@@ -75,7 +76,8 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
 
 def test_a_hung_runs_page_marks_the_hang_and_ends_with_it(make_sandbox, tmp_path: Path) -> None:
     # 2 nodes x 1 rank: rank 1 sleeps 10 minutes before an all_reduce rank 0 entered; the watch's timeout is 10 s.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/hang_rank.py", script_args=["1", "600"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/hang_rank.py", script_args=["1", "600"])
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor", log_dir=logs,
                  env=PAGE_ON)
@@ -92,7 +94,8 @@ def detached_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("detached")
     factory = SandboxFactory(root)
     try:
-        box = factory(2, master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
+        box = factory(2, torchrun="stand-in",
+                      master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
                                                                                                       "0"])
         logs = root / "logs"
         started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)

@@ -184,7 +184,8 @@ def test_inv_stop_on_a_submitted_job_leaves_no_process_of_it(sleeper_slurm_box: 
 
 def test_a_hung_rank_is_named_under_slurm_too(make_sandbox, tmp_path: Path) -> None:
     # The same watch and stacks over the srun step: the `stacks` word travels on the step's stdin.
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
                        script_args=["1", "600"])
     result = salloc_launch(box, tmp_path, "--hang-timeout", "10", "--skip-doctor")
     assert result.returncode == 124, result.stdout + result.stderr
@@ -195,7 +196,8 @@ def test_a_hung_rank_is_named_under_slurm_too(make_sandbox, tmp_path: Path) -> N
 
 
 def test_inv_stacks_on_a_submitted_job_names_the_odd_rank_and_the_job_goes_on(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/hang_rank.py",
                        script_args=["1", "600"])
     job = _submitted(_inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2",
                           "--skip-doctor"))
@@ -229,7 +231,8 @@ def _screen(session: str) -> str:
 def test_top_and_doctor_net_on_a_submitted_job_and_doctor_in_an_allocation(make_sandbox, tmp_path: Path) -> None:
     # One job for all (each SLURM sandbox and job start costs seconds): `top --once --json`, the live view in a real
     # terminal, `doctor --job --net` beside the job's own step; then, the job stopped, `doctor --slurm` in salloc.
-    box = make_sandbox(2, nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/steps.py",
+    box = make_sandbox(2, torchrun="stand-in",
+                       nproc_per_node=2, master_port=free_port(), slurm=True, script="tests/scripts/steps.py",
                        script_args=["0.1", "3", "3"])
     job = _submitted(_inv(box, tmp_path, "slurm.submit", "--hosts", str(box.inventory), "--nodes", "2",
                           "--skip-doctor"))

@@ -202,7 +202,8 @@ def test_top_and_the_hang_watch_give_one_verdict_on_a_rank_behind_at_work(make_s
     barrier. The launch's hang watch (--hang-timeout 10) said `not a hang (... rank 0 ... is at work ...)`; `inv top`
     said `hang suspected: r0 never entered barrier #N of default_pg (33 s)` from the wait alone. Now `--once` and the
     live view take two looks at the stacks and say the watch's verdict in its words: r0 `BEHIND, at work`."""
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["600", "0"])
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["600", "0"])
     out, logs, code = tmp_path / "launch.out", tmp_path / "logs", tmp_path / "code"
     proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
                           log_dir=logs, out=out)
@@ -243,7 +244,8 @@ def test_top_and_the_hang_watch_give_one_verdict_on_a_rank_behind_at_work(make_s
 def input_box(make_sandbox):
     # 2 nodes x 4 ranks training alone; rank 6 (node-1's third) waits 60 ms more for each batch: ~0.45x the rate,
     # data ~55% of its step against ~0% for the others. Ends by itself after 240 s.
-    return make_sandbox(2, nproc_per_node=4, master_port=free_port(), script="tests/scripts/slow_input.py",
+    return make_sandbox(2, torchrun="stand-in",
+                        nproc_per_node=4, master_port=free_port(), script="tests/scripts/slow_input.py",
                         script_args=["6", "0.06", "240"])
 
 

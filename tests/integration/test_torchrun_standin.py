@@ -1,7 +1,9 @@
 """The tests' stand-in torchrun (tests/support/torchrun_standin) against the real one, on what the launcher reads:
 the workers' environment and their files, the exit code and the root-cause block of a failed rank, the death-signal
-lines of a stopped node, and the static rendezvous's order (no worker before every node joined, node 0 last to end).
-Where torch changes one of these, this test fails, not the mechanics' tests that run the stand-in."""
+lines of a stopped node, and the static rendezvous's order (no worker before every node joined, node 0 last to end);
+and a torch job forms its process group under the stand-in (whose rank 0 serves the group's store: the one name that
+differs, TORCHELASTIC_USE_AGENT_STORE, with MASTER_PORT). Where torch changes one of these, this test fails, not the
+tests that run the stand-in."""
 
 from __future__ import annotations
 
@@ -97,11 +99,13 @@ def test_workers_get_torchruns_environment_and_files(tmp_path: Path) -> None:
     for kind, (code, lines, files) in _run_each(tmp_path, "ok").items():
         envs = [_env_of(files, r) for r in (0, 1)]
         for env in envs:
-            env.pop("MASTER_PORT")  # each run its own
+            env.pop("MASTER_PORT")  # each run its own: torchrun's store, the stand-in's rank 0's
+            seen.setdefault("stores", []).append(env.pop("TORCHELASTIC_USE_AGENT_STORE"))
         seen[kind] = (code, sorted(files), envs, files["attempt_0/1/stderr.log"],
                       any("Setting OMP_NUM_THREADS environment variable for each process to be 1" in x for x in lines))
     assert seen["stand-in"] == seen["real"]
     assert seen["real"][0] == 0 and seen["real"][4]
+    assert seen["stores"] == ["True", "True", "False", "False"]  # who serves the group's store: torchrun, or rank 0
 
 
 def test_a_failed_rank_is_the_same_root_cause(tmp_path: Path) -> None:
@@ -150,3 +154,28 @@ def test_two_nodes_start_their_workers_together_and_node_0_ends_last(tmp_path: P
         if second.returncode or first.returncode:
             raise AssertionError(first_out + second_out)
     assert seen["stand-in"] == seen["real"] == ([], 0, 0, True, ["ended-0", "ended-1", "started-0", "started-1"])
+
+
+GROUP = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {total.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_torch_job_forms_its_group_across_two_nodes_under_the_stand_in(tmp_path: Path) -> None:
+    """Rank 0's worker serves the group's store (torchrun serves its own, which needs torch), on the port node 0
+    told node 1: a job that imports torch and joins a group runs under the stand-in as under torchrun."""
+    (tmp_path / "group.py").write_text(GROUP)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **STAND_IN_ENV}
+    port = free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
+                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               str(tmp_path / "group.py")], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 0)]
+    outs = [node.communicate(timeout=120)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs
+    assert "rank 1 of 2: 3" in outs[0] and "rank 0 of 2: 3" in outs[1], outs

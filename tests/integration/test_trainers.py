@@ -118,7 +118,8 @@ def test_a_rank_stuck_in_its_training_step_is_named_where_it_waits(make_sandbox,
 
 
 def test_a_hang_with_dataloader_workers_is_found(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/loader_hang.py", script_args=["1", "100000"])
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/loader_hang.py",
+                       script_args=["1", "100000"])
     t0 = time.monotonic()
     launched = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",
                    log_dir=tmp_path / "logs", timeout=300)
@@ -131,7 +132,7 @@ def test_a_hang_with_dataloader_workers_is_found(make_sandbox, tmp_path: Path) -
 
 def test_a_dataloader_worker_stuck_in_its_dataset_is_found_and_named(make_sandbox, tmp_path: Path) -> None:
     # A worker of rank 1 sleeps in __getitem__; rank 1 waits for it in DataLoader.__next__, rank 0 in the all-reduce.
-    box = make_sandbox(2, master_port=free_port(), script="tests/scripts/loader_hang.py",
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/loader_hang.py",
                        script_args=["1", "100000", "worker"])
     t0 = time.monotonic()
     launched = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "15", "--skip-doctor",

@@ -6,6 +6,10 @@ What it keeps of torchrun 2.13 (tests/integration/test_torchrun_standin.py runs 
 - the static rendezvous: node 0 listens on --master-port (the launcher's store wait and a taken port see it), the
   other nodes connect and every node starts its workers once all have joined; after its workers succeed, a node
   waits for the others to end theirs (torchrun's exit barrier);
+- a store for the workers' process group: torchrun serves its own TCPStore to them (TORCHELASTIC_USE_AGENT_STORE=True),
+  which needs torch; here rank 0's worker serves it, as `init_process_group` does without torchrun
+  (TORCHELASTIC_USE_AGENT_STORE=False), on a port node 0 takes and tells the others with its "go": MASTER_PORT is
+  that port, not --master-port. A job that imports torch and joins a group runs under it as under torchrun;
 - the workers: `python -u SCRIPT ARGS` (`-m MODULE`, or the command with --no-python), each in a session of its own,
   with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_*, ...) and --redirects 3's
   files: LOG_DIR/<run id>_<random>/attempt_0/<local rank>/stdout.log and stderr.log;
@@ -15,7 +19,8 @@ What it keeps of torchrun 2.13 (tests/integration/test_torchrun_standin.py runs 
   traceback, exit code 1. Its log lines have torchrun's glog form.
 
 What it refuses (exit code 2, said): any option it does not keep (a c10d rendezvous, --max-restarts above 0, ...).
-Tests of those, and of anything torch itself does, run the real torchrun.
+What it does not do: read the error file `@record` writes (its report says `error_file: <N/A>`). Tests of those, and
+of anything else torchrun itself does, run the real torchrun.
 """
 
 import argparse
@@ -72,20 +77,30 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
 class Rendezvous:
-    """The static rendezvous over one TCP connection a node: node 0 holds the port (torchrun's store) until it ends."""
+    """The static rendezvous over one TCP connection a node: node 0 holds the port (torchrun's store) until it ends,
+    and names the port of the workers' store (rank 0's)."""
 
     def __init__(self, args):
         self.args = args
         self.server = None
         self.peers = []
+        self.store_port = None
 
     def join(self):
         args = self.args
         if args.nnodes == 1:
+            self.store_port = _free_port()
             return
         if args.node_rank == 0:
             self.server = socket.create_server(("", args.master_port))
+            self.store_port = _free_port()
             while len(self.peers) < args.nnodes - 1:
                 peer, _ = self.server.accept()
                 if peer.makefile("r").readline().startswith("join "):
@@ -93,7 +108,7 @@ class Rendezvous:
                 else:  # a look at whether the port listens (the launcher's store wait): not a node
                     peer.close()
             for peer in self.peers:
-                peer.sendall(b"go\n")
+                peer.sendall(b"go %d\n" % self.store_port)
             return
         deadline = time.monotonic() + JOIN_LIMIT_S
         while True:
@@ -106,8 +121,10 @@ class Rendezvous:
                 time.sleep(0.5)
         peer.settimeout(None)
         peer.sendall(b"join %d\n" % args.node_rank)
-        if peer.makefile("r").readline() != "go\n":
+        answer = peer.makefile("r").readline().split()
+        if answer[:1] != ["go"]:
             raise ConnectionError(f"the rendezvous on {args.master_addr}:{args.master_port} ended")
+        self.store_port = int(answer[1])
         self.peers.append(peer)
 
     def exit_barrier(self):
@@ -131,7 +148,7 @@ class Rendezvous:
             log("E", "torch/distributed/elastic/agent/server/api.py:1008", f"Error waiting on exit barrier: {error}")
 
 
-def worker_env(args, local_rank, run_id, error_file):
+def worker_env(args, local_rank, run_id, error_file, store_port):
     env = dict(os.environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != OWN_FOLDER]
     if paths:
@@ -144,9 +161,9 @@ def worker_env(args, local_rank, run_id, error_file):
         "LOCAL_RANK": str(local_rank), "RANK": str(rank), "GROUP_RANK": str(args.node_rank),
         "ROLE_RANK": str(rank), "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
         "WORLD_SIZE": str(world), "GROUP_WORLD_SIZE": str(args.nnodes), "ROLE_WORLD_SIZE": str(world),
-        "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(args.master_port),
+        "MASTER_ADDR": args.master_addr, "MASTER_PORT": str(store_port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_ERROR_FILE": error_file, "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     })
@@ -162,7 +179,7 @@ class Workers:
         self.files = []
         self.ended = {}  # local rank -> (exit code, when)
 
-    def start(self):
+    def start(self, store_port):
         args, run_id = self.args, "none"
         attempt = None
         if args.log_dir:
@@ -182,8 +199,8 @@ class Workers:
                            "stderr": open(os.path.join(folder, "stderr.log"), "w")}  # noqa: SIM115
                 self.files.extend(outputs.values())
             error_file = os.path.join(folder, "error.json") if folder else ""
-            self.procs[local_rank] = subprocess.Popen(argv, env=worker_env(args, local_rank, run_id, error_file),
-                                                      start_new_session=True, **outputs)
+            env = worker_env(args, local_rank, run_id, error_file, store_port)
+            self.procs[local_rank] = subprocess.Popen(argv, env=env, start_new_session=True, **outputs)
 
     def first_failure(self):
         for local_rank, proc in self.procs.items():
@@ -270,7 +287,7 @@ def main(argv=None):
         rendezvous.join()
         for sig in HANDLED:  # as torchrun: from its workers' start (a signal during the rendezvous ends it at once)
             signal.signal(sig, _on_signal)
-        workers.start()
+        workers.start(rendezvous.store_port)
         while True:
             time.sleep(MONITOR_S)
             failed = workers.first_failure()
