@@ -8,7 +8,8 @@ is this file's source (launcher/node/stackdump.py `install_hook`); imported unde
   counts optimizer steps (torch's global step post hook), batches drawn from DataLoaders with the time spent waiting
   for them, and the time from a batch's arrival (or a step's end) to the next `Tensor.backward` call: the forward,
   pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
-  every flush interval (a step or a batch after it writes); no thread, no lock. Any failure turns recording off for
+  every flush interval (a step or a batch after it writes), and at the end (atexit, and destroy_process_group: a
+  program may `os._exit` after it); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
 - Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done,
   `init_process_group` called (the rendezvous begins) and returned (the process group ready), the first batch and the
@@ -23,6 +24,7 @@ and ended by a newline; START is the process's start time (/proc/<pid>/stat fiel
 CLOCK_MONOTONIC seconds (the same clock for every process of the node), FORWARD_S and DATA_S totals.
 """
 
+import functools
 import os
 import sys
 
@@ -181,8 +183,6 @@ class Recorder:
 
 
 def wrap_next(recorder, original):
-    import functools
-
     @functools.wraps(original)  # the same name and qualified name: pickling the method finds this one
     def __next__(self):
         if not recorder.on:
@@ -195,25 +195,28 @@ def wrap_next(recorder, original):
     return __next__
 
 
-def wrap_init(recorder, original):
-    """init_process_group, noting when it was called (the rendezvous begins: Lightning and the HF Trainer call it
-    seconds after `import torch`, once their imports and the model are done) and when it returned (the process group
-    is ready)."""
-    import functools
+def wrap_group(recorder, module):
+    """init_process_group noting when it was called (the rendezvous begins) and returned (the group is ready);
+    destroy_process_group writing the record first: train/ddp.py's `os._exit` after it (gloo's last threads) skips
+    atexit, which lost its steps since the last flush (a tenth of the demo's on a busy machine, and its page's rate)."""
+    init, destroy = module.init_process_group, module.destroy_process_group
 
-    @functools.wraps(original)
+    @functools.wraps(init)
     def init_process_group(*args, **kwargs):
         recorder.phase(b"rdzv")
-        result = original(*args, **kwargs)
+        result = init(*args, **kwargs)
         recorder.phase(b"pg")
         return result
 
-    return init_process_group
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        recorder.last()
+        return destroy(*args, **kwargs)
+
+    module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
 
 
 def wrap_backward(recorder, original):
-    import functools
-
     @functools.wraps(original)
     def backward(self, *args, **kwargs):
         if recorder.on:
@@ -242,7 +245,7 @@ class Patches:
                 cls.__next__ = wrap_next(self.recorder, cls.__next__)
             elif name == C10D and name not in self.done:
                 self.done.add(name)  # before torch.distributed's `import *` copies it: every caller gets this one
-                module.init_process_group = wrap_init(self.recorder, module.init_process_group)
+                wrap_group(self.recorder, module)
             elif name == TORCH:
                 self.recorder.phase(b"torch")
             tensor = sys.modules.get(TENSOR)

@@ -37,11 +37,15 @@ FAKE_TORCH = {
     '''),
     "torch/distributed/__init__.py": "from torch.distributed.distributed_c10d import *\n",
     "torch/distributed/distributed_c10d.py": textwrap.dedent('''
-        __all__ = ["init_process_group"]
+        __all__ = ["init_process_group", "destroy_process_group"]
 
         def init_process_group(backend=None):
             """Joins the group."""
             return "group of " + backend
+
+        def destroy_process_group(group=None):
+            """Leaves the group."""
+            return "left"
     '''),
     "torch/utils/__init__.py": "",
     "torch/utils/data/__init__.py": "from torch.utils.data import dataloader\n",
@@ -162,6 +166,21 @@ def test_a_rank_notes_its_start_once_a_phase_in_order_with_its_rank_and_restart(
     times = [float(line[1]) for line in lines]
     assert times == sorted(times) and times[-1] - times[0] < 30
     assert {tuple(line[2:]) for line in lines} == {("0", "0", "0")}  # rank, local rank, restart
+
+
+def test_a_program_that_ends_with_os_exit_after_destroy_process_group_has_every_step_in_its_record(
+        tmp_path: Path) -> None:
+    # train/ddp.py's end (gloo's threads outlive the group: no interpreter teardown), so atexit never runs; the
+    # record was last written at the first step, the flush interval being longer than the whole loop.
+    after = textwrap.dedent('''
+        import torch.distributed as dist
+        assert dist.destroy_process_group() == "left" and dist.destroy_process_group.__name__ == "destroy_process_group"
+        print(json.dumps({"pid": os.getpid()}), flush=True)
+        os._exit(0)
+    ''')
+    seen, folder = run_job(tmp_path, after=after)
+    record = record_of(folder, seen["pid"])
+    assert record["steps"] == 5 and record["batches"] == 5, record
 
 
 def test_a_failure_in_the_hooks_patching_turns_recording_off_and_says_why_while_the_program_runs(
