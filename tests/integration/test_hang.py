@@ -198,11 +198,12 @@ def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_
 
 def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what_was_seen(make_sandbox,
                                                                                          tmp_path: Path) -> None:
-    # Rank 0 writes a checkpoint for 36 s, silent; rank 1 sleeps on a slow write, then waits in the barrier. The
-    # watch looks at ~10-13 s (rank 1 asleep) and again at ~23-26 s (rank 1 in the barrier); the save ends after
-    # (at 30 s, a loaded machine's second look came as the run ended: no stack from either rank).
+    # Rank 0 writes a checkpoint for 44 s, silent; rank 1 sleeps 22 s on a slow write, then waits in the barrier.
+    # The watch looks at ~10-13 s (rank 1 asleep) and again at ~23-26 s (rank 1 in the barrier); the save ends after
+    # (at 30 s, a loaded machine's second look came as the run ended: no stack from either rank; with rank 1 asleep
+    # for 18 s, a first look slowed to 17 s on 4 workers found it in the barrier already).
     box = make_sandbox(2, torchrun="stand-in",
-                       master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["36", "18"])
+                       master_port=free_port(), script="tests/scripts/busy_save.py", script_args=["44", "22"])
     logs = tmp_path / "logs"
     result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor", log_dir=logs,
                  timeout=240)
