@@ -100,13 +100,13 @@ class Rendezvous:
             return
         if args.node_rank == 0:
             self.server = socket.create_server(("", args.master_port))
-            self.store_port = _free_port()
             while len(self.peers) < args.nnodes - 1:
                 peer, _ = self.server.accept()
                 if peer.makefile("r").readline().startswith("join "):
                     self.peers.append(peer)
                 else:  # a look at whether the port listens (the launcher's store wait): not a node
                     peer.close()
+            self.store_port = _free_port()  # once every node joined: the shortest while for another to take it
             for peer in self.peers:
                 peer.sendall(b"go %d\n" % self.store_port)
             return
