@@ -94,9 +94,8 @@ def detached_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("detached")
     factory = SandboxFactory(root)
     try:
-        box = factory(2, torchrun="stand-in",
-                      master_port=free_port(), script="tests/scripts/quiet_loop.py", script_args=["30", "-1", "0",
-                                                                                                      "0"])
+        box = factory(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/quiet_loop.py",
+                      script_args=["30", "-1", "0", "0"])
         logs = root / "logs"
         started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs, env=PAGE_ON)
         assert started.returncode == 0, started.stderr

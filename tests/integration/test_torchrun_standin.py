@@ -45,12 +45,14 @@ KINDS = ("real", "stand-in")
 
 
 def _torchrun(kind: str, tmp: Path, mode: str, *, nnodes: int = 1, node_rank: int = 0, nproc: int = 2,
-              port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+              port: int, extra: tuple[str, ...] = (), job: str = WORKER) -> subprocess.Popen:
+    """One node's torchrun of `job` (WORKER: its argv the mode, the marks' folder and `extra`), --redirects 3 into
+    `tmp`/logs-<node rank>."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if kind == "stand-in":
         env.update(STAND_IN_ENV)
     env["BASE_NAMES"] = ",".join([*env, "BASE_NAMES"])
-    (tmp / "worker.py").write_text(WORKER)
+    (tmp / "worker.py").write_text(job)
     marks = tmp / "marks"
     marks.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
@@ -169,13 +171,10 @@ dist.destroy_process_group()
 def test_a_torch_job_forms_its_group_across_two_nodes_under_the_stand_in(tmp_path: Path) -> None:
     """Rank 0's worker serves the group's store (torchrun serves its own, which needs torch), on the port node 0
     told node 1: a job that imports torch and joins a group runs under the stand-in as under torchrun."""
-    (tmp_path / "group.py").write_text(GROUP)
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **STAND_IN_ENV}
     port = free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
-                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               str(tmp_path / "group.py")], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 0)]
+    nodes = [_torchrun("stand-in", tmp_path, "group", nnodes=2, node_rank=n, nproc=1, port=port, job=GROUP)
+             for n in (1, 0)]
     outs = [node.communicate(timeout=120)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs
-    assert "rank 1 of 2: 3" in outs[0] and "rank 0 of 2: 3" in outs[1], outs
+    said = [_worker_files(tmp_path, n)["attempt_0/0/stdout.log"] for n in (0, 1)]
+    assert "rank 0 of 2: 3" in said[0] and "rank 1 of 2: 3" in said[1], said
