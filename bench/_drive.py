@@ -6,7 +6,7 @@ It is started as a fresh process so that its time includes the launcher's own st
 `inv launch`. Default light command: `<the host's python> -c pass`. Exit code: the launch's.
 
 --trace writes a timeline (time.time() stamps) of the launcher's phases, found by wrapping a few of its functions
-from the outside and from the run's typed events (`Options.on_event`): imports, each host's `ssh -G` and connect,
+from the outside and from the run's typed events (`RunIO.on_event`): imports, each host's `ssh -G` and connect,
 each channel opened (and how many sessions each node got: `sessions`), the doctor's `probed` and `tcp` answers and
 `ready` (with --preflight, in the start sessions), each node's agent `started`/`exited` events (stamped by the
 node), and the end of `launch`.
@@ -115,17 +115,19 @@ def main(argv: list[str]) -> int:
 
     gc.disable()  # as tasks.py does around its imports (`inv launch`)
     from launcher.config.inventory import load_inventory
-    from launcher.options import Options
     from launcher.plan.launchplan import plan_launch
+    from launcher.plan.settings import for_run
     from launcher.run import launch as run_launch
     from launcher.run.run_io import RunIO
+    from launcher.settings import Settings
 
     gc.freeze()
     gc.enable()
     t_import = time.perf_counter()
     trace = _install_trace() if args.trace else None
     cluster = load_inventory(args.inventory)
-    plan = plan_launch(cluster)
+    settings = Settings.of(detach=args.detach, **({"log_dir": Path(args.log_dir)} if args.log_dir else {}))
+    plan = plan_launch(cluster, settings=for_run(settings, cluster))
     nodes = tuple(
         dataclasses.replace(c, argv=tuple(args.light) if args.light else (c.host.python, "-c", "pass"),
                             home_args=(0,))
@@ -133,7 +135,6 @@ def main(argv: list[str]) -> int:
     )
     if not args.torchrun:
         plan = dataclasses.replace(plan, nodes=nodes)
-    opts = Options(detach=args.detach, **({"log_dir": Path(args.log_dir)} if args.log_dir else {}))
     run_io = RunIO(out=sys.stdout, err=sys.stderr)
     if args.preflight:
         from launcher.doctor import default_gate
@@ -146,7 +147,7 @@ def main(argv: list[str]) -> int:
         trace["planned"] = time.time()
         trace["cpu"].update(main=MAIN_CPU, imported_planned=cpu_now())
     try:
-        code = run_launch.launch_run(plan, opts, run_io)
+        code = run_launch.launch_run(plan, run_io)
     finally:
         if trace is not None:
             import json

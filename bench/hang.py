@@ -31,11 +31,11 @@ from bench.common import MARK_ENV, REPO, log, run_alone, sandbox_of
 from launcher import events
 from launcher.config.inventory import load_inventory
 from launcher.errors import RunFailed
-from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
-from launcher.plan.runsettings import run_settings
+from launcher.plan.settings import for_run
 from launcher.run import launch as run_launch
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 
 WORKER = str(REPO / "bench" / "workloads" / "hang_worker.py")
 TIMEOUT_S = 5.0
@@ -45,10 +45,10 @@ STEADY_S = 12.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def light_plan(inventory: Path, *args: str, opts: Options | None = None):
-    """The inventory's plan, each node running the light worker with `args`, followed as `opts` say."""
+def light_plan(inventory: Path, *args: str, settings: Settings | None = None):
+    """The inventory's plan, each node running the light worker with `args`, with `settings` (as the user's)."""
     cluster = load_inventory(inventory)
-    plan = plan_launch(cluster, settings=run_settings(cluster, opts=opts))
+    plan = plan_launch(cluster, settings=for_run(settings or Settings(), cluster))
     nodes = tuple(dataclasses.replace(c, argv=(c.host.python, WORKER, *args), home_args=(0,)) for c in plan.nodes)
     return dataclasses.replace(plan, nodes=nodes)
 
@@ -81,8 +81,8 @@ def _agents_of(run_id: str) -> list[int]:
 
 def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     """CPU seconds per second of each node's agent (the median node) over a healthy attached light run."""
-    opts = Options(hang_timeout=None if watch else 0, log_dir=root / "logs")
-    plan = light_plan(inventory, "steady", str(STEADY_S), opts=opts)
+    settings = Settings.of(hang_timeout=None if watch else 0, log_dir=root / "logs")
+    plan = light_plan(inventory, "steady", str(STEADY_S), settings=settings)
     samples: dict[int, list[tuple[float, float]]] = {}
     done = threading.Event()
 
@@ -97,7 +97,7 @@ def agent_cpu(inventory: Path, root: Path, watch: bool) -> float | None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run_launch.launch_run(plan, opts, RunIO(out=devnull, err=devnull))
+        run_launch.launch_run(plan, RunIO(out=devnull, err=devnull))
     finally:
         done.set()
         sampler.join()
@@ -118,9 +118,9 @@ def answer_time(inventory: Path, root: Path) -> dict:
             hang.append(event)
 
     devnull = open(os.devnull, "w")  # noqa: SIM115
-    opts = Options(hang_timeout=TIMEOUT_S, log_dir=root / "logs")
+    settings = Settings.of(hang_timeout=TIMEOUT_S, log_dir=root / "logs")
     with contextlib.suppress(RunFailed):  # the run is stopped for its hang: exit code 124
-        run_launch.launch_run(light_plan(inventory, opts=opts), opts,
+        run_launch.launch_run(light_plan(inventory, settings=settings),
                               RunIO(out=devnull, err=devnull, on_event=on_event))
     bound = max(started) + TIMEOUT_S
     ranks = sum(len(a.get("workers", [])) for a in hang[0].answers.values() if isinstance(a, dict)) if hang else 0
@@ -131,7 +131,7 @@ def stacks_time(inventory: Path, root: Path) -> dict:
     """`inv stacks` on a detached light run: a fresh process, every node's agent, the grouped answer."""
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
     devnull = open(os.devnull, "w")  # noqa: SIM115
-    run_launch.launch_run(light_plan(inventory), Options(detach=True, log_dir=root / "logs"),
+    run_launch.launch_run(light_plan(inventory, settings=Settings.of(detach=True, log_dir=root / "logs")),
                          RunIO(out=devnull, err=devnull))
     time.sleep(2)
     t0 = time.perf_counter()

@@ -24,10 +24,10 @@ from pathlib import Path
 from bench.common import REPO, RUN_ID, log, node_agents, run_alone, sandbox_of
 from bench.hang import _cpu_s, light_plan
 from launcher.config.inventory import load_inventory
-from launcher.options import Options
 from launcher.run import launch as run_launch
 from launcher.run.run_io import RunIO
 from launcher.run.topfeed import SshFeed, wait_first
+from launcher.settings import Settings
 from launcher.transport.connections import close_all, connect_all
 
 VIEW_S = 10.0
@@ -47,9 +47,9 @@ def open_view(inventory: Path, run_id: str) -> tuple[SshFeed, dict]:
 
 def view_cpu(inventory: Path, root: Path) -> dict:
     """A detached light run; a live view on it for VIEW_S; the view's agents' CPU per second, per node."""
-    plan = light_plan(inventory, "steady", "600")
+    plan = light_plan(inventory, "steady", "600", settings=Settings.of(detach=True, log_dir=root / "logs"))
     quiet = RunIO(out=io.StringIO(), err=io.StringIO())
-    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"), quiet)
+    run_launch.launch_run(plan, quiet)
     time.sleep(2)
     before = node_agents()
     feed, nodes = open_view(inventory, plan.run_id)
@@ -74,10 +74,9 @@ def view_cpu(inventory: Path, root: Path) -> dict:
 
 
 def first_view(inventory: Path, root: Path) -> float:
-    plan = light_plan(inventory, "steady", "600")
+    plan = light_plan(inventory, "steady", "600", settings=Settings.of(detach=True, log_dir=root / "logs"))
     env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(root / "logs")}
-    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
-                         RunIO(out=io.StringIO(), err=io.StringIO()))
+    run_launch.launch_run(plan, RunIO(out=io.StringIO(), err=io.StringIO()))
     time.sleep(1)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", "top", "--hosts", str(inventory), "--once", "--json"],
@@ -118,8 +117,8 @@ def job_wall(inventory: Path, root: Path, viewed: bool) -> float:
 def first_frame(inventory: Path, root: Path) -> float:
     """From nothing (connections included, imports not) to a frame with every node's figures, on a detached light
     run: what the live view takes to show the whole run."""
-    plan = light_plan(inventory, "steady", "600")
-    run_launch.launch_run(plan, Options(detach=True, log_dir=root / "logs"),
+    plan = light_plan(inventory, "steady", "600", settings=Settings.of(detach=True, log_dir=root / "logs"))
+    run_launch.launch_run(plan,
                          RunIO(out=io.StringIO(), err=io.StringIO()))
     time.sleep(2)
     t0 = time.perf_counter()

@@ -5,7 +5,6 @@ the wheel does not ship. `checkout_namespace` is what this checkout's tasks.py g
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
 from typing import Any
 
 from invoke import Collection
@@ -20,8 +19,9 @@ from launcher.cliconfig import SECTION
 from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
 from launcher.plan.launchplan import new_run_id
-from launcher.tasks import _options as options_of  # the settings as the installed tasks read them
+from launcher.settings import Settings
 from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
+from launcher.tasks import _settings as settings_of  # the settings as the installed tasks read them
 from launcher.tasks import ns as installed
 from launcher.tasks import task
 
@@ -51,17 +51,17 @@ def bring_down(**where: Any) -> None:
         print(line)
 
 
-def run_demo(opts: options.Options | None = None, **where: Any) -> int:
+def run_demo(settings: Settings | None = None, **where: Any) -> int:
     """Bring up 2 sshd nodes x 2 processes, train the reference DDP program on them, always bring them down (no
     `try:` line: they are gone when it ends). `where`: the sandbox's place (bring_up's; a test's own)."""
     box = bring_up(2, nproc_per_node=2, tell=False, **where)
-    run_id, opts = new_run_id(), opts or options.Options()
+    run_id, settings = new_run_id(), settings or Settings()
     try:
         # The run's page before the nodes go down (a page written by a process of its own, as after a launch, would
         # race the sandbox's end and could find no node to ask).
         code = app.launch(str(box.inventory), JobArgs(script="train/ddp.py", args="--epochs 2"), run_id=run_id,
-                          opts=replace(opts, page=False))
-        page = page_now(load_inventory(str(box.inventory)), run_id, opts)
+                          settings=settings.updated({"page": False}, "the demo"))
+        page = page_now(load_inventory(str(box.inventory)), run_id, settings)
         if page is not None:
             print(f"the run's page: {relative(page)}", flush=True)
         return code
@@ -112,7 +112,7 @@ def bench(c, quick=False, only=None):
 @reported
 def demo(c):
     """Sandbox of 2 nodes x 2 processes, launch train/ddp.py on it, bring it down (even on failure)."""
-    return run_demo(options_of(c))
+    return run_demo(settings_of(c))
 
 
 def checkout_namespace() -> Collection:

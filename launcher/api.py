@@ -15,7 +15,7 @@ results and raise typed errors (`launcher.errors`), never exit the process.
     findings = api.doctor("hosts/cluster.yaml").findings
 
 Paths are Python's: relative to the current folder. No settings file is read: options are arguments (`grace=5`,
-`log_dir="runs"`, `retries=2`: any `launcher.options.Options` field, checked as the command line's). A
+`log_dir="runs"`, `retries=2`: any setting of `launcher.settings` by its name, checked as the command line's). A
 KeyboardInterrupt while a launch is attached stops the run on every node, as Ctrl-C does, then reaches the caller;
 each call closes its connections, ends its threads and gives back the signal handlers it set.
 """
@@ -39,13 +39,14 @@ from launcher.doctor.evidence import Finding, Report
 from launcher.errors import LauncherError, RunFailed, StillRunning
 from launcher.events import Ended, NodeEnd, Reattached, Started
 from launcher.limits import API_WAIT_POLL_S
-from launcher.options import Options, from_config
+from launcher.options import from_config
 from launcher.paths import API, called_as
 from launcher.plan.launchplan import new_run_id
 from launcher.run.actions import check_run_id
 from launcher.run.control import NodeState
 from launcher.run.run_io import RunIO
 from launcher.run.takestacks import StacksReport
+from launcher.settings import Settings
 
 Lines = Callable[[str], None]
 """Called with each line (without its newline), from the launcher's threads: it must not block for long."""
@@ -205,12 +206,12 @@ def _api(fn: Callable[P, R]) -> Callable[P, R]:
     return call
 
 
-def _options(given: Mapping[str, Any], detach: bool = False) -> Options:
-    """The options as `Options`, each checked as the command line's are (a wrong one: a LauncherError)."""
-    values = {**given, "detach": detach}
+def _settings(given: Mapping[str, Any], detach: bool = False) -> Settings:
+    """The keywords as `Settings`, each checked as the command line's are (a wrong one: a LauncherError)."""
+    values = {**given, **({"detach": True} if detach else {})}
     if values.get("log_dir") is not None:
         values["log_dir"] = Path(values["log_dir"])
-    return from_config({}, values)
+    return from_config({}, values, given_by="the caller")
 
 
 def _quiet() -> RunIO:
@@ -235,14 +236,14 @@ def launch(hosts: str | Path, script: str | None = None, *, module: str | None =
     stderr). `detach=True`: returns a `Run` handle once the run started. A run that could not start raises (a
     `ConnectError`, `DoctorFailed`, `RunFailed`); `sync`, `doctor`, `include`, `exclude` are `ddpl launch`'s.
     """
-    opts = _options(options, detach)
+    settings = _settings(options, detach)
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
     job_args = app.JobArgs(script, module, command, None if args is None else shlex.join(str(a) for a in args))
     run_id = new_run_id()
-    ended = _attended(lambda run_io: app.launch(spec, job_args, doctor=doctor, sync=sync, opts=opts, run_id=run_id,
-                                                run_io=run_io), lambda: run_id, opts, on_output, on_message,
+    ended = _attended(lambda run_io: app.launch(spec, job_args, doctor=doctor, sync=sync, settings=settings, run_id=run_id,
+                                                run_io=run_io), lambda: run_id, settings, on_output, on_message,
                       raising=detach)
-    return Run(run_id, spec, opts) if ended is None else ended
+    return Run(run_id, spec, settings) if ended is None else ended
 
 
 @_api
@@ -252,15 +253,15 @@ def attach(hosts: str | Path, run_id: str | None = None, *, on_output: Lines | N
     another machine), as `ddpl attach` does: its output from where this machine's copy stopped (to `on_output` and
     `on_message`, as `launch`'s), heartbeats again, a KeyboardInterrupt stops it everywhere; returns its `RunResult`
     once it ends. `run_id`: default, the inventory's running run."""
-    opts = _options(options)
+    settings = _settings(options)
     chosen = [check_run_id(run_id) or ""]
-    ended = _attended(lambda run_io: app.attach(app.Hosts(str(hosts)), run_id, opts=opts, run_io=run_io,
-                                                on_run=chosen.append), lambda: chosen[-1], opts, on_output, on_message)
+    ended = _attended(lambda run_io: app.attach(app.Hosts(str(hosts)), run_id, settings=settings, run_io=run_io,
+                                                on_run=chosen.append), lambda: chosen[-1], settings, on_output, on_message)
     assert ended is not None  # followed to its end (not `raising`)
     return ended
 
 
-def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], opts: Options, on_output: Lines | None,
+def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], settings: Settings, on_output: Lines | None,
               on_message: Lines | None, raising: bool = False) -> RunResult | None:
     """An attached run followed to its end: its `RunResult` (a failed run's too; None with
     `raising`: a detached launch, where an error is the answer, as when nothing started). Each node's end is taken
@@ -280,21 +281,21 @@ def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], opts: Opt
     except RunFailed as exc:
         if raising or not started:  # nothing runs: the error is the answer
             raise
-        return _ended(run_id(), opts, exc.ends or tuple(ends.values()), exc)
+        return _ended(run_id(), settings, exc.ends or tuple(ends.values()), exc)
     finally:
         for stream in (out, err):
             if isinstance(stream, _LineStream):
                 stream.end()
     if code == 130:  # interrupted: the run was stopped on every node, as Ctrl-C does; the caller hears it too
         raise KeyboardInterrupt
-    return None if raising else _ended(run_id(), opts, tuple(ends.values()), None, code)
+    return None if raising else _ended(run_id(), settings, tuple(ends.values()), None, code)
 
 
-def _ended(run_id: str, opts: Options, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0) -> RunResult:
+def _ended(run_id: str, settings: Settings, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0) -> RunResult:
     nodes = tuple(NodeResult(e.node, e.kind.value, e.exit_code, e) for e in ends)
     if error is None:
-        return RunResult(run_id, code == 0, code, nodes, opts.log_dir / run_id)
-    return RunResult(run_id, False, error.exit_code, nodes, opts.log_dir / run_id, str(error), error.node,
+        return RunResult(run_id, code == 0, code, nodes, settings.output.log_dir / run_id)
+    return RunResult(run_id, False, error.exit_code, nodes, settings.output.log_dir / run_id, str(error), error.node,
                      error.rank, error)
 
 
@@ -306,7 +307,7 @@ def doctor(hosts: str | Path, script: str | None = None, *, module: str | None =
     `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
     `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    return app.doctor_report(spec, checks=checks, opts=_options(options), net=net, run_io=_quiet(),
+    return app.doctor_report(spec, checks=checks, settings=_settings(options), net=net, run_io=_quiet(),
                              job_args=app.JobArgs(script, module, command))
 
 
@@ -314,7 +315,7 @@ def doctor(hosts: str | Path, script: str | None = None, *, module: str | None =
 def run(hosts: str | Path, run_id: str | None = None, **options: Any) -> Run:
     """A handle on a run started earlier, from here or elsewhere: `run_id`, or (None) the one of this inventory that
     is running, else its newest, as `ddpl status` and `ddpl stop` choose."""
-    return Run(check_run_id(run_id), app.Hosts(str(hosts)), _options(options))
+    return Run(check_run_id(run_id), app.Hosts(str(hosts)), _settings(options))
 
 
 @dataclass(frozen=True)
@@ -325,40 +326,40 @@ class Run:
     run_id: str | None
     """None: the inventory's running run, else its newest, chosen by each call."""
     hosts: app.Hosts
-    options: Options
+    settings: Settings
 
     @_api
     def status(self) -> list[NodeState]:
         """Each node's state of the run (running, exited with its code, stopped, lost, unreachable)."""
-        return runs.states(self.hosts, self.run_id, self.options, _quiet())
+        return runs.states(self.hosts, self.run_id, self.settings, _quiet())
 
     @_api
     def top(self) -> TopSnapshot:
         """One look at every node and rank (a few seconds long), as `ddpl top --once --json`."""
-        return TopSnapshot.of(runs.top_snapshot(self.hosts, self.run_id, self.options, _quiet()))
+        return TopSnapshot.of(runs.top_snapshot(self.hosts, self.run_id, self.settings, _quiet()))
 
     @_api
     def stacks(self) -> StacksReport:
         """Every rank's Python stack, grouped by where the ranks are (`report.lines()` as `ddpl stacks` says it)."""
-        return runs.stacks_of(self.hosts, self.run_id, self.options, _quiet())
+        return runs.stacks_of(self.hosts, self.run_id, self.settings, _quiet())
 
     @_api
     def logs(self, node: str | None = None, rank: int | None = None) -> str:
         """The run's log so far, from its nodes, each line prefixed by node and rank (one node's, one rank's)."""
         out, err = io.StringIO(), io.StringIO()
-        if app.logs(self.hosts, self.run_id, node=node, rank=rank, opts=self.options, run_io=RunIO(out, err)):
+        if app.logs(self.hosts, self.run_id, node=node, rank=rank, settings=self.settings, run_io=RunIO(out, err)):
             raise LauncherError(f"run {self.run_id}: the logs of some nodes could not be read: {err.getvalue()}")
         return out.getvalue()
 
     @_api
     def stop(self) -> list[NodeState]:
         """Stop the run on every node (TERM, the grace period, KILL); each node's state after."""
-        return runs.stopped(self.hosts, self.run_id, self.options, _quiet())
+        return runs.stopped(self.hosts, self.run_id, self.settings, _quiet())
 
     @_api
     def report(self) -> RunPage:
         """Write the run's page (`logs/<run id>/report.html`, as `ddpl report`) and say where, with its figures."""
-        path, page = runs.written_page(self.hosts, self.run_id, self.options, _quiet())
+        path, page = runs.written_page(self.hosts, self.run_id, self.settings, _quiet())
         summary = dict(page.summary(), page=str(path))
         return RunPage(path, page.headline, summary.get("first_step_s"), summary)
 
@@ -370,22 +371,22 @@ class Run:
             states = self.status()
             if not any(s.state == "running" for s in states):
                 shown = self.run_id or next((s.run_id for s in states if s.run_id), None) or "(none)"
-                return _states_result(shown, self.options, states)
+                return _states_result(shown, self.settings, states)
             if deadline is not None and time.monotonic() >= deadline:
                 raise StillRunning(f"run {self.run_id} is still running after {timeout:g} s")
             time.sleep(poll_s)
 
 
-def _states_result(run_id: str, opts: Options, states: Sequence[NodeState]) -> RunResult:
+def _states_result(run_id: str, settings: Settings, states: Sequence[NodeState]) -> RunResult:
     """A detached run's end from its nodes' states: the first node (by its end) that did not exit 0 is the cause."""
     nodes = tuple(NodeResult(s.host, s.state, s.exit_code) for s in states)
     failed = sorted((s for s in states if s.state != "exited" or s.exit_code != 0),
                     key=lambda s: s.ended_at if s.ended_at is not None else float("inf"))
     if not failed:
-        return RunResult(run_id, True, 0, nodes, opts.log_dir / run_id)
+        return RunResult(run_id, True, 0, nodes, settings.output.log_dir / run_id)
     first = failed[0]
     how = f"exit code {first.exit_code}" if first.state == "exited" else f"{first.state} {first.detail}".strip()
-    return RunResult(run_id, False, first.exit_code or 1, nodes, opts.log_dir / run_id,
+    return RunResult(run_id, False, first.exit_code or 1, nodes, settings.output.log_dir / run_id,
                      f"run {run_id} FAILED: {first.host}: {how}", first.host)
 
 

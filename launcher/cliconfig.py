@@ -2,7 +2,7 @@
 launcher's settings (`grace: 5`, no `launcher:` section), the project's file found at the project's root, never one
 another user owns, and where each setting came from.
 
-Levels, later ones win (Invoke's own order): the defaults (launcher/options.py), /etc/ddpl.yaml, ~/.ddpl.yaml, the
+Levels, later ones win (Invoke's own order): the defaults (launcher/settings.py), /etc/ddpl.yaml, ~/.ddpl.yaml, the
 project's ddpl.yaml (its root: `launcher.project.find_root`), DDPL_<KEY> variables (DDPL_GRACE=5), `ddpl -f FILE`.
 A checkout's `inv` keeps Invoke's own: invoke.yaml's `launcher:` section, INVOKE_LAUNCHER_<KEY>.
 """
@@ -24,7 +24,7 @@ from launcher.project import CONFIG_NAME, SAFE_SETTING, check_owner
 SECTION = "launcher"
 """Where the launcher's settings sit in Invoke's config (a ddpl file's keys are put there as they are read)."""
 NOT_OPTIONS = ("defaults", "job", SAFE_SETTING)
-"""Settings that are no `launcher.options.Options` field: what a hostfile takes (defaults, job), and the user's
+"""Settings that are no `launcher.settings.Settings` field: what a hostfile takes (defaults, job), and the user's
 trusted folders."""
 
 

@@ -193,7 +193,7 @@ hosts of a few dozen keys stay far below it; a merge-key bomb (each level mergin
 # --- `ddpl init` (launcher.app.newcluster; its node program: launcher/node/seek.py) ---------------------------------
 INIT_PYTHON_WAIT_S = 30.0
 """How long one interpreter on a node may take to say whether it finds torch: a cold start from a network file
-system takes tens of seconds (see options.DEFAULT_PROBE_TIMEOUT); a warm one a few hundredths."""
+system takes tens of seconds (see launcher.settings.DEFAULT_PROBE_TIMEOUT); a warm one a few hundredths."""
 INIT_SMI_WAIT_S = 10.0
 """How long `nvidia-smi -L` may take to list a node's GPUs (well under a second unless its driver is stuck)."""
 INIT_WAIT_S = 300.0

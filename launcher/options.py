@@ -1,62 +1,26 @@
-"""The user's options: what a task does and how long it waits, as one frozen value (`Options`), with their
-defaults, their bounds and their checks for invoke.yaml and the command line; an inventory's own defaults too.
+"""How a user sets the launcher's settings: the command line (`Given`), invoke.yaml or ddpl's settings files and
+variables (`from_config`), the API's keywords; each value checked against its bounds, and noted with where it came
+from. The settings themselves (each field, its default and meaning) are declared once, in `launcher.settings`; what a
+run uses of the inventory's is resolved by `launcher.plan.settings.for_run`. An inventory's own defaults are here too.
 
-The launcher's internal numbers are `launcher.limits`; how nodes are reached over SSH is
-`launcher.transport.sshsettings` (`SshSettings.of(opts)` builds it from these). What a run talks to (output streams,
-the start gate, an event sink) is not an option: it travels apart as `launcher.run.run_io.RunIO`.
+The launcher's internal numbers are `launcher.limits`. What a run talks to (output streams, the start gate, an event
+sink) is not a setting: it travels apart as `launcher.run.run_io.RunIO`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError, UsageError
-from launcher.limits import HANG_FACTOR, HANG_FLOOR_S, action_timeout
+from launcher.settings import GROUP_OF, ON_HANG, Settings
 
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds to wait for each node's SSH connection (TCP, handshake and authentication), and nothing more."""
-DEFAULT_PROBE_TIMEOUT = 120.0
-"""Seconds each node's doctor probe (`inv doctor`, launch's start gate) has to answer, from its request to its answer.
-
-The probe's own work is a second or two plus its bounded DNS and TCP waits; what takes long is starting the node's
-Python. From a cold network filesystem (a venv or conda env on NFS/Lustre, an empty page cache) that start takes
-tens of seconds on real clusters, and so did 64 probes sharing the sandbox's 2 cores (a 10 s limit failed 48-51 of
-them). Two minutes fits such a cold start with room to spare; a node slower than that would keep a launch waiting
-as long again when torchrun starts there. A node that answers but slowly is a warning with its time, never a failure
-(`launcher.doctor.checks_node.slow_probe_limit`); this limit only decides when one that never answers is given up on.
-"""
-DEFAULT_GRACE = 10.0
-"""Seconds between TERM and KILL when a run is stopped."""
-DEFAULT_HEARTBEAT_TIMEOUT = 600.0
-"""How long an attached run's nodes keep it going while no launcher is heard from (a laptop asleep, a network that
-roams, a closed terminal, a killed launcher); then each stops its part by itself and nothing of the run is left.
-
-What it trades: a launcher that comes back within it (or `attach` from another terminal) finds the run still training,
-and a launcher that died leaves the GPUs held this long. Ten minutes outlasts a laptop's lid closed for a meeting's
-walk or a VPN's reconnect (measured: a 60 s sleep with the old 30 s bound threw away 300 steps); a stop you ask for
-(Ctrl-C, SIGTERM, `stop`) never waits for it."""
-DEFAULT_SILENCE_TIMEOUT = 30.0
-"""The launcher fails a run when a node has sent nothing (not even its agent's heartbeat) for this long."""
-DEFAULT_CONSOLE_BUFFER = 1_000_000
-"""Lines the console may lag behind the run before it skips lines (they still land in the log files). Output
-arrives in blocks of up to 64 KiB (~2,000 short lines) per node, and the console's thread competes for the GIL
-with the nodes' readers: with 10,000 or 100,000 lines, `inv launch > file` of a job printing a million lines in
-a few seconds skipped lines (bench `logs`). A million short lines are ~60 MB, held only while a console (a pager
-left open, Ctrl-S) really is that far behind."""
-DEFAULT_RETRY_WAIT = 3.0
-"""Seconds between a failed attempt and the doctor's checks before the next (`--retries`): what a node that is
-rebooting, or a port in TIME_WAIT, needs to show what it is."""
-DEFAULT_RETRY_COOLDOWN = 300.0
-"""A node that caused two failed attempts sits out the attempts that start within this many seconds (Horovod's
-blacklist with a cool-down): one more try after it may have been fixed, never a loop on a bad node."""
 DEFAULT_HOSTS = "hosts/cluster.yaml"
 DEFAULT_EXAMPLE = "hosts/example.yaml"
 """Where `init --example` writes the reference inventory in a project."""
-DEFAULT_LOG_DIR = "logs"
 MAX_SECONDS = 86400.0
 """The most any time option may be (a day): what select(), thread waits and timers take without overflow."""
 MIN_HEARTBEAT_S = 1.0
@@ -69,84 +33,9 @@ MAX_RETRIES = 1000
 """The most relaunches (`retries`) of one run."""
 MAX_CONSOLE_BUFFER = 100_000_000
 """The most lines the console may lag behind (`console_buffer`)."""
-DEFAULT_CONSOLE_BUFFER_BYTES = 64 << 20
-"""Characters (about bytes) of output the console may hold behind a slow terminal, whatever the lines' count: lines
-are cut at 64 KiB, so a million of them could have held 64 GB (1,500 long lines took 94 MiB)."""
 MIN_CONSOLE_BUFFER_BYTES = 1 << 20
 MAX_CONSOLE_BUFFER_BYTES = 16 << 30
 
-HANG_TIMEOUT_HELP = (f"seconds in which no rank printed a line and no rank's optimizer steps or DataLoader batches "
-                     f"grew (CPU time is never progress: a hung collective keeps a CPU busy) before the run is "
-                     f"suspected hung and every rank's stack is taken; unset: learnt from the run ({HANG_FACTOR:g}x "
-                     f"its longest quiet gap, at least {HANG_FLOOR_S:g} s); 0: never")
-"""What `hang_timeout` means, the one text of it (launcher.watch.hang's rule): the options' help says it, and every
-other place that explains it agrees (tests/unit/test_options.py)."""
-
-HEARTBEAT_TIMEOUT_HELP = ("how long an attached run's nodes keep it going while no launcher is heard from (a laptop "
-                          "asleep, a network that roams, a closed terminal, a killed launcher; `attach` takes it back "
-                          "meanwhile); then they stop their part. A launcher that died holds the GPUs this long "
-                          f"(default: {DEFAULT_HEARTBEAT_TIMEOUT:g})")
-"""What `heartbeat_timeout` means and trades, the one text of it (the tasks' help draws on it)."""
-SILENCE_TIMEOUT_HELP = ("a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot "
-                        "be reached again within this many seconds fails the run (while no node at all can be "
-                        "reached, the launcher waits for them up to the heartbeat timeout)")
-"""What `silence_timeout` means, the one text of it."""
-
-STRAGGLER_FACTOR = 0.8
-"""A rank is slow below this share of the median rank's step rate..."""
-STRAGGLER_HOLD_S = 60.0
-"""...for this long (a launch's console and stragglers.txt, which `inv status` shows: a line said cannot be taken
-back); `inv top`, live or `--once`, marks what each look finds (a row can)."""
-
-
-@dataclass(frozen=True)
-class Options:
-    """How a launch (and stop, status, logs) behaves; the task layer fills it from the command line and invoke.yaml."""
-
-    detach: bool = False
-    """Start the run and return; status, logs and stop work on it later."""
-    grace: float = DEFAULT_GRACE
-    """Seconds between TERM and KILL when a run is stopped."""
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
-    """How long the nodes keep an attached run going with no launcher heard from; then they stop their part."""
-    silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
-    """The run fails when a node has sent nothing, and could not be reached again, for this long (`node-1 stopped
-    answering`)."""
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    """Seconds to wait for each node's SSH connection."""
-    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
-    """Seconds each node's doctor probe (launch's start gate too) has to answer once sent."""
-    console_buffer: int = DEFAULT_CONSOLE_BUFFER
-    """Lines the console may lag behind."""
-    console_buffer_bytes: int = DEFAULT_CONSOLE_BUFFER_BYTES
-    """Characters the console may hold behind, whatever the number of lines."""
-    log_dir: Path = Path(DEFAULT_LOG_DIR)
-    """Where the controller mirrors each node's output: <log_dir>/<run_id>/<node>.log."""
-    retries: int | None = None
-    """How often a run that lost a node is started again (None: the inventory's `retries`)."""
-    retry_wait: float = DEFAULT_RETRY_WAIT
-    """Seconds between a failed attempt and the checks before the next."""
-    retry_cooldown: float = DEFAULT_RETRY_COOLDOWN
-    """Seconds a node that caused two failed attempts sits out."""
-    hang_timeout: float | None = None
-    """`HANG_TIMEOUT_HELP`: None learnt from the run, 0 never."""
-    on_hang: str | None = None
-    """What a suspected hang does after every rank's stack is taken (ON_HANG): `stop` the run
-    (exit code 124), `keep` it, or `restart` it; None: the inventory's `job.on_hang`, else stop."""
-    straggler_factor: float = STRAGGLER_FACTOR
-    """A rank whose step rate is below this share of the median rank's..."""
-    straggler_hold: float = STRAGGLER_HOLD_S
-    """...for this many seconds is told as a straggler (a launch's console, `inv status`); `inv top` marks what each
-    look finds."""
-    page: bool = True
-    """Write the run's page (logs/<run id>/report.html) once it ends: an attached launch's in a process of its own
-    after the launch returns, a detached run's at the first status or logs after its end (`report` writes it any
-    time)."""
-
-    @property
-    def action_timeout(self) -> float:
-        """How long a stop/status action may take on a node: the grace period plus a margin, never less."""
-        return action_timeout(self.grace)
 
 
 @dataclass(frozen=True)
@@ -187,8 +76,6 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
 }
 _SHARES = ("straggler_factor",)
 """Float options that are a share, not seconds (the messages say so)."""
-ON_HANG = ("stop", "keep", "restart")
-"""What a suspected hang may do (`--on-hang`, the inventory's `job.on_hang`)."""
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
 CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY), "page")
@@ -198,9 +85,9 @@ CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LIN
 def config_defaults() -> dict[str, Any]:
     """The `launcher:` settings' defaults, for Invoke's collection (tasks.py): invoke.yaml then holds only what a
     user changes, and Invoke casts INVOKE_LAUNCHER_GRACE=2.5 to these values' types (10.0: a float)."""
-    defaults = {f.name: f.default for f in fields(Options)}
-    values = {key: defaults[key] for key in CONFIG_KEYS if key not in ("hosts", "log_dir")}
-    return {"hosts": DEFAULT_HOSTS, "log_dir": str(defaults["log_dir"]), **values}
+    defaults = Settings()
+    values = {key: defaults.value(key) for key in CONFIG_KEYS if key not in ("hosts", "log_dir")}
+    return {"hosts": DEFAULT_HOSTS, "log_dir": str(defaults.output.log_dir), **values}
 
 
 def number(name: str, value: Any, source: str) -> float | int:
@@ -239,12 +126,17 @@ def whole_number(name: str, value: Any, minimum: int = 0, maximum: int | None = 
 
 
 def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml", *,
-                sources: Mapping[str, str] | None = None, section: str = "launcher.") -> Options:
-    """Options from invoke.yaml's `launcher:` section, then command-line overrides (None means not given).
+                sources: Mapping[str, str] | None = None, section: str = "launcher.",
+                origins: Mapping[str, str] | None = None, given_by: str | None = None) -> Settings:
+    """The settings of invoke.yaml's `launcher:` section, then the command line's overrides (None means not given),
+    each noted with where it came from (`Settings.sources`).
 
     Every value is checked: a wrong one in invoke.yaml names `invoke.yaml: launcher.KEY`, one on the command line
     names `--key`. `sources` (key -> the file or variable it came from) names that instead of `config_name`, and
-    `section` is how the key is written there (`ddpl.yaml: grace`, section "").
+    `section` is how the key is written there (`ddpl.yaml: grace`, section ""). `origins` (default: `sources`) says
+    where each of `config`'s values came from (Invoke's levels: `default` for one nobody set); without either, a
+    value of `config` that differs from its default came from `config_name`. An override came from its option
+    (`--grace`), or from `given_by` (the API's keywords: `the caller`).
     """
     def where(key: str) -> str:
         return f"{(sources or {}).get(key, config_name)}: {section}{key}"
@@ -252,10 +144,9 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise LauncherError(f"{where(unknown[0])}: unknown key; known keys: {', '.join(CONFIG_KEYS)}")
-    names = {f.name for f in fields(Options)}
     values: dict[str, Any] = {}
     for key, value in config.items():
-        if value is None:  # the collection's default for a setting that has none (hang_timeout: learnt)
+        if value is None or key == "hosts":  # the collection's default for a setting that has none (hang_timeout)
             continue
         if key in _NUMBERS:
             values[key] = number(key, value, where(key))
@@ -265,15 +156,21 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
             if not isinstance(value, bool):
                 raise LauncherError(f"{where(key)} must be true or false, got {str(value)[:40]!r}")
             values[key] = value
+    known = origins if origins is not None else sources
+    defaults = Settings()
+    came = {key: known.get(key, config_name) if known is not None else config_name for key in values}
+    came = {key: origin for key, origin in came.items()
+            if origin != "default" and (known is not None or values[key] != defaults.value(key))}
     for key, value in overrides.items():
         if value is None:
             continue
-        if key not in names:
+        if key not in GROUP_OF:
             raise LauncherError(f"unknown option {key!r}")
         values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
+        came[key] = given_by or f"--{key.replace('_', '-')}"
     if values.get("on_hang") not in (None, *ON_HANG):
         raise LauncherError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {str(values['on_hang'])[:40]!r}")
-    return Options(**values)
+    return replace(defaults.updated(values, ""), sources=came)  # a value at its default from the defaults is not set
 
 
 # --- an inventory's defaults (launcher.config) --------------------------------------------------------------

@@ -28,6 +28,7 @@ from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE, LauncherError
 from launcher.paths import called_as, invoked_as, relative, task_prefix
 from launcher.project import check_owner, resolve
+from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE_TIMEOUT_HELP, Settings
 
 gc.freeze()
 gc.enable()
@@ -80,15 +81,15 @@ def _root(c: Context) -> Path | None:
     return getattr(c.config, "project_root", None)
 
 
-def _options(c: Context, given: options.Given | None = None) -> options.Options:
+def _settings(c: Context, given: options.Given | None = None) -> Settings:
     """The `launcher:` settings (invoke.yaml, or ddpl's files), then the options the command line `given`, every
-    number checked; a relative log_dir in ddpl's settings is the project's."""
+    number checked and noted with where it came from; a relative log_dir in ddpl's settings is the project's."""
     overrides = (given or options.Given()).values()
     try:
         config = {k: v for k, v in c.config.get(SECTION, {}).items() if k not in NOT_OPTIONS}
         root = _root(c)
         if root is None:
-            return options.from_config(config, overrides)
+            return options.from_config(config, overrides, origins=sources(c.config))
         if config.get("log_dir") is not None:
             config["log_dir"] = str(resolve(config["log_dir"], root))
         return options.from_config(config, overrides, sources=sources(c.config), section="")
@@ -129,12 +130,10 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
                      project=root, defaults_source=where)
 
 
-def _settings_from(c: Context, given: options.Given, hosts: str | None) -> dict[str, str]:
-    """Where each setting that is not its default came from: the command line's option (`given`, `--hosts`), else
-    the settings' file or variable (Invoke's levels, ddpl's files)."""
-    found = {key: where for key, where in sources(c.config).items() if where != "default"}
-    typed = {key: f"--{key.replace('_', '-')}" for key in [*given.values(), *(["hosts"] if hosts else [])]}
-    return {**found, **typed}
+def _hosts_from(c: Context, hosts: str | None) -> str | None:
+    """Where the inventory was named, unless at its default: `--hosts`, else the settings' file or variable."""
+    found = sources(c.config).get("hosts")
+    return "--hosts" if hosts else None if found in (None, "default") else found
 
 
 @task(help={
@@ -154,11 +153,11 @@ def _settings_from(c: Context, given: options.Given, hosts: str | None) -> dict[
     "grace": "seconds between TERM and KILL when the run is stopped",
     "connect-timeout": "seconds to wait for each node's SSH connection",
     "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
-    "silence-timeout": options.SILENCE_TIMEOUT_HELP,
-    "heartbeat-timeout": options.HEARTBEAT_TIMEOUT_HELP,
+    "silence-timeout": SILENCE_TIMEOUT_HELP,
+    "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
     "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
                "killed, on the nodes that pass the doctor (default: the inventory's retries)",
-    "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
+    "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
                     "job.hang_timeout)",
     "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124), keep, or restart "
                "(with --retries: again without the node that held it up)",
@@ -177,23 +176,23 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
     return app.launch(_hosts(c, hosts, include, exclude), app.JobArgs(script, module, command, args),
-                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, opts=_options(c, given),
-                      as_json=json, settings_from=_settings_from(c, given, hosts))
+                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, settings=_settings(c, given),
+                      as_json=json, hosts_from=_hosts_from(c, hosts))
 
 
 @task(help={"hosts": HOSTS_HELP, "run": "run id (default: the run of this inventory that is running)",
             "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
-            "silence-timeout": options.SILENCE_TIMEOUT_HELP, "heartbeat-timeout": options.HEARTBEAT_TIMEOUT_HELP,
-            "hang-timeout": f"{options.HANG_TIMEOUT_HELP} (default: the inventory's)",
+            "silence-timeout": SILENCE_TIMEOUT_HELP, "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
+            "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
             "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep"})
 @_reported
 def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_timeout=None, hang_timeout=None,
            on_hang=None):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
     machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
-    opts = _options(c, options.Given(grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
+    settings = _settings(c, options.Given(grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
                                      hang_timeout=hang_timeout, on_hang=on_hang))
-    return app.attach(_hosts(c, hosts), run, opts=opts)
+    return app.attach(_hosts(c, hosts), run, settings=settings)
 
 
 @task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
@@ -222,7 +221,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
         _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
                     connect_timeout=connect_timeout)
     return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      opts=_options(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
+                      settings=_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
                       net=net, slurm=slurm, job=job, net_all_gpus=net_all_gpus,
                       job_args=app.JobArgs(script, module, command))
 
@@ -233,7 +232,7 @@ def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_ti
 def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
-    return app.sync(_hosts(c, hosts), _options(c, options.Given(connect_timeout=connect_timeout,
+    return app.sync(_hosts(c, hosts), _settings(c, options.Given(connect_timeout=connect_timeout,
                                                                                silence_timeout=silence_timeout)))
 
 
@@ -243,7 +242,7 @@ def stop(c, hosts=None, run=None, grace=None, job=None):
     """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
     if job:  # scancel: SLURM's KillWait is the grace period
         _slurm_job(job, hosts=hosts, run=run, grace=grace)
-    return app.stop(_hosts(c, hosts), run, _options(c, options.Given(grace=grace)), job=job)
+    return app.stop(_hosts(c, hosts), run, _settings(c, options.Given(grace=grace)), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
@@ -252,7 +251,7 @@ def status(c, hosts=None, run=None, job=None):
     """Per node: running / exited (code) / stopped / unreachable, and since when."""
     if job:
         _slurm_job(job, hosts=hosts, run=run)
-    return app.status(_hosts(c, hosts), run, _options(c), job=job)
+    return app.status(_hosts(c, hosts), run, _settings(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
@@ -264,7 +263,7 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     if job:  # the job's output file holds every node's prefixed lines
         _slurm_job(job, hosts=hosts, run=run, node=node, rank=rank)
     rank = options.whole_number("rank", rank) if rank is not None else None
-    return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, opts=_options(c), job=job)
+    return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, settings=_settings(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
@@ -272,7 +271,7 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
 @_reported
 def stacks(c, hosts=None, run=None, job=None):
     """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
-    return app.stacks(_hosts(c, hosts), run, _options(c), job=job)
+    return app.stacks(_hosts(c, hosts), run, _settings(c), job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
@@ -281,7 +280,7 @@ def stacks(c, hosts=None, run=None, job=None):
 @_reported
 def report(c, hosts=None, run=None, json=False, job=None):
     """Write the run's page, logs/<run id>/report.html: its start as a waterfall, its timeline, its end."""
-    return app.report(_hosts(c, hosts), run, _options(c), as_json=json, job=job)
+    return app.report(_hosts(c, hosts), run, _settings(c), as_json=json, job=job)
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
@@ -292,7 +291,7 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
     """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
     if json and not once:
         raise Exit("error: --json goes with --once (the live view is for a terminal)", USAGE)
-    return app.top(_hosts(c, hosts), run, _options(c), once=once, as_json=json, job=job)
+    return app.top(_hosts(c, hosts), run, _settings(c), once=once, as_json=json, job=job)
 
 
 @task(help={
@@ -319,7 +318,7 @@ def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_
     return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
                             time=time, gpus_per_node=gpus_per_node, dry_run=dry_run,
                             job=app.JobArgs(script, module, command, args), skip_doctor=skip_doctor,
-                            job_name=job_name, opts=_options(c))
+                            job_name=job_name, settings=_settings(c))
 
 
 @task(help={
@@ -360,11 +359,11 @@ def init(c, hosts=None, output=None, workdir=None, script="train.py", python=Non
     return app.init(names, Path(output) if output else _inventory(c), workdir=workdir or f"~/{project.name}",
                     script=script, master_port=options.whole_number("master_port", master_port, 1, 65535),
                     python=python, nproc_per_node=nproc, ssh_config=ssh_config, doctor_too=not skip_doctor,
-                    default_output=output is None, opts=_options(c, options.Given(connect_timeout=connect_timeout)))
+                    default_output=output is None, settings=_settings(c, options.Given(connect_timeout=connect_timeout)))
 
 
 slurm = Collection("slurm")
 slurm.add_task(slurm_submit, "submit")
 ns = Collection(launch, attach, sync, doctor, stop, status, logs, stacks, top, report, init, slurm)
 """The installed command's tasks (`ddpl`), and what a project's own tasks.py may add as a collection."""
-ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/options.py
+ns.configure({SECTION: options.config_defaults()})  # the defaults' one home is launcher/settings.py

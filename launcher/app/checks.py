@@ -8,15 +8,14 @@ from typing import TYPE_CHECKING
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobArgs, job_of
-from launcher.options import Options
 from launcher.run.run_io import RunIO
-from launcher.transport.sshsettings import SshSettings
+from launcher.settings import Settings
 
 if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor when it runs
     from launcher.doctor.evidence import Report
 
 
-def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", opts: Options | None = None,
+def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", settings: Settings | None = None,
            net: bool = False, slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
            net_all_gpus: bool = False, job_args: JobArgs | None = None) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
@@ -27,7 +26,7 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     from launcher.report.states import console
 
     run_io = run_io or RunIO()
-    report = doctor_report(hosts, checks=checks, opts=opts, net=net, slurm=slurm, job=job, run_io=run_io,
+    report = doctor_report(hosts, checks=checks, settings=settings, net=net, slurm=slurm, job=job, run_io=run_io,
                            net_all_gpus=net_all_gpus, job_args=job_args)
     if as_json:
         run_io.out.write(doctor_checks.report_json(report) + "\n")
@@ -36,26 +35,26 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", op
     return 0 if report.ok else 1
 
 
-def doctor_report(hosts: str | Hosts, *, checks: str = "all", opts: Options | None = None, net: bool = False,
+def doctor_report(hosts: str | Hosts, *, checks: str = "all", settings: Settings | None = None, net: bool = False,
                   slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
                   net_all_gpus: bool = False, job_args: JobArgs | None = None) -> Report:
     """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
     is the one `job_args` name, else the inventory's."""
     from launcher import doctor as doctor_checks
 
-    opts, run_io = opts or Options(), run_io or RunIO()
+    settings, run_io = settings or Settings(), run_io or RunIO()
     cluster = with_project_src(load_inventory(hosts), hosts)  # the script check looks for the script there too
     if job_args is not None and job_args.given() is not None:
         cluster = replace(cluster, job=job_of(cluster, job_args))
     if slurm or job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, opts=opts, run_io=run_io,
+        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, settings=settings, run_io=run_io,
                                      all_gpus=net_all_gpus)
-    report = doctor_checks.run_doctor(cluster, ssh=SshSettings.of(opts), checks=checks,
-                                      probe_timeout=opts.probe_timeout)
+    report = doctor_checks.run_doctor(cluster, ssh=settings.ssh, checks=checks,
+                                      probe_timeout=settings.run.probe_timeout)
     if net:
         from launcher.doctor.net import with_net  # torchrun on every node: only when asked
 
-        report = with_net(report, cluster, opts, all_gpus=net_all_gpus)
+        report = with_net(report, cluster, settings, all_gpus=net_all_gpus)
     return report

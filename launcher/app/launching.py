@@ -4,110 +4,110 @@ the project's tree to every node first (`sync`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobArgs, job_of
 from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed
-from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.plan.runsettings import run_settings
+from launcher.plan.settings import for_run
 from launcher.run import attempts
 from launcher.run import launch as run_launch
 from launcher.run.actions import check_run_id
 from launcher.run.gate import ConnectionsFirst
 from launcher.run.run_io import RunIO
-from launcher.transport.sshsettings import SshSettings
+from launcher.settings import Settings
 
 
 def launch(hosts: str | Hosts, job: JobArgs | None = None, *, dry_run: bool = False, doctor: bool = True,
-           sync: bool = False, slurm: bool = False, opts: Options | None = None, run_io: RunIO | None = None,
-           run_id: str | None = None, as_json: bool = False, settings_from: Mapping[str, str] | None = None) -> int:
+           sync: bool = False, slurm: bool = False, settings: Settings | None = None, run_io: RunIO | None = None,
+           run_id: str | None = None, as_json: bool = False, hosts_from: str | None = None) -> int:
     """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
     run's id (default: a new one), which a caller may need before the run ends (`launcher.api`). A `dry_run` prints
-    the plan and the settings it uses (`settings_from`: where each came from), the agent's request with `as_json`."""
+    the plan and the settings it uses, with where each came from (`hosts_from`: where the inventory was named), the
+    agent's request with `as_json`."""
     cluster = load_inventory(hosts)
-    opts, run_io = opts or Options(), run_io or RunIO()
+    settings, run_io = settings or Settings(), run_io or RunIO()
     if slurm:
         from launcher.app import slurm as on_slurm
 
         return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobArgs()), dry_run=dry_run, doctor=doctor,
-                                     sync=sync, opts=opts, run_io=run_io)
+                                     sync=sync, settings=settings, run_io=run_io)
     chosen = job_of(cluster, job or JobArgs())
     # How the run is followed, decided and said before anything starts (the dry run shows what it uses).
-    settings = run_settings(cluster, chosen, opts, where="detached" if opts.detach else "attached")
-    for note in settings.notes:
+    settings = for_run(settings, cluster, chosen, where="detached" if settings.run.detach else "attached")
+    for note in settings.run.notes:
         run_io.err.write(note + "\n")
     plan = plan_launch(cluster, chosen, run_id, settings=settings)  # a PlanError names the inventory
     if dry_run:
         from launcher.plan.request import shown_request
         from launcher.plan.usedsettings import settings_text
 
-        shown = [plan.dry_run_text(), "", *settings_text(plan, opts, settings_from or {})]
-        run_io.out.write("\n".join(shown + (["", *shown_request(plan, opts)] if as_json else [])) + "\n")
+        shown = [plan.dry_run_text(), "", *settings_text(plan, hosts_from)]
+        run_io.out.write("\n".join(shown + (["", *shown_request(plan)] if as_json else [])) + "\n")
         return 0
     if doctor and run_io.gate is None:
         from launcher.doctor.collect import doctor_gate
 
-        run_io = replace(run_io, gate=doctor_gate(opts, run_io.err))
+        run_io = replace(run_io, gate=doctor_gate(settings, run_io.err))
     if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
         from launcher.sync import push as code_sync
 
         gate = run_io.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
         before = code_sync.before_launch(with_project_src(plan.cluster, hosts), run_io.err,
-                                         stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
+                                         stall_timeout=settings.run.silence_timeout, outputs=(settings.output.log_dir,))
         run_io = replace(run_io, gate=replace(gate, before=before))
     began = time.time()
     try:
-        if not settings.retries:
-            code = run_launch.launch_run(plan, opts, run_io)
+        if not settings.run.retries:
+            code = run_launch.launch_run(plan, run_io)
         else:
             from launcher.doctor.collect import between_attempts
 
-            code = attempts.launch_with_retries(plan, opts, run_io, between_attempts(opts, doctor))
+            code = attempts.launch_with_retries(plan, run_io, between_attempts(settings, doctor))
     except LauncherError as exc:
-        shown = _said_last(exc, _pages(plan, opts, began, exc))
+        shown = _said_last(exc, _pages(plan, settings, began, exc))
         if shown is exc:
             raise
         raise shown from exc
     except BaseException:
-        _pages(plan, opts, began, None)
+        _pages(plan, settings, began, None)
         raise
-    said = _pages(plan, opts, began, None)
+    said = _pages(plan, settings, began, None)
     if said:
         run_io.err.write(said + "\n")
     return code
 
 
-def _pages(plan: LaunchPlan, opts: Options, began: float, failed: LauncherError | None) -> str:
+def _pages(plan: LaunchPlan, settings: Settings, began: float, failed: LauncherError | None) -> str:
     """The run's page (each attempt's) by a process of its own, this command returning now; the line that says where
     it will be. A launch that started nothing (the doctor's checks refused it, a node out of reach) has no page: its
     error says why, and its reason is kept for a later `report`."""
-    if not opts.page:
+    if not settings.output.page:
         return ""
     from launcher.app.pages import page_path
     from launcher.paths import hint, relative
     from launcher.run.journal import note_end, started_anywhere
 
-    tried = [a.run_id for a in attempts.read_attempts(opts.log_dir, plan.run_id)] or [plan.run_id]
+    tried = [a.run_id for a in attempts.read_attempts(settings.output.log_dir, plan.run_id)] or [plan.run_id]
     if failed is not None:
-        note_end(opts.log_dir / tried[-1], tried[-1], began, getattr(failed, "exit_code", 1), str(failed))
-    if opts.detach:
-        return "" if failed is not None else (f"its page: {relative(page_path(opts, plan.run_id))}, written at the "
+        note_end(settings.output.log_dir / tried[-1], tried[-1], began, getattr(failed, "exit_code", 1), str(failed))
+    if settings.run.detach:
+        return "" if failed is not None else (f"its page: {relative(page_path(settings, plan.run_id))}, written at the "
                                               f"first `{hint('status')}` after the run's end")
-    return _page_line(plan.cluster, [run_id for run_id in tried if started_anywhere(opts.log_dir / run_id)], opts)
+    return _page_line(plan.cluster, [run_id for run_id in tried if started_anywhere(settings.output.log_dir / run_id)], settings)
 
 
-def _page_line(cluster: Cluster, ran: list[str], opts: Options) -> str:
+def _page_line(cluster: Cluster, ran: list[str], settings: Settings) -> str:
     """The page of a run that has ended (each attempt's), started by a process of its own; the line that says where."""
     from launcher.app.pages import page_path
     from launcher.paths import relative
 
-    if not opts.page or not ran or not _page_once_ended(cluster, ran, opts):
+    if not settings.output.page or not ran or not _page_once_ended(cluster, ran, settings):
         return ""
-    pages = [relative(page_path(opts, run_id)) for run_id in ran]
+    pages = [relative(page_path(settings, run_id)) for run_id in ran]
     before = f"; its earlier attempts': {', '.join(pages[:-1])}" if len(pages) > 1 else ""
     return f"the run's page: {pages[-1]} (written in a few seconds{before})"
 
@@ -119,20 +119,20 @@ def _said_last(exc: LauncherError, said: str) -> LauncherError:
     return RunFailed(f"{exc}\n{said}", exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail, ends=exc.ends)
 
 
-def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | None = None,
+def attach(hosts: str | Hosts, run_id: str | None = None, *, settings: Settings | None = None,
            run_io: RunIO | None = None, on_run: Callable[[str], None] | None = None) -> int:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed launcher,
     another terminal): stream it from where this machine's copy stopped, send heartbeats again, stop it everywhere on
     Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run."""
     cluster = load_inventory(hosts)
-    opts, run_io = opts or Options(), run_io or RunIO()
+    settings, run_io = settings or Settings(), run_io or RunIO()
     check_run_id(run_id)
     job = cluster.job or Job(command="true")  # the run's own argv is on its nodes; the inventory's job names its
     #                                          progress lines and hang timeout, where it has one
 
     # A run taken over is followed to its end, one attempt: the launch it came from chose whether to start it again.
-    settings = run_settings(cluster, job, opts, where="attach")
-    for note in settings.notes:
+    settings = for_run(settings, cluster, job, where="attach")
+    for note in settings.run.notes:
         run_io.err.write(note + "\n")
 
     def plan_for(nodes: Cluster, chosen: str) -> LaunchPlan:
@@ -146,35 +146,35 @@ def attach(hosts: str | Hosts, run_id: str | None = None, *, opts: Options | Non
             on_run(found)
 
     try:
-        code = run_launch.attach_run(cluster, plan_for, run_id, opts, run_io, heard)
+        code = run_launch.attach_run(cluster, plan_for, run_id, settings, run_io, heard)
     except LauncherError as exc:
-        shown = _said_last(exc, _page_line(cluster, chosen, opts))
+        shown = _said_last(exc, _page_line(cluster, chosen, settings))
         if shown is exc:
             raise
         raise shown from exc
-    said = _page_line(cluster, chosen, opts)
+    said = _page_line(cluster, chosen, settings)
     if said:
         run_io.err.write(said + "\n")
     return code
 
 
-def _page_once_ended(cluster: Cluster, run_ids: list[str], opts: Options) -> bool:
+def _page_once_ended(cluster: Cluster, run_ids: list[str], settings: Settings) -> bool:
     """The run's page (each attempt's), by a process of its own, once the run has ended: not while it goes on
     without this launcher (it left, or another took it over: that one writes it). Whether it is being written."""
     from launcher.app.pages import page_later
     from launcher.run.journal import read_journal
 
-    end = (read_journal(opts.log_dir / run_ids[-1]) or {}).get("end") or {}
+    end = (read_journal(settings.output.log_dir / run_ids[-1]) or {}).get("end") or {}
     if end.get("going_on"):
         return False
-    page_later(cluster, run_ids, opts)
+    page_later(cluster, run_ids, settings)
     return True
 
 
-def sync(hosts: str | Hosts, opts: Options | None = None, run_io: RunIO | None = None) -> int:
+def sync(hosts: str | Hosts, settings: Settings | None = None, run_io: RunIO | None = None) -> int:
     """Make every node's workdir (or the inventory's sync.dest) hold this tree; 1 when a node could not be synced."""
     from launcher.sync import push as code_sync
 
-    opts, run_io = opts or Options(), run_io or RunIO()
-    return code_sync.sync_hosts(with_project_src(load_inventory(hosts), hosts), ssh=SshSettings.of(opts),
-                                out=run_io.out, stall_timeout=opts.silence_timeout, outputs=(opts.log_dir,))
+    settings, run_io = settings or Settings(), run_io or RunIO()
+    return code_sync.sync_hosts(with_project_src(load_inventory(hosts), hosts), ssh=settings.ssh,
+                                out=run_io.out, stall_timeout=settings.run.silence_timeout, outputs=(settings.output.log_dir,))

@@ -14,12 +14,12 @@ from launcher.config.model import Cluster
 from launcher.config.starter import Found, render_inventory
 from launcher.errors import LauncherError, NodeFailure, UsageError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
-from launcher.options import DEFAULT_MASTER_PORT, Options
+from launcher.options import DEFAULT_MASTER_PORT
 from launcher.paths import relative, task_call
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 from launcher.transport.connections import close_all, connect_all, run_all
 from launcher.transport.program import node_program, program_input, python_command
-from launcher.transport.sshsettings import SshSettings
 
 PYTHONS = ("python3", "~/venv/bin/python", "~/.venv/bin/python", "~/venvs/*/bin/python", "~/miniconda3/bin/python",
            "~/miniconda3/envs/*/bin/python", "~/anaconda3/bin/python", "~/anaconda3/envs/*/bin/python",
@@ -48,12 +48,12 @@ def _found(name: str, answer: Mapping[str, Any]) -> Found:
     return Found(name, python or None, int(answer.get("gpus") or 0), answer.get("cpus"), tuple(notes))
 
 
-def seek(cluster: Cluster, workdir: str, opts: Options) -> list[Found]:
+def seek(cluster: Cluster, workdir: str, settings: Settings) -> list[Found]:
     """Ask every node at once which interpreter has torch and how many GPUs it has (launcher/node/seek.py, run by
     the login's python3); a node that cannot say is a `Found` with a note of why."""
     pythons = [f"{workdir.rstrip('/')}/.venv/bin/python", f"{workdir.rstrip('/')}/venv/bin/python", *PYTHONS]
     request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
-    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
     try:
         results = run_all(list(nodes.values()), python_command("python3"),
                           program_input(node_program("seek"), request), INIT_WAIT_S)
@@ -94,7 +94,7 @@ def no_python(found: Sequence[Found], command: str) -> str:
 
 def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Mapping[str, Any], master_port: int,
                     python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
-                    opts: Options, err: IO[str], command: str) -> list[Found]:
+                    settings: Settings, err: IO[str], command: str) -> list[Found]:
     """Write the inventory for `names` to `output` (never over a file that is there): what every node said, or what
     the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it). Nothing is written where
     no node has a python with torch (a LauncherError that asks for --python)."""
@@ -104,7 +104,7 @@ def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Ma
     cluster = nodes_cluster(names, ssh_config)
     if python is None or nproc_per_node is None:
         err.write(f"asking {len(names)} node(s) for their python with torch and their GPUs\n")
-        found = seek(cluster, workdir, opts)
+        found = seek(cluster, workdir, settings)
     else:
         found = [Found(h.name) for h in cluster.hosts]
     found = [Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
@@ -121,17 +121,17 @@ def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Ma
 
 def init(names: list[str], output: Path, *, workdir: str, script: str, master_port: int = DEFAULT_MASTER_PORT,
          python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
-         doctor_too: bool = True, default_output: bool = True, opts: Options | None = None,
+         doctor_too: bool = True, default_output: bool = True, settings: Settings | None = None,
          run_io: RunIO | None = None) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
     findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
     overwritten, and none is written when no node has a python with torch."""
-    opts, run_io = opts or Options(), run_io or RunIO()
+    settings, run_io = settings or Settings(), run_io or RunIO()
     name = task_call("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
     found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
                             master_port=master_port, python=python, nproc_per_node=nproc_per_node,
-                            ssh_config=ssh_config, opts=opts, err=run_io.err, command=name)
+                            ssh_config=ssh_config, settings=settings, err=run_io.err, command=name)
     run_io.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
                      + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
                      + "\n")
@@ -142,7 +142,7 @@ def init(names: list[str], output: Path, *, workdir: str, script: str, master_po
                          f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n")
     from launcher.app.checks import doctor  # the doctor's findings on the nodes just written down
 
-    code = doctor(str(output), opts=opts, run_io=run_io) if doctor_too else 0
+    code = doctor(str(output), settings=settings, run_io=run_io) if doctor_too else 0
     if code:
         run_io.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
                          f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n")

@@ -18,26 +18,26 @@ from launcher.doctor.collect import CheckMode, doctor_gate, run_doctor
 from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
-from launcher.options import Options
 from launcher.paths import REPO, hint, relative, task_call
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.plan.runsettings import run_settings
+from launcher.plan.settings import for_run
 from launcher.run.run_io import RunIO
 from launcher.run.takestacks import StacksReport, collect_stacks
+from launcher.settings import Settings
 from launcher.slurm import allocation, batch, jobs
 from launcher.slurm import slurmlaunch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 
-def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, opts: Options,
+def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, settings: Settings,
                  run_io: RunIO) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
     for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
-                                  (opts.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
+                                  (settings.run.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
-    settings = run_settings(cluster, job, opts, where="slurm")
-    for note in settings.notes:
+    settings = for_run(settings, cluster, job, where="slurm")
+    for note in settings.run.notes:
         run_io.err.write(note + "\n")
     names = allocation.allocation_nodes(os.environ)
     plan = plan_launch(allocation.allocation_cluster(cluster, names), job, settings=settings)
@@ -45,19 +45,19 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
         run_io.out.write(plan.dry_run_text() + "\n")
         return 0
     if doctor and run_io.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
-        run_io = replace(run_io, gate=replace(doctor_gate(opts, run_io.err), full_report=False))
+        run_io = replace(run_io, gate=replace(doctor_gate(settings, run_io.err), full_report=False))
     try:
-        return slurm_launch.launch_step(plan, opts, run_io)
+        return slurm_launch.launch_step(plan, run_io)
     finally:
         from launcher.app.pages import page_now
 
-        page_now(plan.cluster, plan.run_id, opts,
+        page_now(plan.cluster, plan.run_id, settings,
                  slurm_launch.slurm_nodes((c.host.name for c in plan.nodes), dict(os.environ)))
 
 
-def _slurm_log_dir(opts: Options) -> Path:
+def _slurm_log_dir(settings: Settings) -> Path:
     """Where submitted jobs keep their script, output and end record: absolute, as the job starts elsewhere."""
-    return (opts.log_dir / jobs.LOG_SUBDIR).absolute()
+    return (settings.output.log_dir / jobs.LOG_SUBDIR).absolute()
 
 
 def _umask() -> int:
@@ -81,11 +81,11 @@ def _job_hosts(hosts: str, start: Path) -> str:
 def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
                  gpus_per_node: str | None = None, dry_run: bool = False, job: JobArgs | None = None,
                  skip_doctor: bool = False, job_name: str | None = None, project: Path | None = None,
-                 opts: Options, run_io: RunIO) -> int:
+                 settings: Settings, run_io: RunIO) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
     it); prints the job id and what to do with it. `project`: the installed command's project (the job starts there
     and runs `python -m launcher`); None: this checkout and its tasks.py."""
-    log_dir = _slurm_log_dir(opts)
+    log_dir = _slurm_log_dir(settings)
     start = REPO if project is None else project.resolve()
     job = job or JobArgs()
     command = batch.launch_command(sys.executable, _job_hosts(hosts, start), script=job.script, module=job.module,
@@ -143,16 +143,16 @@ def _known_job(job_id: str, log_dir: Path) -> JobState:
     return state
 
 
-def job_status(job_id: str, opts: Options, run_io: RunIO) -> int:
+def job_status(job_id: str, settings: Settings, run_io: RunIO) -> int:
     """A SLURM batch job's state, exit code, nodes and output file, one line each."""
-    state = _known_job(job_id, _slurm_log_dir(opts))
+    state = _known_job(job_id, _slurm_log_dir(settings))
     run_io.out.write("\n".join(_job_lines(state)) + "\n")
     return 0
 
 
-def job_logs(job_id: str, follow: bool, opts: Options, run_io: RunIO) -> int:
+def job_logs(job_id: str, follow: bool, settings: Settings, run_io: RunIO) -> int:
     """Print a SLURM batch job's output file (the launch's prefixed lines); with `follow`, until the job ends."""
-    log_dir = _slurm_log_dir(opts)
+    log_dir = _slurm_log_dir(settings)
     state, found = (jobs.follow if follow else jobs.read)(job_id, run_io.out, log_dir)
     if not found and not state.known:  # an output file alone is enough: it outlives what SLURM remembers
         raise _unknown_job(state.job_id, log_dir)
@@ -169,9 +169,9 @@ def job_logs(job_id: str, follow: bool, opts: Options, run_io: RunIO) -> int:
     return 0
 
 
-def job_stop(job_id: str, opts: Options, run_io: RunIO) -> int:
+def job_stop(job_id: str, settings: Settings, run_io: RunIO) -> int:
     """scancel a SLURM batch job and wait until SLURM has ended its processes on every node; 1 when it has not."""
-    log_dir = _slurm_log_dir(opts)
+    log_dir = _slurm_log_dir(settings)
     before = _known_job(job_id, log_dir)
     if before.ended:
         run_io.out.write(f"job {before.job_id} had already ended ({before.state}): nothing to stop\n")
@@ -189,10 +189,10 @@ def job_stop(job_id: str, opts: Options, run_io: RunIO) -> int:
     return 0
 
 
-def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, dict[str, slurm_launch.SlurmNode]]:
+def job_nodes(job_id: str, cluster: Cluster, settings: Settings) -> tuple[Cluster, dict[str, slurm_launch.SlurmNode]]:
     """A running batch job's nodes, each reached through a step of the job (`srun --overlap`, as its owner may run
     from any login node), and the inventory on them (it gives python and workdir)."""
-    state = _known_job(job_id, _slurm_log_dir(opts))
+    state = _known_job(job_id, _slurm_log_dir(settings))
     if state.ended or not state.nodes:
         raise LauncherError(f"job {state.job_id} is {state.state}: it runs nothing to look at")
     env = {**os.environ, "SLURM_JOB_ID": state.job_id, "SLURM_JOBID": state.job_id, "SLURM_JOB_NODELIST": state.nodes}
@@ -200,7 +200,7 @@ def job_nodes(job_id: str, cluster: Cluster, opts: Options) -> tuple[Cluster, di
     return allocation.allocation_cluster(cluster, names), slurm_launch.slurm_nodes(names, env)
 
 
-def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, opts: Options,
+def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, settings: Settings,
                  run_io: RunIO, all_gpus: bool = False) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
@@ -209,35 +209,35 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         on_job = allocation.allocation_cluster(cluster, allocation.allocation_nodes(env))
         nodes = slurm_launch.slurm_nodes((host.name for host in on_job.hosts), env)
     else:
-        on_job, nodes = job_nodes(job_id, cluster, opts)
+        on_job, nodes = job_nodes(job_id, cluster, settings)
         env = next(iter(nodes.values())).env
         held = on_job.rendezvous.master_port
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
         run_io.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
-    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=opts.probe_timeout,
+    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=settings.run.probe_timeout,
                         gpus_in_use=job_id is not None)  # a running job's GPUs hold its own run
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
 
-    def start(plan: LaunchPlan, quiet: Options, quiet_run_io: RunIO) -> int:
-        return slurm_launch.launch_step(plan, quiet, quiet_run_io, env=env, overlap=job_id is not None)
+    def start(plan: LaunchPlan, quiet_run_io: RunIO) -> int:
+        return slurm_launch.launch_step(plan, quiet_run_io, env=env, overlap=job_id is not None)
 
-    return with_net(report, on_job, opts, start, all_gpus)
+    return with_net(report, on_job, settings, start, all_gpus)
 
 
-def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO) -> StacksReport:
+def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO) -> StacksReport:
     """`inv stacks --job ID`: every rank's stack of the run inside a running batch job."""
-    on_job, nodes = job_nodes(job_id, cluster, opts)
-    return collect_stacks(on_job, run_id, opts, run_io.err, nodes)
+    on_job, nodes = job_nodes(job_id, cluster, settings)
+    return collect_stacks(on_job, run_id, settings, run_io.err, nodes)
 
 
-def submit(hosts: str | Hosts, nodes: int, *, opts: Options | None = None, run_io: RunIO | None = None,
+def submit(hosts: str | Hosts, nodes: int, *, settings: Settings | None = None, run_io: RunIO | None = None,
                  **batch: Any) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
     job_name, dry_run, job (JobArgs), skip_doctor); print its job id. The job starts in the project of `hosts`
     (the installed command's) or in this checkout."""
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    return slurm_submit(spec.path, nodes, opts=opts or Options(), run_io=run_io or RunIO(),
+    return slurm_submit(spec.path, nodes, settings=settings or Settings(), run_io=run_io or RunIO(),
                                  project=spec.project, **batch)

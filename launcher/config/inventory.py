@@ -31,8 +31,8 @@ from launcher.config.text import render, typed
 from launcher.config.torchrun import refusal
 from launcher.config.yamltext import load_yaml
 from launcher.errors import InventoryError
-from launcher.options import ON_HANG
 from launcher.paths import hint
+from launcher.settings import ON_HANG
 
 MISSING = ("no such file: `{init}` writes one from what your nodes say over SSH, `{example}` the reference "
            "(every key, what it does, its default)")

@@ -204,7 +204,7 @@ class Job:
     resume_args: tuple[str, ...] = DEFAULT_RESUME_ARGS
     """Added to `args` when the launcher retries a failed run (`retries`): how the script resumes its checkpoint."""
     hang_timeout: float | None = None
-    """launcher.options.HANG_TIMEOUT_HELP; None: learnt; 0: never. `--hang-timeout` (or the `hang_timeout`
+    """launcher.settings.HANG_TIMEOUT_HELP; None: learnt; 0: never. `--hang-timeout` (or the `hang_timeout`
     setting) wins."""
     on_hang: str | None = None
     """ON_HANG's: what a suspected hang does; None: `stop`. `--on-hang` wins."""

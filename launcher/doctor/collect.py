@@ -28,13 +28,12 @@ from launcher.limits import (
     SMI_SHARE,
     TOKEN_READ_S,
 )
-from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
 from launcher.parallel import parallel
 from launcher.paths import hint
+from launcher.settings import DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_SSH, Settings, SshSettings
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sshsettings import DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 
 if TYPE_CHECKING:
     from launcher.events import NodeFacts
@@ -340,7 +339,7 @@ default_gate = DoctorGate()
 launch's agent sessions."""
 
 
-def doctor_gate(opts: Options, err: IO[str]) -> DoctorGate:
+def doctor_gate(settings: Settings, err: IO[str]) -> DoctorGate:
     """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
@@ -351,19 +350,19 @@ def doctor_gate(opts: Options, err: IO[str]) -> DoctorGate:
         for found in report.problems:  # warnings only: a failure raised before this
             err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return DoctorGate(probe_timeout=opts.probe_timeout, ssh=SshSettings.of(opts), on_pass=passed)
+    return DoctorGate(probe_timeout=settings.run.probe_timeout, ssh=settings.ssh, on_pass=passed)
 
 
-def between_attempts(opts: Options, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:
+def between_attempts(settings: Settings, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:
     """What `--retries` checks before each next attempt: the nodes that fail the doctor's fast checks (with
     `doctor` off, those that cannot be reached), each with why (`launcher.run.attempts.AttemptCheck`)."""
 
     def failing(cluster: Cluster) -> dict[str, str]:
         if not doctor:
-            nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+            nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
             close_all(nodes.values())
             return {f.host: str(f) for f in failures}
-        report = run_doctor(cluster, ssh=SshSettings.of(opts), checks="fast", probe_timeout=opts.probe_timeout)
+        report = run_doctor(cluster, ssh=settings.ssh, checks="fast", probe_timeout=settings.run.probe_timeout)
         out: dict[str, str] = {}
         for found in report.failures:
             out.setdefault(found.host, f"the doctor's {found.check} check failed: {found.detail}")

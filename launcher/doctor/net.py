@@ -23,9 +23,9 @@ from launcher.doctor.netfigures import NOT_MEASURED, nccl_transport, net_verdict
 from launcher.errors import LauncherError
 from launcher.events import Output
 from launcher.limits import NET_BUDGET_S, NET_MAX_ITERS, NET_PAIR_BYTES, NET_SIZES, NET_TIMEOUT_S
-from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 
 SOURCE = Path(__file__).with_name("netjob.py")
 MARK = b"NETCHECK "
@@ -36,16 +36,21 @@ NCCL_SAYS = (EnvVar("NCCL_DEBUG", value="INFO"), EnvVar("NCCL_DEBUG_SUBSYS", val
 whatever the inventory's NCCL_DEBUG: the doctor reads those lines (netfigures.nccl_transport)."""
 
 
-def net_plan(cluster: Cluster, all_gpus: bool = False) -> LaunchPlan:
+def net_plan(cluster: Cluster, settings: Settings | None = None, all_gpus: bool = False) -> LaunchPlan:
     """One rank a node (or, `all_gpus`, each node's nproc_per_node ranks: one a GPU, as nccl-tests' -g, so every
-    NIC rail and NVLink carries its share), running the measurement as `python -c` under `torchrun --no-python`."""
+    NIC rail and NVLink carries its share), running the measurement as `python -c` under `torchrun --no-python`.
+    The measurement is a run of its own, with the command's `settings` but attached, never started again and never
+    watched for a hang (its own bound is NET_TIMEOUT_S)."""
+    settings = settings or Settings()
+    quiet = dataclasses.replace(settings, run=dataclasses.replace(settings.run, hang_timeout=0, detach=False, retries=0,
+                                                                  on_hang="stop", notes=()))
     hosts = tuple(dataclasses.replace(h, nproc_per_node=h.nproc_per_node if all_gpus else 1,
                                       env=(*(v for v in h.env if v.name not in {e.name for e in NCCL_SAYS}),
                                            *NCCL_SAYS))
                   for h in cluster.hosts)
     args = (",".join(str(s) for s in NET_SIZES), str(NET_BUDGET_S), str(NET_PAIR_BYTES), str(NET_MAX_ITERS))
     plan = plan_launch(dataclasses.replace(cluster, hosts=hosts, retries=0),
-                       Job(script="netjob.py", args=args, hang_timeout=0))
+                       Job(script="netjob.py", args=args, hang_timeout=0), settings=quiet)
     nodes = []
     for command in plan.nodes:
         at = command.argv.index("netjob.py")
@@ -54,11 +59,11 @@ def net_plan(cluster: Cluster, all_gpus: bool = False) -> LaunchPlan:
     return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
-Starter = Callable[[LaunchPlan, Options, RunIO], int]
+Starter = Callable[[LaunchPlan, RunIO], int]
 """What runs the measurement's plan to its end: `run_launch.launch_run` over SSH, a step of the job under SLURM."""
 
 
-def measure(cluster: Cluster, opts: Options, start: Starter | None = None, all_gpus: bool = False
+def measure(cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
             ) -> tuple[dict | None, str | None]:
     """Run the measurement on every node: (rank 0's answer with each node's NCCL transport, None), or (None, why
     there is none)."""
@@ -84,14 +89,13 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None, all_g
                 elif b"NCCL INFO" in line:
                     nccl_transport(line.decode("utf-8", "replace"), transport.setdefault(event.node, {}))
 
-    quiet = dataclasses.replace(opts, hang_timeout=0, detach=False, retries=0)
     run_io = RunIO(out=io.StringIO(), err=io.StringIO(), on_event=on_event)  # no gate: the doctor just ran
-    plan = net_plan(cluster, all_gpus)
+    plan = net_plan(cluster, settings, all_gpus)
     result: list[BaseException] = []
 
     def run() -> None:
         try:
-            runner(plan, quiet, run_io)
+            runner(plan, run_io)
         except (LauncherError, OSError) as exc:
             result.append(exc)
 
@@ -108,18 +112,18 @@ def measure(cluster: Cluster, opts: Options, start: Starter | None = None, all_g
     return None, f"run {plan.run_id} ended without its answer"
 
 
-def with_net(report: Report, cluster: Cluster, opts: Options, start: Starter | None = None, all_gpus: bool = False
+def with_net(report: Report, cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
              ) -> Report:
     """The doctor's report with a `net` column and each node's figures (`all_gpus`: measured over all of each node's
     GPUs, `net_plan`)."""
     if not report.ok:  # a node that fails its checks cannot join the measurement: it would only time out
         measured, error = None, NOT_MEASURED
     else:
-        measured, error = measure(cluster, opts, start, all_gpus)
+        measured, error = measure(cluster, settings, start, all_gpus)
     if measured is not None:  # each node's InfiniBand ports, as its probe found them: a fall back to sockets is said
         measured["ib"] = {h: (p or {}).get("ib") or [] for h, p in report.probes.items()}
     # A slow node is flagged from the share a straggler is (a slow node slows every all_reduce): one idea, one number.
-    findings, figures, group = net_verdict(report.hosts, measured, error, opts.straggler_factor)
+    findings, figures, group = net_verdict(report.hosts, measured, error, settings.run.straggler_factor)
     order = {h: i for i, h in enumerate(report.hosts)}
     merged = sorted((*report.findings, *findings), key=lambda f: order.get(f.host, len(order)))
     return dataclasses.replace(report, checks=(*report.checks, "net"), findings=tuple(merged), net=figures,

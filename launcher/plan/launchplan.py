@@ -18,7 +18,8 @@ from launcher.errors import PlanError
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
 from launcher.node.protocol import DEVICE_ORDER, RUNS_ROOT, socket_values
-from launcher.plan.runsettings import RunSettings, run_settings
+from launcher.plan.settings import for_run
+from launcher.settings import Settings
 
 SECRET_MASK = "<secret>"
 RANKS_DIR = "ranks"
@@ -132,9 +133,10 @@ class LaunchPlan:
     """The nodes, with `job` as their job: what the doctor's start gate checks is what runs."""
     job: Job
     nodes: tuple[NodeCommand, ...]
-    settings: RunSettings = field(default_factory=RunSettings)
-    """How the run is followed, resolved once (launcher.plan.runsettings): its hang timeout and on-hang, retries,
-    a stop's grace, the straggler rule's figures."""
+    settings: Settings = field(default_factory=Settings)
+    """Every setting the run uses, resolved once (launcher.plan.settings.for_run): how it is followed and stopped
+    (`run`: its hang timeout and on-hang, retries, a stop's grace, the straggler rule's figures), where its output
+    goes (`output`), how its nodes are reached (`ssh`)."""
 
     def dry_run_text(self) -> str:
         """Human-readable plan for `--dry-run`: each node's exact command and what each flag means."""
@@ -187,9 +189,9 @@ class LaunchPlan:
             "                              their lines with local and global rank and sends them to the console",
             *_job_lines(self.job),
         ]
-        if self.settings.retries:  # what the run uses: the command line's over the inventory's
+        if self.settings.run.retries:  # what the run uses: the command line's over the inventory's
             resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
-            lines.append(f"retries: {self.settings.retries}: a run that loses a node is started again on the nodes "
+            lines.append(f"retries: {self.settings.run.retries}: a run that loses a node is started again on the nodes "
                          f"that pass the doctor, with {resume} added")
         return "\n".join(lines)
 
@@ -321,9 +323,9 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
 
 
 def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None, *,
-                settings: RunSettings | None = None) -> LaunchPlan:
-    """Plan a run of `job` (default: the inventory's) on every node of `cluster`, followed as `settings` say
-    (default: the inventory's and the defaults, `run_settings(cluster, job)`)."""
+                settings: Settings | None = None) -> LaunchPlan:
+    """Plan a run of `job` (default: the inventory's) on every node of `cluster`, with `settings` (resolved for the run:
+    `for_run`; default: the inventory's and the defaults)."""
     job = job or cluster.job
     if job is None:
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
@@ -360,4 +362,4 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
         ))
     # The command line's job (--script, api.launch's module=) replaces the inventory's for all that reads the plan.
     return LaunchPlan(run_id=run_id, cluster=replace(cluster, job=job), job=job, nodes=tuple(nodes),
-                      settings=settings or run_settings(cluster, job))
+                      settings=settings or for_run(Settings(), cluster, job))

@@ -34,7 +34,7 @@ from launcher.limits import (
     TOP_TAIL_BYTES,
     heartbeat_interval,
 )
-from launcher.options import DEFAULT_PROGRESS, Options
+from launcher.options import DEFAULT_PROGRESS
 from launcher.plan.launchplan import RANKS_DIR, LaunchPlan, NodeCommand
 
 
@@ -60,10 +60,10 @@ def inventory_id(cluster: Cluster) -> str:
 
 
 
-def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], opts: Options,
-                  gate: GateSection | None = None, owner: Owner | None = None, reattach: bool = True) -> dict[str, Any]:
-    """Everything the node's agent needs to start its part; every number comes from `opts` and the plan's settings (it
-    has no defaults).
+def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], gate: GateSection | None = None,
+                  owner: Owner | None = None, reattach: bool = True) -> dict[str, Any]:
+    """Everything the node's agent needs to start its part; every number comes from the plan's settings and the
+    launcher's limits (it has no defaults).
 
     With a `gate` (the doctor's checks), its `gate` part: what the agent probes first. `owner`: the launcher the run's
     supervisor takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
@@ -72,7 +72,7 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
     `env`) go in `secret_names`, which the agent keeps out of its run directory's command.json.
     """
     secret = {v.name for v in command.env if v.secret} | set(getattr(env, "secret_names", ()))
-    rdzv = plan.cluster.rendezvous
+    rdzv, run = plan.cluster.rendezvous, plan.settings.run
     request: dict[str, Any] = {
         "action": "start",
         "timing": NODE_TIMING,
@@ -92,18 +92,18 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
         "node_rank": command.node_rank,
         "nodes": [c.host.name for c in plan.nodes],  # recorded on the node: `inv stop` tells this run's nodes
         "inventory": inventory_id(plan.cluster),  # ... and which inventory started it
-        "detach": opts.detach,
-        "grace": plan.settings.grace,
-        "heartbeat_timeout": opts.heartbeat_timeout,
-        "alive_interval": heartbeat_interval(opts.silence_timeout),
+        "detach": run.detach,
+        "grace": run.grace,
+        "heartbeat_timeout": run.heartbeat_timeout,
+        "alive_interval": heartbeat_interval(run.silence_timeout),
         "owner": owner.token if owner else None,
         "who": owner.who if owner else None,
-        "reattach": reattach and not opts.detach,
-        "away_after_s": AWAY_AFTER_BEATS * heartbeat_interval(opts.heartbeat_timeout),
+        "reattach": reattach and not run.detach,
+        "away_after_s": AWAY_AFTER_BEATS * heartbeat_interval(run.heartbeat_timeout),
         "attach_tail_bytes": ATTACH_TAIL_BYTES,
         "log_tail": log_tail_settings(),
         **stacks_settings(),
-        "watch": plan.settings.hang_timeout != 0,  # each rank's progress in the agent's beats
+        "watch": run.hang_timeout != 0,  # each rank's progress in the agent's beats
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
         "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's supervisor
     }
@@ -132,13 +132,13 @@ def log_tail_settings() -> dict[str, Any]:
             "cut_mark": CUT_MARK.decode()}
 
 
-def shown_request(plan: LaunchPlan, opts: Options) -> list[str]:
+def shown_request(plan: LaunchPlan) -> list[str]:
     """`--dry-run`'s last lines: the request the first node's agent would get, as JSON. Secret values are shown by
     name only; what is read at launch (env files, forward_env, a value copied from this machine's environment) is
     not read here, and the doctor's part (`gate`) is left out."""
     command = plan.nodes[0]
     env = {v.name: f"<secret {v.name}>" if v.secret else v.value if v.value is not None
            else f"<${v.from_env} at launch>" for v in command.env}
-    request = start_request(plan, command, env, opts)
+    request = start_request(plan, command, env)
     return [f"the request {command.host.name}'s agent gets (the other nodes' differ in node_rank, run_dir and mark; "
             "env files and forward_env are read at launch):", json.dumps(request, indent=1, sort_keys=True)]

@@ -4,17 +4,12 @@ defaults."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
-from launcher.plan.runsettings import SETTINGS, RunSettings
-
-FROM_INVENTORY = {"retries": "retries", "hang_timeout": "job.hang_timeout", "on_hang": "job.on_hang"}
-"""The settings an inventory may set too (its key); the plan holds what the run uses of them (`SETTINGS`)."""
+from launcher.plan.settings import FROM_INVENTORY
+from launcher.settings import GROUP_OF, Settings
 
 
 def _shown(value: Any) -> str:
@@ -25,35 +20,30 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def used_settings(plan: LaunchPlan, opts: Options, where: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+def used_settings(plan: LaunchPlan, hosts_from: str | None = None) -> list[tuple[str, Any, str]]:
     """(name, the value the run uses, where it came from) of every setting that is not its default, or that was set
-    somewhere (`where`: name -> `--grace`, a settings file, a variable; the defaults are not in it)."""
-    defaults, run_defaults, out = Options(), RunSettings(), []
+    somewhere (the plan's `settings.sources`); the inventory first where `hosts_from` says where it was named."""
+    settings, defaults, out = plan.settings, Settings(), []
     inventory = {"retries": plan.cluster.retries, "hang_timeout": plan.job.hang_timeout, "on_hang": plan.job.on_hang}
-    for field in fields(Options):
-        name = field.name
-        ran, unset = (plan.settings, run_defaults) if name in SETTINGS else (opts, defaults)
-        value, default = getattr(ran, name), getattr(unset, name)
-        if name in where:
-            said = where[name]
-            mine = inventory.get(name)
-            if name in FROM_INVENTORY and mine is not None and mine != value:
-                said += f" (over the inventory's {FROM_INVENTORY[name]}: {_shown(mine)})"
-        elif name in FROM_INVENTORY and value != default:
-            said = f"{plan.cluster.source} ({FROM_INVENTORY[name]})"
-        elif value != default:
-            said = "the caller"  # an API keyword, or a setting whose source was not told
-        else:
-            continue
+    for name in GROUP_OF:
+        value = settings.value(name)
+        said = settings.sources.get(name)
+        if said is None:
+            if value == defaults.value(name):
+                continue
+            said = "the caller"  # a value whose source was not told
+        mine = inventory.get(name)
+        if name in FROM_INVENTORY and mine is not None and mine != value and not said.startswith(plan.cluster.source):
+            said += f" (over the inventory's {FROM_INVENTORY[name]}: {_shown(mine)})"
         out.append((name, value, said))
-    if "hosts" in where:
-        out.insert(0, ("hosts", Path(plan.cluster.source), where["hosts"]))
+    if hosts_from is not None:
+        out.insert(0, ("hosts", Path(plan.cluster.source), hosts_from))
     return out
 
 
-def settings_text(plan: LaunchPlan, opts: Options, where: Mapping[str, str]) -> list[str]:
+def settings_text(plan: LaunchPlan, hosts_from: str | None = None) -> list[str]:
     """`--dry-run`'s lines on the settings: each that the run uses and is not its default, and where it came from."""
-    used = used_settings(plan, opts, where)
+    used = used_settings(plan, hosts_from)
     if not used:
         return ["settings: every one at its default"]
     width = max(len(name) for name, _, _ in used)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO
 
 from launcher.limits import MIRROR_CLOSE_S, MIRROR_QUEUE_CHUNKS
-from launcher.options import DEFAULT_CONSOLE_BUFFER_BYTES
 from launcher.paths import hint
+from launcher.settings import DEFAULT_CONSOLE_BUFFER_BYTES
 
 
 class ConsoleWriter:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.limits import REPORT_NAMED, REPORT_POINTS
-from launcher.options import STRAGGLER_FACTOR
+from launcher.settings import STRAGGLER_FACTOR
 
 GIB = float(1 << 30)
 CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP = range(7)

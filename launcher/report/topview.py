@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.live import Live
 
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
-from launcher.options import Options
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
 from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, judged_once, ranks_of
 
@@ -31,11 +30,12 @@ class Feed(Protocol):
     def follow(self, rank: int | None) -> None: ...
 
 
-def show_once(run_id: str, views: list[NodeView], opts: Options, out: IO[str], looks: Looks | None = None) -> int:
+def show_once(run_id: str, views: list[NodeView], straggler_factor: float, out: IO[str], looks: Looks | None = None
+              ) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
     TOP_PIPE_COLUMNS), with what one look judges (`launcher.watch.topmodel.judged_once`). Its JSON for scripts is
     `launcher.run.topfeed.snapshot`'s value, the API's too."""
-    look = judged_once(views, opts.straggler_factor, looks)
+    look = judged_once(views, straggler_factor, looks)
     told = out.isatty() or os.environ.get("COLUMNS", "").isdigit()  # rich reads COLUMNS itself
     console = Console(file=out, width=None if told else TOP_PIPE_COLUMNS)
     console.print(f"run {run_id}")
@@ -74,11 +74,11 @@ class TopScreen:
     says the ranks behind a collective (its judge remembers since when; `looks` takes the stacks it judges them by
     once the others have waited long, on a thread of its own), answers keys."""
 
-    def __init__(self, run_id: str, feed: Feed, opts: Options, out: IO[str], take_stacks: Callable[[], list[str]],
+    def __init__(self, run_id: str, feed: Feed, straggler_factor: float, out: IO[str], take_stacks: Callable[[], list[str]],
                  looks: Looks | None = None):
-        self.run_id, self.feed, self.opts, self.out = run_id, feed, opts, out
+        self.run_id, self.feed, self.out = run_id, feed, out
         self.take_stacks, self.looks = take_stacks, looks
-        self.judge = TopJudge(opts.straggler_factor)
+        self.judge = TopJudge(straggler_factor)
         self.follow: int | None = None
         self.footer: list[str] = []
         self.looked: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None

@@ -16,11 +16,10 @@ from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, NodeFailure, UsageError
 from launcher.limits import NODE_TIMING, heartbeat_interval
 from launcher.node.protocol import RUN_ID_PATTERN
-from launcher.options import Options
+from launcher.settings import Settings, SshSettings
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, close_all, connect_all, run_all
 from launcher.transport.program import host_command, node_program, program_input, python_command
-from launcher.transport.sshsettings import SshSettings
 
 AGENT_SOURCE = node_program("agent")
 
@@ -57,18 +56,18 @@ class _Progress:
         self.err.flush()
 
 
-def run_ssh(opts: Options) -> SshSettings:
+def run_ssh(settings: Settings) -> SshSettings:
     """A run's connections: SSH keepalives as often as heartbeats keep NAT and firewall state of a quiet run alive."""
-    return replace(SshSettings.of(opts), keepalive=heartbeat_interval(opts.silence_timeout))
+    return replace(settings.ssh, keepalive=heartbeat_interval(settings.run.silence_timeout))
 
 
-def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err: IO[str]) -> dict[str, Node]:
+def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], settings: Settings, err: IO[str]) -> dict[str, Node]:
     """Connect to every host at once; any failure closes the rest and raises `ConnectError`."""
     progress = _Progress(err)
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
-    nodes, failures = connect_all(cluster, hosts, run_ssh(opts),
+    nodes, failures = connect_all(cluster, hosts, run_ssh(settings),
                                   on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
     if failures:
         close_all(nodes.values())
@@ -79,14 +78,14 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], opts: Options, err:
 
 
 @contextlib.contextmanager
-def reached(cluster: Cluster, opts: Options, given: Mapping[str, Any] | None = None
+def reached(cluster: Cluster, ssh: SshSettings, given: Mapping[str, Any] | None = None
             ) -> Iterator[tuple[dict[str, Any], list[NodeFailure]]]:
     """The nodes an action works on, and those it could not reach: the `given` ones (a SLURM job's steps), or a new
     SSH connection to every host that answers, closed after."""
     if given is not None:
         yield dict(given), []
         return
-    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    nodes, failures = connect_all(cluster, cluster.hosts, ssh)
     try:
         yield nodes, failures
     finally:

@@ -24,13 +24,13 @@ from typing import Any
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
 from launcher.events import Beat, Ended, HangSuspected, NodeEnd
-from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import AttemptEnd, Final, Retry, after_attempt
 from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
 from launcher.report import rootcause
 from launcher.run import control as run_control
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
@@ -75,7 +75,7 @@ class Seen:
                        training_at=max(self.first_steps.values(), default=None))
 
 
-def launch_with_retries(plan: LaunchPlan, opts: Options, run_io: RunIO, health: AttemptCheck) -> int:
+def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -> int:
     """`run_launch.launch_run`, again as `after_attempt` decides, up to the plan's `retries` more times."""
     from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
 
@@ -83,7 +83,7 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, run_io: RunIO, health: 
     ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
     first, sat_out = plan, {}
-    settings = plan.settings
+    settings, log_dir = plan.settings.run, plan.settings.output.log_dir
     elastic = plan.cluster.rendezvous.elastic
     # A static run is planned again for the nodes left; a c10d one needs its MIN.
     low = elastic.nodes_range(len(plan.nodes))[0] if elastic.backend == "c10d" else 1
@@ -91,14 +91,14 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, run_io: RunIO, health: 
         attempt = Attempt(len(attempts) + 1, plan.run_id, tuple(c.host.name for c in plan.nodes),
                           _master_name(plan.cluster), sat_out=dict(sat_out))
         attempts.append(attempt)
-        _record(opts.log_dir, attempts)
+        _record(log_dir, attempts)
         seen, error = Seen(run_io), None
         try:
-            code = run_launch.launch_run(plan, opts, replace(run_io, on_event=seen.take))
+            code = run_launch.launch_run(plan, replace(run_io, on_event=seen.take))
         except RunFailed as exc:
             code, error = exc.exit_code, exc
         except (LauncherError, KeyboardInterrupt) as exc:
-            _could_not_start(exc, attempt, attempts, opts, run_io)
+            _could_not_start(exc, attempt, attempts, log_dir, run_io)
             raise
         end = rootcause.attempt_end(code, list(error.ends) if error and error.ends else list(seen.ends.values()),
                                     seen.hang)
@@ -110,11 +110,11 @@ def launch_with_retries(plan: LaunchPlan, opts: Options, run_io: RunIO, health: 
                                  cooldown=settings.retry_cooldown)
         attempts[-1] = replace(seen.noted(attempt, end), outcome=_outcome(end, decision),
                                why=end.why if end.how != "hang" else decision.reason.split("; no retry")[0])
-        _record(opts.log_dir, attempts)
+        _record(log_dir, attempts)
         if isinstance(decision, Final):
             return _final(decision, code, error, attempts, run_io)
         try:
-            plan, sat_out = _next_plan(first, opts, run_io, failures, health, low, decision, attempts)
+            plan, sat_out = _next_plan(first, run_io, failures, health, low, decision, attempts)
         except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
             lines = ["interrupted between attempts: nothing is running", "attempts:",
                      *(f"  {line}" for line in summary(attempts))]
@@ -138,7 +138,7 @@ def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[A
     return code
 
 
-def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attempt], opts: Options,
+def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attempt], log_dir: Path,
                      run_io: RunIO) -> None:
     """An attempt that could not start (the doctor's checks, a connection) or was interrupted while starting:
     recorded as ended, never left "running" for `inv status`."""
@@ -146,12 +146,12 @@ def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attemp
     why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
     attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else "failed-final",
                            why=why, how="interrupted" if interrupted else "no-start")
-    _record(opts.log_dir, attempts)
+    _record(log_dir, attempts)
     if len(attempts) > 1:
         run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
 
 
-def _next_plan(first: LaunchPlan, opts: Options, run_io: RunIO, failures: dict[str, list[float]],
+def _next_plan(first: LaunchPlan, run_io: RunIO, failures: dict[str, list[float]],
                health: AttemptCheck, low: int, decision: Retry, attempts: list[Attempt]
                ) -> tuple[LaunchPlan, dict[str, str]]:
     """Wait, check the nodes, and plan the next attempt on those that may take part (and who sits out: the decision's
@@ -159,7 +159,7 @@ def _next_plan(first: LaunchPlan, opts: Options, run_io: RunIO, failures: dict[s
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
     hang it held) takes part again as soon as nothing keeps it out."""
-    done, settings = len(attempts), first.settings
+    done, settings = len(attempts), first.settings.run
     run_io.err.write(f"attempt {done} of {settings.retries + 1} failed: {decision.reason}; checking the nodes again "
                      f"in {settings.retry_wait:g} s (retry {done} of {settings.retries})\n")
     time.sleep(settings.retry_wait)
@@ -170,7 +170,7 @@ def _next_plan(first: LaunchPlan, opts: Options, run_io: RunIO, failures: dict[s
         out.update(health(candidates))
     kept = next_nodes(inventory, out).cluster
     if kept.hosts:
-        out.update(_sweep(kept, attempts[-1], opts, run_io))
+        out.update(_sweep(kept, attempts[-1], first.settings, run_io))
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
         run_io.err.write(f"  {name} sits out: {why}\n")
@@ -185,14 +185,14 @@ def _next_plan(first: LaunchPlan, opts: Options, run_io: RunIO, failures: dict[s
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     run_io.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    plan = plan_launch(chosen.cluster, job, settings=settings)
+    plan = plan_launch(chosen.cluster, job, settings=first.settings)
     return plan, dict(chosen.dropped)
 
 
-def _sweep(cluster: Cluster, previous: Attempt, opts: Options, run_io: RunIO) -> dict[str, str]:
+def _sweep(cluster: Cluster, previous: Attempt, settings: Settings, run_io: RunIO) -> dict[str, str]:
     """Stop what is left of the previous attempt on every node kept (over a new channel, its silent agent too);
     the nodes that cannot be confirmed empty, and why: they sit out the next attempt."""
-    states = run_control.stop(cluster, previous.run_id, opts, sweep=True, run_io=run_io)
+    states = run_control.stop(cluster, previous.run_id, settings, sweep=True, run_io=run_io)
     out = {}
     for state in states:
         if state.state in ("unreachable", "error"):

@@ -14,7 +14,6 @@ from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import ACTION_MARGIN
 from launcher.node.protocol import Event
-from launcher.options import Options
 from launcher.paths import hint
 from launcher.plan import runchoice
 from launcher.plan.launchplan import rank_offsets
@@ -22,10 +21,10 @@ from launcher.plan.request import inventory_id
 from launcher.report.lines import NodeLog, supports_colour
 from launcher.run.actions import agent_action, agent_input, check_run_id, connect_or_fail
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command
-from launcher.transport.sshsettings import SshSettings
 
 
 @dataclass
@@ -47,27 +46,27 @@ class NodeState:
     run that is not running)."""
 
 
-def chosen_run(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]) -> str | None:
+def chosen_run(cluster: Cluster, nodes: dict[str, Node], settings: Settings, err: IO[str]) -> str | None:
     """The run to act on when no --run is given: chosen from every reachable node's list of runs, for this
     inventory as a whole (`launcher.plan.runchoice`); says which on the console, or raises when it is ambiguous."""
-    return _listed_runs(cluster, nodes, opts, err)[0]
+    return _listed_runs(cluster, nodes, settings, err)[0]
 
 
-def _listed_runs(cluster: Cluster, nodes: dict[str, Node], opts: Options, err: IO[str]
+def _listed_runs(cluster: Cluster, nodes: dict[str, Node], settings: Settings, err: IO[str]
                  ) -> tuple[str | None, dict[str, Result | NodeFailure], dict[str, list[dict[str, Any]]]]:
     """`chosen_run`'s choice, with every node's `list` answer and the runs read from it (`status` answers from them)."""
-    results = agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout)
+    results = agent_action(nodes, cluster, {"action": "list"}, settings.run.action_timeout)
     listings = _listings(results)
     return _choice(cluster, listings, err), results, listings
 
 
-def run_and_nodes(cluster: Cluster, nodes: dict[str, Node], run_id: str | None, opts: Options, err: IO[str]
+def run_and_nodes(cluster: Cluster, nodes: dict[str, Node], run_id: str | None, settings: Settings, err: IO[str]
                   ) -> tuple[str, list[str]]:
     """The run `attach` takes (`run_id`, or as `status` chooses) and the nodes it was started on, as they list it."""
     if run_id is None:
-        run_id, _, listings = _listed_runs(cluster, nodes, opts, err)
+        run_id, _, listings = _listed_runs(cluster, nodes, settings, err)
     else:
-        listings = _listings(agent_action(nodes, cluster, {"action": "list"}, opts.action_timeout))
+        listings = _listings(agent_action(nodes, cluster, {"action": "list"}, settings.run.action_timeout))
     if run_id is None:
         raise LauncherError(f"no run on the nodes of {cluster.source} to attach to")
     listed = [run for runs in listings.values() for run in runs if run["run_id"] == run_id]
@@ -125,23 +124,23 @@ def _launcher(answer: dict[str, Any]) -> dict[str, Any] | None:
     return launcher if isinstance(launcher, dict) else None
 
 
-def _states(cluster: Cluster, request: dict[str, Any], opts: Options, err: IO[str]) -> list[NodeState]:
+def _states(cluster: Cluster, request: dict[str, Any], settings: Settings, err: IO[str]) -> list[NodeState]:
     check_run_id(request["run_id"])
-    nodes, failures = connect_all(cluster, cluster.hosts, SshSettings.of(opts))
+    nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
     listed: dict[str, NodeState] = {}
     try:
         if request["run_id"] is None and nodes and request["action"] == "stop":
             # One session a node: each lists its runs, hears the run chosen from all of them, and stops it.
             results = _ask_then_tell(nodes, cluster, {**request, "choose": True},
-                                     lambda firsts: _choice(cluster, _listings(firsts), err), opts.action_timeout)
+                                     lambda firsts: _choice(cluster, _listings(firsts), err), settings.run.action_timeout)
         elif request["run_id"] is None and nodes:
             # `status`: the listings say all it would, no second session a node
-            run_id, answers, listings = _listed_runs(cluster, nodes, opts, err)
+            run_id, answers, listings = _listed_runs(cluster, nodes, settings, err)
             listed = {name: _listed_state(name, result, listings.get(name), run_id) for name, result in answers.items()}
             results = {}
         else:
             # The action's own limit follows the grace period, so a long grace never reads as a lost node.
-            results = agent_action(nodes, cluster, request, opts.action_timeout)
+            results = agent_action(nodes, cluster, request, settings.run.action_timeout)
     finally:
         close_all(nodes.values())
     states = []
@@ -260,33 +259,33 @@ def _agent_error(result: Result) -> str:
     return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
 
 
-def stop(cluster: Cluster, run_id: str | None = None, opts: Options | None = None, sweep: bool = False,
+def stop(cluster: Cluster, run_id: str | None = None, settings: Settings | None = None, sweep: bool = False,
          run_io: RunIO | None = None) -> list[NodeState]:
     """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
     `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
-    opts = opts or Options()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": opts.grace, "kill_supervisor": sweep}, opts,
+    settings = settings or Settings()
+    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": settings.run.grace, "kill_supervisor": sweep}, settings,
                    (run_io or RunIO()).err)
 
 
-def status(cluster: Cluster, run_id: str | None = None, opts: Options | None = None,
+def status(cluster: Cluster, run_id: str | None = None, settings: Settings | None = None,
            run_io: RunIO | None = None) -> list[NodeState]:
     """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
-    return _states(cluster, {"action": "status", "run_id": run_id}, opts or Options(), (run_io or RunIO()).err)
+    return _states(cluster, {"action": "status", "run_id": run_id}, settings or Settings(), (run_io or RunIO()).err)
 
 
 def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
-         follow: bool = False, opts: Options | None = None, run_io: RunIO | None = None) -> int:
+         follow: bool = False, settings: Settings | None = None, run_io: RunIO | None = None) -> int:
     """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
-    opts, run_io = opts or Options(), run_io or RunIO()
+    settings, run_io = settings or Settings(), run_io or RunIO()
     check_run_id(run_id)
     hosts = [h for h in cluster.hosts if node is None or h.name == node]
     if not hosts:
         raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
                             f"{', '.join(h.name for h in cluster.hosts)})")
-    nodes = connect_or_fail(cluster, hosts, opts, run_io.err)
+    nodes = connect_or_fail(cluster, hosts, settings, run_io.err)
     try:
-        run_id = run_id or chosen_run(cluster, nodes, opts, run_io.err)
+        run_id = run_id or chosen_run(cluster, nodes, settings, run_io.err)
     except BaseException:
         close_all(nodes.values())
         raise

@@ -32,7 +32,6 @@ from launcher.events import (
 )
 from launcher.limits import STALL, STOP_MARGIN
 from launcher.node.protocol import GO, KILL, POSITION, STOP, message_line
-from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
@@ -47,20 +46,21 @@ from launcher.watch.hangcheck import HangCheck
 class RunHandle:
     """The controller side of one run: its sessions, and the decisions taken while waiting."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
+    def __init__(self, plan: LaunchPlan, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
                  agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None,
                  gate: StartGate | None = None, reconnector: Reconnector | None = None):
-        self.plan, self.opts, self.nodes = plan, opts, nodes
+        self.plan, self.nodes = plan, nodes
+        settings = self.settings = plan.settings
         self.gate = gate
         """What runs before `go`: the doctor's checks in the agents' sessions (`launcher.run.gate`)."""
         self.opener = opener
         self.on_event = on_event
         self.reconnector = reconnector
         """New sessions to a node's run (a dropped connection, `attach`); None under SLURM."""
-        self.link = Sessions(nodes, requests, agent_source, on_event, opts.heartbeat_timeout, opts.silence_timeout,
+        self.link = Sessions(nodes, requests, agent_source, on_event, settings.run.heartbeat_timeout, settings.run.silence_timeout,
                              reconnector)
         self.sessions: dict[str, Session] = self.link.by_name
-        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, plan.settings.grace, opts.heartbeat_timeout,
+        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, plan.settings.run.grace, settings.run.heartbeat_timeout,
                              reconnector)
         self.returns = Returns()
         """The launcher's own returns and its nodes' reconnects whose backlog is being read."""
@@ -74,7 +74,7 @@ class RunHandle:
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
-        hang_timeout, on_hang = plan.settings.hang_timeout, plan.settings.on_hang
+        hang_timeout, on_hang = plan.settings.run.hang_timeout, plan.settings.run.on_hang
         self.hangs = None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep",
                                                               restart=on_hang == "restart")
         """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
@@ -203,12 +203,12 @@ class RunHandle:
         out = [s.outage for s in live if s.outage is not None]
         if not out:
             self.cut_off = None
-        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.opts.silence_timeout \
+        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.settings.run.silence_timeout \
                 and not any(s.heard > min(out) for s in sessions if s.outage is None):
             self.cut_off = min(out)
             since = time.time() - (now - self.cut_off)
-            self.on_event(CutOff("", time.time(), since, since + self.opts.heartbeat_timeout))
-        return self.opts.silence_timeout if self.cut_off is None else self.opts.heartbeat_timeout
+            self.on_event(CutOff("", time.time(), since, since + self.settings.run.heartbeat_timeout))
+        return self.settings.run.silence_timeout if self.cut_off is None else self.settings.run.heartbeat_timeout
 
     def _look_at(self, session: Session, now: float, outage_bound: float) -> None:
         """A message the channel could not take before; a node out of reach or silent past its limit; a stop past its
@@ -217,7 +217,7 @@ class RunHandle:
             session.pending_message = None
         silent = now - session.heard
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
-        limit = self.opts.silence_timeout if session.ready else max(self.opts.silence_timeout, self.opts.probe_timeout)
+        limit = self.settings.run.silence_timeout if session.ready else max(self.settings.run.silence_timeout, self.settings.run.probe_timeout)
         if session.outage is not None:
             if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over():
                 self._lost(session, now)
@@ -309,7 +309,7 @@ class RunHandle:
                 session.asked_to_stop, session.stop_message = True, message
                 if not session.channel.send(message, block=False):
                     session.pending_message = message  # the channel could not take it now: sent again at the next step
-        grace = 0.0 if kill else self.plan.settings.grace
+        grace = 0.0 if kill else self.plan.settings.run.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
 

@@ -41,7 +41,6 @@ from launcher.limits import (
     STOPPED_EXIT,
 )
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
-from launcher.options import Options
 from launcher.paths import detached_hint, hint
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.request import start_request
@@ -67,32 +66,33 @@ from launcher.run.nodeenv import NodeEnv, resolve_env
 from launcher.run.reattach import Reconnector, new_owner
 from launcher.run.run_io import RunIO
 from launcher.run.sessions import SessionOpener
+from launcher.settings import Settings
 from launcher.transport.connections import Node, close_all
 from launcher.watch.arrival import ArrivalBook
 
 
-def launch_run(plan: LaunchPlan, opts: Options | None = None, run_io: RunIO | None = None) -> int:
+def launch_run(plan: LaunchPlan, run_io: RunIO | None = None) -> int:
     """Start the plan on every node at once and (unless detached) stream it to its end.
 
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
-    opts, run_io = opts or Options(), run_io or RunIO()
-    journal = Journal(plan.run_id, opts.log_dir / plan.run_id)  # the run's page's account, from the command's start
+    run_io, settings = run_io or RunIO(), plan.settings
+    journal = Journal(plan.run_id, settings.output.log_dir / plan.run_id)  # the run's page's account, from the command's start
     cluster = plan.cluster
     envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
-    nodes = connect_or_fail(cluster, cluster.hosts, opts, run_io.err)
+    nodes = connect_or_fail(cluster, cluster.hosts, settings, run_io.err)
     for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
         journal.phase([name], "connected", nodes[name].connected_at)
     try:
         # e.g. --sync; the checks run inside the agents' sessions
         for name, when in (run_io.gate.prepare(cluster, nodes) if run_io.gate is not None else {}).items():
             journal.phase([name], "synced", when)
-        return run_attached(plan, opts, run_io, nodes, envs, journal=journal)
+        return run_attached(plan, run_io, nodes, envs, journal=journal)
     finally:
         close_all(nodes.values())
 
 
-def run_attached(plan: LaunchPlan, opts: Options, run_io: RunIO, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
+def run_attached(plan: LaunchPlan, run_io: RunIO, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
                  opener: SessionOpener | None = None, journal: Journal | None = None) -> int:
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
     `journal`: the run's account for its page, begun at the command's start (else begun now).
@@ -100,28 +100,28 @@ def run_attached(plan: LaunchPlan, opts: Options, run_io: RunIO, nodes: Mapping[
     SIGTERM counts as Ctrl-C meanwhile: the run is stopped on every node. SIGHUP (the terminal closed) leaves the run
     to its nodes: it goes on within the heartbeat bound, and `attach` takes it back from any terminal.
     """
-    journal = journal or Journal(plan.run_id, opts.log_dir / plan.run_id)
+    journal = journal or Journal(plan.run_id, plan.settings.output.log_dir / plan.run_id)
     with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-        return _Attached(plan, opts, run_io, dict(nodes), envs, opener, journal).execute()
+        return _Attached(plan, run_io, dict(nodes), envs, opener, journal).execute()
 
 
-def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, opts: Options,
+def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, settings: Settings,
                run_io: RunIO, on_run: Callable[[str], None] | None = None) -> int:
     """Take over an attached run that lives on its nodes, whose launcher is gone (`attach`): each node's console from
     where this machine's copy of its log stopped (none: its last lines), heartbeats again, Ctrl-C stops it
     everywhere; returns (or raises) as its launch would have. `plan_for(nodes' cluster, run id)` is the run's plan
     (the application layer's: the inventory's job); `on_run` hears the run's id once chosen."""
-    nodes = connect_or_fail(cluster, cluster.hosts, opts, run_io.err)
+    nodes = connect_or_fail(cluster, cluster.hosts, settings, run_io.err)
     try:
-        run_id, names = run_and_nodes(cluster, nodes, run_id, opts, run_io.err)
+        run_id, names = run_and_nodes(cluster, nodes, run_id, settings, run_io.err)
         if on_run is not None:
             on_run(run_id)
         plan = plan_for(replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name in names)), run_id)
-        folder = opts.log_dir / run_id
+        folder = settings.output.log_dir / run_id
         journal = Journal.resumed(run_id, folder)
         offsets = {name: _size(folder / f"{name}.log") for name in names}
         with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-            return _Attached(plan, opts, run_io, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
+            return _Attached(plan, run_io, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
     finally:
         close_all(nodes.values())
 
@@ -159,18 +159,19 @@ def _interrupt_on(raised: Mapping[signal.Signals, type[BaseException]]) -> Itera
 class _Attached:
     """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
 
-    def __init__(self, plan: LaunchPlan, opts: Options, run_io: RunIO, nodes: dict[str, Node],
+    def __init__(self, plan: LaunchPlan, run_io: RunIO, nodes: dict[str, Node],
                  envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal,
                  attach: Mapping[str, int | None] | None = None):
-        self.plan, self.opts, self.run_io = plan, opts, run_io
+        self.plan, self.run_io = plan, run_io
+        settings = self.settings = plan.settings
         self.journal = journal
         self.attach = attach
         """`attach`: each node's offset in its log this machine has (None: none), to take over a run that lives on."""
-        folder = opts.log_dir / plan.run_id
+        folder = settings.output.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(run_io.out, run_io.err, opts.console_buffer, f"{folder}/",
-                                     opts.console_buffer_bytes)
-        self.mirror = None if opts.detach else Mirror(folder, self.console)
+        self.console = ConsoleWriter(run_io.out, run_io.err, settings.output.console_buffer, f"{folder}/",
+                                     settings.output.console_buffer_bytes)
+        self.mirror = None if settings.run.detach else Mirror(folder, self.console)
         for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
             self.mirror.write(command.host.name, b"")
         colour = supports_colour(run_io.out)
@@ -179,11 +180,11 @@ class _Attached:
                      for i, c in enumerate(plan.nodes)}
         owner = new_owner()
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
-        reconnector = None if opener is not None or opts.detach else Reconnector(
-            plan.cluster, nodes, run_ssh(opts), AGENT_SOURCE, plan.run_id, owner)
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], opts, run_io.gate, owner, opener is None)
+        reconnector = None if opener is not None or settings.run.detach else Reconnector(
+            plan.cluster, nodes, run_ssh(settings), AGENT_SOURCE, plan.run_id, owner)
+        requests = {c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
                     for c in plan.nodes} if attach is None else {}
-        self.handle = RunHandle(plan, opts, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
+        self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
                                 reconnector)
         self.interrupts = 0
         self.left: str | None = None
@@ -196,8 +197,8 @@ class _Attached:
         """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(plan.settings.straggler_factor, plan.settings.straggler_hold,
-                                           opts.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
+        self.stragglers = LaunchStragglers(plan.settings.run.straggler_factor, plan.settings.run.straggler_hold,
+                                           settings.output.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
                                            hangs.book if hangs is not None else ArrivalBook())
 
     def _straggler(self, line: str) -> None:
@@ -217,7 +218,7 @@ class _Attached:
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
-            self.console.message(f"{event.node}: no launcher heard from for {self.opts.heartbeat_timeout:g} s "
+            self.console.message(f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_timeout:g} s "
                                  "(--heartbeat-timeout); the node stops its part")
         elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
             self.console.message(line)
@@ -229,18 +230,18 @@ class _Attached:
         elif isinstance(event, Reattached) and event.down_s is None:
             self.away[event.node] = event.away_s
         elif isinstance(event, HangSuspected):
-            self.hang_lines = hang_report(self.plan.run_id, event, self.opts.log_dir)
+            self.hang_lines = hang_report(self.plan.run_id, event, self.settings.output.log_dir)
             for line in self.hang_lines:
                 self.console.message(line)
         elif isinstance(event, HangRuledOut):
             self.console.message(ruled_out_line(event))
             # dumps the look brought (NCCL's watchdog may have written them): each comes once, kept with the run's
-            for line in write_nccl(self.opts.log_dir / self.plan.run_id, event.answers):
+            for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, event.answers):
                 self.console.message(line)
         elif isinstance(event, Beat) and event.progress:
             self.stragglers.beat(event.node, event.progress)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
-            for line in write_nccl(self.opts.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
+            for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
                 self.console.message(line)
         elif isinstance(event, Left):
             low = self.handle.min_nodes
@@ -266,7 +267,7 @@ class _Attached:
                 return self._not_attached()
             if handle.start_failure is not None:
                 self._wait()
-                if self.opts.detach:  # a detached node's supervisor outlives its agent: stop it by its run id
+                if self.settings.run.detach:  # a detached node's supervisor outlives its agent: stop it by its run id
                     self._stop_detached(handle.started)
                 others = handle.started
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
@@ -278,7 +279,7 @@ class _Attached:
             self.console.message(attached_line(self.plan.run_id, self.away) if self.attach is not None else
                                  f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
             self.journal.write()  # a detached run's page has its start from here
-            if self.opts.detach:
+            if self.settings.run.detach:
                 self._wait()
                 self.console.message(f"detached: run {self.plan.run_id} keeps going; "
                                      f"{detached_hint(self.plan.cluster.source)}")
@@ -317,20 +318,20 @@ class _Attached:
         was heard from for the heartbeat bound); None when it did not."""
         if self.left is not None:
             self.going_on = True
-            return left_line(self.plan.run_id, len(self.plan.nodes), self.opts.heartbeat_timeout,
+            return left_line(self.plan.run_id, len(self.plan.nodes), self.settings.run.heartbeat_timeout,
                              hint(f"attach --hosts {self.plan.cluster.source} --run {self.plan.run_id}"))
         taken = taken_line(self.plan.run_id, ends)
         if taken is not None:
             self.going_on = True
             return taken
         if self.handle.cut_off is not None:
-            return cut_off_end_line(self.plan.run_id, ends, self.opts.heartbeat_timeout)
-        return away_line(self.plan.run_id, ends, self.opts.heartbeat_timeout)
+            return cut_off_end_line(self.plan.run_id, ends, self.settings.run.heartbeat_timeout)
+        return away_line(self.plan.run_id, ends, self.settings.run.heartbeat_timeout)
 
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
-        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.plan.settings.grace}
-        agent_action(nodes, self.plan.cluster, request, self.plan.settings.action_timeout)
+        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.plan.settings.run.grace}
+        agent_action(nodes, self.plan.cluster, request, self.plan.settings.run.action_timeout)
 
     def _wait(self) -> list[NodeEnd]:
         while True:
@@ -343,9 +344,9 @@ class _Attached:
                 self.interrupts += 1
                 if self.interrupts == 1:
                     for log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
-                        log.stop_asked(self.opts.log_dir / self.plan.run_id)
+                        log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
                     self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
-                                         f"{self.plan.settings.grace:g}s; Ctrl-C again to kill now)")
+                                         f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)")
                     self.handle.stop()
                 else:
                     self.console.message("\nkilling the run on every node now")

@@ -20,10 +20,10 @@ from launcher.config.model import Cluster, Host
 from launcher.errors import NodeFailure
 from launcher.limits import ATTACH_TAIL_BYTES, NODE_TIMING
 from launcher.plan.request import Owner
+from launcher.settings import SshSettings
 from launcher.transport.channel import Channel
 from launcher.transport.connections import Node, classify, connect
 from launcher.transport.program import host_command, program_input
-from launcher.transport.sshsettings import SshSettings
 
 
 def new_owner() -> Owner:

@@ -1,8 +1,8 @@
 """A run's I/O (`RunIO`): what a task's run talks to besides its options: where output goes, what runs before `go`,
 who hears events.
 
-These are collaborators, not settings: `launcher.options.Options` is a frozen value a user's config and command line
-make; a `RunIO` is made by the application layer (or the bench, or a test) for one call.
+These are collaborators, not settings: `launcher.settings.Settings` is a frozen value a user's config and command
+line make; a `RunIO` is made by the application layer (or the bench, or a test) for one call.
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ from launcher.run.agentevents import agent_line
 from launcher.run.nodesession import Session as Session  # re-exported: the run's modules take it from here
 from launcher.run.nodesession import SessionChannel, SessionOpener
 from launcher.run.reattach import Reconnector
+from launcher.settings import DEFAULT_FANOUT
 from launcher.transport.connections import Node, classify
 from launcher.transport.program import host_command, program_input
-from launcher.transport.sshsettings import DEFAULT_FANOUT
 
 
 class Sessions:

@@ -15,10 +15,10 @@ from typing import IO, Any
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
-from launcher.options import Options
 from launcher.report.hangs import write_nccl, write_stacks
 from launcher.run.actions import agent_action, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
+from launcher.settings import Settings
 from launcher.transport.channel import Result
 from launcher.watch import flightrec
 from launcher.watch.arrival import ArrivalBook, answered
@@ -53,19 +53,19 @@ class StacksReport:
         return out + list(self.nccl)
 
 
-def collect_stacks(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
+def collect_stacks(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str],
                    nodes: Mapping[str, Any] | None = None) -> StacksReport:
     """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
     or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     check_run_id(run_id)
-    with reached(cluster, opts, nodes) as (usable, failed):
-        run_id, results = _ask(cluster, usable, run_id, opts, err)
+    with reached(cluster, settings.ssh, nodes) as (usable, failed):
+        run_id, results = _ask(cluster, usable, run_id, settings, err)
     answers: dict[str, Mapping[str, Any] | str] = {f.host: str(f) for f in failed}
     answers.update(_answers(results))
     stacks, failures = from_answers(answers)
     if not stacks and not failures:
         raise LauncherError(f"run {run_id} has no live worker on {cluster.source}'s nodes: nothing to take stacks of")
-    folder = write_stacks(opts.log_dir, run_id, stacks) if stacks else None
+    folder = write_stacks(settings.output.log_dir, run_id, stacks) if stacks else None
     dumps = flightrec.sent_dumps(answers)
     nccl = write_nccl(folder, answers, dumps) if folder is not None else []
     in_flight = flightrec.in_flight_said(flightrec.recorded(dumps))
@@ -89,7 +89,7 @@ def _answers(results: Mapping[str, Result | NodeFailure]) -> Answers:
     return answers
 
 
-def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options,
+def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings,
               apart_s: float = HANG_LOOKS_APART_S) -> tuple[Answers, Answers]:
     """Every node's `stacks` answer (or why there is none) twice, `apart_s` seconds apart, over the connections
     given: what the hang watch judges (`launcher.watch.verdict.on_looks`), for `inv top`. Nothing is kept, and
@@ -98,7 +98,7 @@ def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Opt
                "nccl_dump_wait_s": 0}
 
     def look() -> Answers:
-        return _answers(agent_action(dict(nodes), cluster, request, STACKS_WAIT_S + opts.action_timeout))
+        return _answers(agent_action(dict(nodes), cluster, request, STACKS_WAIT_S + settings.run.action_timeout))
 
     first = look()
     time.sleep(apart_s)
@@ -113,11 +113,11 @@ def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:
     return "; ".join(b.said() for b in book.behind(time.time()) or ())
 
 
-def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, opts: Options, err: IO[str]
+def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, settings: Settings, err: IO[str]
          ) -> tuple[str, dict[str, Result | NodeFailure]]:
-    run_id = run_id or chosen_run(cluster, nodes, opts, err)
+    run_id = run_id or chosen_run(cluster, nodes, settings, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
     request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES,
                "nccl_dump_wait_s": NCCL_DUMP_WAIT_S}
-    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + NCCL_DUMP_WAIT_S + opts.connect_timeout)
+    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + NCCL_DUMP_WAIT_S + settings.ssh.connect_timeout)

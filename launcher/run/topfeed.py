@@ -18,13 +18,13 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
-from launcher.options import Options
 from launcher.paths import hint
 from launcher.plan.request import progress_settings
 from launcher.run.actions import agent_action, agent_input, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
 from launcher.run.run_io import RunIO
 from launcher.run.takestacks import Answers, collect_stacks, two_looks
+from launcher.settings import Settings
 from launcher.transport.connections import classify
 from launcher.transport.program import host_command
 from launcher.watch.topmodel import NodeView, as_json, judged_once
@@ -64,28 +64,28 @@ def view_of(name: str, reply: Mapping[str, Any]) -> NodeView:
     return NodeView(name, snapshot=reply)
 
 
-def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options,
+def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings,
               interval_s: float = TOP_ONCE_S, follow: int | None = None, settle: bool = False) -> list[NodeView]:
     """One snapshot of every node (each watched for `interval_s`; with `settle`, a node whose ranks have all been
     still for TOP_STILL_S answers after TOP_ONCE_LEAST_S), in inventory order."""
-    settings = top_settings(cluster, count=1, interval_s=interval_s, follow=follow)
+    top = top_settings(cluster, count=1, interval_s=interval_s, follow=follow)
     if settle:
-        settings["settle"] = {"least_s": TOP_ONCE_LEAST_S, "still_s": TOP_STILL_S}
-    request = {"action": "top", "run_id": run_id, "top": settings}
-    results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + opts.action_timeout)
+        top["settle"] = {"least_s": TOP_ONCE_LEAST_S, "still_s": TOP_STILL_S}
+    request = {"action": "top", "run_id": run_id, "top": top}
+    results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + settings.run.action_timeout)
     return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
             for h in cluster.hosts]
 
 
-def stragglers_now(cluster: Cluster, run_id: str, opts: Options) -> list[str]:
+def stragglers_now(cluster: Cluster, run_id: str, settings: Settings) -> list[str]:
     """The stragglers of a running run as `inv top --once` flags them, one look (a few seconds): what `inv status`
     says of a run no attached launcher watches (detached), which keeps no account of them."""
     from launcher.report.stragglerline import straggler_line
     from launcher.watch.topmodel import TopJudge
 
-    with reached(cluster, opts) as (usable, _):
-        views = look_once(cluster, usable, run_id, opts, settle=True) if usable else []
-    look = TopJudge(opts.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
+    with reached(cluster, settings.ssh) as (usable, _):
+        views = look_once(cluster, usable, run_id, settings, settle=True) if usable else []
+    look = TopJudge(settings.run.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
     node = {r["rank"]: v.name for v in views if v.snapshot is not None for r in v.snapshot.get("ranks", [])}
     told = f" (now, one look as `{hint('top --once')}`)"
     return [straggler_line(found, node.get(key, "?"), one_look=True) + told
@@ -100,9 +100,9 @@ def check_running(run_id: str, views: list[NodeView], source: str) -> None:
     raise LauncherError(f"run {run_id} is not running on {source}'s nodes ({said}): nothing to watch")
 
 
-def choose(cluster: Cluster, nodes: Mapping[str, Any], run_id: str | None, opts: Options, err: IO[str]) -> str:
+def choose(cluster: Cluster, nodes: Mapping[str, Any], run_id: str | None, settings: Settings, err: IO[str]) -> str:
     check_run_id(run_id)
-    run_id = run_id or chosen_run(cluster, dict(nodes), opts, err)
+    run_id = run_id or chosen_run(cluster, dict(nodes), settings, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to watch")
     return run_id
@@ -180,8 +180,8 @@ class SshFeed:
 class PollFeed:
     """A look of its own every interval (a SLURM job's nodes: each look is one `srun --overlap` step a node)."""
 
-    def __init__(self, cluster: Cluster, nodes: Mapping[str, Any], run_id: str, opts: Options):
-        self.cluster, self.nodes, self.run_id, self.opts = cluster, nodes, run_id, opts
+    def __init__(self, cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings):
+        self.cluster, self.nodes, self.run_id, self.settings = cluster, nodes, run_id, settings
         self.latest = [NodeView(h.name) for h in cluster.hosts]
         self.following: int | None = None
         self.closing = threading.Event()
@@ -192,7 +192,7 @@ class PollFeed:
 
     def _run(self) -> None:
         while not self.closing.is_set():
-            self.latest = look_once(self.cluster, self.nodes, self.run_id, self.opts, TOP_INTERVAL_S, self.following)
+            self.latest = look_once(self.cluster, self.nodes, self.run_id, self.settings, TOP_INTERVAL_S, self.following)
             self.closing.wait(0.1)
 
     def views(self) -> list[NodeView]:
@@ -217,50 +217,51 @@ def wait_first(feed: SshFeed | PollFeed, timeout: float) -> list[NodeView]:
 
 
 def _views_once(cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str, str], run_id: str,
-                opts: Options) -> list[NodeView]:
-    views = look_once(cluster, usable, run_id, opts, settle=True)
+                settings: Settings) -> list[NodeView]:
+    views = look_once(cluster, usable, run_id, settings, settle=True)
     views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
     check_running(run_id, views, cluster.source)
     return views
 
 
-def snapshot(cluster: Cluster, run_id: str | None, opts: Options, err: IO[str],
+def snapshot(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str],
              nodes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One look at every node and rank, judged, as a value: what `inv top --once --json` prints."""
-    with reached(cluster, opts, nodes) as (usable, failures):
+    with reached(cluster, settings.ssh, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
-        run_id = choose(cluster, usable, run_id, opts, err)
-        views = _views_once(cluster, usable, failed, run_id, opts)
-        look = judged_once(views, opts.straggler_factor, lambda: two_looks(cluster, usable, run_id, opts))
+        run_id = choose(cluster, usable, run_id, settings, err)
+        views = _views_once(cluster, usable, failed, run_id, settings)
+        look = judged_once(views, settings.run.straggler_factor, lambda: two_looks(cluster, usable, run_id, settings))
         return as_json(run_id, views, look.stragglers, look.behind, look.sources)
 
 
-def top(cluster: Cluster, run_id: str | None, opts: Options, run_io: RunIO, *, once: bool = False,
+def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO, *, once: bool = False,
         nodes: Mapping[str, Any] | None = None) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     from launcher.report import topview  # rich's Live and the terminal: only this task needs them
 
     ssh = nodes is None  # SSH connections stream; a SLURM job's steps are polled
-    with reached(cluster, opts, nodes) as (usable, failures):
+    with reached(cluster, settings.ssh, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
-        run_id = choose(cluster, usable, run_id, opts, run_io.err)
+        run_id = choose(cluster, usable, run_id, settings, run_io.err)
 
         def looks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
-            return two_looks(cluster, usable, run_id, opts)
+            return two_looks(cluster, usable, run_id, settings)
 
         if once:
-            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, opts), opts, run_io.out,
+            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, settings),
+                                     settings.run.straggler_factor, run_io.out,
                                      looks)
-        feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, opts)
+        feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, settings)
         feed.start()
         try:
-            check_running(run_id, wait_first(feed, opts.connect_timeout + TOP_INTERVAL_S * 5), cluster.source)
+            check_running(run_id, wait_first(feed, settings.ssh.connect_timeout + TOP_INTERVAL_S * 5), cluster.source)
 
             def take_stacks() -> list[str]:  # over the view's own connections (or the job's steps): none to open
-                return collect_stacks(cluster, run_id, opts, io.StringIO(), usable).lines()
+                return collect_stacks(cluster, run_id, settings, io.StringIO(), usable).lines()
 
             with topview.keys_of(sys.stdin) as keys:
-                return topview.TopScreen(run_id, feed, opts, run_io.out, take_stacks, looks).run(keys)
+                return topview.TopScreen(run_id, feed, settings.run.straggler_factor, run_io.out, take_stacks, looks).run(keys)
         except KeyboardInterrupt:
             return 0
         finally:

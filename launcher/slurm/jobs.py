@@ -20,7 +20,7 @@ from typing import IO
 
 from launcher.errors import LauncherError
 from launcher.limits import QUERY_TIMEOUT, SACCT_TIMEOUT, SLURM_POLL, SLURM_TAIL_CHUNK, SUBMIT_TIMEOUT
-from launcher.options import DEFAULT_LOG_DIR
+from launcher.settings import DEFAULT_LOG_DIR
 from launcher.slurm.batch import check_job_id, output_path, record_path
 
 LOG_SUBDIR = "slurm"

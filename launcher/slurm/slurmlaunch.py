@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from launcher.errors import LauncherError
-from launcher.options import Options
 from launcher.paths import hint
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run import launch as run_launch
@@ -108,11 +107,11 @@ def slurm_nodes(names: Iterable[str], env: dict[str, str]) -> dict[str, SlurmNod
     return {name: SlurmNode(name, env) for name in names}
 
 
-def launch_step(plan: LaunchPlan, opts: Options, run_io: RunIO, env: dict[str, str] | None = None,
+def launch_step(plan: LaunchPlan, run_io: RunIO, env: dict[str, str] | None = None,
                 overlap: bool = False) -> int:
     """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
-    if opts.detach:
+    if plan.settings.run.detach:
         raise LauncherError(f"--detach does not apply to --slurm: submit the job instead (`{hint('slurm.submit')}`), "
                             f"then `{hint('status/logs/stop --job ID')}`")
     commands = {host_command(c.host) for c in plan.nodes}
@@ -127,7 +126,7 @@ def launch_step(plan: LaunchPlan, opts: Options, run_io: RunIO, env: dict[str, s
                     job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
     nodes = slurm_nodes((c.host.name for c in plan.nodes), env)
     try:
-        return run_launch.run_attached(plan, opts, run_io, nodes, envs, opener=step.open)
+        return run_launch.run_attached(plan, run_io, nodes, envs, opener=step.open)
     finally:
-        for note in step.close(plan.settings.grace):
+        for note in step.close(plan.settings.run.grace):
             run_io.err.write(f"note: {note}\n")

@@ -27,15 +27,14 @@ from launcher.errors import LauncherError, NodeFailure, SyncFailed
 from launcher.limits import SYNC_LOCK_WAIT as LOCK_WAIT
 from launcher.limits import SYNC_REPLY_TIMEOUT as REPLY_TIMEOUT
 from launcher.limits import SYNC_TIMING
-from launcher.options import DEFAULT_SILENCE_TIMEOUT
 from launcher.parallel import parallel
+from launcher.settings import DEFAULT_FANOUT, DEFAULT_SILENCE_TIMEOUT, SshSettings
 from launcher.sync.outcomes import NodeSync, outcome_lines, summary
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.stream import Contents, Gone, SyncStream
 from launcher.sync.tree import Entry, Tree, changed, describe_tree, project_tree, size_text
 from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command, node_program, program_input
-from launcher.transport.sshsettings import DEFAULT_FANOUT, SshSettings
 
 SYNCD_SOURCE = node_program("syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""

@@ -26,8 +26,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import FD_RESERVE, FDS_PER_NODE
-from launcher.options import DEFAULT_CONNECT_TIMEOUT
 from launcher.parallel import parallel, waves
+from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
 from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
 from launcher.transport.sshconfig import (
@@ -38,7 +38,7 @@ from launcher.transport.sshconfig import (
     parse_jumps,
     resolve_target,
 )
-from launcher.transport.sshsettings import DEFAULT_FANOUT, DEFAULT_SSH, IDLE_POLL_S, SshSettings
+from launcher.transport.sshsettings import IDLE_POLL_S
 
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.

@@ -26,8 +26,8 @@ from launcher.config.model import Cluster
 from launcher.doctor import Finding
 from launcher.errors import DoctorFailed
 from launcher.node import bounds as node_limits
+from launcher.settings import SshSettings
 from launcher.transport import connections as transport
-from launcher.transport.sshsettings import SshSettings
 from tests.helpers import inv
 from tests.support.nodeenv import node_python
 from tests.support.proberun import run_probe

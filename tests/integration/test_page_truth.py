@@ -25,7 +25,7 @@ import pytest
 from devtools import sandbox
 from devtools.observe import free_port
 from devtools.tasks import run_demo
-from launcher.options import Options
+from launcher.settings import Settings
 from tests._train_helpers import assert_replicas_in_sync
 from tests.conftest import SandboxFactory
 from tests.helpers import PAGE_ON, REPO, inv, node_runs, run_id_of, wait_for
@@ -68,7 +68,7 @@ def test_the_demo_ends_with_its_page_whose_steps_per_s_are_the_programs_and_repo
              "base_addr": factory.reserve_base(), "python": node_python(), "login_rc": sandbox.PATH_ONLY_RC}
     logs = tmp_path / "logs"
     try:
-        code = run_demo(Options(log_dir=logs), **where)
+        code = run_demo(Settings.of(log_dir=logs), **where)
     finally:
         factory.close()
     out, err = capfd.readouterr()

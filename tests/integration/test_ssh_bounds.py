@@ -20,9 +20,9 @@ import yaml
 
 from launcher.config.inventory import parse_inventory
 from launcher.errors import NodeFailure
+from launcher.settings import SshSettings
 from launcher.transport.channel import ExecTimeout
 from launcher.transport.connections import Node, classify, connect
-from launcher.transport.sshsettings import SshSettings
 from tests.helpers import REPO
 
 

@@ -19,8 +19,8 @@ import pytest
 from devtools.observe import free_port
 from launcher.config.inventory import load_inventory, parse_inventory
 from launcher.errors import NodeFailure
+from launcher.settings import SshSettings
 from launcher.transport.connections import Node, connect, connect_all, run_all
-from launcher.transport.sshsettings import SshSettings
 
 # --- against real listeners and sshd ------------------------------------------------------------------------
 

@@ -13,12 +13,14 @@ from launcher.run.control import NodeState
 
 
 def test_options_are_checked_as_the_command_lines() -> None:
-    opts = api._options({"grace": "2.5", "log_dir": "runs", "retries": 1}, detach=True)
-    assert (opts.grace, opts.log_dir, opts.retries, opts.detach) == (2.5, Path("runs"), 1, True)
+    settings = api._settings({"grace": "2.5", "log_dir": "runs", "retries": 1}, detach=True)
+    assert (settings.run.grace, settings.output.log_dir, settings.run.retries, settings.run.detach) == (
+        2.5, Path("runs"), 1, True)
+    assert settings.sources == dict.fromkeys(("grace", "log_dir", "retries", "detach"), "the caller")
     with pytest.raises(LauncherError, match="--grace must be from 0 to 86400 seconds, got '-1'"):
-        api._options({"grace": -1})
+        api._settings({"grace": -1})
     with pytest.raises(LauncherError, match="unknown option 'gracee'"):
-        api._options({"gracee": 1})
+        api._settings({"gracee": 1})
 
 
 def test_errors_are_typed_never_an_exit(tmp_path: Path) -> None:
@@ -57,11 +59,11 @@ def test_top_is_objects_and_keeps_fields_it_does_not_name() -> None:
 def test_a_detached_runs_end_names_the_first_node_that_did_not_exit_0() -> None:
     states = [NodeState("n0", "exited", "r", 0, 1.0, 5.0), NodeState("n1", "exited", "r", 3, 1.0, 4.0),
               NodeState("n2", "stopped", "r", 137, 1.0, 6.0)]
-    result = api._states_result("r", api._options({}), states)
+    result = api._states_result("r", api._settings({}), states)
     assert not result.ok and result.failed_node == "n1" and result.exit_code == 3
     assert result.root_cause == "run r FAILED: n1: exit code 3"
     assert [n.state for n in result.nodes] == ["exited", "exited", "stopped"]
     with pytest.raises(RunFailed, match="n1: exit code 3"):
         result.check()
-    fine = api._states_result("r", api._options({"log_dir": "runs"}), states[:1])
+    fine = api._states_result("r", api._settings({"log_dir": "runs"}), states[:1])
     assert fine.ok and fine.check() is fine and fine.logs == Path("runs/r")

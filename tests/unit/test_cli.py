@@ -7,7 +7,6 @@ import io
 import os
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,13 @@ from launcher.errors import LauncherError
 from launcher.report.states import state_table
 from launcher.run import control as run_control
 from launcher.run.run_io import RunIO
+from launcher.settings import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_PROBE_TIMEOUT,
+    DEFAULT_SILENCE_TIMEOUT,
+    GROUP_OF,
+    Settings,
+)
 from tests.helpers import REPO, inv
 
 EXAMPLE = ["--hosts", "hosts/example.yaml"]
@@ -116,13 +122,13 @@ def test_unknown_config_key() -> None:
 
 
 def test_the_defaults_live_in_options_and_invoke_yaml_changes_nothing() -> None:
-    """options.py is the defaults' one home: Invoke's collection takes them from there (with their types, for
+    """settings.py is the defaults' one home: Invoke's collection takes them from there (with their types, for
     INVOKE_LAUNCHER_* casts), and invoke.yaml only shows, commented, what a user may change."""
     import tasks
 
     assert yaml.safe_load((REPO / "invoke.yaml").read_text()) is None  # every line a comment
     collection = tasks.ns.configuration()["launcher"]
-    defaults = {f.name: f.default for f in fields(options.Options)}
+    defaults = {name: Settings().value(name) for name in GROUP_OF}
     assert set(collection) == set(options.CONFIG_KEYS)
     assert collection.pop("hosts") == options.DEFAULT_HOSTS
     assert Path(collection.pop("log_dir")) == defaults["log_dir"]
@@ -135,19 +141,21 @@ def test_the_defaults_live_in_options_and_invoke_yaml_changes_nothing() -> None:
 
 def test_probe_timeout_is_an_option_of_its_own() -> None:
     """The connect timeout bounds SSH set-up only; the probe's answer has its own, longer limit."""
-    assert options.DEFAULT_PROBE_TIMEOUT > options.DEFAULT_CONNECT_TIMEOUT
+    assert DEFAULT_PROBE_TIMEOUT > DEFAULT_CONNECT_TIMEOUT
     assert "probe_timeout" in options.CONFIG_KEYS
-    opts = options.from_config({"probe_timeout": 60.0}, {"connect_timeout": "5"})
-    assert (opts.probe_timeout, opts.connect_timeout) == (60.0, 5.0)
-    assert options.from_config({}, {"probe_timeout": "30"}).probe_timeout == 30.0
+    settings = options.from_config({"probe_timeout": 60.0}, {"connect_timeout": "5"})
+    assert (settings.run.probe_timeout, settings.ssh.connect_timeout) == (60.0, 5.0)
+    assert options.from_config({}, {"probe_timeout": "30"}).run.probe_timeout == 30.0
     with pytest.raises(LauncherError,
                        match=r"^invoke.yaml: launcher.probe_timeout must be from 0.1 to 86400 seconds, got '0'$"):
         options.from_config({"probe_timeout": 0}, {})
 
 
 def test_command_line_overrides_config() -> None:
-    opts = options.from_config({"grace": 10.0, "log_dir": "somewhere"}, {"grace": "2.5", "silence_timeout": None})
-    assert (opts.grace, opts.silence_timeout, opts.log_dir) == (2.5, options.DEFAULT_SILENCE_TIMEOUT, Path("somewhere"))
+    settings = options.from_config({"grace": 10.0, "log_dir": "somewhere"}, {"grace": "2.5", "silence_timeout": None})
+    assert (settings.run.grace, settings.run.silence_timeout, settings.output.log_dir) == (
+        2.5, DEFAULT_SILENCE_TIMEOUT, Path("somewhere"))
+    assert settings.sources == {"grace": "--grace", "log_dir": "invoke.yaml"}
 
 
 def _render(renderable: object) -> str:
@@ -171,11 +179,11 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
     states = [run_control.NodeState("n[/]1", "stopped", "id[/]", found=found, detail="odd [/] detail"),
               run_control.NodeState("n2", "none", "id[/]")]
     monkeypatch.setattr(app.runs, "load_inventory", lambda hosts: None)
-    monkeypatch.setattr(run_control, task, lambda cluster, run_id, opts, **_: states)
+    monkeypatch.setattr(run_control, task, lambda cluster, run_id, settings, **_: states)
     out = io.StringIO()
     # page=False: a status that finds the run over would start the page's own process (into ./logs, as a user's)
-    opts = options.Options(page=False)
-    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", opts, run_io=RunIO(out=out))
+    settings = Settings.of(page=False)
+    getattr(app, task)("hosts.yaml", "20261122-031500-a1b2c3", settings, run_io=RunIO(out=out))
     text = out.getvalue()
     assert "n[/]1: odd [/] detail" in text
     assert "id[/]" in text
@@ -185,9 +193,9 @@ def test_status_and_stop_print_node_text_as_is(task: str, monkeypatch: pytest.Mo
 def test_stop_says_nothing_was_running_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(app.runs, "load_inventory", lambda hosts: None)
     states = [run_control.NodeState("n1", "none", "x[/]")]
-    monkeypatch.setattr(run_control, "stop", lambda cluster, run_id, opts, **_: states)
+    monkeypatch.setattr(run_control, "stop", lambda cluster, run_id, settings, **_: states)
     out = io.StringIO()
-    assert app.stop("hosts.yaml", None, options.Options(), run_io=RunIO(out=out)) == 0
+    assert app.stop("hosts.yaml", None, Settings(), run_io=RunIO(out=out)) == 0
     assert out.getvalue().strip() == "nothing was running on 1 node(s) (run x[/])"
 
 

@@ -18,8 +18,8 @@ from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.node import bounds
-from launcher.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.run import actions as run_actions
+from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.sync import push as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 

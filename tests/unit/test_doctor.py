@@ -17,7 +17,7 @@ from launcher.doctor import checklist as checks_module
 from launcher.doctor.collect import doctor_gate
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.events import NodeFacts
-from launcher.options import DEFAULT_PROBE_TIMEOUT, Options
+from launcher.settings import DEFAULT_PROBE_TIMEOUT, Settings
 from tests.support.canned_probes import ADDRS, canned_report, evidence, findings, make_cluster, only, probe, problems
 
 
@@ -62,7 +62,7 @@ def test_task_help_and_preflight_line_name_the_registered_fast_checks() -> None:
     names = ", ".join(doctor.FAST_CHECKS)
     assert f"({names})" in tasks.doctor.help["fast"] and f"({names})" in tasks.launch.help["skip-doctor"]
     err = io.StringIO()
-    gate = doctor_gate(Options(), err)  # launch's: the checks run in the agents' sessions, then this
+    gate = doctor_gate(Settings(), err)  # launch's: the checks run in the agents' sessions, then this
     gate.judge(make_cluster(), {h: _facts(h) for h in ADDRS}, (1000.0, 1001.0), 0.43)
     assert err.getvalue() == (f"checked {len(doctor.FAST_CHECKS)} things on 3 node(s) in 0.4s: {names} all passed "
                               "(--skip-doctor skips)\n")
@@ -78,7 +78,7 @@ def _facts(host: str, **fields: Any) -> NodeFacts:
 
 def test_doctor_gate_passes_a_slow_node_and_shows_its_warning() -> None:
     err = io.StringIO()
-    gate = doctor_gate(Options(probe_timeout=120.0, connect_timeout=7.0), err)
+    gate = doctor_gate(Settings.of(probe_timeout=120.0, connect_timeout=7.0), err)
     assert (gate.probe_timeout, gate.ssh.connect_timeout) == (120.0, 7.0)  # two limits, each passed as itself
     facts = {"node-0": _facts("node-0", took=0.4), "node-1": _facts("node-1", took=0.5),
              "node-2": _facts("node-2", took=38.2)}
@@ -91,7 +91,7 @@ def test_doctor_gate_passes_a_slow_node_and_shows_its_warning() -> None:
 
 def test_doctor_gate_judges_what_the_sessions_said_and_raises_with_the_fix() -> None:
     err = io.StringIO()
-    gate = doctor_gate(Options(probe_timeout=5.0), err)
+    gate = doctor_gate(Settings.of(probe_timeout=5.0), err)
     facts = {"node-0": _facts("node-0"), "node-1": NodeFacts(timed_out=True, took=5.0),
              "node-2": NodeFacts(exit_code=127, messages=("sh: 1: /opt/venv/bin/python: not found",))}
     with pytest.raises(DoctorFailed, match="nothing was started") as caught:

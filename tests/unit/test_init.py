@@ -86,7 +86,7 @@ def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found]) -
     from launcher.app import newcluster
     from launcher.run.run_io import RunIO
 
-    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, opts: found)
+    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, settings: found)
     out, err, output = io.StringIO(), io.StringIO(), tmp_path / "hosts" / "cluster.yaml"
     code = app.init([f.name for f in found], output, workdir="~/p", script="train.py", doctor_too=False,
                     run_io=RunIO(out, err))

@@ -19,7 +19,6 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
 from launcher.node import netif, protocol, runner
-from launcher.options import Options
 from launcher.plan.launchplan import NodeCommand, plan_launch
 from launcher.plan.request import start_request
 from launcher.run.nodeenv import NodeEnv, resolve_env
@@ -71,7 +70,7 @@ def test_precedence_env_file_then_forward_env_then_socket_ifname_then_env(tmp_pa
     resolved = resolve_env(with_socket, environ)
     assert dict(resolved) == {"ONLY_FILE": "file", "BOTH": "forwarded", "ALL": "explicit"}
     request = start_request(plan_launch(parse_inventory(BASE + "hosts: [node-0]\n", "i.yaml")), with_socket,
-                            resolved, Options())
+                            resolved)
     assert request["socket_ifname"] == "ib0" and not set(SOCKET_ENV) & set(request["env"])
     node_env = runner.torchrun_env(request, {"NCCL_SOCKET_IFNAME": "login-value"})
     assert [node_env[name] for name in SOCKET_ENV] == ["=ib0", "ib0"]  # NCCL: that interface only, not a prefix
@@ -101,7 +100,7 @@ def test_secret_names_come_from_secret_patterns_files_and_env(tmp_path: Path) ->
     assert resolved.secret_names == {"FILE_KEY", "SHARED", "WANDB_API_KEY", "TOKEN"}
     assert "k3y" not in repr(resolved) and "t0k" not in repr(resolved) and "abc" not in repr(resolved)
     plan = plan_launch(parse_inventory(BASE + "hosts: [node-0]\n", "i.yaml"))
-    request = start_request(plan, command, resolved, Options())
+    request = start_request(plan, command, resolved)
     assert request["secret_names"] == ["FILE_KEY", "SHARED", "TOKEN", "WANDB_API_KEY"]
     assert request["env"] == dict(resolved)
     assert (request["unset_env"], request["master_addr"], request["master_port"]) == (list(RESERVED_ENV), "node-0",
@@ -152,7 +151,7 @@ def test_an_env_file_that_cannot_be_read_is_one_error_naming_host_and_file(tmp_p
 def test_a_plain_dict_env_keeps_the_inventorys_secrets(tmp_path: Path) -> None:
     command = node(tmp_path, env={"TOKEN": {"value": "x", "secret": True}})
     plan = plan_launch(parse_inventory(BASE + "hosts: [node-0]\n", "i.yaml"))
-    assert start_request(plan, command, {"TOKEN": "x"}, Options())["secret_names"] == ["TOKEN"]
+    assert start_request(plan, command, {"TOKEN": "x"})["secret_names"] == ["TOKEN"]
     assert resolve_env(command, {}) == {"TOKEN": "x"} and isinstance(resolve_env(command, {}), NodeEnv)
 
 

@@ -6,13 +6,14 @@ import pytest
 
 from launcher.errors import LauncherError
 from launcher.limits import heartbeat_interval
-from launcher.options import Options, from_config
+from launcher.options import from_config
+from launcher.settings import Settings
 
 
 def test_a_long_grace_period_never_outlives_the_action_limit() -> None:
     # A stop with grace G takes up to G seconds on the node: the controller must wait longer than that.
     for grace in (0.0, 10.0, 43.0, 300.0):
-        assert Options(grace=grace).action_timeout > grace + 5
+        assert Settings.of(grace=grace).run.action_timeout > grace + 5
 
 
 def test_heartbeats_come_several_times_per_timeout() -> None:
@@ -46,13 +47,13 @@ def test_what_hang_timeout_means_is_one_text_and_every_other_agrees_cpu_time_is_
     from pathlib import Path
 
     from launcher import tasks
-    from launcher.options import HANG_TIMEOUT_HELP
+    from launcher.settings import HANG_TIMEOUT_HELP
     from launcher.watch import hang
 
     assert "CPU time is never progress" in HANG_TIMEOUT_HELP and "CPU time is never progress" in hang.__doc__
     assert tasks.launch.help["hang-timeout"].startswith(HANG_TIMEOUT_HELP)
     repo = Path(__file__).resolve().parents[2]
-    for name in ("invoke.yaml", "hosts/example.yaml", "launcher/config/example.yaml", "launcher/options.py",
+    for name in ("invoke.yaml", "hosts/example.yaml", "launcher/config/example.yaml", "launcher/settings.py",
                  "launcher/config/model.py", "launcher/tasks.py", "README.md", "docs/usage.md", "docs/commands.md",
                  "docs/watching.md", "docs/troubleshooting.md", "docs/clusters.md"):
         for said in re.findall(r"hang[_ -]timeout.{0,300}", (repo / name).read_text(), re.S):

@@ -147,17 +147,17 @@ def test_planning_is_a_value() -> None:
 def test_the_plan_resolves_the_hang_timeout_and_retries_once() -> None:
     """The command line's (or settings') value wins, else the inventory's; everything after reads the plan."""
     from launcher.config.inventory import parse_inventory
-    from launcher.options import Options
     from launcher.plan.launchplan import plan_launch
-    from launcher.plan.runsettings import run_settings
+    from launcher.plan.settings import for_run
+    from launcher.settings import Settings
 
     cluster = parse_inventory("hosts: [a, b]\nretries: 2\njob: {script: train.py, hang_timeout: 90}\n", "i.yaml")
     plan = plan_launch(cluster)
-    assert (plan.settings.hang_timeout, plan.settings.retries) == (90.0, 2)
-    given = plan_launch(cluster, settings=run_settings(cluster, opts=Options(hang_timeout=0, retries=0)))
-    assert (given.settings.hang_timeout, given.settings.retries) == (0, 0)
+    assert (plan.settings.run.hang_timeout, plan.settings.run.retries) == (90.0, 2)
+    given = plan_launch(cluster, settings=for_run(Settings.of(hang_timeout=0, retries=0), cluster))
+    assert (given.settings.run.hang_timeout, given.settings.run.retries) == (0, 0)
     bare = plan_launch(parse_inventory("hosts: [a]\njob: {script: train.py}\n", "i.yaml"))
-    assert (bare.settings.hang_timeout, bare.settings.retries) == (None, 0)  # None: learnt from the run
+    assert (bare.settings.run.hang_timeout, bare.settings.run.retries) == (None, 0)  # None: learnt from the run
 
 
 # --- run ids -------------------------------------------------------------------------------------------------

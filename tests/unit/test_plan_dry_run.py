@@ -73,8 +73,8 @@ def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path
     import json as json_
 
     from launcher import app
-    from launcher.options import Options
     from launcher.run.run_io import RunIO
+    from launcher.settings import Settings
 
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text("hosts: [gpu01, gpu02]\njob: {script: train.py, hang_timeout: 90}\ndefaults:\n  env:\n"
@@ -82,11 +82,11 @@ def test_the_dry_run_shows_the_request_a_node_gets_with_secrets_by_name(tmp_path
                          "    KEY: {from_env: HOME_KEY}\n")
     out = io.StringIO()
     run_io = RunIO(out=out, err=io.StringIO())
-    assert app.launch(str(inventory), dry_run=True, opts=Options(grace=7), run_io=run_io) == 0
+    assert app.launch(str(inventory), dry_run=True, settings=Settings.of(grace=7), run_io=run_io) == 0
     assert "the request gpu01's agent gets" not in out.getvalue()  # the agent's JSON only with --json
     out = io.StringIO()
     run_io = RunIO(out=out, err=io.StringIO())
-    assert app.launch(str(inventory), dry_run=True, opts=Options(grace=7), run_io=run_io, as_json=True) == 0
+    assert app.launch(str(inventory), dry_run=True, settings=Settings.of(grace=7), run_io=run_io, as_json=True) == 0
     text = out.getvalue()
     assert "s3cr3t-value" not in text
     request = json_.loads(text[text.index("\n{", text.index("the request gpu01's agent gets")):])

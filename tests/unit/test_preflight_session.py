@@ -22,11 +22,11 @@ from devtools.observe import free_port
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.doctor.collect import doctor_gate
-from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
 from launcher.run import actions as run_actions
 from launcher.run.gate import StartGate
+from launcher.settings import Settings
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.support.nodeenv import node_python
 
@@ -40,7 +40,7 @@ job: {script: train.py}
 
 def _start_request(tmp_path: Path, node: int, port: int) -> dict[str, Any]:
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", str(port)), "inv.yaml"))
-    request = start_request(plan, plan.nodes[node], {}, Options(), doctor_gate(Options(), io.StringIO()))
+    request = start_request(plan, plan.nodes[node], {}, doctor_gate(Settings(), io.StringIO()))
     return {**request, "workdir": str(tmp_path), "argv": [node_python(), "-c", "pass"]}
 
 
@@ -132,7 +132,7 @@ def test_the_preflight_line_and_warnings_are_the_doctors(monkeypatch: pytest.Mon
     import io
 
     err = io.StringIO()
-    gate = doctor_gate(Options(probe_timeout=42.0, connect_timeout=7.0), err)
+    gate = doctor_gate(Settings.of(probe_timeout=42.0, connect_timeout=7.0), err)
     assert isinstance(gate, doctor.DoctorGate) and isinstance(gate, StartGate)
     assert (gate.probe_timeout, gate.ssh.connect_timeout) == (42.0, 7.0)
     plan = plan_launch(parse_inventory(INVENTORY.replace("PORT", "29400"), "inv.yaml"))

@@ -151,7 +151,7 @@ def test_relative_paths_in_settings_are_the_projects(project: Path, monkeypatch:
     monkeypatch.setenv("HOME", str(project.parent / "home"))
     c = context(project)
     assert sources(c.config)["log_dir"] == f"{project}/ddpl.yaml"
-    assert tasks._options(c).log_dir == project / "runs"
+    assert tasks._settings(c).output.log_dir == project / "runs"
     hosts = tasks._hosts(c, None)
     assert Path(hosts.path).resolve() == project / "hosts" / "c.yaml" and hosts.project == project
     assert tasks._hosts(c, "mine.yaml").path == "mine.yaml"  # the command line's path: from where it is typed

@@ -172,15 +172,16 @@ def test_a_phases_file_reads_each_phase_once_with_its_rank_and_restart() -> None
 
 def test_a_page_is_due_once_the_run_is_over_on_every_node_that_had_it_and_has_none_yet(tmp_path) -> None:
     from launcher.app.pages import PAGE_FILE, page_due
-    from launcher.options import Options
+    from launcher.settings import Settings
 
-    opts = Options(log_dir=tmp_path)
-    assert page_due(opts, RUN, ["exited", "stopped", "none"])  # a node that never had the run has no say
-    assert not page_due(opts, RUN, ["exited", "running"]) and not page_due(opts, RUN, ["none", "unreachable"])
-    assert not page_due(Options(log_dir=tmp_path, page=False), RUN, ["exited"]) and not page_due(opts, None, ["lost"])
+    settings = Settings.of(log_dir=tmp_path)
+    assert page_due(settings, RUN, ["exited", "stopped", "none"])  # a node that never had the run has no say
+    assert not page_due(settings, RUN, ["exited", "running"]) and not page_due(settings, RUN, ["none", "unreachable"])
+    assert not page_due(Settings.of(log_dir=tmp_path, page=False), RUN, ["exited"])
+    assert not page_due(settings, None, ["lost"])
     (tmp_path / RUN).mkdir()
     (tmp_path / RUN / PAGE_FILE).write_text("<html>")
-    assert not page_due(opts, RUN, ["exited"])
+    assert not page_due(settings, RUN, ["exited"])
 
 
 def recorded(name: str) -> tuple[dict, dict]:

@@ -10,12 +10,12 @@ import pytest
 from launcher.config.inventory import parse_inventory
 from launcher.errors import LauncherError
 from launcher.limits import heartbeat_interval
-from launcher.options import Options
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
-from launcher.plan.runsettings import run_settings
+from launcher.plan.settings import for_run
 from launcher.run.actions import check_run_id
 from launcher.run.nodeenv import resolve_env
+from launcher.settings import Settings
 from launcher.transport.program import node_files
 
 INVENTORY = """
@@ -36,12 +36,12 @@ def agent_reads() -> set[str]:
 
 
 def test_the_start_request_carries_every_number_the_agent_uses() -> None:
-    opts = Options(grace=3.0, heartbeat_timeout=8.0, silence_timeout=20.0)
+    settings = Settings.of(grace=3.0, heartbeat_timeout=8.0, silence_timeout=20.0)
     cluster = parse_inventory(INVENTORY, "inv.yaml")
-    plan = plan_launch(cluster, settings=run_settings(cluster, opts=opts))  # the run's grace: the plan's
-    request = start_request(plan, plan.nodes[1], {"A": "1"}, opts)
+    plan = plan_launch(cluster, settings=for_run(settings, cluster))  # every number: the plan's
+    request = start_request(plan, plan.nodes[1], {"A": "1"})
     assert (request["grace"], request["heartbeat_timeout"]) == (3.0, 8.0)
-    assert request["alive_interval"] == heartbeat_interval(20.0) < opts.silence_timeout
+    assert request["alive_interval"] == heartbeat_interval(20.0) < settings.run.silence_timeout
     assert request["mark"] == f"{plan.run_id}/node-1" and request["secret_names"] == ["TOKEN"]
     # The agent has no defaults of its own: whatever it reads from a start request, the request has.
     # (`report`'s two sizes come in its own request: launcher.app.pages.report_request)

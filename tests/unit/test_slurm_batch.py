@@ -16,8 +16,8 @@ from launcher import paths
 from launcher.app import slurm as on_slurm
 from launcher.app.job import JobArgs
 from launcher.errors import USAGE, LauncherError
-from launcher.options import Options
 from launcher.run.run_io import RunIO
+from launcher.settings import Settings
 from launcher.slurm import jobs
 from launcher.slurm.batch import BatchSpec, check_job_id, check_time, launch_command, render_batch_script
 
@@ -261,7 +261,7 @@ def test_submit_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path, mo
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     code = on_slurm.slurm_submit(str(inventory), 2, time="30", dry_run=True, job=JobArgs(args="--epochs 1"),
-                                 opts=Options(log_dir=Path("logs")), run_io=RunIO(out=out))
+                                 settings=Settings.of(log_dir=Path("logs")), run_io=RunIO(out=out))
     assert code == 0
     text = out.getvalue()
     assert f"#SBATCH --output={tmp_path}/logs/slurm/slurm-%j.out" in directives(text)
@@ -281,7 +281,7 @@ def test_the_installed_commands_job_starts_in_the_project_and_runs_python_m_laun
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     code = on_slurm.slurm_submit(str(inventory), 2, dry_run=True, job=JobArgs(module="pkg.train"), project=tmp_path,
-                                 opts=Options(log_dir=Path("logs")), run_io=RunIO(out=out))
+                                 settings=Settings.of(log_dir=Path("logs")), run_io=RunIO(out=out))
     assert code == 0
     assert f"#SBATCH --chdir={tmp_path}" in directives(out.getvalue())
     command = next(line for line in out.getvalue().splitlines() if "-m launcher launch" in line)
@@ -290,7 +290,7 @@ def test_the_installed_commands_job_starts_in_the_project_and_runs_python_m_laun
 
 def test_submit_refuses_a_missing_inventory(tmp_path: Path):
     with pytest.raises(LauncherError) as excinfo:
-        on_slurm.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True, opts=Options(), run_io=RunIO())
+        on_slurm.slurm_submit(str(tmp_path / "nope.yaml"), 2, dry_run=True, settings=Settings(), run_io=RunIO())
     assert usage(excinfo).startswith("--hosts: no inventory or hostfile at")
 
 

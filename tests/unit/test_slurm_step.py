@@ -145,12 +145,12 @@ def test_options_of_an_ssh_launch_are_refused_with_slurm_before_anything_starts(
         tmp_path, given: dict[str, object], option: str) -> None:
     from launcher import app
     from launcher.errors import USAGE
-    from launcher.options import Options
+    from launcher.settings import Settings
     inventory = tmp_path / "slurm.yaml"
     inventory.write_text(INVENTORY)
-    opts = Options(retries=given.get("retries"), detach=bool(given.get("detach")))
+    settings = Settings.of({name: value for name, value in given.items() if name in ("retries", "detach") and value})
     with pytest.raises(LauncherError, match=f"{option} does not apply to --slurm") as excinfo:
-        app.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), opts=opts)
+        app.launch(str(inventory), slurm=True, sync=bool(given.get("sync")), settings=settings)
     assert excinfo.value.exit_code == USAGE
 
 
@@ -158,13 +158,12 @@ def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request
     """srun gives every task the whole stdin: the shared part (probe source, run settings) must travel once."""
     from launcher import doctor
     from launcher.node.selector import merged
-    from launcher.options import Options
     from launcher.run import actions as run_actions
     def requests(count: int) -> list[tuple[Any, dict[str, Any]]]:
         names = [f"gpu-{i}" for i in range(count)]
         cluster = allocation_cluster(parse_inventory(INVENTORY, "slurm.yaml"), names)
         plan = plan_launch(cluster)
-        return [(c, start_request(plan, c, {}, Options(), doctor.DoctorGate())) for c in plan.nodes]
+        return [(c, start_request(plan, c, {}, doctor.DoctorGate())) for c in plan.nodes]
 
     small, large = requests(8), requests(256)
     per_task = len(step_input(run_actions.AGENT_SOURCE, large))

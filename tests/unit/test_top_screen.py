@@ -149,9 +149,8 @@ class _Terminal(io.StringIO):
 
 def _once(views: list[NodeView], tty: bool, now: float | None = None) -> list[str]:
     out = _Terminal() if tty else io.StringIO()
-    opts = SimpleNamespace(straggler_factor=0.8)
     with mock.patch("launcher.report.topview.time.time", return_value=now or 0.0):
-        show_once("run-x", views, opts, out)  # type: ignore[arg-type]
+        show_once("run-x", views, 0.8, out)
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
 
@@ -189,8 +188,7 @@ def test_the_live_view_shows_a_slow_rank_first_at_once_with_the_column_that_says
     for snap_rank in views[1].snapshot["ranks"]:  # type: ignore[index]
         if snap_rank["rank"] == 21:
             snap_rank.update(steps_per_s=5.3, batches_per_s=5.3, data_share=0.53)
-    opts = SimpleNamespace(straggler_factor=0.8, straggler_hold=60.0)
-    screen = TopScreen("run-x", SimpleNamespace(), opts, io.StringIO(), list)  # type: ignore[arg-type]
+    screen = TopScreen("run-x", SimpleNamespace(), 0.8, io.StringIO(), list)  # type: ignore[arg-type]
     look = screen._look(views)  # the first look
     assert list(look.stragglers) == [21]
     lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))

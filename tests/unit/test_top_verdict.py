@@ -101,7 +101,7 @@ def top_once(views: list[NodeView], replies: dict[str, Any], now: float) -> list
     out = Terminal()
     with mock.patch("launcher.report.topview.time.time", return_value=now), \
             mock.patch.dict("os.environ", {"COLUMNS": "80"}):
-        show_once("run-x", views, SimpleNamespace(straggler_factor=0.8), out,  # type: ignore[arg-type]
+        show_once("run-x", views, 0.8, out,
                   lambda: (replies, replies))
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
@@ -142,8 +142,7 @@ def test_the_live_view_looks_at_the_stacks_once_the_others_have_waited_long_and_
         asked.append(wall)
         return answers(EVALUATING), answers(EVALUATING)
 
-    opts = SimpleNamespace(straggler_factor=0.8, straggler_hold=60.0)
-    screen = TopScreen("run-x", SimpleNamespace(), opts, io.StringIO(), list, looks)  # type: ignore[arg-type]
+    screen = TopScreen("run-x", SimpleNamespace(), 0.8, io.StringIO(), list, looks)  # type: ignore[arg-type]
     clock = mock.patch("launcher.report.topview.time.time")
     with clock as now:
         now.return_value = wall + 10.0  # 19 s: said, not judged
