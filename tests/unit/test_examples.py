@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.starter import EXAMPLE_LINE
 from tests.helpers import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
@@ -47,3 +48,11 @@ def test_the_import_check_sees_what_it_must_refuse(tmp_path: Path) -> None:
     script.write_text("import os, numpy.linalg\nfrom torch import nn\nfrom . import helper\nfrom tqdm import tqdm\n")
     assert top_level_imports(script) == {"os", "numpy", "torch", ".", "tqdm"}
 
+
+def test_what_points_newcomers_at_it_names_it() -> None:
+    """The README, the usage guide, the inventories (`ddpl init`'s, `init --example`'s, hosts/minimal.yaml) and
+    train/ddp.py's docstring name the example, and it is there."""
+    named = "examples/ddp_minimal.py"
+    assert (REPO / named).is_file() and named in EXAMPLE_LINE
+    for doc in ("README.md", "docs/usage.md", "launcher/config/example.yaml", "hosts/minimal.yaml", "train/ddp.py"):
+        assert named in (REPO / doc).read_text(encoding="utf-8"), doc
