@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Data-parallel training with DistributedDataParallel on a synthetic regression task.
+"""The tests' and benches' reference workload, not an example to copy: start from examples/ddp_minimal.py instead.
+
+It trains with DistributedDataParallel on a synthetic regression task, with what the tests and benches drive: fault
+injection (--fail-at, --stop-after-epoch, --sleep-per-step), emulation of a DDP run in one process
+(--reference-world-size), an exact resume on any world size, and the printed lines' contract below.
 
 Under torchrun (one process per GPU; with Gloo, per CPU slot):
 

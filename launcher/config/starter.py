@@ -10,6 +10,8 @@ import yaml
 
 UNKNOWN_PYTHON = "python3"
 """What an inventory names where no node said which python has torch: the login's, a line the comment says to set."""
+EXAMPLE_LINE = "  # a minimal DDP script to start from: examples/ddp_minimal.py in the launcher's repository"
+"""The job's first line: where a newcomer finds a script to copy (a comment: the job is the same with or without)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
     if nproc is not None:
         lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))
     lines += ["rendezvous:", _line(f"  master_port: {master_port}", "a free TCP port on the first node"),
-              "job:", *(_line(f"  {key}: {_flow(value)}", "") for key, value in job.items()),
+              "job:", EXAMPLE_LINE, *(_line(f"  {key}: {_flow(value)}", "") for key, value in job.items()),
               "  # module: pkg.train                    # instead of script: torchrun -m pkg.train",
               "  # command: ./train.sh                  # instead of script: a program, not Python",
               "  # torchrun: [--numa-binding, socket]   # torchrun's own options, passed as written",

@@ -97,6 +97,7 @@ def test_init_writes_the_inventory_from_what_the_nodes_say(user: Session) -> Non
     assert data["defaults"] == {"python": str(Path(node_python()).parent / "python3"), "workdir": str(user.workdir),
                                 "nproc_per_node": 1}  # no GPUs: one process a node
     assert data["job"] == {"script": "train.py", "args": []}
+    assert "# a minimal DDP script to start from: examples/ddp_minimal.py" in inventory.read_text()  # a comment only
     assert "train.py is missing on node-0" in done.stdout  # the doctor ran: the code is not there yet
     assert "next: ddpl launch --dry-run, then ddpl launch --sync" in done.stdout
     again = user.ddpl("init", "--hosts", "node-0")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.inventory import parse_inventory
-from launcher.config.starter import Found, render_inventory
+from launcher.config.starter import EXAMPLE_LINE, Found, render_inventory
 from launcher.errors import LauncherError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S
 from launcher.transport.program import BOOTSTRAP, node_program, program_input
@@ -55,6 +55,10 @@ def test_nodes_that_agree_share_the_defaults_and_the_text_is_a_valid_inventory()
     assert cluster.rendezvous.master_port == 29511 and cluster.ssh_config == "~/.ssh/cluster.conf"
     assert cluster.job is not None and cluster.job.script == "train.py"
     assert "# nvidia-smi lists 8 GPU(s) on every node" in text
+    # A newcomer is pointed at the example to copy, in a comment: the job is the one given.
+    assert "job:\n  # a minimal DDP script to start from: examples/ddp_minimal.py in the launcher's repository\n" \
+           "  script: train.py\n  args: []\n" in text
+    assert cluster.job.args == () and cluster.job == parse_inventory(text.replace(EXAMPLE_LINE, ""), "x.yaml").job
     assert "ddpl launch --sync" in text and "# torchrun: [--numa-binding, socket]" in text
 
 
