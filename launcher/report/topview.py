@@ -17,7 +17,7 @@ from rich.live import Live
 
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, judged_once, ranks_of
+from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -30,12 +30,10 @@ class Feed(Protocol):
     def follow(self, rank: int | None) -> None: ...
 
 
-def show_once(run_id: str, views: list[NodeView], straggler_factor: float, out: IO[str], looks: Looks | None = None
-              ) -> int:
+def show_once(run_id: str, views: list[NodeView], look: Look, out: IO[str]) -> int:
     """`inv top --once`: the snapshot as a table (as wide as the terminal; into a file or pipe, COLUMNS wide, else
-    TOP_PIPE_COLUMNS), with what one look judges (`launcher.watch.topmodel.judged_once`). Its JSON for scripts is
+    TOP_PIPE_COLUMNS), with what one look judged (`launcher.run.topfeed.judged_once`). Its JSON for scripts is
     `launcher.run.topfeed.snapshot`'s value, the API's too."""
-    look = judged_once(views, straggler_factor, looks)
     told = out.isatty() or os.environ.get("COLUMNS", "").isdigit()  # rich reads COLUMNS itself
     console = Console(file=out, width=None if told else TOP_PIPE_COLUMNS)
     console.print(f"run {run_id}")

@@ -3,7 +3,7 @@
 Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
 handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
-on without a node, a run alive but stuck: `launcher.watch.hangcheck`). Output goes to `on_event` from the reader
+on without a node, a run alive but stuck: `launcher.run.hangcheck`). Output goes to `on_event` from the reader
 threads, so consumers must not block: nothing here ever waits on a console or a disk.
 """
 
@@ -36,11 +36,11 @@ from launcher.plan.launchplan import LaunchPlan
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
 from launcher.run.gaterounds import gate_check
+from launcher.run.hangcheck import HangCheck
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.connections import Node
-from launcher.watch.hangcheck import HangCheck
 
 
 class RunHandle:
@@ -77,7 +77,7 @@ class RunHandle:
         hang_timeout, on_hang = plan.settings.run.hang_timeout, plan.settings.run.on_hang
         self.hangs = None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep",
                                                               restart=on_hang == "restart")
-        """The whole run's progress and the looks at its stacks (launcher.watch.hangcheck); None: hangs are not
+        """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 
     @property
@@ -263,7 +263,7 @@ class RunHandle:
         elif isinstance(event, Message):
             session.messages.append(event.text)
         elif isinstance(event, Beat) and self.hangs is not None:
-            self.hangs.observe(time.monotonic(), event.node, event.progress)
+            self.hangs.observe(time.monotonic(), time.time(), event.node, event.progress)
         elif isinstance(event, Position):
             self.returns.position(event)
             return

@@ -196,10 +196,10 @@ class _Attached:
         self.away: dict[str, float | None] = {}
         """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
-        hangs = self.handle.hangs  # one book of the run's collectives, fed by the hang check from the beats
+        hangs = self.handle.hangs  # one record of the run's collectives, fed by the hang check from the beats
         self.stragglers = LaunchStragglers(plan.settings.run.straggler_factor, plan.settings.run.straggler_hold,
                                            settings.output.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
-                                           hangs.book if hangs is not None else ArrivalBook())
+                                           hangs.arrivals if hangs is not None else ArrivalBook())
 
     def _straggler(self, line: str) -> None:
         self.console.message(line)

@@ -12,12 +12,19 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import NVIDIA_SMI_TIMEOUT_S, TOP_INTERVAL_S, TOP_ONCE_LEAST_S, TOP_ONCE_S, TOP_STILL_S
+from launcher.limits import (
+    HANG_LOOKS_APART_S,
+    NVIDIA_SMI_TIMEOUT_S,
+    TOP_INTERVAL_S,
+    TOP_ONCE_LEAST_S,
+    TOP_ONCE_S,
+    TOP_STILL_S,
+)
 from launcher.paths import hint
 from launcher.plan.request import progress_settings
 from launcher.run.actions import agent_action, agent_input, check_run_id, reached
@@ -27,7 +34,7 @@ from launcher.run.takestacks import Answers, collect_stacks, two_looks
 from launcher.settings import Settings
 from launcher.transport.connections import classify
 from launcher.transport.program import host_command
-from launcher.watch.topmodel import NodeView, as_json, judged_once
+from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, as_json
 
 
 def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
@@ -224,6 +231,19 @@ def _views_once(cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str
     return views
 
 
+def judged_once(views: Sequence[NodeView], factor: float, looks: Looks | None = None) -> Look:
+    """`inv top --once`'s judgment of one look: stragglers and ranks behind (its snapshot carries each group's recent
+    arrivals: a rank behind is said where they show how long the others have waited), and ranks behind for long
+    judged on two looks at the stacks (`looks`, asked for only then), as the hang watch judges them."""
+    judge = TopJudge(factor)
+    look = judge.look(views, time.time(), time.monotonic())
+    if looks is not None and judge.asking(look, time.time()):
+        first, second = looks()
+        judge.judge(first, second, HANG_LOOKS_APART_S, time.time())
+        look = judge.look(views, time.time(), time.monotonic())
+    return look
+
+
 def snapshot(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str],
              nodes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One look at every node and rank, judged, as a value: what `inv top --once --json` prints."""
@@ -249,9 +269,9 @@ def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO,
             return two_looks(cluster, usable, run_id, settings)
 
         if once:
-            return topview.show_once(run_id, _views_once(cluster, usable, failed, run_id, settings),
-                                     settings.run.straggler_factor, run_io.out,
-                                     looks)
+            views = _views_once(cluster, usable, failed, run_id, settings)
+            return topview.show_once(run_id, views, judged_once(views, settings.run.straggler_factor, looks),
+                                     run_io.out)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, settings)
         feed.start()
         try:

@@ -7,12 +7,11 @@ that say why, and `--json`'s object. Rendering is launcher/report/toptables.py a
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.limits import HANG_LOOKS_APART_S, TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S, TOP_WHY_GAP
+from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S, TOP_WHY_GAP
 from launcher.watch.arrival import ArrivalBook, Behind
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
 from launcher.watch.verdict import Verdict, on_looks
@@ -224,16 +223,3 @@ class TopJudge:
 Looks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
 """Two looks at every rank's stack, HANG_LOOKS_APART_S apart: each node's `stacks` answer, or why there is none
 (`launcher.run.takestacks.two_looks`)."""
-
-
-def judged_once(views: Sequence[NodeView], factor: float, looks: Looks | None = None) -> Look:
-    """`inv top --once`'s judgment of one look: stragglers and ranks behind (its snapshot carries each group's recent
-    arrivals: a rank behind is said where they show how long the others have waited), and ranks behind for long
-    judged on two looks at the stacks (`looks`, asked for only then), as the hang watch judges them."""
-    judge = TopJudge(factor)
-    look = judge.look(views, time.time(), time.monotonic())
-    if looks is not None and judge.asking(look, time.time()):
-        first, second = looks()
-        judge.judge(first, second, HANG_LOOKS_APART_S, time.time())
-        look = judge.look(views, time.time(), time.monotonic())
-    return look

@@ -34,6 +34,7 @@ from typing import Any
 
 from launcher.watch.arrival import ArrivalBook, Behind, Stuck, answered
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
+from launcher.watch.flightrec import from_answers as recorded_in
 from launcher.watch.frames import in_dataset, wait_of
 from launcher.watch.stackgroups import STUCK_STATES, RankStack, from_answers
 
@@ -86,7 +87,7 @@ def on_looks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, 
              apart_s: float, book: ArrivalBook, wall: float) -> Looks:
     """The verdict on two looks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
     rank's collectives as the second look read them go into `book` first (the freshest there are). What the hang
-    watch (`launcher.watch.hangcheck`) and `inv top` (`launcher.watch.topmodel`) both judge by: one judgment."""
+    watch (`launcher.run.hangcheck`) and `inv top` (`launcher.watch.topmodel`) both judge by: one judgment."""
     before, failed_before = from_answers(first)
     after, failed = from_answers(second)
     book.feed(answered(second), wall)
@@ -94,6 +95,25 @@ def on_looks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, 
     unanswered = sorted(set(failed) | set(failed_before))
     return Looks(before, after, unanswered, behind, stuck,
                  judge(before, after, apart_s, unanswered, behind=behind, stuck=stuck))
+
+
+def with_dumps(seen: Looks, answers: Mapping[str, Any], apart_s: float) -> Verdict:
+    """The verdict once NCCL's flight recorder's dumps came with the answers (asked where `seen.verdict` said a hang,
+    or asked for them): where the collectives did not decide (no rank behind), the stacks again, with the dumps'
+    word on what each rank enqueued."""
+    if seen.behind:
+        return seen.verdict
+    return judge(seen.before, seen.after, apart_s, seen.unanswered, recorded_in(answers), stuck=seen.stuck)
+
+
+def add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = True) -> None:
+    """Add the flight recorder dumps of `more` (each node's answer, or its dumps alone) to each node's answer; a dump
+    of the same name replaces the answer's where `more` is the newer."""
+    for name, reply in more.items():
+        dumps = reply.get("nccl") if isinstance(reply, dict) else None
+        if dumps and isinstance(answers.get(name), dict):
+            had = answers[name].get("nccl") or {}
+            answers[name] = {**answers[name], "nccl": {**had, **dumps} if newer else {**dumps, **had}}
 
 
 def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,

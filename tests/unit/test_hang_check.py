@@ -1,4 +1,4 @@
-"""An attached run's look at a suspected hang (launcher.watch.hangcheck), over a stand-in for the run's handle: the
+"""An attached run's look at a suspected hang (launcher.run.hangcheck), over a stand-in for the run's handle: the
 words each node gets, the verdict's consequences (stop, keep, go on), and NCCL's dumps asked for before a stop."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.node.protocol import DUMPS, STACKS
 from launcher.report.hangs import hang_report, ruled_out_line
-from launcher.watch.hangcheck import HangCheck
+from launcher.run.hangcheck import HangCheck
 
 SITE = "/venv/lib/python3.11/site-packages"
 WAITING = f"""Current thread 0x00007f0000000002 (most recent call first):

@@ -138,3 +138,25 @@ def test_the_product_imports_none_of_the_checkouts_tools() -> None:
             found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in ("devtools", "bench",
                                                                                                "tests")]
     assert found == [], "\n".join(found)
+
+
+IO_MODULES = {"os", "time", "socket", "subprocess", "threading", "select", "signal", "shutil", "tempfile",
+              "pathlib", "paramiko", "fabric", "invoke", "rich", "queue", "concurrent"}
+"""What a pure module does not import: the clock, files, processes, threads, the network, the terminal (io's
+in-memory buffers are no I/O)."""
+
+
+def test_watch_is_pure_it_judges_what_was_seen_at_the_time_it_is_given() -> None:
+    """watch/ imports nothing that does I/O or reads the clock, and no room that does (run/, transport/, report/):
+    asking the nodes and stopping a run are run/'s (run/hangcheck.py, run/topfeed.py)."""
+    known = modules()
+    for name, path in known.items():
+        if not name.startswith("launcher.watch"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        stdlib = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        stdlib |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and not n.level}
+        assert not stdlib & IO_MODULES, (name, stdlib & IO_MODULES)
+        rooms = {unit(m, known) for m in imports(name, path, known)}
+        assert not rooms & {"launcher.run", "launcher.transport", "launcher.report", "launcher.app"}, (name, rooms)

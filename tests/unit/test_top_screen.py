@@ -14,6 +14,7 @@ from rich.console import Console
 
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once
+from launcher.run.topfeed import judged_once
 from launcher.watch.straggler import Straggler
 from launcher.watch.topmodel import NodeView, TopJudge
 from tests.unit.test_arrival import beat
@@ -149,8 +150,8 @@ class _Terminal(io.StringIO):
 
 def _once(views: list[NodeView], tty: bool, now: float | None = None) -> list[str]:
     out = _Terminal() if tty else io.StringIO()
-    with mock.patch("launcher.report.topview.time.time", return_value=now or 0.0):
-        show_once("run-x", views, 0.8, out)
+    with mock.patch("launcher.run.topfeed.time.time", return_value=now or 0.0):
+        show_once("run-x", views, judged_once(views, 0.8), out)
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
 

@@ -23,8 +23,9 @@ from launcher.node.protocol import STACKS
 from launcher.report.hangs import ruled_out_line
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once
-from launcher.watch.hangcheck import HangCheck
-from launcher.watch.topmodel import NodeView, as_json, judged_once
+from launcher.run.hangcheck import HangCheck
+from launcher.run.topfeed import judged_once
+from launcher.watch.topmodel import NodeView, as_json
 from tests.unit.test_arrival import recorded
 from tests.unit.test_hang_check import Channel, Session
 from tests.unit.test_top import recorded_views
@@ -99,10 +100,9 @@ def top_once(views: list[NodeView], replies: dict[str, Any], now: float) -> list
             return True
 
     out = Terminal()
-    with mock.patch("launcher.report.topview.time.time", return_value=now), \
+    with mock.patch("launcher.run.topfeed.time.time", return_value=now), \
             mock.patch.dict("os.environ", {"COLUMNS": "80"}):
-        show_once("run-x", views, 0.8, out,
-                  lambda: (replies, replies))
+        show_once("run-x", views, judged_once(views, 0.8, lambda: (replies, replies)), out)
     return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
 
 
@@ -180,7 +180,7 @@ def _wait(done: Any, timeout: float = 5.0) -> None:
 def test_once_json_says_the_verdict_on_a_rank_behind() -> None:
     """The value `top --once --json` prints and the API's Run.top() returns (`topfeed.snapshot`: one look, judged)."""
     views, wall = recorded_views("hang")
-    with mock.patch("launcher.watch.topmodel.time.time", return_value=wall + 25.0):
+    with mock.patch("launcher.run.topfeed.time.time", return_value=wall + 25.0):
         look = judged_once(views, 0.8, lambda: (answers(EVALUATING), answers(EVALUATING)))
     value = json.loads(json.dumps(as_json("run-x", views, look.stragglers, look.behind, look.sources)))
     behind = value["ranks"][1]["behind"]

@@ -4,7 +4,8 @@ timeout (`launcher.watch.hang`), then every rank's stack twice, a few seconds ap
 debug-info pipes), then the run is stopped (exit code 124) or kept (`--on-hang keep`). Not a hang: one line says what
 was seen, and the run goes on. Under SLURM the same messages travel on the step's stdin.
 
-The handle's waiting thread runs all of it, taking events between the messages (`Waiter.step`): output goes on, a node
+What is judged is watch/'s (pure, the time passed in); this module asks the nodes and carries the verdict out. The
+handle's waiting thread runs all of it, taking events between the messages (`Waiter.step`): output goes on, a node
 that ends is seen, and a stop message is never held back.
 """
 
@@ -17,10 +18,9 @@ from typing import Any, Protocol
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.protocol import DUMPS, STACKS, message_line
-from launcher.watch import flightrec
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.hang import HangWatch
-from launcher.watch.verdict import judge, on_looks
+from launcher.watch.verdict import add_dumps, on_looks, with_dumps
 
 
 class Channel(Protocol):
@@ -52,7 +52,7 @@ class HangCheck:
     def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S,
                  restart: bool = False):
         self.watch = HangWatch(timeout)
-        self.book = ArrivalBook()
+        self.arrivals = ArrivalBook()
         """Every rank's collectives, from the same beats (the suspects: the ranks behind; the launch's straggler rule
         reads it too)."""
         self.keep = keep
@@ -66,11 +66,12 @@ class HangCheck:
         self._taking: type[NodeEvent] | None = None
         self._taken: dict[str, NodeEvent] = {}
 
-    def observe(self, now: float, node: str, progress: Iterable[Mapping[str, Any]]) -> None:
-        """One node's beat: its ranks' progress (the watch) and collectives (the book)."""
+    def observe(self, now: float, wall: float, node: str, progress: Iterable[Mapping[str, Any]]) -> None:
+        """One node's beat, taken at `now` (monotonic) and `wall` (the wall clock): its ranks' progress (the watch)
+        and collectives (the arrivals)."""
         progress = list(progress)
         self.watch.observe(now, node, progress)
-        self.book.feed(progress, time.time())
+        self.arrivals.feed(progress, wall)
 
     def takes(self, event: NodeEvent) -> bool:
         """Keep a node's answer to the message being waited on (its stacks, its dumps); True when it was one."""
@@ -101,16 +102,16 @@ class HangCheck:
             return  # progress came back while it was looked at (or the run ended): nothing to say
         answers = {name: _stacks_answer(reply) for name, reply in second.items()}
         looked = {name: _stacks_answer(reply) for name, reply in first.items()}
-        _add_dumps(answers, looked, newer=False)  # a node sends each dump once: those that came with the first look
-        seen = on_looks(looked, answers, self.apart_s, self.book, time.time())  # inv top judges by it too
+        add_dumps(answers, looked, newer=False)  # a node sends each dump once: those that came with the first look
+        seen = on_looks(looked, answers, self.apart_s, self.arrivals, time.time())  # inv top judges by it too
         verdict = seen.verdict
         if verdict.hang or verdict.asks_recorder:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
-            _add_dumps(answers, self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S))
-            if not seen.behind:  # the collectives did not decide: the stacks, now with the dumps' message
-                verdict = judge(seen.before, seen.after, self.apart_s, seen.unanswered,
-                                flightrec.from_answers(answers), stuck=seen.stuck)
+            dumps = self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S)
+            add_dumps(answers, {name: {"nccl": reply.dumps} for name, reply in dumps.items()
+                                if isinstance(reply, NcclDumps)})
+            verdict = with_dumps(seen, answers, self.apart_s)
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())
@@ -139,19 +140,8 @@ class HangCheck:
         return {s.name: self._taken.get(s.name, f"no answer to `{message}` within {wait_s:g} s") for s in running}
 
 
-def _add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = True) -> None:
-    """Add the flight recorder dumps of `more` (answers, or NcclDumps replies) to each node's answer; a dump of the
-    same name replaces the answer's where `more` is the newer."""
-    for name, reply in more.items():
-        dumps = reply.dumps if isinstance(reply, NcclDumps) else reply.get("nccl") if isinstance(reply, dict) else None
-        if dumps and isinstance(answers.get(name), dict):
-            had = answers[name].get("nccl") or {}
-            answers[name] = {**answers[name], "nccl": {**had, **dumps} if newer else {**dumps, **had}}
-
-
 def _stacks_answer(reply: NodeEvent | str) -> dict[str, Any] | str:
     """A node's `stacks` answer as the report reads it (launcher.report.hangs.from_answers)."""
     if isinstance(reply, StacksTaken):
         return {"workers": list(reply.workers), "nccl": reply.nccl}
     return str(reply)
-
