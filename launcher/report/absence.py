@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from launcher.events import EndKind, NodeEnd
 from launcher.node.protocol import HEARTBEAT_TIMEOUT
-from launcher.report.rootcause import ended_how
+from launcher.plan.ends import ended_how
 
 
 def left_line(run_id: str, nodes: int, bound: float, attach: str) -> str:

@@ -321,29 +321,3 @@ def without_noise(lines: Iterable[str]) -> list[str]:
         warned.discard(tag)
         out.append(line)
     return out
-
-
-def root_cause_block(lines: list[str]) -> list[str]:
-    """torchrun's "Root Cause (first observed failure)" block from a node's log tail, if it printed one."""
-    for i, line in enumerate(lines):
-        if "Root Cause (first observed failure)" in line:
-            block = []
-            for rest in lines[i + 1:]:
-                if rest.startswith("=====") and block:
-                    break
-                block.append(rest)
-            return block
-    return []
-
-
-def failed_rank(block: list[str]) -> tuple[int | None, int | None, int | None]:
-    """(global rank, local rank, worker exit code) named in a root-cause block."""
-    rank = local = code = None
-    for line in block:
-        match = re.search(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", line)
-        if match:
-            rank, local = int(match.group(1)), int(match.group(2))
-        match = re.search(r"exitcode\s*:\s*(-?\d+)", line)
-        if match:
-            code = int(match.group(1))
-    return rank, local, code

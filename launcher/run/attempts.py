@@ -1,14 +1,15 @@
 """A launch that survives a lost node or a hang: attempts of a run, each on the nodes that are left (`inv launch
 --retries`, `--on-hang restart`).
 
-Each attempt is a whole run (`launch_run`, its own run id, logs and atomic start). What follows it is decided in one
-place, launcher/plan/recovery.py (`after_attempt`), from how it ended (`rootcause.attempt_end`: a node lost, a process
-killed, a hang with its suspects and step, the script's own failure, ...) and the attempts before; this module only
-carries it out: it waits `retry_wait`, runs the doctor's fast checks on the nodes the decision did not keep out, sweeps
-each node kept of the previous attempt over a new channel (a lost, silent or hung node may still hold its workers:
-GPU memory, a checkpoint half-written) and needs it confirmed empty, then starts the next attempt on those, if at
-least the rendezvous' MIN remain, with the job's `resume_args` added. Every attempt's folder of logs holds
-`attempts.json`, which `inv status` and the run's page show, however the attempt ended (one that could not start too).
+Each attempt is a whole run (`launch_run`, its own run id, logs and atomic start), which says how it ended
+(`launcher.plan.ends.RunEnd`, through `RunIO.on_end`). What follows is decided in one place,
+launcher/plan/recovery.py (`after_attempt`: `Retry` or `Final`, from how it ended and the attempts before; `too_few`
+when the nodes left cannot carry the next); this module only carries it out: it waits `retry_wait`, runs the doctor's
+fast checks on the nodes the decision did not keep out, sweeps each node kept of the previous attempt over a new
+channel (a lost, silent or hung node may still hold its workers: GPU memory, a checkpoint half-written) and needs it
+confirmed empty, then starts the next attempt on those with the job's `resume_args` added. Every attempt's folder of
+logs holds `attempts.json`, which `inv status` and the run's page show, however the attempt ended (one that could not
+start too).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
-from launcher.events import Beat, Ended, HangSuspected, NodeEnd
+from launcher.events import Beat, HangSuspected
+from launcher.plan.ends import RunEnd
 from launcher.plan.launchplan import LaunchPlan, plan_launch
-from launcher.plan.recovery import AttemptEnd, Final, Retry, after_attempt
-from launcher.plan.retry import Attempt, blacklisted, next_nodes, resumed, summary
-from launcher.report import rootcause
+from launcher.plan.recovery import AttemptEnd, Final, How, Retry, after_attempt, outcome, restart_needs, too_few
+from launcher.plan.retry import Attempt, NextNodes, next_nodes, resumed, summary
 from launcher.run import control as run_control
 from launcher.run.run_io import RunIO
 from launcher.settings import Settings
@@ -37,25 +38,20 @@ ATTEMPTS_FILE = "attempts.json"
 
 AttemptCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
-NODE_CAUSED = ("lost", "killed", "hang", "launcher-gone")
-"""Ends that count against the node that caused them (the blacklist's failed attempts)."""
 
 
 class Seen:
-    """What one attempt's events say, beside what they are for (`run_io.on_event`): each node's end, the hang that
-    stopped it, where it resumed from and when every rank was training again."""
+    """What one attempt's events say beside its end: the hang that stopped it, where it resumed from and when every
+    rank was training again (each is passed on to `run_io.on_event`)."""
 
     def __init__(self, run_io: RunIO):
         self.passed = run_io.on_event
-        self.ends: dict[str, NodeEnd] = {}
         self.hang: HangSuspected | None = None
         self.resumed_from: int | None = None
         self.first_steps: dict[tuple[str, int], float] = {}
 
     def take(self, event: Any) -> None:
-        if isinstance(event, Ended):
-            self.ends[event.node] = event.end
-        elif isinstance(event, HangSuspected) and not event.kept:
+        if isinstance(event, HangSuspected) and not event.kept:
             self.hang = event
         elif isinstance(event, Beat):
             steps = [r["first_step"] for r in event.progress if isinstance(r.get("first_step"), int)]
@@ -70,7 +66,7 @@ class Seen:
     def noted(self, attempt: Attempt, end: AttemptEnd) -> Attempt:
         """The attempt with what its events said."""
         hang_since = None if self.hang is None else self.hang.time - self.hang.quiet_s
-        return replace(attempt, ended_at=time.time(), how=end.how, step=end.step, cause=end.node,
+        return replace(attempt, ended_at=time.time(), how=end.how.value, step=end.step, cause=end.node,
                        resumed_from=self.resumed_from, hang_since=hang_since,
                        training_at=max(self.first_steps.values(), default=None))
 
@@ -83,56 +79,50 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
     ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
     first, sat_out = plan, {}
-    settings, log_dir = plan.settings.run, plan.settings.output.log_dir
-    elastic = plan.cluster.rendezvous.elastic
-    # A static run is planned again for the nodes left; a c10d one needs its MIN.
-    low = elastic.nodes_range(len(plan.nodes))[0] if elastic.backend == "c10d" else 1
+    run, log_dir = plan.settings.run, plan.settings.output.log_dir
+    needs = restart_needs(plan.cluster, len(plan.nodes))
     while True:
         attempt = Attempt(len(attempts) + 1, plan.run_id, tuple(c.host.name for c in plan.nodes),
                           _master_name(plan.cluster), sat_out=dict(sat_out))
         attempts.append(attempt)
         _record(log_dir, attempts)
         seen, error = Seen(run_io), None
+        heard: list[RunEnd] = []
         try:
-            code = run_launch.launch_run(plan, replace(run_io, on_event=seen.take))
+            code = run_launch.launch_run(plan, replace(run_io, on_event=seen.take, on_end=heard.append))
         except RunFailed as exc:
             code, error = exc.exit_code, exc
         except (LauncherError, KeyboardInterrupt) as exc:
             _could_not_start(exc, attempt, attempts, log_dir, run_io)
             raise
-        end = rootcause.attempt_end(code, list(error.ends) if error and error.ends else list(seen.ends.values()),
-                                    seen.hang)
+        end = heard[-1].end if heard else AttemptEnd(How.NO_START, "it could not start")
         ends.append(end)
-        if end.how in NODE_CAUSED and end.node is not None:
+        if end.how.node_caused and end.node is not None:
             failures.setdefault(end.node, []).append(time.time())
-        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=low, retries=settings.retries,
-                                 on_hang=settings.on_hang, failures=failures, now=time.time(),
-                                 cooldown=settings.retry_cooldown)
-        attempts[-1] = replace(seen.noted(attempt, end), outcome=_outcome(end, decision),
-                               why=end.why if end.how != "hang" else decision.reason.split("; no retry")[0])
+        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=needs, retries=run.retries,
+                                 on_hang=run.on_hang, failures=failures, now=time.time(),
+                                 cooldown=run.retry_cooldown)
+        attempts[-1] = replace(seen.noted(attempt, end), outcome=outcome(end, decision), why=end.said)
         _record(log_dir, attempts)
         if isinstance(decision, Final):
             return _final(decision, code, error, attempts, run_io)
         try:
-            plan, sat_out = _next_plan(first, run_io, failures, health, low, decision, attempts)
+            chosen = _next_nodes(first, run_io, health, decision, attempts)
         except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
             lines = ["interrupted between attempts: nothing is running", "attempts:",
                      *(f"  {line}" for line in summary(attempts))]
             raise RunFailed("\n".join(lines), 130, node=end.node) from None
-
-
-def _outcome(end: AttemptEnd, decision: Retry | Final) -> str:
-    if end.how == "ok":
-        return "ok"
-    if end.how in ("interrupted", "stopped", "left"):
-        return "interrupted"
-    return "failed" if isinstance(decision, Retry) else "failed-final"
+        ending = too_few(chosen, needs)
+        if ending is not None:
+            lines = [ending.text, "attempts:", *(f"  {line}" for line in summary(attempts))]
+            raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
+        plan, sat_out = _next_plan(first, chosen, run_io, len(attempts)), dict(chosen.dropped)
 
 
 def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], run_io: RunIO) -> int:
     """The launch's end: its last attempt's code, or its failure, with every attempt's line where there were more."""
     if error is not None:
-        raise _with_attempts(error, attempts, decision.reason) from None
+        raise _with_attempts(error, attempts, decision) from None
     if len(attempts) > 1:
         run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
     return code
@@ -144,27 +134,27 @@ def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attemp
     recorded as ended, never left "running" for `inv status`."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
+    how = How.INTERRUPTED if interrupted else How.NO_START
     attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else "failed-final",
-                           why=why, how="interrupted" if interrupted else "no-start")
+                           why=why, how=how.value)
     _record(log_dir, attempts)
     if len(attempts) > 1:
         run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
 
 
-def _next_plan(first: LaunchPlan, run_io: RunIO, failures: dict[str, list[float]],
-               health: AttemptCheck, low: int, decision: Retry, attempts: list[Attempt]
-               ) -> tuple[LaunchPlan, dict[str, str]]:
-    """Wait, check the nodes, and plan the next attempt on those that may take part (and who sits out: the decision's
-    and those the checks and the sweep left out); raise when too few are left.
+def _next_nodes(first: LaunchPlan, run_io: RunIO, health: AttemptCheck, decision: Retry,
+                attempts: list[Attempt]) -> NextNodes:
+    """Wait, check the nodes, sweep them of the last attempt: the nodes the next attempt may run on, and why each
+    of the others sits out (the decision's, the checks', the sweep's).
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
     hang it held) takes part again as soon as nothing keeps it out."""
-    done, settings = len(attempts), first.settings.run
-    run_io.err.write(f"attempt {done} of {settings.retries + 1} failed: {decision.reason}; checking the nodes again "
-                     f"in {settings.retry_wait:g} s (retry {done} of {settings.retries})\n")
-    time.sleep(settings.retry_wait)
+    done, run = len(attempts), first.settings.run
+    run_io.err.write(f"attempt {done} of {run.retries + 1} failed: {decision.why}; checking the nodes again "
+                     f"in {run.retry_wait:g} s (retry {done} of {run.retries})\n")
+    time.sleep(run.retry_wait)
     inventory = first.cluster
-    out = {**blacklisted(failures, time.time(), settings.retry_cooldown), **decision.sit_out}
+    out = dict(decision.sit_out)
     candidates = next_nodes(inventory, out).cluster
     if candidates.hosts:
         out.update(health(candidates))
@@ -174,19 +164,18 @@ def _next_plan(first: LaunchPlan, run_io: RunIO, failures: dict[str, list[float]
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
         run_io.err.write(f"  {name} sits out: {why}\n")
-    if len(chosen.cluster.hosts) < low:
-        lines = [f"cannot retry: {len(chosen.cluster.hosts)} node(s) left, the run needs at least {low}",
-                 *(f"  {name}: {why}" for name, why in chosen.dropped.items()), "attempts:",
-                 *(f"  {line}" for line in summary(attempts))]
-        raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
+    return chosen
+
+
+def _next_plan(first: LaunchPlan, chosen: NextNodes, run_io: RunIO, done: int) -> LaunchPlan:
+    """The next attempt's plan on the nodes chosen, with the job's resume_args; said on the console."""
     if chosen.new_master is not None:
         run_io.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
     job = resumed(first.job)
     names = ", ".join(h.name for h in chosen.cluster.hosts)
     added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
     run_io.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    plan = plan_launch(chosen.cluster, job, settings=first.settings)
-    return plan, dict(chosen.dropped)
+    return plan_launch(chosen.cluster, job, settings=first.settings)
 
 
 def _sweep(cluster: Cluster, previous: Attempt, settings: Settings, run_io: RunIO) -> dict[str, str]:
@@ -214,12 +203,11 @@ def _first_line(exc: Exception) -> str:
     return next((line for line in lines if line.startswith("root cause")), lines[0] if lines else "")
 
 
-def _with_attempts(exc: RunFailed, attempts: list[Attempt], reason: str) -> RunFailed:
+def _with_attempts(exc: RunFailed, attempts: list[Attempt], decision: Final) -> RunFailed:
     """The last attempt's failure, with every attempt's line and why no other follows (the decision's words)."""
     if exc.exit_code == 130:
         return exc
-    why = reason if "no retry left" in reason or "not a node" in reason else f"not retried: {reason}"
-    lines = [str(exc), "attempts:", *(f"  {line}" for line in summary(attempts)), why]
+    lines = [str(exc), "attempts:", *(f"  {line}" for line in summary(attempts)), decision.text]
     return RunFailed("\n".join(lines), exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail, ends=exc.ends)
 
 

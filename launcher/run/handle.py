@@ -1,10 +1,14 @@
-"""One attached run across nodes, shaped like torch elastic's `PContext`: `start`, `wait`, `stop(grace)`, `close`.
+"""One attached run across nodes, as torch elastic's agent runs its worker group: its state (`launcher.run.state`:
+STARTING, RUNNING, STOPPING, ENDED, and each node's) moved by one loop (`step`), `start`, `wait`, `stop(grace)`,
+`close`.
 
 Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
-handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
-on without a node, a run alive but stuck: `launcher.run.hangcheck`). Output goes to `on_event` from the reader
-threads, so consumers must not block: nothing here ever waits on a console or a disk.
+handle's waiting thread takes them one at a time and carries out what `launcher.plan.recovery` decides of each
+node's end (fail fast, an elastic group going on without a node, a failed start), of silence and stop deadlines, and
+a run alive but stuck (`launcher.run.hangcheck`). Output goes to `on_event` from the reader threads, so consumers
+must not block: nothing here ever waits on a console or a disk. How the run ended is `launcher.plan.ends.run_end`'s,
+from every node's end and what `supervised` says.
 """
 
 from __future__ import annotations
@@ -32,19 +36,22 @@ from launcher.events import (
 )
 from launcher.limits import STALL, STOP_MARGIN
 from launcher.node.protocol import GO, KILL, POSITION, STOP, message_line
+from launcher.plan.ends import Supervised
 from launcher.plan.launchplan import LaunchPlan
+from launcher.plan.recovery import FailStart, GoOnWithout, StopRun, after_node_end, group_needs
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
 from launcher.run.gaterounds import gate_check
 from launcher.run.hangcheck import HangCheck
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
+from launcher.run.state import GroupState, RunState
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.connections import Node
 
 
 class RunHandle:
-    """The controller side of one run: its sessions, and the decisions taken while waiting."""
+    """The controller side of one run: its state, its sessions, and the decisions carried out while waiting."""
 
     def __init__(self, plan: LaunchPlan, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
                  agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None,
@@ -57,24 +64,28 @@ class RunHandle:
         self.on_event = on_event
         self.reconnector = reconnector
         """New sessions to a node's run (a dropped connection, `attach`); None under SLURM."""
-        self.link = Sessions(nodes, requests, agent_source, on_event, settings.run.heartbeat_timeout, settings.run.silence_timeout,
-                             reconnector)
+        self.link = Sessions(nodes, requests, agent_source, on_event, settings.run.heartbeat_timeout,
+                             settings.run.silence_timeout, reconnector)
         self.sessions: dict[str, Session] = self.link.by_name
-        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, plan.settings.run.grace, settings.run.heartbeat_timeout,
+        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, settings.run.grace, settings.run.heartbeat_timeout,
                              reconnector)
+        self.state = RunState.STARTING
         self.returns = Returns()
         """The launcher's own returns and its nodes' reconnects whose backlog is being read."""
         self.start_failure: str | None = None
-        low, _ = plan.cluster.rendezvous.elastic.nodes_range(len(plan.nodes))
-        self.min_nodes = low if plan.cluster.rendezvous.elastic.backend == "c10d" else len(plan.nodes) + 1
-        """While this many nodes still run, a failed node does not stop the others (c10d); static: never."""
+        self.needs = group_needs(plan.cluster, len(plan.nodes))
+        """While this many nodes still run, a failed node does not stop the others (c10d); static: every node."""
         self.stop_deadline: float | None = None
+        self.interrupted = False
+        """The user asked for the stop (Ctrl-C, SIGTERM)."""
+        self.left = False
+        """This launcher let the run go on without it (its terminal closed)."""
         self.attaching = False
         """This handle takes over a run that lives on (`attach`) rather than starting one."""
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
-        hang_timeout, on_hang = plan.settings.run.hang_timeout, plan.settings.run.on_hang
+        hang_timeout, on_hang = settings.run.hang_timeout, settings.run.on_hang
         self.hangs = None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep",
                                                               restart=on_hang == "restart")
         """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
@@ -84,6 +95,15 @@ class RunHandle:
     def hang(self) -> HangSuspected | None:
         """The hang that stopped the run (exit code 124)."""
         return self.hangs.hang if self.hangs is not None else None
+
+    @property
+    def group(self) -> GroupState:
+        """The run's state and every node's, now."""
+        return GroupState(self.state, {name: s.state for name, s in list(self.sessions.items())})
+
+    def supervised(self) -> Supervised:
+        """What the supervision saw, for the run's end (`launcher.plan.ends.run_end`)."""
+        return Supervised(self.needs, self.interrupted, self.left, self.cut_off is not None, self.hang)
 
     @property
     def unswept(self) -> dict[str, str]:
@@ -106,15 +126,11 @@ class RunHandle:
         else:
             self.opened(self.link.open(self.plan.nodes, self.opener))
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
-        while self.start_failure is None and not all(s.ready or s.end for s in self.sessions.values()):
-            self.step(0.2)
+        self._until(lambda: all(s.ready or s.end for s in self.sessions.values()))
         if self.start_failure is None:
             for session in self.sessions.values():
                 session.channel.send(message_line(GO))
-        while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
-            self.step(0.2)
-        if self.hangs is not None:
-            self.hangs.watch.start(time.monotonic())
+        self._started()
 
     def attach(self, offsets: Mapping[str, int | None]) -> None:
         """Take over a run that lives on its nodes (`attach`): an attach session to every node at once, each taken by
@@ -128,8 +144,18 @@ class RunHandle:
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: {error}")
-        while self.start_failure is None and not all(s.started or s.end for s in self.sessions.values()):
+        self._started()
+
+    def _until(self, done: Callable[[], bool]) -> None:
+        """Step until `done`, or until the start failed."""
+        while self.start_failure is None and not done():
             self.step(0.2)
+
+    def _started(self) -> None:
+        """Every node started (or taken): the run is RUNNING and the hang watch's clock starts."""
+        self._until(lambda: all(s.started or s.end for s in self.sessions.values()))
+        if self.start_failure is None and self.state == RunState.STARTING:
+            self.state = RunState.RUNNING
         if self.hangs is not None:
             self.hangs.watch.start(time.monotonic())
 
@@ -177,7 +203,7 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now, bound)
-        if self.hangs is not None and self.hang is None and self.stop_deadline is None and self.start_failure is None \
+        if self.hangs is not None and self.hang is None and self.state == RunState.RUNNING \
                 and self.sessions and all(s.started for s in list(self.sessions.values())):
             self.hangs.look(self, now)
 
@@ -275,26 +301,25 @@ class RunHandle:
         self.on_event(event)
 
     def _ended(self, session: Session, event: Ended) -> NodeEvent:
-        """Decide on a node's end: sweep after its agent, stop the others, fail the start, or go on without it."""
+        """A node's end: sweep after its agent where it died, then what `after_node_end` decides: nothing, go on
+        without it, stop the others, fail the start."""
         end = session.end
         assert end is not None
         if end.kind in SWEPT and session.name in self.nodes:
             self.sweeps.after(session)
         elif end.kind == EndKind.UNANSWERED:
             self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
-        if not end.failed or session.asked_to_stop:
-            return event
         remaining = sum(1 for s in list(self.sessions.values()) if s.end is None)
-        if session.started and remaining >= self.min_nodes and self.start_failure is None:
+        decision = after_node_end(end, asked_to_stop=session.asked_to_stop, started=session.started,
+                                  remaining=remaining, needs=self.needs, start_failed=self.start_failure is not None,
+                                  said=session.messages)
+        if isinstance(decision, GoOnWithout):
             self.on_event(event)  # an elastic group re-forms without the node: the others go on
-            return Left(event.node, event.time, end, remaining)
-        if session.started:
+            return Left(event.node, event.time, end, decision.remaining)
+        if isinstance(decision, StopRun):
             self.stop()
-        else:
-            silent = f"stopped answering (nothing for {end.silent_for:.0f} s)"
-            exited = f"the agent exited with code {end.exit_code}"
-            why = "; ".join(session.messages) or (silent if end.kind == EndKind.SILENT else exited)
-            self._fail_start(f"{session.name}: {why}")
+        elif isinstance(decision, FailStart):
+            self._fail_start(decision.why)
         return event
 
     def unswept_lines(self, source: str) -> list[str]:
@@ -312,6 +337,8 @@ class RunHandle:
         grace = 0.0 if kill else self.plan.settings.run.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
+        if self.state in (RunState.STARTING, RunState.RUNNING):
+            self.state = RunState.STOPPING
 
     def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
         """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""
@@ -321,7 +348,12 @@ class RunHandle:
                 return None
             self.step(0.2)
         self.sweeps.settle()
-        return [self.sessions[c.host.name].end for c in self.plan.nodes if c.host.name in self.sessions]  # type: ignore[misc]
+        self.state = RunState.ENDED
+        return [end for c in self.plan.nodes if (end := self._end_of(c.host.name)) is not None]
+
+    def _end_of(self, name: str) -> NodeEnd | None:
+        session = self.sessions.get(name)
+        return None if session is None else session.end
 
     def close(self) -> None:
         """Stop heartbeats and close the channels: each node's run goes on within its heartbeat bound (a launcher may

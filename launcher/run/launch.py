@@ -35,16 +35,12 @@ from launcher.events import (
     Reattached,
     Stopping,
 )
-from launcher.limits import (
-    AWAY_EXIT,
-    HANG_EXIT,
-    STOPPED_EXIT,
-)
 from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.paths import detached_hint, hint
+from launcher.plan.ends import Absence, RunEnd, ended_how, run_end, start_failed
 from launcher.plan.launchplan import LaunchPlan
+from launcher.plan.recovery import How
 from launcher.plan.request import start_request
-from launcher.report import rootcause
 from launcher.report.absence import (
     attached_line,
     away_line,
@@ -56,6 +52,7 @@ from launcher.report.absence import (
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
+from launcher.report.rootcause import run_failed
 from launcher.run.actions import AGENT_SOURCE, agent_action, connect_or_fail, run_ssh
 from launcher.run.catchup import caught_up_line
 from launcher.run.control import run_and_nodes
@@ -187,8 +184,7 @@ class _Attached:
         self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
                                 reconnector)
         self.interrupts = 0
-        self.left: str | None = None
-        """Why this launcher let go of a run that goes on without it (its terminal closed)."""
+        """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
         self.end_text = ""
         """The words the launch ended with when they are not a failure's (the journal keeps them for the page)."""
         self.going_on = False
@@ -244,8 +240,8 @@ class _Attached:
             for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
                 self.console.message(line)
         elif isinstance(event, Left):
-            low = self.handle.min_nodes
-            self.console.message(f"{event.node} left the run ({rootcause.ended_how(event.end)}); {event.remaining} "
+            low = self.handle.needs
+            self.console.message(f"{event.node} left the run ({ended_how(event.end)}); {event.remaining} "
                                  f"node(s) go on (the c10d group needs {low})")
         if self.run_io.on_event is not None:
             self.run_io.on_event(event)
@@ -271,8 +267,10 @@ class _Attached:
                     self._stop_detached(handle.started)
                 others = handle.started
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
+                ended = start_failed(interrupted)  # 130: what a shell reports for Ctrl-C
                 failed = RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
-                                   130 if interrupted else 1)  # 130: what a shell reports for Ctrl-C
+                                   ended.code)
+                self._heard(ended)
                 self.journal.end(failed.exit_code, str(failed))
                 self.journal.write()
                 raise failed
@@ -302,7 +300,7 @@ class _Attached:
             self.journal.end(1, "the launcher itself failed")
             raise
         else:
-            self.journal.end(code, self.end_text or ("interrupted (Ctrl-C)" if self.interrupts else ""),
+            self.journal.end(code, self.end_text or ("interrupted (Ctrl-C)" if self.handle.interrupted else ""),
                              going_on=self.going_on)
             return code
         finally:
@@ -313,20 +311,17 @@ class _Attached:
         raise RunFailed(f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
                         f"stopped, and the run's nodes keep it within its heartbeat bound", 1)
 
-    def _lost_run(self, ends: list[NodeEnd]) -> str | None:
-        """How this launcher lost a run that did not fail (its terminal closed, another took it over, or no launcher
-        was heard from for the heartbeat bound); None when it did not."""
-        if self.left is not None:
-            self.going_on = True
-            return left_line(self.plan.run_id, len(self.plan.nodes), self.settings.run.heartbeat_timeout,
-                             hint(f"attach --hosts {self.plan.cluster.source} --run {self.plan.run_id}"))
-        taken = taken_line(self.plan.run_id, ends)
-        if taken is not None:
-            self.going_on = True
-            return taken
-        if self.handle.cut_off is not None:
-            return cut_off_end_line(self.plan.run_id, ends, self.settings.run.heartbeat_timeout)
-        return away_line(self.plan.run_id, ends, self.settings.run.heartbeat_timeout)
+    def _absence_line(self, ended: RunEnd, ends: list[NodeEnd]) -> str:
+        """How this launcher lost a run that did not fail, in words: its terminal closed, another took it over, no
+        node could be reached, or no launcher was heard from for the heartbeat bound."""
+        run_id, bound = self.plan.run_id, self.settings.run.heartbeat_timeout
+        if ended.absence == Absence.LEFT:
+            return left_line(run_id, len(self.plan.nodes), bound,
+                             hint(f"attach --hosts {self.plan.cluster.source} --run {run_id}"))
+        line = {Absence.TAKEN: taken_line(run_id, ends), Absence.CUT_OFF: cut_off_end_line(run_id, ends, bound),
+                Absence.NO_LAUNCHER: away_line(run_id, ends, bound)}[ended.absence]  # type: ignore[index]
+        assert line is not None  # run_end said which: its line has something to say
+        return line
 
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
@@ -338,10 +333,11 @@ class _Attached:
             try:
                 return self.handle.wait()  # type: ignore[return-value]
             except Hangup:  # the terminal closed: the run goes on on its nodes, within the heartbeat bound
-                self.left = "its terminal closed"
+                self.handle.left = True
                 return []
             except KeyboardInterrupt:
                 self.interrupts += 1
+                self.handle.interrupted = True
                 if self.interrupts == 1:
                     for log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
                         log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
@@ -352,41 +348,45 @@ class _Attached:
                     self.console.message("\nkilling the run on every node now")
                     self.handle.stop(kill=True)
 
+    def _heard(self, ended: RunEnd) -> None:
+        if self.run_io.on_end is not None:
+            self.run_io.on_end(ended)
+
     def _report(self, ends: list[NodeEnd]) -> int:
+        """How the run ended (`launcher.plan.ends.run_end`), said: its exit code, or its RunFailed."""
         ends = [replace(e, tail=tuple(self.logs[e.node].tail),
                         raised=tuple((local, rank, line) for local, (rank, line) in self.logs[e.node].raised.items()))
                 for e in ends]
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
-        lost = self._lost_run(ends)
-        if lost is not None:
-            self.end_text = lost
-            self.console.message(f"{lost}. {self.log_hint}")
-            return AWAY_EXIT
-        if self.interrupts:
+        ended = run_end(ends, self.handle.supervised())
+        self._heard(ended)
+        how, run_id = ended.end.how, self.plan.run_id
+        if ended.absence is not None:
+            self.going_on = ended.going_on
+            self.end_text = self._absence_line(ended, ends)
+            self.console.message(f"{self.end_text}. {self.log_hint}")
+        elif how == How.INTERRUPTED:
             left = sum(e.left for e in ends)
             unconfirmed = [e.node for e in ends if e.kind != EndKind.EXITED]
             self.console.message(
-                f"run {self.plan.run_id} stopped on {len(ends)} node(s)"
+                f"run {run_id} stopped on {len(ends)} node(s)"
                 + (f"; {left} process(es) could not be killed" if left else "")
                 + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
-            return 130
-        if self.handle.hang is not None:  # the launcher stopped it: the hang is the root cause, not the stop
-            node, rank = self.handle.hang.suspects[0] if self.handle.hang.suspects else (None, None)
-            raise RunFailed(f"run {self.plan.run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", HANG_EXIT,
-                            node=node, rank=rank, ends=tuple(ends))
-        elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
-        if elsewhere and not any(e.failed for e in ends):
-            self.console.message(f"run {self.plan.run_id} was stopped from elsewhere (`{hint('stop')}`) on "
+        elif how == How.HANG:  # the launcher stopped it: the hang is the root cause, not the stop
+            raise RunFailed(f"run {run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", ended.code,
+                            node=ended.end.node, rank=ended.end.rank, ends=tuple(ends))
+        elif how == How.STOPPED:
+            elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
+            self.console.message(f"run {run_id} was stopped from elsewhere (`{hint('stop')}`) on "
                                  f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}")
-            return STOPPED_EXIT
-        if not any(e.failed for e in ends):
-            self.console.message(f"run {self.plan.run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
-            return 0
-        finished = [e.node for e in ends if not e.failed]
-        if len(finished) >= self.handle.min_nodes:  # an elastic run that went on without the nodes it lost
-            left = "; ".join(f"{e.node} left ({rootcause.ended_how(e)})" for e in ends if e.failed)
-            self.console.message(f"run {self.plan.run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); "
+        elif how == How.OK and ended.went_on_without:  # an elastic run that went on without the nodes it lost
+            finished = [e.node for e in ends if not e.failed]
+            left = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
+            self.console.message(f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); "
                                  f"{left}. {self.log_hint}")
-            return 0
-        raise rootcause.run_failed(self.plan.run_id, ends, self.log_hint)
+        elif how == How.OK:
+            self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
+        else:
+            raise run_failed(run_id, ends, self.log_hint)
+        return ended.code

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from launcher.events import NodeEnd
 from launcher.plan.launchplan import NodeCommand
+from launcher.run.state import NodeState
 
 
 class SessionChannel(Protocol):
@@ -83,3 +84,16 @@ class Session:
     @property
     def name(self) -> str:
         return self.command.host.name
+
+    @property
+    def state(self) -> NodeState:
+        """Where its part is (`launcher.run.state`), from what its session said and what it was told."""
+        if self.end is not None:
+            return NodeState.ENDED
+        if self.outage is not None:
+            return NodeState.AWAY
+        if self.asked_to_stop:
+            return NodeState.STOPPING
+        if self.started:
+            return NodeState.RUNNING
+        return NodeState.READY if self.ready else NodeState.OPENING

@@ -29,3 +29,6 @@ class RunIO:
     on_event: Callable[[Any], None] | None = None
     """Called with every typed node event of an attached run (`launcher.run.handle`), from the launcher's threads:
     it must not block. For tools such as the bench."""
+    on_end: Callable[[Any], None] | None = None
+    """Called once with how an attached run ended (`launcher.plan.ends.RunEnd`), before the launch returns or raises:
+    what the attempts decide on (`launcher.run.attempts`)."""

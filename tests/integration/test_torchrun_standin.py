@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.report.lines import failed_rank, root_cause_block
+from launcher.plan.ends import failed_rank, root_cause_block
 from tests.conftest import STAND_IN_ENV, free_port
 from tests.helpers import wait_for
 

@@ -9,11 +9,11 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
 from launcher.events import NodeEnd
+from launcher.plan.ends import Supervised, run_end, start_failed
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.recovery import Final, Retry, after_attempt
 from launcher.plan.retry import FAILURES_TO_BLACKLIST, blacklisted, next_nodes, resumed
 from launcher.report.lines import NodeLog
-from launcher.report.rootcause import attempt_end
 
 THREE = """\
 hosts: [node-0, node-1, {name: node-2, addr: 10.0.0.3}]
@@ -104,7 +104,7 @@ BLOCK = ("Root Cause (first observed failure):", "[0]:", "  rank      : 2 (local
 ])
 def test_an_attempts_end_is_a_lost_node_a_killed_process_or_the_scripts_own(ends: list[NodeEnd], how: str,
                                                                            why: str | None) -> None:
-    found = attempt_end(1, ends)
+    found = run_end(ends, Supervised(needs=3)).end
     assert found.how == how and found.node == ends[-1].node
     if why is not None:
         assert found.why == why
@@ -160,11 +160,11 @@ def test_the_report_says_why_there_was_no_retry() -> None:
     tried = [Attempt(1, "20261122-101010-abcdef", ("n0", "n1"), "n0", 0.0, 5.0, "failed-final", "root cause: n1")]
 
     def said(failed: RunFailed, retries: int) -> str:
-        found = attempt_end(failed.exit_code, list(failed.ends))
+        found = run_end(failed.ends, Supervised(needs=2)).end if failed.ends else start_failed(False).end
         decision = after_attempt(found, [], nodes=["n0", "n1"], min_nodes=1, retries=retries, on_hang="stop",
                                  failures={}, now=0.0, cooldown=300.0)
         assert isinstance(decision, Final)
-        return str(_with_attempts(failed, tried, decision.reason))
+        return str(_with_attempts(failed, tried, decision))
 
     script = said(RunFailed("run FAILED", 1, ends=(end("n1"),)), 2)
     assert script.endswith("not retried: the script itself failed (a retry would fail the same way)")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from launcher.events import NodeEnd
-from launcher.report.rootcause import first_failure, headline, run_failed
+from launcher.plan.ends import first_failure, headline
+from launcher.report.rootcause import run_failed
 
 BLOCK = ("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-22_07:00:00",
          "  rank      : 3 (local_rank: 1)", "  exitcode  : 7 (pid: 123)", "=" * 20)
