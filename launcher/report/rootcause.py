@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from launcher.errors import RunFailed
 from launcher.events import SELF_STOPS, EndKind, HangSuspected, NodeEnd
 from launcher.limits import AWAY_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
+from launcher.node.wire import HEARTBEAT_TIMEOUT, LAUNCHER_GONE
 from launcher.plan.recovery import AttemptEnd
 from launcher.report.lines import RANK_WORDS, failed_rank, rank_lines, root_cause_block, without_noise
 

@@ -1,6 +1,6 @@
 """One attached run across nodes, shaped like torch elastic's `PContext`: `start`, `wait`, `stop(grace)`, `close`.
 
-Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
+Each node's agent (`launcher/node/agent/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
 handle's waiting thread decides, one event at a time (fail fast, silence, stop deadlines, an elastic group going
 on without a node, a run alive but stuck: `launcher.watch.hangcheck`). Output goes to `on_event` from the reader
@@ -31,7 +31,7 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import GO, KILL, POSITION, STOP, message_line
+from launcher.node.wire import GO, KILL, POSITION, STOP, message_line
 from launcher.options import Options
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.catchup import Returns
