@@ -99,11 +99,11 @@ def _node_sources() -> tuple[str, dict[str, tuple[str, str, str]]]:
     return modules["launcher.node.loader"][1], modules
 
 
-_NODE_IMPORT = re.compile(r"^\s*(?:from (launcher\.node(?:\.\w+)*) import (?:\(([\w,\s]+)\)|([\w, ]+))"
+_NODE_IMPORT = re.compile(r"^\s*(?:from (launcher\.node(?:\.\w+)*) import (?:\(((?:[^)#]|#.*$)*)\)|([\w, ]+))"
                           r"|import (launcher\.node(?:\.\w+)+))", re.M)
 """A node module's imports of others: `from launcher.node.agent import runner` (a module of a package),
 `from launcher.node.agent.runner import x`, `import launcher.node.agent.runner`, a parenthesised list over several
-lines too (`from launcher.node.common import (`)."""
+lines too (`from launcher.node.common import (`), comments in it as well."""
 
 
 def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]:
@@ -121,6 +121,7 @@ def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]
                 todo.append(plain)
                 continue
             todo.append(base)  # a name that is no module (a function, a constant) is not in `modules`: skipped
+            listed = re.sub(r"#.*", "", listed)  # a name's comment inside the parentheses
             todo.extend(f"{base}.{n.split()[0]}" for n in (listed or names).split(",") if n.strip())
     return needed
 

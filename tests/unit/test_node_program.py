@@ -84,7 +84,7 @@ def test_imports_across_sub_packages_count_with_their_packages() -> None:
     sources = {
         "launcher/node/__init__.py": "",
         "launcher/node/run/__init__.py": '"""A package."""\n',
-        "launcher/node/run/main.py": ("from launcher.node.shared import (\n    tool,\n)\n"
+        "launcher/node/run/main.py": ("from launcher.node.shared import (\n    tool,  # a comment, (a, b)\n)\n"
                                       "from launcher.node.deep.inner.mod import NAME as OTHER\n"
                                       "import launcher.node.plain.mod\n"
                                       "def later():\n    from launcher.node.run import helper  # lazy\n"),

@@ -157,9 +157,8 @@ def run_state(run_id, run_dir, node, left=None):
              "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
              "processes": left}
     if state == "running":
-        from launcher.node.agent.launcherconsole import (
-            read_record,  # an attached run's: who owns it, and whether it is there
-        )
+        # an attached run's record: who owns it, and whether it is there
+        from launcher.node.agent.launcherconsole import read_record
 
         record = read_record(run_dir)
         if record is not None:
