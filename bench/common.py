@@ -28,7 +28,7 @@ from devtools.observe import end_runs_under, free_port, reserve_base_addr, run_p
 from devtools.observe import kill_marked as kill_marked  # re-exported: the figures end their runs by their mark
 from devtools.observe import pids_with_env as pids_with_env  # re-exported: bench/stop.py takes it from here
 from devtools.sandbox import procs
-from launcher.node import protocol
+from launcher.node import wire
 from launcher.transport.program import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,11 +36,11 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 DRIVER = (sys.executable, "-m", "bench._drive")
 """The fan-out driver as a fresh process; started in REPO (run_timed's cwd), whose bench and launcher it imports."""
-RUN_ID = re.compile(rf"run ({protocol.RUN_ID_PATTERN})")
+RUN_ID = re.compile(rf"run ({wire.RUN_ID_PATTERN})")
 """A run id as the launcher prints it (`run <id>`); group 1 is the id."""
-MARK_ENV = protocol.RUN_ID_ENV
+MARK_ENV = wire.RUN_ID_ENV
 """The environment variable every process of a run carries (`<run id>/<node>`)."""
-RUNS_ROOT = Path(os.path.expanduser(protocol.RUNS_ROOT))
+RUNS_ROOT = Path(os.path.expanduser(wire.RUNS_ROOT))
 """Where the agent keeps run directories on each node (the sandbox's nodes share this machine's home)."""
 OUR_RUNS: set[str] = set()
 """Run ids this bench started; their run directories are removed at the end (the log figure's are large)."""

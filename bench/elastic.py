@@ -30,7 +30,7 @@ import yaml
 from bench.common import REPO, kill_marked, log, read_text, run_processes, sandbox_of, stats, wait_gone, wait_until
 from devtools import sandbox
 from devtools.observe import children, pids_with_env, sshd_family
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.wire import RUN_ID_ENV
 
 NODES = 3
 TRAIN = ["--epochs", "3", "--dataset-size", "576", "--batch-size", "16", "--log-every", "4", "--checkpoint-every",

@@ -44,7 +44,7 @@ from bench.common import (
     wait_until,
 )
 from devtools.observe import children, gone, parent, processes_mentioning, sshd_family
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.wire import RUN_ID_ENV
 
 NODES = 2
 SCRIPT = "bench/workloads/sleeper.py"

@@ -1,4 +1,4 @@
-"""What the workers' progress hook (launcher/node/hook.py) costs a training step: `python -m bench.hook_cost`.
+"""What the workers' progress hook (launcher/node/worker/hook.py) costs a training step: `python -m bench.hook_cost`.
 
 1. The hook alone: one step's calls (a batch drawn through the wrapped `__next__`, the wrapped `backward`, the
    optimizer's step post hook writing the record) against the same calls unwrapped, with originals that do
@@ -10,8 +10,9 @@
    was before the collectives' thread (stacks, progress), and with the whole hook as a launch installs it (its
    thread reading torch's flight recorder, TORCH_FR_BUFFER_SIZE set as on a CPU node), in rounds whose order
    rotates (a fixed order measured the machine's drift, not the hook): each against no hook, the rounds' median.
-4. With `--reads`: what one read of the collectives' thread costs inside a worker (launcher/node/collectives.py): the
-   groups' status, and a full read of the recorder's entries at its buffer's sizes, after as many collectives.
+4. With `--reads`: what one read of the collectives' thread costs inside a worker
+   (launcher/node/worker/collectives.py): the groups' status, and a full read of the recorder's entries at its
+   buffer's sizes, after as many collectives.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import sys
 import tempfile
 import time
 
-from launcher.node import bounds, hook, stackdump
+from launcher.node.agent import stackdump
+from launcher.node.common import bounds
+from launcher.node.worker import hook
 
 STEPS = 20000
 ROUNDS = 5

@@ -46,7 +46,7 @@ from bench.common import (
 )
 from bench.job import with_port
 from devtools.sandbox.procs import table as process_table
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.wire import RUN_ID_ENV
 
 NODES = 4
 SCRIPT = "bench/workloads/sleeper.py"

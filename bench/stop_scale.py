@@ -42,7 +42,7 @@ from bench.common import (
 )
 from bench.usage import Sampler
 from devtools.sandbox import procs
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.wire import RUN_ID_ENV
 
 GONE_TIMEOUT_S = 60.0
 UP_TIMEOUT_S = 120.0

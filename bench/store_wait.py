@@ -1,4 +1,4 @@
-"""What the store wait (launcher/node/storewait.py) saves a start: `python -m bench.store_wait [PAIRS]`.
+"""What the store wait (launcher/node/agent/storewait.py) saves a start: `python -m bench.store_wait [PAIRS]`.
 
 1. torch's own backoff: a `TCPStore` client that tries 20 ms before its server listens, and when it connects after
    the server came up (12 tries, in one process).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from devtools.observe import free_port
 from launcher.limits import NODE_TIMING
-from launcher.node.storewait import waiting_argv
+from launcher.node.agent.storewait import waiting_argv
 
 BACKOFF = """
 import datetime, json, socket, threading, time

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from devtools.sandbox import procs
 from devtools.sandbox.limits import SandboxError
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.wire import RUN_ID_ENV
 
 __all__ = [
     "children",

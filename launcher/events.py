@@ -2,7 +2,7 @@
 consumers see (console, root cause, retries): from the agent's JSON events, its session's end, and the clock.
 
 Below both launcher.run (which makes them) and launcher.report (which says them): it imports only the standard
-library and the node package's names (`launcher.node.protocol`: the wire's event names and stop reasons).
+library and the node package's names (`launcher.node.wire`: the wire's event names and stop reasons).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
+from launcher.node.wire import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
 
 SELF_STOPS = (HEARTBEAT_TIMEOUT, LAUNCHER_GONE)
 """Why a node's agent stops its part without being asked: the launcher went silent, or its connection closed."""
@@ -193,7 +193,7 @@ class Beat(NodeEvent):
 
 @dataclass(frozen=True)
 class StacksTaken(NodeEvent):
-    """A node's agent took every worker's stack (the `stacks` message): launcher/node/stackdump.py's answer."""
+    """A node's agent took every worker's stack (the `stacks` message): launcher/node/agent/stackdump.py's answer."""
 
     workers: tuple[dict[str, Any], ...] = ()
     nccl: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 that uses it. The user's options and their defaults are `launcher.options`; SSH's are `launcher.transport.sshsettings`.
 
 A node program has numbers only from here (sent in its request: `NODE_TIMING`, `SYNC_TIMING`, the sections that
-`launcher.run.launch` builds) or from the one block of `launcher/node/protocol.py` that declares its own.
+`launcher.run.launch` builds) or from the one block of `launcher/node/wire.py` that declares its own.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ MAX_MERGED_PAIRS = 100_000
 hosts of a few dozen keys stay far below it; a merge-key bomb (each level merging the one before twice) does not."""
 
 
-# --- `ddpl init` (launcher.app.newcluster; its node program: launcher/node/seek.py) ---------------------------------
+# --- `ddpl init` (launcher.app.newcluster; its node program: launcher/node/probe/seek.py) -----------------------------
 INIT_PYTHON_WAIT_S = 30.0
 """How long one interpreter on a node may take to say whether it finds torch: a cold start from a network file
 system takes tens of seconds (see launcher.settings.DEFAULT_PROBE_TIMEOUT); a warm one a few hundredths."""
@@ -211,7 +211,7 @@ NODE_CODE_CACHE: dict[str, object] = {"root": "~/.cache/ddp-launcher/code", "kee
 long an entry not written again is kept (entries are removed when a new one is stored)."""
 
 
-# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/bounds.py) -------
+# --- the node programs' waits and read sizes (sent in every request; their own local bounds: node/common/bounds.py) ---
 NODE_TIMING: dict[str, float] = {
     "poll_s": 0.05,  # a stop's wait steps; an attached agent's KILL again while its run is killed
     "wait_s": 0.1,  # `go`'s wait and a followed log's idle step
@@ -220,19 +220,19 @@ NODE_TIMING: dict[str, float] = {
     "supervisor_wait_s": 2.0,  # how long a stop waits for that record
     "kill_wait_s": 5.0,  # how long a stop waits for KILLed processes to be gone
     "read_chunk": 1 << 16,  # bytes of the log read at a time
-    # torchrun on a node that joins the store waits for its port before trying it (launcher/node/storewait.py): at
+    # torchrun on a node that joins the store waits for its port before trying it (launcher/node/agent/storewait.py): at
     # most this long (then torch's own retry goes on), checking this often (a plain connection; torch's backoff after
     # a refusal is 0.26-0.68 s)
     "store_wait_s": 60.0,
     "store_poll_s": 0.02,
 }
-"""Every wait and read size of the node agent (launcher/node/protocol.py `AGENT_TIMING`): each agent request's
+"""Every wait and read size of the node agent (launcher/node/wire.py `AGENT_TIMING`): each agent request's
 `timing`."""
 SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20, "relay_connect_s": 5.0, "relay_wait_s": 10.0,
                                  "relay_chunk": 1 << 18}
 """syncd's: between two tries at another sync's lock; bytes of the stream read at a time; a relay's bound on
 connecting to the next node, a relayed node's on waiting for its stream to come, and the bytes passed on at a time
-(launcher/node/syncrelay.py)."""
+(launcher/node/sync/syncrelay.py)."""
 
 
 # --- stacks and hangs (launcher.run.takestacks, launcher.watch.hang) ------------------------------------------------
@@ -244,10 +244,10 @@ FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_
 """NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
 run directory), unless the user set any of its variables. Both names of the buffer: torch reads TORCH_FR_* first and
 the deprecated TORCH_NCCL_* where it is older; from torch 2.11 on the node leaves the deprecated ones out (it warns of
-them on every rank: launcher/node/recorder.py, which sets the file names alike)."""
+them on every rank: launcher/node/agent/recorder.py, which sets the file names alike)."""
 COLLECTIVES = {"status_s": 1.0, "arrivals_s": 5.0, "keep": 200, "cost_factor": 100.0, "buffer": "500"}
-"""Each worker's collectives' thread (launcher/node/collectives.py): the groups' progress read every `status_s` (a
-hang is judged from it), the arrival times every `arrivals_s` at least (the straggler rule) and never sooner than
+"""Each worker's collectives' thread (launcher/node/worker/collectives.py): the groups' progress read every `status_s`
+(a hang is judged from it), the arrival times every `arrivals_s` at least (the straggler rule) and never sooner than
 `cost_factor` times the last such read took (under 1% of the worker's time), the last `keep` of them per process
 group in the file; on a node without GPUs, torch's recorder keeps `buffer` collectives (TORCH_FR_BUFFER_SIZE, unless
 the user set it: torch 2.13 records gloo's collectives by default too, and the bound keeps a full read's cost known),
@@ -291,7 +291,7 @@ says of a process stopped that way): neither a success nor a failure of the run'
 STATE_ROWS_MAX = 16
 """Above this many nodes their states are grouped (a row per run, state and exit code, the nodes as a hostlist)."""
 
-# `inv top` (launcher/run/topfeed.py; the node side is launcher/node/sampler.py).
+# `inv top` (launcher/run/topfeed.py; the node side is launcher/node/agent/sampler.py).
 TOP_INTERVAL_S = 1.0
 """Seconds between two views (each node's agent sends a snapshot that often)."""
 TOP_ONCE_S = 3.0
@@ -353,7 +353,7 @@ NET_TIMEOUT_S = 300.0
 """The most the whole measurement may take, from the start of its torchrun to its answer."""
 
 
-# --- the run's page (launcher.report.page; its node side: launcher/node/series.py) ----------------------------------
+# --- the run's page (launcher.report.page; its node side: launcher/node/agent/series.py) ------------------------------
 SERIES = {"interval_s": 5.0, "max_samples": 720, "look_s": 0.5}
 """Each node's time series of its run (the run directory's `series`, kept by the run's supervisor from what `inv top`
 reads: the ranks' progress records and /proc, the node's load and memory): a sample every `interval_s`, and at most

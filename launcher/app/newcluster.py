@@ -49,14 +49,14 @@ def _found(name: str, answer: Mapping[str, Any]) -> Found:
 
 
 def seek(cluster: Cluster, workdir: str, settings: Settings) -> list[Found]:
-    """Ask every node at once which interpreter has torch and how many GPUs it has (launcher/node/seek.py, run by
+    """Ask every node at once which interpreter has torch and how many GPUs it has (launcher/node/probe/seek.py, run by
     the login's python3); a node that cannot say is a `Found` with a note of why."""
     pythons = [f"{workdir.rstrip('/')}/.venv/bin/python", f"{workdir.rstrip('/')}/venv/bin/python", *PYTHONS]
     request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
     nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
     try:
         results = run_all(list(nodes.values()), python_command("python3"),
-                          program_input(node_program("seek"), request), INIT_WAIT_S)
+                          program_input(node_program("probe.seek"), request), INIT_WAIT_S)
     finally:
         close_all(nodes.values())
     found = {f.host: Found(f.host, notes=(f"unreachable: {f}",)) for f in failures}

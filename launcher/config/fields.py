@@ -12,7 +12,7 @@ from typing import Any
 from launcher.config.model import ENV_FILE_KEYS, FORWARD_ENV_KEYS, SYNC_KEYS, EnvFile, EnvVar, ForwardEnv, SyncSpec
 from launcher.config.reader import Reader
 from launcher.config.text import shorten
-from launcher.node.protocol import SOCKET_ENV  # what `socket_ifname` sets on the node
+from launcher.node.wire import SOCKET_ENV  # what `socket_ifname` sets on the node
 
 RESERVED_ENV: tuple[str, ...] = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",

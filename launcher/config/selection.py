@@ -4,7 +4,7 @@ Hosts are separated by `@`; a host may be followed by `:` and a comma list of it
 become the host's nproc_per_node and its `gpus` (ascending; a repeated index counts once, as in DeepSpeed): places
 among the GPUs the node already shows, so the node's agent makes CUDA_VISIBLE_DEVICES from the value its login,
 setup or the inventory's env gives (`4,5,6,7` with `:0,2` is `4,6`: a shared node's allocation is kept), or from
-the indices where none is set (launcher/node/gpus.py `chosen`). Node ranks keep the inventory order.
+the indices where none is set (launcher/node/common/gpus.py `chosen`). Node ranks keep the inventory order.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `evidence` holds the data; `checklist` runs the pure checks in order (each registered once, by name, in
 `registry`: those of a node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O
 (connect, probe all nodes in parallel, evaluate; `DoctorGate` for launch, whose agents probe in their own
-start session); `report` the table and the JSON. The probe itself is `launcher/node/probe.py`, stdlib-only, sent
+start session); `report` the table and the JSON. The probe itself is `launcher/node/probe/probe.py`, stdlib-only, sent
 over each node's connection.
 """
 

@@ -1,5 +1,6 @@
 """The doctor's `gpus` check (one of the fast ones: a launch runs it too): the GPUs each node's run would use, read
-by its probe (launcher/node/gpus.py), against what the run needs. Pure, from the probes' `Evidence` to `Finding`s.
+by its probe (launcher/node/common/gpus.py), against what the run needs. Pure, from the probes' `Evidence` to
+`Finding`s.
 
 On each node: nvidia-smi answers (a stuck or failing driver fails); torch is a CUDA build where there are GPUs, for
 a CUDA the driver supports; the GPUs the run uses are readable and nobody else's work is on them; there are as many

@@ -1,4 +1,4 @@
-"""The doctor's I/O: connect, run the probe (launcher/node/probe.py) on every node at once, evaluate the answers.
+"""The doctor's I/O: connect, run the probe (launcher/node/probe/probe.py) on every node at once, evaluate the answers.
 
 `inv doctor` opens probe sessions of its own (`run_doctor`). A launch asks each node's one agent session to probe
 instead (`DoctorGate`: `session_section` is what the agent is sent, `judge` decides before `go`).
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 CheckMode = Literal["all", "fast"]
 
-PROBE_SOURCE = node_program("probe")
+PROBE_SOURCE = node_program("probe.probe")
 """The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
 
 probe_command = python_command

@@ -3,10 +3,10 @@
 The launcher runs `PYTHON -S -c BOOTSTRAP`; the bootstrap execs the first stdin line (zlib-compressed, in base64),
 which is this file's source followed by one call, `run(ENTRY, MODULES, CODE)`
 (`launcher.transport.program.node_program`). `run` puts an importer first on `sys.meta_path` that serves `launcher`
-and `launcher.node.*` from MODULES (name -> [file name, source, digest]), so the node modules import each other as
-they do on the controller, a traceback names the real file and line (the importer gives linecache the source), and
-a `launcher` folder in the node's working directory is never imported instead. Then it runs ENTRY's `main()` and
-exits with what it returns.
+and `launcher.node.*` from MODULES (name -> [file name, source, digest]; a folder's `__init__.py` is a package, so
+`from launcher.node.agent import runner` works), so the node modules import each other as they do on the controller,
+a traceback names the real file and line (the importer gives linecache the source), and a `launcher` folder in the
+node's working directory is never imported instead. Then it runs ENTRY's `main()` and exits with what it returns.
 
 Compiling the modules a session imports costs ~9 ms of CPU on every node, every session: the compiled code is kept
 in the node's cache (CODE: its folder, and how long an entry is kept), one file per module source and interpreter,
@@ -106,7 +106,7 @@ class NodeImporter:
         from importlib.machinery import ModuleSpec
 
         filename = self.modules[name][0]
-        spec = ModuleSpec(name, self, origin=filename, is_package=filename.endswith("__init__.py"))
+        spec = ModuleSpec(name, self, origin=filename, is_package=self.is_package(name))
         spec.has_location = True  # sets __file__, so tracebacks and the module's own messages name the file
         if spec.submodule_search_locations is not None:
             spec.submodule_search_locations.append(filename.rpartition("/")[0])
@@ -120,6 +120,12 @@ class NodeImporter:
 
     def get_source(self, name):
         return self.modules[name][1] if name in self.modules else None
+
+    def is_package(self, name):
+        """A folder's `__init__.py` (`launcher.node.agent`): its module gets `__path__`, so its modules import."""
+        if name not in self.modules:
+            raise ImportError("no node module %r" % name, name=name)
+        return self.modules[name][0].endswith("__init__.py")
 
 
 def install(modules, code):

@@ -18,7 +18,7 @@ from enum import Enum
 
 from launcher.events import SELF_STOPS, EndKind, HangSuspected, NodeEnd
 from launcher.limits import AWAY_EXIT, HANG_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
+from launcher.node.wire import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
 from launcher.plan.recovery import AttemptEnd, How
 
 COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",

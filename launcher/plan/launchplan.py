@@ -17,7 +17,7 @@ from launcher.errors import PlanError
 
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
-from launcher.node.protocol import DEVICE_ORDER, RUNS_ROOT, socket_values
+from launcher.node.wire import DEVICE_ORDER, RUNS_ROOT, socket_values
 from launcher.plan.settings import for_run
 from launcher.settings import Settings
 

@@ -114,13 +114,15 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 
 
 def stacks_settings() -> dict[str, Any]:
-    """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/stackdump.py): every number."""
+    """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/agent/stackdump.py): every
+    number."""
     return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
             "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK, "collectives": COLLECTIVES}
 
 
 def progress_settings(job: Job | None) -> dict[str, Any]:
-    """How a node's agent reads its ranks' progress lines (launcher/node/sampler.py): the expression, every number."""
+    """How a node's agent reads its ranks' progress lines (launcher/node/agent/sampler.py): the expression, every
+    number."""
     return {"ranks": RANKS_DIR, "progress": (job.progress if job else None) or DEFAULT_PROGRESS, "read_s": TOP_READ_S,
             "tail_bytes": TOP_TAIL_BYTES, "keep_lines": TOP_KEEP_LINES, "rate_window_s": TOP_RATE_WINDOW_S,
             "gpu_timeout_s": NVIDIA_SMI_TIMEOUT_S, "gpu_refresh_s": TOP_GPU_REFRESH_S}

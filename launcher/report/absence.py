@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from launcher.events import EndKind, NodeEnd
-from launcher.node.protocol import HEARTBEAT_TIMEOUT
+from launcher.node.wire import HEARTBEAT_TIMEOUT
 from launcher.plan.ends import ended_how
 
 

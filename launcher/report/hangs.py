@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.events import HangRuledOut, HangSuspected
-from launcher.node.recorder import NCCL_PREFIX
+from launcher.node.wire import NCCL_PREFIX
 from launcher.watch.flightrec import sent_dumps
 from launcher.watch.stackgroups import RankStack, answer, from_answers, stack_file
 from launcher.watch.verdict import said

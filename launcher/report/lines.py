@@ -12,9 +12,9 @@ from typing import IO
 
 from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 
-# The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher.node.logmerge.LogMerger), or
-# `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs' logs); the role is
-# "default".
+# The node's agent tags each worker line `[<role><local rank>@r<global rank>]:` (launcher/node/agent/logmerge.py
+# `LogMerger`), or `[<role><local rank>]:` when it cannot tell the global rank, as torchrun --tee did (older runs'
+# logs); the role is "default".
 _RANK_PREFIX = re.compile(rb"^\[[A-Za-z_]+(\d+)(?:@r(\d+))?\]:")
 _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?:: .*)?$")
 """A traceback's last line (`RuntimeError: boom`, `torch.distributed.DistBackendError: ...`): what a rank raised."""

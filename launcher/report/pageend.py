@@ -39,7 +39,7 @@ class NodeExit:
     stop_at: float | None = None
     """When a stop began on the node (seconds from the command's start), where one did."""
     stop: Mapping[str, Any] | None = None
-    """How that stop ended its processes, as the node recorded it (launcher/node/runner.py `stop_run`)."""
+    """How that stop ended its processes, as the node recorded it (launcher/node/agent/runner.py `stop_run`)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def node_exit(node: str, answer: Mapping[str, Any], offset: float, began: float)
 
 
 def stop_sentence(stop: Mapping[str, Any], exit_code: int | None) -> str:
-    """How a stop ended a node's processes, from what its stop recorded (launcher/node/runner.py `stop_run`)."""
+    """How a stop ended a node's processes, from what its stop recorded (launcher/node/agent/runner.py `stop_run`)."""
     code = "" if exit_code is None else f" (exit code {exit_code})"
     if stop.get("killed"):
         return (f"{stop['killed']} process(es) had not ended {float(stop.get('grace') or 0):g} s after TERM: "

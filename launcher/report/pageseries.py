@@ -1,4 +1,4 @@
-"""The run's timeline as data (pure): each node's series (launcher/node/series.py, samples of totals) turned into
+"""The run's timeline as data (pure): each node's series (launcher/node/agent/series.py, samples of totals) turned into
 rates on the launcher's clock, seconds from the command's start: steps per second and the share of time waiting for
 data per rank, CPU (the ranks' own processes, in % of one core), memory and GPUs per node; and, for many ranks, the
 bands the page draws instead of a line each (the median, the middle half, the extremes) with the slowest ranks named.
@@ -22,10 +22,11 @@ from launcher.settings import STRAGGLER_FACTOR
 
 GIB = float(1 << 30)
 CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP = range(7)
-"""The places of a rank's numbers in a sample (launcher/node/series.py; T_STEP is absent from an older node's)."""
+"""The places of a rank's numbers in a sample (launcher/node/agent/series.py; T_STEP is absent from an older node's)."""
 STILL_S = 1.0
 """A rank whose count has not moved for two of its steps and this long is drawn at 0 steps/s from then: its record is
-rewritten at most every 0.1 s (launcher/node/bounds.py RECORD_FLUSH_S), so a count that old is one that stopped."""
+rewritten at most every 0.1 s (launcher/node/common/bounds.py RECORD_FLUSH_S), so a count that old is one that
+stopped."""
 
 Values = tuple[float | None, ...]
 

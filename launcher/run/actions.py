@@ -1,4 +1,4 @@
-"""What every command does with the nodes' agents (launcher/node/agent.py): connect to every node (all or none, or
+"""What every command does with the nodes' agents (launcher/node/agent/agent.py): connect to every node (all or none, or
 those that answer), and one action a node, all nodes in parallel (stop, status, logs, stacks, report, top's feed).
 Light on purpose: `inv status` imports this, not the launch's supervision (launcher.run.launch).
 """
@@ -15,13 +15,13 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import ConnectError, NodeFailure, UsageError
 from launcher.limits import NODE_TIMING, heartbeat_interval
-from launcher.node.protocol import RUN_ID_PATTERN
+from launcher.node.wire import RUN_ID_PATTERN
 from launcher.settings import Settings, SshSettings
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, close_all, connect_all, run_all
 from launcher.transport.program import host_command, node_program, program_input, python_command
 
-AGENT_SOURCE = node_program("agent")
+AGENT_SOURCE = node_program("agent.agent")
 
 agent_command = python_command
 

@@ -1,4 +1,4 @@
-"""What a node agent's session says on its event stream (one JSON line an event, launcher/node/protocol.py's `Event`
+"""What a node agent's session says on its event stream (one JSON line an event, launcher/node/wire.py's `Event`
 names), turned into the typed events the run's handle decides on (launcher.events): one handler per name
 (`HANDLERS`), and the names deliberately left alone (`IGNORED`). Output (the log's bytes) is not here: it goes from
 the session's reader to the console directly."""
@@ -27,7 +27,7 @@ from launcher.events import (
     Started,
     Stopping,
 )
-from launcher.node.protocol import STOP, Event
+from launcher.node.wire import STOP, Event
 from launcher.run.nodesession import Session
 
 Control = queue.Queue[NodeEvent]
@@ -55,7 +55,7 @@ def agent_line(control: Control, session: Session, line: bytes) -> None:
         handler(control, session, event, time.time())
 
 
-# One handler per event name the controller acts on (launcher.node.protocol.Event); IGNORED says why the others
+# One handler per event name the controller acts on (launcher.node.wire.Event); IGNORED says why the others
 # are not. Output goes to `on_event` from the reader; everything else to `control`, for the run's handle.
 
 
@@ -132,7 +132,7 @@ def _nccl(control: Control, session: Session, event: dict[str, Any], now: float)
 
 
 def _part(session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
-    """Collect one part of a large event (launcher.node.protocol.emit_parts); the whole event once all came."""
+    """Collect one part of a large event (launcher.node.wire.emit_parts); the whole event once all came."""
     key = str(part.get("of"))
     pieces = session.parts.setdefault(key, [])
     pieces.append(str(part.get("data", "")))

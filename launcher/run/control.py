@@ -13,7 +13,7 @@ from typing import IO, Any
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
 from launcher.limits import ACTION_MARGIN
-from launcher.node.protocol import Event
+from launcher.node.wire import Event
 from launcher.paths import hint
 from launcher.plan import runchoice
 from launcher.plan.launchplan import rank_offsets

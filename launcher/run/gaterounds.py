@@ -10,7 +10,7 @@ from typing import Protocol
 
 from launcher.events import EndKind, NodeFacts
 from launcher.limits import STOP_MARGIN
-from launcher.node.protocol import ABORT, TCP, Event, message_line
+from launcher.node.wire import ABORT, TCP, Event, message_line
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions

@@ -2,7 +2,7 @@
 STARTING, RUNNING, STOPPING, ENDED, and each node's) moved by one loop (`step`), `start`, `wait`, `stop(grace)`,
 `close`.
 
-Each node's agent (`launcher/node/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
+Each node's agent (`launcher/node/agent/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
 handle's waiting thread takes them one at a time and carries out what `launcher.plan.recovery` decides of each
 node's end (fail fast, an elastic group going on without a node, a failed start), of silence and stop deadlines, and
@@ -35,7 +35,7 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.protocol import GO, KILL, POSITION, STOP, message_line
+from launcher.node.wire import GO, KILL, POSITION, STOP, message_line
 from launcher.plan.ends import Supervised
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.recovery import FailStart, GoOnWithout, StopRun, after_node_end, group_needs

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
-from launcher.node.protocol import DUMPS, STACKS, message_line
+from launcher.node.wire import DUMPS, STACKS, message_line
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.hang import HangWatch
 from launcher.watch.verdict import add_dumps, on_looks, with_dumps

@@ -1,6 +1,6 @@
 """A run's start across nodes: every node's part at once, then (attached) streamed, failing fast, to its end.
 
-The node side is `launcher/node/agent.py`, sent over each node's SSH connection; `launcher.run.handle` drives an
+The node side is `launcher/node/agent/agent.py`, sent over each node's SSH connection; `launcher.run.handle` drives an
 attached run; this module wires it to the console, the log mirror and the root-cause report. After the start,
 `launcher.run.control` stops, tells and replays a run.
 """
@@ -35,7 +35,7 @@ from launcher.events import (
     Reattached,
     Stopping,
 )
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
+from launcher.node.wire import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.paths import detached_hint, hint
 from launcher.plan.ends import Absence, RunEnd, ended_how, run_end, start_failed
 from launcher.plan.launchplan import LaunchPlan

@@ -1,4 +1,4 @@
-"""Reaching a node's run again over a new session (the node side is launcher/node/attach.py): after its connection
+"""Reaching a node's run again over a new session (the node side is launcher/node/agent/attach.py): after its connection
 dropped, fell silent (a roaming network, a NAT that forgot the flow) or its console was let go, and for `attach` from
 another terminal. The run lives on the node the whole time; a new session becomes its console and gets the log from
 the offset this launcher has read, so no line is lost and none comes twice.
@@ -36,7 +36,7 @@ def new_owner() -> Owner:
 
 
 def attach_request(run_id: str, node: str, owner: Owner, offset: int | None, take_over: bool) -> dict[str, Any]:
-    """What a node's agent is asked to attach this launcher to its part of a run (launcher/node/attach.py)."""
+    """What a node's agent is asked to attach this launcher to its part of a run (launcher/node/agent/attach.py)."""
     return {"action": "attach", "run_id": run_id, "node": node, "owner": owner.token, "who": owner.who,
             "take_over": take_over, "offset": offset, "tail_bytes": ATTACH_TAIL_BYTES, "timing": NODE_TIMING}
 

@@ -30,8 +30,7 @@ from launcher.limits import (
     STALL,
     heartbeat_interval,
 )
-from launcher.node.bounds import ATTACH_REFUSED, SUPERVISOR_GONE
-from launcher.node.protocol import HEARTBEAT, KILL, STOP, message_line
+from launcher.node.wire import ATTACH_REFUSED, HEARTBEAT, KILL, STOP, SUPERVISOR_GONE, message_line
 from launcher.plan.launchplan import NodeCommand
 from launcher.run.agentevents import HANDLERS as HANDLERS  # re-exported: the table of what each event name does
 from launcher.run.agentevents import IGNORED as IGNORED

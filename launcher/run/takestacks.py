@@ -1,6 +1,6 @@
 """Every rank's stack of a running run, from every node at once, without stopping it (`inv stacks`; and a suspected
-hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/stackdump.py), the
-answer is grouped (`launcher.watch.stackgroups`), and the whole stacks are kept in
+hang of an attached run, `launcher.run.handle`): each node's agent asks its workers (launcher/node/agent/stackdump.py),
+the answer is grouped (`launcher.watch.stackgroups`), and the whole stacks are kept in
 `logs/<run id>/stacks-<time>/<node>-r<rank>.txt`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`inv top`: every node and rank of a running run at once, from each node's agent (launcher/node/sampler.py).
+"""`inv top`: every node and rank of a running run at once, from each node's agent (launcher/node/agent/sampler.py).
 
 Over SSH each node's agent keeps one session open and sends a snapshot every TOP_INTERVAL_S (`SshFeed`); under
 SLURM (`--job`) and for `--once` each look is one agent action of its own (`PollFeed`, `look_once`). A node that

@@ -31,7 +31,7 @@ from launcher.plan.launchplan import NodeCommand
 from launcher.slurm.jobs import run_slurm
 from launcher.transport.program import node_program, program_line
 
-SELECTOR_SOURCE = node_program("selector")
+SELECTOR_SOURCE = node_program("slurm.selector")
 _LABELLED = re.compile(rb" *(\d+): ")
 _TASK_END = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _EXIT = re.compile(r"Exited with exit code (\d+)")

@@ -2,7 +2,7 @@
 
 The local side lists the tree (in a git work tree `git ls-files --cached --others --exclude-standard`, otherwise a
 walk that honours every `.gitignore`), less the inventory's `sync.exclude` patterns (gitignore syntax). Each node
-runs `launcher/node/syncd.py` over its one SSH connection, all nodes at once: it answers what it has of those paths
+runs `launcher/node/sync/syncd.py` over its one SSH connection, all nodes at once: it answers what it has of those paths
 (size, mtime, mode, link target), the controller sends only the entries that differ (rsync's quick check: size and
 mtime), in one stream on the same session, and the node renames them into place once all have arrived.
 Nothing on a node is ever deleted; names that would leave the destination are refused on both sides. The
@@ -36,7 +36,7 @@ from launcher.sync.tree import Entry, Tree, changed, describe_tree, project_tree
 from launcher.transport.connections import Node, classify, close_all, connect_all
 from launcher.transport.program import host_command, node_program, program_input
 
-SYNCD_SOURCE = node_program("syncd")
+SYNCD_SOURCE = node_program("sync.syncd")
 """The node side: a stdlib-only program, sent to each node on its stdin."""
 
 

@@ -4,7 +4,7 @@ Nodes that need the same entries (most often all of them: the first sync, or one
 controller sends the stream to the group's first node only; it passes it on to up to SYNC_RELAY_FANOUT nodes, each of
 those to as many more, over the cluster's own network (plain TCP, a random token a connection: the nodes already
 reach each other for torchrun). The controller's link carries one copy a group, and a node hears from at most
-log4(N) hops away. The node side is launcher/node/syncrelay.py.
+log4(N) hops away. The node side is launcher/node/sync/syncrelay.py.
 """
 
 from __future__ import annotations

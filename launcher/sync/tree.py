@@ -20,8 +20,7 @@ from typing import Any
 
 from launcher.config.model import Cluster, SyncSpec
 from launcher.errors import LauncherError
-from launcher.node.syncd import LOCK_NAME
-from launcher.node.syncstage import TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
+from launcher.node.wire import LOCK_NAME, TEMP_PREFIX, Refused, check_link_target, check_name, link_chain
 
 TIME_UNITS = (10**3, 10**6, 10**9)
 """Granularities a node's file system may keep mtimes in (µs, ms, s); a time cut to one of them still matches."""

@@ -23,7 +23,7 @@ from typing import Any
 import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.limits import NODE_CODE_CACHE
-from launcher.node.bounds import EVENTS_FD
+from launcher.node.wire import EVENTS_FD
 from launcher.plan.launchplan import quote_path
 
 BOOTSTRAP = "import sys,zlib,binascii;exec(zlib.decompress(binascii.a2b_base64(sys.stdin.readline())))"
@@ -46,8 +46,8 @@ def python_command(python: str, setup: Sequence[str] = ()) -> str:
     the shell writes `SETUP_MESSAGE` after the line's own words and exits with `SETUP_FAILED`.
     """
     # -S: no site at start (~20 ms of CPU a session on a pyenv or conda Python): the node programs are stdlib; what
-    # reads the installed packages adds it then (launcher/node/facts.py `with_site`).
-    # 3>&2: the session's stderr again as fd 3, where the node program writes its events (protocol.EVENTS_FD): a
+    # reads the installed packages adds it then (launcher/node/probe/facts.py `with_site`).
+    # 3>&2: the session's stderr again as fd 3, where the node program writes its events (wire.EVENTS_FD): a
     # `python:` wrapper that sends the program's own stderr elsewhere (`exec python "$@" 2>/dev/null`) keeps them.
     # exec: the node program replaces the login shell, so it alone holds the session's pipes (an attached run's
     # supervisor that lets its console go closes them, and the launcher sees that session's output end).
@@ -86,33 +86,43 @@ def _module(file_name: str, source: str) -> tuple[str, str, str]:
 
 @cache
 def _node_sources() -> tuple[str, dict[str, tuple[str, str, str]]]:
-    """The loader's source and every module of the node package (name -> (file name, source, digest)), read once."""
+    """The loader's source and every module of the node package, its sub-packages' too (name -> (file name, source,
+    digest)), read once: `launcher/node/agent/runner.py` is `launcher.node.agent.runner`, a folder's `__init__.py`
+    the package itself."""
     folder = Path(node_package.__file__).parent  # the package's own folder (importlib.resources: 6 ms of imports)
     modules = {"launcher": _module("launcher/__init__.py", "")}  # the controller's package root is not the node's
-    for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
-        if item.name.endswith(".py"):
-            stem = item.name[:-3]
-            name = "launcher.node" if stem == "__init__" else f"launcher.node.{stem}"
-            modules[name] = _module(f"launcher/node/{item.name}", item.read_text(encoding="utf-8"))
+    for item in sorted(folder.rglob("*.py")):
+        path = item.relative_to(folder)
+        parts = path.with_suffix("").parts
+        name = ".".join(("launcher", "node", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        modules[name] = _module(f"launcher/node/{path.as_posix()}", item.read_text(encoding="utf-8"))
     return modules["launcher.node.loader"][1], modules
 
 
-_NODE_IMPORT = re.compile(r"^\s*(?:from launcher\.node(?:\.(\w+))? import (?:\(([\w,\s]+)\)|([\w, ]+))"
-                          r"|import launcher\.node\.(\w+))", re.M)
-"""A node module's imports of others, a parenthesised list over several lines too (`from launcher.node import (`)."""
+_NODE_IMPORT = re.compile(r"^\s*(?:from (launcher\.node(?:\.\w+)*) import (?:\(((?:[^)#]|#.*$)*)\)|([\w, ]+))"
+                          r"|import (launcher\.node(?:\.\w+)+))", re.M)
+"""A node module's imports of others: `from launcher.node.agent import runner` (a module of a package),
+`from launcher.node.agent.runner import x`, `import launcher.node.agent.runner`, a parenthesised list over several
+lines too (`from launcher.node.common import (`), comments in it as well."""
 
 
 def _needed(entry: str, modules: Mapping[str, tuple[str, str, str]]) -> set[str]:
-    """`entry` and the node modules it imports, and theirs (read from their import lines)."""
+    """`entry` (a module under launcher.node: `agent.agent`) and the node modules it imports, and theirs (read from
+    their import lines), with the packages that hold them (their `__init__`, which Python imports first)."""
     needed, todo = {"launcher", "launcher.node"}, [f"launcher.node.{entry}"]
     while todo:
         name = todo.pop()
         if name in needed or name not in modules:
             continue
         needed.add(name)
-        for sub, listed, names, plain in _NODE_IMPORT.findall(modules[name][1]):
-            found = [sub or plain] if (sub or plain) else [n.strip() for n in (listed or names).split(",")]
-            todo.extend(f"launcher.node.{n}" for n in found if n)
+        todo.append(name.rpartition(".")[0])
+        for base, listed, names, plain in _NODE_IMPORT.findall(modules[name][1]):
+            if plain:
+                todo.append(plain)
+                continue
+            todo.append(base)  # a name that is no module (a function, a constant) is not in `modules`: skipped
+            listed = re.sub(r"#.*", "", listed)  # a name's comment inside the parentheses
+            todo.extend(f"{base}.{n.split()[0]}" for n in (listed or names).split(",") if n.strip())
     return needed
 
 
@@ -126,11 +136,11 @@ def node_files(entry: str) -> dict[str, str]:
 
 @cache
 def node_program(entry: str) -> str:
-    """The source the bootstrap execs for node program `entry` (`agent`, `probe`, `syncd`, `selector`): the
-    loader, then `run()` of that module with the node modules it imports (each compiled, or taken from the node's code
-    cache, when first imported)."""
+    """The source the bootstrap execs for node program `entry`, its module under launcher/node/ (`agent.agent`,
+    `probe.probe`, `probe.seek`, `sync.syncd`, `slurm.selector`): the loader, then `run()` of that module with the
+    node modules it imports (each compiled, or taken from the node's code cache, when first imported)."""
     loader, modules = _node_sources()
-    if f"launcher.node.{entry}" not in modules:
-        raise ValueError(f"no node program {entry!r} in launcher/node/")
+    if f"launcher.node.{entry}" not in modules or modules[f"launcher.node.{entry}"][0].endswith("__init__.py"):
+        raise ValueError(f"no node program {entry!r} in launcher/node/ (a package is none: `agent.agent`)")
     sent = {name: modules[name] for name in sorted(_needed(entry, modules))}
     return f"{loader}\nrun({f'launcher.node.{entry}'!r}, {json.dumps(sent)}, {json.dumps(NODE_CODE_CACHE)})\n"

@@ -1,7 +1,7 @@
 """What every rank did with its collectives, across the run (pure): the ranks *behind* (a hang's suspects) and the
 rank that *arrives last* (the straggler), from each rank's collectives as its node's beats carry them
-(launcher/node/collectives.py reads torch's flight recorder inside each worker; launcher/node/records.py passes
-each arrival on once).
+(launcher/node/worker/collectives.py reads torch's flight recorder inside each worker; launcher/node/agent/records.py
+passes each arrival on once).
 
 Why not the host's time: CUDA is asynchronous, so a rank waiting for a slow or stuck peer blocks at whatever
 synchronisation comes first (a `.item()`, a forward's allocation), and its wait lands there. What it cannot hide is
@@ -231,8 +231,8 @@ def _covered(spans: list[tuple[float, float]]) -> float:
 
 
 def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:
-    """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/stackdump.py `collect`), as a beat's
-    ranks for `ArrivalBook.feed`: read at the moment of the look."""
+    """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/agent/stackdump.py `collect`), as a
+    beat's ranks for `ArrivalBook.feed`: read at the moment of the look."""
     return [{"rank": w["rank"], "collectives": w.get("collectives")} for reply in answers.values()
             if not isinstance(reply, str) for w in reply.get("workers") or () if not w.get("helper")]
 

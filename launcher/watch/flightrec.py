@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.node.recorder import NCCL_PREFIX
+from launcher.node.wire import NCCL_PREFIX
 from launcher.ranges import numbers_text
 from launcher.watch.frames import is_library
 

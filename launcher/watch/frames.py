@@ -3,7 +3,7 @@ frame explains a wait: a torch.distributed call, a backward (DDP's gradient all-
 DataLoader waiting for its workers, a lock, event or queue, or a sleep or wait on the user's own line.
 
 faulthandler shows Python frames only: a `time.sleep(600)` or a `.item()` shows as the user's line, which the node's
-agent reads from the file there (`launcher/node/stackdump.py` `source_lines`), so the line says what it waits on.
+agent reads from the file there (`launcher/node/agent/stackdump.py` `source_lines`), so the line says what it waits on.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.node.protocol import RUNS_ROOT
+from launcher.node.wire import RUNS_ROOT
 
 _LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<|"
                       r"/(?:torch|lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)/|"

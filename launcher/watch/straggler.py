@@ -11,7 +11,7 @@ Data parallel training runs at the pace of its slowest rank: every all_reduce wa
   step between a batch and its backward; a rank whose forward share is above the median / `factor` and at least
   `FORWARD_GAP` above it is *slow*. On a GPU that time is someone else's wait (CUDA is asynchronous), and under
   the HF Trainer an all_gather sits in it: the arrival rule replaces it wherever it can.
-Rates and shares come from each rank's progress record or its lines (launcher/node/sampler.py). A slow rank is a
+Rates and shares come from each rank's progress record or its lines (launcher/node/agent/sampler.py). A slow rank is a
 *straggler* once it has been slow for `hold_s` without a break. `inv top --once` judges one look (hold 0).
 
 An attached launch applies it to each node's `alive` beats (`launcher.run.launchstragglers`); the words are

@@ -1,5 +1,5 @@
-"""What `inv top` knows of a run (pure): every node's snapshot (launcher/node/sampler.py) as the view last saw it, each
-rank with its node, the figures the straggler rule reads, what each look judges (`TopJudge`: the stragglers, by
+"""What `inv top` knows of a run (pure): every node's snapshot (launcher/node/agent/sampler.py) as the view last saw it,
+each rank with its node, the figures the straggler rule reads, what each look judges (`TopJudge`: the stragglers, by
 arrival where every rank's collectives are known, and the ranks behind a collective, judged once the others have
 waited long by the hang watch's own verdict on two looks at the stacks), the ranks worth a row first and the fields
 that say why, and `--json`'s object. Rendering is launcher/report/toptables.py and topview.py."""

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import proc as procs
-from launcher.node import protocol, rundir
+from launcher.node import wire
+from launcher.node.agent import rundir
+from launcher.node.common import proc as procs
 from launcher.plan import launchplan as plan
 from launcher.plan.request import log_tail_settings, stacks_settings
 from launcher.run.actions import agent_input
@@ -34,7 +35,7 @@ class Node:
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
-        self.env.pop(protocol.RUN_ID_ENV, None)
+        self.env.pop(wire.RUN_ID_ENV, None)
         self.root = tmp / "cache" / "ddp-launcher" / "runs"
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -50,7 +51,7 @@ class Node:
         """A process in a session of its own, like torchrun; with `mark`, one of that run's."""
         env = dict(self.env)
         if mark is not None:
-            env[protocol.RUN_ID_ENV] = mark
+            env[wire.RUN_ID_ENV] = mark
         proc = subprocess.Popen(argv or ("sleep", "60"), env=env, start_new_session=True, stdout=subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -166,7 +167,7 @@ def test_stop_ends_marked_processes_and_the_leaders_group(node: Node) -> None:
     mark = f"{run_id}/{NODE}"
     run_dir = node.run_dir(run_id)
     # torchrun's part: a marked group leader with a child in its group that has lost the mark; killpg reaches it.
-    leader = node.process("sh", "-c", f"env -u {protocol.RUN_ID_ENV} sleep 60 & echo $!; wait", mark=mark)
+    leader = node.process("sh", "-c", f"env -u {wire.RUN_ID_ENV} sleep 60 & echo $!; wait", mark=mark)
     child = int(leader.stdout.readline())
     deadline = time.monotonic() + 5  # until the child has exec'd `env -u`: from then on it carries no mark
     while not Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
@@ -274,7 +275,7 @@ def test_follow_ends_when_the_launcher_is_gone(node: Node) -> None:
 def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) -> None:
     """Ready, then nothing until `go`: a stop (another node could not start) leaves no run directory, no process."""
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
-    request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
+    request = {"action": "start", "run_dir": f"{wire.RUNS_ROOT}/{run_id}/node1", "mark": f"{run_id}/node1",
                "workdir": str(tmp_path), "argv": [sys.executable, "-c", "open('ran', 'w')"], "expand_home": [],
                "env": {}, "launcher_env": {}, "secret_names": [], "unset_env": [], "socket_ifname": None,
                "master_addr": "127.0.0.1",
@@ -287,7 +288,7 @@ def test_start_waits_for_go_and_an_aborted_start_leaves_nothing(tmp_path: Path) 
                                 stderr=subprocess.PIPE, env=env, cwd=tmp_path)
         assert proc.stdin is not None and proc.stderr is not None
         proc.stdin.write(agent_input({**request, "mark": f"{run_id}/node{int(ran)}",
-                                      "run_dir": f"{protocol.RUNS_ROOT}/{run_id}/node{int(ran)}"}))
+                                      "run_dir": f"{wire.RUNS_ROOT}/{run_id}/node{int(ran)}"}))
         proc.stdin.flush()
         first = json.loads(proc.stderr.readline())
         assert first["event"] == "ready"
@@ -325,7 +326,7 @@ def test_a_daemon_the_run_left_is_found_below_the_supervisor_and_stopped(tmp_pat
     stop then looks over /proc (an empty tree had said "nothing left", and torchrun outlived the stop)."""
     run_id = f"20000101-000000-{secrets.token_hex(3)}"
     mark = f"{run_id}/{NODE}"
-    request = {"action": "start", "run_dir": f"{protocol.RUNS_ROOT}/{mark}", "mark": mark, "workdir": str(tmp_path),
+    request = {"action": "start", "run_dir": f"{wire.RUNS_ROOT}/{mark}", "mark": mark, "workdir": str(tmp_path),
                "argv": [sys.executable, "-c", ESCAPER], "expand_home": [], "env": {}, "launcher_env": {},
                "secret_names": [], "unset_env": [], "socket_ifname": None, "master_addr": "127.0.0.1",
                "master_port": 29400, "node_rank": 0, "detach": False, "grace": 1.0, "heartbeat_timeout": 30.0,

@@ -25,7 +25,7 @@ from launcher.config.inventory import load_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Finding
 from launcher.errors import DoctorFailed
-from launcher.node import bounds as node_limits
+from launcher.node.common import bounds as node_limits
 from launcher.settings import SshSettings
 from launcher.transport import connections as transport
 from tests.helpers import inv

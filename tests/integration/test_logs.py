@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import logmerge, protocol
+from launcher.node import wire
+from launcher.node.agent import logmerge
 from launcher.plan.request import log_tail_settings
 from launcher.report.lines import CUT_MARK, NodeLog
 
@@ -45,7 +46,7 @@ def test_the_merger_tags_worker_lines_with_the_rank_in_their_environment(tmp_pat
         (attempt / str(local)).mkdir(parents=True)
     (tmp_path / "torchrun.log").write_bytes(b"")  # torchrun's own output, as spawn makes it
     merger = logmerge.LogMerger(str(tmp_path), mark, settings).start()
-    env = {**os.environ, protocol.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0", "RANK": "6"}
+    env = {**os.environ, wire.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0", "RANK": "6"}
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
         time.sleep(0.5)  # its environment is readable in /proc
@@ -90,7 +91,7 @@ def test_the_merger_follows_an_attempt_torchrun_makes_again(tmp_path: Path) -> N
     merger = logmerge.LogMerger(str(tmp_path), mark, settings).start()
 
     def worker(rank: int) -> subprocess.Popen[bytes]:
-        env = {**os.environ, protocol.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0",
+        env = {**os.environ, wire.RUN_ID_ENV: mark, "TORCHELASTIC_RESTART_COUNT": "1", "LOCAL_RANK": "0",
                "RANK": str(rank)}
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
 

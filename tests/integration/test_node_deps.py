@@ -35,7 +35,7 @@ from tests.support.nodeenv import Env
 pytestmark = pytest.mark.integration
 
 REPO = h.REPO
-STDLIB_PROGRAMS = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "launcher" / "node").glob("*.py")))
+STDLIB_PROGRAMS = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "launcher" / "node").rglob("*.py")))
 # Nothing from the caller's environment may widen the venvs' sys.path.
 CLEAN_ENV: dict[str, str | None] = {"PYTHONPATH": None, "PYTHONHOME": None}
 
@@ -89,7 +89,8 @@ def run_on_node(python: Path, stdin: bytes, cwd: Path, **env: str) -> dict:
 def test_stdlib_programs_import_only_the_standard_library(program: str) -> None:
     # Every import, including those inside functions that the runs below do not reach.
     # (sys.stdlib_module_names is this Python's; the nodes' 3.8+ has all of these programs' modules.)
-    # `sitecustomize`: the worker hook (node/hook.py) imports the node's own one after itself, where there is one.
+    # `sitecustomize`: the worker hook (node/worker/hook.py) imports the node's own one after itself, where there
+    # is one.
     outside = sorted(imported_modules(REPO / program) - set(sys.stdlib_module_names) - {"sitecustomize"})
     assert outside == [], f"{program} imports {outside}, which a node's bare Python does not have"
 

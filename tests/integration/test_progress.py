@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from devtools.observe import free_port
-from launcher.node.hook import PROGRESS_DIR
-from launcher.node.records import parse_record
+from launcher.node.agent.records import parse_record
+from launcher.node.worker.hook import PROGRESS_DIR
 from tests.helpers import REPO, inv, node_runs, run_id_of, run_processes
 from tests.support.nodeenv import node_python
 

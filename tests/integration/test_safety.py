@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from devtools.observe import free_port, reserve_base_addr
 from launcher.config.fields import RESERVED_ENV
 from launcher.config.inventory import load_inventory
-from launcher.node.protocol import RUNS_ROOT
+from launcher.node.wire import RUNS_ROOT
 from launcher.plan.request import log_tail_settings, stacks_settings
 from launcher.run.actions import agent_command, agent_input
 from launcher.transport.connections import connect_all

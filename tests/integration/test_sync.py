@@ -71,7 +71,7 @@ def test_launch_with_sync_trains_on_empty_workdirs(make_sandbox, tmp_path: Path)
     assert "script" in result.stderr and "all passed" in result.stderr  # the doctor ran after the sync
     for w in workdirs:
         assert (w / "train" / "ddp.py").read_bytes() == (REPO / "train" / "ddp.py").read_bytes()
-        assert (w / "launcher" / "node" / "syncd.py").exists() and not (w / ".git").exists()
+        assert (w / "launcher" / "node" / "sync" / "syncd.py").exists() and not (w / ".git").exists()
     # The run's page: each node's own SSH-connected and sync-done moments, in the start's order (#49).
     run_id = run_id_of(result.stdout + result.stderr)
     said = inv_in(REPO, "report", "--hosts", str(box.inventory), "--run", run_id, "--json", log_dir=tmp_path / "logs")

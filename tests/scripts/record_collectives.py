@@ -1,4 +1,4 @@
-"""Record real collectives files (launcher/node/collectives.py) of two gloo ranks for the unit tests' data: each
+"""Record real collectives files (launcher/node/worker/collectives.py) of two gloo ranks for the unit tests' data: each
 case runs under torchrun with the workers' hook installed, and the files of both ranks are copied at a moment the
 case names. Run from the checkout: `.venv/bin/python tests/scripts/record_collectives.py` (CPU, ~1 minute).
 
@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from launcher.limits import COLLECTIVES  # noqa: E402
-from launcher.node.stackdump import install_hook  # noqa: E402
+from launcher.node.agent.stackdump import install_hook  # noqa: E402
 
 TRAIN = '''
 import sys, time, torch, torch.distributed as dist

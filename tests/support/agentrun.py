@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from launcher.config.fields import RESERVED_ENV
-from launcher.node import protocol
-from launcher.node.protocol import RUNS_ROOT
+from launcher.node import wire
+from launcher.node.wire import RUNS_ROOT
 from launcher.plan.request import log_tail_settings, stacks_settings
 from launcher.run.actions import agent_input
 from launcher.transport.program import BOOTSTRAP
@@ -32,7 +32,7 @@ def run_agent(tmp_path: Path, login: dict[str, str], **request: object) -> tuple
             "away_after_s": 15.0, "attach_tail_bytes": 65536, "reattach": False,
             "log_tail": log_tail_settings(), **stacks_settings(), "watch": True, **request}
     env = {**os.environ, **login, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    env.pop(protocol.RUN_ID_ENV, None)
+    env.pop(wire.RUN_ID_ENV, None)
     with open(tmp_path / "events", "wb") as events:
         proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=events, env=env)

@@ -19,7 +19,7 @@ SHA = "ab" * 32
 
 
 def device(cuda: int, index: int | None = None, **fields: Any) -> dict[str, Any]:
-    """One GPU as the probe lists it among those the run sees (launcher/node/gpus.py), idle unless told."""
+    """One GPU as the probe lists it among those the run sees (launcher/node/common/gpus.py), idle unless told."""
     index = cuda if index is None else index
     return {"cuda": cuda, "index": index, "uuid": f"GPU-{index:04d}", "name": "H100", "pids": [], "runs": [],
             "unreadable": None, "memory_used_mib": 0.0, "utilization": 0.0, "busy": False, **fields}
@@ -33,7 +33,7 @@ def gpus(count: int, driver: str = "570.124.06", **fields: Any) -> dict[str, Any
 
 
 def probe(host: str, names: list[str] | None = None) -> dict[str, Any]:
-    """A healthy probe answer from `host`, as launcher/node/probe.py prints it."""
+    """A healthy probe answer from `host`, as launcher/node/probe/probe.py prints it."""
     names = names or list(ADDRS)
     return {
         "mode": "probe",

@@ -1,4 +1,4 @@
-"""launcher/node/probe.py run here as a node runs it, without SSH."""
+"""launcher/node/probe/probe.py run here as a node runs it, without SSH."""
 
 from __future__ import annotations
 

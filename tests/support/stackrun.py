@@ -11,14 +11,15 @@ import sys
 import time
 
 from launcher.limits import NODE_TIMING
-from launcher.node import protocol, stackdump
+from launcher.node import wire
+from launcher.node.agent import stackdump
 
 
 def main() -> None:
     run_dir, script = sys.argv[1], sys.argv[2]
-    protocol.use_timing({"timing": NODE_TIMING}, protocol.AGENT_TIMING)
+    wire.use_timing({"timing": NODE_TIMING}, wire.AGENT_TIMING)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({protocol.RUN_ID_ENV: "20000101-000000-abcdef/node-0", "RANK": "5", "LOCAL_RANK": "1"})
+    env.update({wire.RUN_ID_ENV: "20000101-000000-abcdef/node-0", "RANK": "5", "LOCAL_RANK": "1"})
     if len(sys.argv) > 3:
         env["PYTHONPATH"] = sys.argv[3]  # the node's own site folder, with its own sitecustomize
     stackdump.install_hook(run_dir, env)
@@ -29,7 +30,7 @@ def main() -> None:
         while not os.path.exists(hook) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the script reaches its sleep
-        print(json.dumps({"uid": os.getuid(), "workers": stackdump.collect(run_dir, env[protocol.RUN_ID_ENV], 5.0)}))
+        print(json.dumps({"uid": os.getuid(), "workers": stackdump.collect(run_dir, env[wire.RUN_ID_ENV], 5.0)}))
     finally:
         worker.kill()
         worker.wait()

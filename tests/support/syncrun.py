@@ -1,4 +1,4 @@
-"""launcher/node/syncd.py run here as a node runs it (the bootstrap, its request, a stream of entries), and the
+"""launcher/node/sync/syncd.py run here as a node runs it (the bootstrap, its request, a stream of entries), and the
 sandbox's nodes given a workdir each for `inv sync` run from a tree of one's choosing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.support.nodeenv import node_python
 
 def syncd(dest: Path | str, paths: list[str], stream: bytes | None, env: dict[str, str] | None = None,
           **request: object) -> tuple[list[dict], int]:
-    """Run launcher/node/syncd.py through the bootstrap (`env`: changes to the node's environment); `stream` (None:
+    """Run launcher/node/sync/syncd.py through the bootstrap (`env`: changes to the node's environment); `stream` (None:
     none) goes after its first answer."""
     proc = subprocess.Popen([node_python(), "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ, **(env or {})})

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher.node.records import RankCollectives
+from launcher.node.agent.records import RankCollectives
 from launcher.report.stragglerline import straggler_line
 from launcher.watch.arrival import ArrivalBook
 from launcher.watch.stackgroups import RankStack, rank_stacks

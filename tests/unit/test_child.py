@@ -1,4 +1,4 @@
-"""torchrun's start without subprocess (launcher/node/child.py): what Popen gave the run, the child still gets.
+"""torchrun's start without subprocess (launcher/node/common/child.py): what Popen gave the run, the child still gets.
 
 Each case starts its child from a fresh Python (the start moves that process to the run's folder and marks its
 descriptors non-inheritable, as the supervisor it is), with SIGPIPE ignored there as in any Python."""
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.child import which
+from launcher.node.common.child import which
 from tests.helpers import REPO
 
 STARTER = """
 import json, os, sys
-from launcher.node import child
+from launcher.node.common import child
 spec = json.loads(sys.argv[1])
 keep_r, keep_w = os.pipe()
 os.set_inheritable(keep_w, True)  # as the shell's `3>&2` gives the agent its events' fd

@@ -1,5 +1,5 @@
-"""The worker's collectives thread (launcher/node/collectives.py) on stand-ins for torch's modules: a process group
-half imported is waited for, not a reason to stop; a recorder's dump becomes the file the agent reads."""
+"""The worker's collectives thread (launcher/node/worker/collectives.py) on stand-ins for torch's modules: a process
+group half imported is waited for, not a reason to stop; a recorder's dump becomes the file the agent reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node import collectives
+from launcher.node.worker import collectives
 
 
 class HalfImported(types.ModuleType):

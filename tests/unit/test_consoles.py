@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.events import CaughtUp, EndKind, NodeEnd, Position, Reattached
-from launcher.node import protocol
-from launcher.node.consoles import Consoles
-from launcher.node.launcherconsole import Console, hand_over, start_offset, wait_released
+from launcher.node import wire
+from launcher.node.agent.consoles import Consoles
+from launcher.node.agent.launcherconsole import Console, hand_over, start_offset, wait_released
 from launcher.report.absence import attached_line, away_line, left_line, taken_line
 from launcher.run.catchup import Returns, caught_up_line
 
@@ -50,7 +50,8 @@ def pipes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 @pytest.fixture
 def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     emitted: list[dict] = []
-    monkeypatch.setattr("launcher.node.consoles.emit", lambda name, **fields: emitted.append({"event": name, **fields}))
+    monkeypatch.setattr("launcher.node.agent.consoles.emit",
+                        lambda name, **fields: emitted.append({"event": name, **fields}))
     (tmp_path / "log").write_bytes(b"line 0\nline 1\nline 2\n")
     messages = Messages()
     session, launcher = pipes()
@@ -79,7 +80,7 @@ def test_a_reconnect_of_the_owner_is_taken_and_its_words_and_stream_are_the_runs
     assert answer == {"accepted": True}
     current = supervisor.consoles.current
     assert current is not None and current.offset == 7 and current.owner == "owner-a"
-    assert [e["event"] for e in supervisor.emitted] == [protocol.Event.ATTACHED]
+    assert [e["event"] for e in supervisor.emitted] == [wire.Event.ATTACHED]
     assert current.enter() and current.write(1, b"line 1\n")  # the supervisor writes to the session's own pipe
     current.leave()
     assert os.read(stdout, 100) == b"line 1\n"
@@ -101,7 +102,7 @@ def test_another_launcher_is_refused_with_who_owns_the_run_unless_it_takes_it_ov
     assert supervisor.consoles.owner == "owner-b" and supervisor.consoles.first.gone.is_set()
     # the start session's launcher hears it (its events pipe takes the line now), and a later reconnect of it is refused
     line = json.loads(os.read(supervisor.first[2], 4096).splitlines()[-1])
-    assert line["event"] == protocol.Event.TAKEN and line["by"] == "owner-b@desk"
+    assert line["event"] == wire.Event.TAKEN and line["by"] == "owner-b@desk"
     _, again, _ = attach(supervisor, "owner-a")
     assert again["taken"] is True and again["by"] == "owner-b@desk"
     sock.close()

@@ -1,5 +1,6 @@
 """Every default has one home: the node-side programs take every number from their request or from
-launcher/node/bounds.py (their own local bounds, each with its reason), and speak Python 3.8.
+launcher/node/common/bounds.py (their own local bounds, each with its reason) or launcher/node/wire.py (the few both
+sides agree on: the events' descriptor, an attach session's exit codes), and speak Python 3.8.
 
 The agent's constants are checked against launcher.plan.launchplan's in test_agent.py, and the start request against
 what the agent reads in test_runs.py; here the same for the probe, and the rules both node programs keep.
@@ -17,23 +18,27 @@ import yaml
 from launcher import doctor
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
-from launcher.node import bounds
+from launcher.node.common import bounds
 from launcher.run import actions as run_actions
 from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
 from launcher.sync import push as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_PROGRAMS = {path: source for entry in ("agent", "probe", "syncd", "selector", "seek")
+ENTRIES = ("agent.agent", "probe.probe", "sync.syncd", "slurm.selector", "probe.seek")
+"""Every node program, as `node_program` takes it."""
+NODE_PROGRAMS = {path: source for entry in ENTRIES
                  for path, source in node_files(entry).items()}
 NODE_PROGRAMS["launcher.transport.program.BOOTSTRAP"] = BOOTSTRAP
 """Everything the controller sends a node to run, as it is sent: the node package's modules, and the bootstrap."""
-SENT = {run_actions.AGENT_SOURCE: "agent", doctor.PROBE_SOURCE: "probe", sync.SYNCD_SOURCE: "syncd"}
+NUMBERS_HOME = ("launcher/node/common/bounds.py", "launcher/node/wire.py")
+"""The node modules that may hold numbers: the node programs' own bounds, and what both sides agree on."""
+SENT = {run_actions.AGENT_SOURCE: "agent.agent", doctor.PROBE_SOURCE: "probe.probe", sync.SYNCD_SOURCE: "sync.syncd"}
 
 
 def probe_numbers() -> set[tuple[str, str]]:
     """(request part, key) of every number the probe reads: its `seconds(part, "KEY", "WHERE")` calls."""
-    tree = ast.parse("\n".join(node_files("probe").values()))
+    tree = ast.parse("\n".join(node_files("probe.probe").values()))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "seconds":
@@ -98,7 +103,7 @@ def bare_waits(source: str) -> list[str]:
 
 
 def own_constants(source: str) -> list[str]:
-    """Module-level names bound to a number (`SMI_TIMEOUT_S = 3.0`): only bounds.py may have them."""
+    """Module-level names bound to a number (`SMI_TIMEOUT_S = 3.0`): only bounds.py and wire.py may have them."""
     return [ast.unparse(node.targets[0]) for node in ast.parse(source).body
             if isinstance(node, ast.Assign) and _numbers(node.value) and not any(
                 isinstance(n, ast.Name | ast.Attribute | ast.Call) for n in ast.walk(node.value))]
@@ -130,12 +135,12 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
 
 def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
     # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
-    # only its local bounds, all in launcher/node/bounds.py.
+    # only its local bounds, all in launcher/node/common/bounds.py.
     own = {name for name, value in vars(bounds).items() if name.isupper() and (isinstance(value, int | float) or (
         isinstance(value, tuple) and all(isinstance(v, int) for v in value)))}  # a number, or a version's numbers
     assert {"RESOLVE_BUDGET_S", "SMI_REAP_S", "HOLDERS_BUDGET_S", "EVENTS_DRAIN_S"} <= own
     assert own.isdisjoint(vars(doctor)), own & set(vars(doctor))
-    source = (REPO / "launcher/node/bounds.py").read_text(encoding="utf-8")
+    source = (REPO / "launcher/node/common/bounds.py").read_text(encoding="utf-8")
     assert sorted(own) == sorted(own_constants(source))  # each a plain number ...
     for statement, after in itertools.pairwise(ast.parse(source).body):  # ... with a docstring that says why
         if isinstance(statement, ast.Assign):
@@ -145,7 +150,7 @@ def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
 @pytest.mark.parametrize("program", [path for path in NODE_PROGRAMS if path.endswith(".py")])
 def test_node_programs_write_no_number_into_a_wait_or_a_size(program: str) -> None:
     assert bare_waits(NODE_PROGRAMS[program]) == []
-    assert program == "launcher/node/bounds.py" or own_constants(NODE_PROGRAMS[program]) == []
+    assert program in NUMBERS_HOME or own_constants(NODE_PROGRAMS[program]) == []
 
 
 def test_the_bare_wait_finder_finds_them() -> None:

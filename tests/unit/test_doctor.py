@@ -194,7 +194,7 @@ def test_the_default_probe_timeout_fits_a_cold_start_and_the_listener_outlives_i
     # A cold Python start on a network filesystem takes tens of seconds: the default leaves room for it, the
     # probe's own worst case (DNS budget, refused-connection window, token wait) fits easily, and the master's
     # listener is asked to live longer than any probe may take.
-    from launcher.node import bounds
+    from launcher.node.common import bounds
 
     assert DEFAULT_PROBE_TIMEOUT >= 60
     connect = doctor.connect_section("t", DEFAULT_PROBE_TIMEOUT)

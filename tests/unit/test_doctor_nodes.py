@@ -45,12 +45,13 @@ def test_a_python_that_is_a_wrapper_is_said_and_fine() -> None:
 
 
 def test_the_probe_tells_a_wrapper_from_the_interpreter(tmp_path: Path) -> None:
-    """launcher.node.facts.python_wrapper, run for real: the interpreter itself (or a link to it) is no wrapper; a
+    """launcher.node.probe.facts.python_wrapper, run for real: the interpreter itself (or a link to it) is no wrapper; a
     script that runs it is, and one that stays as its parent does not exec."""
     link = tmp_path / "python"
     link.symlink_to(sys.executable)
     stays, execs = tmp_path / "stays", tmp_path / "execs"
-    ask = "from launcher.node.facts import python_wrapper as w; import json, sys; print(json.dumps(w(sys.argv[1])))"
+    ask = ("from launcher.node.probe.facts import python_wrapper as w; import json, sys; "
+           "print(json.dumps(w(sys.argv[1])))")
     stays.write_text(f'#!/bin/bash\n{sys.executable} "$@"\n')
     execs.write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
     for path in (stays, execs):

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.events import EndKind, HangSuspected, NodeEnd
 from launcher.limits import AWAY_EXIT, HANG_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
-from launcher.node.protocol import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
+from launcher.node.wire import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.plan.ends import Absence, Supervised, run_end, start_failed
 from launcher.plan.recovery import How
 from tests.helpers import REPO

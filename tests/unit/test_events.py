@@ -1,4 +1,4 @@
-"""One vocabulary of event names (launcher.node.protocol.Event): what the node programs say, the controller reads.
+"""One vocabulary of event names (launcher.node.wire.Event): what the node programs say, the controller reads.
 
 The node side is read as source (`ast`): every `emit`/`emit_parts` call names its event as `Event.NAME`, never as a
 bare string, and every such name is one the controller handles (launcher.run.sessions.HANDLERS) or deliberately
@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 
 from launcher import events
-from launcher.node import protocol
-from launcher.node.protocol import EVENTS, Event
+from launcher.node import wire
+from launcher.node.wire import EVENTS, Event
 from launcher.run import sessions
 from tests.helpers import REPO
 
-NODE_SOURCES = {path.name: path.read_text(encoding="utf-8") for path in sorted((REPO / "launcher/node").glob("*.py"))}
+NODE = REPO / "launcher/node"
+NODE_SOURCES = {path.relative_to(NODE).as_posix(): path.read_text(encoding="utf-8")
+                for path in sorted(NODE.rglob("*.py"))}
+"""Every node module, its sub-packages' too, by its path under launcher/node/ (`agent/runner.py`)."""
 EMITTERS = ("emit", "emit_parts")
 
 
@@ -133,8 +136,8 @@ def test_exited_ignored_and_unknown_names_put_nothing_on_the_queue() -> None:
 
 def test_parts_are_put_together_and_dispatched(monkeypatch: pytest.MonkeyPatch) -> None:
     lines: list[bytes] = []
-    monkeypatch.setattr(protocol, "emit", lambda name, **fields: lines.append(_line(name, **fields)))
-    protocol.emit_parts(Event.STACKS, 16, workers=[{"rank": r, "stack": "x" * 50} for r in range(3)], nccl={})
+    monkeypatch.setattr(wire, "emit", lambda name, **fields: lines.append(_line(name, **fields)))
+    wire.emit_parts(Event.STACKS, 16, workers=[{"rank": r, "stack": "x" * 50} for r in range(3)], nccl={})
     assert len(lines) > 1
     link, session = _session()
     for line in lines:

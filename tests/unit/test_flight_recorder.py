@@ -13,17 +13,10 @@ from pathlib import Path
 import pytest
 
 from launcher.limits import FLIGHT_RECORDER_ENV, NODE_TIMING
-from launcher.node import protocol
-from launcher.node.recorder import (
-    DUMP_NAMES,
-    NCCL_PREFIX,
-    PIPE_NAMES,
-    PIPE_PREFIX,
-    ask_dumps,
-    flight_recorder_env,
-    nccl_dumps,
-)
-from launcher.node.stackdump import source_lines
+from launcher.node import wire
+from launcher.node.agent.recorder import DUMP_NAMES, PIPE_NAMES, PIPE_PREFIX, ask_dumps, flight_recorder_env, nccl_dumps
+from launcher.node.agent.stackdump import source_lines
+from launcher.node.wire import NCCL_PREFIX
 from launcher.report.hangs import write_nccl
 from launcher.watch.flightrec import sent_dumps
 
@@ -113,7 +106,7 @@ class StandIn:
 
 
 def test_a_hung_run_is_asked_for_dumps_through_the_pipes_that_have_a_reader(tmp_path: Path) -> None:
-    protocol.use_timing({"timing": NODE_TIMING}, protocol.AGENT_TIMING)  # as the agent does with its request
+    wire.use_timing({"timing": NODE_TIMING}, wire.AGENT_TIMING)  # as the agent does with its request
     folder = tmp_path / "nccl"
     folder.mkdir()
     readers = [StandIn(folder, 0), StandIn(folder, 1, poll_s=0.5)]  # a slower monitor thread

@@ -17,8 +17,8 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence, Finding
 from launcher.doctor.checks_gpu import check_gpus, newest_cuda
-from launcher.node import gpus as node_gpus
-from launcher.node.devices import chosen, entries
+from launcher.node.common import gpus as node_gpus
+from launcher.node.common.devices import chosen, entries
 from launcher.report.toptables import node_table
 from launcher.watch.topmodel import NodeView
 from tests.support.canned_probes import ADDRS, device, gpus, probe

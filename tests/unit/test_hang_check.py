@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
-from launcher.node.protocol import DUMPS, STACKS
+from launcher.node.wire import DUMPS, STACKS
 from launcher.report.hangs import hang_report, ruled_out_line
 from launcher.run.hangcheck import HangCheck
 

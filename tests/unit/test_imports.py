@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -69,9 +70,12 @@ def cycles_of(graph: dict[str, set[str]]) -> list[str]:
 
 
 def unit(name: str, known: dict[str, Path]) -> str:
-    """The folder a module belongs to (`launcher.run`), or the module itself at the top (`launcher.options`)."""
-    parts = name.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 or known[name].name == "__init__.py" else name
+    """The folder a module belongs to (`launcher.run`; a folder inside one is a folder of its own:
+    `launcher.node.agent`, beside `launcher.node`'s own modules), or the module itself at the top
+    (`launcher.options`)."""
+    if known[name].name == "__init__.py":
+        return name
+    return name.rpartition(".")[0] if name.count(".") > 1 else name
 
 
 def test_the_launcher_has_no_import_cycle() -> None:
@@ -83,7 +87,8 @@ def test_the_launcher_has_no_import_cycle() -> None:
 
 def test_no_two_folders_import_each_other() -> None:
     """config, plan, transport, node, run, report, doctor, sync, slurm, sandbox, app: a stage imports the stages
-    below it, never one above (the top-level modules count as folders of their own)."""
+    below it, never one above (the top-level modules count as folders of their own, and so do node's sub-packages:
+    agent imports common, common never agent)."""
     known = modules()
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
@@ -100,6 +105,43 @@ def test_the_bottom_layer_imports_no_launcher_module_above_it() -> None:
         allowed = {"launcher.options": {"launcher.errors", "launcher.limits", "launcher.settings"},
                    "launcher.settings": {"launcher.limits"}}.get(name, set())
         assert imports(name, known[name], known) <= allowed, name
+
+
+def test_the_controller_imports_only_the_wire_of_the_node_package() -> None:
+    """Everything in launcher/ outside launcher/node/ imports one node module: launcher.node.wire, what both sides
+    agree on (launcher.transport.program takes the package itself too, to find the folder it sends)."""
+    known = modules()
+    found = []
+    for name, path in sorted(known.items()):
+        if name == "launcher.node" or name.startswith("launcher.node."):
+            continue
+        allowed = {"launcher.node.wire", "launcher.node"} if name == "launcher.transport.program" else {
+            "launcher.node.wire"}
+        found += [f"{name} imports {target}" for target in sorted(imports(name, path, known))
+                  if target.startswith("launcher.node") and target not in allowed]
+    assert found == [], "\n".join(found)
+
+
+def test_the_node_package_imports_only_the_standard_library_and_itself() -> None:
+    """Every module under launcher/node/ runs on a node with nothing installed, under Python 3.8+: it imports the
+    standard library and launcher.node.* only, never relatively (the launcher ships what the import lines name), and
+    worker/ not even that: its files are copied into the run directory, where no node package is."""
+    stdlib = set(sys.stdlib_module_names) | {"sitecustomize"}  # the hook imports the node's own after itself
+    found = []
+    for path in sorted((PACKAGE / "node").rglob("*.py")):
+        worker = path.parent.name == "worker"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." * node.level + (node.module or "")]
+            else:
+                continue
+            for imported in names:
+                own = imported == "launcher.node" or imported.startswith("launcher.node.")
+                if imported.partition(".")[0] not in stdlib and (worker or not own):
+                    found.append(f"{path.relative_to(REPO)}: {imported}")
+    assert found == [], "\n".join(found)
 
 
 TESTS_NAMED = re.compile(r"(?<![\w.])tests[/.]\w")
@@ -124,7 +166,7 @@ def test_report_imports_nothing_from_run_and_events_sit_below_both() -> None:
     for name in (n for n in known if n.startswith("launcher.report.")):
         assert not {m for m in imports(name, known[name], known) if m.startswith("launcher.run")}, name
     below = imports("launcher.events", known["launcher.events"], known)
-    assert below <= {"launcher.errors", "launcher.node", "launcher.node.protocol"}, below
+    assert below <= {"launcher.errors", "launcher.node", "launcher.node.wire"}, below
     assert "launcher.run.events" not in known  # no alias that only renames
 
 

@@ -24,9 +24,9 @@ JOB = {"script": "train.py", "args": []}
 
 
 def seek(pythons: list[str], python: str = sys.executable) -> dict:
-    """launcher/node/seek.py's answer, run by `python` as a node's login python3 runs it."""
+    """launcher/node/probe/seek.py's answer, run by `python` as a node's login python3 runs it."""
     request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
-    done = subprocess.run([python, "-S", "-c", BOOTSTRAP], input=program_input(node_program("seek"), request),
+    done = subprocess.run([python, "-S", "-c", BOOTSTRAP], input=program_input(node_program("probe.seek"), request),
                           capture_output=True, timeout=120, check=True)
     return json.loads(done.stdout)
 

@@ -15,7 +15,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence
 from launcher.doctor.collect import probe_request, session_section
-from launcher.node.runnable import module_info
+from launcher.node.probe.runnable import module_info
 from launcher.plan.launchplan import plan_launch
 from tests.support.canned_probes import ADDRS, findings, probe
 from tests.support.proberun import run_probe
@@ -120,7 +120,7 @@ def test_the_probe_looks_for_a_command_where_torchrun_starts_it(tmp_path: Path) 
 
 def test_a_search_that_hangs_is_cut_at_its_bound(tmp_path: Path, monkeypatch) -> None:
     """A filesystem that hangs on the path (a dead NFS server) costs the probe its bound, not the probe timeout."""
-    import launcher.node.runnable as runnable
+    import launcher.node.probe.runnable as runnable
 
     hung = threading.Event()
     monkeypatch.setattr(runnable, "find_module", lambda name, path: hung.wait(30))

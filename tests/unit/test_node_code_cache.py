@@ -88,3 +88,19 @@ def test_a_traceback_from_cached_code_names_the_file_and_line(tmp_path: Path) ->
         assert result.returncode == 1 and 'File "launcher/node/boom.py", line 3, in main' in err, err
         assert "ValueError: from the node: 1" in err
     assert any(name.startswith(sent["launcher.node.boom"][2]) for name in entries(tmp_path))
+
+
+def test_a_sub_package_is_served_and_its_traceback_names_its_files(tmp_path: Path) -> None:
+    entry = ("from launcher.node.pkg import deep\n\n\ndef main():\n    import launcher.node.pkg as pkg\n"
+             "    assert pkg.__path__ == ['launcher/node/pkg'] and pkg.__loader__.is_package('launcher.node.pkg')\n"
+             "    assert not pkg.__loader__.is_package('launcher.node.pkg.deep')\n    deep.fail()\n")
+    loader, modules = _node_sources()
+    sent = {name: modules[name] for name in ("launcher", "launcher.node")}
+    sent["launcher.node.pkg"] = _module("launcher/node/pkg/__init__.py", '"""A folder of the node package."""\n')
+    sent["launcher.node.pkg.entry"] = _module("launcher/node/pkg/entry.py", entry)
+    sent["launcher.node.pkg.deep"] = _module("launcher/node/pkg/deep.py", "def fail():\n    raise ValueError('deep')\n")
+    program = f"{loader}\nrun('launcher.node.pkg.entry', {json.dumps(sent)}, {json.dumps(NODE_CODE_CACHE)})\n"
+    result = run_node(program_line(program).encode() + b"\n", tmp_path, python=sys.executable)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and 'File "launcher/node/pkg/entry.py", line 8, in main' in err, err
+    assert 'File "launcher/node/pkg/deep.py", line 2, in fail' in err and "ValueError: deep" in err

@@ -18,7 +18,9 @@ from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import ForwardEnv
 from launcher.errors import LauncherError
-from launcher.node import netif, protocol, runner
+from launcher.node import wire
+from launcher.node.agent import runner
+from launcher.node.common import netif
 from launcher.plan.launchplan import NodeCommand, plan_launch
 from launcher.plan.request import start_request
 from launcher.run.nodeenv import NodeEnv, resolve_env
@@ -159,7 +161,7 @@ def test_a_plain_dict_env_keeps_the_inventorys_secrets(tmp_path: Path) -> None:
 
 
 def test_agent_constants_match_the_controllers() -> None:
-    assert protocol.SOCKET_ENV == SOCKET_ENV
+    assert wire.SOCKET_ENV == SOCKET_ENV
 
 
 @pytest.mark.parametrize(("name", "removed"), [
@@ -178,7 +180,7 @@ def test_torchrun_env_drops_stale_login_values_before_adding_the_requests() -> N
     assert runner.torchrun_env(request, login) == {
         "KEEP": "request", "HOME": "/root", "PYTHONUNBUFFERED": "0", "A": "request", "NCCL_SOCKET_IFNAME": "=lo",
         "GLOO_SOCKET_IFNAME": "lo", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[x]", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        protocol.RUN_ID_ENV: request["mark"]}
+        wire.RUN_ID_ENV: request["mark"]}
 
 
 @pytest.mark.parametrize(("wanted", "found"), [("auto", "lo"), ("ib7", "ib7"), (None, None)])

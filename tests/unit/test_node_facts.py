@@ -13,7 +13,7 @@ from tests.helpers import REPO
 READ = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
-from launcher.node import facts
+from launcher.node.probe import facts
 facts.with_site()
 print(json.dumps({{"path": sys.path, "torch": facts.torch_info()}}))
 """

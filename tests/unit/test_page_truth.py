@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from launcher.node.series import numbers_of
+from launcher.node.agent.series import numbers_of
 from launcher.report.page import mark_labels, render
 from launcher.report.pagedata import Mark, build_page
 from launcher.report.pageend import Retried, stop_sentence

@@ -1,4 +1,4 @@
-"""torchrun's python started before `go` (launcher/node/prestart.py): it imports torch's launcher module at once,
+"""torchrun's python started before `go` (launcher/node/agent/prestart.py): it imports torch's launcher module at once,
 makes nothing until it is let go, then runs torchrun's planned words in its folder with its environment, its output
 into torchrun's log. Real processes here, a stand-in torch on PYTHONPATH (no torch import)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.prestart import hold
-from launcher.node.storewait import waiting_argv
+from launcher.node.agent.prestart import hold
+from launcher.node.agent.storewait import waiting_argv
 
 RUN = ("import os, sys, time\nprint(repr(time.time()), __name__, os.getcwd(), os.environ.get('ASKED'), "
        "*sys.argv[1:])\n")
@@ -136,7 +136,7 @@ def _held_by_an_agent_killed(planned: list[str], stand_in: Path, tmp_path: Path)
     """An agent process holds torchrun's python for `planned`, then dies by kill -9 once it has imported; the held
     process's pid."""
     agent = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from launcher.node.prestart import hold\n"
+        [sys.executable, "-c", "import sys; from launcher.node.agent.prestart import hold\n"
          f"held = hold({planned!r}, {str(tmp_path)!r}, {_env(stand_in, tmp_path)!r})\n"
          "print(held.proc.pid, flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])

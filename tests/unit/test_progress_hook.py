@@ -1,4 +1,4 @@
-"""The workers' hook (launcher/node/hook.py) as a worker runs it, against a stand-in for torch that has the four
+"""The workers' hook (launcher/node/worker/hook.py) as a worker runs it, against a stand-in for torch that has the four
 names the hook touches (a real torch takes seconds to import: the integration tests use it): what it records, that
 the program sees its modules, methods and pickles as without it, forked children, and recording turned off by a
 failure while the program goes on."""
@@ -12,8 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from launcher.node import hook, stackdump
-from launcher.node.records import parse_record
+from launcher.node.agent import stackdump
+from launcher.node.agent.records import parse_record
+from launcher.node.worker import hook
 
 FAKE_TORCH = {
     "torch/__init__.py": "from torch import _tensor, optim\nfrom torch.utils import data\nTensor = _tensor.Tensor\n",

@@ -1,7 +1,7 @@
-"""Every process of a rank told apart (launcher/node/proc.py `rank_processes`): the rank's own process is the topmost
-of its RANK; the processes below it that inherited its RANK (DataLoader workers, forked or spawned; compile workers)
-are its helpers. Real processes, no torch: a parent with RANK that forks one child and spawns another (which spawns
-one of its own), beside a second rank."""
+"""Every process of a rank told apart (launcher/node/common/proc.py `rank_processes`): the rank's own process is the
+topmost of its RANK; the processes below it that inherited its RANK (DataLoader workers, forked or spawned; compile
+workers) are its helpers. Real processes, no torch: a parent with RANK that forks one child and spawns another (which
+spawns one of its own), beside a second rank."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.proc import rank_processes, start_time, workers
-from launcher.node.protocol import RUN_ID_ENV
+from launcher.node.common.proc import rank_processes, start_time, workers
+from launcher.node.wire import RUN_ID_ENV
 from launcher.watch.stackgroups import rank_stacks, stack_file
 
 MARK = f"20000101-000000-abcdef/unit-{os.getpid()}"

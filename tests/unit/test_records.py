@@ -1,5 +1,5 @@
-"""A rank's progress records as its node's agent reads them (launcher/node/records.py, top.py's Sampler): rates from
-the counts' own times, forward and data shares over the window, the record's state, and lines as the fallback."""
+"""A rank's progress records as its node's agent reads them (launcher/node/agent/records.py, top.py's Sampler): rates
+from the counts' own times, forward and data shares over the window, the record's state, and lines as the fallback."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.hook import PROGRESS_DIR, Recorder
-from launcher.node.records import NO_RECORD, RankRecord, parse_record
-from launcher.node.sampler import Sampler
+from launcher.node.agent.records import NO_RECORD, RankRecord, parse_record
+from launcher.node.agent.sampler import Sampler
+from launcher.node.worker.hook import PROGRESS_DIR, Recorder
 from launcher.options import DEFAULT_PROGRESS
 
 

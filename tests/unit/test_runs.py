@@ -28,8 +28,8 @@ job: {script: train.py}
 def agent_reads() -> set[str]:
     """Every `request["KEY"]` the agent reads without a default."""
     # The agent's own modules; the probe it runs in a launch's check reads the preflight section (tested apart).
-    probe_only = set(node_files("probe")) - {"launcher/node/protocol.py", "launcher/node/netif.py"}
-    tree = ast.parse("\n".join(source for path, source in node_files("agent").items() if path not in probe_only))
+    probe_only = set(node_files("probe.probe")) - {"launcher/node/wire.py", "launcher/node/common/netif.py"}
+    tree = ast.parse("\n".join(source for path, source in node_files("agent.agent").items() if path not in probe_only))
     return {node.slice.value for node in ast.walk(tree)
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "request"
             and isinstance(node.slice, ast.Constant) and isinstance(node.ctx, ast.Load)}  # what it writes: its own

@@ -210,7 +210,7 @@ def test_include_mistakes(include: str, sentence: str) -> None:
 
 
 def test_indices_where_the_inventory_already_sets_cuda_visible_devices_are_places_in_it() -> None:
-    # The node's agent maps them through the value (launcher/node/devices.py): a:1 of '2,3' is GPU 3.
+    # The node's agent maps them through the value (launcher/node/common/devices.py): a:1 of '2,3' is GPU 3.
     cluster = parse_inventory("hosts: [{name: a, nproc_per_node: 2, env: {CUDA_VISIBLE_DEVICES: '2,3'}}, b]\n", SRC)
     a = select_hosts(cluster, "a:1", None).hosts[0]
     assert (a.gpus, a.nproc_per_node, a.env) == ((1,), 1, (EnvVar("CUDA_VISIBLE_DEVICES", value="2,3"),))

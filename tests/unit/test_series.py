@@ -1,4 +1,4 @@
-"""A node's series of its run (launcher/node/series.py): one line a sample, bounded for a run of days, read back
+"""A node's series of its run (launcher/node/agent/series.py): one line a sample, bounded for a run of days, read back
 whole lines only; the page's account of a launch (launcher/run/journal.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from launcher.events import HangSuspected, Left, NodeEnd, Started
-from launcher.node.series import SERIES_FILE, Series, read_series
+from launcher.node.agent.series import SERIES_FILE, Series, read_series
 from launcher.run.journal import Journal, read_journal
 
 

@@ -157,7 +157,7 @@ def test_options_of_an_ssh_launch_are_refused_with_slurm_before_anything_starts(
 def test_the_step_input_is_linear_in_nodes_and_every_task_gets_its_exact_request() -> None:
     """srun gives every task the whole stdin: the shared part (probe source, run settings) must travel once."""
     from launcher import doctor
-    from launcher.node.selector import merged
+    from launcher.node.slurm.selector import merged
     from launcher.run import actions as run_actions
     def requests(count: int) -> list[tuple[Any, dict[str, Any]]]:
         names = [f"gpu-{i}" for i in range(count)]

@@ -1,4 +1,4 @@
-"""The workers' stack hook (launcher/node/hook.py's `stacks`) as a worker runs it: it answers the look's signal
+"""The workers' stack hook (launcher/node/worker/hook.py's `stacks`) as a worker runs it: it answers the look's signal
 while it runs, so does a forked child (a DataLoader worker), and a look that comes as the worker exits never ends it
 (Python's exit puts back the signal's action found before faulthandler: the default ends the process)."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.node import stackdump
+from launcher.node.agent import stackdump
 
 EXITING = "import sys\nprint('up', flush=True)\nsys.stdin.readline()\nprint('bye', flush=True)\n"
 # The child lives until the parent ends it (3 s were not enough under a loaded suite: it was gone before the look).

@@ -1,5 +1,5 @@
 """torchrun on a node that joins another's rendezvous store waits for the store's port before torch tries it
-(launcher/node/storewait.py). The waiting program runs here in a real python against a real listener that comes up
+(launcher/node/agent/storewait.py). The waiting program runs here in a real python against a real listener that comes up
 late; a stand-in `torch.distributed.run` (on PYTHONPATH, no torch import) says when it ran and with which words."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from devtools.observe import free_port
 from launcher.limits import NODE_TIMING
-from launcher.node.storewait import SOURCE, waiting_argv
+from launcher.node.agent.storewait import SOURCE, waiting_argv
 
 TORCHRUN = ["/opt/py/bin/python", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "train.py"]
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from launcher.config.inventory import load_inventory
 from launcher.errors import LauncherError
-from launcher.node.sampler import RankProgress
+from launcher.node.agent.sampler import RankProgress
 from launcher.options import DEFAULT_PROGRESS
 from launcher.report.stragglerline import straggler_line
 from launcher.report.toptables import rank_table

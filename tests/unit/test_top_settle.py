@@ -1,5 +1,5 @@
-"""`inv top --once` on one node (launcher/node/sampler.py `watch` with `settle`): a node whose ranks have all been still
-(no output for twice the look, no progress record within the rate window) answers after the least look; one with a
+"""`inv top --once` on one node (launcher/node/agent/sampler.py `watch` with `settle`): a node whose ranks have all been
+still (no output for twice the look, no progress record within the rate window) answers after the least look; one with a
 rank that steps, or whose record moved lately, watches the whole look for its rate. Real rank processes (light
 Pythons carrying the run's mark, as torchrun's workers do), their own output files and records."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.hook import PROGRESS_DIR
-from launcher.node.protocol import RUN_ID_ENV
-from launcher.node.sampler import watch
+from launcher.node.agent.sampler import watch
+from launcher.node.wire import RUN_ID_ENV
+from launcher.node.worker.hook import PROGRESS_DIR
 from launcher.options import DEFAULT_PROGRESS
 
 LOOK_S = 1.5
@@ -66,7 +66,7 @@ def look(run_dir: Path, mark: str, monkeypatch: pytest.MonkeyPatch) -> tuple[flo
 
 
 def found(mark: str, ranks: int) -> None:
-    from launcher.node.proc import rank_processes
+    from launcher.node.common.proc import rank_processes
 
     deadline = time.monotonic() + 10
     while len(rank_processes(mark)[0]) < ranks and time.monotonic() < deadline:

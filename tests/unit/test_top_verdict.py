@@ -19,7 +19,7 @@ from unittest import mock
 from rich.console import Console
 
 from launcher.events import HangRuledOut, NodeEvent, StacksTaken
-from launcher.node.protocol import STACKS
+from launcher.node.wire import STACKS
 from launcher.report.hangs import ruled_out_line
 from launcher.report.toptables import view
 from launcher.report.topview import TopScreen, show_once

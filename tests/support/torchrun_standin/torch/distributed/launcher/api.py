@@ -1,1 +1,2 @@
-"""What the node's held torchrun imports while it waits for `go` (launcher/node/prestart.py): nothing to import here."""
+"""What the node's held torchrun imports while it waits for `go` (launcher/node/agent/prestart.py): nothing to import
+here."""

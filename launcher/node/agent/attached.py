@@ -1,0 +1,362 @@
+"""An attached run's node side (stdlib only, Python 3.8+): the launcher's messages, and the supervision that streams the
+log to the run's console and obeys `stop` without ever waiting on a launcher. The run lives here: a launcher may go
+and come back (launcher/node/agent/consoles.py); only when none has sent a message for the heartbeat bound does the node
+stop its part by itself."""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from launcher.node.agent.consoles import Consoles
+from launcher.node.agent.launcherconsole import Console
+from launcher.node.agent.recorder import ask_dumps, nccl_dumps
+from launcher.node.agent.rundir import END_RECORD, record, stop_recorded
+from launcher.node.agent.runner import finish, signal_run, stop_run
+from launcher.node.agent.stackdump import collect, proc_state
+from launcher.node.common import bounds
+from launcher.node.common.proc import rank_processes
+from launcher.node.wire import (
+    DUMPS,
+    ENDING_MESSAGES,
+    EVENT_OUT,
+    GO,
+    HEARTBEAT_TIMEOUT,
+    KILL,
+    LAUNCHER_GONE,
+    POSITION,
+    STACKS,
+    STOP,
+    STOPPED_ELSEWHERE,
+    TCP,
+    Event,
+    emit,
+    emit_parts,
+    end_events,
+    next_event,
+    queue_events,
+    queued_events,
+    timing,
+)
+
+
+class LauncherMessages:
+    """The launcher's messages: heartbeats, `go`, `stop`, `kill`, ... The start session's stdin is read by one thread
+    for the whole run (`listen`); a console that attaches later has a reader of its own
+    (launcher/node/agent/consoles.py).
+
+    Before `go`, the end of stdin means the launcher or its network is gone: nothing starts. After it, an SSH run
+    (`reattach`) only loses that console and goes on within the heartbeat bound; under SLURM it stops, as srun's
+    step is ending. `decided` is set by `go` and by anything that stops the start.
+    """
+
+    def __init__(self, reattach=False):
+        self.reattach = reattach
+        self.last_message = time.monotonic()
+        self.last_message_wall = time.time()
+        self.stop_message = None
+        self.go = False
+        self.input_ended = False
+        """The start session's stdin ended after `go` (before the run's consoles were made)."""
+        self.consoles = None
+        """The run's consoles once it started (`Consoles`): the messages of the current one count."""
+        self.decided = threading.Event()
+        self.on_tcp = None
+        """What `tcp` starts (the doctor's TCP check, `GateChecks.tcp`), on a thread of its own."""
+        self.on_stacks = None
+        """What `stacks` starts (every worker's stack, as the `stacks` event), on a thread of its own."""
+        self.on_dumps = None
+        """What `dumps` starts (NCCL's flight recorder asked to dump, as the `nccl` event), on a thread of its own."""
+        self.on_position = None
+        """What `position` answers (the log's size, as the `position` event)."""
+        self.changed = threading.Event()
+        """Set by a stop message, the launcher's end and torchrun's: what the supervisor waits on (not a poll)."""
+
+    def stop(self, message):
+        self.stop_message = message
+        self.changed.set()
+
+    def heard(self):
+        """A message, or a console that came: the launcher is there now."""
+        self.last_message, self.last_message_wall = time.monotonic(), time.time()
+        if self.consoles is not None:
+            self.consoles.heard()
+
+    def take(self, message):
+        """One message of the current console's."""
+        self.heard()
+        if message in ENDING_MESSAGES:  # abort: the launcher's checks failed somewhere
+            self.stop(message)
+        elif message == GO:
+            self.go = self.stop_message is None
+        else:
+            started = {TCP: self.on_tcp, STACKS: self.on_stacks, DUMPS: self.on_dumps,
+                       POSITION: self.on_position}.get(message)
+            if started is not None:
+                threading.Thread(target=started, daemon=True, name=message).start()
+        if message == GO or message in ENDING_MESSAGES:
+            self.decided.set()
+
+    def listen(self):
+        for line in sys.stdin:
+            consoles = self.consoles
+            if consoles is None or consoles.current is consoles.first:
+                self.take(line.strip())
+        self.input_ended = True  # before the look: consoles made from now on start without this one
+        consoles = self.consoles
+        if consoles is not None:
+            consoles.lost(consoles.first, "its connection closed")
+        elif not (self.go and self.reattach) and self.stop_message is None:
+            self.stop(LAUNCHER_GONE)
+        self.decided.set()
+
+    def wait_for_go(self, heartbeat_timeout, alive_interval):
+        """True on `go`; False when the launcher stopped the start, left, or fell silent first.
+
+        The other nodes may take long to get ready (a cold start): `alive` beats say this one is still here.
+        """
+        beat = time.monotonic()
+        while not self.decided.wait(timing("wait_s")):
+            if time.monotonic() - self.last_message > heartbeat_timeout:
+                self.stop_message = HEARTBEAT_TIMEOUT
+                return False
+            if time.monotonic() - beat >= alive_interval:
+                beat = time.monotonic()
+                emit(Event.ALIVE)
+        return self.go
+
+
+class Attended:
+    """An attached run's node side: threads that talk to the launcher, and a supervisor that never waits on them.
+
+    - messages: the current console's lines (heartbeats, `stop`, `kill`), read since the start (`LauncherWords`).
+    - stream: the run's log file -> the current console's stdout, as it grows (a `LogMerger` thread, started with
+      torchrun, makes that file from torchrun's and its workers' files; it only reads and appends files).
+    - events: JSON events -> the current console, and an `alive` event every `alive_interval` s so the launcher can
+      tell a silent node from a quiet one.
+    - consoles: the launcher sessions that come and go (`Consoles`); with none there, the run goes on.
+    The supervisor (the calling thread) only polls torchrun and the clock: a launcher that reads slowly, or not at
+    all, can delay what reaches it but never a stop, a sweep or the exit code on the node.
+    """
+
+    def __init__(self, request, run_dir, proc, messages):
+        self.request, self.run_dir, self.proc = request, run_dir, proc
+        self.messages = messages
+        self.done = threading.Event()
+        self.wrote = getattr(getattr(proc, "merger", None), "wrote", None)
+        """The merger's append signal (launcher/node/agent/logmerge.py), which the streamer waits on; None without
+        one."""
+        self.streamed_at = time.monotonic()
+        self.consoles = None  # the run's `Consoles`, made by supervise_run
+        self.steps = None  # each rank's progress, from its record and its lines (a Sampler, with the watch)
+        self.nccl_sent = {}
+        """The flight recorder dumps already sent, as they were (with stacks, or asked for): the run's end sends only
+        the others, and a rank's dump written again goes again."""
+
+    def stream(self):
+        """The run's log to the current console as it grows, from where that console's launcher is (its offset). Woken
+        by the merger's appends, a console's change and the run's end, not by polling the file 20 times a second (~3 ms
+        of CPU a second of a run: launcher.limits.LOG_POLL_S). With no console it waits for one: the log keeps all."""
+        wrote, consoles, console = self.wrote, self.consoles, None
+        with open(os.path.join(self.run_dir, "log"), "rb") as log:
+            try:
+                while True:
+                    finished = self.done.is_set()  # read before the last read: nothing is written after it is set
+                    if wrote is not None:
+                        wrote.clear()  # before the read: an append after it ends the wait below at once
+                    if consoles.current is not console:
+                        console = self._turn(console)
+                        if console is not None:
+                            log.seek(console.offset)
+                    if console is None:
+                        if finished:
+                            return
+                        consoles.wait_change(timing("check_s"))
+                        continue
+                    chunk = log.read(int(timing("read_chunk")))
+                    if chunk:
+                        if console.write(1, chunk):
+                            self.streamed_at = time.monotonic()
+                        else:
+                            consoles.lost(console, "its output closed")
+                    elif finished:
+                        return
+                    elif wrote is not None:
+                        wrote.wait(timing("check_s"))
+                    else:
+                        self.done.wait(timing("poll_s"))
+            finally:
+                if console is not None:
+                    console.leave()
+
+    def _turn(self, console):
+        """Leave `console` for the current one (None when there is none, or it was let go meanwhile)."""
+        if console is not None:
+            console.leave()
+        current = self.consoles.current
+        return current if current is not None and current.enter() else None
+
+    def wake(self):
+        """A console came or went: the streamer's wait on the merger's appends ends now."""
+        if self.wrote is not None:
+            self.wrote.set()
+
+    def end(self):
+        """The run is over: every thread's wait ends (the streamer's too, which waits on the merger's appends)."""
+        self.done.set()
+        self.wake()
+
+    def send_events(self):
+        """The events to the current console; with none there they go nowhere (the run's end is kept in the run
+        directory for the next one), and beats made before a console came are not sent to it (they are stale)."""
+        console, since = None, time.monotonic()
+        try:
+            while True:
+                item = next_event()
+                if item is None:
+                    return
+                name, made, line = item
+                if self.consoles.current is not console:
+                    console, since = self._turn(console), time.monotonic()
+                if console is None or (name == Event.ALIVE and made < since):
+                    continue
+                if not console.write(2, line):
+                    self.consoles.lost(console, "its events' pipe closed")
+        finally:
+            if console is not None:
+                console.leave()
+
+    def position(self):
+        """The log's size now (the message `position`): a launcher back from away knows when it has caught up."""
+        emit(Event.POSITION, log_bytes=self.consoles.log_bytes())
+
+    def tick(self):
+        while not self.done.wait(self.request["alive_interval"]):
+            if queued_events() < bounds.QUEUED_BEATS_MAX:
+                if self.request["watch"]:
+                    emit(Event.ALIVE, progress=self.progress())
+                else:
+                    emit(Event.ALIVE)
+
+    def progress(self):
+        """Each rank as the hang watch sees it: seconds since its last output line, its own process's CPU seconds,
+        and its progress (`top.Sampler.fields`: steps and batches from the hook's record, their rates, forward and
+        data shares, the record's state; steps per second from its lines where the record counts none)."""
+        now = time.monotonic()
+        last_line = getattr(self.proc, "merger", None)
+        last_line = dict(last_line.last_line) if last_line is not None else {}
+        if self.steps is None:
+            from launcher.node.agent.sampler import Sampler
+
+            self.steps = Sampler(self.run_dir, self.request["mark"], self.request["top"])
+        found = rank_processes(self.request["mark"])
+        self.steps.find(found)
+        self.steps.read()
+        ranks = []
+        for pid, start, rank, local_rank, _ in found[0]:
+            state, _, cpu = proc_state(pid)
+            seen = last_line.get(local_rank)
+            ranks.append(dict({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
+                               "quiet_s": None if seen is None else round(now - seen, 3)},
+                              **self.steps.fields(pid, start, now)))
+        return ranks
+
+    def stacks(self):
+        """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` message)."""
+        emit_parts(Event.STACKS, int(self.request["event_chunk"]),
+                   workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
+                   nccl=self.new_dumps())
+
+    def new_dumps(self):
+        return nccl_dumps(self.run_dir, self.request["nccl_max_bytes"], self.nccl_sent)
+
+    def dumps(self):
+        """NCCL's flight recorder asked to dump through torch's pipes (the launcher's `dumps` message: a hang it found
+        before NCCL's watchdog did), as the `nccl` event, sent even when nothing came: the launcher waits for it."""
+        asked = ask_dumps(self.run_dir, self.request["nccl_dump_wait_s"])
+        emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=self.new_dumps(), asked=asked)
+
+    def send_nccl(self):
+        """NCCL's flight recorder dumps written while the run ended (its watchdog's timeout ends a run by itself)."""
+        dumps = self.new_dumps()
+        if dumps:
+            emit_parts(Event.NCCL, int(self.request["event_chunk"]), nccl=dumps)
+
+    def supervise(self):
+        """Until torchrun ends: obey stop messages and the heartbeat bound. It waits on `messages.changed` (a message,
+        torchrun's end through a waiting thread) rather than polling, so its end is seen at once."""
+        request, messages = self.request, self.messages
+        stopping, stop_at = None, None
+
+        def wait_torchrun():
+            self.proc.wait()
+            messages.changed.set()
+
+        threading.Thread(target=wait_torchrun, daemon=True, name="wait").start()
+        while True:
+            messages.changed.clear()  # before looking: a change after the look ends the wait below
+            if self.proc.poll() is not None:
+                break
+            self.consoles.note_silence(time.monotonic())
+            quiet_for = time.monotonic() - messages.last_message
+            if messages.stop_message is None and quiet_for > request["heartbeat_timeout"]:
+                messages.stop_message = HEARTBEAT_TIMEOUT
+            if messages.stop_message is not None and stopping is None:
+                stopping, stop_at = messages.stop_message, time.monotonic()
+                threading.Thread(target=stop_run, daemon=True, args=(
+                    self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
+                emit(Event.STOPPING, reason=stopping)
+            if stopping is not None and messages.stop_message == KILL:
+                signal_run(self.run_dir, request["mark"], signal.SIGKILL)
+            # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
+            # it); KILL is sent again each poll_s.
+            silent_for = request["heartbeat_timeout"] - (time.monotonic() - messages.last_message)
+            messages.changed.wait(timing("poll_s") if stopping is not None else
+                               max(0.0, min(silent_for, timing("check_s"))))
+        # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
+        grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
+        killed = self.messages.stop_message == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
+        code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
+        self.end()
+        return code, left, stopping
+
+
+def supervise_run(request, run_dir, proc, messages):
+    """Stream the log to the run's consoles, obey their messages, stop the run when no launcher has sent a message for
+    the heartbeat bound, sweep, keep the end in the run directory, report the exit."""
+    queue_events()
+    run = Attended(request, run_dir, proc, messages)
+    run.consoles = Consoles(run_dir, request, messages,
+                            Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who")))
+    run.consoles.wake = run.wake
+    messages.on_stacks, messages.on_dumps, messages.on_position = run.stacks, run.dumps, run.position
+    # A closed terminal's SIGHUP reaches no SSH session's command; under SLURM it means the step is going.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if messages.reattach else lambda *_: messages.stop(LAUNCHER_GONE))
+    signal.signal(signal.SIGTERM, lambda *_: messages.stop(STOP))
+    threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
+               for name in ("stream", "send_events", "tick")}
+    for thread in threads.values():
+        thread.start()
+    run.consoles.serve()
+    code, left, stopping = run.supervise()
+    if stopping is None and stop_recorded(run_dir):
+        stopping = STOPPED_ELSEWHERE  # no message of this launcher's: a stop from another terminal ended it
+    merger = getattr(proc, "merger", None)
+    ended = {"code": code, "left": left, "reason": stopping,
+             "workers": None if merger is None else merger.workers_started}
+    record(os.path.join(run_dir, END_RECORD), json.dumps(ended))  # what a launcher that comes later is told
+    if stopping:
+        emit(Event.STOPPED, left=left, reason=stopping)
+    # The log goes out whole while a launcher takes it; one that stopped reading gets no more wait, and with none
+    # there the next one replays the end from the run directory (launcher/node/agent/attach.py).
+    while (threads["stream"].is_alive() and run.consoles.current is not None
+           and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]):
+        threads["stream"].join(timing("wait_s"))
+    run.send_nccl()
+    emit(Event.EXITED, **ended)
+    end_events()
+    threads["send_events"].join(bounds.EVENTS_DRAIN_S)
+    run.consoles.close()
+    return code

@@ -1,0 +1,58 @@
+"""The doctor's fast checks inside an attached run's start session (stdlib only, Python 3.8+): the probe, the master's
+listener on master_port, and each node's connection to it, before the node says `ready`."""
+
+import os
+import threading
+import time
+
+from launcher.node.wire import Event, emit, seconds
+
+
+class GateChecks:
+    """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
+
+    The probe is the node package's own module (launcher/node/probe/probe.py, sent with the agent); the request's
+    `gate` section holds every request and number it needs, from the launcher
+    (launcher.doctor.collect.session_section):
+    - probe: what the probe looks at; its answer goes out as the `probed` event;
+    - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
+      answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
+    - connect: on the launcher's `tcp` message, once every node has probed (so the master's listener is up), this
+      node connects to master_addr:master_port and says what it found as the `tcp` event.
+    """
+
+    def __init__(self, section):
+        self.section = section
+        self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
+
+    def run(self):
+        from launcher.node.probe import listener, probe  # only a launch with the doctor on compiles them
+
+        listen = self.section.get("listen")
+        reply = None
+        if listen:
+            max_s = seconds(listen, "max_s", "listen")
+            server, reply = listener.open_listener(listen["master_port"])
+            if server is not None:
+                stop_r, stop_w = os.pipe()
+                thread = threading.Thread(target=listener.serve, daemon=True, name="listener",
+                                          args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
+                thread.start()
+                self.listener = (thread, stop_w, stop_r)
+        emit(Event.PROBED, probe=probe.probe(self.section["probe"]), listener=reply)
+
+    def tcp(self):
+        from launcher.node.probe.listener import tcp_connect
+
+        connect = self.section["connect"]
+        window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
+        probe = self.section["probe"]
+        emit(Event.TCP, tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
+
+    def close(self):
+        if self.listener is not None:
+            thread, stop_w, stop_r = self.listener
+            self.listener = None
+            os.close(stop_w)
+            thread.join()
+            os.close(stop_r)

@@ -1,0 +1,159 @@
+"""Each rank's progress record as the agent reads it (stdlib only, Python 3.8+): the line the worker's own hook
+(launcher/node/worker/hook.py) rewrites in `<run dir>/progress/<pid>`, read once a look, and what the recent ones say:
+steps and batches per second, and the share of each step spent in the forward and waiting for data.
+
+The record's times are the node's monotonic clock, the agent's too: a rate counts from the steps' own times, not
+from when the agent happened to look.
+"""
+
+import json
+import os
+
+from launcher.node.common import bounds
+from launcher.node.worker.hook import COLLECTIVES_DIR, PHASES_DIR, PROGRESS_DIR, VERSION
+
+NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
+COUNTS = ("steps", "batches")
+NO_RECORD = {"steps": None, "batches": None, "steps_per_s": None, "batches_per_s": None, "forward_share": None,
+             "data_share": None, "record": None}
+"""A rank's fields when it has no record (the program never imported torch.optim nor a DataLoader)."""
+
+
+def parse_record(data):
+    """A record as a dict (start, on, why, and NUMBERS), or None when it is not one whole record."""
+    if not data.endswith(b"\n"):
+        return None
+    parts = data.split(None, len(NUMBERS) + 3)
+    if len(parts) < len(NUMBERS) + 3 or parts[0] != VERSION or parts[2] not in (b"on", b"off"):
+        return None
+    try:
+        found = {name: (int if name in COUNTS else float)(parts[3 + i]) for i, name in enumerate(NUMBERS)}
+        found["start"] = int(parts[1])
+    except ValueError:
+        return None
+    found["on"] = parts[2] == b"on"
+    found["why"] = parts[len(NUMBERS) + 3].decode("utf-8", "replace").strip() if len(parts) > len(NUMBERS) + 3 else ""
+    return found
+
+
+def window_rate(moves, now, since=None, slack=0.0):
+    """Counts per second over a window of (time, count) moves: between the first and the last move, or until now once
+    the count has been still (since `since`, by default the last move) for longer than two of its steps and `slack`
+    (a rank that stopped goes to 0). None: under two moves."""
+    if len(moves) < 2:
+        return None
+    (t0, s0), (t1, s1) = moves[0], moves[-1]
+    if t1 <= t0 or s1 <= s0:
+        return None
+    steps = s1 - s0
+    if now - (t1 if since is None else since) > 2 * (t1 - t0) / steps + slack:
+        return steps / (now - t0)
+    return steps / (t1 - t0)
+
+
+def record_path(run_dir, pid):
+    return os.path.join(run_dir, PROGRESS_DIR, str(pid))
+
+
+class RankRecord:
+    """One rank's records as read so far, those of the last `window_s` kept (always the last one)."""
+
+    def __init__(self, start, window_s):
+        self.start, self.window_s = start, window_s
+        self.samples = []
+
+    def read(self, path, now):
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(bounds.RECORD_BYTES)
+        except OSError:
+            return
+        self.add(parse_record(data), now)
+
+    def add(self, record, now):
+        """A record read at `now`: kept when it is this process's (its start time) and goes on from the last one
+        (a read that met a write half done can only look older, and is dropped)."""
+        if record is None or record["start"] not in (self.start, -1):
+            return
+        last = self.samples[-1] if self.samples else None
+        if last is not None and (record["t"] <= last["t"] or any(record[n] < last[n] for n in NUMBERS)):
+            return
+        self.samples.append(record)
+        self.samples = [s for s in self.samples if now - s["t"] <= self.window_s] or [record]
+
+    def fields(self, now):
+        """steps, batches, their rates, forward_share, data_share and record ("on", "off: why"; None: no record)."""
+        if not self.samples:
+            return dict(NO_RECORD)
+        last = self.samples[-1]
+        if not last["on"]:
+            return dict(NO_RECORD, record="off: %s" % (last["why"] or "no reason given"))
+        first, span = self.samples[0], last["t"] - self.samples[0]["t"]
+        found = {"steps": last["steps"], "batches": last["batches"], "record": "on",
+                 "forward_share": None if span <= 0 else _share(last["forward_s"] - first["forward_s"], span),
+                 "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span)}
+        for count, when, rate in (("steps", "t_step", "steps_per_s"), ("batches", "t_batch", "batches_per_s")):
+            moves = []
+            for sample in self.samples:  # a count of 0 has no time yet
+                if sample[count] > (moves[-1][1] if moves else 0):
+                    moves.append((sample[when], sample[count]))
+            # Still only once no record came for two steps and a flush interval: a record is written at most that
+            # often, so its last count may be that old while the rank goes on.
+            value = window_rate(moves, now, last["t"], bounds.RECORD_FLUSH_S)
+            found[rate] = None if value is None else round(value, 3)
+        return found
+
+
+def first_step_at(run_dir, pid):
+    """When a rank's first optimizer step ended (the hook's `step` phase line, wall clock); None before it has."""
+    try:
+        with open(os.path.join(run_dir, PHASES_DIR, str(pid)), "rb") as handle:
+            for line in handle:
+                if line.startswith(b"step "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def read_collectives(run_dir, pid, start):
+    """A rank's collectives file (launcher/node/worker/collectives.py) as a dict; None when there is none yet, or it is
+    another process's (a pid used again), or not one whole JSON object."""
+    try:
+        with open(os.path.join(run_dir, COLLECTIVES_DIR, str(pid)), "rb") as handle:
+            data = json.loads(handle.read(bounds.COLLECTIVES_MAX_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("start") not in (start, -1):
+        return None
+    return data
+
+
+class RankCollectives:
+    """One rank's collectives as one reader (a beat's, a live view's) passes them on: each arrival once."""
+
+    def __init__(self):
+        self.sent = {}  # process group -> the newest collective whose arrival was passed on
+
+    def fields(self, data, wall):
+        """`collectives`: source (torch's recorder the figures come from; None: none), age_s (since the rank's
+        thread last read them), groups ({group: desc, size, enqueued, started, completed, in_flight}), the
+        arrivals not passed on before ({group: [[seq, name, wall seconds], ...]}), why (reading stopped); None
+        without a file."""
+        if data is None:
+            return None
+        arrivals = {}
+        for group, rows in (data.get("arrivals") or {}).items():
+            sent = self.sent.get(group)
+            new = [row for row in rows if isinstance(row, list) and len(row) == 3 and (sent is None or row[0] > sent)]
+            if new:
+                arrivals[group] = new
+                self.sent[group] = new[-1][0]
+        written = data.get("wall")
+        return {"source": data.get("source") or None, "groups": data.get("groups") or {}, "arrivals": arrivals,
+                "age_s": round(max(0.0, wall - written), 1) if isinstance(written, (int, float)) else None,
+                "why": data.get("why") or None}
+
+
+def _share(seconds, span):
+    return round(min(1.0, max(0.0, seconds / span)), 3)

@@ -1,0 +1,397 @@
+"""The hook every worker runs at its start (stdlib only, Python 3.8+): the run directory's `hook/sitecustomize.py`
+is this file's source (launcher/node/agent/stackdump.py `install_hook`); imported under its own name it does nothing.
+
+- Stacks: `faulthandler` on a real-time signal writes every thread's stack to `stacks/<pid>.txt` (a forked child,
+  a DataLoader worker, opens its own file).
+- Progress: with RANK set (a rank and its helpers, not torchrun), an import hook waits for the program's own import
+  of `torch.optim.optimizer` and `torch.utils.data.dataloader` (torch itself is never imported from here), then
+  counts optimizer steps (torch's global step post hook), batches drawn from DataLoaders with the time spent waiting
+  for them, and the time from a batch's arrival (or a step's end) to the next `Tensor.backward` call: the forward,
+  pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
+  every flush interval (a step or a batch after it writes), and at the end (atexit, and destroy_process_group: a
+  program may `os._exit` after it); no thread, no lock. Any failure turns recording off for
+  the process and says why in its record; the program goes on as it would without the hook.
+- Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done,
+  `init_process_group` called (the rendezvous begins) and returned (the process group ready), the first batch and the
+  first optimizer step, each a line `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (six writes in a
+  process's life; a step or a batch pays one comparison: the run's page draws its start from them). A forked child
+  records none.
+- Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
+  into `collectives/<pid>` (launcher/node/worker/collectives.py).
+
+The record: `p1 START on|off T STEPS T_STEP BATCHES T_BATCH FORWARD_S DATA_S [WHY]`, padded with spaces to its size
+and ended by a newline; START is the process's start time (/proc/<pid>/stat field 22), the times are
+CLOCK_MONOTONIC seconds (the same clock for every process of the node), FORWARD_S and DATA_S totals.
+"""
+
+import functools
+import os
+import sys
+
+STACKS_ENV = "DDP_LAUNCHER_STACKS"
+"""What the stacks part reads: `<folder>:<signal number>`."""
+PROGRESS_ENV = "DDP_LAUNCHER_PROGRESS"
+"""What the progress part reads: `<folder>:<record bytes>:<flush seconds>`."""
+PROGRESS_DIR = "progress"
+PHASES_DIR = "phases"
+PHASES = (b"hook", b"torch", b"rdzv", b"pg", b"batch", b"step")
+"""A rank's start, in order: the hook ran, torch imported, init_process_group called (the script's own setup done:
+a trainer's imports, the model), process group ready (the rendezvous over), first batch, first optimizer step."""
+COLLECTIVES_ENV, COLLECTIVES_MODULE = "DDP_LAUNCHER_COLLECTIVES", "_ddp_launcher_collectives"
+"""The collectives' thread: its setting (`<folder>:<status s>:<arrival s>:<kept per group>:<cost factor>`), its
+module's name in the hook's folder (launcher/node/worker/collectives.py, copied there beside this file)."""
+COLLECTIVES_DIR = "collectives"
+MODULE_NAME = "_ddp_launcher_hook"
+"""The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
+OPTIMIZER, LOADER, TENSOR = "torch.optim.optimizer", "torch.utils.data.dataloader", "torch._tensor"
+TORCH, C10D = "torch", "torch.distributed.distributed_c10d"
+WATCHED = (C10D, OPTIMIZER, LOADER, TORCH)
+"""The modules whose import the hook waits for (c10d's before torch's end: torch.distributed copies its names)."""
+VERSION = b"p1"
+
+
+def own_start():
+    """This process's start time in clock ticks after boot (what the agent knows it by), or -1."""
+    try:
+        with open("/proc/self/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+class Recorder:
+    """One process's progress and its record file (opened at the first write of the process that owns it)."""
+
+    def __init__(self, folder, size, flush_s, clock):
+        self.folder, self.size, self.flush_s, self.clock = folder, size, flush_s, clock
+        self.on, self.why = True, b""
+        self.fd, self.start = None, None
+        self.phased = set()  # the phases this process has recorded (each once)
+        self.reset()
+
+    def phase(self, name):
+        """Append `name`'s line to this process's phases file, once: a few microseconds, six times a life."""
+        if name in self.phased:
+            return
+        self.phased.add(name)
+        try:
+            import time
+
+            env = os.environ
+            line = b"%s %.3f %s %s %s\n" % (name, time.time(), env.get("RANK", "-").encode(),
+                                            env.get("LOCAL_RANK", "-").encode(),
+                                            env.get("TORCHELASTIC_RESTART_COUNT", "0").encode())
+            path = os.path.join(os.path.dirname(self.folder), PHASES_DIR, str(os.getpid()))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except Exception:
+            pass  # the start's picture loses a mark; the program and its progress go on
+
+    def reset(self):
+        self.steps = self.batches = 0
+        self.t_step = self.t_batch = self.forward_s = self.data_s = 0.0
+        self.began = None  # when the forward under way began: a batch's arrival or a step's end
+        self.written = None
+
+    def forked(self):
+        """In a forked child (os.register_at_fork): its own counts, and its own file once it has something to say;
+        the parent's descriptor is never written by the child."""
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd, self.start = None, None
+        self.phased = set(PHASES)  # a DataLoader worker's batches are no rank's start
+        self.reset()
+
+    def open(self):
+        self.start = own_start()
+        path = os.path.join(self.folder, str(os.getpid()))
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+
+    def write(self, now):
+        if self.fd is None:
+            self.open()
+        line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %s" % (
+            VERSION, self.start, b"on" if self.on else b"off", now, self.steps, self.t_step, self.batches,
+            self.t_batch, self.forward_s, self.data_s, self.why)
+        os.pwrite(self.fd, line[:self.size - 1].ljust(self.size - 1) + b"\n", 0)
+        self.written = now
+
+    def off(self, exc):
+        """Recording stops for this process, and its record says why (the program goes on untouched)."""
+        self.on = False
+        why = "%s: %s" % (type(exc).__name__, exc)
+        self.why = " ".join(why.split()).encode("utf-8", "replace")
+        try:
+            self.write(self.clock())
+        except Exception:
+            pass
+
+    def step(self, *_):
+        """torch's optimizer step post hook: (optimizer, args, kwargs)."""
+        if not self.on:
+            return
+        try:
+            now = self.clock()
+            self.steps += 1
+            self.t_step = self.began = now
+            self.flush(now)
+            if self.steps == 1:
+                self.phase(b"step")
+        except Exception as exc:
+            self.off(exc)
+
+    def batch(self, asked):
+        """A batch came out of a DataLoader iterator, asked for at `asked`."""
+        try:
+            now = self.clock()
+            self.batches += 1
+            self.data_s += now - asked
+            self.t_batch = self.began = now
+            self.flush(now)
+            if self.batches == 1:
+                self.phase(b"batch")
+        except Exception as exc:
+            self.off(exc)
+
+    def flush(self, now):
+        """The record written at the first event, then at most every flush interval: a write is the one system
+        call the hook makes (a few microseconds in a real loop), and the record carries each count's own time."""
+        if self.written is None or now - self.written >= self.flush_s:
+            self.write(now)
+
+    def last(self):
+        """At the program's end (atexit): the counts since the last write."""
+        if self.on and self.written is not None:
+            try:
+                self.write(self.clock())
+            except Exception:
+                pass
+
+    def backward(self):
+        try:
+            if self.began is not None:
+                self.forward_s += self.clock() - self.began
+                self.began = None  # a second backward of the same batch is no forward
+        except Exception as exc:
+            self.off(exc)
+
+
+def wrap_next(recorder, original):
+    @functools.wraps(original)  # the same name and qualified name: pickling the method finds this one
+    def __next__(self):
+        if not recorder.on:
+            return original(self)
+        asked = recorder.clock()
+        data = original(self)
+        recorder.batch(asked)
+        return data
+
+    return __next__
+
+
+def wrap_group(recorder, module):
+    """init_process_group noting when it was called (the rendezvous begins) and returned (the group is ready);
+    destroy_process_group writing the record first: train/ddp.py's `os._exit` after it (gloo's last threads) skips
+    atexit, which lost its steps since the last flush (a tenth of the demo's on a busy machine, and its page's rate)."""
+    init, destroy = module.init_process_group, module.destroy_process_group
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):
+        recorder.phase(b"rdzv")
+        result = init(*args, **kwargs)
+        recorder.phase(b"pg")
+        return result
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        recorder.last()
+        return destroy(*args, **kwargs)
+
+    module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
+
+
+def wrap_backward(recorder, original):
+    @functools.wraps(original)
+    def backward(self, *args, **kwargs):
+        if recorder.on:
+            recorder.backward()
+        return original(self, *args, **kwargs)
+
+    return backward
+
+
+class Patches:
+    """What to change in torch's modules as the program imports them, each once."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.done = set()
+
+    def after(self, name, module):
+        """`module` was just executed (the program imported it): patch it, and Tensor.backward with it."""
+        try:
+            if name == OPTIMIZER and name not in self.done:
+                self.done.add(name)
+                module.register_optimizer_step_post_hook(self.recorder.step)
+            elif name == LOADER and name not in self.done:
+                self.done.add(name)
+                cls = module._BaseDataLoaderIter
+                cls.__next__ = wrap_next(self.recorder, cls.__next__)
+            elif name == C10D and name not in self.done:
+                self.done.add(name)  # before torch.distributed's `import *` copies it: every caller gets this one
+                wrap_group(self.recorder, module)
+            elif name == TORCH:
+                self.recorder.phase(b"torch")
+            tensor = sys.modules.get(TENSOR)
+            if tensor is not None and TENSOR not in self.done:
+                self.done.add(TENSOR)
+                tensor.Tensor.backward = wrap_backward(self.recorder, tensor.Tensor.backward)
+            if self.recorder.on and self.recorder.written is None and name in (OPTIMIZER, LOADER):
+                self.recorder.write(self.recorder.clock())  # the record exists: the hook is in place
+        except Exception as exc:
+            self.recorder.off(exc)
+
+
+class AfterImport:
+    """A meta-path finder that hands the real loader of the named modules a wrapper, so `after` runs once the module
+    has executed; the module keeps its real loader, as it would without the hook."""
+
+    def __init__(self, names, after, recorder):
+        self.names, self.after, self.recorder = names, after, recorder
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        try:
+            spec = self.real_spec(name, path, target)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return None  # nothing to wrap: the import system looks again, as without us
+            spec.loader = Loader(spec.loader, name, self.after)
+            return spec
+        except Exception as exc:
+            self.recorder.off(exc)
+            return None
+
+    def real_spec(self, name, path, target):
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+class Loader:
+    """The real loader, and `after` once it has executed the module (every other attribute is the real one's)."""
+
+    def __init__(self, loader, name, after):
+        self.loader, self.name, self.after = loader, name, after
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.after(self.name, module)
+
+    def __getattr__(self, name):
+        if name == "loader":  # not set yet (a copy): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+def progress(setting, clock):
+    """Start recording progress (`<folder>:<record bytes>:<flush seconds>`); the recorder, or None."""
+    folder, size, flush_s = setting.rsplit(":", 2)
+    recorder = Recorder(folder, int(size), float(flush_s), clock)
+    patches = Patches(recorder)
+    try:
+        import atexit
+
+        os.register_at_fork(after_in_child=recorder.forked)
+        atexit.register(recorder.last)
+        recorder.phase(b"hook")
+        for name in WATCHED:
+            if name in sys.modules:  # imported before us (a .pth file): patched now
+                patches.after(name, sys.modules[name])
+        sys.meta_path.insert(0, AfterImport(WATCHED, patches.after, recorder))
+    except Exception as exc:
+        recorder.off(exc)
+    return recorder
+
+
+def stacks(setting):
+    """faulthandler on the signal, into `<folder>/<pid>.txt`; a forked child registers its own file."""
+    folder, _, signum = setting.rpartition(":")
+    if not folder or not signum.isdigit():
+        return
+    import faulthandler
+    import signal
+
+    def register():
+        handle = open(os.path.join(folder, "%d.txt" % os.getpid()), "a")
+        faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
+        globals()["stacks_file"] = handle  # faulthandler keeps only the descriptor
+
+    # Ignored before faulthandler first takes it: Python's exit puts back the action found then, and the default of a
+    # real-time signal ends the process (a healthy rank, asked for its stack as it exited, died of signal 41). Once
+    # only: a forked child's faulthandler already holds it (registering again changes its file, not its action).
+    signal.signal(int(signum), signal.SIG_IGN)
+    register()
+    os.register_at_fork(after_in_child=lambda: _quietly(register))
+
+
+def collectives(setting):
+    """The thread that reads the rank's collectives (launcher/node/worker/collectives.py, a module beside this one)."""
+    import importlib
+
+    watcher = importlib.import_module(COLLECTIVES_MODULE).watch(setting, own_start())
+    globals()["collectives_watcher"] = watcher
+
+
+def _quietly(call):
+    try:
+        call()
+    except Exception:
+        pass
+
+
+def main():
+    """What the worker runs first: the stacks, the progress, then the node's own sitecustomize, if it has one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    _quietly(lambda: stacks(os.environ.get(STACKS_ENV, "")))
+    setting = os.environ.get(PROGRESS_ENV)
+    if setting and "RANK" in os.environ:
+        try:
+            import time
+
+            globals()["recorder"] = progress(setting, time.monotonic)
+        except Exception:
+            pass  # a setting it cannot read: no record, the program as without us
+    setting = os.environ.get(COLLECTIVES_ENV)
+    if setting and "RANK" in os.environ:
+        _quietly(lambda: collectives(setting))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    ours = sys.modules.pop("sitecustomize", None)
+    sys.modules[MODULE_NAME] = ours
+    try:
+        import sitecustomize  # noqa: F401  (the node's own, if it has one: it runs as it would without us)
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
+    finally:
+        sys.modules.setdefault("sitecustomize", ours)  # the import system takes the module back from here
+
+
+if __name__ == "sitecustomize":
+    main()
