@@ -367,6 +367,9 @@ traceback and exception line are near the end (a run that went on after its fail
 out: the page then says where the logs are)."""
 REPORT_SERIES_BYTES = 1 << 20
 """The most of a node's series its `report` answer carries (SERIES keeps it near half of this at 8 ranks)."""
+REPORT_TRACE_BYTES = 256 << 10
+"""The most of the end of a node's agent trace (agent.log) its `report` answer carries: written beside the page as
+logs/<run id>/<node>.agent.log (a line an event that is no heartbeat: a day's run of few stops and reconnects)."""
 REPORT_BACKGROUND_TIMEOUT_S = 300.0
 """The most the page's own process may take after an attached run's end (it opens a session a node, then draws)."""
 REPORT_MAX_ROWS = 32

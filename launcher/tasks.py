@@ -19,10 +19,10 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, Context, Exit
+from invoke import Collection, Context, Exit, Task
 from invoke import task as invoke_task
 
-from launcher import app, options
+from launcher import app, options, trace
 from launcher.cliconfig import NOT_OPTIONS, SECTION, sources
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE, LauncherError
@@ -46,13 +46,32 @@ COMMAND_HELP = "program to run instead of the inventory's job, not under Python 
 ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
 
 
+class _Task(Task):
+    """A task whose `--verbose` is `-v` too, the one short flag (as `ssh -v`, `pip -v`)."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        if name == "verbose":
+            opts["names"] = [*opts["names"], "v"]
+        return opts
+
+
 def task(*args: Any, **kwargs: Any) -> Any:
     """Invoke's `@task` without its automatic short flags: made from each option's first letter, `-e` meant
     --detach in one task and --exclude in another, and --hang-timeout got a broken `--=STRING` (its `-h` is help's).
-    Long options only: one meaning each, everywhere."""
+    Long options only, one meaning each, everywhere; but `--verbose`, which is `-v` too."""
     if args and callable(args[0]):
-        return invoke_task(auto_shortflags=False)(args[0])
-    return invoke_task(*args, auto_shortflags=False, **kwargs)
+        return invoke_task(auto_shortflags=False, klass=_Task)(args[0])
+    return invoke_task(*args, auto_shortflags=False, klass=_Task, **kwargs)
+
+
+VERBOSE_HELP = ("also show the launcher's own trace on the console: connections, messages sent and heard, its "
+                "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)")
+
+
+def _verbose(on: bool) -> None:
+    if on:
+        trace.verbose()
 
 
 def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,13 +182,15 @@ def _hosts_from(c: Context, hosts: str | None) -> str | None:
                "(with --retries: again without the node that held it up)",
     "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
              "master; the inventory gives everything else",
+    "verbose": VERBOSE_HELP,
 })
 @_reported
 def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
            connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
            include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
-           command=None, json=False):
+           command=None, json=False, verbose=False):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
+    _verbose(verbose)
     given = options.Given(detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
                           silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
                           hang_timeout=hang_timeout, on_hang=on_hang)
@@ -184,14 +205,17 @@ def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, s
             "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
             "silence-timeout": SILENCE_TIMEOUT_HELP, "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
             "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
-            "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep"})
+            "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
+            "verbose": VERBOSE_HELP})
 @_reported
 def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_timeout=None, hang_timeout=None,
-           on_hang=None):
+           on_hang=None, verbose=False):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
     machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
-    settings = _settings(c, options.Given(grace=grace, silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout,
-                                     hang_timeout=hang_timeout, on_hang=on_hang))
+    _verbose(verbose)
+    settings = _settings(c, options.Given(grace=grace, silence_timeout=silence_timeout,
+                                          heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout,
+                                          on_hang=on_hang))
     return app.attach(_hosts(c, hosts), run, settings=settings)
 
 
@@ -209,12 +233,14 @@ def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_
             "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)",
             "script": "check this script instead of the inventory's job (as launch --script runs it)",
             "module": "check this module instead (importable by each node's python, as launch --module runs it)",
-            "command": "check this program instead (on each node's PATH, as launch --command runs it)"})
+            "command": "check this program instead (on each node's PATH, as launch --command runs it)",
+            "verbose": VERBOSE_HELP})
 @_reported
 def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
            exclude=None, net=False, slurm=False, job=None, net_all_gpus=False, script=None, module=None,
-           command=None):
+           command=None, verbose=False):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
+    _verbose(verbose)
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
     elif slurm:

@@ -27,7 +27,12 @@ from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import REPORT_BACKGROUND_TIMEOUT_S, REPORT_LOG_TAIL_BYTES, REPORT_SERIES_BYTES
+from launcher.limits import (
+    REPORT_BACKGROUND_TIMEOUT_S,
+    REPORT_LOG_TAIL_BYTES,
+    REPORT_SERIES_BYTES,
+    REPORT_TRACE_BYTES,
+)
 from launcher.report.pagedata import Page, build_page
 from launcher.report.pageend import Retried
 from launcher.report.pagekeep import kept_answers
@@ -52,7 +57,7 @@ ENDED = ("exited", "stopped", "lost")
 def report_request(run_id: str) -> dict[str, Any]:
     """The agent's `report` request: the run, and how much of a node's log and series it may send."""
     return {"action": "report", "run_id": run_id, "tail_bytes": REPORT_LOG_TAIL_BYTES,
-            "series_bytes": REPORT_SERIES_BYTES}
+            "series_bytes": REPORT_SERIES_BYTES, "trace_bytes": REPORT_TRACE_BYTES}
 
 
 def write_page(cluster: Cluster, run_id: str | None, settings: Settings, err: Any,
@@ -91,9 +96,19 @@ def write_page(cluster: Cluster, run_id: str | None, settings: Settings, err: An
     page = replace(page, unreached=tuple(kept.unreached))
     folder.mkdir(parents=True, exist_ok=True)
     _write(path, render(page).encode("utf-8"))
+    _write_traces(folder, answers)
     if kept.saved != saved:
         _write(folder / ANSWERS_FILE, gzip.compress(json.dumps(kept.saved).encode("utf-8"), mtime=0))
     return path, page
+
+
+def _write_traces(folder: Path, answers: Mapping[str, Any]) -> None:
+    """Each node's agent trace (the end of its agent.log) beside the page, as `<node>.agent.log`: with the launcher's
+    own (launcher.log), what a bug report sends."""
+    for node, answer in answers.items():
+        trace = answer.get("trace") if isinstance(answer, dict) else None
+        if isinstance(trace, str) and trace:
+            _write(folder / f"{node}.agent.log", trace.encode("utf-8"))
 
 
 def _failures(failures: list[NodeFailure]) -> str:

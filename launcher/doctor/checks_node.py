@@ -33,7 +33,7 @@ def check_ssh(ev: Evidence) -> list[Finding]:
 
 
 def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Finding:
-    text, last = (failed.stderr or failed.stdout).strip(), failed.said
+    text, last = (failed.stderr or failed.stdout).strip(), failed.last_line
     python = host.python
     if failed.exit_code == SETUP_FAILED:  # the node's setup lines, before any python ran
         return Finding(host.name, "python", "fail", last or "a setup line failed",

@@ -232,7 +232,7 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
     ev = dataclasses.replace(ev, outcomes=outcomes)
-    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}: {o.said or 'no output'}"
+    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}: {o.last_line or 'no output'}"
               for h, o in outcomes.items() if not isinstance(o, dict)}
     return Report(
         source=cluster.source,

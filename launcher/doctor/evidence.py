@@ -38,7 +38,7 @@ class ProbeFailed:
     stdout: str = ""
 
     @property
-    def said(self) -> str:
+    def last_line(self) -> str:
         """Its last line of output (stderr's, else stdout's), or ""."""
         text = (self.stderr or self.stdout).strip()
         return text.splitlines()[-1] if text else ""

@@ -83,7 +83,7 @@ class AttemptEnd:
         object.__setattr__(self, "how", How(self.how))  # ValueError for a way no one decides on
 
     @property
-    def said(self) -> str:
+    def summary(self) -> str:
         """What ended it, as an attempt's line says it."""
         if self.how == How.HANG:
             where = "" if self.step is None else f" after step {self.step}"
@@ -116,7 +116,7 @@ class Retry:
     """Start the run again (with the job's resume_args)."""
 
     why: str
-    """What ended the attempt (`AttemptEnd.said`)."""
+    """What ended the attempt (`AttemptEnd.summary`)."""
     sit_out: Mapping[str, str] = field(default_factory=dict)
     """Nodes that sit the next attempt out whatever the doctor's checks say (a hang's node, a cool-down), and why."""
 
@@ -127,7 +127,7 @@ class Final:
 
     reason: Reason
     why: str
-    """What ended the attempt (`AttemptEnd.said`)."""
+    """What ended the attempt (`AttemptEnd.summary`)."""
     text: str
     """Why no attempt follows, as the user reads it under the attempts' lines."""
 
@@ -191,7 +191,7 @@ def after_attempt(end: AttemptEnd, before: Sequence[AttemptEnd], *, nodes: Seque
     """What follows `end`, the last of `before` + [end] attempts on `nodes` (this attempt's), for a launch allowed
     `retries` restarts. `min_nodes`: the fewest nodes the run can do with (`restart_needs`). `failures`: each node's
     failed attempts' times so far, this one's included (the blacklist's)."""
-    said = end.said
+    said = end.summary
     if end.how == How.OK:
         return Final(Reason.SUCCEEDED, said, "exit 0")
     if end.how == How.HANG and on_hang != "restart":

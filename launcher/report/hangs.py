@@ -13,7 +13,7 @@ from launcher.events import HangRuledOut, HangSuspected
 from launcher.node.wire import NCCL_PREFIX
 from launcher.watch.flightrec import sent_dumps
 from launcher.watch.stackgroups import RankStack, answer, from_answers, stack_file
-from launcher.watch.verdict import said
+from launcher.watch.verdict import verdict_line
 
 
 def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: float | None = None) -> Path:
@@ -79,7 +79,7 @@ def ruled_out_line(event: HangRuledOut) -> str:
     """The one console line of a run without progress whose stacks say it is not hung."""
     stacks, failures = from_answers(event.answers)
     seen = "; ".join([answer(stacks)] + [f"{node}: no stacks ({why})" for node, why in sorted(failures.items())])
-    return f"no progress for {event.quiet_s:.0f} s, but {said(False, event.why)}: {seen}; the run goes on"
+    return f"no progress for {event.quiet_s:.0f} s, but {verdict_line(False, event.why)}: {seen}; the run goes on"
 
 
 def latest_answer(log_dir: Path, run_id: str) -> str | None:

@@ -220,7 +220,7 @@ def behind_lines(behind: Sequence[RankBehind], most: int | None = None, cut: boo
         found = {said.found(rank) for rank in said.ranks}
         head = f"{who} behind {said.waited_s:.0f} s" + (f", {found.pop()}" if len(found) == 1 and None not in found
                                                         else "")
-        return text(f"{head}: {said.verdict.said()}", "bold red" if said.hang else "yellow")
+        return text(f"{head}: {said.verdict.line()}", "bold red" if said.hang else "yellow")
 
     shown = list(behind) if most is None or len(behind) <= most else list(behind[:most - 1])
     lines = [line(said) for said in shown]

@@ -17,7 +17,7 @@ from rich.live import Live
 
 from launcher.limits import HANG_LOOKS_APART_S, TOP_PIPE_COLUMNS
 from launcher.report.toptables import behind_lines, node_table, rank_table, view
-from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, ranks_of
+from launcher.watch.topmodel import Look, NodeView, TopJudge, TwoStacks, ranks_of
 
 REFRESH_S = 0.5
 """How often the screen is drawn again (a key is answered at once); the nodes' figures change every interval."""
@@ -69,13 +69,13 @@ def keys_of(stream: IO[str]) -> Iterator[Callable[[float], str | None]]:
 
 class TopScreen:
     """The live view: draws the feed's latest views, flags stragglers as each look finds them (as `--once` does) and
-    says the ranks behind a collective (its judge remembers since when; `looks` takes the stacks it judges them by
+    says the ranks behind a collective (its judge remembers since when; `two_stacks` takes the stacks it judges them by
     once the others have waited long, on a thread of its own), answers keys."""
 
     def __init__(self, run_id: str, feed: Feed, straggler_factor: float, out: IO[str], take_stacks: Callable[[], list[str]],
-                 looks: Looks | None = None):
+                 two_stacks: TwoStacks | None = None):
         self.run_id, self.feed, self.out = run_id, feed, out
-        self.take_stacks, self.looks = take_stacks, looks
+        self.take_stacks, self.two_stacks = take_stacks, two_stacks
         self.judge = TopJudge(straggler_factor)
         self.follow: int | None = None
         self.footer: list[str] = []
@@ -105,12 +105,12 @@ class TopScreen:
         if taken is not None:
             self.judge.judge(*taken, HANG_LOOKS_APART_S, time.time())
         look = self.judge.look(views, time.time(), time.monotonic())
-        if self.looks is not None and self.judge.asking(look, time.time()):
-            looks = self.looks
+        if self.two_stacks is not None and self.judge.asking(look, time.time()):
+            two_stacks = self.two_stacks
 
             def take() -> None:
                 try:
-                    self.looked = looks()
+                    self.looked = two_stacks()
                 except Exception as exc:  # the view goes on: it says what went wrong, and asks again later
                     self.footer = [f"stacks of the ranks behind: {exc}"]
 

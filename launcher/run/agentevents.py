@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import queue
 import time
 import zlib
@@ -51,8 +52,21 @@ def agent_line(control: Control, session: Session, line: bytes) -> None:
             return
         name = event.get("event")
     handler = HANDLERS.get(name) if isinstance(name, str) else None  # a name outside the vocabulary: nothing
+    if name == Event.ALIVE:
+        session.beats += 1  # counted: a beat every few seconds is too many to trace
+    elif isinstance(name, str):
+        log.debug("%s: %s %s", session.name, name, _traced(event))
     if handler is not None:
         handler(control, session, event, time.time())
+
+
+log = logging.getLogger(__name__)
+TRACED = ("reason", "code", "left", "workers", "error", "log_bytes", "by", "pid", "part")
+"""An event's fields the trace says (its stacks, dumps and checks are too long to trace)."""
+
+
+def _traced(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: event[key] for key in TRACED if key in event}
 
 
 # One handler per event name the controller acts on (launcher.node.wire.Event); IGNORED says why the others

@@ -15,6 +15,7 @@ start too).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,9 @@ from launcher.plan.retry import Attempt, NextNodes, next_nodes, resumed, summary
 from launcher.run import control as run_control
 from launcher.run.run_io import RunIO
 from launcher.settings import Settings
+from launcher.trace import run_trace
+
+log = logging.getLogger(__name__)
 
 ATTEMPTS_FILE = "attempts.json"
 """In each attempt's log folder (`<log_dir>/<run id>/`): every attempt of its launch so far."""
@@ -40,7 +44,7 @@ AttemptCheck = Callable[[Cluster], Mapping[str, str]]
 """Nodes of a cluster that cannot take part (name -> why): the doctor's fast checks between attempts."""
 
 
-class Seen:
+class AttemptEvents:
     """What one attempt's events say beside its end: the hang that stopped it, where it resumed from and when every
     rank was training again (each is passed on to `run_io.on_event`)."""
 
@@ -86,10 +90,10 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
                           _master_name(plan.cluster), sat_out=dict(sat_out))
         attempts.append(attempt)
         _record(log_dir, attempts)
-        seen, error = Seen(run_io), None
+        events, error = AttemptEvents(run_io), None
         heard: list[RunEnd] = []
         try:
-            code = run_launch.launch_run(plan, replace(run_io, on_event=seen.take, on_end=heard.append))
+            code = run_launch.launch_run(plan, replace(run_io, on_event=events.take, on_end=heard.append))
         except RunFailed as exc:
             code, error = exc.exit_code, exc
         except (LauncherError, KeyboardInterrupt) as exc:
@@ -99,24 +103,27 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
         ends.append(end)
         if end.how.node_caused and end.node is not None:
             failures.setdefault(end.node, []).append(time.time())
-        decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=needs, retries=run.retries,
-                                 on_hang=run.on_hang, failures=failures, now=time.time(),
-                                 cooldown=run.retry_cooldown)
-        attempts[-1] = replace(seen.noted(attempt, end), outcome=outcome(end, decision), why=end.said)
-        _record(log_dir, attempts)
-        if isinstance(decision, Final):
-            return _final(decision, code, error, attempts, run_io)
-        try:
-            chosen = _next_nodes(first, run_io, health, decision, attempts)
-        except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
-            lines = ["interrupted between attempts: nothing is running", "attempts:",
-                     *(f"  {line}" for line in summary(attempts))]
-            raise RunFailed("\n".join(lines), 130, node=end.node) from None
-        ending = too_few(chosen, needs)
-        if ending is not None:
-            lines = [ending.text, "attempts:", *(f"  {line}" for line in summary(attempts))]
-            raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
-        plan, sat_out = _next_plan(first, chosen, run_io, len(attempts)), dict(chosen.dropped)
+        with run_trace(log_dir / plan.run_id):  # what follows this attempt goes in its trace
+            decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=needs, retries=run.retries,
+                                     on_hang=run.on_hang, failures=failures, now=time.time(),
+                                     cooldown=run.retry_cooldown)
+            log.info("attempt %d ended: %s (%s); %s", attempt.number, end.how, end.summary, decision)
+            attempts[-1] = replace(events.noted(attempt, end), outcome=outcome(end, decision), why=end.summary)
+            _record(log_dir, attempts)
+            if isinstance(decision, Final):
+                return _final(decision, code, error, attempts, run_io)
+            try:
+                chosen = _next_nodes(first, run_io, health, decision, attempts)
+            except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
+                lines = ["interrupted between attempts: nothing is running", "attempts:",
+                         *(f"  {line}" for line in summary(attempts))]
+                raise RunFailed("\n".join(lines), 130, node=end.node) from None
+            ending = too_few(chosen, needs)
+            log.info("next attempt: %s; sitting out: %s", [h.name for h in chosen.cluster.hosts], dict(chosen.dropped))
+            if ending is not None:
+                lines = [ending.text, "attempts:", *(f"  {line}" for line in summary(attempts))]
+                raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
+            plan, sat_out = _next_plan(first, chosen, run_io, len(attempts)), dict(chosen.dropped)
 
 
 def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], run_io: RunIO) -> int:

@@ -4,6 +4,7 @@ it refuses. Driven by the run's handle (`RunHandle.start`), stepping it between 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Protocol
@@ -14,6 +15,8 @@ from launcher.node.wire import ABORT, TCP, Event, message_line
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
+
+log = logging.getLogger(__name__)
 
 
 class Starting(Protocol):
@@ -72,9 +75,11 @@ def gate_check(handle: Starting, gate: StartGate, began: float) -> None:
     facts = {name: _facts(handle, name, unopened) for name in (c.host.name for c in handle.plan.nodes)}
     try:
         gate.judge(handle.plan.cluster, facts, (sent, time.time()), time.monotonic() - began)
-    except Exception:
+    except Exception as exc:
+        log.info("the start gate refused the run after %.2f s: %s", time.monotonic() - began, exc)
         _abort_start(handle)
         raise
+    log.info("the start gate's checks passed on %d node(s) in %.2f s", len(facts), time.monotonic() - began)
 
 
 def _ask_tcp(handle: Starting, asked: dict[str, float]) -> None:

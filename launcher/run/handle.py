@@ -13,6 +13,7 @@ from every node's end and what `supervised` says.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +50,10 @@ from launcher.run.state import GroupState, RunState
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.connections import Node
 
+log = logging.getLogger(__name__)
+TALLY_S = 60.0
+"""How often the trace counts the heartbeats and beats that went both ways (each is too frequent to trace)."""
+
 
 class RunHandle:
     """The controller side of one run: its state, its sessions, and the decisions carried out while waiting."""
@@ -82,6 +87,7 @@ class RunHandle:
         """This launcher let the run go on without it (its terminal closed)."""
         self.attaching = False
         """This handle takes over a run that lives on (`attach`) rather than starting one."""
+        self._tallied = time.monotonic()
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
@@ -128,6 +134,7 @@ class RunHandle:
         # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
         self._until(lambda: all(s.ready or s.end for s in self.sessions.values()))
         if self.start_failure is None:
+            log.debug("every node is ready in %.2f s: go", time.monotonic() - began)
             for session in self.sessions.values():
                 session.channel.send(message_line(GO))
         self._started()
@@ -155,7 +162,7 @@ class RunHandle:
         """Every node started (or taken): the run is RUNNING and the hang watch's clock starts."""
         self._until(lambda: all(s.started or s.end for s in self.sessions.values()))
         if self.start_failure is None and self.state == RunState.STARTING:
-            self.state = RunState.RUNNING
+            self._enter(RunState.RUNNING, f"{len(self.sessions)} node(s) started")
         if self.hangs is not None:
             self.hangs.watch.start(time.monotonic())
 
@@ -206,11 +213,15 @@ class RunHandle:
         if self.hangs is not None and self.hang is None and self.state == RunState.RUNNING \
                 and self.sessions and all(s.started for s in list(self.sessions.values())):
             self.hangs.look(self, now)
+        if now - self._tallied > TALLY_S:
+            self._tally()
 
     def _back(self, now: float, away_s: float) -> None:
         """The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence and
         no hang's; each node says how long its log is now, and once it is read that far a line says the absence."""
         live = [s for c in self.plan.nodes if (s := self.sessions.get(c.host.name)) is not None and s.end is None]
+        log.info("this launcher was frozen for %.0f s (SIGSTOP, a suspended laptop): position asked of %d node(s)",
+                 away_s, len(live))
         for session in live:
             session.heard = max(session.heard, now)
             if session.started:
@@ -233,6 +244,8 @@ class RunHandle:
                 and not any(s.heard > min(out) for s in sessions if s.outage is None):
             self.cut_off = min(out)
             since = time.time() - (now - self.cut_off)
+            log.info("no node can be reached for %.0f s: cut off (this machine's network?); waiting up to the nodes' "
+                     "own bound", now - self.cut_off)
             self.on_event(CutOff("", time.time(), since, since + self.settings.run.heartbeat_timeout))
         return self.settings.run.silence_timeout if self.cut_off is None else self.settings.run.heartbeat_timeout
 
@@ -243,14 +256,17 @@ class RunHandle:
             session.pending_message = None
         silent = now - session.heard
         # Before its agent is ready a node may be starting its python from a cold network filesystem.
-        limit = self.settings.run.silence_timeout if session.ready else max(self.settings.run.silence_timeout, self.settings.run.probe_timeout)
+        run = self.settings.run
+        limit = run.silence_timeout if session.ready else max(run.silence_timeout, run.probe_timeout)
         if session.outage is not None:
             if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over():
                 self._lost(session, now)
         elif silent > limit:
+            log.info("%s: silent for %.0f s (limit %g s): it stopped answering", session.name, silent, limit)
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
         elif self.stop_deadline is not None and now > self.stop_deadline:
+            log.info("%s: no end by the stop's deadline", session.name)
             self._take(Ended(session.name, time.time(), NodeEnd(
                 session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
 
@@ -273,6 +289,8 @@ class RunHandle:
                                     f"{session.reconnect_error}")
         # A node that fell silent with its connection up stopped answering; one whose connection went was lost.
         kind = EndKind.SILENT if session.lost_how == "silent" else EndKind.LOST
+        log.info("%s: lost for %.0f s (%s; last try: %s)", session.name, now - session.outage, session.lost_how,
+                 session.reconnect_error)
         self._take(Ended(session.name, since, NodeEnd(session.name, kind, since, silent_for=now - session.outage)))
 
     def _take(self, event: NodeEvent) -> None:
@@ -313,6 +331,8 @@ class RunHandle:
         decision = after_node_end(end, asked_to_stop=session.asked_to_stop, started=session.started,
                                   remaining=remaining, needs=self.needs, start_failed=self.start_failure is not None,
                                   said=session.messages)
+        log.info("%s ended (%s, exit code %s, stop reason %s): %s", session.name, end.kind, end.exit_code,
+                 end.stop_reason, decision or "nothing follows")
         if isinstance(decision, GoOnWithout):
             self.on_event(event)  # an elastic group re-forms without the node: the others go on
             return Left(event.node, event.time, end, decision.remaining)
@@ -337,8 +357,11 @@ class RunHandle:
         grace = 0.0 if kill else self.plan.settings.run.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
+        log.info("%s sent to %s", "kill" if kill else f"stop (grace {grace:g} s)",
+                 ", ".join(s.name for s in list(self.sessions.values()) if s.end is None) or "no node")
         if self.state in (RunState.STARTING, RunState.RUNNING):
-            self.state = RunState.STOPPING
+            self._enter(RunState.STOPPING, self.start_failure or ("the run is stopped" if not self.interrupted
+                                                                  else "interrupted"))
 
     def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
         """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""
@@ -348,8 +371,20 @@ class RunHandle:
                 return None
             self.step(0.2)
         self.sweeps.settle()
-        self.state = RunState.ENDED
+        self._tally()
+        self._enter(RunState.ENDED, "every node's part ended")
         return [end for c in self.plan.nodes if (end := self._end_of(c.host.name)) is not None]
+
+    def _enter(self, state: RunState, why: str) -> None:
+        """The run's state moves (one place, so that the trace says every move and why)."""
+        log.info("run %s: %s -> %s (%s)", self.plan.run_id, self.state, state, why)
+        self.state = state
+
+    def _tally(self) -> None:
+        """The trace's count of what is too frequent to trace one by one: heartbeats sent, beats heard."""
+        beats = {s.name: s.beats for s in list(self.sessions.values())}
+        log.debug("heartbeats sent: %d; beats heard: %s", self.link.heartbeats, beats)
+        self._tallied = time.monotonic()
 
     def _end_of(self, name: str) -> NodeEnd | None:
         session = self.sessions.get(name)

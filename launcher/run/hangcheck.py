@@ -11,6 +11,7 @@ that ends is seen, and a stop message is never held back.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -18,9 +19,11 @@ from typing import Any, Protocol
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
 from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
 from launcher.node.wire import DUMPS, STACKS, message_line
-from launcher.watch.arrival import ArrivalBook
+from launcher.watch.arrival import Arrivals
 from launcher.watch.hang import HangWatch
-from launcher.watch.verdict import add_dumps, on_looks, with_dumps
+from launcher.watch.verdict import add_dumps, judge_stacks, with_dumps
+
+log = logging.getLogger(__name__)
 
 
 class Channel(Protocol):
@@ -52,7 +55,7 @@ class HangCheck:
     def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S,
                  restart: bool = False):
         self.watch = HangWatch(timeout)
-        self.arrivals = ArrivalBook()
+        self.arrivals = Arrivals()
         """Every rank's collectives, from the same beats (the suspects: the ranks behind; the launch's straggler rule
         reads it too)."""
         self.keep = keep
@@ -81,7 +84,7 @@ class HangCheck:
         return True
 
     def look(self, run: Waiter, now: float) -> None:
-        """When no rank made progress for the timeout: the two looks, the verdict, and what follows from it."""
+        """When no rank made progress for the timeout: the two two_stacks, the verdict, and what follows from it."""
         quiet = None if self._looking else self.watch.suspected(now)
         if quiet is None:
             return
@@ -92,6 +95,8 @@ class HangCheck:
             self._looking = False
 
     def _judge(self, run: Waiter, quiet: float) -> None:
+        log.info("no progress for %.0f s (limit %s s): every rank's stack, twice, %g s apart", quiet,
+                 self.watch.limit(), self.apart_s)
         mark = self.watch.last_progress
         first = self._ask(run, STACKS, StacksTaken, STACKS_WAIT_S + STACKS_MARGIN_S)
         until = time.monotonic() + self.apart_s
@@ -99,19 +104,22 @@ class HangCheck:
             run.step(min(0.2, max(0.0, until - time.monotonic())))
         second = self._ask(run, STACKS, StacksTaken, STACKS_WAIT_S + STACKS_MARGIN_S)
         if self.watch.last_progress != mark or not any(s.end is None for s in run.sessions.values()):
+            log.info("progress came back while the stacks were taken (or the run ended): nothing to say")
             return  # progress came back while it was looked at (or the run ended): nothing to say
         answers = {name: _stacks_answer(reply) for name, reply in second.items()}
         looked = {name: _stacks_answer(reply) for name, reply in first.items()}
         add_dumps(answers, looked, newer=False)  # a node sends each dump once: those that came with the first look
-        seen = on_looks(looked, answers, self.apart_s, self.arrivals, time.time())  # inv top judges by it too
-        verdict = seen.verdict
+        judged = judge_stacks(looked, answers, self.apart_s, self.arrivals, time.time())  # inv top judges by it too
+        verdict = judged.verdict
         if verdict.hang or verdict.asks_recorder:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
             dumps = self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S)
             add_dumps(answers, {name: {"nccl": reply.dumps} for name, reply in dumps.items()
                                 if isinstance(reply, NcclDumps)})
-            verdict = with_dumps(seen, answers, self.apart_s)
+            verdict = with_dumps(judged, answers, self.apart_s)
+        log.info("the verdict: %s: %s; suspects %s", "a hang" if verdict.hang else "not a hang", verdict.why,
+                 list(verdict.suspects))
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())
@@ -128,6 +136,7 @@ class HangCheck:
     def _ask(self, run: Waiter, message: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
         """`message` to every node still running; each one's answer, or why there is none, within `wait_s`."""
         running = [s for s in run.sessions.values() if s.end is None]
+        log.debug("%s sent to %s", message, ", ".join(s.name for s in running))
         self._taking, self._taken = answer, {}
         for session in running:
             session.channel.send(message_line(message), block=False)
@@ -137,6 +146,7 @@ class HangCheck:
                 run.step(0.2)
         finally:
             self._taking = None
+        log.debug("%s answered by %s", message, ", ".join(sorted(self._taken)) or "no node")
         return {s.name: self._taken.get(s.name, f"no answer to `{message}` within {wait_s:g} s") for s in running}
 
 

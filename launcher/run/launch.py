@@ -8,64 +8,29 @@ attached run; this module wires it to the console, the log mirror and the root-c
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from launcher.config.model import Cluster
-from launcher.errors import RunFailed
-from launcher.events import (
-    Beat,
-    CaughtUp,
-    CutOff,
-    Ended,
-    EndKind,
-    HangRuledOut,
-    HangSuspected,
-    Left,
-    NcclDumps,
-    NodeEnd,
-    NodeEvent,
-    Output,
-    Reattached,
-    Stopping,
-)
-from launcher.node.wire import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
-from launcher.paths import detached_hint, hint
-from launcher.plan.ends import Absence, RunEnd, ended_how, run_end, start_failed
 from launcher.plan.launchplan import LaunchPlan
-from launcher.plan.recovery import How
-from launcher.plan.request import start_request
-from launcher.report.absence import (
-    attached_line,
-    away_line,
-    cut_off_end_line,
-    cut_off_line,
-    left_line,
-    taken_line,
-)
-from launcher.report.console import ConsoleWriter, Mirror
-from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
-from launcher.report.lines import NodeLog, supports_colour
-from launcher.report.rootcause import run_failed
-from launcher.run.actions import AGENT_SOURCE, agent_action, connect_or_fail, run_ssh
-from launcher.run.catchup import caught_up_line
+from launcher.run.actions import connect_or_fail
 from launcher.run.control import run_and_nodes
-from launcher.run.handle import RunHandle
 from launcher.run.journal import Journal
-from launcher.run.launchstragglers import STRAGGLERS_FILE, LaunchStragglers
 from launcher.run.nodeenv import NodeEnv, resolve_env
-from launcher.run.reattach import Reconnector, new_owner
 from launcher.run.run_io import RunIO
+from launcher.run.runconsole import Hangup, RunConsole
 from launcher.run.sessions import SessionOpener
 from launcher.settings import Settings
-from launcher.transport.connections import Node, close_all
-from launcher.watch.arrival import ArrivalBook
+from launcher.trace import run_trace
+from launcher.transport.connections import close_all
+
+log = logging.getLogger(__name__)
 
 
 def launch_run(plan: LaunchPlan, run_io: RunIO | None = None) -> int:
@@ -74,19 +39,32 @@ def launch_run(plan: LaunchPlan, run_io: RunIO | None = None) -> int:
     Returns 0 when every node's torchrun exited 0 (130 when interrupted); raises `RunFailed` with the root cause.
     """
     run_io, settings = run_io or RunIO(), plan.settings
-    journal = Journal(plan.run_id, settings.output.log_dir / plan.run_id)  # the run's page's account, from the command's start
-    cluster = plan.cluster
-    envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
-    nodes = connect_or_fail(cluster, cluster.hosts, settings, run_io.err)
-    for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
-        journal.phase([name], "connected", nodes[name].connected_at)
-    try:
-        # e.g. --sync; the checks run inside the agents' sessions
-        for name, when in (run_io.gate.prepare(cluster, nodes) if run_io.gate is not None else {}).items():
-            journal.phase([name], "synced", when)
-        return run_attached(plan, run_io, nodes, envs, journal=journal)
-    finally:
-        close_all(nodes.values())
+    folder = settings.output.log_dir / plan.run_id
+    with run_trace(folder):
+        _planned(plan)
+        journal = Journal(plan.run_id, folder)  # the run's page's account, from the command's start
+        cluster = plan.cluster
+        envs = {c.host.name: resolve_env(c, dict(os.environ)) for c in plan.nodes}  # before connecting anywhere
+        nodes = connect_or_fail(cluster, cluster.hosts, settings, run_io.err)
+        for name in (c.host.name for c in plan.nodes):  # each node's own moment: a slow handshake shows as its bar
+            journal.phase([name], "connected", nodes[name].connected_at)
+        try:
+            # e.g. --sync; the checks run inside the agents' sessions
+            for name, when in (run_io.gate.prepare(cluster, nodes) if run_io.gate is not None else {}).items():
+                journal.phase([name], "synced", when)
+            return run_attached(plan, run_io, nodes, envs, journal=journal)
+        finally:
+            close_all(nodes.values())
+
+
+def _planned(plan: LaunchPlan) -> None:
+    """The trace's first lines of a run: its nodes, and the settings it uses that were set, with where from."""
+    run = plan.settings.run
+    log.info("run %s: %d node(s) (%s), master %s:%d; %s", plan.run_id, len(plan.nodes),
+             ", ".join(c.host.name for c in plan.nodes), plan.cluster.rendezvous.master_addr,
+             plan.cluster.rendezvous.master_port, "detached" if run.detach else "attached")
+    for name, source in plan.settings.sources.items():
+        log.debug("setting %s = %r (%s)", name, plan.settings.value(name), source)
 
 
 def run_attached(plan: LaunchPlan, run_io: RunIO, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
@@ -97,9 +75,9 @@ def run_attached(plan: LaunchPlan, run_io: RunIO, nodes: Mapping[str, Any], envs
     SIGTERM counts as Ctrl-C meanwhile: the run is stopped on every node. SIGHUP (the terminal closed) leaves the run
     to its nodes: it goes on within the heartbeat bound, and `attach` takes it back from any terminal.
     """
-    journal = journal or Journal(plan.run_id, plan.settings.output.log_dir / plan.run_id)
-    with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-        return _Attached(plan, run_io, dict(nodes), envs, opener, journal).execute()
+    folder = plan.settings.output.log_dir / plan.run_id
+    with run_trace(folder), _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
+        return RunConsole(plan, run_io, dict(nodes), envs, opener, journal or Journal(plan.run_id, folder)).execute()
 
 
 def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, settings: Settings,
@@ -117,8 +95,9 @@ def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan],
         folder = settings.output.log_dir / run_id
         journal = Journal.resumed(run_id, folder)
         offsets = {name: _size(folder / f"{name}.log") for name in names}
-        with _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
-            return _Attached(plan, run_io, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
+        with run_trace(folder), _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
+            log.info("attach: run %s on %s; this machine's log copies end at %s", run_id, ", ".join(names), offsets)
+            return RunConsole(plan, run_io, {n: nodes[n] for n in names}, {}, None, journal, offsets).execute()
     finally:
         close_all(nodes.values())
 
@@ -129,10 +108,6 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
-
-
-class Hangup(BaseException):
-    """The launcher's terminal closed (SIGHUP) while a run was attached: the run goes on without this launcher."""
 
 
 @contextlib.contextmanager
@@ -153,240 +128,3 @@ def _interrupt_on(raised: Mapping[signal.Signals, type[BaseException]]) -> Itera
             signal.signal(s, handler)
 
 
-class _Attached:
-    """One launch on the console: a `RunHandle`, its output consumers, Ctrl-C, and the report."""
-
-    def __init__(self, plan: LaunchPlan, run_io: RunIO, nodes: dict[str, Node],
-                 envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal,
-                 attach: Mapping[str, int | None] | None = None):
-        self.plan, self.run_io = plan, run_io
-        settings = self.settings = plan.settings
-        self.journal = journal
-        self.attach = attach
-        """`attach`: each node's offset in its log this machine has (None: none), to take over a run that lives on."""
-        folder = settings.output.log_dir / plan.run_id
-        self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(run_io.out, run_io.err, settings.output.console_buffer, f"{folder}/",
-                                     settings.output.console_buffer_bytes)
-        self.mirror = None if settings.run.detach else Mirror(folder, self.console)
-        for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
-            self.mirror.write(command.host.name, b"")
-        colour = supports_colour(run_io.out)
-        width = max(len(c.host.name) for c in plan.nodes)
-        self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
-                     for i, c in enumerate(plan.nodes)}
-        owner = new_owner()
-        self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
-        reconnector = None if opener is not None or settings.run.detach else Reconnector(
-            plan.cluster, nodes, run_ssh(settings), AGENT_SOURCE, plan.run_id, owner)
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
-                    for c in plan.nodes} if attach is None else {}
-        self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
-                                reconnector)
-        self.interrupts = 0
-        """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
-        self.end_text = ""
-        """The words the launch ended with when they are not a failure's (the journal keeps them for the page)."""
-        self.going_on = False
-        """The run goes on after this launch returns (left, or taken over by another launcher)."""
-        self.away: dict[str, float | None] = {}
-        """`attach`: how long each node had heard no launcher when it took this one."""
-        self.hang_lines: list[str] = []
-        hangs = self.handle.hangs  # one record of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(plan.settings.run.straggler_factor, plan.settings.run.straggler_hold,
-                                           settings.output.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
-                                           hangs.arrivals if hangs is not None else ArrivalBook())
-
-    def _straggler(self, line: str) -> None:
-        self.console.message(line)
-        self.journal.mark("straggler", line)
-
-    def _on_event(self, event: NodeEvent) -> None:
-        # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
-        if isinstance(event, Output):
-            if self.mirror is not None:
-                self.mirror.write(event.node, event.data)
-            text, count = self.logs[event.node].format(event.data)
-            self.console.lines(event.node, text, count)
-        else:
-            self.journal.event(event)  # the page's account: phases and marks, never Output (it is not kept there)
-        if isinstance(event, Ended):
-            text, count = self.logs[event.node].format_rest()
-            self.console.lines(event.node, text, count)
-        elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
-            self.console.message(f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_timeout:g} s "
-                                 "(--heartbeat-timeout); the node stops its part")
-        elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
-            self.console.message(line)
-            self.journal.mark("reconnect" if event.node else "away", line, event.node or None, event.since)
-        elif isinstance(event, CutOff):
-            line = cut_off_line(event.since, event.until)
-            self.console.message(line)
-            self.journal.mark("away", line, None, event.since)
-        elif isinstance(event, Reattached) and event.down_s is None:
-            self.away[event.node] = event.away_s
-        elif isinstance(event, HangSuspected):
-            self.hang_lines = hang_report(self.plan.run_id, event, self.settings.output.log_dir)
-            for line in self.hang_lines:
-                self.console.message(line)
-        elif isinstance(event, HangRuledOut):
-            self.console.message(ruled_out_line(event))
-            # dumps the look brought (NCCL's watchdog may have written them): each comes once, kept with the run's
-            for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, event.answers):
-                self.console.message(line)
-        elif isinstance(event, Beat) and event.progress:
-            self.stragglers.beat(event.node, event.progress)
-        elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
-            for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
-                self.console.message(line)
-        elif isinstance(event, Left):
-            low = self.handle.needs
-            self.console.message(f"{event.node} left the run ({ended_how(event.end)}); {event.remaining} "
-                                 f"node(s) go on (the c10d group needs {low})")
-        if self.run_io.on_event is not None:
-            self.run_io.on_event(event)
-
-    def execute(self) -> int:
-        handle, total = self.handle, len(self.plan.nodes)
-        t0 = time.monotonic()
-        try:
-            interrupted = False
-            try:
-                if self.attach is None:
-                    handle.start()
-                else:
-                    handle.attach(self.attach)
-            except (KeyboardInterrupt, Hangup):  # nothing runs yet: a closed terminal drops the start too
-                interrupted = True
-                handle.abort("interrupted while starting")
-            if handle.start_failure is not None and self.attach is not None:
-                return self._not_attached()
-            if handle.start_failure is not None:
-                self._wait()
-                if self.settings.run.detach:  # a detached node's supervisor outlives its agent: stop it by its run id
-                    self._stop_detached(handle.started)
-                others = handle.started
-                stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
-                ended = start_failed(interrupted)  # 130: what a shell reports for Ctrl-C
-                failed = RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
-                                   ended.code)
-                self._heard(ended)
-                self.journal.end(failed.exit_code, str(failed))
-                self.journal.write()
-                raise failed
-            self.console.message(attached_line(self.plan.run_id, self.away) if self.attach is not None else
-                                 f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
-            self.journal.write()  # a detached run's page has its start from here
-            if self.settings.run.detach:
-                self._wait()
-                self.console.message(f"detached: run {self.plan.run_id} keeps going; "
-                                     f"{detached_hint(self.plan.cluster.source)}")
-                return 0
-            return self._ended(self._report, self._wait())
-        finally:
-            handle.close()
-            self.console.close()
-            if self.mirror is not None:
-                self.mirror.close()
-
-    def _ended(self, report: Any, ends: list[NodeEnd]) -> int:
-        """The report's exit code (or its RunFailed), kept in the journal with its words."""
-        try:
-            code = report(ends)
-        except RunFailed as exc:
-            self.journal.end(exc.exit_code, str(exc))
-            raise
-        except BaseException:
-            self.journal.end(1, "the launcher itself failed")
-            raise
-        else:
-            self.journal.end(code, self.end_text or ("interrupted (Ctrl-C)" if self.handle.interrupted else ""),
-                             going_on=self.going_on)
-            return code
-        finally:
-            self.journal.write()
-
-    def _not_attached(self) -> int:
-        """`attach` could not take the run on every node: nothing was stopped; what it took goes on without it."""
-        raise RunFailed(f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
-                        f"stopped, and the run's nodes keep it within its heartbeat bound", 1)
-
-    def _absence_line(self, ended: RunEnd, ends: list[NodeEnd]) -> str:
-        """How this launcher lost a run that did not fail, in words: its terminal closed, another took it over, no
-        node could be reached, or no launcher was heard from for the heartbeat bound."""
-        run_id, bound = self.plan.run_id, self.settings.run.heartbeat_timeout
-        if ended.absence == Absence.LEFT:
-            return left_line(run_id, len(self.plan.nodes), bound,
-                             hint(f"attach --hosts {self.plan.cluster.source} --run {run_id}"))
-        line = {Absence.TAKEN: taken_line(run_id, ends), Absence.CUT_OFF: cut_off_end_line(run_id, ends, bound),
-                Absence.NO_LAUNCHER: away_line(run_id, ends, bound)}[ended.absence]  # type: ignore[index]
-        assert line is not None  # run_end said which: its line has something to say
-        return line
-
-    def _stop_detached(self, names: list[str]) -> None:
-        nodes = {name: self.handle.nodes[name] for name in names}
-        request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.plan.settings.run.grace}
-        agent_action(nodes, self.plan.cluster, request, self.plan.settings.run.action_timeout)
-
-    def _wait(self) -> list[NodeEnd]:
-        while True:
-            try:
-                return self.handle.wait()  # type: ignore[return-value]
-            except Hangup:  # the terminal closed: the run goes on on its nodes, within the heartbeat bound
-                self.handle.left = True
-                return []
-            except KeyboardInterrupt:
-                self.interrupts += 1
-                self.handle.interrupted = True
-                if self.interrupts == 1:
-                    for log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
-                        log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
-                    self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
-                                         f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)")
-                    self.handle.stop()
-                else:
-                    self.console.message("\nkilling the run on every node now")
-                    self.handle.stop(kill=True)
-
-    def _heard(self, ended: RunEnd) -> None:
-        if self.run_io.on_end is not None:
-            self.run_io.on_end(ended)
-
-    def _report(self, ends: list[NodeEnd]) -> int:
-        """How the run ended (`launcher.plan.ends.run_end`), said: its exit code, or its RunFailed."""
-        ends = [replace(e, tail=tuple(self.logs[e.node].tail),
-                        raised=tuple((local, rank, line) for local, (rank, line) in self.logs[e.node].raised.items()))
-                for e in ends]
-        for line in self.handle.unswept_lines(self.plan.cluster.source):
-            self.console.message(line)
-        ended = run_end(ends, self.handle.supervised())
-        self._heard(ended)
-        how, run_id = ended.end.how, self.plan.run_id
-        if ended.absence is not None:
-            self.going_on = ended.going_on
-            self.end_text = self._absence_line(ended, ends)
-            self.console.message(f"{self.end_text}. {self.log_hint}")
-        elif how == How.INTERRUPTED:
-            left = sum(e.left for e in ends)
-            unconfirmed = [e.node for e in ends if e.kind != EndKind.EXITED]
-            self.console.message(
-                f"run {run_id} stopped on {len(ends)} node(s)"
-                + (f"; {left} process(es) could not be killed" if left else "")
-                + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
-        elif how == How.HANG:  # the launcher stopped it: the hang is the root cause, not the stop
-            raise RunFailed(f"run {run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", ended.code,
-                            node=ended.end.node, rank=ended.end.rank, ends=tuple(ends))
-        elif how == How.STOPPED:
-            elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
-            self.console.message(f"run {run_id} was stopped from elsewhere (`{hint('stop')}`) on "
-                                 f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}")
-        elif how == How.OK and ended.went_on_without:  # an elastic run that went on without the nodes it lost
-            finished = [e.node for e in ends if not e.failed]
-            left = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
-            self.console.message(f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); "
-                                 f"{left}. {self.log_hint}")
-        elif how == How.OK:
-            self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
-        else:
-            raise run_failed(run_id, ends, self.log_hint)
-        return ended.code

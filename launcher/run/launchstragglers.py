@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.report.stragglerline import straggler_line
-from launcher.watch.arrival import ArrivalBook
+from launcher.watch.arrival import Arrivals
 from launcher.watch.straggler import StragglerWatch, lateness
 
 STRAGGLERS_FILE = "stragglers.txt"
@@ -19,12 +19,12 @@ STRAGGLERS_FILE = "stragglers.txt"
 class LaunchStragglers:
     """The straggler rule over an attached launch's beats; each new straggler said and kept."""
 
-    def __init__(self, factor: float, hold_s: float, path: Path, say: Callable[[str], None], book: ArrivalBook):
+    def __init__(self, factor: float, hold_s: float, path: Path, say: Callable[[str], None], arrivals: Arrivals):
         self.path = path
         """logs/<run id>/stragglers.txt (`STRAGGLERS_FILE`)"""
         self.say = say
         self.watch = StragglerWatch(factor, hold_s)
-        self.book = book
+        self.arrivals = arrivals
         """The run's collectives, fed from the same beats by the hang check (`HangCheck.observe`, before a beat
         reaches here): beats carry the ranks' progress only while hangs are watched for."""
         self.rates: dict[str, dict[int, float | None]] = {}
@@ -39,7 +39,7 @@ class LaunchStragglers:
         self.node_of.update({rank: node for rank in self.rates[node]})
         merged = {rank: rate for rates in self.rates.values() for rank, rate in rates.items()}
         forward = {rank: share for shares in self.forward.values() for rank, share in shares.items()}
-        late = lateness(self.book, time.time())
+        late = lateness(self.arrivals, time.time())
         for found in self.watch.new(self.watch.look(time.monotonic(), merged, forward, late)):
             line = straggler_line(found, self.node_of.get(found.key, "?"))  # type: ignore[call-overload]
             self.say(line)

@@ -61,6 +61,8 @@ class Session:
     """Bytes of the node's log read so far: where a new session's stream starts (no line lost, none twice)."""
     lines: int = 0
     """Lines of it read so far."""
+    beats: int = 0
+    """`alive` beats heard (the trace counts them: too many to trace one by one)."""
     stop_message: bytes | None = None
     """The last stop message sent (`stop` or `kill`): a session that replaces a lost one is told it again."""
     outage: float | None = None

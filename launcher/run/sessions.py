@@ -8,6 +8,7 @@ not block; every other event goes to `control`, where the run's handle takes the
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -42,6 +43,8 @@ from launcher.settings import DEFAULT_FANOUT
 from launcher.transport.connections import Node, classify
 from launcher.transport.program import host_command, program_input
 
+log = logging.getLogger(__name__)
+
 
 class Sessions:
     """The run's sessions by node name, the queue their events go to, and the heartbeat thread."""
@@ -61,6 +64,8 @@ class Sessions:
         self._closing = threading.Event()
         self._interval = heartbeat_interval(heartbeat_timeout)
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+        self.heartbeats = 0
+        """Heartbeats sent so far (the trace counts them)."""
 
     def open(self, commands: Sequence[NodeCommand], opener: SessionOpener | None) -> list[str | None]:
         """Every node's session at once (heartbeats flow from the first); an error or None per command, in order."""
@@ -75,6 +80,7 @@ class Sessions:
         try:
             channel = node.open_channel(host_command(command.host))
         except Exception as exc:  # a closed connection, a session or command the node's sshd never started
+            log.info("%s: no session: %s", command.host.name, classify(node.target, exc).detail)
             return classify(node.target, exc).detail
         # The program first, then the session is seen: once registered, other threads send it messages (a heartbeat, the
         # stop when another node's start failed), and a message before the program is read as the program (the node's
@@ -82,6 +88,7 @@ class Sessions:
         # by the gate's abort or the stop that follows the opening.
         channel.send(program_input(self.agent_source, self.requests[command.host.name]))
         self._register(command, channel)
+        log.debug("%s: session open, its agent's request sent", command.host.name)
         return None
 
     def _open_with(self, opener: SessionOpener, commands: Sequence[NodeCommand]) -> list[str | None]:
@@ -143,6 +150,7 @@ class Sessions:
         channel: SessionChannel | None = session.channel
         while channel is not None:
             how = self._follow(session, channel)
+            log.debug("%s: its session ended (%s)", session.name, how)
             if not self._may_reattach(session, channel, how):
                 return
             channel.close()  # read no more of it: the new session's stream starts at what was read
@@ -229,8 +237,10 @@ class Sessions:
         while session.end is None and not self._closing.is_set():
             opened = self.reconnector.open(session.command.host, fresh, session.received)
             if not isinstance(opened, str):
+                log.info("%s: a new session, from byte %d of its log", session.name, session.received)
                 session.attaching, session.attach_lines = True, session.lines
                 return opened
+            log.debug("%s: no new session yet: %s (next try in %g s)", session.name, opened, delay)
             session.reconnect_error, fresh = opened, True
             self._closing.wait(delay)
             delay = min(2 * delay, REATTACH_MAX_S)
@@ -267,5 +277,6 @@ class Sessions:
             for session in list(self.by_name.values()):
                 if session.end is None:
                     session.channel.send(message_line(HEARTBEAT), block=False)  # never waits on a silent node
+                    self.heartbeats += 1
 
 

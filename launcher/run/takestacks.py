@@ -21,7 +21,7 @@ from launcher.run.control import _agent_error, chosen_run
 from launcher.settings import Settings
 from launcher.transport.channel import Result
 from launcher.watch import flightrec
-from launcher.watch.arrival import ArrivalBook, answered
+from launcher.watch.arrival import Arrivals, answered
 from launcher.watch.stackgroups import RankStack, answer, from_answers
 
 
@@ -92,7 +92,7 @@ def _answers(results: Mapping[str, Result | NodeFailure]) -> Answers:
 def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings,
               apart_s: float = HANG_LOOKS_APART_S) -> tuple[Answers, Answers]:
     """Every node's `stacks` answer (or why there is none) twice, `apart_s` seconds apart, over the connections
-    given: what the hang watch judges (`launcher.watch.verdict.on_looks`), for `inv top`. Nothing is kept, and
+    given: what the hang watch judges (`launcher.watch.verdict.judge_stacks`), for `inv top`. Nothing is kept, and
     NCCL's recorder is not asked (a verdict reads the collectives every worker reads itself)."""
     request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": 0,
                "nccl_dump_wait_s": 0}
@@ -108,9 +108,9 @@ def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings:
 def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:
     """What every rank's collectives in the nodes' answers say of the ranks behind; "" when nothing (or not every
     rank's collectives are known)."""
-    book = ArrivalBook()
-    book.feed(answered(answers), time.time())
-    return "; ".join(b.said() for b in book.behind(time.time()) or ())
+    arrivals = Arrivals()
+    arrivals.feed(answered(answers), time.time())
+    return "; ".join(b.line() for b in arrivals.behind(time.time()) or ())
 
 
 def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, settings: Settings, err: IO[str]

@@ -34,7 +34,7 @@ from launcher.run.takestacks import Answers, collect_stacks, two_looks
 from launcher.settings import Settings
 from launcher.transport.connections import classify
 from launcher.transport.program import host_command
-from launcher.watch.topmodel import Look, Looks, NodeView, TopJudge, as_json
+from launcher.watch.topmodel import Look, NodeView, TopJudge, TwoStacks, as_json
 
 
 def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
@@ -231,14 +231,14 @@ def _views_once(cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str
     return views
 
 
-def judged_once(views: Sequence[NodeView], factor: float, looks: Looks | None = None) -> Look:
+def judged_once(views: Sequence[NodeView], factor: float, two_stacks: TwoStacks | None = None) -> Look:
     """`inv top --once`'s judgment of one look: stragglers and ranks behind (its snapshot carries each group's recent
     arrivals: a rank behind is said where they show how long the others have waited), and ranks behind for long
-    judged on two looks at the stacks (`looks`, asked for only then), as the hang watch judges them."""
+    judged on two looks at the stacks (`two_stacks`, asked for only then), as the hang watch judges them."""
     judge = TopJudge(factor)
     look = judge.look(views, time.time(), time.monotonic())
-    if looks is not None and judge.asking(look, time.time()):
-        first, second = looks()
+    if two_stacks is not None and judge.asking(look, time.time()):
+        first, second = two_stacks()
         judge.judge(first, second, HANG_LOOKS_APART_S, time.time())
         look = judge.look(views, time.time(), time.monotonic())
     return look
@@ -265,12 +265,12 @@ def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO,
         failed = {f.host: str(f) for f in failures}
         run_id = choose(cluster, usable, run_id, settings, run_io.err)
 
-        def looks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
+        def two_stacks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
             return two_looks(cluster, usable, run_id, settings)
 
         if once:
             views = _views_once(cluster, usable, failed, run_id, settings)
-            return topview.show_once(run_id, views, judged_once(views, settings.run.straggler_factor, looks),
+            return topview.show_once(run_id, views, judged_once(views, settings.run.straggler_factor, two_stacks),
                                      run_io.out)
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, settings)
         feed.start()
@@ -281,7 +281,7 @@ def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO,
                 return collect_stacks(cluster, run_id, settings, io.StringIO(), usable).lines()
 
             with topview.keys_of(sys.stdin) as keys:
-                return topview.TopScreen(run_id, feed, settings.run.straggler_factor, run_io.out, take_stacks, looks).run(keys)
+                return topview.TopScreen(run_id, feed, settings.run.straggler_factor, run_io.out, take_stacks, two_stacks).run(keys)
         except KeyboardInterrupt:
             return 0
         finally:

@@ -43,6 +43,7 @@ from launcher.transport.sshsettings import IDLE_POLL_S
 # Paramiko logs a traceback from its own threads when a handshake fails; the failure reaches the user as one
 # typed line instead, so keep its log from falling through to Python's last-resort stderr handler.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+log = logging.getLogger(__name__)
 
 
 
@@ -277,6 +278,7 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshS
     workers = _workers(ssh.fanout, len(hosts))
     # Each connection is bounded by its timeout (and `ssh -G`'s 10 s); the whole wait too, wave by wave.
     limit = (ssh.connect_timeout + SSH_G_TIMEOUT + 5) * waves(len(hosts), workers)
+    began = time.time()
     found = parallel(lambda h: connect(h, cluster, ssh), hosts, workers, limit,
                      None if on_connect is None else lambda done: on_connect(done, len(hosts)))
     outcomes = [o if isinstance(o, Node | NodeFailure) else NodeFailure(
@@ -284,6 +286,11 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshS
         "is the node up, and does a firewall let you through?") for h, o in zip(hosts, found, strict=True)]
     nodes = {o.name: o for o in outcomes if isinstance(o, Node)}
     failures = [o for o in outcomes if isinstance(o, NodeFailure)]
+    for node in nodes.values():
+        log.debug("%s: connected to %s@%s:%s in %.2f s", node.name, node.target.user, node.target.hostname,
+                  node.target.port, node.connected_at - began)
+    for failure in failures:
+        log.info("%s: no connection: %s: %s", failure.host, failure.kind, failure.detail)
     return nodes, failures
 
 

@@ -44,7 +44,7 @@ class Behind:
     def collective(self) -> str:
         return f"{self.name or 'collective'} #{self.seq} of {self.desc}"
 
-    def said(self) -> str:
+    def line(self) -> str:
         """`rank 1 never entered all_reduce #101 of default_pg (its last: #100), which rank 0 entered`."""
         lasts: dict[int, list[int]] = {}
         for rank, last in sorted(self.late.items()):
@@ -64,7 +64,7 @@ class Stuck:
     name: str | None
     ranks: tuple[int, ...]
 
-    def said(self) -> str:
+    def line(self) -> str:
         return (f"every rank of {self.desc} ({ranks_text(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
                 "and none completed it: the collective itself is stuck (the network, or NCCL)")
 
@@ -91,7 +91,7 @@ class _Seen:
 
 
 @dataclass
-class ArrivalBook:
+class Arrivals:
     """Each rank's collectives as the beats bring them: the last status of its groups, and the arrival times."""
 
     fresh_s: float = COLLECTIVES_FRESH_S
@@ -120,12 +120,12 @@ class ArrivalBook:
             for group in groups:
                 self.members.setdefault(group, set()).add(number)
             for group, rows in (found.get("arrivals") or {}).items():
-                book = self.arrived.setdefault(group, {})
+                by_seq = self.arrived.setdefault(group, {})
                 for seq, name, at in rows:
-                    book.setdefault(int(seq), {})[number] = float(at)
+                    by_seq.setdefault(int(seq), {})[number] = float(at)
                     self.names[(group, int(seq))] = str(name)
-                for old in sorted(book)[:-self.kept]:
-                    del book[old]
+                for old in sorted(by_seq)[:-self.kept]:
+                    del by_seq[old]
                     self.names.pop((group, old), None)
 
     def sources(self) -> dict[int, str | None]:
@@ -200,11 +200,11 @@ class ArrivalBook:
         waits: dict[int, list[tuple[float, float]]] = {}
         lasts: dict[int, int] = {}
         count, first, latest = 0, float("inf"), float("-inf")
-        for group, book in self.arrived.items():
+        for group, arrivals in self.arrived.items():
             members = self.members.get(group, set())
             if len(members) < 2:
                 continue
-            for times in book.values():
+            for times in arrivals.values():
                 if set(times) != members or max(times.values()) < now - window_s:
                     continue
                 last = max(times, key=lambda rank: times[rank])
@@ -232,7 +232,7 @@ def _covered(spans: list[tuple[float, float]]) -> float:
 
 def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:
     """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/agent/stackdump.py `collect`), as a
-    beat's ranks for `ArrivalBook.feed`: read at the moment of the look."""
+    beat's ranks for `Arrivals.feed`: read at the moment of the look."""
     return [{"rank": w["rank"], "collectives": w.get("collectives")} for reply in answers.values()
             if not isinstance(reply, str) for w in reply.get("workers") or () if not w.get("helper")]
 

@@ -144,7 +144,7 @@ def behind(recorded: Mapping[int, Collectives], flight: InFlight) -> list[tuple[
                   if flight.group in c.last and c.last[flight.group] < flight.seq)
 
 
-def said(flight: InFlight) -> str:
+def flight_line(flight: InFlight) -> str:
     """`all_reduce #11 of default_pg (gpu_hang.py:27)`."""
     return f"{flight.name} #{flight.seq} of {flight.group_desc}" + (f" ({flight.where})" if flight.where else "")
 
@@ -163,7 +163,7 @@ def in_flight_said(recorded: Mapping[int, Collectives]) -> str:
             lasts.setdefault(last, []).append(rank)
         never = "".join(f"; {ranks_text(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
                         for last, late in sorted(lasts.items()))
-        parts.append(f"{said(flight)} has not completed on {ranks_text(ranks)}{never}")
+        parts.append(f"{flight_line(flight)} has not completed on {ranks_text(ranks)}{never}")
     return "; ".join(parts)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 
 from launcher.limits import FORWARD_GAP, STRAGGLER_WINDOW_S
-from launcher.watch.arrival import ArrivalBook, Late
+from launcher.watch.arrival import Arrivals, Late
 
 
 def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Hashable, float]:
@@ -102,7 +102,7 @@ class StragglerWatch:
              late: Mapping[Hashable, Late] | None = None) -> dict[Hashable, Straggler]:
         """The stragglers as of this look (keys of ranks no longer slow are forgotten). When no rank is slow by its
         rate (the rates agree, as in lockstep DDP): the arrival rule where `late` is known (every rank's
-        collectives: `ArrivalBook.lateness`, {} when no rank is late), else the forward rule."""
+        collectives: `Arrivals.lateness`, {} when no rank is late), else the forward rule."""
         found = {key: Straggler(key, share, 0.0) for key, share in slow_ranks(rates, self.factor).items()}
         known = {key: rate for key, rate in rates.items() if rate is not None}
         median = statistics.median(known.values()) if known else 0.0
@@ -128,9 +128,9 @@ def _of(rate: float | None, median: float) -> float | None:
     return rate / median if rate is not None and median > 0 else None
 
 
-def lateness(book: ArrivalBook, now: float) -> dict[Hashable, Late] | None:
+def lateness(arrivals: Arrivals, now: float) -> dict[Hashable, Late] | None:
     """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until every rank's
     arrivals cover it), where the run's recorders keep its collectives (None otherwise: the forward rule then)."""
-    if not book.recording():
+    if not arrivals.recording():
         return None
-    return dict(book.lateness(now, STRAGGLER_WINDOW_S) or {})
+    return dict(arrivals.lateness(now, STRAGGLER_WINDOW_S) or {})

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S, TOP_WHY_GAP
-from launcher.watch.arrival import ArrivalBook, Behind
+from launcher.watch.arrival import Arrivals, Behind
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
-from launcher.watch.verdict import Verdict, on_looks
+from launcher.watch.verdict import Verdict, judge_stacks
 
 RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "cpu_s", "rss_bytes", "last_output_s",
                "steps_per_s", "step", "last_line", "steps", "batches", "batches_per_s", "forward_share", "data_share",
@@ -66,7 +66,7 @@ def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Str
                       "behind": None if late is None else {
                           "collective": late.behind.collective, "last": late.behind.late[row["rank"]],
                           "waited_s": late.waited_s, "hang_suspected": late.hang, "judged": late.found(row["rank"]),
-                          "verdict": None if late.verdict is None else late.verdict.said()}})
+                          "verdict": None if late.verdict is None else late.verdict.line()}})
     return {"run": run_id, "nodes": nodes, "ranks": ranks}
 
 
@@ -108,7 +108,7 @@ class RankBehind:
     looking: bool = False
     """The looks were asked for and no verdict has come yet."""
     verdict: Verdict | None = None
-    """The last verdict on two looks while ranks were behind in it (`launcher.watch.verdict.on_looks`)."""
+    """The last verdict on two looks while ranks were behind in it (`launcher.watch.verdict.judge_stacks`)."""
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -146,7 +146,7 @@ class Look:
 
 @dataclass
 class TopJudge:
-    """Each look's judgement, with what it keeps between looks: the straggler watch's hold, every rank's collectives
+    """Each look's judgement, with what it keeps between two_stacks: the straggler watch's hold, every rank's collectives
     (each node's snapshot fed once: a live view draws the same snapshot more than once), when each collective
     with ranks behind was first seen (its wait where no arrival time of it has come yet), when its ranks' stacks were
     last asked for and the verdict on them.
@@ -158,7 +158,7 @@ class TopJudge:
     hold_s: float = 0.0
     say_s: float = TOP_BEHIND_SAY_S
     hang_s: float = TOP_BEHIND_HANG_S
-    book: ArrivalBook = field(default_factory=ArrivalBook)
+    arrivals: Arrivals = field(default_factory=Arrivals)
     fed: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     first_seen: dict[tuple[str, int], float] = field(default_factory=dict)
     asked: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -174,9 +174,9 @@ class TopJudge:
         for view in views:
             if view.snapshot is not None and self.fed.get(view.name) is not view.snapshot:
                 self.fed[view.name] = view.snapshot
-                self.book.feed(view.snapshot.get("ranks", []), now_wall)
-        found = self.watch.look(now, rates(views), forward_shares(views), lateness(self.book, now_wall))
-        return Look(found, self._behind(now_wall), self.book.sources())
+                self.arrivals.feed(view.snapshot.get("ranks", []), now_wall)
+        found = self.watch.look(now, rates(views), forward_shares(views), lateness(self.arrivals, now_wall))
+        return Look(found, self._behind(now_wall), self.arrivals.sources())
 
     def asking(self, look: Look, now_wall: float) -> bool:
         """Whether two looks at the stacks are due (a collective waited in for `hang_s`, not asked about for as long);
@@ -189,14 +189,14 @@ class TopJudge:
               apart_s: float, now_wall: float) -> Verdict | None:
         """The hang watch's verdict on two looks at every rank's stack (each node's `stacks` answer, or why none),
         kept for each collective that still has ranks behind it; None where none has (they caught up meanwhile)."""
-        seen = on_looks(first, second, apart_s, self.book, now_wall)
-        if not seen.behind:
+        judged = judge_stacks(first, second, apart_s, self.arrivals, now_wall)
+        if not judged.behind:
             return None
-        self.verdicts.update(((b.group, b.seq), seen.verdict) for b in seen.behind)
-        return seen.verdict
+        self.verdicts.update(((b.group, b.seq), judged.verdict) for b in judged.behind)
+        return judged.verdict
 
     def _behind(self, now_wall: float) -> list[RankBehind]:
-        found = self.book.behind(now_wall)
+        found = self.arrivals.behind(now_wall)
         if found is None:  # not every rank's collectives known and fresh: nothing said, nothing forgotten
             return []
         keys = {(b.group, b.seq) for b in found}
@@ -215,11 +215,11 @@ class TopJudge:
     def _since(self, behind: Behind) -> float:
         """When the first rank that entered the collective entered it (its node's clock), or when a look first saw
         it, whichever is earlier (a controller's clock behind the nodes' would put the arrival in the future)."""
-        times = self.book.arrived.get(behind.group, {}).get(behind.seq, {})
+        times = self.arrivals.arrived.get(behind.group, {}).get(behind.seq, {})
         entered = [at for rank, at in times.items() if rank in behind.entered]
         return min([*entered, self.first_seen[(behind.group, behind.seq)]])
 
 
-Looks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
+TwoStacks = Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
 """Two looks at every rank's stack, HANG_LOOKS_APART_S apart: each node's `stacks` answer, or why there is none
 (`launcher.run.takestacks.two_looks`)."""

@@ -1,6 +1,6 @@
 """Whether a run without progress is hung, from every rank's stack looked at twice, a few seconds apart (pure).
 
-A hang: no rank's main thread moved between the two looks, every rank waits (its innermost frame explains a wait,
+A hang: no rank's main thread moved between the two two_stacks, every rank waits (its innermost frame explains a wait,
 `launcher.watch.frames`, or /proc says it is stopped, a zombie, in uninterruptible sleep), and at least one waits
 for its peers in a collective or DDP's backward. Anything else is not a hang, and says why: a rank whose stack moved,
 one busy outside any wait (a checkpoint being written, an evaluation pass, a slow first step), one that gave no
@@ -22,8 +22,8 @@ enqueued a collective that has not completed (`launcher.watch.flightrec`); witho
 them.
 
 One judgment: an attached launch's hang watch (no progress for the hang timeout) and `inv top` (a rank behind a
-collective the others have waited in for TOP_BEHIND_HANG_S) both take two looks and judge them with `on_looks`, and
-both say the verdict in `said`'s words.
+collective the others have waited in for TOP_BEHIND_HANG_S) both take two looks and judge them with `judge_stacks`, and
+both say the verdict in `verdict_line`'s words.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.watch.arrival import ArrivalBook, Behind, Stuck, answered
+from launcher.watch.arrival import Arrivals, Behind, Stuck, answered
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
 from launcher.watch.flightrec import from_answers as recorded_in
 from launcher.watch.frames import in_dataset, wait_of
@@ -42,7 +42,7 @@ AT_WORK, STUCK = "at work", "stuck"
 """What the verdict found a rank behind a collective to be (`inv top` marks its row `BEHIND, at work`)."""
 
 
-def said(hang: bool, why: str) -> str:
+def verdict_line(hang: bool, why: str) -> str:
     """A verdict in the words the hang watch and `inv top` both print: `not a hang (WHY)`, `hang suspected (WHY)`."""
     return f"{'hang suspected' if hang else 'not a hang'} ({why})"
 
@@ -62,8 +62,8 @@ class Verdict:
     """(node, rank) of each rank that holds a hang up: behind its group and stuck, or stuck outside any collective
     while the others wait in one; none where every rank is in the same stuck collective."""
 
-    def said(self) -> str:
-        return said(self.hang, self.why)
+    def line(self) -> str:
+        return verdict_line(self.hang, self.why)
 
     def of_rank(self, rank: int) -> str | None:
         """What the verdict found a rank behind to be (AT_WORK, STUCK); None: not a suspect it looked at."""
@@ -71,7 +71,7 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Looks:
+class HangJudgment:
     """Two looks at every rank's stack as the nodes answered them, what every rank's collectives said at the second,
     and the verdict on them."""
 
@@ -83,27 +83,27 @@ class Looks:
     verdict: Verdict
 
 
-def on_looks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
-             apart_s: float, book: ArrivalBook, wall: float) -> Looks:
-    """The verdict on two looks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
-    rank's collectives as the second look read them go into `book` first (the freshest there are). What the hang
+def judge_stacks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
+             apart_s: float, arrivals: Arrivals, wall: float) -> HangJudgment:
+    """The verdict on two two_stacks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
+    rank's collectives as the second look read them go into `arrivals` first (the freshest there are). What the hang
     watch (`launcher.run.hangcheck`) and `inv top` (`launcher.watch.topmodel`) both judge by: one judgment."""
     before, failed_before = from_answers(first)
     after, failed = from_answers(second)
-    book.feed(answered(second), wall)
-    behind, stuck = book.behind(wall) or [], book.stuck(wall)
+    arrivals.feed(answered(second), wall)
+    behind, stuck = arrivals.behind(wall) or [], arrivals.stuck(wall)
     unanswered = sorted(set(failed) | set(failed_before))
-    return Looks(before, after, unanswered, behind, stuck,
+    return HangJudgment(before, after, unanswered, behind, stuck,
                  judge(before, after, apart_s, unanswered, behind=behind, stuck=stuck))
 
 
-def with_dumps(seen: Looks, answers: Mapping[str, Any], apart_s: float) -> Verdict:
-    """The verdict once NCCL's flight recorder's dumps came with the answers (asked where `seen.verdict` said a hang,
+def with_dumps(judged: HangJudgment, answers: Mapping[str, Any], apart_s: float) -> Verdict:
+    """The verdict once NCCL's flight recorder's dumps came with the answers (asked where `judged.verdict` said a hang,
     or asked for them): where the collectives did not decide (no rank behind), the stacks again, with the dumps'
     word on what each rank enqueued."""
-    if seen.behind:
-        return seen.verdict
-    return judge(seen.before, seen.after, apart_s, seen.unanswered, recorded_in(answers), stuck=seen.stuck)
+    if judged.behind:
+        return judged.verdict
+    return judge(judged.before, judged.after, apart_s, judged.unanswered, recorded_in(answers), stuck=judged.stuck)
 
 
 def add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = True) -> None:
@@ -122,7 +122,7 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     """The verdict on two looks at every rank's stack, `apart_s` seconds apart; `unanswered`: the nodes that sent
     no stacks at either look (their ranks are unknown); `recorded`: what NCCL's flight recorder dumps say of each
     rank's collectives (None: not asked); `behind` and `stuck`: what every rank's collectives say now
-    (`ArrivalBook.behind`, `.stuck`)."""
+    (`Arrivals.behind`, `.stuck`)."""
     if unanswered:
         return Verdict(False, f"{', '.join(sorted(unanswered))} sent no stacks")
     if not second:
@@ -132,7 +132,7 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     before = {(s.node, s.rank): s for s in first}
     moved = [s for s in second if _moved(before.get((s.node, s.rank)), s)]
     if stuck and not moved:
-        return Verdict(True, f"{'; '.join(s.said() for s in stuck)}; no stack moved in {apart_s:g} s")
+        return Verdict(True, f"{'; '.join(s.line() for s in stuck)}; no stack moved in {apart_s:g} s")
     if moved:
         return Verdict(False, f"the stack of {_who(moved)} moved between two looks {apart_s:g} s apart")
     waits = {(s.node, s.rank): wait_of(s.frames) for s in second}
@@ -164,7 +164,7 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
 def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
               behind: Sequence[Behind]) -> Verdict:
     """The ranks behind are the suspects: a hang when each of them is stuck, not when any is at work."""
-    told = "; ".join(b.said() for b in behind)
+    told = "; ".join(b.line() for b in behind)
     before = {s.rank: s for s in first}
     now = {s.rank: s for s in second}
     found = {rank: _suspect(before.get(rank), now.get(rank), apart_s)

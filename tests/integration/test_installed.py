@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import launcher
 from tests.conftest import SandboxFactory, free_port
 from tests.helpers import REPO, run_id_of
 from tests.support.installed import build_wheel, user_project, user_venv
@@ -72,7 +73,7 @@ def test_the_wheel_installs_ddpl_without_torch(user: Session) -> None:
                            text=True, env=user.env(), cwd=user.project).stdout
     assert "site-packages" in where and str(REPO) not in where  # the installed copy, not this checkout
     version = user.ddpl("--version")
-    assert version.returncode == 0 and version.stdout.startswith("ddpl 0.1.0"), version.stderr
+    assert version.returncode == 0 and version.stdout.startswith(f"ddpl {launcher.__version__}"), version.stderr
     listed = user.ddpl("--list").stdout
     for name in ("launch", "doctor", "stop", "status", "logs", "stacks", "top", "sync", "init", "slurm.submit"):
         assert f"  {name} " in listed, listed
@@ -84,7 +85,7 @@ def test_the_wheel_installs_ddpl_without_torch(user: Session) -> None:
     completion = user.ddpl("--print-completion-script", "bash")
     assert completion.returncode == 0 and "complete -F" in completion.stdout
     module = subprocess.run([python, "-m", "launcher", "--version"], capture_output=True, text=True)
-    assert module.stdout.startswith("ddpl 0.1.0")
+    assert module.stdout.startswith(f"ddpl {launcher.__version__}")
 
 
 def test_init_writes_the_inventory_from_what_the_nodes_say(user: Session) -> None:

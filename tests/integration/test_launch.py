@@ -140,11 +140,22 @@ def test_arguments_and_env_arrive_byte_for_byte(make_sandbox, tmp_path: Path) ->
 def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, torchrun="stand-in",
                        master_port=free_port(), script="tests/scripts/exit_on_node.py", script_args=["1", "3"])
-    result = inv("launch", "--hosts", str(box.inventory), log_dir=tmp_path / "logs", timeout=120)
+    result = inv("launch", "--hosts", str(box.inventory), "-v", log_dir=tmp_path / "logs", timeout=120)
     assert result.returncode == 3, result.stdout + result.stderr
     assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr
     assert "node-0: exit code" in result.stderr and "stopped by the launcher" in result.stderr
-    assert run_processes(run_id_of(result.stderr)) == []
+    run_id = run_id_of(result.stderr)
+    assert run_processes(run_id) == []
+    # the launcher's trace, read for its decisions: written for every run, on the console too with -v
+    trace = (tmp_path / "logs" / run_id / "launcher.log").read_text()
+    for said in (f"run {run_id}: 2 node(s) (node-0, node-1)", "node-0: connected to", "the start gate's checks passed",
+                 f"run {run_id}: starting -> running (2 node(s) started)", "node-1: started",
+                 "node-1 ended (exited, exit code 3, stop reason None): StopRun(node='node-1')",
+                 f"run {run_id}: running -> stopping", "stop (grace", "node-0 ended (exited, exit code",
+                 "the run ended: failed (root cause: node-1, rank 1 (local rank 0), exit code 3); exit code 3",
+                 f"run {run_id}: stopping -> ended"):
+        assert said in trace, (said, trace)
+    assert "the run ended: failed" in result.stderr and "launcher.run.handle" in result.stderr  # -v
 
 
 def test_dead_node_fails_before_anything_starts(make_sandbox, tmp_path: Path) -> None:

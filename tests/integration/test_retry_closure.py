@@ -67,6 +67,10 @@ def test_a_node_kept_for_the_next_attempt_is_swept_of_the_last_one_first(make_sa
         assert [p for p in run_processes(first)] == [], "attempt 1's processes lived on into attempt 2"
         text = out.read_text(errors="replace")
         assert "attempt 2: 2 node(s) (node-0, node-1)" in text, text
+        # attempt 1's trace says what ended it and what the decision was, typed, with its reason
+        trace = (tmp_path / "logs" / first / "launcher.log").read_text()
+        assert "attempt 1 ended: lost (node-1 was lost: " in trace, trace
+        assert "Retry(why='node-1 was lost: " in trace and "next attempt: ['node-0', 'node-1']" in trace, trace
     finally:
         signal_each(stopped, signal.SIGCONT)
         if proc.poll() is None:

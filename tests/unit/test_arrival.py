@@ -13,7 +13,7 @@ import pytest
 
 from launcher.node.agent.records import RankCollectives
 from launcher.report.stragglerline import straggler_line
-from launcher.watch.arrival import ArrivalBook
+from launcher.watch.arrival import Arrivals
 from launcher.watch.stackgroups import RankStack, rank_stacks
 from launcher.watch.straggler import StragglerWatch, lateness
 from launcher.watch.verdict import judge
@@ -45,34 +45,34 @@ def beat(groups: dict[int, tuple[int, int]], source: str | None = "flight record
 
 def test_the_rank_that_never_entered_the_collective_is_behind_in_a_recorded_gloo_hang() -> None:
     ranks, wall = recorded("hang")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
-    [behind] = book.behind(wall)
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
+    [behind] = arrivals.behind(wall)
     assert list(behind.late) == [1] and behind.entered == (0,)
     assert behind.seq == behind.late[1] + 1 and behind.name == "all_reduce" and behind.desc == "default_pg"
-    assert behind.said() == (f"rank 1 never entered all_reduce #{behind.seq} of default_pg (its last: "
+    assert behind.line() == (f"rank 1 never entered all_reduce #{behind.seq} of default_pg (its last: "
                              f"#{behind.seq - 1}), which rank 0 entered")
-    assert book.sources() == {0: "flight recorder", 1: "flight recorder"}
+    assert arrivals.sources() == {0: "flight recorder", 1: "flight recorder"}
 
 
 def test_a_recorded_gloo_hang_is_judged_from_the_rank_behind_whatever_the_waiting_rank_does() -> None:
     ranks, wall = recorded("hang")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
     # rank 0 as a GPU shows it: busy on a line nobody knows as a wait (the stacks alone said "not a hang")
     look = [rank("node-0", 0, SAVE, "R"), rank("node-1", 1, HOOK_SLEEP)]
-    verdict = judge(look, look, 5.0, behind=book.behind(wall))
+    verdict = judge(look, look, 5.0, behind=arrivals.behind(wall))
     assert verdict.hang, verdict.why
-    seq = book.behind(wall)[0].seq
+    seq = arrivals.behind(wall)[0].seq
     assert verdict.why == (f"rank 1 never entered all_reduce #{seq} of default_pg (its last: #{seq - 1}), which "
                            "rank 0 entered; rank 1 (node-1, pid 4241) is in time.sleep (boring.py:12, in "
                            "training_step), its stack unchanged in 5 s")
 
 
 def test_a_rank_behind_that_is_at_work_is_no_hang_and_the_line_says_what_it_does() -> None:
-    book = ArrivalBook()
-    book.feed(beat({0: (41, 40), 1: (40, 40)}, name="barrier"), 100.0)
-    behind = book.behind(100.0)
+    arrivals = Arrivals()
+    arrivals.feed(beat({0: (41, 40), 1: (40, 40)}, name="barrier"), 100.0)
+    behind = arrivals.behind(100.0)
     writing = [rank("node-0", 0, BARRIER), rank("node-1", 1, SAVE, "R")]
     verdict = judge(writing, writing, 5.0, behind=behind)
     assert not verdict.hang
@@ -137,24 +137,24 @@ def test_a_rank_waiting_for_its_loader_waits_on_data_and_its_workers_are_not_sai
 
 
 def test_a_dataloader_worker_stuck_in_the_dataset_is_a_hang_that_names_the_worker() -> None:
-    book = ArrivalBook()
-    book.feed(beat({0: (41, 40), 1: (40, 40)}), 100.0)
+    arrivals = Arrivals()
+    arrivals.feed(beat({0: (41, 40), 1: (40, 40)}), 100.0)
     loading = loader_rank((5001, WORKER_IDLE), (5002, WORKER_STUCK))
     look = [rank("node-0", 0, BACKWARD), loading]
-    verdict = judge(look, look, 5.0, behind=book.behind(100.0))
+    verdict = judge(look, look, 5.0, behind=arrivals.behind(100.0))
     assert verdict.hang, verdict.why
     assert verdict.why.endswith("rank 1 (node-1, pid 4241) waits for its DataLoader worker pid 5002, stuck: it is in "
                                 "time.sleep (data.py:7, in __getitem__), its stack unchanged in 5 s")
     later = loader_rank((5001, WORKER_IDLE), (5002, WORKER_STUCK.replace("line 7", "line 8")))
-    verdict = judge(look, [look[0], later], 5.0, behind=book.behind(100.0))
+    verdict = judge(look, [look[0], later], 5.0, behind=arrivals.behind(100.0))
     assert not verdict.hang and "whose worker pid 5002 is at work" in verdict.why
 
 
 def test_every_rank_in_one_collective_that_none_completed_is_the_collective_itself() -> None:
-    book = ArrivalBook()
-    book.feed(beat({0: (41, 40), 1: (41, 40)}), 100.0)
-    assert book.behind(100.0) == []
-    [stuck] = book.stuck(100.0)
+    arrivals = Arrivals()
+    arrivals.feed(beat({0: (41, 40), 1: (41, 40)}), 100.0)
+    assert arrivals.behind(100.0) == []
+    [stuck] = arrivals.stuck(100.0)
     spinning = [rank("node-0", 0, SAVE, "R"), rank("node-1", 1, SAVE, "R")]  # on a GPU: anywhere, spinning
     verdict = judge(spinning, spinning, 5.0, stuck=[stuck])
     assert verdict.hang
@@ -163,21 +163,21 @@ def test_every_rank_in_one_collective_that_none_completed_is_the_collective_itse
 
 
 def test_without_every_ranks_collectives_fresh_the_stacks_decide_alone() -> None:
-    book = ArrivalBook()
-    book.feed(beat({0: (41, 40)}) + beat({1: (40, 40)}, source=None), 100.0)
-    assert book.behind(100.0) is None and book.sources() == {0: "flight recorder", 1: None}
-    stale = ArrivalBook()
+    arrivals = Arrivals()
+    arrivals.feed(beat({0: (41, 40)}) + beat({1: (40, 40)}, source=None), 100.0)
+    assert arrivals.behind(100.0) is None and arrivals.sources() == {0: "flight recorder", 1: None}
+    stale = Arrivals()
     stale.feed(beat({0: (41, 40), 1: (40, 40)}, age=30.0), 100.0)
     assert stale.behind(100.0) is None
     look = [rank("node-0", 0, ALL_REDUCE), rank("node-1", 1, SAVE, "R")]
-    assert judge(look, look, 5.0, behind=book.behind(100.0) or []).why == "rank 1 is busy, not waiting"
+    assert judge(look, look, 5.0, behind=arrivals.behind(100.0) or []).why == "rank 1 is busy, not waiting"
 
 
 def test_the_slow_rank_of_a_recorded_gloo_run_arrives_last_and_is_flagged_alone() -> None:
     ranks, wall = recorded("slow")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
-    late = lateness(book, wall)
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
+    late = lateness(arrivals, wall)
     assert late is not None
     # 0.1 s more a step of 0.15 s: rank 0 waits two thirds of its time for rank 1, which never waits
     assert late[1].last_share > 0.9 and late[1].wait_share == pytest.approx(0.67, abs=0.1), late
@@ -191,19 +191,19 @@ def test_the_slow_rank_of_a_recorded_gloo_run_arrives_last_and_is_flagged_alone(
 def test_the_rank_behind_a_hang_on_an_h200_is_the_one_that_never_entered_nccls_all_reduce() -> None:
     # tests/gpu/gpu_hang.py item on NCCL: rank 1 asleep at step 5, rank 0 in loss.item() behind all_reduce #11
     ranks, wall = recorded("h200-item-hang")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
-    [behind] = book.behind(wall)
-    assert behind.said() == "rank 1 never entered all_reduce #11 of default_pg (its last: #10), which rank 0 entered"
-    assert book.sources() == {0: "nccl flight recorder", 1: "nccl flight recorder"}
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
+    [behind] = arrivals.behind(wall)
+    assert behind.line() == "rank 1 never entered all_reduce #11 of default_pg (its last: #10), which rank 0 entered"
+    assert arrivals.sources() == {0: "nccl flight recorder", 1: "nccl flight recorder"}
 
 
 def test_hf_trainers_slow_rank_on_an_h200_is_flagged_by_arrival_with_the_seconds_it_costs_a_step() -> None:
     # tests/scripts/hf_trainer.py on NCCL, rank 1's forward 0.15 s slower: each step's all_reduce waits for it
     ranks, wall = recorded("h200-hf-slow")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
-    late = lateness(book, wall)
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
+    late = lateness(arrivals, wall)
     assert late is not None and (0 not in late or late[0].wait_share < 0.05), late
     found = StragglerWatch(0.8, 0.0).look(0.0, {0: 5.92, 1: 5.92}, {0: 0.9, 1: 0.2}, late)
     assert list(found) == [1] and found[1].kind == "arrival"
@@ -213,19 +213,19 @@ def test_hf_trainers_slow_rank_on_an_h200_is_flagged_by_arrival_with_the_seconds
 def test_a_rank_steps_behind_a_peer_that_enqueues_ahead_costs_at_most_the_step_not_its_lag_each_collective() -> None:
     # on a GPU, rank 0 enqueues up to a sync point ahead: rank 1, 0.1 s slower a step of 0.12 s, reaches each of the
     # 3 collectives a step 2 s after rank 0 (an H200 said "2.07 s a step" when each collective's lag was summed)
-    book = ArrivalBook()
-    arrivals = {0: [], 1: []}
+    recorded = Arrivals()
+    arrivals: dict[int, list[list[object]]] = {0: [], 1: []}
     for step in range(250):
         for bucket in range(3):
             seq = step * 3 + bucket + 1
             arrivals[0].append([seq, "all_reduce", 1000.0 + step * 0.12 + bucket * 0.001])
             arrivals[1].append([seq, "all_reduce", 1002.0 + step * 0.12 + bucket * 0.001])
     wall = 1002.0 + 250 * 0.12
-    book.feed([{"rank": rank, "collectives": {
+    recorded.feed([{"rank": rank, "collectives": {
         "source": "nccl flight recorder", "age_s": 0.5, "why": None, "arrivals": {"0": rows},
         "groups": {"0": {"desc": "default_pg", "size": 2, "enqueued": 750, "started": -1, "completed": 740,
                          "in_flight": None}}}} for rank, rows in arrivals.items()], wall)
-    late = lateness(book, wall)
+    late = lateness(recorded, wall)
     assert late is not None and list(late) == [1] and 0.9 < late[1].wait_share <= 1.0, late
     found = StragglerWatch(0.8, 0.0).look(0.0, {0: 1 / 0.12, 1: 1 / 0.12}, None, late)
     assert list(found) == [1] and found[1].lost_s is not None and found[1].lost_s <= 0.12
@@ -233,9 +233,9 @@ def test_a_rank_steps_behind_a_peer_that_enqueues_ahead_costs_at_most_the_step_n
 
 def test_no_rank_of_a_recorded_healthy_gloo_run_is_flagged_and_the_forward_rule_stands_aside() -> None:
     ranks, wall = recorded("healthy")
-    book = ArrivalBook()
-    book.feed(ranks, wall)
-    late = lateness(book, wall)
+    arrivals = Arrivals()
+    arrivals.feed(ranks, wall)
+    late = lateness(arrivals, wall)
     assert late is not None
     # a waiting rank's forward share is high (its wait lands there): never flagged while the collectives are known
     assert StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0}, {0: 0.9, 1: 0.1}, late) == {}
@@ -255,16 +255,16 @@ def test_each_arrival_is_passed_on_once_by_one_reader() -> None:
 
 def test_a_rank_whose_collectives_are_not_read_yet_neither_blames_the_others_nor_brings_the_forward_rule_back() -> None:
     ranks, wall = recorded("slow")
-    book = ArrivalBook()
-    book.feed([ranks[0], {"rank": 1, "collectives": None}, {"rank": 2, "collectives": ranks[1]["collectives"]}],
+    arrivals = Arrivals()
+    arrivals.feed([ranks[0], {"rank": 1, "collectives": None}, {"rank": 2, "collectives": ranks[1]["collectives"]}],
               wall)
-    assert book.recording() and lateness(book, wall) == {}
+    assert arrivals.recording() and lateness(arrivals, wall) == {}
     # the waiting ranks' forward shares are high: the forward rule would flag them
     assert StragglerWatch(0.8, 0.0).look(0.0, {0: 5.0, 1: 5.0, 2: 5.0}, {0: 0.9, 1: 0.1, 2: 0.1}, {}) == {}
-    off = ArrivalBook()
+    off = Arrivals()
     off.feed(beat({0: (0, 0), 1: (0, 0)}, source=None), wall)
     assert not off.recording() and lateness(off, wall) is None
-    stopped = ArrivalBook()
+    stopped = Arrivals()
     stopped.feed([ranks[0], {"rank": 1, "collectives": {"source": None, "groups": {}, "arrivals": {}, "age_s": 0.0,
                                                         "why": "AttributeError: partially initialized module"}}], wall)
     assert not stopped.recording() and lateness(stopped, wall) is None  # the forward rule, as without a recorder

@@ -150,9 +150,9 @@ def test_a_wrapper_that_prints_after_python_ends_is_no_failure() -> None:
     for out, code in ((f"{answer}\nwrapper-done\n", 0), (f"activating\n{answer}\n", 0), (f"{answer}\nbye\n", 1)):
         assert _outcome(Result(code, out.encode(), b"")) == probe("node-1"), out
     silent = _outcome(Result(0, b"wrapper-done\n", b""))
-    assert silent == ProbeFailed(0, "", "wrapper-done\n") and silent.said == "wrapper-done"
+    assert silent == ProbeFailed(0, "", "wrapper-done\n") and silent.last_line == "wrapper-done"
     refused = _outcome(Result(2, b'{"mode": "probe", "error": "no checks"}\n', b"probe: no checks\n"))
-    assert isinstance(refused, ProbeFailed) and refused.said == "probe: no checks"
+    assert isinstance(refused, ProbeFailed) and refused.last_line == "probe: no checks"
 
 
 def test_slow_probe_limit_is_an_outlier_among_peers_or_past_half_the_limit() -> None:

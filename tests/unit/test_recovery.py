@@ -72,9 +72,9 @@ def test_every_end_is_decided_and_typed() -> None:
 
 
 def test_a_hang_restarts_only_with_restart_and_a_retry_left() -> None:
-    assert decide(HUNG, on_hang="stop") == Final(Reason.HANG_STOPS, HUNG.said,
+    assert decide(HUNG, on_hang="stop") == Final(Reason.HANG_STOPS, HUNG.summary,
                                                  f"not retried: {HUNG.why} (--on-hang stop)")
-    assert decide(HUNG, retries=0) == Final(Reason.NO_RETRY_LEFT, HUNG.said,
+    assert decide(HUNG, retries=0) == Final(Reason.NO_RETRY_LEFT, HUNG.summary,
                                             "it hung after step 11: node-1 held the run up (rank 1); no retry left "
                                             "(0 allowed)")
 

@@ -2,7 +2,7 @@
 run never entered all_reduce #46, which rank 0 entered and waits in; rank 1 is at work (evaluating, outside any
 wait). The watch said `not a hang (... rank 1 ... is at work ...)`, while `inv top` said `hang suspected: r1 never
 entered all_reduce #46 ...` from the wait alone. Both now take two looks at the stacks and judge them with
-`launcher.watch.verdict.on_looks`, and say it in its words."""
+`launcher.watch.verdict.judge_stacks`, and say it in its words."""
 
 from __future__ import annotations
 
@@ -138,11 +138,11 @@ def test_the_live_view_looks_at_the_stacks_once_the_others_have_waited_long_and_
     views, wall = recorded_views("hang")  # each look: the next snapshots (a node sends one a second)
     asked: list[float] = []
 
-    def looks() -> tuple[dict[str, Any], dict[str, Any]]:
+    def two_stacks() -> tuple[dict[str, Any], dict[str, Any]]:
         asked.append(wall)
         return answers(EVALUATING), answers(EVALUATING)
 
-    screen = TopScreen("run-x", SimpleNamespace(), 0.8, io.StringIO(), list, looks)  # type: ignore[arg-type]
+    screen = TopScreen("run-x", SimpleNamespace(), 0.8, io.StringIO(), list, two_stacks)  # type: ignore[arg-type]
     clock = mock.patch("launcher.report.topview.time.time")
     with clock as now:
         now.return_value = wall + 10.0  # 19 s: said, not judged

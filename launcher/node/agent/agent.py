@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 
+from launcher.node.agent import trace
 from launcher.node.agent.rundir import (
     find_run_dir,
     leader_of,
@@ -105,6 +106,8 @@ def start(request):
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
+    trace.note("start: run %s on %s, node rank %s, %s; the launcher %s", run_id, node, request.get("node_rank"),
+               "detached" if request["detach"] else "attached", request.get("who"))
     messages = LauncherMessages(bool(request.get("reattach")))
     section = request.get("gate")  # only with the doctor on
     checks = GateChecks(section) if section else None
@@ -187,6 +190,9 @@ def action_stop(request):
     run_id, run_dir = find_run_dir(request)
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
+    trace.to(run_dir)
+    trace.note("stop asked from another session (grace %g s%s)", grace,
+               ", its silent supervisor killed first" if request.get("kill_supervisor") else "")
     mark = "%s/%s" % (run_id, request["node"])
     taken = taken_from(request, run_dir)
     if taken is not None:  # a launcher that lost the run to another one's `attach` stops nothing of it
@@ -326,19 +332,25 @@ def action_report(request):
     folder = os.path.join(run_dir, PHASES_DIR)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         phases[name] = read_text(os.path.join(folder, name), "").splitlines()
-    tail = b""
-    try:
-        with open(os.path.join(run_dir, "log"), "rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - int(request["tail_bytes"])))
-            tail = log.read()
-    except OSError:
-        pass
+    tail = read_tail(os.path.join(run_dir, "log"), int(request["tail_bytes"]))
+    agent_trace = read_tail(os.path.join(run_dir, trace.TRACE_FILE), int(request["trace_bytes"]))
     state = run_state(run_id, run_dir, request["node"])
     from launcher.node.agent.runner import read_stop  # how a stop ended its processes: the page says it
 
     return reply(dict(state, phases=phases, series=read_series(run_dir, int(request["series_bytes"])),
-                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time(), stop=read_stop(run_dir)))
+                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time(), stop=read_stop(run_dir),
+                      trace=agent_trace.decode("utf-8", "replace")))
+
+
+def read_tail(path, size):
+    """The last `size` bytes of a file (b"" where there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read()
+    except OSError:
+        return b""
 
 
 @checked

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from launcher.node.agent import trace
 from launcher.node.agent.consoles import Consoles
 from launcher.node.agent.launcherconsole import Console
 from launcher.node.agent.recorder import ask_dumps, nccl_dumps
@@ -23,6 +24,7 @@ from launcher.node.wire import (
     ENDING_MESSAGES,
     EVENT_OUT,
     GO,
+    HEARTBEAT,
     HEARTBEAT_TIMEOUT,
     KILL,
     LAUNCHER_GONE,
@@ -87,6 +89,8 @@ class LauncherMessages:
     def take(self, message):
         """One message of the current console's."""
         self.heard()
+        if message != HEARTBEAT:
+            trace.note("message: %s", message)
         if message in ENDING_MESSAGES:  # abort: the launcher's checks failed somewhere
             self.stop(message)
         elif message == GO:
@@ -105,6 +109,7 @@ class LauncherMessages:
             if consoles is None or consoles.current is consoles.first:
                 self.take(line.strip())
         self.input_ended = True  # before the look: consoles made from now on start without this one
+        trace.note("the start session's input ended (its connection closed)")
         consoles = self.consoles
         if consoles is not None:
             consoles.lost(consoles.first, "its connection closed")
@@ -121,6 +126,7 @@ class LauncherMessages:
         while not self.decided.wait(timing("wait_s")):
             if time.monotonic() - self.last_message > heartbeat_timeout:
                 self.stop_message = HEARTBEAT_TIMEOUT
+                trace.note("no launcher heard for %g s before go: nothing starts", heartbeat_timeout)
                 return False
             if time.monotonic() - beat >= alive_interval:
                 beat = time.monotonic()
@@ -305,6 +311,8 @@ class Attended:
                 messages.stop_message = HEARTBEAT_TIMEOUT
             if messages.stop_message is not None and stopping is None:
                 stopping, stop_at = messages.stop_message, time.monotonic()
+                trace.note("stopping (%s): TERM to the run's processes, KILL after %g s", stopping,
+                           0 if stopping == KILL else request["grace"])
                 threading.Thread(target=stop_run, daemon=True, args=(
                     self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
                 emit(Event.STOPPING, reason=stopping)
@@ -319,6 +327,7 @@ class Attended:
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
         killed = self.messages.stop_message == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
         code, left = finish(self.proc, self.run_dir, request["mark"], 0 if killed else grace)
+        trace.note("torchrun ended: exit code %s, %d process(es) left, stop %s", code, left, stopping)
         self.end()
         return code, left, stopping
 
@@ -327,6 +336,9 @@ def supervise_run(request, run_dir, proc, messages):
     """Stream the log to the run's consoles, obey their messages, stop the run when no launcher has sent a message for
     the heartbeat bound, sweep, keep the end in the run directory, report the exit."""
     queue_events()
+    trace.to(run_dir)
+    trace.note("torchrun started: pid %d; the run's supervisor is this process (%s)", proc.pid,
+               "it outlives its console" if messages.reattach else "it ends with its srun step")
     run = Attended(request, run_dir, proc, messages)
     run.consoles = Consoles(run_dir, request, messages,
                             Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who")))

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 
+from launcher.node.agent import trace
 from launcher.node.agent.launcherconsole import (
     Console,
     console_address,
@@ -114,6 +115,8 @@ class Consoles:
             old.release(Event.TAKEN if taken else "replaced", by=console.who, at=self.owner_since)
         threading.Thread(target=read_messages, args=(console, self.message, self.lost), daemon=True,
                          name="console-messages").start()
+        trace.note("a console came (%s, after %.0f s without): %s", console.who,
+                   away_s, "the run taken over from %s" % (was[0],) if taken else "its own launcher")
         emit(Event.ATTACHED, log_bytes=self.log_bytes(), away_s=round(away_s, 3), replay=False,
              owner_was=list(was) if taken else None)
         self.record()
@@ -134,6 +137,7 @@ class Consoles:
             self.current = None
             self.changed.notify_all()
         self._woken()
+        trace.note("its console was lost (%s)%s", why, "" if self.reattach else ": the run stops (its step ends)")
         console.release("lost")
         if not self.reattach:
             self.messages.stop(LAUNCHER_GONE)
@@ -143,12 +147,15 @@ class Consoles:
         """The supervisor's look at the clock: no console, or none heard for away_after, makes the launcher away."""
         quiet_for = now - self.messages.last_message
         if self.away_since is None and (force or self.current is None or quiet_for > self.away_after):
+            trace.note("no launcher heard for %.0f s: away (the run goes on within %g s of it)", quiet_for,
+                       self.bound)
             self.away_since = self.messages.last_message_wall
             self.record()
 
     def heard(self):
         """A message came from the current console: a launcher that was away is back."""
         if self.away_since is not None and self.current is not None:
+            trace.note("its launcher is back")
             self.away_since = None
             self.record()
 

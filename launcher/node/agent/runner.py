@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+from launcher.node.agent import trace
 from launcher.node.agent.rundir import (
     leader_of,
     live_leader,
@@ -196,7 +197,10 @@ def start_detached(request, run_dir):
             proc = spawn(request, run_dir)
             os.write(write_fd, ("%d\n" % proc.pid).encode())
             os.close(write_fd)
-            finish(proc, run_dir, request["mark"], request["grace"])
+            trace.to(run_dir)
+            trace.note("torchrun started: pid %d; the run's supervisor is this detached process", proc.pid)
+            code, left = finish(proc, run_dir, request["mark"], request["grace"])
+            trace.note("torchrun ended: exit code %s, %d process(es) left", code, left)
         except BaseException as exc:
             try:
                 os.write(write_fd, ("error %s\n" % exc).encode())

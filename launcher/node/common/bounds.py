@@ -108,3 +108,11 @@ FR_NAMES_ONLY_SINCE = (2, 11)
 """From this torch on the agent sets the flight recorder's TORCH_FR_* names alone: seen on an H100, torch 2.11 reads
 them and warns on every rank for each deprecated TORCH_NCCL_* name also set (TRACE_BUFFER_SIZE,
 DEBUG_INFO_TEMP_FILE). Older torch gets both names (which one it reads depends on its version)."""
+
+# --- the agent's trace (launcher/node/agent/trace.py) --------------------------------------------------------------
+TRACE_MAX_BYTES = 4 << 20
+"""The most a run's agent.log grows to on a node: its lines are rare (no heartbeat, no output), so this holds a
+long run's whole story; past it, the rest is dropped rather than a disk filled."""
+TRACE_PENDING_LINES = 100
+"""Lines kept for the trace before the run directory exists (a start that is refused has a handful)."""
+
