@@ -173,7 +173,7 @@ class RunHandle:
         for name, error in unopened.items():
             self._fail_start(f"{name}: cannot open a session: {error}")
         if self.start_failure is not None:
-            self.stop()
+            self.stop(why=f"the start failed: {self.start_failure}")
         return unopened
 
     def abort(self, reason: str) -> None:
@@ -184,7 +184,7 @@ class RunHandle:
         if self.start_failure is None:
             self.start_failure = reason
             if not self.attaching:  # an attach that fails leaves the run as it found it
-                self.stop()
+                self.stop(why=f"the start failed: {reason}")
 
     @property
     def started(self) -> list[str]:
@@ -337,7 +337,7 @@ class RunHandle:
             self.on_event(event)  # an elastic group re-forms without the node: the others go on
             return Left(event.node, event.time, end, decision.remaining)
         if isinstance(decision, StopRun):
-            self.stop()
+            self.stop(why=f"{decision.node} failed: the others are stopped (fail fast)")
         elif isinstance(decision, FailStart):
             self._fail_start(decision.why)
         return event
@@ -346,8 +346,8 @@ class RunHandle:
         """For each node whose part could not be stopped over a new channel: what to run."""
         return self.sweeps.lines(source)
 
-    def stop(self, kill: bool = False) -> None:
-        """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace)."""
+    def stop(self, kill: bool = False, why: str = "asked") -> None:
+        """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace); `why`, for the trace."""
         message = message_line(KILL if kill else STOP)
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
@@ -360,8 +360,7 @@ class RunHandle:
         log.info("%s sent to %s", "kill" if kill else f"stop (grace {grace:g} s)",
                  ", ".join(s.name for s in list(self.sessions.values()) if s.end is None) or "no node")
         if self.state in (RunState.STARTING, RunState.RUNNING):
-            self._enter(RunState.STOPPING, self.start_failure or ("the run is stopped" if not self.interrupted
-                                                                  else "interrupted"))
+            self._enter(RunState.STOPPING, why)
 
     def wait(self, timeout: float | None = None) -> list[NodeEnd] | None:
         """Every node's end, in plan order, once all ended (None if `timeout` passed first)."""

@@ -46,7 +46,7 @@ class Waiter(Protocol):
 
     def step(self, timeout: float) -> None: ...
 
-    def stop(self, kill: bool = False) -> None: ...
+    def stop(self, kill: bool = False, why: str = "asked") -> None: ...
 
 
 class HangCheck:
@@ -131,7 +131,7 @@ class HangCheck:
             self.watch.rearm(time.monotonic())
         else:
             self.hang = event
-            run.stop()
+            run.stop(why=f"a hang: {verdict.why}")
 
     def _ask(self, run: Waiter, message: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
         """`message` to every node still running; each one's answer, or why there is none, within `wait_s`."""

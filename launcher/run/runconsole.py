@@ -263,10 +263,10 @@ class RunConsole:
                         node_log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
                     self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
                                          f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)")
-                    self.handle.stop()
+                    self.handle.stop(why="interrupted (Ctrl-C)")
                 else:
                     self.console.message("\nkilling the run on every node now")
-                    self.handle.stop(kill=True)
+                    self.handle.stop(kill=True, why="interrupted again (Ctrl-C): killed")
 
     def _heard(self, ended: RunEnd) -> None:
         if self.run_io.on_end is not None:

@@ -150,8 +150,8 @@ def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) 
     trace = (tmp_path / "logs" / run_id / "launcher.log").read_text()
     for said in (f"run {run_id}: 2 node(s) (node-0, node-1)", "node-0: connected to", "the start gate's checks passed",
                  f"run {run_id}: starting -> running (2 node(s) started)", "node-1: started",
-                 "node-1 ended (exited, exit code 3, stop reason None): StopRun(node='node-1')",
-                 f"run {run_id}: running -> stopping", "stop (grace", "node-0 ended (exited, exit code",
+                 "node-1 ended (exited, exit code 1, stop reason None): StopRun(node='node-1')",
+                 f"run {run_id}: running -> stopping (node-1 failed", "stop (grace", "node-0 ended (exited, exit code",
                  "the run ended: failed (root cause: node-1, rank 1 (local rank 0), exit code 3); exit code 3",
                  f"run {run_id}: stopping -> ended"):
         assert said in trace, (said, trace)
@@ -211,5 +211,5 @@ def test_the_logs_folder_a_run_names_exists_when_its_workers_wrote_nothing(make_
         assert result.returncode == code, result.stdout + result.stderr
         folder = tmp_path / "logs" / run_id_of(result.stderr)
         assert f"logs: {folder}/" in result.stderr
-        # each node's log, empty, and the launch's journal (the run's page's account)
-        assert sorted(p.name for p in folder.iterdir()) == ["journal.json", "node-0.log", "node-1.log"]
+        # each node's log, empty, the launch's journal (the run's page's account) and its trace
+        assert sorted(p.name for p in folder.iterdir()) == ["journal.json", "launcher.log", "node-0.log", "node-1.log"]

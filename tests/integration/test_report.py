@@ -75,7 +75,8 @@ def test_an_attached_runs_page_has_each_nodes_start_in_order_each_ranks_timeline
     # what a bug report sends (docs/troubleshooting.md): the launcher's trace, and each node's, fetched with the page
     trace = (logs / run_id / "launcher.log").read_text()
     assert "node-1 ended (exited, exit code 1, stop reason None): StopRun(node='node-1')" in trace, trace
-    assert "-> STOPPING" in trace and "the run ended: failed (root cause: node-1, rank 3" in trace, trace
+    assert "running -> stopping (node-1 failed: the others are stopped (fail fast))" in trace, trace
+    assert "the run ended: failed (root cause: node-1, rank 3" in trace, trace
     agent = (logs / run_id / "node-1.agent.log").read_text()
     assert "start: run " in agent and "torchrun started: pid" in agent and "torchrun ended: exit code 1" in agent
     assert "message: go" in agent and "message: hb" not in agent, agent  # heartbeats are not traced

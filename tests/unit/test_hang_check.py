@@ -84,7 +84,7 @@ class Run:
             assert self.check.takes(event)  # the handle hands the look its answers, and shows them to nobody else
         self._answered = len(self.said)
 
-    def stop(self, kill: bool = False) -> None:
+    def stop(self, kill: bool = False, why: str = "asked") -> None:
         self.stopped = True
 
 

@@ -78,7 +78,7 @@ class Run:
             assert self.check.takes(StacksTaken(node, 0.0, tuple(reply["workers"]), {}))
         self._answered = len(self.said)
 
-    def stop(self, kill: bool = False) -> None:
+    def stop(self, kill: bool = False, why: str = "asked") -> None:
         raise AssertionError("a rank at work is no hang: nothing is stopped")
 
 
