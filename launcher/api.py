@@ -89,8 +89,7 @@ class RunResult:
         if self.error is not None:
             raise self.error
         if not self.ok:
-            raise RunFailed(self.root_cause or f"run {self.run_id} failed", self.exit_code or 1,
-                            node=self.failed_node)
+            raise RunFailed(self.root_cause or f"run {self.run_id} failed", self.exit_code or 1, node=self.failed_node)
         return self
 
 
@@ -143,8 +142,10 @@ class TopSnapshot:
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> TopSnapshot:
         """From `ddpl top --once --json`'s object (fields it has beyond these stay in each rank's `data`)."""
-        nodes = tuple(_pick(NodeTop, {**n, "gpus": None if n.get("gpus") is None else tuple(n["gpus"])})
-                      for n in data.get("nodes", []))
+        nodes = tuple(
+            _pick(NodeTop, {**n, "gpus": None if n.get("gpus") is None else tuple(n["gpus"])})
+            for n in data.get("nodes", [])
+        )
         return cls(data["run"], nodes, tuple(_pick(RankTop, {**r, "data": r}) for r in data.get("ranks", [])))
 
 
@@ -223,10 +224,22 @@ def _stream(deliver: Lines | None, default: IO[str]) -> IO[str]:
 
 
 @_api
-def launch(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
-           args: Sequence[str] | None = None, detach: bool = False, sync: bool = False, doctor: bool = True,
-           include: str | None = None, exclude: str | None = None, on_output: Lines | None = None,
-           on_message: Lines | None = None, **options: Any) -> RunResult | Run:
+def launch(
+    hosts: str | Path,
+    script: str | None = None,
+    *,
+    module: str | None = None,
+    command: str | None = None,
+    args: Sequence[str] | None = None,
+    detach: bool = False,
+    sync: bool = False,
+    doctor: bool = True,
+    include: str | None = None,
+    exclude: str | None = None,
+    on_output: Lines | None = None,
+    on_message: Lines | None = None,
+    **options: Any,
+) -> RunResult | Run:
     """Start a job on every node of the inventory (or hostfile) `hosts`, as `ddpl launch` does.
 
     `script`, `module`, `command` (one of them) and `args` (a list of words) replace the inventory's job; by default
@@ -240,29 +253,55 @@ def launch(hosts: str | Path, script: str | None = None, *, module: str | None =
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
     job_args = app.JobArgs(script, module, command, None if args is None else shlex.join(str(a) for a in args))
     run_id = new_run_id()
-    ended = _attended(lambda run_io: app.launch(spec, job_args, doctor=doctor, sync=sync, settings=settings, run_id=run_id,
-                                                run_io=run_io), lambda: run_id, settings, on_output, on_message,
-                      raising=detach)
+    ended = _attended(
+        lambda run_io: app.launch(
+            spec, job_args, doctor=doctor, sync=sync, settings=settings, run_id=run_id, run_io=run_io
+        ),
+        lambda: run_id,
+        settings,
+        on_output,
+        on_message,
+        raising=detach,
+    )
     return Run(run_id, spec, settings) if ended is None else ended
 
 
 @_api
-def attach(hosts: str | Path, run_id: str | None = None, *, on_output: Lines | None = None,
-           on_message: Lines | None = None, **options: Any) -> RunResult:
+def attach(
+    hosts: str | Path,
+    run_id: str | None = None,
+    *,
+    on_output: Lines | None = None,
+    on_message: Lines | None = None,
+    **options: Any,
+) -> RunResult:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed process,
     another machine), as `ddpl attach` does: its output from where this machine's copy stopped (to `on_output` and
     `on_message`, as `launch`'s), heartbeats again, a KeyboardInterrupt stops it everywhere; returns its `RunResult`
     once it ends. `run_id`: default, the inventory's running run."""
     settings = _settings(options)
     chosen = [check_run_id(run_id) or ""]
-    ended = _attended(lambda run_io: app.attach(app.Hosts(str(hosts)), run_id, settings=settings, run_io=run_io,
-                                                on_run=chosen.append), lambda: chosen[-1], settings, on_output, on_message)
+    ended = _attended(
+        lambda run_io: app.attach(
+            app.Hosts(str(hosts)), run_id, settings=settings, run_io=run_io, on_run=chosen.append
+        ),
+        lambda: chosen[-1],
+        settings,
+        on_output,
+        on_message,
+    )
     assert ended is not None  # followed to its end (not `raising`)
     return ended
 
 
-def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], settings: Settings, on_output: Lines | None,
-              on_message: Lines | None, raising: bool = False) -> RunResult | None:
+def _attended(
+    call: Callable[[RunIO], int],
+    run_id: Callable[[], str],
+    settings: Settings,
+    on_output: Lines | None,
+    on_message: Lines | None,
+    raising: bool = False,
+) -> RunResult | None:
     """An attached run followed to its end: its `RunResult` (a failed run's too; None with
     `raising`: a detached launch, where an error is the answer, as when nothing started). Each node's end is taken
     from the run's events."""
@@ -291,24 +330,50 @@ def _attended(call: Callable[[RunIO], int], run_id: Callable[[], str], settings:
     return None if raising else _ended(run_id(), settings, tuple(ends.values()), None, code)
 
 
-def _ended(run_id: str, settings: Settings, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0) -> RunResult:
+def _ended(
+    run_id: str, settings: Settings, ends: Sequence[NodeEnd], error: RunFailed | None, code: int = 0
+) -> RunResult:
     nodes = tuple(NodeResult(e.node, e.kind.value, e.exit_code, e) for e in ends)
     if error is None:
         return RunResult(run_id, code == 0, code, nodes, settings.output.log_dir / run_id)
-    return RunResult(run_id, False, error.exit_code, nodes, settings.output.log_dir / run_id, str(error), error.node,
-                     error.rank, error)
+    return RunResult(
+        run_id,
+        False,
+        error.exit_code,
+        nodes,
+        settings.output.log_dir / run_id,
+        str(error),
+        error.node,
+        error.rank,
+        error,
+    )
 
 
 @_api
-def doctor(hosts: str | Path, script: str | None = None, *, module: str | None = None, command: str | None = None,
-           checks: str = "all", net: bool = False, include: str | None = None, exclude: str | None = None,
-           **options: Any) -> Report:
+def doctor(
+    hosts: str | Path,
+    script: str | None = None,
+    *,
+    module: str | None = None,
+    command: str | None = None,
+    checks: str = "all",
+    net: bool = False,
+    include: str | None = None,
+    exclude: str | None = None,
+    **options: Any,
+) -> Report:
     """The doctor's findings on every node, as `ddpl doctor` shows them: `report.ok`, `report.findings` (each a
     `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
     `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
     spec = app.Hosts(str(hosts), include=include, exclude=exclude)
-    return app.doctor_report(spec, checks=checks, settings=_settings(options), net=net, run_io=_quiet(),
-                             job_args=app.JobArgs(script, module, command))
+    return app.doctor_report(
+        spec,
+        checks=checks,
+        settings=_settings(options),
+        net=net,
+        run_io=_quiet(),
+        job_args=app.JobArgs(script, module, command),
+    )
 
 
 @_api
@@ -380,15 +445,37 @@ class Run:
 def _states_result(run_id: str, settings: Settings, states: Sequence[NodeState]) -> RunResult:
     """A detached run's end from its nodes' states: the first node (by its end) that did not exit 0 is the cause."""
     nodes = tuple(NodeResult(s.host, s.state, s.exit_code) for s in states)
-    failed = sorted((s for s in states if s.state != "exited" or s.exit_code != 0),
-                    key=lambda s: s.ended_at if s.ended_at is not None else float("inf"))
+    failed = sorted(
+        (s for s in states if s.state != "exited" or s.exit_code != 0),
+        key=lambda s: s.ended_at if s.ended_at is not None else float("inf"),
+    )
     if not failed:
         return RunResult(run_id, True, 0, nodes, settings.output.log_dir / run_id)
     first = failed[0]
     how = f"exit code {first.exit_code}" if first.state == "exited" else f"{first.state} {first.detail}".strip()
-    return RunResult(run_id, False, first.exit_code or 1, nodes, settings.output.log_dir / run_id,
-                     f"run {run_id} FAILED: {first.host}: {how}", first.host)
+    return RunResult(
+        run_id,
+        False,
+        first.exit_code or 1,
+        nodes,
+        settings.output.log_dir / run_id,
+        f"run {run_id} FAILED: {first.host}: {how}",
+        first.host,
+    )
 
 
-__all__ = ["Finding", "NodeResult", "NodeTop", "RankTop", "Report", "Run", "RunPage", "RunResult", "StacksReport",
-           "TopSnapshot", "doctor", "launch", "run"]
+__all__ = [
+    "Finding",
+    "NodeResult",
+    "NodeTop",
+    "RankTop",
+    "Report",
+    "Run",
+    "RunPage",
+    "RunResult",
+    "StacksReport",
+    "TopSnapshot",
+    "doctor",
+    "launch",
+    "run",
+]

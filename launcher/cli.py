@@ -19,8 +19,18 @@ from launcher.cliconfig import DdplConfig, source_lines
 from launcher.errors import LauncherError
 from launcher.project import find_root
 
-KEPT_CORE = ("complete", "config", "debug", "help", "list", "list-depth", "list-format", "print-completion-script",
-             "version", "write-pyc")
+KEPT_CORE = (
+    "complete",
+    "config",
+    "debug",
+    "help",
+    "list",
+    "list-depth",
+    "list-format",
+    "print-completion-script",
+    "version",
+    "write-pyc",
+)
 """Invoke's core options that `ddpl` keeps; the others are about shell commands a task runs (--echo, --pty, --dry,
 --hide, --warn-only, sudo), which the launcher's tasks do not."""
 
@@ -30,8 +40,15 @@ class Ddpl(Program):
 
     def core_args(self) -> list[Argument]:
         kept = [arg for arg in super().core_args() if arg.name in KEPT_CORE]
-        return [*kept, Argument(names=("config-sources",), kind=bool, default=False,
-                                help="Say which settings files were read, and where each setting came from.")]
+        return [
+            *kept,
+            Argument(
+                names=("config-sources",),
+                kind=bool,
+                default=False,
+                help="Say which settings files were read, and where each setting came from.",
+            ),
+        ]
 
     def create_config(self) -> None:
         self.config = self.config_class(lazy=True, project_location=str(find_root()))

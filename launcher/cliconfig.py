@@ -88,8 +88,10 @@ def _section(path: Any, data: Any) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise LauncherError(f"{path}: must be a mapping of settings (`hosts: hosts/cluster.yaml`, `grace: 5`), got "
-                            f"{type(data).__name__}")
+        raise LauncherError(
+            f"{path}: must be a mapping of settings (`hosts: hosts/cluster.yaml`, `grace: 5`), got "
+            f"{type(data).__name__}"
+        )
     return {SECTION: data}
 
 
@@ -99,12 +101,18 @@ def sources(config: Any) -> dict[str, str]:
     flat = getattr(config, "flat", False)
     env_prefix = f"{config._env_prefix}{'' if flat else SECTION.upper() + '_'}"
     levels: list[tuple[Mapping[str, Any], str | None]] = [
-        (config._defaults, "default"), (config._collection, "default"), (config._system, config._system_path),
-        (config._user, config._user_path), (config._project, config._project_path), (config._env, None),
-        (config._runtime, config._runtime_path), (config._overrides, "the command line")]
+        (config._defaults, "default"),
+        (config._collection, "default"),
+        (config._system, config._system_path),
+        (config._user, config._user_path),
+        (config._project, config._project_path),
+        (config._env, None),
+        (config._runtime, config._runtime_path),
+        (config._overrides, "the command line"),
+    ]
     found: dict[str, str] = {}
     for data, where in levels:
-        for key in ((data or {}).get(SECTION) or {}):
+        for key in (data or {}).get(SECTION) or {}:
             found[key] = where or f"{env_prefix}{key.upper()}"
     return found
 
@@ -113,11 +121,16 @@ def source_lines(config: Any) -> list[str]:
     """`--config-sources`: the files looked for, the project root, then each setting and where it came from."""
     flat = getattr(config, "flat", False)
     name = f"{CONFIG_NAME if flat else 'invoke'}.yaml"
-    files = [("system", config._system_path, f"/etc/{name}"), ("user", config._user_path, f"~/.{name}"),
-             ("project", config._project_path, f"{config._project_prefix or ''}{name}"),
-             ("runtime (-f)", config._runtime_path, None)]
-    lines = [f"{level} config: {path if path else f'{default} (none)' if default else '(none)'}"
-             for level, path, default in files]
+    files = [
+        ("system", config._system_path, f"/etc/{name}"),
+        ("user", config._user_path, f"~/.{name}"),
+        ("project", config._project_path, f"{config._project_prefix or ''}{name}"),
+        ("runtime (-f)", config._runtime_path, None),
+    ]
+    lines = [
+        f"{level} config: {path if path else f'{default} (none)' if default else '(none)'}"
+        for level, path, default in files
+    ]
     root = getattr(config, "project_root", None)
     if root is not None:
         lines.append(f"project root: {root} (relative paths in settings start here)")

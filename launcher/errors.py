@@ -77,8 +77,17 @@ class ConnectError(LauncherError):
 class NodeFailure:
     """Why one node failed (a value, not an exception): its kind, detail and the likely fix."""
 
-    kinds = ("unresolvable", "refused", "timeout", "auth", "host-key-unknown", "host-key-changed",
-             "key-file", "ssh", "remote")
+    kinds = (
+        "unresolvable",
+        "refused",
+        "timeout",
+        "auth",
+        "host-key-unknown",
+        "host-key-changed",
+        "key-file",
+        "ssh",
+        "remote",
+    )
 
     def __init__(self, host: str, kind: str, detail: str, fix: str = ""):
         self.host, self.kind, self.detail, self.fix = host, kind, detail, fix
@@ -104,8 +113,16 @@ class SyncFailed(LauncherError):
 class RunFailed(LauncherError):
     """A launched run failed on at least one node; carries the root cause (like torch's `ChildFailedError`)."""
 
-    def __init__(self, message: str, exit_code: int, *, node: str | None = None, rank: int | None = None,
-                 tail: tuple[str, ...] = (), ends: tuple[Any, ...] = ()):
+    def __init__(
+        self,
+        message: str,
+        exit_code: int,
+        *,
+        node: str | None = None,
+        rank: int | None = None,
+        tail: tuple[str, ...] = (),
+        ends: tuple[Any, ...] = (),
+    ):
         self.exit_code = exit_code
         self.node = node
         """The node of the first failure, if one was found."""
@@ -142,9 +159,11 @@ class UnsafeProject(LauncherError):
 
     def __init__(self, path: str, owner: str, user: str, setting: str):
         self.path, self.owner = path, owner
-        super().__init__(f"{path} belongs to {owner}, not to you ({user}): a project's settings are code you run (its "
-                         f"inventory's setup: lines, its ssh config), so they are never read from another user's "
-                         f"folder or file. If you trust it, add its folder to {setting}")
+        super().__init__(
+            f"{path} belongs to {owner}, not to you ({user}): a project's settings are code you run (its "
+            f"inventory's setup: lines, its ssh config), so they are never read from another user's "
+            f"folder or file. If you trust it, add its folder to {setting}"
+        )
 
 
 class StillRunning(LauncherError, TimeoutError):

@@ -73,8 +73,9 @@ class NodeEnd:
         torchrun said."""
         if self.stop_reason == STOPPED_ELSEWHERE or self.kind == EndKind.TAKEN:
             return False  # a stop from another terminal, or another launcher's now: what the user asked for
-        return self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS \
-            or self.before_workers
+        return (
+            self.kind != EndKind.EXITED or self.exit_code != 0 or self.stop_reason in SELF_STOPS or self.before_workers
+        )
 
 
 @dataclass(frozen=True)

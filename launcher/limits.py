@@ -100,8 +100,16 @@ GPU_DRIVER_FLOOR = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 NVIDIA's "CUDA Compatibility" guide, table "CUDA Toolkit 11.x, 12.x and 13.x driver version ranges"): torch built
 for CUDA 12.x fails to find a GPU on an older driver. Below it the doctor's `gpus` check fails."""
 GPU_DRIVER_FOR_CUDA = {
-    "11.8": "520.61.05", "12.1": "530.30.02", "12.2": "535.54.03", "12.3": "545.23.06", "12.4": "550.54.14",
-    "12.5": "555.42.02", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+    "11.8": "520.61.05",
+    "12.1": "530.30.02",
+    "12.2": "535.54.03",
+    "12.3": "545.23.06",
+    "12.4": "550.54.14",
+    "12.5": "555.42.02",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
 }
 """CUDA major.minor (those torch's wheels are built for) -> the Linux driver that CUDA release shipped with and
 supports in full (NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions", the
@@ -228,8 +236,13 @@ NODE_TIMING: dict[str, float] = {
 }
 """Every wait and read size of the node agent (launcher/node/wire.py `AGENT_TIMING`): each agent request's
 `timing`."""
-SYNC_TIMING: dict[str, float] = {"wait_s": 0.1, "read_chunk": 1 << 20, "relay_connect_s": 5.0, "relay_wait_s": 10.0,
-                                 "relay_chunk": 1 << 18}
+SYNC_TIMING: dict[str, float] = {
+    "wait_s": 0.1,
+    "read_chunk": 1 << 20,
+    "relay_connect_s": 5.0,
+    "relay_wait_s": 10.0,
+    "relay_chunk": 1 << 18,
+}
 """syncd's: between two tries at another sync's lock; bytes of the stream read at a time; a relay's bound on
 connecting to the next node, a relayed node's on waiting for its stream to come, and the bytes passed on at a time
 (launcher/node/sync/syncrelay.py)."""
@@ -239,8 +252,11 @@ connecting to the next node, a relayed node's on waiting for its stream to come,
 STACKS_WAIT_S = 5.0
 """Seconds each worker has to write its stack once asked (faulthandler answers in milliseconds; a node under load
 may not)."""
-FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_RECORDER_ENV = {
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 """NCCL's flight recorder for a run on GPU nodes (the last 2000 collectives per rank, dumped on a timeout into the
 run directory), unless the user set any of its variables. Both names of the buffer: torch reads TORCH_FR_* first and
 the deprecated TORCH_NCCL_* where it is older; from torch 2.11 on the node leaves the deprecated ones out (it warns of

@@ -37,7 +37,6 @@ MIN_CONSOLE_BUFFER_BYTES = 1 << 20
 MAX_CONSOLE_BUFFER_BYTES = 16 << 30
 
 
-
 @dataclass(frozen=True)
 class Given:
     """The options one command line gave (None: not given), as Invoke hands them (numbers as text; `from_config`
@@ -125,9 +124,16 @@ def whole_number(name: str, value: Any, minimum: int = 0, maximum: int | None = 
     return number
 
 
-def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_name: str = "invoke.yaml", *,
-                sources: Mapping[str, str] | None = None, section: str = "launcher.",
-                origins: Mapping[str, str] | None = None, given_by: str | None = None) -> Settings:
+def from_config(
+    config: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    config_name: str = "invoke.yaml",
+    *,
+    sources: Mapping[str, str] | None = None,
+    section: str = "launcher.",
+    origins: Mapping[str, str] | None = None,
+    given_by: str | None = None,
+) -> Settings:
     """The settings of invoke.yaml's `launcher:` section, then the command line's overrides (None means not given),
     each noted with where it came from (`Settings.sources`).
 
@@ -138,6 +144,7 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
     value of `config` that differs from its default came from `config_name`. An override came from its option
     (`--grace`), or from `given_by` (the API's keywords: `the caller`).
     """
+
     def where(key: str) -> str:
         return f"{(sources or {}).get(key, config_name)}: {section}{key}"
 
@@ -159,8 +166,11 @@ def from_config(config: Mapping[str, Any], overrides: Mapping[str, Any], config_
     known = origins if origins is not None else sources
     defaults = Settings()
     came = {key: known.get(key, config_name) if known is not None else config_name for key in values}
-    came = {key: origin for key, origin in came.items()
-            if origin != "default" and (known is not None or values[key] != defaults.value(key))}
+    came = {
+        key: origin
+        for key, origin in came.items()
+        if origin != "default" and (known is not None or values[key] != defaults.value(key))
+    }
     for key, value in overrides.items():
         if value is None:
             continue

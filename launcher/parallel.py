@@ -28,8 +28,13 @@ def waves(count: int, workers: int) -> int:
     return max(1, math.ceil(count / max(1, workers)))
 
 
-def parallel(fn: Callable[[T], R], items: Sequence[T], workers: int, limit: float | None = None,
-             on_done: Callable[[int], None] | None = None) -> list[R | BaseException | None]:
+def parallel(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    workers: int,
+    limit: float | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> list[R | BaseException | None]:
     """`fn` over `items` on at most `workers` daemon threads; results in order: a value, the exception it raised,
     or None for a call not done within `limit` seconds (None: no limit). `on_done(count)` after each call ends."""
     results: list[R | BaseException | None] = [None] * len(items)

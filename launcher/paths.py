@@ -64,7 +64,7 @@ def task_prefix(path: str, argv: Sequence[str]) -> str:
     for word in argv[1:]:
         for name in names:
             if word.endswith("." + name) and not word.startswith("-"):
-                return word[:-len(name)]
+                return word[: -len(name)]
             if word == name:
                 return ""
     return ""

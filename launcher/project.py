@@ -51,5 +51,9 @@ def check_owner(path: Path, safe: Iterable[str] = ()) -> None:
         except OSError:
             continue  # not there: nothing is read from it
         if owner != me:
-            raise UnsafeProject(str(item), _name(owner), _name(me),
-                                f"{SAFE_SETTING} in ~/.{CONFIG_NAME}.yaml ({SAFE_SETTING}: [{folder}])")
+            raise UnsafeProject(
+                str(item),
+                _name(owner),
+                _name(me),
+                f"{SAFE_SETTING} in ~/.{CONFIG_NAME}.yaml ({SAFE_SETTING}: [{folder}])",
+            )

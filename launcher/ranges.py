@@ -22,7 +22,7 @@ def numbers_text(numbers: Iterable[int]) -> str:
         if j - i >= 2:
             parts.append(f"{ordered[i]}-{ordered[j]}")
         else:
-            parts.extend(str(n) for n in ordered[i:j + 1])
+            parts.extend(str(n) for n in ordered[i : j + 1])
         i = j + 1
     return ",".join(parts)
 

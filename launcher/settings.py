@@ -71,20 +71,26 @@ handshakes beyond its `MaxStartups` (10 by default)."""
 ON_HANG = ("stop", "keep", "restart")
 """What a suspected hang may do (`--on-hang`, the inventory's `job.on_hang`)."""
 
-HANG_TIMEOUT_HELP = (f"seconds in which no rank printed a line and no rank's optimizer steps or DataLoader batches "
-                     f"grew (CPU time is never progress: a hung collective keeps a CPU busy) before the run is "
-                     f"suspected hung and every rank's stack is taken; unset: learnt from the run ({HANG_FACTOR:g}x "
-                     f"its longest quiet gap, at least {HANG_FLOOR_S:g} s); 0: never")
+HANG_TIMEOUT_HELP = (
+    f"seconds in which no rank printed a line and no rank's optimizer steps or DataLoader batches "
+    f"grew (CPU time is never progress: a hung collective keeps a CPU busy) before the run is "
+    f"suspected hung and every rank's stack is taken; unset: learnt from the run ({HANG_FACTOR:g}x "
+    f"its longest quiet gap, at least {HANG_FLOOR_S:g} s); 0: never"
+)
 """What `hang_timeout` means, the one text of it (launcher.watch.hang's rule): the options' help says it, and every
 other place that explains it agrees (tests/unit/test_options.py)."""
-HEARTBEAT_TIMEOUT_HELP = ("how long an attached run's nodes keep it going while no launcher is heard from (a laptop "
-                          "asleep, a network that roams, a closed terminal, a killed launcher; `attach` takes it back "
-                          "meanwhile); then they stop their part. A launcher that died holds the GPUs this long "
-                          f"(default: {DEFAULT_HEARTBEAT_TIMEOUT:g})")
+HEARTBEAT_TIMEOUT_HELP = (
+    "how long an attached run's nodes keep it going while no launcher is heard from (a laptop "
+    "asleep, a network that roams, a closed terminal, a killed launcher; `attach` takes it back "
+    "meanwhile); then they stop their part. A launcher that died holds the GPUs this long "
+    f"(default: {DEFAULT_HEARTBEAT_TIMEOUT:g})"
+)
 """What `heartbeat_timeout` means and trades, the one text of it (the tasks' help draws on it)."""
-SILENCE_TIMEOUT_HELP = ("a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot "
-                        "be reached again within this many seconds fails the run (while no node at all can be "
-                        "reached, the launcher waits for them up to the heartbeat timeout)")
+SILENCE_TIMEOUT_HELP = (
+    "a node that sends nothing (not even a heartbeat) is reconnected to at once; one that cannot "
+    "be reached again within this many seconds fails the run (while no node at all can be "
+    "reached, the launcher waits for them up to the heartbeat timeout)"
+)
 """What `silence_timeout` means, the one text of it."""
 
 

@@ -33,9 +33,11 @@ from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE
 gc.freeze()
 gc.enable()
 
-HOSTS_HELP = ("inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from the "
-              "defaults and job settings); default: the hosts setting (invoke.yaml's launcher.hosts, ddpl.yaml's "
-              "hosts)")
+HOSTS_HELP = (
+    "inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from the "
+    "defaults and job settings); default: the hosts setting (invoke.yaml's launcher.hosts, ddpl.yaml's "
+    "hosts)"
+)
 INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
 EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
 RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
@@ -65,8 +67,10 @@ def task(*args: Any, **kwargs: Any) -> Any:
     return invoke_task(*args, auto_shortflags=False, klass=_Task, **kwargs)
 
 
-VERBOSE_HELP = ("also show the launcher's own trace on the console: connections, messages sent and heard, its "
-                "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)")
+VERBOSE_HELP = (
+    "also show the launcher's own trace on the console: connections, messages sent and heard, its "
+    "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)"
+)
 
 
 def _verbose(on: bool) -> None:
@@ -145,8 +149,15 @@ def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: s
     config = c.config.get(SECTION, {})
     root = _root(c)
     where = sources(c.config).get("defaults", "invoke.yaml") if root is not None else "invoke.yaml"
-    return app.Hosts(hosts or str(_inventory(c)), config.get("defaults"), config.get("job"), include, exclude,
-                     project=root, defaults_source=where)
+    return app.Hosts(
+        hosts or str(_inventory(c)),
+        config.get("defaults"),
+        config.get("job"),
+        include,
+        exclude,
+        project=root,
+        defaults_source=where,
+    )
 
 
 def _hosts_from(c: Context, hosts: str | None) -> str | None:
@@ -155,111 +166,211 @@ def _hosts_from(c: Context, hosts: str | None) -> str | None:
     return "--hosts" if hosts else None if found in (None, "default") else found
 
 
-@task(help={
-    "hosts": HOSTS_HELP,
-    "include": INCLUDE_HELP,
-    "exclude": EXCLUDE_HELP,
-    "script": SCRIPT_HELP,
-    "module": MODULE_HELP,
-    "command": COMMAND_HELP,
-    "args": ARGS_HELP,
-    "dry-run": "print each node's exact command and why each flag is there, and the settings the run uses that "
-               "are not their defaults, with where each came from; start nothing",
-    "json": "with --dry-run: also the request each node's agent gets, as JSON",
-    "detach": "start the run and return; use status, logs and stop on it later",
-    "sync": "first make every node's workdir hold this project tree, as the sync task does (over the same connections)",
-    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
-    "grace": "seconds between TERM and KILL when the run is stopped",
-    "connect-timeout": "seconds to wait for each node's SSH connection",
-    "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
-    "silence-timeout": SILENCE_TIMEOUT_HELP,
-    "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
-    "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
-               "killed, on the nodes that pass the doctor (default: the inventory's retries)",
-    "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
-                    "job.hang_timeout)",
-    "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124), keep, or restart "
-               "(with --retries: again without the node that held it up)",
-    "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
-             "master; the inventory gives everything else",
-    "verbose": VERBOSE_HELP,
-})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "include": INCLUDE_HELP,
+        "exclude": EXCLUDE_HELP,
+        "script": SCRIPT_HELP,
+        "module": MODULE_HELP,
+        "command": COMMAND_HELP,
+        "args": ARGS_HELP,
+        "dry-run": "print each node's exact command and why each flag is there, and the settings the run uses that "
+        "are not their defaults, with where each came from; start nothing",
+        "json": "with --dry-run: also the request each node's agent gets, as JSON",
+        "detach": "start the run and return; use status, logs and stop on it later",
+        "sync": "first make every node's workdir hold this project tree, as the sync task does (over the same "
+        "connections)",
+        "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) on every node",
+        "grace": "seconds between TERM and KILL when the run is stopped",
+        "connect-timeout": "seconds to wait for each node's SSH connection",
+        "probe-timeout": "seconds each node's doctor probe (the fast checks before starting) has to answer",
+        "silence-timeout": SILENCE_TIMEOUT_HELP,
+        "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
+        "retries": "start the run again (with job.resume_args) up to N times when it loses a node or its processes are "
+        "killed, on the nodes that pass the doctor (default: the inventory's retries)",
+        "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the hang_timeout setting, else the inventory's "
+        "job.hang_timeout)",
+        "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124), keep, or restart "
+        "(with --retries: again without the node that held it up)",
+        "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
+        "master; the inventory gives everything else",
+        "verbose": VERBOSE_HELP,
+    }
+)
 @_reported
-def launch(c, hosts=None, script=None, args=None, dry_run=False, detach=False, skip_doctor=False, grace=None,
-           connect_timeout=None, probe_timeout=None, silence_timeout=None, heartbeat_timeout=None, sync=False,
-           include=None, exclude=None, retries=None, slurm=False, hang_timeout=None, on_hang=None, module=None,
-           command=None, json=False, verbose=False):
+def launch(
+    c,
+    hosts=None,
+    script=None,
+    args=None,
+    dry_run=False,
+    detach=False,
+    skip_doctor=False,
+    grace=None,
+    connect_timeout=None,
+    probe_timeout=None,
+    silence_timeout=None,
+    heartbeat_timeout=None,
+    sync=False,
+    include=None,
+    exclude=None,
+    retries=None,
+    slurm=False,
+    hang_timeout=None,
+    on_hang=None,
+    module=None,
+    command=None,
+    json=False,
+    verbose=False,
+):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
     _verbose(verbose)
-    given = options.Given(detach=detach, grace=grace, connect_timeout=connect_timeout, probe_timeout=probe_timeout,
-                          silence_timeout=silence_timeout, heartbeat_timeout=heartbeat_timeout, retries=retries,
-                          hang_timeout=hang_timeout, on_hang=on_hang)
+    given = options.Given(
+        detach=detach,
+        grace=grace,
+        connect_timeout=connect_timeout,
+        probe_timeout=probe_timeout,
+        silence_timeout=silence_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        retries=retries,
+        hang_timeout=hang_timeout,
+        on_hang=on_hang,
+    )
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
-    return app.launch(_hosts(c, hosts, include, exclude), app.JobArgs(script, module, command, args),
-                      dry_run=dry_run, doctor=not skip_doctor, sync=sync, slurm=slurm, settings=_settings(c, given),
-                      as_json=json, hosts_from=_hosts_from(c, hosts))
+    return app.launch(
+        _hosts(c, hosts, include, exclude),
+        app.JobArgs(script, module, command, args),
+        dry_run=dry_run,
+        doctor=not skip_doctor,
+        sync=sync,
+        slurm=slurm,
+        settings=_settings(c, given),
+        as_json=json,
+        hosts_from=_hosts_from(c, hosts),
+    )
 
 
-@task(help={"hosts": HOSTS_HELP, "run": "run id (default: the run of this inventory that is running)",
-            "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
-            "silence-timeout": SILENCE_TIMEOUT_HELP, "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
-            "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
-            "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
-            "verbose": VERBOSE_HELP})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "run": "run id (default: the run of this inventory that is running)",
+        "grace": "seconds between TERM and KILL when the run is stopped (Ctrl-C)",
+        "silence-timeout": SILENCE_TIMEOUT_HELP,
+        "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
+        "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
+        "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
+        "verbose": VERBOSE_HELP,
+    }
+)
 @_reported
-def attach(c, hosts=None, run=None, grace=None, silence_timeout=None, heartbeat_timeout=None, hang_timeout=None,
-           on_hang=None, verbose=False):
+def attach(
+    c,
+    hosts=None,
+    run=None,
+    grace=None,
+    silence_timeout=None,
+    heartbeat_timeout=None,
+    hang_timeout=None,
+    on_hang=None,
+    verbose=False,
+):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
     machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
     _verbose(verbose)
-    settings = _settings(c, options.Given(grace=grace, silence_timeout=silence_timeout,
-                                          heartbeat_timeout=heartbeat_timeout, hang_timeout=hang_timeout,
-                                          on_hang=on_hang))
+    settings = _settings(
+        c,
+        options.Given(
+            grace=grace,
+            silence_timeout=silence_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            hang_timeout=hang_timeout,
+            on_hang=on_hang,
+        ),
+    )
     return app.attach(_hosts(c, hosts), run, settings=settings)
 
 
-@task(help={"hosts": HOSTS_HELP, "include": INCLUDE_HELP, "exclude": EXCLUDE_HELP,
-            "json": "print the findings as JSON (for scripts)",
-            "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
-            "net": "then measure the network between the nodes with the run's backend (one rank a node, all_reduce "
-                   "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
-            "net-all-gpus": "with --net: one rank a GPU (each node's nproc_per_node), as nccl-tests' -g: every NIC "
-                            "rail and NVLink in the measure",
-            "connect-timeout": "seconds to wait for each node's SSH connection",
-            "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
-                             "a late answer is a warning with its time, none a failure",
-            "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
-            "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)",
-            "script": "check this script instead of the inventory's job (as launch --script runs it)",
-            "module": "check this module instead (importable by each node's python, as launch --module runs it)",
-            "command": "check this program instead (on each node's PATH, as launch --command runs it)",
-            "verbose": VERBOSE_HELP})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "include": INCLUDE_HELP,
+        "exclude": EXCLUDE_HELP,
+        "json": "print the findings as JSON (for scripts)",
+        "fast": f"only the checks launch runs first ({', '.join(FAST_CHECKS)})",
+        "net": "then measure the network between the nodes with the run's backend (one rank a node, all_reduce "
+        "and a ring of pairs): a `net` column, each node's Gbit/s and latency, a slow node flagged",
+        "net-all-gpus": "with --net: one rank a GPU (each node's nproc_per_node), as nccl-tests' -g: every NIC "
+        "rail and NVLink in the measure",
+        "connect-timeout": "seconds to wait for each node's SSH connection",
+        "probe-timeout": "seconds each node's probe has to answer once sent (apart from --connect-timeout); "
+        "a late answer is a warning with its time, none a failure",
+        "slurm": "inside a SLURM allocation (salloc/sbatch): check its nodes, each probe a step of the job",
+        "job": "a running SLURM job's id: check its nodes through steps beside its own (`srun --overlap`)",
+        "script": "check this script instead of the inventory's job (as launch --script runs it)",
+        "module": "check this module instead (importable by each node's python, as launch --module runs it)",
+        "command": "check this program instead (on each node's PATH, as launch --command runs it)",
+        "verbose": VERBOSE_HELP,
+    }
+)
 @_reported
-def doctor(c, hosts=None, json=False, fast=False, connect_timeout=None, probe_timeout=None, include=None,
-           exclude=None, net=False, slurm=False, job=None, net_all_gpus=False, script=None, module=None,
-           command=None, verbose=False):
+def doctor(
+    c,
+    hosts=None,
+    json=False,
+    fast=False,
+    connect_timeout=None,
+    probe_timeout=None,
+    include=None,
+    exclude=None,
+    net=False,
+    slurm=False,
+    job=None,
+    net_all_gpus=False,
+    script=None,
+    module=None,
+    command=None,
+    verbose=False,
+):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
     _verbose(verbose)
     if job:
         _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
     elif slurm:
-        _none_given("--slurm (the allocation names the nodes)", include=include, exclude=exclude,
-                    connect_timeout=connect_timeout)
-    return app.doctor(_hosts(c, hosts, include, exclude), as_json=json, checks="fast" if fast else "all",
-                      settings=_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
-                      net=net, slurm=slurm, job=job, net_all_gpus=net_all_gpus,
-                      job_args=app.JobArgs(script, module, command))
+        _none_given(
+            "--slurm (the allocation names the nodes)",
+            include=include,
+            exclude=exclude,
+            connect_timeout=connect_timeout,
+        )
+    return app.doctor(
+        _hosts(c, hosts, include, exclude),
+        as_json=json,
+        checks="fast" if fast else "all",
+        settings=_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
+        net=net,
+        slurm=slurm,
+        job=job,
+        net_all_gpus=net_all_gpus,
+        job_args=app.JobArgs(script, module, command),
+    )
 
 
-@task(help={"hosts": HOSTS_HELP, "connect-timeout": "seconds to wait for each node's SSH connection",
-            "silence-timeout": "a node that takes no data for this many seconds (a hung disk) fails its sync"})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "connect-timeout": "seconds to wait for each node's SSH connection",
+        "silence-timeout": "a node that takes no data for this many seconds (a hung disk) fails its sync",
+    }
+)
 @_reported
 def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
-    return app.sync(_hosts(c, hosts), _settings(c, options.Given(connect_timeout=connect_timeout,
-                                                                               silence_timeout=silence_timeout)))
+    return app.sync(
+        _hosts(c, hosts), _settings(c, options.Given(connect_timeout=connect_timeout, silence_timeout=silence_timeout))
+    )
 
 
 @task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
@@ -280,9 +391,16 @@ def status(c, hosts=None, run=None, job=None):
     return app.status(_hosts(c, hosts), run, _settings(c), job=job)
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
-            "follow": "keep printing as the run writes, until it ends", "node": "only this node",
-            "rank": "only this global rank's lines", "job": JOB_HELP})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "run": RUN_HELP,
+        "follow": "keep printing as the run writes, until it ends",
+        "node": "only this node",
+        "rank": "only this global rank's lines",
+        "job": JOB_HELP,
+    }
+)
 @_reported
 def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     """Replay a run's log from the nodes, prefixed by node and rank."""
@@ -292,26 +410,42 @@ def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
     return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, settings=_settings(c), job=job)
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
-            "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "run": RUN_HELP,
+        "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
+    }
+)
 @_reported
 def stacks(c, hosts=None, run=None, job=None):
     """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
     return app.stacks(_hosts(c, hosts), run, _settings(c), job=job)
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP,
-            "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)",
-            "job": "a running SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "run": RUN_HELP,
+        "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)",
+        "job": "a running SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
+    }
+)
 @_reported
 def report(c, hosts=None, run=None, json=False, job=None):
     """Write the run's page, logs/<run id>/report.html: its start as a waterfall, its timeline, its end."""
     return app.report(_hosts(c, hosts), run, _settings(c), as_json=json, job=job)
 
 
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "once": "one snapshot (after a few seconds' look), not the live view",
-            "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
-            "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job"})
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "run": RUN_HELP,
+        "once": "one snapshot (after a few seconds' look), not the live view",
+        "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
+        "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
+    }
+)
 @_reported
 def top(c, hosts=None, run=None, once=False, json=False, job=None):
     """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
@@ -320,72 +454,128 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
     return app.top(_hosts(c, hosts), run, _settings(c), once=once, as_json=json, job=job)
 
 
-@task(help={
-    "hosts": HOSTS_HELP + "; the job's nodes are the allocation's, the inventory gives everything else",
-    "nodes": "how many nodes to ask SLURM for (one launcher agent each)",
-    "partition": "the SLURM partition (default: the cluster's default partition)",
-    "time": "time limit in SLURM's form: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the "
-            "partition's)",
-    "gpus-per-node": "GPUs to ask for on each node: a count, or type:count (default: none)",
-    "job-name": "the job's name in squeue (default: ddp)",
-    "dry-run": "print the batch script; submit nothing",
-    "script": SCRIPT_HELP,
-    "module": MODULE_HELP,
-    "command": COMMAND_HELP,
-    "args": ARGS_HELP,
-    "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
-})
+@task(
+    help={
+        "hosts": HOSTS_HELP + "; the job's nodes are the allocation's, the inventory gives everything else",
+        "nodes": "how many nodes to ask SLURM for (one launcher agent each)",
+        "partition": "the SLURM partition (default: the cluster's default partition)",
+        "time": "time limit in SLURM's form: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the "
+        "partition's)",
+        "gpus-per-node": "GPUs to ask for on each node: a count, or type:count (default: none)",
+        "job-name": "the job's name in squeue (default: ddp)",
+        "dry-run": "print the batch script; submit nothing",
+        "script": SCRIPT_HELP,
+        "module": MODULE_HELP,
+        "command": COMMAND_HELP,
+        "args": ARGS_HELP,
+        "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
+    }
+)
 @_reported
-def slurm_submit(c, hosts=None, nodes=None, partition=None, time=None, gpus_per_node=None, job_name=None,
-                 dry_run=False, script=None, args=None, skip_doctor=False, module=None, command=None):
+def slurm_submit(
+    c,
+    hosts=None,
+    nodes=None,
+    partition=None,
+    time=None,
+    gpus_per_node=None,
+    job_name=None,
+    dry_run=False,
+    script=None,
+    args=None,
+    skip_doctor=False,
+    module=None,
+    command=None,
+):
     """Submit `launch --slurm` as a SLURM batch job (sbatch) on N nodes; print its job id."""
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
-    return app.slurm_submit(_hosts(c, hosts), options.whole_number("nodes", nodes, 1), partition=partition,
-                            time=time, gpus_per_node=gpus_per_node, dry_run=dry_run,
-                            job=app.JobArgs(script, module, command, args), skip_doctor=skip_doctor,
-                            job_name=job_name, settings=_settings(c))
+    return app.slurm_submit(
+        _hosts(c, hosts),
+        options.whole_number("nodes", nodes, 1),
+        partition=partition,
+        time=time,
+        gpus_per_node=gpus_per_node,
+        dry_run=dry_run,
+        job=app.JobArgs(script, module, command, args),
+        skip_doctor=skip_doctor,
+        job_name=job_name,
+        settings=_settings(c),
+    )
 
 
-@task(help={
-    "hosts": "the nodes, comma-separated: gpu01,gpu02 (ssh aliases, DNS names or addresses; the first is node rank 0)",
-    "output": "where to write the inventory (default: the `hosts` setting, hosts/cluster.yaml in the project); "
-              "never over a file that is there",
-    "workdir": "where your code is on each node (default: ~/ and this project's folder name)",
-    "script": "the training script, relative to the workdir (default: train.py)",
-    "python": "the interpreter with torch on every node (default: the first that has torch: the project's venv in "
-              "the workdir, the login's python3, a venv or conda in the home, /opt/conda)",
-    "nproc-per-node": "worker processes on each node (default: its GPU count from nvidia-smi, else 1)",
-    "ssh-config": "an ssh config file to reach the nodes with, instead of ~/.ssh/config",
-    "master-port": "the rendezvous port on the first node",
-    "skip-doctor": "write the inventory only; run no doctor on it",
-    "connect-timeout": "seconds to wait for each node's SSH connection",
-    "example": f"write the reference inventory instead (every key, what it does, its default) to --output "
-               f"(default: {options.DEFAULT_EXAMPLE} in the project); no node is asked",
-})
+@task(
+    help={
+        "hosts": "the nodes, comma-separated: gpu01,gpu02 (ssh aliases, DNS names or addresses; the first is node "
+        "rank 0)",
+        "output": "where to write the inventory (default: the `hosts` setting, hosts/cluster.yaml in the project); "
+        "never over a file that is there",
+        "workdir": "where your code is on each node (default: ~/ and this project's folder name)",
+        "script": "the training script, relative to the workdir (default: train.py)",
+        "python": "the interpreter with torch on every node (default: the first that has torch: the project's venv in "
+        "the workdir, the login's python3, a venv or conda in the home, /opt/conda)",
+        "nproc-per-node": "worker processes on each node (default: its GPU count from nvidia-smi, else 1)",
+        "ssh-config": "an ssh config file to reach the nodes with, instead of ~/.ssh/config",
+        "master-port": "the rendezvous port on the first node",
+        "skip-doctor": "write the inventory only; run no doctor on it",
+        "connect-timeout": "seconds to wait for each node's SSH connection",
+        "example": f"write the reference inventory instead (every key, what it does, its default) to --output "
+        f"(default: {options.DEFAULT_EXAMPLE} in the project); no node is asked",
+    }
+)
 @_reported
-def init(c, hosts=None, output=None, workdir=None, script="train.py", python=None, nproc_per_node=None, ssh_config=None,
-         master_port=options.DEFAULT_MASTER_PORT, skip_doctor=False, connect_timeout=None, example=False):
+def init(
+    c,
+    hosts=None,
+    output=None,
+    workdir=None,
+    script="train.py",
+    python=None,
+    nproc_per_node=None,
+    ssh_config=None,
+    master_port=options.DEFAULT_MASTER_PORT,
+    skip_doctor=False,
+    connect_timeout=None,
+    example=False,
+):
     """Write a commented inventory for new nodes from what they say over SSH; run the doctor; say what is next.
 
     It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
     if example:
-        _none_given("--example (no node is asked)", hosts=hosts, workdir=workdir, python=python,
-                    nproc_per_node=nproc_per_node, ssh_config=ssh_config, connect_timeout=connect_timeout)
-        return app.init_example(Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE,
-                                                                                    _root(c)))))
+        _none_given(
+            "--example (no node is asked)",
+            hosts=hosts,
+            workdir=workdir,
+            python=python,
+            nproc_per_node=nproc_per_node,
+            ssh_config=ssh_config,
+            connect_timeout=connect_timeout,
+        )
+        return app.init_example(Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE, _root(c)))))
     names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
     if not names:
         raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)
-    nproc = None if nproc_per_node is None else options.whole_number(
-        "nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    nproc = (
+        None
+        if nproc_per_node is None
+        else options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
+    )
     project = _root(c) or Path.cwd()
     if ssh_config and not ssh_config.startswith("~"):  # the inventory's ssh_config is read from wherever ddpl runs
         ssh_config = str(Path(ssh_config).absolute())
-    return app.init(names, Path(output) if output else _inventory(c), workdir=workdir or f"~/{project.name}",
-                    script=script, master_port=options.whole_number("master_port", master_port, 1, 65535),
-                    python=python, nproc_per_node=nproc, ssh_config=ssh_config, doctor_too=not skip_doctor,
-                    default_output=output is None, settings=_settings(c, options.Given(connect_timeout=connect_timeout)))
+    return app.init(
+        names,
+        Path(output) if output else _inventory(c),
+        workdir=workdir or f"~/{project.name}",
+        script=script,
+        master_port=options.whole_number("master_port", master_port, 1, 65535),
+        python=python,
+        nproc_per_node=nproc,
+        ssh_config=ssh_config,
+        doctor_too=not skip_doctor,
+        default_output=output is None,
+        settings=_settings(c, options.Given(connect_timeout=connect_timeout)),
+    )
 
 
 slurm = Collection("slurm")

@@ -25,11 +25,25 @@ if TYPE_CHECKING:
     from launcher.app.runs import logs, report, stacks, status, stop, top
     from launcher.app.slurm import submit as slurm_submit
 
-ROOMS = {"doctor": "checks", "doctor_report": "checks", "Hosts": "hosts", "load_inventory": "hosts", "JobArgs": "job",
-         "launch": "launching", "attach": "launching", "sync": "launching", "init": "newcluster",
-         "init_example": "newcluster", "logs": "runs", "report": "runs", "stacks": "runs", "status": "runs",
-         "stop": "runs", "top": "runs",
-         "slurm_submit": "slurm"}
+ROOMS = {
+    "doctor": "checks",
+    "doctor_report": "checks",
+    "Hosts": "hosts",
+    "load_inventory": "hosts",
+    "JobArgs": "job",
+    "launch": "launching",
+    "attach": "launching",
+    "sync": "launching",
+    "init": "newcluster",
+    "init_example": "newcluster",
+    "logs": "runs",
+    "report": "runs",
+    "stacks": "runs",
+    "status": "runs",
+    "stop": "runs",
+    "top": "runs",
+    "slurm_submit": "slurm",
+}
 """Each name's module in launcher/app/ (`slurm_submit` is slurm.py's `submit`)."""
 MODULES = frozenset({*ROOMS.values(), "pages"})
 
@@ -50,5 +64,23 @@ def main_error(exc: LauncherError) -> tuple[str, int]:
     return str(exc), getattr(exc, "exit_code", 1) or 1
 
 
-__all__ = ["Hosts", "JobArgs", "attach", "doctor", "doctor_report", "init", "init_example", "launch", "load_inventory",
-           "logs", "main_error", "report", "slurm_submit", "stacks", "status", "stop", "sync", "top"]
+__all__ = [
+    "Hosts",
+    "JobArgs",
+    "attach",
+    "doctor",
+    "doctor_report",
+    "init",
+    "init_example",
+    "launch",
+    "load_inventory",
+    "logs",
+    "main_error",
+    "report",
+    "slurm_submit",
+    "stacks",
+    "status",
+    "stop",
+    "sync",
+    "top",
+]

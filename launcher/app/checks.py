@@ -15,9 +15,19 @@ if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor 
     from launcher.doctor.evidence import Report
 
 
-def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", settings: Settings | None = None,
-           net: bool = False, slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
-           net_all_gpus: bool = False, job_args: JobArgs | None = None) -> int:
+def doctor(
+    hosts: str | Hosts,
+    *,
+    as_json: bool = False,
+    checks: str = "all",
+    settings: Settings | None = None,
+    net: bool = False,
+    slurm: bool = False,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+    net_all_gpus: bool = False,
+    job_args: JobArgs | None = None,
+) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
@@ -26,8 +36,17 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", se
     from launcher.report.states import console
 
     run_io = run_io or RunIO()
-    report = doctor_report(hosts, checks=checks, settings=settings, net=net, slurm=slurm, job=job, run_io=run_io,
-                           net_all_gpus=net_all_gpus, job_args=job_args)
+    report = doctor_report(
+        hosts,
+        checks=checks,
+        settings=settings,
+        net=net,
+        slurm=slurm,
+        job=job,
+        run_io=run_io,
+        net_all_gpus=net_all_gpus,
+        job_args=job_args,
+    )
     if as_json:
         run_io.out.write(doctor_checks.report_json(report) + "\n")
     else:
@@ -35,9 +54,18 @@ def doctor(hosts: str | Hosts, *, as_json: bool = False, checks: str = "all", se
     return 0 if report.ok else 1
 
 
-def doctor_report(hosts: str | Hosts, *, checks: str = "all", settings: Settings | None = None, net: bool = False,
-                  slurm: bool = False, job: str | None = None, run_io: RunIO | None = None,
-                  net_all_gpus: bool = False, job_args: JobArgs | None = None) -> Report:
+def doctor_report(
+    hosts: str | Hosts,
+    *,
+    checks: str = "all",
+    settings: Settings | None = None,
+    net: bool = False,
+    slurm: bool = False,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+    net_all_gpus: bool = False,
+    job_args: JobArgs | None = None,
+) -> Report:
     """The doctor's findings on every node (what `doctor` prints): `launcher.doctor.evidence.Report`; the job checked
     is the one `job_args` name, else the inventory's."""
     from launcher import doctor as doctor_checks
@@ -49,10 +77,12 @@ def doctor_report(hosts: str | Hosts, *, checks: str = "all", settings: Settings
     if slurm or job:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.slurm_doctor(cluster, job, checks=checks, net=net, settings=settings, run_io=run_io,
-                                     all_gpus=net_all_gpus)
-    report = doctor_checks.run_doctor(cluster, ssh=settings.ssh, checks=checks,
-                                      probe_timeout=settings.run.probe_timeout)
+        return on_slurm.slurm_doctor(
+            cluster, job, checks=checks, net=net, settings=settings, run_io=run_io, all_gpus=net_all_gpus
+        )
+    report = doctor_checks.run_doctor(
+        cluster, ssh=settings.ssh, checks=checks, probe_timeout=settings.run.probe_timeout
+    )
     if net:
         from launcher.doctor.net import with_net  # torchrun on every node: only when asked
 

@@ -32,8 +32,10 @@ def job_of(cluster: Cluster, job_args: JobArgs) -> Job:
     """The inventory's job, with its script (module, command) and/or arguments replaced from the command line."""
     base, given = cluster.job, job_args.given()
     if given is None and base is None:
-        raise LauncherError(f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script "
-                            "(--module, --command)")
+        raise LauncherError(
+            f"{cluster.source}: no job to run: add a `job: {{script: ...}}` entry, or pass --script "
+            "(--module, --command)"
+        )
     try:
         args = tuple(shlex.split(job_args.args)) if job_args.args is not None else None
     except ValueError as exc:

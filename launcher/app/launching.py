@@ -21,9 +21,20 @@ from launcher.run.run_io import RunIO
 from launcher.settings import Settings
 
 
-def launch(hosts: str | Hosts, job: JobArgs | None = None, *, dry_run: bool = False, doctor: bool = True,
-           sync: bool = False, slurm: bool = False, settings: Settings | None = None, run_io: RunIO | None = None,
-           run_id: str | None = None, as_json: bool = False, hosts_from: str | None = None) -> int:
+def launch(
+    hosts: str | Hosts,
+    job: JobArgs | None = None,
+    *,
+    dry_run: bool = False,
+    doctor: bool = True,
+    sync: bool = False,
+    slurm: bool = False,
+    settings: Settings | None = None,
+    run_io: RunIO | None = None,
+    run_id: str | None = None,
+    as_json: bool = False,
+    hosts_from: str | None = None,
+) -> int:
     """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
     run's id (default: a new one), which a caller may need before the run ends (`launcher.api`). A `dry_run` prints
     the plan and the settings it uses, with where each came from (`hosts_from`: where the inventory was named), the
@@ -33,8 +44,15 @@ def launch(hosts: str | Hosts, job: JobArgs | None = None, *, dry_run: bool = Fa
     if slurm:
         from launcher.app import slurm as on_slurm
 
-        return on_slurm.launch_slurm(cluster, job_of(cluster, job or JobArgs()), dry_run=dry_run, doctor=doctor,
-                                     sync=sync, settings=settings, run_io=run_io)
+        return on_slurm.launch_slurm(
+            cluster,
+            job_of(cluster, job or JobArgs()),
+            dry_run=dry_run,
+            doctor=doctor,
+            sync=sync,
+            settings=settings,
+            run_io=run_io,
+        )
     chosen = job_of(cluster, job or JobArgs())
     # How the run is followed, decided and said before anything starts (the dry run shows what it uses).
     settings = for_run(settings, cluster, chosen, where="detached" if settings.run.detach else "attached")
@@ -56,8 +74,12 @@ def launch(hosts: str | Hosts, job: JobArgs | None = None, *, dry_run: bool = Fa
         from launcher.sync import push as code_sync
 
         gate = run_io.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
-        before = code_sync.before_launch(with_project_src(plan.cluster, hosts), run_io.err,
-                                         stall_timeout=settings.run.silence_timeout, outputs=(settings.output.log_dir,))
+        before = code_sync.before_launch(
+            with_project_src(plan.cluster, hosts),
+            run_io.err,
+            stall_timeout=settings.run.silence_timeout,
+            outputs=(settings.output.log_dir,),
+        )
         run_io = replace(run_io, gate=replace(gate, before=before))
     began = time.time()
     try:
@@ -95,9 +117,17 @@ def _pages(plan: LaunchPlan, settings: Settings, began: float, failed: LauncherE
     if failed is not None:
         note_end(settings.output.log_dir / tried[-1], tried[-1], began, getattr(failed, "exit_code", 1), str(failed))
     if settings.run.detach:
-        return "" if failed is not None else (f"its page: {relative(page_path(settings, plan.run_id))}, written at the "
-                                              f"first `{hint('status')}` after the run's end")
-    return _page_line(plan.cluster, [run_id for run_id in tried if started_anywhere(settings.output.log_dir / run_id)], settings)
+        return (
+            ""
+            if failed is not None
+            else (
+                f"its page: {relative(page_path(settings, plan.run_id))}, written at the "
+                f"first `{hint('status')}` after the run's end"
+            )
+        )
+    return _page_line(
+        plan.cluster, [run_id for run_id in tried if started_anywhere(settings.output.log_dir / run_id)], settings
+    )
 
 
 def _page_line(cluster: Cluster, ran: list[str], settings: Settings) -> str:
@@ -119,8 +149,14 @@ def _said_last(exc: LauncherError, said: str) -> LauncherError:
     return RunFailed(f"{exc}\n{said}", exc.exit_code, node=exc.node, rank=exc.rank, tail=exc.tail, ends=exc.ends)
 
 
-def attach(hosts: str | Hosts, run_id: str | None = None, *, settings: Settings | None = None,
-           run_io: RunIO | None = None, on_run: Callable[[str], None] | None = None) -> int:
+def attach(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    *,
+    settings: Settings | None = None,
+    run_io: RunIO | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> int:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed launcher,
     another terminal): stream it from where this machine's copy stopped, send heartbeats again, stop it everywhere on
     Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run."""
@@ -176,5 +212,10 @@ def sync(hosts: str | Hosts, settings: Settings | None = None, run_io: RunIO | N
     from launcher.sync import push as code_sync
 
     settings, run_io = settings or Settings(), run_io or RunIO()
-    return code_sync.sync_hosts(with_project_src(load_inventory(hosts), hosts), ssh=settings.ssh,
-                                out=run_io.out, stall_timeout=settings.run.silence_timeout, outputs=(settings.output.log_dir,))
+    return code_sync.sync_hosts(
+        with_project_src(load_inventory(hosts), hosts),
+        ssh=settings.ssh,
+        out=run_io.out,
+        stall_timeout=settings.run.silence_timeout,
+        outputs=(settings.output.log_dir,),
+    )

@@ -21,10 +21,20 @@ from launcher.settings import Settings
 from launcher.transport.connections import close_all, connect_all, run_all
 from launcher.transport.program import node_program, program_input, python_command
 
-PYTHONS = ("python3", "~/venv/bin/python", "~/.venv/bin/python", "~/venvs/*/bin/python", "~/miniconda3/bin/python",
-           "~/miniconda3/envs/*/bin/python", "~/anaconda3/bin/python", "~/anaconda3/envs/*/bin/python",
-           "~/miniforge3/bin/python", "~/miniforge3/envs/*/bin/python", "/opt/conda/bin/python",
-           "/opt/conda/envs/*/bin/python")
+PYTHONS = (
+    "python3",
+    "~/venv/bin/python",
+    "~/.venv/bin/python",
+    "~/venvs/*/bin/python",
+    "~/miniconda3/bin/python",
+    "~/miniconda3/envs/*/bin/python",
+    "~/anaconda3/bin/python",
+    "~/anaconda3/envs/*/bin/python",
+    "~/miniforge3/bin/python",
+    "~/miniforge3/envs/*/bin/python",
+    "/opt/conda/bin/python",
+    "/opt/conda/envs/*/bin/python",
+)
 """Where a node's interpreter with torch usually is, tried in this order after the project's own venv in the
 workdir: the login's python3, a venv in the home, conda's (Miniconda, Anaconda, Miniforge, a container's)."""
 
@@ -38,7 +48,7 @@ def nodes_cluster(names: Sequence[str], ssh_config: str | None) -> Cluster:
 def _found(name: str, answer: Mapping[str, Any]) -> Found:
     python, home = answer.get("python"), str(answer.get("home") or "")
     if python and home and python.startswith(home.rstrip("/") + "/"):
-        python = "~/" + python[len(home.rstrip("/")) + 1:]  # the same path on every node of the same user
+        python = "~/" + python[len(home.rstrip("/")) + 1 :]  # the same path on every node of the same user
     notes = []
     if not python:
         tried = "; ".join(f"{t['python']}: {t['why']}" for t in answer.get("tried", [])) or "none there"
@@ -55,8 +65,12 @@ def seek(cluster: Cluster, workdir: str, settings: Settings) -> list[Found]:
     request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
     nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
     try:
-        results = run_all(list(nodes.values()), python_command("python3"),
-                          program_input(node_program("probe.seek"), request), INIT_WAIT_S)
+        results = run_all(
+            list(nodes.values()),
+            python_command("python3"),
+            program_input(node_program("probe.seek"), request),
+            INIT_WAIT_S,
+        )
     finally:
         close_all(nodes.values())
     found = {f.host: Found(f.host, notes=(f"unreachable: {f}",)) for f in failures}
@@ -77,8 +91,9 @@ def write_example(output: Path, command: str) -> None:
     """Write the reference inventory (every key, what it does, its default: launcher/config/example.yaml, shipped
     with the package) at `output`, never over a file that is there."""
     if output.exists():
-        raise UsageError(f"{relative(output)} is there already: `{command}init` never writes over a file (give "
-                         "--output another one)")
+        raise UsageError(
+            f"{relative(output)} is there already: `{command}init` never writes over a file (give --output another one)"
+        )
     text = (resources.files("launcher.config") / "example.yaml").read_text(encoding="utf-8")
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "x", encoding="utf-8") as file:
@@ -88,66 +103,112 @@ def write_example(output: Path, command: str) -> None:
 def no_python(found: Sequence[Found], command: str) -> str:
     """Why `init` wrote nothing: no node said which python has torch (each node's notes), and what to give."""
     why = "; ".join(f"{f.name}: {', '.join(f.notes) or 'no interpreter with torch'}" for f in found)
-    return (f"no python with torch was found on any node ({why}); nothing was written: give the interpreter that has "
-            f"torch on the nodes (`{command}init --python ~/venvs/train/bin/python ...`), or install torch there")
+    return (
+        f"no python with torch was found on any node ({why}); nothing was written: give the interpreter that has "
+        f"torch on the nodes (`{command}init --python ~/venvs/train/bin/python ...`), or install torch there"
+    )
 
 
-def write_inventory(names: Sequence[str], output: Path, *, workdir: str, job: Mapping[str, Any], master_port: int,
-                    python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
-                    settings: Settings, err: IO[str], command: str) -> list[Found]:
+def write_inventory(
+    names: Sequence[str],
+    output: Path,
+    *,
+    workdir: str,
+    job: Mapping[str, Any],
+    master_port: int,
+    python: str | None = None,
+    nproc_per_node: int | None = None,
+    ssh_config: str | None = None,
+    settings: Settings,
+    err: IO[str],
+    command: str,
+) -> list[Found]:
     """Write the inventory for `names` to `output` (never over a file that is there): what every node said, or what
     the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it). Nothing is written where
     no node has a python with torch (a LauncherError that asks for --python)."""
     if output.exists():
-        raise UsageError(f"{relative(output)} is there already: `{command}init` never writes over an inventory "
-                         "(edit it, or give --output another file)")
+        raise UsageError(
+            f"{relative(output)} is there already: `{command}init` never writes over an inventory "
+            "(edit it, or give --output another file)"
+        )
     cluster = nodes_cluster(names, ssh_config)
     if python is None or nproc_per_node is None:
         err.write(f"asking {len(names)} node(s) for their python with torch and their GPUs\n")
         found = seek(cluster, workdir, settings)
     else:
         found = [Found(h.name) for h in cluster.hosts]
-    found = [Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
-             for f in found]
+    found = [
+        Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
+        for f in found
+    ]
     if all(f.python is None for f in found):
         raise LauncherError(no_python(found, command))
-    text = render_inventory(found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config,
-                            command=command)
+    text = render_inventory(
+        found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config, command=command
+    )
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "x", encoding="utf-8") as file:  # "x": a file made meanwhile is not overwritten either
         file.write(text)
     return found
 
 
-def init(names: list[str], output: Path, *, workdir: str, script: str, master_port: int = DEFAULT_MASTER_PORT,
-         python: str | None = None, nproc_per_node: int | None = None, ssh_config: str | None = None,
-         doctor_too: bool = True, default_output: bool = True, settings: Settings | None = None,
-         run_io: RunIO | None = None) -> int:
+def init(
+    names: list[str],
+    output: Path,
+    *,
+    workdir: str,
+    script: str,
+    master_port: int = DEFAULT_MASTER_PORT,
+    python: str | None = None,
+    nproc_per_node: int | None = None,
+    ssh_config: str | None = None,
+    doctor_too: bool = True,
+    default_output: bool = True,
+    settings: Settings | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
     findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
     overwritten, and none is written when no node has a python with torch."""
     settings, run_io = settings or Settings(), run_io or RunIO()
     name = task_call("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
-    found = write_inventory(names, output, workdir=workdir, job={"script": script, "args": []},
-                            master_port=master_port, python=python, nproc_per_node=nproc_per_node,
-                            ssh_config=ssh_config, settings=settings, err=run_io.err, command=name)
-    run_io.out.write(f"wrote {relative(output)}: {len(found)} node(s), "
-                     + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
-                     + "\n")
+    found = write_inventory(
+        names,
+        output,
+        workdir=workdir,
+        job={"script": script, "args": []},
+        master_port=master_port,
+        python=python,
+        nproc_per_node=nproc_per_node,
+        ssh_config=ssh_config,
+        settings=settings,
+        err=run_io.err,
+        command=name,
+    )
+    run_io.out.write(
+        f"wrote {relative(output)}: {len(found)} node(s), "
+        + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
+        + "\n"
+    )
     hosts = "" if default_output else f" --hosts {relative(output)}"
     unknown = [f.name for f in found if f.python is None]
     if unknown:
-        run_io.err.write(f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
-                         f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n")
+        run_io.err.write(
+            f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
+            f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n"
+        )
     from launcher.app.checks import doctor  # the doctor's findings on the nodes just written down
 
     code = doctor(str(output), settings=settings, run_io=run_io) if doctor_too else 0
     if code:
-        run_io.out.write(f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
-                         f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n")
-    run_io.out.write(f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every "
-                     "workdir first)\n")
+        run_io.out.write(
+            f"the doctor found problems (above): fix them in {relative(output)} or on the nodes; a "
+            f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n"
+        )
+    run_io.out.write(
+        f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every workdir first)\n"
+    )
     return 1 if unknown else 0
 
 
@@ -156,7 +217,9 @@ def init_example(output: Path, *, run_io: RunIO | None = None) -> int:
     node is asked."""
     run_io, name = run_io or RunIO(), task_call("")
     write_example(output, name)
-    run_io.out.write(f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
-                     f"lines you need into yours (`{name}init --hosts gpu01,gpu02` writes one from what your nodes "
-                     "say)\n")
+    run_io.out.write(
+        f"wrote {relative(output)}: every key of an inventory, what it does and its default; copy the "
+        f"lines you need into yours (`{name}init --hosts gpu01,gpu02` writes one from what your nodes "
+        "say)\n"
+    )
     return 0

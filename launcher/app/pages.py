@@ -50,18 +50,25 @@ def page_path(settings: Settings, run_id: str) -> Path:
     """Where a run's page is (or will be): `logs/<run id>/report.html`."""
     return settings.output.log_dir / run_id / PAGE_FILE
 
+
 ENDED = ("exited", "stopped", "lost")
 """A node's states once its part of the run is over (`none`: it never had one)."""
 
 
 def report_request(run_id: str) -> dict[str, Any]:
     """The agent's `report` request: the run, and how much of a node's log and series it may send."""
-    return {"action": "report", "run_id": run_id, "tail_bytes": REPORT_LOG_TAIL_BYTES,
-            "series_bytes": REPORT_SERIES_BYTES, "trace_bytes": REPORT_TRACE_BYTES}
+    return {
+        "action": "report",
+        "run_id": run_id,
+        "tail_bytes": REPORT_LOG_TAIL_BYTES,
+        "series_bytes": REPORT_SERIES_BYTES,
+        "trace_bytes": REPORT_TRACE_BYTES,
+    }
 
 
-def write_page(cluster: Cluster, run_id: str | None, settings: Settings, err: Any,
-               given: Mapping[str, Any] | None = None) -> tuple[Path, Page]:
+def write_page(
+    cluster: Cluster, run_id: str | None, settings: Settings, err: Any, given: Mapping[str, Any] | None = None
+) -> tuple[Path, Page]:
     """Ask every node, build the page, write it; (its path, the page: its `unreached` the nodes that could not answer,
     whose figures are those they gave before). `given`: the nodes as a SLURM job's steps reach them
     (`launcher.slurm.slurmlaunch.SlurmNode`), else each over SSH. Raises, leaving the page as it was, when no node
@@ -71,8 +78,10 @@ def write_page(cluster: Cluster, run_id: str | None, settings: Settings, err: An
 
     with reached(cluster, settings.ssh, given) as (nodes, failures):
         if run_id is None and not nodes:
-            raise LauncherError(f"could not reach any node of {cluster.source} ({_failures(failures)}) to find its "
-                                f"newest run: give the run's id (--run; this machine's runs are in {settings.output.log_dir})")
+            raise LauncherError(
+                f"could not reach any node of {cluster.source} ({_failures(failures)}) to find its "
+                f"newest run: give the run's id (--run; this machine's runs are in {settings.output.log_dir})"
+            )
         run_id = run_id or chosen_run(cluster, nodes, settings, err)
         if run_id is None:
             raise LauncherError(f"no run on the nodes of {cluster.source} to write a page of")
@@ -91,8 +100,16 @@ def write_page(cluster: Cluster, run_id: str | None, settings: Settings, err: An
     kept = kept_answers(answers, saved, answered)
     if len(kept.unreached) == len(answers) and not saved and path.exists():
         raise LauncherError(f"could not reach {_failures(failures) or 'any node'}: {path} is as it was")
-    page = build_page(run_id, read_journal(folder), kept.answers, f"{folder}/", offsets,
-                      _retried(settings, run_id), kept.notes, *_attempts(settings, run_id))
+    page = build_page(
+        run_id,
+        read_journal(folder),
+        kept.answers,
+        f"{folder}/",
+        offsets,
+        _retried(settings, run_id),
+        kept.notes,
+        *_attempts(settings, run_id),
+    )
     page = replace(page, unreached=tuple(kept.unreached))
     folder.mkdir(parents=True, exist_ok=True)
     _write(path, render(page).encode("utf-8"))
@@ -173,8 +190,13 @@ def page_due(settings: Settings, run_id: str | None, states: list[str]) -> bool:
     """Whether a run's page is to be written now: pages are on, the run is over on every node that had it, and no
     page is there yet (a detached run's first status or logs after its end)."""
     had = [s for s in states if s != "none"]
-    return bool(settings.output.page and run_id and had and all(s in ENDED for s in had)
-                and not page_path(settings, run_id).exists())
+    return bool(
+        settings.output.page
+        and run_id
+        and had
+        and all(s in ENDED for s in had)
+        and not page_path(settings, run_id).exists()
+    )
 
 
 def page_later(cluster: Cluster, run_ids: list[str | None], settings: Settings, if_ended: bool = False) -> None:
@@ -184,9 +206,13 @@ def page_later(cluster: Cluster, run_ids: list[str | None], settings: Settings, 
     if not settings.output.page or not run_ids:
         return
     try:
-        child = subprocess.Popen([sys.executable, "-c", "from launcher.app.pages import later; later()"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)  # a Ctrl-C at the terminal is not its
+        child = subprocess.Popen(
+            [sys.executable, "-c", "from launcher.app.pages import later; later()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # a Ctrl-C at the terminal is not its
         assert child.stdin is not None
         child.stdin.write(pickle.dumps((cluster, run_ids, settings, if_ended)))
         child.stdin.close()

@@ -30,8 +30,9 @@ def _opening(run_id: str | None, settings: Settings | None, run_io: RunIO | None
     return settings or Settings(), run_io or RunIO()
 
 
-def states(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None,
-           run_io: RunIO | None = None) -> list[NodeState]:
+def states(
+    hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, run_io: RunIO | None = None
+) -> list[NodeState]:
     """Each node's state of the run (`api.Run.status`, what `status` shows)."""
     from launcher.run import control as run_control
 
@@ -39,8 +40,9 @@ def states(hosts: str | Hosts, run_id: str | None = None, settings: Settings | N
     return run_control.status(load_inventory(hosts), run_id, settings, run_io=run_io)
 
 
-def stopped(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None,
-            run_io: RunIO | None = None) -> list[NodeState]:
+def stopped(
+    hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, run_io: RunIO | None = None
+) -> list[NodeState]:
     """Stop the run on every node (TERM, grace, KILL); each node's state after (`api.Run.stop`, what `stop` shows)."""
     from launcher.run import control as run_control
 
@@ -48,8 +50,13 @@ def stopped(hosts: str | Hosts, run_id: str | None = None, settings: Settings | 
     return run_control.stop(load_inventory(hosts), run_id, settings, run_io=run_io)
 
 
-def stacks_of(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None,
-              run_io: RunIO | None = None, job: str | None = None) -> StacksReport:
+def stacks_of(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    run_io: RunIO | None = None,
+    job: str | None = None,
+) -> StacksReport:
     """Every rank's stack of a running run, grouped, kept under logs/<run id>/ (`api.Run.stacks`, what `stacks`
     prints); with `job`, the run inside that SLURM batch job, reached through the job's own steps."""
     settings, run_io = _opening(run_id, settings, run_io)
@@ -62,8 +69,14 @@ def stacks_of(hosts: str | Hosts, run_id: str | None = None, settings: Settings 
     return collect_stacks(load_inventory(hosts), run_id, settings, run_io.err)
 
 
-def status(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, *, job: str | None = None,
-           run_io: RunIO | None = None) -> int:
+def status(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    *,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Per node: the run's state, exit code and times, and what the launcher kept about it (a hang's answer,
     stragglers, attempts); with `job`, a SLURM batch job's state."""
     settings, run_io = _opening(run_id, settings, run_io)
@@ -127,8 +140,14 @@ def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], setti
         page_later(load_inventory(hosts), [run_id], settings)
 
 
-def stop(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, *, job: str | None = None,
-         run_io: RunIO | None = None) -> int:
+def stop(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    *,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Stop a run on every node (TERM, grace, KILL) and say what was left; with `job`, scancel a SLURM job."""
     settings, run_io = _opening(run_id, settings, run_io)
     if job:
@@ -140,8 +159,11 @@ def stop(hosts: str | Hosts, run_id: str | None = None, settings: Settings | Non
     found = stopped(hosts, run_id, settings, run_io)
     con = console(run_io.out)
     if all(s.found == 0 and s.state not in ("unreachable", "error") for s in found):
-        say(con, f"nothing was running on {len(found)} node(s)"
-            + (f" (run {found[0].run_id})" if found and found[0].run_id else ""))
+        say(
+            con,
+            f"nothing was running on {len(found)} node(s)"
+            + (f" (run {found[0].run_id})" if found and found[0].run_id else ""),
+        )
     else:
         shown = run_id or next((s.run_id for s in found if s.run_id), None)
         con.print(state_table(f"stop run {shown or '(none)'}", found, stop=True))
@@ -157,9 +179,17 @@ def _code(found: list[NodeState]) -> int:
     return 1 if any(s.state in ("unreachable", "error") for s in found) else 0
 
 
-def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None, rank: int | None = None,
-         follow: bool = False, settings: Settings | None = None, *, job: str | None = None,
-         run_io: RunIO | None = None) -> int:
+def logs(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    node: str | None = None,
+    rank: int | None = None,
+    follow: bool = False,
+    settings: Settings | None = None,
+    *,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Replay a run's log from its nodes (with `follow`, until it ends); with `job`, a SLURM job's output file."""
     settings, run_io = _opening(run_id, settings, run_io)
     if job:
@@ -176,8 +206,13 @@ def logs(hosts: str | Hosts, run_id: str | None = None, node: str | None = None,
     return code
 
 
-def stacks(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, job: str | None = None,
-           run_io: RunIO | None = None) -> int:
+def stacks(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Every rank's stack of a running run, grouped, and kept under logs/<run id>/; 1 when no node answered.
     With `job`, the run inside that SLURM batch job, reached through the job's own steps."""
     settings, run_io = _opening(run_id, settings, run_io)
@@ -187,8 +222,16 @@ def stacks(hosts: str | Hosts, run_id: str | None = None, settings: Settings | N
     return 0 if report.stacks else 1
 
 
-def top(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, *, once: bool = False,
-        as_json: bool = False, job: str | None = None, run_io: RunIO | None = None) -> int:
+def top(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    *,
+    once: bool = False,
+    as_json: bool = False,
+    job: str | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Every node and rank of a running run at once: live (q quits, the run goes on), or one look (`once`)."""
     from launcher.run import topfeed as run_top
 
@@ -211,8 +254,9 @@ def _reached_as(hosts: str | Hosts, settings: Settings, job: str | None) -> tupl
     return on_slurm.job_nodes(job, cluster, settings)
 
 
-def top_snapshot(hosts: str | Hosts, run_id: str | None, settings: Settings, run_io: RunIO,
-                 job: str | None = None) -> dict[str, Any]:
+def top_snapshot(
+    hosts: str | Hosts, run_id: str | None, settings: Settings, run_io: RunIO, job: str | None = None
+) -> dict[str, Any]:
     """One look at every node and rank of a running run, judged: the value `inv top --once --json` prints."""
     from launcher.run import topfeed as run_top
 
@@ -220,8 +264,9 @@ def top_snapshot(hosts: str | Hosts, run_id: str | None, settings: Settings, run
     return run_top.snapshot(cluster, run_id, settings, run_io.err, nodes)
 
 
-def written_page(hosts: str | Hosts, run_id: str | None, settings: Settings, run_io: RunIO,
-                 job: str | None = None) -> tuple[Path, Page]:
+def written_page(
+    hosts: str | Hosts, run_id: str | None, settings: Settings, run_io: RunIO, job: str | None = None
+) -> tuple[Path, Page]:
     """Write the run's page (the newest run of the inventory by default): where, and the page. With `job`, of the run
     inside that running SLURM batch job, through the job's own steps."""
     from launcher.app.pages import write_page
@@ -230,8 +275,15 @@ def written_page(hosts: str | Hosts, run_id: str | None, settings: Settings, run
     return write_page(cluster, run_id, settings, run_io.err, given)
 
 
-def report(hosts: str | Hosts, run_id: str | None = None, settings: Settings | None = None, *, as_json: bool = False,
-           run_io: RunIO | None = None, job: str | None = None) -> int:
+def report(
+    hosts: str | Hosts,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    *,
+    as_json: bool = False,
+    run_io: RunIO | None = None,
+    job: str | None = None,
+) -> int:
     """Write the run's page and say where, with its headline (`written_page`). The nodes it could not reach are
     named (their figures are those they gave an earlier write); 1 when none could be: it added nothing."""
     settings, run_io = _opening(run_id, settings, run_io)

@@ -29,11 +29,14 @@ from launcher.slurm import slurmlaunch as slurm_launch
 from launcher.slurm.jobs import JobState
 
 
-def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, settings: Settings,
-                 run_io: RunIO) -> int:
+def launch_slurm(
+    cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, sync: bool, settings: Settings, run_io: RunIO
+) -> int:
     """`launch --slurm`: the same plan on the allocation's nodes, started as one srun step."""
-    for given, option, reason in ((sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
-                                  (settings.run.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)")):
+    for given, option, reason in (
+        (sync, "--sync", "the nodes of a SLURM cluster share the job's files"),
+        (settings.run.detach, "--detach", f"submit the job instead (`{hint('slurm.submit')}`)"),
+    ):
         if given:
             raise UsageError(f"{option} does not apply to --slurm ({reason})")
     settings = for_run(settings, cluster, job, where="slurm")
@@ -51,8 +54,12 @@ def launch_slurm(cluster: Cluster, job: Job, *, dry_run: bool, doctor: bool, syn
     finally:
         from launcher.app.pages import page_now
 
-        page_now(plan.cluster, plan.run_id, settings,
-                 slurm_launch.slurm_nodes((c.host.name for c in plan.nodes), dict(os.environ)))
+        page_now(
+            plan.cluster,
+            plan.run_id,
+            settings,
+            slurm_launch.slurm_nodes((c.host.name for c in plan.nodes), dict(os.environ)),
+        )
 
 
 def _slurm_log_dir(settings: Settings) -> Path:
@@ -78,22 +85,48 @@ def _job_hosts(hosts: str, start: Path) -> str:
         return str(path.resolve())
 
 
-def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: str | None = None,
-                 gpus_per_node: str | None = None, dry_run: bool = False, job: JobArgs | None = None,
-                 skip_doctor: bool = False, job_name: str | None = None, project: Path | None = None,
-                 settings: Settings, run_io: RunIO) -> int:
+def slurm_submit(
+    hosts: str,
+    nodes: int,
+    *,
+    partition: str | None = None,
+    time: str | None = None,
+    gpus_per_node: str | None = None,
+    dry_run: bool = False,
+    job: JobArgs | None = None,
+    skip_doctor: bool = False,
+    job_name: str | None = None,
+    project: Path | None = None,
+    settings: Settings,
+    run_io: RunIO,
+) -> int:
     """Write the batch script that runs `inv launch --slurm` on `nodes` nodes and submit it (with `dry_run`, print
     it); prints the job id and what to do with it. `project`: the installed command's project (the job starts there
     and runs `python -m launcher`); None: this checkout and its tasks.py."""
     log_dir = _slurm_log_dir(settings)
     start = REPO if project is None else project.resolve()
     job = job or JobArgs()
-    command = batch.launch_command(sys.executable, _job_hosts(hosts, start), script=job.script, module=job.module,
-                                   command=job.command, args=job.args, skip_doctor=skip_doctor,
-                                   runner="invoke" if project is None else "launcher")  # the same code runs
-    spec = batch.BatchSpec(nodes=nodes, log_dir=str(log_dir), workdir=str(start), command=command,
-                           job_name=job_name or batch.DEFAULT_JOB_NAME, partition=partition, time=time,
-                           gpus_per_node=gpus_per_node, umask=_umask())
+    command = batch.launch_command(
+        sys.executable,
+        _job_hosts(hosts, start),
+        script=job.script,
+        module=job.module,
+        command=job.command,
+        args=job.args,
+        skip_doctor=skip_doctor,
+        runner="invoke" if project is None else "launcher",
+    )  # the same code runs
+    spec = batch.BatchSpec(
+        nodes=nodes,
+        log_dir=str(log_dir),
+        workdir=str(start),
+        command=command,
+        job_name=job_name or batch.DEFAULT_JOB_NAME,
+        partition=partition,
+        time=time,
+        gpus_per_node=gpus_per_node,
+        umask=_umask(),
+    )
     text = batch.render_batch_script(spec)  # checks every option first
     if dry_run:
         run_io.out.write(text)
@@ -106,11 +139,13 @@ def slurm_submit(hosts: str, nodes: int, *, partition: str | None = None, time: 
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
     name = task_call("")
-    run_io.out.write(f"submitted batch job {job_id}\n"
-                     f"  script: {relative(script_path)}\n"
-                     f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
-                     f"  {name}status --job {job_id}\n  {name}logs --job {job_id} --follow\n"
-                     f"  {name}stop --job {job_id}\n")
+    run_io.out.write(
+        f"submitted batch job {job_id}\n"
+        f"  script: {relative(script_path)}\n"
+        f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
+        f"  {name}status --job {job_id}\n  {name}logs --job {job_id} --follow\n"
+        f"  {name}stop --job {job_id}\n"
+    )
     return 0
 
 
@@ -130,9 +165,11 @@ def _job_lines(state: JobState) -> list[str]:
 
 
 def _unknown_job(job_id: str, log_dir: Path) -> LauncherError:
-    return LauncherError(f"SLURM knows no job {job_id}: squeue and scontrol do not list it (they forget an ended job "
-                         "after MinJobAge, 300 s by default), no accounting (sacct) remembers it, and there is no end "
-                         f"record at {relative(Path(batch.record_path(log_dir, job_id)))}")
+    return LauncherError(
+        f"SLURM knows no job {job_id}: squeue and scontrol do not list it (they forget an ended job "
+        "after MinJobAge, 300 s by default), no accounting (sacct) remembers it, and there is no end "
+        f"record at {relative(Path(batch.record_path(log_dir, job_id)))}"
+    )
 
 
 def _known_job(job_id: str, log_dir: Path) -> JobState:
@@ -158,14 +195,22 @@ def job_logs(job_id: str, follow: bool, settings: Settings, run_io: RunIO) -> in
         raise _unknown_job(state.job_id, log_dir)
     if not found and state.ended:  # SLURM writes it on the job's first node: a log dir not shared with this one
         where = relative(state.output or log_dir)
-        raise LauncherError(f"job {state.job_id} ({state.state}) left no output at {where}: "
-                            "SLURM writes it on the job's first node, so the log dir must be shared with this one")
+        raise LauncherError(
+            f"job {state.job_id} ({state.state}) left no output at {where}: "
+            "SLURM writes it on the job's first node, so the log dir must be shared with this one"
+        )
     if not found:
-        run_io.err.write(f"job {state.job_id} is {state.state}"
-                       + (f" ({state.reason})" if state.reason else "") + ": no output yet (--follow waits)\n")
+        run_io.err.write(
+            f"job {state.job_id} is {state.state}"
+            + (f" ({state.reason})" if state.reason else "")
+            + ": no output yet (--follow waits)\n"
+        )
     elif follow:
-        run_io.err.write(f"job {state.job_id} ended: {state.state}"
-                       + (f", exit code {state.exit_code}" if state.exit_code is not None else "") + "\n")
+        run_io.err.write(
+            f"job {state.job_id} ended: {state.state}"
+            + (f", exit code {state.exit_code}" if state.exit_code is not None else "")
+            + "\n"
+        )
     return 0
 
 
@@ -181,11 +226,15 @@ def job_stop(job_id: str, settings: Settings, run_io: RunIO) -> int:
     took = time.monotonic() - started
     where = f" on {before.nodes}" if before.nodes else ""
     if not after.ended:
-        run_io.out.write(f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
-                       f"all its processes{where} (see `scontrol show job {after.job_id}`)\n")
+        run_io.out.write(
+            f"job {after.job_id} is still {after.state} {took:.0f}s after scancel: SLURM has not ended "
+            f"all its processes{where} (see `scontrol show job {after.job_id}`)\n"
+        )
         return 1
-    run_io.out.write(f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
-                   "SLURM lists no process of it\n")
+    run_io.out.write(
+        f"stopped job {after.job_id} (was {before.state}{where}) in {took:.1f}s: {after.state}; "
+        "SLURM lists no process of it\n"
+    )
     return 0
 
 
@@ -200,8 +249,16 @@ def job_nodes(job_id: str, cluster: Cluster, settings: Settings) -> tuple[Cluste
     return allocation.allocation_cluster(cluster, names), slurm_launch.slurm_nodes(names, env)
 
 
-def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net: bool, settings: Settings,
-                 run_io: RunIO, all_gpus: bool = False) -> Report:
+def slurm_doctor(
+    cluster: Cluster,
+    job_id: str | None,
+    *,
+    checks: CheckMode,
+    net: bool,
+    settings: Settings,
+    run_io: RunIO,
+    all_gpus: bool = False,
+) -> Report:
     """`inv doctor --slurm` in an allocation, or `--job ID` on a running job: the same checks and `--net`, each
     node's probe a step of the job (`srun --overlap`) where SSH would be, the measurement one step of all."""
     if job_id is None:
@@ -215,8 +272,9 @@ def slurm_doctor(cluster: Cluster, job_id: str | None, *, checks: CheckMode, net
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
         run_io.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
-    report = run_doctor(on_job, nodes, checks=checks, probe_timeout=settings.run.probe_timeout,
-                        gpus_in_use=job_id is not None)  # a running job's GPUs hold its own run
+    report = run_doctor(
+        on_job, nodes, checks=checks, probe_timeout=settings.run.probe_timeout, gpus_in_use=job_id is not None
+    )  # a running job's GPUs hold its own run
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked
@@ -233,11 +291,13 @@ def job_stacks(job_id: str, cluster: Cluster, run_id: str | None, settings: Sett
     return collect_stacks(on_job, run_id, settings, run_io.err, nodes)
 
 
-def submit(hosts: str | Hosts, nodes: int, *, settings: Settings | None = None, run_io: RunIO | None = None,
-                 **batch: Any) -> int:
+def submit(
+    hosts: str | Hosts, nodes: int, *, settings: Settings | None = None, run_io: RunIO | None = None, **batch: Any
+) -> int:
     """Submit `inv launch --slurm` as a SLURM batch job on `nodes` nodes (`batch`: partition, time, gpus_per_node,
     job_name, dry_run, job (JobArgs), skip_doctor); print its job id. The job starts in the project of `hosts`
     (the installed command's) or in this checkout."""
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
-    return slurm_submit(spec.path, nodes, settings=settings or Settings(), run_io=run_io or RunIO(),
-                                 project=spec.project, **batch)
+    return slurm_submit(
+        spec.path, nodes, settings=settings or Settings(), run_io=run_io or RunIO(), project=spec.project, **batch
+    )

@@ -23,14 +23,14 @@ _NODES = re.compile(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?\Z")
 def parse_elastic(r: Reader, fields: Mapping[str, Any], hosts: int) -> Elastic:
     backend = fields.get("backend", "static")
     if backend not in BACKENDS:
-        raise r.fail("rendezvous.backend",
-                        f"must be one of {', '.join(BACKENDS)}, got {r.show(backend, False)}")
+        raise r.fail("rendezvous.backend", f"must be one of {', '.join(BACKENDS)}, got {r.show(backend, False)}")
     restarts = r.count(fields.get("max_restarts", 0), "rendezvous.max_restarts")
     if backend == "static":
         for key in ("nodes", "conf"):
             if fields.get(key) is not None:
-                raise r.fail(f"rendezvous.{key}", "needs `backend: c10d` (a static rendezvous always waits "
-                                "for every host)")
+                raise r.fail(
+                    f"rendezvous.{key}", "needs `backend: c10d` (a static rendezvous always waits for every host)"
+                )
         return Elastic(max_restarts=restarts)
     low, high = parse_nodes(r, fields.get("nodes"), hosts)
     return Elastic("c10d", low, high, restarts, parse_conf(r, fields.get("conf")))
@@ -45,8 +45,9 @@ def parse_nodes(r: Reader, value: Any, hosts: int) -> tuple[int | None, int | No
         text = str(value)
     match = _NODES.match(text) if isinstance(text, str) else None
     if match is None:
-        raise r.fail("rendezvous.nodes", f'must be "MIN:MAX" (like "2:4") or a number of nodes, got '
-                        f"{r.show(value, False)}")
+        raise r.fail(
+            "rendezvous.nodes", f'must be "MIN:MAX" (like "2:4") or a number of nodes, got {r.show(value, False)}'
+        )
     low = int(match[1])
     high = int(match[2]) if match[2] is not None else low
     if not 1 <= low <= high:
@@ -60,14 +61,14 @@ def parse_conf(r: Reader, value: Any) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        raise r.fail("rendezvous.conf", f"must be a mapping of key: value (torchrun's --rdzv-conf), got "
-                        f"{r.show(value, False)}")
+        raise r.fail(
+            "rendezvous.conf", f"must be a mapping of key: value (torchrun's --rdzv-conf), got {r.show(value, False)}"
+        )
     pairs = []
     for key, raw in value.items():
         where = f"rendezvous.conf.{key}"
         if not isinstance(key, str) or not _CONF_KEY.match(key):
-            raise r.fail(where, f"{r.show(key, False)} is not a --rdzv-conf key "
-                            "(lower-case letters, digits, _)")
+            raise r.fail(where, f"{r.show(key, False)} is not a --rdzv-conf key (lower-case letters, digits, _)")
         if key in OWN_CONF:
             raise r.fail(where, "is set by the launcher: the first host holds the rendezvous store")
         text = ("1" if raw else "0") if isinstance(raw, bool) else r.word(raw, where)
@@ -81,6 +82,5 @@ def parse_resume_args(r: Reader, value: Any) -> tuple[str, ...]:
     if value is None:
         return DEFAULT_RESUME_ARGS
     if not isinstance(value, list):
-        raise r.fail("job.resume_args",
-                        f"must be a list of words (added on a retry), got {r.show(value, False)}")
+        raise r.fail("job.resume_args", f"must be a list of words (added on a retry), got {r.show(value, False)}")
     return tuple(r.word(a, f"job.resume_args[{i}]") for i, a in enumerate(value))

@@ -15,8 +15,18 @@ from launcher.config.text import shorten
 from launcher.node.wire import SOCKET_ENV  # what `socket_ifname` sets on the node
 
 RESERVED_ENV: tuple[str, ...] = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-    "GROUP_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_*",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_*",
 )
 """Variables that would confuse torchrun (globs allowed): `env:` may not set them, `forward_env:` may not copy them,
 and each node's agent removes them from the login environment before it starts torchrun."""
@@ -28,8 +38,13 @@ _PATTERN = re.compile(r"[A-Za-z_?*][A-Za-z0-9_?*]*\Z")
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}\Z")
 
 
-_TORCHELASTIC_NAMES = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                       "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE")
+_TORCHELASTIC_NAMES = (
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 """Names torchrun sets under its TORCHELASTIC_* glob: what a forward_env glob is tried against."""
 
 
@@ -79,29 +94,36 @@ def shell_line_problem(line: str) -> str | None:
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and previous in " \t;&|()":
-            return (f"has a shell comment ({shorten(line[i:], 40)!r}), which would hide the rest of the node's command "
-                    "line; put it on a YAML comment line instead")
+            return (
+                f"has a shell comment ({shorten(line[i:], 40)!r}), which would hide the rest of the node's command "
+                "line; put it on a YAML comment line instead"
+            )
         if not ch.isspace():
             last = ch
         previous = ch
     if escaped:
         return "ends with a backslash; each setup line must be a whole command (lines are joined with &&)"
     if quote is None and last and last in _DANGLING:
-        return (f"ends with {last!r}; each setup line must be a whole command (lines are joined with &&; "
-                "write `{ cmd & }` to start something in the background)")
+        return (
+            f"ends with {last!r}; each setup line must be a whole command (lines are joined with &&; "
+            "write `{ cmd & }` to start something in the background)"
+        )
     return None
 
 
-def parse_node_fields(r: Reader, entry: str, fields: Mapping[str, Any], defaults: Mapping[str, Any],
-                env: Mapping[str, EnvVar]) -> dict[str, Any]:
+def parse_node_fields(
+    r: Reader, entry: str, fields: Mapping[str, Any], defaults: Mapping[str, Any], env: Mapping[str, EnvVar]
+) -> dict[str, Any]:
     """Host keyword arguments for setup, forward_env, env_file and socket_ifname: the host's value replaces the
     defaults' (null too), but forward_env lists are concatenated, defaults' first."""
 
     def pick(key: str) -> tuple[Any, str]:
         return (fields[key], f"{entry}.{key}") if key in fields else (defaults.get(key), f"defaults.{key}")
 
-    forward = [*parse_forward_env(r, defaults.get("forward_env"), "defaults.forward_env"),
-               *parse_forward_env(r, fields.get("forward_env"), f"{entry}.forward_env")]
+    forward = [
+        *parse_forward_env(r, defaults.get("forward_env"), "defaults.forward_env"),
+        *parse_forward_env(r, fields.get("forward_env"), f"{entry}.forward_env"),
+    ]
     merged: dict[str, ForwardEnv] = {}
     for item in forward:  # the same pattern twice: one entry, secret if either says so
         seen = merged.get(item.pattern)
@@ -112,8 +134,7 @@ def parse_node_fields(r: Reader, entry: str, fields: Mapping[str, Any], defaults
         for name in SOCKET_ENV:
             if name in env:
                 origin = f"{entry}.env.{name}" if name in (fields.get("env") or {}) else f"defaults.env.{name}"
-                raise r.fail(where, f"sets {' and '.join(SOCKET_ENV)}, but {origin} sets {name} too; "
-                                "keep one of them")
+                raise r.fail(where, f"sets {' and '.join(SOCKET_ENV)}, but {origin} sets {name} too; keep one of them")
     return {
         "setup": parse_setup(r, *pick("setup")),
         "forward_env": tuple(merged.values()),
@@ -152,8 +173,9 @@ def parse_forward_env(r: Reader, raw: Any, entry: str) -> tuple[ForwardEnv, ...]
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise r.fail(entry, "must be a list of variable names or globs (e.g. [WANDB_*, HF_*]), "
-                        f"got {r.show(raw, False)}")
+        raise r.fail(
+            entry, f"must be a list of variable names or globs (e.g. [WANDB_*, HF_*]), got {r.show(raw, False)}"
+        )
     out = []
     for i, item in enumerate(raw):
         where = f"{entry}[{i}]"
@@ -170,11 +192,16 @@ def parse_forward_env(r: Reader, raw: Any, entry: str) -> tuple[ForwardEnv, ...]
 
 def parse_pattern(r: Reader, value: Any, entry: str, secret: bool) -> str:
     if not isinstance(value, str) or not _PATTERN.match(value):
-        raise r.fail(entry, "must be a variable name or a glob of names (letters, digits, _, and * or ?), "
-                        f"got {r.show(value, secret)}")
+        raise r.fail(
+            entry,
+            f"must be a variable name or a glob of names (letters, digits, _, and * or ?), got {r.show(value, secret)}",
+        )
     if not re.search(r"[A-Za-z0-9_]", value):
-        raise r.fail(entry, f"is {value!r}, which would copy unrelated variables of your shell (PATH, HOME, "
-                        "...); name a prefix, such as WANDB_*")
+        raise r.fail(
+            entry,
+            f"is {value!r}, which would copy unrelated variables of your shell (PATH, HOME, "
+            "...); name a prefix, such as WANDB_*",
+        )
     if "*" not in value and "?" not in value:
         reason = reserved_reason(value, "forward_env")
         if reason is not None:
@@ -182,8 +209,9 @@ def parse_pattern(r: Reader, value: Any, entry: str, secret: bool) -> str:
     else:
         reserved = _reserved_match(value)
         if reserved is not None:
-            raise r.fail(entry, f"would copy {reserved}, which torchrun sets for every worker; "
-                            "use a pattern that leaves it out")
+            raise r.fail(
+                entry, f"would copy {reserved}, which torchrun sets for every worker; use a pattern that leaves it out"
+            )
     return value
 
 
@@ -210,8 +238,10 @@ def parse_socket_ifname(r: Reader, raw: Any, entry: str) -> str | None:
     if raw is None or raw == "auto":
         return raw
     if not isinstance(raw, str) or not _IFNAME.match(raw):
-        raise r.fail(entry, 'must be "auto" or a network interface name (1 to 15 letters, digits, or _.:-), '
-                        f"got {r.show(raw, False)}")
+        raise r.fail(
+            entry,
+            f'must be "auto" or a network interface name (1 to 15 letters, digits, or _.:-), got {r.show(raw, False)}',
+        )
     return raw
 
 
@@ -220,13 +250,13 @@ def parse_sync(r: Reader, raw: Any) -> SyncSpec | None:
     if raw is None:
         return None
     if raw is True:
-        raise r.fail("sync", "must be a mapping (`sync: {}` copies the current folder to every workdir), "
-                        "got True (bool)")
+        raise r.fail(
+            "sync", "must be a mapping (`sync: {}` copies the current folder to every workdir), got True (bool)"
+        )
     spec = r.mapping(raw, "sync", SYNC_KEYS)
     exclude = spec.get("exclude")
     if exclude is not None and not isinstance(exclude, list):
-        raise r.fail("sync.exclude",
-                        f"must be a list of gitignore-style patterns, got {r.show(exclude, False)}")
+        raise r.fail("sync.exclude", f"must be a list of gitignore-style patterns, got {r.show(exclude, False)}")
     return SyncSpec(
         src="." if spec.get("src") is None else r.text(spec["src"], "sync.src"),
         dest=None if spec.get("dest") is None else r.text(spec["dest"], "sync.dest"),
@@ -240,6 +270,9 @@ def parse_relay(r: Reader, raw: Any) -> bool | None:
     if raw is None or raw == "auto":
         return None
     if not isinstance(raw, bool):
-        raise r.fail("sync.relay", 'must be true (the nodes pass the tree on to each other), false (each gets it '
-                                   f'from here) or "auto", got {r.show(raw, False)}')
+        raise r.fail(
+            "sync.relay",
+            "must be true (the nodes pass the tree on to each other), false (each gets it "
+            f'from here) or "auto", got {r.show(raw, False)}',
+        )
     return raw

@@ -47,8 +47,14 @@ def looks_like_hostfile(text: str) -> bool:
     return is_host_name(first) and not first.endswith(":") and all(_OPTION.match(word) for word in rest)
 
 
-def parse_hostfile(text: str, source: str, defaults: Mapping[str, Any] | None = None,
-                   job: Mapping[str, Any] | None = None, *, defaults_source: str = DEFAULTS_SOURCE) -> Cluster:
+def parse_hostfile(
+    text: str,
+    source: str,
+    defaults: Mapping[str, Any] | None = None,
+    job: Mapping[str, Any] | None = None,
+    *,
+    defaults_source: str = DEFAULTS_SOURCE,
+) -> Cluster:
     """Validate a hostfile: node ranks follow its lines; a host without slots gets defaults' nproc_per_node (or 1);
     `ssh_config` and `host_key_policy` in `defaults` are the cluster's.
 
@@ -111,18 +117,21 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
         if not digits:
             raise _error(source, line, f"{shown(word)} is not slots=N with N a positive integer")
         if len(digits) > 9 or int(digits) > MAX_NPROC_PER_NODE:  # int() refuses 4,300 digits: never ask it
-            raise _error(source, line, f"{shown(word)} is more than {MAX_NPROC_PER_NODE} (worker processes on "
-                         "one node)")
+            raise _error(
+                source, line, f"{shown(word)} is more than {MAX_NPROC_PER_NODE} (worker processes on one node)"
+            )
         if found:
             raise _error(source, line, "gives slots= twice")
         found["nproc_per_node"] = int(match[1])
     return found
 
 
-
-
-def load_hosts(path: str | Path, defaults: Mapping[str, Any] | None = None,
-               job: Mapping[str, Any] | None = None, defaults_source: str = DEFAULTS_SOURCE) -> Cluster:
+def load_hosts(
+    path: str | Path,
+    defaults: Mapping[str, Any] | None = None,
+    job: Mapping[str, Any] | None = None,
+    defaults_source: str = DEFAULTS_SOURCE,
+) -> Cluster:
     """Read `path` once: a hostfile (see `looks_like_hostfile`) gets `defaults` and `job` (from the settings file
     `defaults_source`); a YAML inventory is self-contained (its own `defaults:` and `job:`; the others are not used)."""
     text = read_hosts_file(path)

@@ -34,8 +34,10 @@ from launcher.errors import InventoryError
 from launcher.paths import hint
 from launcher.settings import ON_HANG
 
-MISSING = ("no such file: `{init}` writes one from what your nodes say over SSH, `{example}` the reference "
-           "(every key, what it does, its default)")
+MISSING = (
+    "no such file: `{init}` writes one from what your nodes say over SSH, `{example}` the reference "
+    "(every key, what it does, its default)"
+)
 """A missing inventory's message; `{init}` and `{example}` in the caller's words (`launcher.paths.hint`): a user of
 the installed command has no checkout, and no hosts/example.yaml of its own until `init --example` writes it."""
 
@@ -51,14 +53,16 @@ def read_hosts_file(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InventoryError(source, MISSING.format(init=hint("init --hosts NODE1,NODE2"),
-                                                    example=hint("init --example"))) from None
+        raise InventoryError(
+            source, MISSING.format(init=hint("init --hosts NODE1,NODE2"), example=hint("init --example"))
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(source, f"cannot read it: {exc}") from None
 
 
-def cluster_from_data(data: Any, source: str, lines: Mapping[str, int] | None = None,
-                      folder: str | None = None) -> Cluster:
+def cluster_from_data(
+    data: Any, source: str, lines: Mapping[str, int] | None = None, folder: str | None = None
+) -> Cluster:
     """Validate an inventory already loaded as Python data (a hostfile builds one), exactly as YAML text would be.
 
     `lines` maps entries ("hosts[1]") to lines of `source`; `folder` is where a relative env_file is (default: the
@@ -94,8 +98,7 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
     seen: dict[str, int] = {}
     for i, host in enumerate(hosts):
         if host.name in seen:
-            raise r.fail(f"hosts[{i}]", f"host {render(host.name)} is listed twice "
-                            f"(also hosts[{seen[host.name]}])")
+            raise r.fail(f"hosts[{i}]", f"host {render(host.name)} is listed twice (also hosts[{seen[host.name]}])")
         seen[host.name] = i
     policy = top.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
@@ -166,9 +169,12 @@ def parse_rendezvous(r: Reader, raw: Any, hosts: tuple[Host, ...]) -> Rendezvous
     if other is not None:
         # torchrun's static rendezvous store listens on node rank 0; every other node would wait for it at
         # master_addr, where nothing listens, until a timeout.
-        raise r.fail("rendezvous.master_addr", f"is {render(addr)}, a node that is not the first host: "
-                        f"torchrun's store runs on node rank 0 ({first.name}); list {other.name} first, "
-                        "or drop master_addr")
+        raise r.fail(
+            "rendezvous.master_addr",
+            f"is {render(addr)}, a node that is not the first host: "
+            f"torchrun's store runs on node rank 0 ({first.name}); list {other.name} first, "
+            "or drop master_addr",
+        )
     return Rendezvous(
         master_addr=first.addr if addr is None else r.host_name(addr, "rendezvous.master_addr"),
         master_port=DEFAULT_MASTER_PORT if port is None else r.port(port, "rendezvous.master_port"),
@@ -181,8 +187,11 @@ def parse_job(r: Reader, raw: Any, max_restarts: int = 0) -> Job:
     fields = r.mapping(raw, "job", JOB_KEYS)
     forms = [name for name in JOB_FORMS if fields.get(name) is not None]
     if not forms:
-        raise r.fail("job", "has no `script:` (the training script, relative to workdir), `module:` (run as "
-                            "`python -m`) or `command:` (a program, not Python)")
+        raise r.fail(
+            "job",
+            "has no `script:` (the training script, relative to workdir), `module:` (run as "
+            "`python -m`) or `command:` (a program, not Python)",
+        )
     if len(forms) > 1:
         raise r.fail(f"job.{forms[1]}", f"and job.{forms[0]} are both set: a job runs one script, module or command")
     form = forms[0]
@@ -192,11 +201,15 @@ def parse_job(r: Reader, raw: Any, max_restarts: int = 0) -> Job:
     hang, on_hang = fields.get("hang_timeout"), fields.get("on_hang")
     if on_hang is not None and on_hang not in ON_HANG:
         raise r.fail("job.on_hang", f"must be one of {', '.join(ON_HANG)}, got {typed(on_hang)}")
-    return Job(**{form: value}, args=_strings(r, fields.get("args"), "job.args"),
-               torchrun=_torchrun(r, fields.get("torchrun"), max_restarts),
-               resume_args=parse_resume_args(r, fields.get("resume_args")),
-               hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"), on_hang=on_hang,
-               progress=parse_progress(r, fields.get("progress")))
+    return Job(
+        **{form: value},
+        args=_strings(r, fields.get("args"), "job.args"),
+        torchrun=_torchrun(r, fields.get("torchrun"), max_restarts),
+        resume_args=parse_resume_args(r, fields.get("resume_args")),
+        hang_timeout=None if hang is None else r.seconds(hang, "job.hang_timeout"),
+        on_hang=on_hang,
+        progress=parse_progress(r, fields.get("progress")),
+    )
 
 
 def _strings(r: Reader, raw: Any, entry: str) -> tuple[str, ...]:
@@ -241,8 +254,11 @@ def parse_env(r: Reader, raw: Any, entry: str, secret: frozenset[str] = frozense
     for name, value in raw.items():
         where = f"{entry}.{name}"
         if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise r.fail(where, f"{render(name)} is not a valid environment variable name "
-                            "(letters, digits and _, not starting with a digit)")
+            raise r.fail(
+                where,
+                f"{render(name)} is not a valid environment variable name "
+                "(letters, digits and _, not starting with a digit)",
+            )
         reserved = reserved_reason(name)
         if reserved is not None:
             raise r.fail(where, reserved)
@@ -263,7 +279,6 @@ def parse_env_spec(r: Reader, name: str, raw: dict[Any, Any], where: str, hidden
     from_env = spec.get("from_env")
     if "from_env" in spec and (not isinstance(from_env, str) or not ENV_NAME.match(from_env)):
         # it may be the secret itself, pasted where its variable's name belongs
-        raise r.fail(f"{where}.from_env",
-                        f"must be an environment variable name, got {r.show(from_env, hidden)}")
+        raise r.fail(f"{where}.from_env", f"must be an environment variable name, got {r.show(from_env, hidden)}")
     literal = r.word(spec["value"], f"{where}.value", secret=hidden) if "value" in spec else None
     return EnvVar(name, value=literal, from_env=from_env, secret=secret)

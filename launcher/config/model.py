@@ -43,8 +43,19 @@ SYNC_KEYS = ("src", "dest", "exclude", "relay")
 TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync", "retries")
 
 
-HOST_KEYS = ("user", "port", "identity_file", "python", "workdir", "nproc_per_node", "env", "setup", "forward_env",
-             "env_file", "socket_ifname")
+HOST_KEYS = (
+    "user",
+    "port",
+    "identity_file",
+    "python",
+    "workdir",
+    "nproc_per_node",
+    "env",
+    "setup",
+    "forward_env",
+    "env_file",
+    "socket_ifname",
+)
 
 
 RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
@@ -63,12 +74,31 @@ attempt and start the run again (`retries` left) without the node that held it u
 ENV_KEYS = ("value", "from_env", "secret")
 
 
-OTHER_WORDS = {"nodes": "hosts", "machines": "hosts", "host": "name", "hostname": "name", "ip": "name",
-               "address": "name", "slots": "nproc_per_node", "gpus": "nproc_per_node", "nproc": "nproc_per_node",
-               "gpus_per_node": "nproc_per_node", "num_gpus": "nproc_per_node", "username": "user",
-               "key_filename": "identity_file", "identityfile": "identity_file", "ssh_key": "identity_file",
-               "cwd": "workdir", "working_dir": "workdir", "environment": "env", "arguments": "args",
-               "entrypoint": "script", "program": "script", "rdzv": "rendezvous", "rdzv_backend": "backend"}
+OTHER_WORDS = {
+    "nodes": "hosts",
+    "machines": "hosts",
+    "host": "name",
+    "hostname": "name",
+    "ip": "name",
+    "address": "name",
+    "slots": "nproc_per_node",
+    "gpus": "nproc_per_node",
+    "nproc": "nproc_per_node",
+    "gpus_per_node": "nproc_per_node",
+    "num_gpus": "nproc_per_node",
+    "username": "user",
+    "key_filename": "identity_file",
+    "identityfile": "identity_file",
+    "ssh_key": "identity_file",
+    "cwd": "workdir",
+    "working_dir": "workdir",
+    "environment": "env",
+    "arguments": "args",
+    "entrypoint": "script",
+    "program": "script",
+    "rdzv": "rendezvous",
+    "rdzv_backend": "backend",
+}
 """Keys other launchers and inventories use for one of ours (Fabric's, Ansible's, DeepSpeed's, SkyPilot's, torchrun's
 spelling): an unknown key that is one of them is answered with ours where ours is allowed there, as a near miss is.
 A host's address in theirs is where the controller connects: our `name` (`addr`, how peers reach it, defaults to it)."""

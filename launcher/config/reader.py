@@ -58,9 +58,12 @@ class Reader:
                 where = f"{entry}.{key}" if entry else str(key)
                 if secret or is_secret(value):  # no did-you-mean either: it would say what the secret resembles
                     line = self.lines.get(where)
-                    raise InventoryError(self.source, "has an unknown key (not shown: the entry is secret); known "
-                                         f"keys: {', '.join(allowed)}",
-                                         entry=shorten(entry, 2 * SHOWN), line=line or self.lines.get(entry))
+                    raise InventoryError(
+                        self.source,
+                        f"has an unknown key (not shown: the entry is secret); known keys: {', '.join(allowed)}",
+                        entry=shorten(entry, 2 * SHOWN),
+                        line=line or self.lines.get(entry),
+                    )
                 raise self.fail(where, f"unknown key {render(key)}{hint}")
         return value
 
@@ -86,8 +89,9 @@ class Reader:
         if written is not None and not (isinstance(value, bool) and written.lower() in ("true", "false")):
             return written  # `010`, `1:30`, `1.10`, `yes`: as typed, not as YAML 1.1 reads them (8, 90, 1.1, True)
         if isinstance(value, bool):
-            raise self.fail(entry, f"must be a string or a number, got {self.show(value, secret)}; "
-                            "quote it if you mean the word")
+            raise self.fail(
+                entry, f"must be a string or a number, got {self.show(value, secret)}; quote it if you mean the word"
+            )
         # Numbers are fine as arguments (`--epochs: 3`); lists and mappings are almost always a mistake.
         if not isinstance(value, str | int | float):
             raise self.fail(entry, f"must be a string or a number, got {self.show(value, secret)}")
@@ -111,8 +115,9 @@ class Reader:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(entry, f'must be a positive integer or "auto", got {typed(value)}')
         if value > MAX_NPROC_PER_NODE:
-            raise self.fail(entry, f"must be at most {MAX_NPROC_PER_NODE} (worker processes on one node), "
-                            f"got {typed(value)}")
+            raise self.fail(
+                entry, f"must be at most {MAX_NPROC_PER_NODE} (worker processes on one node), got {typed(value)}"
+            )
         return value
 
     def secret_flag(self, value: Any, entry: str) -> bool:
@@ -123,8 +128,9 @@ class Reader:
 
     def seconds(self, value: Any, entry: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
-            raise self.fail(entry, f"must be a number of seconds from 0 to {MAX_SECONDS:g}, "
-                                   f"got {self.show(value, False)}")
+            raise self.fail(
+                entry, f"must be a number of seconds from 0 to {MAX_SECONDS:g}, got {self.show(value, False)}"
+            )
         return float(value)
 
     def count(self, value: Any, entry: str) -> int:

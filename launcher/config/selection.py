@@ -53,8 +53,9 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
     wanted: dict[str, frozenset[int] | None] = {}
     for piece in (p.strip() for p in spec.split("@")):
         if not piece:
-            raise SelectionError(cluster.source,
-                                 f"{flag} {shown(spec)}: a host name is empty (hosts are separated by @)")
+            raise SelectionError(
+                cluster.source, f"{flag} {shown(spec)}: a host name is empty (hosts are separated by @)"
+            )
         name, indices = piece, None
         if piece not in names and ":" in piece:  # an IPv6 name keeps its colons; `name:0,2` names indices
             name, _, text = piece.rpartition(":")
@@ -62,8 +63,9 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"the hosts are {_listed(names)}"
-            raise SelectionError(cluster.source,
-                                 f"{flag} {shown(piece)}: no host {shown(name)} in the inventory; {hint}")
+            raise SelectionError(
+                cluster.source, f"{flag} {shown(piece)}: no host {shown(name)} in the inventory; {hint}"
+            )
         before = wanted.get(name, frozenset())
         wanted[name] = None if before is None or indices is None else before | indices
     return wanted
@@ -71,8 +73,9 @@ def _parse(cluster: Cluster, flag: str, spec: str) -> dict[str, frozenset[int] |
 
 def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
     if not text:
-        raise SelectionError(source, f"{flag} {shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone "
-                        "for the whole host)")
+        raise SelectionError(
+            source, f"{flag} {shown(piece)}: no GPU index after ':' (write NAME:0,1, or NAME alone for the whole host)"
+        )
     found = set()
     for word in text.split(","):
         if not re.fullmatch(r"\d{1,6}", word.strip()):
@@ -84,8 +87,11 @@ def _indices(text: str, source: str, flag: str, piece: str) -> frozenset[int]:
 def _check_range(host: Host, indices: frozenset[int], flag: str, piece: str, source: str) -> None:
     count = host.nproc_per_node
     if count != "auto" and max(indices) >= count:
-        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
-                        f"(nproc_per_node {count}), not {max(indices)}")
+        raise SelectionError(
+            source,
+            f"{flag} {shown(piece)}: {host.name} has GPU indices 0 to {count - 1} "
+            f"(nproc_per_node {count}), not {max(indices)}",
+        )
 
 
 def _restrict(host: Host, indices: frozenset[int] | None, flag: str, spec: str, source: str) -> Host:
@@ -100,8 +106,11 @@ def _remaining(host: Host, indices: frozenset[int], flag: str, spec: str, source
     """The host less the excluded `indices`; None when none are left."""
     piece = _piece(spec, host.name)
     if host.nproc_per_node == "auto":
-        raise SelectionError(source, f"{flag} {shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
-                        "are not known; set a number in the inventory, or exclude the whole host")
+        raise SelectionError(
+            source,
+            f"{flag} {shown(piece)}: {host.name}'s nproc_per_node is auto, so its GPU indices "
+            "are not known; set a number in the inventory, or exclude the whole host",
+        )
     _check_range(host, indices, flag, piece, source)
     rest = [i for i in range(host.nproc_per_node) if i not in indices]
     return _with_devices(host, rest) if rest else None
@@ -117,12 +126,19 @@ def _rebuilt(cluster: Cluster, kept: list[tuple[int, Host]], flag: str, spec: st
     first = cluster.hosts[0]
     if kept[0][1].name != first.name:
         if rdzv.master_addr_explicit:
-            raise SelectionError(cluster.source, f"{flag} {shown(spec)} leaves out {first.name}, node rank 0, where "
-                            f"rendezvous.master_addr ({rdzv.master_addr}) points; keep it, or drop master_addr from "
-                            "the inventory so that the first remaining host is the master")
+            raise SelectionError(
+                cluster.source,
+                f"{flag} {shown(spec)} leaves out {first.name}, node rank 0, where "
+                f"rendezvous.master_addr ({rdzv.master_addr}) points; keep it, or drop master_addr from "
+                "the inventory so that the first remaining host is the master",
+            )
         rdzv = dataclasses.replace(rdzv, master_addr=kept[0][1].addr)
-    return dataclasses.replace(cluster, hosts=tuple(host for _, host in kept), rendezvous=rdzv,
-                               lines=_renumbered(cluster.lines, [i for i, _ in kept]))
+    return dataclasses.replace(
+        cluster,
+        hosts=tuple(host for _, host in kept),
+        rendezvous=rdzv,
+        lines=_renumbered(cluster.lines, [i for i, _ in kept]),
+    )
 
 
 def _renumbered(lines: Mapping[str, int], kept: list[int]) -> dict[str, int]:
@@ -134,7 +150,7 @@ def _renumbered(lines: Mapping[str, int], kept: list[int]) -> dict[str, int]:
         if match is None:
             out[entry] = line
         elif int(match[1]) in new_place:
-            out[f"hosts[{new_place[int(match[1])]}]{entry[match.end():]}"] = line
+            out[f"hosts[{new_place[int(match[1])]}]{entry[match.end() :]}"] = line
     return out
 
 

@@ -57,11 +57,15 @@ def _hosts(found: Sequence[Found], python: str | None, nproc: int | None) -> lis
         return [_line(f"hosts: {_flow(names)}", "node rank 0 first: it holds the rendezvous")]
     lines = ["hosts:                                  # node rank 0 first: it holds the rendezvous"]
     for f in found:
-        own = {"name": f.name, **({} if python is not None else {"python": f.python or UNKNOWN_PYTHON}),
-               **({} if nproc is not None else {"nproc_per_node": f.nproc})}
+        own = {
+            "name": f.name,
+            **({} if python is not None else {"python": f.python or UNKNOWN_PYTHON}),
+            **({} if nproc is not None else {"nproc_per_node": f.nproc}),
+        }
         unknown = python is None and f.python is None
-        lines.append(_line(f"  - {_flow(own)}", f"no python with torch was found on {f.name}: set it" if unknown
-                           else ""))
+        lines.append(
+            _line(f"  - {_flow(own)}", f"no python with torch was found on {f.name}: set it" if unknown else "")
+        )
     return lines
 
 
@@ -71,8 +75,15 @@ def _python_comment(found: Sequence[Found]) -> str:
     return "has torch on every node"
 
 
-def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, Any], master_port: int,
-                     ssh_config: str | None = None, command: str = "ddpl ") -> str:
+def render_inventory(
+    found: Sequence[Found],
+    *,
+    workdir: str,
+    job: Mapping[str, Any],
+    master_port: int,
+    ssh_config: str | None = None,
+    command: str = "ddpl ",
+) -> str:
     """The commented inventory for `found` (in rank order): what every node shares in `defaults:`, what differs on
     its host, the notes of what could not be found as comments. `command`: what comes before a task's name as the
     user runs it (`ddpl `, `inv `, `inv ddp.`: launcher.paths.task_words)."""
@@ -80,17 +91,25 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
     if python is None and all(f.python is None for f in found):
         python = UNKNOWN_PYTHON  # once, in defaults: a host's own line would override the one a user sets
     gpus = _common(found, "gpus")
-    nproc_why = (f"nvidia-smi lists {gpus} GPU(s) on every node" if gpus else
-                 "no GPUs (nvidia-smi): one process a node, torch uses its cores") if gpus is not None else ""
+    nproc_why = (
+        (
+            f"nvidia-smi lists {gpus} GPU(s) on every node"
+            if gpus
+            else "no GPUs (nvidia-smi): one process a node, torch uses its cores"
+        )
+        if gpus is not None
+        else ""
+    )
     if any(f.given_nproc for f in found):
         nproc_why = "as --nproc-per-node gave"
-    lines = [f"# Written by `{command}init`: your nodes, what it found on them over SSH, and the job to run.",
-             "# Check it, then:",
-             f"#   {command}doctor                     # same Python and torch everywhere? DNS? port? script?",
-             f"#   {command}launch --dry-run           # each node's exact command, and why each flag is there",
-             f"#   {command}launch --sync              # copy this project to every workdir, then start",
-             f"# Every key, with what it does and its default: `{command}init --example` writes them to "
-             "hosts/example.yaml."]
+    lines = [
+        f"# Written by `{command}init`: your nodes, what it found on them over SSH, and the job to run.",
+        "# Check it, then:",
+        f"#   {command}doctor                     # same Python and torch everywhere? DNS? port? script?",
+        f"#   {command}launch --dry-run           # each node's exact command, and why each flag is there",
+        f"#   {command}launch --sync              # copy this project to every workdir, then start",
+        f"# Every key, with what it does and its default: `{command}init --example` writes them to hosts/example.yaml.",
+    ]
     lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
     lines += _hosts(found, python, nproc)
     if ssh_config is not None:
@@ -101,11 +120,16 @@ def render_inventory(found: Sequence[Found], *, workdir: str, job: Mapping[str, 
     lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command}launch --sync`"))
     if nproc is not None:
         lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))
-    lines += ["rendezvous:", _line(f"  master_port: {master_port}", "a free TCP port on the first node"),
-              "job:", EXAMPLE_LINE, *(_line(f"  {key}: {_flow(value)}", "") for key, value in job.items()),
-              "  # module: pkg.train                    # instead of script: torchrun -m pkg.train",
-              "  # command: ./train.sh                  # instead of script: a program, not Python",
-              "  # torchrun: [--numa-binding, socket]   # torchrun's own options, passed as written",
-              "# sync:",
-              "#   exclude: [data/, '*.ckpt']          # what --sync leaves out besides .gitignore's"]
+    lines += [
+        "rendezvous:",
+        _line(f"  master_port: {master_port}", "a free TCP port on the first node"),
+        "job:",
+        EXAMPLE_LINE,
+        *(_line(f"  {key}: {_flow(value)}", "") for key, value in job.items()),
+        "  # module: pkg.train                    # instead of script: torchrun -m pkg.train",
+        "  # command: ./train.sh                  # instead of script: a program, not Python",
+        "  # torchrun: [--numa-binding, socket]   # torchrun's own options, passed as written",
+        "# sync:",
+        "#   exclude: [data/, '*.ckpt']          # what --sync leaves out besides .gitignore's",
+    ]
     return "\n".join(lines) + "\n"

@@ -9,8 +9,10 @@ be ignored or break what the launcher reads (the workers' files, the ranks). Eve
 from __future__ import annotations
 
 _SET_BY = "the launcher sets it"
-_OUTPUT = "the launcher's agent reads every worker's output from the files torchrun writes with its own --redirects " \
-          "and --log-dir"
+_OUTPUT = (
+    "the launcher's agent reads every worker's output from the files torchrun writes with its own --redirects "
+    "and --log-dir"
+)
 
 OWNED: dict[str, str] = {
     "--nnodes": f"{_SET_BY} from the hosts listed (rendezvous.nodes for a c10d rendezvous)",

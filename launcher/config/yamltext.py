@@ -52,8 +52,8 @@ class _Loader(yaml.SafeLoader):
                 text = node.value if isinstance(node, yaml.ScalarNode) else "..."  # a collection's repr can be a bomb
                 what = f"{render(text)} ({shorten(str(exc), SHOWN)})"
             raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {shorten(node.tag.rsplit(':', 1)[-1], SHOWN)} value {what}",
-                node.start_mark) from None
+                None, None, f"cannot read {shorten(node.tag.rsplit(':', 1)[-1], SHOWN)} value {what}", node.start_mark
+            ) from None
 
 
 def _yaml_error(exc: yaml.YAMLError, text: str, source: str) -> InventoryError:
@@ -94,8 +94,11 @@ def _refuse_merge_bombs(root: yaml.Node | None, source: str) -> None:
         sizes[id(node)] = count
         total += count
         if total > MAX_MERGED_PAIRS:
-            raise InventoryError(source, f"not valid YAML: merge keys (<<) expand the mappings to more than "
-                                 f"{MAX_MERGED_PAIRS} entries", line=node.start_mark.line + 1)
+            raise InventoryError(
+                source,
+                f"not valid YAML: merge keys (<<) expand the mappings to more than {MAX_MERGED_PAIRS} entries",
+                line=node.start_mark.line + 1,
+            )
         return count
 
     seen: set[int] = set()
@@ -131,11 +134,19 @@ def _line_numbers(node: yaml.Node | None, source: str, hidden: set[int]) -> dict
                 name = str(key.value)
                 child = f"{path}.{name}" if path else name
                 if name in seen and (id(n) in hidden or _says_secret(n)):
-                    raise InventoryError(source, "has a key twice (not shown: the entry is secret)",
-                                         entry=shorten(path, 2 * SHOWN) or None, line=key.start_mark.line + 1)
+                    raise InventoryError(
+                        source,
+                        "has a key twice (not shown: the entry is secret)",
+                        entry=shorten(path, 2 * SHOWN) or None,
+                        line=key.start_mark.line + 1,
+                    )
                 if name in seen:
-                    raise InventoryError(source, "appears twice in the same mapping",
-                                         entry=shorten(child, 2 * SHOWN), line=key.start_mark.line + 1)
+                    raise InventoryError(
+                        source,
+                        "appears twice in the same mapping",
+                        entry=shorten(child, 2 * SHOWN),
+                        line=key.start_mark.line + 1,
+                    )
                 seen.add(name)
                 lines[child] = key.start_mark.line + 1
                 walk(value, child)
@@ -150,9 +161,12 @@ def _line_numbers(node: yaml.Node | None, source: str, hidden: set[int]) -> dict
 
 def _says_secret(node: yaml.MappingNode) -> bool:
     """Whether a mapping (an env entry) has `secret:` with anything but false: a malformed flag hides too."""
-    return any(isinstance(k, yaml.ScalarNode) and k.value == "secret"
-               and not (isinstance(v, yaml.ScalarNode) and v.tag == _BOOL_TAG and v.value.lower() in _FALSE)
-               for k, v in node.value)
+    return any(
+        isinstance(k, yaml.ScalarNode)
+        and k.value == "secret"
+        and not (isinstance(v, yaml.ScalarNode) and v.tag == _BOOL_TAG and v.value.lower() in _FALSE)
+        for k, v in node.value
+    )
 
 
 def is_secret(value: dict[Any, Any]) -> bool:
@@ -167,8 +181,11 @@ def _secret_nodes(root: yaml.Node | None) -> set[int]:
     seen: set[tuple[int, bool]] = set()  # a node is visited at most twice (open, secret): aliases may nest 10**9 deep
     stack: list[tuple[yaml.Node, bool]] = [] if root is None else [(root, False)]
     top = _pairs(root)
-    names = {name for name, node in _pairs(_pairs(top.get("defaults")).get("env")).items()
-             if isinstance(node, yaml.MappingNode) and _says_secret(node)}
+    names = {
+        name
+        for name, node in _pairs(_pairs(top.get("defaults")).get("env")).items()
+        if isinstance(node, yaml.MappingNode) and _says_secret(node)
+    }
     hosts = top.get("hosts")
     for host in hosts.value if isinstance(hosts, yaml.SequenceNode) and names else ():
         stack += [(node, True) for name, node in _pairs(_pairs(host).get("env")).items() if name in names]
@@ -220,8 +237,9 @@ def _written_texts(root: yaml.Node | None, guessed: set[int]) -> dict[str, str]:
         found[f"{entry}.setup"] = setup
         if isinstance(setup, yaml.SequenceNode):
             found.update((f"{entry}.setup[{i}]", line) for i, line in enumerate(setup.value))
-    return {entry: node.value for entry, node in found.items()
-            if isinstance(node, yaml.ScalarNode) and id(node) in guessed}
+    return {
+        entry: node.value for entry, node in found.items() if isinstance(node, yaml.ScalarNode) and id(node) in guessed
+    }
 
 
 def load_yaml(text: str, source: str) -> tuple[Any, dict[str, int], dict[str, str]]:

@@ -21,9 +21,23 @@ from launcher.limits import MAX_CLOCK_SKEW_S, MIN_DISK_BYTES, SLOW_PROBE_FACTOR,
 
 _RENDERING = ("MARKS", "render_table", "report_json")
 """From launcher.doctor.report, imported when first used: rich is no cost to a launch that only checks."""
-_COLLECTING = ("LISTEN_WINDOW_S", "LISTENER_MARGIN_S", "PROBE_SOURCE", "TOKEN_READ_S", "CheckMode", "DoctorGate",
-               "connect_section", "default_gate", "listen_request", "probe_command", "probe_input", "probe_request",
-               "run_doctor", "session_section", "session_token")
+_COLLECTING = (
+    "LISTEN_WINDOW_S",
+    "LISTENER_MARGIN_S",
+    "PROBE_SOURCE",
+    "TOKEN_READ_S",
+    "CheckMode",
+    "DoctorGate",
+    "connect_section",
+    "default_gate",
+    "listen_request",
+    "probe_command",
+    "probe_input",
+    "probe_request",
+    "run_doctor",
+    "session_section",
+    "session_token",
+)
 """From launcher.doctor.collect (the I/O: SSH, the agents' sessions), imported when first used: `inv status` reads
 FAST_CHECKS for its help, and needs none of it."""
 

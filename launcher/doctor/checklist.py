@@ -10,8 +10,21 @@ from launcher.doctor import checks_gpu, checks_net, checks_node  # noqa: F401  (
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import _REGISTRY, CheckFunction
 
-CHECKS: tuple[str, ...] = ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script", "gpus", "packages",
-                           "disk", "clock", "iface")
+CHECKS: tuple[str, ...] = (
+    "ssh",
+    "python",
+    "torch",
+    "dns",
+    "hostname",
+    "port",
+    "tcp",
+    "script",
+    "gpus",
+    "packages",
+    "disk",
+    "clock",
+    "iface",
+)
 """Every check, in column order."""
 if set(CHECKS) != set(_REGISTRY):  # a check registered but given no column, or a column without its check
     raise RuntimeError(f"the doctor's columns and its checks differ: {sorted(set(CHECKS) ^ set(_REGISTRY))}")

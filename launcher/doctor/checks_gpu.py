@@ -35,8 +35,10 @@ def newest_cuda(driver: str | None) -> str | None:
 
 
 def driver_fix(host: str) -> str:
-    return (f"look at the driver on {host}: `nvidia-smi` by hand, `dmesg | grep -i xid` for a GPU that fell off the "
-            "bus; a node without GPUs needs no nvidia-smi on its PATH")
+    return (
+        f"look at the driver on {host}: `nvidia-smi` by hand, `dmesg | grep -i xid` for a GPU that fell off the "
+        "bus; a node without GPUs needs no nvidia-smi on its PATH"
+    )
 
 
 def _torch_build(host: Host, probe: Mapping[str, Any], gpus: Mapping[str, Any]) -> Finding | None:
@@ -49,36 +51,47 @@ def _torch_build(host: Host, probe: Mapping[str, Any], gpus: Mapping[str, Any]) 
     exe = (probe.get("python") or {}).get("executable", "python")
     if cuda is None:
         wheel = f"cu{newest.replace('.', '')}" if newest else "cu<XY>"
-        return Finding(host.name, "gpus", "fail",
-                       f"{gpus['count']} GPU(s) here, but torch {version} is a CPU build (torch.version.cuda is None): "
-                       "nproc_per_node auto would start one worker per CPU core, and these ranks would use gloo while "
-                       "GPU nodes use NCCL (the run waits out its process-group timeout)",
-                       f"install torch's CUDA build for driver {driver} (CUDA {newest or '?'} at most): `{exe} -m pip "
-                       f"install torch=={version.split('+')[0]} --index-url {WHEELS}/{wheel}` (a cuXY no newer that "
-                       "pytorch.org lists for that torch)")
+        return Finding(
+            host.name,
+            "gpus",
+            "fail",
+            f"{gpus['count']} GPU(s) here, but torch {version} is a CPU build (torch.version.cuda is None): "
+            "nproc_per_node auto would start one worker per CPU core, and these ranks would use gloo while "
+            "GPU nodes use NCCL (the run waits out its process-group timeout)",
+            f"install torch's CUDA build for driver {driver} (CUDA {newest or '?'} at most): `{exe} -m pip "
+            f"install torch=={version.split('+')[0]} --index-url {WHEELS}/{wheel}` (a cuXY no newer that "
+            "pytorch.org lists for that torch)",
+        )
     floor = GPU_DRIVER_FLOOR.get(cuda.split(".")[0])
     if not driver or floor is None:
         return None
     if version_key(driver) < version_key(floor):
-        return Finding(host.name, "gpus", "fail",
-                       f"torch {version} is built for CUDA {cuda}, which needs driver {floor} or newer; {host.name} "
-                       f"has {driver}: CUDA will not start",
-                       f"update the driver on {host.name}, or install a torch built for CUDA "
-                       f"{newest or 'an older CUDA'}")
+        return Finding(
+            host.name,
+            "gpus",
+            "fail",
+            f"torch {version} is built for CUDA {cuda}, which needs driver {floor} or newer; {host.name} "
+            f"has {driver}: CUDA will not start",
+            f"update the driver on {host.name}, or install a torch built for CUDA {newest or 'an older CUDA'}",
+        )
     full = GPU_DRIVER_FOR_CUDA.get(".".join(cuda.split(".")[:2]))
     if full and version_key(driver) < version_key(full):
-        return Finding(host.name, "gpus", "warn",
-                       f"driver {driver} is older than CUDA {cuda}'s ({full}): torch runs by CUDA's minor version "
-                       "compatibility, without what needs the newer driver (PTX for a newer GPU, newer APIs)",
-                       f"update the driver on {host.name} to {full} or newer, or install torch built for CUDA "
-                       f"{newest or 'an older CUDA'}")
+        return Finding(
+            host.name,
+            "gpus",
+            "warn",
+            f"driver {driver} is older than CUDA {cuda}'s ({full}): torch runs by CUDA's minor version "
+            "compatibility, without what needs the newer driver (PTX for a newer GPU, newer APIs)",
+            f"update the driver on {host.name} to {full} or newer, or install torch built for CUDA "
+            f"{newest or 'an older CUDA'}",
+        )
     return None
 
 
 def _used(host: Host, gpus: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The devices the run uses: the first nproc_per_node it sees (local rank i takes cuda:i), all with auto."""
-    devices = list(gpus.get("devices") or [])[:gpus.get("count", 0)]
-    return devices if host.nproc_per_node == "auto" else devices[:int(host.nproc_per_node)]
+    devices = list(gpus.get("devices") or [])[: gpus.get("count", 0)]
+    return devices if host.nproc_per_node == "auto" else devices[: int(host.nproc_per_node)]
 
 
 def _holders(device: Mapping[str, Any]) -> str:
@@ -86,8 +99,10 @@ def _holders(device: Mapping[str, Any]) -> str:
     runs = f"; launcher run {', '.join(device['runs'])}" if device.get("runs") else ""
     memory = device.get("memory_used_mib")
     use = device.get("utilization")
-    return (f"pid {pids}{runs}; {'?' if memory is None else f'{memory:.0f}'} MiB, "
-            f"{'?' if use is None else f'{use:.0f}'}% used")
+    return (
+        f"pid {pids}{runs}; {'?' if memory is None else f'{memory:.0f}'} MiB, "
+        f"{'?' if use is None else f'{use:.0f}'}% used"
+    )
 
 
 def _gpu_name(device: Mapping[str, Any]) -> str:
@@ -101,13 +116,21 @@ def _count_problem(host: Host, gpus: Mapping[str, Any]) -> Finding | None:
         return None
     if gpus.get("mig"):
         first = next(iter(gpus.get("devices") or []), {})
-        return Finding(host.name, "gpus", "fail",
-                       f"nproc_per_node is {nproc}, but CUDA shows each process one MIG device ({_gpu_name(first)}): "
-                       f"{nproc} ranks would share it, and NCCL refuses two ranks on one device",
-                       f"set nproc_per_node: 1 for {host.name}, or turn MIG off on its GPUs (`nvidia-smi -mig 0`)")
-    return Finding(host.name, "gpus", "fail", f"nproc_per_node is {nproc} but {count} GPU(s) visible",
-                   f"set nproc_per_node: {count} (or auto) for {host.name}, or expose more GPUs "
-                   "(CUDA_VISIBLE_DEVICES)")
+        return Finding(
+            host.name,
+            "gpus",
+            "fail",
+            f"nproc_per_node is {nproc}, but CUDA shows each process one MIG device ({_gpu_name(first)}): "
+            f"{nproc} ranks would share it, and NCCL refuses two ranks on one device",
+            f"set nproc_per_node: 1 for {host.name}, or turn MIG off on its GPUs (`nvidia-smi -mig 0`)",
+        )
+    return Finding(
+        host.name,
+        "gpus",
+        "fail",
+        f"nproc_per_node is {nproc} but {count} GPU(s) visible",
+        f"set nproc_per_node: {count} (or auto) for {host.name}, or expose more GPUs (CUDA_VISIBLE_DEVICES)",
+    )
 
 
 def _in_use(host: Host, used: list[dict[str, Any]], in_use_ok: bool) -> list[Finding]:
@@ -116,18 +139,30 @@ def _in_use(host: Host, used: list[dict[str, Any]], in_use_ok: bool) -> list[Fin
     out = []
     for device in used:
         if device.get("unreadable"):
-            out.append(Finding(host.name, "gpus", "fail",
-                               f"{_gpu_name(device)} cannot be read: {device['unreadable']} (fallen off the bus?)",
-                               f"`nvidia-smi -q -i {device['index']}` and `dmesg | grep -i xid` on {host.name}; reset "
-                               f"it, or leave it out (--exclude {host.name}:{device['cuda']})"))
+            out.append(
+                Finding(
+                    host.name,
+                    "gpus",
+                    "fail",
+                    f"{_gpu_name(device)} cannot be read: {device['unreadable']} (fallen off the bus?)",
+                    f"`nvidia-smi -q -i {device['index']}` and `dmesg | grep -i xid` on {host.name}; reset "
+                    f"it, or leave it out (--exclude {host.name}:{device['cuda']})",
+                )
+            )
         elif device.get("busy"):
-            out.append(Finding(host.name, "gpus", "ok" if in_use_ok else "fail",
-                               f"{_gpu_name(device)} (cuda:{device['cuda']} for this run) is in use: "
-                               f"{_holders(device)}",
-                               "" if in_use_ok else
-                               f"stop those processes (`nvidia-smi` on {host.name}; a launcher run: "
-                               f"`{hint('stop --run ID', 'api.run(HOSTS, ID).stop()')}`), or leave the GPU out "
-                               f"(--exclude {host.name}:{device['cuda']})"))
+            out.append(
+                Finding(
+                    host.name,
+                    "gpus",
+                    "ok" if in_use_ok else "fail",
+                    f"{_gpu_name(device)} (cuda:{device['cuda']} for this run) is in use: {_holders(device)}",
+                    ""
+                    if in_use_ok
+                    else f"stop those processes (`nvidia-smi` on {host.name}; a launcher run: "
+                    f"`{hint('stop --run ID', 'api.run(HOSTS, ID).stop()')}`), or leave the GPU out "
+                    f"(--exclude {host.name}:{device['cuda']})",
+                )
+            )
     return out
 
 
@@ -153,12 +188,26 @@ def _node(host: Host, probe: Mapping[str, Any], in_use_ok: bool) -> list[Finding
     if gpus.get("error"):
         return [Finding(name, "gpus", "fail", gpus["error"], driver_fix(name))]
     if gpus.get("spec_error"):
-        return [Finding(name, "gpus", "fail", gpus["spec_error"],
-                        f"name GPUs that {name} shows (`--include {name}:0` is its first), or the whole host")]
+        return [
+            Finding(
+                name,
+                "gpus",
+                "fail",
+                gpus["spec_error"],
+                f"name GPUs that {name} shows (`--include {name}:0` is its first), or the whole host",
+            )
+        ]
     if gpus["count"] == 0:
-        return [Finding(name, "gpus", "fail", f"nvidia-smi lists {gpus['total']} GPU(s), but CUDA_VISIBLE_DEVICES="
-                        f"{gpus.get('spec')} names none: this node's run would see no GPU (gloo here, NCCL elsewhere)",
-                        "set CUDA_VISIBLE_DEVICES to indices or UUIDs that `nvidia-smi -L` lists, or unset it")]
+        return [
+            Finding(
+                name,
+                "gpus",
+                "fail",
+                f"nvidia-smi lists {gpus['total']} GPU(s), but CUDA_VISIBLE_DEVICES="
+                f"{gpus.get('spec')} names none: this node's run would see no GPU (gloo here, NCCL elsewhere)",
+                "set CUDA_VISIBLE_DEVICES to indices or UUIDs that `nvidia-smi -L` lists, or unset it",
+            )
+        ]
     used = _used(host, gpus)
     found = [f for f in (_torch_build(host, probe, gpus), _count_problem(host, gpus)) if f is not None]
     found += _in_use(host, used, in_use_ok)
@@ -182,19 +231,36 @@ def _between(ev: Evidence, gpus: Mapping[str, Mapping[str, Any]]) -> list[Findin
         if not count or not major:  # GPUs on some nodes only: their ranks use NCCL, the others gloo
             why, status = "; its ranks and the others' would pick different backends (NCCL, gloo)", "fail"
         else:
-            why = (": with nproc_per_node auto it starts that many workers, so the world size and the global batch "
-                   "change without a word" if auto else ": one lost (off the bus) or taken?")
+            why = (
+                ": with nproc_per_node auto it starts that many workers, so the world size and the global batch "
+                "change without a word"
+                if auto
+                else ": one lost (off the bus) or taken?"
+            )
             status = "fail" if auto else "warn"
-        out.append(Finding(h, "gpus", status, f"{count} GPU(s) here, {major} on {listed(same)}{why}",
-                           f"`nvidia-smi -L` and `dmesg | grep -i xid` on {h}; set nproc_per_node to a number every "
-                           f"node gives, or leave {h} out (--exclude {h})"))
-    for key, what, fix in (("names", "GPU model", "the slowest GPU paces every step of the run: run on one model"),
-                           ("driver", "driver", "install the same driver everywhere")):
-        values = {h: ", ".join(g[key]) if isinstance(g.get(key), list) else g.get(key)
-                  for h, g in gpus.items() if g.get(key)}
+        out.append(
+            Finding(
+                h,
+                "gpus",
+                status,
+                f"{count} GPU(s) here, {major} on {listed(same)}{why}",
+                f"`nvidia-smi -L` and `dmesg | grep -i xid` on {h}; set nproc_per_node to a number every "
+                f"node gives, or leave {h} out (--exclude {h})",
+            )
+        )
+    for key, what, fix in (
+        ("names", "GPU model", "the slowest GPU paces every step of the run: run on one model"),
+        ("driver", "driver", "install the same driver everywhere"),
+    ):
+        values = {
+            h: ", ".join(g[key]) if isinstance(g.get(key), list) else g.get(key) for h, g in gpus.items() if g.get(key)
+        }
         top, alike = compare(ev, values) if values else (None, [])
-        out += [Finding(h, "gpus", "warn", f"{what} {v} here, {top} on {listed(alike)}", fix)
-                for h, v in values.items() if v != top]
+        out += [
+            Finding(h, "gpus", "warn", f"{what} {v} here, {top} on {listed(alike)}", fix)
+            for h, v in values.items()
+            if v != top
+        ]
     return out
 
 
@@ -207,6 +273,9 @@ def check_gpus(ev: Evidence) -> list[Finding]:
     for host in ev.cluster.hosts:
         if host.name in probes:
             out += _node(host, probes[host.name], ev.gpus_in_use)
-    read = {h: p["gpus"] for h, p in probes.items() if (p.get("gpus") or {}).get("smi") is not None
-            and not p["gpus"].get("error")}
+    read = {
+        h: p["gpus"]
+        for h, p in probes.items()
+        if (p.get("gpus") or {}).get("smi") is not None and not p["gpus"].get("error")
+    }
     return out + (_between(ev, read) if len(read) > 1 else [])

@@ -55,7 +55,8 @@ def _consensus(ev: Evidence, name: str, views: Mapping[str, list[str]]) -> tuple
     """
     owner = next((h.name for h in ev.cluster.hosts if h.addr == name), None)
     judges = {h: tuple(sorted(v)) for h, v in views.items() if h != owner} or {
-        h: tuple(sorted(v)) for h, v in views.items()}
+        h: tuple(sorted(v)) for h, v in views.items()
+    }
     if not judges:
         return None
     own = set(views.get(owner, [])) if owner else set()
@@ -80,21 +81,36 @@ def check_dns(ev: Evidence) -> list[Finding]:
             if agreed:
                 fix = f'add "{agreed[1]} {name}" to /etc/hosts on {h}'
             else:
-                fix = (f"no node can resolve {name}: fix the name in {ev.cluster.source}, or add it to DNS "
-                       "or /etc/hosts on every node")
+                fix = (
+                    f"no node can resolve {name}: fix the name in {ev.cluster.source}, or add it to DNS "
+                    "or /etc/hosts on every node"
+                )
             problems[h].append(Finding(h, "dns", "fail", f"{h} cannot resolve {name} ({error})", fix))
         for h, addrs in views.items():
             if h == owner or agreed is None or tuple(sorted(addrs)) == agreed[0]:
                 continue  # a node's view of its own name is the hostname check's business
             others = [x for x, v in views.items() if tuple(sorted(v)) == agreed[0] and x != h]
-            problems[h].append(Finding(
-                h, "dns", "fail",
-                f"{h} resolves {name} to {', '.join(addrs)}, {listed(others)} to {', '.join(agreed[0])}",
-                f'make {name} resolve to {agreed[1]} on {h}: "{agreed[1]} {name}" in its /etc/hosts, or fix DNS'))
+            problems[h].append(
+                Finding(
+                    h,
+                    "dns",
+                    "fail",
+                    f"{h} resolves {name} to {', '.join(addrs)}, {listed(others)} to {', '.join(agreed[0])}",
+                    f'make {name} resolve to {agreed[1]} on {h}: "{agreed[1]} {name}" in its /etc/hosts, or fix DNS',
+                )
+            )
     out = []
     for h, found in problems.items():
-        out += found or [Finding(h, "dns", "ok", f"resolves {len(names)} name(s) like its peers" if names else
-                                 "every peer and the master are given by address: nothing to resolve")]
+        out += found or [
+            Finding(
+                h,
+                "dns",
+                "ok",
+                f"resolves {len(names)} name(s) like its peers"
+                if names
+                else "every peer and the master are given by address: nothing to resolve",
+            )
+        ]
     return out
 
 
@@ -122,11 +138,20 @@ def check_hostname(ev: Evidence) -> list[Finding]:
         good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
         lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
         if me.get("error"):
-            fix = f'add "{good} {hostname}" to /etc/hosts on {host.name}' if good else \
-                f"make {hostname} resolvable on {host.name} (/etc/hosts or DNS)"
-            out.append(Finding(host.name, "hostname", "fail",
-                               f"its own hostname {hostname} does not resolve there ({me['error']}): "
-                               "gloo cannot pick an address", fix))
+            fix = (
+                f'add "{good} {hostname}" to /etc/hosts on {host.name}'
+                if good
+                else f"make {hostname} resolvable on {host.name} (/etc/hosts or DNS)"
+            )
+            out.append(
+                Finding(
+                    host.name,
+                    "hostname",
+                    "fail",
+                    f"its own hostname {hostname} does not resolve there ({me['error']}): gloo cannot pick an address",
+                    fix,
+                )
+            )
             continue
         addrs = me.get("addrs", [])
         if agreed is None or set(addrs) & set(agreed[0]):
@@ -137,14 +162,30 @@ def check_hostname(ev: Evidence) -> list[Finding]:
             fix = f'on {host.name}, replace "{lines[0]}" in /etc/hosts with "{good} {hostname}"'
         else:
             fix = f'make {hostname} resolve to {good} on {host.name} ("{good} {hostname}" in /etc/hosts)'
-        detail = (f"{hostname} resolves to {', '.join(addrs)} on {host.name}, but its peers reach it at "
-                  f"{', '.join(agreed[0])}")
+        detail = (
+            f"{hostname} resolves to {', '.join(addrs)} on {host.name}, but its peers reach it at "
+            f"{', '.join(agreed[0])}"
+        )
         if trap:
-            out.append(Finding(host.name, "hostname", "fail",
-                               f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach", fix))
+            out.append(
+                Finding(
+                    host.name,
+                    "hostname",
+                    "fail",
+                    f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach",
+                    fix,
+                )
+            )
         else:
-            out.append(Finding(host.name, "hostname", "warn",
-                               f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it", fix))
+            out.append(
+                Finding(
+                    host.name,
+                    "hostname",
+                    "warn",
+                    f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it",
+                    fix,
+                )
+            )
     return out
 
 
@@ -157,22 +198,42 @@ def check_port(ev: Evidence) -> list[Finding]:
     if listener is None or master.name not in probes_of(ev):
         return []  # the master is unreachable or its python failed: those findings say it
     if "failed" in listener:
-        return [Finding(master.name, "port", "fail", f"could not check port {port}: {listener['failed']}",
-                        f"retry; if it persists run `ssh {master.name} ss -ltnp 'sport = :{port}'`")]
+        return [
+            Finding(
+                master.name,
+                "port",
+                "fail",
+                f"could not check port {port}: {listener['failed']}",
+                f"retry; if it persists run `ssh {master.name} ss -ltnp 'sport = :{port}'`",
+            )
+        ]
     if listener.get("free"):
         return [Finding(master.name, "port", "ok", f"port {port} is free on {master.name}")]
     holders = listener.get("holders") or []
     who = "; ".join(f"pid {h['pid']} ({_holder(h)}) {h['state']}" for h in holders)
     states = listener.get("states") or []
-    why = who or ("something listens on it" if "listening" in states else
-                  "a socket listens on it (perhaps in another container or network namespace)")
+    why = who or (
+        "something listens on it"
+        if "listening" in states
+        else "a socket listens on it (perhaps in another container or network namespace)"
+    )
     runs = [h for h in holders if h.get("run")]
-    stop = (_stop_run(ev, runs[0]) if runs else
-            f"stop pid {holders[0]['pid']} on {master.name}" if holders else
-            f"find its owner with `ss -ltnp 'sport = :{port}'` on {master.name}")
-    return [Finding(master.name, "port", "fail",
-                    f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
-                    f"{stop}, or set rendezvous.master_port to a free port")]
+    stop = (
+        _stop_run(ev, runs[0])
+        if runs
+        else f"stop pid {holders[0]['pid']} on {master.name}"
+        if holders
+        else f"find its owner with `ss -ltnp 'sport = :{port}'` on {master.name}"
+    )
+    return [
+        Finding(
+            master.name,
+            "port",
+            "fail",
+            f"master_port {port} is taken on {master.name} ({listener.get('error', 'in use')}): {why}",
+            f"{stop}, or set rendezvous.master_port to a free port",
+        )
+    ]
 
 
 def _stop_run(ev: Evidence, holder: Mapping[str, Any]) -> str:
@@ -182,8 +243,10 @@ def _stop_run(ev: Evidence, holder: Mapping[str, Any]) -> str:
     theirs = holder.get("inventory")
     ours = str(Path(ev.cluster.source).resolve())
     hosts = ev.cluster.source if theirs in (None, ours) else theirs
-    said = [f"{holder['user']}'s" if holder.get("user") else "",
-            "started from this inventory" if theirs == ours else f"started from {theirs}" if theirs else ""]
+    said = [
+        f"{holder['user']}'s" if holder.get("user") else "",
+        "started from this inventory" if theirs == ours else f"started from {theirs}" if theirs else "",
+    ]
     whose = ", ".join(x for x in said if x)
     stop = hint(f"stop --hosts {hosts} --run {run_id}", stop_call(hosts, run_id))
     return f"stop run {run_id} ({whose}{': ' if whose else ''}`{stop}`)"
@@ -218,14 +281,20 @@ def check_tcp(ev: Evidence) -> list[Finding]:
         if error.startswith("cannot resolve"):
             fix = f"make {rdzv.master_addr} resolvable on {h} (see its dns finding)"
         elif error.startswith("something else"):
-            fix = (f"{rdzv.master_addr} leads to another machine from {h}: it must be {master.name}'s address "
-                   f"(check DNS or /etc/hosts on {h})")
+            fix = (
+                f"{rdzv.master_addr} leads to another machine from {h}: it must be {master.name}'s address "
+                f"(check DNS or /etc/hosts on {h})"
+            )
         elif error.startswith("connected to"):
-            fix = (f"check that {rdzv.master_addr} is {master.name}'s address on {h} (DNS or /etc/hosts); "
-                   f"if it is, {master.name} was too busy to answer: run the doctor again")
+            fix = (
+                f"check that {rdzv.master_addr} is {master.name}'s address on {h} (DNS or /etc/hosts); "
+                f"if it is, {master.name} was too busy to answer: run the doctor again"
+            )
         else:
-            fix = (f"let {h} reach TCP port {rdzv.master_port} on {master.name} (firewall, security group), "
-                   f"and check that {rdzv.master_addr} resolves to {master.name}'s address there")
+            fix = (
+                f"let {h} reach TCP port {rdzv.master_port} on {master.name} (firewall, security group), "
+                f"and check that {rdzv.master_addr} resolves to {master.name}'s address there"
+            )
         out.append(Finding(h, "tcp", "fail", f"{h} cannot open a TCP connection to {target}: {error}", fix))
     return out
 
@@ -242,9 +311,23 @@ def check_iface(ev: Evidence) -> list[Finding]:
         if route.get("error", "").startswith("gai error"):
             continue  # master_addr does not resolve there: the dns finding says so
         if route.get("error"):
-            out.append(Finding(h, "iface", "warn", f"no route toward {master_addr}: {route['error']}",
-                               f"check {h}'s routes and name resolution for {master_addr}"))
+            out.append(
+                Finding(
+                    h,
+                    "iface",
+                    "warn",
+                    f"no route toward {master_addr}: {route['error']}",
+                    f"check {h}'s routes and name resolution for {master_addr}",
+                )
+            )
         else:
-            out.append(Finding(h, "iface", "ok", f"{route.get('iface') or '?'} {route['ip']} toward {master_addr} "
-                               "(for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)"))
+            out.append(
+                Finding(
+                    h,
+                    "iface",
+                    "ok",
+                    f"{route.get('iface') or '?'} {route['ip']} toward {master_addr} "
+                    "(for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)",
+                )
+            )
     return out

@@ -36,21 +36,41 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
     text, last = (failed.stderr or failed.stdout).strip(), failed.last_line
     python = host.python
     if failed.exit_code == SETUP_FAILED:  # the node's setup lines, before any python ran
-        return Finding(host.name, "python", "fail", last or "a setup line failed",
-                       f"fix `setup:` for {host.name} in the inventory (its lines run in the node's shell first)")
+        return Finding(
+            host.name,
+            "python",
+            "fail",
+            last or "a setup line failed",
+            f"fix `setup:` for {host.name} in the inventory (its lines run in the node's shell first)",
+        )
     if failed.exit_code in (126, 127) or "No such file" in text:
-        return Finding(host.name, "python", "fail", f"python {python} cannot run on {host.name}: {last or 'not found'}",
-                       f"set `python:` for {host.name} in the inventory to an interpreter that exists there "
-                       f"(`ssh {host.name} 'command -v python3'`)")
+        return Finding(
+            host.name,
+            "python",
+            "fail",
+            f"python {python} cannot run on {host.name}: {last or 'not found'}",
+            f"set `python:` for {host.name} in the inventory to an interpreter that exists there "
+            f"(`ssh {host.name} 'command -v python3'`)",
+        )
     if failed.exit_code == -1:
         within = f"within {timeout:g} s (probe_timeout)" if timeout else "in time"
-        return Finding(host.name, "python", "fail", f"the probe did not answer {within}",
-                       f"is {host.name} overloaded, or does its python hang at start? "
-                       f"try `ssh {host.name} {shlex.quote(python)} -c pass`; if it only starts slowly (a cold "
-                       "network filesystem), raise --probe-timeout (launcher.probe_timeout in invoke.yaml)")
-    return Finding(host.name, "python", "fail", f"the probe gave no answer (exit {failed.exit_code}): "
-                   f"{last or 'no output'}", f"see what {python} says there: `ssh {host.name} {shlex.quote(python)} "
-                   f"-c 'import sys; print(sys.version)'` (the probe needs Python 3.8 or newer)")
+        return Finding(
+            host.name,
+            "python",
+            "fail",
+            f"the probe did not answer {within}",
+            f"is {host.name} overloaded, or does its python hang at start? "
+            f"try `ssh {host.name} {shlex.quote(python)} -c pass`; if it only starts slowly (a cold "
+            "network filesystem), raise --probe-timeout (launcher.probe_timeout in invoke.yaml)",
+        )
+    return Finding(
+        host.name,
+        "python",
+        "fail",
+        f"the probe gave no answer (exit {failed.exit_code}): {last or 'no output'}",
+        f"see what {python} says there: `ssh {host.name} {shlex.quote(python)} "
+        f"-c 'import sys; print(sys.version)'` (the probe needs Python 3.8 or newer)",
+    )
 
 
 @check("python", fast=True)
@@ -71,16 +91,36 @@ def check_python(ev: Evidence) -> list[Finding]:
     for h, p in probes.items():
         if minor[h] != major_minor:
             same = [x for x, v in minor.items() if v == major_minor]
-            out.append(Finding(h, "python", "fail",
-                               f"Python {full[h]} here, {major_minor} on {listed(same)}",
-                               f"point `python` for {h} at a Python {major_minor} interpreter "
-                               f"(like {probes[same[0]]['python']['executable']} on {same[0]})"))
+            out.append(
+                Finding(
+                    h,
+                    "python",
+                    "fail",
+                    f"Python {full[h]} here, {major_minor} on {listed(same)}",
+                    f"point `python` for {h} at a Python {major_minor} interpreter "
+                    f"(like {probes[same[0]]['python']['executable']} on {same[0]})",
+                )
+            )
         elif full[h] != major_full:
-            out.append(Finding(h, "python", "warn", f"Python {full[h]} here, {major_full} on {listed(same_full)}",
-                               f"use the same Python build everywhere ({major_full}) to rule out subtle differences"))
+            out.append(
+                Finding(
+                    h,
+                    "python",
+                    "warn",
+                    f"Python {full[h]} here, {major_full} on {listed(same_full)}",
+                    f"use the same Python build everywhere ({major_full}) to rule out subtle differences",
+                )
+            )
         else:
-            out.append(Finding(h, "python", "ok", f"Python {full[h]} ({_interpreter(p['python'])})",
-                               note=bool(p["python"].get("wrapper"))))
+            out.append(
+                Finding(
+                    h,
+                    "python",
+                    "ok",
+                    f"Python {full[h]} ({_interpreter(p['python'])})",
+                    note=bool(p["python"].get("wrapper")),
+                )
+            )
     return out + _slow_probes(ev, probes)
 
 
@@ -128,12 +168,18 @@ def _slow_probes(ev: Evidence, probes: Mapping[str, Any]) -> list[Finding]:
         if took <= limit:
             continue
         others = f"the others {_seconds_range(normal)}" if normal else f"of the {allowed} allowed"
-        out.append(Finding(h, "python", "warn",
-                           f"{h}'s probe took {took:.1f} s ({others}): a cold start of its python (a network "
-                           "filesystem?) or a loaded node; launch will wait for it",
-                           f"nothing to do if it was a cold start; otherwise look at {h}'s load (`ssh {h} uptime`) "
-                           f"and where its python lives; the doctor and launch wait up to --probe-timeout ({allowed} "
-                           "now) for a probe"))
+        out.append(
+            Finding(
+                h,
+                "python",
+                "warn",
+                f"{h}'s probe took {took:.1f} s ({others}): a cold start of its python (a network "
+                "filesystem?) or a loaded node; launch will wait for it",
+                f"nothing to do if it was a cold start; otherwise look at {h}'s load (`ssh {h} uptime`) "
+                f"and where its python lives; the doctor and launch wait up to --probe-timeout ({allowed} "
+                "now) for a probe",
+            )
+        )
     return out
 
 
@@ -144,8 +190,11 @@ def check_torch(ev: Evidence) -> list[Finding]:
     out = []
     have = {h: p["torch"]["version"] for h, p in probes.items() if p["torch"].get("version")}
     major, same = compare(ev, have) if have else (None, [])
-    cuda = {h: probes[h]["torch"].get("cuda") or "none" for h in have
-            if have[h] == major and probes[h]["torch"].get("cuda_known")}
+    cuda = {
+        h: probes[h]["torch"].get("cuda") or "none"
+        for h in have
+        if have[h] == major and probes[h]["torch"].get("cuda_known")
+    }
     major_cuda, same_cuda = compare(ev, cuda) if cuda else (None, [])
     nccl = {h: probes[h]["torch"]["nccl"] for h in have if probes[h]["torch"].get("nccl")}
     major_nccl, same_nccl = compare(ev, nccl) if nccl else (None, [])
@@ -153,19 +202,47 @@ def check_torch(ev: Evidence) -> list[Finding]:
         exe = p["python"]["executable"]
         if h not in have:
             hint = f"install torch=={major} there" if major else "install torch there"
-            out.append(Finding(h, "torch", "fail", f"torch is not installed for {exe}",
-                               f"{hint} (`{exe} -m pip install torch`), or point `python` for {h} at the "
-                               "interpreter of the environment that has it"))
+            out.append(
+                Finding(
+                    h,
+                    "torch",
+                    "fail",
+                    f"torch is not installed for {exe}",
+                    f"{hint} (`{exe} -m pip install torch`), or point `python` for {h} at the "
+                    "interpreter of the environment that has it",
+                )
+            )
         elif have[h] != major:
-            out.append(Finding(h, "torch", "fail", f"torch {have[h]} here, {major} on {listed(same)}",
-                               f"install torch=={major} for {exe} on {h} (`{exe} -m pip install torch=={major}`), "
-                               f"or point its `python` at an environment that has it"))
+            out.append(
+                Finding(
+                    h,
+                    "torch",
+                    "fail",
+                    f"torch {have[h]} here, {major} on {listed(same)}",
+                    f"install torch=={major} for {exe} on {h} (`{exe} -m pip install torch=={major}`), "
+                    f"or point its `python` at an environment that has it",
+                )
+            )
         elif h in cuda and cuda[h] != major_cuda:
-            out.append(Finding(h, "torch", "fail", f"torch built for CUDA {cuda[h]} here, {major_cuda} on "
-                               f"{listed(same_cuda)}", f"install the same torch build (CUDA {major_cuda}) on {h}"))
+            out.append(
+                Finding(
+                    h,
+                    "torch",
+                    "fail",
+                    f"torch built for CUDA {cuda[h]} here, {major_cuda} on {listed(same_cuda)}",
+                    f"install the same torch build (CUDA {major_cuda}) on {h}",
+                )
+            )
         elif h in nccl and nccl[h] != major_nccl:
-            out.append(Finding(h, "torch", "warn", f"NCCL {nccl[h]} here, {major_nccl} on {listed(same_nccl)}",
-                               f"install the same NCCL ({major_nccl}) on {h}: mixed NCCL versions can hang"))
+            out.append(
+                Finding(
+                    h,
+                    "torch",
+                    "warn",
+                    f"NCCL {nccl[h]} here, {major_nccl} on {listed(same_nccl)}",
+                    f"install the same NCCL ({major_nccl}) on {h}: mixed NCCL versions can hang",
+                )
+            )
         else:
             extra = f", CUDA {cuda.get(h, '?')}" + (f", NCCL {nccl[h]}" if h in nccl else "")
             out.append(Finding(h, "torch", "ok", f"torch {have[h]}{extra}"))
@@ -192,17 +269,32 @@ def _script_findings(ev: Evidence, script: str) -> list[Finding]:
     for h, p in probes.items():
         info = p["script"]
         workdir = p["workdir"]["path"]
-        source = f"e.g. `rsync -a {ref}:{shlex.quote(probes[ref]['workdir']['path'])}/ {h}:{shlex.quote(workdir)}/`" \
-            if ref else f"`{hint('launch --sync')}` sends this project's tree"
+        source = (
+            f"e.g. `rsync -a {ref}:{shlex.quote(probes[ref]['workdir']['path'])}/ {h}:{shlex.quote(workdir)}/`"
+            if ref
+            else f"`{hint('launch --sync')}` sends this project's tree"
+        )
         if h not in hashes:
             where = info["path"] if p["workdir"]["exists"] else f"{info['path']} (workdir {workdir} does not exist)"
-            out.append(Finding(h, "script", "fail", f"{script} is missing on {h}: {where}",
-                               _missing_fix(ev, h, source, ref is not None)))
+            out.append(
+                Finding(
+                    h,
+                    "script",
+                    "fail",
+                    f"{script} is missing on {h}: {where}",
+                    _missing_fix(ev, h, source, ref is not None),
+                )
+            )
         elif hashes[h] != major:
-            out.append(Finding(h, "script", "fail",
-                               f"{script} differs on {h} (sha256 {hashes[h][:12]}), "
-                               f"{listed(same)} have {major[:12]}",
-                               f"sync the code so every node runs the same script ({source})"))
+            out.append(
+                Finding(
+                    h,
+                    "script",
+                    "fail",
+                    f"{script} differs on {h} (sha256 {hashes[h][:12]}), {listed(same)} have {major[:12]}",
+                    f"sync the code so every node runs the same script ({source})",
+                )
+            )
         else:
             out.append(Finding(h, "script", "ok", f"{script} sha256 {hashes[h][:12]}"))
     return out
@@ -212,8 +304,10 @@ def _missing_fix(ev: Evidence, host: str, source: str, elsewhere: bool) -> str:
     """What gives `host` the script it lacks: another node's copy, this project's (`launch --sync`), or, where this
     machine lacks it too, its name to check."""
     if not elsewhere and ev.local_script is not None and not ev.local_script[1]:
-        return (f"no node has it, nor this machine at {ev.local_script[0]}: check the script's name (--script, "
-                f"job.script), or fix `workdir` for {host}")
+        return (
+            f"no node has it, nor this machine at {ev.local_script[0]}: check the script's name (--script, "
+            f"job.script), or fix `workdir` for {host}"
+        )
     return f"copy the code to {host} ({source}), or fix `workdir` for {host}"
 
 
@@ -229,18 +323,38 @@ def _found_findings(ev: Evidence, form: str, value: str) -> list[Finding]:
             continue
         exe, workdir = p["python"]["executable"], p["workdir"]["path"]
         if info.get("late"):
-            out.append(Finding(h, "script", "warn", f"module {value}: not found in time on {h}: {info['error']}",
-                               f"look at the folders {exe} imports from on {h} (a network filesystem that hangs?)"))
+            out.append(
+                Finding(
+                    h,
+                    "script",
+                    "warn",
+                    f"module {value}: not found in time on {h}: {info['error']}",
+                    f"look at the folders {exe} imports from on {h} (a network filesystem that hangs?)",
+                )
+            )
         elif form == "module":
-            out.append(Finding(h, "script", "fail", f"module {value} cannot be imported by {exe} on {h}: "
-                               f"{info['error']}",
-                               f"install it for {exe} on {h} (`{exe} -m pip install ...`), or put its code in the "
-                               f"workdir {workdir} (launch --sync copies this project there), or set PYTHONPATH in "
-                               "the inventory's env"))
+            out.append(
+                Finding(
+                    h,
+                    "script",
+                    "fail",
+                    f"module {value} cannot be imported by {exe} on {h}: {info['error']}",
+                    f"install it for {exe} on {h} (`{exe} -m pip install ...`), or put its code in the "
+                    f"workdir {workdir} (launch --sync copies this project there), or set PYTHONPATH in "
+                    "the inventory's env",
+                )
+            )
         else:
-            out.append(Finding(h, "script", "fail", f"command {value} cannot be started on {h}: {info['error']}",
-                               f"install it on {h}, give its path (absolute, or relative to the workdir {workdir}), "
-                               "or put its folder on PATH (a `setup:` line, or PATH in the inventory's env)"))
+            out.append(
+                Finding(
+                    h,
+                    "script",
+                    "fail",
+                    f"command {value} cannot be started on {h}: {info['error']}",
+                    f"install it on {h}, give its path (absolute, or relative to the workdir {workdir}), "
+                    "or put its folder on PATH (a `setup:` line, or PATH in the inventory's env)",
+                )
+            )
     return out
 
 
@@ -269,8 +383,15 @@ def check_packages(ev: Evidence) -> list[Finding]:
             out.append(Finding(h, "packages", "ok", f"{pkgs['count']} distributions, the same as {listed(same)}"))
             continue
         count, shown = _package_diff(pkgs["list"], probes[ref]["list"])
-        out.append(Finding(h, "packages", "warn", f"{count} difference(s) from {ref}: {shown}",
-                           f"install the same packages on {h} as on {ref} (compare `pip freeze` on both)"))
+        out.append(
+            Finding(
+                h,
+                "packages",
+                "warn",
+                f"{count} difference(s) from {ref}: {shown}",
+                f"install the same packages on {h} as on {ref} (compare `pip freeze` on both)",
+            )
+        )
     return out
 
 
@@ -284,8 +405,15 @@ def check_disk(ev: Evidence) -> list[Finding]:
             continue
         where = p["workdir"]["path"]
         if free < MIN_DISK_BYTES:
-            out.append(Finding(h, "disk", "warn", f"only {human_bytes(free)} free for {where}",
-                               f"free space on {h}: checkpoints and logs are written there"))
+            out.append(
+                Finding(
+                    h,
+                    "disk",
+                    "warn",
+                    f"only {human_bytes(free)} free for {where}",
+                    f"free space on {h}: checkpoints and logs are written there",
+                )
+            )
         else:
             out.append(Finding(h, "disk", "ok", f"{human_bytes(free)} free"))
     return out
@@ -306,8 +434,15 @@ def check_clock(ev: Evidence) -> list[Finding]:
         skew = when - received if when > received else (when - sent if when < sent else 0.0)
         if abs(skew) > MAX_CLOCK_SKEW_S:
             way = "ahead of" if skew > 0 else "behind"
-            out.append(Finding(h, "clock", "warn", f"clock {abs(skew):.1f} s {way} the controller's",
-                               f"enable time sync on {h} (chrony, systemd-timesyncd): logs and timeouts compare times"))
+            out.append(
+                Finding(
+                    h,
+                    "clock",
+                    "warn",
+                    f"clock {abs(skew):.1f} s {way} the controller's",
+                    f"enable time sync on {h} (chrony, systemd-timesyncd): logs and timeouts compare times",
+                )
+            )
         else:
             out.append(Finding(h, "clock", "ok", f"within {max(abs(skew), received - sent):.1f} s of the controller"))
     return out

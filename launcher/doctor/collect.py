@@ -52,16 +52,23 @@ def probe_input(request: Mapping[str, Any]) -> bytes:
     return program_input(PROBE_SOURCE, request)
 
 
-def probe_request(cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None,
-                  timeout: float = DEFAULT_PROBE_TIMEOUT) -> dict[str, Any]:
+def probe_request(
+    cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None, timeout: float = DEFAULT_PROBE_TIMEOUT
+) -> dict[str, Any]:
     """What one node's probe is asked (pure), `timeout` its probe_timeout: nvidia-smi gets its bound, or a share of
     the probe's time when that is short, so the probe still answers and says nvidia-smi did not (a probe cut off
     would read as a python that hangs at start)."""
     rdzv = cluster.rendezvous
     request: dict[str, Any] = {
-        "mode": "probe", "checks": checks, "names": requested_names(cluster), "resolve_workers": RESOLVE_WORKERS,
-        "master_addr": rdzv.master_addr, "master_port": rdzv.master_port,
-        "is_master": host.name == cluster.hosts[0].name, "workdir": host.workdir, "python": host.python,
+        "mode": "probe",
+        "checks": checks,
+        "names": requested_names(cluster),
+        "resolve_workers": RESOLVE_WORKERS,
+        "master_addr": rdzv.master_addr,
+        "master_port": rdzv.master_port,
+        "is_master": host.name == cluster.hosts[0].name,
+        "workdir": host.workdir,
+        "python": host.python,
         "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
     }
     request.update(job_request(cluster, host))
@@ -126,8 +133,12 @@ def _outcome(result: Result | NodeFailure) -> Outcome:
 def listen_request(cluster: Cluster, token: str, timeout: float) -> dict[str, Any]:
     """What the master's listen-mode probe is asked (pure): it outlives the probes' `timeout` (probe_timeout) by a
     margin, so a slow node's TCP check still finds it."""
-    return {"mode": "listen", "master_port": cluster.rendezvous.master_port, "token": token,
-            "max_s": timeout + LISTENER_MARGIN_S}
+    return {
+        "mode": "listen",
+        "master_port": cluster.rendezvous.master_port,
+        "token": token,
+        "max_s": timeout + LISTENER_MARGIN_S,
+    }
 
 
 def connect_section(token: str, timeout: float) -> dict[str, Any]:
@@ -143,8 +154,9 @@ def _start_listener(node: Node, cluster: Cluster, token: str, timeout: float) ->
     return channel
 
 
-def _run_timed(nodes: Sequence[Node], commands: Mapping[str, str], inputs: Mapping[str, bytes], timeout: float
-               ) -> dict[str, tuple[Result | NodeFailure, float]]:
+def _run_timed(
+    nodes: Sequence[Node], commands: Mapping[str, str], inputs: Mapping[str, bytes], timeout: float
+) -> dict[str, tuple[Result | NodeFailure, float]]:
     """Run each node's probe, all at once; per node its result and the seconds from sending it to its answer."""
 
     def one(node: Node) -> tuple[Result | NodeFailure, float]:
@@ -158,13 +170,17 @@ def _run_timed(nodes: Sequence[Node], commands: Mapping[str, str], inputs: Mappi
     if not nodes:
         return {}
     found = parallel(one, nodes, DEFAULT_FANOUT)  # each probe bounded by `timeout`; Ctrl-C is not held by them
-    return {n.name: r if isinstance(r, tuple) else (classify(n.target, r if isinstance(r, Exception) else
-                                                             TimeoutError("no answer")), 0.0)
-            for n, r in zip(nodes, found, strict=True)}
+    return {
+        n.name: r
+        if isinstance(r, tuple)
+        else (classify(n.target, r if isinstance(r, Exception) else TimeoutError("no answer")), 0.0)
+        for n, r in zip(nodes, found, strict=True)
+    }
 
 
-def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
-               ) -> tuple[dict[str, Outcome], dict[str, float], dict[str, Any] | None, tuple[float, float]]:
+def _probe_all(
+    cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout: float
+) -> tuple[dict[str, Outcome], dict[str, float], dict[str, Any] | None, tuple[float, float]]:
     """Every connected node's outcome and probe time, the master listener's answer, and the controller's clock."""
     master = cluster.hosts[0]
     token = secrets.token_hex(8)
@@ -199,9 +215,14 @@ def _probe_all(cluster: Cluster, nodes: Mapping[str, Node], checks: str, timeout
     return outcomes, times, listener, (sent, received)
 
 
-def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: SshSettings = DEFAULT_SSH,
-               checks: CheckMode = "all", probe_timeout: float = DEFAULT_PROBE_TIMEOUT, gpus_in_use: bool = False
-               ) -> Report:
+def run_doctor(
+    cluster: Cluster,
+    nodes: Mapping[str, Node] | None = None,
+    ssh: SshSettings = DEFAULT_SSH,
+    checks: CheckMode = "all",
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+    gpus_in_use: bool = False,
+) -> Report:
     """Probe every node (connecting to those not in `nodes`, and closing only those) and check the results.
 
     Two bounds, one per phase: `ssh.connect_timeout` for each SSH connection (a dead node fails within it), then
@@ -220,10 +241,16 @@ def run_doctor(cluster: Cluster, nodes: Mapping[str, Node] | None = None, ssh: S
         close_all(opened.values())
     probed = time.monotonic()
     outcomes.update({f.host: f for f in failures})
-    timings = {"connect_s": round(connected - start, 3), "probe_s": round(probed - connected, 3),
-               "total_s": round(time.monotonic() - start, 3)}
-    return _report(Evidence(cluster, outcomes, listener, clock, probe_timeout, times, gpus_in_use,
-                            local_script(cluster)), checks, timings)
+    timings = {
+        "connect_s": round(connected - start, 3),
+        "probe_s": round(probed - connected, 3),
+        "total_s": round(time.monotonic() - start, 3),
+    }
+    return _report(
+        Evidence(cluster, outcomes, listener, clock, probe_timeout, times, gpus_in_use, local_script(cluster)),
+        checks,
+        timings,
+    )
 
 
 def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Report:
@@ -232,8 +259,11 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
     for host in cluster.hosts:  # connect_all answers for every host; this only guards against surprises
         outcomes.setdefault(host.name, NodeFailure(host.name, "ssh", "no connection was made"))
     ev = dataclasses.replace(ev, outcomes=outcomes)
-    errors = {h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}: {o.last_line or 'no output'}"
-              for h, o in outcomes.items() if not isinstance(o, dict)}
+    errors = {
+        h: str(o) if isinstance(o, NodeFailure) else f"probe exit {o.exit_code}: {o.last_line or 'no output'}"
+        for h, o in outcomes.items()
+        if not isinstance(o, dict)
+    }
     return Report(
         source=cluster.source,
         hosts=tuple(h.name for h in cluster.hosts),
@@ -256,8 +286,10 @@ def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -
     """The `gate` part of a launch's start request for `host` (pure): every request and
     number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
     token = session_token(run_id)
-    section: dict[str, Any] = {"probe": probe_request(cluster, host, "fast", None, timeout),
-                               "connect": connect_section(token, timeout)}
+    section: dict[str, Any] = {
+        "probe": probe_request(cluster, host, "fast", None, timeout),
+        "connect": connect_section(token, timeout),
+    }
     if host.name == cluster.hosts[0].name:
         section["listen"] = listen_request(cluster, token, timeout)
     return section
@@ -317,16 +349,19 @@ class DoctorGate:
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
         return session_section(cluster, host, run_id, self.probe_timeout)
 
-    def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
-              seconds: float) -> Report:
+    def judge(
+        self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float], seconds: float
+    ) -> Report:
         """The fast checks on what every agent session said; raises DoctorFailed when one fails."""
         outcomes = {name: _session_outcome(name, f) for name, f in facts.items()}
         master = facts.get(cluster.hosts[0].name)
         listener = master.listener if master is not None and master.probe is not None else None
         times = {name: f.took for name, f in facts.items() if f.took is not None}
-        report = _report(Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times,
-                                  local_script=local_script(cluster)), "fast",
-                         {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)})
+        report = _report(
+            Evidence(cluster, outcomes, listener, clock, self.probe_timeout, times, local_script=local_script(cluster)),
+            "fast",
+            {"probe_s": round(seconds, 3), "total_s": round(seconds, 3)},
+        )
         if not report.ok:
             raise DoctorFailed(report, self.more(cluster))
         if self.on_pass is not None:
@@ -344,9 +379,11 @@ def doctor_gate(settings: Settings, err: IO[str]) -> DoctorGate:
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
     def passed(report: Report, seconds: float) -> None:
-        err.write(f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
-                       f"{seconds:.1f}s: {', '.join(FAST_CHECKS)} all passed "
-                       "(--skip-doctor skips)\n")
+        err.write(
+            f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
+            f"{seconds:.1f}s: {', '.join(FAST_CHECKS)} all passed "
+            "(--skip-doctor skips)\n"
+        )
         for found in report.problems:  # warnings only: a failure raised before this
             err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 

@@ -42,15 +42,24 @@ def net_plan(cluster: Cluster, settings: Settings | None = None, all_gpus: bool 
     The measurement is a run of its own, with the command's `settings` but attached, never started again and never
     watched for a hang (its own bound is NET_TIMEOUT_S)."""
     settings = settings or Settings()
-    quiet = dataclasses.replace(settings, run=dataclasses.replace(settings.run, hang_timeout=0, detach=False, retries=0,
-                                                                  on_hang="stop", notes=()))
-    hosts = tuple(dataclasses.replace(h, nproc_per_node=h.nproc_per_node if all_gpus else 1,
-                                      env=(*(v for v in h.env if v.name not in {e.name for e in NCCL_SAYS}),
-                                           *NCCL_SAYS))
-                  for h in cluster.hosts)
+    quiet = dataclasses.replace(
+        settings,
+        run=dataclasses.replace(settings.run, hang_timeout=0, detach=False, retries=0, on_hang="stop", notes=()),
+    )
+    hosts = tuple(
+        dataclasses.replace(
+            h,
+            nproc_per_node=h.nproc_per_node if all_gpus else 1,
+            env=(*(v for v in h.env if v.name not in {e.name for e in NCCL_SAYS}), *NCCL_SAYS),
+        )
+        for h in cluster.hosts
+    )
     args = (",".join(str(s) for s in NET_SIZES), str(NET_BUDGET_S), str(NET_PAIR_BYTES), str(NET_MAX_ITERS))
-    plan = plan_launch(dataclasses.replace(cluster, hosts=hosts, retries=0),
-                       Job(script="netjob.py", args=args, hang_timeout=0), settings=quiet)
+    plan = plan_launch(
+        dataclasses.replace(cluster, hosts=hosts, retries=0),
+        Job(script="netjob.py", args=args, hang_timeout=0),
+        settings=quiet,
+    )
     nodes = []
     for command in plan.nodes:
         at = command.argv.index("netjob.py")
@@ -63,8 +72,9 @@ Starter = Callable[[LaunchPlan, RunIO], int]
 """What runs the measurement's plan to its end: `run_launch.launch_run` over SSH, a step of the job under SLURM."""
 
 
-def measure(cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
-            ) -> tuple[dict | None, str | None]:
+def measure(
+    cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
+) -> tuple[dict | None, str | None]:
     """Run the measurement on every node: (rank 0's answer with each node's NCCL transport, None), or (None, why
     there is none)."""
     if start is None:
@@ -103,8 +113,10 @@ def measure(cluster: Cluster, settings: Settings, start: Starter | None = None, 
     worker.start()
     worker.join(NET_TIMEOUT_S)
     if worker.is_alive():
-        return None, (f"no answer within {NET_TIMEOUT_S:.0f} s (run {plan.run_id}: its agents stop it as this "
-                      "doctor ends and its sessions close)")
+        return None, (
+            f"no answer within {NET_TIMEOUT_S:.0f} s (run {plan.run_id}: its agents stop it as this "
+            "doctor ends and its sessions close)"
+        )
     if found:
         return {**found[-1], "transport": transport}, None
     if result:
@@ -112,8 +124,9 @@ def measure(cluster: Cluster, settings: Settings, start: Starter | None = None, 
     return None, f"run {plan.run_id} ended without its answer"
 
 
-def with_net(report: Report, cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
-             ) -> Report:
+def with_net(
+    report: Report, cluster: Cluster, settings: Settings, start: Starter | None = None, all_gpus: bool = False
+) -> Report:
     """The doctor's report with a `net` column and each node's figures (`all_gpus`: measured over all of each node's
     GPUs, `net_plan`)."""
     if not report.ok:  # a node that fails its checks cannot join the measurement: it would only time out
@@ -126,5 +139,6 @@ def with_net(report: Report, cluster: Cluster, settings: Settings, start: Starte
     findings, figures, group = net_verdict(report.hosts, measured, error, settings.run.straggler_factor)
     order = {h: i for i, h in enumerate(report.hosts)}
     merged = sorted((*report.findings, *findings), key=lambda f: order.get(f.host, len(order)))
-    return dataclasses.replace(report, checks=(*report.checks, "net"), findings=tuple(merged), net=figures,
-                               net_group=group)
+    return dataclasses.replace(
+        report, checks=(*report.checks, "net"), findings=tuple(merged), net=figures, net_group=group
+    )

@@ -11,24 +11,34 @@ from typing import Any
 from launcher.doctor.evidence import Finding
 from launcher.paths import hint
 
-SLOW_FIX = ("look at the interface this node reaches its peers through (the doctor's iface column; `ip -s link` for "
-            "errors and drops), set socket_ifname in the inventory to the fast one (GLOO_SOCKET_IFNAME, "
-            "NCCL_SOCKET_IFNAME), and check the MTU on the path (`ip link`: jumbo frames need every hop) and the "
-            "link's speed (`ethtool IFACE`)")
-IB_SLOW_FIX = ("look at the HCAs this node's NCCL uses: `ibstat` (every port Active, at the rate its peers have), "
-               "`ibv_devinfo`, the fabric's error counters (`perfquery`, `ibqueryerrors`); name the fast ones in "
-               "NCCL_IB_HCA (NCCL_IB_HCA=mlx5_0,mlx5_1) and check each GPU's nearest NIC (`nvidia-smi topo -m`)")
-FALLBACK_FIX = ("NCCL's NET/IB was not used: check that NCCL_IB_DISABLE is not 1, that NCCL_IB_HCA (if set) names "
-                "these HCAs, that `ibstat` shows their ports Active, and that the verbs library (rdma-core, "
-                "libibverbs) is installed where the run's NCCL looks; NCCL_DEBUG=INFO says why it chose sockets")
+SLOW_FIX = (
+    "look at the interface this node reaches its peers through (the doctor's iface column; `ip -s link` for "
+    "errors and drops), set socket_ifname in the inventory to the fast one (GLOO_SOCKET_IFNAME, "
+    "NCCL_SOCKET_IFNAME), and check the MTU on the path (`ip link`: jumbo frames need every hop) and the "
+    "link's speed (`ethtool IFACE`)"
+)
+IB_SLOW_FIX = (
+    "look at the HCAs this node's NCCL uses: `ibstat` (every port Active, at the rate its peers have), "
+    "`ibv_devinfo`, the fabric's error counters (`perfquery`, `ibqueryerrors`); name the fast ones in "
+    "NCCL_IB_HCA (NCCL_IB_HCA=mlx5_0,mlx5_1) and check each GPU's nearest NIC (`nvidia-smi topo -m`)"
+)
+FALLBACK_FIX = (
+    "NCCL's NET/IB was not used: check that NCCL_IB_DISABLE is not 1, that NCCL_IB_HCA (if set) names "
+    "these HCAs, that `ibstat` shows their ports Active, and that the verbs library (rdma-core, "
+    "libibverbs) is installed where the run's NCCL looks; NCCL_DEBUG=INFO says why it chose sockets"
+)
 _NET_USING = re.compile(r"NCCL INFO NET/(\w+)\s*:\s*Using\s+(.*\S)")
 _NETWORK = re.compile(r"NCCL INFO Using network (.*\S)")
 _DEVICE = re.compile(r"\[\d+\]")
-CPU_FIX = ("look at what else runs on this node and how fast its cores are (`top`, `uptime`; a CPU quota or "
-           "throttling: `cat /sys/fs/cgroup/cpu.max`, `dmesg | grep -i thrott`); its network is not the cause")
+CPU_FIX = (
+    "look at what else runs on this node and how fast its cores are (`top`, `uptime`; a CPU quota or "
+    "throttling: `cat /sys/fs/cgroup/cpu.max`, `dmesg | grep -i thrott`); its network is not the cause"
+)
 NOT_MEASURED = "not measured: a node that fails the checks above cannot join (fix them first)"
-FAILED_FIX = ("run the doctor without --net first (`{doctor}`): a node that fails its checks (dns, port, tcp) cannot "
-              "join; the node's own log of the measurement is in the launcher's log folder")
+FAILED_FIX = (
+    "run the doctor without --net first (`{doctor}`): a node that fails its checks (dns, port, tcp) cannot "
+    "join; the node's own log of the measurement is in the launcher's log folder"
+)
 """A failed measurement's fix, `{doctor}` the doctor's command (`launcher.paths.hint`)."""
 
 
@@ -51,8 +61,11 @@ def nccl_transport(line: str, seen: dict[str, str]) -> None:
 
 
 def _active_ib(ports: list[dict[str, Any]]) -> list[str]:
-    return [f"{p['device']}:{p['port']} ({p.get('link_layer') or '?'})" for p in ports
-            if (p.get("state") or "").endswith("ACTIVE")]
+    return [
+        f"{p['device']}:{p['port']} ({p.get('link_layer') or '?'})"
+        for p in ports
+        if (p.get("state") or "").endswith("ACTIVE")
+    ]
 
 
 def transport_said(host: str, measured: Mapping[str, Any]) -> tuple[str, Finding | None, str]:
@@ -67,8 +80,17 @@ def transport_said(host: str, measured: Mapping[str, Any]) -> tuple[str, Finding
     note = f"; NCCL over {network}" + (f" ({seen['using']})" if seen.get("using") else "")
     active = _active_ib((measured.get("ib") or {}).get(host) or [])
     if network.lower().startswith("socket") and active:
-        return note, Finding(host, "net", "warn", f"NCCL fell back to sockets ({seen.get('using') or network}) "
-                             f"although {', '.join(active)} are up here", FALLBACK_FIX), SLOW_FIX
+        return (
+            note,
+            Finding(
+                host,
+                "net",
+                "warn",
+                f"NCCL fell back to sockets ({seen.get('using') or network}) although {', '.join(active)} are up here",
+                FALLBACK_FIX,
+            ),
+            SLOW_FIX,
+        )
     return note, None, IB_SLOW_FIX if network.upper().startswith("IB") else SLOW_FIX
 
 
@@ -82,13 +104,19 @@ def group_figures(measured: Mapping[str, Any]) -> dict[str, Any]:
     if not done:
         return {"backend": measured.get("backend"), "world": measured.get("world")}
     small, large = min(done, key=lambda g: g["bytes"]), max(done, key=lambda g: g["bytes"])
-    return {"backend": measured.get("backend"), "world": measured.get("world"),
-            "busbw_gbps": round(large["busbw_gbps"], 3), "at_bytes": large["bytes"],
-            "latency_ms": round(small["time_s"] * 1000, 3), "sizes": list(measured.get("group", []))}
+    return {
+        "backend": measured.get("backend"),
+        "world": measured.get("world"),
+        "busbw_gbps": round(large["busbw_gbps"], 3),
+        "at_bytes": large["bytes"],
+        "latency_ms": round(small["time_s"] * 1000, 3),
+        "sizes": list(measured.get("group", [])),
+    }
 
 
-def net_verdict(hosts: Sequence[str], measured: Mapping[str, Any] | None, error: str | None, slow_share: float
-                ) -> tuple[list[Finding], dict[str, dict[str, Any]], dict[str, Any]]:
+def net_verdict(
+    hosts: Sequence[str], measured: Mapping[str, Any] | None, error: str | None, slow_share: float
+) -> tuple[list[Finding], dict[str, dict[str, Any]], dict[str, Any]]:
     """(a `net` finding per host, each host's figures, the group's figures) from the measurement, or its failure.
 
     A node is slow below `slow_share` (the straggler factor) of the median: a slow node slows every all_reduce. Its
@@ -133,33 +161,58 @@ def _figures(hosts: Sequence[str], measured: Mapping[str, Any], group: Mapping[s
     for host in hosts:
         pairs = [p for p in measured.get("pairs", []) if host in p["nodes"]]
         if not pairs:
-            figures[host] = {"busbw_gbps": group.get("busbw_gbps"), "latency_ms": group.get("latency_ms"),
-                             "links": {}}
+            figures[host] = {"busbw_gbps": group.get("busbw_gbps"), "latency_ms": group.get("latency_ms"), "links": {}}
             continue
-        figures[host] = {"busbw_gbps": round(max(p["busbw_gbps"] for p in pairs), 3),
-                         "latency_ms": round(min(p["latency_ms"] for p in pairs), 3),
-                         "links": {next(n for n in p["nodes"] if n != host): round(p["busbw_gbps"], 3)
-                                   for p in pairs}}
+        figures[host] = {
+            "busbw_gbps": round(max(p["busbw_gbps"] for p in pairs), 3),
+            "latency_ms": round(min(p["latency_ms"] for p in pairs), 3),
+            "links": {next(n for n in p["nodes"] if n != host): round(p["busbw_gbps"], 3) for p in pairs},
+        }
     return figures
 
 
-def _host_finding(host: str, mine: Mapping[str, Any], took: float | None, compute_median: float | None,
-                  median: float | None, group: Mapping[str, Any], fix: str, note: str) -> Finding:
+def _host_finding(
+    host: str,
+    mine: Mapping[str, Any],
+    took: float | None,
+    compute_median: float | None,
+    median: float | None,
+    group: Mapping[str, Any],
+    fix: str,
+    note: str,
+) -> Finding:
     """One host's `net` finding: its CPU slow, its network slow (with the fix of its transport), or its figures."""
     best = mine.get("busbw_gbps")
-    said = (f"{best:.2f} Gbit/s to its neighbours, latency {mine['latency_ms']:.2f} ms"
-            if best is not None else "no figure")
+    said = (
+        f"{best:.2f} Gbit/s to its neighbours, latency {mine['latency_ms']:.2f} ms" if best is not None else "no figure"
+    )
     if mine["slow_compute"]:
         assert took is not None and compute_median is not None
-        return Finding(host, "net", "warn", f"its CPU is slow: the same compute took {took * 1000:.1f} "
-                       f"ms here against a median of {compute_median * 1000:.1f} ms "
-                       f"({compute_median / took:.2f}x the median node's speed; {said}); every "
-                       "all_reduce of the run waits for it", CPU_FIX)
+        return Finding(
+            host,
+            "net",
+            "warn",
+            f"its CPU is slow: the same compute took {took * 1000:.1f} "
+            f"ms here against a median of {compute_median * 1000:.1f} ms "
+            f"({compute_median / took:.2f}x the median node's speed; {said}); every "
+            "all_reduce of the run waits for it",
+            CPU_FIX,
+        )
     if mine["slow"]:
         assert best is not None and median is not None
         same = ", its compute as fast as the others'" if took is not None and compute_median else ""
-        return Finding(host, "net", "warn", f"{said}: {best / median:.2f}x the median node ({median:.2f} Gbit/s)"
-                       f"{same}; every all_reduce of the run waits for it{note}", fix)
-    where = (f"; the group of {group.get('world')} ({group.get('backend')}): {group['busbw_gbps']:.2f} Gbit/s "
-             f"at {_size(group['at_bytes'])}" if "busbw_gbps" in group else "")
+        return Finding(
+            host,
+            "net",
+            "warn",
+            f"{said}: {best / median:.2f}x the median node ({median:.2f} Gbit/s)"
+            f"{same}; every all_reduce of the run waits for it{note}",
+            fix,
+        )
+    where = (
+        f"; the group of {group.get('world')} ({group.get('backend')}): {group['busbw_gbps']:.2f} Gbit/s "
+        f"at {_size(group['at_bytes'])}"
+        if "busbw_gbps" in group
+        else ""
+    )
     return Finding(host, "net", "ok", said + where + note)

@@ -84,7 +84,7 @@ def gather_json(value, device):
     size = torch.tensor([len(data)], device=device)
     dist.all_reduce(size, op=dist.ReduceOp.MAX)
     mine = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
-    mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return [json.loads(bytes(t.tolist()).rstrip(b"\0")) for t in every]
@@ -121,11 +121,13 @@ def node_pairs(nodes, budget_s, pair_bytes, most, device):
         members = [r for r, n in enumerate(nodes) if n in ends]
         pair = dist.new_group(members)  # every rank makes every group, in the same order
         if rank in members:
-            took = timed(torch.ones(pair_bytes // 4, dtype=torch.float32, device=device), budget_s, most, pair,
-                         members[0])
+            took = timed(
+                torch.ones(pair_bytes // 4, dtype=torch.float32, device=device), budget_s, most, pair, members[0]
+            )
             small = timed(torch.ones(2, dtype=torch.float32, device=device), budget_s / 4, most, pair, members[0])
-            pairs.append({"nodes": ends, "busbw_gbps": gbps(pair_bytes, took, len(members)),
-                          "latency_ms": small * 1000})
+            pairs.append(
+                {"nodes": ends, "busbw_gbps": gbps(pair_bytes, took, len(members)), "latency_ms": small * 1000}
+            )
             computed.append(compute_s(device, pair))
         dist.barrier()
     return pairs, computed
@@ -158,11 +160,22 @@ def main():
     machines = gather_json(machine_id(), device)
     if rank == 0:
         unique = {tuple(p["nodes"]): p for ps in found for p in ps}
-        print("NETCHECK " + json.dumps({"backend": "nccl" if cuda else "gloo", "world": world,
-                                        "nodes": list(dict.fromkeys(nodes)), "ranks": len(nodes),
-                                        "group": group, "pairs": list(unique.values()),
-                                        "compute_s": per_node(nodes, compute, max),
-                                        "machines": per_node(nodes, machines, lambda got: got[0])}), flush=True)
+        print(
+            "NETCHECK "
+            + json.dumps(
+                {
+                    "backend": "nccl" if cuda else "gloo",
+                    "world": world,
+                    "nodes": list(dict.fromkeys(nodes)),
+                    "ranks": len(nodes),
+                    "group": group,
+                    "pairs": list(unique.values()),
+                    "compute_s": per_node(nodes, compute, max),
+                    "machines": per_node(nodes, machines, lambda got: got[0]),
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

@@ -14,8 +14,11 @@ from rich.text import Text
 from launcher.doctor.evidence import Finding, Report, Status
 
 # Styled spans, not a Text's base style: the colour covers the mark only, never the cell's padding.
-MARKS: dict[Status, Text] = {"ok": Text.assemble(("✓", "green")), "warn": Text.assemble(("!", "yellow")),
-                             "fail": Text.assemble(("✗", "bold red"))}
+MARKS: dict[Status, Text] = {
+    "ok": Text.assemble(("✓", "green")),
+    "warn": Text.assemble(("!", "yellow")),
+    "fail": Text.assemble(("✗", "bold red")),
+}
 """The cell of a check's worst finding on a node."""
 NONE = Text.assemble(("·", "dim"))
 """The cell of a check that said nothing about a node."""
@@ -61,8 +64,10 @@ def render_table(report: Report, console: Console) -> None:
     warned = len(report.problems) - failed
     took = report.timings.get("total_s", 0.0)
     if report.ok and not warned:
-        console.print(f"[green]all {len(report.checks)} checks passed on {len(report.hosts)} node(s)[/] "
-                      f"in {took:.1f} s", highlight=False)
+        console.print(
+            f"[green]all {len(report.checks)} checks passed on {len(report.hosts)} node(s)[/] in {took:.1f} s",
+            highlight=False,
+        )
     else:
         console.print(f"{failed} failure(s), {warned} warning(s) in {took:.1f} s", highlight=False)
 
@@ -70,18 +75,23 @@ def render_table(report: Report, console: Console) -> None:
 def report_json(report: Report) -> str:
     """The report for scripts: ok, findings, per node its probe's answer, time (probe_s) and error, timings; with
     --net, per node its `net` figures and the group's (`net`)."""
-    nodes: dict[str, dict[str, Any]] = {h: {"probe": report.probes.get(h), "probe_s": report.probe_times.get(h),
-                                            "error": report.errors.get(h)} for h in report.hosts}
+    nodes: dict[str, dict[str, Any]] = {
+        h: {"probe": report.probes.get(h), "probe_s": report.probe_times.get(h), "error": report.errors.get(h)}
+        for h in report.hosts
+    }
     if "net" in report.checks:
         for host, figures in nodes.items():
             figures["net"] = report.net.get(host)
-    return json.dumps({
-        "ok": report.ok,
-        "inventory": report.source,
-        "checks": list(report.checks),
-        "findings": [dataclasses.asdict(f) for f in report.findings],
-        "nodes": nodes,
-        "listener": report.listener,
-        "timings": dict(report.timings),
-        **({"net": dict(report.net_group)} if "net" in report.checks else {}),
-    }, indent=2)
+    return json.dumps(
+        {
+            "ok": report.ok,
+            "inventory": report.source,
+            "checks": list(report.checks),
+            "findings": [dataclasses.asdict(f) for f in report.findings],
+            "nodes": nodes,
+            "listener": report.listener,
+            "timings": dict(report.timings),
+            **({"net": dict(report.net_group)} if "net" in report.checks else {}),
+        },
+        indent=2,
+    )

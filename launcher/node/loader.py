@@ -23,7 +23,7 @@ def node_path(path):
     """A path as this node means it: `~` is its home, and ~/.cache its XDG cache home when one is set."""
     cache = os.environ.get("XDG_CACHE_HOME")
     if cache and (path == "~/.cache" or path.startswith("~/.cache/")):
-        return cache + path[len("~/.cache"):]
+        return cache + path[len("~/.cache") :]
     return os.path.expanduser(path)
 
 

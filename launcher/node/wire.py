@@ -39,6 +39,7 @@ def socket_values(ifname):
     (eth0 would match eth0.100 too), the bare name to gloo, which takes one interface's name."""
     return {SOCKET_ENV[0]: "=" + ifname, SOCKET_ENV[1]: ifname}
 
+
 GO, ABORT, STOP, KILL, TCP, HEARTBEAT, STACKS, DUMPS = "go", "abort", "stop", "kill", "tcp", "hb", "stacks", "dumps"
 """The launcher's messages to an agent, one a line on its stdin (`word_line` makes the line); `stacks` asks an attached
 run's agent for every worker's stack (the `stacks` event), `dumps` for NCCL's flight recorder dumps of a hung run
@@ -186,7 +187,7 @@ def emit_parts(event, chunk, **fields):
     import zlib
 
     data = base64.b64encode(zlib.compress(json.dumps(fields).encode())).decode("ascii")
-    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)] or [""]
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] or [""]
     for seq, piece in enumerate(pieces):
         emit(Event.PART, of=event, seq=seq, count=len(pieces), data=piece)
 
@@ -218,7 +219,7 @@ def write_all(fd, data):
     """Write all of `data` to a file descriptor, unbuffered; False when the reader is gone."""
     try:
         while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
         return True
     except OSError:
         return False
@@ -242,8 +243,17 @@ def seconds(section, key, where):
     return float(value)
 
 
-AGENT_TIMING = ("poll_s", "wait_s", "check_s", "supervisor_poll_s", "supervisor_wait_s", "kill_wait_s", "read_chunk",
-                "store_wait_s", "store_poll_s")
+AGENT_TIMING = (
+    "poll_s",
+    "wait_s",
+    "check_s",
+    "supervisor_poll_s",
+    "supervisor_wait_s",
+    "kill_wait_s",
+    "read_chunk",
+    "store_wait_s",
+    "store_poll_s",
+)
 """The waits and read sizes every agent request carries in `timing` (launcher.options.NODE_TIMING)."""
 SYNC_TIMING = ("wait_s", "read_chunk", "relay_connect_s", "relay_wait_s", "relay_chunk")
 """Those of a sync request (launcher.options.SYNC_TIMING)."""

@@ -21,11 +21,23 @@ from launcher.limits import AWAY_EXIT, HANG_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
 from launcher.node.wire import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
 from launcher.plan.recovery import AttemptEnd, How
 
-COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator",
-              "ProcessGroupNCCL", "Socket Timeout", "SignalException", "Signals.SIGTERM")
+COLLATERAL = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator",
+    "ProcessGroupNCCL",
+    "Socket Timeout",
+    "SignalException",
+    "Signals.SIGTERM",
+)
 """Messages of a worker that died only because a peer died first: never the root cause when another exists."""
-LOST = {EndKind.LOST: "the connection to it was lost", EndKind.SILENT: "it stopped answering",
-        EndKind.AGENT_DIED: "the launcher's agent on it died", EndKind.UNANSWERED: "it did not answer the stop"}
+LOST = {
+    EndKind.LOST: "the connection to it was lost",
+    EndKind.SILENT: "it stopped answering",
+    EndKind.AGENT_DIED: "the launcher's agent on it died",
+    EndKind.UNANSWERED: "it did not answer the stop",
+}
 """A node's end that loses the node, and how an attempt's line says it."""
 
 
@@ -163,13 +175,21 @@ def headline(end: NodeEnd) -> tuple[str, int, int | None]:
     if end.kind == EndKind.UNANSWERED:
         return f"root cause: {end.node} did not answer the stop in time", 1, None
     if end.stop_reason == HEARTBEAT_TIMEOUT:
-        return (f"root cause: {end.node} stopped its part by itself: no heartbeat from the launcher in time "
-                f"(a frozen launcher or network)", 1, None)
+        return (
+            f"root cause: {end.node} stopped its part by itself: no heartbeat from the launcher in time "
+            f"(a frozen launcher or network)",
+            1,
+            None,
+        )
     if end.stop_reason == LAUNCHER_GONE:
         return f"root cause: {end.node} stopped its part by itself: its connection to the launcher closed", 1, None
     if end.before_workers:
-        return (f"root cause: {end.node}: torchrun ended ({ended_how(end)}) before it started any worker: it never "
-                "completed the rendezvous", end.exit_code or 1, None)
+        return (
+            f"root cause: {end.node}: torchrun ended ({ended_how(end)}) before it started any worker: it never "
+            "completed the rendezvous",
+            end.exit_code or 1,
+            None,
+        )
     rank, local, worker_code = failed_rank(root_cause_block(list(end.tail)))
     # The worker's own exit code says more than torchrun's (which is 1 for any worker failure).
     code = worker_code if worker_code else (end.exit_code or 1)
@@ -191,9 +211,14 @@ def ended_how(end: NodeEnd) -> str:
     if end.kind == EndKind.EXITED:
         code = end.exit_code if end.exit_code is not None else 1
         return f"exit code {128 - code if code < 0 else code}"
-    return {EndKind.LOST: "the connection was lost", EndKind.SILENT: f"silent for {end.silent_for:.0f} s",
-            EndKind.AGENT_DIED: "the launcher's agent died", EndKind.UNANSWERED: "no answer to the stop",
-            EndKind.START_ERROR: "it could not start", EndKind.TAKEN: "taken over"}[end.kind]
+    return {
+        EndKind.LOST: "the connection was lost",
+        EndKind.SILENT: f"silent for {end.silent_for:.0f} s",
+        EndKind.AGENT_DIED: "the launcher's agent died",
+        EndKind.UNANSWERED: "no answer to the stop",
+        EndKind.START_ERROR: "it could not start",
+        EndKind.TAKEN: "taken over",
+    }[end.kind]
 
 
 def root_cause_block(lines: list[str]) -> list[str]:
@@ -201,7 +226,7 @@ def root_cause_block(lines: list[str]) -> list[str]:
     for i, line in enumerate(lines):
         if "Root Cause (first observed failure)" in line:
             block = []
-            for rest in lines[i + 1:]:
+            for rest in lines[i + 1 :]:
                 if rest.startswith("=====") and block:
                     break
                 block.append(rest)

@@ -87,9 +87,15 @@ class NodeCommand:
         """
         unset = [f"-u {shlex.quote(name)}" for name in self.unset_env if not _is_glob(name)]
         order, default = DEVICE_ORDER
-        assignments = [*unset, f'{order}="${{{order}:-{default}}}"', *self._file_and_forwarded(),
-                       *self._socket_assignments(), *(f"{v.name}={_shown_value(v)}" for v in self.env),
-                       *self._gpu_assignments(), *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env)]
+        assignments = [
+            *unset,
+            f'{order}="${{{order}:-{default}}}"',
+            *self._file_and_forwarded(),
+            *self._socket_assignments(),
+            *(f"{v.name}={_shown_value(v)}" for v in self.env),
+            *self._gpu_assignments(),
+            *(f"{k}={shlex.quote(v)}" for k, v in self.launcher_env),
+        ]
         env = f"env {' '.join(assignments)} " if assignments else ""
         argv = " ".join(quote_path(w) if i in self.home_args else shlex.quote(w) for i, w in enumerate(self.argv))
         setup = "".join(f"{line} && " for line in self.setup)
@@ -112,8 +118,14 @@ class NodeCommand:
             return []
         value = self.socket_ifname
         if value == "auto":
-            master = next((self.argv[i + 1].rsplit(":", 1)[0] for i, w in enumerate(self.argv)
-                           if w in ("--master-addr", "--rdzv-endpoint")), "master")
+            master = next(
+                (
+                    self.argv[i + 1].rsplit(":", 1)[0]
+                    for i, w in enumerate(self.argv)
+                    if w in ("--master-addr", "--rdzv-endpoint")
+                ),
+                "master",
+            )
             value = f"<iface to {master}>"
         return [f"{name}={shlex.quote(text)}" for name, text in socket_values(value).items()]
 
@@ -152,8 +164,10 @@ class LaunchPlan:
         ]
         for node in self.nodes:
             host = node.host
-            lines.append(f"node {node.node_rank}: {host.name}" + (f" (reached by peers as {host.addr})"
-                                                                   if host.addr != host.name else ""))
+            lines.append(
+                f"node {node.node_rank}: {host.name}"
+                + (f" (reached by peers as {host.addr})" if host.addr != host.name else "")
+            )
             lines.append(f"  $ {node.shell_line()}")
             lines += [f"  {line}" for line in _feature_lines(node, rdzv.master_addr)]
             lines.append(f"  run dir {node.run_dir}: torchrun runs under setsid, its output in {node.run_dir}/log")
@@ -164,8 +178,11 @@ class LaunchPlan:
             dest = "each node's workdir" if sync.dest is None else sync.dest
             skip = f", except {', '.join(sync.exclude)}" if sync.exclude else ""
             lines.append(f"sync: {sync.src} (on this machine) to {dest}{skip}")
-        lines += ["", "why each flag is there:",
-                  "  -m torch.distributed.run    torchrun, by the node's own interpreter (no PATH surprises)"]
+        lines += [
+            "",
+            "why each flag is there:",
+            "  -m torch.distributed.run    torchrun, by the node's own interpreter (no PATH surprises)",
+        ]
         if elastic.backend == "static":
             lines += [
                 f"  --nnodes {len(self.nodes)}                 every node must be there before training starts",
@@ -181,8 +198,10 @@ class LaunchPlan:
                 "  --local-addr                the address the other nodes reach this node by",
             ]
         if elastic.max_restarts:
-            lines.append(f"  {f'--max-restarts {elastic.max_restarts}':<28}torchrun restarts the workers after a "
-                         "failure (from their checkpoint) this often")
+            lines.append(
+                f"  {f'--max-restarts {elastic.max_restarts}':<28}torchrun restarts the workers after a "
+                "failure (from their checkpoint) this often"
+            )
         lines += [
             "  --nproc-per-node G          worker processes on this node (usually its GPU count)",
             "  --redirects 3 --log-dir     each worker writes to files on the node; the launcher's agent tags",
@@ -191,17 +210,21 @@ class LaunchPlan:
         ]
         if self.settings.run.retries:  # what the run uses: the command line's over the inventory's
             resume = " ".join(shlex.quote(a) for a in self.job.resume_args) or "nothing"
-            lines.append(f"retries: {self.settings.run.retries}: a run that loses a node is started again on the nodes "
-                         f"that pass the doctor, with {resume} added")
+            lines.append(
+                f"retries: {self.settings.run.retries}: a run that loses a node is started again on the nodes "
+                f"that pass the doctor, with {resume} added"
+            )
         return "\n".join(lines)
 
 
 def _job_lines(job: Job) -> list[str]:
     """Why the job's own words are there: its form, and each torchrun option it passes through (job.torchrun)."""
     form, value = job.form
-    lines = {"script": [],
-             "module": [f"  {f'-m {value}':<28}job.module: each worker runs `python -m {value}`"],
-             "command": [f"  {f'--no-python {value}':<28}job.command: each worker runs it as it is, not under Python"]}
+    lines = {
+        "script": [],
+        "module": [f"  {f'-m {value}':<28}job.module: each worker runs `python -m {value}`"],
+        "command": [f"  {f'--no-python {value}':<28}job.command: each worker runs it as it is, not under Python"],
+    }
     shown = lines[form]
     options: list[list[str]] = []
     for word in job.torchrun:
@@ -225,20 +248,28 @@ def _feature_lines(node: NodeCommand, master: str) -> list[str]:
         hidden = "; its values are secret, never shown" if node.env_file.secret else ""
         lines.append(f"env_file: {node.env_file.path} is read on this machine at launch{hidden}")
     if node.socket_ifname == "auto":
-        lines.append(f"socket_ifname auto: {' and '.join(SOCKET_ENV)} name the interface this node routes to "
-                     f"{master} through, found on the node at launch")
+        lines.append(
+            f"socket_ifname auto: {' and '.join(SOCKET_ENV)} name the interface this node routes to "
+            f"{master} through, found on the node at launch"
+        )
     elif node.socket_ifname is not None:
-        lines.append(f"socket_ifname: {' and '.join(SOCKET_ENV)} are {node.socket_ifname} (the interface NCCL and "
-                     "gloo use)")
+        lines.append(
+            f"socket_ifname: {' and '.join(SOCKET_ENV)} are {node.socket_ifname} (the interface NCCL and gloo use)"
+        )
     if node.socket_ifname is not None:
-        lines.append("  NCCL gets it as =NAME (that interface only: a bare name is a prefix to NCCL, eth0 would match "
-                     "eth0.100), gloo the bare name")
+        lines.append(
+            "  NCCL gets it as =NAME (that interface only: a bare name is a prefix to NCCL, eth0 would match "
+            "eth0.100), gloo the bare name"
+        )
     if node.gpus is not None:
         chosen = ",".join(str(i) for i in node.gpus)
-        lines.append(f"gpus {chosen} (--include/--exclude): CUDA_VISIBLE_DEVICES is the entries {chosen} of the node's "
-                     f"own CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else {chosen}")
-    lines.append(f"{DEVICE_ORDER[0]}={DEVICE_ORDER[1]} unless the node sets an order: CUDA numbers the GPUs as "
-                 "nvidia-smi does")
+        lines.append(
+            f"gpus {chosen} (--include/--exclude): CUDA_VISIBLE_DEVICES is the entries {chosen} of the node's "
+            f"own CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else {chosen}"
+        )
+    lines.append(
+        f"{DEVICE_ORDER[0]}={DEVICE_ORDER[1]} unless the node sets an order: CUDA numbers the GPUs as nvidia-smi does"
+    )
     return lines
 
 
@@ -280,27 +311,39 @@ def torchrun_argv(cluster: Cluster, job: Job, node_rank: int, run_dir: str, run_
         conf = ",".join(f"{k}={v}" for k, v in (("is_host", "1" if node_rank == 0 else "0"), *elastic.conf))
         nodes: tuple[str, ...] = ("--nnodes", f"{low}:{high}")
         group: tuple[str, ...] = (
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{_endpoint_host(rdzv.master_addr)}:{rdzv.master_port}",
-            "--rdzv-id", run_id,
-            "--rdzv-conf", conf,
-            "--local-addr", host.addr,
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{_endpoint_host(rdzv.master_addr)}:{rdzv.master_port}",
+            "--rdzv-id",
+            run_id,
+            "--rdzv-conf",
+            conf,
+            "--local-addr",
+            host.addr,
         )
     else:
         nodes = ("--nnodes", str(len(cluster.hosts)), "--node-rank", str(node_rank))
         group = (
-            "--master-addr", rdzv.master_addr,
-            "--master-port", str(rdzv.master_port),
+            "--master-addr",
+            rdzv.master_addr,
+            "--master-port",
+            str(rdzv.master_port),
         )
     restarts = ("--max-restarts", str(elastic.max_restarts)) if elastic.max_restarts else ()
     return (
-        host.python, "-m", "torch.distributed.run",
+        host.python,
+        "-m",
+        "torch.distributed.run",
         *nodes,
-        "--nproc-per-node", str(host.nproc_per_node),
+        "--nproc-per-node",
+        str(host.nproc_per_node),
         *group,
         *restarts,
-        "--redirects", "3",
-        "--log-dir", f"{run_dir}/{RANKS_DIR}",
+        "--redirects",
+        "3",
+        "--log-dir",
+        f"{run_dir}/{RANKS_DIR}",
         *job.torchrun,
         *job.argv,
     )
@@ -322,8 +365,9 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
     return offsets
 
 
-def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = None, *,
-                settings: Settings | None = None) -> LaunchPlan:
+def plan_launch(
+    cluster: Cluster, job: Job | None = None, run_id: str | None = None, *, settings: Settings | None = None
+) -> LaunchPlan:
     """Plan a run of `job` (default: the inventory's) on every node of `cluster`, with `settings` (resolved for the run:
     `for_run`; default: the inventory's and the defaults)."""
     job = job or cluster.job
@@ -331,35 +375,46 @@ def plan_launch(cluster: Cluster, job: Job | None = None, run_id: str | None = N
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
     form, value = job.form
     if value.startswith("-"):
-        raise PlanError(cluster.source, f"the {form} {value[:60]!r} starts with '-': torchrun would read it as an "
-                        "option")
+        raise PlanError(
+            cluster.source, f"the {form} {value[:60]!r} starts with '-': torchrun would read it as an option"
+        )
     low, _ = cluster.rendezvous.elastic.nodes_range(len(cluster.hosts))
     if len(cluster.hosts) < low:
-        raise PlanError(cluster.source, f"rendezvous.nodes asks for at least {low} node(s); only "
-                        f"{len(cluster.hosts)} are chosen ({', '.join(h.name for h in cluster.hosts)})")
+        raise PlanError(
+            cluster.source,
+            f"rendezvous.nodes asks for at least {low} node(s); only "
+            f"{len(cluster.hosts)} are chosen ({', '.join(h.name for h in cluster.hosts)})",
+        )
     run_id = run_id or new_run_id()
     offsets = rank_offsets(cluster)
     nodes = []
     for rank, host in enumerate(cluster.hosts):
         run_dir = f"{RUNS_ROOT}/{run_id}/{host.name}"
         argv = torchrun_argv(cluster, job, rank, run_dir, run_id)
-        nodes.append(NodeCommand(
-            host=host,
-            node_rank=rank,
-            rank_offset=offsets[host.name],
-            argv=argv,
-            home_args=(0, argv.index("--log-dir") + 1),
-            env=host.env,
-            workdir=host.workdir,
-            run_dir=run_dir,
-            unset_env=RESERVED_ENV,
-            setup=host.setup,
-            socket_ifname=host.socket_ifname,
-            forward_env=host.forward_env,
-            env_file=host.env_file,
-            launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
-            gpus=host.gpus,
-        ))
+        nodes.append(
+            NodeCommand(
+                host=host,
+                node_rank=rank,
+                rank_offset=offsets[host.name],
+                argv=argv,
+                home_args=(0, argv.index("--log-dir") + 1),
+                env=host.env,
+                workdir=host.workdir,
+                run_dir=run_dir,
+                unset_env=RESERVED_ENV,
+                setup=host.setup,
+                socket_ifname=host.socket_ifname,
+                forward_env=host.forward_env,
+                env_file=host.env_file,
+                launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
+                gpus=host.gpus,
+            )
+        )
     # The command line's job (--script, api.launch's module=) replaces the inventory's for all that reads the plan.
-    return LaunchPlan(run_id=run_id, cluster=replace(cluster, job=job), job=job, nodes=tuple(nodes),
-                      settings=settings or for_run(Settings(), cluster, job))
+    return LaunchPlan(
+        run_id=run_id,
+        cluster=replace(cluster, job=job),
+        job=job,
+        nodes=tuple(nodes),
+        settings=settings or for_run(Settings(), cluster, job),
+    )

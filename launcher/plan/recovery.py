@@ -169,8 +169,16 @@ def restart_needs(cluster: Cluster, count: int) -> int:
     return elastic.nodes_range(count)[0] if elastic.backend == "c10d" else 1
 
 
-def after_node_end(end: NodeEnd, *, asked_to_stop: bool, started: bool, remaining: int, needs: int,
-                   start_failed: bool, said: Sequence[str] = ()) -> GoOnWithout | StopRun | FailStart | None:
+def after_node_end(
+    end: NodeEnd,
+    *,
+    asked_to_stop: bool,
+    started: bool,
+    remaining: int,
+    needs: int,
+    start_failed: bool,
+    said: Sequence[str] = (),
+) -> GoOnWithout | StopRun | FailStart | None:
     """What follows a node's end inside an attempt: `remaining` nodes still run, the group `needs` that many to go
     on (`group_needs`); the node had `started` its part; the run's start has failed (`start_failed`: it is being
     stopped everywhere). `said`: what the node's session said (its agent's messages), a failed start's words."""
@@ -185,9 +193,18 @@ def after_node_end(end: NodeEnd, *, asked_to_stop: bool, started: bool, remainin
     return FailStart(f"{end.node}: {'; '.join(said) or (silent if end.kind == EndKind.SILENT else exited)}")
 
 
-def after_attempt(end: AttemptEnd, before: Sequence[AttemptEnd], *, nodes: Sequence[str], min_nodes: int,
-                  retries: int, on_hang: str, failures: Mapping[str, Sequence[float]], now: float,
-                  cooldown: float) -> Retry | Final:
+def after_attempt(
+    end: AttemptEnd,
+    before: Sequence[AttemptEnd],
+    *,
+    nodes: Sequence[str],
+    min_nodes: int,
+    retries: int,
+    on_hang: str,
+    failures: Mapping[str, Sequence[float]],
+    now: float,
+    cooldown: float,
+) -> Retry | Final:
     """What follows `end`, the last of `before` + [end] attempts on `nodes` (this attempt's), for a launch allowed
     `retries` restarts. `min_nodes`: the fewest nodes the run can do with (`restart_needs`). `failures`: each node's
     failed attempts' times so far, this one's included (the blacklist's)."""
@@ -197,8 +214,9 @@ def after_attempt(end: AttemptEnd, before: Sequence[AttemptEnd], *, nodes: Seque
     if end.how == How.HANG and on_hang != "restart":
         return Final(Reason.HANG_STOPS, said, f"not retried: {end.why or 'it hung'} (--on-hang {on_hang})")
     if end.how == How.FAILED:
-        return Final(Reason.PROGRAM_FAILED, said, "not retried: the script itself failed (a retry would fail the "
-                                                  "same way)")
+        return Final(
+            Reason.PROGRAM_FAILED, said, "not retried: the script itself failed (a retry would fail the same way)"
+        )
     if end.how == How.NO_START:
         return Final(Reason.NO_START, said, "not retried: the run could not start (a retry would not either)")
     if not end.how.retried and end.how != How.HANG:
@@ -221,8 +239,12 @@ def too_few(chosen: NextNodes, needs: int) -> Final | None:
     passed the decision, the checks and the sweep); None: the next attempt starts."""
     if len(chosen.cluster.hosts) >= needs:
         return None
-    text = "\n".join([f"cannot retry: {len(chosen.cluster.hosts)} node(s) left, the run needs at least {needs}",
-                      *(f"  {name}: {why}" for name, why in chosen.dropped.items())])
+    text = "\n".join(
+        [
+            f"cannot retry: {len(chosen.cluster.hosts)} node(s) left, the run needs at least {needs}",
+            *(f"  {name}: {why}" for name, why in chosen.dropped.items()),
+        ]
+    )
     return Final(Reason.TOO_FEW_NODES, text, text)
 
 
@@ -242,8 +264,10 @@ def _same_hang(end: AttemptEnd, before: Sequence[AttemptEnd]) -> str | None:
         return None
     if end.node is None or last.node is None or end.node == last.node:
         return None
-    return (f"the run hung after step {end.step} twice, on {last.node} then {end.node}: the program, not a node "
-            "(no retry: it would hang there again)")
+    return (
+        f"the run hung after step {end.step} twice, on {last.node} then {end.node}: the program, not a node "
+        "(no retry: it would hang there again)"
+    )
 
 
 @dataclass(frozen=True)
@@ -260,20 +284,36 @@ WHERE = ("attached", "detached", "slurm", "attach")
 """Where a run is followed: an attached launch over SSH (the only one that starts a run again), a detached one (no
 launcher), under SLURM (the scheduler requeues), `attach` (a run taken over, followed to its end)."""
 _WHY_NOT = {
-    "detached": ("needs an attached run: a detached run has no launcher to start it again",
-                 "does not apply to a detached run: no launcher is there to start it again",
-                 "does not apply to a detached run: no launcher watches it for a hang (an attached run's does; `inv "
-                 "top` shows a rank behind)"),
-    "slurm": ("does not apply to --slurm (a SLURM job is requeued by SLURM (sbatch --requeue))",
-              "does not apply under SLURM", "does not apply under SLURM; a hang stops the run"),
-    "attach": ("does not apply to attach: it follows the run it takes over to its end (`launch --on-hang restart` "
-               "starts a run again)", "does not apply to attach", "does not apply to attach; a hang stops the run"),
+    "detached": (
+        "needs an attached run: a detached run has no launcher to start it again",
+        "does not apply to a detached run: no launcher is there to start it again",
+        "does not apply to a detached run: no launcher watches it for a hang (an attached run's does; `inv "
+        "top` shows a rank behind)",
+    ),
+    "slurm": (
+        "does not apply to --slurm (a SLURM job is requeued by SLURM (sbatch --requeue))",
+        "does not apply under SLURM",
+        "does not apply under SLURM; a hang stops the run",
+    ),
+    "attach": (
+        "does not apply to attach: it follows the run it takes over to its end (`launch --on-hang restart` "
+        "starts a run again)",
+        "does not apply to attach",
+        "does not apply to attach; a hang stops the run",
+    ),
 }
 """Per WHERE that cannot restart: an option given (refused), the inventory's retries, its job.on_hang (noted)."""
 
 
-def restarts(retries: int, on_hang: str, *, source: str, where: str = "attached", given: bool = False,
-             on_hang_given: bool = False) -> Restarts:
+def restarts(
+    retries: int,
+    on_hang: str,
+    *,
+    source: str,
+    where: str = "attached",
+    given: bool = False,
+    on_hang_given: bool = False,
+) -> Restarts:
     """A launch's `retries` and `on_hang` as the run will use them, decided once: only an attached launch over SSH
     starts a run again, and a restart after a hang is one of its retries. `given`, `on_hang_given`: the command line
     set them (refused with a usage error where they cannot apply; the inventory's are noted and dropped)."""
@@ -290,6 +330,12 @@ def restarts(retries: int, on_hang: str, *, source: str, where: str = "attached"
             notes.append(f"note: {source}: job.on_hang: restart {on_hang_note}")
         return Restarts(0, "stop" if on_hang == "restart" else on_hang, tuple(notes))
     if on_hang == "restart" and not retries:
-        return Restarts(0, "stop", ("note: on_hang: restart starts the run again as one of its retries, and it has "
-                                    "none (--retries N, or the inventory's retries): a hang stops the run",))
+        return Restarts(
+            0,
+            "stop",
+            (
+                "note: on_hang: restart starts the run again as one of its retries, and it has "
+                "none (--retries N, or the inventory's retries): a hang stops the run",
+            ),
+        )
     return Restarts(retries, on_hang)

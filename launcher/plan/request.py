@@ -59,9 +59,14 @@ def inventory_id(cluster: Cluster) -> str:
     return str(Path(cluster.source).resolve())
 
 
-
-def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str], gate: GateSection | None = None,
-                  owner: Owner | None = None, reattach: bool = True) -> dict[str, Any]:
+def start_request(
+    plan: LaunchPlan,
+    command: NodeCommand,
+    env: Mapping[str, str],
+    gate: GateSection | None = None,
+    owner: Owner | None = None,
+    reattach: bool = True,
+) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from the plan's settings and the
     launcher's limits (it has no defaults).
 
@@ -116,22 +121,40 @@ def start_request(plan: LaunchPlan, command: NodeCommand, env: Mapping[str, str]
 def stacks_settings() -> dict[str, Any]:
     """How a node's agent takes stacks and keeps NCCL's flight recorder (launcher/node/agent/stackdump.py): every
     number."""
-    return {"stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES, "flight_recorder": FLIGHT_RECORDER_ENV,
-            "nccl_dump_wait_s": NCCL_DUMP_WAIT_S, "event_chunk": EVENT_CHUNK, "collectives": COLLECTIVES}
+    return {
+        "stacks_wait_s": STACKS_WAIT_S,
+        "nccl_max_bytes": NCCL_MAX_BYTES,
+        "flight_recorder": FLIGHT_RECORDER_ENV,
+        "nccl_dump_wait_s": NCCL_DUMP_WAIT_S,
+        "event_chunk": EVENT_CHUNK,
+        "collectives": COLLECTIVES,
+    }
 
 
 def progress_settings(job: Job | None) -> dict[str, Any]:
     """How a node's agent reads its ranks' progress lines (launcher/node/agent/sampler.py): the expression, every
     number."""
-    return {"ranks": RANKS_DIR, "progress": (job.progress if job else None) or DEFAULT_PROGRESS, "read_s": TOP_READ_S,
-            "tail_bytes": TOP_TAIL_BYTES, "keep_lines": TOP_KEEP_LINES, "rate_window_s": TOP_RATE_WINDOW_S,
-            "gpu_timeout_s": NVIDIA_SMI_TIMEOUT_S, "gpu_refresh_s": TOP_GPU_REFRESH_S}
+    return {
+        "ranks": RANKS_DIR,
+        "progress": (job.progress if job else None) or DEFAULT_PROGRESS,
+        "read_s": TOP_READ_S,
+        "tail_bytes": TOP_TAIL_BYTES,
+        "keep_lines": TOP_KEEP_LINES,
+        "rate_window_s": TOP_RATE_WINDOW_S,
+        "gpu_timeout_s": NVIDIA_SMI_TIMEOUT_S,
+        "gpu_refresh_s": TOP_GPU_REFRESH_S,
+    }
 
 
 def log_tail_settings() -> dict[str, Any]:
     """How a node's agent merges its workers' files into the run's log (`agent.LogMerger`): every number here."""
-    return {"ranks": RANKS_DIR, "poll_s": LOG_POLL_S, "chunk": LOG_CHUNK, "max_line": MAX_LINE_BYTES,
-            "cut_mark": CUT_MARK.decode()}
+    return {
+        "ranks": RANKS_DIR,
+        "poll_s": LOG_POLL_S,
+        "chunk": LOG_CHUNK,
+        "max_line": MAX_LINE_BYTES,
+        "cut_mark": CUT_MARK.decode(),
+    }
 
 
 def shown_request(plan: LaunchPlan) -> list[str]:
@@ -139,8 +162,13 @@ def shown_request(plan: LaunchPlan) -> list[str]:
     name only; what is read at launch (env files, forward_env, a value copied from this machine's environment) is
     not read here, and the doctor's part (`gate`) is left out."""
     command = plan.nodes[0]
-    env = {v.name: f"<secret {v.name}>" if v.secret else v.value if v.value is not None
-           else f"<${v.from_env} at launch>" for v in command.env}
+    env = {
+        v.name: f"<secret {v.name}>" if v.secret else v.value if v.value is not None else f"<${v.from_env} at launch>"
+        for v in command.env
+    }
     request = start_request(plan, command, env)
-    return [f"the request {command.host.name}'s agent gets (the other nodes' differ in node_rank, run_dir and mark; "
-            "env files and forward_env are read at launch):", json.dumps(request, indent=1, sort_keys=True)]
+    return [
+        f"the request {command.host.name}'s agent gets (the other nodes' differ in node_rank, run_dir and mark; "
+        "env files and forward_env are read at launch):",
+        json.dumps(request, indent=1, sort_keys=True),
+    ]

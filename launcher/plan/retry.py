@@ -55,8 +55,10 @@ class Attempt:
         back = ""
         if previous is not None and previous.hang_since is not None and self.training_at is not None:
             back = f"; training again {self.training_at - previous.hang_since:.0f} s after the hang began"
-        return (f"attempt {self.number} (run {self.run_id}) on {', '.join(self.nodes)}; master {self.master}{sat}"
-                f"{resumed}: {self.why or self.outcome}{took}{back}")
+        return (
+            f"attempt {self.number} (run {self.run_id}) on {', '.join(self.nodes)}; master {self.master}{sat}"
+            f"{resumed}: {self.why or self.outcome}{took}{back}"
+        )
 
     def as_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -105,7 +107,7 @@ def next_nodes(cluster: Cluster, unavailable: Mapping[str, str]) -> NextNodes:
 def resumed(job: Job) -> Job:
     """The job of a retried attempt: its arguments plus `resume_args` (once, however many retries)."""
     extra = tuple(job.resume_args)
-    if not extra or tuple(job.args[-len(extra):]) == extra:
+    if not extra or tuple(job.args[-len(extra) :]) == extra:
         return job
     return dataclasses.replace(job, args=(*job.args, *extra))
 

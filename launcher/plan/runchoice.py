@@ -41,8 +41,9 @@ class Choice:
     """One sentence for the console: which run, and why that one."""
 
 
-def choose_run(source: str, hosts: Sequence[str], listings: Mapping[str, Sequence[ListedRun]],
-               inventory_id: str | None = None) -> Choice | None:
+def choose_run(
+    source: str, hosts: Sequence[str], listings: Mapping[str, Sequence[ListedRun]], inventory_id: str | None = None
+) -> Choice | None:
     """The run of the inventory `source` (its `hosts`; `inventory_id`: its path as runs record it) to act on, from
     each reachable node's `listings`; None when the nodes have no run at all.
 
@@ -72,8 +73,11 @@ def choose_run(source: str, hosts: Sequence[str], listings: Mapping[str, Sequenc
         return None
     if not ours:
         others = ", ".join(sorted(nodes_of)[-5:])
-        raise LauncherError(f"no run of {source} on its nodes" + (f" (other runs there: {others}); " if others
-                            else "; ") + "give one with --run")
+        raise LauncherError(
+            f"no run of {source} on its nodes"
+            + (f" (other runs there: {others}); " if others else "; ")
+            + "give one with --run"
+        )
     live = [r for r in ours if r in running]
     if len(live) > 1:
         listed = "; ".join(f"{r} (running on {', '.join(sorted(running[r]))})" for r in live)

@@ -26,19 +26,34 @@ def for_run(settings: Settings, cluster: Cluster, job: Job | None = None, *, whe
     if where not in WHERE:
         raise ValueError(f"a run is followed one of {', '.join(WHERE)} ways, not {where!r}")
     job = job or cluster.job
-    mine = {"retries": cluster.retries, "hang_timeout": job.hang_timeout if job is not None else None,
-            "on_hang": job.on_hang if job is not None else None}
+    mine = {
+        "retries": cluster.retries,
+        "hang_timeout": job.hang_timeout if job is not None else None,
+        "on_hang": job.on_hang if job is not None else None,
+    }
     defaults = Settings()
-    found = {name: value for name, value in mine.items()
-             if value is not None and value != defaults.value(name) and not settings.given(name)}
+    found = {
+        name: value
+        for name, value in mine.items()
+        if value is not None and value != defaults.value(name) and not settings.given(name)
+    }
     if where == "attach":  # `attach` follows one attempt: the launch that started the run chose whether to start again
         found.pop("retries", None)
     resolved = settings.updated(found, {name: f"{cluster.source} ({FROM_INVENTORY[name]})" for name in found})
     run = resolved.run
-    policy = restarts(0 if where == "attach" else run.retries, run.on_hang, source=cluster.source, where=where,
-                      given=settings.given("retries"), on_hang_given=settings.given("on_hang"))
+    policy = restarts(
+        0 if where == "attach" else run.retries,
+        run.on_hang,
+        source=cluster.source,
+        where=where,
+        given=settings.given("retries"),
+        on_hang_given=settings.given("on_hang"),
+    )
     decided = {"retries": policy.retries, "on_hang": policy.on_hang}
     # A value the policy changed is no longer the one its source set (the note says why): none is shown as set.
-    sources = {name: origin for name, origin in resolved.sources.items()
-               if name not in decided or decided[name] == resolved.value(name)}
+    sources = {
+        name: origin
+        for name, origin in resolved.sources.items()
+        if name not in decided or decided[name] == resolved.value(name)
+    }
     return replace(resolved, run=replace(run, **decided, notes=policy.notes), sources=sources)

@@ -49,5 +49,7 @@ def settings_text(plan: LaunchPlan, hosts_from: str | None = None) -> list[str]:
     width = max(len(name) for name, _, _ in used)
     shown = [(name, _shown(value), said) for name, value, said in used]
     value_width = max(len(value) for _, value, _ in shown)
-    return ["settings the run uses that are not their defaults, and where each came from:",
-            *(f"  {name:<{width}}  {value:<{value_width}}  {said}" for name, value, said in shown)]
+    return [
+        "settings the run uses that are not their defaults, and where each came from:",
+        *(f"  {name:<{width}}  {value:<{value_width}}  {said}" for name, value, said in shown),
+    ]

@@ -15,9 +15,11 @@ from launcher.plan.ends import ended_how
 
 def left_line(run_id: str, nodes: int, bound: float, attach: str) -> str:
     """This launcher's terminal closed (SIGHUP): the run goes on without it."""
-    return (f"the launcher's terminal closed: run {run_id} goes on on its {nodes} node(s) without it; `{attach}` takes "
-            f"it back from any terminal; with no launcher heard from for {bound:g} s (--heartbeat-timeout) its nodes "
-            "stop it")
+    return (
+        f"the launcher's terminal closed: run {run_id} goes on on its {nodes} node(s) without it; `{attach}` takes "
+        f"it back from any terminal; with no launcher heard from for {bound:g} s (--heartbeat-timeout) its nodes "
+        "stop it"
+    )
 
 
 def taken_line(run_id: str, ends: Sequence[NodeEnd]) -> str | None:
@@ -26,8 +28,10 @@ def taken_line(run_id: str, ends: Sequence[NodeEnd]) -> str | None:
     if not taken:
         return None
     by = taken[0].stop_reason or "taken over by another launcher"
-    return f"run {run_id} was {by} (`attach`) on {', '.join(e.node for e in taken)}: this launcher lets go; the run " \
-           "goes on there"
+    return (
+        f"run {run_id} was {by} (`attach`) on {', '.join(e.node for e in taken)}: this launcher lets go; the run "
+        "goes on there"
+    )
 
 
 def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
@@ -36,12 +40,16 @@ def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
     stopped = [e.node for e in ends if e.stop_reason == HEARTBEAT_TIMEOUT]
     if not stopped:
         return None
-    others = [f"{e.node}: {ended_how(e)}" + (" (its peer stopped)" if e.failed else "")
-              for e in ends if e.node not in stopped]
-    return (f"run {run_id}: no launcher was heard from for {bound:g} s (--heartbeat-timeout), so "
-            f"{', '.join(stopped)} stopped {'its' if len(stopped) == 1 else 'their'} part by "
-            f"{'itself' if len(stopped) == 1 else 'themselves'}" + (f"; {'; '.join(others)}" if others else "")
-            + "; the run did not fail: start it again to resume it")
+    others = [
+        f"{e.node}: {ended_how(e)}" + (" (its peer stopped)" if e.failed else "") for e in ends if e.node not in stopped
+    ]
+    return (
+        f"run {run_id}: no launcher was heard from for {bound:g} s (--heartbeat-timeout), so "
+        f"{', '.join(stopped)} stopped {'its' if len(stopped) == 1 else 'their'} part by "
+        f"{'itself' if len(stopped) == 1 else 'themselves'}"
+        + (f"; {'; '.join(others)}" if others else "")
+        + "; the run did not fail: start it again to resume it"
+    )
 
 
 def attached_line(run_id: str, away: Mapping[str, float | None]) -> str:
@@ -62,8 +70,10 @@ def _clock(when: float) -> str:
 
 def cut_off_line(since: float, until: float) -> str:
     """No node can be reached at once: this machine's network, most likely; the run goes on on its nodes."""
-    return (f"no node of the run can be reached since {_clock(since)} (this machine's network?): the run goes on on "
-            f"its nodes; trying again until {_clock(until)}, when they stop it by themselves unless a launcher is back")
+    return (
+        f"no node of the run can be reached since {_clock(since)} (this machine's network?): the run goes on on "
+        f"its nodes; trying again until {_clock(until)}, when they stop it by themselves unless a launcher is back"
+    )
 
 
 def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
@@ -71,6 +81,8 @@ def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str 
     node was lost so)."""
     if not ends or any(e.kind != EndKind.LOST for e in ends):
         return None
-    return (f"run {run_id}: no node could be reached for {bound:g} s (--heartbeat-timeout; this machine's network?), "
-            "so its nodes stopped the run by themselves, as no launcher was heard from; the run did not fail: start it "
-            "again to resume it")
+    return (
+        f"run {run_id}: no node could be reached for {bound:g} s (--heartbeat-timeout; this machine's network?), "
+        "so its nodes stopped the run by themselves, as no launcher was heard from; the run did not fail: start it "
+        "again to resume it"
+    )

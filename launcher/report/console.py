@@ -23,8 +23,9 @@ from launcher.settings import DEFAULT_CONSOLE_BUFFER_BYTES
 class ConsoleWriter:
     """Node lines (bounded, skippable) and the launcher's own messages (never skipped), in order, on one thread."""
 
-    def __init__(self, out: IO[str], err: IO[str], capacity: int, where: str,
-                 capacity_chars: int = DEFAULT_CONSOLE_BUFFER_BYTES):
+    def __init__(
+        self, out: IO[str], err: IO[str], capacity: int, where: str, capacity_chars: int = DEFAULT_CONSOLE_BUFFER_BYTES
+    ):
         self.out, self.err = out, err
         self.capacity = capacity
         self.capacity_chars = capacity_chars
@@ -75,8 +76,11 @@ class ConsoleWriter:
             with self._lock:
                 self._queued -= count
                 self._queued_chars -= chars
-                caught_up = (self._queued <= self.capacity // 2 and self._queued_chars <= self.capacity_chars // 2
-                             and self._skipped)
+                caught_up = (
+                    self._queued <= self.capacity // 2
+                    and self._queued_chars <= self.capacity_chars // 2
+                    and self._skipped
+                )
             if caught_up:
                 self._notice()
 
@@ -85,8 +89,9 @@ class ConsoleWriter:
             skipped, self._skipped = self._skipped, Counter()
         text = ", ".join(f"{n} lines of {node}" for node, n in sorted(skipped.items()))
         try:
-            self.err.write(f"console: skipped {text} (the console was slower than the run); "
-                           f"every line is in {self.where}\n")
+            self.err.write(
+                f"console: skipped {text} (the console was slower than the run); every line is in {self.where}\n"
+            )
             self.err.flush()
         except (OSError, ValueError):
             pass
@@ -154,8 +159,10 @@ class Mirror:
                 return
             self.failed = why
         if self.warn is not None:
-            self.warn.message(f"warning: cannot write the log copy in {self.folder}/ ({why}); the run goes "
-                              f"on, and each node keeps its complete log (`{hint(f'logs --run {self.folder.name}')}`)")
+            self.warn.message(
+                f"warning: cannot write the log copy in {self.folder}/ ({why}); the run goes "
+                f"on, and each node keeps its complete log (`{hint(f'logs --run {self.folder.name}')}`)"
+            )
 
     def close(self, timeout: float = MIRROR_CLOSE_S) -> None:
         """Write what is queued (at most `timeout` seconds: a stalled disk does not hold the launcher), then close."""

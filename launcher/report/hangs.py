@@ -26,8 +26,9 @@ def write_stacks(log_dir: Path, run_id: str, stacks: Sequence[RankStack], when: 
     return folder
 
 
-def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str],
-               dumps: Mapping[str, bytes] | None = None) -> list[str]:
+def write_nccl(
+    folder: Path, answers: Mapping[str, Mapping[str, Any] | str], dumps: Mapping[str, bytes] | None = None
+) -> list[str]:
     """The NCCL flight recorder dumps the nodes sent, into `<folder>/nccl/`; the line that says how to read them
     (with `--allow-incomplete-ranks` when a rank the nodes listed has no dump: torchfrtrace refuses a partial set).
     `dumps`: the answers' dumps already decoded (`flightrec.sent_dumps`), where the caller reads them too."""
@@ -40,12 +41,15 @@ def write_nccl(folder: Path, answers: Mapping[str, Mapping[str, Any] | str],
     for name, data in dumps.items():
         (nccl / Path(name).name).write_bytes(data)
     found = [p.name for p in nccl.iterdir()]  # with those of nodes that sent theirs before
-    dumped = {name[len(NCCL_PREFIX):] for name in found if name.startswith(NCCL_PREFIX)}
-    listed = {str(w["rank"]) for reply in answers.values() if not isinstance(reply, str)
-              for w in reply.get("workers") or ()}
+    dumped = {name[len(NCCL_PREFIX) :] for name in found if name.startswith(NCCL_PREFIX)}
+    listed = {
+        str(w["rank"]) for reply in answers.values() if not isinstance(reply, str) for w in reply.get("workers") or ()
+    }
     partial = " --allow-incomplete-ranks" if listed - dumped else ""
-    return [f"NCCL flight recorder: {len(found)} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
-            f"{NCCL_PREFIX}{partial}`"]
+    return [
+        f"NCCL flight recorder: {len(found)} dump(s) in {nccl}; read them with `torchfrtrace {nccl} -p "
+        f"{NCCL_PREFIX}{partial}`"
+    ]
 
 
 def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
@@ -56,22 +60,40 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     why = [f"why a hang: {event.why}"] if event.why else []
     (folder / "answer.txt").write_text("\n".join([first, *why]) + "\n", encoding="utf-8")
     _keep_verdict(folder, event)
-    lines = [first, *why,
-             *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
-             f"stacks of every rank: {folder}", *write_nccl(folder, event.answers)]
-    lines.append("the run goes on (--on-hang keep): stacks again after another timeout without progress"
-                 if event.kept else "stopping this attempt (--on-hang restart: what follows is said below)"
-                 if event.restarting else "stopping the run (--on-hang keep would keep it)")
+    lines = [
+        first,
+        *why,
+        *(f"{node}: no stacks ({why})" for node, why in sorted(failures.items())),
+        f"stacks of every rank: {folder}",
+        *write_nccl(folder, event.answers),
+    ]
+    lines.append(
+        "the run goes on (--on-hang keep): stacks again after another timeout without progress"
+        if event.kept
+        else "stopping this attempt (--on-hang restart: what follows is said below)"
+        if event.restarting
+        else "stopping the run (--on-hang keep would keep it)"
+    )
     return lines
 
 
 def _keep_verdict(folder: Path, event: HangSuspected) -> None:
     """Beside the stacks: the verdict as data (its words, the ranks that held the run up, the step it had reached) and
     each rank's collectives as the second look read them, for what follows (a restart) and for whoever reads later."""
-    collectives = {f"{node}-r{w.get('rank')}": w.get("collectives") for node, reply in sorted(event.answers.items())
-                   if isinstance(reply, dict) for w in reply.get("workers") or () if not w.get("helper")}
-    kept = {"why": event.why, "quiet_s": round(event.quiet_s, 1), "step": event.step,
-            "suspects": [{"node": node, "rank": rank} for node, rank in event.suspects], "collectives": collectives}
+    collectives = {
+        f"{node}-r{w.get('rank')}": w.get("collectives")
+        for node, reply in sorted(event.answers.items())
+        if isinstance(reply, dict)
+        for w in reply.get("workers") or ()
+        if not w.get("helper")
+    }
+    kept = {
+        "why": event.why,
+        "quiet_s": round(event.quiet_s, 1),
+        "step": event.step,
+        "suspects": [{"node": node, "rank": rank} for node, rank in event.suspects],
+        "collectives": collectives,
+    }
     (folder / "verdict.json").write_text(json.dumps(kept, indent=1), encoding="utf-8")
 
 

@@ -25,8 +25,10 @@ _FRAME = re.compile(r'^ *File "[^"]*", line \d+')
 """A traceback's frame line (`  File "train.py", line 7, in <module>`): the last one before a rank's exception line
 is where it raised."""
 _FRAME_WORDS = b'File "'
-_NOISE = re.compile(r"^(?:\S.*?:\d+: \w*Warning: |\[?[WI]\d{4} \d\d:\d\d:\d\d|\s*traceback : To enable traceback see"
-                    r"|\*{8,}$|Setting OMP_NUM_THREADS environment variable)")
+_NOISE = re.compile(
+    r"^(?:\S.*?:\d+: \w*Warning: |\[?[WI]\d{4} \d\d:\d\d:\d\d|\s*traceback : To enable traceback see"
+    r"|\*{8,}$|Setting OMP_NUM_THREADS environment variable)"
+)
 """Lines that are never a cause: Python's warnings (`train.py:3: UserWarning: ...`), torch's own warning and info
 log lines (`W1128 15:57:54.402000 ...`, `[W1128 ...`), torchrun's `To enable traceback see` notice and its
 OMP_NUM_THREADS banner."""
@@ -50,7 +52,7 @@ class LineSplitter:
         *lines, self._rest = data.split(b"\n")
         if len(self._rest) >= self._max:
             rest, cut = self._rest, len(self._rest) - len(self._rest) % self._max
-            lines += [rest[i:i + self._max] + CUT_MARK for i in range(0, cut, self._max)]
+            lines += [rest[i : i + self._max] + CUT_MARK for i in range(0, cut, self._max)]
             self._rest = rest[cut:]
         return lines
 
@@ -119,7 +121,7 @@ class NodeLog:
             match = _RANK_PREFIX.match(line)
             if match:
                 global_rank = int(match.group(2)) if match.group(2) is not None else None
-                return line[:match.end()], int(match.group(1)), global_rank, line[match.end():]
+                return line[: match.end()], int(match.group(1)), global_rank, line[match.end() :]
         return b"", None, None, line
 
     def _new_tag(self, line: bytes, parts: list[bytes]) -> tuple[bytes, int]:
@@ -143,13 +145,13 @@ class NodeLog:
             if line[-1:] == b"\r":
                 line = line.rstrip(b"\r")
             end = line.find(b"]:", 0, 24) if line[:1] == b"[" else -1
-            prefix = cache.get(line[:end + 2]) if end > 0 else cache.get(b"")
+            prefix = cache.get(line[: end + 2]) if end > 0 else cache.get(b"")
             if prefix is None:
                 prefix, end = self._new_tag(line, parts)
             if self._hold is not None and prefix == cache[b""]:  # torchrun's own, on a stop the user asked for
                 self._held += 1
                 continue
-            parts.append(prefix + line[end + 2:] if end > 0 and prefix is not cache[b""] else prefix + line)
+            parts.append(prefix + line[end + 2 :] if end > 0 and prefix is not cache[b""] else prefix + line)
         self._keep_tail(lines[-TAIL_LINES:])
         self._note_raised(lines)
 
@@ -157,8 +159,9 @@ class NodeLog:
         """Each rank's last exception line among `lines`, wherever it falls: a failed rank's traceback is often
         followed by more lines than the tail keeps (its peers' errors, torchrun's summary)."""
         for line in lines:
-            if line[:1] != b"[" or not (self._pending or _FRAME_WORDS in line
-                                        or any(word in line for word in _RAISED_WORDS)):
+            if line[:1] != b"[" or not (
+                self._pending or _FRAME_WORDS in line or any(word in line for word in _RAISED_WORDS)
+            ):
                 continue
             _, local, global_rank, body = self._split_rank(line)
             if local is None:
@@ -203,8 +206,12 @@ class NodeLog:
         its last exception was raised and the exception, else its last lines that are not noise (a rank that failed
         is often followed by dozens of lines: torchrun's traceback, its summary, its peers')."""
         recent = set(self._recent)
-        kept = [line for local in sorted({*self._last_lines, *self._said})
-                for line in self._last_lines.get(local) or self._said.get(local, ()) if line not in recent]
+        kept = [
+            line
+            for local in sorted({*self._last_lines, *self._said})
+            for line in self._last_lines.get(local) or self._said.get(local, ())
+            if line not in recent
+        ]
         return (*kept, *self._recent)
 
     def format(self, data: bytes) -> tuple[str, int]:
@@ -231,7 +238,7 @@ class NodeLog:
         for (tag, prefix), n in zip(found, counts, strict=True):
             if n:
                 text = text.replace(tag, prefix)
-        self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1:-1])
+        self._keep_tail(block.rsplit(b"\n", TAIL_LINES + 1)[-TAIL_LINES - 1 : -1])
         if self._pending or _FRAME_WORDS in block or any(word in block for word in _RAISED_WORDS):  # C searches
             self._note_raised(block.split(b"\n"))
         return text[1:].decode("utf-8", errors="replace"), count
@@ -241,8 +248,10 @@ class NodeLog:
         one line that says how many of torchrun's own lines it brought and where they are."""
         text, count = self._text(self.splitter.flush())
         if self._held:
-            text += (f"{self.prefix(None)}stopped as asked; torchrun's {self._held} line(s) on it (its signal, "
-                     f"its traceback) are in {self._hold}\n")
+            text += (
+                f"{self.prefix(None)}stopped as asked; torchrun's {self._held} line(s) on it (its signal, "
+                f"its traceback) are in {self._hold}\n"
+            )
             count, self._held = count + 1, 0
         return text, count
 
@@ -295,14 +304,14 @@ def rank_lines(tail: Iterable[str], local: int) -> list[str]:
     for line in tail:
         match = _TAIL_TAG.match(line)
         if match and int(match.group(1)) == local:
-            out.append(_TORCH_RANK.sub("", line[match.end():], count=1))
+            out.append(_TORCH_RANK.sub("", line[match.end() :], count=1))
     return out
 
 
 def untagged(line: str) -> str:
     """A tail line without its tags (`[local rank 1, rank 3] [rank3]: `)."""
     match = _TAIL_TAG.match(line)
-    return _TORCH_RANK.sub("", line[match.end():], count=1) if match else line
+    return _TORCH_RANK.sub("", line[match.end() :], count=1) if match else line
 
 
 def without_noise(lines: Iterable[str]) -> list[str]:

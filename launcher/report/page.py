@@ -17,11 +17,17 @@ from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
 
 INSTALL = "pip install 'ddp-launcher[report]'"
-COLOURS = ("#8da0cb", "#a6d854", "#b3b3b3", "#66c2a5", "#ffd92f", "#e78ac3", "#cab2d6", "#fc8d62", "#e5c494",
-           "#1b9e77")
+COLOURS = ("#8da0cb", "#a6d854", "#b3b3b3", "#66c2a5", "#ffd92f", "#e78ac3", "#cab2d6", "#fc8d62", "#e5c494", "#1b9e77")
 """One colour a phase of the start, in PHASES' order (the time before that phase)."""
-MARK_COLOURS = {"hang": "#d62728", "hang-ruled-out": "#ff9896", "straggler": "#ff7f0e", "left": "#9467bd",
-                "stop": "#7f7f7f", "restart": "#17becf", "end": "#000000"}
+MARK_COLOURS = {
+    "hang": "#d62728",
+    "hang-ruled-out": "#ff9896",
+    "straggler": "#ff7f0e",
+    "left": "#9467bd",
+    "stop": "#7f7f7f",
+    "restart": "#17becf",
+    "end": "#000000",
+}
 """A colour a kind of mark; any other kind (one a newer launcher's journal holds) is drawn in OTHER_MARK."""
 OTHER_MARK = "#333333"
 LABEL_WIDTH = 0.012
@@ -38,16 +44,32 @@ overflow-x:auto;white-space:pre-wrap}.note{color:#555}svg{max-width:100%;height:
 def render(page: Page, charts: bool = True) -> str:
     """The whole page; `charts` false (or no matplotlib) gives the tables alone, with the line that says why."""
     plt = _pyplot() if charts else None
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>run {_e(page.run_id)}</title>"
-             f"<style>{STYLE}</style></head><body>",
-             f"<h1>run {_e(page.run_id)}</h1>", f"<p class=headline>{_e(page.headline)}</p>", _facts(page),
-             *(f"<p class=note>{_e(note)}</p>" for note in page.notes)]
+    parts = [
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>run {_e(page.run_id)}</title>"
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>run {_e(page.run_id)}</h1>",
+        f"<p class=headline>{_e(page.headline)}</p>",
+        _facts(page),
+        *(f"<p class=note>{_e(note)}</p>" for note in page.notes),
+    ]
     if plt is None:
-        parts.append(f"<p class=note>No charts: matplotlib is not installed here ({_e(INSTALL)} draws them); the "
-                     "tables hold the same figures.</p>")
-    parts += ["<h2>1. The start</h2>", _figure(plt, _waterfall, page), _start_table(page),
-              "<h2>2. The run</h2>", _figure(plt, _timeline, page), _marks_table(page), _ranks_table(page),
-              "<h2>3. The end</h2>", _end(page), _attempts(page), "</body></html>"]
+        parts.append(
+            f"<p class=note>No charts: matplotlib is not installed here ({_e(INSTALL)} draws them); the "
+            "tables hold the same figures.</p>"
+        )
+    parts += [
+        "<h2>1. The start</h2>",
+        _figure(plt, _waterfall, page),
+        _start_table(page),
+        "<h2>2. The run</h2>",
+        _figure(plt, _timeline, page),
+        _marks_table(page),
+        _ranks_table(page),
+        "<h2>3. The end</h2>",
+        _end(page),
+        _attempts(page),
+        "</body></html>",
+    ]
     return "\n".join(p for p in parts if p)
 
 
@@ -56,8 +78,10 @@ def _attempts(page: Page) -> str:
     if len(page.attempts) < 2:
         return ""
     took = "" if page.launch_s is None else f", {page.launch_s:.1f} s in all"
-    return (f"<h2>4. The attempts</h2><p>This run is one of the {len(page.attempts)} attempts of its launch{took}:"
-            "</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in page.attempts) + "</ul>")
+    return (
+        f"<h2>4. The attempts</h2><p>This run is one of the {len(page.attempts)} attempts of its launch{took}:"
+        "</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in page.attempts) + "</ul>"
+    )
 
 
 def _e(text: object) -> str:
@@ -104,7 +128,7 @@ def _figure(plt: Any, draw: Any, page: Page) -> str:
     fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     svg = out.getvalue()
-    return "<figure>" + svg[svg.index("<svg"):] + "</figure>"
+    return "<figure>" + svg[svg.index("<svg") :] + "</figure>"
 
 
 def _waterfall(plt: Any, page: Page) -> Any:
@@ -124,8 +148,15 @@ def _waterfall(plt: Any, page: Page) -> Any:
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the command's start")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS]
-    ax.legend(handles, [f"until {p[1]}" for p in PHASES], loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.6 /
-              len(rows)), ncol=5, fontsize=8, frameon=False)
+    ax.legend(
+        handles,
+        [f"until {p[1]}" for p in PHASES],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 - 0.6 / len(rows)),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
     if page.hidden_bars:
         ax.set_title(f"the {len(rows)} slowest nodes ({page.hidden_bars} more in the table)", fontsize=9)
     return fig
@@ -138,26 +169,53 @@ def _timeline(plt: Any, page: Page) -> Any:
     gpus = any(n.gpus for n in line.nodes)
     count = 4 + (2 if gpus else 0)
     fig, axes = plt.subplots(count, 1, figsize=(11, 1.9 * count), sharex=True)
-    _lines(axes[0], [(f"r{r.rank}", r.step_t, r.steps_per_s) for r in line.ranks], line.end,
-           "steps/s per rank (each from its steps' own times)", [f"r{r.rank} ({r.node})" for r in line.slowest()],
-           steps=True)
-    _lines(axes[1], [(f"r{r.rank}", r.t, r.data_share) for r in line.ranks], line.end, "waiting for data (share)",
-           steps=True)
-    _lines(axes[2], [(n.node, n.t, n.cpu_percent) for n in line.nodes], line.end, "CPU % of the ranks, per node",
-           steps=True)
+    _lines(
+        axes[0],
+        [(f"r{r.rank}", r.step_t, r.steps_per_s) for r in line.ranks],
+        line.end,
+        "steps/s per rank (each from its steps' own times)",
+        [f"r{r.rank} ({r.node})" for r in line.slowest()],
+        steps=True,
+    )
+    _lines(
+        axes[1],
+        [(f"r{r.rank}", r.t, r.data_share) for r in line.ranks],
+        line.end,
+        "waiting for data (share)",
+        steps=True,
+    )
+    _lines(
+        axes[2],
+        [(n.node, n.t, n.cpu_percent) for n in line.nodes],
+        line.end,
+        "CPU % of the ranks, per node",
+        steps=True,
+    )
     _lines(axes[3], [(n.node, n.t, n.mem_gib) for n in line.nodes], line.end, "memory used, GiB per node")
     if gpus:
-        _lines(axes[4], [(f"{n.node} gpu{g[0]}", g[1], g[2]) for n in line.nodes for g in n.gpus], line.end,
-               "GPU use %")
-        _lines(axes[5], [(f"{n.node} gpu{g[0]}", g[1], g[3]) for n in line.nodes for g in n.gpus], line.end,
-               "GPU memory, GiB")
+        _lines(
+            axes[4], [(f"{n.node} gpu{g[0]}", g[1], g[2]) for n in line.nodes for g in n.gpus], line.end, "GPU use %"
+        )
+        _lines(
+            axes[5],
+            [(f"{n.node} gpu{g[0]}", g[1], g[3]) for n in line.nodes for g in n.gpus],
+            line.end,
+            "GPU memory, GiB",
+        )
     span = max(line.end, max((m.t for m in page.marks), default=0.0)) * 1.02 or 1
     for mark in page.marks:
         for ax in axes:
             ax.axvline(mark.t, color=MARK_COLOURS.get(mark.kind, OTHER_MARK), lw=1, ls="--", zorder=1)
     for t, text, kind in mark_labels(page.marks, span):
-        axes[0].annotate(text, (t, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
-                         color=MARK_COLOURS.get(kind, OTHER_MARK), ha="center", va="bottom")
+        axes[0].annotate(
+            text,
+            (t, 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            color=MARK_COLOURS.get(kind, OTHER_MARK),
+            ha="center",
+            va="bottom",
+        )
     axes[-1].set_xlabel("seconds from the command's start (dashed: the marks below, by number)")
     axes[-1].set_xlim(0, span)
     return fig
@@ -185,8 +243,14 @@ def _numbers(numbers: Sequence[int]) -> str:
     return f"{numbers[0]}-{numbers[-1]}"
 
 
-def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float | None]]], end: float, title: str,
-           named: Sequence[str] = (), steps: bool = False) -> None:
+def _lines(
+    ax: Any,
+    lines: Sequence[tuple[str, Sequence[float], Sequence[float | None]]],
+    end: float,
+    title: str,
+    named: Sequence[str] = (),
+    steps: bool = False,
+) -> None:
     """A line each where few (`steps`: each value holds back to the point before it, as a rate over a stretch
     does); else the band (extremes, middle half, median) and the slowest ones named. Legends sit right of the
     figure, where no mark's line crosses them."""
@@ -197,8 +261,7 @@ def _lines(ax: Any, lines: Sequence[tuple[str, Sequence[float], Sequence[float |
             ax.plot(t, [float("nan") if v is None else v for v in values], lw=1, label=label, drawstyle=style)
         _floor(ax, title)
         if 1 < len(lines) <= 16:
-            ax.legend(fontsize=7, ncol=1 + len(lines) // 9, loc="upper left", bbox_to_anchor=(1.0, 1.0),
-                      frameon=False)
+            ax.legend(fontsize=7, ncol=1 + len(lines) // 9, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
         return
     found = band([t for _, t, _ in lines], [v for _, _, v in lines], end)
     if found is None:
@@ -233,46 +296,60 @@ def _start_table(page: Page) -> str:
         cells = "".join(f"<td>{'' if bar.at(p) is None else f'{bar.at(p):.1f}'}</td>" for p, _, _ in PHASES)
         longest = bar.longest()
         said = "" if longest is None else f"{longest[1]:.1f} s in {longest[0]}"
-        rows.append(f"<tr><td>{name if bar.rank is not None else _e(name)}</td>{cells}<td class=text>{_e(said)}"
-                    "</td></tr>")
+        rows.append(
+            f"<tr><td>{name if bar.rank is not None else _e(name)}</td>{cells}<td class=text>{_e(said)}</td></tr>"
+        )
     more = f"<p class=note>{page.hidden_bars} faster nodes are not listed.</p>" if page.hidden_bars else ""
-    return (f"<table><tr><th>node</th>{head}<th>longest</th></tr>{''.join(rows)}</table>{more}"
-            "<p class=note>Seconds from the command's start, by this machine's clock.</p>")
+    return (
+        f"<table><tr><th>node</th>{head}<th>longest</th></tr>{''.join(rows)}</table>{more}"
+        "<p class=note>Seconds from the command's start, by this machine's clock.</p>"
+    )
 
 
 def _marks_table(page: Page) -> str:
     if not page.marks:
         during = "this attempt (the others: section 4)" if len(page.attempts) > 1 else "the run"
         return f"<p class=note>No hang, straggler, restart, lost node or stop during {during}.</p>"
-    rows = "".join(f"<tr><td>{i}</td><td>{m.t:.1f}</td><td class=text>{_e(m.kind)}</td>"
-                   f"<td class=text>{_e(m.node or '')}</td><td class=text>{_e(m.text)}</td></tr>"
-                   for i, m in enumerate(page.marks, start=1))
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{m.t:.1f}</td><td class=text>{_e(m.kind)}</td>"
+        f"<td class=text>{_e(m.node or '')}</td><td class=text>{_e(m.text)}</td></tr>"
+        for i, m in enumerate(page.marks, start=1)
+    )
     return f"<table><tr><th>#</th><th>s</th><th>what</th><th>node</th><th>said</th></tr>{rows}</table>"
 
 
 def _ranks_table(page: Page) -> str:
     ranks = page.timeline.ranks
     if not ranks:
-        return "<p class=note>No rank's progress was sampled (a run shorter than one sample, or from before the page)."\
-               "</p>"
+        return (
+            "<p class=note>No rank's progress was sampled (a run shorter than one sample, or from before the page).</p>"
+        )
     slow = {(r.node, r.rank) for r in page.timeline.slowest()} if len(ranks) > 1 else set()
     shown = ranks if len(ranks) <= REPORT_MAX_ROWS * 4 else [r for r in ranks if (r.node, r.rank) in slow]
 
     def figure(value: float | None) -> str:
         return "" if value is None else f"{value:.3g}"
 
-    rows = "".join(f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{_e(r.steps or '')}</td>"
-                   f"<td>{figure(r.mean_rate())}</td><td>{figure(r.data_mean)}</td>"
-                   f"<td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td></tr>" for r in shown)
-    return ("<table><tr><th>rank</th><th>node</th><th>steps</th><th>steps/s (first step to last)</th>"
-            f"<th>waiting for data (share, while drawing batches)</th><th></th></tr>{rows}</table>")
+    rows = "".join(
+        f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{_e(r.steps or '')}</td>"
+        f"<td>{figure(r.mean_rate())}</td><td>{figure(r.data_mean)}</td>"
+        f"<td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td></tr>"
+        for r in shown
+    )
+    return (
+        "<table><tr><th>rank</th><th>node</th><th>steps</th><th>steps/s (first step to last)</th>"
+        f"<th>waiting for data (share, while drawing batches)</th><th></th></tr>{rows}</table>"
+    )
 
 
 def _end(page: Page) -> str:
-    rows = "".join(f"<tr><td>{_e(e.node)}</td><td class=text>{_e(e.state)}</td>"
-                   f"<td>{'' if e.exit_code is None else e.exit_code}</td>"
-                   f"<td>{'' if e.ended is None else f'{e.ended:.1f}'}</td>"
-                   f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>" for e in end_rows(page.exits))
+    rows = "".join(
+        f"<tr><td>{_e(e.node)}</td><td class=text>{_e(e.state)}</td>"
+        f"<td>{'' if e.exit_code is None else e.exit_code}</td>"
+        f"<td>{'' if e.ended is None else f'{e.ended:.1f}'}</td>"
+        f"<td class=text>{_e('; '.join(e.raised) or e.detail)}</td></tr>"
+        for e in end_rows(page.exits)
+    )
     if page.root_cause:
         cause = f"<pre>{_e(page.root_cause)}</pre>"
     elif page.stopped or page.never:
@@ -282,5 +359,7 @@ def _end(page: Page) -> str:
         cause = "<p>Every node ended without a failure.</p>"
     else:
         cause = "<p>No node said how the run ended (it may still run; the nodes may be out of reach).</p>"
-    return (f"{cause}<table><tr><th>node</th><th>state</th><th>exit code</th><th>ended (s)</th>"
-            f"<th>exception</th></tr>{rows}</table><p>Logs: {_e(page.logs)}</p>")
+    return (
+        f"{cause}<table><tr><th>node</th><th>state</th><th>exit code</th><th>ended (s)</th>"
+        f"<th>exception</th></tr>{rows}</table><p>Logs: {_e(page.logs)}</p>"
+    )

@@ -18,12 +18,18 @@ from launcher.report.pageseries import Timeline, timeline
 
 __all__ = ["PHASES", "Bar", "Mark", "NodeExit", "Page", "build_page", "end_rows", "rank_phases"]
 
-PHASES = (("connected", "SSH connected", "connecting"), ("synced", "sync done", "the sync"),
-          ("ready", "checks done", "the checks"), ("torchrun", "torchrun started", "waiting for every node"),
-          ("hook", "workers started", "starting the workers"), ("torch", "import torch done", "the imports"),
-          ("rdzv", "init_process_group called", "the script's own setup"),
-          ("pg", "process group ready", "the rendezvous"), ("batch", "first batch", "the first batch"),
-          ("step", "first optimizer step", "the first step"))
+PHASES = (
+    ("connected", "SSH connected", "connecting"),
+    ("synced", "sync done", "the sync"),
+    ("ready", "checks done", "the checks"),
+    ("torchrun", "torchrun started", "waiting for every node"),
+    ("hook", "workers started", "starting the workers"),
+    ("torch", "import torch done", "the imports"),
+    ("rdzv", "init_process_group called", "the script's own setup"),
+    ("pg", "process group ready", "the rendezvous"),
+    ("batch", "first batch", "the first batch"),
+    ("step", "first optimizer step", "the first step"),
+)
 """(name, what the page calls the moment, what it calls the time before it), in the order a start goes through them:
 the launcher's own (journal.json) first, then each rank's (the hook's phases/<pid>)."""
 LAUNCHER_PHASES = ("connected", "synced", "ready", "torchrun")
@@ -89,19 +95,44 @@ class Page:
 
     def summary(self) -> dict[str, Any]:
         """What `--json` says of the page."""
-        return {"run": self.run_id, "headline": self.headline, "first_step_s": self.first_step_s,
-                "slowest": None if self.slowest is None else {"node": self.slowest[0], "in": self.slowest[1],
-                                                              "seconds": round(self.slowest[2], 1)},
-                "duration_s": self.duration_s, "root_cause": self.root_cause or None,
-                "stopped": self.stopped or None, "never_started": self.never or None, "logs": self.logs,
-                "nodes": {e.node: {"state": e.state, "exit_code": e.exit_code, "raised": list(e.raised),
-                                   "detail": e.detail or None} for e in self.exits},
-                "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks],
-                "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
-                "ranks": [{"node": r.node, "rank": r.rank, "steps": r.steps, "steps_per_s": r.mean_rate(),
-                           "data_share": r.data_mean} for r in self.timeline.ranks],
-                "notes": list(self.notes), "unreached": list(self.unreached), "attempts": list(self.attempts),
-                "launch_s": None if self.launch_s is None else round(self.launch_s, 1)}
+        return {
+            "run": self.run_id,
+            "headline": self.headline,
+            "first_step_s": self.first_step_s,
+            "slowest": None
+            if self.slowest is None
+            else {"node": self.slowest[0], "in": self.slowest[1], "seconds": round(self.slowest[2], 1)},
+            "duration_s": self.duration_s,
+            "root_cause": self.root_cause or None,
+            "stopped": self.stopped or None,
+            "never_started": self.never or None,
+            "logs": self.logs,
+            "nodes": {
+                e.node: {
+                    "state": e.state,
+                    "exit_code": e.exit_code,
+                    "raised": list(e.raised),
+                    "detail": e.detail or None,
+                }
+                for e in self.exits
+            },
+            "marks": [{"t": round(m.t, 1), "kind": m.kind, "node": m.node, "text": m.text} for m in self.marks],
+            "start": [{"node": b.node, "rank": b.rank, "phases": dict(b.phases)} for b in self.bars],
+            "ranks": [
+                {
+                    "node": r.node,
+                    "rank": r.rank,
+                    "steps": r.steps,
+                    "steps_per_s": r.mean_rate(),
+                    "data_share": r.data_mean,
+                }
+                for r in self.timeline.ranks
+            ],
+            "notes": list(self.notes),
+            "unreached": list(self.unreached),
+            "attempts": list(self.attempts),
+            "launch_s": None if self.launch_s is None else round(self.launch_s, 1),
+        }
 
 
 def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
@@ -121,9 +152,17 @@ def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
     return rank, restart, found
 
 
-def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[str, Mapping[str, Any]],
-               logs: str, offsets: Mapping[str, float] | None = None, retried: Retried | None = None,
-               notes: Sequence[str] = (), attempts: Sequence[str] = (), launch_s: float | None = None) -> Page:
+def build_page(
+    run_id: str,
+    journal: Mapping[str, Any] | None,
+    answers: Mapping[str, Mapping[str, Any]],
+    logs: str,
+    offsets: Mapping[str, float] | None = None,
+    retried: Retried | None = None,
+    notes: Sequence[str] = (),
+    attempts: Sequence[str] = (),
+    launch_s: float | None = None,
+) -> Page:
     """The page of a run: `answers` are each node's `report` answer in the inventory's order (a node that could not
     answer: {"state": "unreachable", "detail": why}); `offsets` each node's clock against this one where the journal
     has none (a detached run's page made elsewhere); `retried`: the attempt of a launch with retries this run was,
@@ -135,9 +174,11 @@ def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[
     bars, spread, marks = _start(answers, known, offset, began)
     marks += _journal_marks(journal, began)
     exits = tuple(node_exit(node, answer, offset[node], began) for node, answer in answers.items())
-    started = any("torchrun" in (known.get(n) or {}) for n in answers) or any(
-        a.get("state") in ANSWERED for a in answers.values()) or not (
-        journal.get("end") or all(a.get("state") == "none" for a in answers.values()))
+    started = (
+        any("torchrun" in (known.get(n) or {}) for n in answers)
+        or any(a.get("state") in ANSWERED for a in answers.values())
+        or not (journal.get("end") or all(a.get("state") == "none" for a in answers.values()))
+    )
     end = run_end(journal.get("end") or {}, exits, started, retried)
     if end.never:
         exits = tuple(replace(e, detail=e.detail or "nothing was started here") for e in exits)
@@ -147,16 +188,31 @@ def build_page(run_id: str, journal: Mapping[str, Any] | None, answers: Mapping[
     said = journal.get("end") or {}
     duration = max(ended) if ended else (said["t"] - began if said.get("t") and started else None)
     first_steps = {(b.node, b.rank): b.at("step") for ranks in spread.values() for b in ranks if b.at("step")}
-    return Page(run_id, began, f"never started: {end.never}" if end.never else headline, first, slowest,
-                tuple(shown), hidden, _grouped([*marks, *end.marks]), exits, end.root_cause, logs,
-                None if duration is None else round(duration, 1),
-                timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began, first_steps),
-                tuple(notes), end.stopped, end.never, attempts=tuple(attempts),
-                launch_s=launch_s)
+    return Page(
+        run_id,
+        began,
+        f"never started: {end.never}" if end.never else headline,
+        first,
+        slowest,
+        tuple(shown),
+        hidden,
+        _grouped([*marks, *end.marks]),
+        exits,
+        end.root_cause,
+        logs,
+        None if duration is None else round(duration, 1),
+        timeline({n: a.get("series") or [] for n, a in answers.items()}, offset, began, first_steps),
+        tuple(notes),
+        end.stopped,
+        end.never,
+        attempts=tuple(attempts),
+        launch_s=launch_s,
+    )
 
 
-def _start(answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], offset: Mapping[str, float],
-           began: float) -> tuple[list[Bar], dict[str, list[Bar]], list[Mark]]:
+def _start(
+    answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], offset: Mapping[str, float], began: float
+) -> tuple[list[Bar], dict[str, list[Bar]], list[Mark]]:
     """Each node's bar (its launcher phases, its last rank's), each of its ranks' bars, and a mark of each rank's
     process that started again (its phases: a restart count)."""
     bars, marks, spread = [], [], {}
@@ -168,8 +224,14 @@ def _start(answers: Mapping[str, Mapping[str, Any]], known: Mapping[str, Any], o
             if rank is None or not found:
                 continue
             if restart:
-                marks.append(Mark(found.get("hook", min(found.values())) + offset[node] - began, "restart",
-                                  f"{node} r{rank}: workers started again (restart {restart})", node))
+                marks.append(
+                    Mark(
+                        found.get("hook", min(found.values())) + offset[node] - began,
+                        "restart",
+                        f"{node} r{rank}: workers started again (restart {restart})",
+                        node,
+                    )
+                )
                 continue
             ranks[rank] = {k: v + offset[node] - began for k, v in found.items()}
         names = [p[0] for p in PHASES]
@@ -189,11 +251,12 @@ def _grouped(marks: list[Mark]) -> tuple[Mark, ...]:
         if len(mine) <= REPORT_NAMED or any(m.node is None for m in mine):
             kept += mine
             continue
-        kept += mine[:REPORT_NAMED - 1]
-        rest = mine[REPORT_NAMED - 1:]
+        kept += mine[: REPORT_NAMED - 1]
+        rest = mine[REPORT_NAMED - 1 :]
         names = ", ".join(m.node or "?" for m in rest)
-        kept.append(Mark(rest[0].t, kind, f"{len(rest)} more ({kind}) from {rest[0].t:.0f} to {rest[-1].t:.0f} s: "
-                                          f"{few(names)}"))
+        kept.append(
+            Mark(rest[0].t, kind, f"{len(rest)} more ({kind}) from {rest[0].t:.0f} to {rest[-1].t:.0f} s: {few(names)}")
+        )
     return tuple(sorted(kept, key=lambda m: m.t))
 
 
@@ -255,16 +318,16 @@ def _differ(ranks: list[Bar]) -> bool:
     return False
 
 
-def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
-              ) -> tuple[float | None, tuple[str, str, float] | None, str]:
+def _headline(
+    bars: list[Bar], spread: Mapping[str, list[Bar]]
+) -> tuple[float | None, tuple[str, str, float] | None, str]:
     ranks = [r for node in spread.values() for r in node]
     stepped = [r for r in ranks if r.at("step") is not None]
     if not ranks:
         return None, None, "no rank recorded its start (a run from before the page, or nothing started)"
     if len(stepped) < len(ranks):
         never = ", ".join(f"{r.node} r{r.rank}" for r in ranks if r.at("step") is None)
-        return None, None, (f"not every rank made an optimizer step ({len(stepped)} of {len(ranks)}; not "
-                            f"{few(never)})")
+        return None, None, (f"not every rank made an optimizer step ({len(stepped)} of {len(ranks)}; not {few(never)})")
     first = round(max(r.at("step") or 0.0 for r in stepped), 1)
     last = _slowest_first(bars)[0]  # the waterfall's first row where nodes are left out
     longest = last.longest()
@@ -272,5 +335,11 @@ def _headline(bars: list[Bar], spread: Mapping[str, list[Bar]]
         return first, None, f"command -> first optimizer step on every rank: {first:.1f} s"
     what, seconds = longest
     took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
-    return first, (last.node, what, seconds), (f"command -> first optimizer step on every rank: {first:.1f} s; the "
-                                               f"slowest node, {last.node}: {took} s in {what}")
+    return (
+        first,
+        (last.node, what, seconds),
+        (
+            f"command -> first optimizer step on every rank: {first:.1f} s; the "
+            f"slowest node, {last.node}: {took} s in {what}"
+        ),
+    )

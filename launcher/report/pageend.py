@@ -72,32 +72,41 @@ def node_exit(node: str, answer: Mapping[str, Any], offset: float, began: float)
     log = NodeLog(node, 0, len(node), None, False)
     log.format((answer.get("log_tail") or "").encode())
     log.format_rest()
-    raised = tuple(f"r{rank if rank is not None else local}: {line}"
-                   for local, (rank, line) in sorted(log.raised.items()))
+    raised = tuple(
+        f"r{rank if rank is not None else local}: {line}" for local, (rank, line) in sorted(log.raised.items())
+    )
     stop = answer.get("stop") if isinstance(answer.get("stop"), dict) else None
     at = stop.get("at") if stop else None
-    return NodeExit(node, str(answer.get("state", "error")), answer.get("exit_code"),
-                    None if ended is None else round(float(ended) + offset - began, 1), raised,
-                    str(answer.get("detail") or (stop_sentence(stop, answer.get("exit_code")) if stop else "")),
-                    None if not isinstance(at, int | float) else round(float(at) + offset - began, 1), stop)
+    return NodeExit(
+        node,
+        str(answer.get("state", "error")),
+        answer.get("exit_code"),
+        None if ended is None else round(float(ended) + offset - began, 1),
+        raised,
+        str(answer.get("detail") or (stop_sentence(stop, answer.get("exit_code")) if stop else "")),
+        None if not isinstance(at, int | float) else round(float(at) + offset - began, 1),
+        stop,
+    )
 
 
 def stop_sentence(stop: Mapping[str, Any], exit_code: int | None) -> str:
     """How a stop ended a node's processes, from what its stop recorded (launcher/node/agent/runner.py `stop_run`)."""
     code = "" if exit_code is None else f" (exit code {exit_code})"
     if stop.get("killed"):
-        return (f"{stop['killed']} process(es) had not ended {float(stop.get('grace') or 0):g} s after TERM: "
-                f"killed{code}")
+        return (
+            f"{stop['killed']} process(es) had not ended {float(stop.get('grace') or 0):g} s after TERM: killed{code}"
+        )
     took = stop.get("term_s")
     within = "" if not isinstance(took, int | float) else " at once" if took < 0.05 else f" within {took:.1f} s"
     if stop.get("alone"):
-        return (f"its ranks ended on TERM{within}; torchrun, left without them, was then killed{code}: a stop does "
-                "not wait for torchrun's own shutdown")
+        return (
+            f"its ranks ended on TERM{within}; torchrun, left without them, was then killed{code}: a stop does "
+            "not wait for torchrun's own shutdown"
+        )
     return f"ended on TERM{within}{code}"
 
 
-def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool,
-            retried: Retried | None = None) -> RunEnd:
+def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool, retried: Retried | None = None) -> RunEnd:
     """The run's end: `end` the launch's own (its journal's: code, text), `started` whether anything started."""
     text = str(end.get("text") or "")
     if not started:
@@ -108,13 +117,19 @@ def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool,
     if end.get("code") == AWAY_EXIT and text:  # no launcher was heard from for the bound: its nodes stopped it
         times = [e.stop_at for e in stopped if e.stop_at is not None] or [e.ended for e in stopped if e.ended]
         sentence = f"stopped by its nodes, not a failure: {text.splitlines()[0]}"
-        return RunEnd("", sentence, "", (Mark(min(times), "stop", "stopped by its nodes: no launcher heard from"),)
-                      if times else ())
+        return RunEnd(
+            "",
+            sentence,
+            "",
+            (Mark(min(times), "stop", "stopped by its nodes: no launcher heard from"),) if times else (),
+        )
     if stopped and not failed and (not text or end.get("code") in (INTERRUPTED_EXIT, STOPPED_EXIT)):
         return _stopped_by_user(stopped, end.get("code") == INTERRUPTED_EXIT)
-    marks = tuple(Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code
-                                                                  else ""), e.node)
-                  for e in exits if e.ended is not None and (e.state != "exited" or e.exit_code))
+    marks = tuple(
+        Mark(e.ended, "end", f"{e.node}: {e.state}" + (f" (exit code {e.exit_code})" if e.exit_code else ""), e.node)
+        for e in exits
+        if e.ended is not None and (e.state != "exited" or e.exit_code)
+    )
     if retried is not None:
         again = f"; the launcher started the run again as run {retried.next_run}" if retried.next_run else ""
         return RunEnd(f"attempt {retried.number} of {retried.of} failed: {retried.why}{again}", "", "", marks)
@@ -138,15 +153,20 @@ def _every_node(stopped: Sequence[NodeExit]) -> str:
     if len(stops) < len(stopped) or (len(kinds) != 1 and not mixed):
         return " (each node's end below)"
     terms = [s.get("term_s") for s in stops]
-    merged = {"grace": max(float(s.get("grace") or 0) for s in stops), "alone": kinds == {"alone"},
-              "killed": sum(int(s.get("killed") or 0) for s in stops),
-              "term_s": None if None in terms else max(terms)}
+    merged = {
+        "grace": max(float(s.get("grace") or 0) for s in stops),
+        "alone": kinds == {"alone"},
+        "killed": sum(int(s.get("killed") or 0) for s in stops),
+        "term_s": None if None in terms else max(terms),
+    }
     codes = {e.exit_code for e in stopped}
     sentence = stop_sentence(merged, codes.pop() if len(codes) == 1 else None)
     if mixed:
         alone = sum(1 for s in stops if s.get("alone"))
-        sentence += (f"; torchrun, left without its ranks, was then killed on {alone} of the {len(stops)} nodes: a "
-                     "stop does not wait for torchrun's own shutdown")
+        sentence += (
+            f"; torchrun, left without its ranks, was then killed on {alone} of the {len(stops)} nodes: a "
+            "stop does not wait for torchrun's own shutdown"
+        )
     return f": {sentence}" if "killed" in kinds else f": on every node, {sentence}"
 
 

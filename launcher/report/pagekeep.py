@@ -27,8 +27,7 @@ class Kept:
     """The nodes that could not answer now."""
 
 
-def kept_answers(fresh: Mapping[str, Mapping[str, Any]], saved: Mapping[str, Mapping[str, Any]],
-                 now: float) -> Kept:
+def kept_answers(fresh: Mapping[str, Mapping[str, Any]], saved: Mapping[str, Mapping[str, Any]], now: float) -> Kept:
     """Each node's answer now where it gave one about the run, else the one it gave before (a note says so); a node
     that could not answer is named whatever is kept of it."""
     out = Kept(saved={n: dict(v) for n, v in saved.items() if isinstance(v, Mapping)})
@@ -45,12 +44,18 @@ def kept_answers(fresh: Mapping[str, Mapping[str, Any]], saved: Mapping[str, Map
         if state in UNREACHED:
             out.unreached.append(node)
             why = str(answer.get("detail") or state)
-            out.notes.append(f"{node} could not be reached now ({why}): " + (
-                f"its figures are what it said at {_clock(before)}" if old is not None
-                else "the page has nothing of it but what the launch itself saw"))
+            out.notes.append(
+                f"{node} could not be reached now ({why}): "
+                + (
+                    f"its figures are what it said at {_clock(before)}"
+                    if old is not None
+                    else "the page has nothing of it but what the launch itself saw"
+                )
+            )
         elif old is not None and state not in ANSWERED:
-            out.notes.append(f"{node} no longer has the run ({state}): its figures are what it said at "
-                             f"{_clock(before)}")
+            out.notes.append(
+                f"{node} no longer has the run ({state}): its figures are what it said at {_clock(before)}"
+            )
     return out
 
 

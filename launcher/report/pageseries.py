@@ -94,8 +94,12 @@ class Timeline:
         return tuple(sorted(slow, key=lambda r: (r.mean_rate() or 0.0, r.rank))[:REPORT_NAMED])
 
 
-def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[str, float], began: float,
-             first_steps: Mapping[tuple[str, int], float] | None = None) -> Timeline:
+def timeline(
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    offset: Mapping[str, float],
+    began: float,
+    first_steps: Mapping[tuple[str, int], float] | None = None,
+) -> Timeline:
     """Every node's samples as lines on the launcher's clock (each a node's time moved by its clock's offset);
     `first_steps`: each (node, rank)'s first optimizer step on that clock (its start phases), where its steps begin."""
     ranks, nodes, end = [], [], 0.0
@@ -111,8 +115,9 @@ def timeline(series: Mapping[str, Sequence[Mapping[str, Any]]], offset: Mapping[
             steps = step_line(samples, str(rank), shift, (first_steps or {}).get((node, rank)))
             step_t, rates = _thin(steps.t, steps.rates)
             t, data = _thin(times, _stretches(tuple(_share(a, b, str(rank), DATA_S) for a, b in pairs)))
-            ranks.append(RankLine(node, rank, t, rates, data, step_t, steps.rate, steps.count,
-                                  _data_mean(pairs, str(rank))))
+            ranks.append(
+                RankLine(node, rank, t, rates, data, step_t, steps.rate, steps.count, _data_mean(pairs, str(rank)))
+            )
         cpu = _stretches(tuple(_cpu(a, b) for a, b in pairs))
         mem = tuple(None if s.get("mem_used") is None else s["mem_used"] / GIB for s in samples)
         nodes.append(NodeLine(node, *_thin(times, cpu, mem), gpus=_gpus(samples, shift)))
@@ -218,16 +223,20 @@ def _cpu(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
     return round(100.0 * sum(rates), 1) if rates else None
 
 
-def _gpus(samples: Sequence[Mapping[str, Any]], shift: float) -> tuple[tuple[int, tuple[float, ...], Values, Values],
-                                                                       ...]:
+def _gpus(
+    samples: Sequence[Mapping[str, Any]], shift: float
+) -> tuple[tuple[int, tuple[float, ...], Values, Values], ...]:
     found: dict[int, list[tuple[float, float | None, float | None]]] = {}
     for sample in samples:
         for row in sample.get("gpus") or []:
             index, util, used = row[0], row[1], row[2]
-            found.setdefault(int(index), []).append((round(sample["t"] + shift, 2), util,
-                                                     None if used is None else used / GIB))
-    return tuple((index, *_thin(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows)))
-                 for index, rows in sorted(found.items()))
+            found.setdefault(int(index), []).append(
+                (round(sample["t"] + shift, 2), util, None if used is None else used / GIB)
+            )
+    return tuple(
+        (index, *_thin(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows)))
+        for index, rows in sorted(found.items())
+    )
 
 
 def _thin(t: tuple[float, ...], *lines: Values) -> tuple[Any, ...]:
@@ -236,8 +245,10 @@ def _thin(t: tuple[float, ...], *lines: Values) -> tuple[Any, ...]:
         return (t, *lines)
     size = -(-len(t) // REPORT_POINTS)
     groups = range(0, len(t), size)
-    return (tuple(t[min(i + size, len(t)) - 1] for i in groups),
-            *(tuple(_mean(line[i:i + size]) for i in groups) for line in lines))
+    return (
+        tuple(t[min(i + size, len(t)) - 1] for i in groups),
+        *(tuple(_mean(line[i : i + size]) for i in groups) for line in lines),
+    )
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -245,8 +256,9 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return round(sum(found) / len(found), 3) if found else None
 
 
-def band(times: Sequence[Sequence[float]], lines: Sequence[Values], end: float, buckets: int = REPORT_POINTS
-         ) -> Band | None:
+def band(
+    times: Sequence[Sequence[float]], lines: Sequence[Values], end: float, buckets: int = REPORT_POINTS
+) -> Band | None:
     """Many lines as one band: each line's values placed in `buckets` time buckets over [0, end], then per bucket
     the lowest, the quartiles, the median and the highest of the lines that have a value there."""
     if end <= 0:
@@ -267,6 +279,11 @@ def band(times: Sequence[Sequence[float]], lines: Sequence[Values], end: float, 
         q = statistics.quantiles(values, n=4)
         return q[0], q[2]
 
-    return Band(tuple(t for t, _ in rows), tuple(c[0] for _, c in rows), tuple(quart(c)[0] for _, c in rows),
-                tuple(statistics.median(c) for _, c in rows), tuple(quart(c)[1] for _, c in rows),
-                tuple(c[-1] for _, c in rows))
+    return Band(
+        tuple(t for t, _ in rows),
+        tuple(c[0] for _, c in rows),
+        tuple(quart(c)[0] for _, c in rows),
+        tuple(statistics.median(c) for _, c in rows),
+        tuple(quart(c)[1] for _, c in rows),
+        tuple(c[-1] for _, c in rows),
+    )

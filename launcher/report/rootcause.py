@@ -36,11 +36,11 @@ def rank_said(end: NodeEnd, local: int | None, what: str | None) -> list[str]:
     raised none, its last lines that are not noise."""
     own = rank_lines(end.tail, local) if local is not None else []
     if what:
-        before = own[:len(own) - own[::-1].index(what) - 1] if what in own else own
+        before = own[: len(own) - own[::-1].index(what) - 1] if what in own else own
         at = next((i for i in range(len(before) - 1, -1, -1) if before[i].lstrip().startswith('File "')), None)
         if at is None:
             return [f"exception : {what}"]
-        source = [x.strip() for x in before[at + 1:at + 2] if x.startswith("    ") and x.strip("^~ ")]
+        source = [x.strip() for x in before[at + 1 : at + 2] if x.startswith("    ") and x.strip("^~ ")]
         return [f"exception : {what}", f"raised at : {before[at].strip()}", *(f"            {x}" for x in source)]
     said = without_noise(own)[-RANK_WORDS:]
     return ["last lines: (no exception)", *(f"  {x}" for x in said)] if said else []
@@ -75,5 +75,11 @@ def run_failed(run_id: str, ends: list[NodeEnd], log_hint: str) -> RunFailed:
         what = f"exit code {end.exit_code}" if end.kind == EndKind.EXITED else end.kind.value
         lines.append(f"{end.node}: {what} ({why})")
     lines.append(log_hint)
-    return RunFailed("\n".join(lines), code, node=origin.node if origin else None, rank=rank,
-                     tail=origin.tail if origin else (), ends=tuple(ends))
+    return RunFailed(
+        "\n".join(lines),
+        code,
+        node=origin.node if origin else None,
+        rank=rank,
+        tail=origin.tail if origin else (),
+        ends=tuple(ends),
+    )

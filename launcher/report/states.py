@@ -29,8 +29,15 @@ class NodeStateRow(Protocol):
     launcher: dict[str, object] | None
 
 
-_COLOURS = {"running": "green", "exited": "cyan", "stopped": "yellow", "none": "dim",
-            "unreachable": "red", "error": "red", "lost": "red"}
+_COLOURS = {
+    "running": "green",
+    "exited": "cyan",
+    "stopped": "yellow",
+    "none": "dim",
+    "unreachable": "red",
+    "error": "red",
+    "lost": "red",
+}
 
 
 def console(out: IO[str]) -> Console:
@@ -57,10 +64,15 @@ def state_table(title: str, states: Sequence[NodeStateRow], stop: bool) -> Table
         table.add_column(column)
     for group in _grouped(states):
         s = group[0]
-        cells = [names_text([g.host for g in group]) if len(group) > 1 else s.host, s.run_id or "", s.state,
-                 "" if s.exit_code is None else s.exit_code, _span([g.started_at for g in group]),
-                 _span([g.ended_at for g in group]),
-                 *((sum(g.found for g in group), sum(g.left for g in group)) if stop else ())]
+        cells = [
+            names_text([g.host for g in group]) if len(group) > 1 else s.host,
+            s.run_id or "",
+            s.state,
+            "" if s.exit_code is None else s.exit_code,
+            _span([g.started_at for g in group]),
+            _span([g.ended_at for g in group]),
+            *((sum(g.found for g in group), sum(g.left for g in group)) if stop else ()),
+        ]
         row = [Text(str(cell)) for cell in cells]
         row[2].stylize(_COLOURS.get(str(s.state), "white"))
         table.add_row(*row)
@@ -105,6 +117,8 @@ def launcher_lines(states: Sequence[NodeStateRow], attach: str, now: float) -> l
     who = f" ({owner})" if owner else ""
     line = f"its launcher{who} has not been heard from since {_when(since)} ({now - since:.0f} s)"
     if stops:
-        line += (f": {names_text([s.host for s in away])} stop the run by themselves at {_when(min(stops))} unless a "
-                 "launcher comes back")
+        line += (
+            f": {names_text([s.host for s in away])} stop the run by themselves at {_when(min(stops))} unless a "
+            "launcher comes back"
+        )
     return [f"{line}; `{attach}` takes it over now"]

@@ -22,6 +22,8 @@ from launcher.watch.topmodel import STILL_STATES, NodeView, RankBehind, behind_r
 
 GPU_OLD_S = 2 * TOP_GPU_REFRESH_S
 """A node's GPU answer older than this is shown with its age: nvidia-smi is slow or stuck there."""
+
+
 def size(value: float | None) -> str:
     return "–" if value is None else human_bytes(value)
 
@@ -129,8 +131,13 @@ _CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Marks], 
 a run that only prints lines keeps its narrow table), and the cell."""
 
 
-def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], rows: Sequence[Mapping[str, Any]] | None
-               = None, width: int | None = None, behind: Sequence[RankBehind] = ()) -> Table:
+def rank_table(
+    views: Sequence[NodeView],
+    stragglers: Mapping[Any, Straggler],
+    rows: Sequence[Mapping[str, Any]] | None = None,
+    width: int | None = None,
+    behind: Sequence[RankBehind] = (),
+) -> Table:
     """The ranks' table (`rows`: those to show, in order; all by default). With the terminal's `width`, the columns
     that matter least are left out until the last line keeps `LAST_LINE_MIN` characters (and the node's name is
     never cut)."""
@@ -147,12 +154,20 @@ def rank_table(views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], r
         cells, last_min = _fitting(cells, rows, marks, width, why)
     table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     for name, right, _, _ in cells:
-        table.add_column(name, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
-                         ratio=1 if name == "last line" else None, min_width=last_min if name == "last line" else None)
+        table.add_column(
+            name,
+            justify="right" if right else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            ratio=1 if name == "last line" else None,
+            min_width=last_min if name == "last line" else None,
+        )
     for row in rows:
         mark = marks(row)
-        table.add_row(*(cell(row, mark) for _, _, _, cell in cells),
-                      style="bold red" if mark.found is not None or mark.behind is not None else None)
+        table.add_row(
+            *(cell(row, mark) for _, _, _, cell in cells),
+            style="bold red" if mark.found is not None or mark.behind is not None else None,
+        )
     return table
 
 
@@ -166,10 +181,16 @@ TELLS = {"data": "data_share", "fwd": "forward_share", "state": "state"}
 """The columns that may say why a rank is flagged, and their fields (`launcher.watch.topmodel.telling`)."""
 
 
-def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Mapping[str, Any]], Marks],
-             width: int, why: Collection[str] = ()) -> tuple[list, int]:
+def _fitting(
+    cells: list,
+    rows: Sequence[Mapping[str, Any]],
+    marks: Callable[[Mapping[str, Any]], Marks],
+    width: int,
+    why: Collection[str] = (),
+) -> tuple[list, int]:
     """The columns that fit in `width` with the last line's least width, those named in `why` kept: rich cuts every
     column alike (the node's name too) when a table does not fit."""
+
     def natural(cell: tuple) -> int:
         name, _, _, make = cell
         return max([len(name), *(len(make(r, marks(r))) for r in rows)])
@@ -185,18 +206,27 @@ def _fitting(cells: list, rows: Sequence[Mapping[str, Any]], marks: Callable[[Ma
     return kept, max(1, min(LAST_LINE_MIN, width - needed(kept)))
 
 
-def _hidden_line(hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Sequence[int]
-                 ) -> Text:
+def _hidden_line(
+    hidden: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Sequence[int]
+) -> Text:
     def mark(row: Mapping[str, Any]) -> str:
         state = row.get("state") or ""
-        said = ("behind" if row["rank"] in behind else "SLOW" if row["rank"] in stragglers
-                else state if state in STILL_STATES else "record off")
+        said = (
+            "behind"
+            if row["rank"] in behind
+            else "SLOW"
+            if row["rank"] in stragglers
+            else state
+            if state in STILL_STATES
+            else "record off"
+        )
         return f"r{row['rank']} {said}"
 
     marks = [mark(r) for r in hidden if flagged(r, stragglers, behind)]  # hidden only for want of room: counted
-    said = f"+{len(hidden)} ranks not shown, " + (f"{len(marks)} flagged: {', '.join(marks[:6])}" if marks
-                                                   else "none flagged")
-    said += (f" and {len(marks) - 6} more" if len(marks) > 6 else "")
+    said = f"+{len(hidden)} ranks not shown, " + (
+        f"{len(marks)} flagged: {', '.join(marks[:6])}" if marks else "none flagged"
+    )
+    said += f" and {len(marks) - 6} more" if len(marks) > 6 else ""
     said += f" ({hint('top --once')} shows every rank)"
     return Text(said, style="yellow", no_wrap=True, overflow="ellipsis")
 
@@ -207,32 +237,47 @@ def behind_lines(behind: Sequence[RankBehind], most: int | None = None, cut: boo
     once they have waited long, the verdict on two looks at the stacks in the hang watch's words: `r1 behind 34 s,
     at work: not a hang (...)`, `r1 behind 34 s, stuck: hang suspected (...)`. `cut`: one screen line each (the
     live view); else wrapped (`--once`)."""
+
     def text(value: str, style: str) -> Text:
         return Text(value, style=style, no_wrap=True, overflow="ellipsis") if cut else Text(value, style=style)
 
     def line(said: RankBehind) -> Text:
         who = f"r{numbers_text(said.ranks)}"
         if said.looking:  # the verdict's words, as they will come: `r1 behind 34 s, at work: ...`
-            return text(f"{who} behind {said.waited_s:.0f} s, judging its stack: never entered "
-                        f"{said.behind.collective}", "yellow")
+            return text(
+                f"{who} behind {said.waited_s:.0f} s, judging its stack: never entered {said.behind.collective}",
+                "yellow",
+            )
         if said.verdict is None:
             return text(f"{who} behind: never entered {said.behind.collective} ({said.waited_s:.0f} s)", "yellow")
         found = {said.found(rank) for rank in said.ranks}
-        head = f"{who} behind {said.waited_s:.0f} s" + (f", {found.pop()}" if len(found) == 1 and None not in found
-                                                        else "")
+        head = f"{who} behind {said.waited_s:.0f} s" + (
+            f", {found.pop()}" if len(found) == 1 and None not in found else ""
+        )
         return text(f"{head}: {said.verdict.line()}", "bold red" if said.hang else "yellow")
 
-    shown = list(behind) if most is None or len(behind) <= most else list(behind[:most - 1])
+    shown = list(behind) if most is None or len(behind) <= most else list(behind[: most - 1])
     lines = [line(said) for said in shown]
     if len(shown) < len(behind):
-        lines.append(text(f"+{len(behind) - len(shown)} more collectives with ranks behind ({hint('top --once')} "
-                          "says every one)", "yellow"))
+        lines.append(
+            text(
+                f"+{len(behind) - len(shown)} more collectives with ranks behind ({hint('top --once')} says every one)",
+                "yellow",
+            )
+        )
     return lines
 
 
-def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler], follow: int | None = None,
-         footer: Sequence[str] = (), height: int = 50, width: int | None = None, behind: Sequence[RankBehind] = ()
-         ) -> RenderableType:
+def view(
+    run_id: str,
+    views: Sequence[NodeView],
+    stragglers: Mapping[Any, Straggler],
+    follow: int | None = None,
+    footer: Sequence[str] = (),
+    height: int = 50,
+    width: int | None = None,
+    behind: Sequence[RankBehind] = (),
+) -> RenderableType:
     """The live view's screen, made to fit `height` lines (and `width` columns): the key line, the answer to a key
     and the ranks behind a collective (`behind_lines`) always have room; nodes and ranks that do not fit are said,
     and how many of them are flagged (`+4 ranks not shown, 1 flagged: r13 SLOW`, `none flagged`): flagged ranks come
@@ -245,12 +290,14 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
     panel = 5 if follow is not None else 0  # at least 3 lines and the panel's borders
     room = height - 2 - len(footer) - 1 - panel - len(said)  # the title, the blank line; a key's answer; the keys
     problems = [v for v in views if v.snapshot is None]
-    shown_nodes = (problems + [v for v in views if v.snapshot is not None])[:max(1, min(len(views), room // 4))]
+    shown_nodes = (problems + [v for v in views if v.snapshot is not None])[: max(1, min(len(views), room // 4))]
     shown_nodes = [v for v in views if v in shown_nodes]
     room -= 1 + len(shown_nodes) + (1 if len(shown_nodes) < len(views) else 0)  # header, rows, "+N nodes"
     fit = max(1, room - 1 - (1 if len(rows) > room - 1 else 0))  # the table's header; "+N ranks"
-    shown = sorted(rows, key=lambda r: (r["rank"] not in late, r["rank"] not in stragglers,
-                                        not flagged(r, stragglers, late), r["rank"]))[:fit]
+    shown = sorted(
+        rows,
+        key=lambda r: (r["rank"] not in late, r["rank"] not in stragglers, not flagged(r, stragglers, late), r["rank"]),
+    )[:fit]
     parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(shown_nodes)]
     if len(shown_nodes) < len(views):
         parts.append(Text(f"+{len(views) - len(shown_nodes)} nodes not shown", style="yellow"))
@@ -262,8 +309,14 @@ def view(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Stragg
         row = next((r for r in rows if r["rank"] == follow), None)
         spare = max(3, room - 1 - len(shown) - (1 if len(shown) < len(rows) else 0) + panel - 2)
         lines = ((row or {}).get("tail") or [])[-spare:]
-        parts.append(Panel("\n".join(lines) or "(no lines yet)", title=f"r{follow} ({(row or {}).get('node', '?')})",
-                           title_align="left", height=min(len(lines), spare) + 2 if lines else 3))
+        parts.append(
+            Panel(
+                "\n".join(lines) or "(no lines yet)",
+                title=f"r{follow} ({(row or {}).get('node', '?')})",
+                title_align="left",
+                height=min(len(lines), spare) + 2 if lines else 3,
+            )
+        )
     parts += [Text(line) for line in footer]
     parts.append(keys)
     return Group(*parts)

@@ -72,8 +72,15 @@ class TopScreen:
     says the ranks behind a collective (its judge remembers since when; `two_stacks` takes the stacks it judges them by
     once the others have waited long, on a thread of its own), answers keys."""
 
-    def __init__(self, run_id: str, feed: Feed, straggler_factor: float, out: IO[str], take_stacks: Callable[[], list[str]],
-                 two_stacks: TwoStacks | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        feed: Feed,
+        straggler_factor: float,
+        out: IO[str],
+        take_stacks: Callable[[], list[str]],
+        two_stacks: TwoStacks | None = None,
+    ):
         self.run_id, self.feed, self.out = run_id, feed, out
         self.take_stacks, self.two_stacks = take_stacks, two_stacks
         self.judge = TopJudge(straggler_factor)
@@ -88,9 +95,19 @@ class TopScreen:
             while True:
                 views = self.feed.views()
                 look = self._look(views)
-                live.update(view(self.run_id, views, look.stragglers, self.follow, self.footer, console.size.height,
-                                 console.size.width, look.behind),
-                            refresh=True)
+                live.update(
+                    view(
+                        self.run_id,
+                        views,
+                        look.stragglers,
+                        self.follow,
+                        self.footer,
+                        console.size.height,
+                        console.size.width,
+                        look.behind,
+                    ),
+                    refresh=True,
+                )
                 key = keys(REFRESH_S)
                 if key in ("q", "Q"):
                     return 0

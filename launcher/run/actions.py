@@ -67,8 +67,9 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], settings: Settings,
     hosts = list(hosts)
     progress.update(f"connecting to {len(hosts)} node(s)")
     t0 = time.monotonic()
-    nodes, failures = connect_all(cluster, hosts, run_ssh(settings),
-                                  on_connect=lambda done, total: progress.update(f"connected {done}/{total}"))
+    nodes, failures = connect_all(
+        cluster, hosts, run_ssh(settings), on_connect=lambda done, total: progress.update(f"connected {done}/{total}")
+    )
     if failures:
         close_all(nodes.values())
         progress.done(f"connected {len(nodes)}/{len(hosts)}")
@@ -78,8 +79,9 @@ def connect_or_fail(cluster: Cluster, hosts: Iterable[Host], settings: Settings,
 
 
 @contextlib.contextmanager
-def reached(cluster: Cluster, ssh: SshSettings, given: Mapping[str, Any] | None = None
-            ) -> Iterator[tuple[dict[str, Any], list[NodeFailure]]]:
+def reached(
+    cluster: Cluster, ssh: SshSettings, given: Mapping[str, Any] | None = None
+) -> Iterator[tuple[dict[str, Any], list[NodeFailure]]]:
     """The nodes an action works on, and those it could not reach: the `given` ones (a SLURM job's steps), or a new
     SSH connection to every host that answers, closed after."""
     if given is not None:
@@ -92,8 +94,9 @@ def reached(cluster: Cluster, ssh: SshSettings, given: Mapping[str, Any] | None 
         close_all(nodes.values())
 
 
-def agent_action(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
-                  timeout: float | None = 60) -> dict[str, Result | NodeFailure]:
+def agent_action(
+    nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any], timeout: float | None = 60
+) -> dict[str, Result | NodeFailure]:
     hosts = [h for h in cluster.hosts if h.name in nodes]
     commands = {h.name: host_command(h) for h in hosts}
     inputs = {h.name: agent_input({**request, "node": h.name}) for h in hosts}

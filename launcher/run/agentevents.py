@@ -79,8 +79,11 @@ def _ready(control: Control, session: Session, event: dict[str, Any], now: float
 
 
 def _probed(control: Control, session: Session, event: dict[str, Any], now: float) -> None:
-    session.checked[Event.PROBED] = {"probe": event.get("probe"), "listener": event.get("listener"),
-                                     "at": time.monotonic()}
+    session.checked[Event.PROBED] = {
+        "probe": event.get("probe"),
+        "listener": event.get("listener"),
+        "at": time.monotonic(),
+    }
     control.put(Probed(session.name, now))
 
 
@@ -119,8 +122,16 @@ def _attached(control: Control, session: Session, event: dict[str, Any], now: fl
     if session.asked_to_stop and session.stop_message is not None:
         session.pending_message = session.stop_message
     away = event.get("away_s")
-    control.put(Reattached(session.name, now, down, int(event.get("log_bytes") or 0), bool(event.get("replay")),
-                           None if away is None else float(away)))
+    control.put(
+        Reattached(
+            session.name,
+            now,
+            down,
+            int(event.get("log_bytes") or 0),
+            bool(event.get("replay")),
+            None if away is None else float(away),
+        )
+    )
 
 
 def _taken(control: Control, session: Session, event: dict[str, Any], now: float) -> None:
@@ -141,8 +152,9 @@ def _stacks(control: Control, session: Session, event: dict[str, Any], now: floa
 
 
 def _nccl(control: Control, session: Session, event: dict[str, Any], now: float) -> None:
-    control.put(NcclDumps(session.name, now, dict(event.get("nccl") or {}),
-                          tuple(int(r) for r in event.get("asked") or ())))
+    control.put(
+        NcclDumps(session.name, now, dict(event.get("nccl") or {}), tuple(int(r) for r in event.get("asked") or ()))
+    )
 
 
 def _part(session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
@@ -162,16 +174,24 @@ def _part(session: Session, part: dict[str, Any]) -> dict[str, Any] | None:
 
 Handler = Callable[[Control, Session, dict[str, Any], float], None]
 HANDLERS: dict[str, Handler] = {
-    Event.READY: _ready, Event.PROBED: _probed, Event.TCP: _tcp,
-    Event.STARTED: _started, Event.ERROR: _error, Event.STOPPING: _stopping,
-    Event.EXITED: _exited, Event.ALIVE: _alive, Event.STACKS: _stacks,
-    Event.NCCL: _nccl, Event.ATTACHED: _attached, Event.TAKEN: _taken,
+    Event.READY: _ready,
+    Event.PROBED: _probed,
+    Event.TCP: _tcp,
+    Event.STARTED: _started,
+    Event.ERROR: _error,
+    Event.STOPPING: _stopping,
+    Event.EXITED: _exited,
+    Event.ALIVE: _alive,
+    Event.STACKS: _stacks,
+    Event.NCCL: _nccl,
+    Event.ATTACHED: _attached,
+    Event.TAKEN: _taken,
     Event.POSITION: _position,
 }
 """What the controller does with each event name a node's agent session says (`part`s are put together first)."""
 IGNORED = {
     Event.ABORTED: "the start was dropped: the launcher's own `abort` or stop, or it was gone; the session's end "
-                   "(start-error) follows",
+    "(start-error) follows",
     Event.STOPPED: "`exited` follows with the same fields (left, reason), and the node's end is decided on that",
     Event.RUN: "only the logs action says it, and that action's stdout is the log (launcher.run.control)",
 }

@@ -70,9 +70,16 @@ class AttemptEvents:
     def noted(self, attempt: Attempt, end: AttemptEnd) -> Attempt:
         """The attempt with what its events said."""
         hang_since = None if self.hang is None else self.hang.time - self.hang.quiet_s
-        return replace(attempt, ended_at=time.time(), how=end.how.value, step=end.step, cause=end.node,
-                       resumed_from=self.resumed_from, hang_since=hang_since,
-                       training_at=max(self.first_steps.values(), default=None))
+        return replace(
+            attempt,
+            ended_at=time.time(),
+            how=end.how.value,
+            step=end.step,
+            cause=end.node,
+            resumed_from=self.resumed_from,
+            hang_since=hang_since,
+            training_at=max(self.first_steps.values(), default=None),
+        )
 
 
 def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -> int:
@@ -86,8 +93,13 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
     run, log_dir = plan.settings.run, plan.settings.output.log_dir
     needs = restart_needs(plan.cluster, len(plan.nodes))
     while True:
-        attempt = Attempt(len(attempts) + 1, plan.run_id, tuple(c.host.name for c in plan.nodes),
-                          _master_name(plan.cluster), sat_out=dict(sat_out))
+        attempt = Attempt(
+            len(attempts) + 1,
+            plan.run_id,
+            tuple(c.host.name for c in plan.nodes),
+            _master_name(plan.cluster),
+            sat_out=dict(sat_out),
+        )
         attempts.append(attempt)
         _record(log_dir, attempts)
         events, error = AttemptEvents(run_io), None
@@ -104,9 +116,17 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
         if end.how.node_caused and end.node is not None:
             failures.setdefault(end.node, []).append(time.time())
         with run_trace(log_dir / plan.run_id):  # what follows this attempt goes in its trace
-            decision = after_attempt(end, ends[:-1], nodes=attempt.nodes, min_nodes=needs, retries=run.retries,
-                                     on_hang=run.on_hang, failures=failures, now=time.time(),
-                                     cooldown=run.retry_cooldown)
+            decision = after_attempt(
+                end,
+                ends[:-1],
+                nodes=attempt.nodes,
+                min_nodes=needs,
+                retries=run.retries,
+                on_hang=run.on_hang,
+                failures=failures,
+                now=time.time(),
+                cooldown=run.retry_cooldown,
+            )
             log.info("attempt %d ended: %s (%s); %s", attempt.number, end.how, end.summary, decision)
             attempts[-1] = replace(events.noted(attempt, end), outcome=outcome(end, decision), why=end.summary)
             _record(log_dir, attempts)
@@ -115,8 +135,11 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
             try:
                 chosen = _next_nodes(first, run_io, health, decision, attempts)
             except KeyboardInterrupt:  # between attempts nothing runs: there is nothing to stop
-                lines = ["interrupted between attempts: nothing is running", "attempts:",
-                         *(f"  {line}" for line in summary(attempts))]
+                lines = [
+                    "interrupted between attempts: nothing is running",
+                    "attempts:",
+                    *(f"  {line}" for line in summary(attempts)),
+                ]
                 raise RunFailed("\n".join(lines), 130, node=end.node) from None
             ending = too_few(chosen, needs)
             log.info("next attempt: %s; sitting out: %s", [h.name for h in chosen.cluster.hosts], dict(chosen.dropped))
@@ -135,30 +158,35 @@ def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[A
     return code
 
 
-def _could_not_start(exc: BaseException, attempt: Attempt, attempts: list[Attempt], log_dir: Path,
-                     run_io: RunIO) -> None:
+def _could_not_start(
+    exc: BaseException, attempt: Attempt, attempts: list[Attempt], log_dir: Path, run_io: RunIO
+) -> None:
     """An attempt that could not start (the doctor's checks, a connection) or was interrupted while starting:
     recorded as ended, never left "running" for `inv status`."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     why = "interrupted while starting" if interrupted else f"could not start: {_first_line(exc)}"
     how = How.INTERRUPTED if interrupted else How.NO_START
-    attempts[-1] = replace(attempt, ended_at=time.time(), outcome="interrupted" if interrupted else "failed-final",
-                           why=why, how=how.value)
+    attempts[-1] = replace(
+        attempt, ended_at=time.time(), outcome="interrupted" if interrupted else "failed-final", why=why, how=how.value
+    )
     _record(log_dir, attempts)
     if len(attempts) > 1:
         run_io.err.write("\n".join(["attempts:", *(f"  {line}" for line in summary(attempts))]) + "\n")
 
 
-def _next_nodes(first: LaunchPlan, run_io: RunIO, health: AttemptCheck, decision: Retry,
-                attempts: list[Attempt]) -> NextNodes:
+def _next_nodes(
+    first: LaunchPlan, run_io: RunIO, health: AttemptCheck, decision: Retry, attempts: list[Attempt]
+) -> NextNodes:
     """Wait, check the nodes, sweep them of the last attempt: the nodes the next attempt may run on, and why each
     of the others sits out (the decision's, the checks', the sweep's).
 
     Every attempt is planned from the first one's nodes: a node left out once (a failed check, a cool-down over, a
     hang it held) takes part again as soon as nothing keeps it out."""
     done, run = len(attempts), first.settings.run
-    run_io.err.write(f"attempt {done} of {run.retries + 1} failed: {decision.why}; checking the nodes again "
-                     f"in {run.retry_wait:g} s (retry {done} of {run.retries})\n")
+    run_io.err.write(
+        f"attempt {done} of {run.retries + 1} failed: {decision.why}; checking the nodes again "
+        f"in {run.retry_wait:g} s (retry {done} of {run.retries})\n"
+    )
     time.sleep(run.retry_wait)
     inventory = first.cluster
     out = dict(decision.sit_out)

@@ -42,8 +42,11 @@ class CatchUp:
 
     def due(self, sessions: Mapping[str, Read], now: float, wait_s: float = CATCH_UP_WAIT_S) -> CaughtUp | None:
         """The caught-up event once every node still running has been read to its target (or `wait_s` passed)."""
-        waiting = [n for n in self.lines_at if sessions[n].end is None
-                   and (n not in self.targets or sessions[n].received < self.targets[n])]
+        waiting = [
+            n
+            for n in self.lines_at
+            if sessions[n].end is None and (n not in self.targets or sessions[n].received < self.targets[n])
+        ]
         if waiting and now - self.begun < wait_s:
             return None
         lines = sum(max(0, sessions[n].lines - at) for n, at in self.lines_at.items())
@@ -76,8 +79,16 @@ class Returns:
     def reattached(self, event: Reattached, lines: int) -> None:
         """A node's new session during the run (its connection came back): read what it printed meanwhile."""
         if event.down_s is not None:
-            self.pending.append(CatchUp(event.node, time.time() - event.down_s, event.down_s, time.monotonic(),
-                                        {event.node: lines}, {event.node: event.log_bytes}))
+            self.pending.append(
+                CatchUp(
+                    event.node,
+                    time.time() - event.down_s,
+                    event.down_s,
+                    time.monotonic(),
+                    {event.node: lines},
+                    {event.node: event.log_bytes},
+                )
+            )
 
     def due(self, sessions: Mapping[str, Read], now: float) -> list[CaughtUp]:
         """The returns caught up by now (each said once)."""
@@ -92,7 +103,8 @@ def caught_up_line(event: CaughtUp) -> str | None:
         return None
     kept = ", ".join(event.kept)
     lines = f"{event.lines} line{'s' if event.lines != 1 else ''} caught up" + (
-        "" if event.complete else f" so far (still catching up after {CATCH_UP_WAIT_S:g} s)")
+        "" if event.complete else f" so far (still catching up after {CATCH_UP_WAIT_S:g} s)"
+    )
     if not event.node:
         went = f"{kept} kept training" if event.kept else f"the run ended meanwhile on {', '.join(event.ended)}"
         return f"the launcher was away {event.away_s:.0f} s; {went}; {lines}"

@@ -52,16 +52,18 @@ def chosen_run(cluster: Cluster, nodes: dict[str, Node], settings: Settings, err
     return _listed_runs(cluster, nodes, settings, err)[0]
 
 
-def _listed_runs(cluster: Cluster, nodes: dict[str, Node], settings: Settings, err: IO[str]
-                 ) -> tuple[str | None, dict[str, Result | NodeFailure], dict[str, list[dict[str, Any]]]]:
+def _listed_runs(
+    cluster: Cluster, nodes: dict[str, Node], settings: Settings, err: IO[str]
+) -> tuple[str | None, dict[str, Result | NodeFailure], dict[str, list[dict[str, Any]]]]:
     """`chosen_run`'s choice, with every node's `list` answer and the runs read from it (`status` answers from them)."""
     results = agent_action(nodes, cluster, {"action": "list"}, settings.run.action_timeout)
     listings = _listings(results)
     return _choice(cluster, listings, err), results, listings
 
 
-def run_and_nodes(cluster: Cluster, nodes: dict[str, Node], run_id: str | None, settings: Settings, err: IO[str]
-                  ) -> tuple[str, list[str]]:
+def run_and_nodes(
+    cluster: Cluster, nodes: dict[str, Node], run_id: str | None, settings: Settings, err: IO[str]
+) -> tuple[str, list[str]]:
     """The run `attach` takes (`run_id`, or as `status` chooses) and the nodes it was started on, as they list it."""
     if run_id is None:
         run_id, _, listings = _listed_runs(cluster, nodes, settings, err)
@@ -96,8 +98,15 @@ def _listings(results: dict[str, Result | NodeFailure]) -> dict[str, list[dict[s
 
 
 def _choice(cluster: Cluster, listings: dict[str, list[dict[str, Any]]], err: IO[str]) -> str | None:
-    listed = {name: [runchoice.ListedRun(r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes") else None,
-                                         r.get("inventory")) for r in runs] for name, runs in listings.items()}
+    listed = {
+        name: [
+            runchoice.ListedRun(
+                r["run_id"], r["state"], tuple(r["nodes"]) if r.get("nodes") else None, r.get("inventory")
+            )
+            for r in runs
+        ]
+        for name, runs in listings.items()
+    }
     choice = runchoice.choose_run(cluster.source, [h.name for h in cluster.hosts], listed, inventory_id(cluster))
     if choice is None:
         return None  # no run at all on these nodes: each says so
@@ -105,8 +114,9 @@ def _choice(cluster: Cluster, listings: dict[str, list[dict[str, Any]]], err: IO
     return choice.run_id
 
 
-def _listed_state(host: str, result: Result | NodeFailure, runs: list[dict[str, Any]] | None,
-                  run_id: str | None) -> NodeState:
+def _listed_state(
+    host: str, result: Result | NodeFailure, runs: list[dict[str, Any]] | None, run_id: str | None
+) -> NodeState:
     """`status` of `run_id` as a node's listing says it (its runs carry their states, exit codes and times)."""
     if isinstance(result, NodeFailure):
         return NodeState(host, "unreachable", detail=str(result))
@@ -115,8 +125,15 @@ def _listed_state(host: str, result: Result | NodeFailure, runs: list[dict[str, 
     run = next((r for r in runs if r["run_id"] == run_id), None)
     if run is None:
         return NodeState(host, "none", run_id)
-    return NodeState(host, run["state"], run_id, run.get("exit_code"), run.get("started_at"), run.get("ended_at"),
-                     launcher=_launcher(run))
+    return NodeState(
+        host,
+        run["state"],
+        run_id,
+        run.get("exit_code"),
+        run.get("started_at"),
+        run.get("ended_at"),
+        launcher=_launcher(run),
+    )
 
 
 def _launcher(answer: dict[str, Any]) -> dict[str, Any] | None:
@@ -131,8 +148,13 @@ def _states(cluster: Cluster, request: dict[str, Any], settings: Settings, err: 
     try:
         if request["run_id"] is None and nodes and request["action"] == "stop":
             # One session a node: each lists its runs, hears the run chosen from all of them, and stops it.
-            results = _ask_then_tell(nodes, cluster, {**request, "choose": True},
-                                     lambda firsts: _choice(cluster, _listings(firsts), err), settings.run.action_timeout)
+            results = _ask_then_tell(
+                nodes,
+                cluster,
+                {**request, "choose": True},
+                lambda firsts: _choice(cluster, _listings(firsts), err),
+                settings.run.action_timeout,
+            )
         elif request["run_id"] is None and nodes:
             # `status`: the listings say all it would, no second session a node
             run_id, answers, listings = _listed_runs(cluster, nodes, settings, err)
@@ -161,9 +183,19 @@ def _states(cluster: Cluster, request: dict[str, Any], settings: Settings, err: 
         except (ValueError, IndexError):
             states.append(NodeState(host.name, "error", detail=_agent_error(result)))
             continue
-        states.append(NodeState(host.name, answer.get("state", "error"), answer.get("run_id"),
-                                answer.get("exit_code"), answer.get("started_at"), answer.get("ended_at"),
-                                answer.get("found", 0), answer.get("left", 0), launcher=_launcher(answer)))
+        states.append(
+            NodeState(
+                host.name,
+                answer.get("state", "error"),
+                answer.get("run_id"),
+                answer.get("exit_code"),
+                answer.get("started_at"),
+                answer.get("ended_at"),
+                answer.get("found", 0),
+                answer.get("left", 0),
+                launcher=_launcher(answer),
+            )
+        )
     return states
 
 
@@ -173,9 +205,13 @@ def _join(threads: list[threading.Thread], deadline: float) -> None:
             t.join(0.2)  # in short steps: Ctrl-C is heard at once
 
 
-def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, Any],
-                   decide: Callable[[dict[str, Result | NodeFailure]], str | None],
-                   timeout: float) -> dict[str, Result | NodeFailure]:
+def _ask_then_tell(
+    nodes: dict[str, Node],
+    cluster: Cluster,
+    request: dict[str, Any],
+    decide: Callable[[dict[str, Result | NodeFailure]], str | None],
+    timeout: float,
+) -> dict[str, Result | NodeFailure]:
     """An action in one session a node that needs every node's first answer to go on: each node's agent answers a
     line, `decide` reads all the answers (a node that could not answer is a NodeFailure) and gives the run id each
     node is then told (`{"run_id": ...}` on its stdin); each node's result holds its whole output. All sessions are
@@ -193,8 +229,7 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
             channel = node.open_channel(host_command(host))
             channel.send(agent_input({**request, "node": host.name}))
             channel.read_line(out, err, time.monotonic() + timeout)
-            first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out),
-                                                 bytes(err))
+            first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out), bytes(err))
         except Exception as exc:
             first = classify(node.target, exc)
         with answered:
@@ -210,8 +245,9 @@ def _ask_then_tell(nodes: dict[str, Node], cluster: Cluster, request: dict[str, 
             channel.send(message[0])
             channel.close_stdin()
             rest = channel.collect(timeout)
-            results[host.name] = Result(rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr,
-                                        rest.timed_out)
+            results[host.name] = Result(
+                rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr, rest.timed_out
+            )
         except Exception as exc:
             results[host.name] = classify(node.target, exc)
         finally:
@@ -243,8 +279,10 @@ def _message(run_id: str | None) -> bytes:
 
 def _agent_error(result: Result) -> str:
     if result.timed_out is not None:
-        return (f"no answer within {result.timed_out:g} s (the grace period plus {ACTION_MARGIN:g} s): the node is "
-                "slow or hung, and what became of the run there is not known")
+        return (
+            f"no answer within {result.timed_out:g} s (the grace period plus {ACTION_MARGIN:g} s): the node is "
+            "slow or hung, and what became of the run there is not known"
+        )
     messages = []
     for line in result.stderr.decode("utf-8", errors="replace").splitlines():
         try:
@@ -259,30 +297,49 @@ def _agent_error(result: Result) -> str:
     return "; ".join(messages) or f"the agent exited with code {result.exit_code}"
 
 
-def stop(cluster: Cluster, run_id: str | None = None, settings: Settings | None = None, sweep: bool = False,
-         run_io: RunIO | None = None) -> list[NodeState]:
+def stop(
+    cluster: Cluster,
+    run_id: str | None = None,
+    settings: Settings | None = None,
+    sweep: bool = False,
+    run_io: RunIO | None = None,
+) -> list[NodeState]:
     """Stop a run (by default the one of this inventory that runs: `chosen_run`): TERM its processes, wait
     `grace`, KILL the rest. `sweep`: the run's own agent is no longer trusted (silent, stuck): kill it too."""
     settings = settings or Settings()
-    return _states(cluster, {"action": "stop", "run_id": run_id, "grace": settings.run.grace, "kill_supervisor": sweep}, settings,
-                   (run_io or RunIO()).err)
+    return _states(
+        cluster,
+        {"action": "stop", "run_id": run_id, "grace": settings.run.grace, "kill_supervisor": sweep},
+        settings,
+        (run_io or RunIO()).err,
+    )
 
 
-def status(cluster: Cluster, run_id: str | None = None, settings: Settings | None = None,
-           run_io: RunIO | None = None) -> list[NodeState]:
+def status(
+    cluster: Cluster, run_id: str | None = None, settings: Settings | None = None, run_io: RunIO | None = None
+) -> list[NodeState]:
     """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
     return _states(cluster, {"action": "status", "run_id": run_id}, settings or Settings(), (run_io or RunIO()).err)
 
 
-def logs(cluster: Cluster, run_id: str | None = None, *, node: str | None = None, rank: int | None = None,
-         follow: bool = False, settings: Settings | None = None, run_io: RunIO | None = None) -> int:
+def logs(
+    cluster: Cluster,
+    run_id: str | None = None,
+    *,
+    node: str | None = None,
+    rank: int | None = None,
+    follow: bool = False,
+    settings: Settings | None = None,
+    run_io: RunIO | None = None,
+) -> int:
     """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
     settings, run_io = settings or Settings(), run_io or RunIO()
     check_run_id(run_id)
     hosts = [h for h in cluster.hosts if node is None or h.name == node]
     if not hosts:
-        raise LauncherError(f"{cluster.source}: no host named {node!r} (hosts: "
-                            f"{', '.join(h.name for h in cluster.hosts)})")
+        raise LauncherError(
+            f"{cluster.source}: no host named {node!r} (hosts: {', '.join(h.name for h in cluster.hosts)})"
+        )
     nodes = connect_or_fail(cluster, hosts, settings, run_io.err)
     try:
         run_id = run_id or chosen_run(cluster, nodes, settings, run_io.err)

@@ -31,8 +31,9 @@ class StartGate(Protocol):
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         """The start request's `gate` part for this host (None: the agent checks nothing before `ready`)."""
 
-    def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
-              seconds: float) -> Any:
+    def judge(
+        self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float], seconds: float
+    ) -> Any:
         """Raise a LauncherError when nothing may start; return otherwise."""
 
 
@@ -51,6 +52,7 @@ class ConnectionsFirst:
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any] | None:
         return None
 
-    def judge(self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float],
-              seconds: float) -> None:
+    def judge(
+        self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float], seconds: float
+    ) -> None:
         return None

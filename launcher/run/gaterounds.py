@@ -59,8 +59,11 @@ def gate_check(handle: Starting, gate: StartGate, began: float) -> None:
         while True:
             _ask_tcp(handle, asked)
             now = time.monotonic()
-            waiting = [s for s in list(sessions.values()) if Event.PROBED not in s.checked and s.end is None
-                       and now - s.opened < gate.probe_timeout]
+            waiting = [
+                s
+                for s in list(sessions.values())
+                if Event.PROBED not in s.checked and s.end is None and now - s.opened < gate.probe_timeout
+            ]
             if not waiting and not opening.is_alive():
                 break
             until = min((s.opened + gate.probe_timeout for s in waiting), default=now + 0.2)
@@ -103,8 +106,9 @@ def _tcp_answers(handle: Starting, gate: StartGate, asked: dict[str, float]) -> 
         handle.step(0.2)
     for session in told:
         if session.end is None:
-            session.checked.setdefault(Event.TCP, {"ok": False, "error": f"no answer to the TCP check within "
-                                                                      f"{gate.probe_timeout:g} s"})
+            session.checked.setdefault(
+                Event.TCP, {"ok": False, "error": f"no answer to the TCP check within {gate.probe_timeout:g} s"}
+            )
 
 
 def _facts(handle: Starting, name: str, unopened: dict[str, str]) -> NodeFacts:
@@ -114,8 +118,12 @@ def _facts(handle: Starting, name: str, unopened: dict[str, str]) -> NodeFacts:
         return NodeFacts(failure=unopened.get(name, "no session was opened"))
     probed = session.checked.get(Event.PROBED)
     if probed is not None:
-        return NodeFacts(probe=probed["probe"], listener=probed["listener"], tcp=session.checked.get(Event.TCP),
-                         took=round(probed["at"] - session.opened, 3))
+        return NodeFacts(
+            probe=probed["probe"],
+            listener=probed["listener"],
+            tcp=session.checked.get(Event.TCP),
+            took=round(probed["at"] - session.opened, 3),
+        )
     end = session.end
     if end is None or end.kind == EndKind.SILENT:  # no answer in time (the silence limit is never shorter)
         return NodeFacts(took=round(time.monotonic() - session.opened, 3), timed_out=True)

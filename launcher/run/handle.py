@@ -58,9 +58,17 @@ TALLY_S = 60.0
 class RunHandle:
     """The controller side of one run: its state, its sessions, and the decisions carried out while waiting."""
 
-    def __init__(self, plan: LaunchPlan, nodes: dict[str, Node], requests: dict[str, dict[str, Any]],
-                 agent_source: str, on_event: Callable[[NodeEvent], None], opener: SessionOpener | None = None,
-                 gate: StartGate | None = None, reconnector: Reconnector | None = None):
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        nodes: dict[str, Node],
+        requests: dict[str, dict[str, Any]],
+        agent_source: str,
+        on_event: Callable[[NodeEvent], None],
+        opener: SessionOpener | None = None,
+        gate: StartGate | None = None,
+        reconnector: Reconnector | None = None,
+    ):
         self.plan, self.nodes = plan, nodes
         settings = self.settings = plan.settings
         self.gate = gate
@@ -69,11 +77,19 @@ class RunHandle:
         self.on_event = on_event
         self.reconnector = reconnector
         """New sessions to a node's run (a dropped connection, `attach`); None under SLURM."""
-        self.link = Sessions(nodes, requests, agent_source, on_event, settings.run.heartbeat_timeout,
-                             settings.run.silence_timeout, reconnector)
+        self.link = Sessions(
+            nodes,
+            requests,
+            agent_source,
+            on_event,
+            settings.run.heartbeat_timeout,
+            settings.run.silence_timeout,
+            reconnector,
+        )
         self.sessions: dict[str, Session] = self.link.by_name
-        self.sweeps = Sweeps(plan.run_id, nodes, agent_source, settings.run.grace, settings.run.heartbeat_timeout,
-                             reconnector)
+        self.sweeps = Sweeps(
+            plan.run_id, nodes, agent_source, settings.run.grace, settings.run.heartbeat_timeout, reconnector
+        )
         self.state = RunState.STARTING
         self.returns = Returns()
         """The launcher's own returns and its nodes' reconnects whose backlog is being read."""
@@ -92,8 +108,9 @@ class RunHandle:
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
         self._last_step = time.monotonic()
         hang_timeout, on_hang = settings.run.hang_timeout, settings.run.on_hang
-        self.hangs = None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep",
-                                                              restart=on_hang == "restart")
+        self.hangs = (
+            None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep", restart=on_hang == "restart")
+        )
         """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
 
@@ -146,8 +163,10 @@ class RunHandle:
         assert self.reconnector is not None
         reconnector = self.reconnector
         self.attaching = True
-        errors = self.link.attach(self.plan.nodes, lambda command: reconnector.open(
-            command.host, False, offsets.get(command.host.name), take_over=True))
+        errors = self.link.attach(
+            self.plan.nodes,
+            lambda command: reconnector.open(command.host, False, offsets.get(command.host.name), take_over=True),
+        )
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
                 self._fail_start(f"{command.host.name}: {error}")
@@ -210,8 +229,13 @@ class RunHandle:
         for session in list(self.sessions.values()):
             if session.end is None:
                 self._look_at(session, now, bound)
-        if self.hangs is not None and self.hang is None and self.state == RunState.RUNNING \
-                and self.sessions and all(s.started for s in list(self.sessions.values())):
+        if (
+            self.hangs is not None
+            and self.hang is None
+            and self.state == RunState.RUNNING
+            and self.sessions
+            and all(s.started for s in list(self.sessions.values()))
+        ):
             self.hangs.look(self, now)
         if now - self._tallied > TALLY_S:
             self._tally()
@@ -220,8 +244,11 @@ class RunHandle:
         """The launcher itself was frozen (SIGSTOP, a suspended laptop): what it did not read is no node's silence and
         no hang's; each node says how long its log is now, and once it is read that far a line says the absence."""
         live = [s for c in self.plan.nodes if (s := self.sessions.get(c.host.name)) is not None and s.end is None]
-        log.info("this launcher was frozen for %.0f s (SIGSTOP, a suspended laptop): position asked of %d node(s)",
-                 away_s, len(live))
+        log.info(
+            "this launcher was frozen for %.0f s (SIGSTOP, a suspended laptop): position asked of %d node(s)",
+            away_s,
+            len(live),
+        )
         for session in live:
             session.heard = max(session.heard, now)
             if session.started:
@@ -240,12 +267,19 @@ class RunHandle:
         out = [s.outage for s in live if s.outage is not None]
         if not out:
             self.cut_off = None
-        elif self.cut_off is None and len(out) == len(live) and now - min(out) > self.settings.run.silence_timeout \
-                and not any(s.heard > min(out) for s in sessions if s.outage is None):
+        elif (
+            self.cut_off is None
+            and len(out) == len(live)
+            and now - min(out) > self.settings.run.silence_timeout
+            and not any(s.heard > min(out) for s in sessions if s.outage is None)
+        ):
             self.cut_off = min(out)
             since = time.time() - (now - self.cut_off)
-            log.info("no node can be reached for %.0f s: cut off (this machine's network?); waiting up to the nodes' "
-                     "own bound", now - self.cut_off)
+            log.info(
+                "no node can be reached for %.0f s: cut off (this machine's network?); waiting up to the nodes' "
+                "own bound",
+                now - self.cut_off,
+            )
             self.on_event(CutOff("", time.time(), since, since + self.settings.run.heartbeat_timeout))
         return self.settings.run.silence_timeout if self.cut_off is None else self.settings.run.heartbeat_timeout
 
@@ -263,20 +297,39 @@ class RunHandle:
                 self._lost(session, now)
         elif silent > limit:
             log.info("%s: silent for %.0f s (limit %g s): it stopped answering", session.name, silent, limit)
-            self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, EndKind.SILENT, time.time(), asked_to_stop=session.asked_to_stop, silent_for=silent)))
+            self._take(
+                Ended(
+                    session.name,
+                    time.time(),
+                    NodeEnd(
+                        session.name,
+                        EndKind.SILENT,
+                        time.time(),
+                        asked_to_stop=session.asked_to_stop,
+                        silent_for=silent,
+                    ),
+                )
+            )
         elif self.stop_deadline is not None and now > self.stop_deadline:
             log.info("%s: no end by the stop's deadline", session.name)
-            self._take(Ended(session.name, time.time(), NodeEnd(
-                session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True)))
+            self._take(
+                Ended(
+                    session.name,
+                    time.time(),
+                    NodeEnd(session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True),
+                )
+            )
 
     def _stop_over(self) -> bool:
         """A stop is under way and every node that can be reached has ended: waiting for this one's reconnect (it is
         out of reach) would only hold up the run's end (the sweep still tries to stop it over a new connection). Where
         none has ended (this machine's network, most likely), the stop's deadline gives the stop a chance to get out."""
         sessions = list(self.sessions.values())
-        return self.stop_deadline is not None and any(s.end is not None for s in sessions) \
+        return (
+            self.stop_deadline is not None
+            and any(s.end is not None for s in sessions)
             and all(s.end is not None or s.outage is not None for s in sessions)
+        )
 
     def _lost(self, session: Session, now: float) -> None:
         """A node whose connection went and is not back within the silence timeout, or by the time the run's stop is
@@ -285,12 +338,18 @@ class RunHandle:
         assert session.outage is not None
         since = time.time() - (now - session.outage)
         if session.reconnect_error is not None:
-            session.messages.append(f"could not reconnect within {now - session.outage:.0f} s: "
-                                    f"{session.reconnect_error}")
+            session.messages.append(
+                f"could not reconnect within {now - session.outage:.0f} s: {session.reconnect_error}"
+            )
         # A node that fell silent with its connection up stopped answering; one whose connection went was lost.
         kind = EndKind.SILENT if session.lost_how == "silent" else EndKind.LOST
-        log.info("%s: lost for %.0f s (%s; last try: %s)", session.name, now - session.outage, session.lost_how,
-                 session.reconnect_error)
+        log.info(
+            "%s: lost for %.0f s (%s; last try: %s)",
+            session.name,
+            now - session.outage,
+            session.lost_how,
+            session.reconnect_error,
+        )
         self._take(Ended(session.name, since, NodeEnd(session.name, kind, since, silent_for=now - session.outage)))
 
     def _take(self, event: NodeEvent) -> None:
@@ -328,11 +387,23 @@ class RunHandle:
         elif end.kind == EndKind.UNANSWERED:
             self.sweeps.unswept[session.name] = "it did not confirm the stop in time"
         remaining = sum(1 for s in list(self.sessions.values()) if s.end is None)
-        decision = after_node_end(end, asked_to_stop=session.asked_to_stop, started=session.started,
-                                  remaining=remaining, needs=self.needs, start_failed=self.start_failure is not None,
-                                  said=session.messages)
-        log.info("%s ended (%s, exit code %s, stop reason %s): %s", session.name, end.kind, end.exit_code,
-                 end.stop_reason, decision or "nothing follows")
+        decision = after_node_end(
+            end,
+            asked_to_stop=session.asked_to_stop,
+            started=session.started,
+            remaining=remaining,
+            needs=self.needs,
+            start_failed=self.start_failure is not None,
+            said=session.messages,
+        )
+        log.info(
+            "%s ended (%s, exit code %s, stop reason %s): %s",
+            session.name,
+            end.kind,
+            end.exit_code,
+            end.stop_reason,
+            decision or "nothing follows",
+        )
         if isinstance(decision, GoOnWithout):
             self.on_event(event)  # an elastic group re-forms without the node: the others go on
             return Left(event.node, event.time, end, decision.remaining)
@@ -357,8 +428,11 @@ class RunHandle:
         grace = 0.0 if kill else self.plan.settings.run.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
-        log.info("%s sent to %s", "kill" if kill else f"stop (grace {grace:g} s)",
-                 ", ".join(s.name for s in list(self.sessions.values()) if s.end is None) or "no node")
+        log.info(
+            "%s sent to %s",
+            "kill" if kill else f"stop (grace {grace:g} s)",
+            ", ".join(s.name for s in list(self.sessions.values()) if s.end is None) or "no node",
+        )
         if self.state in (RunState.STARTING, RunState.RUNNING):
             self._enter(RunState.STOPPING, why)
 

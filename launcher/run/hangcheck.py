@@ -52,8 +52,7 @@ class Waiter(Protocol):
 class HangCheck:
     """The watch, the looks it starts, and the hang that stopped the run."""
 
-    def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S,
-                 restart: bool = False):
+    def __init__(self, timeout: float | None, keep: bool, apart_s: float = HANG_LOOKS_APART_S, restart: bool = False):
         self.watch = HangWatch(timeout)
         self.arrivals = Arrivals()
         """Every rank's collectives, from the same beats (the suspects: the ranks behind; the launch's straggler rule
@@ -95,8 +94,12 @@ class HangCheck:
             self._looking = False
 
     def _judge(self, run: Waiter, quiet: float) -> None:
-        log.info("no progress for %.0f s (limit %s s): every rank's stack, twice, %g s apart", quiet,
-                 self.watch.limit(), self.apart_s)
+        log.info(
+            "no progress for %.0f s (limit %s s): every rank's stack, twice, %g s apart",
+            quiet,
+            self.watch.limit(),
+            self.apart_s,
+        )
         mark = self.watch.last_progress
         first = self._ask(run, STACKS, StacksTaken, STACKS_WAIT_S + STACKS_MARGIN_S)
         until = time.monotonic() + self.apart_s
@@ -115,17 +118,31 @@ class HangCheck:
             # NCCL's flight recorder, asked through torch's pipes: a hang's evidence, and on a GPU what a rank in
             # a CUDA synchronisation waits on (a collective that has not completed, or nothing)
             dumps = self._ask(run, DUMPS, NcclDumps, NCCL_DUMP_WAIT_S + STACKS_MARGIN_S)
-            add_dumps(answers, {name: {"nccl": reply.dumps} for name, reply in dumps.items()
-                                if isinstance(reply, NcclDumps)})
+            add_dumps(
+                answers, {name: {"nccl": reply.dumps} for name, reply in dumps.items() if isinstance(reply, NcclDumps)}
+            )
             verdict = with_dumps(judged, answers, self.apart_s)
-        log.info("the verdict: %s: %s; suspects %s", "a hang" if verdict.hang else "not a hang", verdict.why,
-                 list(verdict.suspects))
+        log.info(
+            "the verdict: %s: %s; suspects %s",
+            "a hang" if verdict.hang else "not a hang",
+            verdict.why,
+            list(verdict.suspects),
+        )
         if not verdict.hang:
             run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
             self.watch.rearm(time.monotonic())
             return
-        event = HangSuspected("", time.time(), quiet, answers, self.keep, verdict.why, verdict.suspects,
-                              self.watch.reached(), self.restart and not self.keep)
+        event = HangSuspected(
+            "",
+            time.time(),
+            quiet,
+            answers,
+            self.keep,
+            verdict.why,
+            verdict.suspects,
+            self.watch.reached(),
+            self.restart and not self.keep,
+        )
         run.on_event(event)
         if self.keep:
             self.watch.rearm(time.monotonic())

@@ -38,8 +38,13 @@ class Journal:
     def __init__(self, run_id: str, folder: Path, command_start: float | None = None):
         self.path = folder / JOURNAL_FILE
         self.lock = threading.Lock()
-        self.data: dict[str, Any] = {"run_id": run_id, "command_start": command_start or time.time(), "nodes": {},
-                                     "marks": [], "end": None}
+        self.data: dict[str, Any] = {
+            "run_id": run_id,
+            "command_start": command_start or time.time(),
+            "nodes": {},
+            "marks": [],
+            "end": None,
+        }
 
     @classmethod
     def resumed(cls, run_id: str, folder: Path) -> Journal:
@@ -60,8 +65,9 @@ class Journal:
     def mark(self, kind: str, text: str, node: str | None = None, when: float | None = None) -> None:
         """Something the timeline shows: a hang, a straggler, a node left, a stop, a restart."""
         with self.lock:
-            self.data["marks"].append({"t": time.time() if when is None else when, "kind": kind, "node": node,
-                                       "text": text})
+            self.data["marks"].append(
+                {"t": time.time() if when is None else when, "kind": kind, "node": node, "text": text}
+            )
 
     def event(self, event: NodeEvent) -> None:
         """A launch's event, as the page keeps it."""
@@ -75,11 +81,19 @@ class Journal:
                 with self.lock:
                     self.data["nodes"][event.node]["offset"] = event.time - event.node_time
         elif isinstance(event, HangSuspected):
-            self.mark("hang", f"hang suspected: {event.why or f'no progress for {event.quiet_s:.0f} s'}",
-                      event.node or None, event.time)
+            self.mark(
+                "hang",
+                f"hang suspected: {event.why or f'no progress for {event.quiet_s:.0f} s'}",
+                event.node or None,
+                event.time,
+            )
         elif isinstance(event, HangRuledOut):
-            self.mark("hang-ruled-out", f"no progress for {event.quiet_s:.0f} s, not a hang: {event.why}",
-                      event.node or None, event.time)
+            self.mark(
+                "hang-ruled-out",
+                f"no progress for {event.quiet_s:.0f} s, not a hang: {event.why}",
+                event.node or None,
+                event.time,
+            )
         elif isinstance(event, Left):
             self.mark("left", f"{event.node} left the run; {event.remaining} node(s) go on", event.node, event.time)
         elif isinstance(event, Stopping) and event.reason in SELF_STOPS:  # the launcher's own stops: its end says

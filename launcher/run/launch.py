@@ -60,15 +60,27 @@ def launch_run(plan: LaunchPlan, run_io: RunIO | None = None) -> int:
 def _planned(plan: LaunchPlan) -> None:
     """The trace's first lines of a run: its nodes, and the settings it uses that were set, with where from."""
     run = plan.settings.run
-    log.info("run %s: %d node(s) (%s), master %s:%d; %s", plan.run_id, len(plan.nodes),
-             ", ".join(c.host.name for c in plan.nodes), plan.cluster.rendezvous.master_addr,
-             plan.cluster.rendezvous.master_port, "detached" if run.detach else "attached")
+    log.info(
+        "run %s: %d node(s) (%s), master %s:%d; %s",
+        plan.run_id,
+        len(plan.nodes),
+        ", ".join(c.host.name for c in plan.nodes),
+        plan.cluster.rendezvous.master_addr,
+        plan.cluster.rendezvous.master_port,
+        "detached" if run.detach else "attached",
+    )
     for name, source in plan.settings.sources.items():
         log.debug("setting %s = %r (%s)", name, plan.settings.value(name), source)
 
 
-def run_attached(plan: LaunchPlan, run_io: RunIO, nodes: Mapping[str, Any], envs: dict[str, NodeEnv],
-                 opener: SessionOpener | None = None, journal: Journal | None = None) -> int:
+def run_attached(
+    plan: LaunchPlan,
+    run_io: RunIO,
+    nodes: Mapping[str, Any],
+    envs: dict[str, NodeEnv],
+    opener: SessionOpener | None = None,
+    journal: Journal | None = None,
+) -> int:
     """Start and follow a run on the console over open `nodes` (or the sessions `opener` starts: an srun step).
     `journal`: the run's account for its page, begun at the command's start (else begun now).
 
@@ -80,8 +92,14 @@ def run_attached(plan: LaunchPlan, run_io: RunIO, nodes: Mapping[str, Any], envs
         return RunConsole(plan, run_io, dict(nodes), envs, opener, journal or Journal(plan.run_id, folder)).execute()
 
 
-def attach_run(cluster: Cluster, plan_for: Callable[[Cluster, str], LaunchPlan], run_id: str | None, settings: Settings,
-               run_io: RunIO, on_run: Callable[[str], None] | None = None) -> int:
+def attach_run(
+    cluster: Cluster,
+    plan_for: Callable[[Cluster, str], LaunchPlan],
+    run_id: str | None,
+    settings: Settings,
+    run_io: RunIO,
+    on_run: Callable[[str], None] | None = None,
+) -> int:
     """Take over an attached run that lives on its nodes, whose launcher is gone (`attach`): each node's console from
     where this machine's copy of its log stopped (none: its last lines), heartbeats again, Ctrl-C stops it
     everywhere; returns (or raises) as its launch would have. `plan_for(nodes' cluster, run id)` is the run's plan
@@ -126,5 +144,3 @@ def _interrupt_on(raised: Mapping[signal.Signals, type[BaseException]]) -> Itera
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-

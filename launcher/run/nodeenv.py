@@ -67,8 +67,9 @@ def read_env_file(host: str, env_file: EnvFile) -> dict[str, str]:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except OSError as exc:
-        raise LauncherError(f"{where} cannot be read ({exc.strerror or exc}); create it, or change env_file in "
-                            "the inventory") from None
+        raise LauncherError(
+            f"{where} cannot be read ({exc.strerror or exc}); create it, or change env_file in the inventory"
+        ) from None
     except UnicodeDecodeError:
         raise LauncherError(f"{where} is not UTF-8 text") from None
     for binding in parse_stream(io.StringIO(text)):
@@ -77,8 +78,9 @@ def read_env_file(host: str, env_file: EnvFile) -> dict[str, str]:
         if binding.error:
             raise LauncherError(f"{line}: cannot be read as NAME=value")
         if binding.key is not None and not _NAME.match(binding.key):
-            raise LauncherError(f"{line}: the name before `=` is not a variable name (letters, digits and _, not "
-                                "starting with a digit)")
+            raise LauncherError(
+                f"{line}: the name before `=` is not a variable name (letters, digits and _, not starting with a digit)"
+            )
         if binding.key is not None and binding.value is None:
             raise LauncherError(f"{line}: has no `=`; write NAME=value (NAME= for an empty value)")
     values = {}
@@ -108,8 +110,10 @@ def explicit(command: NodeCommand, environ: Mapping[str, str]) -> dict[str, str]
     for var in command.env:
         if var.from_env is not None:
             if var.from_env not in environ:
-                raise LauncherError(f"{command.host.name}: env {var.name} is to be copied from ${var.from_env}, "
-                                    f"which is not set here; export it or remove it from the inventory")
+                raise LauncherError(
+                    f"{command.host.name}: env {var.name} is to be copied from ${var.from_env}, "
+                    f"which is not set here; export it or remove it from the inventory"
+                )
             values[var.name] = environ[var.from_env]
         else:
             values[var.name] = var.value or ""
@@ -121,8 +125,7 @@ def resolve_env(command: NodeCommand, environ: Mapping[str, str]) -> NodeEnv:
     values: dict[str, str] = {}
     secret: set[str] = {v.name for v in command.env if v.secret}
     if command.env_file is not None:
-        from_file = {k: v for k, v in read_env_file(command.host.name, command.env_file).items()
-                     if not is_reserved(k)}
+        from_file = {k: v for k, v in read_env_file(command.host.name, command.env_file).items() if not is_reserved(k)}
         values.update(from_file)
         if command.env_file.secret:
             secret.update(from_file)

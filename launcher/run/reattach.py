@@ -37,15 +37,25 @@ def new_owner() -> Owner:
 
 def attach_request(run_id: str, node: str, owner: Owner, offset: int | None, take_over: bool) -> dict[str, Any]:
     """What a node's agent is asked to attach this launcher to its part of a run (launcher/node/agent/attach.py)."""
-    return {"action": "attach", "run_id": run_id, "node": node, "owner": owner.token, "who": owner.who,
-            "take_over": take_over, "offset": offset, "tail_bytes": ATTACH_TAIL_BYTES, "timing": NODE_TIMING}
+    return {
+        "action": "attach",
+        "run_id": run_id,
+        "node": node,
+        "owner": owner.token,
+        "who": owner.who,
+        "take_over": take_over,
+        "offset": offset,
+        "tail_bytes": ATTACH_TAIL_BYTES,
+        "timing": NODE_TIMING,
+    }
 
 
 class Reconnector:
     """New sessions to the nodes of one run; `nodes` is the run's own map of open connections (updated in place)."""
 
-    def __init__(self, cluster: Cluster, nodes: dict[str, Node], ssh: SshSettings, agent_source: str, run_id: str,
-                 owner: Owner):
+    def __init__(
+        self, cluster: Cluster, nodes: dict[str, Node], ssh: SshSettings, agent_source: str, run_id: str, owner: Owner
+    ):
         self.cluster, self.nodes, self.ssh = cluster, nodes, ssh
         self.agent_source, self.run_id, self.owner = agent_source, run_id, owner
         self.replaced: list[Node] = []

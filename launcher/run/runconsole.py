@@ -70,9 +70,16 @@ class RunConsole:
     """An attached run on the console: its `RunHandle` (the run's state and loop), its output (the console, the
     local log mirror, the page's journal), Ctrl-C and a closed terminal, and how the run ended, said."""
 
-    def __init__(self, plan: LaunchPlan, run_io: RunIO, nodes: dict[str, Node],
-                 envs: dict[str, NodeEnv], opener: SessionOpener | None, journal: Journal,
-                 attach: Mapping[str, int | None] | None = None):
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        run_io: RunIO,
+        nodes: dict[str, Node],
+        envs: dict[str, NodeEnv],
+        opener: SessionOpener | None,
+        journal: Journal,
+        attach: Mapping[str, int | None] | None = None,
+    ):
         self.plan, self.run_io = plan, run_io
         settings = self.settings = plan.settings
         self.journal = journal
@@ -80,23 +87,33 @@ class RunConsole:
         """`attach`: each node's offset in its log this machine has (None: none), to take over a run that lives on."""
         folder = settings.output.log_dir / plan.run_id
         self.log_hint = f"logs: {folder}/"
-        self.console = ConsoleWriter(run_io.out, run_io.err, settings.output.console_buffer, f"{folder}/",
-                                     settings.output.console_buffer_bytes)
+        self.console = ConsoleWriter(
+            run_io.out, run_io.err, settings.output.console_buffer, f"{folder}/", settings.output.console_buffer_bytes
+        )
         self.mirror = None if settings.run.detach else Mirror(folder, self.console)
         for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
             self.mirror.write(command.host.name, b"")
         colour = supports_colour(run_io.out)
         width = max(len(c.host.name) for c in plan.nodes)
-        self.logs = {c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour)
-                     for i, c in enumerate(plan.nodes)}
+        self.logs = {
+            c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour) for i, c in enumerate(plan.nodes)
+        }
         owner = new_owner()
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
-        reconnector = None if opener is not None or settings.run.detach else Reconnector(
-            plan.cluster, nodes, run_ssh(settings), AGENT_SOURCE, plan.run_id, owner)
-        requests = {c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
-                    for c in plan.nodes} if attach is None else {}
-        self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate,
-                                reconnector)
+        reconnector = (
+            None
+            if opener is not None or settings.run.detach
+            else Reconnector(plan.cluster, nodes, run_ssh(settings), AGENT_SOURCE, plan.run_id, owner)
+        )
+        requests = (
+            {
+                c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
+                for c in plan.nodes
+            }
+            if attach is None
+            else {}
+        )
+        self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate, reconnector)
         self.interrupts = 0
         """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
         self.end_text = ""
@@ -107,9 +124,13 @@ class RunConsole:
         """`attach`: how long each node had heard no launcher when it took this one."""
         self.hang_lines: list[str] = []
         hangs = self.handle.hangs  # one record of the run's collectives, fed by the hang check from the beats
-        self.stragglers = LaunchStragglers(plan.settings.run.straggler_factor, plan.settings.run.straggler_hold,
-                                           settings.output.log_dir / plan.run_id / STRAGGLERS_FILE, self._straggler,
-                                           hangs.arrivals if hangs is not None else Arrivals())
+        self.stragglers = LaunchStragglers(
+            plan.settings.run.straggler_factor,
+            plan.settings.run.straggler_hold,
+            settings.output.log_dir / plan.run_id / STRAGGLERS_FILE,
+            self._straggler,
+            hangs.arrivals if hangs is not None else Arrivals(),
+        )
 
     def _straggler(self, line: str) -> None:
         self.console.message(line)
@@ -128,8 +149,10 @@ class RunConsole:
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
-            self.console.message(f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_timeout:g} s "
-                                 "(--heartbeat-timeout); the node stops its part")
+            self.console.message(
+                f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_timeout:g} s "
+                "(--heartbeat-timeout); the node stops its part"
+            )
         elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
             self.console.message(line)
             self.journal.mark("reconnect" if event.node else "away", line, event.node or None, event.since)
@@ -151,12 +174,16 @@ class RunConsole:
         elif isinstance(event, Beat) and event.progress:
             self.stragglers.beat(event.node, event.progress)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
-            for line in write_nccl(self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}):
+            for line in write_nccl(
+                self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}
+            ):
                 self.console.message(line)
         elif isinstance(event, Left):
             low = self.handle.needs
-            self.console.message(f"{event.node} left the run ({ended_how(event.end)}); {event.remaining} "
-                                 f"node(s) go on (the c10d group needs {low})")
+            self.console.message(
+                f"{event.node} left the run ({ended_how(event.end)}); {event.remaining} "
+                f"node(s) go on (the c10d group needs {low})"
+            )
         if self.run_io.on_event is not None:
             self.run_io.on_event(event)
 
@@ -183,21 +210,30 @@ class RunConsole:
                 stopped = f"; stopped what had started on {', '.join(others)}" if others else "; nothing was started"
                 ended = start_failed(interrupted)  # 130: what a shell reports for Ctrl-C
                 log.info("the start failed: %s; stopped on %s", handle.start_failure, ", ".join(others) or "none")
-                failed = RunFailed(f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}",
-                                   ended.code)
+                failed = RunFailed(
+                    f"run {self.plan.run_id} could not start: {handle.start_failure}{stopped}", ended.code
+                )
                 self._heard(ended)
                 self.journal.end(failed.exit_code, str(failed))
                 self.journal.write()
                 raise failed
-            self.console.message(attached_line(self.plan.run_id, self.away) if self.attach is not None else
-                                 f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}")
-            log.info("%s on %d node(s) in %.2f s", "taken" if self.attach is not None else "started", total,
-                     time.monotonic() - t0)
+            self.console.message(
+                attached_line(self.plan.run_id, self.away)
+                if self.attach is not None
+                else f"started {total}/{total} in {time.monotonic() - t0:.1f}s: run {self.plan.run_id}"
+            )
+            log.info(
+                "%s on %d node(s) in %.2f s",
+                "taken" if self.attach is not None else "started",
+                total,
+                time.monotonic() - t0,
+            )
             self.journal.write()  # a detached run's page has its start from here
             if self.settings.run.detach:
                 self._wait()
-                self.console.message(f"detached: run {self.plan.run_id} keeps going; "
-                                     f"{detached_hint(self.plan.cluster.source)}")
+                self.console.message(
+                    f"detached: run {self.plan.run_id} keeps going; {detached_hint(self.plan.cluster.source)}"
+                )
                 return 0
             return self._ended(self._report, self._wait())
         finally:
@@ -217,26 +253,36 @@ class RunConsole:
             self.journal.end(1, "the launcher itself failed")
             raise
         else:
-            self.journal.end(code, self.end_text or ("interrupted (Ctrl-C)" if self.handle.interrupted else ""),
-                             going_on=self.going_on)
+            self.journal.end(
+                code,
+                self.end_text or ("interrupted (Ctrl-C)" if self.handle.interrupted else ""),
+                going_on=self.going_on,
+            )
             return code
         finally:
             self.journal.write()
 
     def _not_attached(self) -> int:
         """`attach` could not take the run on every node: nothing was stopped; what it took goes on without it."""
-        raise RunFailed(f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
-                        f"stopped, and the run's nodes keep it within its heartbeat bound", 1)
+        raise RunFailed(
+            f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
+            f"stopped, and the run's nodes keep it within its heartbeat bound",
+            1,
+        )
 
     def _absence_line(self, ended: RunEnd, ends: list[NodeEnd]) -> str:
         """How this launcher lost a run that did not fail, in words: its terminal closed, another took it over, no
         node could be reached, or no launcher was heard from for the heartbeat bound."""
         run_id, bound = self.plan.run_id, self.settings.run.heartbeat_timeout
         if ended.absence == Absence.LEFT:
-            return left_line(run_id, len(self.plan.nodes), bound,
-                             hint(f"attach --hosts {self.plan.cluster.source} --run {run_id}"))
-        line = {Absence.TAKEN: taken_line(run_id, ends), Absence.CUT_OFF: cut_off_end_line(run_id, ends, bound),
-                Absence.NO_LAUNCHER: away_line(run_id, ends, bound)}[ended.absence]  # type: ignore[index]
+            return left_line(
+                run_id, len(self.plan.nodes), bound, hint(f"attach --hosts {self.plan.cluster.source} --run {run_id}")
+            )
+        line = {
+            Absence.TAKEN: taken_line(run_id, ends),
+            Absence.CUT_OFF: cut_off_end_line(run_id, ends, bound),
+            Absence.NO_LAUNCHER: away_line(run_id, ends, bound),
+        }[ended.absence]  # type: ignore[index]
         assert line is not None  # run_end said which: its line has something to say
         return line
 
@@ -256,13 +302,18 @@ class RunConsole:
             except KeyboardInterrupt:
                 self.interrupts += 1
                 self.handle.interrupted = True
-                log.info("interrupted (Ctrl-C or SIGTERM, %d): %s", self.interrupts,
-                         "stop" if self.interrupts == 1 else "kill")
+                log.info(
+                    "interrupted (Ctrl-C or SIGTERM, %d): %s",
+                    self.interrupts,
+                    "stop" if self.interrupts == 1 else "kill",
+                )
                 if self.interrupts == 1:
                     for node_log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
                         node_log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
-                    self.console.message(f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
-                                         f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)")
+                    self.console.message(
+                        f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
+                        f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)"
+                    )
                     self.handle.stop(why="interrupted (Ctrl-C)")
                 else:
                     self.console.message("\nkilling the run on every node now")
@@ -274,17 +325,34 @@ class RunConsole:
 
     def _report(self, ends: list[NodeEnd]) -> int:
         """How the run ended (`launcher.plan.ends.run_end`), said: its exit code, or its RunFailed."""
-        ends = [replace(e, tail=tuple(self.logs[e.node].tail),
-                        raised=tuple((local, rank, line) for local, (rank, line) in self.logs[e.node].raised.items()))
-                for e in ends]
+        ends = [
+            replace(
+                e,
+                tail=tuple(self.logs[e.node].tail),
+                raised=tuple((local, rank, line) for local, (rank, line) in self.logs[e.node].raised.items()),
+            )
+            for e in ends
+        ]
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
         ended = run_end(ends, self.handle.supervised())
-        log.info("the run ended: %s (%s); exit code %d%s", ended.end.how, ended.end.why, ended.code,
-                 f"; {ended.absence.value}" if ended.absence is not None else "")
+        log.info(
+            "the run ended: %s (%s); exit code %d%s",
+            ended.end.how,
+            ended.end.why,
+            ended.code,
+            f"; {ended.absence.value}" if ended.absence is not None else "",
+        )
         for end in ends:
-            log.debug("%s: %s, exit code %s, stop reason %s, asked to stop %s, %d process(es) left", end.node,
-                      end.kind, end.exit_code, end.stop_reason, end.asked_to_stop, end.left)
+            log.debug(
+                "%s: %s, exit code %s, stop reason %s, asked to stop %s, %d process(es) left",
+                end.node,
+                end.kind,
+                end.exit_code,
+                end.stop_reason,
+                end.asked_to_stop,
+                end.left,
+            )
         self._heard(ended)
         how, run_id = ended.end.how, self.plan.run_id
         if ended.absence is not None:
@@ -297,19 +365,29 @@ class RunConsole:
             self.console.message(
                 f"run {run_id} stopped on {len(ends)} node(s)"
                 + (f"; {left} process(es) could not be killed" if left else "")
-                + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "") + f". {self.log_hint}")
+                + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "")
+                + f". {self.log_hint}"
+            )
         elif how == How.HANG:  # the launcher stopped it: the hang is the root cause, not the stop
-            raise RunFailed(f"run {run_id} stopped: {self.hang_lines[0]}. {self.log_hint}", ended.code,
-                            node=ended.end.node, rank=ended.end.rank, ends=tuple(ends))
+            raise RunFailed(
+                f"run {run_id} stopped: {self.hang_lines[0]}. {self.log_hint}",
+                ended.code,
+                node=ended.end.node,
+                rank=ended.end.rank,
+                ends=tuple(ends),
+            )
         elif how == How.STOPPED:
             elsewhere = [e.node for e in ends if e.stop_reason == STOPPED_ELSEWHERE]
-            self.console.message(f"run {run_id} was stopped from elsewhere (`{hint('stop')}`) on "
-                                 f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}")
+            self.console.message(
+                f"run {run_id} was stopped from elsewhere (`{hint('stop')}`) on "
+                f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}"
+            )
         elif how == How.OK and ended.went_on_without:  # an elastic run that went on without the nodes it lost
             finished = [e.node for e in ends if not e.failed]
             left = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
-            self.console.message(f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); "
-                                 f"{left}. {self.log_hint}")
+            self.console.message(
+                f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); {left}. {self.log_hint}"
+            )
         elif how == How.OK:
             self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
         else:

@@ -49,9 +49,16 @@ log = logging.getLogger(__name__)
 class Sessions:
     """The run's sessions by node name, the queue their events go to, and the heartbeat thread."""
 
-    def __init__(self, nodes: Mapping[str, Node], requests: Mapping[str, dict[str, Any]], agent_source: str,
-                 on_event: Callable[[NodeEvent], None], heartbeat_timeout: float, silence_timeout: float = 30.0,
-                 reconnector: Reconnector | None = None):
+    def __init__(
+        self,
+        nodes: Mapping[str, Node],
+        requests: Mapping[str, dict[str, Any]],
+        agent_source: str,
+        on_event: Callable[[NodeEvent], None],
+        heartbeat_timeout: float,
+        silence_timeout: float = 30.0,
+        reconnector: Reconnector | None = None,
+    ):
         self.nodes, self.requests, self.agent_source = nodes, requests, agent_source
         self.on_event = on_event
         self.reconnector = reconnector
@@ -107,8 +114,9 @@ class Sessions:
                 errors.append(None)
         return errors
 
-    def attach(self, commands: Sequence[NodeCommand], open_one: Callable[[NodeCommand], SessionChannel | str]
-               ) -> list[str | None]:
+    def attach(
+        self, commands: Sequence[NodeCommand], open_one: Callable[[NodeCommand], SessionChannel | str]
+    ) -> list[str | None]:
         """An attach session to every node at once (`attach`: the run lives there), each read once opened and taken
         by the node's run when its `attached` event comes; an error or None per command, in order."""
         self._heartbeat.start()
@@ -195,13 +203,24 @@ class Sessions:
             channel.wait_readable(0.5)
 
     def _fell_silent(self, session: Session, now: float) -> bool:
-        return (self.reconnector is not None and session.started and not session.attaching and session.end is None
-                and not self._closing.is_set() and now - session.heard > self.reattach_after)
+        return (
+            self.reconnector is not None
+            and session.started
+            and not session.attaching
+            and session.end is None
+            and not self._closing.is_set()
+            and now - session.heard > self.reattach_after
+        )
 
     def _may_reattach(self, session: Session, channel: SessionChannel, how: str) -> bool:
         """Whether a session that ended is to be replaced by a new one; else its node's end is decided here."""
-        if self.reconnector is None or self._closing.is_set() or session.end is not None \
-                or session.reported is not None or session.taken is not None:
+        if (
+            self.reconnector is None
+            or self._closing.is_set()
+            or session.end is not None
+            or session.reported is not None
+            or session.taken is not None
+        ):
             self._settle(session, channel, how)
             return False
         code = channel.exit_code() if session.attaching and how == "finished" else None
@@ -254,20 +273,41 @@ class Sessions:
             reason = session.reported.get("reason")
             # Whether the launcher's stop ended this node is the agent's to say: a stop that came after torchrun had
             # already failed on its own (a race with a peer's collateral failure) does not hide a root cause.
-            self._end(session, EndKind.EXITED, int(session.reported.get("code", status)),
-                      None if reason in (None, STOP, KILL) else str(reason),
-                      left=int(session.reported.get("left", 0)), asked_to_stop=reason in (STOP, KILL),
-                      before_workers=reason is None and session.reported.get("workers") is False)
+            self._end(
+                session,
+                EndKind.EXITED,
+                int(session.reported.get("code", status)),
+                None if reason in (None, STOP, KILL) else str(reason),
+                left=int(session.reported.get("left", 0)),
+                asked_to_stop=reason in (STOP, KILL),
+                before_workers=reason is None and session.reported.get("workers") is False,
+            )
         elif not session.started:
             self._end(session, EndKind.START_ERROR, status)
         else:
             self._end(session, EndKind.AGENT_DIED, status)
 
-    def _end(self, session: Session, kind: EndKind, code: int | None = None, reason: str | None = None,
-             left: int = 0, asked_to_stop: bool | None = None, before_workers: bool = False) -> None:
+    def _end(
+        self,
+        session: Session,
+        kind: EndKind,
+        code: int | None = None,
+        reason: str | None = None,
+        left: int = 0,
+        asked_to_stop: bool | None = None,
+        before_workers: bool = False,
+    ) -> None:
         asked = session.asked_to_stop if asked_to_stop is None else asked_to_stop
-        end = NodeEnd(session.name, kind, time.time(), code, reason or session.stop_reason, asked, left=left,
-                      before_workers=before_workers)
+        end = NodeEnd(
+            session.name,
+            kind,
+            time.time(),
+            code,
+            reason or session.stop_reason,
+            asked,
+            left=left,
+            before_workers=before_workers,
+        )
         self.control.put(Ended(session.name, end.time, end, (session.reported or {}).get("time")))
 
     # --- heartbeats ------------------------------------------------------------------------------------------
@@ -278,5 +318,3 @@ class Sessions:
                 if session.end is None:
                     session.channel.send(message_line(HEARTBEAT), block=False)  # never waits on a silent node
                     self.heartbeats += 1
-
-

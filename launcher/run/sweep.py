@@ -26,8 +26,15 @@ node that did not confirm a stop in time is not waited for again: Ctrl-C returns
 class Sweeps:
     """The sweeps of one run, each on a thread of its own with the moment the launcher stops waiting for it."""
 
-    def __init__(self, run_id: str, nodes: Mapping[str, Node], agent_source: str, grace: float,
-                 heartbeat_timeout: float, reconnector: Reconnector | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        nodes: Mapping[str, Node],
+        agent_source: str,
+        grace: float,
+        heartbeat_timeout: float,
+        reconnector: Reconnector | None = None,
+    ):
         self.run_id, self.nodes, self.agent_source = run_id, nodes, agent_source
         self.grace, self.heartbeat_timeout = grace, heartbeat_timeout
         """The run's stop's grace; how long a node's part lives on without a launcher (what `lines` says)."""
@@ -40,12 +47,15 @@ class Sweeps:
     def after(self, session: Session) -> None:
         """Stop the run on the session's node over a new channel (killing a silent agent too)."""
         host = session.command.host
-        request: dict[str, Any] = {"action": "stop", "run_id": self.run_id, "node": session.name,
-                                   "grace": self.grace,
-                                   "kill_supervisor": (session.end is not None
-                                                       and session.end.kind != EndKind.AGENT_DIED),
-                                   "owner": self.reconnector.owner.token if self.reconnector else None,
-                                   "timing": NODE_TIMING}
+        request: dict[str, Any] = {
+            "action": "stop",
+            "run_id": self.run_id,
+            "node": session.name,
+            "grace": self.grace,
+            "kill_supervisor": (session.end is not None and session.end.kind != EndKind.AGENT_DIED),
+            "owner": self.reconnector.owner.token if self.reconnector else None,
+            "timing": NODE_TIMING,
+        }
 
         def sweep() -> None:
             node = self.reconnector.reach(host) if self.reconnector is not None else self.nodes[session.name]
@@ -53,10 +63,16 @@ class Sweeps:
                 self.unswept[session.name] = f"cannot connect: {node}"
                 return
             try:
-                result = node.run(host_command(host), program_input(self.agent_source, request),
-                                  timeout=action_timeout(self.grace))
-                why = (f"no answer within {result.timed_out:g} s" if result.timed_out is not None else
-                       f"the stop exited with code {result.exit_code}" if result.exit_code != 0 else None)
+                result = node.run(
+                    host_command(host), program_input(self.agent_source, request), timeout=action_timeout(self.grace)
+                )
+                why = (
+                    f"no answer within {result.timed_out:g} s"
+                    if result.timed_out is not None
+                    else f"the stop exited with code {result.exit_code}"
+                    if result.exit_code != 0
+                    else None
+                )
             except Exception as exc:  # the connection is gone too: the node's own watchdogs are all that is left
                 why = str(exc) or type(exc).__name__
             if why is not None:
@@ -80,7 +96,10 @@ class Sweeps:
     def lines(self, source: str) -> list[str]:
         """For each node whose part could not be stopped over a new channel: what to run, and when it stops anyway."""
         bound = self.heartbeat_timeout
-        return [f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
-                f"{why}); it stops by itself {bound:g} s after it last heard a launcher, unless one attaches; run "
-                f"`{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}` to stop it "
-                "now" for name, why in sorted(self.unswept.items())]
+        return [
+            f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
+            f"{why}); it stops by itself {bound:g} s after it last heard a launcher, unless one attaches; run "
+            f"`{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}` to stop it "
+            "now"
+            for name, why in sorted(self.unswept.items())
+        ]

@@ -53,8 +53,9 @@ class StacksReport:
         return out + list(self.nccl)
 
 
-def collect_stacks(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str],
-                   nodes: Mapping[str, Any] | None = None) -> StacksReport:
+def collect_stacks(
+    cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str], nodes: Mapping[str, Any] | None = None
+) -> StacksReport:
     """Ask every node's agent for the stacks of the run's workers (by default the run of this inventory); over SSH,
     or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     check_run_id(run_id)
@@ -89,13 +90,19 @@ def _answers(results: Mapping[str, Result | NodeFailure]) -> Answers:
     return answers
 
 
-def two_looks(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings,
-              apart_s: float = HANG_LOOKS_APART_S) -> tuple[Answers, Answers]:
+def two_looks(
+    cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings, apart_s: float = HANG_LOOKS_APART_S
+) -> tuple[Answers, Answers]:
     """Every node's `stacks` answer (or why there is none) twice, `apart_s` seconds apart, over the connections
     given: what the hang watch judges (`launcher.watch.verdict.judge_stacks`), for `inv top`. Nothing is kept, and
     NCCL's recorder is not asked (a verdict reads the collectives every worker reads itself)."""
-    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": 0,
-               "nccl_dump_wait_s": 0}
+    request = {
+        "action": "stacks",
+        "run_id": run_id,
+        "stacks_wait_s": STACKS_WAIT_S,
+        "nccl_max_bytes": 0,
+        "nccl_dump_wait_s": 0,
+    }
 
     def look() -> Answers:
         return _answers(agent_action(dict(nodes), cluster, request, STACKS_WAIT_S + settings.run.action_timeout))
@@ -113,11 +120,19 @@ def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:
     return "; ".join(b.line() for b in arrivals.behind(time.time()) or ())
 
 
-def _ask(cluster: Cluster, nodes: dict[str, Any], run_id: str | None, settings: Settings, err: IO[str]
-         ) -> tuple[str, dict[str, Result | NodeFailure]]:
+def _ask(
+    cluster: Cluster, nodes: dict[str, Any], run_id: str | None, settings: Settings, err: IO[str]
+) -> tuple[str, dict[str, Result | NodeFailure]]:
     run_id = run_id or chosen_run(cluster, nodes, settings, err)
     if run_id is None:
         raise LauncherError(f"{cluster.source}: no run on its nodes to take stacks of")
-    request = {"action": "stacks", "run_id": run_id, "stacks_wait_s": STACKS_WAIT_S, "nccl_max_bytes": NCCL_MAX_BYTES,
-               "nccl_dump_wait_s": NCCL_DUMP_WAIT_S}
-    return run_id, agent_action(nodes, cluster, request, STACKS_WAIT_S * 2 + NCCL_DUMP_WAIT_S + settings.ssh.connect_timeout)
+    request = {
+        "action": "stacks",
+        "run_id": run_id,
+        "stacks_wait_s": STACKS_WAIT_S,
+        "nccl_max_bytes": NCCL_MAX_BYTES,
+        "nccl_dump_wait_s": NCCL_DUMP_WAIT_S,
+    }
+    return run_id, agent_action(
+        nodes, cluster, request, STACKS_WAIT_S * 2 + NCCL_DUMP_WAIT_S + settings.ssh.connect_timeout
+    )

@@ -37,8 +37,9 @@ from launcher.transport.program import host_command
 from launcher.watch.topmodel import Look, NodeView, TopJudge, TwoStacks, as_json
 
 
-def top_settings(cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
-                 ) -> dict[str, Any]:
+def top_settings(
+    cluster: Cluster, *, count: int | None, interval_s: float, follow: int | None = None
+) -> dict[str, Any]:
     """Every number and the progress expression a node's agent needs for `top`."""
     return {**progress_settings(cluster.job), "count": count, "interval_s": interval_s, "follow": follow, "gpus": True}
 
@@ -71,17 +72,28 @@ def view_of(name: str, reply: Mapping[str, Any]) -> NodeView:
     return NodeView(name, snapshot=reply)
 
 
-def look_once(cluster: Cluster, nodes: Mapping[str, Any], run_id: str, settings: Settings,
-              interval_s: float = TOP_ONCE_S, follow: int | None = None, settle: bool = False) -> list[NodeView]:
+def look_once(
+    cluster: Cluster,
+    nodes: Mapping[str, Any],
+    run_id: str,
+    settings: Settings,
+    interval_s: float = TOP_ONCE_S,
+    follow: int | None = None,
+    settle: bool = False,
+) -> list[NodeView]:
     """One snapshot of every node (each watched for `interval_s`; with `settle`, a node whose ranks have all been
     still for TOP_STILL_S answers after TOP_ONCE_LEAST_S), in inventory order."""
     top = top_settings(cluster, count=1, interval_s=interval_s, follow=follow)
     if settle:
         top["settle"] = {"least_s": TOP_ONCE_LEAST_S, "still_s": TOP_STILL_S}
     request = {"action": "top", "run_id": run_id, "top": top}
-    results = agent_action(dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + settings.run.action_timeout)
-    return [_answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
-            for h in cluster.hosts]
+    results = agent_action(
+        dict(nodes), cluster, request, interval_s + NVIDIA_SMI_TIMEOUT_S + settings.run.action_timeout
+    )
+    return [
+        _answer(h.name, results[h.name]) if h.name in results else NodeView(h.name, problem="not reached")
+        for h in cluster.hosts
+    ]
 
 
 def stragglers_now(cluster: Cluster, run_id: str, settings: Settings) -> list[str]:
@@ -95,8 +107,10 @@ def stragglers_now(cluster: Cluster, run_id: str, settings: Settings) -> list[st
     look = TopJudge(settings.run.straggler_factor, 0.0).look(views, time.time(), time.monotonic())
     node = {r["rank"]: v.name for v in views if v.snapshot is not None for r in v.snapshot.get("ranks", [])}
     told = f" (now, one look as `{hint('top --once')}`)"
-    return [straggler_line(found, node.get(key, "?"), one_look=True) + told
-            for key, found in sorted(look.stragglers.items(), key=lambda kv: str(kv[0]))]
+    return [
+        straggler_line(found, node.get(key, "?"), one_look=True) + told
+        for key, found in sorted(look.stragglers.items(), key=lambda kv: str(kv[0]))
+    ]
 
 
 def check_running(run_id: str, views: list[NodeView], source: str) -> None:
@@ -153,8 +167,13 @@ class SshFeed:
             latest = self.latest[host.name]
             if not self.closing and latest.problem is None:  # a node that said why it ended keeps its word
                 why = err.decode("utf-8", "replace").strip().splitlines()
-                self._set(NodeView(host.name, latest.snapshot,
-                                   problem=f"its agent ended ({why[-1][:200] if why else 'no reason given'})"))
+                self._set(
+                    NodeView(
+                        host.name,
+                        latest.snapshot,
+                        problem=f"its agent ended ({why[-1][:200] if why else 'no reason given'})",
+                    )
+                )
         except Exception as exc:  # this node's row says what went wrong; the view goes on
             self._set(NodeView(host.name, problem=str(classify(self.nodes[host.name].target, exc))))
 
@@ -199,7 +218,9 @@ class PollFeed:
 
     def _run(self) -> None:
         while not self.closing.is_set():
-            self.latest = look_once(self.cluster, self.nodes, self.run_id, self.settings, TOP_INTERVAL_S, self.following)
+            self.latest = look_once(
+                self.cluster, self.nodes, self.run_id, self.settings, TOP_INTERVAL_S, self.following
+            )
             self.closing.wait(0.1)
 
     def views(self) -> list[NodeView]:
@@ -223,8 +244,9 @@ def wait_first(feed: SshFeed | PollFeed, timeout: float) -> list[NodeView]:
     return feed.views()
 
 
-def _views_once(cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str, str], run_id: str,
-                settings: Settings) -> list[NodeView]:
+def _views_once(
+    cluster: Cluster, usable: Mapping[str, Any], failed: Mapping[str, str], run_id: str, settings: Settings
+) -> list[NodeView]:
     views = look_once(cluster, usable, run_id, settings, settle=True)
     views = [NodeView(v.name, problem=failed[v.name]) if v.name in failed else v for v in views]
     check_running(run_id, views, cluster.source)
@@ -244,8 +266,9 @@ def judged_once(views: Sequence[NodeView], factor: float, two_stacks: TwoStacks 
     return look
 
 
-def snapshot(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str],
-             nodes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def snapshot(
+    cluster: Cluster, run_id: str | None, settings: Settings, err: IO[str], nodes: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """One look at every node and rank, judged, as a value: what `inv top --once --json` prints."""
     with reached(cluster, settings.ssh, nodes) as (usable, failures):
         failed = {f.host: str(f) for f in failures}
@@ -255,8 +278,15 @@ def snapshot(cluster: Cluster, run_id: str | None, settings: Settings, err: IO[s
         return as_json(run_id, views, look.stragglers, look.behind, look.sources)
 
 
-def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO, *, once: bool = False,
-        nodes: Mapping[str, Any] | None = None) -> int:
+def top(
+    cluster: Cluster,
+    run_id: str | None,
+    settings: Settings,
+    run_io: RunIO,
+    *,
+    once: bool = False,
+    nodes: Mapping[str, Any] | None = None,
+) -> int:
     """`inv top`: over SSH, or over the `nodes` given (a SLURM job's, `launcher.slurm.slurmlaunch.SlurmNode`)."""
     from launcher.report import topview  # rich's Live and the terminal: only this task needs them
 
@@ -265,13 +295,16 @@ def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO,
         failed = {f.host: str(f) for f in failures}
         run_id = choose(cluster, usable, run_id, settings, run_io.err)
 
-        def two_stacks() -> tuple[Answers, Answers]:  # the stacks a rank behind for long is judged by, as the hang watch
+        def two_stacks() -> tuple[
+            Answers, Answers
+        ]:  # the stacks a rank behind for long is judged by, as the hang watch
             return two_looks(cluster, usable, run_id, settings)
 
         if once:
             views = _views_once(cluster, usable, failed, run_id, settings)
-            return topview.show_once(run_id, views, judged_once(views, settings.run.straggler_factor, two_stacks),
-                                     run_io.out)
+            return topview.show_once(
+                run_id, views, judged_once(views, settings.run.straggler_factor, two_stacks), run_io.out
+            )
         feed = SshFeed(cluster, usable, run_id, failed) if ssh else PollFeed(cluster, usable, run_id, settings)
         feed.start()
         try:
@@ -281,7 +314,9 @@ def top(cluster: Cluster, run_id: str | None, settings: Settings, run_io: RunIO,
                 return collect_stacks(cluster, run_id, settings, io.StringIO(), usable).lines()
 
             with topview.keys_of(sys.stdin) as keys:
-                return topview.TopScreen(run_id, feed, settings.run.straggler_factor, run_io.out, take_stacks, two_stacks).run(keys)
+                return topview.TopScreen(
+                    run_id, feed, settings.run.straggler_factor, run_io.out, take_stacks, two_stacks
+                ).run(keys)
         except KeyboardInterrupt:
             return 0
         finally:

@@ -16,8 +16,10 @@ from launcher.errors import LauncherError
 from launcher.paths import hint
 from launcher.slurm.jobs import failure, run_slurm
 
-NOT_IN_ALLOCATION = ("--slurm runs inside a SLURM allocation (SLURM_JOB_ID is not set): start it under `salloc "
-                     "-N 2 {launch}`, in an sbatch script, or submit with `{submit}`")
+NOT_IN_ALLOCATION = (
+    "--slurm runs inside a SLURM allocation (SLURM_JOB_ID is not set): start it under `salloc "
+    "-N 2 {launch}`, in an sbatch script, or submit with `{submit}`"
+)
 """Said outside an allocation; `{launch}` and `{submit}` the commands in the caller's words (`launcher.paths.hint`)."""
 
 

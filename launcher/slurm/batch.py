@@ -14,8 +14,14 @@ DEFAULT_JOB_NAME = "ddp"
 OUTPUT_PATTERN = "slurm-%j.out"
 """The job's output file in the log dir: SLURM puts the job id for %j (stdout and stderr in one file)."""
 
-_TIME_FORMS = (r"\d+", r"\d+:[0-5]?\d", r"\d+:[0-5]?\d:[0-5]?\d",  # MM, MM:SS, HH:MM:SS
-               r"\d+-\d+", r"\d+-\d+:[0-5]?\d", r"\d+-\d+:[0-5]?\d:[0-5]?\d")  # D-HH, D-HH:MM, D-HH:MM:SS
+_TIME_FORMS = (
+    r"\d+",
+    r"\d+:[0-5]?\d",
+    r"\d+:[0-5]?\d:[0-5]?\d",  # MM, MM:SS, HH:MM:SS
+    r"\d+-\d+",
+    r"\d+-\d+:[0-5]?\d",
+    r"\d+-\d+:[0-5]?\d:[0-5]?\d",
+)  # D-HH, D-HH:MM, D-HH:MM:SS
 _TIME = re.compile("|".join(f"(?:{form})" for form in _TIME_FORMS))
 _NO_LIMIT = ("INFINITE", "UNLIMITED")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -70,16 +76,19 @@ def check_time(time: str) -> str:
     """`--time` as given, once it is one of SLURM's forms."""
     if time.upper() in _NO_LIMIT or _TIME.fullmatch(time):
         return time
-    raise UsageError(f"--time must be SLURM's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
-                      f"(e.g. 30, 2:00:00, 1-12), got {time!r}")
+    raise UsageError(
+        f"--time must be SLURM's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+        f"(e.g. 30, 2:00:00, 1-12), got {time!r}"
+    )
 
 
 def check_job_id(job_id: str) -> str:
     """A SLURM job id as given (`123`, or `123_4` for one task of an array job), stripped of spaces."""
     text = str(job_id).strip()
     if not _JOB_ID.fullmatch(text):
-        raise UsageError(f"--job must be a SLURM job id such as 123 or 123_4 (from `{hint('slurm.submit')}`), "
-                          f"got {job_id!r}")
+        raise UsageError(
+            f"--job must be a SLURM job id such as 123 or 123_4 (from `{hint('slurm.submit')}`), got {job_id!r}"
+        )
     return text
 
 
@@ -90,19 +99,21 @@ def check_spec(spec: BatchSpec) -> BatchSpec:
     if not _WORD.fullmatch(spec.job_name):
         raise UsageError(f"--job-name must be one word of letters, digits, '_', '.', '-', got {spec.job_name!r}")
     if spec.partition is not None and not _PARTITION.fullmatch(spec.partition):
-        raise UsageError(f"--partition must be a partition name (or several, comma-separated), "
-                          f"got {spec.partition!r}")
+        raise UsageError(f"--partition must be a partition name (or several, comma-separated), got {spec.partition!r}")
     if spec.time is not None:
         check_time(spec.time)
     if spec.gpus_per_node is not None and not _GPUS.fullmatch(spec.gpus_per_node):
-        raise UsageError(f"--gpus-per-node must be a count of at least 1, or type:count (a100:2), "
-                          f"got {spec.gpus_per_node!r}")
+        raise UsageError(
+            f"--gpus-per-node must be a count of at least 1, or type:count (a100:2), got {spec.gpus_per_node!r}"
+        )
     for name, path in (("log dir", spec.log_dir), ("workdir", spec.workdir)):
         if not PurePath(path).is_absolute():  # the job starts elsewhere: a relative path would move
             raise UsageError(f"the batch script's {name} must be an absolute path, got {path!r}")
         if _SBATCH_UNSAFE.search(path):
-            raise UsageError(f"the batch script's {name} {path!r} holds a space, quote, %, # or backslash, which "
-                              "an #SBATCH line cannot carry; use a plain path")
+            raise UsageError(
+                f"the batch script's {name} {path!r} holds a space, quote, %, # or backslash, which "
+                "an #SBATCH line cannot carry; use a plain path"
+            )
     if not spec.command:
         raise UsageError("the batch script needs a command to run")
     if not 0 <= spec.umask <= 0o777:
@@ -110,9 +121,17 @@ def check_spec(spec: BatchSpec) -> BatchSpec:
     return spec
 
 
-def launch_command(python: str, hosts: str, *, script: str | None = None, args: str | None = None,
-                   skip_doctor: bool = False, module: str | None = None, command: str | None = None,
-                   runner: str = "invoke") -> tuple[str, ...]:
+def launch_command(
+    python: str,
+    hosts: str,
+    *,
+    script: str | None = None,
+    args: str | None = None,
+    skip_doctor: bool = False,
+    module: str | None = None,
+    command: str | None = None,
+    runner: str = "invoke",
+) -> tuple[str, ...]:
     """The words of the launch a batch job runs: this installation's tasks, `launch --slurm` on the inventory.
     `runner`: `invoke` (a checkout's tasks.py, found in the folder the job starts in) or `launcher` (the installed
     `ddpl`: `python -m launcher`, which reads the project's ddpl.yaml there)."""
@@ -160,7 +179,7 @@ def render_batch_script(spec: BatchSpec) -> str:
         "SLURM",
         "# has forgotten the job (MinJobAge) and no accounting (sacct) remembers it.",
         "record() {",
-        "    printf 'JobId=%s JobState=%s ExitCode=%s NodeList=%s EndTime=%s\\n' \"$SLURM_JOB_ID\" \"$1\" \"$2\" \\",
+        '    printf \'JobId=%s JobState=%s ExitCode=%s NodeList=%s EndTime=%s\\n\' "$SLURM_JOB_ID" "$1" "$2" \\',
         f'        "$SLURM_JOB_NODELIST" "$(date +%Y-%m-%dT%H:%M:%S)" > {record}',
         "}",
         "# scancel (or the time limit) sends TERM: bash runs this once the launch has stopped its nodes and exited.",
@@ -172,4 +191,3 @@ def render_batch_script(spec: BatchSpec) -> str:
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"
-

@@ -31,8 +31,23 @@ OUTPUT_UMASK = "0077"
 """The umask slurmstepd creates a batch job's output file with (SLURM_UMASK at submit): 0600, as the local logs."""
 UNKNOWN = "UNKNOWN"
 """The state of a job neither SLURM nor an end record knows."""
-LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING",
-                         "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
+LIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESV_DEL_HOLD",
+    }
+)
 """States of a job that holds (or waits for) nodes; squeue lists exactly these by default."""
 _FORGOTTEN = "Invalid job id"  # scontrol's and squeue's words for a job the controller no longer holds
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
@@ -70,13 +85,14 @@ class JobState:
 
 # ---- pure: SLURM's text to values -----------------------------------------------------------------------------------
 
+
 def parse_fields(line: str) -> dict[str, str]:
     """`Key=value` pairs of one `scontrol show job -o` line (or an end record); a value may hold spaces."""
     found = list(_FIELD.finditer(line))
     fields: dict[str, str] = {}
     for match, after in zip(found, [*found[1:], None], strict=True):
         end = after.start() if after else len(line)
-        fields[match.group(1)] = line[match.end():end].strip()
+        fields[match.group(1)] = line[match.end() : end].strip()
     return fields
 
 
@@ -97,9 +113,16 @@ def state_from_fields(job_id: str, fields: dict[str, str], source: str, output: 
     exit_code, signal = parse_exit(fields.get("ExitCode", ""))
     state = fields.get("JobState", "").split(" ")[0] or UNKNOWN
     stdout = _blank(fields.get("StdOut", ""))
-    return JobState(job_id, state, exit_code if state not in LIVE_STATES else None, signal,
-                    _blank(fields.get("NodeList", "")), _blank(fields.get("Reason", "")),
-                    Path(stdout) if stdout else output, source)
+    return JobState(
+        job_id,
+        state,
+        exit_code if state not in LIVE_STATES else None,
+        signal,
+        _blank(fields.get("NodeList", "")),
+        _blank(fields.get("Reason", "")),
+        Path(stdout) if stdout else output,
+        source,
+    )
 
 
 def parse_sacct(job_id: str, text: str, output: Path | None) -> JobState | None:
@@ -115,18 +138,28 @@ def parse_sacct(job_id: str, text: str, output: Path | None) -> JobState | None:
 
 # ---- I/O: SLURM's commands and the job's files ----------------------------------------------------------------------
 
-def run_slurm(argv: Sequence[str], timeout: float = QUERY_TIMEOUT,
-              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+
+def run_slurm(
+    argv: Sequence[str], timeout: float = QUERY_TIMEOUT, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run one SLURM command; a missing command or a hang is a LauncherError, never a traceback."""
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
-                              env=None if env is None else dict(env))
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=None if env is None else dict(env),
+        )
     except FileNotFoundError:
-        raise LauncherError(f"{argv[0]} not found: SLURM's commands are not installed on this machine "
-                            "(or not on PATH)") from None
+        raise LauncherError(
+            f"{argv[0]} not found: SLURM's commands are not installed on this machine (or not on PATH)"
+        ) from None
     except subprocess.TimeoutExpired:
-        raise LauncherError(f"`{' '.join(argv)}` did not answer in {timeout:.0f}s: is slurmctld up "
-                            "(`scontrol ping`)?") from None
+        raise LauncherError(
+            f"`{' '.join(argv)}` did not answer in {timeout:.0f}s: is slurmctld up (`scontrol ping`)?"
+        ) from None
 
 
 def failure(result: subprocess.CompletedProcess[str]) -> str:
@@ -146,8 +179,10 @@ def private_folder(folder: Path) -> None:
         if folder.stat().st_mode & 0o077:  # made by an older version, or by mkdir under a lax umask
             folder.chmod(0o700)
     except OSError as exc:
-        raise LauncherError(f"cannot use {folder} for SLURM job files: {exc.strerror or exc}; make it writable, "
-                            "or set launcher.log_dir in invoke.yaml") from None
+        raise LauncherError(
+            f"cannot use {folder} for SLURM job files: {exc.strerror or exc}; make it writable, "
+            "or set launcher.log_dir in invoke.yaml"
+        ) from None
 
 
 def submit(script_text: str, script_path: Path) -> str:
@@ -163,10 +198,13 @@ def submit(script_text: str, script_path: Path) -> str:
     except OSError as exc:
         with contextlib.suppress(OSError):  # a half-written script; on a read-only disk there is none
             script_path.unlink()
-        raise LauncherError(f"cannot write the batch script {script_path}: {exc.strerror or exc}; free some space "
-                            "or make the folder writable (or set launcher.log_dir in invoke.yaml)") from None
-    result = run_slurm(["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT,
-                       env={**os.environ, "SLURM_UMASK": OUTPUT_UMASK})
+        raise LauncherError(
+            f"cannot write the batch script {script_path}: {exc.strerror or exc}; free some space "
+            "or make the folder writable (or set launcher.log_dir in invoke.yaml)"
+        ) from None
+    result = run_slurm(
+        ["sbatch", "--parsable", str(script_path)], SUBMIT_TIMEOUT, env={**os.environ, "SLURM_UMASK": OUTPUT_UMASK}
+    )
     job_id = result.stdout.strip().split(";")[0]  # `123;cluster` on a federation
     if result.returncode != 0 or not job_id.isdigit():
         raise LauncherError(f"sbatch did not take {script_path}: {failure(result)}")
@@ -188,8 +226,9 @@ def _sacct(job_id: str, output: Path) -> JobState | None:
     """What accounting remembers; None when it does not know the job or is not set up (`accounting storage is
     disabled`: a cluster without slurmdbd)."""
     try:
-        result = run_slurm(["sacct", "-j", job_id, "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList,Reason"],
-                        SACCT_TIMEOUT)
+        result = run_slurm(
+            ["sacct", "-j", job_id, "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList,Reason"], SACCT_TIMEOUT
+        )
     except LauncherError:  # no sacct, or a hung slurmdbd: the end record may still say
         return None
     return parse_sacct(job_id, result.stdout, output) if result.returncode == 0 else None
@@ -208,8 +247,12 @@ def job_state(job_id: str, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> JobState:
     """The job's state from the controller, else accounting, else its end record; UNKNOWN when none knows it."""
     job_id = check_job_id(job_id)
     output = Path(output_path(log_dir, job_id))
-    return (_scontrol(job_id, output) or _sacct(job_id, output) or _record(job_id, log_dir, output)
-            or JobState(job_id, UNKNOWN, output=output))
+    return (
+        _scontrol(job_id, output)
+        or _sacct(job_id, output)
+        or _record(job_id, log_dir, output)
+        or JobState(job_id, UNKNOWN, output=output)
+    )
 
 
 def is_listed(job_id: str) -> bool:
@@ -257,8 +300,9 @@ def read(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> tu
     return state, _Tail(_output(state, log_dir), out).copy()
 
 
-def follow(job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR,
-           poll: float = SLURM_POLL) -> tuple[JobState, bool]:
+def follow(
+    job_id: str, out: IO[str], log_dir: Path = DEFAULT_SLURM_LOG_DIR, poll: float = SLURM_POLL
+) -> tuple[JobState, bool]:
     """Print the job's output as it grows, until the job ends; its final state, and whether there was output."""
     state = job_state(job_id, log_dir)
     tail = _Tail(_output(state, log_dir), out)
@@ -283,6 +327,20 @@ def cancel(job_id: str, wait: float, log_dir: Path = DEFAULT_SLURM_LOG_DIR) -> J
     return job_state(job_id, log_dir)
 
 
-__all__ = ["DEFAULT_SLURM_LOG_DIR", "LIVE_STATES", "UNKNOWN", "JobState", "cancel", "follow", "is_listed",
-           "job_state", "parse_exit", "parse_fields", "parse_sacct", "read", "run_slurm", "state_from_fields",
-           "submit"]
+__all__ = [
+    "DEFAULT_SLURM_LOG_DIR",
+    "LIVE_STATES",
+    "UNKNOWN",
+    "JobState",
+    "cancel",
+    "follow",
+    "is_listed",
+    "job_state",
+    "parse_exit",
+    "parse_fields",
+    "parse_sacct",
+    "read",
+    "run_slurm",
+    "state_from_fields",
+    "submit",
+]

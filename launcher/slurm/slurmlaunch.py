@@ -30,8 +30,9 @@ class StepProcess:
     """A command on one node as an srun step, its stdin open: the doctor's listener (`open_channel`)."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env)
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
 
     def send(self, data: bytes, block: bool = True) -> bool:
         if self._proc.stdin is None:
@@ -83,14 +84,26 @@ class SlurmNode:
 
     def _argv(self, command: str) -> list[str]:
         # --overlap: the run's step, or a job's own, holds the node's CPUs.
-        return ["srun", "--overlap", "--nodes", "1", "--ntasks", "1", "--nodelist", self.name, "--input", "all",
-                "/bin/sh", "-c", command]
+        return [
+            "srun",
+            "--overlap",
+            "--nodes",
+            "1",
+            "--ntasks",
+            "1",
+            "--nodelist",
+            self.name,
+            "--input",
+            "all",
+            "/bin/sh",
+            "-c",
+            command,
+        ]
 
     def run(self, command: str, stdin: bytes = b"", timeout: float | None = None) -> Result:
         """Run `command` on this node as a step of its own."""
         try:
-            done = subprocess.run(self._argv(command), input=stdin, capture_output=True, env=self.env,
-                                  timeout=timeout)
+            done = subprocess.run(self._argv(command), input=stdin, capture_output=True, env=self.env, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             return Result(-1, exc.stdout or b"", exc.stderr or b"", timed_out=timeout)
         except OSError as exc:  # no srun here
@@ -107,23 +120,33 @@ def slurm_nodes(names: Iterable[str], env: dict[str, str]) -> dict[str, SlurmNod
     return {name: SlurmNode(name, env) for name in names}
 
 
-def launch_step(plan: LaunchPlan, run_io: RunIO, env: dict[str, str] | None = None,
-                overlap: bool = False) -> int:
+def launch_step(plan: LaunchPlan, run_io: RunIO, env: dict[str, str] | None = None, overlap: bool = False) -> int:
     """Start the plan as one srun step and follow it to its end (as `run_launch.launch_run` does over SSH): in this
     allocation, or in the job `env` names (`overlap`: beside the job's own steps)."""
     if plan.settings.run.detach:
-        raise LauncherError(f"--detach does not apply to --slurm: submit the job instead (`{hint('slurm.submit')}`), "
-                            f"then `{hint('status/logs/stop --job ID')}`")
+        raise LauncherError(
+            f"--detach does not apply to --slurm: submit the job instead (`{hint('slurm.submit')}`), "
+            f"then `{hint('status/logs/stop --job ID')}`"
+        )
     commands = {host_command(c.host) for c in plan.nodes}
     if len(commands) > 1:
-        raise LauncherError(f"{plan.cluster.source}: under SLURM every node starts the same command (one srun "
-                            "step), but the hosts' python or setup differ")
+        raise LauncherError(
+            f"{plan.cluster.source}: under SLURM every node starts the same command (one srun "
+            "step), but the hosts' python or setup differ"
+        )
     env = dict(os.environ if env is None else env)
     envs = {c.host.name: resolve_env(c, env) for c in plan.nodes}
     # Static ranks: one lost task ends the step (srun's --kill-on-bad-exit). An elastic group goes on without it.
     static = plan.cluster.rendezvous.elastic.backend != "c10d"
-    step = SrunStep([c.host.name for c in plan.nodes], commands.pop(), kill_on_bad_exit=static,
-                    job_name=plan.run_id, env=env, cpus_per_task=cpus_per_task(env), overlap=overlap)
+    step = SrunStep(
+        [c.host.name for c in plan.nodes],
+        commands.pop(),
+        kill_on_bad_exit=static,
+        job_name=plan.run_id,
+        env=env,
+        cpus_per_task=cpus_per_task(env),
+        overlap=overlap,
+    )
     nodes = slurm_nodes((c.host.name for c in plan.nodes), env)
     try:
         return run_launch.run_attached(plan, run_io, nodes, envs, opener=step.open)

@@ -39,15 +39,40 @@ _SIGNALS = {signal.strsignal(s) or s.name: 128 + int(s) for s in signal.Signals}
 """srun names a signal that ended a task by its description (`Killed`, `Terminated`): the shell's 128+n code."""
 
 
-def srun_argv(names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
-              cpus_per_task: int | None = None, overlap: bool = False) -> list[str]:
+def srun_argv(
+    names: Sequence[str],
+    command: str,
+    *,
+    kill_on_bad_exit: bool,
+    job_name: str,
+    cpus_per_task: int | None = None,
+    overlap: bool = False,
+) -> list[str]:
     """The srun command line of a run's step: one task per allocated node, in the allocation's order."""
     cpus = ["--cpus-per-task", str(cpus_per_task)] if cpus_per_task else []
     if overlap:  # a step beside a running job's own (`--job ID`): it holds the job's CPUs
         cpus.append("--overlap")
-    return ["srun", "--nodes", str(len(names)), "--ntasks-per-node", "1", "--ntasks", str(len(names)), *cpus,
-            "--nodelist", ",".join(names), f"--kill-on-bad-exit={1 if kill_on_bad_exit else 0}", "--label",
-            "--input", "all", "--job-name", job_name, "/bin/sh", "-c", command]
+    return [
+        "srun",
+        "--nodes",
+        str(len(names)),
+        "--ntasks-per-node",
+        "1",
+        "--ntasks",
+        str(len(names)),
+        *cpus,
+        "--nodelist",
+        ",".join(names),
+        f"--kill-on-bad-exit={1 if kill_on_bad_exit else 0}",
+        "--label",
+        "--input",
+        "all",
+        "--job-name",
+        job_name,
+        "/bin/sh",
+        "-c",
+        command,
+    ]
 
 
 def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]]]) -> bytes:
@@ -57,8 +82,10 @@ def step_input(source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]
     not once per node per task: 256 nodes cost each task ~0.3 MB, not 7.7 MB. Node id i is the plan's node i, which
     is the allocation's node i (`scontrol show hostnames` order, SLURM's node ids)."""
     common, own = split_common([dict(request) for _, request in nodes])
-    parts = {str(i): {"name": command.host.name, "request": delta, "program": "launcher/node/loader.py"}
-             for i, ((command, _), delta) in enumerate(zip(nodes, own, strict=True))}
+    parts = {
+        str(i): {"name": command.host.name, "request": delta, "program": "launcher/node/loader.py"}
+        for i, ((command, _), delta) in enumerate(zip(nodes, own, strict=True))
+    }
     lines = (program_line(SELECTOR_SOURCE), program_line(source), json.dumps(common), json.dumps(parts))
     return "".join(line + "\n" for line in lines).encode()
 
@@ -153,11 +180,26 @@ class StepChannel:
 class SrunStep:
     """A run's srun process and its per-node channels; `open` is the supervision's `SessionOpener`."""
 
-    def __init__(self, names: Sequence[str], command: str, *, kill_on_bad_exit: bool, job_name: str,
-                 env: Mapping[str, str] | None = None, cpus_per_task: int | None = None, overlap: bool = False):
+    def __init__(
+        self,
+        names: Sequence[str],
+        command: str,
+        *,
+        kill_on_bad_exit: bool,
+        job_name: str,
+        env: Mapping[str, str] | None = None,
+        cpus_per_task: int | None = None,
+        overlap: bool = False,
+    ):
         self.names = list(names)
-        self.argv = srun_argv(self.names, command, kill_on_bad_exit=kill_on_bad_exit, job_name=job_name,
-                              cpus_per_task=cpus_per_task, overlap=overlap)
+        self.argv = srun_argv(
+            self.names,
+            command,
+            kill_on_bad_exit=kill_on_bad_exit,
+            job_name=job_name,
+            cpus_per_task=cpus_per_task,
+            overlap=overlap,
+        )
         self.job_name = job_name
         self.env = dict(os.environ if env is None else env)
         self.ready = threading.Condition()
@@ -181,8 +223,14 @@ class SrunStep:
         try:
             # Its own session: a Ctrl-C at the terminal is the launcher's to handle (stop words, then the step's
             # end), not srun's (whose first SIGINT only prints task states).
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,
+            )
         except OSError as exc:
             return [f"cannot run srun: {exc}"] * len(self.names)
         for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True)):
@@ -249,7 +297,7 @@ class SrunStep:
             match = _LABELLED.match(line)
             if match is not None and int(match.group(1)) < len(self.channels):
                 self.spoke = True
-                blocks.setdefault(int(match.group(1)), []).append(line[match.end():] + b"\n")
+                blocks.setdefault(int(match.group(1)), []).append(line[match.end() :] + b"\n")
             else:
                 flush()
                 self._srun_said(line.decode("utf-8", errors="replace"))
@@ -316,8 +364,11 @@ class SrunStep:
         """scancel this step (found by its name, the run id, in the job's steps); returns the step id."""
         job = self.env.get("SLURM_JOB_ID", "")
         listed = run_slurm(["squeue", "--steps", "--noheader", "--format", "%i %j", "--jobs", job], env=self.env)
-        steps = [line.split()[0] for line in listed.stdout.splitlines()
-                 if len(line.split()) == 2 and line.split()[1] == self.job_name]
+        steps = [
+            line.split()[0]
+            for line in listed.stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1] == self.job_name
+        ]
         for step in steps:
             run_slurm(["scancel", step], env=self.env)
         return ", ".join(steps) or "(no step listed)"
@@ -345,4 +396,3 @@ def _task_ids(spec: str) -> list[int]:
         low, _, high = part.partition("-")
         ids.extend(range(int(low), int(high or low) + 1))
     return ids
-

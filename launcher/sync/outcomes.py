@@ -39,8 +39,10 @@ def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
     for outcome in outcomes.values():
         if isinstance(outcome, NodeSync):
             via = f" through {outcome.via}" if outcome.via else ""
-            lines.append(f"{outcome.node}: sent {outcome.sent} file(s), {size_text(outcome.bytes)}{via} in "
-                         f"{outcome.seconds:.2f}s; {outcome.unchanged} unchanged -> {outcome.dest}")
+            lines.append(
+                f"{outcome.node}: sent {outcome.sent} file(s), {size_text(outcome.bytes)}{via} in "
+                f"{outcome.seconds:.2f}s; {outcome.unchanged} unchanged -> {outcome.dest}"
+            )
             if outcome.relay_failed:
                 lines.append(f"{outcome.node}: sent straight from here: the relay through {outcome.relay_failed}")
         else:
@@ -51,11 +53,16 @@ def outcome_lines(outcomes: Mapping[str, NodeSync | NodeFailure]) -> list[str]:
 def summary(outcomes: Mapping[str, NodeSync | NodeFailure], seconds: float) -> str:
     done = [o for o in outcomes.values() if isinstance(o, NodeSync)]
     lost = sum(getattr(o, "crossed", 0) for o in outcomes.values() if isinstance(o, NodeFailure))
-    text = (f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
-            f"{size_text(sum(o.bytes for o in done))} sent")
+    text = (
+        f"synced {len(done)}/{len(outcomes)} node(s) in {seconds:.1f}s: {sum(o.sent for o in done)} file(s), "
+        f"{size_text(sum(o.bytes for o in done))} sent"
+    )
     relayed = [o for o in done if o.via]
     if relayed:
-        text += (f" ({size_text(sum(o.bytes for o in done if not o.via))} from here, the rest node to node: "
-                 f"{len(relayed)} node(s) through another)")
-    return text + (f"; {size_text(lost)} more crossed the wire to the nodes that failed, discarded there" if lost
-                   else "")
+        text += (
+            f" ({size_text(sum(o.bytes for o in done if not o.via))} from here, the rest node to node: "
+            f"{len(relayed)} node(s) through another)"
+        )
+    return text + (
+        f"; {size_text(lost)} more crossed the wire to the nodes that failed, discarded there" if lost else ""
+    )

@@ -69,9 +69,16 @@ class _Begun:
     """It waits for another sync into its destination (a shared workdir): no manifest yet, and no relay for it."""
 
 
-def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = False,
-              stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
-              contents: Contents | None = None) -> NodeSync | NodeFailure:
+def sync_node(
+    node: Node,
+    host: Host,
+    dest: str,
+    tree: Tree,
+    *,
+    home_ok: bool = False,
+    stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
+    contents: Contents | None = None,
+) -> NodeSync | NodeFailure:
     """Bring one node's `dest` up to date with `tree` over one session of its connection, straight from here.
 
     `contents`: the tree's small files as read for the other nodes of this sync (a node alone reads its own).
@@ -86,8 +93,9 @@ def sync_node(node: Node, host: Host, dest: str, tree: Tree, *, home_ok: bool = 
     return _finish(begun, tree, contents or Contents(tree.root), None, None)
 
 
-def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool, stall_timeout: float,
-           relay: bool) -> _Begun | NodeFailure:
+def _begin(
+    node: Node, host: Host, dest: str, tree: Tree, home_ok: bool, stall_timeout: float, relay: bool
+) -> _Begun | NodeFailure:
     """Start syncd and read its manifest (with `relay`, it then takes its place in the relay: launcher.sync.relay).
     `stall_timeout` bounds every wait on data in flight, the relay's between nodes too."""
     try:
@@ -97,8 +105,14 @@ def _begin(node: Node, host: Host, dest: str, tree: Tree, home_ok: bool, stall_t
     t0 = time.monotonic()
 
     def begin() -> _Begun | NodeFailure:
-        request = {"dest": dest, "paths": [e.path for e in tree.entries], "token": secrets.token_hex(4),
-                   "home_ok": home_ok, "lock_wait": LOCK_WAIT, "timing": SYNC_TIMING}
+        request = {
+            "dest": dest,
+            "paths": [e.path for e in tree.entries],
+            "token": secrets.token_hex(4),
+            "home_ok": home_ok,
+            "lock_wait": LOCK_WAIT,
+            "timing": SYNC_TIMING,
+        }
         if relay:
             request.update(relay=True, relay_stall_s=stall_timeout)
         if not session.channel.send(program_input(SYNCD_SOURCE, request)):
@@ -120,21 +134,30 @@ def _manifest(begun: _Begun, tree: Tree, first: dict[str, Any] | None) -> _Begun
     """The node's manifest answer: what it needs (`begun` filled in), or why it cannot be synced."""
     node, session = begun.node, begun.session
     if first is None:
-        return NodeFailure(node.name, "sync", f"the sync program did not start: {session.why()}",
-                           f"check `python` for {node.name} in the inventory")
+        return NodeFailure(
+            node.name,
+            "sync",
+            f"the sync program did not start: {session.why()}",
+            f"check `python` for {node.name} in the inventory",
+        )
     if "error" in first:
         return NodeFailure(node.name, "sync", str(first["error"]))
     todo = changed(tree.entries, first["manifest"])
     need, free = sum(e.size for e in todo), first.get("free")
     if free is not None and need > free:
-        return NodeFailure(node.name, "sync", f"no space: {size_text(need)} to write to {first['dest']}, "
-                                              f"{size_text(free)} free there", "free some space on the node")
+        return NodeFailure(
+            node.name,
+            "sync",
+            f"no space: {size_text(need)} to write to {first['dest']}, {size_text(free)} free there",
+            "free some space on the node",
+        )
     begun.answer, begun.todo, begun.waiting = first, todo, False
     return begun
 
 
-def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any] | None,
-            relay_done: threading.Event | None) -> NodeSync | NodeFailure:
+def _finish(
+    begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any] | None, relay_done: threading.Event | None
+) -> NodeSync | NodeFailure:
     """Send the node its changes (or its place in the relay, where another node sends them) and read its end."""
     session, node = begun.session, begun.node
     stall_timeout = session.stall_timeout
@@ -157,9 +180,14 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
                 session.send(b'{"end": true}\n', flush=True)
             except Gone:
                 if session.stalled():
-                    return NodeFailure(node.name, "sync", f"the node took no data for {stall_timeout:g} s (a hung "
-                                       "disk?); what was sent is removed there when the sync program ends, so nothing "
-                                       "was changed", f"check {node.name}'s disk under {dest}")
+                    return NodeFailure(
+                        node.name,
+                        "sync",
+                        f"the node took no data for {stall_timeout:g} s (a hung "
+                        "disk?); what was sent is removed there when the sync program ends, so nothing "
+                        "was changed",
+                        f"check {node.name}'s disk under {dest}",
+                    )
                 # else the node stopped reading: its answer says why
             session.channel.close_stdin()
             last = session.answer(REPLY_TIMEOUT)
@@ -168,10 +196,17 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
         if last is None or not last.get("ok"):
             why = str(last["error"]) if last and "error" in last else f"the sync ended early: {session.why()}"
             return NodeFailure(node.name, "sync", f"{why}; nothing was changed there" if last else why)
-        return NodeSync(node.name, dest, len(todo), int(last.get("bytes", sent)), len(tree.entries) - len(todo),
-                        time.monotonic() - begun.t0, via=relayed_from(place),
-                        unreached=tuple((str(u.get("node")), str(u.get("why"))) for u in last.get("unreached") or ()),
-                        done_at=time.time())
+        return NodeSync(
+            node.name,
+            dest,
+            len(todo),
+            int(last.get("bytes", sent)),
+            len(tree.entries) - len(todo),
+            time.monotonic() - begun.t0,
+            via=relayed_from(place),
+            unreached=tuple((str(u.get("node")), str(u.get("why"))) for u in last.get("unreached") or ()),
+            done_at=time.time(),
+        )
 
     try:
         outcome = _guarded(node, finish)
@@ -180,8 +215,9 @@ def _finish(begun: _Begun, tree: Tree, contents: Contents, place: dict[str, Any]
     return SyncFailure(outcome, session.crossed) if isinstance(outcome, NodeFailure) else outcome
 
 
-def _relayed_answer(session: SyncStream, relay_done: threading.Event | None, stall_timeout: float
-                    ) -> dict[str, Any] | None:
+def _relayed_answer(
+    session: SyncStream, relay_done: threading.Event | None, stall_timeout: float
+) -> dict[str, Any] | None:
     """A relayed node's end: it comes once the stream has come through the relay, which takes as long as the
     controller's own sending and then some; bounded from the moment the controller has sent its last byte."""
     if relay_done is not None:
@@ -207,8 +243,13 @@ def _guarded(node: Node, work: Callable[[], Any]) -> Any:
         return classify(node.target, exc)
 
 
-def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: SyncSpec,
-               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT) -> dict[str, NodeSync | NodeFailure]:
+def sync_nodes(
+    cluster: Cluster,
+    nodes: Mapping[str, Node],
+    tree: Tree,
+    spec: SyncSpec,
+    stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
+) -> dict[str, NodeSync | NodeFailure]:
     """Sync every open node at once; one outcome per node, in inventory order.
 
     Nodes that need the same files get them through each other (`launcher.sync.relay`) where `sync.relay` says so:
@@ -220,8 +261,11 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
     by_name = {h.name: h for h in hosts}
     relay = asks_relay(spec.relay, len(hosts))
     # Each node's sync is bounded (its answers, its sends); daemon threads: a Ctrl-C is not held by them.
-    started = parallel(lambda h: _begin(nodes[h.name], h, spec.dest or h.workdir, tree, spec.dest is not None,
-                                        stall_timeout, relay), hosts, DEFAULT_FANOUT)
+    started = parallel(
+        lambda h: _begin(nodes[h.name], h, spec.dest or h.workdir, tree, spec.dest is not None, stall_timeout, relay),
+        hosts,
+        DEFAULT_FANOUT,
+    )
     outcomes: dict[str, NodeSync | NodeFailure] = {}
     begun: dict[str, _Begun] = {}
     for host, result in zip(hosts, started, strict=True):
@@ -230,8 +274,15 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
         else:
             outcomes[host.name] = _failure(host, result)
     ready = {n: b for n, b in begun.items() if not b.waiting}
-    places = relay_places({n: [(e.path, e.size) for e in b.todo] for n, b in ready.items()},
-                          {n: by_name[n].addr for n in ready}, spec.relay) if relay else {}
+    places = (
+        relay_places(
+            {n: [(e.path, e.size) for e in b.todo] for n, b in ready.items()},
+            {n: by_name[n].addr for n in ready},
+            spec.relay,
+        )
+        if relay
+        else {}
+    )
     places.update({n: {"relay_to": []} for n, b in begun.items() if b.waiting and relay})
     if any(relayed_from(p) is not None for p in places.values()):
         ports = _listening({n: b for n, b in begun.items() if relayed_from(places[n]) is not None}, places)
@@ -261,20 +312,38 @@ def sync_nodes(cluster: Cluster, nodes: Mapping[str, Node], tree: Tree, spec: Sy
         if isinstance(outcomes[name], NodeFailure) and relayed_from(places.get(name)) is not None:
             retry.append(name)
     if retry:  # straight from here, as without a relay; the failure through the relay is kept to be said
-        again = parallel(lambda n: sync_node(nodes[n], by_name[n], spec.dest or by_name[n].workdir, tree,
-                                             home_ok=spec.dest is not None, stall_timeout=stall_timeout,
-                                             contents=contents), retry, DEFAULT_FANOUT)
+        again = parallel(
+            lambda n: sync_node(
+                nodes[n],
+                by_name[n],
+                spec.dest or by_name[n].workdir,
+                tree,
+                home_ok=spec.dest is not None,
+                stall_timeout=stall_timeout,
+                contents=contents,
+            ),
+            retry,
+            DEFAULT_FANOUT,
+        )
         _retried(outcomes, dict(zip(retry, again, strict=True)), by_name, places)
     return {h.name: outcomes[h.name] for h in hosts}
 
 
-def _retried(outcomes: dict[str, NodeSync | NodeFailure], again: Mapping[str, object], by_name: Mapping[str, Host],
-             places: Mapping[str, dict[str, Any]]) -> None:
+def _retried(
+    outcomes: dict[str, NodeSync | NodeFailure],
+    again: Mapping[str, object],
+    by_name: Mapping[str, Host],
+    places: Mapping[str, dict[str, Any]],
+) -> None:
     """The outcomes of the nodes the relay failed and that were sent their files straight from here after: one
     that succeeded says why the relay did not (the relaying node's word first, else its own failure's)."""
-    unreached = {peer: f"{o.node} could not pass it on ({why}); can the nodes reach each other? sync.relay: "
-                       "false keeps it to SSH" for o in outcomes.values()
-                 if isinstance(o, NodeSync) for peer, why in o.unreached}
+    unreached = {
+        peer: f"{o.node} could not pass it on ({why}); can the nodes reach each other? sync.relay: "
+        "false keeps it to SSH"
+        for o in outcomes.values()
+        if isinstance(o, NodeSync)
+        for peer, why in o.unreached
+    }
     for name, result in again.items():
         first = outcomes[name]
         outcome = _failure(by_name[name], result)
@@ -315,8 +384,14 @@ def _failure(host: Host, result: object) -> NodeSync | NodeFailure:
 # --- tasks ----------------------------------------------------------------------------------------------------
 
 
-def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
-               stall_timeout: float = DEFAULT_SILENCE_TIMEOUT, outputs: Sequence[Path] = ()) -> int:
+def sync_hosts(
+    cluster: Cluster,
+    *,
+    ssh: SshSettings,
+    out: IO[str],
+    stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
+    outputs: Sequence[Path] = (),
+) -> int:
     """`inv sync`: every reachable node is synced (less `outputs`, the launcher's own log_dir); 1 when any node
     could not be (each says why in one line)."""
     spec, tree = project_tree(cluster, outputs)
@@ -335,8 +410,9 @@ def sync_hosts(cluster: Cluster, *, ssh: SshSettings, out: IO[str],
     return 1 if any(isinstance(o, NodeFailure) for o in ordered.values()) else 0
 
 
-def before_launch(cluster: Cluster, err: IO[str], stall_timeout: float = DEFAULT_SILENCE_TIMEOUT,
-                  outputs: Sequence[Path] = ()) -> Callable[[Cluster, dict[str, Node]], dict[str, float]]:
+def before_launch(
+    cluster: Cluster, err: IO[str], stall_timeout: float = DEFAULT_SILENCE_TIMEOUT, outputs: Sequence[Path] = ()
+) -> Callable[[Cluster, dict[str, Node]], dict[str, float]]:
     """What a launch does first on its open connections with --sync (a start gate's `before`): sync the tree, less
     `outputs` (the launcher's own log_dir). It is listed now, before any node is contacted; a node that cannot be
     synced stops the launch. The step returns when each node's sync was done (wall clock: the run's page)."""

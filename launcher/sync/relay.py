@@ -33,8 +33,12 @@ def asks_relay(choice: RelayChoice, nodes: int) -> bool:
     return least is not None and nodes >= least
 
 
-def relay_places(todos: Mapping[str, Sequence[tuple[str, int]]], addrs: Mapping[str, str], choice: RelayChoice,
-                 fanout: int = SYNC_RELAY_FANOUT) -> dict[str, dict[str, Any]]:
+def relay_places(
+    todos: Mapping[str, Sequence[tuple[str, int]]],
+    addrs: Mapping[str, str],
+    choice: RelayChoice,
+    fanout: int = SYNC_RELAY_FANOUT,
+) -> dict[str, dict[str, Any]]:
     """Each node's first line after its manifest: `{"relay_to": [peer, ...]}` for a node the controller sends to
     (its peers, each with theirs; their ports still None: `with_ports`), `{"relay_from": {"node", "token"}}` for one
     that gets the stream from another (it then listens, and says where).
@@ -58,23 +62,39 @@ def relay_places(todos: Mapping[str, Sequence[tuple[str, int]]], addrs: Mapping[
     return places
 
 
-def _peers(index: int, order: Sequence[str], addrs: Mapping[str, str], tokens: Mapping[str, str], fanout: int,
-           places: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _peers(
+    index: int,
+    order: Sequence[str],
+    addrs: Mapping[str, str],
+    tokens: Mapping[str, str],
+    fanout: int,
+    places: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
     """The peers of the node at `index` of `order` (a tree `fanout` wide, in order), each with its own; each
     peer's place (where its stream comes from) set in `places`."""
     found = []
     for child in range(index * fanout + 1, min(index * fanout + fanout + 1, len(order))):
         name = order[child]
         places[name] = {"relay_from": {"node": order[index], "token": tokens[name]}}
-        found.append({"node": name, "addr": addrs[name], "port": None, "token": tokens[name],
-                      "relay_to": _peers(child, order, addrs, tokens, fanout, places)})
+        found.append(
+            {
+                "node": name,
+                "addr": addrs[name],
+                "port": None,
+                "token": tokens[name],
+                "relay_to": _peers(child, order, addrs, tokens, fanout, places),
+            }
+        )
     return found
 
 
 def with_ports(place: Mapping[str, Any], ports: Mapping[str, int | None]) -> dict[str, Any]:
     """A sender's place with the port each of its peers (and theirs) listens on (None: it said none)."""
-    return {"relay_to": [{**peer, "port": ports.get(peer["node"]), **with_ports(peer, ports)}
-                         for peer in place.get("relay_to", [])]}
+    return {
+        "relay_to": [
+            {**peer, "port": ports.get(peer["node"]), **with_ports(peer, ports)} for peer in place.get("relay_to", [])
+        ]
+    }
 
 
 def relayed_from(place: Mapping[str, Any] | None) -> str | None:

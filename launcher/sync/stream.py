@@ -64,7 +64,6 @@ class Contents:
         return found
 
 
-
 # --- a node's session ---------------------------------------------------------------------------------------
 
 
@@ -168,8 +167,9 @@ def open_inside(root: Path, entry: Entry) -> tuple[IO[bytes], os.stat_result]:
             return f, st
         real_parent = os.path.realpath(full.parent)
         if real_parent != os.path.join(os.path.realpath(root), *path.split("/")[:-1]).rstrip("/"):
-            raise LauncherError(f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync "
-                                "again")
+            raise LauncherError(
+                f"{path} now lies behind a symlink ({full.parent} -> {real_parent}); run the sync again"
+            )
     except BaseException:
         f.close()
         raise

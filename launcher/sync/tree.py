@@ -85,8 +85,9 @@ def project_tree(cluster: Cluster, outputs: Sequence[Path] = ()) -> tuple[SyncSp
     return spec, local_tree(spec.src, spec.exclude, env_files(cluster), outputs)
 
 
-def local_tree(src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence[Path] = (),
-               outputs: Sequence[Path] = ()) -> Tree:
+def local_tree(
+    src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence[Path] = (), outputs: Sequence[Path] = ()
+) -> Tree:
     """List the tree at `src`: git's view of it in a work tree, else a walk honouring .gitignore; less `exclude`,
     the files `leave_out` (the inventory's env files), any `.env`, what lies behind a symlinked folder, and the
     launcher's own output folders `outputs` (its log_dir), which no .gitignore needs to name."""
@@ -97,8 +98,10 @@ def local_tree(src: str | Path, exclude: Sequence[str] = (), leave_out: Sequence
         return _list_tree(root, exclude, leave_out, _inside(root, outputs))
     except OSError as exc:  # an unreadable folder or .gitignore: one sentence, before any node is contacted
         where = exc.filename or root
-        raise LauncherError(f"cannot read {where} to list the sync tree ({exc.strerror or exc}); fix its "
-                            "permissions or leave it out with sync.exclude") from None
+        raise LauncherError(
+            f"cannot read {where} to list the sync tree ({exc.strerror or exc}); fix its "
+            "permissions or leave it out with sync.exclude"
+        ) from None
 
 
 def _inside(root: Path, folders: Sequence[Path]) -> list[str]:
@@ -124,15 +127,17 @@ def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path], ou
         names, how = list(_walk_names(root, excluded)), "walk + .gitignore"
     secret_files = {str(p) for p in leave_out}
     entries, behind_links = [], {}
-    notes = [f"left out {folder}/: the launcher's own output (its log_dir), never synced" for folder in ours
-             if (root / folder).is_dir()]
+    notes = [
+        f"left out {folder}/: the launcher's own output (its log_dir), never synced"
+        for folder in ours
+        if (root / folder).is_dir()
+    ]
     for name in names:
         base = name.rsplit("/", 1)[-1]
         if excluded.match_file(name) or base == LOCK_NAME or base.startswith(TEMP_PREFIX):
             continue  # a sync into this very tree (a shared workdir) is under way: not part of the tree
         if str(root / name) in secret_files or base in SECRET_NAMES:
-            notes.append(f"left out {name}: an env file (its values reach the nodes with the launch, never as a "
-                         "file)")
+            notes.append(f"left out {name}: an env file (its values reach the nodes with the launch, never as a file)")
             continue
         link = _symlinked_folder(root, name)
         if link is not None:
@@ -144,8 +149,10 @@ def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path], ou
         elif found:
             notes.append(found)
     for link, under in behind_links.items():
-        notes.append(f"skipped {len(under)} file(s) under {link}/: {link} is a symlink (-> "
-                     f"{os.readlink(root / link)}), and what lies behind it is not part of the tree")
+        notes.append(
+            f"skipped {len(under)} file(s) under {link}/: {link} is a symlink (-> "
+            f"{os.readlink(root / link)}), and what lies behind it is not part of the tree"
+        )
     entries, chained = _without_link_chains(entries)
     return Tree(root, tuple(sorted(entries, key=lambda e: e.path)), how, tuple(notes + chained))
 
@@ -169,20 +176,31 @@ def _without_link_chains(entries: list[Entry]) -> tuple[list[Entry], list[str]]:
         if via is None:
             kept.append(e)
         else:
-            notes.append(f"skipped symlink {e.path} -> {e.target}: it passes through the symlink {via}, and a chain "
-                         "of links can lead outside the tree")
+            notes.append(
+                f"skipped symlink {e.path} -> {e.target}: it passes through the symlink {via}, and a chain "
+                "of links can lead outside the tree"
+            )
     return kept, notes
 
 
 def _git_names(root: Path) -> list[str] | None:
     """What git would commit under `root` (tracked and untracked, less ignored); None outside a work tree."""
     try:
-        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True,
-                                text=True, timeout=30, check=False)
+        inside = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if inside.returncode != 0 or inside.stdout.strip() != "true":
             return None
-        listed = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard",
-                                 "-z"], capture_output=True, timeout=120, check=False)
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None  # no git here: the walk honours .gitignore itself
     if listed.returncode != 0:
@@ -219,7 +237,7 @@ def _walk_names(root: Path, excluded: Any) -> Iterable[str]:
 def _ignored(specs: Sequence[tuple[str, Any]], path: str, is_dir: bool) -> bool:
     """git's rule: the deepest .gitignore with a matching pattern decides (its last match, `!` re-includes)."""
     for base, spec in reversed(specs):
-        relative = path[len(base) + 1:] if base else path
+        relative = path[len(base) + 1 :] if base else path
         decided = spec.check_file(relative + "/" if is_dir else relative).include
         if decided is not None:
             return bool(decided)
@@ -237,8 +255,14 @@ def _entry(root: Path, name: str) -> Entry | str | None:
     except FileNotFoundError:
         return None  # deleted but still in git's index: nothing to send
     if stat.S_ISREG(st.st_mode):
-        return Entry(name, "file", st.st_size, st.st_mtime_ns, st.st_mode & 0o777,
-                     identity=(st.st_dev, st.st_ino, st.st_ctime_ns))
+        return Entry(
+            name,
+            "file",
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_mode & 0o777,
+            identity=(st.st_dev, st.st_ino, st.st_ctime_ns),
+        )
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(root / name)
         try:
@@ -265,8 +289,9 @@ def is_current(entry: Entry, there: Sequence[Any] | None) -> bool:
 
 def same_time(local_ns: int, remote_ns: int) -> bool:
     """Equal mtimes, allowing a node file system that keeps them in µs, ms or whole seconds."""
-    return local_ns == remote_ns or any(remote_ns % unit == 0 and remote_ns == local_ns - local_ns % unit
-                                        for unit in TIME_UNITS)
+    return local_ns == remote_ns or any(
+        remote_ns % unit == 0 and remote_ns == local_ns - local_ns % unit for unit in TIME_UNITS
+    )
 
 
 def changed(entries: Iterable[Entry], manifest: Mapping[str, Sequence[Any]]) -> list[Entry]:
@@ -283,11 +308,19 @@ def size_text(n: int) -> str:
 
 def describe_tree(cluster: Cluster, tree: Tree, spec: SyncSpec) -> list[str]:
     """What will travel, and notes: skipped entries, a job script that is not in the tree."""
-    lines = [f"syncing {tree.root} ({len(tree.entries)} files, {size_text(tree.size)}; {tree.how}"
-             + (f"; excluding {', '.join(spec.exclude)}" if spec.exclude else "") + ")"]
+    lines = [
+        f"syncing {tree.root} ({len(tree.entries)} files, {size_text(tree.size)}; {tree.how}"
+        + (f"; excluding {', '.join(spec.exclude)}" if spec.exclude else "")
+        + ")"
+    ]
     lines += [f"note: {n}" for n in tree.notes]
     job = cluster.job
-    if job is not None and job.script is not None and spec.dest is None and not os.path.isabs(job.script) \
-            and os.path.normpath(job.script) not in tree.paths:
+    if (
+        job is not None
+        and job.script is not None
+        and spec.dest is None
+        and not os.path.isabs(job.script)
+        and os.path.normpath(job.script) not in tree.paths
+    ):
         lines.append(f"note: the job's script {job.script} is not in the synced tree (ignored or excluded?)")
     return lines

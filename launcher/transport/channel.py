@@ -59,8 +59,13 @@ def _writable(sock: object) -> bool:
     """True when `sock` takes data now: a socket, or under a ProxyJump the jump host's channel and its own socket."""
     if isinstance(sock, paramiko.Channel):
         transport = sock.get_transport()
-        return (not sock.closed and not sock.eof_sent and sock.send_ready() and transport is not None
-                and _writable(transport.sock))
+        return (
+            not sock.closed
+            and not sock.eof_sent
+            and sock.send_ready()
+            and transport is not None
+            and _writable(transport.sock)
+        )
     try:
         poller = select.poll()
         poller.register(sock, select.POLLOUT)
@@ -111,8 +116,11 @@ class Channel:
         transport = chan.get_transport()
         if chan.closed or transport is None or not transport.is_active() or not chan.send_ready():
             return False  # send_ready() is also True on a closed channel: "a send would fail at once"
-        return (size <= min(chan.out_window_size, chan.out_max_packet_size - 64)  # Paramiko's own cut
-                and transport.clear_to_send.is_set() and _writable(transport.sock))
+        return (
+            size <= min(chan.out_window_size, chan.out_max_packet_size - 64)  # Paramiko's own cut
+            and transport.clear_to_send.is_set()
+            and _writable(transport.sock)
+        )
 
     def close_stdin(self) -> None:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
@@ -166,8 +174,12 @@ class Channel:
         closing) says nothing more is coming.
         """
         chan = self._chan
-        return (chan.exit_status_ready() and (chan.eof_received or chan.closed)
-                and not chan.recv_ready() and not chan.recv_stderr_ready())
+        return (
+            chan.exit_status_ready()
+            and (chan.eof_received or chan.closed)
+            and not chan.recv_ready()
+            and not chan.recv_stderr_ready()
+        )
 
     @property
     def output_ended(self) -> bool:

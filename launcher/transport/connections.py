@@ -46,8 +46,6 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 log = logging.getLogger(__name__)
 
 
-
-
 @dataclass
 class Node:
     """An open SSH connection to one node; commands run on channels of it."""
@@ -124,8 +122,14 @@ def _connection(target: SSHTarget, timeout: float, policy: str, gateway: Connect
     # Our own resolution already applied the ssh config; stop Fabric from applying ~/.ssh/config again, and from
     # taking a connect timeout of its own (from a Fabric config file) beside the one above.
     config = Config(overrides={"load_ssh_configs": False, "timeouts": {"connect": None}}, lazy=True)
-    conn = Connection(target.hostname, user=target.user, port=target.port, config=config,
-                      connect_kwargs=connect_kwargs, gateway=gateway)
+    conn = Connection(
+        target.hostname,
+        user=target.user,
+        port=target.port,
+        config=config,
+        connect_kwargs=connect_kwargs,
+        gateway=gateway,
+    )
     conn.client.set_missing_host_key_policy(checker)
     return conn
 
@@ -135,55 +139,96 @@ def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
     where = f"{target.hostname}:{target.port}"
     name = target.name
     if isinstance(exc, socket.gaierror):
-        return NodeFailure(name, "unresolvable", f"cannot resolve {target.hostname!r}",
-                           "check the name, or give it a `HostName` in your ssh config or an address in the inventory")
+        return NodeFailure(
+            name,
+            "unresolvable",
+            f"cannot resolve {target.hostname!r}",
+            "check the name, or give it a `HostName` in your ssh config or an address in the inventory",
+        )
     if isinstance(exc, ExecTimeout):
-        return NodeFailure(name, "timeout", f"{where} did not {exc.what} within {exc.seconds:g} s (connect_timeout)",
-                           "is the node overloaded or its sshd stuck? try `ssh` to it; raise --connect-timeout if it "
-                           "is only slow")
+        return NodeFailure(
+            name,
+            "timeout",
+            f"{where} did not {exc.what} within {exc.seconds:g} s (connect_timeout)",
+            "is the node overloaded or its sshd stuck? try `ssh` to it; raise --connect-timeout if it is only slow",
+        )
     if isinstance(exc, HostKeyRevoked):
-        return NodeFailure(name, "host-key-revoked",
-                           f"REVOKED HOST KEY DETECTED: the host key of {where} is marked as revoked in {exc.where}: "
-                           "refusing to connect",
-                           "this could mean that a stolen key is being used to impersonate this host: ask the "
-                           "node's administrator (never remove the @revoked line to get in)")
+        return NodeFailure(
+            name,
+            "host-key-revoked",
+            f"REVOKED HOST KEY DETECTED: the host key of {where} is marked as revoked in {exc.where}: "
+            "refusing to connect",
+            "this could mean that a stolen key is being used to impersonate this host: ask the "
+            "node's administrator (never remove the @revoked line to get in)",
+        )
     if isinstance(exc, HostKeyUnknown):
-        ca = (f"; known_hosts trusts a certificate authority for it ({exc.authorities[0]}), which this launcher "
-              "does not check") if exc.authorities else ""
-        return NodeFailure(name, "host-key-unknown", f"{exc.name} is not in known_hosts (host_key_policy: strict)"
-                           + ca, f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
-                           f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`")
+        ca = (
+            (
+                f"; known_hosts trusts a certificate authority for it ({exc.authorities[0]}), which this launcher "
+                "does not check"
+            )
+            if exc.authorities
+            else ""
+        )
+        return NodeFailure(
+            name,
+            "host-key-unknown",
+            f"{exc.name} is not in known_hosts (host_key_policy: strict)" + ca,
+            f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
+            f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`",
+        )
     if isinstance(exc, paramiko.BadHostKeyException):
         line = getattr(exc, "where", "known_hosts")
         # `ssh-keygen -R` alone edits ~/.ssh/known_hosts: name the file that holds the line (UserKnownHostsFile,
         # GlobalKnownHostsFile), so the fix acts where the key is.
         file = line.rpartition(":")[0] if ":" in line else "~/.ssh/known_hosts"
-        return NodeFailure(name, "host-key-changed",
-                           f"the host key of {where} differs from the one in {line}: refusing to connect",
-                           f"if the node was reinstalled, verify the new key and remove that line "
-                           f"(`ssh-keygen -f {shlex.quote(file)} -R {shlex.quote(key_name(target))}`)")
+        return NodeFailure(
+            name,
+            "host-key-changed",
+            f"the host key of {where} differs from the one in {line}: refusing to connect",
+            f"if the node was reinstalled, verify the new key and remove that line "
+            f"(`ssh-keygen -f {shlex.quote(file)} -R {shlex.quote(key_name(target))}`)",
+        )
     if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
-        return NodeFailure(name, "refused", f"connection refused by {where}",
-                           "is sshd running on the node, and is the port right?")
+        return NodeFailure(
+            name, "refused", f"connection refused by {where}", "is sshd running on the node, and is the port right?"
+        )
     # A server that accepts TCP but never completes the handshake: Paramiko says "banner" or, when its reader
     # thread gave up first, "No existing session".
     if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or "No existing session" in str(exc)):
-        return NodeFailure(name, "timeout", f"{where} accepted the connection but sent no SSH greeting in time",
-                           "is it an SSH server on that port, and is the node overloaded?")
+        return NodeFailure(
+            name,
+            "timeout",
+            f"{where} accepted the connection but sent no SSH greeting in time",
+            "is it an SSH server on that port, and is the node overloaded?",
+        )
     if isinstance(exc, socket.timeout | TimeoutError):
-        return NodeFailure(name, "timeout", f"no answer from {where} in time",
-                           "is the node up, and does a firewall let you through?")
+        return NodeFailure(
+            name, "timeout", f"no answer from {where} in time", "is the node up, and does a firewall let you through?"
+        )
     if isinstance(exc, paramiko.AuthenticationException):
         user = target.user or os.environ.get("USER", "you")
-        return NodeFailure(name, "auth", f"{user}@{where} refused every key offered",
-                           "check `user` and `identity_file`, or run `ssh-copy-id` for that node")
+        return NodeFailure(
+            name,
+            "auth",
+            f"{user}@{where} refused every key offered",
+            "check `user` and `identity_file`, or run `ssh-copy-id` for that node",
+        )
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-        return NodeFailure(name, "host-key-unknown", f"{where} is not in known_hosts (host_key_policy: strict)",
-                           f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
-                           f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`")
+        return NodeFailure(
+            name,
+            "host-key-unknown",
+            f"{where} is not in known_hosts (host_key_policy: strict)",
+            f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
+            f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`",
+        )
     if isinstance(exc, OSError):
-        return NodeFailure(name, "refused", f"cannot connect to {where}: {exc.strerror or exc}",
-                           "is the node up and the address right?")
+        return NodeFailure(
+            name,
+            "refused",
+            f"cannot connect to {where}: {exc.strerror or exc}",
+            "is the node up and the address right?",
+        )
     return NodeFailure(name, "ssh", f"{type(exc).__name__}: {exc}")
 
 
@@ -199,8 +244,12 @@ def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Nod
     except (OSError, subprocess.SubprocessError) as exc:
         return NodeFailure(host.name, "ssh", f"cannot read the ssh config: {exc}")
     if target.explicit_identity and not os.path.exists(target.explicit_identity):
-        return NodeFailure(host.name, "key-file", f"identity_file {target.explicit_identity} does not exist",
-                           "fix `identity_file` in the inventory")
+        return NodeFailure(
+            host.name,
+            "key-file",
+            f"identity_file {target.explicit_identity} does not exist",
+            "fix `identity_file` in the inventory",
+        )
     opened: list[tuple[Connection, SSHTarget]] = []
     failing = target
     try:
@@ -218,8 +267,9 @@ def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Nod
         failing = opened[-1][1] if opened and not isinstance(exc, LauncherError) else target
         failure = classify(failing, exc)
         if failing is not target:
-            return NodeFailure(host.name, failure.kind, f"via the jump host {failing.name}: {failure.detail}",
-                               failure.fix)
+            return NodeFailure(
+                host.name, failure.kind, f"via the jump host {failing.name}: {failure.detail}", failure.fix
+            )
         return NodeFailure(host.name, failure.kind, failure.detail, failure.fix)
     for each, each_target in opened:
         _keep_alive(each, each_target.server_alive_interval if keepalive is None else keepalive)
@@ -227,8 +277,9 @@ def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Nod
     return Node(host.name, target, conn, timeout, tuple(c for c, _ in opened[:-1]))
 
 
-def _open_jumps(spec: str, cluster: Cluster, timeout: float, opened: list[tuple[Connection, SSHTarget]],
-                depth: int = 0) -> Connection:
+def _open_jumps(
+    spec: str, cluster: Cluster, timeout: float, opened: list[tuple[Connection, SSHTarget]], depth: int = 0
+) -> Connection:
     """Connect ProxyJump's hops in order, each through the one before (`ssh -J a,b`), and return the last.
 
     As OpenSSH does: each hop is resolved through the ssh config; the first hop's own ProxyJump is followed, the
@@ -264,8 +315,12 @@ def _idle_poll(conn: Connection) -> None:
         transport.sock.settimeout(IDLE_POLL_S)
 
 
-def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshSettings = DEFAULT_SSH,
-                on_connect: Callable[[int, int], None] | None = None) -> tuple[dict[str, Node], list[NodeFailure]]:
+def connect_all(
+    cluster: Cluster,
+    hosts: Iterable[Host] | None = None,
+    ssh: SshSettings = DEFAULT_SSH,
+    on_connect: Callable[[int, int], None] | None = None,
+) -> tuple[dict[str, Node], list[NodeFailure]]:
     """Connect to every host at once; returns the open nodes (in inventory order) and the failures.
 
     `on_connect(done, total)` is called as each connection succeeds or fails (for progress lines). Each connection
@@ -279,16 +334,35 @@ def connect_all(cluster: Cluster, hosts: Iterable[Host] | None = None, ssh: SshS
     # Each connection is bounded by its timeout (and `ssh -G`'s 10 s); the whole wait too, wave by wave.
     limit = (ssh.connect_timeout + SSH_G_TIMEOUT + 5) * waves(len(hosts), workers)
     began = time.time()
-    found = parallel(lambda h: connect(h, cluster, ssh), hosts, workers, limit,
-                     None if on_connect is None else lambda done: on_connect(done, len(hosts)))
-    outcomes = [o if isinstance(o, Node | NodeFailure) else NodeFailure(
-        h.name, "timeout", f"no connection within {limit:g} s" if o is None else f"{type(o).__name__}: {o}",
-        "is the node up, and does a firewall let you through?") for h, o in zip(hosts, found, strict=True)]
+    found = parallel(
+        lambda h: connect(h, cluster, ssh),
+        hosts,
+        workers,
+        limit,
+        None if on_connect is None else lambda done: on_connect(done, len(hosts)),
+    )
+    outcomes = [
+        o
+        if isinstance(o, Node | NodeFailure)
+        else NodeFailure(
+            h.name,
+            "timeout",
+            f"no connection within {limit:g} s" if o is None else f"{type(o).__name__}: {o}",
+            "is the node up, and does a firewall let you through?",
+        )
+        for h, o in zip(hosts, found, strict=True)
+    ]
     nodes = {o.name: o for o in outcomes if isinstance(o, Node)}
     failures = [o for o in outcomes if isinstance(o, NodeFailure)]
     for node in nodes.values():
-        log.debug("%s: connected to %s@%s:%s in %.2f s", node.name, node.target.user, node.target.hostname,
-                  node.target.port, node.connected_at - began)
+        log.debug(
+            "%s: connected to %s@%s:%s in %.2f s",
+            node.name,
+            node.target.user,
+            node.target.hostname,
+            node.target.port,
+            node.connected_at - began,
+        )
     for failure in failures:
         log.info("%s: no connection: %s: %s", failure.host, failure.kind, failure.detail)
     return nodes, failures
@@ -309,9 +383,11 @@ def ensure_descriptors(nodes: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < need:
-        raise LauncherError(f"{nodes} node(s) need about {need} open files here and this process may open {soft} "
-                            f"(its hard limit: {hard if hard != resource.RLIM_INFINITY else 'unlimited'}); raise it "
-                            f"with `ulimit -n {need}` (or ask for a higher hard limit), or use fewer nodes at once")
+        raise LauncherError(
+            f"{nodes} node(s) need about {need} open files here and this process may open {soft} "
+            f"(its hard limit: {hard if hard != resource.RLIM_INFINITY else 'unlimited'}); raise it "
+            f"with `ulimit -n {need}` (or ask for a higher hard limit), or use fewer nodes at once"
+        )
 
 
 def _workers(fanout: int, count: int) -> int:
@@ -326,13 +402,19 @@ def close_all(nodes: Iterable[Node]) -> None:
         node.close()
 
 
-def run_all(nodes: Sequence[Node], command: str | dict[str, str], stdin: bytes | dict[str, bytes] = b"",
-            timeout: float | None = None, fanout: int = DEFAULT_FANOUT) -> dict[str, Result | NodeFailure]:
+def run_all(
+    nodes: Sequence[Node],
+    command: str | dict[str, str],
+    stdin: bytes | dict[str, bytes] = b"",
+    timeout: float | None = None,
+    fanout: int = DEFAULT_FANOUT,
+) -> dict[str, Result | NodeFailure]:
     """Run a command (the same, or one per node name) on every node in parallel and collect the results.
 
     At most `fanout` commands run at a time: only for commands that finish on their own (never one that waits for
     the other nodes, as a launch's start does).
     """
+
     def one(node: Node) -> Result | NodeFailure:
         cmd = command[node.name] if isinstance(command, dict) else command
         data = stdin[node.name] if isinstance(stdin, dict) else stdin
@@ -347,6 +429,11 @@ def run_all(nodes: Sequence[Node], command: str | dict[str, str], stdin: bytes |
     # A channel opens and its command starts within each node's connect timeout; `timeout` bounds the rest.
     limit = None if timeout is None else (timeout + max(n.timeout for n in nodes) + 5) * waves(len(nodes), workers)
     found = parallel(one, nodes, workers, limit)
-    return {n.name: r if isinstance(r, Result | NodeFailure) else NodeFailure(
-        n.name, "timeout", f"no answer within {limit:g} s", "is the node overloaded, or its sshd stuck?")
-        for n, r in zip(nodes, found, strict=True)}
+    return {
+        n.name: r
+        if isinstance(r, Result | NodeFailure)
+        else NodeFailure(
+            n.name, "timeout", f"no answer within {limit:g} s", "is the node overloaded, or its sshd stuck?"
+        )
+        for n, r in zip(nodes, found, strict=True)
+    }

@@ -55,8 +55,11 @@ def python_command(python: str, setup: Sequence[str] = ()) -> str:
     if not setup:
         return f"exec {program}"
     report = shlex.quote(SETUP_MESSAGE + "\\n")  # printf's own escape: the command stays on one line
-    steps = [f"{{ {line}; }} </dev/null >&2 || {{ printf {report} {i} {len(setup)} \"$?\" {shlex.quote(line)} >&2; "
-             f"exit {SETUP_FAILED}; }}" for i, line in enumerate(setup, start=1)]
+    steps = [
+        f'{{ {line}; }} </dev/null >&2 || {{ printf {report} {i} {len(setup)} "$?" {shlex.quote(line)} >&2; '
+        f"exit {SETUP_FAILED}; }}"
+        for i, line in enumerate(setup, start=1)
+    ]
     return "; ".join([*steps, f"exec {program}"])
 
 
@@ -99,8 +102,11 @@ def _node_sources() -> tuple[str, dict[str, tuple[str, str, str]]]:
     return modules["launcher.node.loader"][1], modules
 
 
-_NODE_IMPORT = re.compile(r"^\s*(?:from (launcher\.node(?:\.\w+)*) import (?:\(((?:[^)#]|#.*$)*)\)|([\w, ]+))"
-                          r"|import (launcher\.node(?:\.\w+)+))", re.M)
+_NODE_IMPORT = re.compile(
+    r"^\s*(?:from (launcher\.node(?:\.\w+)*) import (?:\(((?:[^)#]|#.*$)*)\)|([\w, ]+))"
+    r"|import (launcher\.node(?:\.\w+)+))",
+    re.M,
+)
 """A node module's imports of others: `from launcher.node.agent import runner` (a module of a package),
 `from launcher.node.agent.runner import x`, `import launcher.node.agent.runner`, a parenthesised list over several
 lines too (`from launcher.node.common import (`), comments in it as well."""

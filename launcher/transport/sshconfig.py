@@ -123,8 +123,10 @@ class Hop:
     port: int | None = None
 
 
-_HOP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s/\[\]]+))"
-                  r"(?::(?P<port>\d+))?/?$")
+_HOP = re.compile(
+    r"^(?:ssh://)?(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s/\[\]]+))"
+    r"(?::(?P<port>\d+))?/?$"
+)
 
 
 def parse_jumps(spec: str) -> list[Hop]:
@@ -140,5 +142,6 @@ def parse_jumps(spec: str) -> list[Hop]:
 
 def hop_target(hop: Hop, ssh_config: str | None) -> SSHTarget:
     """A hop resolved through the ssh config, as `ssh -J` resolves it (its user and port as written win)."""
-    return resolve_target(Host(name=hop.host, addr="", python="", workdir="", nproc_per_node=1, user=hop.user,
-                               port=hop.port), ssh_config)
+    return resolve_target(
+        Host(name=hop.host, addr="", python="", workdir="", nproc_per_node=1, user=hop.user, port=hop.port), ssh_config
+    )

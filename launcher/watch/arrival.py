@@ -49,8 +49,11 @@ class Behind:
         lasts: dict[int, list[int]] = {}
         for rank, last in sorted(self.late.items()):
             lasts.setdefault(last, []).append(rank)
-        parts = [f"{ranks_text(ranks)} never entered {self.collective} "
-                 f"({'its' if len(ranks) == 1 else 'their'} last: #{last})" for last, ranks in sorted(lasts.items())]
+        parts = [
+            f"{ranks_text(ranks)} never entered {self.collective} "
+            f"({'its' if len(ranks) == 1 else 'their'} last: #{last})"
+            for last, ranks in sorted(lasts.items())
+        ]
         return "; ".join(parts) + f", which {ranks_text(self.entered)} entered"
 
 
@@ -65,8 +68,10 @@ class Stuck:
     ranks: tuple[int, ...]
 
     def line(self) -> str:
-        return (f"every rank of {self.desc} ({ranks_text(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
-                "and none completed it: the collective itself is stuck (the network, or NCCL)")
+        return (
+            f"every rank of {self.desc} ({ranks_text(self.ranks)}) entered {self.name or 'collective'} #{self.seq} "
+            "and none completed it: the collective itself is stuck (the network, or NCCL)"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ class Arrivals:
                 for seq, name, at in rows:
                     by_seq.setdefault(int(seq), {})[number] = float(at)
                     self.names[(group, int(seq))] = str(name)
-                for old in sorted(by_seq)[:-self.kept]:
+                for old in sorted(by_seq)[: -self.kept]:
                     del by_seq[old]
                     self.names.pop((group, old), None)
 
@@ -167,8 +172,9 @@ class Arrivals:
                 continue
             seq = min(late.values()) + 1
             entered = tuple(sorted(rank for rank, last in enqueued.items() if last >= seq))
-            found.append(Behind(group, _desc(status, group), seq, self._name(group, seq, status.values()), late,
-                                entered))
+            found.append(
+                Behind(group, _desc(status, group), seq, self._name(group, seq, status.values()), late, entered)
+            )
         return found
 
     def stuck(self, now: float) -> list[Stuck]:
@@ -182,8 +188,11 @@ class Arrivals:
                 continue
             seq = enqueued.pop()
             if seq >= 0 and all(int(row["completed"]) < seq for row in rows.values()):
-                found.append(Stuck(group, _desc(status, group), seq, self._name(group, seq, status.values()),
-                                   tuple(sorted(rows))))
+                found.append(
+                    Stuck(
+                        group, _desc(status, group), seq, self._name(group, seq, status.values()), tuple(sorted(rows))
+                    )
+                )
         return found
 
     def lateness(self, now: float, window_s: float) -> dict[int, Late] | None:
@@ -216,8 +225,10 @@ class Arrivals:
         if not count or latest - first < MIN_SPAN_S:
             return None
         span = latest - first  # the stretch the arrivals cover (the newest reach here some seconds late)
-        return {rank: Late(rank, round(_covered(spans) / span, 4), round(lasts[rank] / count, 3), count)
-                for rank, spans in waits.items()}
+        return {
+            rank: Late(rank, round(_covered(spans) / span, 4), round(lasts[rank] / count, 3), count)
+            for rank, spans in waits.items()
+        }
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
@@ -233,8 +244,13 @@ def _covered(spans: list[tuple[float, float]]) -> float:
 def answered(answers: Mapping[str, Mapping[str, Any] | str]) -> list[dict[str, Any]]:
     """Each rank's collectives in the nodes' answers to `stacks` (launcher/node/agent/stackdump.py `collect`), as a
     beat's ranks for `Arrivals.feed`: read at the moment of the look."""
-    return [{"rank": w["rank"], "collectives": w.get("collectives")} for reply in answers.values()
-            if not isinstance(reply, str) for w in reply.get("workers") or () if not w.get("helper")]
+    return [
+        {"rank": w["rank"], "collectives": w.get("collectives")}
+        for reply in answers.values()
+        if not isinstance(reply, str)
+        for w in reply.get("workers") or ()
+        if not w.get("helper")
+    ]
 
 
 def _desc(status: Mapping[int, Mapping[str, Mapping[str, Any]]], group: str) -> str:

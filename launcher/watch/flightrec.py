@@ -124,7 +124,7 @@ def recorded(dumps: Mapping[str, bytes]) -> dict[int, Collectives]:
     """The dumps torch wrote (`<prefix><rank>`) -> rank -> its collectives."""
     found: dict[int, Collectives] = {}
     for name, raw in dumps.items():
-        rank = name[len(NCCL_PREFIX):]
+        rank = name[len(NCCL_PREFIX) :]
         if not name.startswith(NCCL_PREFIX) or not rank.isdigit():
             continue
         read = read_dump(raw, int(rank))
@@ -140,8 +140,11 @@ def from_answers(answers: Mapping[str, Mapping[str, Any] | str]) -> dict[int, Co
 
 def behind(recorded: Mapping[int, Collectives], flight: InFlight) -> list[tuple[int, int]]:
     """The ranks whose dump shows they never enqueued `flight` (rank, its last in that group), in rank order."""
-    return sorted((c.rank, c.last[flight.group]) for c in recorded.values()
-                  if flight.group in c.last and c.last[flight.group] < flight.seq)
+    return sorted(
+        (c.rank, c.last[flight.group])
+        for c in recorded.values()
+        if flight.group in c.last and c.last[flight.group] < flight.seq
+    )
 
 
 def flight_line(flight: InFlight) -> str:
@@ -161,8 +164,10 @@ def in_flight_said(recorded: Mapping[int, Collectives]) -> str:
         lasts: dict[int, list[int]] = {}
         for rank, last in behind(recorded, flight):
             lasts.setdefault(last, []).append(rank)
-        never = "".join(f"; {ranks_text(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
-                        for last, late in sorted(lasts.items()))
+        never = "".join(
+            f"; {ranks_text(late)} never entered it ({'its' if len(late) == 1 else 'their'} last: #{last})"
+            for last, late in sorted(lasts.items())
+        )
         parts.append(f"{flight_line(flight)} has not completed on {ranks_text(ranks)}{never}")
     return "; ".join(parts)
 

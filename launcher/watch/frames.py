@@ -14,17 +14,23 @@ from dataclasses import dataclass
 
 from launcher.node.wire import RUNS_ROOT
 
-_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<|"
-                      r"/(?:torch|lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)/|"
-                      + re.escape("/" + RUNS_ROOT.partition("/")[2] + "/") + "|"
-                      + re.escape("/" + RUNS_ROOT.rsplit("/", 2)[1] + "/runs/") + r"[^/]+/[^/]+/hook/")
+_LIBRARY = re.compile(
+    r"/(?:site|dist)-packages/|/lib/python\d+(?:\.\d+)?/|^<|"
+    r"/(?:torch|lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)/|"
+    + re.escape("/" + RUNS_ROOT.partition("/")[2] + "/")
+    + "|"
+    + re.escape("/" + RUNS_ROOT.rsplit("/", 2)[1] + "/runs/")
+    + r"[^/]+/[^/]+/hook/"
+)
 """Not the user's own code: installed packages, the standard library, torch and the trainers around it (also from
 a source checkout), and the worker's hook in the run directory (it wraps `Tensor.backward` and optimizer steps), also
 where the cache is elsewhere (XDG_CACHE_HOME: `<cache>/ddp-launcher/runs/<run>/<node>/hook/`)."""
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 _WRAPPERS = ("wrapper", "_wrapper", "inner", "_fn")
-_COLLECTIVE = re.compile(r"torch/distributed/(?:distributed_c10d|c10d_logger|_functional_collectives(?:_impl)?|utils)"
-                         r"\.py$|torch/nn/parallel/distributed\.py$")
+_COLLECTIVE = re.compile(
+    r"torch/distributed/(?:distributed_c10d|c10d_logger|_functional_collectives(?:_impl)?|utils)"
+    r"\.py$|torch/nn/parallel/distributed\.py$"
+)
 """Files whose frames are collectives (a checkpoint's writer under torch/distributed/checkpoint is not one)."""
 _BACKWARD = re.compile(r"torch/autograd/(?:graph|__init__)\.py$|torch/_tensor\.py$")
 _BACKWARD_CALLS = ("backward", "_engine_run_backward", "grad", "run_backward")
@@ -33,8 +39,10 @@ _FETCHING = ("__next__", "_next_data", "_get_data", "_try_get_data")
 """A DataLoader iterator's functions that wait for its workers (a worker forked from `__iter__` has dataloader.py
 frames too, but none of these)."""
 _WORKER_LOOP = re.compile(r"torch/utils/data/_utils/worker\.py$")
-_WAITING = re.compile(r"/lib/python\d+(?:\.\d+)?/(?:threading|queue|selectors|multiprocessing/\w+|"
-                      r"concurrent/futures/\w+)\.py$")
+_WAITING = re.compile(
+    r"/lib/python\d+(?:\.\d+)?/(?:threading|queue|selectors|multiprocessing/\w+|"
+    r"concurrent/futures/\w+)\.py$"
+)
 """The standard library's waits: locks, events, conditions, queues, processes, futures, select and poll."""
 _SLEEP = re.compile(r"((?:[A-Za-z_][\w]*\.)*(?:sleep|wait\w*))\s*\(")
 _SYNC = re.compile(r"((?:[A-Za-z_][\w]*\.)*(?:synchronize|item|cpu|tolist))\s*\(\s*\)")
@@ -110,8 +118,14 @@ def wait_of(frames: Sequence[Frame]) -> Wait | None:
     if not inner.library:
         return _on_users_line(inner)
     if _COLLECTIVE.search(inner.file):
-        named = next((f for f in frames if "torch/distributed/" in f.file and f.func not in _WRAPPERS
-                      and not f.func.startswith("_")), inner)
+        named = next(
+            (
+                f
+                for f in frames
+                if "torch/distributed/" in f.file and f.func not in _WRAPPERS and not f.func.startswith("_")
+            ),
+            inner,
+        )
         return Wait("collective", named.func)
     if _BACKWARD.search(inner.file) and inner.func in _BACKWARD_CALLS:
         return Wait("backward", "backward", "DDP's gradient all-reduce")

@@ -84,8 +84,7 @@ def parse_dump(text: str | None, lines: Mapping[str, str] | None = None) -> tupl
         match = _FRAME.match(row)
         if match and threads:
             path, number = match["file"], int(match["line"])
-            threads[-1][1].append(Frame(path, number, match["func"].strip(),
-                                        (lines or {}).get(f"{path}:{number}")))
+            threads[-1][1].append(Frame(path, number, match["func"].strip(), (lines or {}).get(f"{path}:{number}")))
     if not threads:
         return ()
     with_script = [t for t in threads if any(not f.library and f.func == "<module>" for f in t[1])]
@@ -107,9 +106,19 @@ def rank_stacks(node: str, workers: Iterable[Mapping[str, Any]]) -> list[RankSta
 
 def _stack(node: str, w: Mapping[str, Any]) -> RankStack:
     extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s") if w.get(k) is not None}
-    return RankStack(node, int(w["rank"]), int(w["local_rank"]), int(w["pid"]), w.get("state"), w.get("state_name"),
-                     parse_dump(w.get("stack"), w.get("lines")), w.get("stack"), w.get("why"), extra,
-                     parent=w.get("parent"))
+    return RankStack(
+        node,
+        int(w["rank"]),
+        int(w["local_rank"]),
+        int(w["pid"]),
+        w.get("state"),
+        w.get("state_name"),
+        parse_dump(w.get("stack"), w.get("lines")),
+        w.get("stack"),
+        w.get("why"),
+        extra,
+        parent=w.get("parent"),
+    )
 
 
 def answer(stacks: Sequence[RankStack]) -> str:
@@ -143,16 +152,21 @@ def stack_file(stack: RankStack) -> str:
     each of its helpers the same way, marked as a helper."""
     text = _stack_text(stack, f"node {stack.node}, rank {stack.rank} (local rank {stack.local_rank}), pid {stack.pid}")
     for helper in stack.helpers:
-        text += "\n" + _stack_text(helper, f"--- helper of rank {stack.rank}: pid {helper.pid} (child of "
-                                            f"{helper.parent}; a DataLoader or compile worker) ---")
+        text += "\n" + _stack_text(
+            helper,
+            f"--- helper of rank {stack.rank}: pid {helper.pid} (child of "
+            f"{helper.parent}; a DataLoader or compile worker) ---",
+        )
     return text
 
 
 def _stack_text(stack: RankStack, title: str) -> str:
-    head = [title,
-            f"state: {stack.state_name or '?'} ({stack.state or '?'})" + (
-                f", waiting in the kernel at {stack.extra['wchan']}" if stack.extra.get("wchan") else ""),
-            f"where: {stack.place}"]
+    head = [
+        title,
+        f"state: {stack.state_name or '?'} ({stack.state or '?'})"
+        + (f", waiting in the kernel at {stack.extra['wchan']}" if stack.extra.get("wchan") else ""),
+        f"where: {stack.place}",
+    ]
     if stack.why:
         head.append(f"no stack: {stack.why}")
     body = [stack.text or ""]

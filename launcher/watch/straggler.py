@@ -39,8 +39,9 @@ def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Ha
     return {key: rate / median for key, rate in known.items() if rate < factor * median}
 
 
-def heavy_ranks(shares: Mapping[Hashable, float | None], factor: float, gap: float = FORWARD_GAP
-                ) -> dict[Hashable, tuple[float, float]]:
+def heavy_ranks(
+    shares: Mapping[Hashable, float | None], factor: float, gap: float = FORWARD_GAP
+) -> dict[Hashable, tuple[float, float]]:
     """{rank: (its forward share, the median share)} of the ranks whose share of each step spent in the forward is
     above the median / `factor` and at least `gap` above it; none under two shares."""
     known = {key: share for key, share in shares.items() if share is not None}
@@ -97,9 +98,13 @@ class StragglerWatch:
     said: set[Hashable] = field(default_factory=set)
     """Stragglers already told (the launch's console says each once)."""
 
-    def look(self, now: float, rates: Mapping[Hashable, float | None],
-             forward: Mapping[Hashable, float | None] | None = None,
-             late: Mapping[Hashable, Late] | None = None) -> dict[Hashable, Straggler]:
+    def look(
+        self,
+        now: float,
+        rates: Mapping[Hashable, float | None],
+        forward: Mapping[Hashable, float | None] | None = None,
+        late: Mapping[Hashable, Late] | None = None,
+    ) -> dict[Hashable, Straggler]:
         """The stragglers as of this look (keys of ranks no longer slow are forgotten). When no rank is slow by its
         rate (the rates agree, as in lockstep DDP): the arrival rule where `late` is known (every rank's
         collectives: `Arrivals.lateness`, {} when no rank is late), else the forward rule."""
@@ -107,15 +112,27 @@ class StragglerWatch:
         known = {key: rate for key, rate in rates.items() if rate is not None}
         median = statistics.median(known.values()) if known else 0.0
         if not found and late is not None:
-            found = {key: Straggler(key, _of(rates.get(key), median), 0.0, late=behind,
-                                    lost_s=round(behind.wait_share / median, 3) if median > 0 else None)
-                     for key, behind in late_ranks(late, self.factor).items()}
+            found = {
+                key: Straggler(
+                    key,
+                    _of(rates.get(key), median),
+                    0.0,
+                    late=behind,
+                    lost_s=round(behind.wait_share / median, 3) if median > 0 else None,
+                )
+                for key, behind in late_ranks(late, self.factor).items()
+            }
         elif not found:
-            found = {key: Straggler(key, _of(rates.get(key), median), 0.0, share, middle)
-                     for key, (share, middle) in heavy_ranks(forward or {}, self.factor).items()}
+            found = {
+                key: Straggler(key, _of(rates.get(key), median), 0.0, share, middle)
+                for key, (share, middle) in heavy_ranks(forward or {}, self.factor).items()
+            }
         self.slow_since = {key: self.slow_since.get(key, now) for key in found}
-        return {key: replace(straggler, for_s=now - self.slow_since[key]) for key, straggler in found.items()
-                if now - self.slow_since[key] >= self.hold_s}
+        return {
+            key: replace(straggler, for_s=now - self.slow_since[key])
+            for key, straggler in found.items()
+            if now - self.slow_since[key] >= self.hold_s
+        }
 
     def new(self, found: Mapping[Hashable, Straggler]) -> list[Straggler]:
         """The stragglers of `found` not told before, once each."""

@@ -16,9 +16,26 @@ from launcher.watch.arrival import Arrivals, Behind
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
 from launcher.watch.verdict import Verdict, judge_stacks
 
-RANK_FIELDS = ("rank", "local_rank", "pid", "state", "cpu_percent", "cpu_s", "rss_bytes", "last_output_s",
-               "steps_per_s", "step", "last_line", "steps", "batches", "batches_per_s", "forward_share", "data_share",
-               "record", "helpers")
+RANK_FIELDS = (
+    "rank",
+    "local_rank",
+    "pid",
+    "state",
+    "cpu_percent",
+    "cpu_s",
+    "rss_bytes",
+    "last_output_s",
+    "steps_per_s",
+    "step",
+    "last_line",
+    "steps",
+    "batches",
+    "batches_per_s",
+    "forward_share",
+    "data_share",
+    "record",
+    "helpers",
+)
 NODE_FIELDS = ("load1", "cpus", "mem_total_bytes", "mem_available_bytes", "gpus", "gpus_age_s", "gpus_error")
 
 
@@ -45,8 +62,13 @@ def forward_shares(views: Sequence[NodeView]) -> dict[int, float | None]:
     return {r["rank"]: r.get("forward_share") for r in ranks_of(views)}
 
 
-def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Straggler],
-            behind: Sequence[RankBehind] = (), sources: Mapping[int, str | None] | None = None) -> dict[str, Any]:
+def as_json(
+    run_id: str,
+    views: Sequence[NodeView],
+    stragglers: Mapping[Any, Straggler],
+    behind: Sequence[RankBehind] = (),
+    sources: Mapping[int, str | None] | None = None,
+) -> dict[str, Any]:
     """`inv top --once --json`: {"run", "nodes": [...], "ranks": [...]} (GPU fields where a node has GPUs; each rank's
     collectives' source, the collective it is behind in, and how it straggles)."""
     nodes = []
@@ -58,15 +80,27 @@ def as_json(run_id: str, views: Sequence[NodeView], stragglers: Mapping[Any, Str
     behind_of = behind_ranks(behind)
     for row in ranks_of(views):
         found, late = stragglers.get(row["rank"]), behind_of.get(row["rank"])
-        ranks.append({"node": row["node"], **{k: row.get(k) for k in RANK_FIELDS}, "straggler": found is not None,
-                      "straggler_by": None if found is None else found.kind,
-                      "share_of_median": None if found is None or found.share is None else round(found.share, 3),
-                      "lost_s_per_step": None if found is None else found.lost_s,
-                      "collectives_source": (sources or {}).get(row["rank"]),
-                      "behind": None if late is None else {
-                          "collective": late.behind.collective, "last": late.behind.late[row["rank"]],
-                          "waited_s": late.waited_s, "hang_suspected": late.hang, "judged": late.found(row["rank"]),
-                          "verdict": None if late.verdict is None else late.verdict.line()}})
+        ranks.append(
+            {
+                "node": row["node"],
+                **{k: row.get(k) for k in RANK_FIELDS},
+                "straggler": found is not None,
+                "straggler_by": None if found is None else found.kind,
+                "share_of_median": None if found is None or found.share is None else round(found.share, 3),
+                "lost_s_per_step": None if found is None else found.lost_s,
+                "collectives_source": (sources or {}).get(row["rank"]),
+                "behind": None
+                if late is None
+                else {
+                    "collective": late.behind.collective,
+                    "last": late.behind.late[row["rank"]],
+                    "waited_s": late.waited_s,
+                    "hang_suspected": late.hang,
+                    "judged": late.found(row["rank"]),
+                    "verdict": None if late.verdict is None else late.verdict.line(),
+                },
+            }
+        )
     return {"run": run_id, "nodes": nodes, "ranks": ranks}
 
 
@@ -77,12 +111,17 @@ STILL_STATES = ("D", "T", "t", "Z")
 def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()) -> bool:
     """A rank worth a row before the quiet healthy ones: a straggler, behind a collective, stopped, stuck, a zombie,
     or its record off."""
-    return (row["rank"] in stragglers or row["rank"] in behind or (row.get("state") or "") in STILL_STATES
-            or str(row.get("record") or "").startswith("off"))
+    return (
+        row["rank"] in stragglers
+        or row["rank"] in behind
+        or (row.get("state") or "") in STILL_STATES
+        or str(row.get("record") or "").startswith("off")
+    )
 
 
-def telling(rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()
-            ) -> set[str]:
+def telling(
+    rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggler], behind: Collection[int] = ()
+) -> set[str]:
     """The fields that say why the flagged ranks of `rows` (every rank) are flagged, whose columns a narrow view
     keeps: a share of each step (waiting for data, in the forward) at least TOP_WHY_GAP above the median rank's, a
     state that makes no progress."""
@@ -90,8 +129,9 @@ def telling(rows: Sequence[Mapping[str, Any]], stragglers: Mapping[Any, Straggle
     found = {"state"} if any((row.get("state") or "") in STILL_STATES for row in marked) else set()
     for name in ("data_share", "forward_share"):
         known = [row[name] for row in rows if row.get(name) is not None]
-        if len(known) >= 2 and any(row.get(name) is not None and row[name] - statistics.median(known) >= TOP_WHY_GAP
-                                   for row in marked):
+        if len(known) >= 2 and any(
+            row.get(name) is not None and row[name] - statistics.median(known) >= TOP_WHY_GAP for row in marked
+        ):
             found.add(name)
     return found
 
@@ -146,7 +186,7 @@ class Look:
 
 @dataclass
 class TopJudge:
-    """Each look's judgement, with what it keeps between two_stacks: the straggler watch's hold, every rank's collectives
+    """Each look's judgement, with what it keeps between looks: the straggler watch's hold, every rank's collectives
     (each node's snapshot fed once: a live view draws the same snapshot more than once), when each collective
     with ranks behind was first seen (its wait where no arrival time of it has come yet), when its ranks' stacks were
     last asked for and the verdict on them.
@@ -185,8 +225,13 @@ class TopJudge:
         self.asked.update((key, now_wall) for key in due)
         return bool(due)
 
-    def judge(self, first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
-              apart_s: float, now_wall: float) -> Verdict | None:
+    def judge(
+        self,
+        first: Mapping[str, Mapping[str, Any] | str],
+        second: Mapping[str, Mapping[str, Any] | str],
+        apart_s: float,
+        now_wall: float,
+    ) -> Verdict | None:
         """The hang watch's verdict on two looks at every rank's stack (each node's `stacks` answer, or why none),
         kept for each collective that still has ranks behind it; None where none has (they caught up meanwhile)."""
         judged = judge_stacks(first, second, apart_s, self.arrivals, now_wall)
@@ -208,8 +253,11 @@ class TopJudge:
             key, waited = (behind.group, behind.seq), round(now_wall - self._since(behind), 1)
             due = waited >= self.hang_s and now_wall - self.asked.get(key, -float("inf")) >= self.hang_s
             if waited >= self.say_s:
-                said.append(RankBehind(behind, waited, due, key in self.asked and key not in self.verdicts,
-                                       self.verdicts.get(key)))
+                said.append(
+                    RankBehind(
+                        behind, waited, due, key in self.asked and key not in self.verdicts, self.verdicts.get(key)
+                    )
+                )
         return said
 
     def _since(self, behind: Behind) -> float:

@@ -83,8 +83,13 @@ class HangJudgment:
     verdict: Verdict
 
 
-def judge_stacks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[str, Mapping[str, Any] | str],
-             apart_s: float, arrivals: Arrivals, wall: float) -> HangJudgment:
+def judge_stacks(
+    first: Mapping[str, Mapping[str, Any] | str],
+    second: Mapping[str, Mapping[str, Any] | str],
+    apart_s: float,
+    arrivals: Arrivals,
+    wall: float,
+) -> HangJudgment:
     """The verdict on two two_stacks, each node's `stacks` answer (or why there is none), `apart_s` seconds apart: every
     rank's collectives as the second look read them go into `arrivals` first (the freshest there are). What the hang
     watch (`launcher.run.hangcheck`) and `inv top` (`launcher.watch.topmodel`) both judge by: one judgment."""
@@ -93,8 +98,9 @@ def judge_stacks(first: Mapping[str, Mapping[str, Any] | str], second: Mapping[s
     arrivals.feed(answered(second), wall)
     behind, stuck = arrivals.behind(wall) or [], arrivals.stuck(wall)
     unanswered = sorted(set(failed) | set(failed_before))
-    return HangJudgment(before, after, unanswered, behind, stuck,
-                 judge(before, after, apart_s, unanswered, behind=behind, stuck=stuck))
+    return HangJudgment(
+        before, after, unanswered, behind, stuck, judge(before, after, apart_s, unanswered, behind=behind, stuck=stuck)
+    )
 
 
 def with_dumps(judged: HangJudgment, answers: Mapping[str, Any], apart_s: float) -> Verdict:
@@ -116,9 +122,15 @@ def add_dumps(answers: dict[str, Any], more: Mapping[str, Any], newer: bool = Tr
             answers[name] = {**answers[name], "nccl": {**had, **dumps} if newer else {**dumps, **had}}
 
 
-def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
-          unanswered: Sequence[str] = (), recorded: Mapping[int, Collectives] | None = None,
-          behind: Sequence[Behind] = (), stuck: Sequence[Stuck] = ()) -> Verdict:
+def judge(
+    first: Sequence[RankStack],
+    second: Sequence[RankStack],
+    apart_s: float,
+    unanswered: Sequence[str] = (),
+    recorded: Mapping[int, Collectives] | None = None,
+    behind: Sequence[Behind] = (),
+    stuck: Sequence[Stuck] = (),
+) -> Verdict:
     """The verdict on two looks at every rank's stack, `apart_s` seconds apart; `unanswered`: the nodes that sent
     no stacks at either look (their ranks are unknown); `recorded`: what NCCL's flight recorder dumps say of each
     rank's collectives (None: not asked); `behind` and `stuck`: what every rank's collectives say now
@@ -147,28 +159,42 @@ def judge(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: floa
     peers = [s for s in second if ((w := waits[(s.node, s.rank)]) is not None and w.collective) or s in on_gpu]
     if not peers:
         if syncing and recorded is None:
-            return Verdict(False, "no rank waits for the others in a collective, unless NCCL's flight recorder says "
-                                  f"{_who(syncing)} {_verb(syncing, 'waits', 'wait')} on one", asks_recorder=True)
+            return Verdict(
+                False,
+                "no rank waits for the others in a collective, unless NCCL's flight recorder says "
+                f"{_who(syncing)} {_verb(syncing, 'waits', 'wait')} on one",
+                asks_recorder=True,
+            )
         if syncing:
             told = "shows no collective in flight" if recorded else "sent no dump"
-            return Verdict(False, f"no rank waits for the others in a collective ({_who(syncing)} "
-                                  f"{_verb(syncing, 'waits', 'wait')} in a CUDA synchronisation; NCCL's flight "
-                                  f"recorder {told})")
+            return Verdict(
+                False,
+                f"no rank waits for the others in a collective ({_who(syncing)} "
+                f"{_verb(syncing, 'waits', 'wait')} in a CUDA synchronisation; NCCL's flight "
+                f"recorder {told})",
+            )
         return Verdict(False, "no rank waits for the others in a collective")
     others = [s for s in second if s not in peers]
     stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
-    return Verdict(True, f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
-                         f"in {apart_s:g} s{_recorder(recorded)}", suspects=tuple((s.node, s.rank) for s in others))
+    return Verdict(
+        True,
+        f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
+        f"in {apart_s:g} s{_recorder(recorded)}",
+        suspects=tuple((s.node, s.rank) for s in others),
+    )
 
 
-def _suspects(first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float,
-              behind: Sequence[Behind]) -> Verdict:
+def _suspects(
+    first: Sequence[RankStack], second: Sequence[RankStack], apart_s: float, behind: Sequence[Behind]
+) -> Verdict:
     """The ranks behind are the suspects: a hang when each of them is stuck, not when any is at work."""
     told = "; ".join(b.line() for b in behind)
     before = {s.rank: s for s in first}
     now = {s.rank: s for s in second}
-    found = {rank: _suspect(before.get(rank), now.get(rank), apart_s)
-             for rank in sorted({rank for b in behind for rank in b.late})}
+    found = {
+        rank: _suspect(before.get(rank), now.get(rank), apart_s)
+        for rank in sorted({rank for b in behind for rank in b.late})
+    }
     working = tuple(rank for rank, (held, _) in found.items() if not held)
     held = tuple(rank for rank, (stuck, _) in found.items() if stuck)
     what = {rank: f"rank {rank}{_at(now.get(rank))} {does}" for rank, (_, does) in found.items()}
@@ -212,8 +238,10 @@ def _loader(before: RankStack | None, after: RankStack, apart_s: float) -> tuple
         return False, f"waits for its DataLoader, whose worker pid {worker.pid} is at work (it {_said(worker.place)})"
     if busy:
         worker = busy[0]
-        return True, (f"waits for its DataLoader worker pid {worker.pid}, stuck: it {_said(worker.place)}, its "
-                      f"stack unchanged in {apart_s:g} s")
+        return True, (
+            f"waits for its DataLoader worker pid {worker.pid}, stuck: it {_said(worker.place)}, its "
+            f"stack unchanged in {apart_s:g} s"
+        )
     return True, f"{_said(after.place)}, its stack unchanged in {apart_s:g} s"
 
 

@@ -56,6 +56,7 @@ from launcher.node.wire import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timi
 
 def checked(action):
     """The action, once the request's run id and node name are ones this agent accepts (they become paths)."""
+
     def run(request):
         problem = names_problem(request)
         return refuse(problem) if problem else action(request)
@@ -88,8 +89,11 @@ def follow_log(log, run_dir, run_id, mark):
             quiet_checks = 0 if marked_pids(mark) else quiet_checks + 1
             if quiet_checks >= bounds.LOST_AFTER_CHECKS:
                 write_all(1, log.read())
-                emit(Event.ERROR, message="run %s was lost on this node: no exit code recorded and none of its "
-                                      "processes alive (its supervisor was killed); the log ends here" % run_id)
+                emit(
+                    Event.ERROR,
+                    message="run %s was lost on this node: no exit code recorded and none of its "
+                    "processes alive (its supervisor was killed); the log ends here" % run_id,
+                )
                 return 1
         time.sleep(timing("wait_s"))
 
@@ -106,8 +110,14 @@ def start(request):
     if problem or request["run_dir"] != "%s/%s/%s" % (RUNS_ROOT, run_id, node):
         return refuse(problem or "the run directory must be %s/<run id>/<node>" % RUNS_ROOT)
     run_dir = run_dir_of(request)
-    trace.note("start: run %s on %s, node rank %s, %s; the launcher %s", run_id, node, request.get("node_rank"),
-               "detached" if request["detach"] else "attached", request.get("who"))
+    trace.note(
+        "start: run %s on %s, node rank %s, %s; the launcher %s",
+        run_id,
+        node,
+        request.get("node_rank"),
+        "detached" if request["detach"] else "attached",
+        request.get("who"),
+    )
     messages = LauncherMessages(bool(request.get("reattach")))
     section = request.get("gate")  # only with the doctor on
     checks = GateChecks(section) if section else None
@@ -155,8 +165,10 @@ def node_problem(request, run_dir):
         return "run directory %s already exists" % request["run_dir"]
     ifname, problem = socket_ifname(request)
     if problem is not None:
-        return ("%s: socket_ifname auto found no interface toward master_addr %s: %s; name the interface in the "
-                "inventory (socket_ifname: eth0)" % (node, request["master_addr"], problem))
+        return (
+            "%s: socket_ifname auto found no interface toward master_addr %s: %s; name the interface in the "
+            "inventory (socket_ifname: eth0)" % (node, request["master_addr"], problem)
+        )
     request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the supervisor) sets this
     problem = choose_gpus(request, os.environ)
     if problem is not None:
@@ -191,8 +203,11 @@ def action_stop(request):
     if run_dir is None:
         return reply({"run_id": run_id, "state": "none", "found": 0, "left": 0})
     trace.to(run_dir)
-    trace.note("stop asked from another session (grace %g s%s)", grace,
-               ", its silent supervisor killed first" if request.get("kill_supervisor") else "")
+    trace.note(
+        "stop asked from another session (grace %g s%s)",
+        grace,
+        ", its silent supervisor killed first" if request.get("kill_supervisor") else "",
+    )
     mark = "%s/%s" % (run_id, request["node"])
     taken = taken_from(request, run_dir)
     if taken is not None:  # a launcher that lost the run to another one's `attach` stops nothing of it
@@ -208,8 +223,14 @@ def action_stop(request):
     found, left = stop_run(run_dir, mark, grace)
     # The run's supervisor records the exit code a moment after torchrun is gone; a dead supervisor never will.
     deadline = time.time() + timing("supervisor_wait_s")
-    while (found and not os.path.exists(os.path.join(run_dir, "exit_code")) and time.time() < deadline
-           and supervisor is not None and same_process(*supervisor) and alive(supervisor[0])):
+    while (
+        found
+        and not os.path.exists(os.path.join(run_dir, "exit_code"))
+        and time.time() < deadline
+        and supervisor is not None
+        and same_process(*supervisor)
+        and alive(supervisor[0])
+    ):
         time.sleep(timing("supervisor_poll_s"))
     result = run_state(run_id, run_dir, request["node"])
     result.update(found=found, left=left)
@@ -294,8 +315,14 @@ def action_stacks(request):
     workers = collect(run_dir, mark, request["stacks_wait_s"])
     if request.get("nccl_dump_wait_s"):
         ask_dumps(run_dir, request["nccl_dump_wait_s"])
-    return reply({"run_id": run_id, "state": run_state(run_id, run_dir, request["node"])["state"],
-                  "workers": workers, "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"])})
+    return reply(
+        {
+            "run_id": run_id,
+            "state": run_state(run_id, run_dir, request["node"])["state"],
+            "workers": workers,
+            "nccl": nccl_dumps(run_dir, request["nccl_max_bytes"]),
+        }
+    )
 
 
 @checked
@@ -337,9 +364,17 @@ def action_report(request):
     state = run_state(run_id, run_dir, request["node"])
     from launcher.node.agent.runner import read_stop  # how a stop ended its processes: the page says it
 
-    return reply(dict(state, phases=phases, series=read_series(run_dir, int(request["series_bytes"])),
-                      log_tail=tail.decode("utf-8", "replace"), node_time=time.time(), stop=read_stop(run_dir),
-                      trace=agent_trace.decode("utf-8", "replace")))
+    return reply(
+        dict(
+            state,
+            phases=phases,
+            series=read_series(run_dir, int(request["series_bytes"])),
+            log_tail=tail.decode("utf-8", "replace"),
+            node_time=time.time(),
+            stop=read_stop(run_dir),
+            trace=agent_trace.decode("utf-8", "replace"),
+        )
+    )
 
 
 def read_tail(path, size):
@@ -361,9 +396,18 @@ def action_attach(request):
     return attach(request)
 
 
-ACTIONS = {"start": start, "attach": action_attach, "stop": action_stop, "status": action_status, "logs": action_logs,
-           "runs": action_runs, "list": action_list, "stacks": action_stacks,
-           "top": action_top, "report": action_report}
+ACTIONS = {
+    "start": start,
+    "attach": action_attach,
+    "stop": action_stop,
+    "status": action_status,
+    "logs": action_logs,
+    "runs": action_runs,
+    "list": action_list,
+    "stacks": action_stacks,
+    "top": action_top,
+    "report": action_report,
+}
 
 
 def main():

@@ -6,7 +6,7 @@ While the run's supervisor lives, this session hands it its stdin, stdout and ev
 the offset the launcher has, sends the events, and takes the messages. When the supervisor has ended (the run ended
 while no launcher was there), the session replays what the launcher missed: the log from its offset and the end the
 supervisor kept (`end.json`). When the supervisor died while its processes live, or the run was lost, it says so (exit
-code SUPERVISOR_GONE): the launcher then stops what is left. """
+code SUPERVISOR_GONE): the launcher then stops what is left."""
 
 import json
 import os
@@ -42,8 +42,11 @@ def attach(request):
         return SUPERVISOR_SILENT
     if sock is None:
         if read_record(run_dir) is None and read_text(os.path.join(run_dir, "exit_code")) is None:
-            emit(Event.ERROR, message="run %s on this node is detached (or an older launcher's): it has no console "
-                                      "to attach to; status, logs --follow and stop work on it" % run_id)
+            emit(
+                Event.ERROR,
+                message="run %s on this node is detached (or an older launcher's): it has no console "
+                "to attach to; status, logs --follow and stop work on it" % run_id,
+            )
             return ATTACH_REFUSED
         return replay(request, run_id, run_dir)
     released = wait_released(sock)  # the supervisor writes to this session's pipes until then; this process does not
@@ -57,9 +60,13 @@ def replay(request, run_id, run_dir):
     code = read_text(os.path.join(run_dir, "exit_code"))
     if code is None:
         left = len(marked_pids("%s/%s" % (run_id, request["node"])))
-        emit(Event.ERROR, message="the run's supervisor on this node is gone (killed?) while %d of its processes live"
-             % left if left else "run %s was lost on this node: its supervisor is gone, and no exit code nor any of "
-             "its processes is left" % run_id)
+        emit(
+            Event.ERROR,
+            message="the run's supervisor on this node is gone (killed?) while %d of its processes live" % left
+            if left
+            else "run %s was lost on this node: its supervisor is gone, and no exit code nor any of "
+            "its processes is left" % run_id,
+        )
         return SUPERVISOR_GONE
     try:
         ended = json.loads(read_text(os.path.join(run_dir, END_RECORD), "{}"))

@@ -96,8 +96,9 @@ class LauncherMessages:
         elif message == GO:
             self.go = self.stop_message is None
         else:
-            started = {TCP: self.on_tcp, STACKS: self.on_stacks, DUMPS: self.on_dumps,
-                       POSITION: self.on_position}.get(message)
+            started = {TCP: self.on_tcp, STACKS: self.on_stacks, DUMPS: self.on_dumps, POSITION: self.on_position}.get(
+                message
+            )
             if started is not None:
                 threading.Thread(target=started, daemon=True, name=message).start()
         if message == GO or message in ENDING_MESSAGES:
@@ -264,16 +265,29 @@ class Attended:
         for pid, start, rank, local_rank, _ in found[0]:
             state, _, cpu = proc_state(pid)
             seen = last_line.get(local_rank)
-            ranks.append(dict({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state, "cpu_s": cpu,
-                               "quiet_s": None if seen is None else round(now - seen, 3)},
-                              **self.steps.fields(pid, start, now)))
+            ranks.append(
+                dict(
+                    {
+                        "rank": rank,
+                        "local_rank": local_rank,
+                        "pid": pid,
+                        "state": state,
+                        "cpu_s": cpu,
+                        "quiet_s": None if seen is None else round(now - seen, 3),
+                    },
+                    **self.steps.fields(pid, start, now),
+                )
+            )
         return ranks
 
     def stacks(self):
         """Every worker's stack on this node, as the `stacks` event (the launcher's `stacks` message)."""
-        emit_parts(Event.STACKS, int(self.request["event_chunk"]),
-                   workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
-                   nccl=self.new_dumps())
+        emit_parts(
+            Event.STACKS,
+            int(self.request["event_chunk"]),
+            workers=collect(self.run_dir, self.request["mark"], self.request["stacks_wait_s"]),
+            nccl=self.new_dumps(),
+        )
 
     def new_dumps(self):
         return nccl_dumps(self.run_dir, self.request["nccl_max_bytes"], self.nccl_sent)
@@ -311,18 +325,25 @@ class Attended:
                 messages.stop_message = HEARTBEAT_TIMEOUT
             if messages.stop_message is not None and stopping is None:
                 stopping, stop_at = messages.stop_message, time.monotonic()
-                trace.note("stopping (%s): TERM to the run's processes, KILL after %g s", stopping,
-                           0 if stopping == KILL else request["grace"])
-                threading.Thread(target=stop_run, daemon=True, args=(
-                    self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"])).start()
+                trace.note(
+                    "stopping (%s): TERM to the run's processes, KILL after %g s",
+                    stopping,
+                    0 if stopping == KILL else request["grace"],
+                )
+                threading.Thread(
+                    target=stop_run,
+                    daemon=True,
+                    args=(self.run_dir, request["mark"], 0 if stopping == KILL else request["grace"]),
+                ).start()
                 emit(Event.STOPPING, reason=stopping)
             if stopping is not None and messages.stop_message == KILL:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
             # it); KILL is sent again each poll_s.
             silent_for = request["heartbeat_timeout"] - (time.monotonic() - messages.last_message)
-            messages.changed.wait(timing("poll_s") if stopping is not None else
-                               max(0.0, min(silent_for, timing("check_s"))))
+            messages.changed.wait(
+                timing("poll_s") if stopping is not None else max(0.0, min(silent_for, timing("check_s")))
+            )
         # A stop already gave TERM: its workers get what is left of the grace period, not a second one.
         grace = request["grace"] if stop_at is None else max(0.0, stop_at + request["grace"] - time.monotonic())
         killed = self.messages.stop_message == KILL  # a `kill` after a `stop` (a second Ctrl-C) ends the grace too
@@ -337,18 +358,24 @@ def supervise_run(request, run_dir, proc, messages):
     the heartbeat bound, sweep, keep the end in the run directory, report the exit."""
     queue_events()
     trace.to(run_dir)
-    trace.note("torchrun started: pid %d; the run's supervisor is this process (%s)", proc.pid,
-               "it outlives its console" if messages.reattach else "it ends with its srun step")
+    trace.note(
+        "torchrun started: pid %d; the run's supervisor is this process (%s)",
+        proc.pid,
+        "it outlives its console" if messages.reattach else "it ends with its srun step",
+    )
     run = Attended(request, run_dir, proc, messages)
-    run.consoles = Consoles(run_dir, request, messages,
-                            Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who")))
+    run.consoles = Consoles(
+        run_dir, request, messages, Console((0, 1, EVENT_OUT), request.get("owner"), 0, who=request.get("who"))
+    )
     run.consoles.wake = run.wake
     messages.on_stacks, messages.on_dumps, messages.on_position = run.stacks, run.dumps, run.position
     # A closed terminal's SIGHUP reaches no SSH session's command; under SLURM it means the step is going.
     signal.signal(signal.SIGHUP, signal.SIG_IGN if messages.reattach else lambda *_: messages.stop(LAUNCHER_GONE))
     signal.signal(signal.SIGTERM, lambda *_: messages.stop(STOP))
-    threads = {name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
-               for name in ("stream", "send_events", "tick")}
+    threads = {
+        name: threading.Thread(target=getattr(run, name), daemon=True, name=name)
+        for name in ("stream", "send_events", "tick")
+    }
     for thread in threads.values():
         thread.start()
     run.consoles.serve()
@@ -356,15 +383,22 @@ def supervise_run(request, run_dir, proc, messages):
     if stopping is None and stop_recorded(run_dir):
         stopping = STOPPED_ELSEWHERE  # no message of this launcher's: a stop from another terminal ended it
     merger = getattr(proc, "merger", None)
-    ended = {"code": code, "left": left, "reason": stopping,
-             "workers": None if merger is None else merger.workers_started}
+    ended = {
+        "code": code,
+        "left": left,
+        "reason": stopping,
+        "workers": None if merger is None else merger.workers_started,
+    }
     record(os.path.join(run_dir, END_RECORD), json.dumps(ended))  # what a launcher that comes later is told
     if stopping:
         emit(Event.STOPPED, left=left, reason=stopping)
     # The log goes out whole while a launcher takes it; one that stopped reading gets no more wait, and with none
     # there the next one replays the end from the run directory (launcher/node/agent/attach.py).
-    while (threads["stream"].is_alive() and run.consoles.current is not None
-           and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]):
+    while (
+        threads["stream"].is_alive()
+        and run.consoles.current is not None
+        and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]
+    ):
         threads["stream"].join(timing("wait_s"))
     run.send_nccl()
     emit(Event.EXITED, **ended)

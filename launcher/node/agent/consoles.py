@@ -65,8 +65,11 @@ class Consoles:
             server.listen(bounds.CONSOLE_BACKLOG)
         except OSError as exc:
             server.close()
-            emit(Event.ERROR, message="no launcher can reconnect to this node's part of the run (its console "
-                                      "socket: %s); it stops when this connection ends" % exc)
+            emit(
+                Event.ERROR,
+                message="no launcher can reconnect to this node's part of the run (its console "
+                "socket: %s); it stops when this connection ends" % exc,
+            )
             self.reattach = False
             return
         self.server = server
@@ -93,14 +96,24 @@ class Consoles:
             return
         with self.changed:
             if self.closed or (request.get("owner") != self.owner and not request.get("take_over")):
-                conn.sendall(event_line({"taken": True, "by": self.who, "at": self.owner_since} if not self.closed
-                                        else {"silent": "the run is ending on this node"}))
+                conn.sendall(
+                    event_line(
+                        {"taken": True, "by": self.who, "at": self.owner_since}
+                        if not self.closed
+                        else {"silent": "the run is ending on this node"}
+                    )
+                )
                 for fd in fds:
                     os.close(fd)
                 conn.close()
                 return
-            console = Console(fds, request.get("owner"), start_offset(self.log, request.get("offset"),
-                                                                      self.tail_bytes), conn, request.get("who"))
+            console = Console(
+                fds,
+                request.get("owner"),
+                start_offset(self.log, request.get("offset"), self.tail_bytes),
+                conn,
+                request.get("who"),
+            )
             conn.sendall(event_line({"accepted": True}))
             old, away_s = self.current, time.monotonic() - self.messages.last_message
             taken = console.owner != self.owner
@@ -113,12 +126,22 @@ class Consoles:
         self._woken()
         if old is not None:
             old.release(Event.TAKEN if taken else "replaced", by=console.who, at=self.owner_since)
-        threading.Thread(target=read_messages, args=(console, self.message, self.lost), daemon=True,
-                         name="console-messages").start()
-        trace.note("a console came (%s, after %.0f s without): %s", console.who,
-                   away_s, "the run taken over from %s" % (was[0],) if taken else "its own launcher")
-        emit(Event.ATTACHED, log_bytes=self.log_bytes(), away_s=round(away_s, 3), replay=False,
-             owner_was=list(was) if taken else None)
+        threading.Thread(
+            target=read_messages, args=(console, self.message, self.lost), daemon=True, name="console-messages"
+        ).start()
+        trace.note(
+            "a console came (%s, after %.0f s without): %s",
+            console.who,
+            away_s,
+            "the run taken over from %s" % (was[0],) if taken else "its own launcher",
+        )
+        emit(
+            Event.ATTACHED,
+            log_bytes=self.log_bytes(),
+            away_s=round(away_s, 3),
+            replay=False,
+            owner_was=list(was) if taken else None,
+        )
         self.record()
 
     # --- messages, losses and absences ----------------------------------------------------------------------------
@@ -147,8 +170,7 @@ class Consoles:
         """The supervisor's look at the clock: no console, or none heard for away_after, makes the launcher away."""
         quiet_for = now - self.messages.last_message
         if self.away_since is None and (force or self.current is None or quiet_for > self.away_after):
-            trace.note("no launcher heard for %.0f s: away (the run goes on within %g s of it)", quiet_for,
-                       self.bound)
+            trace.note("no launcher heard for %.0f s: away (the run goes on within %g s of it)", quiet_for, self.bound)
             self.away_since = self.messages.last_message_wall
             self.record()
 
@@ -175,10 +197,19 @@ class Consoles:
 
     def record(self):
         away = self.away_since
-        write_record(self.run_dir, {"owner": self.who, "owner_id": self.owner, "owner_since": self.owner_since,
-                                    "present": away is None, "away_since": away,
-                                    "stops_at": None if away is None else away + self.bound, "bound": self.bound,
-                                    "reattach": self.reattach})
+        write_record(
+            self.run_dir,
+            {
+                "owner": self.who,
+                "owner_id": self.owner,
+                "owner_since": self.owner_since,
+                "present": away is None,
+                "away_since": away,
+                "stops_at": None if away is None else away + self.bound,
+                "bound": self.bound,
+                "reattach": self.reattach,
+            },
+        )
 
     def close(self):
         """The run is over: no console comes any more, and the current one is let go (an attach session ends)."""

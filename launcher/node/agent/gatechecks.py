@@ -35,8 +35,12 @@ class GateChecks:
             server, reply = listener.open_listener(listen["master_port"])
             if server is not None:
                 stop_r, stop_w = os.pipe()
-                thread = threading.Thread(target=listener.serve, daemon=True, name="listener",
-                                          args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r))
+                thread = threading.Thread(
+                    target=listener.serve,
+                    daemon=True,
+                    name="listener",
+                    args=(server, listen["token"], time.monotonic() + max_s, reply, stop_r),
+                )
                 thread.start()
                 self.listener = (thread, stop_w, stop_r)
         emit(Event.PROBED, probe=probe.probe(self.section["probe"]), listener=reply)

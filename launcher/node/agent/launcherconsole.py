@@ -84,11 +84,11 @@ class Console:
                     return False
                 if which == 1:
                     try:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                     except BlockingIOError:
                         _ready(fd, True, bounds.CONSOLE_LOOK_S)
                 elif _ready(fd, True, bounds.CONSOLE_LOOK_S):
-                    view = view[os.write(fd, view[:bounds.CONSOLE_PIECE]):]
+                    view = view[os.write(fd, view[: bounds.CONSOLE_PIECE]) :]
         except OSError:
             return False
         return True
@@ -143,7 +143,7 @@ def read_messages(console, on_message, on_end):
             if not data:
                 break
             *lines, rest = (rest + data).split(b"\n")
-            rest = rest[-bounds.CONSOLE_PIECE:]  # messages are short: a line without end is nobody's message
+            rest = rest[-bounds.CONSOLE_PIECE :]  # messages are short: a line without end is nobody's message
             for line in lines:
                 on_message(console, line.decode("utf-8", "replace").strip())
     except OSError:
@@ -224,7 +224,7 @@ def take_handover(conn):
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             received = array.array("i")
-            received.frombytes(payload[:len(payload) - len(payload) % fd_size])
+            received.frombytes(payload[: len(payload) - len(payload) % fd_size])
             fds.extend(received)
     for fd in fds:
         os.set_inheritable(fd, False)

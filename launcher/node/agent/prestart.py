@@ -133,9 +133,11 @@ def hold(argv, workdir, env):
         return None
     read_fd, write_fd = os.pipe()
     early = _early_output(env)
-    actions = [(os.POSIX_SPAWN_DUP2, read_fd, 0),
-               (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else
-               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
+    actions = [
+        (os.POSIX_SPAWN_DUP2, read_fd, 0),
+        (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
     command = [argv[0], "-c", SOURCE, workdir, *argv[1:]]
     try:
         proc = child.spawn_in_session(program, command, env, actions)

@@ -22,8 +22,13 @@ PIPE_PREFIX, PIPE_SUFFIX = "pipe_rank_", ".pipe"
 """torch makes <prefix><rank>.pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a FIFO it reads for dump requests."""
 DUMP_NAMES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_NAMES = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE")
-USER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", *DUMP_NAMES,
-              *PIPE_NAMES)
+USER_NAMES = (
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    *DUMP_NAMES,
+    *PIPE_NAMES,
+)
 """Any of these in the workers' environment: the user set the recorder up, and nothing of it is set for them."""
 DEPRECATED_NAMES = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 """The names torch 2.11 warns of (`use TORCH_FR_BUFFER_SIZE instead`), once a rank each; the pipe's and
@@ -104,7 +109,7 @@ def ask_dumps(run_dir, wait_s):
         return []
     asked = {}
     for name in names:
-        rank = name[len(PIPE_PREFIX):-len(PIPE_SUFFIX)]
+        rank = name[len(PIPE_PREFIX) : -len(PIPE_SUFFIX)]
         if name.startswith(PIPE_PREFIX) and name.endswith(PIPE_SUFFIX) and rank.isdigit():
             dump = os.path.join(folder, NCCL_PREFIX + rank)
             before = _stamp(dump)  # before the request: the dump may come before the write returns

@@ -14,8 +14,15 @@ from launcher.node.worker.hook import COLLECTIVES_DIR, PHASES_DIR, PROGRESS_DIR,
 
 NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
 COUNTS = ("steps", "batches")
-NO_RECORD = {"steps": None, "batches": None, "steps_per_s": None, "batches_per_s": None, "forward_share": None,
-             "data_share": None, "record": None}
+NO_RECORD = {
+    "steps": None,
+    "batches": None,
+    "steps_per_s": None,
+    "batches_per_s": None,
+    "forward_share": None,
+    "data_share": None,
+    "record": None,
+}
 """A rank's fields when it has no record (the program never imported torch.optim nor a DataLoader)."""
 
 
@@ -89,9 +96,13 @@ class RankRecord:
         if not last["on"]:
             return dict(NO_RECORD, record="off: %s" % (last["why"] or "no reason given"))
         first, span = self.samples[0], last["t"] - self.samples[0]["t"]
-        found = {"steps": last["steps"], "batches": last["batches"], "record": "on",
-                 "forward_share": None if span <= 0 else _share(last["forward_s"] - first["forward_s"], span),
-                 "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span)}
+        found = {
+            "steps": last["steps"],
+            "batches": last["batches"],
+            "record": "on",
+            "forward_share": None if span <= 0 else _share(last["forward_s"] - first["forward_s"], span),
+            "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span),
+        }
         for count, when, rate in (("steps", "t_step", "steps_per_s"), ("batches", "t_batch", "batches_per_s")):
             moves = []
             for sample in self.samples:  # a count of 0 has no time yet
@@ -150,9 +161,13 @@ class RankCollectives:
                 arrivals[group] = new
                 self.sent[group] = new[-1][0]
         written = data.get("wall")
-        return {"source": data.get("source") or None, "groups": data.get("groups") or {}, "arrivals": arrivals,
-                "age_s": round(max(0.0, wall - written), 1) if isinstance(written, (int, float)) else None,
-                "why": data.get("why") or None}
+        return {
+            "source": data.get("source") or None,
+            "groups": data.get("groups") or {},
+            "arrivals": arrivals,
+            "age_s": round(max(0.0, wall - written), 1) if isinstance(written, (int, float)) else None,
+            "why": data.get("why") or None,
+        }
 
 
 def _share(seconds, span):

@@ -153,9 +153,14 @@ def run_state(run_id, run_dir, node, left=None):
         state = "running"
     else:
         state = "lost"  # no exit code and nothing alive: the supervisor itself was killed
-    found = {"run_id": run_id, "state": state, "exit_code": None if exit_code is None else int(exit_code),
-             "started_at": float(started) if started else None, "ended_at": float(ended) if ended else None,
-             "processes": left}
+    found = {
+        "run_id": run_id,
+        "state": state,
+        "exit_code": None if exit_code is None else int(exit_code),
+        "started_at": float(started) if started else None,
+        "ended_at": float(ended) if ended else None,
+        "processes": left,
+    }
     if state == "running":
         # an attached run's record: who owns it, and whether it is there
         from launcher.node.agent.launcherconsole import read_record

@@ -114,12 +114,23 @@ def spawn(request, run_dir, held=None):
     os.makedirs(run_dir, mode=0o700)
     argv, started = planned_argv(request)
     public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
-    write_atomic(os.path.join(run_dir, "command.json"), json.dumps({
-        "argv": argv, "workdir": request["workdir"], "env": dict(socket_env(request["socket_ifname"]), **public),
-        "visible_devices": request.get("visible_devices"),
-        "unset_env": request["unset_env"], "secret_env": sorted(request.get("secret_names", [])),
-        "node_rank": request.get("node_rank"), "nodes": request.get("nodes"), "inventory": request.get("inventory"),
-    }, indent=1))
+    write_atomic(
+        os.path.join(run_dir, "command.json"),
+        json.dumps(
+            {
+                "argv": argv,
+                "workdir": request["workdir"],
+                "env": dict(socket_env(request["socket_ifname"]), **public),
+                "visible_devices": request.get("visible_devices"),
+                "unset_env": request["unset_env"],
+                "secret_env": sorted(request.get("secret_names", [])),
+                "node_rank": request.get("node_rank"),
+                "nodes": request.get("nodes"),
+                "inventory": request.get("inventory"),
+            },
+            indent=1,
+        ),
+    )
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = run_env(request, run_dir)
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
@@ -232,8 +243,9 @@ def signal_run(run_dir, mark, sig, targets=None):
             reached = {pid for pid in targets if _group_of(pid) == leader}
         except OSError:
             pass
-    return len(reached) + sum(1 for pid, start in targets.items()
-                              if pid not in reached and signal_process(pid, start, sig))
+    return len(reached) + sum(
+        1 for pid, start in targets.items() if pid not in reached and signal_process(pid, start, sig)
+    )
 
 
 def _group_of(pid):
@@ -296,8 +308,16 @@ def stop_run(run_dir, mark, grace, record=True):
         while still_marked(targets, mark) and time.monotonic() < deadline:
             time.sleep(timing("poll_s"))
     if record:
-        _stop_outcome(run_dir, {"at": round(began, 3), "grace": grace, "alone": alone, "killed": killed,
-                                "term_s": None if term_s is None else round(term_s, 2)})
+        _stop_outcome(
+            run_dir,
+            {
+                "at": round(began, 3),
+                "grace": grace,
+                "alone": alone,
+                "killed": killed,
+                "term_s": None if term_s is None else round(term_s, 2),
+            },
+        )
     return found, len(still_marked(targets, mark))
 
 

@@ -197,8 +197,9 @@ class Sampler:
                 self.first_steps[(pid, start)] = at
         found["first_step_at"] = self.first_steps.get((pid, start))
         reader = self.collectives.get((pid, start))
-        found["collectives"] = None if reader is None else reader.fields(read_collectives(self.run_dir, pid, start),
-                                                                         time.time())
+        found["collectives"] = (
+            None if reader is None else reader.fields(read_collectives(self.run_dir, pid, start), time.time())
+        )
         return found
 
     def read(self):
@@ -245,8 +246,17 @@ class Sampler:
         for pid, start, _, parent, of in self.helpers:
             if of == owner:
                 state, cpu, percent = self.cpu_now(pid, now)
-                rows.append({"pid": pid, "start": start, "parent": parent, "state": state, "cpu_s": cpu,
-                             "cpu_percent": percent, "rss_bytes": rss_bytes(pid)})
+                rows.append(
+                    {
+                        "pid": pid,
+                        "start": start,
+                        "parent": parent,
+                        "state": state,
+                        "cpu_s": cpu,
+                        "cpu_percent": percent,
+                        "rss_bytes": rss_bytes(pid),
+                    }
+                )
         return rows
 
     def snapshot(self, found=None):
@@ -258,19 +268,39 @@ class Sampler:
             progress = self.progress[(pid, start)]
             state, cpu, cpu_percent = self.cpu_now(pid, now)
             written = [os.path.getmtime(p) for p in self.files.get((pid, start), []) if os.path.exists(p)]
-            ranks.append(dict({"rank": rank, "local_rank": local_rank, "pid": pid, "state": state,
-                               "state_name": STATES.get(state, state), "cpu_percent": cpu_percent,
-                               "cpu_s": cpu, "rss_bytes": rss_bytes(pid),
-                               "last_output_s": round(max(0.0, wall - max(written)), 1) if written else None,
-                               "last_line": progress.last_line, "step": progress.last_step,
-                               "helpers": self.helper_rows(pid, now),
-                               "tail": progress.lines if rank == self.follow else None},
-                              **self.fields(pid, start, now)))
+            ranks.append(
+                dict(
+                    {
+                        "rank": rank,
+                        "local_rank": local_rank,
+                        "pid": pid,
+                        "state": state,
+                        "state_name": STATES.get(state, state),
+                        "cpu_percent": cpu_percent,
+                        "cpu_s": cpu,
+                        "rss_bytes": rss_bytes(pid),
+                        "last_output_s": round(max(0.0, wall - max(written)), 1) if written else None,
+                        "last_line": progress.last_line,
+                        "step": progress.last_step,
+                        "helpers": self.helper_rows(pid, now),
+                        "tail": progress.lines if rank == self.follow else None,
+                    },
+                    **self.fields(pid, start, now),
+                )
+            )
         seen = {w[0] for w in self.found} | {h[0] for h in self.helpers}
         self.cpu = {pid: value for pid, value in self.cpu.items() if pid in seen}
         total, available = memory()
-        return dict({"load1": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "mem_total_bytes": total,
-                     "mem_available_bytes": available, "ranks": ranks}, **self.gpu_view())
+        return dict(
+            {
+                "load1": round(os.getloadavg()[0], 2),
+                "cpus": os.cpu_count(),
+                "mem_total_bytes": total,
+                "mem_available_bytes": available,
+                "ranks": ranks,
+            },
+            **self.gpu_view(),
+        )
 
     def gpu_view(self):
         """The run's GPUs as the background watch last read them, each with its ranks (their processes' pids)."""

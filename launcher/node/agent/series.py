@@ -136,20 +136,33 @@ class Series:
             cpu = proc_state(pid)[2]
             if cpu is not None:
                 self.cpu[rank] = cpu
-            ranks[str(rank)] = [None if cpu is None else round(cpu, 2), rss_bytes(pid),
-                                *numbers_of(read_record(self.run_dir, pid, start), to_wall)]
+            ranks[str(rank)] = [
+                None if cpu is None else round(cpu, 2),
+                rss_bytes(pid),
+                *numbers_of(read_record(self.run_dir, pid, start), to_wall),
+            ]
         for rank, (pid, start) in self.seen.items():  # ended (or between restarts): its last look and record
             if str(rank) not in ranks:
                 cpu = self.cpu.get(rank)
-                ranks[str(rank)] = [None if cpu is None else round(cpu, 2), None,
-                                    *numbers_of(read_record(self.run_dir, pid, start), to_wall)]
+                ranks[str(rank)] = [
+                    None if cpu is None else round(cpu, 2),
+                    None,
+                    *numbers_of(read_record(self.run_dir, pid, start), to_wall),
+                ]
         total, available = memory()
-        sample = {"t": round(time.time(), 2), "load1": round(os.getloadavg()[0], 2), "mem_total": total,
-                  "mem_used": None if total is None or available is None else total - available, "ranks": ranks}
+        sample = {
+            "t": round(time.time(), 2),
+            "load1": round(os.getloadavg()[0], 2),
+            "mem_total": total,
+            "mem_used": None if total is None or available is None else total - available,
+            "ranks": ranks,
+        }
         if self.gpus is not None:
             view = self.gpus.view({pid: rank for pid, _, rank, _, _ in found}, None)
-            sample["gpus"] = [[g["index"], g["util_percent"], g["mem_used_bytes"], g["mem_total_bytes"]]
-                              for g in view.get("gpus") or []]
+            sample["gpus"] = [
+                [g["index"], g["util_percent"], g["mem_used_bytes"], g["mem_total_bytes"]]
+                for g in view.get("gpus") or []
+            ]
         return sample
 
     def thin(self):

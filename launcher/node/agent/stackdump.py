@@ -22,8 +22,16 @@ from launcher.node.worker import collectives, hook
 
 HOOK_DIR = "hook"
 STACKS_DIR = "stacks"
-STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible sleep", "T": "stopped", "t": "stopped by a tracer",
-          "Z": "a zombie", "X": "dead", "I": "idle"}
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible sleep",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+    "Z": "a zombie",
+    "X": "dead",
+    "I": "idle",
+}
 SILENT_STATES = ("T", "t", "Z", "X")
 """States in which a process runs no signal handler: asking for its stack would only wait."""
 
@@ -39,8 +47,10 @@ def install_hook(run_dir, env, make=True, collecting=None):
     launcher/node/worker/collectives.py: the collectives' thread) into the run directory and point the workers'
     environment at it (PYTHONPATH first); with `make` false, only the environment (nothing written). `collecting`: the
     thread's settings (status_s, arrivals_s, keep, cost_factor: launcher.limits.COLLECTIVES), None for no thread."""
-    folders = [os.path.join(run_dir, name) for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR,
-                                                          hook.PHASES_DIR)]
+    folders = [
+        os.path.join(run_dir, name)
+        for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR, hook.PHASES_DIR)
+    ]
     hook_dir, stacks, progress, collected, _ = folders  # phases/: the hook writes there beside progress/
     if make:
         for folder in folders:
@@ -52,8 +62,12 @@ def install_hook(run_dir, env, make=True, collecting=None):
     env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S)
     if collecting:
         env[hook.COLLECTIVES_ENV] = "%s:%r:%r:%d:%r" % (
-            collected, float(collecting["status_s"]), float(collecting["arrivals_s"]), int(collecting["keep"]),
-            float(collecting["cost_factor"]))
+            collected,
+            float(collecting["status_s"]),
+            float(collecting["arrivals_s"]),
+            int(collecting["keep"]),
+            float(collecting["cost_factor"]),
+        )
     env["PYTHONPATH"] = hook_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
@@ -87,8 +101,15 @@ def collect(run_dir, mark, wait_s):
         report[-1]["collectives"] = _collectives(run_dir, pid, start)
         for helper, helper_start, _, parent, owner in helpers:
             if owner == pid:
-                report.append(_ask(folder, helper, helper_start, {
-                    "rank": rank, "local_rank": local_rank, "helper": True, "parent": parent, "owner": pid}, asked))
+                report.append(
+                    _ask(
+                        folder,
+                        helper,
+                        helper_start,
+                        {"rank": rank, "local_rank": local_rank, "helper": True, "parent": parent, "owner": pid},
+                        asked,
+                    )
+                )
     texts = _read_answers(asked, wait_s)
     for entry in report:
         if entry["pid"] in asked:
@@ -113,8 +134,9 @@ def _collectives(run_dir, pid, start):
 def _ask(folder, pid, start, fields, asked):
     """One process's entry; the signal sent when it can answer (`asked`: pid -> its file and its size before)."""
     state, wchan, cpu = proc_state(pid)
-    entry = dict(fields, pid=pid, state=state, state_name=STATES.get(state, state), wchan=wchan, cpu_s=cpu,
-                 stack=None, why=None)
+    entry = dict(
+        fields, pid=pid, state=state, state_name=STATES.get(state, state), wchan=wchan, cpu_s=cpu, stack=None, why=None
+    )
     path = os.path.join(folder, "%d.txt" % pid)
     if state in SILENT_STATES:
         entry["why"] = "it is %s (/proc state %s): it cannot answer" % (entry["state_name"], state)
@@ -186,8 +208,12 @@ def _add_pyspy(entry, wait_s):
     import subprocess  # here: 12.7 ms of imports that every start would pay (launcher/node/common/child.py)
 
     try:
-        done = subprocess.run([exe, "dump", "--pid", str(entry["pid"]), "--native"], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=wait_s)
+        done = subprocess.run(
+            [exe, "dump", "--pid", str(entry["pid"]), "--native"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=wait_s,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return
     if done.returncode == 0:

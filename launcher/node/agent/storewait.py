@@ -41,5 +41,13 @@ def waiting_argv(argv, request, limit, poll):
     on every other node, the same torchrun behind the wait for the store's port."""
     if request.get("node_rank") in (None, 0) or tuple(argv[1:3]) != TORCHRUN:
         return list(argv)
-    return [argv[0], "-c", SOURCE, str(request["master_addr"]), str(request["master_port"]), repr(limit),
-            repr(poll), *argv[3:]]
+    return [
+        argv[0],
+        "-c",
+        SOURCE,
+        str(request["master_addr"]),
+        str(request["master_port"]),
+        repr(limit),
+        repr(poll),
+        *argv[3:],
+    ]

@@ -115,4 +115,3 @@ TRACE_MAX_BYTES = 4 << 20
 long run's whole story; past it, the rest is dropped rather than a disk filled."""
 TRACE_PENDING_LINES = 100
 """Lines kept for the trace before the run directory exists (a start that is refused has a handful)."""
-

@@ -77,16 +77,26 @@ def start(argv, cwd, env, out_fd):
         program = which(argv[0], env.get("PATH"))
         if program is None:
             raise FileNotFoundError(2, os.strerror(2), argv[0])
-        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                   (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, out_fd, 2)]
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out_fd, 1),
+            (os.POSIX_SPAWN_DUP2, out_fd, 2),
+        ]
         try:
             return spawn_in_session(program, argv, env, actions)
         except NotImplementedError:
             pass  # no POSIX_SPAWN_SETSID in this C library
     import subprocess
 
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out_fd,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out_fd,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def spawn_in_session(program, argv, env, actions):
@@ -97,8 +107,11 @@ def spawn_in_session(program, argv, env, actions):
             os.set_inheritable(fd, False)
         except OSError:
             pass  # the listing's own, closed by now
-    return Child(os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
-                                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)))
+    return Child(
+        os.posix_spawn(
+            program, argv, env, file_actions=actions, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ)
+        )
+    )
 
 
 def open_descriptors():

@@ -27,5 +27,9 @@ def chosen(inherited, indices):
     missing = [i for i in indices if i >= len(shown)]
     if missing:
         return None, "GPU %s chosen (--include/--exclude), but this node's own %s=%s shows %d GPU(s)" % (
-            ",".join(str(i) for i in missing), VISIBLE, inherited, len(shown))
+            ",".join(str(i) for i in missing),
+            VISIBLE,
+            inherited,
+            len(shown),
+        )
     return ",".join(shown[i] for i in indices), None

@@ -48,11 +48,20 @@ def parse_rows(text):
             other.append(", ".join(cells.values()))
             continue
         bad = [c for c in cells.values() if smi.unreadable(c)]
-        out.append({"index": int(cells["index"]), "uuid": cells["uuid"], "name": cells["name"],
-                    "bus": cells["pci.bus_id"], "driver": cells["driver_version"],
-                    "mig": cells["mig.mode.current"] == "Enabled", "memory_used_mib": smi.number(cells["memory.used"]),
-                    "memory_total_mib": smi.number(cells["memory.total"]),
-                    "utilization": smi.number(cells["utilization.gpu"]), "unreadable": bad[0] if bad else None})
+        out.append(
+            {
+                "index": int(cells["index"]),
+                "uuid": cells["uuid"],
+                "name": cells["name"],
+                "bus": cells["pci.bus_id"],
+                "driver": cells["driver_version"],
+                "mig": cells["mig.mode.current"] == "Enabled",
+                "memory_used_mib": smi.number(cells["memory.used"]),
+                "memory_total_mib": smi.number(cells["memory.total"]),
+                "utilization": smi.number(cells["utilization.gpu"]),
+                "unreadable": bad[0] if bad else None,
+            }
+        )
     return out, other
 
 
@@ -67,8 +76,11 @@ def parse_apps(text):
 
 def is_busy(row, pids):
     """Someone's work is on the GPU: a process, or memory or use beyond what an idle driver shows."""
-    return bool(pids) or (row["memory_used_mib"] or 0) > bounds.GPU_BUSY_MIB or \
-        (row["utilization"] or 0) > bounds.GPU_BUSY_PERCENT
+    return (
+        bool(pids)
+        or (row["memory_used_mib"] or 0) > bounds.GPU_BUSY_MIB
+        or (row["utilization"] or 0) > bounds.GPU_BUSY_PERCENT
+    )
 
 
 def ask_gpus(timeout):
@@ -79,9 +91,17 @@ def ask_gpus(timeout):
 
 def _device(cuda, row, mig, apps):
     pids = [pid for pid, _ in apps.get(row["uuid"], [])]
-    item = {"cuda": cuda, "index": row["index"], "uuid": row["uuid"], "name": row["name"], "pids": pids,
-            "runs": sorted({r for r in (run_of(p) for p in pids) if r}), "unreadable": row["unreadable"],
-            "memory_used_mib": row["memory_used_mib"], "utilization": row["utilization"]}
+    item = {
+        "cuda": cuda,
+        "index": row["index"],
+        "uuid": row["uuid"],
+        "name": row["name"],
+        "pids": pids,
+        "runs": sorted({r for r in (run_of(p) for p in pids) if r}),
+        "unreadable": row["unreadable"],
+        "memory_used_mib": row["memory_used_mib"],
+        "utilization": row["utilization"],
+    }
     if mig is not None:  # a slice: the parent's memory and use are every tenant's, so they say nothing of it
         item.update(mig=mig["uuid"], mig_name=mig["name"], busy=None)
     else:
@@ -100,17 +120,30 @@ def gpu_info(asked, spec, indices):
     (code, text), (_, apps_text), (_, listing) = answers
     rows, other = parse_rows(text)
     if not rows and code != 0:
-        return {"smi": True, "count": 0, "total": 0, "busy": None,
-                "error": "nvidia-smi failed (exit %d): %s" % (code, (other or ["no output"])[-1])}
+        return {
+            "smi": True,
+            "count": 0,
+            "total": 0,
+            "busy": None,
+            "error": "nvidia-smi failed (exit %d): %s" % (code, (other or ["no output"])[-1]),
+        }
     spec, why = chosen(spec, indices)
     pairs = seen(rows, smi.mig_devices(listing) if any(r["mig"] for r in rows) else {}, spec)
     apps = parse_apps(apps_text)
     devices = [_device(i, row, mig, apps) for i, (row, mig) in enumerate(pairs)]
     whole = [d for d in devices if "mig" not in d]
-    info = {"smi": True, "total": len(rows), "count": len(whole) + (1 if len(whole) < len(devices) else 0),
-            "names": sorted({d["name"] for d in devices}), "driver": rows[0]["driver"] if rows else None,
-            "devices": devices, "spec": spec, "mig": any(r["mig"] for r in rows),
-            "busy": [d for d in devices if d["busy"]], "unreadable": [d for d in devices if d["unreadable"]]}
+    info = {
+        "smi": True,
+        "total": len(rows),
+        "count": len(whole) + (1 if len(whole) < len(devices) else 0),
+        "names": sorted({d["name"] for d in devices}),
+        "driver": rows[0]["driver"] if rows else None,
+        "devices": devices,
+        "spec": spec,
+        "mig": any(r["mig"] for r in rows),
+        "busy": [d for d in devices if d["busy"]],
+        "unreadable": [d for d in devices if d["unreadable"]],
+    }
     if why is not None:
         info["spec_error"] = why
     if code != 0 or other:  # rows, and an error beside them: a GPU it could not read (fell off the bus?)
@@ -130,16 +163,22 @@ def run_gpus(rows, apps, spec, ranks):
     processes are on (`ranks`: {pid: global rank}, its ranks' and their helpers'), each with the ranks on it; a GPU
     that cannot be read keeps its row, saying why."""
     pairs = seen(rows, {}, spec)
-    used = [row for row, _ in pairs[:len(set(ranks.values()))]]
+    used = [row for row, _ in pairs[: len(set(ranks.values()))]]
     found = []
     for row in rows:
         on = sorted({ranks[pid] for pid, _ in apps.get(row["uuid"], []) if pid in ranks})
         if row not in used and not on:
             continue
-        found.append({"index": row["index"], "ranks": on, "error": row["unreadable"],
-                      "util_percent": None if row["utilization"] is None else int(row["utilization"]),
-                      "mem_used_bytes": _bytes(row["memory_used_mib"]),
-                      "mem_total_bytes": _bytes(row["memory_total_mib"])})
+        found.append(
+            {
+                "index": row["index"],
+                "ranks": on,
+                "error": row["unreadable"],
+                "util_percent": None if row["utilization"] is None else int(row["utilization"]),
+                "mem_used_bytes": _bytes(row["memory_used_mib"]),
+                "mem_total_bytes": _bytes(row["memory_total_mib"]),
+            }
+        )
     return found
 
 
@@ -203,5 +242,8 @@ class GpuWatch:
         rows, other = parse_rows(text)
         if not rows and code != 0:
             error = error or "nvidia-smi failed (exit %d): %s" % (code, (other or ["no output"])[-1])
-        return {"gpus": run_gpus(rows, parse_apps(apps_text), spec, ranks), "gpus_age_s": round(now - at, 1),
-                "gpus_error": error}
+        return {
+            "gpus": run_gpus(rows, parse_apps(apps_text), spec, ranks),
+            "gpus_age_s": round(now - at, 1),
+            "gpus_error": error,
+        }

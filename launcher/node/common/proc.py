@@ -215,7 +215,7 @@ def live_marks():
     for _, env in own_environments():
         at = env.find(needle)
         if at >= 0:
-            marks[env[at + len(needle):env.find(b"\0", at + 1)].decode("utf-8", "replace")] += 1
+            marks[env[at + len(needle) : env.find(b"\0", at + 1)].decode("utf-8", "replace")] += 1
     return marks
 
 

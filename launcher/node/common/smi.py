@@ -22,8 +22,17 @@ from launcher.node.common import bounds
 from launcher.node.common.child import which
 from launcher.node.wire import error_text
 
-GPU_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "mig.mode.current", "memory.used",
-              "memory.total", "utilization.gpu")
+GPU_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "mig.mode.current",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+)
 APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 CSV = "--format=csv,noheader,nounits"
 GPU_QUERY = ("--query-gpu=" + ",".join(GPU_FIELDS), CSV)
@@ -51,7 +60,8 @@ def still_stuck():
     if not _stuck:
         return None
     return "nvidia-smi stuck in the driver for %.0f s (killed, it has not ended): a GPU off the bus?" % (
-        time.monotonic() - _stuck[0][1])
+        time.monotonic() - _stuck[0][1]
+    )
 
 
 class Asked:
@@ -72,8 +82,18 @@ class Asked:
         try:
             for query in queries:
                 out = tempfile.TemporaryFile()
-                self.procs.append((subprocess.Popen([exe, *query], stdin=subprocess.DEVNULL, stdout=out,
-                                                    stderr=subprocess.STDOUT, start_new_session=True), out))
+                self.procs.append(
+                    (
+                        subprocess.Popen(
+                            [exe, *query],
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        ),
+                        out,
+                    )
+                )
         except OSError as exc:
             self.error = "nvidia-smi cannot run: %s" % error_text(exc)
             self.stop()
@@ -164,6 +184,5 @@ def mig_devices(text):
             continue
         mig = _MIG_LINE.match(line)
         if mig is not None and gpu is not None:
-            found.setdefault(gpu, []).append({"uuid": mig.group(3), "name": mig.group(1),
-                                              "device": int(mig.group(2))})
+            found.setdefault(gpu, []).append({"uuid": mig.group(3), "name": mig.group(1), "device": int(mig.group(2))})
     return found

@@ -82,8 +82,11 @@ def python_info():
     """platform.python_version() and python_implementation(), read as platform reads them but without importing it
     (2 ms of CPU on every node at every launch)."""
     name = sys.implementation.name
-    return {"version": sys.version.split()[0], "executable": sys.executable,
-            "implementation": IMPLEMENTATIONS.get(name, name)}
+    return {
+        "version": sys.version.split()[0],
+        "executable": sys.executable,
+        "implementation": IMPLEMENTATIONS.get(name, name),
+    }
 
 
 def python_wrapper(given):
@@ -116,8 +119,13 @@ def assigned_value(text, name):
     literal = match.group(1)
     if literal == "None":
         return None
-    if len(literal) > 1 and literal[0] == literal[-1] and literal[0] in "'\"" and "\\" not in literal \
-            and literal[0] not in literal[1:-1]:
+    if (
+        len(literal) > 1
+        and literal[0] == literal[-1]
+        and literal[0] in "'\""
+        and "\\" not in literal
+        and literal[0] not in literal[1:-1]
+    ):
         return literal[1:-1]  # a plain quoted string, as torch writes its versions: no `ast` (2.7 ms a probe)
     import ast
 

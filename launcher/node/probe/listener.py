@@ -23,14 +23,19 @@ def tcp_connect(addr, port, token, window, read_s):
         try:
             left = deadline - time.monotonic()
             sock = socket.create_connection(
-                (host_arg(addr), port), timeout=max(bounds.CONNECT_TRY_MIN_S, min(bounds.CONNECT_TRY_MAX_S, left)))
+                (host_arg(addr), port), timeout=max(bounds.CONNECT_TRY_MIN_S, min(bounds.CONNECT_TRY_MAX_S, left))
+            )
         except socket.gaierror as exc:
             return {"ok": False, "error": f"cannot resolve {addr}: {error_text(exc)}", "attempts": attempts}
         except OSError as exc:
             last = exc
             if time.monotonic() >= deadline:
-                return {"ok": False, "error": error_text(last), "attempts": attempts,
-                        "elapsed": round(time.monotonic() - start, 3)}
+                return {
+                    "ok": False,
+                    "error": error_text(last),
+                    "attempts": attempts,
+                    "elapsed": round(time.monotonic() - start, 3),
+                }
             time.sleep(bounds.CONNECT_RETRY_S)
             continue
         try:
@@ -48,11 +53,17 @@ def tcp_connect(addr, port, token, window, read_s):
         finally:
             sock.close()  # we close first: the TIME_WAIT stays on our side, not on the master's port
         elapsed = round(time.monotonic() - start, 3)
-        result = {"ok": data.strip().decode(errors="replace") == token, "peer": peer, "attempts": attempts,
-                  "elapsed": elapsed}
+        result = {
+            "ok": data.strip().decode(errors="replace") == token,
+            "peer": peer,
+            "attempts": attempts,
+            "elapsed": elapsed,
+        }
         if not data:
-            result["error"] = (f"connected to {addr}:{port} ({peer}), but no answer came in {read_s:g} s: "
-                               "something else listens there, or the master is overloaded")
+            result["error"] = (
+                f"connected to {addr}:{port} ({peer}), but no answer came in {read_s:g} s: "
+                "something else listens there, or the master is overloaded"
+            )
         elif not result["ok"]:
             result["error"] = f"something else answers on {addr}:{port} ({peer}): not the doctor's listener"
         return result
@@ -93,8 +104,13 @@ def port_holders(port, budget):
                         cmd = handle.read(bounds.CMDLINE_BYTES).replace(b"\0", b" ").decode(errors="replace").strip()
                 except OSError:
                     cmd = ""
-                holder = {"pid": int(pid), "command": cmd, "state": wanted.pop(link), "run": run_of(int(pid)),
-                          "user": owner_of(int(pid))}
+                holder = {
+                    "pid": int(pid),
+                    "command": cmd,
+                    "state": wanted.pop(link),
+                    "run": run_of(int(pid)),
+                    "user": owner_of(int(pid)),
+                }
                 holder.update(run_record(holder["run"]))
                 holders.append(holder)
                 break

@@ -66,7 +66,7 @@ def find_module(name, path):
     parts = name.split(".")
     spec, search = None, path
     for i in range(len(parts)):
-        full = ".".join(parts[:i + 1])
+        full = ".".join(parts[: i + 1])
         spec = _find_spec(full, search, i == 0)
         if spec is None:
             return {"error": "No module named %r" % full}
@@ -76,8 +76,9 @@ def find_module(name, path):
     if spec.submodule_search_locations is not None:
         main = _find_spec(name + ".__main__", list(spec.submodule_search_locations), False)
         if main is None:
-            return {"error": "No module named %s.__main__; %r is a package and cannot be directly executed"
-                    % (name, name)}
+            return {
+                "error": "No module named %s.__main__; %r is a package and cannot be directly executed" % (name, name)
+            }
         spec = main
     return {"origin": spec.origin}
 

@@ -31,8 +31,9 @@ def candidates(patterns):
 def torch_of(python, wait_s):
     """(the interpreter as it names itself, None) when it finds torch; (None, why not) otherwise."""
     try:
-        done = subprocess.run([python, "-c", FINDS_TORCH], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=wait_s)
+        done = subprocess.run(
+            [python, "-c", FINDS_TORCH], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=wait_s
+        )
     except subprocess.TimeoutExpired:
         return None, "no answer in %g s" % wait_s
     except OSError as exc:
@@ -49,8 +50,7 @@ def gpu_count(wait_s):
     if smi is None:
         return 0, None
     try:
-        done = subprocess.run([smi, "-L"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=wait_s)
+        done = subprocess.run([smi, "-L"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=wait_s)
     except (OSError, subprocess.SubprocessError) as exc:
         return 0, "nvidia-smi: %s" % exc
     if done.returncode != 0:
@@ -67,8 +67,14 @@ def seek(request):
             python = path
             break
     gpus, gpu_problem = gpu_count(request["smi_wait_s"])
-    return {"python": python, "tried": tried, "gpus": gpus, "gpu_problem": gpu_problem, "cpus": os.cpu_count(),
-            "home": os.path.expanduser("~")}
+    return {
+        "python": python,
+        "tried": tried,
+        "gpus": gpus,
+        "gpu_problem": gpu_problem,
+        "cpus": os.cpu_count(),
+        "home": os.path.expanduser("~"),
+    }
 
 
 def main():

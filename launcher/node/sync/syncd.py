@@ -101,8 +101,14 @@ def receive_relayed(dest, request):
         if conn is not None:
             conn.close()
     unreached = failed + tee.dropped
-    return count, total, {"relayed_to": [n for n, _ in connected if n not in dict(tee.dropped)],
-                          "unreached": [{"node": n, "why": w} for n, w in unreached]}
+    return (
+        count,
+        total,
+        {
+            "relayed_to": [n for n, _ in connected if n not in dict(tee.dropped)],
+            "unreached": [{"node": n, "why": w} for n, w in unreached],
+        },
+    )
 
 
 def socket_errors():
@@ -116,9 +122,11 @@ def refuse_home(dest, request):
     if request.get("home_ok"):
         return
     if os.path.realpath(dest) == os.path.realpath(os.path.expanduser("~")):
-        raise Refused(f"refusing to sync into the home directory {dest} itself: the tree's dotfiles (.gitignore, .env, "
-                      ".config/) would land over the user's own; set a workdir for this host, or sync.dest in the "
-                      "inventory (`dest: '~'` if you mean it)")
+        raise Refused(
+            f"refusing to sync into the home directory {dest} itself: the tree's dotfiles (.gitignore, .env, "
+            ".config/) would land over the user's own; set a workdir for this host, or sync.dest in the "
+            "inventory (`dest: '~'` if you mean it)"
+        )
 
 
 def make_dest(dest):
@@ -159,8 +167,10 @@ def lock_dest(dest, wait):
                 reply({"waiting": "another sync into %s holds its lock" % dest})
                 said = True
             if time.monotonic() > deadline:
-                raise Refused(f"another sync into {dest} is under way (waited {wait:g} s for it); run this one "
-                              "again when it has ended") from None
+                raise Refused(
+                    f"another sync into {dest} is under way (waited {wait:g} s for it); run this one "
+                    "again when it has ended"
+                ) from None
             time.sleep(timing("wait_s"))
             continue
         try:  # the holder before us removes the file when done: a lock on that old file locks nothing

@@ -39,8 +39,10 @@ class Listener:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Refused("the stream relayed through %s did not come in %g s (can the nodes reach each other? "
-                              "sync.relay: false keeps it to SSH)" % (parent, wait))
+                raise Refused(
+                    "the stream relayed through %s did not come in %g s (can the nodes reach each other? "
+                    "sync.relay: false keeps it to SSH)" % (parent, wait)
+                )
             self.server.settimeout(left)
             try:
                 conn, _ = self.server.accept()

@@ -108,8 +108,10 @@ class Stage:
             if path in self.checked:  # the one sync under dest's lock: what was a directory still is
                 continue
             if os.path.islink(path):
-                raise Refused(f"{path} is a symlink on the node; refusing to write through it (it may point outside "
-                              "the destination)")
+                raise Refused(
+                    f"{path} is a symlink on the node; refusing to write through it (it may point outside "
+                    "the destination)"
+                )
             if not os.path.lexists(path):
                 self.mkdir(path)
             elif not os.path.isdir(path):
@@ -143,11 +145,12 @@ class Stage:
             while left:
                 chunk = stream.read(min(int(timing("read_chunk")), left))
                 if not chunk:
-                    raise StreamEnded(f"the stream ended in the middle of {header['path']} (the controller stopped "
-                                  "sending)")
+                    raise StreamEnded(
+                        f"the stream ended in the middle of {header['path']} (the controller stopped sending)"
+                    )
                 view = memoryview(chunk)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 left -= len(chunk)
             os.fchmod(fd, int(header["mode"]) & 0o777)
             os.utime(fd, ns=(int(header["mtime_ns"]), int(header["mtime_ns"])))
@@ -165,8 +168,10 @@ class Stage:
             if header["kind"] == "link":
                 via = link_chain(header["path"], header["target"], is_link)
                 if via is not None:
-                    raise Refused(f"refusing symlink {header['path']} -> {header['target']}: it passes through the "
-                                  f"symlink {via}, and a chain of links can lead outside the destination")
+                    raise Refused(
+                        f"refusing symlink {header['path']} -> {header['target']}: it passes through the "
+                        f"symlink {via}, and a chain of links can lead outside the destination"
+                    )
 
     def commit(self):
         """Rename every staged entry into place: all of them, or (a rename failing) none, the old files put back."""
@@ -220,11 +225,15 @@ class Stage:
                 failed.append(final)
         why = exc.strerror or str(exc)
         if failed:
-            return (f"renaming {path} into place failed ({why}), and {len(failed)} file(s) renamed before it could "
-                    f"not be put back ({', '.join(failed[:3])}): the node holds a mix of the old and the new tree; "
-                    "run the sync again")
-        return (f"renaming {path} into place failed ({why}); the {len(done)} file(s) renamed before it were put "
-                "back: the node keeps its old tree")
+            return (
+                f"renaming {path} into place failed ({why}), and {len(failed)} file(s) renamed before it could "
+                f"not be put back ({', '.join(failed[:3])}): the node holds a mix of the old and the new tree; "
+                "run the sync again"
+            )
+        return (
+            f"renaming {path} into place failed ({why}); the {len(done)} file(s) renamed before it were put "
+            "back: the node keeps its old tree"
+        )
 
     def abort(self):
         for tmp, _final, _header in self.staged:

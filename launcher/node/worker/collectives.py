@@ -98,7 +98,8 @@ class Watcher:
                 "enqueued": _int(status.get("last_enqueued_collective")),
                 "started": _int(status.get("last_started_collective")),
                 "completed": _int(status.get("last_completed_collective")),
-                "in_flight": None}
+                "in_flight": None,
+            }
 
     def read_entries(self, entries):
         newest = {group: kept[-1][0] for group, kept in self.arrivals.items() if kept}
@@ -116,15 +117,24 @@ class Watcher:
                 self.arrivals.setdefault(group, []).append([seq, name, created / 1e9])
         for kept in self.arrivals.values():
             kept.sort()
-            del kept[:-self.keep]
+            del kept[: -self.keep]
         kept = {(group, row[0]) for group, rows in self.arrivals.items() for row in rows}
         kept.update((group, status["completed"] + 1) for group, status in self.groups.items())
         self.names = {key: name for key, name in self.names.items() if key in kept}
 
     def write(self, now):
-        record = {"v": 1, "rank": _int(os.environ.get("RANK")), "start": self.start, "t": now, "wall": time.time(),
-                  "source": " and ".join(self.sources), "cost_s": round(self.cost_s, 6), "groups": self.groups,
-                  "arrivals": self.arrivals, "why": self.why}
+        record = {
+            "v": 1,
+            "rank": _int(os.environ.get("RANK")),
+            "start": self.start,
+            "t": now,
+            "wall": time.time(),
+            "source": " and ".join(self.sources),
+            "cost_s": round(self.cost_s, 6),
+            "groups": self.groups,
+            "arrivals": self.arrivals,
+            "why": self.why,
+        }
         path = os.path.join(self.folder, str(os.getpid()))
         with open(path + ".new", "w") as handle:
             json.dump(record, handle, separators=(",", ":"))

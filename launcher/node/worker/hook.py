@@ -78,9 +78,13 @@ class Recorder:
             import time
 
             env = os.environ
-            line = b"%s %.3f %s %s %s\n" % (name, time.time(), env.get("RANK", "-").encode(),
-                                            env.get("LOCAL_RANK", "-").encode(),
-                                            env.get("TORCHELASTIC_RESTART_COUNT", "0").encode())
+            line = b"%s %.3f %s %s %s\n" % (
+                name,
+                time.time(),
+                env.get("RANK", "-").encode(),
+                env.get("LOCAL_RANK", "-").encode(),
+                env.get("TORCHELASTIC_RESTART_COUNT", "0").encode(),
+            )
             path = os.path.join(os.path.dirname(self.folder), PHASES_DIR, str(os.getpid()))
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
@@ -117,9 +121,19 @@ class Recorder:
         if self.fd is None:
             self.open()
         line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %s" % (
-            VERSION, self.start, b"on" if self.on else b"off", now, self.steps, self.t_step, self.batches,
-            self.t_batch, self.forward_s, self.data_s, self.why)
-        os.pwrite(self.fd, line[:self.size - 1].ljust(self.size - 1) + b"\n", 0)
+            VERSION,
+            self.start,
+            b"on" if self.on else b"off",
+            now,
+            self.steps,
+            self.t_step,
+            self.batches,
+            self.t_batch,
+            self.forward_s,
+            self.data_s,
+            self.why,
+        )
+        os.pwrite(self.fd, line[: self.size - 1].ljust(self.size - 1) + b"\n", 0)
         self.written = now
 
     def off(self, exc):
