@@ -20,10 +20,12 @@ from launcher.config.model import DEFAULT_MASTER_PORT
 from launcher.paths import relative
 from launcher.plan.launchplan import new_run_id
 from launcher.settings import Settings
-from launcher.tasks import _reported as reported  # the installed tasks' way with errors: one line, its exit code
-from launcher.tasks import _settings as settings_of  # the settings as the installed tasks read them
+from launcher.taskkit import (
+    reported,  # the installed tasks' way with errors: one line, its exit code
+    task,
+)
+from launcher.taskkit import task_settings as settings_of  # the settings as the installed tasks read them
 from launcher.tasks import ns as installed
-from launcher.tasks import task
 
 
 def bring_up(nodes: int, nproc_per_node: int = 1, master_port: int = DEFAULT_MASTER_PORT,

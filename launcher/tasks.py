@@ -8,162 +8,46 @@ A project's own tasks.py can add them: `ns = Collection(its_task, ...)`, then `n
 from __future__ import annotations
 
 import gc
-import sys
 
 # The imports below make ~60,000 objects that live as long as the process: no collection walks them while they are
 # made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
 gc.disable()
 
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any
 
-from invoke import Collection, Context, Exit, Task
-from invoke import task as invoke_task
+from invoke import Collection, Exit
 
-from launcher import app, options, trace
-from launcher.cliconfig import NOT_OPTIONS, SECTION, sources
+from launcher import app, options
+from launcher.cliconfig import SECTION
 from launcher.doctor import FAST_CHECKS
-from launcher.errors import USAGE, LauncherError
-from launcher.paths import called_as, invoked_as, relative, task_prefix
-from launcher.project import check_owner, resolve
-from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE_TIMEOUT_HELP, Settings
+from launcher.errors import USAGE
+from launcher.paths import relative
+from launcher.project import resolve
+from launcher.runtasks import logs, report, stacks, status, stop, top
+from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE_TIMEOUT_HELP
+from launcher.taskkit import (
+    ARGS_HELP,
+    COMMAND_HELP,
+    EXCLUDE_HELP,
+    HOSTS_HELP,
+    INCLUDE_HELP,
+    MODULE_HELP,
+    SCRIPT_HELP,
+    VERBOSE_HELP,
+    hosts_from,
+    inventory_path,
+    none_given,
+    project_root,
+    reported,
+    slurm_job,
+    task,
+    task_hosts,
+    task_settings,
+    verbose_on,
+)
 
 gc.freeze()
 gc.enable()
-
-HOSTS_HELP = (
-    "inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from the "
-    "defaults and job settings); default: the hosts setting (invoke.yaml's launcher.hosts, ddpl.yaml's "
-    "hosts)"
-)
-INCLUDE_HELP = "only these hosts, DeepSpeed's syntax: worker-1:0,2@worker-2 (GPU indices after :, hosts joined by @)"
-EXCLUDE_HELP = "every host but these (or without these GPUs), same syntax as --include"
-RUN_HELP = "run id (default: the run of this inventory that is running, else its newest)"
-JOB_HELP = "a SLURM job id (from the slurm.submit task): ask SLURM instead of the nodes"
-SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to each node's workdir)"
-MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
-COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
-ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
-
-
-class _Task(Task):
-    """A task whose `--verbose` is `-v` too, the one short flag (as `ssh -v`, `pip -v`)."""
-
-    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        opts = super().arg_opts(name, default, taken_names)
-        if name == "verbose":
-            opts["names"] = [*opts["names"], "v"]
-        return opts
-
-
-def task(*args: Any, **kwargs: Any) -> Any:
-    """Invoke's `@task` without its automatic short flags: made from each option's first letter, `-e` meant
-    --detach in one task and --exclude in another, and --hang-timeout got a broken `--=STRING` (its `-h` is help's).
-    Long options only, one meaning each, everywhere; but `--verbose`, which is `-v` too."""
-    if args and callable(args[0]):
-        return invoke_task(auto_shortflags=False, klass=_Task)(args[0])
-    return invoke_task(*args, auto_shortflags=False, klass=_Task, **kwargs)
-
-
-VERBOSE_HELP = (
-    "also show the launcher's own trace on the console: connections, messages sent and heard, its "
-    "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)"
-)
-
-
-def _verbose(on: bool) -> None:
-    if on:
-        trace.verbose()
-
-
-def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a task body; a LauncherError becomes its message and exit code, never a traceback. Its messages name the
-    command that runs it (`ddpl`, or `inv`: the prefix of Invoke's config) and the collection its tasks were added
-    as in a project's tasks.py (`inv ddp.doctor`)."""
-    path = fn.__name__.replace("_", ".")  # its name in `ns`: slurm_submit is the `submit` of `slurm`
-
-    @wraps(fn)
-    def wrapper(c: Context, *args: Any, **kwargs: Any) -> None:
-        try:
-            with called_as(invoked_as(c.config.prefix), task_prefix(path, sys.argv)):
-                code = fn(c, *args, **kwargs)
-        except LauncherError as exc:
-            message, code = app.main_error(exc)
-            raise Exit(f"error: {message}", code) from None
-        if code:
-            raise Exit(code=code)
-
-    return wrapper
-
-
-def _root(c: Context) -> Path | None:
-    """The installed command's project folder (`launcher.cliconfig.DdplConfig`); None for a checkout's `inv`, whose
-    settings' paths stay relative to the current folder."""
-    return getattr(c.config, "project_root", None)
-
-
-def _settings(c: Context, given: options.Given | None = None) -> Settings:
-    """The `launcher:` settings (invoke.yaml, or ddpl's files), then the options the command line `given`, every
-    number checked and noted with where it came from; a relative log_dir in ddpl's settings is the project's."""
-    overrides = (given or options.Given()).values()
-    try:
-        config = {k: v for k, v in c.config.get(SECTION, {}).items() if k not in NOT_OPTIONS}
-        root = _root(c)
-        if root is None:
-            return options.from_config(config, overrides, origins=sources(c.config))
-        if config.get("log_dir") is not None:
-            config["log_dir"] = str(resolve(config["log_dir"], root))
-        return options.from_config(config, overrides, sources=sources(c.config), section="")
-    except LauncherError as exc:
-        raise Exit(f"error: {exc}", USAGE) from None
-
-
-def _none_given(what: str, **others: Any) -> None:
-    """Exit with a usage error when any of `others` was given: it does not apply to `what`."""
-    given = [name for name, value in others.items() if value not in (None, False)]
-    if given:
-        raise Exit(f"error: --{given[0].replace('_', '-')} does not apply to {what}", USAGE)
-
-
-def _slurm_job(job: str, **others: Any) -> str:
-    """`--job` as given, once no option of a run over SSH comes with it (SLURM knows the job's nodes)."""
-    _none_given("a SLURM job (--job)", **others)
-    return job
-
-
-def _inventory(c: Context) -> Path:
-    """The `hosts` setting's inventory: in ddpl's settings, the project's (only when this user owns it)."""
-    config = c.config.get(SECTION, {})
-    root, path = _root(c), Path(config.get("hosts") or options.DEFAULT_HOSTS)
-    if root is None:
-        return path
-    found = resolve(path, root)
-    check_owner(found, c.config.safe_directories())
-    return Path(relative(found))
-
-
-def _hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> app.Hosts:
-    """`--hosts` (default: the `hosts` setting), what a hostfile takes from the settings, and the hosts chosen."""
-    config = c.config.get(SECTION, {})
-    root = _root(c)
-    where = sources(c.config).get("defaults", "invoke.yaml") if root is not None else "invoke.yaml"
-    return app.Hosts(
-        hosts or str(_inventory(c)),
-        config.get("defaults"),
-        config.get("job"),
-        include,
-        exclude,
-        project=root,
-        defaults_source=where,
-    )
-
-
-def _hosts_from(c: Context, hosts: str | None) -> str | None:
-    """Where the inventory was named, unless at its default: `--hosts`, else the settings' file or variable."""
-    found = sources(c.config).get("hosts")
-    return "--hosts" if hosts else None if found in (None, "default") else found
 
 
 @task(
@@ -198,7 +82,7 @@ def _hosts_from(c: Context, hosts: str | None) -> str | None:
         "verbose": VERBOSE_HELP,
     }
 )
-@_reported
+@reported
 def launch(
     c,
     hosts=None,
@@ -225,7 +109,7 @@ def launch(
     verbose=False,
 ):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
-    _verbose(verbose)
+    verbose_on(verbose)
     given = options.Given(
         detach=detach,
         grace=grace,
@@ -240,15 +124,15 @@ def launch(
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
     return app.launch(
-        _hosts(c, hosts, include, exclude),
+        task_hosts(c, hosts, include, exclude),
         app.JobArgs(script, module, command, args),
         dry_run=dry_run,
         doctor=not skip_doctor,
         sync=sync,
         slurm=slurm,
-        settings=_settings(c, given),
+        settings=task_settings(c, given),
         as_json=json,
-        hosts_from=_hosts_from(c, hosts),
+        hosts_from=hosts_from(c, hosts),
     )
 
 
@@ -264,7 +148,7 @@ def launch(
         "verbose": VERBOSE_HELP,
     }
 )
-@_reported
+@reported
 def attach(
     c,
     hosts=None,
@@ -278,8 +162,8 @@ def attach(
 ):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
     machine's copy stopped, Ctrl-C stops it everywhere, and the run's exit code."""
-    _verbose(verbose)
-    settings = _settings(
+    verbose_on(verbose)
+    settings = task_settings(
         c,
         options.Given(
             grace=grace,
@@ -289,7 +173,7 @@ def attach(
             on_hang=on_hang,
         ),
     )
-    return app.attach(_hosts(c, hosts), run, settings=settings)
+    return app.attach(task_hosts(c, hosts), run, settings=settings)
 
 
 @task(
@@ -314,7 +198,7 @@ def attach(
         "verbose": VERBOSE_HELP,
     }
 )
-@_reported
+@reported
 def doctor(
     c,
     hosts=None,
@@ -334,21 +218,21 @@ def doctor(
     verbose=False,
 ):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
-    _verbose(verbose)
+    verbose_on(verbose)
     if job:
-        _slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
+        slurm_job(job, include=include, exclude=exclude, connect_timeout=connect_timeout, slurm=slurm)
     elif slurm:
-        _none_given(
+        none_given(
             "--slurm (the allocation names the nodes)",
             include=include,
             exclude=exclude,
             connect_timeout=connect_timeout,
         )
     return app.doctor(
-        _hosts(c, hosts, include, exclude),
+        task_hosts(c, hosts, include, exclude),
         as_json=json,
         checks="fast" if fast else "all",
-        settings=_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
+        settings=task_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
         net=net,
         slurm=slurm,
         job=job,
@@ -364,94 +248,14 @@ def doctor(
         "silence-timeout": "a node that takes no data for this many seconds (a hung disk) fails its sync",
     }
 )
-@_reported
+@reported
 def sync(c, hosts=None, connect_timeout=None, silence_timeout=None):
     """Make every node's workdir hold this project tree (git's file list, .gitignore, sync.exclude); only changed
     files travel, all nodes at once; nothing on a node is deleted."""
     return app.sync(
-        _hosts(c, hosts), _settings(c, options.Given(connect_timeout=connect_timeout, silence_timeout=silence_timeout))
+        task_hosts(c, hosts),
+        task_settings(c, options.Given(connect_timeout=connect_timeout, silence_timeout=silence_timeout)),
     )
-
-
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "grace": "seconds between TERM and KILL", "job": JOB_HELP})
-@_reported
-def stop(c, hosts=None, run=None, grace=None, job=None):
-    """Stop a run on every node: TERM, a grace period, KILL; then check nothing of it is left."""
-    if job:  # scancel: SLURM's KillWait is the grace period
-        _slurm_job(job, hosts=hosts, run=run, grace=grace)
-    return app.stop(_hosts(c, hosts), run, _settings(c, options.Given(grace=grace)), job=job)
-
-
-@task(help={"hosts": HOSTS_HELP, "run": RUN_HELP, "job": JOB_HELP})
-@_reported
-def status(c, hosts=None, run=None, job=None):
-    """Per node: running / exited (code) / stopped / unreachable, and since when."""
-    if job:
-        _slurm_job(job, hosts=hosts, run=run)
-    return app.status(_hosts(c, hosts), run, _settings(c), job=job)
-
-
-@task(
-    help={
-        "hosts": HOSTS_HELP,
-        "run": RUN_HELP,
-        "follow": "keep printing as the run writes, until it ends",
-        "node": "only this node",
-        "rank": "only this global rank's lines",
-        "job": JOB_HELP,
-    }
-)
-@_reported
-def logs(c, hosts=None, run=None, follow=False, node=None, rank=None, job=None):
-    """Replay a run's log from the nodes, prefixed by node and rank."""
-    if job:  # the job's output file holds every node's prefixed lines
-        _slurm_job(job, hosts=hosts, run=run, node=node, rank=rank)
-    rank = options.whole_number("rank", rank) if rank is not None else None
-    return app.logs(_hosts(c, hosts), run, node=node, rank=rank, follow=follow, settings=_settings(c), job=job)
-
-
-@task(
-    help={
-        "hosts": HOSTS_HELP,
-        "run": RUN_HELP,
-        "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
-    }
-)
-@_reported
-def stacks(c, hosts=None, run=None, job=None):
-    """Every rank's Python stack from every node, grouped by where the ranks are; the run goes on."""
-    return app.stacks(_hosts(c, hosts), run, _settings(c), job=job)
-
-
-@task(
-    help={
-        "hosts": HOSTS_HELP,
-        "run": RUN_HELP,
-        "json": "also print the page's figures as JSON (headline, first_step_s, slowest, marks, each node's end)",
-        "job": "a running SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
-    }
-)
-@_reported
-def report(c, hosts=None, run=None, json=False, job=None):
-    """Write the run's page, logs/<run id>/report.html: its start as a waterfall, its timeline, its end."""
-    return app.report(_hosts(c, hosts), run, _settings(c), as_json=json, job=job)
-
-
-@task(
-    help={
-        "hosts": HOSTS_HELP,
-        "run": RUN_HELP,
-        "once": "one snapshot (after a few seconds' look), not the live view",
-        "json": "with --once: the snapshot as JSON (run, nodes, ranks)",
-        "job": "a SLURM job id (from the slurm.submit task): the run inside it, through steps of the job",
-    }
-)
-@_reported
-def top(c, hosts=None, run=None, once=False, json=False, job=None):
-    """A live view of every node and rank of a run: CPU, memory, GPUs, last line, steps/s, stragglers (q quits)."""
-    if json and not once:
-        raise Exit("error: --json goes with --once (the live view is for a terminal)", USAGE)
-    return app.top(_hosts(c, hosts), run, _settings(c), once=once, as_json=json, job=job)
 
 
 @task(
@@ -471,7 +275,7 @@ def top(c, hosts=None, run=None, once=False, json=False, job=None):
         "skip-doctor": f"start without the doctor's fast checks ({', '.join(FAST_CHECKS)}) inside the job",
     }
 )
-@_reported
+@reported
 def slurm_submit(
     c,
     hosts=None,
@@ -491,7 +295,7 @@ def slurm_submit(
     if nodes is None:
         raise Exit("error: --nodes is required: how many nodes to ask SLURM for", USAGE)
     return app.slurm_submit(
-        _hosts(c, hosts),
+        task_hosts(c, hosts),
         options.whole_number("nodes", nodes, 1),
         partition=partition,
         time=time,
@@ -500,7 +304,7 @@ def slurm_submit(
         job=app.JobArgs(script, module, command, args),
         skip_doctor=skip_doctor,
         job_name=job_name,
-        settings=_settings(c),
+        settings=task_settings(c),
     )
 
 
@@ -523,7 +327,7 @@ def slurm_submit(
         f"(default: {options.DEFAULT_EXAMPLE} in the project); no node is asked",
     }
 )
-@_reported
+@reported
 def init(
     c,
     hosts=None,
@@ -542,7 +346,7 @@ def init(
 
     It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
     if example:
-        _none_given(
+        none_given(
             "--example (no node is asked)",
             hosts=hosts,
             workdir=workdir,
@@ -551,7 +355,9 @@ def init(
             ssh_config=ssh_config,
             connect_timeout=connect_timeout,
         )
-        return app.init_example(Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE, _root(c)))))
+        return app.init_example(
+            Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE, project_root(c))))
+        )
     names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
     if not names:
         raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)
@@ -560,12 +366,12 @@ def init(
         if nproc_per_node is None
         else options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
     )
-    project = _root(c) or Path.cwd()
+    project = project_root(c) or Path.cwd()
     if ssh_config and not ssh_config.startswith("~"):  # the inventory's ssh_config is read from wherever ddpl runs
         ssh_config = str(Path(ssh_config).absolute())
     return app.init(
         names,
-        Path(output) if output else _inventory(c),
+        Path(output) if output else inventory_path(c),
         workdir=workdir or f"~/{project.name}",
         script=script,
         master_port=options.whole_number("master_port", master_port, 1, 65535),
@@ -574,7 +380,7 @@ def init(
         ssh_config=ssh_config,
         doctor_too=not skip_doctor,
         default_output=output is None,
-        settings=_settings(c, options.Given(connect_timeout=connect_timeout)),
+        settings=task_settings(c, options.Given(connect_timeout=connect_timeout)),
     )
 
 

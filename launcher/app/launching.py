@@ -11,6 +11,7 @@ from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobArgs, job_of
 from launcher.config.model import Cluster, Job
 from launcher.errors import LauncherError, RunFailed
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.settings import for_run
 from launcher.run import attempts
@@ -60,17 +61,29 @@ def launch(
         run_io.err.write(note + "\n")
     plan = plan_launch(cluster, chosen, run_id, settings=settings)  # a PlanError names the inventory
     if dry_run:
-        from launcher.plan.request import shown_request
-        from launcher.plan.usedsettings import settings_text
+        return _dry_run(plan, run_io, hosts_from, as_json)
+    return _started(plan, _gated(plan, hosts, run_io, doctor, sync), doctor)
 
-        shown = [plan.dry_run_text(), "", *settings_text(plan, hosts_from)]
-        run_io.out.write("\n".join(shown + (["", *shown_request(plan)] if as_json else [])) + "\n")
-        return 0
+
+def _dry_run(plan: LaunchPlan, run_io: RunIO, hosts_from: str | None, as_json: bool) -> int:
+    """`--dry-run`: the plan, the settings it uses with where each came from, the agent's request with `--json`."""
+    from launcher.plan.request import shown_request
+    from launcher.plan.usedsettings import settings_text
+
+    shown = [dry_run_text(plan), "", *settings_text(plan, hosts_from)]
+    run_io.out.write("\n".join(shown + (["", *shown_request(plan)] if as_json else [])) + "\n")
+    return 0
+
+
+def _gated(plan: LaunchPlan, hosts: str | Hosts, run_io: RunIO, doctor: bool, sync: bool) -> RunIO:
+    """What runs before the start: the doctor's fast checks in the agents' sessions, `--sync` over the run's own
+    connections before them (the script check then passes)."""
+    settings = plan.settings
     if doctor and run_io.gate is None:
         from launcher.doctor.collect import doctor_gate
 
         run_io = replace(run_io, gate=doctor_gate(settings, run_io.err))
-    if sync:  # over the run's own connections, before the doctor's checks (its script check then passes)
+    if sync:
         from launcher.sync import push as code_sync
 
         gate = run_io.gate or ConnectionsFirst()  # the doctor's checks, if on, run in the agents' sessions
@@ -81,7 +94,12 @@ def launch(
             outputs=(settings.output.log_dir,),
         )
         run_io = replace(run_io, gate=replace(gate, before=before))
-    began = time.time()
+    return run_io
+
+
+def _started(plan: LaunchPlan, run_io: RunIO, doctor: bool) -> int:
+    """The run (with its retries), then its page by a process of its own and the line that says where."""
+    settings, began = plan.settings, time.time()
     try:
         if not settings.run.retries:
             code = run_launch.launch_run(plan, run_io)

@@ -197,10 +197,10 @@ def logs(
 
         return on_slurm.job_logs(job, follow, settings, run_io)
     from launcher.app.pages import page_later, page_path
-    from launcher.run import control as run_control
+    from launcher.run.runlogs import logs as node_logs
 
     cluster = load_inventory(hosts)
-    code = run_control.logs(cluster, run_id, node=node, rank=rank, follow=follow, settings=settings, run_io=run_io)
+    code = node_logs(cluster, run_id, node=node, rank=rank, follow=follow, settings=settings, run_io=run_io)
     if run_id is None or not page_path(settings, run_id).exists():
         page_later(cluster, [run_id], settings, if_ended=True)  # a detached run's page, once it ended: its own process
     return code

@@ -19,6 +19,7 @@ from launcher.doctor.evidence import Report
 from launcher.errors import LauncherError, UsageError
 from launcher.limits import JOB_DOCTOR_PORT_SHIFT, SLURM_STOP_WAIT
 from launcher.paths import REPO, hint, relative, task_call
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.settings import for_run
 from launcher.run.run_io import RunIO
@@ -45,7 +46,7 @@ def launch_slurm(
     names = allocation.allocation_nodes(os.environ)
     plan = plan_launch(allocation.allocation_cluster(cluster, names), job, settings=settings)
     if dry_run:
-        run_io.out.write(plan.dry_run_text() + "\n")
+        run_io.out.write(dry_run_text(plan) + "\n")
         return 0
     if doctor and run_io.gate is None:  # the standalone `inv doctor` reaches nodes over SSH, not in a job
         run_io = replace(run_io, gate=replace(doctor_gate(settings, run_io.err), full_report=False))

@@ -84,8 +84,6 @@ class AttemptEvents:
 
 def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -> int:
     """`run_launch.launch_run`, again as `after_attempt` decides, up to the plan's `retries` more times."""
-    from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
-
     attempts: list[Attempt] = []
     ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
@@ -102,16 +100,7 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
         )
         attempts.append(attempt)
         _record(log_dir, attempts)
-        events, error = AttemptEvents(run_io), None
-        heard: list[RunEnd] = []
-        try:
-            code = run_launch.launch_run(plan, replace(run_io, on_event=events.take, on_end=heard.append))
-        except RunFailed as exc:
-            code, error = exc.exit_code, exc
-        except (LauncherError, KeyboardInterrupt) as exc:
-            _could_not_start(exc, attempt, attempts, log_dir, run_io)
-            raise
-        end = heard[-1].end if heard else AttemptEnd(How.NO_START, "it could not start")
+        code, error, end, events = _attempt(plan, run_io, attempts)
         ends.append(end)
         if end.how.node_caused and end.node is not None:
             failures.setdefault(end.node, []).append(time.time())
@@ -147,6 +136,25 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
                 lines = [ending.text, "attempts:", *(f"  {line}" for line in summary(attempts))]
                 raise RunFailed("\n".join(lines), 1, node=attempts[-1].cause)
             plan, sat_out = _next_plan(first, chosen, run_io, len(attempts)), dict(chosen.dropped)
+
+
+def _attempt(
+    plan: LaunchPlan, run_io: RunIO, attempts: list[Attempt]
+) -> tuple[int, RunFailed | None, AttemptEnd, AttemptEvents]:
+    """One attempt, the last of `attempts`, to its end: its exit code, its failure, how it ended (the run's own word,
+    `RunIO.on_end`), what its events said. One that could not start is recorded as ended, and raises."""
+    from launcher.run import launch as run_launch  # here: `inv status` reads the attempts, and starts nothing
+
+    events, error = AttemptEvents(run_io), None
+    heard: list[RunEnd] = []
+    try:
+        code = run_launch.launch_run(plan, replace(run_io, on_event=events.take, on_end=heard.append))
+    except RunFailed as exc:
+        code, error = exc.exit_code, exc
+    except (LauncherError, KeyboardInterrupt) as exc:
+        _could_not_start(exc, attempts[-1], attempts, plan.settings.output.log_dir, run_io)
+        raise
+    return code, error, heard[-1].end if heard else AttemptEnd(How.NO_START, "it could not start"), events
 
 
 def _final(decision: Final, code: int, error: RunFailed | None, attempts: list[Attempt], run_io: RunIO) -> int:

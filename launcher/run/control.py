@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from launcher.config.model import Cluster, Host
@@ -16,10 +16,8 @@ from launcher.limits import ACTION_MARGIN
 from launcher.node.wire import Event
 from launcher.paths import hint
 from launcher.plan import runchoice
-from launcher.plan.launchplan import rank_offsets
 from launcher.plan.request import inventory_id
-from launcher.report.lines import NodeLog, supports_colour
-from launcher.run.actions import agent_action, agent_input, check_run_id, connect_or_fail
+from launcher.run.actions import agent_action, agent_input, check_run_id
 from launcher.run.run_io import RunIO
 from launcher.settings import Settings
 from launcher.transport.channel import Result
@@ -205,6 +203,18 @@ def _join(threads: list[threading.Thread], deadline: float) -> None:
             t.join(0.2)  # in short steps: Ctrl-C is heard at once
 
 
+@dataclass
+class _Exchange:
+    """One question to every node at once, and what each is then told (`_ask_then_tell`)."""
+
+    firsts: dict[str, Result | NodeFailure] = field(default_factory=dict)
+    results: dict[str, Result | NodeFailure] = field(default_factory=dict)
+    answered: threading.Condition = field(default_factory=threading.Condition)
+    told: threading.Event = field(default_factory=threading.Event)
+    message: bytes = b""
+    """What each node hears once every node answered (before that: nothing to act on)."""
+
+
 def _ask_then_tell(
     nodes: dict[str, Node],
     cluster: Cluster,
@@ -217,56 +227,60 @@ def _ask_then_tell(
     node is then told (`{"run_id": ...}` on its stdin); each node's result holds its whole output. All sessions are
     open at once, as a launch's start gate's: the choice waits for the last node."""
     hosts = [h for h in cluster.hosts if h.name in nodes]
-    firsts: dict[str, Result | NodeFailure] = {}
-    results: dict[str, Result | NodeFailure] = {}
-    answered, told = threading.Condition(), threading.Event()
-    message = [_message(None)]  # what each node hears when the choice fails: nothing to act on
-
-    def one(host: Host) -> None:
-        node, channel = nodes[host.name], None
-        out, err = bytearray(), bytearray()
-        try:
-            channel = node.open_channel(host_command(host))
-            channel.send(agent_input({**request, "node": host.name}))
-            channel.read_line(out, err, time.monotonic() + timeout)
-            first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out), bytes(err))
-        except Exception as exc:
-            first = classify(node.target, exc)
-        with answered:
-            firsts[host.name] = first
-            answered.notify_all()
-        if isinstance(first, NodeFailure) or channel is None or channel.finished:
-            results[host.name] = first  # it ended on its own (a refused request): nothing more to tell it
-            if channel is not None:
-                channel.close()
-            return
-        try:
-            told.wait()
-            channel.send(message[0])
-            channel.close_stdin()
-            rest = channel.collect(timeout)
-            results[host.name] = Result(
-                rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr, rest.timed_out
-            )
-        except Exception as exc:
-            results[host.name] = classify(node.target, exc)
-        finally:
-            channel.close()
-
-    threads = [threading.Thread(target=one, args=(h,), daemon=True, name=f"ask-{h.name}") for h in hosts]
+    exchange = _Exchange(message=_message(None))  # what each node hears when the choice fails: nothing to act on
+    threads = [
+        threading.Thread(
+            target=_ask_one, args=(nodes[h.name], h, request, timeout, exchange), daemon=True, name=f"ask-{h.name}"
+        )
+        for h in hosts
+    ]
     for t in threads:
         t.start()
     try:
         deadline = time.monotonic() + timeout + max(n.timeout for n in nodes.values())
-        with answered:
-            while len(firsts) < len(hosts) and time.monotonic() < deadline:
-                answered.wait(0.2)
-        missing = {h.name: _no_answer(h.name, timeout) for h in hosts if h.name not in firsts}
-        message[0] = _message(decide({**missing, **firsts}))
+        with exchange.answered:
+            while len(exchange.firsts) < len(hosts) and time.monotonic() < deadline:
+                exchange.answered.wait(0.2)
+        missing = {h.name: _no_answer(h.name, timeout) for h in hosts if h.name not in exchange.firsts}
+        exchange.message = _message(decide({**missing, **exchange.firsts}))
     finally:
-        told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting here)
+        exchange.told.set()  # a failed choice too: every node hears `none` and its session ends (Ctrl-C: no waiting)
     _join(threads, time.monotonic() + timeout + 5)
-    return {h.name: results.get(h.name) or firsts.get(h.name) or _no_answer(h.name, timeout) for h in hosts}
+    found = exchange.results, exchange.firsts
+    return {h.name: found[0].get(h.name) or found[1].get(h.name) or _no_answer(h.name, timeout) for h in hosts}
+
+
+def _ask_one(node: Node, host: Host, request: dict[str, Any], timeout: float, exchange: _Exchange) -> None:
+    """One node's part of `_ask_then_tell`: its first answer, then, once told, the rest of its output."""
+    channel = None
+    out, err = bytearray(), bytearray()
+    try:
+        channel = node.open_channel(host_command(host))
+        channel.send(agent_input({**request, "node": host.name}))
+        channel.read_line(out, err, time.monotonic() + timeout)
+        first: Result | NodeFailure = Result(channel.exit_code() if channel.finished else 0, bytes(out), bytes(err))
+    except Exception as exc:
+        first = classify(node.target, exc)
+    with exchange.answered:
+        exchange.firsts[host.name] = first
+        exchange.answered.notify_all()
+    if isinstance(first, NodeFailure) or channel is None or channel.finished:
+        exchange.results[host.name] = first  # it ended on its own (a refused request): nothing more to tell it
+        if channel is not None:
+            channel.close()
+        return
+    try:
+        exchange.told.wait()
+        channel.send(exchange.message)
+        channel.close_stdin()
+        rest = channel.collect(timeout)
+        exchange.results[host.name] = Result(
+            rest.exit_code, bytes(out) + rest.stdout, bytes(err) + rest.stderr, rest.timed_out
+        )
+    except Exception as exc:
+        exchange.results[host.name] = classify(node.target, exc)
+    finally:
+        channel.close()
 
 
 def _no_answer(name: str, timeout: float) -> NodeFailure:
@@ -320,89 +334,3 @@ def status(
 ) -> list[NodeState]:
     """Each node's view of a run (by default the one of this inventory that runs, else its newest)."""
     return _states(cluster, {"action": "status", "run_id": run_id}, settings or Settings(), (run_io or RunIO()).err)
-
-
-def logs(
-    cluster: Cluster,
-    run_id: str | None = None,
-    *,
-    node: str | None = None,
-    rank: int | None = None,
-    follow: bool = False,
-    settings: Settings | None = None,
-    run_io: RunIO | None = None,
-) -> int:
-    """Replay (and with `follow`, follow) the log of a run from the nodes, prefixed like a live launch."""
-    settings, run_io = settings or Settings(), run_io or RunIO()
-    check_run_id(run_id)
-    hosts = [h for h in cluster.hosts if node is None or h.name == node]
-    if not hosts:
-        raise LauncherError(
-            f"{cluster.source}: no host named {node!r} (hosts: {', '.join(h.name for h in cluster.hosts)})"
-        )
-    nodes = connect_or_fail(cluster, hosts, settings, run_io.err)
-    try:
-        run_id = run_id or chosen_run(cluster, nodes, settings, run_io.err)
-    except BaseException:
-        close_all(nodes.values())
-        raise
-    offsets, colour, width = rank_offsets(cluster), supports_colour(run_io.out), max(len(h.name) for h in hosts)
-    lock = threading.Lock()
-    failures: list[str] = []
-
-    def one(index: int, host: Host) -> None:
-        log = NodeLog(host.name, index, width, offsets[host.name], colour)
-        sink = _RankFilter(run_io.out, rank, lock)
-        channel = None
-        try:
-            channel = nodes[host.name].open_channel(host_command(host))
-            channel.send(agent_input({"action": "logs", "node": host.name, "run_id": run_id, "follow": follow}))
-            channel.close_stdin()
-            err = bytearray()
-            while not channel.finished:
-                out, e = channel.read()
-                err += e
-                if out:
-                    log.feed(out, sink)
-                elif channel.drained:
-                    break
-                else:
-                    channel.wait_readable(0.5)
-        except Exception as exc:  # a channel that fails is this node's failure, never a silent exit 0
-            failures.append(f"{host.name}: {classify(nodes[host.name].target, exc)}")
-            return
-        finally:
-            log.close(sink)
-            if channel is not None:  # its select() pipe too, now rather than when it is collected
-                channel.close()
-        if channel.exit_code() != 0:
-            failures.append(f"{host.name}: {_agent_error(Result(channel.exit_code(), b'', bytes(err)))}")
-
-    try:
-        threads = [threading.Thread(target=one, args=(i, h), daemon=True) for i, h in enumerate(hosts)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)
-    finally:
-        close_all(nodes.values())
-    for line in failures:
-        run_io.err.write(line + "\n")
-    return 1 if failures else 0
-
-
-class _RankFilter:
-    """A text sink that keeps only one global rank's lines (when a rank is asked for), whole lines at a time."""
-
-    def __init__(self, out: IO[str], rank: int | None, lock: threading.Lock):
-        self.out, self.rank, self.lock = out, rank, lock
-
-    def write(self, text: str) -> None:
-        if self.rank is not None:
-            tag = f" r{self.rank} "
-            text = "".join(line + "\n" for line in text.splitlines() if tag in line.split("|", 1)[0] + " ")
-        if text:
-            with self.lock:
-                self.out.write(text)
-                self.out.flush()

@@ -36,16 +36,17 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.wire import GO, KILL, POSITION, STOP, message_line
+from launcher.node.wire import KILL, POSITION, STOP, message_line
 from launcher.plan.ends import Supervised
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.recovery import FailStart, GoOnWithout, StopRun, after_node_end, group_needs
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
-from launcher.run.gaterounds import gate_check
 from launcher.run.hangcheck import HangCheck
+from launcher.run.reach import cut_off_since, out_of_reach, silence_limit, stop_over
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
+from launcher.run.starting import start
 from launcher.run.state import GroupState, RunState
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.connections import Node
@@ -136,24 +137,9 @@ class RunHandle:
     # --- start ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open every node's agent session at once and wait until all started.
-
-        Any node that cannot start makes the others stop what they started: a run starts everywhere or nowhere.
-        With a `StartGate` (the doctor's checks) each agent probes first, in the same session; the gate's verdict
-        comes before `go`, and when it raises, every agent is told `abort` and nothing starts anywhere.
-        """
-        began = time.monotonic()
-        gate = self.gate
-        if gate is not None and gate.in_session:
-            gate_check(self, gate, began)  # the sessions open while their checks are gathered
-        else:
-            self.opened(self.link.open(self.plan.nodes, self.opener))
-        # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
-        self._until(lambda: all(s.ready or s.end for s in self.sessions.values()))
-        if self.start_failure is None:
-            log.debug("every node is ready in %.2f s: go", time.monotonic() - began)
-            for session in self.sessions.values():
-                session.channel.send(message_line(GO))
+        """Open every node's agent session at once and wait until all started (`launcher.run.starting.start`): a run
+        starts everywhere or nowhere."""
+        start(self)
         self._started()
 
     def attach(self, offsets: Mapping[str, int | None]) -> None:
@@ -172,14 +158,14 @@ class RunHandle:
                 self._fail_start(f"{command.host.name}: {error}")
         self._started()
 
-    def _until(self, done: Callable[[], bool]) -> None:
+    def until(self, done: Callable[[], bool]) -> None:
         """Step until `done`, or until the start failed."""
         while self.start_failure is None and not done():
             self.step(0.2)
 
     def _started(self) -> None:
         """Every node started (or taken): the run is RUNNING and the hang watch's clock starts."""
-        self._until(lambda: all(s.started or s.end for s in self.sessions.values()))
+        self.until(lambda: all(s.started or s.end for s in self.sessions.values()))
         if self.start_failure is None and self.state == RunState.STARTING:
             self._enter(RunState.RUNNING, f"{len(self.sessions)} node(s) started")
         if self.hangs is not None:
@@ -226,9 +212,11 @@ class RunHandle:
         for caught in self.returns.due(self.sessions, now):
             self.on_event(caught)
         bound = self._outage_bound(now)
-        for session in list(self.sessions.values()):
+        sessions = list(self.sessions.values())
+        over = stop_over(sessions, self.stop_deadline)
+        for session in sessions:
             if session.end is None:
-                self._look_at(session, now, bound)
+                self._look_at(session, now, bound, over)
         if (
             self.hangs is not None
             and self.hang is None
@@ -258,99 +246,34 @@ class RunHandle:
         self.returns.away(now, away_s, {s.name: s.lines for s in live if s.started})
 
     def _outage_bound(self, now: float) -> float:
-        """How long a node may be out of reach: the silence timeout, or, while no node of the run can be reached at all
-        (this launcher's own network, most likely: a laptop's Wi-Fi), the nodes' own bound, when they stop the run by
-        themselves (said once, as it begins); until every node is back or ended. A node heard from since the first
-        outage began (its end, as its peers fail after a node died) says this machine's network works: not cut off."""
-        sessions = list(self.sessions.values())
-        live = [s for s in sessions if s.end is None]
-        out = [s.outage for s in live if s.outage is not None]
-        if not out:
-            self.cut_off = None
-        elif (
-            self.cut_off is None
-            and len(out) == len(live)
-            and now - min(out) > self.settings.run.silence_timeout
-            and not any(s.heard > min(out) for s in sessions if s.outage is None)
-        ):
-            self.cut_off = min(out)
+        """How long a node may be out of reach: the silence timeout, or, while this machine is cut off from every
+        node (`reach.cut_off_since`), the nodes' own bound, when they stop the run by themselves (said once, as it
+        begins)."""
+        run = self.settings.run
+        was = self.cut_off
+        self.cut_off = cut_off_since(list(self.sessions.values()), was, now, run.silence_timeout)
+        if was is None and self.cut_off is not None:
             since = time.time() - (now - self.cut_off)
-            log.info(
-                "no node can be reached for %.0f s: cut off (this machine's network?); waiting up to the nodes' "
-                "own bound",
-                now - self.cut_off,
-            )
-            self.on_event(CutOff("", time.time(), since, since + self.settings.run.heartbeat_timeout))
-        return self.settings.run.silence_timeout if self.cut_off is None else self.settings.run.heartbeat_timeout
+            log.info("no node can be reached for %.0f s: cut off (this machine's network?)", now - self.cut_off)
+            self.on_event(CutOff("", time.time(), since, since + run.heartbeat_timeout))
+        return run.silence_timeout if self.cut_off is None else run.heartbeat_timeout
 
-    def _look_at(self, session: Session, now: float, outage_bound: float) -> None:
-        """A message the channel could not take before; a node out of reach or silent past its limit; a stop past its
-        deadline."""
+    def _look_at(self, session: Session, now: float, outage_bound: float, over: bool) -> None:
+        """A message the channel could not take before; a node out of reach now (`reach.out_of_reach`), ended so: one
+        lost since its loss (the root cause, not a node that missed a stop)."""
         if session.pending_message is not None and session.channel.send(session.pending_message, block=False):
             session.pending_message = None
-        silent = now - session.heard
-        # Before its agent is ready a node may be starting its python from a cold network filesystem.
         run = self.settings.run
-        limit = run.silence_timeout if session.ready else max(run.silence_timeout, run.probe_timeout)
-        if session.outage is not None:
-            if silent > max(limit, outage_bound) or (self.stop_deadline or now) < now or self._stop_over():
-                self._lost(session, now)
-        elif silent > limit:
-            log.info("%s: silent for %.0f s (limit %g s): it stopped answering", session.name, silent, limit)
-            self._take(
-                Ended(
-                    session.name,
-                    time.time(),
-                    NodeEnd(
-                        session.name,
-                        EndKind.SILENT,
-                        time.time(),
-                        asked_to_stop=session.asked_to_stop,
-                        silent_for=silent,
-                    ),
-                )
-            )
-        elif self.stop_deadline is not None and now > self.stop_deadline:
-            log.info("%s: no end by the stop's deadline", session.name)
-            self._take(
-                Ended(
-                    session.name,
-                    time.time(),
-                    NodeEnd(session.name, EndKind.UNANSWERED, time.time(), asked_to_stop=True),
-                )
-            )
-
-    def _stop_over(self) -> bool:
-        """A stop is under way and every node that can be reached has ended: waiting for this one's reconnect (it is
-        out of reach) would only hold up the run's end (the sweep still tries to stop it over a new connection). Where
-        none has ended (this machine's network, most likely), the stop's deadline gives the stop a chance to get out."""
-        sessions = list(self.sessions.values())
-        return (
-            self.stop_deadline is not None
-            and any(s.end is not None for s in sessions)
-            and all(s.end is not None or s.outage is not None for s in sessions)
-        )
-
-    def _lost(self, session: Session, now: float) -> None:
-        """A node whose connection went and is not back within the silence timeout, or by the time the run's stop is
-        over (its peers failed meanwhile: it went first). Lost since the loss: it is the root cause, not a node that
-        missed a stop."""
-        assert session.outage is not None
-        since = time.time() - (now - session.outage)
-        if session.reconnect_error is not None:
-            session.messages.append(
-                f"could not reconnect within {now - session.outage:.0f} s: {session.reconnect_error}"
-            )
-        # A node that fell silent with its connection up stopped answering; one whose connection went was lost.
-        kind = EndKind.SILENT if session.lost_how == "silent" else EndKind.LOST
-        log.info(
-            "%s: lost for %.0f s (%s; last try: %s)",
-            session.name,
-            now - session.outage,
-            session.lost_how,
-            session.reconnect_error,
-        )
-        self._take(Ended(session.name, since, NodeEnd(session.name, kind, since, silent_for=now - session.outage)))
+        limit = silence_limit(session, run.silence_timeout, run.probe_timeout)
+        end = out_of_reach(session, now, limit, outage_bound, self.stop_deadline, over)
+        if end is None:
+            return
+        at = time.time() if session.outage is None else time.time() - (now - session.outage)
+        if session.outage is not None and session.reconnect_error is not None:
+            lost_for = now - session.outage
+            session.messages.append(f"could not reconnect within {lost_for:.0f} s: {session.reconnect_error}")
+        log.info("%s: out of reach (%s, %.0f s; %s)", session.name, end.kind, end.silent_for, session.reconnect_error)
+        self._take(Ended(session.name, at, replace(end, time=at)))
 
     def _take(self, event: NodeEvent) -> None:
         session = self.sessions[event.node]

@@ -98,22 +98,8 @@ class RunConsole:
         self.logs = {
             c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour) for i, c in enumerate(plan.nodes)
         }
-        owner = new_owner()
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
-        reconnector = (
-            None
-            if opener is not None or settings.run.detach
-            else Reconnector(plan.cluster, nodes, run_ssh(settings), AGENT_SOURCE, plan.run_id, owner)
-        )
-        requests = (
-            {
-                c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
-                for c in plan.nodes
-            }
-            if attach is None
-            else {}
-        )
-        self.handle = RunHandle(plan, nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate, reconnector)
+        self.handle = self._handle(envs, opener)
         self.interrupts = 0
         """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
         self.end_text = ""
@@ -131,6 +117,25 @@ class RunConsole:
             self._straggler,
             hangs.arrivals if hangs is not None else Arrivals(),
         )
+
+    def _handle(self, envs: dict[str, NodeEnv], opener: SessionOpener | None) -> RunHandle:
+        """The run's handle: over SSH with reconnects (an attached run's nodes take this launcher back as their owner),
+        or through an srun step's sessions (`opener`); each node's start request (none for `attach`)."""
+        plan, run_io, owner = self.plan, self.run_io, new_owner()
+        reconnector = (
+            None
+            if opener is not None or plan.settings.run.detach
+            else Reconnector(plan.cluster, self.nodes, run_ssh(plan.settings), AGENT_SOURCE, plan.run_id, owner)
+        )
+        requests = (
+            {}
+            if self.attach is not None
+            else {
+                c.host.name: start_request(plan, c, envs[c.host.name], run_io.gate, owner, opener is None)
+                for c in plan.nodes
+            }
+        )
+        return RunHandle(plan, self.nodes, requests, AGENT_SOURCE, self._on_event, opener, run_io.gate, reconnector)
 
     def _straggler(self, line: str) -> None:
         self.console.message(line)
@@ -324,7 +329,7 @@ class RunConsole:
             self.run_io.on_end(ended)
 
     def _report(self, ends: list[NodeEnd]) -> int:
-        """How the run ended (`launcher.plan.ends.run_end`), said: its exit code, or its RunFailed."""
+        """How the run ended (`launcher.plan.ends.run_end`), traced and said: its exit code, or its RunFailed."""
         ends = [
             replace(
                 e,
@@ -336,13 +341,8 @@ class RunConsole:
         for line in self.handle.unswept_lines(self.plan.cluster.source):
             self.console.message(line)
         ended = run_end(ends, self.handle.supervised())
-        log.info(
-            "the run ended: %s (%s); exit code %d%s",
-            ended.end.how,
-            ended.end.why,
-            ended.code,
-            f"; {ended.absence.value}" if ended.absence is not None else "",
-        )
+        absence = f"; {ended.absence.value}" if ended.absence is not None else ""
+        log.info("the run ended: %s (%s); exit code %d%s", ended.end.how, ended.end.why, ended.code, absence)
         for end in ends:
             log.debug(
                 "%s: %s, exit code %s, stop reason %s, asked to stop %s, %d process(es) left",
@@ -354,6 +354,11 @@ class RunConsole:
                 end.left,
             )
         self._heard(ended)
+        self._say(ended, ends)
+        return ended.code
+
+    def _say(self, ended: RunEnd, ends: list[NodeEnd]) -> None:
+        """The run's end in the console's last line, or its RunFailed (a hang's, a failure's root cause)."""
         how, run_id = ended.end.how, self.plan.run_id
         if ended.absence is not None:
             self.going_on = ended.going_on
@@ -392,4 +397,3 @@ class RunConsole:
             self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
         else:
             raise run_failed(run_id, ends, self.log_hint)
-        return ended.code

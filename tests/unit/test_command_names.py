@@ -78,12 +78,12 @@ def test_the_task_layer_takes_the_name_from_invokes_config() -> None:
     """`inv` (Invoke's config, prefix `invoke`) and `ddpl` (its own config) each get their name in every message."""
     from invoke import Config, Context
 
-    from launcher import tasks
+    from launcher import taskkit
     from launcher.cliconfig import DdplConfig
 
     seen = []
 
-    @tasks._reported
+    @taskkit.reported
     def body(c: Context) -> int:
         seen.append(command_name())
         return 0

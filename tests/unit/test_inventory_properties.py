@@ -35,6 +35,7 @@ from launcher.config.model import (
     SyncSpec,
 )
 from launcher.errors import InventoryError
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import plan_launch
 from tests.support.inventory import SRC
 
@@ -131,7 +132,7 @@ def check_cluster(cluster: Cluster) -> None:
     assert isinstance(cluster.rendezvous.master_addr_explicit, bool)
     assert cluster.world_size is None or cluster.world_size >= len(cluster.hosts)
     plan = plan_launch(cluster, cluster.job or Job("train.py"), run_id="r")  # a valid cluster can be planned
-    plan.dry_run_text()
+    dry_run_text(plan)
 
 
 def outcome(text: str) -> Cluster | InventoryError:

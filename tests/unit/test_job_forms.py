@@ -12,6 +12,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, Job
 from launcher.config.torchrun import OWNED
 from launcher.errors import InventoryError, UsageError
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import plan_launch
 from tests.helpers import inv
 
@@ -49,7 +50,7 @@ def test_the_dry_run_says_why_the_form_and_each_passed_option_are_there() -> Non
                 "--virtual-local-rank]}\n")
     assert tail(c) == ["--numa-binding", "socket", "--local-ranks-filter", "0", "--virtual-local-rank", "-m",
                        "pkg.train"]
-    text = plan_launch(c, run_id="r").dry_run_text()
+    text = dry_run_text(plan_launch(c, run_id="r"))
     assert "  -m pkg.train                job.module: each worker runs `python -m pkg.train`" in text
     for option in ("--numa-binding socket", "--local-ranks-filter 0", "--virtual-local-rank"):
         assert f"  {option:<28}from job.torchrun: passed to torchrun as written" in text

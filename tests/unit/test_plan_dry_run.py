@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import RUNS_ROOT, SECRET_MASK, plan_launch
 from tests.helpers import inv
 from tests.support.plans import HEAD, HETERO, cluster
@@ -29,7 +30,7 @@ SECRETS = """\
 
 def test_secret_values_never_appear_in_shell_line_or_dry_run_text() -> None:
     plan = plan_launch(cluster(SECRETS), run_id="r")
-    text = plan.dry_run_text()
+    text = dry_run_text(plan)
     lines = [n.shell_line() for n in plan.nodes]
     for shown in (text, *lines):
         assert "hunter2" not in shown
@@ -53,7 +54,7 @@ def test_secrets_stay_in_the_plan_for_the_transport() -> None:
 
 
 def test_dry_run_text_names_every_node_the_world_and_the_rendezvous() -> None:
-    text = plan_launch(cluster(HETERO), run_id="r1").dry_run_text()
+    text = dry_run_text(plan_launch(cluster(HETERO), run_id="r1"))
     assert text.startswith("run r1: 2 node(s), world size 6, rendezvous at gpu01:29611\n")
     assert "node 0: gpu01\n" in text
     assert "node 1: gpu02 (reached by peers as 10.0.0.2)\n" in text
@@ -62,7 +63,7 @@ def test_dry_run_text_names_every_node_the_world_and_the_rendezvous() -> None:
 
 
 def test_dry_run_text_with_auto_says_auto() -> None:
-    text = plan_launch(cluster("hosts: [{name: a, nproc_per_node: auto}]\njob: {script: t.py}\n")).dry_run_text()
+    text = dry_run_text(plan_launch(cluster("hosts: [{name: a, nproc_per_node: auto}]\njob: {script: t.py}\n")))
     assert "world size auto" in text
 
 

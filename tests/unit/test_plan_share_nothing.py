@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.model import EnvFile, EnvVar, ForwardEnv, Job
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import RESERVED_ENV, plan_launch
 from tests.support.plans import HEAD, HETERO, NASTY_WORDS, ORDER_TEXT, UNSET, as_shell_reads, cluster
 
@@ -118,7 +119,7 @@ def test_a_line_with_placeholders_is_still_valid_shell() -> None:
 
 
 def test_dry_run_text_says_what_each_new_setting_does() -> None:
-    text = plan_launch(cluster(SHARE_NOTHING), run_id="r").dry_run_text()
+    text = dry_run_text(plan_launch(cluster(SHARE_NOTHING), run_id="r"))
     assert ("\nunset from the node's login environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, "
             "ROLE_RANK, ROLE_WORLD_SIZE, GROUP_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* "
             "(torchrun sets them)\n") in text
@@ -139,17 +140,17 @@ def test_dry_run_text_says_what_each_new_setting_does() -> None:
 
 
 def test_dry_run_text_without_new_settings_has_only_the_unset_line() -> None:
-    text = plan_launch(cluster(HETERO), run_id="r").dry_run_text()
+    text = dry_run_text(plan_launch(cluster(HETERO), run_id="r"))
     for word in ("setup:", "forward_env", "env_file", "socket_ifname", "sync:"):
         assert word not in text
     assert "unset from the node's login environment: RANK, " in text
 
 
 def test_dry_run_text_says_what_sync_copies() -> None:
-    text = plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {}\n"), run_id="r").dry_run_text()
+    text = dry_run_text(plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {}\n"), run_id="r"))
     assert "\nsync: . (on this machine) to each node's workdir\n" in text
-    text = plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {src: src, dest: /scratch/p, "
-                               "exclude: [data/, '*.pt']}\n"), run_id="r").dry_run_text()
+    text = dry_run_text(plan_launch(cluster("hosts: [a]\njob: {script: t.py}\nsync: {src: src, dest: /scratch/p, "
+                               "exclude: [data/, '*.pt']}\n"), run_id="r"))
     assert "\nsync: src (on this machine) to /scratch/p, except data/, *.pt\n" in text
 
 
@@ -163,4 +164,4 @@ def test_secrets_of_new_settings_never_show() -> None:
     """), run_id="r")
     line = plan.nodes[0].shell_line()
     assert "$API_KEY" not in line and "API_KEY='<secret>'" in line and "'<from secret.env, secret>'" in line
-    assert line in plan.dry_run_text()
+    assert line in dry_run_text(plan)

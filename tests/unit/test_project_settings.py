@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from invoke import Context
 
-from launcher import app, tasks
+from launcher import app, taskkit, tasks
 from launcher.app.hosts import with_project_src
 from launcher.cliconfig import DdplConfig, sources
 from launcher.config.model import Cluster
@@ -151,10 +151,10 @@ def test_relative_paths_in_settings_are_the_projects(project: Path, monkeypatch:
     monkeypatch.setenv("HOME", str(project.parent / "home"))
     c = context(project)
     assert sources(c.config)["log_dir"] == f"{project}/ddpl.yaml"
-    assert tasks._settings(c).output.log_dir == project / "runs"
-    hosts = tasks._hosts(c, None)
+    assert taskkit.task_settings(c).output.log_dir == project / "runs"
+    hosts = taskkit.task_hosts(c, None)
     assert Path(hosts.path).resolve() == project / "hosts" / "c.yaml" and hosts.project == project
-    assert tasks._hosts(c, "mine.yaml").path == "mine.yaml"  # the command line's path: from where it is typed
+    assert taskkit.task_hosts(c, "mine.yaml").path == "mine.yaml"  # the command line's path: from where it is typed
     cluster = app.load_inventory(hosts)
     assert with_project_src(cluster, hosts).sync.src == str(project / ".")  # sync sends the project's tree
     moved = Cluster(cluster.source, cluster.hosts, cluster.rendezvous, cluster.job,

@@ -9,6 +9,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.selection import select_hosts
 from launcher.errors import InventoryError, PlanError
 from launcher.events import NodeEnd
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.ends import Supervised, run_end, start_failed
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.recovery import Final, Retry, after_attempt
@@ -42,7 +43,7 @@ def test_c10d_words_for_every_node() -> None:
         assert "--node-rank" not in argv and "--master-addr" not in argv
         assert node.rank_offset is None  # ranks come from torchrun's tags
         assert dict(node.launcher_env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    text = plan.dry_run_text()
+    text = dry_run_text(plan)
     assert "(c10d: trains on 2 to 3 of them)" in text and "retries: 1:" in text
 
 

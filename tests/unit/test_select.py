@@ -11,6 +11,7 @@ from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster, EnvVar, Job
 from launcher.config.selection import select_hosts
 from launcher.errors import LauncherError, PlanError
+from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import plan_launch
 
 SRC = "hosts.txt"
@@ -181,7 +182,7 @@ def test_a_plan_of_the_selection() -> None:
     assert plan.nodes[0].gpus == (1, 2, 3) and plan.nodes[1].gpus is None
     assert "CUDA_VISIBLE_DEVICES='<GPUs 1,2,3 among those the node shows>' " in plan.nodes[0].shell_line()
     assert ("gpus 1,2,3 (--include/--exclude): CUDA_VISIBLE_DEVICES is the entries 1,2,3 of the node's own "
-            "CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else 1,2,3") in plan.dry_run_text()
+            "CUDA_VISIBLE_DEVICES where its login, setup or env sets one, else 1,2,3") in dry_run_text(plan)
 
 
 def test_ipv6_host_names() -> None:

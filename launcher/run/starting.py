@@ -1,17 +1,19 @@
-"""The start gate's rounds inside the agents' sessions (`launcher.run.gate`): each agent's probe gathered while the
-sessions still open, the TCP check once the master holds its port, the gate's verdict, and `abort` to every agent when
-it refuses. Driven by the run's handle (`RunHandle.start`), stepping it between its waits."""
+"""An attached run's start (`start`): every node's agent session opened at once, the start gate's rounds inside them
+(`launcher.run.gate`: each agent's probe gathered while the sessions still open, the TCP check once the master holds
+its port, the gate's verdict, and `abort` to every agent when it refuses), each agent ready, then `go`. Driven by the
+run's handle (`RunHandle.start`), stepping it between its waits."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from launcher.events import EndKind, NodeFacts
 from launcher.limits import STOP_MARGIN
-from launcher.node.wire import ABORT, TCP, Event, message_line
+from launcher.node.wire import ABORT, GO, TCP, Event, message_line
 from launcher.plan.launchplan import LaunchPlan
 from launcher.run.gate import StartGate
 from launcher.run.sessions import Session, SessionOpener, Sessions
@@ -29,9 +31,34 @@ class Starting(Protocol):
     start_failure: str | None
     stop_deadline: float | None
 
+    gate: StartGate | None
+
     def step(self, timeout: float) -> None: ...
 
+    def until(self, done: Callable[[], bool]) -> None: ...
+
     def opened(self, errors: list[str | None]) -> dict[str, str]: ...
+
+
+def start(handle: Starting) -> None:
+    """Open every node's agent session at once, and send `go` once every one is ready.
+
+    Any node that cannot start makes the others stop what they started: a run starts everywhere or nowhere. With a
+    `StartGate` (the doctor's checks) each agent probes first, in the same session; the gate's verdict comes before
+    `go`, and when it raises, every agent is told `abort` and nothing starts anywhere.
+    """
+    began = time.monotonic()
+    gate = handle.gate
+    if gate is not None and gate.in_session:
+        gate_check(handle, gate, began)  # the sessions open while their checks are gathered
+    else:
+        handle.opened(handle.link.open(handle.plan.nodes, handle.opener))
+    # Each agent checks what it can, says `ready` and waits: `go` only once every node is ready.
+    handle.until(lambda: all(s.ready or s.end for s in handle.sessions.values()))
+    if handle.start_failure is None:
+        log.debug("every node is ready in %.2f s: go", time.monotonic() - began)
+        for session in handle.sessions.values():
+            session.channel.send(message_line(GO))
 
 
 def gate_check(handle: Starting, gate: StartGate, began: float) -> None:
