@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
-from typing import IO, Any, ParamSpec, TypeVar
+from typing import IO, Any, ParamSpec, TypeVar, cast
 
 from launcher import app
 from launcher.app import runs
@@ -104,7 +104,8 @@ def _quiet() -> RunIO:
 
 
 def _stream(deliver: Lines | None, default: IO[str]) -> IO[str]:
-    return default if deliver is None else _LineStream(deliver)
+    # a text stream by io's own base class, which typeshed does not count as an IO[str]
+    return default if deliver is None else cast(IO[str], _LineStream(deliver))
 
 
 @_api

@@ -51,7 +51,7 @@ class Ddpl(Program):
         ]
 
     def create_config(self) -> None:
-        self.config = self.config_class(lazy=True, project_location=str(find_root()))
+        self.config = self.config_class(lazy=True, project_location=find_root())
         self.config.load_base_conf_files()  # /etc/ddpl.yaml, ~/.ddpl.yaml
         self.config.load_project(merge=False)  # the project's ddpl.yaml, once its owner is this user
         self.config.merge()

@@ -12,6 +12,7 @@ from launcher.run.run_io import RunIO
 from launcher.settings import Settings
 
 if TYPE_CHECKING:  # the report's type only: a task imports rich and the doctor when it runs
+    from launcher.doctor import CheckMode
     from launcher.doctor.evidence import Report
 
 
@@ -19,7 +20,7 @@ def doctor(
     hosts: str | Hosts,
     *,
     as_json: bool = False,
-    checks: str = "all",
+    checks: CheckMode = "all",
     settings: Settings | None = None,
     net: bool = False,
     slurm: bool = False,
@@ -57,7 +58,7 @@ def doctor(
 def doctor_report(
     hosts: str | Hosts,
     *,
-    checks: str = "all",
+    checks: CheckMode = "all",
     settings: Settings | None = None,
     net: bool = False,
     slurm: bool = False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, replace
+from typing import Any
 
 from launcher.config.model import JOB_FORMS, Cluster, Job
 from launcher.errors import LauncherError, UsageError
@@ -42,5 +43,6 @@ def job_of(cluster: Cluster, job_args: JobArgs) -> Job:
         raise LauncherError(f"--args: cannot split {job_args.args!r}: {exc}") from None
     base = base or Job()
     if given is not None:
-        base = replace(base, **{name: given[1] if name == given[0] else None for name in JOB_FORMS})
+        forms: dict[str, Any] = {name: given[1] if name == given[0] else None for name in JOB_FORMS}
+        base = replace(base, **forms)
     return replace(base, args=base.args if args is None else args)

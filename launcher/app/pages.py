@@ -20,7 +20,7 @@ import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ def page_due(settings: Settings, run_id: str | None, states: list[str]) -> bool:
     )
 
 
-def page_later(cluster: Cluster, run_ids: list[str | None], settings: Settings, if_ended: bool = False) -> None:
+def page_later(cluster: Cluster, run_ids: Sequence[str | None], settings: Settings, if_ended: bool = False) -> None:
     """The runs' pages written by a process of its own, which this command does not wait for (None: the run
     `status` would choose); `if_ended`: only once the run is over on every node and has no page yet (`page_due`,
     from one short session a node). What it could not do goes into `logs/<run id>/report.err`."""

@@ -122,7 +122,7 @@ def _slots(options: list[str], source: str, line: int) -> dict[str, Any]:
             )
         if found:
             raise _error(source, line, "gives slots= twice")
-        found["nproc_per_node"] = int(match[1])
+        found["nproc_per_node"] = int(digits)
     return found
 
 

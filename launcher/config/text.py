@@ -8,7 +8,7 @@ from typing import Any
 
 SHOWN = 70
 """At most this many characters of a value in a message (entries get twice that)."""
-_BRACKETS: dict[type, str] = {list: "[]", tuple: "()", set: "{}"}
+_BRACKETS: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}")}
 
 
 def shorten(text: str, limit: int) -> str:

@@ -36,9 +36,10 @@ class _Loader(yaml.SafeLoader):
         self.hidden: set[int] = set()
         """ids of the nodes of env entries with `secret:`, whose text no error may quote."""
 
-    def compose_scalar_node(self, anchor: str | None) -> yaml.ScalarNode:
+    # types-PyYAML calls `anchor` a dict of nodes; PyYAML passes the anchor's name (or None) here.
+    def compose_scalar_node(self, anchor: str | None) -> yaml.ScalarNode:  # type: ignore[override]
         event = self.peek_event()
-        node = super().compose_scalar_node(anchor)
+        node = super().compose_scalar_node(anchor)  # type: ignore[arg-type]
         if event.tag in (None, "!") and event.implicit[0]:  # no quotes, no `!!tag`: the type is YAML's guess
             self.guessed.add(id(node))
         return node

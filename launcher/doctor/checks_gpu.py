@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.config.model import Host
-from launcher.doctor.evidence import Evidence, Finding
+from launcher.doctor.evidence import Evidence, Finding, Status
 from launcher.doctor.registry import check, compare, listed, probes_of
 from launcher.limits import GPU_DRIVER_FLOOR, GPU_DRIVER_FOR_CUDA
 from launcher.paths import hint
@@ -115,7 +115,7 @@ def _count_problem(host: Host, gpus: Mapping[str, Any]) -> Finding | None:
     if nproc == "auto" or int(nproc) <= count:
         return None
     if gpus.get("mig"):
-        first = next(iter(gpus.get("devices") or []), {})
+        first: dict[str, Any] = next(iter(gpus.get("devices") or []), {})
         return Finding(
             host.name,
             "gpus",
@@ -228,6 +228,7 @@ def _between(ev: Evidence, gpus: Mapping[str, Mapping[str, Any]]) -> list[Findin
         if count == major:
             continue
         auto = hosts[h].nproc_per_node == "auto"
+        status: Status
         if not count or not major:  # GPUs on some nodes only: their ranks use NCCL, the others gloo
             why, status = "; its ranks and the others' would pick different backends (NCCL, gloo)", "fail"
         else:

@@ -129,6 +129,7 @@ def with_net(
 ) -> Report:
     """The doctor's report with a `net` column and each node's figures (`all_gpus`: measured over all of each node's
     GPUs, `net_plan`)."""
+    error: str | None
     if not report.ok:  # a node that fails its checks cannot join the measurement: it would only time out
         measured, error = None, NOT_MEASURED
     else:

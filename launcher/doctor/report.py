@@ -22,12 +22,12 @@ MARKS: dict[Status, Text] = {
 """The cell of a check's worst finding on a node."""
 NONE = Text.assemble(("·", "dim"))
 """The cell of a check that said nothing about a node."""
-_RANK = {"ok": 0, "warn": 1, "fail": 2}
+_RANK: dict[Status | None, int] = {"ok": 0, "warn": 1, "fail": 2}
 
 
 def _worst(findings: Iterable[Finding]) -> Status | None:
     statuses = [f.status for f in findings]
-    return max(statuses, key=_RANK.__getitem__) if statuses else None
+    return max(statuses, key=lambda status: _RANK[status]) if statuses else None
 
 
 def render_table(report: Report, console: Console) -> None:

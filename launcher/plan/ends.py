@@ -225,7 +225,7 @@ def root_cause_block(lines: list[str]) -> list[str]:
     """torchrun's "Root Cause (first observed failure)" block from a node's log tail, if it printed one."""
     for i, line in enumerate(lines):
         if "Root Cause (first observed failure)" in line:
-            block = []
+            block: list[str] = []
             for rest in lines[i + 1 :]:
                 if rest.startswith("=====") and block:
                     break

@@ -56,4 +56,5 @@ def for_run(settings: Settings, cluster: Cluster, job: Job | None = None, *, whe
         for name, origin in resolved.sources.items()
         if name not in decided or decided[name] == resolved.value(name)
     }
-    return replace(resolved, run=replace(run, **decided, notes=policy.notes), sources=sources)
+    run = replace(run, retries=policy.retries, on_hang=policy.on_hang, notes=policy.notes)
+    return replace(resolved, run=run, sources=sources)

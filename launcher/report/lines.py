@@ -8,7 +8,7 @@ import sys
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from launcher.limits import CUT_MARK, MAX_LINE_BYTES, TAIL_LINES, TAIL_WIDTH
 
@@ -35,6 +35,12 @@ OMP_NUM_THREADS banner."""
 RANK_WORDS = 3
 """Lines kept of each rank's last output that is not noise: the root cause's words for a rank that raised nothing."""
 _COLOURS = (36, 33, 32, 35, 34, 31, 96, 93, 92, 95, 94, 91)  # ANSI foreground colours, cycled by node
+
+
+class Writer(Protocol):
+    """Where a node's formatted lines go: a stream, or anything with its `write`."""
+
+    def write(self, text: str, /) -> object: ...
 
 
 class LineSplitter:
@@ -209,7 +215,7 @@ class NodeLog:
         kept = [
             line
             for local in sorted({*self._last_lines, *self._said})
-            for line in self._last_lines.get(local) or self._said.get(local, ())
+            for line in self._last_lines.get(local) or self._said.get(local) or ()
             if line not in recent
         ]
         return (*kept, *self._recent)
@@ -272,12 +278,12 @@ class NodeLog:
         parts.append(b"")
         return b"\n".join(parts).decode("utf-8", errors="replace"), len(lines) - (self._held - held)
 
-    def feed(self, data: bytes, out: IO[str]) -> None:
+    def feed(self, data: bytes, out: Writer) -> None:
         text, _ = self.format(data)
         if text:
             out.write(text)
 
-    def close(self, out: IO[str]) -> None:
+    def close(self, out: Writer) -> None:
         text, _ = self.format_rest()
         if text:
             out.write(text)

@@ -263,7 +263,7 @@ def _lines(
         if 1 < len(lines) <= 16:
             ax.legend(fontsize=7, ncol=1 + len(lines) // 9, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
         return
-    found = band([t for _, t, _ in lines], [v for _, _, v in lines], end)
+    found = band([t for _, t, _ in lines], [tuple(v) for _, _, v in lines], end)
     if found is None:
         return
     ax.fill_between(found.t, found.low, found.high, color="#c6dbef", lw=0, label="all")

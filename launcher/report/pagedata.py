@@ -137,7 +137,8 @@ class Page:
 
 def rank_phases(lines: list[str]) -> tuple[int | None, int, dict[str, float]]:
     """A process's phases file as (rank, restart, {phase: wall}): each phase's first line counts."""
-    rank, restart, found = None, 0, {}
+    rank: int | None = None
+    restart, found = 0, {}  # type: int, dict[str, float]
     for line in lines:
         parts = line.split()
         if len(parts) != 5:
@@ -187,7 +188,12 @@ def build_page(
     ended = [e.ended for e in exits if e.ended is not None]
     said = journal.get("end") or {}
     duration = max(ended) if ended else (said["t"] - began if said.get("t") and started else None)
-    first_steps = {(b.node, b.rank): b.at("step") for ranks in spread.values() for b in ranks if b.at("step")}
+    first_steps = {
+        (b.node, b.rank): at
+        for ranks in spread.values()
+        for b in ranks
+        if b.rank is not None and (at := b.at("step")) is not None
+    }
     return Page(
         run_id,
         began,

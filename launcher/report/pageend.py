@@ -152,12 +152,12 @@ def _every_node(stopped: Sequence[NodeExit]) -> str:
     mixed = kinds == {"term", "alone"}  # the ranks ended on TERM everywhere; torchrun ended by itself on some nodes
     if len(stops) < len(stopped) or (len(kinds) != 1 and not mixed):
         return " (each node's end below)"
-    terms = [s.get("term_s") for s in stops]
+    terms = [float(t) for s in stops if (t := s.get("term_s")) is not None]
     merged = {
         "grace": max(float(s.get("grace") or 0) for s in stops),
         "alone": kinds == {"alone"},
         "killed": sum(int(s.get("killed") or 0) for s in stops),
-        "term_s": None if None in terms else max(terms),
+        "term_s": max(terms) if len(terms) == len(stops) else None,
     }
     codes = {e.exit_code for e in stopped}
     sentence = stop_sentence(merged, codes.pop() if len(codes) == 1 else None)

@@ -120,7 +120,8 @@ def timeline(
             )
         cpu = _stretches(tuple(_cpu(a, b) for a, b in pairs))
         mem = tuple(None if s.get("mem_used") is None else s["mem_used"] / GIB for s in samples)
-        nodes.append(NodeLine(node, *_thin(times, cpu, mem), gpus=_gpus(samples, shift)))
+        thinned, cpu_thinned, mem_thinned = _thin(times, cpu, mem)
+        nodes.append(NodeLine(node, thinned, cpu_thinned, mem_thinned, gpus=_gpus(samples, shift)))
     return Timeline(tuple(sorted(ranks, key=lambda r: r.rank)), tuple(nodes), round(end, 1))
 
 
@@ -218,8 +219,7 @@ def _share(a: Mapping[str, Any], b: Mapping[str, Any], rank: str, at: int) -> fl
 
 
 def _cpu(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
-    rates = [_rate(a, b, rank, CPU) for rank in (b.get("ranks") or {})]
-    rates = [r for r in rates if r is not None]
+    rates = [r for rank in (b.get("ranks") or {}) if (r := _rate(a, b, rank, CPU)) is not None]
     return round(100.0 * sum(rates), 1) if rates else None
 
 

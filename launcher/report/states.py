@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Sequence
-from typing import IO, Protocol
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -15,18 +15,28 @@ from launcher.ranges import names_text
 
 
 class NodeStateRow(Protocol):
-    """One node's answer (`launcher.run.control.NodeState`)."""
+    """One node's answer (`launcher.run.control.NodeState`): read only."""
 
-    host: str
-    run_id: str | None
-    state: str
-    exit_code: int | None
-    started_at: float | None
-    ended_at: float | None
-    found: int
-    left: int
-    detail: str | None
-    launcher: dict[str, object] | None
+    @property
+    def host(self) -> str: ...
+    @property
+    def run_id(self) -> str | None: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def found(self) -> int: ...
+    @property
+    def left(self) -> int: ...
+    @property
+    def detail(self) -> str | None: ...
+    @property
+    def launcher(self) -> Mapping[str, Any] | None: ...
 
 
 _COLOURS = {
@@ -111,8 +121,8 @@ def launcher_lines(states: Sequence[NodeStateRow], attach: str, now: float) -> l
     away = [s for s in states if s.launcher and not s.launcher.get("present") and s.launcher.get("away_since")]
     if not away:
         return []
-    since = min(float(s.launcher["away_since"]) for s in away if s.launcher)  # type: ignore[arg-type]
-    stops = [float(s.launcher["stops_at"]) for s in away if s.launcher and s.launcher.get("stops_at")]  # type: ignore[arg-type]
+    since = min(float(s.launcher["away_since"]) for s in away if s.launcher)
+    stops = [float(s.launcher["stops_at"]) for s in away if s.launcher and s.launcher.get("stops_at")]
     owner = next((s.launcher.get("owner") for s in away if s.launcher and s.launcher.get("owner")), None)
     who = f" ({owner})" if owner else ""
     line = f"its launcher{who} has not been heard from since {_when(since)} ({now - since:.0f} s)"

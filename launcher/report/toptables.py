@@ -95,8 +95,8 @@ def _rate(row: Mapping[str, Any], marks: Marks) -> str:
         rate += f" SLOW {lost}"
     if marks.behind is None:
         return rate
-    found = marks.behind.found(row["rank"])  # the verdict on its stacks: `BEHIND, at work`, `BEHIND, stuck`
-    return rate + " BEHIND" + (f", {found}" if found else "")
+    verdict = marks.behind.found(row["rank"])  # the verdict on its stacks: `BEHIND, at work`, `BEHIND, stuck`
+    return rate + " BEHIND" + (f", {verdict}" if verdict else "")
 
 
 def _helpers(helpers: Sequence[Mapping[str, Any]] | None) -> str:

@@ -48,7 +48,7 @@ def show_once(run_id: str, views: list[NodeView], look: Look, out: IO[str]) -> i
 def keys_of(stream: IO[str]) -> Iterator[Callable[[float], str | None]]:
     """Single key presses from a terminal (cbreak: no Enter needed, Ctrl-C still interrupts); none otherwise."""
     if not stream.isatty():
-        yield lambda timeout: time.sleep(timeout)  # type: ignore[func-returns-value]
+        yield lambda timeout: time.sleep(timeout)
         return
     import termios
     import tty

@@ -87,7 +87,7 @@ def launch_with_retries(plan: LaunchPlan, run_io: RunIO, health: AttemptCheck) -
     attempts: list[Attempt] = []
     ends: list[AttemptEnd] = []
     failures: dict[str, list[float]] = {}
-    first, sat_out = plan, {}
+    first, sat_out = plan, dict[str, str]()
     run, log_dir = plan.settings.run, plan.settings.output.log_dir
     needs = restart_needs(plan.cluster, len(plan.nodes))
     while True:
@@ -241,7 +241,7 @@ def _master_name(cluster: Cluster) -> str:
     return next((h.name for h in cluster.hosts if rdzv.master_addr in (h.name, h.addr)), rdzv.master_addr)
 
 
-def _first_line(exc: Exception) -> str:
+def _first_line(exc: BaseException) -> str:
     lines = str(exc).splitlines()
     return next((line for line in lines if line.startswith("root cause")), lines[0] if lines else "")
 

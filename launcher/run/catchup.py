@@ -18,11 +18,14 @@ from launcher.limits import CATCH_UP_WAIT_S
 
 
 class Read(Protocol):
-    """What a catch-up needs of a node's session (`launcher.run.nodesession.Session`)."""
+    """What a catch-up needs of a node's session (`launcher.run.nodesession.Session`): read only."""
 
-    received: int
-    lines: int
-    end: object | None
+    @property
+    def received(self) -> int: ...
+    @property
+    def lines(self) -> int: ...
+    @property
+    def end(self) -> object | None: ...
 
 
 @dataclass

@@ -31,18 +31,23 @@ class Channel(Protocol):
 
 
 class Watched(Protocol):
-    """What the look needs of a node's session (`launcher.run.sessions.Session`)."""
+    """What the look needs of a node's session (`launcher.run.sessions.Session`): read only."""
 
-    name: str
-    end: object | None
-    channel: Channel
+    @property
+    def name(self) -> str: ...
+    @property
+    def end(self) -> object | None: ...
+    @property
+    def channel(self) -> Channel: ...
 
 
 class Waiter(Protocol):
     """What the look needs of the run's handle (`RunHandle`)."""
 
-    sessions: Mapping[str, Watched]
-    on_event: Callable[[NodeEvent], None]
+    @property
+    def sessions(self) -> Mapping[str, Watched]: ...
+    @property
+    def on_event(self) -> Callable[[NodeEvent], None]: ...
 
     def step(self, timeout: float) -> None: ...
 

@@ -29,7 +29,7 @@ class SessionChannel(Protocol):
     def close(self) -> None: ...
 
 
-SessionOpener = Callable[[str, Sequence[tuple[NodeCommand, dict[str, Any]]]], list["SessionChannel | str"]]
+SessionOpener = Callable[[str, Sequence[tuple[NodeCommand, dict[str, Any]]]], Sequence["SessionChannel | str"]]
 """Starts every node's agent session at once from the node program's source and each node's request; a channel or
 an error per node, in order. The default opens a channel on each node's SSH connection."""
 

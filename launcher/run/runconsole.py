@@ -91,8 +91,9 @@ class RunConsole:
             run_io.out, run_io.err, settings.output.console_buffer, f"{folder}/", settings.output.console_buffer_bytes
         )
         self.mirror = None if settings.run.detach else Mirror(folder, self.console)
-        for command in plan.nodes if self.mirror is not None else ():  # the folder the end names, even if all is quiet
-            self.mirror.write(command.host.name, b"")
+        if self.mirror is not None:
+            for command in plan.nodes:  # the folder the end names, even if all is quiet
+                self.mirror.write(command.host.name, b"")
         colour = supports_colour(run_io.out)
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {
@@ -389,9 +390,9 @@ class RunConsole:
             )
         elif how == How.OK and ended.went_on_without:  # an elastic run that went on without the nodes it lost
             finished = [e.node for e in ends if not e.failed]
-            left = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
+            gone = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
             self.console.message(
-                f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); {left}. {self.log_hint}"
+                f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); {gone}. {self.log_hint}"
             )
         elif how == How.OK:
             self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")

@@ -44,7 +44,7 @@ def logs(
         close_all(nodes.values())
         raise
     offsets, colour, width = rank_offsets(cluster), supports_colour(run_io.out), max(len(h.name) for h in hosts)
-    sink, failures = _RankFilter(run_io.out, rank, threading.Lock()), []
+    sink, failures = _RankFilter(run_io.out, rank, threading.Lock()), list[str]()
     try:
         threads = [
             threading.Thread(

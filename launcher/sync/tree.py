@@ -126,7 +126,8 @@ def _list_tree(root: Path, exclude: Sequence[str], leave_out: Sequence[Path], ou
     if names is None:
         names, how = list(_walk_names(root, excluded)), "walk + .gitignore"
     secret_files = {str(p) for p in leave_out}
-    entries, behind_links = [], {}
+    entries: list[Entry] = []
+    behind_links: dict[str, list[str]] = {}
     notes = [
         f"left out {folder}/: the launcher's own output (its log_dir), never synced"
         for folder in ours

@@ -10,6 +10,7 @@ import selectors
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import paramiko
 
@@ -46,16 +47,17 @@ def _exec(chan: paramiko.Channel, command: str, timeout: float, node: str) -> No
     message.add_string("exec")
     message.add_boolean(True)
     message.add_string(command)
-    chan._event_pending()
-    chan.transport._send_user_message(message)
+    raw: Any = chan  # Paramiko's own steps of exec_command, which are no public API (nor typed)
+    raw._event_pending()
+    raw.transport._send_user_message(message)
     if not chan.event.wait(timeout):
         chan.close()
         raise ExecTimeout(node, "start the command", timeout)
     if not chan.event_ready:
-        raise chan.transport.get_exception() or paramiko.SSHException("Channel closed.")
+        raise raw.transport.get_exception() or paramiko.SSHException("Channel closed.")
 
 
-def _writable(sock: object) -> bool:
+def _writable(sock: Any) -> bool:
     """True when `sock` takes data now: a socket, or under a ProxyJump the jump host's channel and its own socket."""
     if isinstance(sock, paramiko.Channel):
         transport = sock.get_transport()
@@ -100,7 +102,7 @@ class Channel:
             if block:
                 self._chan.settimeout(timeout)  # Paramiko waits for window space at most this long
                 try:  # a view: Paramiko's sendall slices what is left after each packet, a copy of it for bytes
-                    self._chan.sendall(memoryview(data))
+                    self._chan.sendall(memoryview(data))  # type: ignore[arg-type]  # its stub: bytes; any buffer
                 finally:
                     self._chan.settimeout(None)
                 return True
@@ -174,7 +176,7 @@ class Channel:
         closing) says nothing more is coming.
         """
         chan = self._chan
-        return (
+        return bool(
             chan.exit_status_ready()
             and (chan.eof_received or chan.closed)
             and not chan.recv_ready()

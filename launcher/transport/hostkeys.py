@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -45,7 +46,9 @@ def known_hosts(target: SSHTarget) -> KnownHosts:
     user's file.
     """
     name = key_name(target)
-    keys, revoked, authorities = [], [], []
+    keys: list[_KnownKey] = []
+    revoked: list[_KnownKey] = []
+    authorities: list[str] = []
     for path in (*target.known_hosts_files, *target.global_known_hosts_files):
         try:
             lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
@@ -132,7 +135,10 @@ class _KnownHostsPolicy(paramiko.RejectPolicy):
         self.known = known
         self.name = name
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    # RejectPolicy's stub says it never returns; this one returns for a key the known_hosts files record.
+    def missing_host_key(  # type: ignore[override]
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         bad = next((k for k in self.known.revoked if k.key == key), None)
         if bad is not None:
             raise HostKeyRevoked(self.name, key, bad.where)
@@ -184,7 +190,7 @@ def host_key_order(known: Sequence[_KnownKey]) -> Callable[..., paramiko.Transpo
         algorithm = algorithm.removesuffix("-cert-v01@openssh.com")
         return "ssh-rsa" if algorithm.startswith("rsa-sha2-") else algorithm
 
-    def make(sock: object, **kwargs: object) -> paramiko.Transport:
+    def make(sock: Any, **kwargs: Any) -> paramiko.Transport:
         transport = paramiko.Transport(sock, **kwargs)
         options = transport.get_security_options()
         options.key_types = sorted(options.key_types, key=lambda algorithm: plain(algorithm) not in types)

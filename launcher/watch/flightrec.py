@@ -66,7 +66,8 @@ def read_dump(data: bytes, rank: int) -> Collectives | None:
         return None
     if not isinstance(dump, dict) or not isinstance(dump.get("pg_status"), dict):
         return None
-    config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
+    found = dump.get("pg_config")
+    config: dict[Any, Any] = found if isinstance(found, dict) else {}
     entries = [e for e in dump.get("entries") or () if isinstance(e, dict) and not e.get("is_p2p")]
     last: dict[str, int] = {}
     in_flight = None

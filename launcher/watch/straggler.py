@@ -23,12 +23,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from launcher.limits import FORWARD_GAP, STRAGGLER_WINDOW_S
 from launcher.watch.arrival import Arrivals, Late
 
 
-def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Hashable, float]:
+def slow_ranks(rates: Mapping[Any, float | None], factor: float) -> dict[Hashable, float]:
     """{rank: its rate / the median rate} of the ranks below `factor` x the median; none under two rates."""
     known = {key: rate for key, rate in rates.items() if rate is not None}
     if len(known) < 2:
@@ -40,7 +41,7 @@ def slow_ranks(rates: Mapping[Hashable, float | None], factor: float) -> dict[Ha
 
 
 def heavy_ranks(
-    shares: Mapping[Hashable, float | None], factor: float, gap: float = FORWARD_GAP
+    shares: Mapping[Any, float | None], factor: float, gap: float = FORWARD_GAP
 ) -> dict[Hashable, tuple[float, float]]:
     """{rank: (its forward share, the median share)} of the ranks whose share of each step spent in the forward is
     above the median / `factor` and at least `gap` above it; none under two shares."""
@@ -51,7 +52,7 @@ def heavy_ranks(
     return {key: (share, median) for key, share in known.items() if share > median / factor and share - median >= gap}
 
 
-def late_ranks(late: Mapping[Hashable, Late], factor: float) -> dict[Hashable, Late]:
+def late_ranks(late: Mapping[Any, Late], factor: float) -> dict[Hashable, Late]:
     """{rank: its lateness} of the rank the others wait for most, when they wait for it at least 1 - `factor` of
     their time and it causes most of their wait."""
     if not late:
@@ -101,9 +102,9 @@ class StragglerWatch:
     def look(
         self,
         now: float,
-        rates: Mapping[Hashable, float | None],
-        forward: Mapping[Hashable, float | None] | None = None,
-        late: Mapping[Hashable, Late] | None = None,
+        rates: Mapping[Any, float | None],
+        forward: Mapping[Any, float | None] | None = None,
+        late: Mapping[Any, Late] | None = None,
     ) -> dict[Hashable, Straggler]:
         """The stragglers as of this look (keys of ranks no longer slow are forgotten). When no rank is slow by its
         rate (the rates agree, as in lockstep DDP): the arrival rule where `late` is known (every rank's
@@ -145,7 +146,7 @@ def _of(rate: float | None, median: float) -> float | None:
     return rate / median if rate is not None and median > 0 else None
 
 
-def lateness(arrivals: Arrivals, now: float) -> dict[Hashable, Late] | None:
+def lateness(arrivals: Arrivals, now: float) -> dict[int, Late] | None:
     """What the arrival rule reads at wall time `now`: every rank's lateness over the window ({} until every rank's
     arrivals cover it), where the run's recorders keep its collectives (None otherwise: the forward rule then)."""
     if not arrivals.recording():

@@ -175,10 +175,10 @@ def judge(
             )
         return Verdict(False, "no rank waits for the others in a collective")
     others = [s for s in second if s not in peers]
-    stuck = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
+    also = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(
         True,
-        f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{stuck}; no stack moved "
+        f"{_who(peers)} {_verb(peers, 'waits', 'wait')} in a collective{also}; no stack moved "
         f"in {apart_s:g} s{_recorder(recorded)}",
         suspects=tuple((s.node, s.rank) for s in others),
     )
