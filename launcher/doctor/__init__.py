@@ -1,10 +1,10 @@
 """The doctor: probe every node once, compare, and say what would make a multi-node run hang or diverge.
 
 `evidence` holds the data; `checklist` runs the pure checks in order (each registered once, by name, in
-`registry`: those of a node's own setup in `checks_node`, those between nodes in `checks_net`); `collect` the I/O
-(connect, probe all nodes in parallel, evaluate; `DoctorGate` for launch, whose agents probe in their own
-start session); `report` the table and the JSON. The probe itself is `launcher/node/probe/probe.py`, stdlib-only, sent
-over each node's connection.
+`registry`: those of a node's own setup in `checks_node` and `checks_python`, those between nodes in `checks_net`);
+`collect` the I/O (connect, probe all nodes in parallel, evaluate; `DoctorGate` for launch, whose agents probe in
+their own start session); `report` the table and the JSON. The probe itself is `launcher/node/probe/probe.py`,
+stdlib-only, sent over each node's connection.
 """
 
 import importlib
@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.doctor.checklist import CHECKS, FAST_CHECKS, evaluate, selected_checks
 from launcher.doctor.checks_net import requested_names
-from launcher.doctor.checks_node import slow_probe_limit
+from launcher.doctor.checks_python import slow_probe_limit
 from launcher.doctor.evidence import Evidence, Finding, Outcome, ProbeFailed, Report, Status
 from launcher.doctor.registry import Check, check
 from launcher.errors import DoctorFailed
