@@ -25,7 +25,8 @@ from launcher.parallel import parallel
 from launcher.paths import hint
 from launcher.settings import DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_SSH, Settings, SshSettings
 from launcher.transport.channel import Result
-from launcher.transport.connections import Node, classify, close_all, connect_all
+from launcher.transport.connections import Node, close_all, connect_all
+from launcher.transport.failures import classify
 from launcher.transport.program import host_command
 
 if TYPE_CHECKING:

@@ -33,7 +33,8 @@ from launcher.sync.outcomes import NodeSync, outcome_lines, summary
 from launcher.sync.relay import asks_relay, relay_places, relayed_from, with_ports
 from launcher.sync.stream import Contents, Gone, SyncStream
 from launcher.sync.tree import Entry, Tree, changed, describe_tree, project_tree, size_text
-from launcher.transport.connections import Node, classify, close_all, connect_all
+from launcher.transport.connections import Node, close_all, connect_all
+from launcher.transport.failures import classify
 from launcher.transport.program import host_command, node_program, program_input
 
 SYNCD_SOURCE = node_program("sync.syncd")
