@@ -21,7 +21,7 @@ from launcher.config.model import Cluster
 from launcher.node.common import bounds
 from launcher.run import actions as run_actions
 from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
-from launcher.sync import push as sync
+from launcher.sync import nodepush as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
