@@ -70,8 +70,8 @@ def sync_nodes(
     places = _places(begun, by_name, spec, relay)
     contents = Contents(tree.root)
     retry = []
-    for name, result in _finish_all(begun, tree, contents, places).items():
-        outcomes[name] = _failure(by_name[name], result)
+    for name, ended in _finish_all(begun, tree, contents, places).items():
+        outcomes[name] = _failure(by_name[name], ended)
         if isinstance(outcomes[name], NodeFailure) and relayed_from(places.get(name)) is not None:
             retry.append(name)
     if retry:  # straight from here, as without a relay; the failure through the relay is kept to be said
@@ -117,7 +117,7 @@ def _places(
 
 def _finish_all(
     begun: Mapping[str, Begun], tree: Tree, contents: Contents, places: Mapping[str, dict[str, Any]]
-) -> dict[str, object]:
+) -> dict[str, NodeSync | NodeFailure | BaseException | None]:
     """Every begun node's end (a NodeSync, a NodeFailure, or what its thread raised), in the order they were started."""
     # Those that send first, then the relayed (they wait for the senders), then any waiting for another sync into
     # its destination (which may be one of these): no thread waits on one that has none yet.
