@@ -26,7 +26,7 @@ import time
 
 from launcher.node.agent import stackdump
 from launcher.node.common import bounds
-from launcher.node.worker import hook
+from launcher.node.worker import hook, patches
 
 STEPS = 20000
 ROUNDS = 5
@@ -89,8 +89,8 @@ def hook_alone() -> dict[str, float]:
         for _ in range(STEPS):
             one_step(it, tensor, lambda: None)
         plain.append((time.perf_counter() - began) / STEPS * 1e6)
-        Iterator.__next__ = hook.wrap_next(recorder, plain_next)  # type: ignore[method-assign]
-        Tensor.backward = hook.wrap_backward(recorder, plain_backward)  # type: ignore[method-assign]
+        Iterator.__next__ = patches.wrap_next(recorder, plain_next)  # type: ignore[method-assign]
+        Tensor.backward = patches.wrap_backward(recorder, plain_backward)  # type: ignore[method-assign]
         began = time.perf_counter()
         for _ in range(STEPS):
             one_step(it, tensor, recorder.step)

@@ -117,7 +117,7 @@ GA release's "Toolkit Driver Version"). Between the floor and this torch runs by
 what needs the newer driver (PTX compiled for a newer GPU, some newer APIs): a warning. Read the other way it names
 the newest CUDA a node's driver supports in full (the CUDA build to install there)."""
 
-# --- the doctor's probes (launcher.doctor.collect) --------------------------------------------------------------------
+# --- the doctor's probes (launcher.doctor.request) --------------------------------------------------------------------
 NVIDIA_SMI_TIMEOUT_S = 10.0
 """The most one nvidia-smi call may take on a node (the doctor's probe, a launch's checks, `inv top`'s refresh):
 without persistence mode the driver sets up every GPU again for each call, about a second a GPU on 8-GPU nodes; a

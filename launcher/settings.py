@@ -27,7 +27,7 @@ Python. From a cold network filesystem (a venv or conda env on NFS/Lustre, an em
 tens of seconds on real clusters, and so did 64 probes sharing the sandbox's 2 cores (a 10 s limit failed 48-51 of
 them). Two minutes fits such a cold start with room to spare; a node slower than that would keep a launch waiting
 as long again when torchrun starts there. A node that answers but slowly is a warning with its time, never a failure
-(`launcher.doctor.checks_node.slow_probe_limit`); this limit only decides when one that never answers is given up on.
+(`launcher.doctor.checks_python.slow_probe_limit`); this limit only decides when one that never answers is given up on.
 """
 DEFAULT_GRACE = 10.0
 """Seconds between TERM and KILL when a run is stopped."""

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.app.hosts import Hosts
 from launcher.app.job import JobArgs
@@ -132,6 +132,13 @@ def slurm_submit(
     if dry_run:
         run_io.out.write(text)
         return 0
+    _submit(text, log_dir, run_io.out)
+    return 0
+
+
+def _submit(text: str, log_dir: Path, out: IO[str]) -> None:
+    """Submit the batch script `text`, kept in `log_dir` beside the job's output, and say the job id and what to do
+    with it."""
     pending = log_dir / f"submit-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.sh"
     job_id = jobs.submit(text, pending)
     script_path = log_dir / f"slurm-{job_id}.sh"
@@ -140,14 +147,13 @@ def slurm_submit(
     except OSError:  # the job is submitted: its script keeps its first name
         script_path = pending
     name = task_call("")
-    run_io.out.write(
+    out.write(
         f"submitted batch job {job_id}\n"
         f"  script: {relative(script_path)}\n"
         f"  output: {relative(Path(batch.output_path(log_dir, job_id)))}\n"
         f"  {name}status --job {job_id}\n  {name}logs --job {job_id} --follow\n"
         f"  {name}stop --job {job_id}\n"
     )
-    return 0
 
 
 def _job_lines(state: JobState) -> list[str]:

@@ -1,12 +1,13 @@
 """The doctor's checks run in order: the table's columns (`CHECKS`), the ones a launch runs (`FAST_CHECKS`), and
 `evaluate`, from the probes' `Evidence` to `Finding`s. The checks themselves are pure functions, each registered once
-by name (`launcher.doctor.registry`): those of each node's own setup (checks_node.py), its GPUs (checks_gpu.py),
-those between nodes (checks_net.py).
+by name (`launcher.doctor.registry`): those of each node's own setup (checks_node.py), its Python environment
+(checks_python.py), its GPUs (checks_gpu.py), those between nodes (checks_net.py).
 """
 
 from __future__ import annotations
 
-from launcher.doctor import checks_gpu, checks_net, checks_node  # noqa: F401  (importing them registers their checks)
+# Importing them registers their checks.
+from launcher.doctor import checks_gpu, checks_net, checks_node, checks_python  # noqa: F401
 from launcher.doctor.evidence import Evidence, Finding
 from launcher.doctor.registry import _REGISTRY, CheckFunction
 

@@ -127,66 +127,65 @@ def check_hostname(ev: Evidence) -> list[Finding]:
         p = probes.get(host.name)
         if p is None:
             continue
-        me = p["self"]
-        hostname = me["hostname"]
-        if is_address(host.addr):
-            agreed: tuple[tuple[str, ...], str] | None = ((host.addr,), host.addr)  # what every peer reaches
-        else:
-            views, _ = _views(probes, host.addr)
-            peer_views = {h: v for h, v in views.items() if h != host.name}
-            agreed = _consensus(ev, host.addr, peer_views) if peer_views else None
-        good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
-        lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
-        if me.get("error"):
-            fix = (
-                f'add "{good} {hostname}" to /etc/hosts on {host.name}'
-                if good
-                else f"make {hostname} resolvable on {host.name} (/etc/hosts or DNS)"
-            )
-            out.append(
-                Finding(
-                    host.name,
-                    "hostname",
-                    "fail",
-                    f"its own hostname {hostname} does not resolve there ({me['error']}): gloo cannot pick an address",
-                    fix,
-                )
-            )
-            continue
-        addrs = me.get("addrs", [])
-        if agreed is None or set(addrs) & set(agreed[0]):
-            out.append(Finding(host.name, "hostname", "ok", f"{hostname} -> {', '.join(addrs)}"))
-            continue
-        trap = all(_loopback(a) for a in addrs)
-        if lines:
-            fix = f'on {host.name}, replace "{lines[0]}" in /etc/hosts with "{good} {hostname}"'
-        else:
-            fix = f'make {hostname} resolve to {good} on {host.name} ("{good} {hostname}" in /etc/hosts)'
-        detail = (
-            f"{hostname} resolves to {', '.join(addrs)} on {host.name}, but its peers reach it at "
-            f"{', '.join(agreed[0])}"
-        )
-        if trap:
-            out.append(
-                Finding(
-                    host.name,
-                    "hostname",
-                    "fail",
-                    f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach",
-                    fix,
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    host.name,
-                    "hostname",
-                    "warn",
-                    f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it",
-                    fix,
-                )
-            )
+        out.append(_hostname_finding(host.name, p, _peers_view(ev, probes, host.name, host.addr)))
     return out
+
+
+def _peers_view(
+    ev: Evidence, probes: Mapping[str, dict[str, Any]], name: str, addr: str
+) -> tuple[tuple[str, ...], str] | None:
+    """Where node `name`'s peers reach it (the address set they agree `addr` is, and the address for /etc/hosts),
+    or None when no peer resolved it."""
+    if is_address(addr):
+        return (addr,), addr  # what every peer reaches
+    views, _ = _views(probes, addr)
+    peer_views = {h: v for h, v in views.items() if h != name}
+    return _consensus(ev, addr, peer_views) if peer_views else None
+
+
+def _hostname_finding(name: str, p: Mapping[str, Any], agreed: tuple[tuple[str, ...], str] | None) -> Finding:
+    """Node `name`'s own hostname as its probe `p` resolved it, against where its peers reach it (`agreed`)."""
+    me = p["self"]
+    hostname = me["hostname"]
+    good = agreed[1] if agreed else (p.get("route") or {}).get("ip")
+    lines = [line for line in me.get("hosts_lines", []) if good is None or not line.startswith(f"{good} ")]
+    if me.get("error"):
+        fix = (
+            f'add "{good} {hostname}" to /etc/hosts on {name}'
+            if good
+            else f"make {hostname} resolvable on {name} (/etc/hosts or DNS)"
+        )
+        return Finding(
+            name,
+            "hostname",
+            "fail",
+            f"its own hostname {hostname} does not resolve there ({me['error']}): gloo cannot pick an address",
+            fix,
+        )
+    addrs = me.get("addrs", [])
+    if agreed is None or set(addrs) & set(agreed[0]):
+        return Finding(name, "hostname", "ok", f"{hostname} -> {', '.join(addrs)}")
+    trap = all(_loopback(a) for a in addrs)
+    if lines:
+        fix = f'on {name}, replace "{lines[0]}" in /etc/hosts with "{good} {hostname}"'
+    else:
+        fix = f'make {hostname} resolve to {good} on {name} ("{good} {hostname}" in /etc/hosts)'
+    detail = f"{hostname} resolves to {', '.join(addrs)} on {name}, but its peers reach it at {', '.join(agreed[0])}"
+    if trap:
+        return Finding(
+            name,
+            "hostname",
+            "fail",
+            f"{detail}: gloo there would listen on {addrs[0]}, which they cannot reach",
+            fix,
+        )
+    return Finding(
+        name,
+        "hostname",
+        "warn",
+        f"{detail}: gloo there would use {addrs[0]}; make sure the others can reach it",
+        fix,
+    )
 
 
 @check("port", fast=True)

@@ -1,7 +1,8 @@
 """The doctor's I/O: connect, run the probe (launcher/node/probe/probe.py) on every node at once, evaluate the answers.
 
 `inv doctor` opens probe sessions of its own (`run_doctor`). A launch asks each node's one agent session to probe
-instead (`DoctorGate`: `session_section` is what the agent is sent, `judge` decides before `go`).
+instead (`DoctorGate`: `session_section` is what the agent is sent, `judge` decides before `go`). What each node is
+sent: launcher.doctor.request.
 """
 
 from __future__ import annotations
@@ -17,79 +18,21 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from launcher.config.model import Cluster, Host, SyncSpec
 from launcher.doctor.checklist import FAST_CHECKS, evaluate, selected_checks
-from launcher.doctor.checks_net import requested_names
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
+from launcher.doctor.request import connect_section, listen_request, probe_input, probe_request, session_section
 from launcher.errors import DoctorFailed, NodeFailure
-from launcher.limits import (
-    LISTEN_WINDOW_S,
-    LISTENER_MARGIN_S,
-    NVIDIA_SMI_TIMEOUT_S,
-    RESOLVE_WORKERS,
-    SMI_SHARE,
-    TOKEN_READ_S,
-)
 from launcher.parallel import parallel
 from launcher.paths import hint
 from launcher.settings import DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_SSH, Settings, SshSettings
 from launcher.transport.channel import Result
-from launcher.transport.connections import Node, classify, close_all, connect_all
-from launcher.transport.program import host_command, node_program, program_input, python_command
+from launcher.transport.connections import Node, close_all, connect_all
+from launcher.transport.failures import classify
+from launcher.transport.program import host_command
 
 if TYPE_CHECKING:
     from launcher.events import NodeFacts
 
 CheckMode = Literal["all", "fast"]
-
-PROBE_SOURCE = node_program("probe.probe")
-"""The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
-
-probe_command = python_command
-"""The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.transport.program`)."""
-
-
-def probe_input(request: Mapping[str, Any]) -> bytes:
-    """The probe's source and its request, for its stdin."""
-    return program_input(PROBE_SOURCE, request)
-
-
-def probe_request(
-    cluster: Cluster, host: Host, checks: str, connect: Mapping[str, Any] | None, timeout: float = DEFAULT_PROBE_TIMEOUT
-) -> dict[str, Any]:
-    """What one node's probe is asked (pure), `timeout` its probe_timeout: nvidia-smi gets its bound, or a share of
-    the probe's time when that is short, so the probe still answers and says nvidia-smi did not (a probe cut off
-    would read as a python that hangs at start)."""
-    rdzv = cluster.rendezvous
-    request: dict[str, Any] = {
-        "mode": "probe",
-        "checks": checks,
-        "names": requested_names(cluster),
-        "resolve_workers": RESOLVE_WORKERS,
-        "master_addr": rdzv.master_addr,
-        "master_port": rdzv.master_port,
-        "is_master": host.name == cluster.hosts[0].name,
-        "workdir": host.workdir,
-        "python": host.python,
-        "gpu_timeout_s": min(NVIDIA_SMI_TIMEOUT_S, timeout * SMI_SHARE),
-    }
-    request.update(job_request(cluster, host))
-    if host.gpus is not None:  # --include host:0,2: among the GPUs the node shows (its own CUDA_VISIBLE_DEVICES)
-        request["gpus"] = list(host.gpus)
-    visible = next((v.value for v in host.env if v.name == "CUDA_VISIBLE_DEVICES" and v.value is not None), None)
-    if visible is not None:
-        request["cuda_visible_devices"] = visible
-    if connect:
-        request["connect"] = dict(connect)
-    return request
-
-
-def job_request(cluster: Cluster, host: Host) -> dict[str, Any]:
-    """What a probe is asked of the job that will run (pure): its form and value (`{"module": "pkg.train"}`), and the
-    PATH and PYTHONPATH the inventory sets for it on `host`, where the probe looks for its command or module."""
-    if cluster.job is None:
-        return {}
-    form, value = cluster.job.form
-    paths = {v.name: v.value for v in host.env if v.name in ("PATH", "PYTHONPATH") and v.value is not None}
-    return {form: value, **({"job_env": paths} if paths else {})}
 
 
 def probe_answer(stdout: str) -> dict[str, Any] | None:
@@ -128,22 +71,6 @@ def _outcome(result: Result | NodeFailure) -> Outcome:
     if answer is not None and (result.exit_code == 0 or "error" not in answer):  # a request it refused: exit 2
         return answer
     return ProbeFailed(result.exit_code, err[-2000:], out[-2000:])
-
-
-def listen_request(cluster: Cluster, token: str, timeout: float) -> dict[str, Any]:
-    """What the master's listen-mode probe is asked (pure): it outlives the probes' `timeout` (probe_timeout) by a
-    margin, so a slow node's TCP check still finds it."""
-    return {
-        "mode": "listen",
-        "master_port": cluster.rendezvous.master_port,
-        "token": token,
-        "max_s": timeout + LISTENER_MARGIN_S,
-    }
-
-
-def connect_section(token: str, timeout: float) -> dict[str, Any]:
-    """The `connect` part of each probe's request (pure): every number its TCP check uses."""
-    return {"token": token, "window": min(LISTEN_WINDOW_S, timeout / 2), "token_read_s": TOKEN_READ_S}
 
 
 def _start_listener(node: Node, cluster: Cluster, token: str, timeout: float) -> Any:
@@ -275,24 +202,6 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
         probe_times={h.name: ev.probe_times[h.name] for h in cluster.hosts if h.name in ev.probe_times},
         timings=dict(timings),
     )
-
-
-def session_token(run_id: str) -> str:
-    """What the master's agent answers every connection with during a launch's check: this run's own words."""
-    return f"ddp-launcher {run_id}"
-
-
-def session_section(cluster: Cluster, host: Host, run_id: str, timeout: float) -> dict[str, Any]:
-    """The `gate` part of a launch's start request for `host` (pure): every request and
-    number the agent needs to probe, to hold the master's listener (master only) and to connect to it."""
-    token = session_token(run_id)
-    section: dict[str, Any] = {
-        "probe": probe_request(cluster, host, "fast", None, timeout),
-        "connect": connect_section(token, timeout),
-    }
-    if host.name == cluster.hosts[0].name:
-        section["listen"] = listen_request(cluster, token, timeout)
-    return section
 
 
 def _session_outcome(host: str, facts: NodeFacts) -> Outcome:

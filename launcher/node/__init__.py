@@ -9,7 +9,7 @@ worker/    inside every torch worker: the run dir's     the agent writes its fil
            hook/sitecustomize.py, self-contained        `install_hook`); Python imports it first
 probe/     on every node asked: the doctor's probe and  launcher.doctor.collect, and the agent's start   probe.probe
            listener; `ddpl init`'s look (seek.py)       gate; launcher.app.newcluster                    probe.seek
-sync/      on every node of `inv sync`, relays too      launcher.sync.push                               sync.syncd
+sync/      on every node of `inv sync`, relays too      launcher.sync.push (nodepush)                    sync.syncd
 slurm/     first in every task of an srun step          launcher.slurm.step, before the node program     slurm.selector
 common/    nowhere by itself: what several programs import (bounds, proc, child, netif, gpus, smi, devices)
 loader.py  first in every program: the importer of the sources sent

@@ -79,7 +79,7 @@ class SlurmNode:
 
     @property
     def target(self) -> SSHTarget:
-        """Its name where a failure is said (`transport.sessions.classify`): no SSH reaches it."""
+        """Its name where a failure is said (`transport.failures.classify`): no SSH reaches it."""
         return SSHTarget(self.name, self.name, 0)
 
     def _argv(self, command: str) -> list[str]:

@@ -1,8 +1,8 @@
 """SSH to every node at once (launcher/transport/ is the only package that imports Fabric or Paramiko).
 
 `connect_all` opens one connection per node, all in parallel, and returns either a `Node` or a typed
-`NodeFailure` for each host. A `Node` runs commands on channels of that one connection, so probing,
-starting and streaming a run cost one SSH handshake per node.
+`NodeFailure` for each host (`launcher.transport.failures.classify`). A `Node` runs commands on channels of that one
+connection, so probing, starting and streaming a run cost one SSH handshake per node.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import contextlib
 import logging
 import os
 import resource
-import shlex
-import socket
 import subprocess
 import threading
 import time
@@ -21,7 +19,6 @@ from dataclasses import dataclass, field
 
 import paramiko
 from fabric import Config, Connection
-from paramiko.ssh_exception import NoValidConnectionsError
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import LauncherError, NodeFailure
@@ -29,7 +26,8 @@ from launcher.limits import FD_RESERVE, FDS_PER_NODE
 from launcher.parallel import parallel, waves
 from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FANOUT, DEFAULT_SSH, SshSettings
 from launcher.transport.channel import Channel, ExecTimeout, Result, _exec
-from launcher.transport.hostkeys import HostKeyRevoked, HostKeyUnknown, host_key_order, key_name, policy_for
+from launcher.transport.failures import classify
+from launcher.transport.hostkeys import host_key_order, policy_for
 from launcher.transport.sshconfig import (
     MAX_JUMP_DEPTH,
     SSH_G_TIMEOUT,
@@ -132,104 +130,6 @@ def _connection(target: SSHTarget, timeout: float, policy: str, gateway: Connect
     )
     conn.client.set_missing_host_key_policy(checker)
     return conn
-
-
-def classify(target: SSHTarget, exc: BaseException) -> NodeFailure:
-    """Turn whatever the SSH stack raised into a one-line failure with the likely fix."""
-    where = f"{target.hostname}:{target.port}"
-    name = target.name
-    if isinstance(exc, socket.gaierror):
-        return NodeFailure(
-            name,
-            "unresolvable",
-            f"cannot resolve {target.hostname!r}",
-            "check the name, or give it a `HostName` in your ssh config or an address in the inventory",
-        )
-    if isinstance(exc, ExecTimeout):
-        return NodeFailure(
-            name,
-            "timeout",
-            f"{where} did not {exc.what} within {exc.seconds:g} s (connect_timeout)",
-            "is the node overloaded or its sshd stuck? try `ssh` to it; raise --connect-timeout if it is only slow",
-        )
-    if isinstance(exc, HostKeyRevoked):
-        return NodeFailure(
-            name,
-            "host-key-revoked",
-            f"REVOKED HOST KEY DETECTED: the host key of {where} is marked as revoked in {exc.where}: "
-            "refusing to connect",
-            "this could mean that a stolen key is being used to impersonate this host: ask the "
-            "node's administrator (never remove the @revoked line to get in)",
-        )
-    if isinstance(exc, HostKeyUnknown):
-        ca = (
-            (
-                f"; known_hosts trusts a certificate authority for it ({exc.authorities[0]}), which this launcher "
-                "does not check"
-            )
-            if exc.authorities
-            else ""
-        )
-        return NodeFailure(
-            name,
-            "host-key-unknown",
-            f"{exc.name} is not in known_hosts (host_key_policy: strict)" + ca,
-            f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
-            f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`",
-        )
-    if isinstance(exc, paramiko.BadHostKeyException):
-        line = getattr(exc, "where", "known_hosts")
-        # `ssh-keygen -R` alone edits ~/.ssh/known_hosts: name the file that holds the line (UserKnownHostsFile,
-        # GlobalKnownHostsFile), so the fix acts where the key is.
-        file = line.rpartition(":")[0] if ":" in line else "~/.ssh/known_hosts"
-        return NodeFailure(
-            name,
-            "host-key-changed",
-            f"the host key of {where} differs from the one in {line}: refusing to connect",
-            f"if the node was reinstalled, verify the new key and remove that line "
-            f"(`ssh-keygen -f {shlex.quote(file)} -R {shlex.quote(key_name(target))}`)",
-        )
-    if isinstance(exc, NoValidConnectionsError | ConnectionRefusedError):
-        return NodeFailure(
-            name, "refused", f"connection refused by {where}", "is sshd running on the node, and is the port right?"
-        )
-    # A server that accepts TCP but never completes the handshake: Paramiko says "banner" or, when its reader
-    # thread gave up first, "No existing session".
-    if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or "No existing session" in str(exc)):
-        return NodeFailure(
-            name,
-            "timeout",
-            f"{where} accepted the connection but sent no SSH greeting in time",
-            "is it an SSH server on that port, and is the node overloaded?",
-        )
-    if isinstance(exc, socket.timeout | TimeoutError):
-        return NodeFailure(
-            name, "timeout", f"no answer from {where} in time", "is the node up, and does a firewall let you through?"
-        )
-    if isinstance(exc, paramiko.AuthenticationException):
-        user = target.user or os.environ.get("USER", "you")
-        return NodeFailure(
-            name,
-            "auth",
-            f"{user}@{where} refused every key offered",
-            "check `user` and `identity_file`, or run `ssh-copy-id` for that node",
-        )
-    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-        return NodeFailure(
-            name,
-            "host-key-unknown",
-            f"{where} is not in known_hosts (host_key_policy: strict)",
-            f"check its fingerprint and run `ssh-keyscan -p {target.port} {target.hostname} >> "
-            f"~/.ssh/known_hosts`, or set `host_key_policy: accept-new`",
-        )
-    if isinstance(exc, OSError):
-        return NodeFailure(
-            name,
-            "refused",
-            f"cannot connect to {where}: {exc.strerror or exc}",
-            "is the node up and the address right?",
-        )
-    return NodeFailure(name, "ssh", f"{type(exc).__name__}: {exc}")
 
 
 def connect(host: Host, cluster: Cluster, ssh: SshSettings = DEFAULT_SSH) -> Node | NodeFailure:

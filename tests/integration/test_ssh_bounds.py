@@ -22,7 +22,8 @@ from launcher.config.inventory import parse_inventory
 from launcher.errors import NodeFailure
 from launcher.settings import SshSettings
 from launcher.transport.channel import ExecTimeout
-from launcher.transport.connections import Node, classify, connect
+from launcher.transport.connections import Node, connect
+from launcher.transport.failures import classify
 from tests.helpers import REPO
 
 

@@ -15,7 +15,7 @@ if "break-hook" in sys.argv[5:]:
     def broken(*args):
         raise RuntimeError("patching failed on purpose")
 
-    sys.modules["_ddp_launcher_hook"].wrap_next = broken  # before torch is imported: its patching raises
+    sys.modules["_ddp_launcher_patches"].wrap_next = broken  # before torch is imported: its patching raises
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -13,7 +13,7 @@ import yaml
 
 from devtools import sandbox
 from launcher.limits import SYNC_TIMING
-from launcher.sync.push import SYNCD_SOURCE
+from launcher.sync.nodepush import SYNCD_SOURCE
 from launcher.transport.program import BOOTSTRAP, program_input
 from tests.helpers import REPO
 from tests.support.nodeenv import node_python

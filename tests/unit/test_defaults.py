@@ -21,7 +21,7 @@ from launcher.config.model import Cluster
 from launcher.node.common import bounds
 from launcher.run import actions as run_actions
 from launcher.settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT
-from launcher.sync import push as sync
+from launcher.sync import nodepush as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
     probe = doctor.probe_request(cluster(), cluster().hosts[1], "fast", connect)
     for where, key in numbers:
         assert key in {"listen": listen, "connect": connect, "probe": probe}[where], (where, key)
-    # ... and the numbers are the doctor's own, written once in launcher.doctor.collect.
+    # ... and the numbers are the doctor's own, written once in launcher.doctor.request.
     assert listen == {"mode": "listen", "master_port": 29400, "token": "t0ken", "max_s": 7.0 + doctor.LISTENER_MARGIN_S}
     assert connect == {"token": "t0ken", "window": doctor.LISTEN_WINDOW_S, "token_read_s": doctor.TOKEN_READ_S}
     assert doctor.connect_section("t", 2.0)["window"] == 1.0  # a short timeout leaves room for the probe's answer
@@ -134,7 +134,7 @@ def test_the_controllers_requests_carry_every_number_the_probe_reads() -> None:
 
 
 def test_the_node_programs_keep_no_copy_of_the_controllers_numbers() -> None:
-    # What the controller decides lives in launcher.options and launcher.doctor.collect; the node's own numbers are
+    # What the controller decides lives in launcher.options and launcher.doctor.request; the node's own numbers are
     # only its local bounds, all in launcher/node/common/bounds.py.
     own = {name for name, value in vars(bounds).items() if name.isupper() and (isinstance(value, int | float) or (
         isinstance(value, tuple) and all(isinstance(v, int) for v in value)))}  # a number, or a version's numbers

@@ -310,7 +310,7 @@ def test_the_gpu_column_shows_ranks_errors_and_age() -> None:
 
 
 def test_nvidia_smi_gets_its_bound_or_half_a_short_probe_timeout() -> None:
-    from launcher.doctor.collect import probe_request, session_section
+    from launcher.doctor.request import probe_request, session_section
 
     c = cluster()
     assert probe_request(c, c.hosts[0], "fast", None)["gpu_timeout_s"] == 10.0  # 8 GPUs without persistence mode

@@ -14,7 +14,7 @@ from launcher.app.job import JobArgs, job_of
 from launcher.config.inventory import parse_inventory
 from launcher.config.model import Cluster
 from launcher.doctor import Evidence
-from launcher.doctor.collect import probe_request, session_section
+from launcher.doctor.request import probe_request, session_section
 from launcher.node.probe.runnable import module_info
 from launcher.plan.launchplan import plan_launch
 from tests.support.canned_probes import ADDRS, findings, probe

@@ -190,7 +190,7 @@ def test_a_failure_in_the_hooks_patching_turns_recording_off_and_says_why_while_
         def broken(*args):
             raise RuntimeError("patching failed on purpose")
 
-        sys.modules["_ddp_launcher_hook"].wrap_next = broken
+        sys.modules["_ddp_launcher_patches"].wrap_next = broken
     ''')
     seen, folder = run_job(tmp_path, before=before)
     record = record_of(folder, seen["pid"])

@@ -12,7 +12,8 @@ import pytest
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from launcher.config.inventory import parse_inventory
-from launcher.transport.connections import _connection, classify
+from launcher.transport.connections import _connection
+from launcher.transport.failures import classify
 from launcher.transport.hostkeys import _AcceptNewPolicy, _host_matches, _known_keys
 from launcher.transport.sshconfig import SSHTarget, resolve_target
 

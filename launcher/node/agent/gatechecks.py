@@ -13,7 +13,7 @@ class GateChecks:
 
     The probe is the node package's own module (launcher/node/probe/probe.py, sent with the agent); the request's
     `gate` section holds every request and number it needs, from the launcher
-    (launcher.doctor.collect.session_section):
+    (launcher.doctor.request.session_section):
     - probe: what the probe looks at; its answer goes out as the `probed` event;
     - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
       answers every connection with the token until `go`, `abort` or a stop, and at most max_s;

@@ -18,7 +18,7 @@ from launcher.node.common import bounds
 from launcher.node.common.child import which
 from launcher.node.common.proc import rank_processes, signal_process
 from launcher.node.wire import timing
-from launcher.node.worker import collectives, hook
+from launcher.node.worker import collectives, hook, patches
 
 HOOK_DIR = "hook"
 STACKS_DIR = "stacks"
@@ -44,9 +44,10 @@ def stack_signal():
 
 def install_hook(run_dir, env, make=True, collecting=None):
     """Write the hook (launcher/node/worker/hook.py: stacks on a signal, progress records;
-    launcher/node/worker/collectives.py: the collectives' thread) into the run directory and point the workers'
-    environment at it (PYTHONPATH first); with `make` false, only the environment (nothing written). `collecting`: the
-    thread's settings (status_s, arrivals_s, keep, cost_factor: launcher.limits.COLLECTIVES), None for no thread."""
+    launcher/node/worker/patches.py: torch's modules patched as they are imported; launcher/node/worker/collectives.py:
+    the collectives' thread) into the run directory and point the workers' environment at it (PYTHONPATH first); with
+    `make` false, only the environment (nothing written). `collecting`: the thread's settings (status_s, arrivals_s,
+    keep, cost_factor: launcher.limits.COLLECTIVES), None for no thread."""
     folders = [
         os.path.join(run_dir, name)
         for name in (HOOK_DIR, STACKS_DIR, hook.PROGRESS_DIR, hook.COLLECTIVES_DIR, hook.PHASES_DIR)
@@ -55,7 +56,8 @@ def install_hook(run_dir, env, make=True, collecting=None):
     if make:
         for folder in folders:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        for module, name in ((hook, "sitecustomize"), (collectives, hook.COLLECTIVES_MODULE)):
+        written = ((hook, "sitecustomize"), (patches, hook.PATCHES_MODULE), (collectives, hook.COLLECTIVES_MODULE))
+        for module, name in written:
             with open(os.path.join(hook_dir, name + ".py"), "w") as handle:
                 handle.write(module.__loader__.get_source(module.__name__))  # the node's loader and a file's both
     env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())

@@ -26,7 +26,7 @@ agent instead (launcher/node/agent/gatechecks.py, `GateChecks`): the agent runs 
 
 Like the agent, the probe has no defaults of its own for what the controller decides: how long the listener lives
 (max_s) and how long a node tries to reach it (connect.window, connect.token_read_s) arrive in the request
-(`launcher.doctor.collect`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
+(`launcher.doctor.request`). A request without one gets an error reply (exit 2), never a guess. The bounds on the
 probe's own local work (DNS, nvidia-smi, the /proc scan) are in launcher/node/common/bounds.py with every other node
 number.
 """

@@ -3,13 +3,13 @@ is this file's source (launcher/node/agent/stackdump.py `install_hook`); importe
 
 - Stacks: `faulthandler` on a real-time signal writes every thread's stack to `stacks/<pid>.txt` (a forked child,
   a DataLoader worker, opens its own file).
-- Progress: with RANK set (a rank and its helpers, not torchrun), an import hook waits for the program's own import
-  of `torch.optim.optimizer` and `torch.utils.data.dataloader` (torch itself is never imported from here), then
-  counts optimizer steps (torch's global step post hook), batches drawn from DataLoaders with the time spent waiting
-  for them, and the time from a batch's arrival (or a step's end) to the next `Tensor.backward` call: the forward,
-  pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten in place (`os.pwrite`) at most
-  every flush interval (a step or a batch after it writes), and at the end (atexit, and destroy_process_group: a
-  program may `os._exit` after it); no thread, no lock. Any failure turns recording off for
+- Progress: with RANK set (a rank and its helpers, not torchrun), an import hook (launcher/node/worker/patches.py) waits
+  for the program's own import of `torch.optim.optimizer` and `torch.utils.data.dataloader` (torch itself is never
+  imported from here), then counts optimizer steps (torch's global step post hook), batches drawn from DataLoaders
+  with the time spent waiting for them, and the time from a batch's arrival (or a step's end) to the next
+  `Tensor.backward` call: the forward, pure compute in DDP. They go to `progress/<pid>`, one fixed-size line rewritten
+  in place (`os.pwrite`) at most every flush interval (a step or a batch after it writes), and at the end (atexit, and
+  destroy_process_group: a program may `os._exit` after it); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
 - Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done,
   `init_process_group` called (the rendezvous begins) and returned (the process group ready), the first batch and the
@@ -24,7 +24,6 @@ and ended by a newline; START is the process's start time (/proc/<pid>/stat fiel
 CLOCK_MONOTONIC seconds (the same clock for every process of the node), FORWARD_S and DATA_S totals.
 """
 
-import functools
 import os
 import sys
 
@@ -41,12 +40,11 @@ COLLECTIVES_ENV, COLLECTIVES_MODULE = "DDP_LAUNCHER_COLLECTIVES", "_ddp_launcher
 """The collectives' thread: its setting (`<folder>:<status s>:<arrival s>:<kept per group>:<cost factor>`), its
 module's name in the hook's folder (launcher/node/worker/collectives.py, copied there beside this file)."""
 COLLECTIVES_DIR = "collectives"
+PATCHES_MODULE = "_ddp_launcher_patches"
+"""The name in the hook's folder of what patches torch's modules (launcher/node/worker/patches.py, copied there beside
+this file)."""
 MODULE_NAME = "_ddp_launcher_hook"
 """The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
-OPTIMIZER, LOADER, TENSOR = "torch.optim.optimizer", "torch.utils.data.dataloader", "torch._tensor"
-TORCH, C10D = "torch", "torch.distributed.distributed_c10d"
-WATCHED = (C10D, OPTIMIZER, LOADER, TORCH)
-"""The modules whose import the hook waits for (c10d's before torch's end: torch.distributed copies its names)."""
 VERSION = b"p1"
 
 
@@ -196,149 +194,24 @@ class Recorder:
             self.off(exc)
 
 
-def wrap_next(recorder, original):
-    @functools.wraps(original)  # the same name and qualified name: pickling the method finds this one
-    def __next__(self):
-        if not recorder.on:
-            return original(self)
-        asked = recorder.clock()
-        data = original(self)
-        recorder.batch(asked)
-        return data
-
-    return __next__
-
-
-def wrap_group(recorder, module):
-    """init_process_group noting when it was called (the rendezvous begins) and returned (the group is ready);
-    destroy_process_group writing the record first: train/ddp.py's `os._exit` after it (gloo's last threads) skips
-    atexit, which lost its steps since the last flush (a tenth of the demo's on a busy machine, and its page's rate)."""
-    init, destroy = module.init_process_group, module.destroy_process_group
-
-    @functools.wraps(init)
-    def init_process_group(*args, **kwargs):
-        recorder.phase(b"rdzv")
-        result = init(*args, **kwargs)
-        recorder.phase(b"pg")
-        return result
-
-    @functools.wraps(destroy)
-    def destroy_process_group(*args, **kwargs):
-        recorder.last()
-        return destroy(*args, **kwargs)
-
-    module.init_process_group, module.destroy_process_group = init_process_group, destroy_process_group
-
-
-def wrap_backward(recorder, original):
-    @functools.wraps(original)
-    def backward(self, *args, **kwargs):
-        if recorder.on:
-            recorder.backward()
-        return original(self, *args, **kwargs)
-
-    return backward
-
-
-class Patches:
-    """What to change in torch's modules as the program imports them, each once."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-        self.done = set()
-
-    def after(self, name, module):
-        """`module` was just executed (the program imported it): patch it, and Tensor.backward with it."""
-        try:
-            if name == OPTIMIZER and name not in self.done:
-                self.done.add(name)
-                module.register_optimizer_step_post_hook(self.recorder.step)
-            elif name == LOADER and name not in self.done:
-                self.done.add(name)
-                cls = module._BaseDataLoaderIter
-                cls.__next__ = wrap_next(self.recorder, cls.__next__)
-            elif name == C10D and name not in self.done:
-                self.done.add(name)  # before torch.distributed's `import *` copies it: every caller gets this one
-                wrap_group(self.recorder, module)
-            elif name == TORCH:
-                self.recorder.phase(b"torch")
-            tensor = sys.modules.get(TENSOR)
-            if tensor is not None and TENSOR not in self.done:
-                self.done.add(TENSOR)
-                tensor.Tensor.backward = wrap_backward(self.recorder, tensor.Tensor.backward)
-            if self.recorder.on and self.recorder.written is None and name in (OPTIMIZER, LOADER):
-                self.recorder.write(self.recorder.clock())  # the record exists: the hook is in place
-        except Exception as exc:
-            self.recorder.off(exc)
-
-
-class AfterImport:
-    """A meta-path finder that hands the real loader of the named modules a wrapper, so `after` runs once the module
-    has executed; the module keeps its real loader, as it would without the hook."""
-
-    def __init__(self, names, after, recorder):
-        self.names, self.after, self.recorder = names, after, recorder
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        try:
-            spec = self.real_spec(name, path, target)
-            if spec is None or not hasattr(spec.loader, "exec_module"):
-                return None  # nothing to wrap: the import system looks again, as without us
-            spec.loader = Loader(spec.loader, name, self.after)
-            return spec
-        except Exception as exc:
-            self.recorder.off(exc)
-            return None
-
-    def real_spec(self, name, path, target):
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                return spec
-        return None
-
-
-class Loader:
-    """The real loader, and `after` once it has executed the module (every other attribute is the real one's)."""
-
-    def __init__(self, loader, name, after):
-        self.loader, self.name, self.after = loader, name, after
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        module.__loader__ = self.loader
-        module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        self.after(self.name, module)
-
-    def __getattr__(self, name):
-        if name == "loader":  # not set yet (a copy): no recursion
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-
 def progress(setting, clock):
-    """Start recording progress (`<folder>:<record bytes>:<flush seconds>`); the recorder, or None."""
+    """Start recording progress (`<folder>:<record bytes>:<flush seconds>`), torch's modules patched as the program
+    imports them (launcher/node/worker/patches.py, a module beside this one); the recorder, or None."""
     folder, size, flush_s = setting.rsplit(":", 2)
     recorder = Recorder(folder, int(size), float(flush_s), clock)
-    patches = Patches(recorder)
     try:
         import atexit
+        import importlib
 
+        patching = importlib.import_module(PATCHES_MODULE)
+        patches = patching.Patches(recorder)
         os.register_at_fork(after_in_child=recorder.forked)
         atexit.register(recorder.last)
         recorder.phase(b"hook")
-        for name in WATCHED:
+        for name in patching.WATCHED:
             if name in sys.modules:  # imported before us (a .pth file): patched now
                 patches.after(name, sys.modules[name])
-        sys.meta_path.insert(0, AfterImport(WATCHED, patches.after, recorder))
+        sys.meta_path.insert(0, patching.AfterImport(patching.WATCHED, patches.after, recorder))
     except Exception as exc:
         recorder.off(exc)
     return recorder
