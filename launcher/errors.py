@@ -7,10 +7,14 @@ from typing import Any, Protocol
 
 
 class _Finding(Protocol):
-    host: str
-    check: str
-    detail: str
-    fix: str
+    @property
+    def host(self) -> str: ...
+    @property
+    def check(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def fix(self) -> str: ...
 
 
 class _Report(Protocol):

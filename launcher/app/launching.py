@@ -93,7 +93,7 @@ def _gated(plan: LaunchPlan, hosts: str | Hosts, run_io: RunIO, doctor: bool, sy
             stall_timeout=settings.run.silence_timeout,
             outputs=(settings.output.log_dir,),
         )
-        run_io = replace(run_io, gate=replace(gate, before=before))
+        run_io = replace(run_io, gate=gate.with_before(before))
     return run_io
 
 

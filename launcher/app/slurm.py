@@ -279,9 +279,15 @@ def slurm_doctor(
         port = held + JOB_DOCTOR_PORT_SHIFT if held + JOB_DOCTOR_PORT_SHIFT <= 65535 else held - JOB_DOCTOR_PORT_SHIFT
         on_job = replace(on_job, rendezvous=replace(on_job.rendezvous, master_port=port))
         run_io.err.write(f"note: job {job_id}'s run holds master_port {held}: checking and measuring on {port}\n")
+    # A running job's GPUs hold its own run. A SlurmNode runs commands and opens channels as an SSH Node does,
+    # through steps of the job (its channel a StepProcess): the doctor's probes take either.
     report = run_doctor(
-        on_job, nodes, checks=checks, probe_timeout=settings.run.probe_timeout, gpus_in_use=job_id is not None
-    )  # a running job's GPUs hold its own run
+        on_job,
+        nodes,  # type: ignore[arg-type]
+        checks=checks,
+        probe_timeout=settings.run.probe_timeout,
+        gpus_in_use=job_id is not None,
+    )
     if not net:
         return report
     from launcher.doctor.net import with_net  # torch on every node: only when asked

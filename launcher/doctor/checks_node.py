@@ -41,7 +41,7 @@ def check_script(ev: Evidence) -> list[Finding]:
 def _script_findings(ev: Evidence, script: str) -> list[Finding]:
     probes = {h: p for h, p in probes_of(ev).items() if p.get("script") is not None}
     hashes = {h: p["script"]["sha256"] for h, p in probes.items() if p["script"].get("sha256")}
-    major, same = compare(ev, hashes) if hashes else (None, [])
+    major, same = compare(ev, hashes) if hashes else ("", [])
     ref = same[0] if same else None
     out = []
     for h, p in probes.items():

@@ -23,6 +23,7 @@ from launcher.doctor.request import connect_section, listen_request, probe_input
 from launcher.errors import DoctorFailed, NodeFailure
 from launcher.parallel import parallel
 from launcher.paths import hint
+from launcher.run.gate import Before
 from launcher.settings import DEFAULT_FANOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_SSH, Settings, SshSettings
 from launcher.transport.channel import Result
 from launcher.transport.connections import Node, close_all, connect_all
@@ -231,7 +232,7 @@ class DoctorGate:
     """The checks run in the agents' start sessions (`launcher.run.gate.StartGate`)."""
     ssh: SshSettings = DEFAULT_SSH
     """For the standalone form only: how the SSH connections it opens are made (the launch has its own)."""
-    before: Callable[[Cluster, dict[str, Node]], Mapping[str, float]] | None = None
+    before: Before | None = None
     """What runs on the open connections before the sessions start (`launch --sync`: the code first)."""
     on_pass: Callable[[Report, float], None] | None = None
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
@@ -257,6 +258,9 @@ class DoctorGate:
 
     def node_section(self, cluster: Cluster, host: Host, run_id: str) -> dict[str, Any]:
         return session_section(cluster, host, run_id, self.probe_timeout)
+
+    def with_before(self, before: Before) -> DoctorGate:
+        return dataclasses.replace(self, before=before)
 
     def judge(
         self, cluster: Cluster, facts: Mapping[str, NodeFacts], clock: tuple[float, float], seconds: float

@@ -175,11 +175,7 @@ def build_page(
     bars, spread, marks = _start(answers, known, offset, began)
     marks += _journal_marks(journal, began)
     exits = tuple(node_exit(node, answer, offset[node], began) for node, answer in answers.items())
-    started = (
-        any("torchrun" in (known.get(n) or {}) for n in answers)
-        or any(a.get("state") in ANSWERED for a in answers.values())
-        or not (journal.get("end") or all(a.get("state") == "none" for a in answers.values()))
-    )
+    started = _started(journal, known, answers)
     end = run_end(journal.get("end") or {}, exits, started, retried)
     if end.never:
         exits = tuple(replace(e, detail=e.detail or "nothing was started here") for e in exits)
@@ -213,6 +209,16 @@ def build_page(
         end.never,
         attempts=tuple(attempts),
         launch_s=launch_s,
+    )
+
+
+def _started(journal: Mapping[str, Any], known: Mapping[str, Any], answers: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the run began anywhere: a node's torchrun in the journal, a node that answered with a run, or an end
+    the journal does not say and the nodes do not deny."""
+    return (
+        any("torchrun" in (known.get(n) or {}) for n in answers)
+        or any(a.get("state") in ANSWERED for a in answers.values())
+        or not (journal.get("end") or all(a.get("state") == "none" for a in answers.values()))
     )
 
 
