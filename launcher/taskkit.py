@@ -54,6 +54,10 @@ def task(*args: Any, **kwargs: Any) -> Any:
     return invoke_task(*args, auto_shortflags=False, klass=_Task, **kwargs)
 
 
+IMAGE_HELP = (
+    "run the job in this container image on every node (over the inventory's container.image; a host without one "
+    "gets podman or docker's defaults)"
+)
 VERBOSE_HELP = (
     "also show the launcher's own trace on the console: connections, messages sent and heard, its "
     "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)"
@@ -131,8 +135,11 @@ def inventory_path(c: Context) -> Path:
     return Path(relative(found))
 
 
-def task_hosts(c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None) -> app.Hosts:
-    """`--hosts` (default: the `hosts` setting), what a hostfile takes from the settings, and the hosts chosen."""
+def task_hosts(
+    c: Context, hosts: str | None, include: str | None = None, exclude: str | None = None, image: str | None = None
+) -> app.Hosts:
+    """`--hosts` (default: the `hosts` setting), what a hostfile takes from the settings, the hosts chosen, and
+    `--image` over the inventory's container image."""
     config = c.config.get(SECTION, {})
     root = project_root(c)
     where = sources(c.config).get("defaults", "invoke.yaml") if root is not None else "invoke.yaml"
@@ -144,6 +151,7 @@ def task_hosts(c: Context, hosts: str | None, include: str | None = None, exclud
         exclude,
         project=root,
         defaults_source=where,
+        image=image,
     )
 
 

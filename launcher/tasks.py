@@ -30,6 +30,7 @@ from launcher.taskkit import (
     COMMAND_HELP,
     EXCLUDE_HELP,
     HOSTS_HELP,
+    IMAGE_HELP,
     INCLUDE_HELP,
     MODULE_HELP,
     SCRIPT_HELP,
@@ -79,6 +80,7 @@ gc.enable()
         "(with --retries: again without the node that held it up)",
         "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
         "master; the inventory gives everything else",
+        "image": IMAGE_HELP,
         "verbose": VERBOSE_HELP,
     }
 )
@@ -106,6 +108,7 @@ def launch(
     module=None,
     command=None,
     json=False,
+    image=None,
     verbose=False,
 ):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
@@ -124,7 +127,7 @@ def launch(
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
     return app.launch(
-        task_hosts(c, hosts, include, exclude),
+        task_hosts(c, hosts, include, exclude, image),
         app.JobArgs(script, module, command, args),
         dry_run=dry_run,
         doctor=not skip_doctor,
@@ -195,6 +198,7 @@ def attach(
         "script": "check this script instead of the inventory's job (as launch --script runs it)",
         "module": "check this module instead (importable by each node's python, as launch --module runs it)",
         "command": "check this program instead (on each node's PATH, as launch --command runs it)",
+        "image": IMAGE_HELP,
         "verbose": VERBOSE_HELP,
     }
 )
@@ -215,6 +219,7 @@ def doctor(
     script=None,
     module=None,
     command=None,
+    image=None,
     verbose=False,
 ):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
@@ -229,7 +234,7 @@ def doctor(
             connect_timeout=connect_timeout,
         )
     return app.doctor(
-        task_hosts(c, hosts, include, exclude),
+        task_hosts(c, hosts, include, exclude, image),
         as_json=json,
         checks="fast" if fast else "all",
         settings=task_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),

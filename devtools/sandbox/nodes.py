@@ -84,6 +84,7 @@ def up(
     slurm: bool = False,
     slurm_timeout: float = 30.0,
     login_rc: str | None = None,
+    node_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> Sandbox:
     """Start `nodes` sshd servers and write their keys, ssh config and inventory; return once all accept TCP.
     With `slurm`, also a SLURM cluster on them (munged, slurmctld, a slurmd in each node's namespaces), returned
@@ -96,6 +97,7 @@ def up(
 
     `login_rc`: what the nodes' logins read as ~/.bashrc (each node its own file), in place of this machine's (the
     bench's nodes: a root .bashrc that runs `pyenv init` takes a lock that concurrent logins wait on in 0.1 s steps).
+    `node_env` {i: {NAME: path}}: more of node i's sessions' environment (a container runtime's own storage).
     """
     hidden = {i: set(js) for i, js in (unresolvable or {}).items()}
     trap, overrides = set(self_loopback_trap), dict(python_override or {})
@@ -115,8 +117,8 @@ def up(
     with statefile.locked(state_dir):
         _clear_stale(state_dir)
         identity, known_hosts, ssh_config = _write_client_files(state_dir, addrs, ssh_port)
-        commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare, login_rc)
-                    for i in range(nodes)]
+        commands = [_write_node_files(state_dir, i, addrs, ssh_port, hidden.get(i, ()), i in trap, unshare, login_rc,
+                                      (node_env or {}).get(i, {})) for i in range(nodes)]
         started, records, cluster = _start_nodes(state_dir, commands, addrs, ssh_port, ready_timeout,
                                                  slurm_timeout if slurm else None)
         _keep(state_dir, inventory, inventory_text, started, (records, ssh_config, known_hosts, identity, cluster))
@@ -285,6 +287,7 @@ def _write_node_files(
     trap: bool,
     unshare: str,
     login_rc: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Write node `index`'s sshd_config and hosts file; return the argv that starts it."""
     folder = state_dir / node_name(index)
@@ -297,6 +300,7 @@ def _write_node_files(
             folder / "sshd.pid",
             state_dir / "authorized_keys",
             node_cache(state_dir, index),
+            env or {},
         ),
         encoding="utf-8",
     )

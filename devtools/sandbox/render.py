@@ -76,11 +76,13 @@ def config_path(path: Path) -> str:
 
 
 def render_sshd_config(addr: str, port: int, host_key: Path, pid_file: Path, authorized_keys: Path,
-                       cache_home: Path | None = None) -> str:
-    """sshd_config of one node: root by key only, many sessions at once, quiet log, its own cache home."""
+                       cache_home: Path | None = None, env: Mapping[str, str] | None = None) -> str:
+    """sshd_config of one node: root by key only, many sessions at once, quiet log, its own cache home (and `env`
+    in its sessions' environment: paths, as the cache home)."""
     # The nodes share this machine's home; a cache folder of their own keeps each node's run directories
     # (~/.cache/ddp-launcher) apart, as on separate machines, so "the latest run" means this sandbox's.
-    own_cache = [f"SetEnv XDG_CACHE_HOME={config_path(cache_home)}"] if cache_home is not None else []
+    values = {**({"XDG_CACHE_HOME": str(cache_home)} if cache_home is not None else {}), **(env or {})}
+    own_cache = [f"SetEnv {' '.join(f'{k}={config_path(Path(v))}' for k, v in values.items())}"] if values else []
     return "\n".join(
         [
             f"ListenAddress {addr}:{port}",

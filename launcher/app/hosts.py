@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.config.container import with_image
 from launcher.config.hostfile import DEFAULTS_SOURCE, load_hosts
 from launcher.config.model import Cluster, SyncSpec
 from launcher.config.selection import select_hosts
+from launcher.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Hosts:
     there, and a submitted SLURM job; None: the current folder, and this checkout."""
     defaults_source: str = DEFAULTS_SOURCE
     """The settings file `defaults` and `job` come from, as messages name it."""
+    image: str | None = None
+    """`--image`: the container image every node runs the job in, over the inventory's `container.image`."""
 
 
 def load_inventory(hosts: str | Hosts) -> Cluster:
@@ -42,6 +46,10 @@ def load_inventory(hosts: str | Hosts) -> Cluster:
     """
     spec = hosts if isinstance(hosts, Hosts) else Hosts(hosts)
     cluster = load_hosts(spec.path, spec.defaults, spec.job, spec.defaults_source)
+    try:
+        cluster = with_image(cluster, spec.image)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return select_hosts(cluster, spec.include, spec.exclude)  # SelectionError: the command line is wrong (exit 2)
 
 

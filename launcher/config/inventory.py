@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from launcher.config.container import parse_container
 from launcher.config.elastic import parse_elastic, parse_resume_args
 from launcher.config.fields import parse_node_fields, parse_sync, reserved_reason
 from launcher.config.model import (
@@ -157,6 +158,7 @@ def parse_host(r: Reader, raw: Any, entry: str, defaults: dict[str, Any]) -> Hos
         identity_file=get("identity_file", r.text),
         env=tuple(env.values()),
         **parse_node_fields(r, entry, fields, defaults, env),
+        container=parse_container(r, defaults, fields, entry),
     )
 
 

@@ -55,7 +55,23 @@ HOST_KEYS = (
     "forward_env",
     "env_file",
     "socket_ifname",
+    "container",
 )
+
+
+CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull", "host_python")
+
+
+Runtime = Literal["auto", "podman", "docker"]
+
+
+RUNTIMES: tuple[str, ...] = ("auto", "podman", "docker")
+
+
+PullPolicy = Literal["missing", "always", "never"]
+
+
+PULL_POLICIES: tuple[str, ...] = ("missing", "always", "never")
 
 
 RENDEZVOUS_KEYS = ("master_addr", "master_port", *ELASTIC_KEYS)
@@ -177,6 +193,26 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class Container:
+    """The image torchrun runs in on a node (`container:`): one container a node and run, started and owned by the
+    node's agent, on the node's network, IPC and pids, its workdir and the run's folder mounted at the same paths."""
+
+    image: str
+    """The image reference, as the runtime takes it (`nvcr.io/nvidia/pytorch:24.05-py3`, `localhost/train:1`)."""
+    runtime: Runtime = "auto"
+    """podman or docker; auto: podman where the node has it, else docker."""
+    mounts: tuple[str, ...] = ()
+    """More bind mounts: `PATH` (same path inside), `SRC:DEST`, `SRC:DEST:ro`; `~` is the node's home."""
+    options: tuple[str, ...] = ()
+    """More options of the runtime's `run` (`--shm-size=16g`), before the image; the launcher's own are refused."""
+    pull: PullPolicy = "missing"
+    """When the runtime pulls the image at the start: missing (only then), always, never (`launch --pull` pulls on
+    every node at once first)."""
+    host_python: str = "python3"
+    """The node's own Python (3.8+, stdlib only) that runs the launcher's agent; the host's `python:` is the image's."""
+
+
+@dataclass(frozen=True)
 class Host:
     """One node of the cluster."""
 
@@ -209,6 +245,8 @@ class Host:
     gpus: tuple[int, ...] | None = None
     """The GPUs `--include`/`--exclude` chose (`host:0,2`), as places among those the node shows: its own
     CUDA_VISIBLE_DEVICES where its login or setup sets one, else all its GPUs; None: every GPU it shows."""
+    container: Container | None = None
+    """The image torchrun runs in on this node (its `python` and `setup` are then the image's); None: bare."""
 
 
 @dataclass(frozen=True)

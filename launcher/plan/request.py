@@ -35,6 +35,7 @@ from launcher.limits import (
     heartbeat_interval,
 )
 from launcher.options import DEFAULT_PROGRESS
+from launcher.plan.containerplan import container_request
 from launcher.plan.launchplan import RANKS_DIR, LaunchPlan, NodeCommand
 
 
@@ -112,6 +113,8 @@ def start_request(
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
         "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's supervisor
     }
+    if command.host.container is not None:  # torchrun in the image (launcher/node/agent/container.py)
+        request["container"] = container_request(command.host.container, command.host.setup)
     section = gate.node_section(plan.cluster, command.host, plan.run_id) if gate else None
     if section is not None:  # the doctor's probe, run by the agent before it says ready
         request["gate"] = section

@@ -24,15 +24,13 @@ import launcher.node as node_package
 from launcher.config.model import Host
 from launcher.limits import NODE_CODE_CACHE
 from launcher.node.wire import EVENTS_FD
+from launcher.plan.containerplan import SETUP_FAILED, SETUP_MESSAGE, setup_steps
 from launcher.plan.launchplan import quote_path
+
+__all__ = ["SETUP_FAILED", "SETUP_MESSAGE"]  # where the doctor and the tests have read them
 
 BOOTSTRAP = "import sys,zlib,binascii;exec(zlib.decompress(binascii.a2b_base64(sys.stdin.readline())))"
 """What `python -c` runs on a node: the program of the first stdin line (`program_line`)."""
-SETUP_FAILED = 125
-"""The node command's exit code when a setup line failed (its own code is in the message): never 126 or 127, which
-say that the interpreter itself is missing, nor a code the node programs use (0, 1, 2)."""
-SETUP_MESSAGE = "setup line %s of %s failed with exit code %s, so nothing was started on this node: %s"
-"""The line the node's shell writes to stderr when a setup line fails (printf format: number, count, code, line)."""
 
 
 def python_command(python: str, setup: Sequence[str] = ()) -> str:
@@ -54,17 +52,15 @@ def python_command(python: str, setup: Sequence[str] = ()) -> str:
     program = f"{quote_path(python)} -S -c {shlex.quote(BOOTSTRAP)} {EVENTS_FD}>&2"
     if not setup:
         return f"exec {program}"
-    report = shlex.quote(SETUP_MESSAGE + "\\n")  # printf's own escape: the command stays on one line
-    steps = [
-        f'{{ {line}; }} </dev/null >&2 || {{ printf {report} {i} {len(setup)} "$?" {shlex.quote(line)} >&2; '
-        f"exit {SETUP_FAILED}; }}"
-        for i, line in enumerate(setup, start=1)
-    ]
+    steps = setup_steps(setup)
     return "; ".join([*steps, f"exec {program}"])
 
 
 def host_command(host: Host) -> str:
-    """`python_command` for one inventory host: its setup lines, then its interpreter."""
+    """`python_command` for one inventory host: its setup lines, then its interpreter; on a container host its own
+    Python alone (the setup lines and `python:` are the image's: launcher/plan/containerplan.py)."""
+    if host.container is not None:
+        return python_command(host.container.host_python)
     return python_command(host.python, host.setup)
 
 

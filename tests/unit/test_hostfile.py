@@ -142,7 +142,7 @@ def test_no_defaults_means_the_built_in_ones() -> None:
     ({"setup": ["a #b"]}, "invoke.yaml: launcher.defaults.setup[0]: has a shell comment ('#b'), which would hide the "
      "rest of the node's command line; put it on a YAML comment line instead"),
     ({"name": "x"}, "invoke.yaml: launcher.defaults.name: unknown key 'name'; known keys: user, port, identity_file, "
-     "python, workdir, nproc_per_node, env, setup, forward_env, env_file, socket_ifname"),
+     "python, workdir, nproc_per_node, env, setup, forward_env, env_file, socket_ifname, container"),
     ([1], "invoke.yaml: launcher.defaults: must be a mapping, got [1] (list)"),
 ])
 def test_bad_defaults_name_the_config_file_and_key(defaults: dict, sentence: str) -> None:

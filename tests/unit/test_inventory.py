@@ -11,6 +11,7 @@ import pytest
 
 from launcher.config.inventory import load_inventory
 from launcher.config.model import (
+    CONTAINER_KEYS,
     ENV_FILE_KEYS,
     ENV_KEYS,
     FORWARD_ENV_KEYS,
@@ -232,7 +233,7 @@ def test_example_inventory_loads_and_documents_every_key() -> None:
     assert cluster.job is not None
     text = path.read_text(encoding="utf-8")
     keys = {*TOP_KEYS, *HOST_KEYS, *RENDEZVOUS_KEYS, *JOB_KEYS, *ENV_KEYS, *FORWARD_ENV_KEYS, *ENV_FILE_KEYS,
-            *SYNC_KEYS, "name", "addr"}
+            *SYNC_KEYS, *CONTAINER_KEYS, "name", "addr"}
     undocumented = sorted(k for k in keys if not re.search(rf"^\s*#?\s*(- )?{k}:", text, re.MULTILINE))
     assert not undocumented, f"hosts/example.yaml does not show {undocumented}"
     used = {*cluster.lines}

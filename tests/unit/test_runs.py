@@ -45,7 +45,9 @@ def test_the_start_request_carries_every_number_the_agent_uses() -> None:
     assert request["mark"] == f"{plan.run_id}/node-1" and request["secret_names"] == ["TOKEN"]
     # The agent has no defaults of its own: whatever it reads from a start request, the request has.
     # (`report`'s two sizes come in its own request: launcher.app.pages.report_request)
-    start_keys = agent_reads() - {"node", "run_id", "follow", "action", "tail_bytes", "series_bytes", "trace_bytes"}
+    # (`container` only on a container host: launcher.plan.containerplan.container_request, tested apart)
+    start_keys = agent_reads() - {"node", "run_id", "follow", "action", "tail_bytes", "series_bytes", "trace_bytes",
+                                  "container"}
     assert start_keys <= set(request), start_keys - set(request)
 
 

@@ -118,7 +118,10 @@ def node_problem(request, run_dir):
     workdir = os.path.expanduser(request["workdir"])
     if not os.path.isdir(workdir):
         return "workdir %s does not exist on this node" % request["workdir"]
-    if request["argv"][0] != os.path.expanduser(request["argv"][0]) or os.sep in request["argv"][0]:
+    container = request.get("container")
+    if container is None and (
+        request["argv"][0] != os.path.expanduser(request["argv"][0]) or os.sep in request["argv"][0]
+    ):
         python = os.path.expanduser(request["argv"][0])
         if not os.access(python, os.X_OK):
             return "python %s is not an executable file on this node" % request["argv"][0]
@@ -131,7 +134,7 @@ def node_problem(request, run_dir):
             "inventory (socket_ifname: eth0)" % (node, request["master_addr"], problem)
         )
     request["socket_ifname"] = ifname  # auto, found once: spawn (here or in the supervisor) sets this
-    problem = choose_gpus(request, os.environ)
+    problem = choose_gpus(request, {} if container else os.environ)  # a container's: the image's, not the login's
     if problem is not None:
         return "%s: %s; name GPUs the node shows, or the whole host" % (node, problem)
     return None

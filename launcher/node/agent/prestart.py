@@ -57,7 +57,12 @@ try:
 except Exception:
     pass
 fd = os.open(line[:-1], os.O_WRONLY | os.O_APPEND)
+if "_on_go" in globals():
+    _on_go(line[:-1])
 try:
+    same = os.fstat(1)
+    if (same.st_dev, same.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+        raise OSError("already the log")
     os.lseek(1, 0, 0)
     chunk = os.read(1, 65536)
     while chunk:
@@ -132,7 +137,7 @@ def hold(argv, workdir, env):
     if program is None:
         return None
     read_fd, write_fd = os.pipe()
-    early = _early_output(env)
+    early = early_output(env)
     actions = [
         (os.POSIX_SPAWN_DUP2, read_fd, 0),
         (os.POSIX_SPAWN_DUP2, early, 1) if early is not None else (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -151,7 +156,7 @@ def hold(argv, workdir, env):
     return Prestarted(proc, list(argv), dict(env), write_fd)
 
 
-def _early_output(env):
+def early_output(env):
     """A file without a name (O_TMPFILE) for what the held python prints before `go` (an import's warnings), which
     it copies into torchrun's log on `go`; None where the system or the folder has no such files (then /dev/null)."""
     try:

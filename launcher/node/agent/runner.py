@@ -80,7 +80,8 @@ def run_env(request, run_dir, make=True):
     from launcher.node.agent.recorder import USER_NAMES, flight_recorder_env, has_gpu
     from launcher.node.agent.stackdump import install_hook
 
-    env = torchrun_env(request, os.environ)
+    # In a container the image's environment is the base (the host's login environment stays outside).
+    env = torchrun_env(request, {} if request.get("container") else os.environ)
     collectives = request.get("collectives")
     # every worker's stack on request, without ptrace, and its collectives (launcher/node/agent/stackdump.py)
     install_hook(run_dir, env, make, collectives)
@@ -102,9 +103,14 @@ def planned_argv(request):
 def prestart(request, run_dir):
     """torchrun's python started now, importing torch while the node waits for `go` (launcher/node/agent/prestart.py);
     None where it cannot be (spawn then starts torchrun as it would without)."""
+    planned, env = planned_argv(request)[1], run_env(request, run_dir, False)
+    if request.get("container"):
+        from launcher.node.agent import container
+
+        return container.hold(request, planned, env)
     from launcher.node.agent.prestart import hold
 
-    return hold(planned_argv(request)[1], node_path(request["workdir"]), run_env(request, run_dir, False))
+    return hold(planned, node_path(request["workdir"]), env)
 
 
 def spawn(request, run_dir, held=None):
@@ -138,7 +144,12 @@ def spawn(request, run_dir, held=None):
     own = open(merger.own, "ab")
     try:
         reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
-        proc = held.release(started, env, merger.own) if held is not None else None
+        if request.get("container"):  # the runtime's children, not ours: a stop finds them by a pass over /proc
+            from launcher.node.agent import container
+
+            reaper, proc = False, container.start(request, run_dir, started, env, merger.own, held)
+        else:
+            proc = held.release(started, env, merger.own) if held is not None else None
         if proc is None:
             proc = child.start(started, node_path(request["workdir"]), env, own.fileno())
     except BaseException:
@@ -261,6 +272,8 @@ def still_marked(targets, mark):
     return {pid: start for pid, start in targets.items() if is_marked(pid, start, mark)}
 
 
+CONTAINER_RECORD = "container.json"
+"""Where a run in a container keeps its container's name and client (launcher/node/agent/container.py's RECORD)."""
 STOP_OUTCOME = "stop.json"
 """How a stop ended the run's processes (`stop_run`): when it began (wall), its grace, the seconds until nothing but
 torchrun was left (`term_s`, null past the grace), whether torchrun was then killed alone (`alone`), how many were
@@ -268,6 +281,19 @@ still there at the grace's end and killed (`killed`). `report` carries it to the
 
 
 def stop_run(run_dir, mark, grace, record=True):
+    """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left). A run in a
+    container: then its client ended if it still lives (one that pulls the image) and its container removed."""
+    found, left = _stop_processes(run_dir, mark, grace, record)
+    if os.path.exists(os.path.join(run_dir, CONTAINER_RECORD)):
+        from launcher.node.agent.container import remove_run_containers
+
+        pulling = remove_run_containers(run_dir, mark, patience=bounds.CONTAINER_CLIENT_S if found else 0.0)
+        if pulling and record:
+            record_stop(run_dir)
+    return found, left
+
+
+def _stop_processes(run_dir, mark, grace, record):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
 
     One pass over /proc finds the run's processes; the waits look at those alone (a pass a poll made every node's

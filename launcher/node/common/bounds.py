@@ -115,3 +115,13 @@ TRACE_MAX_BYTES = 4 << 20
 long run's whole story; past it, the rest is dropped rather than a disk filled."""
 TRACE_PENDING_LINES = 100
 """Lines kept for the trace before the run directory exists (a start that is refused has a handful)."""
+
+# A run's container (launcher/node/agent/container.py)
+CONTAINER_CLIENT_S = 5.0
+"""How long the runtime's client has to end on TERM (a stop while it pulls the image, a start dropped before `go`)
+before it is killed: a pull ends at once, a client that is creating the container a moment later."""
+CONTAINER_COMMAND_S = 60.0
+"""The bound on one runtime command the agent runs (list, remove): a stopped container is removed in ~0.2 s; a daemon
+that does not answer must not hold a stop past this."""
+EARLY_COPY_BYTES = 1 << 16
+"""Bytes read at a time when what a container's client printed before `go` is copied into the run's log."""
