@@ -24,36 +24,43 @@ from launcher.node.agent.prestart import SOURCE, early_output
 from launcher.node.agent.rundir import read_text, write_atomic
 from launcher.node.common import bounds, child
 from launcher.node.common.containers import container_name, listed_words, remove_words, run_words, runtime_path
-from launcher.node.common.proc import same_process, signal_process, start_time
+from launcher.node.common.proc import become_reaper, own_zombies, same_process, signal_process, start_time
 from launcher.node.loader import node_path
-from launcher.node.wire import timing
+from launcher.node.wire import RUNS_ROOT, timing
 
 RECORD = "container.json"
 """The run's container on this node: the runtime's program, the container's name, the client's pid and start."""
 STARTED = "container_started"
 """When the python in the container began (wall clock, written from inside): the page's container phase ends there."""
 
+BOOT = "import sys;exec(sys.argv[1])"
+"""What `python -c` runs in the container: START, from its first argument (so that it can start itself again)."""
+STARTED_ENV = "DDP_LAUNCHER_CONTAINER_STARTED"
+"""Set for START's second start: its first read the run's environment already (and when it began)."""
 PRELUDE = """\
 import os, sys, json, time
-def _first_line():
+_start = sys.argv.pop(1)
+if STARTED_ENV not in os.environ:
     data = b""
     while not data.endswith(b"\\n"):
         chunk = os.read(0, 1)
         if not chunk:
             os._exit(0)
         data += chunk
-    return json.loads(data.decode())
-_run = _first_line()
-_env = _run["env"]
-for _name in ("PYTHONPATH",):
-    if os.environ.get(_name) and _env.get(_name):
-        _env[_name] = _env[_name] + os.pathsep + os.environ[_name]
-os.environ.update(_env)
+    env, given = dict(os.environ), json.loads(data.decode())["env"]
+    for name in ("PYTHONPATH",):
+        if env.get(name) and given.get(name):
+            given[name] = given[name] + os.pathsep + env[name]
+    env.update(given)
+    env[STARTED_ENV] = repr(time.time())
+    # Started again with the run's environment, as a bare torchrun starts with it: what Python reads only at its
+    # start (PYTHONPATH, PYTHONUNBUFFERED, ...) applies, and /proc shows it.
+    os.execve(sys.executable, [sys.executable, "-c", BOOT, _start] + sys.argv[1:], env)
+_began = os.environ.pop(STARTED_ENV)
 try:
     os.setsid()
 except OSError:
     pass
-_began = time.time()
 def _write(path, text):
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as handle:
@@ -64,8 +71,8 @@ def _on_go(log_path):
     with open("/proc/self/stat") as handle:
         start = handle.read().rsplit(")", 1)[1].split()[19]
     _write(os.path.join(run_dir, "leader"), "%d %s" % (os.getpid(), start))
-    _write(os.path.join(run_dir, "container_started"), repr(_began))
-"""
+    _write(os.path.join(run_dir, "container_started"), _began)
+""".replace("STARTED_ENV", repr(STARTED_ENV)).replace("BOOT", repr(BOOT))
 START = PRELUDE + SOURCE
 """The program the image's python runs: the run's environment first, then held until `go` as prestart's is."""
 
@@ -80,15 +87,17 @@ def runtime_or_error(request):
     return program
 
 
-def container_argv(request, run_dir, program, planned):
-    """The runtime's whole command line for this run's container, its command the image's python with START."""
+def container_argv(request, runs_root, program, planned):
+    """The runtime's whole command line for this run's container, its command the image's python with START. The
+    node's folder of runs is mounted, not the run's own: a container held before `go` starts before the run's folder
+    is made (a run that never starts leaves none), and sees it appear."""
     spec = request["container"]
     workdir = request["workdir"]
-    inner = [planned[0], "-c", START, workdir, *list(planned[1:])]
+    inner = [planned[0], "-c", BOOT, START, workdir, *list(planned[1:])]
     if spec.get("script"):
         inner = ["/bin/sh", "-c", spec["script"], "ddpl-setup", *inner]
     name = container_name(request["mark"])
-    return run_words(program, spec, workdir, [workdir, run_dir], name, request["mark"]) + inner
+    return [*run_words(program, spec, workdir, [workdir, runs_root], name, request["mark"]), *inner]
 
 
 class Held:
@@ -142,7 +151,12 @@ def hold(request, planned, env, out_fd=None):
         program = runtime_or_error(request)
     except OSError:
         return None
-    argv = container_argv(request, node_path(request["run_dir"]), program, planned)
+    runs_root = node_path(RUNS_ROOT)
+    try:
+        os.makedirs(runs_root, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    argv = container_argv(request, runs_root, program, planned)
     read_fd, write_fd = os.pipe()
     early = early_output(env) if out_fd is None else None
     out = out_fd if out_fd is not None else early
@@ -152,6 +166,7 @@ def hold(request, planned, env, out_fd=None):
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
     try:
+        reap_monitors()
         proc = child.spawn_in_session(program, argv, dict(os.environ), actions)
     except (OSError, NotImplementedError):
         os.close(write_fd)
@@ -161,7 +176,42 @@ def hold(request, planned, env, out_fd=None):
     finally:
         os.close(read_fd)
     os.write(write_fd, (json.dumps({"env": env}) + "\n").encode())
+    _waited.add(proc.pid)
     return Held(proc, list(planned), dict(env), write_fd, early, program, container_name(request["mark"]))
+
+
+_reaping = []
+
+
+def reap_monitors():
+    """Be the reaper of the runtime's monitor (podman's conmon double-forks away from its client) and reap it when
+    it ends. A client waits, after its container ended, until its conmon is gone: left to an init that reaps now and
+    then (this machine's waited 20 s) or to a subreaper that does not reap (a bare run's supervisor), it stays a
+    zombie and the run's end waits with it. Once a process: a thread reaps every zombie child but those it waits on
+    itself (the client, the runtime commands: `child.Child` and subprocess find theirs gone and say 0, which they
+    never read here)."""
+    if _reaping:
+        return
+    _reaping.append(become_reaper())
+    import threading
+
+    threading.Thread(target=_reap, name="reap-monitors", daemon=True).start()
+
+
+def _reap():
+    me = os.getpid()
+    while True:
+        for pid in own_zombies(me):
+            if pid not in _waited:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except OSError:
+                    pass
+        time.sleep(timing("poll_s"))
+
+
+_waited = set()
+"""The children this process waits for itself (the runtime's clients): never reaped by `_reap`."""
 
 
 def start(request, run_dir, planned, env, log_path, held):

@@ -143,12 +143,14 @@ def spawn(request, run_dir, held=None):
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])
     own = open(merger.own, "ab")
     try:
-        reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
-        if request.get("container"):  # the runtime's children, not ours: a stop finds them by a pass over /proc
+        if request.get("container"):
+            # The runtime's children, not ours (a stop finds them by a pass over /proc); and never their reaper: the
+            # runtime's monitor (conmon) would end as this process's zombie, which its client waits to see gone.
             from launcher.node.agent import container
 
             reaper, proc = False, container.start(request, run_dir, started, env, merger.own, held)
         else:
+            reaper = become_reaper()  # the run's orphans stay below this process: a stop reads its tree, not /proc
             proc = held.release(started, env, merger.own) if held is not None else None
         if proc is None:
             proc = child.start(started, node_path(request["workdir"]), env, own.fileno())
@@ -193,6 +195,7 @@ def finish(proc, run_dir, mark, grace):
     """
     code = proc.wait()
     code = 128 - code if code < 0 else code
+    trace.note("torchrun's process ended (exit code %s): the run's sweep", code)
     series = getattr(proc, "series", None)
     if series is not None:
         series.close()
@@ -284,6 +287,7 @@ def stop_run(run_dir, mark, grace, record=True):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left). A run in a
     container: then its client ended if it still lives (one that pulls the image) and its container removed."""
     found, left = _stop_processes(run_dir, mark, grace, record)
+    trace.note("stop of the run's processes: %d found, %d left", found, left)
     if os.path.exists(os.path.join(run_dir, CONTAINER_RECORD)):
         from launcher.node.agent.container import remove_run_containers
 

@@ -96,6 +96,23 @@ def children_listed():
     return os.path.exists("/proc/self/task/%d/children" % os.getpid())
 
 
+def own_zombies(pid):
+    """The children of `pid` that have ended and wait to be reaped (state Z)."""
+    found = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                kids = [int(k) for k in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        found += [kid for kid in kids if not alive(kid) and os.path.exists("/proc/%d" % kid)]
+    return found
+
+
 def descendants(pid):
     """The pids below `pid` (zombies too: the reaper does not wait for orphans), read from the kernel's lists of
     each task's children."""
