@@ -84,16 +84,17 @@ def test_no_python_found_anywhere_is_written_once_where_setting_it_sets_every_ho
     assert {h.python for h in edited.hosts} == {"/v/bin/python"}
 
 
-def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found]) -> tuple[int, str, Path]:
+def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found],
+          image: str | None = None) -> tuple[int, str, Path]:
     """`init` on nodes that said `found` (no SSH): its exit code, its stderr, the inventory's path."""
     from launcher import app
     from launcher.app import newcluster
     from launcher.run.run_io import RunIO
 
-    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, settings: found)
+    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, settings, image=None: found)
     out, err, output = io.StringIO(), io.StringIO(), tmp_path / "hosts" / "cluster.yaml"
     code = app.init([f.name for f in found], output, workdir="~/p", script="train.py", doctor_too=False,
-                    run_io=RunIO(out, err))
+                    run_io=RunIO(out, err), image=image)
     return code, err.getvalue(), output
 
 
