@@ -158,7 +158,7 @@ def _probe_failed(host: Host, facts: Mapping[str, Any], failed: Mapping[str, Any
             "is the node loaded, or the image's python slow to start? raise --probe-timeout",
         )
     python = shlex.quote(host.python)
-    if code in (126, 127) or "executable file not found" in text or "no such file" in text.lower():
+    if code == 127 or "exec:" in last or "executable file not found" in text:  # runc's words on the command
         return Finding(
             h,
             "image",
