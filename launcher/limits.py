@@ -132,6 +132,9 @@ TOKEN_READ_S = 2.0
 """How long a node waits for the listener's token once connected (no answer: something else listens there)."""
 LISTENER_MARGIN_S = 5.0
 """The master's listener lives this much longer than the probes may take (it stops earlier when they have answered)."""
+PULL_MARGIN_S = 30.0
+"""How much longer than pull_timeout the launcher waits for a node's `--pull` answer: the node ends its pull at
+pull_timeout itself (TERM, then KILL a few seconds later), then asks the image's id and answers."""
 RESOLVE_WORKERS = 16
 """Threads each node's probe resolves names on: every host's name, on every node, is N lookups a node (N x N in the
 cluster); 16 at a time keep a 256-node doctor within the probe's DNS budget without N threads per node."""

@@ -46,6 +46,7 @@ class Given:
     grace: str | float | None = None
     connect_timeout: str | float | None = None
     probe_timeout: str | float | None = None
+    pull_timeout: str | float | None = None
     silence_timeout: str | float | None = None
     heartbeat_timeout: str | float | None = None
     retries: str | int | None = None
@@ -64,6 +65,7 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "silence_timeout": (float, MIN_HEARTBEAT_S, MAX_SECONDS),
     "connect_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
     "probe_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
+    "pull_timeout": (float, MIN_WAIT_S, MAX_SECONDS),
     "console_buffer": (int, 1, MAX_CONSOLE_BUFFER),
     "console_buffer_bytes": (int, MIN_CONSOLE_BUFFER_BYTES, MAX_CONSOLE_BUFFER_BYTES),
     "retry_wait": (float, 0.0, MAX_SECONDS),

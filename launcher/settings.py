@@ -29,6 +29,13 @@ them). Two minutes fits such a cold start with room to spare; a node slower than
 as long again when torchrun starts there. A node that answers but slowly is a warning with its time, never a failure
 (`launcher.doctor.checks_python.slow_probe_limit`); this limit only decides when one that never answers is given up on.
 """
+DEFAULT_PULL_TIMEOUT = 1800.0
+"""Seconds `--pull` gives each node to pull the container image (every node at once), from its request to its end.
+
+A CUDA image of PyTorch is 10-20 GB: at 1 Gbit/s from a nearby registry that is 2-3 minutes, from a busy public
+registry or through a slow mirror (every node of a large cluster pulling at once shares its bandwidth) ten times that.
+Half an hour lets such a pull finish; one that takes longer is stuck (a registry that stopped answering), and is
+ended with its node's line saying so."""
 DEFAULT_GRACE = 10.0
 """Seconds between TERM and KILL when a run is stopped."""
 DEFAULT_HEARTBEAT_TIMEOUT = 600.0
@@ -109,6 +116,8 @@ class RunSettings:
     answering`)."""
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     """Seconds each node's doctor probe (launch's start gate too) has to answer once sent."""
+    pull_timeout: float = DEFAULT_PULL_TIMEOUT
+    """Seconds each node has to pull the container image with `--pull` (launch, doctor), every node at once."""
     hang_timeout: float | None = None
     """`HANG_TIMEOUT_HELP`: None learnt from the run, 0 never."""
     on_hang: str = "stop"

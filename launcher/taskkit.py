@@ -18,7 +18,7 @@ from launcher.cliconfig import NOT_OPTIONS, SECTION, sources
 from launcher.errors import USAGE, LauncherError
 from launcher.paths import called_as, invoked_as, relative, task_prefix
 from launcher.project import check_owner, resolve
-from launcher.settings import Settings
+from launcher.settings import DEFAULT_PULL_TIMEOUT, Settings
 
 HOSTS_HELP = (
     "inventory, or DeepSpeed/MPI hostfile (`worker-1 slots=8` a line; every other setting from the "
@@ -58,6 +58,11 @@ IMAGE_HELP = (
     "run the job in this container image on every node (over the inventory's container.image; a host without one "
     "gets podman or docker's defaults)"
 )
+PULL_HELP = (
+    "first pull the container image on every node at once (a line for each node as its pull ends); where one "
+    "fails, launch starts nothing"
+)
+PULL_TIMEOUT_HELP = f"seconds each node has to pull the image with --pull (default: {DEFAULT_PULL_TIMEOUT:g})"
 VERBOSE_HELP = (
     "also show the launcher's own trace on the console: connections, messages sent and heard, its "
     "decisions and why, timings (every run writes it to logs/<run id>/launcher.log anyway)"

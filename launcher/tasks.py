@@ -13,7 +13,6 @@ import gc
 # made, none walks them later (frozen), nor at the exit (a task's `inv` start and exit: 26 ms less).
 gc.disable()
 
-from pathlib import Path
 
 from invoke import Collection, Exit
 
@@ -21,8 +20,7 @@ from launcher import app, options
 from launcher.cliconfig import SECTION
 from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE
-from launcher.paths import relative
-from launcher.project import resolve
+from launcher.inittask import init
 from launcher.runtasks import logs, report, stacks, status, stop, top
 from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE_TIMEOUT_HELP
 from launcher.taskkit import (
@@ -33,12 +31,12 @@ from launcher.taskkit import (
     IMAGE_HELP,
     INCLUDE_HELP,
     MODULE_HELP,
+    PULL_HELP,
+    PULL_TIMEOUT_HELP,
     SCRIPT_HELP,
     VERBOSE_HELP,
     hosts_from,
-    inventory_path,
     none_given,
-    project_root,
     reported,
     slurm_job,
     task,
@@ -81,6 +79,8 @@ gc.enable()
         "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
         "master; the inventory gives everything else",
         "image": IMAGE_HELP,
+        "pull": PULL_HELP,
+        "pull-timeout": PULL_TIMEOUT_HELP,
         "verbose": VERBOSE_HELP,
     }
 )
@@ -109,6 +109,8 @@ def launch(
     command=None,
     json=False,
     image=None,
+    pull=False,
+    pull_timeout=None,
     verbose=False,
 ):
     """Start torchrun on every node of the inventory (or of the SLURM allocation) at once; stream their output."""
@@ -118,6 +120,7 @@ def launch(
         grace=grace,
         connect_timeout=connect_timeout,
         probe_timeout=probe_timeout,
+        pull_timeout=pull_timeout,
         silence_timeout=silence_timeout,
         heartbeat_timeout=heartbeat_timeout,
         retries=retries,
@@ -136,6 +139,7 @@ def launch(
         settings=task_settings(c, given),
         as_json=json,
         hosts_from=hosts_from(c, hosts),
+        pull=pull,
     )
 
 
@@ -199,6 +203,8 @@ def attach(
         "module": "check this module instead (importable by each node's python, as launch --module runs it)",
         "command": "check this program instead (on each node's PATH, as launch --command runs it)",
         "image": IMAGE_HELP,
+        "pull": PULL_HELP,
+        "pull-timeout": PULL_TIMEOUT_HELP,
         "verbose": VERBOSE_HELP,
     }
 )
@@ -220,6 +226,8 @@ def doctor(
     module=None,
     command=None,
     image=None,
+    pull=False,
+    pull_timeout=None,
     verbose=False,
 ):
     """Check every node before a launch: versions, DNS from every node, master port, script, GPUs; say the fix."""
@@ -233,16 +241,18 @@ def doctor(
             exclude=exclude,
             connect_timeout=connect_timeout,
         )
+    given = options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout, pull_timeout=pull_timeout)
     return app.doctor(
         task_hosts(c, hosts, include, exclude, image),
         as_json=json,
         checks="fast" if fast else "all",
-        settings=task_settings(c, options.Given(connect_timeout=connect_timeout, probe_timeout=probe_timeout)),
+        settings=task_settings(c, given),
         net=net,
         slurm=slurm,
         job=job,
         net_all_gpus=net_all_gpus,
         job_args=app.JobArgs(script, module, command),
+        pull=pull,
     )
 
 
@@ -310,82 +320,6 @@ def slurm_submit(
         skip_doctor=skip_doctor,
         job_name=job_name,
         settings=task_settings(c),
-    )
-
-
-@task(
-    help={
-        "hosts": "the nodes, comma-separated: gpu01,gpu02 (ssh aliases, DNS names or addresses; the first is node "
-        "rank 0)",
-        "output": "where to write the inventory (default: the `hosts` setting, hosts/cluster.yaml in the project); "
-        "never over a file that is there",
-        "workdir": "where your code is on each node (default: ~/ and this project's folder name)",
-        "script": "the training script, relative to the workdir (default: train.py)",
-        "python": "the interpreter with torch on every node (default: the first that has torch: the project's venv in "
-        "the workdir, the login's python3, a venv or conda in the home, /opt/conda)",
-        "nproc-per-node": "worker processes on each node (default: its GPU count from nvidia-smi, else 1)",
-        "ssh-config": "an ssh config file to reach the nodes with, instead of ~/.ssh/config",
-        "master-port": "the rendezvous port on the first node",
-        "skip-doctor": "write the inventory only; run no doctor on it",
-        "connect-timeout": "seconds to wait for each node's SSH connection",
-        "example": f"write the reference inventory instead (every key, what it does, its default) to --output "
-        f"(default: {options.DEFAULT_EXAMPLE} in the project); no node is asked",
-    }
-)
-@reported
-def init(
-    c,
-    hosts=None,
-    output=None,
-    workdir=None,
-    script="train.py",
-    python=None,
-    nproc_per_node=None,
-    ssh_config=None,
-    master_port=options.DEFAULT_MASTER_PORT,
-    skip_doctor=False,
-    connect_timeout=None,
-    example=False,
-):
-    """Write a commented inventory for new nodes from what they say over SSH; run the doctor; say what is next.
-
-    It asks each node for its python with torch and its GPUs (nproc_per_node), and never writes over a file."""
-    if example:
-        none_given(
-            "--example (no node is asked)",
-            hosts=hosts,
-            workdir=workdir,
-            python=python,
-            nproc_per_node=nproc_per_node,
-            ssh_config=ssh_config,
-            connect_timeout=connect_timeout,
-        )
-        return app.init_example(
-            Path(output) if output else Path(relative(resolve(options.DEFAULT_EXAMPLE, project_root(c))))
-        )
-    names = [name.strip() for name in (hosts or "").split(",") if name.strip()]
-    if not names:
-        raise Exit("error: --hosts names no node: give them comma-separated, gpu01,gpu02", USAGE)
-    nproc = (
-        None
-        if nproc_per_node is None
-        else options.whole_number("nproc_per_node", nproc_per_node, 1, options.MAX_NPROC_PER_NODE)
-    )
-    project = project_root(c) or Path.cwd()
-    if ssh_config and not ssh_config.startswith("~"):  # the inventory's ssh_config is read from wherever ddpl runs
-        ssh_config = str(Path(ssh_config).absolute())
-    return app.init(
-        names,
-        Path(output) if output else inventory_path(c),
-        workdir=workdir or f"~/{project.name}",
-        script=script,
-        master_port=options.whole_number("master_port", master_port, 1, 65535),
-        python=python,
-        nproc_per_node=nproc,
-        ssh_config=ssh_config,
-        doctor_too=not skip_doctor,
-        default_output=output is None,
-        settings=task_settings(c, options.Given(connect_timeout=connect_timeout)),
     )
 
 

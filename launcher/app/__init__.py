@@ -45,7 +45,7 @@ ROOMS = {
     "slurm_submit": "slurm",
 }
 """Each name's module in launcher/app/ (`slurm_submit` is slurm.py's `submit`)."""
-MODULES = frozenset({*ROOMS.values(), "pages"})
+MODULES = frozenset({*ROOMS.values(), "pages", "pulling"})
 
 
 def __getattr__(name: str) -> Any:

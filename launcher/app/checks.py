@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobArgs, job_of
+from launcher.errors import UsageError
 from launcher.run.run_io import RunIO
 from launcher.settings import Settings
 
@@ -28,15 +29,20 @@ def doctor(
     run_io: RunIO | None = None,
     net_all_gpus: bool = False,
     job_args: JobArgs | None = None,
+    pull: bool = False,
 ) -> int:
     """Probe every node once, in parallel; print a table (or JSON) of findings; 1 when any check fails. With `net`,
     then measure the network between the nodes with the run's own backend (a `net` column; with `net_all_gpus` one
     rank a GPU). With `slurm` (in an allocation) or `job`, the allocation's nodes, each reached through a step of the
-    job instead of SSH. `job_args`: the job to check, as launch's --script, --module or --command name it."""
+    job instead of SSH. `job_args`: the job to check, as launch's --script, --module or --command name it. `pull`:
+    first the container image on every node at once (`--pull`, a line each on stderr); 1 too where one failed."""
     from launcher import doctor as doctor_checks
     from launcher.report.states import console
 
     run_io = run_io or RunIO()
+    if pull and (slurm or job):
+        raise UsageError("--pull does not go with --slurm or --job (the nodes are reached through SLURM)")
+    failed = _pulled(hosts, settings or Settings(), run_io) if pull else {}
     report = doctor_report(
         hosts,
         checks=checks,
@@ -52,7 +58,18 @@ def doctor(
         run_io.out.write(doctor_checks.report_json(report) + "\n")
     else:
         doctor_checks.render_table(report, console(run_io.out))
-    return 0 if report.ok else 1
+    if failed:
+        from launcher.app.pulling import pull_failed
+
+        run_io.err.write(f"error: {pull_failed(failed, 'the checks above show the image each node has')}\n")
+    return 0 if report.ok and not failed else 1
+
+
+def _pulled(hosts: str | Hosts, settings: Settings, run_io: RunIO) -> dict[str, str]:
+    """`--pull` before the checks: the nodes whose pull failed, with why (each node's line said already)."""
+    from launcher.app.pulling import pull_images
+
+    return pull_images(load_inventory(hosts), settings, run_io.err)
 
 
 def doctor_report(

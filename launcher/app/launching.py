@@ -10,7 +10,7 @@ from dataclasses import replace
 from launcher.app.hosts import Hosts, load_inventory, with_project_src
 from launcher.app.job import JobArgs, job_of
 from launcher.config.model import Cluster, Job
-from launcher.errors import LauncherError, RunFailed
+from launcher.errors import LauncherError, RunFailed, UsageError
 from launcher.plan.dryrun import dry_run_text
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.settings import for_run
@@ -35,13 +35,17 @@ def launch(
     run_id: str | None = None,
     as_json: bool = False,
     hosts_from: str | None = None,
+    pull: bool = False,
 ) -> int:
     """Start the job on every node at once (with `slurm`: on the allocation's nodes, one srun step). `run_id`: the
     run's id (default: a new one), which a caller may need before the run ends (`launcher.api`). A `dry_run` prints
     the plan and the settings it uses, with where each came from (`hosts_from`: where the inventory was named), the
-    agent's request with `as_json`."""
+    agent's request with `as_json`. `pull`: first the container image on every node at once (`--pull`); where a
+    node's pull fails, nothing starts."""
     cluster = load_inventory(hosts)
     settings, run_io = settings or Settings(), run_io or RunIO()
+    if pull and (dry_run or slurm):
+        raise UsageError(f"--pull does not go with {'--dry-run (it starts nothing)' if dry_run else '--slurm'}")
     if slurm:
         from launcher.app import slurm as on_slurm
 
@@ -62,6 +66,12 @@ def launch(
     plan = plan_launch(cluster, chosen, run_id, settings=settings)  # a PlanError names the inventory
     if dry_run:
         return _dry_run(plan, run_io, hosts_from, as_json)
+    if pull:
+        from launcher.app.pulling import pull_failed, pull_images
+
+        failed = pull_images(plan.cluster, settings, run_io.err)
+        if failed:
+            raise LauncherError(pull_failed(failed, "nothing was started"))
     return _started(plan, _gated(plan, hosts, run_io, doctor, sync), doctor)
 
 

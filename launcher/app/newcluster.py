@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from launcher.config.inventory import cluster_from_data
 from launcher.config.model import Cluster
-from launcher.config.starter import Found, render_inventory
+from launcher.config.starter import IMAGE_PYTHON, Found, render_inventory
 from launcher.errors import LauncherError, NodeFailure, UsageError
 from launcher.limits import INIT_PYTHON_WAIT_S, INIT_SMI_WAIT_S, INIT_WAIT_S
 from launcher.options import DEFAULT_MASTER_PORT
@@ -45,12 +45,15 @@ def nodes_cluster(names: Sequence[str], ssh_config: str | None) -> Cluster:
     return cluster_from_data(data, "--hosts")
 
 
-def _found(name: str, answer: Mapping[str, Any]) -> Found:
+def _found(name: str, answer: Mapping[str, Any], image: str | None = None) -> Found:
     python, home = answer.get("python"), str(answer.get("home") or "")
     if python and home and python.startswith(home.rstrip("/") + "/"):
         python = "~/" + python[len(home.rstrip("/")) + 1 :]  # the same path on every node of the same user
     notes = []
-    if not python:
+    if image is not None:  # the job's python is the image's: what the node needs is a runtime
+        if not answer.get("runtime"):
+            notes.append(f"no podman or docker on PATH, which runs {image} (install podman there)")
+    elif not python:
         tried = "; ".join(f"{t['python']}: {t['why']}" for t in answer.get("tried", [])) or "none there"
         notes.append(f"no interpreter with torch (tried {tried})")
     if answer.get("gpu_problem"):
@@ -58,11 +61,18 @@ def _found(name: str, answer: Mapping[str, Any]) -> Found:
     return Found(name, python or None, int(answer.get("gpus") or 0), answer.get("cpus"), tuple(notes))
 
 
-def seek(cluster: Cluster, workdir: str, settings: Settings) -> list[Found]:
-    """Ask every node at once which interpreter has torch and how many GPUs it has (launcher/node/probe/seek.py, run by
-    the login's python3); a node that cannot say is a `Found` with a note of why."""
+def seek(cluster: Cluster, workdir: str, settings: Settings, image: str | None = None) -> list[Found]:
+    """Ask every node at once which interpreter has torch (with `image`: which container runtime it has instead) and
+    how many GPUs it has (launcher/node/probe/seek.py, run by the login's python3); a node that cannot say is a
+    `Found` with a note of why."""
     pythons = [f"{workdir.rstrip('/')}/.venv/bin/python", f"{workdir.rstrip('/')}/venv/bin/python", *PYTHONS]
-    request = {"pythons": pythons, "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S}
+    request: dict[str, Any] = {
+        "pythons": [] if image else pythons,
+        "python_wait_s": INIT_PYTHON_WAIT_S,
+        "smi_wait_s": INIT_SMI_WAIT_S,
+    }
+    if image:
+        request["container"] = {"runtime": "auto"}
     nodes, failures = connect_all(cluster, cluster.hosts, settings.ssh)
     try:
         results = run_all(
@@ -79,7 +89,7 @@ def seek(cluster: Cluster, workdir: str, settings: Settings) -> list[Found]:
             found[name] = Found(name, notes=(f"no answer: {result}",))
             continue
         try:
-            found[name] = _found(name, json.loads(result.stdout.decode().strip().splitlines()[-1]))
+            found[name] = _found(name, json.loads(result.stdout.decode().strip().splitlines()[-1]), image)
         except (ValueError, IndexError, TypeError, AttributeError):
             lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
             why = lines[-1][:200] if lines else f"exit code {result.exit_code}"
@@ -122,10 +132,12 @@ def write_inventory(
     settings: Settings,
     err: IO[str],
     command: str,
+    image: str | None = None,
 ) -> list[Found]:
     """Write the inventory for `names` to `output` (never over a file that is there): what every node said, or what
     the command line gave (`python`, `nproc_per_node`: nothing asked of the nodes for it). Nothing is written where
-    no node has a python with torch (a LauncherError that asks for --python)."""
+    no node has a python with torch (a LauncherError that asks for --python); with `image` the python is the
+    image's (`python` as given, else IMAGE_PYTHON) and the nodes need only a runtime and their own python3."""
     if output.exists():
         raise UsageError(
             f"{relative(output)} is there already: `{command}init` never writes over an inventory "
@@ -133,18 +145,20 @@ def write_inventory(
         )
     cluster = nodes_cluster(names, ssh_config)
     if python is None or nproc_per_node is None:
-        err.write(f"asking {len(names)} node(s) for their python with torch and their GPUs\n")
-        found = seek(cluster, workdir, settings)
+        what = "container runtime" if image else "python with torch"
+        err.write(f"asking {len(names)} node(s) for their {what} and their GPUs\n")
+        found = seek(cluster, workdir, settings, image)
     else:
         found = [Found(h.name) for h in cluster.hosts]
+    python = python or (IMAGE_PYTHON if image else None)
     found = [
-        Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None else (), nproc_per_node)
+        Found(f.name, python or f.python, f.gpus, f.cpus, f.notes if python is None or image else (), nproc_per_node)
         for f in found
     ]
     if all(f.python is None for f in found):
         raise LauncherError(no_python(found, command))
     text = render_inventory(
-        found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config, command=command
+        found, workdir=workdir, job=job, master_port=master_port, ssh_config=ssh_config, command=command, image=image
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "x", encoding="utf-8") as file:  # "x": a file made meanwhile is not overwritten either
@@ -166,11 +180,13 @@ def init(
     default_output: bool = True,
     settings: Settings | None = None,
     run_io: RunIO | None = None,
+    image: str | None = None,
 ) -> int:
     """Write a commented inventory for the nodes `names` from what they say over SSH (their python with torch, their
     GPUs), then run the doctor on it and say the next command. 0 once the inventory is written (the doctor's
     findings are its advice), 1 when a node's python is still to be set in it; a file at `output` is never
-    overwritten, and none is written when no node has a python with torch."""
+    overwritten, and none is written when no node has a python with torch. `image`: the job runs in this container
+    image on every node (`container: {image: ...}` in defaults; the python is the image's)."""
     settings, run_io = settings or Settings(), run_io or RunIO()
     name = task_call("")  # `ddpl `, `inv `, `inv ddp.`: what comes before a task's name
     found = write_inventory(
@@ -185,19 +201,10 @@ def init(
         settings=settings,
         err=run_io.err,
         command=name,
+        image=image,
     )
-    run_io.out.write(
-        f"wrote {relative(output)}: {len(found)} node(s), "
-        + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
-        + "\n"
-    )
+    unknown = _said_written(found, output, run_io)
     hosts = "" if default_output else f" --hosts {relative(output)}"
-    unknown = [f.name for f in found if f.python is None]
-    if unknown:
-        run_io.err.write(
-            f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
-            f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n"
-        )
     from launcher.app.checks import doctor  # the doctor's findings on the nodes just written down
 
     code = doctor(str(output), settings=settings, run_io=run_io) if doctor_too else 0
@@ -207,9 +214,26 @@ def init(
             f"missing {script} is what --sync copies. Then: {name}doctor{hosts}\n"
         )
     run_io.out.write(
-        f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync (this project to every workdir first)\n"
+        f"next: {name}launch{hosts} --dry-run, then {name}launch{hosts} --sync{' --pull' if image else ''} (this "
+        f"project to every workdir{', the image to every node' if image else ''} first)\n"
     )
     return 1 if unknown else 0
+
+
+def _said_written(found: Sequence[Found], output: Path, run_io: RunIO) -> list[str]:
+    """The line that says what was written, and which nodes' python is still to be set (also said)."""
+    run_io.out.write(
+        f"wrote {relative(output)}: {len(found)} node(s), "
+        + ", ".join(f"{f.name} {f.python or 'python3 (no torch found)'} x{f.nproc}" for f in found)
+        + "\n"
+    )
+    unknown = [f.name for f in found if f.python is None]
+    if unknown:
+        run_io.err.write(
+            f"no python with torch was found on {', '.join(unknown)}: set `python:` for "
+            f"{'it' if len(unknown) == 1 else 'them'} in {relative(output)}, or install torch there\n"
+        )
+    return unknown
 
 
 def init_example(output: Path, *, run_io: RunIO | None = None) -> int:

@@ -10,6 +10,9 @@ import yaml
 
 UNKNOWN_PYTHON = "python3"
 """What an inventory names where no node said which python has torch: the login's, a line the comment says to set."""
+IMAGE_PYTHON = "python3"
+"""What an inventory written with `init --image` names as `python:`: the image's interpreter, the one with torch
+(python3 is on the PATH of the PyTorch images: NVIDIA's, pytorch/pytorch's)."""
 EXAMPLE_LINE = "  # a minimal DDP script to start from: examples/ddp_minimal.py in the launcher's repository"
 """The job's first line: where a newcomer finds a script to copy (a comment: the job is the same with or without)."""
 
@@ -69,10 +72,48 @@ def _hosts(found: Sequence[Found], python: str | None, nproc: int | None) -> lis
     return lines
 
 
-def _python_comment(found: Sequence[Found]) -> str:
+def _python_comment(found: Sequence[Found], image: str | None) -> str:
+    if image is not None:
+        return "the image's python (torch is in the image; setup: lines run there too)"
     if all(f.python is None for f in found):
         return "no python with torch was found on any node: set it (every host uses this one)"
     return "has torch on every node"
+
+
+def _container(image: str, command: str) -> list[str]:
+    """The defaults' `container:`: the image every node runs the job in, and what the nodes themselves need."""
+    return [
+        "  container:",
+        _line(f"    image: {_flow(image)}", f"torchrun runs in it on every node (`{command}launch --pull` pulls it)"),
+        _line("    # host_python: python3", "each node's own Python 3.8+ that runs the launcher's agent"),
+        _line("    # mounts: [/data]", "more folders at the same path inside (the workdir is one)"),
+    ]
+
+
+def _nproc_why(found: Sequence[Found]) -> str:
+    """Why nproc_per_node is what every node shares: as given, one per GPU, or one a CPU node."""
+    if any(f.given_nproc for f in found):
+        return "as --nproc-per-node gave"
+    gpus = _common(found, "gpus")
+    if gpus is None:
+        return ""
+    return (
+        f"nvidia-smi lists {gpus} GPU(s) on every node"
+        if gpus
+        else "no GPUs (nvidia-smi): one process a node, torch uses its cores"
+    )
+
+
+def _header(command: str, image: str | None) -> list[str]:
+    return [
+        f"# Written by `{command}init`: your nodes, what it found on them over SSH, and the job to run.",
+        "# Check it, then:",
+        f"#   {command}doctor                     # same Python and torch everywhere? DNS? port? script?",
+        f"#   {command}launch --dry-run           # each node's exact command, and why each flag is there",
+        f"#   {command}launch --sync              # copy this project to every workdir, then start",
+        *([f"#   {command}launch --pull              # pull the image on every node first"] if image else []),
+        f"# Every key, with what it does and its default: `{command}init --example` writes them to hosts/example.yaml.",
+    ]
 
 
 def render_inventory(
@@ -83,43 +124,28 @@ def render_inventory(
     master_port: int,
     ssh_config: str | None = None,
     command: str = "ddpl ",
+    image: str | None = None,
 ) -> str:
     """The commented inventory for `found` (in rank order): what every node shares in `defaults:`, what differs on
     its host, the notes of what could not be found as comments. `command`: what comes before a task's name as the
-    user runs it (`ddpl `, `inv `, `inv ddp.`: launcher.paths.task_words)."""
+    user runs it (`ddpl `, `inv `, `inv ddp.`: launcher.paths.task_words). `image`: the job runs in this container
+    image on every node (`container:` in defaults)."""
     python, nproc = _common(found, "python"), _common(found, "nproc")
     if python is None and all(f.python is None for f in found):
         python = UNKNOWN_PYTHON  # once, in defaults: a host's own line would override the one a user sets
-    gpus = _common(found, "gpus")
-    nproc_why = (
-        (
-            f"nvidia-smi lists {gpus} GPU(s) on every node"
-            if gpus
-            else "no GPUs (nvidia-smi): one process a node, torch uses its cores"
-        )
-        if gpus is not None
-        else ""
-    )
-    if any(f.given_nproc for f in found):
-        nproc_why = "as --nproc-per-node gave"
-    lines = [
-        f"# Written by `{command}init`: your nodes, what it found on them over SSH, and the job to run.",
-        "# Check it, then:",
-        f"#   {command}doctor                     # same Python and torch everywhere? DNS? port? script?",
-        f"#   {command}launch --dry-run           # each node's exact command, and why each flag is there",
-        f"#   {command}launch --sync              # copy this project to every workdir, then start",
-        f"# Every key, with what it does and its default: `{command}init --example` writes them to hosts/example.yaml.",
-    ]
+    lines = _header(command, image)
     lines += [f"# {f.name}: {note}" for f in found for note in f.notes]
     lines += _hosts(found, python, nproc)
     if ssh_config is not None:
         lines.append(_line(f"ssh_config: {_flow(ssh_config)}", "how this machine reaches the nodes"))
     lines.append("defaults:")
     if python is not None:
-        lines.append(_line(f"  python: {_flow(python)}", _python_comment(found)))
+        lines.append(_line(f"  python: {_flow(python)}", _python_comment(found, image)))
     lines.append(_line(f"  workdir: {_flow(workdir)}", f"your code on each node: shared, or `{command}launch --sync`"))
     if nproc is not None:
-        lines.append(_line(f"  nproc_per_node: {nproc}", nproc_why))
+        lines.append(_line(f"  nproc_per_node: {nproc}", _nproc_why(found)))
+    if image is not None:
+        lines += _container(image, command)
     lines += [
         "rendezvous:",
         _line(f"  master_port: {master_port}", "a free TCP port on the first node"),

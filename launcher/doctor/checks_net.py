@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher.config.model import Cluster
 from launcher.doctor.evidence import Evidence, Finding
-from launcher.doctor.registry import check, listed, majority, master_host, probes_of
+from launcher.doctor.registry import answers_of, check, listed, majority, master_host, probes_of
 from launcher.paths import hint, stop_call
 
 
@@ -194,7 +194,7 @@ def check_port(ev: Evidence) -> list[Finding]:
     master = master_host(ev)
     port = ev.cluster.rendezvous.master_port
     listener = ev.listener
-    if listener is None or master.name not in probes_of(ev):
+    if listener is None or master.name not in answers_of(ev):
         return []  # the master is unreachable or its python failed: those findings say it
     if "failed" in listener:
         return [
@@ -268,7 +268,7 @@ def check_tcp(ev: Evidence) -> list[Finding]:
     rdzv = ev.cluster.rendezvous
     target = f"{rdzv.master_addr}:{rdzv.master_port}"
     out = []
-    for h, p in probes_of(ev).items():
+    for h, p in answers_of(ev).items():  # a container host's check is made on the host, whatever its image did
         tcp = p.get("tcp")
         if tcp is None:
             continue

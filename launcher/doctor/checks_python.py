@@ -29,12 +29,15 @@ def _probe_failure(host: Host, failed: ProbeFailed, timeout: float | None) -> Fi
             f"fix `setup:` for {host.name} in the inventory (its lines run in the node's shell first)",
         )
     if failed.exit_code in (126, 127) or "No such file" in text:
+        key = "python:"
+        if host.container is not None:  # the host's own Python runs the launcher's programs beside the image
+            python, key = host.container.host_python, "container.host_python:"
         return Finding(
             host.name,
             "python",
             "fail",
             f"python {python} cannot run on {host.name}: {last or 'not found'}",
-            f"set `python:` for {host.name} in the inventory to an interpreter that exists there "
+            f"set `{key}` for {host.name} in the inventory to an interpreter that exists there "
             f"(`ssh {host.name} 'command -v python3'`)",
         )
     if failed.exit_code == -1:

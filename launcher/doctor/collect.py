@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from launcher.config.model import Cluster, Host, SyncSpec
-from launcher.doctor.checklist import FAST_CHECKS, evaluate, selected_checks
+from launcher.doctor.checklist import evaluate, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.doctor.request import connect_section, listen_request, probe_input, probe_request, session_section
 from launcher.errors import DoctorFailed, NodeFailure
@@ -195,7 +195,7 @@ def _report(ev: Evidence, checks: CheckMode, timings: Mapping[str, float]) -> Re
     return Report(
         source=cluster.source,
         hosts=tuple(h.name for h in cluster.hosts),
-        checks=selected_checks(checks),
+        checks=selected_checks(checks, cluster),
         findings=tuple(evaluate(ev, checks)),
         probes={h.name: o if isinstance(o := outcomes[h.name], dict) else None for h in cluster.hosts},
         errors=errors,
@@ -293,8 +293,8 @@ def doctor_gate(settings: Settings, err: IO[str]) -> DoctorGate:
 
     def passed(report: Report, seconds: float) -> None:
         err.write(
-            f"checked {len(FAST_CHECKS)} things on {len(report.hosts)} node(s) in "
-            f"{seconds:.1f}s: {', '.join(FAST_CHECKS)} all passed "
+            f"checked {len(report.checks)} things on {len(report.hosts)} node(s) in "
+            f"{seconds:.1f}s: {', '.join(report.checks)} all passed "
             "(--skip-doctor skips)\n"
         )
         for found in report.problems:  # warnings only: a failure raised before this

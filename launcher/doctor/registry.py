@@ -21,19 +21,22 @@ class Check:
     name: str
     fast: bool
     run: CheckFunction
+    containers: bool = False
+    """A check of container hosts alone (`container:`): a cluster with none has no column for it."""
 
 
 _REGISTRY: dict[str, Check] = {}
 """Name -> check (`launcher.doctor.checklist.CHECKS` orders them)."""
 
 
-def check(name: str, *, fast: bool = False) -> Callable[[CheckFunction], CheckFunction]:
-    """Register the decorated function as the check `name`; `fast` puts it in the launch's start gate."""
+def check(name: str, *, fast: bool = False, containers: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+    """Register the decorated function as the check `name`; `fast` puts it in the launch's start gate; `containers`:
+    it looks at container hosts alone."""
 
     def register(function: CheckFunction) -> CheckFunction:
         if name in _REGISTRY:
             raise ValueError(f"the doctor check {name!r} is registered twice")
-        _REGISTRY[name] = Check(name, fast, function)
+        _REGISTRY[name] = Check(name, fast, function, containers)
         return function
 
     return register
@@ -54,9 +57,16 @@ def majority(values: Mapping[str, Any], prefer: Any = None) -> Any:
     return prefer if prefer in tied else tied[0]
 
 
-def probes_of(ev: Evidence) -> dict[str, dict[str, Any]]:
-    """The hosts whose probe answered, in inventory order."""
+def answers_of(ev: Evidence) -> dict[str, dict[str, Any]]:
+    """The hosts that answered, in inventory order: with the node's facts, or a container host's answer without them
+    (its image could not be run: its `container` part says why; its TCP check was made on the host all the same)."""
     return {h.name: o for h in ev.cluster.hosts if isinstance(o := ev.outcomes.get(h.name), dict)}
+
+
+def probes_of(ev: Evidence) -> dict[str, dict[str, Any]]:
+    """The hosts whose probe answered with the node's facts (a container host's: from inside its image), in
+    inventory order."""
+    return {h: o for h, o in answers_of(ev).items() if "python" in o}
 
 
 def master_host(ev: Evidence) -> Host:

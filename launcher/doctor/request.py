@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.config.model import Cluster, Host
+from launcher.config.model import Cluster, Container, Host
 from launcher.doctor.checks_net import requested_names
 from launcher.limits import (
     LISTEN_WINDOW_S,
@@ -16,19 +16,23 @@ from launcher.limits import (
     SMI_SHARE,
     TOKEN_READ_S,
 )
+from launcher.plan.containerplan import container_request
 from launcher.settings import DEFAULT_PROBE_TIMEOUT
-from launcher.transport.program import node_program, program_input, python_command
+from launcher.transport.program import BOOTSTRAP, node_program, program_input, program_line, python_command
 
 PROBE_SOURCE = node_program("probe.probe")
 """The node side of the doctor: a stdlib-only script, sent to each node on its stdin."""
+IMAGE_SOURCE = node_program("probe.image")
+"""A container host's side of it: the runtime and the image, then PROBE_SOURCE inside the image."""
 
 probe_command = python_command
 """The probe's command line on a node: its interpreter and the fixed bootstrap (`launcher.transport.program`)."""
 
 
 def probe_input(request: Mapping[str, Any]) -> bytes:
-    """The probe's source and its request, for its stdin."""
-    return program_input(PROBE_SOURCE, request)
+    """The probe's source (a container host's: the image's look, which runs the probe inside) and its request, for
+    its stdin."""
+    return program_input(IMAGE_SOURCE if request.get("mode") in ("image", "pull") else PROBE_SOURCE, request)
 
 
 def probe_request(
@@ -58,7 +62,35 @@ def probe_request(
         request["cuda_visible_devices"] = visible
     if connect:
         request["connect"] = dict(connect)
+    return request if host.container is None else image_request(host, host.container, request, timeout)
+
+
+def image_request(host: Host, container: Container, probe: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """What a container host's look at its image is asked (pure; launcher/node/probe/image.py): the image and how to
+    run it (the setup lines as the image's shell runs them, when there are any), the probe's program and request
+    for inside it, the interpreter's words there; the TCP check (`connect`) stays on the host. `timeout`: all of it,
+    the runtime's questions and the probe in the image (probe_timeout)."""
+    spec = container_request(container, host.setup)
+    if not host.setup:
+        del spec["script"]  # the probe's python is the container's command itself
+    inner = {key: value for key, value in probe.items() if key != "connect"}
+    request: dict[str, Any] = {
+        "mode": "image",
+        "container": spec,
+        "workdir": host.workdir,
+        "python_argv": [host.python, "-S", "-c", BOOTSTRAP],
+        "program": program_line(PROBE_SOURCE),
+        "probe": inner,
+        "timeout_s": timeout,
+    }
+    if "connect" in probe:
+        request["connect"] = dict(probe["connect"])
     return request
+
+
+def pull_request(container: Container, timeout: float) -> dict[str, Any]:
+    """What `--pull` asks a container host (pure): its runtime pulls the image within `timeout` (pull_timeout)."""
+    return {"mode": "pull", "container": container_request(container, ()), "timeout_s": timeout}
 
 
 def job_request(cluster: Cluster, host: Host) -> dict[str, Any]:

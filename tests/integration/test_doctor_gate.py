@@ -91,7 +91,10 @@ def faults(box: sandbox.Sandbox, tmp: Path) -> dict[str, tuple[Path, Callable[[]
         path.chmod(0o755)
     (tmp / "empty").mkdir()
     smi = install_smi(tmp / "smi", node_gpus(1), apps=[{"pid": 4242, "gpu": 0, "used": 20000}])
-    at = {name: tmp / f"{name}.yaml" for name in ("wrapper", "python", "torch", "script", "gpus", "port")}
+    at = {name: tmp / f"{name}.yaml" for name in ("wrapper", "python", "torch", "script", "gpus", "port", "image")}
+    # node-1 runs the job in an image through docker: this machine's client has no daemon (elsewhere: no docker, or
+    # no such image), so the image check fails it, in the doctor's words and the gate's alike.
+    image = {"image": "localhost/ddpl-absent:1", "runtime": "docker", "host_python": node_python()}
     return {
         "wrapper": (hosts_with(box, at["wrapper"], node_1={"python": str(wrapper)}), contextlib.nullcontext),
         "python": (hosts_with(box, at["python"], node_1={"python": "/nonexistent/bin/python3"}),
@@ -101,6 +104,7 @@ def faults(box: sandbox.Sandbox, tmp: Path) -> dict[str, tuple[Path, Callable[[]
         "gpus": (hosts_with(box, at["gpus"], node_1={"setup": [f"export PATH={smi}:$PATH"]}),
                  contextlib.nullcontext),
         "port": (at["port"], lambda: squatting(box, at["port"])),
+        "image": (hosts_with(box, at["image"], node_1={"container": image}), contextlib.nullcontext),
     }
 
 

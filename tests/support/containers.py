@@ -69,11 +69,13 @@ def container_nodes(
     nodes: int = 2,
     differing: Mapping[int, str] | None = None,
     container: Mapping[str, Any] | None = None,
+    session_env: Mapping[str, str] | None = None,
     **up_kwargs: Any,
 ) -> ContainerNodes:
     """`make_sandbox(nodes, node_env=...)` whose inventory runs the job in TAG on every node; `differing` {i:
     marker}: node i imports another image under the same tag into its own storage; `container`: more of the
-    inventory's `container:` keys. `root`: where the nodes' podman roots go (removed by `discard`)."""
+    inventory's `container:` keys; `session_env`: more of every node's sessions' environment (paths: a registry's
+    registries.conf). `root`: where the nodes' podman roots go (removed by `discard`)."""
     shared, _ = shared_image()
     roots, envs, node_env = [], [], {}
     for i in range(nodes):
@@ -83,7 +85,7 @@ def container_nodes(
             pm.build_test_image(TAG, own, marker=differing[i], image_stores=[shared / "root" / "graph"])
         roots.append(own)
         envs.append(pm.podman_env(own, image_stores=[shared / "root" / "graph"]))
-        node_env[i] = {k: env[k] for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF")}
+        node_env[i] = {**{k: env[k] for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF")}, **(session_env or {})}
     box = make_sandbox(nodes, node_env=node_env, **up_kwargs)
     data = yaml.safe_load(box.inventory.read_text())
     defaults = data.setdefault("defaults", {})

@@ -25,7 +25,7 @@ from launcher.sync import nodepush as sync
 from launcher.transport.program import BOOTSTRAP, node_files
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRIES = ("agent.agent", "probe.probe", "sync.syncd", "slurm.selector", "probe.seek")
+ENTRIES = ("agent.agent", "probe.probe", "sync.syncd", "slurm.selector", "probe.seek", "probe.image")
 """Every node program, as `node_program` takes it."""
 NODE_PROGRAMS = {path: source for entry in ENTRIES
                  for path, source in node_files(entry).items()}

@@ -27,7 +27,7 @@ def test_healthy_cluster_is_all_ok_with_one_finding_per_node_and_check() -> None
     assert [f for f in found if f.status != "ok"] == []
     for host in ADDRS:
         checks = [f.check for f in found if f.host == host]
-        expected = [c for c in doctor.CHECKS if c != "port" or host == "node-0"]
+        expected = [c for c in doctor.CHECKS if (c != "port" or host == "node-0") and c != "image"]  # no container
         assert checks == expected, host
     assert only(ev, "port", "node-0").detail == "port 29500 is free on node-0"
     assert only(ev, "gpus", "node-1").detail == "1 GPU(s) H100, driver 570.124.06, nproc_per_node 1"
@@ -35,7 +35,7 @@ def test_healthy_cluster_is_all_ok_with_one_finding_per_node_and_check() -> None
 
 def test_fast_mode_runs_only_the_checks_that_matter_for_starting() -> None:
     ev = evidence(node_1={**probe("node-1"), "disk_free": 1, "packages": {"sha256": "x", "count": 0, "list": []}})
-    assert {f.check for f in doctor.evaluate(ev, "fast")} == set(doctor.FAST_CHECKS)
+    assert {f.check for f in doctor.evaluate(ev, "fast")} == set(doctor.FAST_CHECKS) - {"image"}  # bare nodes
     assert problems(ev, "fast") == []
     assert {f.check for f in problems(ev, "all")} == {"disk", "packages"}
     with pytest.raises(ValueError, match="'all' or 'fast'"):
@@ -43,16 +43,20 @@ def test_fast_mode_runs_only_the_checks_that_matter_for_starting() -> None:
 
 
 def test_each_check_is_registered_once_in_column_order_and_fast_ones_are_marked() -> None:
-    assert doctor.CHECKS == ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script",
+    assert doctor.CHECKS == ("ssh", "image", "python", "torch", "dns", "hostname", "port", "tcp", "script",
                              "gpus", "packages", "disk", "clock", "iface")
-    assert doctor.FAST_CHECKS == ("ssh", "python", "torch", "dns", "hostname", "port", "tcp", "script", "gpus")
+    assert doctor.FAST_CHECKS == ("ssh", "image", "python", "torch", "dns", "hostname", "port", "tcp", "script",
+                                  "gpus")
     assert doctor.selected_checks("all") == doctor.CHECKS and doctor.selected_checks("fast") == doctor.FAST_CHECKS
+    # A cluster without a container host has no column for the container hosts' own check.
+    assert doctor.selected_checks("fast", make_cluster()) == tuple(c for c in doctor.FAST_CHECKS if c != "image")
     with pytest.raises(ValueError, match="'dns' is registered twice"):
         doctor.check("dns")(lambda ev: [])
     assert doctor.CHECKS == checks_module.CHECKS  # the refused registration left the registry as it was
     ev = evidence(node_1=ProbeFailed(127, "no python"), node_2=NodeFailure("node-2", "refused", "refused", "fix"))
     for name in doctor.CHECKS:  # each function's findings carry the name it was registered under
-        assert {f.check for f in checks_module.check_function(name)(evidence())} == {name}
+        expected = set() if name == "image" else {name}  # the canned nodes run bare
+        assert {f.check for f in checks_module.check_function(name)(evidence())} == expected
         assert {f.check for f in checks_module.check_function(name)(ev)} <= {name}
 
 
@@ -64,7 +68,8 @@ def test_task_help_and_preflight_line_name_the_registered_fast_checks() -> None:
     err = io.StringIO()
     gate = doctor_gate(Settings(), err)  # launch's: the checks run in the agents' sessions, then this
     gate.judge(make_cluster(), {h: _facts(h) for h in ADDRS}, (1000.0, 1001.0), 0.43)
-    assert err.getvalue() == (f"checked {len(doctor.FAST_CHECKS)} things on 3 node(s) in 0.4s: {names} all passed "
+    bare = [c for c in doctor.FAST_CHECKS if c != "image"]  # the checks that apply to nodes without a container
+    assert err.getvalue() == (f"checked {len(bare)} things on 3 node(s) in 0.4s: {', '.join(bare)} all passed "
                               "(--skip-doctor skips)\n")
 
 

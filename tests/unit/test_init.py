@@ -84,16 +84,17 @@ def test_no_python_found_anywhere_is_written_once_where_setting_it_sets_every_ho
     assert {h.python for h in edited.hosts} == {"/v/bin/python"}
 
 
-def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found]) -> tuple[int, str, Path]:
+def _init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: list[Found],
+          image: str | None = None) -> tuple[int, str, Path]:
     """`init` on nodes that said `found` (no SSH): its exit code, its stderr, the inventory's path."""
     from launcher import app
     from launcher.app import newcluster
     from launcher.run.run_io import RunIO
 
-    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, settings: found)
+    monkeypatch.setattr(newcluster, "seek", lambda cluster, workdir, settings, image=None: found)
     out, err, output = io.StringIO(), io.StringIO(), tmp_path / "hosts" / "cluster.yaml"
     code = app.init([f.name for f in found], output, workdir="~/p", script="train.py", doctor_too=False,
-                    run_io=RunIO(out, err))
+                    run_io=RunIO(out, err), image=image)
     return code, err.getvalue(), output
 
 
@@ -130,6 +131,8 @@ def test_init_never_writes_over_a_file_and_needs_hosts(tmp_path: Path) -> None:
     assert ddpl("init").stderr.startswith("error: --hosts names no node")
     bad = ddpl("init", "--hosts", "a,-oProxyCommand=x", "--output", "other.yaml")
     assert bad.returncode == 1 and "--hosts: hosts[1].name: must be a host name" in bad.stderr
+    image = ddpl("init", "--hosts", "a", "--output", "other.yaml", "--image", "-v")
+    assert image.returncode == 2 and image.stderr.startswith("error: --image must be an image reference"), image.stderr
 
 
 @pytest.mark.parametrize("python", ["~/venv/bin/python", "/usr/bin/python3"])
@@ -143,3 +146,32 @@ def test_given_python_and_processes_need_no_node(tmp_path: Path, python: str) ->
     cluster = parse_inventory((tmp_path / "hosts" / "cluster.yaml").read_text(), "c.yaml")
     assert {(h.python, h.nproc_per_node, h.workdir) for h in cluster.hosts} == {(python, 2, "/w")}
     assert "next: ddpl launch --dry-run, then ddpl launch --sync" in shown.stdout
+
+
+def test_init_with_an_image_needs_no_torch_on_the_hosts_and_asks_for_a_runtime(tmp_path: Path, monkeypatch) -> None:
+    from launcher.app.newcluster import _found
+
+    found = [_found("a", {"python": None, "runtime": "/usr/bin/podman", "gpus": 8, "cpus": 64}, "nvcr.io/x:1"),
+             _found("b", {"python": None, "runtime": None, "gpus": 8, "cpus": 64}, "nvcr.io/x:1")]
+    assert found[0].notes == () and found[1].notes == ("no podman or docker on PATH, which runs nvcr.io/x:1 (install "
+                                                       "podman there)",)
+    code, said, output = _init(tmp_path, monkeypatch, found, image="nvcr.io/x:1")
+    assert code == 0 and said.startswith("asking 2 node(s) for their container runtime and their GPUs"), said
+    text = output.read_text()
+    cluster = parse_inventory(text, "hosts/cluster.yaml")
+    assert {(h.python, h.container.image if h.container else None) for h in cluster.hosts} == {("python3",
+                                                                                              "nvcr.io/x:1")}
+    assert {h.container.host_python for h in cluster.hosts if h.container} == {"python3"}
+    assert "# b: no podman or docker on PATH" in text and "launch --pull" in text
+    assert "  python: python3                       # the image's python" in text
+
+
+def test_the_node_program_names_the_runtime_it_would_use_for_init_image() -> None:
+    from launcher.node.common.containers import runtime_path
+
+    request = {"pythons": [], "python_wait_s": INIT_PYTHON_WAIT_S, "smi_wait_s": INIT_SMI_WAIT_S,
+               "container": {"runtime": "auto"}}
+    done = subprocess.run([sys.executable, "-S", "-c", BOOTSTRAP], input=program_input(node_program("probe.seek"),
+                          request), capture_output=True, timeout=120, check=True)
+    answer = json.loads(done.stdout)
+    assert answer["python"] is None and answer["tried"] == [] and answer["runtime"] == runtime_path({})

@@ -68,7 +68,8 @@ def test_each_program_ships_only_its_own_folders() -> None:
     assert folders("probe.probe") == {"common", "probe"}
     assert folders("sync.syncd") == {"common", "sync"}
     assert folders("slurm.selector") == {"slurm"}
-    assert folders("probe.seek") == {"probe"}
+    assert folders("probe.seek") == {"common", "probe"}  # init --image: the runtime, as the agent finds it
+    assert folders("probe.image") == {"common", "probe"}
 
 
 def test_a_parenthesised_import_over_several_lines_counts() -> None:

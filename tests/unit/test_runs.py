@@ -29,6 +29,7 @@ def agent_reads() -> set[str]:
     """Every `request["KEY"]` the agent reads without a default."""
     # The agent's own modules; the probe it runs in a launch's check reads the preflight section (tested apart).
     probe_only = set(node_files("probe.probe")) - {"launcher/node/wire.py", "launcher/node/common/netif.py"}
+    probe_only.add("launcher/node/probe/image.py")  # a container host's probe: its own request (tested apart)
     tree = ast.parse("\n".join(source for path, source in node_files("agent.agent").items() if path not in probe_only))
     return {node.slice.value for node in ast.walk(tree)
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "request"

@@ -8,13 +8,26 @@ import time
 from launcher.node.wire import Event, emit, seconds
 
 
+def probed(request):
+    """The probe's answer: on a container host, from inside the run's image, with the runtime's and the image's own
+    facts (launcher/node/probe/image.py); elsewhere from this node's python."""
+    if request.get("mode") == "image":
+        from launcher.node.probe import image
+
+        return image.look(request)
+    from launcher.node.probe import probe
+
+    return probe.probe(request)
+
+
 class GateChecks:
     """The doctor's fast probe inside the start session (a launch with the doctor on): no session of its own.
 
     The probe is the node package's own module (launcher/node/probe/probe.py, sent with the agent); the request's
     `gate` section holds every request and number it needs, from the launcher
     (launcher.doctor.request.session_section):
-    - probe: what the probe looks at; its answer goes out as the `probed` event;
+    - probe: what the probe looks at; its answer goes out as the `probed` event (a container host's probe runs
+      inside the run's image: the request says so, `probed`);
     - listen (the master only): master_port is bound before the probe (the answer says whether it is free) and
       answers every connection with the token until `go`, `abort` or a stop, and at most max_s;
     - connect: on the launcher's `tcp` message, once every node has probed (so the master's listener is up), this
@@ -26,7 +39,7 @@ class GateChecks:
         self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
 
     def run(self):
-        from launcher.node.probe import listener, probe  # only a launch with the doctor on compiles them
+        from launcher.node.probe import listener  # only a launch with the doctor on compiles them
 
         listen = self.section.get("listen")
         reply = None
@@ -43,7 +56,7 @@ class GateChecks:
                 )
                 thread.start()
                 self.listener = (thread, stop_w, stop_r)
-        emit(Event.PROBED, probe=probe.probe(self.section["probe"]), listener=reply)
+        emit(Event.PROBED, probe=probed(self.section["probe"]), listener=reply)
 
     def tcp(self):
         from launcher.node.probe.listener import tcp_connect
@@ -51,6 +64,8 @@ class GateChecks:
         connect = self.section["connect"]
         window, read_s = seconds(connect, "window", "connect"), seconds(connect, "token_read_s", "connect")
         probe = self.section["probe"]
+        if probe.get("mode") == "image":  # a container host's: the probe's own request is inside
+            probe = probe["probe"]
         emit(Event.TCP, tcp=tcp_connect(probe["master_addr"], probe["master_port"], connect["token"], window, read_s))
 
     def close(self):

@@ -28,6 +28,10 @@ GPU_BUSY_MIB = 1024
 GPU_BUSY_PERCENT = 5
 """Utilisation beyond an idle GPU's flicker: someone's work is on it."""
 
+IMAGE_OUTPUT_TAIL = 2000
+"""Characters of the runtime's output kept when the probe gave no answer inside a container host's image
+(launcher/node/probe/image.py): its last lines say why (podman's and runc's errors are a line or two)."""
+
 # --- the doctor's TCP check (listener) -------------------------------------------------------------------------------
 HOLDERS_BUDGET_S = 1.0
 """How long the listen mode may scan /proc for who holds a taken port (a node with many processes takes long)."""

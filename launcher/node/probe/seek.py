@@ -1,5 +1,6 @@
 """`ddpl init`'s look at a new node (stdlib only, Python 3.8+): which interpreter there has torch, how many GPUs
-nvidia-smi lists, how many CPUs there are.
+nvidia-smi lists, how many CPUs there are; for `init --image`, its container runtime instead of a python (the job's
+python is then the image's: the request names no interpreter to try).
 
 It runs under the login's `python3`; the request (one JSON line on stdin) gives the interpreters to try, in order
 (`~` is the node's home, `*` a glob: conda's envs), and every wait. Each is asked whether it finds torch, never made
@@ -12,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+
+from launcher.node.common.containers import runtime_path
 
 FINDS_TORCH = "import importlib.util,sys;print(sys.executable if importlib.util.find_spec('torch') else '')"
 
@@ -67,7 +70,7 @@ def seek(request):
             python = path
             break
     gpus, gpu_problem = gpu_count(request["smi_wait_s"])
-    return {
+    answer = {
         "python": python,
         "tried": tried,
         "gpus": gpus,
@@ -75,6 +78,9 @@ def seek(request):
         "cpus": os.cpu_count(),
         "home": os.path.expanduser("~"),
     }
+    if request.get("container") is not None:  # init --image: which runtime would run it here
+        answer["runtime"] = runtime_path(request["container"])
+    return answer
 
 
 def main():
