@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
-from launcher.config.model import Job
+from launcher.config.model import Host, Job
 from launcher.node.wire import DEVICE_ORDER
 from launcher.plan.launchplan import LaunchPlan, NodeCommand
 
@@ -31,6 +31,7 @@ def dry_run_text(plan: LaunchPlan) -> str:
         )
         lines.append(f"  $ {node.shell_line()}")
         lines += [f"  {line}" for line in _feature_lines(node, rdzv.master_addr)]
+        lines += [f"  {line}" for line in container_lines(host)]
         lines.append(f"  run dir {node.run_dir}: torchrun runs under setsid, its output in {node.run_dir}/log")
     unset = plan.nodes[0].unset_env if plan.nodes else RESERVED_ENV
     lines += ["", f"unset from the node's login environment: {', '.join(unset)} (torchrun sets them)"]
@@ -40,6 +41,24 @@ def dry_run_text(plan: LaunchPlan) -> str:
         skip = f", except {', '.join(sync.exclude)}" if sync.exclude else ""
         lines.append(f"sync: {sync.src} (on this machine) to {dest}{skip}")
     return "\n".join([*lines, "", *_flag_lines(plan)])
+
+
+def container_lines(host: Host) -> list[str]:
+    """Where a container host's torchrun runs: the image, how the runtime gets it, what is mounted, and what runs
+    the launcher's own programs on the node."""
+    box = host.container
+    if box is None:
+        return []
+    runtime = "podman, else docker" if box.runtime == "auto" else box.runtime
+    mounts = ", ".join(["the workdir", "the node's folder of runs", *box.mounts])
+    lines = [
+        f"in container {box.image} ({runtime}; pull {box.pull}; named ddpl-<run id>-{host.name}, removed at its end)",
+        f"  the node's network, IPC and pids; mounted at their paths: {mounts}; GPUs the runtime's way",
+        f"  `{host.python}` and the setup lines are the image's; the node's {box.host_python} runs the agent",
+    ]
+    if box.options:
+        lines.append(f"  more run options: {shlex.join(box.options)}")
+    return lines
 
 
 def _flag_lines(plan: LaunchPlan) -> list[str]:

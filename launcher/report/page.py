@@ -17,7 +17,19 @@ from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
 
 INSTALL = "pip install 'ddp-launcher[report]'"
-COLOURS = ("#8da0cb", "#a6d854", "#b3b3b3", "#66c2a5", "#ffd92f", "#e78ac3", "#cab2d6", "#fc8d62", "#e5c494", "#1b9e77")
+COLOURS = (
+    "#8da0cb",
+    "#a6d854",
+    "#b3b3b3",
+    "#66c2a5",
+    "#80b1d3",
+    "#ffd92f",
+    "#e78ac3",
+    "#cab2d6",
+    "#fc8d62",
+    "#e5c494",
+    "#1b9e77",
+)
 """One colour a phase of the start, in PHASES' order (the time before that phase)."""
 MARK_COLOURS = {
     "hang": "#d62728",

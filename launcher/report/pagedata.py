@@ -23,6 +23,7 @@ PHASES = (
     ("synced", "sync done", "the sync"),
     ("ready", "checks done", "the checks"),
     ("torchrun", "torchrun started", "waiting for every node"),
+    ("container", "container started", "the container's start (image, create, start)"),
     ("hook", "workers started", "starting the workers"),
     ("torch", "import torch done", "the imports"),
     ("rdzv", "init_process_group called", "the script's own setup"),
@@ -230,6 +231,8 @@ def _start(
     bars, marks, spread = [], [], {}
     for node, answer in answers.items():
         own = {k: float(v) - began for k, v in (known.get(node) or {}).items() if k in LAUNCHER_PHASES}
+        if answer.get("container_started"):  # held since `ready`, it costs the start only what is left at `go`
+            own["container"] = max(float(answer["container_started"]) + offset[node] - began, own.get("torchrun", 0.0))
         ranks: dict[int, dict[str, float]] = {}
         for lines in (answer.get("phases") or {}).values():
             rank, restart, found = rank_phases(lines)

@@ -19,6 +19,7 @@ from launcher.plan.launchplan import LaunchPlan
 from launcher.run import launch as run_launch
 from launcher.run.nodeenv import resolve_env
 from launcher.run.run_io import RunIO
+from launcher.slurm import pyxis
 from launcher.slurm.allocation import cpus_per_task
 from launcher.slurm.step import SrunStep
 from launcher.transport.channel import Result
@@ -128,13 +129,14 @@ def launch_step(plan: LaunchPlan, run_io: RunIO, env: dict[str, str] | None = No
             f"--detach does not apply to --slurm: submit the job instead (`{hint('slurm.submit')}`), "
             f"then `{hint('status/logs/stop --job ID')}`"
         )
+    env = dict(os.environ if env is None else env)
+    plan, image = pyxis.in_image(plan, env)  # the tasks in the image (pyxis), or refused before anything starts
     commands = {host_command(c.host) for c in plan.nodes}
     if len(commands) > 1:
         raise LauncherError(
             f"{plan.cluster.source}: under SLURM every node starts the same command (one srun "
             "step), but the hosts' python or setup differ"
         )
-    env = dict(os.environ if env is None else env)
     envs = {c.host.name: resolve_env(c, env) for c in plan.nodes}
     # Static ranks: one lost task ends the step (srun's --kill-on-bad-exit). An elastic group goes on without it.
     static = plan.cluster.rendezvous.elastic.backend != "c10d"
@@ -146,6 +148,7 @@ def launch_step(plan: LaunchPlan, run_io: RunIO, env: dict[str, str] | None = No
         env=env,
         cpus_per_task=cpus_per_task(env),
         overlap=overlap,
+        container=image,
     )
     nodes = slurm_nodes((c.host.name for c in plan.nodes), env)
     try:

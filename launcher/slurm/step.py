@@ -1,16 +1,15 @@
 """One srun step as the nodes' agent sessions: `srun --nodes N --ntasks-per-node 1 --kill-on-bad-exit --label`.
 
-Under SLURM a run's node programs start as the tasks of one job step instead of one SSH channel per node. The step
-gives every task the same stdin and merges their output, each line labelled with its task id (`--label`), so this
-module turns one srun process into a `SessionChannel` per node for the supervision (`launcher/run/handle.py`), which
-stays the same for both transports:
+Under SLURM a run's node programs are the tasks of one job step, not an SSH channel a node. The step gives every task
+the same stdin and labels their output with the task id (`--label`): one srun process becomes a `SessionChannel` a
+node for the supervision (`launcher/run/handle.py`), the same for both transports:
 
 - in: the first bytes are the selector (`selector.py`), the node program and every node's request keyed by node id;
   after that the launcher's words (`hb`, `go`, `stop`...). A word every node's session sends in one round (they all
   do) goes to srun once: each agent reads it once.
-- out: a labelled line goes to its node's channel, stdout to stdout and stderr to stderr, the label removed.
-  srun's own lines: `task 1: Exited with exit code 3` ends that node's channel with that code (the tasks that
-  exit 0 end with the step); anything it says before a task spoke is every node's message (it could not start).
+- out: a labelled line goes to its node's channel (stdout, stderr), unlabelled. srun's `task 1: Exited with exit
+  code 3` ends that node's channel with that code (those exiting 0 end with the step); whatever it says before a
+  task spoke is every node's message (it could not start).
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ def srun_argv(
     job_name: str,
     cpus_per_task: int | None = None,
     overlap: bool = False,
+    container: Sequence[str] = (),
 ) -> list[str]:
-    """The srun command line of a run's step: one task per allocated node, in the allocation's order."""
+    """The srun command line of a run's step: a task an allocated node, in its order (`container`: pyxis's flags)."""
     cpus = ["--cpus-per-task", str(cpus_per_task)] if cpus_per_task else []
     if overlap:  # a step beside a running job's own (`--job ID`): it holds the job's CPUs
         cpus.append("--overlap")
@@ -69,6 +69,7 @@ def srun_argv(
         "all",
         "--job-name",
         job_name,
+        *container,
         "/bin/sh",
         "-c",
         command,
@@ -190,6 +191,7 @@ class SrunStep:
         env: Mapping[str, str] | None = None,
         cpus_per_task: int | None = None,
         overlap: bool = False,
+        container: Sequence[str] = (),
     ):
         self.names = list(names)
         self.argv = srun_argv(
@@ -199,6 +201,7 @@ class SrunStep:
             job_name=job_name,
             cpus_per_task=cpus_per_task,
             overlap=overlap,
+            container=container,
         )
         self.job_name = job_name
         self.env = dict(os.environ if env is None else env)
@@ -218,8 +221,7 @@ class SrunStep:
     # --- start ------------------------------------------------------------------------------------------------
 
     def open(self, source: str, nodes: Sequence[tuple[NodeCommand, Mapping[str, Any]]]) -> list[StepChannel | str]:
-        """Start the step with the node program and every node's request; a channel per node (or srun's error for
-        all)."""
+        """Start the step with the node program and every node's request; a channel a node (or srun's error)."""
         try:
             # Its own session: a Ctrl-C at the terminal is the launcher's to handle (stop words, then the step's
             # end), not srun's (whose first SIGINT only prints task states).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -37,7 +38,7 @@ SECRET = "hunter2-in-the-container"
 def trainers(make_sandbox, tmp_path: Path) -> Iterator[ct.ContainerNodes]:
     made = None
     try:
-        made = ct.container_nodes(make_sandbox, tmp_path, nproc_per_node=2, master_port=free_port())
+        made = ct.container_nodes(make_sandbox, ct.short_folder(), nproc_per_node=2, master_port=free_port())
         yield made
     finally:
         ct.discard(made)
@@ -48,7 +49,7 @@ def sleepers(make_sandbox, tmp_path: Path) -> Iterator[ct.ContainerNodes]:
     """2 nodes, torchrun's stand-in and a job that prints `tick N` every 0.2 s, a secret in its environment."""
     made = None
     try:
-        made = ct.container_nodes(make_sandbox, tmp_path, torchrun="stand-in", master_port=free_port(),
+        made = ct.container_nodes(make_sandbox, ct.short_folder(), torchrun="stand-in", master_port=free_port(),
                                   script="tests/scripts/sleeper.py", script_args=["0.2"])
         data = yaml.safe_load(made.sandbox.inventory.read_text())
         data["defaults"].setdefault("env", {})["TOKEN"] = {"value": SECRET, "secret": True}
@@ -77,6 +78,12 @@ def test_ddp_in_the_image_on_two_nodes_is_one_world_and_leaves_no_container(trai
     assert_replicas_in_sync(whole.stdout, world_size=4)
     run_id = run_id_of(whole.stderr)
     nothing_left(trainers, run_id, within=0)
+    report = inv("report", "--hosts", str(trainers.sandbox.inventory), "--run", run_id, "--json",
+                 log_dir=tmp_path / "logs")
+    assert report.returncode == 0, report.stdout + report.stderr
+    bars = [b for b in json.loads(report.stdout)["start"] if b["rank"] is None]
+    for bar in bars:  # the container's start is a phase of its own, between torchrun's start and the workers'
+        assert bar["phases"]["torchrun"] <= bar["phases"]["container"] <= bar["phases"]["hook"], bar
     for i in range(2):  # torchrun ran in the container: it recorded itself from inside, as the run's leader
         run_dir = next(trainers.sandbox.state_dir.glob(f"node-{i}/cache/ddp-launcher/runs/{run_id}/node-{i}"))
         assert json.loads((run_dir / "container.json").read_text())["name"] == f"ddpl-{run_id}-node-{i}"
@@ -124,6 +131,10 @@ def test_a_detached_run_in_containers_has_status_logs_stacks_and_stop(sleepers, 
         stacks = inv("stacks", "--hosts", hosts, "--run", run_id, timeout=60)
         assert stacks.returncode == 0, stacks.stdout + stacks.stderr
         assert f"run {run_id}: ranks 0,1 are in time.sleep (sleeper.py:10)" in stacks.stdout, stacks.stdout
+        top = inv("top", "--hosts", hosts, "--run", run_id, "--once", "--json", timeout=60)
+        assert top.returncode == 0, top.stdout + top.stderr
+        ranks = json.loads(top.stdout)["ranks"]  # the container's processes, as the node's /proc shows them
+        assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["pid"] in run_processes(run_id) for r in ranks)
         logs = inv("logs", "--hosts", hosts, "--run", run_id, "--node", "node-1")
         assert "node-1 r1" in logs.stdout and "tick" in logs.stdout, logs.stdout
         stopped = inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)
@@ -165,3 +176,22 @@ def test_a_killed_launcher_or_agent_leaves_no_container(sleepers, tmp_path: Path
         nothing_left(sleepers, run_id)
         assert "root cause: node-1: the launcher's agent on the node died" in out.read_text()
     assert parent  # (imported for the tests' shared helpers)
+
+
+def test_a_hang_inside_the_containers_is_named_by_rank_and_frame_and_stopped(make_sandbox, tmp_path: Path) -> None:
+    """gloo, 2 nodes x 1 rank: rank 1 sleeps before an all_reduce rank 0 already entered. The hang watch takes the
+    stacks through the hook inside the image, names the odd rank and its line, stops the run: nothing left."""
+    made = None
+    try:
+        made = ct.container_nodes(make_sandbox, ct.short_folder(), torchrun="stand-in", master_port=free_port(),
+                                  script="tests/scripts/hang_rank.py", script_args=["1", "600"])
+        out = tmp_path / "launch.out"
+        proc = inv_background("launch", "--hosts", str(made.sandbox.inventory), "--hang-timeout", "8",
+                              "--skip-doctor", log_dir=tmp_path / "logs", out=out)
+        assert proc.wait(timeout=120) == 124, out.read_text()
+        text = out.read_text()
+        assert re.search(r"hang suspected \(no progress for \d+ s\): rank 0 waits in all_reduce \(hang_rank\.py:20\); "
+                         r"rank 1 \(node-1, pid \d+\) is in time\.sleep \(hang_rank\.py:19\)", text), text
+        nothing_left(made, run_id_of(text))
+    finally:
+        ct.discard(made)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from devtools.sandbox import Sandbox, slurm_env
 from tests.conftest import free_port
@@ -102,6 +103,15 @@ def test_a_raising_rank_is_the_root_cause_and_the_step_ends_with_nothing_left(sl
     assert "node-0: " in result.stderr, result.stderr
     assert _steps_left(result) == ""
     assert run_processes(run_id_of(result.stderr)) == []
+    # The job in an image: this cluster's srun has no pyxis, and the launch says so before anything starts.
+    data = yaml.safe_load(slurm_box.inventory.read_text())
+    data.setdefault("defaults", {})["container"] = {"image": "localhost/train:1"}
+    slurm_box.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    refused = salloc_launch(slurm_box, tmp_path)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert ("container.image localhost/train:1: this cluster's srun has no --container-image (the pyxis plugin), so "
+            "--slurm cannot run the job in the image") in refused.stderr, refused.stderr
+    assert "started" not in refused.stderr and _steps_left(refused) == ""
 
 
 def test_ctrl_c_stops_the_step_on_every_node(sleeper_slurm_box: Sandbox, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ in docs/development.md). A node may have an image of its own under the same tag 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import shutil
 import sys
@@ -99,9 +100,19 @@ def container_nodes(
     return ContainerNodes(box, roots, envs)
 
 
+def short_folder() -> Path:
+    """A folder for the nodes' podman roots with a short path: with a storage root of 48 characters or more, podman
+    4.3 ends every `podman run` 20 s late here (its conmon's timeout; a 46-character root: 0.15 s), and pytest's
+    tmp_path is longer. `discard` removes it."""
+    return Path(tempfile.mkdtemp(prefix="ddpl-ct-", dir="/tmp"))
+
+
 def discard(nodes: ContainerNodes | None) -> None:
-    """Every container and image of the nodes' own roots, and the roots."""
+    """Every container and image of the nodes' own roots, the roots, and their folder once it is empty."""
     if nodes is not None:
         for own in nodes.roots:
             pm.discard_root(own)
             shutil.rmtree(own, ignore_errors=True)
+        for folder in {own.parent for own in nodes.roots}:
+            with contextlib.suppress(OSError):
+                folder.rmdir()

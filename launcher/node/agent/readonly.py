@@ -181,6 +181,7 @@ def action_report(request):
             node_time=time.time(),
             stop=read_stop(run_dir),
             trace=agent_trace.decode("utf-8", "replace"),
+            container_started=read_text(os.path.join(run_dir, "container_started")),  # a run in a container
         )
     )
 

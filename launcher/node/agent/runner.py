@@ -119,24 +119,7 @@ def spawn(request, run_dir, held=None):
 
     os.makedirs(run_dir, mode=0o700)
     argv, started = planned_argv(request)
-    public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
-    write_atomic(
-        os.path.join(run_dir, "command.json"),
-        json.dumps(
-            {
-                "argv": argv,
-                "workdir": request["workdir"],
-                "env": dict(socket_env(request["socket_ifname"]), **public),
-                "visible_devices": request.get("visible_devices"),
-                "unset_env": request["unset_env"],
-                "secret_env": sorted(request.get("secret_names", [])),
-                "node_rank": request.get("node_rank"),
-                "nodes": request.get("nodes"),
-                "inventory": request.get("inventory"),
-            },
-            indent=1,
-        ),
-    )
+    _write_command(request, run_dir, argv)
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
     env = run_env(request, run_dir)
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
@@ -162,8 +145,9 @@ def spawn(request, run_dir, held=None):
     proc.merger = merger.start()  # `finish` drains it before the exit code is recorded
     proc.series = _series(request, run_dir)  # the run's page's numbers, sampled until `finish`
     try:
-        write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
-        record_leader(run_dir, proc.pid)
+        if not request.get("container"):  # a container's torchrun records itself from inside (its pid is no child)
+            write_atomic(os.path.join(run_dir, "pgid"), str(proc.pid))
+            record_leader(run_dir, proc.pid)
         # The supervisor is this process (the attached agent or the detached daemon): it records the exit code.
         supervisor = "%d %d" % (os.getpid(), start_time(os.getpid()))
         write_atomic(os.path.join(run_dir, "supervisor"), supervisor)
@@ -175,6 +159,29 @@ def spawn(request, run_dir, held=None):
         merger.close()
         raise
     return proc
+
+
+def _write_command(request, run_dir, argv):
+    """command.json: what the run runs, as `status` and `logs` say it (no secret's value)."""
+    public = {k: v for k, v in request["env"].items() if k not in request.get("secret_names", [])}
+    write_atomic(
+        os.path.join(run_dir, "command.json"),
+        json.dumps(
+            {
+                "argv": argv,
+                "workdir": request["workdir"],
+                "env": dict(socket_env(request["socket_ifname"]), **public),
+                "visible_devices": request.get("visible_devices"),
+                "unset_env": request["unset_env"],
+                "secret_env": sorted(request.get("secret_names", [])),
+                "node_rank": request.get("node_rank"),
+                "nodes": request.get("nodes"),
+                "inventory": request.get("inventory"),
+                "image": (request.get("container") or {}).get("image"),
+            },
+            indent=1,
+        ),
+    )
 
 
 def _series(request, run_dir):
