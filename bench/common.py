@@ -157,8 +157,9 @@ home, as labs with NFS homes have) in place of LOGIN_RC, for every method alike.
 
 @contextlib.contextmanager
 def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args: Sequence[str] = (),
-               nproc_per_node: int = 1) -> Iterator[Box]:
-    """A sandbox of `n` nodes on a free 127.0.K.2+ and a free master port; always brought down."""
+               nproc_per_node: int = 1, node_env: dict[int, dict[str, str]] | None = None) -> Iterator[Box]:
+    """A sandbox of `n` nodes on a free 127.0.K.2+ and a free master port; always brought down. `node_env`: more of
+    node i's sessions' environment (its container runtime's own storage)."""
     base, lock = reserve_subnet(n)
     folder = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=root))
     state = folder / "state"
@@ -166,7 +167,8 @@ def sandbox_of(n: int, root: Path, *, script: str = "train/ddp.py", script_args:
     try:
         box = sandbox.up(n, state_dir=state, inventory=folder / "sandbox.yaml", base_addr=base, master_port=port,
                          script=script, script_args=list(script_args), nproc_per_node=nproc_per_node,
-                         ready_timeout=30.0, login_rc=None if os.environ.get(REAL_LOGIN_ENV) else LOGIN_RC)
+                         ready_timeout=30.0, login_rc=None if os.environ.get(REAL_LOGIN_ENV) else LOGIN_RC,
+                         node_env=node_env)
         yield Box(box, n, port, sandbox.default_python(), folder)
     finally:
         try:

@@ -35,6 +35,8 @@ Figures (each the median of >= 2 runs, with min and max; baselines measured in t
           2, 16, 64 nodes (bench/top.py)
   net     `inv doctor --net` at 2, 8, 16 nodes: its time as typed, and the all_reduce bandwidth it reports against a
           plain torch.distributed all_reduce loop run over an ssh loop on the same nodes (bench/net.py)
+  container train/ddp.py on 2 nodes in a container image (podman, `container:`) vs the same job bare: command ->
+          first optimizer step on every rank, and the whole launch (bench/container.py)
   startup the controller's own CPU and wall per phase of a light launch at 2-64 nodes, a node's own time, the
           estimate for nodes with CPUs of their own, and each agent's peak memory (bench/startup.py)
   scale   only with --only: at 128 and 256 nodes, fan-out (with the preflight too), the doctor, status, top --once,
@@ -69,7 +71,7 @@ from bench.common import REAL_LOGIN_ENV, REPO, RESULTS, log, machine, remove_run
 from bench.table import markdown, print_table, rows
 
 FIGURES = ("fanout", "job", "doctor", "stop", "logs", "cpu", "failures", "reconnect", "sync", "elastic", "recover",
-           "hang", "top", "net", "startup", "scale")
+           "hang", "top", "net", "startup", "container", "scale")
 ON_REQUEST = ("scale",)
 """Figures only `--only` runs: 256 sshd nodes take the machine for ~15 minutes, on top of the full run's ~20."""
 
@@ -100,6 +102,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "top": {"repeat": 2},
         "net": {"sizes": [2, 8, 16], "repeat": 2},
         "startup": {"sizes": [2, 8, 16, 32, 64], "repeat": 2},
+        "container": {"repeat": 5},
         "scale": {"sizes": [128, 256], "repeat": 2},
     }
     short = {
@@ -117,6 +120,7 @@ def plan(quick: bool, only: set[str]) -> dict[str, Any]:
         "top": {"repeat": 1},
         "net": {"sizes": [2, 8], "repeat": 1},
         "startup": {"sizes": [2, 16], "repeat": 1},
+        "container": {"repeat": 2},
         "scale": {"sizes": [128], "repeat": 1},
     }
     chosen = dict(short if quick else full)
@@ -178,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
 def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], results: dict[str, Any]) -> None:
     """One figure of the bench, its results put into `results` (the fan-out also gives the CPU figure)."""
     from bench import (
+        container,
         doctor_fig,
         elastic,
         failures,
@@ -196,7 +201,11 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         top,
     )
 
-    if name == "fanout":
+    by_repeat = {"failures": failures, "reconnect": reconnect, "sync": sync_fig, "elastic": elastic,
+                 "recover": recover, "top": top, "container": container}  # each run(repeat, root)
+    if name in by_repeat:
+        results[name] = by_repeat[name].run(conf["repeat"], root)
+    elif name == "fanout":
         results["fanout"] = fanout.run(conf["sizes"], repeats(conf), root)
         if not only or "cpu" in only:
             results["cpu"] = cpu_figure(results["fanout"])
@@ -213,20 +222,8 @@ def run_figure(name: str, conf: dict[str, Any], root: Path, only: set[str], resu
         results["stop_scale"] = stop_scale.run(conf["scale_sizes"], conf["scale_repeat"], root)
     elif name == "logs":
         results["logs"] = logs_fig.run(conf["repeat"], root, diagnostics=conf["diagnostics"])
-    elif name == "failures":
-        results["failures"] = failures.run(conf["repeat"], root)
-    elif name == "reconnect":
-        results["reconnect"] = reconnect.run(conf["repeat"], root)
-    elif name == "sync":
-        results["sync"] = sync_fig.run(conf["repeat"], root)
-    elif name == "elastic":
-        results["elastic"] = elastic.run(conf["repeat"], root)
-    elif name == "recover":
-        results["recover"] = recover.run(conf["repeat"], root)
     elif name == "hang":
         results["hang"] = hang.run(conf["sizes"], conf["repeat"], conf["job_repeat"], root)
-    elif name == "top":
-        results["top"] = top.run(conf["repeat"], root)
     elif name == "net":
         results["net"] = net.run(conf["sizes"], conf["repeat"], root)
     elif name == "scale":

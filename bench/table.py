@@ -62,6 +62,7 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
     hang_rows(out, results.get("hang"))
     top_rows(out, results.get("top"))
     startup_rows(out, results.get("startup"))
+    container_rows(out, results.get("container"))
     if results.get("scale"):
         out += scale_table.scale_rows(results["scale"], cell)
     for row in (results.get("net") or {}).get("rows", []):
@@ -99,6 +100,19 @@ def job_rows(out: list[list[str]], job: dict[str, Any] | None) -> None:
                         cell(r["ssh_loop"]), cell(r["local"]), f"{r['skip_doctor_over_a']:.2f}x (a)",
                         f"≤ {job_fig.TARGET:.2f}x (a)", verdict(r["skip_doctor_over_a"] <= job_fig.TARGET)])
     failed_row(out, "real job", job)
+
+
+def container_rows(out: list[list[str]], box: dict[str, Any] | None) -> None:
+    """The job in a container image against the same job bare, on the same nodes."""
+    if not box or "skipped" in box:
+        return
+    from bench import container
+
+    out.append(["in a container: command -> first step", str(box["nodes"]), cell(box["container"]["first_step_s"]),
+                f"bare {cell(box['bare']['first_step_s'])}", "", f"{box['first_step_ratio']:.2f}x bare",
+                f"≤ {container.TARGET:.2f}x", verdict(box["ok"])])
+    out.append(["in a container: the whole launch", str(box["nodes"]), cell(box["container"]),
+                f"bare {cell(box['bare'])}", "", f"{box['wall_ratio']:.2f}x bare", "", "(figure only)"])
 
 
 def stop_rows(out: list[list[str]], stop: dict[str, Any] | None) -> None:

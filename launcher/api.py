@@ -121,6 +121,8 @@ def launch(
     doctor: bool = True,
     include: str | None = None,
     exclude: str | None = None,
+    image: str | None = None,
+    pull: bool = False,
     on_output: Lines | None = None,
     on_message: Lines | None = None,
     **options: Any,
@@ -132,15 +134,16 @@ def launch(
     (`result.check()` raises its `RunFailed`); each line of output goes to `on_output` (default: this process's
     stdout, prefixed by node and rank as on the console), the launcher's own lines to `on_message` (default:
     stderr). `detach=True`: returns a `Run` handle once the run started. A run that could not start raises (a
-    `ConnectError`, `DoctorFailed`, `RunFailed`); `sync`, `doctor`, `include`, `exclude` are `ddpl launch`'s.
+    `ConnectError`, `DoctorFailed`, `RunFailed`); `sync`, `doctor`, `include`, `exclude`, `image` (the container image
+    on every node) and `pull` (it first, on every node at once) are `ddpl launch`'s.
     """
     settings = _settings(options, detach)
-    spec = app.Hosts(str(hosts), include=include, exclude=exclude)
+    spec = app.Hosts(str(hosts), include=include, exclude=exclude, image=image)
     job_args = app.JobArgs(script, module, command, None if args is None else shlex.join(str(a) for a in args))
     run_id = new_run_id()
     ended = _attended(
         lambda run_io: app.launch(
-            spec, job_args, doctor=doctor, sync=sync, settings=settings, run_id=run_id, run_io=run_io
+            spec, job_args, doctor=doctor, sync=sync, settings=settings, run_id=run_id, run_io=run_io, pull=pull
         ),
         lambda: run_id,
         settings,
@@ -245,12 +248,14 @@ def doctor(
     net: bool = False,
     include: str | None = None,
     exclude: str | None = None,
+    image: str | None = None,
     **options: Any,
 ) -> Report:
     """The doctor's findings on every node, as `ddpl doctor` shows them: `report.ok`, `report.findings` (each a
     `Finding`: host, check, status, detail, fix), `report.failures`. `checks="fast"`: only launch's start checks.
-    `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's."""
-    spec = app.Hosts(str(hosts), include=include, exclude=exclude)
+    `script`, `module` or `command`: the job to check (as `launch` takes them), instead of the inventory's; `image`:
+    the container image to look into on every node (`--image`)."""
+    spec = app.Hosts(str(hosts), include=include, exclude=exclude, image=image)
     return app.doctor_report(
         spec,
         checks=checks,

@@ -115,8 +115,8 @@ def hostfile(tmp_path: Path) -> Path:
 
 HEAVIEST_FIRST = ("test_trainers.py", "test_hang.py", "test_slurm.py", "test_progress.py", "test_elastic.py",
                   "test_roaming.py", "test_report.py", "test_recover.py", "test_page_truth.py", "test_installed.py",
-                  "test_lifecycle.py", "test_launch.py", "test_supervision.py", "test_setup_script.py", "test_top.py",
-                  "test_train.py")
+                  "test_lifecycle.py", "test_launch.py", "test_supervision.py", "test_containers.py",
+                  "test_setup_script.py", "test_top.py", "test_train.py")
 """The files that take longest (real trainers, hang timeouts, a SLURM cluster, a venv made from scratch), measured
 with --durations: run first, so that with the suite spread over workers (pytest-xdist, --dist loadfile) none of them
 is left to run alone at the end. xdist would reorder files by their count of tests (its default `--loadscope-reorder`

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devtools import podman as pm
 from devtools.observe import free_port
 from launcher.doctor.checks_image import short_id
 from tests.helpers import inv, runs_on
 from tests.support import containers as ct
-from tests.support import podman as pm
 from tests.support.nodeenv import node_python
 from tests.support.registry import Registry
 

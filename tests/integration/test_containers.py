@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devtools import podman as pm
 from devtools.observe import free_port, parent
+from launcher import api
 from tests._train_helpers import assert_replicas_in_sync
 from tests.helpers import inv, inv_background, run_id_of, run_processes, wait_for
 from tests.support import containers as ct
-from tests.support import podman as pm
 
 pytestmark = pytest.mark.integration
 
@@ -153,6 +153,17 @@ def test_a_failing_rank_fails_the_run_fast_and_every_container_goes(sleepers, tm
     assert result.returncode == 3, result.stderr
     assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr, result.stderr
     nothing_left(sleepers, run_id_of(result.stderr))
+    # The Python API, the image named in the call (`--image`) over a bare inventory: the same run, the same end.
+    data = yaml.safe_load(sleepers.sandbox.inventory.read_text())
+    box = data["defaults"].pop("container")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(dict(data, defaults=dict(data["defaults"], container={
+        k: v for k, v in box.items() if k != "image"} | {"image": "localhost/nothing:0"})), sort_keys=False))
+    lines: list[str] = []
+    ended = api.launch(bare, "tests/scripts/exit_on_node.py", args=["1", "3"], image=ct.TAG, log_dir=tmp_path / "api",
+                       on_output=lines.append, on_message=lines.append)
+    assert (ended.exit_code, ended.failed_node, ended.failed_rank) == (3, "node-1", 1), ended
+    nothing_left(sleepers, ended.run_id)
 
 
 @pytest.mark.parametrize("victim", ["launcher", "agent"])

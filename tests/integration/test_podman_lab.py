@@ -2,7 +2,7 @@
 runc): a test image built here with no registry, torch inside it on the host's network, a secret that no command
 line and no `podman inspect` shows, the same image id from the same files in every storage root, and a run's
 containers found and removed by label with nothing of them left. docs/containers-findings.md says why each is done
-so; tests/support/podman.py holds the how."""
+so; devtools/podman.py holds the how."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools import podman as pm
 from devtools.observe import pids_with_env
-from tests.support import podman as pm
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Sandbox nodes that run their job in a container (podman, as root here): each node with a podman storage of its
 own, as separate machines have (its containers.conf and storage.conf through its sshd's SetEnv), the test image
-built once (tests/support/podman.py: busybox, 2 MB) and seen read-only by every node; the inventory's `container:`
+built once (devtools/podman.py: busybox, 2 MB) and seen read-only by every node; the inventory's `container:`
 runs the nodes' own interpreter, bind-mounted read-only at its paths (the image holds no Python: the choice is said
 in docs/development.md). A node may have an image of its own under the same tag (`differing`): the doctor's case.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
+from devtools import podman as pm
 from devtools.sandbox import Sandbox
-from tests.support import podman as pm
 from tests.support.nodeenv import node_python
 
 TAG = "localhost/ddpl-test:1"

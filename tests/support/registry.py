@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.support import podman as pm
+from devtools import podman as pm
 
 MANIFEST_UNKNOWN = {"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}]}
 

@@ -201,12 +201,13 @@ def finish(proc, run_dir, mark, grace):
     (TERM, grace, KILL) before the exit is recorded: a killed torchrun leaves no worker holding a GPU.
     """
     code = proc.wait()
+    # A container's client that ended by itself with the container's code removed it (--rm): nothing to list.
+    removed = code >= 0 and code != bounds.RUNTIME_FAILED
     code = 128 - code if code < 0 else code
-    trace.note("torchrun's process ended (exit code %s): the run's sweep", code)
     series = getattr(proc, "series", None)
     if series is not None:
         series.close()
-    _, left = sweep_run(run_dir, mark, grace)
+    _, left = sweep_run(run_dir, mark, grace, containers=not removed)
     proc.merger.close()  # every line in `log` before the exit code says the log is complete
     record(os.path.join(run_dir, "exit_code"), str(code))
     record(os.path.join(run_dir, "ended_at"), repr(time.time()))
@@ -290,12 +291,12 @@ torchrun was left (`term_s`, null past the grace), whether torchrun was then kil
 still there at the grace's end and killed (`killed`). `report` carries it to the run's page."""
 
 
-def stop_run(run_dir, mark, grace, record=True):
+def stop_run(run_dir, mark, grace, record=True, containers=True):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left). A run in a
-    container: then its client ended if it still lives (one that pulls the image) and its container removed."""
+    container: then its client ended if it still lives (one that pulls the image) and its container removed
+    (`containers`: unless its client removed it already)."""
     found, left = _stop_processes(run_dir, mark, grace, record)
-    trace.note("stop of the run's processes: %d found, %d left", found, left)
-    if os.path.exists(os.path.join(run_dir, CONTAINER_RECORD)):
+    if containers and os.path.exists(os.path.join(run_dir, CONTAINER_RECORD)):
         from launcher.node.agent.container import remove_run_containers
 
         pulling = remove_run_containers(run_dir, mark, patience=bounds.CONTAINER_CLIENT_S if found else 0.0)
@@ -372,6 +373,6 @@ def read_stop(run_dir):
     return found if isinstance(found, dict) else None
 
 
-def sweep_run(run_dir, mark, grace):
+def sweep_run(run_dir, mark, grace, containers=True):
     """Stop what is left of a run that ended by itself, without marking the run as stopped."""
-    return stop_run(run_dir, mark, grace, record=False)
+    return stop_run(run_dir, mark, grace, record=False, containers=containers)

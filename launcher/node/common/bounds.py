@@ -129,3 +129,6 @@ CONTAINER_COMMAND_S = 60.0
 that does not answer must not hold a stop past this."""
 EARLY_COPY_BYTES = 1 << 16
 """Bytes read at a time when what a container's client printed before `go` is copied into the run's log."""
+RUNTIME_FAILED = 125
+"""A container runtime's client's own failure (docker's and podman's: a bad option, a name in use, no image): its
+container may be left, so the run's end removes it by name and label."""
