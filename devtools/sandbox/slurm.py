@@ -83,7 +83,7 @@ def start(state_dir: Path, nodes: Sequence[tuple[str, str, Ident]], timeout: flo
     daemons: list[dict[str, Any]] = []
     try:
         _write_munge_key(folder / "munge.key")
-        daemons.append(_start_daemon(_munged(folder), env, deadline, daemons))
+        daemons.append(_start_daemon(_munged(folder, spool), env, deadline, daemons))
         # `-f conf` although SLURM_CONF says it too: the command line names this cluster's folder (see _running).
         ctld = _Daemon("slurmctld", SLURMCTLD, [SLURMCTLD, "-f", str(conf)], "slurmctld")
         daemons.append(_start_daemon(ctld, env, deadline, daemons))
@@ -124,7 +124,7 @@ def _write_munge_key(path: Path) -> None:
         os.close(fd)
 
 
-def _munged(folder: Path) -> _Daemon:
+def _munged(folder: Path, spool: Path) -> _Daemon:
     return _Daemon(
         "munged",
         MUNGED,
@@ -133,7 +133,7 @@ def _munged(folder: Path) -> _Daemon:
             # As root, with --force: the state folder may sit under a private folder (pytest's tmp is 0700), which
             # the munge user cannot enter and munged calls "inaccessible"; every client here (slurm*, srun) is root.
             "--force",
-            f"--socket={folder}/munge.socket",
+            f"--socket={spool}/munge.socket",  # beside the slurmds' sockets: a short path
             f"--key-file={folder}/munge.key",
             f"--pid-file={folder}/munged.pid",
             f"--log-file={folder}/log/munged.log",

@@ -73,17 +73,19 @@ def render_task_prolog(homes: Mapping[str, Path]) -> str:
 
 def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], cpus: int = SANDBOX_CPUS_PER_NODE,
                       spool: Path | None = None) -> str:
-    """slurm.conf of a cluster whose every file (state, logs, pid files, munge socket) is under `folder`, and the
-    slurmds' spool under `spool` (default: `folder`)."""
+    """slurm.conf of a cluster whose every file (state, logs, pid files) is under `folder`, and its unix sockets (the
+    slurmds' spool, munge's) under `spool` (default: `folder`), a short folder: a socket's path has at most 107 bytes,
+    and pytest's folders grow a digit every few hundred runs."""
     if not nodes:
         raise SandboxError("a SLURM cluster needs at least one node.")
     base = config_path(folder)  # slurm.conf has no quoting, and '%' is one of its tokens
     spool_base = config_path(spool or folder)
     longest = max(len(f"{spool_base}/{n.name}/{_STEP_SOCKET.format(name=n.name)}") for n in nodes)
-    if longest > _SUN_PATH_MAX or len(f"{base}/munge.socket") > _SUN_PATH_MAX:
+    if longest > _SUN_PATH_MAX or len(f"{spool_base}/munge.socket") > _SUN_PATH_MAX:
         raise SandboxError(
             f"the sandbox's state folder {folder.parent} is too long for SLURM: a unix socket under it"
-            f" would take {max(longest, len(base) + 13)} of at most {_SUN_PATH_MAX} characters; use a shorter one."
+            f" would take {max(longest, len(spool_base) + 13)} of at most {_SUN_PATH_MAX} characters; use a shorter"
+            " one."
         )
     lines = [
         "# Written by the launcher's sandbox (`inv sandbox.up --slurm`); use it with SLURM_CONF=THIS_FILE.",
@@ -94,7 +96,7 @@ def render_slurm_conf(folder: Path, ctld_port: int, nodes: Sequence[SlurmNode], 
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={base}/munge.socket",
+        f"AuthInfo=socket={spool_base}/munge.socket",  # a socket too: in the short folder
         f"StateSaveLocation={base}/state",
         # %n: one spool per node, SPOOL/node-0/...; a short folder: a step's socket path has at most 107 bytes.
         f"SlurmdSpoolDir={spool_base}/%n",

@@ -100,12 +100,46 @@ def container_argv(request, runs_root, program, planned):
     return [*run_words(program, spec, workdir, [workdir, runs_root], name, request["mark"]), *inner]
 
 
+class Stdin:
+    """The container's stdin, written by a thread of its own: the run's environment at once, the `go` line later,
+    then its end. A container that is still being pulled or created reads nothing yet; the agent never waits on it
+    (an environment past a pipe's 64 KiB would)."""
+
+    def __init__(self, fd):
+        import threading
+
+        self.fd, self.pending, self.ready = fd, [], threading.Condition()
+        threading.Thread(target=self._write, name="container-stdin", daemon=True).start()
+
+    def send(self, data):
+        """Queue `data`; None ends the stream (the fd is closed once what came before is written)."""
+        with self.ready:
+            self.pending.append(data)
+            self.ready.notify()
+
+    def _write(self):
+        broken = False
+        while True:
+            with self.ready:
+                while not self.pending:
+                    self.ready.wait()
+                data = self.pending.pop(0)
+            if data is None:
+                os.close(self.fd)
+                return
+            try:
+                if not broken:
+                    os.write(self.fd, data)
+            except OSError:
+                broken = True  # it ended meanwhile: its exit code and words are the start's
+
+
 class Held:
     """The run's container, started with its python importing torch, held until `go` (`release`) or ended
     (`drop`): prestart's Prestarted, for a container."""
 
-    def __init__(self, proc, planned, env, go_fd, early, program, name):
-        self.proc, self.planned, self.env, self.go_fd = proc, planned, env, go_fd
+    def __init__(self, proc, planned, env, stdin, early, program, name):
+        self.proc, self.planned, self.env, self.stdin = proc, planned, env, stdin
         self.early, self.program, self.name = early, program, name
 
     def release(self, argv, env, log_path):
@@ -115,13 +149,9 @@ class Held:
         if argv != self.planned or env != self.env:
             self.drop()
             return None
-        if self.proc.poll() is None:
-            try:
-                os.write(self.go_fd, (log_path + "\n").encode())
-            except OSError:
-                pass  # it ended meanwhile: its exit code and words are the start's
-        os.close(self.go_fd)
-        self.go_fd = None
+        self.stdin.send((log_path + "\n").encode())
+        self.stdin.send(None)
+        self.stdin = None
         if self.proc.poll() is not None:
             _copy_early(self.early, log_path)
         if self.early is not None:
@@ -132,10 +162,10 @@ class Held:
     def drop(self):
         """End it before `go` (an abort, a failed check): its stdin closed (the python inside exits), the client
         asked to end, the container removed; nothing once it was let go."""
-        if self.go_fd is None:
+        if self.stdin is None:
             return
-        os.close(self.go_fd)
-        self.go_fd = None
+        self.stdin.send(None)
+        self.stdin = None
         if self.early is not None:
             os.close(self.early)
             self.early = None
@@ -175,9 +205,10 @@ def hold(request, planned, env, out_fd=None):
         return None
     finally:
         os.close(read_fd)
-    os.write(write_fd, (json.dumps({"env": env}) + "\n").encode())
+    stdin = Stdin(write_fd)
+    stdin.send((json.dumps({"env": env}) + "\n").encode())
     _waited.add(proc.pid)
-    return Held(proc, list(planned), dict(env), write_fd, early, program, container_name(request["mark"]))
+    return Held(proc, list(planned), dict(env), stdin, early, program, container_name(request["mark"]))
 
 
 _reaping = []
