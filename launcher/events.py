@@ -220,6 +220,19 @@ class HangSuspected(NodeEvent):
 
 
 @dataclass(frozen=True)
+class LossFlagged(NodeEvent):
+    """What the loss rules found (launcher/watch/loss.py: `nonfinite`, `outlier`, `spike`), once each; `node` is the
+    rank's ("" for the run's spike)."""
+
+    kind: str = ""
+    line: str = ""
+    rank: int | None = None
+    step: int | None = None
+    stops: bool = False
+    """The launcher stops the run for it (`--on-nonfinite stop`)."""
+
+
+@dataclass(frozen=True)
 class HangRuledOut(NodeEvent):
     """No progress for `quiet_s`, but every rank's stack, looked at twice, says the run is not hung (`why`): it goes
     on, and is looked at again one timeout later. `answers` as HangSuspected's (the second look)."""

@@ -10,13 +10,13 @@ sink) is not a setting: it travels apart as `launcher.run.run_io.RunIO`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import LauncherError, UsageError
-from launcher.settings import GROUP_OF, ON_HANG, Settings
+from launcher.settings import GROUP_OF, ON_HANG, ON_NONFINITE, Settings
 
 DEFAULT_HOSTS = "hosts/cluster.yaml"
 DEFAULT_EXAMPLE = "hosts/example.yaml"
@@ -52,6 +52,7 @@ class Given:
     retries: str | int | None = None
     hang_timeout: str | float | None = None
     on_hang: str | None = None
+    on_nonfinite: str | None = None
 
     def values(self) -> dict[str, Any]:
         """The options given, by name (a flag left off is not given)."""
@@ -79,7 +80,7 @@ _SHARES = ("straggler_factor",)
 """Float options that are a share, not seconds (the messages say so)."""
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
-CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY), "page")
+CONFIG_KEYS = ("hosts", "log_dir", *(k for k in _NUMBERS if k not in COMMAND_LINE_ONLY), "page", "on_nonfinite")
 """The keys `launcher:` in invoke.yaml may hold."""
 
 
@@ -126,6 +127,13 @@ def whole_number(name: str, value: Any, minimum: int = 0, maximum: int | None = 
     return number
 
 
+def _choice(value: Any, choices: Sequence[str], source: str) -> str:
+    """`value` when it is one of `choices`; a LauncherError naming `source` otherwise."""
+    if value not in choices:
+        raise LauncherError(f"{source} must be one of {', '.join(choices)}, got {str(value)[:40]!r}")
+    return str(value)
+
+
 def from_config(
     config: Mapping[str, Any],
     overrides: Mapping[str, Any],
@@ -161,6 +169,8 @@ def from_config(
             values[key] = number(key, value, where(key))
         elif key == "log_dir":
             values[key] = Path(str(value))
+        elif key == "on_nonfinite":
+            values[key] = _choice(value, ON_NONFINITE, where(key))
         elif key == "page":
             if not isinstance(value, bool):
                 raise LauncherError(f"{where(key)} must be true or false, got {str(value)[:40]!r}")
@@ -180,8 +190,9 @@ def from_config(
             raise LauncherError(f"unknown option {key!r}")
         values[key] = number(key, value, f"--{key.replace('_', '-')}") if key in _NUMBERS else value
         came[key] = given_by or f"--{key.replace('_', '-')}"
-    if values.get("on_hang") not in (None, *ON_HANG):
-        raise LauncherError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {str(values['on_hang'])[:40]!r}")
+    for key, choices in (("on_hang", ON_HANG), ("on_nonfinite", ON_NONFINITE)):
+        if values.get(key) is not None:
+            _choice(values[key], choices, f"--{key.replace('_', '-')}")
     return replace(defaults.updated(values, ""), sources=came)  # a value at its default from the defaults is not set
 
 

@@ -77,6 +77,15 @@ buys nothing on the controller. A lower one is for what sits in between: a Proxy
 handshakes beyond its `MaxStartups` (10 by default)."""
 ON_HANG = ("stop", "keep", "restart")
 """What a suspected hang may do (`--on-hang`, the inventory's `job.on_hang`)."""
+ON_NONFINITE = ("stop", "keep")
+"""What a rank's NaN or infinite loss does to an attached run (`--on-nonfinite`, the `on_nonfinite` setting)."""
+ON_NONFINITE_HELP = (
+    "what a rank's NaN or infinite loss does (a step torch's GradScaler skipped is none): stop the run at once "
+    "(exit code 65; the default: the optimizer stepped on it, the all-reduce carries it into every rank's "
+    "weights, and the hours after it would be spent on NaN and write NaN checkpoints), or keep it going (the "
+    "line is said either way)"
+)
+"""What `on_nonfinite` means and why it stops by default, the one text of it."""
 
 HANG_TIMEOUT_HELP = (
     f"seconds in which no rank printed a line and no rank's optimizer steps or DataLoader batches "
@@ -123,6 +132,9 @@ class RunSettings:
     on_hang: str = "stop"
     """What a suspected hang does after every rank's stack is taken (ON_HANG): `stop` the run (exit code 124), `keep`
     it, or `restart` it (one of its retries)."""
+    on_nonfinite: str = "stop"
+    """What a rank's non-finite loss does to an attached run (ON_NONFINITE): `stop` it (exit code 1, the loss the
+    root cause), or `keep` it (the console says it either way)."""
     retries: int = 0
     """How often a run that lost a node is started again on the nodes left (0 wherever no launcher can)."""
     retry_wait: float = DEFAULT_RETRY_WAIT

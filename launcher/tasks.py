@@ -22,7 +22,7 @@ from launcher.doctor import FAST_CHECKS
 from launcher.errors import USAGE
 from launcher.inittask import init
 from launcher.runtasks import logs, report, stacks, status, stop, top
-from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, SILENCE_TIMEOUT_HELP
+from launcher.settings import HANG_TIMEOUT_HELP, HEARTBEAT_TIMEOUT_HELP, ON_NONFINITE_HELP, SILENCE_TIMEOUT_HELP
 from launcher.taskkit import (
     ARGS_HELP,
     COMMAND_HELP,
@@ -76,6 +76,7 @@ gc.enable()
         "job.hang_timeout)",
         "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124), keep, or restart "
         "(with --retries: again without the node that held it up)",
+        "on-nonfinite": ON_NONFINITE_HELP,
         "slurm": "inside a SLURM allocation (salloc, sbatch): run on its nodes as one srun step, the first node the "
         "master; the inventory gives everything else",
         "image": IMAGE_HELP,
@@ -105,6 +106,7 @@ def launch(
     slurm=False,
     hang_timeout=None,
     on_hang=None,
+    on_nonfinite=None,
     module=None,
     command=None,
     json=False,
@@ -126,6 +128,7 @@ def launch(
         retries=retries,
         hang_timeout=hang_timeout,
         on_hang=on_hang,
+        on_nonfinite=on_nonfinite,
     )
     if json and not dry_run:
         raise Exit("error: --json goes with --dry-run", USAGE)
@@ -152,6 +155,7 @@ def launch(
         "heartbeat-timeout": HEARTBEAT_TIMEOUT_HELP,
         "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
         "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
+        "on-nonfinite": ON_NONFINITE_HELP,
         "verbose": VERBOSE_HELP,
     }
 )
@@ -165,6 +169,7 @@ def attach(
     heartbeat_timeout=None,
     hang_timeout=None,
     on_hang=None,
+    on_nonfinite=None,
     verbose=False,
 ):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
@@ -178,6 +183,7 @@ def attach(
             heartbeat_timeout=heartbeat_timeout,
             hang_timeout=hang_timeout,
             on_hang=on_hang,
+            on_nonfinite=on_nonfinite,
         ),
     )
     return app.attach(task_hosts(c, hosts), run, settings=settings)

@@ -90,12 +90,8 @@ TIMEOUT_ENV = "DDP_PG_TIMEOUT_S"
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--backend",
-        choices=["auto", "gloo", "nccl"],
-        default="auto",
-        help="auto: nccl when CUDA is available, else gloo",
-    )
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="auto: nccl when CUDA is available, else gloo")
     p.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S),
                    help=f"process-group timeout in seconds (how long a rank waits for a peer that never comes); "
                    f"default ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g}")
@@ -121,16 +117,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="save every K steps; 0 = only at the end of each epoch (and of the run)",
     )
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/checkpoint.pt if it exists")
-    p.add_argument(
-        "--stop-after-epoch",
-        type=int,
-        default=0,
-        help="exit with code 0 once N epochs are done in total, as if interrupted",
-    )
+    p.add_argument("--stop-after-epoch", type=int, default=0,
+                   help="exit with code 0 once N epochs are done in total, as if interrupted")
     p.add_argument("--fail-at", type=int, default=0, help="raise during global step N (1-based); 0 = never")
     p.add_argument("--fail-rank", type=int, default=0,
                    help="the global rank that raises for --fail-at; -1 = every rank")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep after each step")
+    p.add_argument("--nan-at", type=int, default=0, help="--nan-rank's loss is NaN at global step N; 0 = never")
+    p.add_argument("--nan-rank", type=int, default=0, help="the global rank whose loss --nan-at makes NaN")
+    p.add_argument("--bad-data-rank", type=int, default=-1, help="this rank's targets are shuffled (a bad shard)")
+    p.add_argument("--loss-lines", action="store_true", help="each rank prints `loss rank R step S value V`")
     p.add_argument("--say-first-step", action="store_true",
                    help="every rank says when (wall clock) its first optimizer step returned: the bench's figure of "
                         "command -> first step, measured the same way under any launcher")
@@ -215,6 +211,7 @@ class Training:
         # DDP broadcasts rank 0's parameters at construction and averages gradients in backward.
         self.model = DDP(self.module, device_ids=[w.device.index] if w.device.type == "cuda" else None)
         self.loss_fn = nn.MSELoss()  # a mean, so W per-rank means average to the global-batch mean
+        self.shuffle = torch.Generator().manual_seed(args.seed + 1000 + w.rank)  # --bad-data-rank's targets
         if self.step > 0:
             # DDP re-buckets gradients after its first backward pass, and the bucket layout decides the order in
             # which the all-reduce adds the ranks' floats. An uninterrupted run took its first pass long ago; a
@@ -295,8 +292,14 @@ class Training:
             if args.fail_at == self.step + 1 and args.fail_rank in (w.rank, -1):
                 raise RuntimeError(f"injected failure at step {self.step + 1} on rank {w.rank}")
             x, y = x.to(w.device, non_blocking=True), y.to(w.device, non_blocking=True)
+            if args.bad_data_rank == w.rank:
+                y = y[torch.randperm(len(y), generator=self.shuffle).to(y.device)]
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
+            if args.nan_at == self.step + 1 and args.nan_rank == w.rank:
+                loss = loss * float("nan")
+            if args.loss_lines:
+                say(f"loss rank {w.rank} step {self.step + 1} value {loss.item():.6g}")
             loss.backward()
             self.optimizer.step()
             if args.say_first_step and self.step == self.step_first:

@@ -20,6 +20,7 @@ from launcher.events import SELF_STOPS, EndKind, HangSuspected, NodeEnd
 from launcher.limits import AWAY_EXIT, HANG_EXIT, INTERRUPTED_EXIT, STOPPED_EXIT
 from launcher.node.wire import HEARTBEAT_TIMEOUT, LAUNCHER_GONE, STOPPED_ELSEWHERE
 from launcher.plan.recovery import AttemptEnd, How
+from launcher.watch.loss import NONFINITE_EXIT, NonFinite
 
 COLLATERAL = (
     "Connection closed by peer",
@@ -68,6 +69,8 @@ class Supervised:
     """No node could be reached until the nodes' own bound."""
     hang: HangSuspected | None = None
     """The hang the watch stopped the run for."""
+    nonfinite: NonFinite | None = None
+    """The non-finite loss the launcher stopped the run for (`--on-nonfinite stop`)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,9 @@ def run_end(ends: Sequence[NodeEnd], seen: Supervised) -> RunEnd:
     if seen.hang is not None:
         node, rank = seen.hang.suspects[0] if seen.hang.suspects else (None, None)
         return RunEnd(AttemptEnd(How.HANG, seen.hang.why, node, rank, seen.hang.step), HANG_EXIT)
+    if seen.nonfinite is not None:
+        bad = seen.nonfinite
+        return RunEnd(AttemptEnd(How.NONFINITE, bad.line(), bad.node, bad.rank, bad.step), NONFINITE_EXIT)
     failed = [e for e in ends if e.failed]
     if not failed and any(e.stop_reason == STOPPED_ELSEWHERE for e in ends):
         return RunEnd(AttemptEnd(How.STOPPED, "stopped from elsewhere"), STOPPED_EXIT)

@@ -51,6 +51,8 @@ class How(str, Enum):
     """This launcher left it to its nodes (its terminal closed, another launcher took it over)."""
     NO_START = "no-start"
     """It could not start."""
+    NONFINITE = "nonfinite"
+    """A rank's loss went NaN or infinite and the launcher stopped it (`--on-nonfinite stop`)."""
 
     def __str__(self) -> str:
         return self.value
@@ -106,6 +108,8 @@ class Reason(str, Enum):
     """A hang, where `--on-hang` does not restart."""
     PROGRAM_HANGS = "program-hangs"
     """The same hang twice, on two nodes: the program's, not a node's."""
+    LOSS_NONFINITE = "loss-nonfinite"
+    """The loss went non-finite: a retry from the last checkpoint replays the same batches to the same end."""
     NO_RETRY_LEFT = "no-retry-left"
     TOO_FEW_NODES = "too-few-nodes"
     """Too few nodes passed the checks and the sweep for the next attempt."""
@@ -216,6 +220,12 @@ def after_attempt(
     if end.how == How.FAILED:
         return Final(
             Reason.PROGRAM_FAILED, said, "not retried: the script itself failed (a retry would fail the same way)"
+        )
+    if end.how == How.NONFINITE:
+        return Final(
+            Reason.LOSS_NONFINITE,
+            said,
+            f"not retried: {said} (a retry would replay the same batches from its checkpoint)",
         )
     if end.how == How.NO_START:
         return Final(Reason.NO_START, said, "not retried: the run could not start (a retry would not either)")

@@ -109,7 +109,7 @@ def start_request(
         "attach_tail_bytes": ATTACH_TAIL_BYTES,
         "log_tail": log_tail_settings(),
         **stacks_settings(),
-        "watch": run.hang_timeout != 0,  # each rank's progress in the agent's beats
+        "watch": True,  # each rank's progress in the agent's beats (the hang watch's, the loss rules')
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
         "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's supervisor
     }

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from launcher.events import EndKind, NodeEnd
 from launcher.node.wire import HEARTBEAT_TIMEOUT
-from launcher.plan.ends import ended_how
+from launcher.plan.ends import Absence, RunEnd, ended_how
 
 
 def left_line(run_id: str, nodes: int, bound: float, attach: str) -> str:
@@ -86,3 +86,18 @@ def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str 
         "so its nodes stopped the run by themselves, as no launcher was heard from; the run did not fail: start it "
         "again to resume it"
     )
+
+
+def absence_line(ended: RunEnd, ends: Sequence[NodeEnd], run_id: str, nodes: int, bound: float, attach: str) -> str:
+    """How a launcher lost a run that did not fail, in words: its terminal closed (`attach`: the command that takes
+    it back), another took it over, no node could be reached, or no launcher was heard from for the heartbeat
+    `bound`."""
+    if ended.absence == Absence.LEFT:
+        return left_line(run_id, nodes, bound, attach)
+    line = {
+        Absence.TAKEN: taken_line(run_id, list(ends)),
+        Absence.CUT_OFF: cut_off_end_line(run_id, list(ends), bound),
+        Absence.NO_LAUNCHER: away_line(run_id, list(ends), bound),
+    }[ended.absence]  # type: ignore[index]
+    assert line is not None  # run_end said which: its line has something to say
+    return line

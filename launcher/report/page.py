@@ -15,6 +15,7 @@ from typing import Any
 from launcher.limits import REPORT_MAX_ROWS
 from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
+from launcher.watch.loss import loss_text
 
 INSTALL = "pip install 'ddp-launcher[report]'"
 COLOURS = (
@@ -34,6 +35,7 @@ COLOURS = (
 MARK_COLOURS = {
     "hang": "#d62728",
     "hang-ruled-out": "#ff9896",
+    "loss": "#e377c2",
     "straggler": "#ff7f0e",
     "left": "#9467bd",
     "stop": "#7f7f7f",
@@ -61,6 +63,7 @@ def render(page: Page, charts: bool = True) -> str:
         f"<style>{STYLE}</style></head><body>",
         f"<h1>run {_e(page.run_id)}</h1>",
         f"<p class=headline>{_e(page.headline)}</p>",
+        f"<p class=headline>{_e(page.learning)}</p>" if page.learning else "",
         _facts(page),
         *(f"<p class=note>{_e(note)}</p>" for note in page.notes),
     ]
@@ -179,8 +182,11 @@ def _timeline(plt: Any, page: Page) -> Any:
     if not line.ranks and not line.nodes:
         return None
     gpus = any(n.gpus for n in line.nodes)
-    count = 4 + (2 if gpus else 0)
+    losses = [r for r in line.ranks if r.loss is not None and any(v is not None for v in r.loss.mean)]
+    count = 4 + (2 if gpus else 0) + (1 if losses else 0)
     fig, axes = plt.subplots(count, 1, figsize=(11, 1.9 * count), sharex=True)
+    if losses:
+        _loss(axes[count - 1], losses, line.end)
     _lines(
         axes[0],
         [(f"r{r.rank}", r.step_t, r.steps_per_s) for r in line.ranks],
@@ -231,6 +237,18 @@ def _timeline(plt: Any, page: Page) -> Any:
     axes[-1].set_xlabel("seconds from the command's start (dashed: the marks below, by number)")
     axes[-1].set_xlim(0, span)
     return fig
+
+
+def _loss(ax: Any, ranks: Sequence[Any], end: float) -> None:
+    """Each rank's loss (the mean of its steps' between two samples), on a log scale where it spans two decades."""
+    _lines(ax, [(f"r{r.rank}", r.loss.t, r.loss.mean) for r in ranks], end, "loss per rank (its steps' mean)")
+    found = [v for r in ranks for v in r.loss.mean if v is not None]
+    if found and min(found) > 0 and max(found) / min(found) >= 100:
+        ax.set_yscale("log")
+        ax.set_ylim(min(found) / 1.5, max(found) * 1.5)
+        ax.set_title("loss per rank (its steps' mean; log scale)", fontsize=9, loc="left")
+    elif found and min(found) < 0:  # a log-likelihood: below 0, which `_floor` would cut
+        ax.set_ylim(min(found) * 1.15, max(0.0, max(found)) * 1.15 or 1)
 
 
 def mark_labels(marks: Sequence[Mark], span: float) -> list[tuple[float, str, str]]:
@@ -345,12 +363,15 @@ def _ranks_table(page: Page) -> str:
     rows = "".join(
         f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{_e(r.steps or '')}</td>"
         f"<td>{figure(r.mean_rate())}</td><td>{figure(r.data_mean)}</td>"
+        f"<td>{'' if r.loss is None else loss_text(r.loss.last)}</td>"
+        f"<td>{'' if r.loss is None else loss_text(r.loss.low)}</td>"
         f"<td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td></tr>"
         for r in shown
     )
     return (
         "<table><tr><th>rank</th><th>node</th><th>steps</th><th>steps/s (first step to last)</th>"
-        f"<th>waiting for data (share, while drawing batches)</th><th></th></tr>{rows}</table>"
+        f"<th>waiting for data (share, while drawing batches)</th><th>loss (last)</th><th>loss (lowest mean)</th>"
+        f"<th></th></tr>{rows}</table>"
     )
 
 

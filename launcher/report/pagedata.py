@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.limits import REPORT_MAX_ROWS, REPORT_NAMED
 from launcher.report.pageend import ANSWERED, Mark, NodeExit, Retried, end_rows, few, node_exit, run_end
+from launcher.report.pageloss import learning_line
 from launcher.report.pageseries import Timeline, timeline
 
 __all__ = ["PHASES", "Bar", "Mark", "NodeExit", "Page", "build_page", "end_rows", "rank_phases"]
@@ -94,6 +95,13 @@ class Page:
     launch_s: float | None = None
     """With `attempts`: seconds from the launch's first attempt's start to its last one's end (None: one runs)."""
 
+    @property
+    def learning(self) -> str:
+        """What the run learnt, in a line under the headline: the loss's finding (a non-finite loss, a rank far from
+        the others, a spike: the launch's marks, or a detached run's samples), else where the loss went; "" when no
+        rank's loss was read."""
+        return learning_line(self.marks, self.timeline)
+
     def summary(self) -> dict[str, Any]:
         """What `--json` says of the page."""
         return {
@@ -126,9 +134,18 @@ class Page:
                     "steps": r.steps,
                     "steps_per_s": r.mean_rate(),
                     "data_share": r.data_mean,
+                    "loss": None if r.loss is None else r.loss.last,
+                    "loss_min": None if r.loss is None else r.loss.low,
+                    "loss_nonfinite_by_step": None if r.loss is None else r.loss.nonfinite_steps,
                 }
                 for r in self.timeline.ranks
             ],
+            "loss": {
+                "line": self.learning or None,
+                "events": [
+                    {"t": round(m.t, 1), "node": m.node, "text": m.text} for m in self.marks if m.kind == "loss"
+                ],
+            },
             "notes": list(self.notes),
             "unreached": list(self.unreached),
             "attempts": list(self.attempts),

@@ -21,8 +21,9 @@ from launcher.limits import REPORT_NAMED, REPORT_POINTS
 from launcher.settings import STRAGGLER_FACTOR
 
 GIB = float(1 << 30)
-CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP = range(7)
-"""The places of a rank's numbers in a sample (launcher/node/agent/series.py; T_STEP is absent from an older node's)."""
+CPU, RSS, STEPS, BATCHES, DATA_S, FORWARD_S, T_STEP, LOSS_SUM, LOSS_N, LOSS = range(10)
+"""The places of a rank's numbers in a sample (launcher/node/agent/series.py; an older node's has fewer: T_STEP and
+the loss's are absent)."""
 STILL_S = 1.0
 """A rank whose count has not moved for two of its steps and this long is drawn at 0 steps/s from then: its record is
 rewritten at most every 0.1 s (launcher/node/common/bounds.py RECORD_FLUSH_S), so a count that old is one that
@@ -47,9 +48,27 @@ class RankLine:
     """Its last count of optimizer steps (its last process's)."""
     data_mean: float | None = None
     """Its share of time waiting for data, over the samples' stretches in which it drew batches."""
+    loss: LossLine | None = None
+    """Its loss (None: the hook read none)."""
 
     def mean_rate(self) -> float | None:
         return self.rate
+
+
+@dataclass(frozen=True)
+class LossLine:
+    """A rank's loss over the run: the mean of its steps' losses over each stretch between samples."""
+
+    t: tuple[float, ...]
+    mean: Values
+    last: float | str | None
+    """Its last step's loss (`nan`, `inf`: where it went non-finite)."""
+    low: float | None
+    """The lowest stretch's mean."""
+    nonfinite_t: float | None = None
+    """When a sample first found its last loss non-finite."""
+    nonfinite_steps: int | None = None
+    """... and the rank's step count then."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +135,18 @@ def timeline(
             step_t, rates = _thin(steps.t, steps.rates)
             t, data = _thin(times, _stretches(tuple(_share(a, b, str(rank), DATA_S) for a, b in pairs)))
             ranks.append(
-                RankLine(node, rank, t, rates, data, step_t, steps.rate, steps.count, _data_mean(pairs, str(rank)))
+                RankLine(
+                    node,
+                    rank,
+                    t,
+                    rates,
+                    data,
+                    step_t,
+                    steps.rate,
+                    steps.count,
+                    _data_mean(pairs, str(rank)),
+                    loss_line(samples, str(rank), shift),
+                )
             )
         cpu = _stretches(tuple(_cpu(a, b) for a, b in pairs))
         mem = tuple(None if s.get("mem_used") is None else s["mem_used"] / GIB for s in samples)
@@ -181,6 +211,45 @@ def step_line(samples: Sequence[Mapping[str, Any]], rank: str, shift: float, fir
         done, spent, resumed = done + count - before, spent + when - at, None
         moves.append((when, count))
     return StepLine(tuple(t), tuple(rates), round(done / spent, 3) if spent > 0 else None, count)
+
+
+def loss_line(samples: Sequence[Mapping[str, Any]], rank: str, shift: float) -> LossLine | None:
+    """A rank's loss from its samples' totals of finite losses: each stretch's mean (a total lower than before is a
+    process that started again: its own totals); None where no sample has one."""
+    t: list[float] = []
+    means: list[float | None] = []
+    before, last, nonfinite = (0.0, 0), None, None  # type: tuple[float, int], Any, tuple[float, int | None] | None
+    for sample in samples:
+        numbers = _numbers(sample, rank)
+        if numbers is None or len(numbers) <= LOSS or numbers[LOSS_N] is None:
+            continue
+        total, count = float(numbers[LOSS_SUM]), int(numbers[LOSS_N])
+        if count < before[1]:
+            before = (0.0, 0)
+        if count > before[1]:
+            t.append(round(sample["t"] + shift, 2))
+            means.append((total - before[0]) / (count - before[1]))
+        before, last = (total, count), numbers[LOSS]
+        if nonfinite is None and isinstance(last, str):
+            nonfinite = (round(sample["t"] + shift, 2), numbers[STEPS])
+    if not t and last is None:
+        return None
+    thinned_t, thinned = _thin_exact(tuple(t), tuple(means))
+    known = [m for m in means if m is not None]
+    return LossLine(thinned_t, thinned, last, min(known) if known else None, *(nonfinite or (None, None)))
+
+
+def _thin_exact(t: tuple[float, ...], values: Values) -> tuple[tuple[float, ...], Values]:
+    """`_thin` without rounding (a loss of 1e-4 is no 0)."""
+    if len(t) <= REPORT_POINTS:
+        return t, values
+    size = -(-len(t) // REPORT_POINTS)
+    groups = range(0, len(t), size)
+    kept = [[v for v in values[i : i + size] if v is not None] for i in groups]
+    return (
+        tuple(t[min(i + size, len(t)) - 1] for i in groups),
+        tuple(sum(found) / len(found) if found else None for found in kept),
+    )
 
 
 def _data_mean(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], rank: str) -> float | None:

@@ -17,6 +17,7 @@ from launcher.limits import TOP_BEHIND_LINES, TOP_GPU_REFRESH_S
 from launcher.paths import hint
 from launcher.ranges import numbers_text
 from launcher.units import human_bytes
+from launcher.watch.loss import loss_text
 from launcher.watch.straggler import Straggler
 from launcher.watch.topmodel import STILL_STATES, NodeView, RankBehind, behind_ranks, flagged, ranks_of, telling
 
@@ -112,6 +113,15 @@ def _forward(row: Mapping[str, Any], marks: Marks) -> str:
     return share + " SLOW" if marks.found is not None and marks.found.kind == "forward" else share
 
 
+def _loss(row: Mapping[str, Any], _: Marks) -> str:
+    """A rank's last loss; where it went non-finite, its value and step; an outlier, how far above the others."""
+    bad = row.get("nonfinite")
+    if bad:
+        return f"{bad.get('value')} at {bad.get('step')}"
+    said = loss_text(row.get("loss"))
+    return f"{said} {row['loss_outlier']:.1f}x" if row.get("loss_outlier") is not None else said
+
+
 _CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Marks], str]], ...] = (
     ("node", False, None, lambda r, _: r["node"]),
     ("rank", True, None, lambda r, _: f"r{r['rank']}"),
@@ -125,6 +135,7 @@ _CELLS: tuple[tuple[str, bool, str | None, Callable[[Mapping[str, Any], Marks], 
     ("batches/s", True, "record", lambda r, _: _number(r.get("batches_per_s"), ".2f")),
     ("fwd", True, "record", _forward),
     ("data", True, "record", lambda r, _: _share(r.get("data_share"))),
+    ("loss", True, "loss_step", _loss),
     ("last line", False, None, lambda r, _: r.get("last_line") or ""),
 )
 """The rank table's columns: name, right-aligned, the field without which no rank has it (the column is left out, so
@@ -177,7 +188,7 @@ DROPPED_FIRST = ("pid", "RSS", "helpers", "data", "batches/s", "state", "quiet s
 """The columns a narrow terminal loses, in order; node, rank, steps/s and the last line stay (the last line shrinks
 below LAST_LINE_MIN only when nothing else is left to lose: a node's name is never cut), and so does a column that
 says why a rank is flagged (`TELLS`)."""
-TELLS = {"data": "data_share", "fwd": "forward_share", "state": "state"}
+TELLS = {"data": "data_share", "fwd": "forward_share", "state": "state", "loss": "loss"}
 """The columns that may say why a rank is flagged, and their fields (`launcher.watch.topmodel.telling`)."""
 
 
@@ -216,6 +227,8 @@ def _hidden_line(
             if row["rank"] in behind
             else "SLOW"
             if row["rank"] in stragglers
+            else "loss " + _loss(row, Marks(None, None))
+            if row.get("nonfinite") or row.get("loss_outlier") is not None
             else state
             if state in STILL_STATES
             else "record off"

@@ -43,6 +43,7 @@ from launcher.plan.recovery import FailStart, GoOnWithout, StopRun, after_node_e
 from launcher.run.catchup import Returns
 from launcher.run.gate import StartGate
 from launcher.run.hangcheck import HangCheck
+from launcher.run.losscheck import LossCheck
 from launcher.run.reach import cut_off_since, out_of_reach, silence_limit, stop_over
 from launcher.run.reattach import Reconnector
 from launcher.run.sessions import Session, SessionOpener, Sessions
@@ -114,6 +115,7 @@ class RunHandle:
         )
         """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
+        self.losses = LossCheck(settings.run.on_nonfinite)
 
     @property
     def hang(self) -> HangSuspected | None:
@@ -127,7 +129,9 @@ class RunHandle:
 
     def supervised(self) -> Supervised:
         """What the supervision saw, for the run's end (`launcher.plan.ends.run_end`)."""
-        return Supervised(self.needs, self.interrupted, self.left, self.cut_off is not None, self.hang)
+        return Supervised(
+            self.needs, self.interrupted, self.left, self.cut_off is not None, self.hang, self.losses.nonfinite
+        )
 
     @property
     def unswept(self) -> dict[str, str]:
@@ -288,8 +292,10 @@ class RunHandle:
             session.stop_reason = event.reason
         elif isinstance(event, Message):
             session.messages.append(event.text)
-        elif isinstance(event, Beat) and self.hangs is not None:
-            self.hangs.observe(time.monotonic(), time.time(), event.node, event.progress)
+        elif isinstance(event, Beat):
+            if self.hangs is not None:
+                self.hangs.observe(time.monotonic(), time.time(), event.node, event.progress)
+            self.losses.observe(event.node, event.progress, self.on_event, self.stop)
         elif isinstance(event, Position):
             self.returns.position(event)
             return

@@ -22,6 +22,7 @@ from launcher.events import (
     HangRuledOut,
     HangSuspected,
     Left,
+    LossFlagged,
     NcclDumps,
     NodeEnd,
     NodeEvent,
@@ -31,18 +32,11 @@ from launcher.events import (
 )
 from launcher.node.wire import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.paths import detached_hint, hint
-from launcher.plan.ends import Absence, RunEnd, ended_how, run_end, start_failed
+from launcher.plan.ends import RunEnd, ended_how, run_end, start_failed
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.recovery import How
 from launcher.plan.request import start_request
-from launcher.report.absence import (
-    attached_line,
-    away_line,
-    cut_off_end_line,
-    cut_off_line,
-    left_line,
-    taken_line,
-)
+from launcher.report.absence import absence_line, attached_line, cut_off_line
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
 from launcher.report.lines import NodeLog, supports_colour
@@ -179,6 +173,10 @@ class RunConsole:
                 self.console.message(line)
         elif isinstance(event, Beat) and event.progress:
             self.stragglers.beat(event.node, event.progress)
+        elif isinstance(event, LossFlagged):
+            stopping = "; stopping the run (--on-nonfinite stop)" if event.stops else ""
+            self.console.message(f"loss: {event.line}{stopping}")
+            self.journal.mark("loss", event.line, event.node or None)
         elif isinstance(event, NcclDumps):  # an NCCL timeout ended the run: its flight recorder's evidence
             for line in write_nccl(
                 self.settings.output.log_dir / self.plan.run_id, {event.node: {"nccl": event.dumps}}
@@ -276,22 +274,6 @@ class RunConsole:
             1,
         )
 
-    def _absence_line(self, ended: RunEnd, ends: list[NodeEnd]) -> str:
-        """How this launcher lost a run that did not fail, in words: its terminal closed, another took it over, no
-        node could be reached, or no launcher was heard from for the heartbeat bound."""
-        run_id, bound = self.plan.run_id, self.settings.run.heartbeat_timeout
-        if ended.absence == Absence.LEFT:
-            return left_line(
-                run_id, len(self.plan.nodes), bound, hint(f"attach --hosts {self.plan.cluster.source} --run {run_id}")
-            )
-        line = {
-            Absence.TAKEN: taken_line(run_id, ends),
-            Absence.CUT_OFF: cut_off_end_line(run_id, ends, bound),
-            Absence.NO_LAUNCHER: away_line(run_id, ends, bound),
-        }[ended.absence]  # type: ignore[index]
-        assert line is not None  # run_end said which: its line has something to say
-        return line
-
     def _stop_detached(self, names: list[str]) -> None:
         nodes = {name: self.handle.nodes[name] for name in names}
         request = {"action": "stop", "run_id": self.plan.run_id, "grace": self.plan.settings.run.grace}
@@ -363,7 +345,14 @@ class RunConsole:
         how, run_id = ended.end.how, self.plan.run_id
         if ended.absence is not None:
             self.going_on = ended.going_on
-            self.end_text = self._absence_line(ended, ends)
+            self.end_text = absence_line(
+                ended,
+                ends,
+                self.plan.run_id,
+                len(self.plan.nodes),
+                self.settings.run.heartbeat_timeout,
+                hint(f"attach --hosts {self.plan.cluster.source} --run {self.plan.run_id}"),
+            )
             self.console.message(f"{self.end_text}. {self.log_hint}")
         elif how == How.INTERRUPTED:
             left = sum(e.left for e in ends)
@@ -374,9 +363,14 @@ class RunConsole:
                 + (f"; no confirmation from {', '.join(unconfirmed)}" if unconfirmed else "")
                 + f". {self.log_hint}"
             )
-        elif how == How.HANG:  # the launcher stopped it: the hang is the root cause, not the stop
+        elif how in (How.HANG, How.NONFINITE):  # the launcher stopped it: the hang or the loss is the root cause
+            said = (
+                self.hang_lines[0] + self.handle.losses.before()
+                if how == How.HANG
+                else f"(--on-nonfinite stop): {ended.end.why}"
+            )
             raise RunFailed(
-                f"run {run_id} stopped: {self.hang_lines[0]}. {self.log_hint}",
+                f"run {run_id} stopped: {said}. {self.log_hint}",
                 ended.code,
                 node=ended.end.node,
                 rank=ended.end.rank,
@@ -397,4 +391,7 @@ class RunConsole:
         elif how == How.OK:
             self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
         else:
-            raise run_failed(run_id, ends, self.log_hint)
+            failed = run_failed(run_id, ends, self.log_hint)
+            if self.handle.losses.before():
+                failed.args = (f"{failed}{self.handle.losses.before()}",)
+            raise failed

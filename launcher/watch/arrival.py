@@ -110,11 +110,15 @@ class Arrivals:
     """group -> the ranks that reported it."""
     stopped: dict[int, str] = field(default_factory=dict)
     """rank -> why its worker's thread stopped reading its collectives (it never will again)."""
+    stepped: dict[int, float | None] = field(default_factory=dict)
+    """rank -> when its first optimizer step ended (wall seconds; None: not yet, or no step the hook sees)."""
 
     def feed(self, ranks: Iterable[Mapping[str, Any]], now: float) -> None:
         """One node's beat (its ranks' `collectives`), at wall time `now`."""
         for rank in ranks:
             number, found = int(rank["rank"]), rank.get("collectives")
+            first = rank.get("first_step_at")
+            self.stepped[number] = float(first) if isinstance(first, int | float) else self.stepped.get(number)
             if isinstance(found, Mapping) and found.get("why"):
                 self.stopped[number] = str(found["why"])
             if not isinstance(found, Mapping) or not found.get("source"):
@@ -203,9 +207,15 @@ class Arrivals:
         The others' wait is the union of their waits, not the sum: the buckets of one backward all wait for the
         same late rank at once, and on a GPU a fast rank enqueues collectives ahead of its peers (CUDA runs
         asynchronously until a synchronisation), so that a rank a few steps behind is late to each collective by
-        those steps. Counted once, the wait can never exceed the time it spans."""
+        those steps. Counted once, the wait can never exceed the time it spans.
+
+        Once every rank has ended an optimizer step, only the collectives entered after the last of those first
+        steps count: the start (the model's broadcast, a trainer's barriers while one rank still imports or loads
+        its data) is no training step, and the rank slowest to start is no straggler of the run."""
         if any(s is None or not s.groups for s in self.seen.values()):
             return None  # a rank's collectives not read yet: the arrivals of the others would blame one of them
+        firsts = [self.stepped.get(rank) for rank in self.seen]
+        trained_from = max(firsts) if firsts and None not in firsts else None  # type: ignore[type-var]
         waits: dict[int, list[tuple[float, float]]] = {}
         lasts: dict[int, int] = {}
         count, first, latest = 0, float("inf"), float("-inf")
@@ -215,6 +225,8 @@ class Arrivals:
                 continue
             for times in arrivals.values():
                 if set(times) != members or max(times.values()) < now - window_s:
+                    continue
+                if trained_from is not None and min(times.values()) < trained_from:
                     continue
                 last = max(times, key=lambda rank: times[rank])
                 others = [at for rank, at in times.items() if rank != last]

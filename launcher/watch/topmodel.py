@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.limits import TOP_BEHIND_HANG_S, TOP_BEHIND_SAY_S, TOP_WHY_GAP
 from launcher.watch.arrival import Arrivals, Behind
+from launcher.watch.loss import outlier_ratios
 from launcher.watch.straggler import Straggler, StragglerWatch, lateness
 from launcher.watch.verdict import Verdict, judge_stacks
 
@@ -35,6 +36,13 @@ RANK_FIELDS = (
     "data_share",
     "record",
     "helpers",
+    "loss",
+    "loss_step",
+    "loss_mean",
+    "nonfinite",
+    "loss_skipped",
+    "loss_state",
+    "loss_outlier",
 )
 NODE_FIELDS = ("load1", "cpus", "mem_total_bytes", "mem_available_bytes", "gpus", "gpus_age_s", "gpus_error")
 
@@ -51,6 +59,9 @@ class NodeView:
 def ranks_of(views: Sequence[NodeView]) -> list[dict[str, Any]]:
     """Every rank of every node with a snapshot, in rank order, each with its node's name."""
     rows = [{"node": v.name, **r} for v in views if v.snapshot for r in v.snapshot.get("ranks", [])]
+    means = {r["rank"]: r["loss_mean"] for r in rows if isinstance(r.get("loss_mean"), int | float)}
+    high = outlier_ratios(means)  # a look's (top judges each look alone, as it does stragglers)
+    rows = [{**r, "loss_outlier": high.get(r["rank"])} for r in rows]
     return sorted(rows, key=lambda r: r["rank"])
 
 
@@ -116,6 +127,8 @@ def flagged(row: Mapping[str, Any], stragglers: Mapping[Any, Straggler], behind:
         or row["rank"] in behind
         or (row.get("state") or "") in STILL_STATES
         or str(row.get("record") or "").startswith("off")
+        or bool(row.get("nonfinite"))
+        or row.get("loss_outlier") is not None
     )
 
 
@@ -127,6 +140,8 @@ def telling(
     state that makes no progress."""
     marked = [row for row in rows if flagged(row, stragglers, behind)]
     found = {"state"} if any((row.get("state") or "") in STILL_STATES for row in marked) else set()
+    if any(row.get("nonfinite") or row.get("loss_outlier") is not None for row in marked):
+        found.add("loss")
     for name in ("data_share", "forward_share"):
         known = [row[name] for row in rows if row.get(name) is not None]
         if len(known) >= 2 and any(

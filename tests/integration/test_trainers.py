@@ -96,7 +96,7 @@ def test_a_lightning_run_steps_in_top_names_its_slow_rank_and_runs_to_its_end_on
 
 
 def test_every_hf_trainer_rank_steps_in_top_and_the_slow_one_is_the_straggler(make_sandbox, tmp_path: Path) -> None:
-    box, logs = _box(make_sandbox, HF, 1, HF_STEPS="100000", HF_SLOW_RANK="1", HF_SLOW_S="0.1"), tmp_path / "logs"
+    box, logs = _box(make_sandbox, HF, 1, HF_STEPS="100000", HF_SLOW_RANK="1", HF_SLOW_S="0.2"), tmp_path / "logs"
     run_id = _detached(box, logs)
     try:
         _arrival_names_the_slow_rank(_ranks_stepping(box, logs, 2, flagged=True), 1)

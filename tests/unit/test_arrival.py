@@ -231,6 +231,30 @@ def test_a_rank_steps_behind_a_peer_that_enqueues_ahead_costs_at_most_the_step_n
     assert list(found) == [1] and found[1].lost_s is not None and found[1].lost_s <= 0.12
 
 
+def test_the_rank_slowest_to_start_is_no_straggler_once_every_rank_has_stepped() -> None:
+    # Rank 0 enters the model's broadcast and a trainer's barrier 4 s after rank 1 (it still imported under a loaded
+    # CPU); then rank 1, 0.1 s slower a step of 0.15 s, enters each all_reduce last (CI once named rank 0 here).
+    def feed(first_step: dict[int, float | None]) -> Arrivals:
+        rows: dict[int, list[list[object]]] = {0: [[1, "broadcast", 1004.0], [2, "barrier", 1004.1]],
+                                               1: [[1, "broadcast", 1000.0], [2, "barrier", 1000.1]]}
+        for step in range(40):
+            rows[0].append([step + 3, "all_reduce", 1004.2 + step * 0.15])
+            rows[1].append([step + 3, "all_reduce", 1004.3 + step * 0.15])
+        found = Arrivals()
+        found.feed([{"rank": rank, "first_step_at": first_step[rank], "collectives": {
+            "source": "flight recorder", "age_s": 0.5, "why": None, "arrivals": {"0": rows[rank]},
+            "groups": {"0": {"desc": "default_pg", "size": 2, "enqueued": 42, "started": -1, "completed": 42,
+                             "in_flight": None}}}} for rank in rows], 1011.0)
+        return found
+
+    started = lateness(feed({0: None, 1: 1004.4}), 1011.0)  # not every rank has stepped: the start counts
+    assert started is not None and started[0].wait_share > started[1].wait_share, started
+    late = lateness(feed({0: 1004.4, 1: 1004.45}), 1011.0)
+    assert late is not None and list(late) == [1] and late[1].wait_share > 0.5, late
+    found = StragglerWatch(0.8, 0.0).look(0.0, {0: 6.6, 1: 6.6}, None, late)
+    assert list(found) == [1] and found[1].kind == "arrival"
+
+
 def test_no_rank_of_a_recorded_healthy_gloo_run_is_flagged_and_the_forward_rule_stands_aside() -> None:
     ranks, wall = recorded("healthy")
     arrivals = Arrivals()

@@ -58,7 +58,8 @@ def test_a_short_runs_steps_per_s_is_its_programs_rate_not_a_mean_over_samples_w
     assert rank.mean_rate() == pytest.approx(81.0, rel=0.01) and rank.steps == 64
     assert rank.step_t[0] == pytest.approx(10.6)  # the line begins at its first step, not at a sample before it
     assert page.summary()["ranks"] == [{"node": "node-0", "rank": 0, "steps": 64, "steps_per_s": rank.mean_rate(),
-                                        "data_share": rank.data_mean}]
+                                        "data_share": rank.data_mean, "loss": None, "loss_min": None,
+                                        "loss_nonfinite_by_step": None}]
     assert f"<td>{rank.mean_rate():.3g}</td>" in render(page, charts=False)
 
 
