@@ -3,7 +3,8 @@ downloaded. Only rank 0 has a progress bar; no rank prints per-step lines.
 
 Knobs for the tests, by environment: HF_STEPS (default 30), HF_SLOW_RANK / HF_SLOW_S (that rank's forward sleeps
 this long each step), HF_STUCK_RANK / HF_STUCK_STEP (that rank sleeps 600 s in its forward at that step),
-HF_GPU=1 (each rank on its GPU, NCCL: the device check).
+HF_GPU=1 (each rank on its GPU, NCCL: the device check), LOSS_LINES=1 (each rank prints its own loss of each step,
+which its logs have only as a mean over ranks and steps: `loss rank R step S value V`, V the float's repr).
 """
 
 import os
@@ -44,6 +45,17 @@ class Knobs(BertForSequenceClassification):
         return super().forward(*args, **kwargs)
 
 
+class LossLines(Trainer):
+    """The Trainer printing each step's loss (the value its backward was called on) when LOSS_LINES=1."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if os.environ.get("LOSS_LINES") == "1":
+            step = self.state.global_step + 1  # one micro-batch a step: counted once the optimizer stepped
+            print(f"loss rank {os.environ.get('RANK')} step {step} value {float(loss)!r}", flush=True)
+        return loss
+
+
 def main() -> None:
     steps = int(os.environ.get("HF_STEPS", "30"))
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -57,7 +69,7 @@ def main() -> None:
                                  ddp_backend="nccl" if gpu else "gloo",
                                  dataloader_num_workers=0, remove_unused_columns=False,
                                  ddp_find_unused_parameters=False)
-        trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4 * steps * 4, 64))
+        trainer = LossLines(model=model, args=args, train_dataset=RandomTokens(4 * steps * 4, 64))
         trainer.train()
     print(f"done rank {os.environ.get('RANK')} steps {trainer.state.global_step}", flush=True)
 

@@ -6,7 +6,8 @@ Knobs for the tests, by environment: BORING_STEPS (default 40), BORING_SLOW_RANK
 training step sleeps this long each step), BORING_STUCK_RANK / BORING_STUCK_STEP (that rank sleeps 600 s in its
 training step at that step), BORING_STOP_FILE (every 10 steps the ranks agree whether that file exists, and stop
 together when it does: a test ends a long run when it has seen what it waited for), BORING_GPU=1 (each rank on its
-GPU, NCCL: the device check).
+GPU, NCCL: the device check), LOSS_LINES=1 (each rank prints its own loss of each step: `loss rank R step S value V`,
+V the float's repr, what the launcher's hook must read).
 """
 
 import os
@@ -46,6 +47,9 @@ class Boring(L.LightningModule):
         return self.layer(batch).sum()
 
     def on_train_batch_end(self, outputs: object, batch: torch.Tensor, batch_idx: int) -> None:
+        if os.environ.get("LOSS_LINES") == "1" and isinstance(outputs, dict):  # the loss its backward was called on
+            value = float(outputs["loss"])
+            print(f"loss rank {self.global_rank} step {self.trainer.global_step} value {value!r}", flush=True)
         stop_file = os.environ.get("BORING_STOP_FILE")
         if stop_file and batch_idx % 10 == 9:  # one collective more every 10 steps, after the step's own
             self.trainer.should_stop = self.trainer.strategy.reduce_boolean_decision(os.path.exists(stop_file),

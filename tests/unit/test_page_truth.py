@@ -84,9 +84,20 @@ def test_a_rank_that_stops_stepping_reads_zero_from_then_and_its_mean_counts_its
 
 
 def test_a_nodes_sample_has_its_ranks_last_step_by_the_wall_clock_and_none_before_its_first() -> None:
-    record = {"steps": 3, "batches": 4, "data_s": 0.51234, "forward_s": 0.2, "t_step": 100.0}
-    assert numbers_of(record, 1_000.0) == [3, 4, 0.512, 0.2, 1_100.0]
-    assert numbers_of(dict(record, steps=0), 1_000.0)[-1] is None and numbers_of(None, 0.0) == [None] * 5
+    record = {"steps": 3, "batches": 4, "data_s": 0.51234, "forward_s": 0.2, "t_step": 100.0, "loss_step": 3,
+              "loss": 0.25, "loss_sum": 1.75, "loss_n": 3}
+    assert numbers_of(record, 1_000.0) == [3, 4, 0.512, 0.2, 1_100.0, 1.75, 3, 0.25]  # the loss after the first 5
+    assert numbers_of(dict(record, steps=0), 1_000.0)[4] is None and numbers_of(None, 0.0) == [None] * 8
+    assert numbers_of(dict(record, loss=float("nan")), 0.0)[-1] == "nan"  # JSON has no nan
+    assert numbers_of(dict(record, loss_step=0, loss_sum=0.0, loss_n=0), 0.0)[-3:] == [0.0, 0, None]
+
+
+def test_a_page_reads_a_ranks_first_numbers_and_leaves_the_loss_after_them_to_whoever_reads_it() -> None:
+    answer = trained(first=5.0, steps=100, rate=20.0, samples=[2.0 + 5 * i for i in range(4)])
+    with_loss = dict(answer, series=[dict(s, ranks={r: [*n, 12.5, 10, "nan"] for r, n in s["ranks"].items()})
+                                     for s in answer["series"]])
+    assert build_page(RUN, journal(), {"node-0": with_loss}, "logs/x/").timeline == build_page(
+        RUN, journal(), {"node-0": answer}, "logs/x/").timeline
 
 
 def stopped(node: str, at: float, **stop: object) -> dict:

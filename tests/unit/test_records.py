@@ -1,5 +1,6 @@
 """A rank's progress records as its node's agent reads them (launcher/node/agent/records.py, top.py's Sampler): rates
-from the counts' own times, forward and data shares over the window, the record's state, and lines as the fallback."""
+from the counts' own times, forward and data shares over the window, the loss (its last value, the window's mean, the
+first value that was not finite), the record's state, and lines as the fallback."""
 
 from __future__ import annotations
 
@@ -13,18 +14,24 @@ from launcher.node.agent.sampler import Sampler
 from launcher.node.worker.hook import PROGRESS_DIR, Recorder
 from launcher.options import DEFAULT_PROGRESS
 
+NAN = float("nan")
+NO_LOSS = {"loss_step": 0, "loss": NAN, "loss_sum": 0.0, "loss_n": 0, "bad_step": 0, "bad": NAN, "good_step": 0,
+           "good": NAN, "skipped": 0, "loss_state": "none"}
+NO_LOSS_FIELDS = {"loss": None, "loss_step": None, "loss_mean": None, "nonfinite": None, "loss_skipped": 0,
+                  "loss_state": "none", "loss_why": None}
+
 
 def record(t: float, steps: int, forward_s: float, data_s: float, start: int = 7, on: bool = True,
-           why: str = "") -> dict:
+           why: str = "", **loss: object) -> dict:
     return {"start": start, "on": on, "why": why, "t": t, "steps": steps, "t_step": t, "batches": steps * 2,
-            "t_batch": t - 0.01, "forward_s": forward_s, "data_s": data_s}
+            "t_batch": t - 0.01, "forward_s": forward_s, "data_s": data_s, **NO_LOSS, **loss}
 
 
 def test_rates_come_from_the_steps_own_times_and_shares_from_the_window() -> None:
     rank = RankRecord(7, 30.0)
     assert rank.fields(0.0) == NO_RECORD  # nothing read: the program never imported torch.optim nor a DataLoader
     rank.add(dict(record(95.0, 0, 0.0, 0.5), t_step=0.0, batches=0, t_batch=0.0), 95.0)  # torch imported, no step
-    assert rank.fields(95.0) == dict(NO_RECORD, steps=0, batches=0, record="on")
+    assert rank.fields(95.0) == dict(NO_RECORD, steps=0, batches=0, record="on", **NO_LOSS_FIELDS)
     rank.add(record(100.0, 10, 2.0, 1.0), 100.5)
     first = rank.fields(100.5)
     assert first["steps"] == 10 and first["record"] == "on" and first["steps_per_s"] is None  # one step time: no rate
@@ -53,6 +60,34 @@ def test_a_record_of_another_process_or_an_older_read_is_dropped_and_off_says_wh
     assert off["steps"] is None and off["steps_per_s"] is None  # an off record says nothing about progress
 
 
+def test_the_loss_is_its_last_value_the_windows_mean_and_the_first_value_that_was_not_finite() -> None:
+    rank = RankRecord(7, 30.0)
+    rank.add(record(100.0, 10, 1.0, 1.0, loss_step=10, loss=2.0, loss_sum=25.0, loss_n=10, loss_state="on"), 100.0)
+    one = rank.fields(100.0)  # one record: the mean of all its values
+    assert (one["loss"], one["loss_step"], one["loss_mean"], one["loss_state"]) == (2.0, 10, 2.5, "on")
+    # The loss goes down (a number that may, unlike the counts): the record is kept; the window's mean is the
+    # difference of its first and last records: 10 values summing to 15.
+    rank.add(record(101.0, 20, 2.0, 1.0, loss_step=20, loss=1.0, loss_sum=40.0, loss_n=20, loss_state="on"), 101.0)
+    two = rank.fields(101.0)
+    assert (two["loss"], two["loss_step"], two["loss_mean"], two["nonfinite"]) == (1.0, 20, 1.5, None)
+    # nan from step 25 (the last finite value 0.5 at 24), then inf: the first bad one is kept, the mean of the finite
+    rank.add(record(102.0, 30, 3.0, 1.0, loss_step=30, loss=float("inf"), loss_sum=42.0, loss_n=24, bad_step=25,
+                    bad=NAN, good_step=24, good=0.5, skipped=2, loss_state="on"), 102.0)
+    three = rank.fields(102.0)
+    assert three["steps"] == 30 and three["loss"] == "inf" and three["loss_step"] == 30
+    assert three["loss_mean"] == pytest.approx(17.0 / 14)
+    assert three["nonfinite"] == {"step": 25, "value": "nan", "last_finite": 0.5, "last_finite_step": 24}
+    assert three["loss_skipped"] == 2
+    rank.add(record(103.0, 31, 3.0, 1.0, loss_step=31, loss=float("-inf"), loss_sum=42.0, loss_n=24, bad_step=1,
+                    bad=float("-inf"), skipped=2, loss_state="grad", why="backward with a gradient"), 103.0)
+    four = rank.fields(103.0)
+    assert four["loss"] == "-inf" and four["loss_state"] == "grad" and four["loss_why"] == "backward with a gradient"
+    assert four["nonfinite"] == {"step": 1, "value": "-inf", "last_finite": None, "last_finite_step": None}
+    rank.add(record(110.0, 32, 3.0, 1.0, loss_step=30, loss=1.0), 110.0)  # a count went down: an older read
+    assert rank.fields(110.0)["steps"] == 31
+    assert set(NO_RECORD) >= set(NO_LOSS_FIELDS) and all(NO_RECORD[k] is None for k in NO_LOSS_FIELDS)
+
+
 def test_the_sampler_reads_a_ranks_record_and_falls_back_on_its_lines(tmp_path: Path) -> None:
     settings = {"ranks": "ranks", "progress": DEFAULT_PROGRESS, "rate_window_s": 30.0, "tail_bytes": 1 << 16,
                 "keep_lines": 5}
@@ -69,7 +104,7 @@ def test_the_sampler_reads_a_ranks_record_and_falls_back_on_its_lines(tmp_path: 
     assert (lines["first_step"], lines["step"]) == (1, 3)  # where the attempt began (a resumed run's), and is
     (tmp_path / PROGRESS_DIR).mkdir()
     clock = iter([50.0, 51.0, 60.0, 61.0]).__next__
-    recorder = Recorder(str(tmp_path / PROGRESS_DIR), 128, 0.0, clock)
+    recorder = Recorder(str(tmp_path / PROGRESS_DIR), 256, 0.0, clock)
     recorder.step()
     recorder.start = start
     recorder.write(50.0)  # the process's start time as /proc says it (this test's own is another)

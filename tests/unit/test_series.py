@@ -1,13 +1,17 @@
 """A node's series of its run (launcher/node/agent/series.py): one line a sample, bounded for a run of days, read back
-whole lines only; the page's account of a launch (launcher/run/journal.py)."""
+whole lines only; a rank's numbers from its progress record, the loss's after the first five; the page's account of
+a launch (launcher/run/journal.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from launcher.events import HangSuspected, Left, NodeEnd, Started
-from launcher.node.agent.series import SERIES_FILE, Series, read_series
+from launcher.node.agent.series import SERIES_FILE, Series, numbers_of, read_record, read_series
+from launcher.node.common import bounds
+from launcher.node.worker.hook import PROGRESS_DIR, Recorder, own_start
 from launcher.run.journal import Journal, read_journal
 
 
@@ -31,6 +35,21 @@ def test_a_series_read_from_its_end_keeps_whole_lines_only(tmp_path: Path) -> No
     found = read_series(str(tmp_path), 200)
     assert [s["t"] for s in found] == [8, 9]  # the first line read may be cut: dropped, as is the one being written
     assert read_series(str(tmp_path / "none"), 100) == []
+
+
+def test_a_ranks_numbers_end_with_its_loss_sum_count_and_last_value_json_can_carry(tmp_path: Path) -> None:
+    (tmp_path / PROGRESS_DIR).mkdir()
+    recorder = Recorder(str(tmp_path / PROGRESS_DIR), bounds.RECORD_BYTES, 0.0, lambda: 50.0)
+    recorder.step()
+    first = numbers_of(read_record(str(tmp_path), os.getpid(), own_start()), 1000.0)
+    assert first == [1, 0, 0.0, 0.0, 1050.0, 0.0, 0, None]
+    for step, value in ((2, 2.5), (3, 1.25), (4, float("nan"))):
+        recorder.steps = step
+        recorder.value(step, value)
+    recorder.write(51.0)
+    numbers = numbers_of(read_record(str(tmp_path), os.getpid(), own_start()), 1000.0)
+    assert numbers[5:] == [3.75, 2, "nan"]  # a stretch's mean is Δsum/Δn, nan is none of it
+    assert json.loads(json.dumps(numbers)) == numbers
 
 
 def test_the_journal_keeps_the_start_by_the_launchers_clock_the_marks_and_the_end(tmp_path: Path) -> None:

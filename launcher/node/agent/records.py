@@ -1,19 +1,40 @@
 """Each rank's progress record as the agent reads it (stdlib only, Python 3.8+): the line the worker's own hook
 (launcher/node/worker/hook.py) rewrites in `<run dir>/progress/<pid>`, read once a look, and what the recent ones say:
-steps and batches per second, and the share of each step spent in the forward and waiting for data.
+steps and batches per second, the share of each step spent in the forward and waiting for data, and the training
+loss (the last value, the window's mean, the first value that was not finite).
 
 The record's times are the node's monotonic clock, the agent's too: a rate counts from the steps' own times, not
 from when the agent happened to look.
 """
 
 import json
+import math
 import os
 
 from launcher.node.common import bounds
 from launcher.node.worker.hook import COLLECTIVES_DIR, PHASES_DIR, PROGRESS_DIR, VERSION
 
-NUMBERS = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s")
-COUNTS = ("steps", "batches")
+NUMBERS = (
+    "t",
+    "steps",
+    "t_step",
+    "batches",
+    "t_batch",
+    "forward_s",
+    "data_s",
+    "loss_step",
+    "loss",
+    "loss_sum",
+    "loss_n",
+    "bad_step",
+    "bad",
+    "good_step",
+    "good",
+    "skipped",
+)
+COUNTS = ("steps", "batches", "loss_step", "loss_n", "bad_step", "good_step", "skipped")
+GROWING = ("t", "steps", "t_step", "batches", "t_batch", "forward_s", "data_s", "loss_step", "loss_n", "skipped")
+"""The numbers that never go down in one process's records (a loss may, and may be nan)."""
 NO_RECORD = {
     "steps": None,
     "batches": None,
@@ -22,16 +43,24 @@ NO_RECORD = {
     "forward_share": None,
     "data_share": None,
     "record": None,
+    "loss": None,
+    "loss_step": None,
+    "loss_mean": None,
+    "nonfinite": None,
+    "loss_skipped": None,
+    "loss_state": None,
+    "loss_why": None,
 }
 """A rank's fields when it has no record (the program never imported torch.optim nor a DataLoader)."""
 
 
 def parse_record(data):
-    """A record as a dict (start, on, why, and NUMBERS), or None when it is not one whole record."""
+    """A record as a dict (start, on, why, loss_state and NUMBERS), or None when it is not one whole record."""
     if not data.endswith(b"\n"):
         return None
-    parts = data.split(None, len(NUMBERS) + 3)
-    if len(parts) < len(NUMBERS) + 3 or parts[0] != VERSION or parts[2] not in (b"on", b"off"):
+    count = len(NUMBERS) + 4  # the version, START, on|off, the numbers, LOSS_STATE
+    parts = data.split(None, count)
+    if len(parts) < count or parts[0] != VERSION or parts[2] not in (b"on", b"off"):
         return None
     try:
         found = {name: (int if name in COUNTS else float)(parts[3 + i]) for i, name in enumerate(NUMBERS)}
@@ -39,8 +68,42 @@ def parse_record(data):
     except ValueError:
         return None
     found["on"] = parts[2] == b"on"
-    found["why"] = parts[len(NUMBERS) + 3].decode("utf-8", "replace").strip() if len(parts) > len(NUMBERS) + 3 else ""
+    found["loss_state"] = parts[count - 1].decode("ascii", "replace")
+    found["why"] = parts[count].decode("utf-8", "replace").strip() if len(parts) > count else ""
     return found
+
+
+def json_float(value):
+    """A float as JSON has it: itself when finite, else "nan", "inf" or "-inf"."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def loss_fields(first, last):
+    """A rank's loss fields from its window's first and last records (launcher/node/worker/hook.py's values)."""
+    on = last["loss_step"] > 0
+    if first is last:
+        moved, summed = last["loss_n"], last["loss_sum"]
+    else:
+        moved, summed = last["loss_n"] - first["loss_n"], last["loss_sum"] - first["loss_sum"]
+    nonfinite = None
+    if last["bad_step"]:
+        nonfinite = {
+            "step": last["bad_step"],
+            "value": json_float(last["bad"]),
+            "last_finite": last["good"] if last["good_step"] else None,
+            "last_finite_step": last["good_step"] or None,
+        }
+    return {
+        "loss": json_float(last["loss"]) if on else None,
+        "loss_step": last["loss_step"] if on else None,
+        "loss_mean": summed / moved if moved > 0 else None,
+        "nonfinite": nonfinite,
+        "loss_skipped": last["skipped"],
+        "loss_state": last["loss_state"],
+        "loss_why": (last["why"] or None) if last["on"] else None,
+    }
 
 
 def window_rate(moves, now, since=None, slack=0.0):
@@ -83,13 +146,17 @@ class RankRecord:
         if record is None or record["start"] not in (self.start, -1):
             return
         last = self.samples[-1] if self.samples else None
-        if last is not None and (record["t"] <= last["t"] or any(record[n] < last[n] for n in NUMBERS)):
+        if last is not None and (record["t"] <= last["t"] or any(record[n] < last[n] for n in GROWING)):
             return
         self.samples.append(record)
         self.samples = [s for s in self.samples if now - s["t"] <= self.window_s] or [record]
 
     def fields(self, now):
-        """steps, batches, their rates, forward_share, data_share and record ("on", "off: why"; None: no record)."""
+        """steps, batches, their rates, forward_share, data_share, record ("on", "off: why"; None: no record), and the
+        loss: loss (the last value: a float, or "nan", "inf", "-inf"), loss_step, loss_mean (of the finite values of
+        the window's steps; with one record, of all), nonfinite (the first value that was not finite: step, value,
+        last_finite, last_finite_step), loss_skipped (GradScaler's skipped steps), loss_state (on, none, grad,
+        device, off) and loss_why."""
         if not self.samples:
             return dict(NO_RECORD)
         last = self.samples[-1]
@@ -102,6 +169,7 @@ class RankRecord:
             "record": "on",
             "forward_share": None if span <= 0 else _share(last["forward_s"] - first["forward_s"], span),
             "data_share": None if span <= 0 else _share(last["data_s"] - first["data_s"], span),
+            **loss_fields(first, last),
         }
         for count, when, rate in (("steps", "t_step", "steps_per_s"), ("batches", "t_batch", "batches_per_s")):
             moves = []

@@ -3,14 +3,16 @@ attached agent, or a detached run's daemon) for the run's page: every `interval_
 `<run dir>/series`, bounded for a run of days (past `max_samples`, every other line goes and the interval doubles).
 
 A line: {"t": wall seconds, "load1", "mem_total", "mem_used" (bytes), "ranks": {global rank: [CPU seconds of its own
-process, its resident bytes, steps, batches, data_s, forward_s, t_step]}, "gpus": [[index, util %, used bytes, total
-bytes], ...] or absent}. Counts and seconds are totals as the rank's progress record has them (null without one);
-t_step is its last step's wall time (null before its first): the page takes a rank's steps/s from its steps' own
-times, not from when a sample happened to look. A rank's process that started again (a restart) starts its totals
-again. The first sample is taken as soon as the ranks are up (a look every `look_s` until then), the last once
-torchrun ended: a rank whose process ended keeps its record's last numbers and the CPU time it had at the last
-glance (one every `look_s` between samples; its memory null), so a run shorter than one interval still has its
-steps and CPU from start to end.
+process, its resident bytes, steps, batches, data_s, forward_s, t_step, loss_sum, loss_n, loss]}, "gpus": [[index, util
+%, used bytes, total bytes], ...] or absent}. Counts and seconds are totals as the rank's progress record has them (null
+without one); t_step is its last step's wall time (null before its first): the page takes a rank's steps/s from its
+steps' own times, not from when a sample happened to look. loss_sum and loss_n are the sum and count of its finite
+per-step losses (a stretch's mean loss is Δloss_sum/Δloss_n), loss its last step's value (a number, "nan", "inf" or
+"-inf"; null before its first); an older node's lines end at t_step. A rank's process that started again (a restart)
+starts its totals again. The first sample is taken as soon as the ranks are up (a look every `look_s` until then), the
+last once torchrun ended: a rank whose process ended keeps its record's last numbers and the CPU time it had at the last
+glance (one every `look_s` between samples; its memory null), so a run shorter than one interval still has its steps and
+CPU from start to end.
 
 It only reads (/proc, the ranks' records), as `inv top` does; nothing here runs in a worker.
 """
@@ -20,7 +22,7 @@ import os
 import threading
 import time
 
-from launcher.node.agent.records import parse_record, record_path
+from launcher.node.agent.records import json_float, parse_record, record_path
 from launcher.node.common import bounds
 from launcher.node.common.proc import rank_processes
 
@@ -40,11 +42,22 @@ def read_record(run_dir, pid, start):
 
 
 def numbers_of(record, to_wall):
-    """A sample's numbers of a rank from its record: steps, batches, data_s, forward_s, its last step's wall time."""
+    """A sample's numbers of a rank from its record: steps, batches, data_s, forward_s, its last step's wall time,
+    loss_sum, loss_n and its last loss."""
     if record is None:
-        return [None] * 5
+        return [None] * 8
     last = round(record["t_step"] + to_wall, 3) if record["steps"] else None
-    return [record["steps"], record["batches"], round(record["data_s"], 3), round(record["forward_s"], 3), last]
+    loss = json_float(record["loss"]) if record["loss_step"] else None
+    return [
+        record["steps"],
+        record["batches"],
+        round(record["data_s"], 3),
+        round(record["forward_s"], 3),
+        last,
+        record["loss_sum"],
+        record["loss_n"],
+        loss,
+    ]
 
 
 class Series:

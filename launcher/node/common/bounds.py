@@ -90,8 +90,9 @@ its own lines (`Received 15 death signal`, its SignalException traceback) to rea
 """
 
 # --- the workers' progress records (hook, records) -------------------------------------------------------------------
-RECORD_BYTES = 128
-"""A progress record's fixed size: its numbers take about 80 bytes; the rest holds why recording is off."""
+RECORD_BYTES = 256
+"""A progress record's fixed size: its numbers take about 80 bytes, the loss's up to ~110 more (LOSS_SUM exact: 24);
+the rest holds why recording is off (or why the loss is not read)."""
 COLLECTIVES_MAX_BYTES = 1 << 20
 """The most of a rank's collectives file read (launcher/node/worker/collectives.py: ~40 bytes an arrival, 200 per
 group)."""

@@ -11,6 +11,13 @@ is this file's source (launcher/node/agent/stackdump.py `install_hook`); importe
   in place (`os.pwrite`) at most every flush interval (a step or a batch after it writes), and at the end (atexit, and
   destroy_process_group: a program may `os._exit` after it); no thread, no lock. Any failure turns recording off for
   the process and says why in its record; the program goes on as it would without the hook.
+- Loss: a `Tensor.backward` on a one-element tensor with no gradient is a loss; the step's value is the sum of its
+  backwards' (what a gradient-accumulating loop prints: each micro-batch's loss divided by their count), divided by
+  the scale of AMP's GradScaler when the tensor is the one `scale` returned. Read off the hot path: a CPU value at the
+  step (no sync to pay), a CUDA one copied at the step into a pinned ring (`non_blocking`, an event recorded) and read
+  once its event says it landed (at a flush or the end; never a sync); a step the GradScaler skipped (inf/nan
+  gradients: `update` came with no step since the last) is counted, its value dropped. A backward with a gradient,
+  a device it does not read, or any failure: no value, and the record says why (loss reading only stops).
 - Phases: each rank's start, once a process: the hook's own start (the worker is up), `import torch` done,
   `init_process_group` called (the rendezvous begins) and returned (the process group ready), the first batch and the
   first optimizer step, each a line `NAME WALL RANK LOCAL_RANK RESTART` appended to `phases/<pid>` (six writes in a
@@ -19,13 +26,22 @@ is this file's source (launcher/node/agent/stackdump.py `install_hook`); importe
 - Collectives: with RANK set, a thread reads each process group's collective progress from torch's flight recorder
   into `collectives/<pid>` (launcher/node/worker/collectives.py).
 
-The record: `p1 START on|off T STEPS T_STEP BATCHES T_BATCH FORWARD_S DATA_S [WHY]`, padded with spaces to its size
-and ended by a newline; START is the process's start time (/proc/<pid>/stat field 22), the times are
-CLOCK_MONOTONIC seconds (the same clock for every process of the node), FORWARD_S and DATA_S totals.
+The record: `p2 START on|off T STEPS T_STEP BATCHES T_BATCH FORWARD_S DATA_S LOSS_STEP LOSS LOSS_SUM LOSS_N BAD_STEP BAD
+GOOD_STEP GOOD SKIPPED LOSS_STATE [WHY]`, padded with spaces to its size and ended by a newline; START is the
+process's start time (/proc/<pid>/stat field 22), the times are CLOCK_MONOTONIC seconds (the same clock for every
+process of the node), FORWARD_S and DATA_S totals. LOSS is the last step's value read (LOSS_STEP its step, 0: none
+yet), LOSS_SUM and LOSS_N the sum and count of the finite ones (a window's mean is the difference of two records),
+BAD the first value that was not finite (nan, inf, -inf; BAD_STEP its step, 0: none) and GOOD the last finite one
+before it (GOOD_STEP, 0 and nan: none), SKIPPED the steps GradScaler skipped; values `%.6g` (LOSS_SUM exact: `%r`).
+LOSS_STATE: `on` (read), `none` (no backward on a one-element tensor yet), `grad` (backward with a gradient, or on
+several elements), `device` (a device not read), `off` (a failure: WHY says which). WHY: why recording is off, else
+why the loss is not read.
 """
 
+import math
 import os
 import sys
+import weakref
 
 STACKS_ENV = "DDP_LAUNCHER_STACKS"
 """What the stacks part reads: `<folder>:<signal number>`."""
@@ -45,7 +61,10 @@ PATCHES_MODULE = "_ddp_launcher_patches"
 this file)."""
 MODULE_NAME = "_ddp_launcher_hook"
 """The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
-VERSION = b"p1"
+VERSION = b"p2"
+LOSS_RING = 64
+"""The CUDA values on their way to the CPU at most (a pinned float each): a step whose slot is still in flight gets no
+value (never a sync to free one)."""
 
 
 def own_start():
@@ -63,6 +82,7 @@ class Recorder:
     def __init__(self, folder, size, flush_s, clock):
         self.folder, self.size, self.flush_s, self.clock = folder, size, flush_s, clock
         self.on, self.why = True, b""
+        self.loss_state, self.loss_why = b"none", b""  # loss reading: `on`, `none`, `grad`, `device`, `off`
         self.fd, self.start = None, None
         self.phased = set()  # the phases this process has recorded (each once)
         self.reset()
@@ -97,6 +117,12 @@ class Recorder:
         self.t_step = self.t_batch = self.forward_s = self.data_s = 0.0
         self.began = None  # when the forward under way began: a batch's arrival or a step's end
         self.written = None
+        self.acc, self.acc_grad = None, False  # this step's losses summed (a tensor), a backward with a gradient seen
+        self.scaled = None  # (weak reference, scale tensor): the tensor GradScaler.scale returned last
+        self.stepped = False  # an optimizer step since GradScaler's last update
+        self.ring, self.pending, self.slot = None, [], 0  # CUDA: pinned floats, (step, slot, event) in flight
+        self.loss_step, self.loss, self.loss_sum, self.loss_n = 0, math.nan, 0.0, 0
+        self.bad_step, self.bad, self.good_step, self.good, self.skipped = 0, math.nan, 0, math.nan, 0
 
     def forked(self):
         """In a forked child (os.register_at_fork): its own counts, and its own file once it has something to say;
@@ -118,7 +144,9 @@ class Recorder:
     def write(self, now):
         if self.fd is None:
             self.open()
-        line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %s" % (
+        if self.pending:
+            self.resolve()
+        line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %d %.6g %r %d %d %.6g %d %.6g %d %s %s" % (
             VERSION,
             self.start,
             b"on" if self.on else b"off",
@@ -129,7 +157,17 @@ class Recorder:
             self.t_batch,
             self.forward_s,
             self.data_s,
-            self.why,
+            self.loss_step,
+            self.loss,
+            self.loss_sum,
+            self.loss_n,
+            self.bad_step,
+            self.bad,
+            self.good_step,
+            self.good,
+            self.skipped,
+            self.loss_state,
+            self.why or self.loss_why,
         )
         os.pwrite(self.fd, line[: self.size - 1].ljust(self.size - 1) + b"\n", 0)
         self.written = now
@@ -152,6 +190,9 @@ class Recorder:
             now = self.clock()
             self.steps += 1
             self.t_step = self.began = now
+            self.stepped = True
+            if self.loss_state != b"off":
+                self.loss_of_step()
             self.flush(now)
             if self.steps == 1:
                 self.phase(b"step")
@@ -185,13 +226,114 @@ class Recorder:
             except Exception:
                 pass
 
-    def backward(self):
+    def backward(self, tensor=None, gradient=None):
+        """`tensor.backward(gradient)` called: the forward ends; a one-element tensor without a gradient is a loss."""
         try:
             if self.began is not None:
                 self.forward_s += self.clock() - self.began
                 self.began = None  # a second backward of the same batch is no forward
         except Exception as exc:
             self.off(exc)
+        if tensor is not None and self.loss_state != b"off":
+            try:
+                self.add_loss(tensor, gradient)
+            except Exception as exc:
+                self.loss_off(exc)
+
+    def add_loss(self, tensor, gradient):
+        # Summed over the step's backwards: Lightning, HF Trainer and the usual accumulation loop divide each
+        # micro-batch's loss by the number of micro-batches before its backward, so the sum is the mean they print.
+        if gradient is not None or tensor.numel() != 1:
+            self.acc_grad = True  # the step's loss is not the tensors': no value, never a guess
+            self.loss_state = b"grad"
+            if gradient is not None:
+                self.loss_why = b"backward with a gradient"
+            else:
+                self.loss_why = b"backward on %d elements" % tensor.numel()
+            return
+        value = tensor.detach().float()  # device ops, queued: no sync
+        scaled = self.scaled
+        if scaled is not None and scaled[0]() is tensor:  # GradScaler's: the loss times its scale
+            value = value / scaled[1].to(value.device, non_blocking=True)  # the same device: itself
+            self.scaled = None
+        self.acc = value if self.acc is None else self.acc + value
+
+    def loss_of_step(self):
+        """The step's value: a CPU one read now, a CUDA one copied to the pinned ring and read once it has landed."""
+        acc, grad = self.acc, self.acc_grad
+        self.acc, self.acc_grad = None, False
+        if acc is None or grad:
+            return
+        try:
+            kind = acc.device.type
+            if kind == "cpu":
+                self.value(self.steps, float(acc))
+            elif kind == "cuda":
+                self.send(acc)
+            else:
+                self.loss_state, self.loss_why = b"device", b"loss on %s not read" % kind.encode("ascii", "replace")
+        except Exception as exc:
+            self.loss_off(exc)
+
+    def send(self, acc):
+        torch = sys.modules["torch"]  # imported by the program: the hook never imports it
+        if self.ring is None:
+            self.ring = torch.empty(LOSS_RING, dtype=torch.float32, pin_memory=True)
+        if len(self.pending) >= LOSS_RING:
+            self.resolve()
+            if len(self.pending) >= LOSS_RING:
+                return  # every slot still in flight: this step has no value
+        slot = self.slot
+        self.slot = (slot + 1) % LOSS_RING
+        self.ring[slot].copy_(acc.reshape(()), non_blocking=True)  # a [1] or [1, 1] loss into a 0-dim slot
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((self.steps, slot, event))
+        self.loss_state = b"on"
+
+    def resolve(self):
+        """The CUDA values that have landed (their event done, in the order of their steps): no sync."""
+        try:
+            while self.pending and self.pending[0][2].query():
+                step, slot, _ = self.pending.pop(0)
+                self.value(step, float(self.ring[slot]))
+        except Exception as exc:
+            self.loss_off(exc)
+
+    def value(self, step, value):
+        self.loss_step, self.loss, self.loss_state, self.loss_why = step, value, b"on", b""
+        if math.isfinite(value):
+            self.loss_sum += value
+            self.loss_n += 1
+            if not self.bad_step:
+                self.good_step, self.good = step, value
+        elif not self.bad_step:
+            self.bad_step, self.bad = step, value
+
+    def scale(self, scaler, outputs, scaled):
+        """GradScaler.scale(outputs) returned `scaled`: a backward on it is the loss times the scaler's scale."""
+        if self.loss_state == b"off" or scaled is outputs or getattr(scaler, "_scale", None) is None:
+            return
+        try:
+            if isinstance(scaled, sys.modules["torch"].Tensor):
+                self.scaled = (weakref.ref(scaled), scaler._scale)  # a weak one: no loss's graph kept alive
+        except Exception as exc:
+            self.loss_off(exc)
+
+    def update(self):
+        """GradScaler.update: with no optimizer step since the last one, the scaler skipped it (inf/nan gradients):
+        counted, and the step's losses dropped."""
+        if not self.stepped:
+            self.skipped += 1
+            self.acc, self.acc_grad = None, False
+        self.stepped = False
+
+    def loss_off(self, exc):
+        """Loss reading stops for this process (the rest of its recording goes on), and the record says why."""
+        self.loss_state = b"off"
+        self.acc, self.scaled, self.pending = None, None, []
+        why = "loss: %s: %s" % (type(exc).__name__, exc)
+        self.loss_why = " ".join(why.split()).encode("utf-8", "replace")
 
 
 def progress(setting, clock):

@@ -2,18 +2,19 @@
 into the run directory's `hook/` beside `sitecustomize.py` (launcher/node/agent/stackdump.py `install_hook`) and
 imported by it (launcher/node/worker/hook.py `progress`).
 
-A meta-path finder waits for the program's own import of the watched modules (torch itself is never imported from
-here) and hands each one's real loader a wrapper that patches the module once it has executed: the optimizer's step
-post hook, DataLoader iterators' `__next__`, `Tensor.backward`, init_process_group and destroy_process_group, each
-telling the hook's `Recorder`. The program sees its modules, methods and pickles as without the hook.
+A meta-path finder waits for the program's own import of the watched modules (torch itself is never imported from here)
+and hands each one's real loader a wrapper that patches the module once it has executed: the optimizer's step post hook,
+DataLoader iterators' `__next__`, `Tensor.backward` (the tensor and its gradient: the loss), GradScaler's `scale` and
+`update` (the loss's scale, the steps it skipped), init_process_group and destroy_process_group, each telling the hook's
+`Recorder`. The program sees its modules, methods and pickles as without the hook.
 """
 
 import functools
 import sys
 
 OPTIMIZER, LOADER, TENSOR = "torch.optim.optimizer", "torch.utils.data.dataloader", "torch._tensor"
-TORCH, C10D = "torch", "torch.distributed.distributed_c10d"
-WATCHED = (C10D, OPTIMIZER, LOADER, TORCH)
+TORCH, C10D, SCALER = "torch", "torch.distributed.distributed_c10d", "torch.amp.grad_scaler"
+WATCHED = (C10D, OPTIMIZER, LOADER, SCALER, TORCH)
 """The modules whose import the hook waits for (c10d's before torch's end: torch.distributed copies its names)."""
 
 
@@ -55,10 +56,31 @@ def wrap_backward(recorder, original):
     @functools.wraps(original)
     def backward(self, *args, **kwargs):
         if recorder.on:
-            recorder.backward()
+            recorder.backward(self, args[0] if args else kwargs.get("gradient"))
         return original(self, *args, **kwargs)
 
     return backward
+
+
+def wrap_scaler(recorder, cls):
+    """GradScaler (torch.cuda.amp's and torch.cpu.amp's are its subclasses): `scale` tells the recorder which tensor
+    is a loss times which scale, `update` whether the step was skipped (no optimizer step since the last update)."""
+    scale, update = cls.scale, cls.update
+
+    @functools.wraps(scale)
+    def scaled(self, outputs):
+        found = scale(self, outputs)
+        if recorder.on:
+            recorder.scale(self, outputs, found)
+        return found
+
+    @functools.wraps(update)
+    def updated(self, *args, **kwargs):
+        if recorder.on and getattr(self, "_enabled", True):
+            recorder.update()
+        return update(self, *args, **kwargs)
+
+    cls.scale, cls.update = scaled, updated
 
 
 class Patches:
@@ -78,6 +100,9 @@ class Patches:
                 self.done.add(name)
                 cls = module._BaseDataLoaderIter
                 cls.__next__ = wrap_next(self.recorder, cls.__next__)
+            elif name == SCALER and name not in self.done:
+                self.done.add(name)
+                wrap_scaler(self.recorder, module.GradScaler)
             elif name == C10D and name not in self.done:
                 self.done.add(name)  # before torch.distributed's `import *` copies it: every caller gets this one
                 wrap_group(self.recorder, module)
