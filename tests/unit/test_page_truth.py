@@ -6,6 +6,8 @@ drawn and listed, and a node out of reach keeps the figures it gave before."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -92,12 +94,20 @@ def test_a_nodes_sample_has_its_ranks_last_step_by_the_wall_clock_and_none_befor
     assert numbers_of(dict(record, loss_step=0, loss_sum=0.0, loss_n=0), 0.0)[-3:] == [0.0, 0, None]
 
 
-def test_a_page_reads_a_ranks_first_numbers_and_leaves_the_loss_after_them_to_whoever_reads_it() -> None:
+def test_a_ranks_loss_after_its_first_numbers_changes_none_of_them_and_a_nonfinite_one_is_said() -> None:
     answer = trained(first=5.0, steps=100, rate=20.0, samples=[2.0 + 5 * i for i in range(4)])
-    with_loss = dict(answer, series=[dict(s, ranks={r: [*n, 12.5, 10, "nan"] for r, n in s["ranks"].items()})
-                                     for s in answer["series"]])
-    assert build_page(RUN, journal(), {"node-0": with_loss}, "logs/x/").timeline == build_page(
-        RUN, journal(), {"node-0": answer}, "logs/x/").timeline
+    with_loss = dict(answer, series=[dict(s, ranks={r: [*n, 12.5 * (i + 1), 10 * (i + 1), "nan" if i == 3 else 1.0]
+                                                   for r, n in s["ranks"].items()})
+                                     for i, s in enumerate(answer["series"])])
+    page = build_page(RUN, journal(), {"node-0": with_loss}, "logs/x/")
+    plain = build_page(RUN, journal(), {"node-0": answer}, "logs/x/").timeline
+    assert [dataclasses.replace(r, loss=None) for r in page.timeline.ranks] == list(plain.ranks)
+    [loss] = [r.loss for r in page.timeline.ranks]
+    assert loss is not None and set(loss.mean) == {1.25} and loss.last == "nan" and loss.low == 1.25
+    assert loss.nonfinite_t == 17.0 and loss.nonfinite_steps == 100
+    assert page.learning == "loss: rank 0 (node-0) was nan by step 100"
+    said = page.summary()
+    assert said["ranks"][0]["loss"] == "nan" and said["loss"]["line"] == page.learning
 
 
 def stopped(node: str, at: float, **stop: object) -> dict:

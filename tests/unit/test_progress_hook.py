@@ -371,7 +371,8 @@ def test_a_cuda_loss_is_copied_at_the_step_and_read_once_its_event_says_it_lande
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeCuda()
     monkeypatch.setitem(sys.modules, "torch", fake)
-    recorder = hook.Recorder(str(tmp_path), stackdump.bounds.RECORD_BYTES, 100.0, lambda: 5.0)
+    recorder = hook.Recorder(str(tmp_path), stackdump.bounds.RECORD_BYTES, 100.0, lambda: 5.0,
+                             stackdump.bounds.LOSS_RING)
     for value in (2.0, 1.5):
         recorder.backward(_CudaLoss(value / 2))
         recorder.backward(_CudaLoss(value / 2))
@@ -383,12 +384,12 @@ def test_a_cuda_loss_is_copied_at_the_step_and_read_once_its_event_says_it_lande
     fake.events[1].done = True
     recorder.last()  # the end reads what landed
     assert (recorder.loss_step, recorder.loss, recorder.loss_sum) == (2, 1.5, 3.5)
-    for step in range(3, 3 + hook.LOSS_RING + 1):  # a ring's worth in flight: the next step gets no value
+    for step in range(3, 3 + stackdump.bounds.LOSS_RING + 1):  # a ring's worth in flight: the next step gets no value
         recorder.backward(_CudaLoss(float(step)))
         recorder.step()
-    assert len(recorder.pending) == hook.LOSS_RING
+    assert len(recorder.pending) == stackdump.bounds.LOSS_RING
     for event in fake.events:
         event.done = True
     recorder.write(7.0)
-    assert recorder.loss_step == 2 + hook.LOSS_RING and recorder.loss_n == 2 + hook.LOSS_RING
+    assert recorder.loss_step == 2 + stackdump.bounds.LOSS_RING and recorder.loss_n == 2 + stackdump.bounds.LOSS_RING
     assert recorder.loss_state == b"on" and parse_record((tmp_path / str(os.getpid())).read_bytes())["loss_n"] == 66

@@ -103,7 +103,7 @@ def test_a_rank_whose_progress_record_moved_within_the_rate_window_keeps_the_who
     found(mark, 2)
     (run_dir / PROGRESS_DIR).mkdir()
     t = time.monotonic() - 10
-    line = f"p1 -1 on {t:.3f} 5 {t:.3f} 5 {t:.3f} 0.1000 0.0100".ljust(127) + "\n"
+    line = f"p2 -1 on {t:.3f} 5 {t:.3f} 5 {t:.3f} 0.1000 0.0100 0 nan 0.0 0 0 nan 0 nan 0 none".ljust(255) + "\n"
     (run_dir / PROGRESS_DIR / str(started[1].pid)).write_text(line)
     took, snapshot = look(run_dir, mark, monkeypatch)
     assert took >= LOOK_S

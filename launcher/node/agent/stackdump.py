@@ -18,7 +18,7 @@ from launcher.node.common import bounds
 from launcher.node.common.child import which
 from launcher.node.common.proc import rank_processes, signal_process
 from launcher.node.wire import timing
-from launcher.node.worker import collectives, hook, patches
+from launcher.node.worker import collectives, hook, loss, patches
 
 HOOK_DIR = "hook"
 STACKS_DIR = "stacks"
@@ -56,12 +56,17 @@ def install_hook(run_dir, env, make=True, collecting=None):
     if make:
         for folder in folders:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        written = ((hook, "sitecustomize"), (patches, hook.PATCHES_MODULE), (collectives, hook.COLLECTIVES_MODULE))
+        written = (
+            (hook, "sitecustomize"),
+            (patches, hook.PATCHES_MODULE),
+            (collectives, hook.COLLECTIVES_MODULE),
+            (loss, hook.LOSS_MODULE),
+        )
         for module, name in written:
             with open(os.path.join(hook_dir, name + ".py"), "w") as handle:
                 handle.write(module.__loader__.get_source(module.__name__))  # the node's loader and a file's both
     env[hook.STACKS_ENV] = "%s:%d" % (stacks, stack_signal())
-    env[hook.PROGRESS_ENV] = "%s:%d:%r" % (progress, bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S)
+    env[hook.PROGRESS_ENV] = "%s:%d:%r:%d" % (progress, bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S, bounds.LOSS_RING)
     if collecting:
         env[hook.COLLECTIVES_ENV] = "%s:%r:%r:%d:%r" % (
             collected,

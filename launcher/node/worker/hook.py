@@ -38,15 +38,13 @@ several elements), `device` (a device not read), `off` (a failure: WHY says whic
 why the loss is not read.
 """
 
-import math
 import os
 import sys
-import weakref
 
 STACKS_ENV = "DDP_LAUNCHER_STACKS"
 """What the stacks part reads: `<folder>:<signal number>`."""
 PROGRESS_ENV = "DDP_LAUNCHER_PROGRESS"
-"""What the progress part reads: `<folder>:<record bytes>:<flush seconds>`."""
+"""What the progress part reads: `<folder>:<record bytes>:<flush seconds>:<loss ring>`."""
 PROGRESS_DIR = "progress"
 PHASES_DIR = "phases"
 PHASES = (b"hook", b"torch", b"rdzv", b"pg", b"batch", b"step")
@@ -62,9 +60,36 @@ this file)."""
 MODULE_NAME = "_ddp_launcher_hook"
 """The name this module also has in sys.modules inside a worker (a job can reach its recorder)."""
 VERSION = b"p2"
-LOSS_RING = 64
-"""The CUDA values on their way to the CPU at most (a pinned float each): a step whose slot is still in flight gets no
-value (never a sync to free one)."""
+LOSS_MODULE = "_ddp_launcher_loss"
+"""The name in the hook's folder of the loss's reading (launcher/node/worker/loss.py, copied there beside this file)."""
+
+
+class _NoLossReading:
+    """No loss reading (its module is missing): the record says so, the rest goes on."""
+
+    def loss_reset(self):
+        self.loss_state, self.loss_why = b"off", b"loss: its module is missing"
+
+    def loss_fields(self):
+        return (0, float("nan"), 0.0, 0, 0, float("nan"), 0, float("nan"), 0, b"off")
+
+    def add_loss(self, *_):
+        pass
+
+    loss_of_step = scale = update = loss_off = add_loss
+
+
+def loss_reading():
+    """The loss's part of the recorder (launcher/node/worker/loss.py): in a worker the module beside this file in the
+    hook's folder, imported as part of the launcher its own (the node's agent, the tests)."""
+    import importlib
+
+    for name in (LOSS_MODULE,) if __name__ == "sitecustomize" else (LOSS_MODULE, "launcher.node.worker.loss"):
+        try:
+            return importlib.import_module(name).LossReading
+        except ImportError:
+            pass
+    return _NoLossReading
 
 
 def own_start():
@@ -76,11 +101,12 @@ def own_start():
         return -1
 
 
-class Recorder:
+class Recorder(loss_reading()):  # type: ignore[misc]
     """One process's progress and its record file (opened at the first write of the process that owns it)."""
 
-    def __init__(self, folder, size, flush_s, clock):
+    def __init__(self, folder, size, flush_s, clock, ring=0):
         self.folder, self.size, self.flush_s, self.clock = folder, size, flush_s, clock
+        self.ring_size = ring  # CUDA values in flight at most (0: none read)
         self.on, self.why = True, b""
         self.loss_state, self.loss_why = b"none", b""  # loss reading: `on`, `none`, `grad`, `device`, `off`
         self.fd, self.start = None, None
@@ -117,12 +143,7 @@ class Recorder:
         self.t_step = self.t_batch = self.forward_s = self.data_s = 0.0
         self.began = None  # when the forward under way began: a batch's arrival or a step's end
         self.written = None
-        self.acc, self.acc_grad = None, False  # this step's losses summed (a tensor), a backward with a gradient seen
-        self.scaled = None  # (weak reference, scale tensor): the tensor GradScaler.scale returned last
-        self.stepped = False  # an optimizer step since GradScaler's last update
-        self.ring, self.pending, self.slot = None, [], 0  # CUDA: pinned floats, (step, slot, event) in flight
-        self.loss_step, self.loss, self.loss_sum, self.loss_n = 0, math.nan, 0.0, 0
-        self.bad_step, self.bad, self.good_step, self.good, self.skipped = 0, math.nan, 0, math.nan, 0
+        self.loss_reset()
 
     def forked(self):
         """In a forked child (os.register_at_fork): its own counts, and its own file once it has something to say;
@@ -144,8 +165,6 @@ class Recorder:
     def write(self, now):
         if self.fd is None:
             self.open()
-        if self.pending:
-            self.resolve()
         line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %d %.6g %r %d %d %.6g %d %.6g %d %s %s" % (
             VERSION,
             self.start,
@@ -157,16 +176,7 @@ class Recorder:
             self.t_batch,
             self.forward_s,
             self.data_s,
-            self.loss_step,
-            self.loss,
-            self.loss_sum,
-            self.loss_n,
-            self.bad_step,
-            self.bad,
-            self.good_step,
-            self.good,
-            self.skipped,
-            self.loss_state,
+            *self.loss_fields(),
             self.why or self.loss_why,
         )
         os.pwrite(self.fd, line[: self.size - 1].ljust(self.size - 1) + b"\n", 0)
@@ -240,107 +250,12 @@ class Recorder:
             except Exception as exc:
                 self.loss_off(exc)
 
-    def add_loss(self, tensor, gradient):
-        # Summed over the step's backwards: Lightning, HF Trainer and the usual accumulation loop divide each
-        # micro-batch's loss by the number of micro-batches before its backward, so the sum is the mean they print.
-        if gradient is not None or tensor.numel() != 1:
-            self.acc_grad = True  # the step's loss is not the tensors': no value, never a guess
-            self.loss_state = b"grad"
-            if gradient is not None:
-                self.loss_why = b"backward with a gradient"
-            else:
-                self.loss_why = b"backward on %d elements" % tensor.numel()
-            return
-        value = tensor.detach().float()  # device ops, queued: no sync
-        scaled = self.scaled
-        if scaled is not None and scaled[0]() is tensor:  # GradScaler's: the loss times its scale
-            value = value / scaled[1].to(value.device, non_blocking=True)  # the same device: itself
-            self.scaled = None
-        self.acc = value if self.acc is None else self.acc + value
-
-    def loss_of_step(self):
-        """The step's value: a CPU one read now, a CUDA one copied to the pinned ring and read once it has landed."""
-        acc, grad = self.acc, self.acc_grad
-        self.acc, self.acc_grad = None, False
-        if acc is None or grad:
-            return
-        try:
-            kind = acc.device.type
-            if kind == "cpu":
-                self.value(self.steps, float(acc))
-            elif kind == "cuda":
-                self.send(acc)
-            else:
-                self.loss_state, self.loss_why = b"device", b"loss on %s not read" % kind.encode("ascii", "replace")
-        except Exception as exc:
-            self.loss_off(exc)
-
-    def send(self, acc):
-        torch = sys.modules["torch"]  # imported by the program: the hook never imports it
-        if self.ring is None:
-            self.ring = torch.empty(LOSS_RING, dtype=torch.float32, pin_memory=True)
-        if len(self.pending) >= LOSS_RING:
-            self.resolve()
-            if len(self.pending) >= LOSS_RING:
-                return  # every slot still in flight: this step has no value
-        slot = self.slot
-        self.slot = (slot + 1) % LOSS_RING
-        self.ring[slot].copy_(acc.reshape(()), non_blocking=True)  # a [1] or [1, 1] loss into a 0-dim slot
-        event = torch.cuda.Event()
-        event.record()
-        self.pending.append((self.steps, slot, event))
-        self.loss_state = b"on"
-
-    def resolve(self):
-        """The CUDA values that have landed (their event done, in the order of their steps): no sync."""
-        try:
-            while self.pending and self.pending[0][2].query():
-                step, slot, _ = self.pending.pop(0)
-                self.value(step, float(self.ring[slot]))
-        except Exception as exc:
-            self.loss_off(exc)
-
-    def value(self, step, value):
-        self.loss_step, self.loss, self.loss_state, self.loss_why = step, value, b"on", b""
-        if math.isfinite(value):
-            self.loss_sum += value
-            self.loss_n += 1
-            if not self.bad_step:
-                self.good_step, self.good = step, value
-        elif not self.bad_step:
-            self.bad_step, self.bad = step, value
-
-    def scale(self, scaler, outputs, scaled):
-        """GradScaler.scale(outputs) returned `scaled`: a backward on it is the loss times the scaler's scale."""
-        if self.loss_state == b"off" or scaled is outputs or getattr(scaler, "_scale", None) is None:
-            return
-        try:
-            if isinstance(scaled, sys.modules["torch"].Tensor):
-                self.scaled = (weakref.ref(scaled), scaler._scale)  # a weak one: no loss's graph kept alive
-        except Exception as exc:
-            self.loss_off(exc)
-
-    def update(self):
-        """GradScaler.update: with no optimizer step since the last one, the scaler skipped it (inf/nan gradients):
-        counted, and the step's losses dropped."""
-        if not self.stepped:
-            self.skipped += 1
-            self.acc, self.acc_grad = None, False
-        self.stepped = False
-
-    def loss_off(self, exc):
-        """Loss reading stops for this process (the rest of its recording goes on), and the record says why."""
-        self.loss_state = b"off"
-        self.acc, self.scaled, self.pending = None, None, []
-        why = "loss: %s: %s" % (type(exc).__name__, exc)
-        self.loss_why = " ".join(why.split()).encode("utf-8", "replace")
-
 
 def progress(setting, clock):
-    """Start recording progress (`<folder>:<record bytes>:<flush seconds>`), torch's modules patched as the program
-    imports them (launcher/node/worker/patches.py, a module beside this one); the recorder, or None."""
-    folder, size, flush_s = setting.rsplit(":", 2)
-    recorder = Recorder(folder, int(size), float(flush_s), clock)
+    """Start recording progress (`<folder>:<record bytes>:<flush seconds>:<loss ring>`), torch's modules patched as
+    the program imports them (launcher/node/worker/patches.py, a module beside this one); the recorder, or None."""
+    folder, size, flush_s, ring = setting.rsplit(":", 3)
+    recorder = Recorder(folder, int(size), float(flush_s), clock, int(ring))
     try:
         import atexit
         import importlib
