@@ -34,9 +34,9 @@ def inv(*args: str, log_dir: Path | None = None, timeout: float = 180, env: dict
                           text=True, timeout=timeout, check=False, **popen)  # type: ignore[call-overload]
 
 
-def inv_background(*args: str, log_dir: Path, out: Path) -> subprocess.Popen[bytes]:
+def inv_background(*args: str, log_dir: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `inv ARGS` in its own process group (so a test can signal it like a terminal would)."""
-    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(log_dir)}
+    env = {**os.environ, **(env or {}), "INVOKE_LAUNCHER_LOG_DIR": str(log_dir)}
     with open(out, "wb") as sink:
         return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)

@@ -115,7 +115,7 @@ class RunHandle:
         )
         """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
         watched for (--hang-timeout 0)."""
-        self.losses = LossCheck(settings.run.on_nonfinite)
+        self.losses = LossCheck(settings.run.on_nonfinite, (c.host.name for c in plan.nodes))
 
     @property
     def hang(self) -> HangSuspected | None:

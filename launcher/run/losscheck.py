@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 class LossCheck:
     """The loss rules over the beats, and the non-finite loss that stopped the run."""
 
-    def __init__(self, on_nonfinite: str):
-        self.watch = LossWatch()
+    def __init__(self, on_nonfinite: str, nodes: Iterable[str]):
+        self.watch = LossWatch(nodes=frozenset(nodes))
         self.stops = on_nonfinite == "stop"
         self.nonfinite: NonFinite | None = None
         """The non-finite loss the run was stopped for."""
@@ -32,7 +32,7 @@ class LossCheck:
     ) -> None:
         """One node's beat; what the rules find now, each an event, and the stop a non-finite loss asks for."""
         self.watch.feed(node, progress)
-        for finding in self.watch.look():
+        for finding in self.watch.look(time.monotonic()):
             stops = isinstance(finding, NonFinite) and self.stops
             if stops:
                 self.nonfinite = finding  # type: ignore[assignment]

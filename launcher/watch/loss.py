@@ -29,6 +29,10 @@ LOSS_OUTLIER_STEPS = 100
 """... once it has sat there for this many of its steps (a few unlucky batches are no shard)."""
 LOSS_SPIKE_RATIO = 3.0
 """The median rank's mean loss this many times its lowest so far is a spike, or a divergence."""
+NONFINITE_WAIT_S = 5.0
+"""A non-finite loss is told once every rank is known through its step, or this long after it was first seen: the
+all-reduce carries a NaN to every rank at the next step, and the node whose beat comes first would name a follower
+(a rank 0 whose step 41 went NaN from rank 1's step 40)."""
 LOSS_SPIKE_LOOKS = 3
 """... on this many looks in a row (the beats: a second apart)."""
 NONFINITE_EXIT = 65
@@ -161,6 +165,11 @@ class LossWatch:
     spike_looks: int = LOSS_SPIKE_LOOKS
     ranks: dict[int, _Rank] = field(default_factory=dict)
     told_nonfinite: bool = False
+    nonfinite_seen: float | None = None
+    """When (the caller's clock) a non-finite loss was first seen, until it is told."""
+    nonfinite_wait_s: float = NONFINITE_WAIT_S
+    nodes: frozenset[str] = frozenset()
+    """The run's nodes: a non-finite loss waits for a beat of each (one not heard from yet may hold the first)."""
     outlying_since: dict[int, int] = field(default_factory=dict)
     """rank -> its step when it first sat above the others (cleared when it no longer does)."""
     told_outliers: set[int] = field(default_factory=set)
@@ -181,10 +190,10 @@ class LossWatch:
             rank.nonfinite = found.get("nonfinite") or None
             rank.skipped = int(found.get("loss_skipped") or 0)
 
-    def look(self) -> list[Finding]:
-        """What is new since the last look."""
+    def look(self, now: float = 0.0) -> list[Finding]:
+        """What is new since the last look, at `now` (seconds, any clock the caller keeps)."""
         found: list[Finding] = []
-        first = self._nonfinite()
+        first = self._nonfinite(now)
         if first is not None:
             found.append(first)
         found.extend(self._outliers())
@@ -218,12 +227,18 @@ class LossWatch:
             followed,
         )
 
-    def _nonfinite(self) -> NonFinite | None:
+    def _nonfinite(self, now: float) -> NonFinite | None:
         if self.told_nonfinite:
             return None
         first = self.first_nonfinite()
-        if first is not None:
-            self.told_nonfinite = True
+        if first is None:
+            return None
+        self.nonfinite_seen = now if self.nonfinite_seen is None else self.nonfinite_seen
+        heard = {r.node for r in self.ranks.values()} >= self.nodes
+        known = heard and all(r.nonfinite or (r.step or 0) >= first.step for r in self.ranks.values())
+        if not known and now - self.nonfinite_seen < self.nonfinite_wait_s:
+            return None  # a rank not heard from through that step may have gone non-finite before it
+        self.told_nonfinite = True
         return first
 
     def _outliers(self) -> list[Outlier]:

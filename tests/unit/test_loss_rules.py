@@ -19,7 +19,7 @@ def rank(number: int, step: int, mean: float | None, loss: Any = None, bad: dict
 
 def test_the_first_rank_to_go_nonfinite_is_named_with_its_step_and_last_finite_loss_once() -> None:
     watch = LossWatch()
-    watch.feed("node-0", [rank(0, 40, 2.4), rank(1, 40, 2.3)])
+    watch.feed("node-0", [rank(0, 41, 2.4), rank(1, 41, 2.3)])
     assert watch.look() == []
     watch.feed("node-1", [rank(2, 41, None, "nan", {"step": 41, "value": "nan", "last_finite": 2.31,
                                                      "last_finite_step": 40})])
@@ -34,6 +34,27 @@ def test_the_first_rank_to_go_nonfinite_is_named_with_its_step_and_last_finite_l
     first = watch.first_nonfinite()
     assert first is not None and first.rank == 2 and first.followed == ((0, 42),)
     assert "the others followed (rank 0 at step 42)" in first.line()
+
+
+def test_a_follower_whose_beat_comes_first_waits_for_the_others_and_the_rank_that_went_first_is_named() -> None:
+    watch = LossWatch(nonfinite_wait_s=5.0)
+    watch.feed("node-1", [rank(1, 38, 2.3)])
+    watch.feed("node-0", [rank(0, 41, None, "nan", {"step": 41, "value": "nan", "last_finite": 0.04,
+                                                     "last_finite_step": 40})])
+    assert watch.look(100.0) == []  # rank 1 is known only to step 38: it may have gone first
+    watch.feed("node-1", [rank(1, 41, None, "nan", {"step": 40, "value": "nan", "last_finite": 0.03,
+                                                     "last_finite_step": 39})])
+    [found] = watch.look(101.0)
+    assert (found.rank, found.step, found.followed) == (1, 40, ((0, 41),))  # type: ignore[union-attr]
+    unheard = LossWatch(nodes=frozenset({"node-0", "node-1"}))  # a node not heard from at all may hold the first
+    unheard.feed("node-0", [rank(0, 41, None, "nan", {"step": 41, "value": "nan", "last_finite": 0.04,
+                                                       "last_finite_step": 40})])
+    assert unheard.look(100.0) == []
+    late = LossWatch(nonfinite_wait_s=5.0)  # a rank never heard from again: told after the wait all the same
+    late.feed("node-1", [rank(1, 38, 2.3)])
+    late.feed("node-0", [rank(0, 41, None, "nan", {"step": 41, "value": "nan", "last_finite": 0.04,
+                                                    "last_finite_step": 40})])
+    assert late.look(100.0) == [] and late.look(104.0) == [] and [f.rank for f in late.look(105.0)] == [0]
 
 
 def test_a_rank_reading_other_data_is_flagged_once_it_has_sat_high_for_its_steps_and_the_others_are_not() -> None:

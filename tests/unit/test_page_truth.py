@@ -7,7 +7,6 @@ drawn and listed, and a node out of reach keeps the figures it gave before."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import pytest

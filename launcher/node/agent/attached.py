@@ -13,6 +13,7 @@ from launcher.node.agent import trace
 from launcher.node.agent.consoles import Consoles
 from launcher.node.agent.launcherconsole import Console
 from launcher.node.agent.recorder import ask_dumps, nccl_dumps
+from launcher.node.agent.records import went_nonfinite
 from launcher.node.agent.rundir import END_RECORD, record, stop_recorded
 from launcher.node.agent.runner import finish, signal_run, stop_run
 from launcher.node.agent.stackdump import collect, proc_state
@@ -141,7 +142,16 @@ class Attended:
         emit(Event.POSITION, log_bytes=self.consoles.log_bytes())
 
     def tick(self):
-        while not self.done.wait(self.request["alive_interval"]):
+        """An `alive` beat every alive_interval, and one at once when a rank's loss went non-finite (its record says
+        so: a read of each rank's record every NONFINITE_LOOK_S, with the watch on), so that the launcher can say it,
+        and stop the run, within a look of the step rather than a beat."""
+        interval, bad = self.request["alive_interval"], set()
+        due = time.monotonic() + interval
+        while not self.done.wait(min(interval, bounds.NONFINITE_LOOK_S)):
+            now = time.monotonic()
+            if now < due and not (self.request["watch"] and went_nonfinite(self.run_dir, bad)):
+                continue
+            due = now + interval
             if queued_events() < bounds.QUEUED_BEATS_MAX:
                 if self.request["watch"]:
                     emit(Event.ALIVE, progress=self.progress())

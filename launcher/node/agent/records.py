@@ -121,6 +121,28 @@ def window_rate(moves, now, since=None, slack=0.0):
     return steps / (t1 - t0)
 
 
+def went_nonfinite(run_dir, told):
+    """Whether a rank's record newly says its loss went non-finite (its pid added to `told`): one read of each
+    rank's record, some microseconds a rank."""
+    found = False
+    try:
+        names = os.listdir(os.path.join(run_dir, PROGRESS_DIR))
+    except OSError:
+        return False
+    for name in names:
+        if name in told:
+            continue
+        try:
+            with open(os.path.join(run_dir, PROGRESS_DIR, name), "rb") as handle:
+                record = parse_record(handle.read(bounds.RECORD_BYTES))
+        except OSError:
+            continue
+        if record is not None and record["bad_step"]:
+            told.add(name)
+            found = True
+    return found
+
+
 def record_path(run_dir, pid):
     return os.path.join(run_dir, PROGRESS_DIR, str(pid))
 

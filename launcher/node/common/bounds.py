@@ -99,6 +99,9 @@ group)."""
 RECORD_FLUSH_S = 0.1
 """The most often a worker rewrites its record (at a step or a batch): one write, some microseconds, a tenth of a
 second at most, so a fast loop pays for few; the counts keep their own times, so rates stay exact."""
+NONFINITE_LOOK_S = 0.5
+"""How often an attached run's agent reads its ranks' records for a loss gone non-finite, to send a beat at once
+(launcher/node/agent/attached.py `tick`): a read of a 256-byte file a rank, some microseconds."""
 LOSS_RING = 64
 """The CUDA losses on their way to the CPU at most (a pinned float each, launcher/node/worker/loss.py): a step whose
 slot is still in flight gets no value (never a sync to free one); 64 steps is more than CUDA runs ahead."""
