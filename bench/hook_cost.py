@@ -5,7 +5,7 @@
    nothing: the cost the hook adds, in microseconds a step.
 2. A real torch loop (a tiny Linear model, SGD, a DataLoader in the process: about 0.2 ms a step, where the hook
    weighs most) in one process under the hook, its patches taken off and put back round after round: the time a
-   step takes with and without them.
+   step takes with and without them, and with them but the loss not read (#68: the loss's own cost, paired).
 3. With `--real-job`: a real job, train/ddp.py under torchrun (2 ranks, gloo), without the hook, with the hook as it
    was before the collectives' thread (stacks, progress), and with the whole hook as a launch installs it (its
    thread reading torch's flight recorder, TORCH_FR_BUFFER_SIZE set as on a CPU node), in rounds whose order
@@ -44,9 +44,12 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = DataLoader(TensorDataset(torch.randn(STEPS, 4)), batch_size=1)
 hooked = (torch.Tensor.backward, _BaseDataLoaderIter.__next__, dict(optimizer._global_optimizer_post_hooks))
 plain = (torch.Tensor.backward.__wrapped__, _BaseDataLoaderIter.__next__.__wrapped__, {})
-found = {"plain": [], "hooked": []}
-for _ in range(ROUNDS):
-    for name, (backward, draw, hooks) in (("plain", plain), ("hooked", hooked)):
+recorder = sys.modules["_ddp_launcher_hook"].recorder
+found = {"plain": [], "hooked": [], "no_loss": [], "ratio": []}
+variants = [("plain", plain), ("hooked", hooked), ("no_loss", hooked)]
+for round_ in range(ROUNDS):  # the order turns round by round: none pays for following another
+    for name, (backward, draw, hooks) in variants[round_ % 3:] + variants[:round_ % 3]:
+        recorder.loss_state = b"off" if name == "no_loss" else b"on"  # the loss not read: the rest as it is
         torch.Tensor.backward, _BaseDataLoaderIter.__next__ = backward, draw
         optimizer._global_optimizer_post_hooks.clear()
         optimizer._global_optimizer_post_hooks.update(hooks)
@@ -56,7 +59,8 @@ for _ in range(ROUNDS):
             opt.step()
             opt.zero_grad()
         found[name].append((time.perf_counter() - began) / STEPS * 1e6)
-print(json.dumps({name: min(values) for name, values in found.items()}))
+    found["ratio"].append(found["hooked"][-1] / found["no_loss"][-1])
+print(json.dumps({**{k: min(v) for k, v in found.items()}, "ratio": sorted(found["ratio"])[ROUNDS // 2]}))
 """
 
 
@@ -108,7 +112,8 @@ def torch_loop() -> dict[str, float]:
     source = LOOP.replace("STEPS", str(TORCH_STEPS)).replace("ROUNDS", str(TORCH_ROUNDS))
     done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, check=True)
     found = json.loads(done.stdout)
-    return {"plain_us": found["plain"], "hooked_us": found["hooked"]}
+    return {"plain_us": found["plain"], "hooked_us": found["hooked"], "no_loss_us": found["no_loss"],
+            "loss_ratio": found["ratio"]}
 
 
 JOB_PAIRS = 6
@@ -217,6 +222,9 @@ def main() -> int:
     print(f"tiny torch step (fastest of {TORCH_ROUNDS} rounds x {TORCH_STEPS} steps, in turn): "
           f"{real['plain_us']:.1f} us without the hook's patches, {real['hooked_us']:.1f} us with them: "
           f"{real['hooked_us'] - real['plain_us']:+.1f} us a step")
+    print(f"the loss read (the same rounds, paired): {real['no_loss_us']:.1f} us a step with the hook but no loss "
+          f"read, {real['hooked_us']:.1f} us with it: {real['hooked_us'] - real['no_loss_us']:+.1f} us, "
+          f"{real['loss_ratio']:.3f}x (the median round's ratio; target <= 1.01x)")
     return 0
 
 

@@ -78,7 +78,7 @@ def test_a_lightning_run_steps_in_top_names_its_slow_rank_and_runs_to_its_end_on
     # and Lightning's fit returns on every rank: one run of Lightning's imports on 4 ranks for both questions.
     stop_file, logs, said = tmp_path / "stop", tmp_path / "logs", tmp_path / "launch.out"
     box = _box(make_sandbox, LIGHTNING, 2, BORING_STEPS="100000", BORING_SLOW_RANK="3", BORING_SLOW_S="0.1",
-               BORING_STOP_FILE=str(stop_file))
+               BORING_STOP_FILE=str(stop_file), LOSS_LINES="1")
     launch = inv_background("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, out=said)
     try:
         _arrival_names_the_slow_rank(_ranks_stepping(box, logs, 4, flagged=True), 3)
@@ -93,6 +93,16 @@ def test_a_lightning_run_steps_in_top_names_its_slow_rank_and_runs_to_its_end_on
     assert done == ["0", "1", "2", "3"], output[-3000:]
     run_id = run_id_of(output)
     wait_for(lambda: run_processes(run_id) == [], 30, "every process of the run gone")
+    # each rank's loss as the page has it: the last one Lightning's step printed (the hook read its backward's)
+    printed: dict[int, float] = {}
+    for rank, value in re.findall(r"loss rank (\d+) step \d+ value (\S+)", output):
+        printed[int(rank)] = float(value)
+    report = inv("report", "--hosts", str(box.inventory), "--run", run_id, "--json", log_dir=logs)
+    assert report.returncode == 0, report.stderr
+    ranks = json.loads(report.stdout)["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3] == sorted(printed), (ranks, printed)
+    for row in ranks:
+        assert row["loss"] == pytest.approx(printed[row["rank"]], rel=1e-4, abs=1e-6), (row, printed)
 
 
 def test_every_hf_trainer_rank_steps_in_top_and_the_slow_one_is_the_straggler(make_sandbox, tmp_path: Path) -> None:

@@ -56,24 +56,31 @@ class LossReading:
             else:
                 self.loss_why = b"backward on %d elements" % tensor.numel()
             return
-        value = tensor.detach().float()  # device ops, queued: no sync
         scaled = self.scaled
+        scale = None
         if scaled is not None and scaled[0]() is tensor:  # GradScaler's: the loss times its scale
-            value = value / scaled[1].to(value.device, non_blocking=True)  # the same device: itself
-            self.scaled = None
+            scale, self.scaled = scaled[1], None
+        if tensor.is_cpu:  # its value now, a float: no tensor made (a new one each step cost a tight loop 5%)
+            value = tensor.item() if scale is None else tensor.item() / scale.item()  # item(): no warning, no tensor
+        else:
+            value = tensor.detach().float()  # device ops, queued: no sync
+            if scale is not None:
+                value = value / scale.to(value.device, non_blocking=True)  # the same device: itself
         self.acc = value if self.acc is None else self.acc + value
 
     def loss_of_step(self):
-        """The step's value: a CPU one read now, a CUDA one copied to the pinned ring and read once it has landed."""
+        """The step's value: a CPU one read at its backward, a CUDA one copied to the pinned ring and read once it
+        has landed."""
         acc, grad = self.acc, self.acc_grad
         self.acc, self.acc_grad = None, False
         if acc is None or grad:
             return
         try:
+            if isinstance(acc, float):
+                self.value(self.steps, acc)
+                return
             kind = acc.device.type
-            if kind == "cpu":
-                self.value(self.steps, float(acc))
-            elif kind == "cuda":
+            if kind == "cuda":
                 self.send(acc)
             else:
                 self.loss_state, self.loss_why = b"device", b"loss on %s not read" % kind.encode("ascii", "replace")
