@@ -177,7 +177,8 @@ def test_a_loss_that_goes_nan_names_its_step_and_the_last_finite_value_before_it
 
 
 def _trainer_loss(tmp_path: Path, script: str, **knobs: str) -> None:
-    """`script` as one rank under the hook in the trainers' venv: the record's last loss is the last one it printed."""
+    """`script` as one rank under the hook in the trainers' venv: the record's last loss is the last one it printed
+    (Lightning's, through the launcher, the page and `report --json`: tests/integration/test_trainers.py)."""
     from tests.support.nodeenv import trainers_env
 
     env = hooked_env(tmp_path / "run", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -194,11 +195,6 @@ def _trainer_loss(tmp_path: Path, script: str, **knobs: str) -> None:
     assert last["loss_state"] == "on" and last["loss_step"] == last["steps"] == int(printed[-1][4])
     assert last["loss"] == pytest.approx(float(printed[-1][6]), rel=1e-4)
     assert last["loss_n"] == 20 and last["bad_step"] == 0
-
-
-@pytest.mark.integration
-def test_lightnings_loss_is_read_as_each_step_prints_it(tmp_path: Path) -> None:
-    _trainer_loss(tmp_path, "tests/scripts/lightning_boring.py", BORING_STEPS="20")
 
 
 @pytest.mark.integration
