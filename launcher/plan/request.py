@@ -110,6 +110,7 @@ def start_request(
         "log_tail": log_tail_settings(),
         **stacks_settings(),
         "watch": True,  # each rank's progress in the agent's beats (the hang watch's, the loss rules')
+        "on_nonfinite": run.on_nonfinite,  # a detached run's nodes stop their part themselves
         "top": progress_settings(plan.job),  # with the watch: each rank's step rate (stragglers)
         "series": dict(SERIES),  # the run's page: what `inv top` reads, sampled by the run's supervisor
     }

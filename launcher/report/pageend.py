@@ -123,6 +123,12 @@ def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool, re
             "",
             (Mark(min(times), "stop", "stopped by its nodes: no launcher heard from"),) if times else (),
         )
+    own = [e for e in stopped if e.stop and e.stop.get("why")]
+    if own and not text:  # a detached run's nodes stopped it themselves (--on-nonfinite stop): that is its cause
+        first = min(own, key=lambda e: e.stop_at if e.stop_at is not None else float("inf"))
+        said = f"stopped by its nodes (--on-nonfinite stop): {first.node}: {first.stop['why']}"  # type: ignore[index]
+        at = first.stop_at if first.stop_at is not None else first.ended
+        return RunEnd(said, "", "", (Mark(at, "loss", said, first.node),) if at is not None else ())
     if stopped and not failed and (not text or end.get("code") in (INTERRUPTED_EXIT, STOPPED_EXIT)):
         return _stopped_by_user(stopped, end.get("code") == INTERRUPTED_EXIT)
     marks = tuple(

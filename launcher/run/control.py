@@ -131,7 +131,14 @@ def _listed_state(
         run.get("started_at"),
         run.get("ended_at"),
         launcher=_launcher(run),
+        detail=_stopped_why(run),
     )
+
+
+def _stopped_why(answer: dict[str, Any]) -> str:
+    """Why a node stopped its part itself (a detached run's non-finite loss, `--on-nonfinite stop`); "" otherwise."""
+    why = answer.get("stopped_why")
+    return f"stopped its part itself (--on-nonfinite stop): {why}" if isinstance(why, str) and why else ""
 
 
 def _launcher(answer: dict[str, Any]) -> dict[str, Any] | None:
@@ -192,6 +199,7 @@ def _states(cluster: Cluster, request: dict[str, Any], settings: Settings, err: 
                 answer.get("found", 0),
                 answer.get("left", 0),
                 launcher=_launcher(answer),
+                detail=_stopped_why(answer),
             )
         )
     return states

@@ -89,3 +89,32 @@ def test_a_bad_shard_is_flagged_alone_and_every_ranks_loss_is_the_one_it_printed
     assert page["loss"]["line"] == lines[0], page["loss"]
     assert [e["text"] for e in page["loss"]["events"]] == [lines[0][len("loss: "):]], page["loss"]
     assert "loss per rank" in (logs / run_id / "report.html").read_text()
+
+
+def test_a_detached_runs_nodes_stop_their_part_on_a_nan_and_status_and_the_page_say_why(make_sandbox,
+                                                                                       tmp_path: Path) -> None:
+    box = make_sandbox(2, master_port=free_port(), script_args=[
+        "--epochs", "50", "--loss-lines", "--nan-at", "40", "--nan-rank", "1", "--sleep-per-step", "0.02"])
+    logs = tmp_path / "logs"
+    started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_of(started.stdout + started.stderr)
+    said: list[str] = []
+
+    def ended() -> bool:
+        status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
+        said[:] = [status.stdout + status.stderr]
+        return "running" not in said[0]
+
+    wait_for(ended, 120, "the run's end on every node", interval=1)
+    logged = inv("logs", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs)
+    losses = printed(logged.stdout)
+    assert max(losses[1]) < 40 + 150, max(losses[1])  # the nodes stopped it, not the end of its 50 epochs
+    why = (f"node-1: stopped its part itself (--on-nonfinite stop): rank 1's loss was nan at step 40 (its last "
+           f"finite: {losses[1][39]:.4g} at step 39)")
+    assert why in said[0], said[0]
+    report = inv("report", "--hosts", str(box.inventory), "--run", run_id, "--json", log_dir=logs)
+    page = json.loads(report.stdout)
+    assert page["root_cause"].startswith("stopped by its nodes (--on-nonfinite stop): node-"), page["root_cause"]
+    assert page["loss"]["line"].startswith("loss: rank "), page["loss"]
+    wait_for(lambda: run_processes(run_id) == [], 30, "every process of the run gone")

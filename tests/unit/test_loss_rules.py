@@ -118,3 +118,12 @@ def test_a_run_stopped_for_its_loss_ends_with_its_code_and_the_loss_as_the_cause
     decision = after_attempt(ended.end, [], nodes=["node-0", "node-1"], min_nodes=2, retries=3, on_hang="stop",
                              failures={}, now=0.0, cooldown=0.0)
     assert isinstance(decision, Final) and decision.reason == Reason.LOSS_NONFINITE
+
+
+def test_a_nodes_own_words_for_a_nonfinite_record_name_the_rank_step_and_last_finite_value() -> None:
+    from launcher.node.agent.nonfinite import words
+
+    record = {"bad": float("nan"), "bad_step": 40, "good": 0.0315518, "good_step": 39}
+    assert words(record, 1) == "rank 1's loss was nan at step 40 (its last finite: 0.03155 at step 39)"
+    first = {"bad": float("inf"), "bad_step": 1, "good": float("nan"), "good_step": 0}
+    assert words(first, None) == "a rank's loss was inf at step 1 (no finite loss before it)"

@@ -224,3 +224,13 @@ def test_a_node_out_of_reach_keeps_the_figures_it_gave_before_and_is_named() -> 
     assert again.saved == {"node-0": {"at": T0 + 130, "answer": {"state": "exited", "exit_code": 0}}}
     assert not again.notes and not again.unreached
     json.dumps(kept.saved)  # what is kept beside the page is JSON
+
+
+def test_a_detached_run_its_nodes_stopped_for_a_nan_has_that_as_its_root_cause_and_mark() -> None:
+    why = "rank 1's loss was nan at step 40 (its last finite: 0.03155 at step 39)"
+    answers = {"node-0": stopped("node-0", 7.4, term_s=0.4, alone=True, killed=0,
+                                 why="rank 0's loss was nan at step 41 (its last finite: 0.04 at step 40)"),
+               "node-1": stopped("node-1", 7.0, term_s=0.4, alone=True, killed=0, why=why)}
+    page = build_page(RUN, journal(2), answers, "logs/x/")
+    assert page.root_cause == f"stopped by its nodes (--on-nonfinite stop): node-1: {why}", page.root_cause
+    assert page.stopped == "" and [(m.kind, m.t, m.node) for m in page.marks] == [("loss", 7.0, "node-1")]

@@ -122,15 +122,15 @@ def window_rate(moves, now, since=None, slack=0.0):
 
 
 def went_nonfinite(run_dir, told):
-    """Whether a rank's record newly says its loss went non-finite (its pid added to `told`): one read of each
-    rank's record, some microseconds a rank."""
-    found = False
+    """The records that newly say their loss went non-finite, as [(pid, record)] (each pid added to `told`): one read
+    of each rank's record, some microseconds a rank."""
+    found = []
     try:
         names = os.listdir(os.path.join(run_dir, PROGRESS_DIR))
     except OSError:
-        return False
+        return found
     for name in names:
-        if name in told:
+        if name in told or not name.isdigit():
             continue
         try:
             with open(os.path.join(run_dir, PROGRESS_DIR, name), "rb") as handle:
@@ -139,7 +139,7 @@ def went_nonfinite(run_dir, told):
             continue
         if record is not None and record["bad_step"]:
             told.add(name)
-            found = True
+            found.append((int(name), record))
     return found
 
 

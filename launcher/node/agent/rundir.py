@@ -161,6 +161,12 @@ def run_state(run_id, run_dir, node, left=None):
         "ended_at": float(ended) if ended else None,
         "processes": left,
     }
+    if state == "stopped":
+        from launcher.node.agent.runner import read_stop  # its stop's record: why, where no user asked for it
+
+        why = (read_stop(run_dir) or {}).get("why")
+        if why:
+            found["stopped_why"] = why
     if state == "running":
         # an attached run's record: who owns it, and whether it is there
         from launcher.node.agent.launcherconsole import read_record

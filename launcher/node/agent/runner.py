@@ -232,6 +232,10 @@ def start_detached(request, run_dir):
             os.close(write_fd)
             trace.to(run_dir)
             trace.note("torchrun started: pid %d; the run's supervisor is this detached process", proc.pid)
+            if request.get("on_nonfinite") == "stop":  # no launcher follows it: its nodes stop a NaN run themselves
+                from launcher.node.agent.nonfinite import watch
+
+                watch(run_dir, request, proc, lambda why: stop_run(run_dir, request["mark"], request["grace"], why=why))
             code, left = finish(proc, run_dir, request["mark"], request["grace"])
             trace.note("torchrun ended: exit code %s, %d process(es) left", code, left)
         except BaseException as exc:
@@ -288,14 +292,16 @@ CONTAINER_RECORD = "container.json"
 STOP_OUTCOME = "stop.json"
 """How a stop ended the run's processes (`stop_run`): when it began (wall), its grace, the seconds until nothing but
 torchrun was left (`term_s`, null past the grace), whether torchrun was then killed alone (`alone`), how many were
-still there at the grace's end and killed (`killed`). `report` carries it to the run's page."""
+still there at the grace's end and killed (`killed`), and why where no user asked for it (`why`). `report` carries it
+to the run's page."""
 
 
-def stop_run(run_dir, mark, grace, record=True, containers=True):
+def stop_run(run_dir, mark, grace, record=True, containers=True, why=None):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left). A run in a
     container: then its client ended if it still lives (one that pulls the image) and its container removed
-    (`containers`: unless its client removed it already)."""
-    found, left = _stop_processes(run_dir, mark, grace, record)
+    (`containers`: unless its client removed it already). `why`: a stop no user asked for (the node's own, for a
+    non-finite loss), kept in its record."""
+    found, left = _stop_processes(run_dir, mark, grace, record, why)
     if containers and os.path.exists(os.path.join(run_dir, CONTAINER_RECORD)):
         from launcher.node.agent.container import remove_run_containers
 
@@ -305,7 +311,7 @@ def stop_run(run_dir, mark, grace, record=True, containers=True):
     return found, left
 
 
-def _stop_processes(run_dir, mark, grace, record):
+def _stop_processes(run_dir, mark, grace, record, why=None):
     """TERM, wait up to `grace` seconds, KILL what is left; returns (processes found, processes left).
 
     One pass over /proc finds the run's processes; the waits look at those alone (a pass a poll made every node's
@@ -354,6 +360,7 @@ def _stop_processes(run_dir, mark, grace, record):
                 "alone": alone,
                 "killed": killed,
                 "term_s": None if term_s is None else round(term_s, 2),
+                **({"why": why} if why else {}),
             },
         )
     return found, len(still_marked(targets, mark))
