@@ -82,6 +82,19 @@ def test_the_json_snapshot_has_every_rank_in_order_with_its_node_and_straggler_f
                                      "last_output_s", "steps_per_s", "straggler"}
 
 
+def test_the_loss_column_says_each_ranks_last_loss_a_nan_by_its_step_and_a_rank_far_above_the_others() -> None:
+    rank = {"local_rank": 0, "pid": 11, "state": "S", "cpu_percent": 50.0, "rss_bytes": 1 << 20,
+            "last_output_s": 0.5, "steps_per_s": 10.0, "step": 7, "last_line": "step 7", "loss_step": 7}
+    losses = [(0.52, 0.5, None), (0.55, 0.55, None), (2.1, 2.2, None),
+              ("nan", 0.5, {"step": 41, "value": "nan", "last_finite": 0.5, "last_finite_step": 40})]
+    views = [NodeView("node-0", {"ranks": [{**rank, "rank": i, "loss": loss, "loss_mean": mean, "nonfinite": bad}
+                                           for i, (loss, mean, bad) in enumerate(losses)]})]
+    snap = as_json("r", views, {})
+    assert [r["loss_outlier"] for r in snap["ranks"]] == [None, None, 4.4, None]  # 2.2 / the median of the others (0.5)
+    text = _rendered(rank_table(views, {}))
+    assert "loss" in text and "0.52" in text and "2.1 4.4x" in text and "nan at 41" in text, text
+
+
 def test_job_progress_must_be_a_regular_expression_with_a_group(tmp_path: Path) -> None:
     def inventory(progress: str) -> Path:
         path = tmp_path / "cluster.yaml"
@@ -200,3 +213,9 @@ def test_the_json_says_each_ranks_collectives_source_and_the_collective_it_is_be
                                           "waited_s": 34.1, "hang_suspected": False, "judged": None, "verdict": None}
     assert look.behind[0].due  # its stacks are to be judged (the verdict then: test_top_verdict.py)
     assert snap["ranks"][0]["behind"] is None and snap["ranks"][1]["straggler_by"] is None
+
+
+def _rendered(table) -> str:  # type: ignore[no-untyped-def]
+    console = Console(width=200, record=True)
+    console.print(table)
+    return console.export_text()
