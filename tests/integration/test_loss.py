@@ -52,7 +52,7 @@ def test_a_nan_on_one_rank_is_named_by_rank_and_step_and_stops_the_run_as_its_ro
 
 def test_a_bad_shard_is_flagged_alone_and_every_ranks_loss_is_the_one_it_printed(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(2, master_port=free_port(), script_args=[
-        "--epochs", "50", "--max-steps", "500", "--loss-lines", "--bad-data-rank", "1", "--sleep-per-step", "0.03"])
+        "--epochs", "50", "--max-steps", "500", "--loss-lines", "--bad-data-rank", "1", "--sleep-per-step", "0.02"])
     logs, out = tmp_path / "logs", tmp_path / "launch.out"
     launch = inv_background("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, out=out,
                             env=PAGE_ON)

@@ -1,19 +1,16 @@
 """The container operations the launcher's `container:` runs will use, on this machine's podman (Debian's, with
-runc): a test image built here with no registry, torch inside it on the host's network, a secret that no command
-line and no `podman inspect` shows, the same image id from the same files in every storage root, and a run's
-containers found and removed by label with nothing of them left. docs/containers-findings.md says why each is done
-so; devtools/podman.py holds the how."""
+runc): a test image built here with no registry, a secret that no command line and no `podman inspect` shows, the
+same image id from the same files in every storage root, and a run's containers found and removed by label with
+nothing of them left (torch inside on the host's network: the launches of tests/integration/test_containers.py).
+docs/containers-findings.md says why each is done so; devtools/podman.py holds the how."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -71,22 +68,6 @@ def test_the_same_files_make_the_same_image_in_every_root_and_another_image_shad
     finally:
         pm.discard_root(again)
         pm.discard_root(other)
-
-
-def test_python_and_torch_run_inside_on_the_host_network(lab: Lab) -> None:
-    run = uuid.uuid4().hex[:12]
-    # The node program's interpreter (this machine's python3, under the bind-mounted /usr), then the venv's torch.
-    proc = start(lab, run, "n0", ["python3", "-c", "import platform; print(platform.python_version())"], "--rm")
-    out, _ = proc.communicate(timeout=pm.TIMEOUT_S)
-    assert proc.returncode == 0 and out.strip().count(".") == 2, out
-    code = "import json, socket, torch; print(json.dumps([torch.__version__, socket.gethostname()]))"
-    proc = start(lab, run, "n0", [sys.executable, "-c", code], "--rm")
-    out, _ = proc.communicate(timeout=pm.TIMEOUT_S)
-    assert proc.returncode == 0, out
-    version, host = json.loads(out.strip().splitlines()[-1])
-    assert version.split("+")[0] == importlib.metadata.version("torch").split("+")[0]
-    assert host == socket.gethostname()
-    assert pm.containers_by_label(f"{pm.RUN_LABEL}={run}", lab.env) == []  # --rm: gone with its process
 
 
 def test_a_secret_given_on_stdin_is_in_no_command_line_and_no_inspect(lab: Lab) -> None:

@@ -29,7 +29,7 @@ FAKE_TORCH = {
 
         class Tensor:
             def __init__(self, value=1.5, n=1, device="cpu"):
-                self.value, self.n, self.device = value, n, Device(device)
+                self.value, self.n, self.device, self.is_cpu = value, n, Device(device), device == "cpu"
 
             def backward(self, gradient=None):
                 """Computes the gradient."""
@@ -51,6 +51,9 @@ FAKE_TORCH = {
                 return Tensor(self.value + other.value, self.n, self.device.type)
 
             def __float__(self):
+                return float(self.value)
+
+            def item(self):
                 return float(self.value)
     '''),
     "torch/optim/__init__.py": "from torch.optim import optimizer\n",
@@ -299,6 +302,7 @@ class _CudaLoss:
     """A one-element CUDA tensor as the hook touches it: reading its value here would be a sync (it raises)."""
 
     device = _Device()
+    is_cpu = False
 
     def __init__(self, value: float) -> None:
         self.value = value

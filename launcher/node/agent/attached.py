@@ -128,7 +128,10 @@ class Attended:
                     return
                 name, made, line = item
                 if self.consoles.current is not console:
-                    console, since = self._turn(console), time.monotonic()
+                    # Beats made before the console came are stale to it; not those made before this thread saw it
+                    # come (the start's console: the run's first beat, an early one for a NaN, was dropped so).
+                    console = self._turn(console)
+                    since = console.came if console is not None else time.monotonic()
                 if console is None or (name == Event.ALIVE and made < since):
                     continue
                 if not console.write(2, line):
@@ -149,8 +152,10 @@ class Attended:
         due = time.monotonic() + interval
         while not self.done.wait(min(interval, bounds.NONFINITE_LOOK_S)):
             now = time.monotonic()
-            if now < due and not (self.request["watch"] and went_nonfinite(self.run_dir, bad)):
-                continue
+            if now < due:
+                if not (self.request["watch"] and went_nonfinite(self.run_dir, bad)):
+                    continue
+                trace.note("a rank's loss went non-finite: a beat now, not in %.1f s", due - now)
             due = now + interval
             if queued_events() < bounds.QUEUED_BEATS_MAX:
                 if self.request["watch"]:

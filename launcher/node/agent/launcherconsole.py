@@ -48,6 +48,7 @@ class Console:
     def __init__(self, fds, owner, offset=None, link=None, who=None):
         self.fds = fds
         self.owner, self.offset, self.link, self.who = owner, offset, link, who
+        self.came = time.monotonic()  # beats made before it came are stale to it (attached.py `send_events`)
         self.gone = threading.Event()
         self._lock = threading.Lock()
         self._users = 0

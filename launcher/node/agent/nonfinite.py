@@ -26,7 +26,8 @@ def words(record, rank):
 
 
 def watch(run_dir, request, proc, stop):
-    """Start the thread: until torchrun ends, `stop(why)` once a rank's loss went non-finite."""
+    """Start the thread: until torchrun ends, `stop(why)` once a rank's loss went non-finite (in the thread: the
+    caller joins it once torchrun ended, so that the stop's record is whole before the supervisor exits)."""
 
     def look():
         told = set()
@@ -41,6 +42,7 @@ def watch(run_dir, request, proc, stop):
                 return
             stopped.wait(bounds.NONFINITE_LOOK_S)
 
-    stopped = threading.Event()
-    threading.Thread(target=look, daemon=True, name="nonfinite").start()
-    return stopped
+    stopped = threading.Event()  # never set: a wait that is a sleep's length, told by the bounds
+    thread = threading.Thread(target=look, daemon=True, name="nonfinite")
+    thread.start()
+    return thread

@@ -93,10 +93,17 @@ STOP_RECORD = "stop_requested"
 """The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
 
 
-def record_stop(run_dir):
-    """Note that the run was asked to stop (status then says `stopped`, not `exited`); best effort."""
+def record_stop(run_dir, why=None):
+    """Note that the run was asked to stop (status then says `stopped`, not `exited`), and `why` where no user asked
+    (the node's own stop for a non-finite loss); best effort."""
     if not stop_recorded(run_dir):
-        record(os.path.join(run_dir, STOP_RECORD), str(time.time()))
+        record(os.path.join(run_dir, STOP_RECORD), "%r%s" % (time.time(), " " + why if why else ""))
+
+
+def stopped_why(run_dir):
+    """Why the run's own node stopped it (`record_stop`'s `why`), or None: a user's stop, or none."""
+    text = read_text(os.path.join(run_dir, STOP_RECORD))
+    return text.split(" ", 1)[1] if text and " " in text else None
 
 
 def stop_recorded(run_dir):
@@ -161,12 +168,9 @@ def run_state(run_id, run_dir, node, left=None):
         "ended_at": float(ended) if ended else None,
         "processes": left,
     }
-    if state == "stopped":
-        from launcher.node.agent.runner import read_stop  # its stop's record: why, where no user asked for it
-
-        why = (read_stop(run_dir) or {}).get("why")
-        if why:
-            found["stopped_why"] = why
+    why = stopped_why(run_dir) if state in ("stopped", "running") else None
+    if why:
+        found["stopped_why"] = why
     if state == "running":
         # an attached run's record: who owns it, and whether it is there
         from launcher.node.agent.launcherconsole import read_record

@@ -232,11 +232,15 @@ def start_detached(request, run_dir):
             os.close(write_fd)
             trace.to(run_dir)
             trace.note("torchrun started: pid %d; the run's supervisor is this detached process", proc.pid)
+            watcher = None
             if request.get("on_nonfinite") == "stop":  # no launcher follows it: its nodes stop a NaN run themselves
                 from launcher.node.agent.nonfinite import watch
 
-                watch(run_dir, request, proc, lambda why: stop_run(run_dir, request["mark"], request["grace"], why=why))
+                stop = lambda why: stop_run(run_dir, request["mark"], request["grace"], why=why)  # noqa: E731
+                watcher = watch(run_dir, request, proc, stop)
             code, left = finish(proc, run_dir, request["mark"], request["grace"])
+            if watcher is not None:  # its stop (if it stopped the run) writes how it went: whole before we exit
+                watcher.join(request["grace"] + bounds.NONFINITE_STOP_MARGIN_S)
             trace.note("torchrun ended: exit code %s, %d process(es) left", code, left)
         except BaseException as exc:
             try:
@@ -323,7 +327,7 @@ def _stop_processes(run_dir, mark, grace, record, why=None):
     if not targets:  # the common sweep: nothing of the run is left, and nothing is left to start anything
         return 0, 0
     if record:  # before the signal: the run's own supervisor, seeing torchrun end, reads who stopped it
-        record_stop(run_dir)
+        record_stop(run_dir, why)
     began, t0 = time.time(), time.monotonic()
     found = signal_run(run_dir, mark, signal.SIGTERM, targets)
     leader = leader_of(run_dir)

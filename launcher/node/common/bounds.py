@@ -102,6 +102,9 @@ second at most, so a fast loop pays for few; the counts keep their own times, so
 NONFINITE_LOOK_S = 0.5
 """How often an attached run's agent reads its ranks' records for a loss gone non-finite, to send a beat at once
 (launcher/node/agent/attached.py `tick`): a read of a 256-byte file a rank, some microseconds."""
+NONFINITE_STOP_MARGIN_S = 5.0
+"""Beyond the grace, how long a detached run's supervisor waits, once torchrun ended, for its own stop for a
+non-finite loss to finish (its KILLs, the stop's record): it exits after, and a thread of it would die with it."""
 LOSS_RING = 64
 """The CUDA losses on their way to the CPU at most (a pinned float each, launcher/node/worker/loss.py): a step whose
 slot is still in flight gets no value (never a sync to free one); 64 steps is more than CUDA runs ahead."""
