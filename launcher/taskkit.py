@@ -4,6 +4,7 @@ the help texts of the options many tasks have."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -32,7 +33,22 @@ JOB_HELP = "a SLURM job id (from the slurm.submit task): ask SLURM instead of th
 SCRIPT_HELP = "script to run instead of the inventory's job.script (relative to each node's workdir)"
 MODULE_HELP = "Python module to run instead of the inventory's job (torchrun -m MODULE)"
 COMMAND_HELP = "program to run instead of the inventory's job, not under Python (torchrun --no-python COMMAND)"
-ARGS_HELP = "arguments for the script, as one shell-quoted string (replaces job.args)"
+ARGS_HELP = (
+    "arguments for the script, as one shell-quoted string (replaces job.args); or give them after `--` at the "
+    "end, as torchrun takes them: `launch --hosts H -- --steps 200`"
+)
+
+
+def script_args(args: str | None) -> str | None:
+    """The script's arguments: `--args`, or the words after the command line's `--` (Invoke keeps them from every
+    task: they would be dropped without a word), shell-quoted; an Exit where both are given."""
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        return args
+    after = argv[argv.index("--") + 1 :]
+    if args is not None:
+        raise Exit("error: --args and the words after `--` both give the script's arguments: give one of them", USAGE)
+    return shlex.join(after)
 
 
 class _Task(Task):

@@ -38,6 +38,7 @@ from launcher.taskkit import (
     hosts_from,
     none_given,
     reported,
+    script_args,
     slurm_job,
     task,
     task_hosts,
@@ -134,7 +135,7 @@ def launch(
         raise Exit("error: --json goes with --dry-run", USAGE)
     return app.launch(
         task_hosts(c, hosts, include, exclude, image),
-        app.JobArgs(script, module, command, args),
+        app.JobArgs(script, module, command, script_args(args)),
         dry_run=dry_run,
         doctor=not skip_doctor,
         sync=sync,
@@ -322,7 +323,7 @@ def slurm_submit(
         time=time,
         gpus_per_node=gpus_per_node,
         dry_run=dry_run,
-        job=app.JobArgs(script, module, command, args),
+        job=app.JobArgs(script, module, command, script_args(args)),
         skip_doctor=skip_doctor,
         job_name=job_name,
         settings=task_settings(c),

@@ -152,3 +152,13 @@ def test_a_hostfile_without_a_job_asks_for_one(hostfile: Path) -> None:
 # --- on real sshd nodes --------------------------------------------------------------------------------------------
 
 
+
+
+def test_the_words_after_a_double_dash_are_the_scripts_arguments_and_args_beside_them_is_refused() -> None:
+    # torchrun, deepspeed and most launchers take them so (they were dropped without a word: #69 item 1)
+    result = inv("launch", "--hosts", EXAMPLE, "--include", "gpu01", "--dry-run", "--", "--steps", "200",
+                 "--name", "a b", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--steps 200 --name 'a b'" in result.stdout, result.stdout
+    both = inv("launch", "--hosts", EXAMPLE, "--args", "--steps 1", "--dry-run", "--", "--steps", "200", timeout=60)
+    assert both.returncode == USAGE and "--args and the words after `--` both give" in both.stderr, both.stderr
