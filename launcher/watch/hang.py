@@ -24,6 +24,17 @@ COUNTERS = ("steps", "batches")
 """A rank's counters in the beats (absent where the worker's hook does not count): any growth is progress."""
 
 
+def reached_step(named: Any, counted: Any) -> int | None:
+    """The step a rank reached: the optimizer steps its hook counted, unless its lines name a step beyond them (a
+    resumed run, whose lines go on from its checkpoint's step while the count starts again). Lines alone can say a
+    step the rank never took (`hanging before step 30` after 29 steps)."""
+    named = named if isinstance(named, int) and not isinstance(named, bool) else None
+    counted = counted if isinstance(counted, int) and not isinstance(counted, bool) and counted > 0 else None
+    if counted is None:
+        return named
+    return named if named is not None and named > counted + 1 else counted
+
+
 @dataclass
 class HangWatch:
     """The whole run's progress, from every node's `alive` beats (times are the controller's monotonic clock)."""
@@ -64,8 +75,8 @@ class HangWatch:
                 self._line(now - float(quiet), key)
             for counter in COUNTERS:
                 self._count(now, (*key, counter), rank.get(counter))
-            step = rank.get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
+            step = reached_step(rank.get("step"), rank.get("steps"))
+            if step is not None:
                 self._steps[key] = step
 
     def _line(self, at: float, key: tuple[str, int]) -> None:
