@@ -283,8 +283,12 @@ def stacks(setting):
     import signal
 
     def register():
-        handle = open(os.path.join(folder, "%d.txt" % os.getpid()), "a")
+        # The file appears under its name once faulthandler holds it: a look that sees the file finds it answered
+        # (a signal between the open and the register met SIG_IGN: an empty file, under a loaded suite).
+        path = os.path.join(folder, "%d.txt" % os.getpid())
+        handle = open(path + ".new", "a")
         faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
+        os.rename(path + ".new", path)
         globals()["stacks_file"] = handle  # faulthandler keeps only the descriptor
 
     # Ignored before faulthandler first takes it: Python's exit puts back the action found then, and the default of a
