@@ -29,7 +29,7 @@ def printed(output: str) -> dict[int, dict[int, float]]:
 
 def test_a_nan_on_one_rank_is_named_by_rank_and_step_and_stops_the_run_as_its_root_cause(make_sandbox,
                                                                                        tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script_args=[
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script_args=[
         "--epochs", "50", "--loss-lines", "--nan-at", "40", "--nan-rank", "1", "--sleep-per-step", "0.02"])
     launched = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=tmp_path / "logs", timeout=240)
     said = launched.stdout + launched.stderr
@@ -51,7 +51,7 @@ def test_a_nan_on_one_rank_is_named_by_rank_and_step_and_stops_the_run_as_its_ro
 
 
 def test_a_bad_shard_is_flagged_alone_and_every_ranks_loss_is_the_one_it_printed(make_sandbox, tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script_args=[
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script_args=[
         "--epochs", "50", "--max-steps", "500", "--loss-lines", "--bad-data-rank", "1", "--sleep-per-step", "0.02"])
     logs, out = tmp_path / "logs", tmp_path / "launch.out"
     launch = inv_background("launch", "--hosts", str(box.inventory), "--skip-doctor", log_dir=logs, out=out,
@@ -93,7 +93,7 @@ def test_a_bad_shard_is_flagged_alone_and_every_ranks_loss_is_the_one_it_printed
 
 def test_a_detached_runs_nodes_stop_their_part_on_a_nan_and_status_and_the_page_say_why(make_sandbox,
                                                                                        tmp_path: Path) -> None:
-    box = make_sandbox(2, master_port=free_port(), script_args=[
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script_args=[
         "--epochs", "50", "--loss-lines", "--nan-at", "40", "--nan-rank", "1", "--sleep-per-step", "0.02"])
     logs = tmp_path / "logs"
     started = inv("launch", "--hosts", str(box.inventory), "--detach", "--skip-doctor", log_dir=logs)
