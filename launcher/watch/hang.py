@@ -118,8 +118,9 @@ class HangWatch:
         return quiet if quiet >= limit else None
 
     def reached(self) -> int | None:
-        """The furthest step any rank's lines named (None: no rank names its steps)."""
-        return max(self._steps.values(), default=None)
+        """The step every rank had reached (`reached_step` of each: None where none names or counts its steps): the
+        ranks that wait in a collective may have stepped once more than the one that holds them up."""
+        return min(self._steps.values(), default=None)
 
     def rearm(self, now: float) -> None:
         """After the stacks were looked at and the run goes on (not hung, or `--on-hang keep`): the next look one
