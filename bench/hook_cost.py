@@ -103,6 +103,27 @@ def hook_alone() -> dict[str, float]:
     return {"plain_us": min(plain), "hooked_us": min(wrapped), "added_us": min(wrapped) - min(plain)}
 
 
+def loss_alone() -> dict[str, float]:
+    """Microseconds the loss's read adds to a step: the recorder's backward and step with a real torch loss, reading
+    on and off in turn (the fastest of ROUNDS rounds each): what the tiny loop's noise (+-5%) cannot resolve."""
+    import torch
+
+    recorder = hook.Recorder(tempfile.mkdtemp(prefix="hook-cost-"), bounds.RECORD_BYTES, bounds.RECORD_FLUSH_S,
+                             time.monotonic, bounds.LOSS_RING)
+    weight = torch.randn(4, 4, requires_grad=True)
+    loss = (weight * 2).sum()
+    found: dict[str, list[float]] = {"on": [], "off": []}
+    for _ in range(ROUNDS):
+        for state in ("on", "off"):
+            recorder.loss_state = state.encode()
+            began = time.perf_counter()
+            for _ in range(STEPS):
+                recorder.backward(loss, None)
+                recorder.step()
+            found[state].append((time.perf_counter() - began) / STEPS * 1e6)
+    return {"on_us": min(found["on"]), "off_us": min(found["off"])}
+
+
 def torch_loop() -> dict[str, float]:
     """Microseconds a real step takes in one process with the hook, its patches taken off and put back in turn (the
     fastest of TORCH_ROUNDS rounds each: the machine's other work only adds)."""
@@ -218,6 +239,9 @@ def main() -> int:
     alone = hook_alone()
     print(f"hook alone: {alone['plain_us']:.2f} us a step unwrapped, {alone['hooked_us']:.2f} us wrapped and "
           f"recorded: +{alone['added_us']:.2f} us a step")
+    read = loss_alone()
+    print(f"the loss read alone (the recorder's backward and step, a real torch loss): {read['off_us']:.2f} us a step "
+          f"off, {read['on_us']:.2f} us on: +{read['on_us'] - read['off_us']:.2f} us a step")
     real = torch_loop()
     print(f"tiny torch step (fastest of {TORCH_ROUNDS} rounds x {TORCH_STEPS} steps, in turn): "
           f"{real['plain_us']:.1f} us without the hook's patches, {real['hooked_us']:.1f} us with them: "
