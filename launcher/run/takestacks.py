@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, NodeFailure
-from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S
+from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, NCCL_MAX_BYTES, STACKS_WAIT_S, TOP_BEHIND_SAY_S
 from launcher.report.hangs import write_nccl, write_stacks
 from launcher.run.actions import agent_action, check_run_id, reached
 from launcher.run.control import _agent_error, chosen_run
@@ -112,12 +112,20 @@ def two_looks(
     return first, look()
 
 
-def behind_said(answers: Mapping[str, Mapping[str, Any] | str]) -> str:
-    """What every rank's collectives in the nodes' answers say of the ranks behind; "" when nothing (or not every
-    rank's collectives are known)."""
+def behind_said(answers: Mapping[str, Mapping[str, Any] | str], now: float | None = None) -> str:
+    """What every rank's collectives in the nodes' answers say of the ranks behind, where it lasts: the ranks that
+    entered the collective have waited in it for TOP_BEHIND_SAY_S at least (in a healthy run one rank is often a
+    collective behind another at a single look: said so, it read as a diagnosis); "" when nothing is (or not every
+    rank's collectives are known, or when the others entered it is not)."""
+    now = time.time() if now is None else now
     arrivals = Arrivals()
-    arrivals.feed(answered(answers), time.time())
-    return "; ".join(b.line() for b in arrivals.behind(time.time()) or ())
+    arrivals.feed(answered(answers), now)
+    said = []
+    for behind in arrivals.behind(now) or ():
+        entered = arrivals.arrived.get(behind.group, {}).get(behind.seq, {})
+        if entered and now - max(entered.values()) >= TOP_BEHIND_SAY_S:
+            said.append(f"{behind.line()} {now - max(entered.values()):.0f} s ago")
+    return "; ".join(said)
 
 
 def _ask(

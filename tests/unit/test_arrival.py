@@ -292,3 +292,21 @@ def test_a_rank_whose_collectives_are_not_read_yet_neither_blames_the_others_nor
     stopped.feed([ranks[0], {"rank": 1, "collectives": {"source": None, "groups": {}, "arrivals": {}, "age_s": 0.0,
                                                         "why": "AttributeError: partially initialized module"}}], wall)
     assert not stopped.recording() and lateness(stopped, wall) is None  # the forward rule, as without a recorder
+
+
+def test_stacks_say_a_rank_behind_only_once_the_others_have_waited_for_it_not_one_step_apart() -> None:
+    from launcher.run.takestacks import behind_said
+
+    def answers(entered_at: float) -> dict:
+        ranks = []
+        for number, (enq, done) in {0: (101, 100), 1: (100, 100)}.items():
+            rows = [[seq, "all_reduce", entered_at if seq == 101 else entered_at - 0.1] for seq in range(99, enq + 1)]
+            ranks.append({"rank": number, "collectives": {
+                "source": "flight recorder", "age_s": 0.2, "why": None, "arrivals": {"0": rows},
+                "groups": {"0": {"desc": "default_pg", "size": 2, "enqueued": enq, "started": -1, "completed": done,
+                                 "in_flight": [101, "all_reduce"] if enq > done else None}}}})
+        return {"node-0": {"workers": ranks}}
+
+    assert behind_said(answers(999.8), now=1000.0) == ""  # one step apart at the look: a healthy run (#69 item 3)
+    assert behind_said(answers(988.0), now=1000.0) == (
+        "rank 1 never entered all_reduce #101 of default_pg (its last: #100), which rank 0 entered 12 s ago")

@@ -130,12 +130,15 @@ def collect(run_dir, mark, wait_s):
 
 
 def _collectives(run_dir, pid, start):
-    """A rank's process groups as its collectives' thread last read them (no arrivals: a look wants only where each
-    rank is); None without its file."""
+    """A rank's process groups as its collectives' thread last read them, and of its arrivals each group's newest
+    alone (a look wants where each rank is, and since when: a rank behind is a finding once the others have waited
+    a while); None without its file."""
     from launcher.node.agent.records import RankCollectives, read_collectives
 
     found = RankCollectives().fields(read_collectives(run_dir, pid, start), time.time())
-    return None if found is None else dict(found, arrivals={})
+    if found is None:
+        return None
+    return dict(found, arrivals={group: rows[-1:] for group, rows in (found.get("arrivals") or {}).items() if rows})
 
 
 def _ask(folder, pid, start, fields, asked):
