@@ -24,17 +24,6 @@ COUNTERS = ("steps", "batches")
 """A rank's counters in the beats (absent where the worker's hook does not count): any growth is progress."""
 
 
-def reached_step(named: Any, counted: Any) -> int | None:
-    """The step a rank reached: the optimizer steps its hook counted, unless its lines name a step beyond them (a
-    resumed run, whose lines go on from its checkpoint's step while the count starts again). Lines alone can say a
-    step the rank never took (`hanging before step 30` after 29 steps)."""
-    named = named if isinstance(named, int) and not isinstance(named, bool) else None
-    counted = counted if isinstance(counted, int) and not isinstance(counted, bool) and counted > 0 else None
-    if counted is None:
-        return named
-    return named if named is not None and named > counted + 1 else counted
-
-
 @dataclass
 class HangWatch:
     """The whole run's progress, from every node's `alive` beats (times are the controller's monotonic clock)."""
@@ -75,8 +64,8 @@ class HangWatch:
                 self._line(now - float(quiet), key)
             for counter in COUNTERS:
                 self._count(now, (*key, counter), rank.get(counter))
-            step = reached_step(rank.get("step"), rank.get("steps"))
-            if step is not None:
+            step = rank.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
                 self._steps[key] = step
 
     def _line(self, at: float, key: tuple[str, int]) -> None:
@@ -118,9 +107,10 @@ class HangWatch:
         return quiet if quiet >= limit else None
 
     def reached(self) -> int | None:
-        """The step every rank had reached (`reached_step` of each: None where none names or counts its steps): the
-        ranks that wait in a collective may have stepped once more than the one that holds them up."""
-        return min(self._steps.values(), default=None)
+        """The furthest step any rank's lines named (None: no rank names its steps). Not the hook's counted steps:
+        at a hang a fast loop's record lags by the steps of its last flush interval (nothing comes to write it), and
+        a CI run said `after step 10` for a rank 11 steps in."""
+        return max(self._steps.values(), default=None)
 
     def rearm(self, now: float) -> None:
         """After the stacks were looked at and the run goes on (not hung, or `--on-hang keep`): the next look one

@@ -165,12 +165,3 @@ def test_the_inventorys_job_may_set_the_hang_timeout() -> None:
                                              r"86400, got 'soon' \(str\)$"):
         parse_inventory("hosts: [a]\njob: {script: train.py, hang_timeout: soon}\n", "inv.yaml")
 
-
-def test_the_step_a_hang_came_after_is_the_counted_one_unless_the_lines_go_on_from_a_resume() -> None:
-    from launcher.watch.hang import reached_step
-
-    assert reached_step(30, 29) == 29  # the script printed `hanging before step 30` after 29 steps (#69 item 10)
-    assert reached_step(10, 14) == 14  # a loop that prints every 10 steps
-    assert reached_step(41_010, 10) == 41_010  # a resumed run: its lines go on from the checkpoint's step
-    assert reached_step(None, 7) == 7 and reached_step(7, None) == 7 and reached_step(7, 0) == 7
-    assert reached_step(None, None) is None and reached_step(True, None) is None
