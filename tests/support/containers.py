@@ -111,8 +111,10 @@ def discard(nodes: ContainerNodes | None) -> None:
     """Every container and image of the nodes' own roots, the roots, and their folder once it is empty."""
     if nodes is not None:
         for own in nodes.roots:
-            pm.discard_root(own)
-            shutil.rmtree(own, ignore_errors=True)
+            try:
+                pm.discard_root(own)
+            finally:  # a runtime that failed to answer (a loaded suite) leaves no folder behind all the same
+                shutil.rmtree(own, ignore_errors=True)
         for folder in {own.parent for own in nodes.roots}:
             with contextlib.suppress(OSError):
                 folder.rmdir()
