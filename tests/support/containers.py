@@ -8,11 +8,11 @@ in docs/development.md). A node may have an image of its own under the same tag 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ import yaml
 
 from devtools import podman as pm
 from devtools.sandbox import Sandbox
+from devtools.sandbox.procs import pids_mentioning
 from tests.support.nodeenv import node_python
 
 TAG = "localhost/ddpl-test:1"
@@ -116,5 +117,9 @@ def discard(nodes: ContainerNodes | None) -> None:
             finally:  # a runtime that failed to answer (a loaded suite) leaves no folder behind all the same
                 shutil.rmtree(own, ignore_errors=True)
         for folder in {own.parent for own in nodes.roots}:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+            # A runtime's cleanup still under way (conmon's `podman container cleanup` of a node's last container)
+            # makes its root's tmp/ again after the rmtree: gone once nothing names the folder any more.
+            deadline = time.monotonic() + 15
+            while pids_mentioning(str(folder)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            shutil.rmtree(folder, ignore_errors=True)
