@@ -8,7 +8,6 @@ sent: launcher.doctor.request.
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from launcher.doctor.checklist import evaluate, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.doctor.request import connect_section, listen_request, probe_input, probe_request, session_section
 from launcher.errors import DoctorFailed, NodeFailure
+from launcher.node.wire import probe_answer
 from launcher.parallel import parallel
 from launcher.paths import hint
 from launcher.run.gate import Before
@@ -34,21 +34,6 @@ if TYPE_CHECKING:
     from launcher.events import NodeFacts
 
 CheckMode = Literal["all", "fast"]
-
-
-def probe_answer(stdout: str) -> dict[str, Any] | None:
-    """The probe's answer in its output: the last line that is a JSON object. A `python:` that is a wrapper may print
-    before its interpreter starts or after it ends (`wrapper-done`), and exit as it likes: the launch's start gate
-    reads the agent's events whatever the wrapper adds, and so does the doctor."""
-    for line in reversed(stdout.splitlines()):
-        if line.lstrip().startswith("{"):
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(answer, dict):
-                return answer
-    return None
 
 
 def local_script(cluster: Cluster) -> tuple[str, bool] | None:

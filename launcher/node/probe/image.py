@@ -26,7 +26,7 @@ import time
 from launcher.node.common import bounds
 from launcher.node.common.containers import NVIDIA_DEVICE, run_words, runtime_kind, runtime_path
 from launcher.node.loader import node_path
-from launcher.node.wire import BadRequest, seconds
+from launcher.node.wire import BadRequest, probe_answer, seconds
 
 INSPECT_FORMAT = "{{.Id}} {{json .Created}}"
 """The image's id and creation time, alike for podman and docker (`.Created` as JSON: RFC 3339 on both)."""
@@ -120,19 +120,6 @@ def runtime_facts(spec, deadline):
         return facts, None
     facts.update(usable=True, present=False, missing=why[1])
     return facts, None
-
-
-def probe_answer(stdout):
-    """The probe's JSON answer: the last line of its output that is a JSON object."""
-    for line in reversed(stdout.splitlines()):
-        if line.lstrip().startswith("{"):
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(answer, dict):
-                return answer
-    return None
 
 
 def probe_inside(request, program, deadline):
