@@ -7,6 +7,7 @@ peers go, as when any node's part ends.
 """
 
 import threading
+import time
 
 from launcher.node.agent import trace
 from launcher.node.agent.records import went_nonfinite
@@ -40,9 +41,8 @@ def watch(run_dir, request, proc, stop):
                 trace.note("a non-finite loss (--on-nonfinite stop): %s; stopping this node's part", why)
                 stop(why)
                 return
-            stopped.wait(bounds.NONFINITE_LOOK_S)
+            time.sleep(bounds.NONFINITE_LOOK_S)
 
-    stopped = threading.Event()  # never set: a wait that is a sleep's length, told by the bounds
     thread = threading.Thread(target=look, daemon=True, name="nonfinite")
     thread.start()
     return thread

@@ -98,19 +98,23 @@ def children_listed():
 
 def own_zombies(pid):
     """The children of `pid` that have ended and wait to be reaped (state Z)."""
-    found = []
+    return [kid for kid in task_children(pid) or () if not alive(kid) and os.path.exists("/proc/%d" % kid)]
+
+
+def task_children(pid):
+    """The pids the kernel lists as children of each of `pid`'s tasks; None when `pid` is gone."""
     try:
         tasks = os.listdir("/proc/%d/task" % pid)
     except OSError:
-        return found
+        return None
+    kids = []
     for tid in tasks:
         try:
             with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
-                kids = [int(k) for k in f.read().split()]
+                kids += [int(k) for k in f.read().split()]
         except (OSError, ValueError):
             continue
-        found += [kid for kid in kids if not alive(kid) and os.path.exists("/proc/%d" % kid)]
-    return found
+    return kids
 
 
 def descendants(pid):
@@ -118,19 +122,11 @@ def descendants(pid):
     each task's children."""
     below, todo = [], [pid]
     while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir("/proc/%d/task" % parent)
-        except OSError:
+        kids = task_children(todo.pop())
+        if kids is None:
             continue  # gone meanwhile: its children moved up to the reaper
-        for tid in tasks:
-            try:
-                with open("/proc/%d/task/%s/children" % (parent, tid)) as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            below += kids
-            todo += kids
+        below += kids
+        todo += kids
     return below
 
 
