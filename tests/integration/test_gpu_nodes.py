@@ -148,8 +148,11 @@ def test_include_maps_through_the_nodes_own_visible_devices_and_top_shows_the_ru
     table[7]["error"] = "[GPU requires reset]"
     node(root, "node-0", table, visible="4,5,6,7", apps="ranks")
     script = tmp_path / "envdump.py"
+    # Written whole, then renamed into place: the test reads a file the moment it exists.
     script.write_text("import json, os, sys, time\n"
-                      f"json.dump(dict(os.environ), open('{tmp_path}/env-' + os.environ['RANK'], 'w'))\n"
+                      f"path = '{tmp_path}/env-' + os.environ['RANK']\n"
+                      "json.dump(dict(os.environ), open(path + '.part', 'w'))\n"
+                      "os.replace(path + '.part', path)\n"
                       "print('ready', flush=True)\ntime.sleep(120)\n")
     hosts = inventory(box, tmp_path / "inv.yaml", 4, nodes=1, script=str(script))
     logs = tmp_path / "logs"
