@@ -1,12 +1,13 @@
 """Figure (recover): from a hang back to training, unattended (`--on-hang restart --retries 1 --hang-timeout 15`).
 
-A 3-node run of bench/workloads/hang_at_step.py (a tiny model, an optimizer step and an all_reduce a step, a
-checkpoint every 5 steps); node-1's rank sleeps for ever at step 12. The launcher finds the hang, stops the attempt,
-starts the run again on node-0 and node-2 with --resume, and the run ends. The figure: from the hang's start (the
-last progress the launcher saw) to every rank's first optimizer step in the next attempt, and where the time went,
-from the launch's own record (logs/<run>/attempts.json, journal.json): the hang timeout and the two looks at the
-stacks (the verdict), the stop, between the attempts (retry_wait, the doctor's checks, the sweep), the next attempt's
-start to its first step (torch's import, the rendezvous, the resume). Target: the timeout plus 20 s on the sandbox.
+A 3-node run of bench/workloads/hang_at_step.py (a tiny model, an optimizer step and an all_reduce a step, a checkpoint
+every 5 steps); node-1's rank sleeps for ever at step 12. The launcher finds the hang, stops the attempt, starts the run
+again on node-0 and node-2 (the same arguments: the attempt is in DDP_LAUNCHER_ATTEMPT), and the run ends. The figure:
+from the hang's start (the last progress the launcher saw) to every rank's first optimizer step in the next attempt, and
+where the time went, from the launch's own record (logs/<run>/attempts.json, journal.json): the hang timeout and the two
+looks at the stacks (the verdict), the stop, between the attempts (retry_wait, the doctor's checks, the sweep), the next
+attempt's start to its first step (torch's import, the rendezvous, the resume). Target: the timeout plus 20 s on the
+sandbox.
 """
 
 from __future__ import annotations

@@ -50,7 +50,13 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     checkpoint, start_epoch = args.checkpoint_dir / "checkpoint.pt", 0
-    if args.resume and checkpoint.exists():
+    # A restart resumes too: the launcher's next attempt (--retries) is told in DDP_LAUNCHER_ATTEMPT, torchrun's own
+    # (--max-restarts) in TORCHELASTIC_RESTART_COUNT; neither adds an argument.
+    restarted = (
+        int(os.environ.get("DDP_LAUNCHER_ATTEMPT", "1")) > 1
+        or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    )
+    if (args.resume or restarted) and checkpoint.exists():
         # Every rank loads it (the optimizer's state too), so --checkpoint-dir must be on a disk all nodes share.
         state = torch.load(checkpoint, map_location=device)
         model.load_state_dict(state["model"])

@@ -161,17 +161,19 @@ def attach(
     *,
     on_output: Lines | None = None,
     on_message: Lines | None = None,
+    force: bool = False,
     **options: Any,
 ) -> RunResult:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed process,
     another machine), as `ddpl attach` does: its output from where this machine's copy stopped (to `on_output` and
     `on_message`, as `launch`'s), heartbeats again, a KeyboardInterrupt stops it everywhere; returns its `RunResult`
-    once it ends. `run_id`: default, the inventory's running run."""
+    once it ends. `run_id`: default, the inventory's running run. A run whose launcher its nodes still hear raises
+    LauncherError unless `force` (that launcher then lets go)."""
     settings = _settings(options)
     chosen = [check_run_id(run_id) or ""]
     ended = _attended(
         lambda run_io: app.attach(
-            app.Hosts(str(hosts)), run_id, settings=settings, run_io=run_io, on_run=chosen.append
+            app.Hosts(str(hosts)), run_id, settings=settings, run_io=run_io, on_run=chosen.append, force=force
         ),
         lambda: chosen[-1],
         settings,

@@ -111,6 +111,8 @@ class Started(NodeEvent):
 @dataclass(frozen=True)
 class Output(NodeEvent):
     data: bytes
+    at: int | None = None
+    """The byte of the node's log `data` starts at (None: unknown; a copy then appends it)."""
 
 
 @dataclass(frozen=True)
@@ -152,12 +154,13 @@ class Reattached(NodeEvent):
 @dataclass(frozen=True)
 class CutOff(NodeEvent):
     """No node of the run can be reached (`node` is ""), past the silence timeout: this launcher's own network, most
-    likely. It keeps trying until the nodes' bound, when they stop the run by themselves."""
+    likely. It keeps trying until the nodes' bound, when they stop the run by themselves (for ever with none)."""
 
     since: float = 0.0
     """When the first of them went out of reach (wall clock)."""
-    until: float = 0.0
-    """When the nodes stop the run by themselves, unless a launcher is back (wall clock)."""
+    until: float | None = None
+    """When the nodes stop the run by themselves, unless a launcher is back (wall clock); None: they keep it (no
+    heartbeat bound)."""
 
 
 @dataclass(frozen=True)

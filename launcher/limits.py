@@ -45,9 +45,9 @@ ATTACH_TAIL_BYTES = 64 * 1024
 lines of its last this many bytes."""
 
 
-def heartbeat_interval(timeout: float) -> float:
-    """Seconds between two heartbeats for a given timeout (at most 5 s)."""
-    return min(5.0, timeout / HEARTBEAT_DIVISOR)
+def heartbeat_interval(timeout: float | None) -> float:
+    """Seconds between two heartbeats for a given timeout (at most 5 s; 5 s with no bound)."""
+    return 5.0 if timeout is None else min(5.0, timeout / HEARTBEAT_DIVISOR)
 
 
 # --- SSH (launcher.transport) ------------------------------------------------------------------------------

@@ -77,6 +77,8 @@ _NUMBERS: dict[str, tuple[type, float, float]] = {
     "straggler_hold": (float, 0.0, MAX_SECONDS),
 }
 _SHARES = ("straggler_factor",)
+_ZERO_IS_NONE = ("heartbeat_timeout",)
+"""Bounds that 0 turns off (below their minimum otherwise): invoke.yaml cannot say None."""
 """Float options that are a share, not seconds (the messages say so)."""
 COMMAND_LINE_ONLY = ("retries",)
 """Options that an inventory sets for its cluster, and the command line for one launch: never invoke.yaml."""
@@ -106,8 +108,12 @@ def number(name: str, value: Any, source: str) -> float | int:
         raise LauncherError(f"{source} must be {what}, got {shown!r}") from None
     if kind is float and not math.isfinite(result):
         raise LauncherError(f"{source} must be a finite {what[2:]}, got {shown!r}")
+    if result == 0 and name in _ZERO_IS_NONE:
+        return result
     if not minimum <= result <= maximum:
         low, high = (f"{minimum:g}", f"{maximum:g}{unit}") if kind is float else (f"{minimum}", f"{maximum}")
+        if name in _ZERO_IS_NONE:
+            raise LauncherError(f"{source} must be 0 (no bound) or from {low} to {high}, got {shown!r}")
         raise LauncherError(f"{source} must be from {low} to {high}, got {shown!r}")
     return result
 

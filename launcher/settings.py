@@ -38,14 +38,17 @@ Half an hour lets such a pull finish; one that takes longer is stuck (a registry
 ended with its node's line saying so."""
 DEFAULT_GRACE = 10.0
 """Seconds between TERM and KILL when a run is stopped."""
-DEFAULT_HEARTBEAT_TIMEOUT = 600.0
+DEFAULT_HEARTBEAT_TIMEOUT: float | None = None
 """How long an attached run's nodes keep it going while no launcher is heard from (a laptop asleep, a network that
-roams, a closed terminal, a killed launcher); then each stops its part by itself and nothing of the run is left.
+roams, a closed terminal, a killed launcher) before each stops its part by itself; None (the default) or 0: no bound,
+the run goes on as a detached one would until it ends, `attach` takes it back or `stop` ends it.
 
-What it trades: a launcher that comes back within it (or `attach` from another terminal) finds the run still training,
-and a launcher that died leaves the GPUs held this long. Ten minutes outlasts a laptop's lid closed for a meeting's
-walk or a VPN's reconnect (measured: a 60 s sleep with the old 30 s bound threw away 300 steps); a stop you ask for
-(Ctrl-C, SIGTERM, `stop`) never waits for it."""
+What it trades: a laptop closed for lunch or a night, or a VPN that reconnects after an hour, finds its run still
+training (with the old 600 s bound a 10-minute lunch ended an attached run, exit code 129); a launcher that died and
+never comes back leaves the run to finish on its own, and a run that hangs meanwhile holds its GPUs until someone
+looks (`inv status`, `inv top` show it; `inv stop` ends it). A bound (`--heartbeat-timeout S`, the
+`heartbeat_timeout` setting) gives the GPUs back S seconds after the launcher was last heard from; a stop you ask for
+(Ctrl-C, SIGTERM, `stop`) never waits for either."""
 DEFAULT_SILENCE_TIMEOUT = 30.0
 """The launcher fails a run when a node has sent nothing (not even its agent's heartbeat) for this long."""
 DEFAULT_CONSOLE_BUFFER = 1_000_000
@@ -96,10 +99,10 @@ HANG_TIMEOUT_HELP = (
 """What `hang_timeout` means, the one text of it (launcher.watch.hang's rule): the options' help says it, and every
 other place that explains it agrees (tests/unit/test_options.py)."""
 HEARTBEAT_TIMEOUT_HELP = (
-    "how long an attached run's nodes keep it going while no launcher is heard from (a laptop "
-    "asleep, a network that roams, a closed terminal, a killed launcher; `attach` takes it back "
-    "meanwhile); then they stop their part. A launcher that died holds the GPUs this long "
-    f"(default: {DEFAULT_HEARTBEAT_TIMEOUT:g})"
+    "seconds an attached run's nodes keep it going while no launcher is heard from (a laptop asleep, a "
+    "network that roams, a closed terminal, a killed launcher; `attach` takes it back meanwhile), then they "
+    "stop their part (default, or 0: no bound: the run goes on until it ends or `stop`, and a run that hangs "
+    "with no launcher holds its GPUs until then)"
 )
 """What `heartbeat_timeout` means and trades, the one text of it (the tasks' help draws on it)."""
 SILENCE_TIMEOUT_HELP = (
@@ -118,8 +121,9 @@ class RunSettings:
     """Start the run and return; status, logs and stop work on it later."""
     grace: float = DEFAULT_GRACE
     """Seconds between TERM and KILL when a run is stopped."""
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
-    """How long the nodes keep an attached run going with no launcher heard from; then they stop their part."""
+    heartbeat_timeout: float | None = DEFAULT_HEARTBEAT_TIMEOUT
+    """How long the nodes keep an attached run going with no launcher heard from, then they stop their part; None or
+    0: no bound (`heartbeat_bound`)."""
     silence_timeout: float = DEFAULT_SILENCE_TIMEOUT
     """The run fails when a node has sent nothing, and could not be reached again, for this long (`node-1 stopped
     answering`)."""
@@ -153,6 +157,11 @@ class RunSettings:
     def action_timeout(self) -> float:
         """How long a stop/status action may take on a node: the grace period plus a margin, never less."""
         return action_timeout(self.grace)
+
+    @property
+    def heartbeat_bound(self) -> float | None:
+        """Seconds the nodes keep an attached run with no launcher heard from; None: no bound (0 says so too)."""
+        return self.heartbeat_timeout or None
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,8 @@ def launch(
         "hang-timeout": f"{HANG_TIMEOUT_HELP} (default: the inventory's)",
         "on-hang": "what a suspected hang does once the stacks are taken: stop (exit code 124) or keep",
         "on-nonfinite": ON_NONFINITE_HELP,
+        "force": "take the run over even from a launcher its nodes hear now (another terminal or machine): that "
+        "launcher lets go (exit code 129); without it such a run is refused, naming that launcher",
         "verbose": VERBOSE_HELP,
     }
 )
@@ -171,6 +173,7 @@ def attach(
     hang_timeout=None,
     on_hang=None,
     on_nonfinite=None,
+    force=False,
     verbose=False,
 ):
     """Take over an attached run whose launcher is gone (asleep, killed, another terminal): its output from where this
@@ -187,7 +190,7 @@ def attach(
             on_nonfinite=on_nonfinite,
         ),
     )
-    return app.attach(task_hosts(c, hosts), run, settings=settings)
+    return app.attach(task_hosts(c, hosts), run, settings=settings, force=force)
 
 
 @task(

@@ -41,7 +41,8 @@ bit for bit on the same topology (world size, and on GPUs the same GPU models, N
 which decide the order an all_reduce adds in) and, on CUDA, with deterministic cuBLAS
 (CUBLAS_WORKSPACE_CONFIG=:4096:8 and torch.use_deterministic_algorithms(True)); elsewhere it resumes from the same
 state, whose steps may differ in their last bits.
-When torchrun restarts the workers (TORCHELASTIC_RESTART_COUNT > 0) they resume as with --resume.
+When torchrun restarts the workers (TORCHELASTIC_RESTART_COUNT > 0), or the launcher starts the run again
+(DDP_LAUNCHER_ATTEMPT > 1: `--retries`, `--on-hang restart`), they resume as with --resume.
 --timeout (or $DDP_PG_TIMEOUT_S) bounds how long ranks wait for each other: 300 s by default, not torch's 30 min.
 """
 
@@ -86,6 +87,7 @@ from ddp_world import AtomicErrorHandler, World, barrier, init_distributed, is_c
 PEER_FAILURE_GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 300.0  # torch's own default (30 min for NCCL) is a long blind wait when a rank never comes
 TIMEOUT_ENV = "DDP_PG_TIMEOUT_S"
+ATTEMPT = "DDP_LAUNCHER_ATTEMPT"  # the launcher's attempt (launcher.node.wire.ATTEMPT_ENV): above 1, a retry
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -163,8 +165,9 @@ class Training:
         self.samplers = [ResumableSampler(self.dataset, self.replicas, r, args.seed) for r in ranks]
 
         self.ckpt_path = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
-        # torchrun restarting the workers (--max-restarts, an elastic group that re-formed) means resume too.
-        resume = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        # torchrun restarting the workers (--max-restarts, a re-formed group) means resume, as a launcher's retry.
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) + int(os.environ.get(ATTEMPT, "1")) - 1
+        resume = args.resume or restarts > 0
         ckpt = load_checkpoint(self.ckpt_path, w) if resume and self.ckpt_path is not None else None
         if resume and ckpt is None and w.rank == 0:
             say(f"no checkpoint at {self.ckpt_path}, starting from scratch")

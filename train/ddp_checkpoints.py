@@ -89,8 +89,11 @@ def _broadcast_bytes(data: bytes | None, w: World) -> bytes:
     size = torch.tensor([len(data) if w.rank == 0 and data is not None else 0], dtype=torch.int64, device=w.device)
     dist.broadcast(size, src=0)
     if w.rank == 0 and data is not None:
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(w.device) if data else \
-            torch.empty(0, dtype=torch.uint8, device=w.device)
+        buffer = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(w.device)
+            if data
+            else torch.empty(0, dtype=torch.uint8, device=w.device)
+        )
     else:
         buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=w.device)
     dist.broadcast(buffer, src=0)

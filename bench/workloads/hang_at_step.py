@@ -1,8 +1,10 @@
 """Test job (gloo): a training loop that checkpoints and hangs. Each step is an optimizer step on a tiny model and an
 all_reduce; rank 0 saves a checkpoint every `every` steps; one rank sleeps for ever when it reaches step `at`, while
 the others wait for it in the all_reduce: the first rank of the node named WHO, or with `rank:R` global rank R
-(whichever node holds it: a bug of the program's, not of a node). `--resume` goes on from the checkpoint. argv:
-CHECKPOINT TOTAL AT WHO EVERY [--resume]; prints `step N`, `resumed from step N` and `done rank R at step N`."""
+(whichever node holds it: a bug of the program's, not of a node). The launcher's next attempt (DDP_LAUNCHER_ATTEMPT
+above 1) goes on from the checkpoint. argv: CHECKPOINT TOTAL AT WHO EVERY and nothing else, as a plain script takes
+its arguments (an argument added on a retry fails it); prints `step N`, `resumed from step N` and `done rank R at
+step N`."""
 
 import os
 import socket
@@ -12,13 +14,15 @@ import time
 import torch
 import torch.distributed as dist
 
+if len(sys.argv) != 6:
+    sys.exit(f"usage: {sys.argv[0]} CHECKPOINT TOTAL AT WHO EVERY (got {sys.argv[1:]})")
 path, total, at, who, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 step = 0
-if "--resume" in sys.argv and os.path.exists(path):
+if int(os.environ.get("DDP_LAUNCHER_ATTEMPT", "1")) > 1 and os.path.exists(path):  # the launcher's next attempt
     saved = torch.load(path)
     model.load_state_dict(saved["model"])
     step = saved["step"]

@@ -184,10 +184,12 @@ def attach(
     settings: Settings | None = None,
     run_io: RunIO | None = None,
     on_run: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> int:
     """Take over an attached run whose launcher is gone (a laptop that slept past its reconnects, a killed launcher,
     another terminal): stream it from where this machine's copy stopped, send heartbeats again, stop it everywhere on
-    Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run."""
+    Ctrl-C, and end as its launch would have (its exit code). `run_id`: default, the inventory's running run.
+    `force`: take it even from a launcher its nodes hear now (refused otherwise, saying which)."""
     cluster = load_inventory(hosts)
     settings, run_io = settings or Settings(), run_io or RunIO()
     check_run_id(run_id)
@@ -210,7 +212,7 @@ def attach(
             on_run(found)
 
     try:
-        code = run_launch.attach_run(cluster, plan_for, run_id, settings, run_io, heard)
+        code = run_launch.attach_run(cluster, plan_for, run_id, settings, run_io, heard, force)
     except LauncherError as exc:
         shown = _said_last(exc, _page_line(cluster, chosen, settings))
         if shown is exc:

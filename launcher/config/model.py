@@ -25,8 +25,11 @@ ELASTIC_KEYS = ("backend", "nodes", "max_restarts", "conf")
 """Keys of `rendezvous:` besides master_addr and master_port."""
 
 
-DEFAULT_RESUME_ARGS: tuple[str, ...] = ("--resume",)
-"""What a retried attempt adds to the job's arguments unless the job says otherwise (`job.resume_args`)."""
+DEFAULT_RESUME_ARGS: tuple[str, ...] = ()
+"""What a retried attempt adds to the job's arguments unless the job says otherwise (`job.resume_args`): nothing, as
+torchrun restarts its workers with the same arguments. `--resume` was the default, and broke every script without
+that option in its second attempt (`unrecognized arguments: --resume`), an hour into a run; a retry's processes are
+told their attempt in the environment instead (launcher.node.wire.ATTEMPT_ENV), which breaks nothing."""
 
 
 OWN_CONF = ("is_host",)

@@ -209,7 +209,7 @@ def check_port(ev: Evidence) -> list[Finding]:
     if listener.get("free"):
         return [Finding(master.name, "port", "ok", f"port {port} is free on {master.name}")]
     holders = listener.get("holders") or []
-    who = "; ".join(f"pid {h['pid']} ({_holder(h)}) {h['state']}" for h in holders)
+    who = "; ".join(_held_by(h) for h in holders)
     states = listener.get("states") or []
     why = who or (
         "something listens on it"
@@ -249,6 +249,14 @@ def _stop_run(ev: Evidence, holder: Mapping[str, Any]) -> str:
     whose = ", ".join(x for x in said if x)
     stop = hint(f"stop --hosts {hosts} --run {run_id}", stop_call(hosts, run_id))
     return f"stop run {run_id} ({whose}{': ' if whose else ''}`{stop}`)"
+
+
+def _held_by(holder: Mapping[str, Any]) -> str:
+    """One holder of the port in words: its pid, who it is and its socket's state; a run that is starting holds no
+    socket yet (launcher/node/probe/listener.py `runs_starting`): its torchrun binds the port once it is up."""
+    if holder.get("state") == "starting":
+        return f"launcher run {holder['run'].partition('/')[0]} is starting there; its torchrun binds it once up"
+    return f"pid {holder['pid']} ({_holder(holder)}) {holder['state']}"
 
 
 def _holder(holder: Mapping[str, Any]) -> str:

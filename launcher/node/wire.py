@@ -24,6 +24,11 @@ Started without it (by hand, an older command line), events go to stderr."""
 
 RUN_ID_ENV = "DDP_LAUNCHER_RUN"
 """Every process of a run carries RUN_ID_ENV=<run id>/<node> (its mark): how a stop finds them, never by name."""
+ATTEMPT_ENV = "DDP_LAUNCHER_ATTEMPT"
+"""Every process of a launch's second attempt carries ATTEMPT_ENV=2 (3, ... after it; none in the first): which
+attempt of the launch it is (`--retries`, `--on-hang restart`). A script that resumes on a retry reads it (or its
+checkpoint's presence) as it reads torchrun's TORCHELASTIC_RESTART_COUNT: an argument added on a retry would break a
+script that does not take it."""
 RUNS_ROOT = "~/.cache/ddp-launcher/runs"
 RUN_ID_PATTERN = r"\d{8}-\d{6}-[0-9a-f]{6}"
 """A run id names no other path: it becomes a folder under RUNS_ROOT on every node."""

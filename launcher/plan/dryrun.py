@@ -7,7 +7,7 @@ import shlex
 
 from launcher.config.fields import RESERVED_ENV, SOCKET_ENV
 from launcher.config.model import Host, Job
-from launcher.node.wire import DEVICE_ORDER
+from launcher.node.wire import ATTEMPT_ENV, DEVICE_ORDER
 from launcher.plan.launchplan import LaunchPlan, NodeCommand
 
 
@@ -95,10 +95,15 @@ def _flag_lines(plan: LaunchPlan) -> list[str]:
         *_job_lines(plan.job),
     ]
     if plan.settings.run.retries:  # what the run uses: the command line's over the inventory's
-        resume = " ".join(shlex.quote(a) for a in plan.job.resume_args) or "nothing"
+        resume = " ".join(shlex.quote(a) for a in plan.job.resume_args)
+        added = (
+            f"with {resume} added (job.resume_args)"
+            if resume
+            else f"with the same arguments (job.resume_args adds some) and {ATTEMPT_ENV}=2, 3, ... in its environment"
+        )
         lines.append(
             f"retries: {plan.settings.run.retries}: a run that loses a node is started again on the nodes "
-            f"that pass the doctor, with {resume} added"
+            f"that pass the doctor, {added}"
         )
     return lines
 

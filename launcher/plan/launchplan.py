@@ -17,7 +17,7 @@ from launcher.errors import PlanError
 
 # Where each node keeps its run directories, the mark every process of a run carries, what a run id looks like:
 # the node side's words, imported from there so both sides spell them alike.
-from launcher.node.wire import DEVICE_ORDER, RUNS_ROOT, socket_values
+from launcher.node.wire import ATTEMPT_ENV, DEVICE_ORDER, RUNS_ROOT, socket_values
 from launcher.plan.settings import for_run
 from launcher.settings import Settings
 
@@ -244,11 +244,23 @@ def rank_offsets(cluster: Cluster) -> dict[str, int | None]:
     return offsets
 
 
+def _launcher_env(cluster: Cluster, attempt: int) -> tuple[tuple[str, str], ...]:
+    """What the launcher itself gives torchrun: LAUNCHER_ENV, C10D_ENV for a c10d run, the attempt after the first."""
+    c10d = cluster.rendezvous.elastic.backend == "c10d"
+    return LAUNCHER_ENV + (C10D_ENV if c10d else ()) + (((ATTEMPT_ENV, str(attempt)),) if attempt > 1 else ())
+
+
 def plan_launch(
-    cluster: Cluster, job: Job | None = None, run_id: str | None = None, *, settings: Settings | None = None
+    cluster: Cluster,
+    job: Job | None = None,
+    run_id: str | None = None,
+    *,
+    settings: Settings | None = None,
+    attempt: int = 1,
 ) -> LaunchPlan:
     """Plan a run of `job` (default: the inventory's) on every node of `cluster`, with `settings` (resolved for the run:
-    `for_run`; default: the inventory's and the defaults)."""
+    `for_run`; default: the inventory's and the defaults); `attempt` of the launch, which its processes are told
+    (ATTEMPT_ENV)."""
     job = job or cluster.job
     if job is None:
         raise PlanError(cluster.source, "no job: give a script, or a `job:` entry in the inventory")
@@ -266,6 +278,7 @@ def plan_launch(
         )
     run_id = run_id or new_run_id()
     offsets = rank_offsets(cluster)
+    launcher_env = _launcher_env(cluster, attempt)
     nodes = []
     for rank, host in enumerate(cluster.hosts):
         run_dir = f"{RUNS_ROOT}/{run_id}/{host.name}"
@@ -285,7 +298,7 @@ def plan_launch(
                 socket_ifname=host.socket_ifname,
                 forward_env=host.forward_env,
                 env_file=host.env_file,
-                launcher_env=LAUNCHER_ENV + (C10D_ENV if cluster.rendezvous.elastic.backend == "c10d" else ()),
+                launcher_env=launcher_env,
                 gpus=host.gpus,
             )
         )

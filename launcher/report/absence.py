@@ -13,13 +13,19 @@ from launcher.node.wire import HEARTBEAT_TIMEOUT
 from launcher.plan.ends import Absence, RunEnd, ended_how
 
 
-def left_line(run_id: str, nodes: int, bound: float, attach: str) -> str:
+def left_line(run_id: str, nodes: int, bound: float | None, attach: str) -> str:
     """This launcher's terminal closed (SIGHUP): the run goes on without it."""
-    return (
+    line = (
         f"the launcher's terminal closed: run {run_id} goes on on its {nodes} node(s) without it; `{attach}` takes "
-        f"it back from any terminal; with no launcher heard from for {bound:g} s (--heartbeat-timeout) its nodes "
-        "stop it"
+        "it back from any terminal"
     )
+    if bound is None:
+        return line + "; it goes on until it ends or `stop` ends it"
+    return line + f"; with no launcher heard from for {bound:g} s (--heartbeat-timeout) its nodes stop it"
+
+
+RESTART_WORDS = "the run did not fail: a new launch starts it over, from its last checkpoint if it saves and loads one"
+"""What starting a run again does, in words true of every script: the launcher cannot know whether it checkpoints."""
 
 
 def taken_line(run_id: str, ends: Sequence[NodeEnd]) -> str | None:
@@ -34,7 +40,7 @@ def taken_line(run_id: str, ends: Sequence[NodeEnd]) -> str | None:
     )
 
 
-def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
+def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float | None) -> str | None:
     """The nodes stopped their part because no launcher was heard from for the bound (None when none did): the run
     ended for want of a launcher, not by a failure of its own; every node's end is said."""
     stopped = [e.node for e in ends if e.stop_reason == HEARTBEAT_TIMEOUT]
@@ -44,11 +50,11 @@ def away_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
         f"{e.node}: {ended_how(e)}" + (" (its peer stopped)" if e.failed else "") for e in ends if e.node not in stopped
     ]
     return (
-        f"run {run_id}: no launcher was heard from for {bound:g} s (--heartbeat-timeout), so "
+        f"run {run_id}: no launcher was heard from for {bound or 0:g} s (--heartbeat-timeout), so "
         f"{', '.join(stopped)} stopped {'its' if len(stopped) == 1 else 'their'} part by "
         f"{'itself' if len(stopped) == 1 else 'themselves'}"
         + (f"; {'; '.join(others)}" if others else "")
-        + "; the run did not fail: start it again to resume it"
+        + f"; {RESTART_WORDS}"
     )
 
 
@@ -68,27 +74,31 @@ def _clock(when: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(when))
 
 
-def cut_off_line(since: float, until: float) -> str:
+def cut_off_line(since: float, until: float | None) -> str:
     """No node can be reached at once: this machine's network, most likely; the run goes on on its nodes."""
-    return (
+    line = (
         f"no node of the run can be reached since {_clock(since)} (this machine's network?): the run goes on on "
-        f"its nodes; trying again until {_clock(until)}, when they stop it by themselves unless a launcher is back"
+        "its nodes; "
     )
+    if until is None:
+        return line + "trying again until one answers (with no --heartbeat-timeout they keep it)"
+    return line + f"trying again until {_clock(until)}, when they stop it by themselves unless a launcher is back"
 
 
-def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float) -> str | None:
+def cut_off_end_line(run_id: str, ends: Sequence[NodeEnd], bound: float | None) -> str | None:
     """The launcher gave up after its nodes' bound with no node reached: no failure of the run's (None unless every
     node was lost so)."""
     if not ends or any(e.kind != EndKind.LOST for e in ends):
         return None
     return (
-        f"run {run_id}: no node could be reached for {bound:g} s (--heartbeat-timeout; this machine's network?), "
-        "so its nodes stopped the run by themselves, as no launcher was heard from; the run did not fail: start it "
-        "again to resume it"
+        f"run {run_id}: no node could be reached for {bound or 0:g} s (--heartbeat-timeout; this machine's "
+        f"network?), so its nodes stopped the run by themselves, as no launcher was heard from; {RESTART_WORDS}"
     )
 
 
-def absence_line(ended: RunEnd, ends: Sequence[NodeEnd], run_id: str, nodes: int, bound: float, attach: str) -> str:
+def absence_line(
+    ended: RunEnd, ends: Sequence[NodeEnd], run_id: str, nodes: int, bound: float | None, attach: str
+) -> str:
     """How a launcher lost a run that did not fail, in words: its terminal closed (`attach`: the command that takes
     it back), another took it over, no node could be reached, or no launcher was heard from for the heartbeat
     `bound`."""

@@ -108,6 +108,11 @@ class ConsoleWriter:
 class Mirror:
     """Every node's raw output in `<folder>/<node>.log` (0600 in a 0700 folder: output can hold tokens).
 
+    Each block is written where it stands in the node's log (its offset), not appended: two launchers that hold the
+    run in turn (`attach --force` from another terminal while the first still reads) write the same bytes at the same
+    place, and no line is there twice. A block of unknown offset (an attach from the node's last lines, where this
+    machine had no copy) is appended.
+
     Written by a thread of its own through a bounded queue: a disk that stalls (a hung NFS mount) never holds up the
     reader of a node's channel. A write that fails (a full disk, a read-only folder), or a disk too slow to keep up,
     disables the mirror with one warning; the run goes on and each node's own log stays complete.
@@ -117,19 +122,19 @@ class Mirror:
         self.folder = folder
         self.warn = warn
         self._files: dict[str, IO[bytes]] = {}
-        self._items: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=capacity)
+        self._items: queue.Queue[tuple[str, bytes, int | None] | None] = queue.Queue(maxsize=capacity)
         self._lock = threading.Lock()
         self._closed = False
         self.failed: str | None = None
         self._thread = threading.Thread(target=self._write, daemon=True, name="mirror")
         self._thread.start()
 
-    def write(self, node: str, data: bytes) -> None:
-        """Queue a node's output for the disk; never waits."""
+    def write(self, node: str, data: bytes, at: int | None = None) -> None:
+        """Queue a node's output (from byte `at` of its log) for the disk; never waits."""
         if self.failed is not None or self._closed:
             return
         try:
-            self._items.put_nowait((node, data))
+            self._items.put_nowait((node, data, at))
         except queue.Full:
             self._fail("the disk is too slow to keep up; the copy stops here")
 
@@ -140,16 +145,20 @@ class Mirror:
                 return
             if self.failed is not None:
                 continue
-            node, data = item
+            node, data, at = item
             try:
                 handle = self._files.get(node) or self._open(node)
-                handle.write(data)
+                if at is None:
+                    os.lseek(handle.fileno(), 0, os.SEEK_END)
+                    handle.write(data)
+                else:
+                    os.pwrite(handle.fileno(), data, at)
             except OSError as exc:
                 self._fail(exc.strerror or str(exc))
 
     def _open(self, node: str) -> IO[bytes]:
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.folder / f"{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.folder / f"{node}.log", os.O_WRONLY | os.O_CREAT, 0o600)
         self._files[node] = os.fdopen(fd, "ab", buffering=0)
         return self._files[node]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -99,6 +99,7 @@ class NodeLog:
         self._warned: set[int] = set()
         """Local ranks whose last line was a Python warning (its next line, the warning's source line, is noise)."""
         self._hold: str | None = None
+        self._hold_by = "as asked"
         """Once the user asked the run to stop: where torchrun's own lines are, which the console no longer shows."""
         self._held = 0
         label = name.ljust(width)
@@ -255,17 +256,19 @@ class NodeLog:
         text, count = self._text(self.splitter.flush())
         if self._held:
             text += (
-                f"{self.prefix(None)}stopped as asked; torchrun's {self._held} line(s) on it (its signal, "
+                f"{self.prefix(None)}stopped {self._hold_by}; torchrun's {self._held} line(s) on it (its signal, "
                 f"its traceback) are in {self._hold}\n"
             )
             count, self._held = count + 1, 0
         return text, count
 
-    def stop_asked(self, folder: Path | str) -> None:
-        """The user asked the run to stop (Ctrl-C): from here the console leaves out torchrun's own lines (`Received 15
-        death signal`, its 30-line SignalException traceback), which `format_rest` counts in one line at the node's
-        end; the tail, this machine's copy of the node's output (in `folder`) and the node's log keep every one."""
-        self._hold = f"{folder}/{self.name}.log"
+    def stop_asked(self, folder: Path | str, by: str = "as asked") -> None:
+        """The user (Ctrl-C) or the launcher (`by`: a failed node, a hang, a NaN loss) stops this node's part: from
+        here the console leaves out torchrun's own lines (`Received 15 death signal`, its 30-line SignalException
+        traceback), which `format_rest` counts in one line at the node's end; the tail, this machine's copy of the
+        node's output (in `folder`) and the node's log keep every one. The first stop's words stay."""
+        if self._hold is None:
+            self._hold, self._hold_by = f"{folder}/{self.name}.log", by
 
     def _text(self, lines: list[bytes]) -> tuple[str, int]:
         if not lines:
@@ -287,6 +290,19 @@ class NodeLog:
         text, _ = self.format_rest()
         if text:
             out.write(text)
+
+
+def stop_folding(logs: Mapping[str, NodeLog], folder: Path) -> Callable[[list[str], str], None]:
+    """What a run's handle calls before a stop goes out (`RunHandle.on_stopping`): each node it goes to folds
+    torchrun's lines on it into one at its end, saying who stopped it: the user (Ctrl-C, SIGTERM), or the launcher
+    and why (the handle's why: `node-1 failed: ...`, `a hang: ...`, `a non-finite loss: ...`)."""
+
+    def fold(names: list[str], why: str) -> None:
+        by = "as asked" if why.startswith("interrupted") else f"by the launcher ({why.partition(':')[0]})"
+        for name in names:
+            logs[name].stop_asked(folder, by)
+
+    return fold
 
 
 def supports_colour(stream: IO[str] = sys.stdout) -> bool:

@@ -131,4 +131,6 @@ def launcher_lines(states: Sequence[NodeStateRow], attach: str, now: float) -> l
             f": {names_text([s.host for s in away])} stop the run by themselves at {_when(min(stops))} unless a "
             "launcher comes back"
         )
+    else:
+        line += ": its nodes keep the run going without it (no --heartbeat-timeout)"
     return [f"{line}; `{attach}` takes it over now"]

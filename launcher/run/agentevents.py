@@ -117,11 +117,8 @@ def _attached(control: Control, session: Session, event: dict[str, Any], now: fl
     if session.following is not None:
         session.channel = session.following
     down = None if session.lost_at is None or not session.started else time.monotonic() - session.lost_at
-    session.started, session.attaching, session.outage, session.lost_at = True, False, None, None
-    session.heard = time.monotonic()
-    if session.asked_to_stop and session.stop_message is not None:
-        session.pending_message = session.stop_message
     away = event.get("away_s")
+    # The event first, then `started`: an attach that sees every node started has every node's event queued.
     control.put(
         Reattached(
             session.name,
@@ -132,6 +129,10 @@ def _attached(control: Control, session: Session, event: dict[str, Any], now: fl
             None if away is None else float(away),
         )
     )
+    session.started, session.attaching, session.outage, session.lost_at = True, False, None, None
+    session.heard = time.monotonic()
+    if session.asked_to_stop and session.stop_message is not None:
+        session.pending_message = session.stop_message
 
 
 def _taken(control: Control, session: Session, event: dict[str, Any], now: float) -> None:

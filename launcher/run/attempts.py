@@ -26,6 +26,7 @@ from typing import Any
 from launcher.config.model import Cluster
 from launcher.errors import LauncherError, RunFailed
 from launcher.events import Beat, HangSuspected
+from launcher.node.wire import ATTEMPT_ENV
 from launcher.plan.ends import RunEnd
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import AttemptEnd, Final, How, Retry, after_attempt, outcome, restart_needs, too_few
@@ -216,9 +217,13 @@ def _next_plan(first: LaunchPlan, chosen: NextNodes, run_io: RunIO, done: int) -
         run_io.err.write(f"  new master: {chosen.new_master} (the old one sits out)\n")
     job = resumed(first.job)
     names = ", ".join(h.name for h in chosen.cluster.hosts)
-    added = f", with {' '.join(job.resume_args)}" if job.resume_args else ""
+    added = (
+        f", with {' '.join(job.resume_args)}"
+        if job.resume_args
+        else f", the same arguments ({ATTEMPT_ENV}={done + 1}; job.resume_args adds some)"
+    )
     run_io.err.write(f"attempt {done + 1}: {len(chosen.cluster.hosts)} node(s) ({names}){added}\n")
-    return plan_launch(chosen.cluster, job, settings=first.settings)
+    return plan_launch(chosen.cluster, job, settings=first.settings, attempt=done + 1)
 
 
 def _sweep(cluster: Cluster, previous: Attempt, settings: Settings, run_io: RunIO) -> dict[str, str]:

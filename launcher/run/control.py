@@ -60,9 +60,10 @@ def _listed_runs(
 
 
 def run_and_nodes(
-    cluster: Cluster, nodes: dict[str, Node], run_id: str | None, settings: Settings, err: IO[str]
+    cluster: Cluster, nodes: dict[str, Node], run_id: str | None, settings: Settings, err: IO[str], force: bool = False
 ) -> tuple[str, list[str]]:
-    """The run `attach` takes (`run_id`, or as `status` chooses) and the nodes it was started on, as they list it."""
+    """The run `attach` takes (`run_id`, or as `status` chooses) and the nodes it was started on, as they list it.
+    A run whose launcher its nodes hear now (another terminal, machine or process) is taken only with `force`."""
     if run_id is None:
         run_id, _, listings = _listed_runs(cluster, nodes, settings, err)
     else:
@@ -77,7 +78,22 @@ def run_and_nodes(
     missing = sorted(set(names) - {h.name for h in cluster.hosts})
     if missing:
         raise LauncherError(f"run {run_id} runs on {', '.join(missing)} too, which {cluster.source} does not list")
+    live = {(run.get("launcher") or {}).get("owner") or "a launcher" for run in listed if _followed_now(run)}
+    if live:
+        owner = ", ".join(sorted(live))
+        if not force:
+            command = hint(f"attach --hosts {cluster.source} --run {run_id} --force")
+            raise LauncherError(
+                f"run {run_id} is followed now by another launcher ({owner}), which its nodes hear: `{command}` "
+                "takes it over, and that launcher lets go (exit code 129)"
+            )
+        err.write(f"taking run {run_id} over from the launcher that follows it now ({owner}): it lets go\n")
     return run_id, [h.name for h in cluster.hosts if h.name in names]
+
+
+def _followed_now(run: dict[str, Any]) -> bool:
+    """A running attached run whose launcher its node hears now (its console there, heard within the away mark)."""
+    return run.get("state") == "running" and bool((run.get("launcher") or {}).get("present"))
 
 
 def _listings(results: dict[str, Result | NodeFailure]) -> dict[str, list[dict[str, Any]]]:

@@ -14,6 +14,7 @@ from every node's end and what `supervised` says.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import time
 from collections.abc import Callable, Mapping
@@ -84,13 +85,13 @@ class RunHandle:
             requests,
             agent_source,
             on_event,
-            settings.run.heartbeat_timeout,
+            settings.run.heartbeat_bound,
             settings.run.silence_timeout,
             reconnector,
         )
         self.sessions: dict[str, Session] = self.link.by_name
         self.sweeps = Sweeps(
-            plan.run_id, nodes, agent_source, settings.run.grace, settings.run.heartbeat_timeout, reconnector
+            plan.run_id, nodes, agent_source, settings.run.grace, settings.run.heartbeat_bound, reconnector
         )
         self.state = RunState.STARTING
         self.returns = Returns()
@@ -105,6 +106,8 @@ class RunHandle:
         """This launcher let the run go on without it (its terminal closed)."""
         self.attaching = False
         """This handle takes over a run that lives on (`attach`) rather than starting one."""
+        self.on_stopping: Callable[[list[str], str], None] = lambda names, why: None
+        """Told the nodes a stop goes to, and why, before it goes (the console folds torchrun's lines on it)."""
         self._tallied = time.monotonic()
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
@@ -141,8 +144,7 @@ class RunHandle:
     # --- start ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open every node's agent session at once and wait until all started (`launcher.run.starting.start`): a run
-        starts everywhere or nowhere."""
+        """Open every node's session at once; wait until all started (`starting.start`): everywhere or nowhere."""
         start(self)
         self._started()
 
@@ -156,6 +158,7 @@ class RunHandle:
         errors = self.link.attach(
             self.plan.nodes,
             lambda command: reconnector.open(command.host, False, offsets.get(command.host.name), take_over=True),
+            offsets,
         )
         for command, error in zip(self.plan.nodes, errors, strict=True):
             if error is not None:
@@ -166,6 +169,8 @@ class RunHandle:
         """Step until `done`, or until the start failed."""
         while self.start_failure is None and not done():
             self.step(0.2)
+        for _ in range(self.link.control.qsize()):  # what came with the last: each node's `attached` counts (taken)
+            self.step(0)
 
     def _started(self) -> None:
         """Every node started (or taken): the run is RUNNING and the hang watch's clock starts."""
@@ -253,14 +258,14 @@ class RunHandle:
         """How long a node may be out of reach: the silence timeout, or, while this machine is cut off from every
         node (`reach.cut_off_since`), the nodes' own bound, when they stop the run by themselves (said once, as it
         begins)."""
-        run = self.settings.run
-        was = self.cut_off
+        run, was = self.settings.run, self.cut_off
+        bound = math.inf if run.heartbeat_bound is None else run.heartbeat_bound  # inf: the nodes keep the run
         self.cut_off = cut_off_since(list(self.sessions.values()), was, now, run.silence_timeout)
         if was is None and self.cut_off is not None:
             since = time.time() - (now - self.cut_off)
             log.info("no node can be reached for %.0f s: cut off (this machine's network?)", now - self.cut_off)
-            self.on_event(CutOff("", time.time(), since, since + run.heartbeat_timeout))
-        return run.silence_timeout if self.cut_off is None else run.heartbeat_timeout
+            self.on_event(CutOff("", time.time(), since, None if math.isinf(bound) else since + bound))
+        return run.silence_timeout if self.cut_off is None else bound
 
     def _look_at(self, session: Session, now: float, outage_bound: float, over: bool) -> None:
         """A message the channel could not take before; a node out of reach now (`reach.out_of_reach`), ended so: one
@@ -349,6 +354,8 @@ class RunHandle:
     def stop(self, kill: bool = False, why: str = "asked") -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace); `why`, for the trace."""
         message = message_line(KILL if kill else STOP)
+        going = [s.name for s in list(self.sessions.values()) if s.end is None]
+        self.on_stopping(going, why)
         for session in list(self.sessions.values()):
             if session.end is None and (kill or not session.asked_to_stop):
                 session.asked_to_stop, session.stop_message = True, message
@@ -357,11 +364,7 @@ class RunHandle:
         grace = 0.0 if kill else self.plan.settings.run.grace
         deadline = time.monotonic() + grace + STOP_MARGIN
         self.stop_deadline = min(self.stop_deadline or deadline, deadline)
-        log.info(
-            "%s sent to %s",
-            "kill" if kill else f"stop (grace {grace:g} s)",
-            ", ".join(s.name for s in list(self.sessions.values()) if s.end is None) or "no node",
-        )
+        log.info("%s sent to %s", "kill" if kill else f"stop (grace {grace:g} s)", ", ".join(going) or "no node")
         if self.state in (RunState.STARTING, RunState.RUNNING):
             self._enter(RunState.STOPPING, why)
 
@@ -393,6 +396,5 @@ class RunHandle:
         return None if session is None else session.end
 
     def close(self) -> None:
-        """Stop heartbeats and close the channels: each node's run goes on within its heartbeat bound (a launcher may
-        attach), then stops by itself; a run that ended or was stopped has nothing left to go on."""
+        """Stop heartbeats and close the channels: a run that did not end goes on on its nodes (`attach` takes it)."""
         self.link.close()

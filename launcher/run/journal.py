@@ -108,9 +108,11 @@ class Journal:
             self.data["end"] = {"t": time.time(), "code": code, "text": text, "going_on": going_on}
 
     def write(self) -> None:
-        """The file, whole or not at all; a disk that refuses costs the page, never the launch."""
+        """The file, whole or not at all; a disk that refuses costs the page, never the launch. Two launchers may hold
+        the run in turn on one machine (`attach --force` while the first one lives, or wakes): what the file holds
+        already is kept (`merged`), so neither's marks are lost whichever writes last."""
         with self.lock:
-            text = json.dumps(self.data, indent=1)
+            text = json.dumps(merged(read_journal(self.path.parent), self.data), indent=1)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
@@ -118,6 +120,26 @@ class Journal:
             os.replace(tmp, self.path)
         except OSError:
             pass
+
+
+def merged(kept: dict[str, Any] | None, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the marks and node phases of the journal `kept` of the same run that it lacks, and its end unless
+    only `kept`'s is final (a launcher that let the run go on, taken over, ends it for nobody)."""
+    if kept is None or kept.get("run_id") != data.get("run_id"):
+        return data
+    mine = {json.dumps(m, sort_keys=True) for m in data["marks"]}
+    marks = data["marks"] + [m for m in kept.get("marks") or [] if json.dumps(m, sort_keys=True) not in mine]
+    nodes = {name: {**(kept.get("nodes") or {}).get(name, {}), **phases} for name, phases in data["nodes"].items()}
+    end, theirs = data.get("end"), kept.get("end")
+    if theirs and not theirs.get("going_on") and (end is None or end.get("going_on")):
+        end = theirs
+    return {
+        **kept,
+        **data,
+        "marks": sorted(marks, key=lambda m: m["t"]),
+        "nodes": {**kept.get("nodes", {}), **nodes},
+        "end": end,
+    }
 
 
 def read_journal(folder: Path) -> dict[str, Any] | None:

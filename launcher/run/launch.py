@@ -99,19 +99,22 @@ def attach_run(
     settings: Settings,
     run_io: RunIO,
     on_run: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> int:
     """Take over an attached run that lives on its nodes, whose launcher is gone (`attach`): each node's console from
     where this machine's copy of its log stopped (none: its last lines), heartbeats again, Ctrl-C stops it
     everywhere; returns (or raises) as its launch would have. `plan_for(nodes' cluster, run id)` is the run's plan
-    (the application layer's: the inventory's job); `on_run` hears the run's id once chosen."""
+    (the application layer's: the inventory's job); `on_run` hears the run's id once chosen; `force` takes it from a
+    launcher its nodes still hear."""
     nodes = connect_or_fail(cluster, cluster.hosts, settings, run_io.err)
     try:
-        run_id, names = run_and_nodes(cluster, nodes, run_id, settings, run_io.err)
+        run_id, names = run_and_nodes(cluster, nodes, run_id, settings, run_io.err, force)
         if on_run is not None:
             on_run(run_id)
         plan = plan_for(replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name in names)), run_id)
         folder = settings.output.log_dir / run_id
         journal = Journal.resumed(run_id, folder)
+        journal.mark("attach", f"run taken over by `attach` on {', '.join(names)}")
         offsets = {name: _size(folder / f"{name}.log") for name in names}
         with run_trace(folder), _interrupt_on({signal.SIGTERM: KeyboardInterrupt, signal.SIGHUP: Hangup}):
             log.info("attach: run %s on %s; this machine's log copies end at %s", run_id, ", ".join(names), offsets)

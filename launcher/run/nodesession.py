@@ -59,6 +59,8 @@ class Session:
     """The parts of a large event received so far, by the event's name."""
     received: int = 0
     """Bytes of the node's log read so far: where a new session's stream starts (no line lost, none twice)."""
+    at_known: bool = True
+    """`received` is the node's own offset (not so for `attach` from the node's last lines, without a local copy)."""
     lines: int = 0
     """Lines of it read so far."""
     beats: int = 0

@@ -39,7 +39,7 @@ from launcher.plan.request import start_request
 from launcher.report.absence import absence_line, attached_line, cut_off_line
 from launcher.report.console import ConsoleWriter, Mirror
 from launcher.report.hangs import hang_report, ruled_out_line, write_nccl
-from launcher.report.lines import NodeLog, supports_colour
+from launcher.report.lines import NodeLog, stop_folding, supports_colour
 from launcher.report.rootcause import run_failed
 from launcher.run.actions import AGENT_SOURCE, agent_action, run_ssh
 from launcher.run.catchup import caught_up_line
@@ -95,6 +95,7 @@ class RunConsole:
         }
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
         self.handle = self._handle(envs, opener)
+        self.handle.on_stopping = stop_folding(self.logs, self.settings.output.log_dir / plan.run_id)
         self.interrupts = 0
         """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
         self.end_text = ""
@@ -140,7 +141,7 @@ class RunConsole:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
         if isinstance(event, Output):
             if self.mirror is not None:
-                self.mirror.write(event.node, event.data)
+                self.mirror.write(event.node, event.data, event.at)
             text, count = self.logs[event.node].format(event.data)
             self.console.lines(event.node, text, count)
         else:
@@ -150,7 +151,7 @@ class RunConsole:
             self.console.lines(event.node, text, count)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
             self.console.message(
-                f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_timeout:g} s "
+                f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_bound or 0:g} s "
                 "(--heartbeat-timeout); the node stops its part"
             )
         elif isinstance(event, CaughtUp) and (line := caught_up_line(event)) is not None:
@@ -270,7 +271,8 @@ class RunConsole:
         """`attach` could not take the run on every node: nothing was stopped; what it took goes on without it."""
         raise RunFailed(
             f"could not attach to run {self.plan.run_id}: {self.handle.start_failure}; nothing was "
-            f"stopped, and the run's nodes keep it within its heartbeat bound",
+            f"stopped, and the run goes on on its nodes"
+            + ("" if self.settings.run.heartbeat_bound is None else " within its heartbeat bound"),
             1,
         )
 
@@ -295,9 +297,7 @@ class RunConsole:
                     self.interrupts,
                     "stop" if self.interrupts == 1 else "kill",
                 )
-                if self.interrupts == 1:
-                    for node_log in self.logs.values():  # torchrun's lines on it: one line a node (report/lines.py)
-                        node_log.stop_asked(self.settings.output.log_dir / self.plan.run_id)
+                if self.interrupts == 1:  # torchrun's lines on the stop: one a node (`stop_folding`)
                     self.console.message(
                         f"\ninterrupted: stopping the run on every node (TERM, then KILL after "
                         f"{self.plan.settings.run.grace:g}s; Ctrl-C again to kill now)"
@@ -350,7 +350,7 @@ class RunConsole:
                 ends,
                 self.plan.run_id,
                 len(self.plan.nodes),
-                self.settings.run.heartbeat_timeout,
+                self.settings.run.heartbeat_bound,
                 hint(f"attach --hosts {self.plan.cluster.source} --run {self.plan.run_id}"),
             )
             self.console.message(f"{self.end_text}. {self.log_hint}")

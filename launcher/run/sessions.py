@@ -55,7 +55,7 @@ class Sessions:
         requests: Mapping[str, dict[str, Any]],
         agent_source: str,
         on_event: Callable[[NodeEvent], None],
-        heartbeat_timeout: float,
+        heartbeat_timeout: float | None,
         silence_timeout: float = 30.0,
         reconnector: Reconnector | None = None,
     ):
@@ -115,25 +115,31 @@ class Sessions:
         return errors
 
     def attach(
-        self, commands: Sequence[NodeCommand], open_one: Callable[[NodeCommand], SessionChannel | str]
+        self,
+        commands: Sequence[NodeCommand],
+        open_one: Callable[[NodeCommand], SessionChannel | str],
+        offsets: Mapping[str, int | None],
     ) -> list[str | None]:
         """An attach session to every node at once (`attach`: the run lives there), each read once opened and taken
-        by the node's run when its `attached` event comes; an error or None per command, in order."""
+        by the node's run when its `attached` event comes, its log from `offsets` (None: the node's last lines); an
+        error or None per command, in order."""
         self._heartbeat.start()
 
         def one(command: NodeCommand) -> str | None:
             opened = open_one(command)
             if isinstance(opened, str):
                 return opened
-            self._register(command, opened, attaching=True)
+            self._register(command, opened, attaching=True, offset=offsets.get(command.host.name))
             return None
 
         with ThreadPoolExecutor(max_workers=min(DEFAULT_FANOUT, len(commands))) as pool:
             return list(pool.map(one, commands))
 
-    def _register(self, command: NodeCommand, channel: SessionChannel, attaching: bool = False) -> Session:
-        """Track a node's open session and start reading it."""
-        session = Session(command, channel, attaching=attaching)
+    def _register(
+        self, command: NodeCommand, channel: SessionChannel, attaching: bool = False, offset: int | None = 0
+    ) -> Session:
+        """Track a node's open session, its log from byte `offset` (None: unknown), and start reading it."""
+        session = Session(command, channel, attaching=attaching, received=offset or 0, at_known=offset is not None)
         with self._lock:
             self.by_name[session.name] = session
         threading.Thread(target=self._read, args=(session,), daemon=True, name=f"read-{session.name}").start()
@@ -181,7 +187,8 @@ class Sessions:
             if out:
                 session.received += len(out)
                 session.lines += out.count(b"\n")
-                self.on_event(Output(session.name, time.time(), out))
+                at = session.received - len(out) if session.at_known else None
+                self.on_event(Output(session.name, time.time(), out, at))
             if err:
                 *lines, err_rest = (err_rest + err).split(b"\n")
                 for line in lines:

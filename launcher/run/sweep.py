@@ -32,7 +32,7 @@ class Sweeps:
         nodes: Mapping[str, Node],
         agent_source: str,
         grace: float,
-        heartbeat_timeout: float,
+        heartbeat_timeout: float | None,
         reconnector: Reconnector | None = None,
     ):
         self.run_id, self.nodes, self.agent_source = run_id, nodes, agent_source
@@ -96,9 +96,14 @@ class Sweeps:
     def lines(self, source: str) -> list[str]:
         """For each node whose part could not be stopped over a new channel: what to run, and when it stops anyway."""
         bound = self.heartbeat_timeout
+        by_itself = (
+            "it goes on until it ends"
+            if bound is None
+            else f"it stops by itself {bound:g} s after it last heard a launcher, unless one attaches"
+        )
         return [
             f"{name}: its part of the run may still be running (stopping it over a new connection failed: "
-            f"{why}); it stops by itself {bound:g} s after it last heard a launcher, unless one attaches; run "
+            f"{why}); {by_itself}; run "
             f"`{hint(f'stop --hosts {source} --run {self.run_id}', stop_call(source, self.run_id))}` to stop it "
             "now"
             for name, why in sorted(self.unswept.items())

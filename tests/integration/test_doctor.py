@@ -331,6 +331,37 @@ def test_the_port_held_by_a_running_run_names_that_run_and_how_to_stop_it(make_s
 
 
 @pytest.mark.integration
+def test_a_launch_racing_a_run_that_is_starting_is_refused_at_the_check(make_sandbox, tmp_path: Path) -> None:
+    """A second launch seconds after a detached one: the first run's torchrun has not bound master_port yet (real
+    torchrun's first seconds after `go`; here the stand-in sleeps), so the port is free, and the second launch
+    started and died with EADDRINUSE. The master knows a run of this launcher is starting there: the check refuses,
+    naming it, and nothing of the second launch starts."""
+    from tests.helpers import run_id_of, run_ids, run_processes
+
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/sleeper.py", script_args=["0.5"])
+    inventory = yaml.safe_load(box.inventory.read_text())
+    inventory["defaults"].setdefault("env", {})["STANDIN_BIND_DELAY_S"] = "8"
+    hosts = tmp_path / "slow-start.yaml"
+    hosts.write_text(yaml.safe_dump(inventory))
+    started = inv("launch", "--hosts", str(hosts), "--detach", log_dir=tmp_path / "logs", timeout=60)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_of(started.stderr)
+    try:
+        port = inventory["rendezvous"]["master_port"]
+        again = inv("launch", "--hosts", str(hosts), "--detach", log_dir=tmp_path / "logs", timeout=60)
+        said = " ".join((again.stdout + again.stderr).split())
+        assert again.returncode != 0, said
+        assert (f"master_port {port} is taken on node-0 (a run of this launcher is starting on it): launcher run "
+                f"{run_id} is starting there") in said, said
+        assert f"stop run {run_id} (" in said and f"--run {run_id}`), or set rendezvous.master_port" in said, said
+        assert run_ids(said) in ([], [run_id]), said  # no second run
+    finally:
+        inv("stop", "--hosts", str(hosts), "--run", run_id, log_dir=tmp_path / "logs", timeout=60)
+    assert run_processes(run_id) == []
+
+
+@pytest.mark.integration
 def test_the_job_named_on_the_command_line_is_the_one_checked(healthy: Sandbox, tmp_path: Path) -> None:
     """`--script nope.py` (or api.launch's script=) once passed the start gate on the inventory's script, and torchrun
     started on a missing file: a traceback a rank. The gate and the doctor check the job that will run."""

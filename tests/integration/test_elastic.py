@@ -1,8 +1,9 @@
 """A run that loses a node goes on, for real: sshd nodes, torchrun, train/ddp.py, a node killed mid-epoch.
 
-Static rendezvous + `--retries`: the launcher starts the run again on the nodes that pass the doctor, with
-`--resume` (a new master when the old one is gone). c10d + `nodes: MIN:MAX` + `max_restarts`: torchrun re-forms the
-group itself and the launcher lets it. A script that raises on every rank is not retried.
+Static rendezvous + `--retries`: the launcher starts the run again on the nodes that pass the doctor, as its
+DDP_LAUNCHER_ATTEMPT=2, which train/ddp.py resumes on (a new master when the old one is gone). c10d + `nodes:
+MIN:MAX` + `max_restarts`: torchrun re-forms the group itself and the launcher lets it. A script that raises on
+every rank is not retried.
 """
 
 from __future__ import annotations

@@ -145,6 +145,13 @@ def test_failing_node_is_named_with_its_exit_code(make_sandbox, tmp_path: Path) 
     assert "root cause: node-1, rank 1 (local rank 0), exit code 3" in result.stderr
     assert "node-0: exit code" in result.stderr and "stopped by the launcher" in result.stderr
     run_id = run_id_of(result.stderr)
+    # node-0 was stopped by the launcher: torchrun's lines on it (its signal, its SignalException traceback) are one
+    # line on the console, as after a Ctrl-C; node-1's own failure keeps every line.
+    node0 = [line for line in result.stdout.splitlines() if line.startswith("node-0 ")]
+    assert "SignalException" not in result.stdout and "death signal" not in result.stdout, result.stdout
+    assert re.fullmatch(rf"node-0     \| stopped by the launcher \(node-1 failed\); torchrun's \d+ line\(s\) on it "
+                        rf"\(its signal, its traceback\) are in {tmp_path}/logs/{run_id}/node-0.log", node0[-1]), node0
+    assert "SignalException" in (tmp_path / "logs" / run_id / "node-0.log").read_text()
     assert run_processes(run_id) == []
     # the launcher's trace, read for its decisions: written for every run, on the console too with -v
     trace = (tmp_path / "logs" / run_id / "launcher.log").read_text()

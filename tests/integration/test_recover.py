@@ -40,7 +40,9 @@ def test_a_hang_restarts_without_the_node_that_held_it_and_the_run_resumes_to_it
     assert (f"attempt 1 of 2 failed: it hung after step {AT - 1}: node-1 held the run up (rank 1); checking the "
             "nodes again") in said, said
     assert f"node-1 sits out: its rank 1 held the run up after step {AT - 1}" in said, said
-    assert "attempt 2: 2 node(s) (node-0, node-2), with --resume" in said, said
+    # The script takes no argument beyond its own: the attempt reaches it in its environment, not as `--resume`.
+    assert ("attempt 2: 2 node(s) (node-0, node-2), the same arguments (DDP_LAUNCHER_ATTEMPT=2; job.resume_args adds "
+            "some)") in said, said
     assert "resumed from step 10" in result.stdout and "done rank 1 at step 48" in result.stdout, result.stdout
     lines = said[said.rindex("attempts:"):]
     assert re.search(rf"attempt 1 \(run {first}\) on node-0, node-1, node-2; master node-0: it hung after step "

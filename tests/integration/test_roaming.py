@@ -49,10 +49,11 @@ def lines_of(text: str) -> Counter[tuple[int, int]]:
     return Counter((int(rank), int(i)) for i, rank in re.findall(r"line (\d+) rank (\d+) ", text))
 
 
-def every_line_once(text: str, ranks: int = 2, lines: int = LINES) -> None:
+def every_line_once(text: str, ranks: int = 2, lines: int = LINES, node: int = 0) -> None:
+    """Every line of ranks node..node+ranks-1 (a node's own log: its own ranks), each once."""
     counted = lines_of(text)
-    assert set(counted) == {(r, i) for r in range(ranks) for i in range(lines)}, sorted(
-        set((r, i) for r in range(ranks) for i in range(lines)) ^ set(counted))[:10]
+    wanted = {(r, i) for r in range(node, node + ranks) for i in range(lines)}
+    assert set(counted) == wanted, sorted(wanted ^ set(counted))[:10]
     assert max(counted.values()) == 1, [k for k, n in counted.items() if n > 1][:10]
 
 
@@ -76,25 +77,38 @@ def chatty_box(make_sandbox):
                         script_args=[str(LINES), str(RATE), "40"])
 
 
-def test_a_launcher_paused_past_its_silence_timeout_goes_on_with_every_line_once(chatty_box, tmp_path: Path) -> None:
-    """What a laptop's lid does: SIGSTOP for 8 s, past the silence timeout (3 s), which would have failed the run as
-    `stopped answering`; the nodes keep training, the launcher catches up and says so, exit code 0."""
+def test_a_launcher_paused_with_the_defaults_finds_its_run_training_and_every_line_once(make_sandbox,
+                                                                                        tmp_path: Path) -> None:
+    """What a laptop's lid does, with the defaults but a short silence timeout: SIGSTOP for 18 s, past the silence
+    timeout (3 s), which would have failed the run as `stopped answering`, and past the nodes' mark of an absent
+    launcher (15 s). `status` from another terminal says the launcher is away and no time when the nodes stop the run
+    (with no heartbeat bound they keep it: the old default, 600 s, ended a lunch break's run); the launcher wakes,
+    catches up and says so, exit code 0, every line once and the local copy the node's log byte for byte."""
+    box = make_sandbox(2, torchrun="stand-in", master_port=free_port(), script="tests/scripts/chatty.py",
+                       script_args=["250", str(RATE), "40"])
     out = tmp_path / "out"
-    proc = start(chatty_box, tmp_path / "logs", out, silence_timeout=3, heartbeat_timeout=60)
+    proc = start(box, tmp_path / "logs", out, silence_timeout=3)
     with ended(proc):
         printing(out, 10)
         os.killpg(proc.pid, signal.SIGSTOP)
-        time.sleep(8)
+        time.sleep(16)
+        status = subprocess.run([sys.executable, "-m", "invoke", "status", "--hosts", str(box.inventory)],
+                                cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
         os.killpg(proc.pid, signal.SIGCONT)
         code = proc.wait(timeout=60)
     said = Path(f"{out}.err").read_text()
+    shown = status.stdout.replace("\n", " ")
+    assert re.search(r"its launcher \(.+\) has not been heard from since \d\d:\d\d:\d\d \(1\d s\): its nodes keep "
+                     r"the run going without it", shown), shown
+    assert "by themselves" not in shown, shown
     assert code == 0, said
-    assert re.search(r"the launcher was away [89] s; node-0, node-1 kept training; \d+ lines caught up", said), said
-    every_line_once(out.read_text())
-    run_id = run_dir(chatty_box, 0).parent.name
+    away = re.search(r"the launcher was away (\d+) s; node-0, node-1 kept training; \d+ lines caught up", said)
+    assert away and int(away[1]) >= 16, said
+    every_line_once(out.read_text(), lines=250)
+    run_id = run_dir(box, 0).parent.name
     for node in range(2):  # the local copy is the node's log, byte for byte
         assert (tmp_path / "logs" / run_id / f"node-{node}.log").read_bytes() == \
-            (run_dir(chatty_box, node) / "log").read_bytes()
+            (run_dir(box, node) / "log").read_bytes()
 
 
 def test_a_nodes_dropped_connection_is_opened_again_and_its_ranks_go_on(chatty_box, tmp_path: Path) -> None:
@@ -183,17 +197,24 @@ def test_a_closed_terminal_leaves_the_run_and_attach_takes_it_to_its_end(chatty_
 ATTACH_BY_API = """
 import sys
 from launcher import api
+from launcher.errors import LauncherError
 
 lines = []
-result = api.attach(sys.argv[1], log_dir=sys.argv[2], on_output=lines.append, on_message=print)
+try:
+    api.attach(sys.argv[1], log_dir=sys.argv[2], on_output=lines.append, on_message=print)
+except LauncherError as exc:
+    print("REFUSED", exc)
+result = api.attach(sys.argv[1], log_dir=sys.argv[2], on_output=lines.append, on_message=print, force=True)
 print("RESULT", result.run_id, result.ok, result.exit_code, len(lines))
 """
 
 
 def test_a_launcher_that_wakes_after_an_attach_lets_go(chatty_box, tmp_path: Path) -> None:
-    """The first launcher asleep (SIGSTOP) while the Python API's `attach` takes the run over from another process:
-    once awake it says who took the run and leaves (exit code 129) without touching it; the attach follows the run
-    to its end as its owner and returns its result."""
+    """The first launcher asleep (SIGSTOP) for a moment, while the Python API's `attach` takes the run over from
+    another process: its nodes still count it present, so the attach is refused, naming it, until `force=True`, which
+    says it displaces it. Once awake the first launcher says who took the run and leaves (exit code 129) without
+    touching it; the attach follows the run to its end as its owner and returns its result; the local copy of each
+    node's log has every line once (both launchers wrote it, each at the node's own offsets)."""
     out = tmp_path / "out"
     proc = start(chatty_box, tmp_path / "logs", out)
     with ended(proc):
@@ -211,7 +232,14 @@ def test_a_launcher_that_wakes_after_an_attach_lets_go(chatty_box, tmp_path: Pat
             follower.wait(timeout=60)
     left, said = Path(f"{out}.err").read_text(), (tmp_path / "api").read_text()
     assert re.search(r"run \S+ was taken over by .+ \(`attach`\) on node-0, node-1: this launcher lets go", left), left
+    assert re.search(rf"REFUSED run {run_id} is followed now by another launcher \(\S+@\S+ \(pid {proc.pid}\)\), "
+                     rf"which its nodes hear: `(?:inv|ddpl) attach --hosts \S+ --run {run_id} --force` takes it over",
+                     said), said
+    assert re.search(rf"taking run {run_id} over from the launcher that follows it now \(\S+@\S+ \(pid {proc.pid}\)\)",
+                     said), said
     assert re.search(rf"RESULT {run_id} True 0 \d+", said), said
+    for node in range(2):
+        every_line_once((tmp_path / "logs" / run_id / f"node-{node}.log").read_text(), ranks=1, lines=LINES, node=node)
 
 
 def test_a_node_whose_sshd_is_gone_fails_the_run_within_the_silence_timeout(chatty_box, tmp_path: Path) -> None:

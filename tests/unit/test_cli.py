@@ -56,7 +56,7 @@ EXAMPLE = ["--hosts", "hosts/example.yaml"]
     (["launch", *EXAMPLE, "--probe-timeout", "1e10"], 2,  # select() would overflow on the node
      "error: --probe-timeout must be from 0.1 to 86400 seconds, got '1e10'"),
     (["launch", *EXAMPLE, "--heartbeat-timeout", "1e-9"], 2,  # beats every 0.25 ns: a busy loop
-     "error: --heartbeat-timeout must be from 1 to 86400 seconds, got '1e-9'"),
+     "error: --heartbeat-timeout must be 0 (no bound) or from 1 to 86400 seconds, got '1e-9'"),
     (["launch", *EXAMPLE, "--retries", "1000000000"], 2, "error: --retries must be from 0 to 1000, got '1000000000'"),
     (["stop", *EXAMPLE, "--grace", "1e10"], 2, "error: --grace must be from 0 to 86400 seconds, got '1e10'"),
     (["launch", *EXAMPLE, "--args", "'unclosed"], 1, "--args: cannot split"),

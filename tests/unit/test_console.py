@@ -116,6 +116,26 @@ def test_the_mirror_is_private_and_a_failing_disk_warns_once(tmp_path: Path) -> 
     assert not os.path.exists("/dev/full/cannot")
 
 
+def test_two_launchers_writing_one_copy_never_write_a_line_twice(tmp_path: Path) -> None:
+    """`attach --force` while the first launcher still reads: both write the node's lines into this machine's copy,
+    each block at its place in the node's log, so the copy is the node's log once, whatever the order."""
+    log = b"".join(b"line %d\n" % i for i in range(100))
+    first, second = Mirror(tmp_path, None), Mirror(tmp_path, None)
+    first.write("node-0", log[:700], 0)
+    first.close()
+    second.write("node-0", log[500:], 500)  # the attach began at 500 bytes: what this machine's copy had then
+    first = Mirror(tmp_path, None)
+    first.write("node-0", log[700:800], 700)  # the first launcher wakes and writes what it had read meanwhile
+    first.close()
+    second.close()
+    assert (tmp_path / "node-0.log").read_bytes() == log
+    unknown = Mirror(tmp_path, None)  # an attach from the node's last lines, where this machine had no copy: appended
+    unknown.write("node-1", b"last\n")
+    unknown.write("node-1", b"more\n")
+    unknown.close()
+    assert (tmp_path / "node-1.log").read_bytes() == b"last\nmore\n"
+
+
 def test_a_stalled_disk_never_holds_the_reader_nor_the_end(tmp_path: Path) -> None:
     """The log file is a FIFO nobody reads: opening it blocks, as a hung network mount would."""
     folder = tmp_path / "20261122-000000-abcdef"

@@ -243,8 +243,8 @@ def test_example_inventory_loads_and_documents_every_key() -> None:
                 "defaults.socket_ifname", "sync.src", "sync.dest", "sync.exclude"):
         assert key in used, f"hosts/example.yaml does not set {key}"
     # A first copy runs what the user wrote and nothing more: the keys that change a run behind one's back are shown
-    # commented out (a missing env_file stops the launch; retries append --resume; sample job arguments).
-    for risky in ("defaults.env_file", "retries", "rendezvous.max_restarts", "job.args"):
+    # commented out (a missing env_file stops the launch; retries; resume arguments; sample job arguments).
+    for risky in ("defaults.env_file", "retries", "rendezvous.max_restarts", "job.args", "job.resume_args"):
         assert risky not in used, f"hosts/example.yaml sets {risky}: show it commented out"
     assert {(h.user, h.port) for h in cluster.hosts} == {("ubuntu", 22)}  # no host with its own login and port
     assert any(v.secret for v in cluster.hosts[0].env)

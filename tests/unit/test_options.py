@@ -19,14 +19,23 @@ def test_a_long_grace_period_never_outlives_the_action_limit() -> None:
 def test_heartbeats_come_several_times_per_timeout() -> None:
     assert heartbeat_interval(30.0) == 5.0
     assert heartbeat_interval(2.0) == 0.5
+    assert heartbeat_interval(None) == 5.0
+
+
+def test_an_attached_run_has_no_heartbeat_bound_unless_one_is_set() -> None:
+    """A laptop closed for lunch must not end its run: no bound by default, and 0 (what invoke.yaml can say) is none;
+    the nodes' request carries None, which the agent reads as no bound."""
+    assert Settings().run.heartbeat_bound is None
+    assert from_config({"heartbeat_timeout": 0}, {}).run.heartbeat_bound is None
+    assert from_config({}, {"heartbeat_timeout": "900"}).run.heartbeat_bound == 900.0
 
 
 @pytest.mark.parametrize(("key", "value", "sentence"), [
     ("grace", "nan", "invoke.yaml: launcher.grace must be a finite number of seconds, got 'nan'"),
     ("silence_timeout", 0, "invoke.yaml: launcher.silence_timeout must be from 1 to 86400 seconds, got '0'"),
     ("console_buffer", 1.5, "invoke.yaml: launcher.console_buffer must be a whole number, got '1.5'"),
-    ("heartbeat_timeout", 1e-9, "invoke.yaml: launcher.heartbeat_timeout must be from 1 to 86400 seconds, "
-     "got '1e-09'"),
+    ("heartbeat_timeout", 1e-9, "invoke.yaml: launcher.heartbeat_timeout must be 0 (no bound) or from 1 to 86400 "
+     "seconds, got '1e-09'"),
     ("probe_timeout", 1e10, "invoke.yaml: launcher.probe_timeout must be from 0.1 to 86400 seconds, "
      "got '10000000000.0'"),
     ("retry_cooldown", 86401, "invoke.yaml: launcher.retry_cooldown must be from 0 to 86400 seconds, got '86401'"),

@@ -45,6 +45,9 @@ def test_c10d_words_for_every_node() -> None:
         assert dict(node.launcher_env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     text = dry_run_text(plan)
     assert "(c10d: trains on 2 to 3 of them)" in text and "retries: 1:" in text
+    # What a retry adds is said before anything starts: here nothing, and where the attempt is.
+    assert ("started again on the nodes that pass the doctor, with the same arguments (job.resume_args adds some) "
+            "and DDP_LAUNCHER_ATTEMPT=2, 3, ... in its environment") in " ".join(text.split()), text
 
 
 def test_static_keeps_its_words_and_adds_max_restarts_only_when_asked() -> None:
@@ -133,11 +136,18 @@ def test_a_node_that_failed_twice_cools_down() -> None:
     assert blacklisted({"n1": times}, times[-1] + 300.0, 300.0) == {}
 
 
-def test_resume_args_are_added_once() -> None:
+def test_a_retry_adds_nothing_unless_resume_args_say_so_and_then_once() -> None:
+    """A retry's default is torchrun's: the same arguments (a default `--resume` broke every script without that
+    option in its second attempt); the attempt is in the environment of every process of the run."""
     job = parse_inventory(THREE, "c.yaml").job
     assert job is not None
-    assert resumed(job).args == ("--epochs", "2", "--resume")
-    assert resumed(resumed(job)).args == ("--epochs", "2", "--resume")
+    assert resumed(job).args == ("--epochs", "2")
+    second = plan_launch(parse_inventory(THREE, "c.yaml"), resumed(job), attempt=2)
+    assert all(("DDP_LAUNCHER_ATTEMPT", "2") in node.launcher_env for node in second.nodes)
+    own = parse_inventory("hosts: [a]\njob: {script: t.py, args: [--epochs, '2'], resume_args: [--resume]}\n").job
+    assert own is not None
+    assert resumed(own).args == ("--epochs", "2", "--resume")
+    assert resumed(resumed(own)).args == ("--epochs", "2", "--resume")
     custom = parse_inventory("hosts: [a]\njob: {script: t.py, resume_args: [--from, last.pt]}\n").job
     assert custom is not None and resumed(custom).args == ("--from", "last.pt")
 

@@ -233,3 +233,25 @@ def test_a_long_setup_before_init_process_group_is_the_scripts_own_not_the_rende
     assert page.slowest is not None and page.slowest[1] == "the script's own setup", page.headline
     assert all(b.at("torch") < b.at("rdzv") < b.at("pg") for b in page.bars)
     assert "until init_process_group called" in render(page)
+
+
+def test_two_launchers_of_one_run_keep_each_others_marks_and_the_final_end(tmp_path: Path) -> None:
+    """The first launcher's absence and the attach's take-over both stay on the page, whichever launcher writes its
+    journal last; the end that says how the run ended wins over `going on` (the displaced launcher's)."""
+    from launcher.run.journal import Journal, read_journal
+
+    first = Journal("R", tmp_path, command_start=100.0)
+    first.mark("away", "the launcher was away 61 s", None, 110.0)
+    first.write()
+    second = Journal.resumed("R", tmp_path)
+    second.mark("attach", "run taken over by `attach` on node-0", None, 120.0)
+    second.end(0, "all 1 node(s) exited 0")
+    second.write()
+    first.mark("away", "the launcher was away 9 s", None, 125.0)  # it wakes, then lets go
+    first.end(129, "run R was taken over", going_on=True)
+    first.write()
+    kept = read_journal(tmp_path)
+    assert kept is not None
+    assert [m["text"] for m in kept["marks"]] == ["the launcher was away 61 s", "run taken over by `attach` on node-0",
+                                                   "the launcher was away 9 s"]
+    assert kept["end"]["code"] == 0 and kept["command_start"] == 100.0

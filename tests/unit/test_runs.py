@@ -44,6 +44,8 @@ def test_the_start_request_carries_every_number_the_agent_uses() -> None:
     assert (request["grace"], request["heartbeat_timeout"]) == (3.0, 8.0)
     assert request["alive_interval"] == heartbeat_interval(20.0) < settings.run.silence_timeout
     assert request["mark"] == f"{plan.run_id}/node-1" and request["secret_names"] == ["TOKEN"]
+    unbound = plan_launch(cluster, settings=for_run(Settings.of(), cluster))  # the default: no heartbeat bound
+    assert start_request(unbound, unbound.nodes[1], {})["heartbeat_timeout"] is None
     # The agent has no defaults of its own: whatever it reads from a start request, the request has.
     # (`report`'s two sizes come in its own request: launcher.app.pages.report_request)
     # (`container` only on a container host: launcher.plan.containerplan.container_request, tested apart)

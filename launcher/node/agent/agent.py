@@ -54,6 +54,7 @@ from launcher.node.agent.runner import choose_gpus, socket_ifname, stop_run
 
 # Each action imports what it alone needs (a start: attached, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
+from launcher.node.common import bounds
 from launcher.node.common.proc import alive, same_process, signal_process
 from launcher.node.wire import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing
 
@@ -144,7 +145,8 @@ def wait_for_go(request, messages):
     """Ready, then nothing until every node is: a run starts on all nodes or on none (no run directory, no
     process). None on `go`, else the agent's exit code."""
     emit(Event.READY)
-    if not messages.wait_for_go(request["heartbeat_timeout"], request["alive_interval"]):
+    bound = request["heartbeat_timeout"]
+    if not messages.wait_for_go(bounds.UNHEARD_BEFORE_GO_S if bound is None else bound, request["alive_interval"]):
         emit(Event.ABORTED, reason=messages.stop_message)
         return 0
     return None

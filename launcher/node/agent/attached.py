@@ -236,8 +236,9 @@ class Attended:
             if self.proc.poll() is not None:
                 break
             self.consoles.note_silence(time.monotonic())
+            bound = request["heartbeat_timeout"]  # None: no bound, the run goes on without a launcher
             quiet_for = time.monotonic() - messages.last_message
-            if messages.stop_message is None and quiet_for > request["heartbeat_timeout"]:
+            if messages.stop_message is None and bound is not None and quiet_for > bound:
                 messages.stop_message = HEARTBEAT_TIMEOUT
             if messages.stop_message is not None and stopping is None:
                 stopping, stop_at = messages.stop_message, time.monotonic()
@@ -256,7 +257,7 @@ class Attended:
                 signal_run(self.run_dir, request["mark"], signal.SIGKILL)
             # The heartbeat bound is a clock, not an event: woken at its deadline (at least each check_s, as beats move
             # it); KILL is sent again each poll_s.
-            silent_for = request["heartbeat_timeout"] - (time.monotonic() - messages.last_message)
+            silent_for = timing("check_s") if bound is None else bound - (time.monotonic() - messages.last_message)
             messages.changed.wait(
                 timing("poll_s") if stopping is not None else max(0.0, min(silent_for, timing("check_s")))
             )
@@ -313,7 +314,7 @@ def supervise_run(request, run_dir, proc, messages):
     while (
         threads["stream"].is_alive()
         and run.consoles.current is not None
-        and time.monotonic() - run.streamed_at < request["heartbeat_timeout"]
+        and time.monotonic() - run.streamed_at < (request["heartbeat_timeout"] or bounds.UNREAD_END_S)
     ):
         threads["stream"].join(timing("wait_s"))
     run.send_nccl()

@@ -170,7 +170,11 @@ class Consoles:
         """The supervisor's look at the clock: no console, or none heard for away_after, makes the launcher away."""
         quiet_for = now - self.messages.last_message
         if self.away_since is None and (force or self.current is None or quiet_for > self.away_after):
-            trace.note("no launcher heard for %.0f s: away (the run goes on within %g s of it)", quiet_for, self.bound)
+            trace.note(
+                "no launcher heard for %.0f s: away (the run goes on %s)",
+                quiet_for,
+                "without it" if self.bound is None else "within %g s of it" % self.bound,
+            )
             self.away_since = self.messages.last_message_wall
             self.record()
 
@@ -205,7 +209,7 @@ class Consoles:
                 "owner_since": self.owner_since,
                 "present": away is None,
                 "away_since": away,
-                "stops_at": None if away is None else away + self.bound,
+                "stops_at": None if away is None or self.bound is None else away + self.bound,
                 "bound": self.bound,
                 "reattach": self.reattach,
             },

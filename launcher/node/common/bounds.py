@@ -53,6 +53,13 @@ CMDLINE_BYTES = 300
 """How much of a port holder's command line the doctor shows."""
 
 # --- an attached run (agent, attached) ------------------------------------------------------------------------------
+UNHEARD_BEFORE_GO_S = 600.0
+"""With no heartbeat bound (the default): how long an agent that is ready waits for a launcher it no longer hears
+before nothing starts. No process of the run exists yet, only the agent, which must not wait for ever on a launcher
+that died with its connection open (a laptop gone from the network)."""
+UNREAD_END_S = 600.0
+"""With no heartbeat bound: how long an ended run's agent waits for a launcher that stopped reading to take the rest
+of the log; a later launcher replays the end from the run directory (launcher/node/agent/attach.py)."""
 EVENTS_DRAIN_S = 5.0
 """How long an agent whose run ended waits for its last events (`exited`) to reach a launcher that still reads."""
 QUEUED_BEATS_MAX = 100

@@ -2,6 +2,7 @@
 with the doctor's token; every node connects to it and says what it found (and who holds a taken port)."""
 
 import os
+import re
 import select
 import socket
 import time
@@ -167,8 +168,84 @@ def open_listener(port):
         server.close()
         reply.update(free=False, error=error_text(exc), **port_holders(port, bounds.HOLDERS_BUDGET_S))
         return None, reply
+    starting = runs_starting(port, bounds.HOLDERS_BUDGET_S)
+    if starting:
+        server.close()
+        reply.update(
+            free=False, error="a run of this launcher is starting on it", states=["starting"], holders=starting
+        )
+        return None, reply
     reply.update(free=True, accepted=0, peers=[])
     return server, reply
+
+
+def runs_starting(port, budget):
+    """This user's launcher runs here whose torchrun will bind `port` (the store of a static run's node rank 0, a c10d
+    run's is_host node) and has not yet: its processes alive, importing torch or in the host's setup. The port is free
+    for a second or more after a run started (a launch 2 s after a detached one passed the check, then died with
+    EADDRINUSE); as holders, with the run's mark, so the finding says which run and how to stop it."""
+    import json
+
+    from launcher.node.common.proc import live_marks
+    from launcher.node.loader import node_path
+    from launcher.node.wire import RUN_ID_PATTERN, RUNS_ROOT
+
+    root = node_path(RUNS_ROOT)
+    deadline = time.monotonic() + budget
+    found, marks = [], None
+    try:
+        run_ids = sorted((r for r in os.listdir(root) if re.fullmatch(RUN_ID_PATTERN, r)), reverse=True)
+    except OSError:
+        return []
+    for run_id in run_ids:
+        if time.monotonic() > deadline:
+            break
+        try:
+            nodes = os.listdir(os.path.join(root, run_id))
+        except OSError:
+            continue
+        for node in nodes:
+            run_dir = os.path.join(root, run_id, node)
+            if os.path.exists(os.path.join(run_dir, "exit_code")):
+                continue
+            try:
+                with open(os.path.join(run_dir, "command.json"), encoding="utf-8") as handle:
+                    command = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            if not isinstance(command, dict) or not binds_port(
+                command.get("argv") or [], command.get("node_rank"), port
+            ):
+                continue
+            if marks is None:
+                marks = live_marks()  # one pass over /proc, only once a run could hold the port
+            mark = "%s/%s" % (run_id, node)
+            if marks[mark]:
+                inventory = command.get("inventory")
+                found.append(
+                    {
+                        "pid": None,
+                        "command": "torchrun, starting",
+                        "state": "starting",
+                        "run": mark,
+                        "user": owner_of(os.getpid()),
+                        **({"inventory": inventory} if isinstance(inventory, str) else {}),
+                    }
+                )
+    return found
+
+
+def binds_port(argv, node_rank, port):
+    """Whether the torchrun of `argv` binds `port` on this node: its store's (--master-port on node rank 0, or a c10d
+    --rdzv-endpoint's port with is_host=1 in --rdzv-conf)."""
+
+    def value(name):
+        return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+    if value("--master-port") == str(port):
+        return node_rank == 0
+    endpoint = value("--rdzv-endpoint") or ""
+    return endpoint.rpartition(":")[2] == str(port) and "is_host=1" in (value("--rdzv-conf") or "")
 
 
 def serve(server, token, deadline, reply, stop_fd):

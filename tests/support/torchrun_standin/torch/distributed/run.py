@@ -99,6 +99,9 @@ class Rendezvous:
             self.store_port = _free_port()
             return
         if args.node_rank == 0:
+            # A test's stand-in for real torchrun's first seconds after `go` (its agent and rendezvous modules'
+            # imports), in which master_port is still free.
+            time.sleep(float(os.environ.get("STANDIN_BIND_DELAY_S", "0")))
             self.server = socket.create_server(("", args.master_port))
             while len(self.peers) < args.nnodes - 1:
                 peer, _ = self.server.accept()
