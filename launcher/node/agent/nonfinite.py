@@ -10,7 +10,7 @@ import threading
 import time
 
 from launcher.node.agent import trace
-from launcher.node.agent.records import went_nonfinite
+from launcher.node.agent.records import record_pids, went_nonfinite
 from launcher.node.common import bounds
 from launcher.node.common.proc import rank_processes
 
@@ -31,11 +31,14 @@ def watch(run_dir, request, proc, stop):
     caller joins it once torchrun ended, so that the stop's record is whole before the supervisor exits)."""
 
     def look():
-        told = set()
+        told, ranks, asked = set(), {}, set()
         while proc.poll() is None:
+            pids = record_pids(run_dir)
+            if not pids <= asked:  # a worker's first record: its rank, while it lives (a NaN may end it first)
+                asked |= pids
+                ranks.update({pid: rank for pid, _, rank, _, _ in rank_processes(request["mark"])[0]})
             found = went_nonfinite(run_dir, told)
             if found:
-                ranks = {pid: rank for pid, _, rank, _, _ in rank_processes(request["mark"])[0]}
                 pid, record = min(found, key=lambda item: item[1]["bad_step"])
                 why = words(record, ranks.get(pid))
                 trace.note("a non-finite loss (--on-nonfinite stop): %s; stopping this node's part", why)

@@ -143,6 +143,14 @@ def went_nonfinite(run_dir, told):
     return found
 
 
+def record_pids(run_dir):
+    """The pids of the workers that wrote a progress record (a listing of the run's records folder)."""
+    try:
+        return {int(name) for name in os.listdir(os.path.join(run_dir, PROGRESS_DIR)) if name.isdigit()}
+    except OSError:
+        return set()
+
+
 def record_path(run_dir, pid):
     return os.path.join(run_dir, PROGRESS_DIR, str(pid))
 
