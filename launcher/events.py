@@ -220,6 +220,8 @@ class HangSuspected(NodeEvent):
     """The furthest step the ranks' lines named when it hung (None: none names its steps)."""
     restarting: bool = False
     """The launcher stops this attempt to start the run again (`--on-hang restart`, a retry left)."""
+    stall: bool = False
+    """No rank waits for another: every rank idle for STALL_FACTOR hang timeouts (launcher.limits), not a hang."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 # --- an attached run's heartbeats and output (launcher.run) ------------------------------------------------------
 HEARTBEAT_DIVISOR = 4
 """Heartbeats go this many times per timeout, so that one late beat never stops a healthy run."""
-
 MAX_LINE_BYTES = 64 * 1024
 """A line longer than this (output without newlines) is cut into pieces of this size, each marked."""
 CUT_MARK = b" [line cut: no newline within %d bytes]" % MAX_LINE_BYTES
@@ -294,17 +293,18 @@ HANG_LOOKS_APART_S = 3.0
 """Seconds between the two looks at every rank's stack once no progress was seen for the hang timeout: a rank whose
 main thread moved between them is not stuck (a spinning thread keeps CPU time growing in a hung rank, so CPU time is
 never taken as progress)."""
+STALL_FACTOR = 4.0
+"""Every rank idle (a sleep, a dead mount, a stuck loader; none waits for another) for this many hang timeouts is a
+stall, which `--on-hang` acts on (learnt: 20 minutes at least; no evaluation sits idle that long, a dead mount does)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
 INTERRUPTED_EXIT = 130
 """An attached launch's exit code after Ctrl-C (what a shell reports for it: 128 + SIGINT)."""
 AWAY_EXIT = 129
-"""The exit code of an attached launch that lost its run without the run failing (128 + SIGHUP, as a shell says of a
-process whose terminal hung up): its terminal closed and it left the run to the nodes, another launcher took the run
-over (`attach`), or the nodes stopped their part because no launcher was heard from for the heartbeat timeout."""
+"""An attached launch that lost its run without the run failing (128 + SIGHUP): its terminal closed, another launcher
+took the run (`attach`), or the nodes stopped their part past a heartbeat bound (`--heartbeat-timeout`)."""
 STOPPED_EXIT = 143
-"""The exit code of an attached launch whose run a stop from another terminal ended (128 + SIGTERM, as a shell
-says of a process stopped that way): neither a success nor a failure of the run's own."""
+"""An attached launch whose run a stop from another terminal ended (128 + SIGTERM): not the run's success or failure."""
 
 # What `inv status` and `inv stop` print (launcher/report/states.py).
 STATE_ROWS_MAX = 16

@@ -56,8 +56,9 @@ def hang_report(run_id: str, event: HangSuspected, log_dir: Path) -> list[str]:
     """A suspected hang's lines for the console (the first is the answer), its stacks kept under log_dir."""
     stacks, failures = from_answers(event.answers)
     folder = write_stacks(log_dir, run_id, stacks, event.time)
-    first = f"hang suspected (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
-    why = [f"why a hang: {event.why}"] if event.why else []
+    said = "stalled" if event.stall else "hang suspected"
+    first = f"{said} (no progress for {event.quiet_s:.0f} s): {answer(stacks)}"
+    why = [f"why {'a stall' if event.stall else 'a hang'}: {event.why}"] if event.why else []
     (folder / "answer.txt").write_text("\n".join([first, *why]) + "\n", encoding="utf-8")
     _keep_verdict(folder, event)
     lines = [

@@ -17,7 +17,7 @@ from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
 from launcher.watch.loss import loss_text
 
-INSTALL = "pip install 'ddp-launcher[report]'"
+INSTALL = "pip install matplotlib"
 COLOURS = (
     "#8da0cb",
     "#a6d854",

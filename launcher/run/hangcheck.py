@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from launcher.events import HangRuledOut, HangSuspected, NcclDumps, NodeEvent, StacksTaken
-from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S
+from launcher.limits import HANG_LOOKS_APART_S, NCCL_DUMP_WAIT_S, STACKS_MARGIN_S, STACKS_WAIT_S, STALL_FACTOR
 from launcher.node.wire import DUMPS, STACKS, message_line
 from launcher.watch.arrival import Arrivals
 from launcher.watch.hang import HangWatch
-from launcher.watch.verdict import add_dumps, judge_stacks, with_dumps
+from launcher.watch.verdict import Verdict, add_dumps, judge_stacks, with_dumps
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,12 @@ class HangCheck:
             verdict.why,
             list(verdict.suspects),
         )
-        if not verdict.hang:
-            run.on_event(HangRuledOut("", time.time(), quiet, answers, verdict.why))
-            self.watch.rearm(time.monotonic())
-            return
+        stall = not verdict.hang
+        if stall:
+            stalled = self._stalled(run, verdict, quiet, answers)
+            if stalled is None:
+                return
+            verdict, quiet = stalled
         event = HangSuspected(
             "",
             time.time(),
@@ -147,13 +149,32 @@ class HangCheck:
             verdict.suspects,
             self.watch.reached(),
             self.restart and not self.keep,
+            stall,
         )
         run.on_event(event)
         if self.keep:
             self.watch.rearm(time.monotonic())
         else:
             self.hang = event
-            run.stop(why=f"a hang: {verdict.why}")
+            run.stop(why=f"{'a stall' if stall else 'a hang'}: {verdict.why}")
+
+    def _stalled(
+        self, run: Waiter, verdict: Verdict, quiet: float, answers: dict[str, Any]
+    ) -> tuple[Verdict, float] | None:
+        """Not a hang: a stall (its verdict, how long every rank was idle) when every look has found every rank idle
+        for STALL_FACTOR hang timeouts; else None, once the line that says so and how far a stall is went out."""
+        idle_for, bound = self.watch.idle_for(time.monotonic(), quiet, verdict.idle), self.watch.stall_after()
+        if idle_for is not None and bound is not None and idle_for >= bound:
+            words = (
+                f"every rank has been idle for {idle_for:.0f} s ({bound:.0f} s: {STALL_FACTOR:g}x the hang timeout), "
+                "none waiting for another: no work goes on anywhere"
+            )
+            return Verdict(True, words), idle_for
+        why = verdict.why if idle_for is None else f"{verdict.why}; every rank idle {idle_for:.0f} s"
+        why += "" if idle_for is None or bound is None else f" (a stall at {bound:.0f} s)"
+        run.on_event(HangRuledOut("", time.time(), quiet, answers, why))
+        self.watch.rearm(time.monotonic())
+        return None
 
     def _ask(self, run: Waiter, message: str, answer: type[NodeEvent], wait_s: float) -> dict[str, NodeEvent | str]:
         """`message` to every node still running; each one's answer, or why there is none, within `wait_s`."""

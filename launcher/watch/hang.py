@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.limits import HANG_FACTOR, HANG_FLOOR_S
+from launcher.limits import HANG_FACTOR, HANG_FLOOR_S, STALL_FACTOR
 
 COUNTERS = ("steps", "batches")
 """A rank's counters in the beats (absent where the worker's hook does not count): any growth is progress."""
@@ -40,6 +40,9 @@ class HangWatch:
     gaps: int = 0
     """Progress that came after a quiet gap."""
     longest_gap: float = 0.0
+    idle_since: float | None = None
+    """Since when every look at the stacks has found every rank idle, with no progress since (None: the last did
+    not)."""
     _lines: dict[tuple[str, int], float] = field(default_factory=dict)
     _counts: dict[tuple[str, int, str], int] = field(default_factory=dict)
     _steps: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -111,6 +114,21 @@ class HangWatch:
         at a hang a fast loop's record lags by the steps of its last flush interval (nothing comes to write it), and
         a CI run said `after step 10` for a rank 11 steps in."""
         return max(self._steps.values(), default=None)
+
+    def idle_for(self, now: float, quiet: float, idle: bool) -> float | None:
+        """A look found every rank idle (`idle`) or not, after `quiet` s without progress (or since the last look):
+        for how long every look has found so, with no progress since; None when this one did not."""
+        if not idle:
+            self.idle_since = None
+            return None
+        if self.idle_since is None or (self.last_line is not None and self.last_line > self.idle_since):
+            self.idle_since = now - quiet
+        return now - self.idle_since
+
+    def stall_after(self) -> float | None:
+        """Seconds every rank must have been idle for a stall (STALL_FACTOR hang timeouts); None: no timeout yet."""
+        limit = self.limit()
+        return None if limit is None else STALL_FACTOR * limit
 
     def rearm(self, now: float) -> None:
         """After the stacks were looked at and the run goes on (not hung, or `--on-hang keep`): the next look one

@@ -61,6 +61,10 @@ class Verdict:
     suspects: tuple[tuple[str, int], ...] = ()
     """(node, rank) of each rank that holds a hang up: behind its group and stuck, or stuck outside any collective
     while the others wait in one; none where every rank is in the same stuck collective."""
+    idle: bool = False
+    """Not a hang, but no work goes on anywhere: every rank waits, none for the others, and neither its stack nor a
+    DataLoader worker of its moved (a sleep, a dead filesystem, a stuck loader). Long enough, a stall
+    (`launcher.run.hangcheck`)."""
 
     def line(self) -> str:
         return verdict_line(self.hang, self.why)
@@ -173,7 +177,7 @@ def judge(
                 f"{_verb(syncing, 'waits', 'wait')} in a CUDA synchronisation; NCCL's flight "
                 f"recorder {told})",
             )
-        return Verdict(False, "no rank waits for the others in a collective")
+        return Verdict(False, "no rank waits for the others in a collective", idle=not _helpers_moved(first, second))
     others = [s for s in second if s not in peers]
     also = f", and {_who(others)} {_verb(others, 'is', 'are')} stuck" if others else ""
     return Verdict(
@@ -253,6 +257,12 @@ def _said(place: str) -> str:
 def _recorder(recorded: Mapping[int, Collectives] | None) -> str:
     said = in_flight_said(recorded or {})
     return f"; NCCL's flight recorder: {said}" if said else ""
+
+
+def _helpers_moved(first: Sequence[RankStack], second: Sequence[RankStack]) -> bool:
+    """Whether a helper of any rank (a DataLoader worker) is elsewhere than at the first look: work goes on there."""
+    before = {(s.node, s.rank): {h.pid: h for h in s.helpers} for s in first}
+    return any(_moved(before.get((s.node, s.rank), {}).get(h.pid), h) for s in second for h in s.helpers)
 
 
 def _moved(before: RankStack | None, after: RankStack) -> bool:

@@ -196,6 +196,25 @@ def test_a_gpu_ranks_wait_in_loss_item_is_a_hang_when_the_flight_recorder_shows_
     assert run_processes(run_id) == []
 
 
+def test_every_rank_idle_outside_any_collective_is_a_stall_that_on_hang_acts_on(make_sandbox, tmp_path: Path) -> None:
+    """Every rank asleep (a dead mount, a stuck data source): no rank waits for another, so no look finds a hang, and
+    the run would go on `not a hang` for ever; each look says how long every rank has been idle and when that is a
+    stall (4 hang timeouts), and then `--on-hang` acts on it as on a hang: stopped, exit code 124, in its own words."""
+    box = make_sandbox(2, torchrun="stand-in",
+                       master_port=free_port(), script="tests/scripts/all_idle.py", script_args=["3", "600"])
+    result = inv("launch", "--hosts", str(box.inventory), "--hang-timeout", "2", "--skip-doctor",
+                 log_dir=tmp_path / "logs", timeout=90)
+    said = result.stdout + result.stderr
+    assert result.returncode == 124, said
+    assert re.search(r"no progress for \d+ s, but not a hang \(no rank waits for the others in a collective; every "
+                     r"rank idle \d+ s \(a stall at 8 s\)\): ranks 0,1 are in time\.sleep \(all_idle\.py:12\); the "
+                     r"run goes on", said), said
+    assert re.search(r"stalled \(no progress for \d+ s\): ranks 0,1 are in time\.sleep \(all_idle\.py:12\)", said), said
+    assert re.search(r"why a stall: every rank has been idle for \d+ s \(8 s: 4x the hang timeout\), none waiting for "
+                     r"another", said), said
+    assert "hang suspected" not in said and run_processes(run_id_of(said)) == []
+
+
 def test_a_run_silent_and_busy_for_longer_than_the_timeout_goes_on_and_says_what_was_seen(make_sandbox,
                                                                                          tmp_path: Path) -> None:
     # Rank 0 writes a checkpoint for 44 s, silent; rank 1 sleeps 22 s on a slow write, then waits in the barrier.

@@ -121,9 +121,9 @@ for _ in range(20):  # its workers start a moment after the launch returns
 report["top_ranks"] = sorted(r.rank for r in snap.ranks)
 report["stop"] = [s.state for s in run.stop()]
 report["wait"] = [n.state for n in run.wait(timeout=60).nodes]
-page = run.report()  # without matplotlib in this venv: the page of tables
+page = run.report()  # with its charts: matplotlib is one of the install's own dependencies (#69)
 report["page"] = [isinstance(page, api.RunPage), page.path.name, page.path.is_file(), bool(page.headline),
-                  page.summary["run"] == run.run_id]
+                  page.summary["run"] == run.run_id, "<svg" in page.path.read_text()]
 report["clean_at_end"] = settled(before) is True
 print(json.dumps(report))
 """

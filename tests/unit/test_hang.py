@@ -59,6 +59,19 @@ def test_a_given_timeout_fires_from_the_start() -> None:
     assert beats(watch, 40.0, printing_every=None)[0] == pytest.approx(15.0, abs=BEAT)
 
 
+def test_every_rank_idle_in_every_look_for_four_timeouts_is_a_stall_and_progress_or_work_resets_it() -> None:
+    watch = HangWatch(15.0)
+    watch.start(0.0)
+    assert watch.stall_after() == 60.0
+    assert watch.idle_for(18.0, 18.0, idle=True) == 18.0  # the first look: idle since the last progress
+    watch.rearm(18.0)
+    assert watch.idle_for(36.0, 18.0, idle=True) == 36.0  # still idle, nothing moved: counted from the first
+    assert watch.idle_for(54.0, 18.0, idle=False) is None  # one look with a rank at work: over
+    assert watch.idle_for(72.0, 18.0, idle=True) == 18.0
+    watch.observe(80.0, "node-0", [{"rank": 0, "quiet_s": 0.0}])  # a line: progress
+    assert watch.idle_for(98.0, 18.0, idle=True) == 18.0
+
+
 def test_cpu_time_is_never_progress_the_stacks_decide() -> None:
     # A hung NCCL collective keeps a CPU busy (its proxy thread polls): CPU time tells nothing. A rank that computes
     # silently is looked at, and its stack (busy, not waiting) keeps the run going (tests/unit/test_hang_verdict.py).

@@ -94,10 +94,15 @@ def test_a_checkpoint_written_while_the_others_wait_in_a_barrier_is_no_hang() ->
                            "(job.py:40)"
 
 
-def test_ranks_that_sleep_with_none_in_a_collective_are_no_hang() -> None:
+def test_ranks_that_sleep_with_none_in_a_collective_are_no_hang_but_idle() -> None:
+    """Every rank waits, none for the others, nothing moved: not a hang (the run goes on), but idle, which the hang
+    watch turns into a stall when it lasts; one rank at work anywhere is not idle."""
     look = [rank("node-0", 0, SLEEP), rank("node-1", 1, SLEEP)]
     verdict = judge(look, look, 3.0)
-    assert not verdict.hang and verdict.why == "no rank waits for the others in a collective"
+    assert not verdict.hang and verdict.idle
+    assert verdict.why == "no rank waits for the others in a collective"
+    evaluating = [rank("node-0", 0, SAVE, "R"), rank("node-1", 1, SLEEP)]
+    assert not judge(evaluating, evaluating, 3.0).idle
 
 
 def test_a_stopped_rank_is_stuck_and_a_rank_without_a_stack_is_a_doubt() -> None:
