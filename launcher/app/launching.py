@@ -72,7 +72,8 @@ def launch(
         failed = pull_images(plan.cluster, settings, run_io.err)
         if failed:
             raise LauncherError(pull_failed(failed, "nothing was started"))
-    return _started(plan, _gated(plan, hosts, run_io, doctor, sync), doctor)
+    named = chosen if chosen != cluster.job else None  # the command line's: a refusal's doctor command names it
+    return _started(plan, _gated(plan, hosts, run_io, doctor, sync, named), doctor)
 
 
 def _dry_run(plan: LaunchPlan, run_io: RunIO, hosts_from: str | None, as_json: bool) -> int:
@@ -85,14 +86,16 @@ def _dry_run(plan: LaunchPlan, run_io: RunIO, hosts_from: str | None, as_json: b
     return 0
 
 
-def _gated(plan: LaunchPlan, hosts: str | Hosts, run_io: RunIO, doctor: bool, sync: bool) -> RunIO:
+def _gated(
+    plan: LaunchPlan, hosts: str | Hosts, run_io: RunIO, doctor: bool, sync: bool, named: Job | None = None
+) -> RunIO:
     """What runs before the start: the doctor's fast checks in the agents' sessions, `--sync` over the run's own
     connections before them (the script check then passes)."""
     settings = plan.settings
     if doctor and run_io.gate is None:
         from launcher.doctor.collect import doctor_gate
 
-        run_io = replace(run_io, gate=doctor_gate(settings, run_io.err))
+        run_io = replace(run_io, gate=doctor_gate(settings, run_io.err, named))
     if sync:
         from launcher.sync import push as code_sync
 

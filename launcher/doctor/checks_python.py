@@ -198,23 +198,29 @@ def check_torch(ev: Evidence) -> list[Finding]:
     }
     nccl = {h: probes[h]["torch"]["nccl"] for h in have if probes[h]["torch"].get("nccl")}
     builds = _compared(ev, cuda), _compared(ev, nccl)
-    return [_torch_finding(h, p["python"]["executable"], version, *builds) for h, p in probes.items()]
+    return [
+        _torch_finding(h, p["python"]["executable"], version, *builds, managed=bool(p["python"].get("managed")))
+        for h, p in probes.items()
+    ]
 
 
-def _torch_finding(h: str, exe: str, version: _Compared, cuda: _Compared, nccl: _Compared) -> Finding:
+def _torch_finding(
+    h: str, exe: str, version: _Compared, cuda: _Compared, nccl: _Compared, managed: bool = False
+) -> Finding:
     """Node `h`'s torch against the majority's: missing, another version, another CUDA build, another NCCL, or
-    the same."""
+    the same. `managed`: `exe` is the distribution's own python, whose pip refuses to install (PEP 668)."""
     have, major = version.values, version.major
     if h not in have:
-        hint = f"install torch=={major} there" if major else "install torch there"
-        return Finding(
-            h,
-            "torch",
-            "fail",
-            f"torch is not installed for {exe}",
-            f"{hint} (`{exe} -m pip install torch`), or point `python` for {h} at the "
-            "interpreter of the environment that has it",
+        wanted = f"torch=={major}" if major else "torch"
+        fix = (
+            f"make a venv with it there (`{exe} -m venv ~/venvs/train && ~/venvs/train/bin/pip install {wanted}`: "
+            f"{exe} is the system's, whose pip refuses to install, PEP 668) and set `python: ~/venvs/train/bin/python` "
+            f"for {h}, or point `python` at an environment that has it"
+            if managed
+            else f"install {wanted} there (`{exe} -m pip install {wanted}`), or point `python` for {h} at the "
+            "interpreter of the environment that has it"
         )
+        return Finding(h, "torch", "fail", f"torch is not installed for {exe}", fix)
     if have[h] != major:
         return Finding(
             h,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from launcher.config.model import Cluster, Host, SyncSpec
+from launcher.config.model import Cluster, Host, Job, SyncSpec
 from launcher.doctor.checklist import evaluate, selected_checks
 from launcher.doctor.evidence import Evidence, Outcome, ProbeFailed, Report
 from launcher.doctor.request import connect_section, listen_request, probe_input, probe_request, session_section
@@ -223,6 +224,8 @@ class DoctorGate:
     """Told the report (warnings only) and the seconds the checks took, when they all passed."""
     full_report: bool = True
     """A failure's last line says where the full report is (not under SLURM: the doctor there needs the job)."""
+    named_job: Job | None = None
+    """The job the command line named over the inventory's: the full report's command names it too."""
 
     def __call__(self, cluster: Cluster, nodes: Mapping[str, Node]) -> Report:
         """The fast checks on open connections, over probe sessions of their own; raises DoctorFailed."""
@@ -232,10 +235,14 @@ class DoctorGate:
         return report
 
     def more(self, cluster: Cluster) -> str | None:
-        """The failure's last line: the doctor's command on this inventory (its call, from the API)."""
+        """The failure's last line: the doctor's command on this inventory, with the job the command line named
+        (`--script nope.py`: the one checked), or its call from the API."""
         if not self.full_report:
             return None
-        return f"the full report: `{hint(f'doctor --hosts {cluster.source}', f'api.doctor({cluster.source!r})')}`"
+        form, value = self.named_job.form if self.named_job is not None else ("", "")
+        job = f" --{form} {shlex.quote(value)}" if form else ""
+        called = f"api.doctor({cluster.source!r}" + (f", {form}={value!r})" if form else ")")
+        return f"the full report: `{hint(f'doctor --hosts {cluster.source}{job}', called)}`"
 
     def prepare(self, cluster: Cluster, nodes: dict[str, Node]) -> Mapping[str, float]:
         """Before the agents' sessions open: `before`, if any (when it was done on each node)."""
@@ -272,7 +279,7 @@ default_gate = DoctorGate()
 launch's agent sessions."""
 
 
-def doctor_gate(settings: Settings, err: IO[str]) -> DoctorGate:
+def doctor_gate(settings: Settings, err: IO[str], named_job: Job | None = None) -> DoctorGate:
     """The doctor's fast checks inside launch's agent sessions; a line says they passed, with any warnings (a
     failure raises DoctorFailed, and nothing starts anywhere)."""
 
@@ -285,7 +292,7 @@ def doctor_gate(settings: Settings, err: IO[str]) -> DoctorGate:
         for found in report.problems:  # warnings only: a failure raised before this
             err.write(f"  warning: {found.host} {found.check}: {found.detail}\n")
 
-    return DoctorGate(probe_timeout=settings.run.probe_timeout, ssh=settings.ssh, on_pass=passed)
+    return DoctorGate(probe_timeout=settings.run.probe_timeout, ssh=settings.ssh, on_pass=passed, named_job=named_job)
 
 
 def between_attempts(settings: Settings, doctor: bool = True) -> Callable[[Cluster], dict[str, str]]:

@@ -15,6 +15,7 @@ from typing import Any
 from launcher.limits import REPORT_MAX_ROWS
 from launcher.report.pagedata import PHASES, Mark, Page, end_rows
 from launcher.report.pageseries import band
+from launcher.report.pyplot import pyplot, release_fonts
 from launcher.watch.loss import loss_text
 
 INSTALL = "pip install matplotlib"
@@ -57,7 +58,7 @@ overflow-x:auto;white-space:pre-wrap}.note{color:#555}svg{max-width:100%;height:
 
 def render(page: Page, charts: bool = True) -> str:
     """The whole page; `charts` false (or no matplotlib) gives the tables alone, with the line that says why."""
-    plt = _pyplot() if charts else None
+    plt = pyplot() if charts else None
     parts = [
         f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>run {_e(page.run_id)}</title>"
         f"<style>{STYLE}</style></head><body>",
@@ -85,6 +86,8 @@ def render(page: Page, charts: bool = True) -> str:
         _attempts(page),
         "</body></html>",
     ]
+    if plt is not None:
+        release_fonts()
     return "\n".join(p for p in parts if p)
 
 
@@ -118,18 +121,6 @@ def _facts(page: Page) -> str:
     stopped = re.match(r"stopped by [^,:]*?(?= at |,|:|$)", page.stopped) if page.stopped else None
     lines = [f"started {when}", ended, *([stopped.group()] if stopped else []), f"logs: {page.logs}"]
     return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "ddp-launcher", "font.size": 9})
-    return plt
 
 
 def _figure(plt: Any, draw: Any, page: Page) -> str:

@@ -70,7 +70,8 @@ def state_table(title: str, states: Sequence[NodeStateRow], stop: bool) -> Table
     `Text`: node names, run ids and states come from users and nodes, and a `[/]` in them must print as it is,
     never be read as Rich markup."""
     table = Table(title=Text(title), title_justify="left")
-    for column in ("node", "run", "state", "exit", "started", "ended", *(("stopped", "left") if stop else ())):
+    stopped = ("processes stopped", "processes left") if stop else ()  # counts of the run's processes on the node
+    for column in ("node", "run", "state", "exit", "started", "ended", *stopped):
         table.add_column(column)
     for group in _grouped(states):
         s = group[0]

@@ -371,6 +371,8 @@ def test_the_job_named_on_the_command_line_is_the_one_checked(healthy: Sandbox, 
     said = " ".join(missing.stderr.split())
     assert "node-0 script: nope.py is missing on node-0" in said and "nothing was started" in said, said
     assert "Traceback" not in missing.stdout + missing.stderr
+    # the full report it points to checks the same job: the command names it
+    assert said.endswith(f"the full report: `inv doctor --hosts {hosts} --script nope.py`"), said
     module = inv("launch", "--hosts", hosts, "--module", "nopkg.train", log_dir=logs, timeout=120)
     assert module.returncode == 1, module.stdout + module.stderr
     assert "module nopkg.train cannot be imported by" in " ".join(module.stderr.split()), module.stderr

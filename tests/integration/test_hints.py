@@ -39,12 +39,12 @@ def test_a_projects_collection_is_named_in_every_hint_and_each_hint_runs(make_sa
     refused = project_inv(project, "ddp.launch", "--hosts", hosts, "--script", "nope.py")
     assert refused.returncode == 1, refused.stderr
     said = refused.stderr.splitlines()
-    assert said[-1] == f"the full report: `inv ddp.doctor --hosts {hosts}`", refused.stderr
+    assert said[-1] == f"the full report: `inv ddp.doctor --hosts {hosts} --script nope.py`", refused.stderr
     assert (f"    fix: no node has it, nor this machine at {project / 'nope.py'}: check the script's name (--script, "
             "job.script), or fix `workdir` for node-0") in said, refused.stderr
     assert "from your checkout" not in refused.stderr
-    doctor = project_inv(project, "ddp.doctor", "--hosts", hosts, "--fast")  # the hint's command runs
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    doctor = project_inv(project, "ddp.doctor", "--hosts", hosts, "--script", "nope.py", "--fast")  # the hint runs
+    assert doctor.returncode == 1 and "nope.py is missing on node-0" in doctor.stdout, doctor.stdout + doctor.stderr
 
     detached = project_inv(project, "ddp.launch", "--hosts", hosts, "--detach")
     assert detached.returncode == 0, detached.stderr

@@ -170,4 +170,4 @@ def test_the_api_runs_attached_then_detached_and_leaves_nothing_behind(user: Ses
     assert report["top_ranks"] == [0, 1] and set(report["stop"]) == {"stopped"} and "running" not in report["wait"]
     # Run.report(): the run's page (#49), with the charts the README shows, from a plain install (#69)
     assert report["page"] == [True, "report.html", True, True, True, True], report
-    assert report["clean_after_first"] and report["clean_after_interrupt"] and report["clean_at_end"], report
+    assert report["clean_after_first"] and report["clean_after_interrupt"] and report["clean_at_end"], report["left"]

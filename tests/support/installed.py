@@ -34,7 +34,7 @@ def user_venv(folder: Path, wheel: Path) -> Path:
     dependencies are linked from this interpreter's install (as the nodes' venv is: no index needed), the wheel
     installed by pip, which writes the `ddpl` script. Returns the venv's bin folder."""
     python, site = make_venv(folder)
-    for dist in closure(declared_requirements(())).values():  # the dependencies alone: no torch extra
+    for dist in closure(declared_requirements((), node=False)).values():  # the dependencies alone: no torch extra
         link_distribution(dist, site)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
                     str(wheel)], check=True, capture_output=True)
@@ -125,6 +125,7 @@ page = run.report()  # with its charts: matplotlib is one of the install's own d
 report["page"] = [isinstance(page, api.RunPage), page.path.name, page.path.is_file(), bool(page.headline),
                   page.summary["run"] == run.run_id, "<svg" in page.path.read_text()]
 report["clean_at_end"] = settled(before) is True
+report["left"] = repr([leftovers(), before])  # what differs where it is not clean: the failure's message
 print(json.dumps(report))
 """
 

@@ -48,12 +48,18 @@ class Env:
     """Canonical names of the distributions linked into it."""
 
 
-def declared_requirements(extras: tuple[str, ...] = ("torch",)) -> list[Requirement]:
+CONTROLLER_ONLY = ("matplotlib",)
+"""Dependencies only the launcher's own machine uses (the run's page's charts), never a node: a node env holding them
+would hold numpy (matplotlib's), and a node program's undeclared numpy need would pass here and fail there."""
+
+
+def declared_requirements(extras: tuple[str, ...] = ("torch",), node: bool = True) -> list[Requirement]:
     """pyproject.toml's dependencies and its `extras` (torch: what a node running train/ddp.py is told to install;
-    trainers: Lightning and transformers, for the tests that run them)."""
+    trainers: Lightning and transformers, for the tests that run them); for a `node`, without CONTROLLER_ONLY."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     wanted = [*project["dependencies"], *(r for extra in extras for r in project["optional-dependencies"][extra])]
-    return [Requirement(r) for r in wanted]
+    found = [Requirement(r) for r in wanted]
+    return [r for r in found if not node or canonicalize_name(r.name) not in CONTROLLER_ONLY]
 
 
 def closure(requirements: Iterable[Requirement]) -> dict[str, metadata.Distribution]:

@@ -97,7 +97,14 @@ def test_torch_missing_cuda_and_nccl_differences() -> None:
     ev = Evidence(cluster, {"node-0": missing, "node-1": cuda, "node-2": nccl, "node-3": extra}, {"free": True})
     gone = only(ev, "torch", "node-0")
     assert (gone.status, gone.detail) == ("fail", "torch is not installed for /opt/venv/bin/python")
-    assert "torch==2.13.0" in gone.fix
+    assert "`/opt/venv/bin/python -m pip install torch==2.13.0`" in gone.fix
+    # The distribution's own python: its pip refuses (PEP 668), so the fix is a venv, never a system pip install.
+    missing["python"] = {**missing["python"], "executable": "/usr/bin/python3", "managed": True}
+    system = only(Evidence(cluster, {"node-0": missing, "node-1": cuda, "node-2": nccl, "node-3": extra},
+                           {"free": True}), "torch", "node-0")
+    assert system.fix.startswith("make a venv with it there (`/usr/bin/python3 -m venv ~/venvs/train && "
+                                 "~/venvs/train/bin/pip install torch==2.13.0`"), system.fix
+    assert "python: ~/venvs/train/bin/python" in system.fix and "-m pip install" not in system.fix
     assert only(ev, "torch", "node-1").detail == "torch built for CUDA 12.1 here, 12.8 on node-2, node-3"
     warned = only(ev, "torch", "node-2")
     assert (warned.status, warned.detail) == ("warn", "NCCL 2.21.5 here, 2.27.3 on node-1, node-3")

@@ -126,7 +126,7 @@ def test_without_a_journal_the_root_cause_is_the_first_node_that_failed_by_its_e
 
 
 def test_without_matplotlib_the_same_page_has_its_tables_and_says_what_to_install(monkeypatch) -> None:
-    monkeypatch.setattr(page_module, "_pyplot", lambda: None)
+    monkeypatch.setattr(page_module, "pyplot", lambda: None)
     text = render(build_page(RUN, journal(2), answers(2), "logs/x/"))
     assert "<svg" not in text and html.escape(INSTALL) in text and "first optimizer step" in text
     assert "<td>r3</td>" in text

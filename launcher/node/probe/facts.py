@@ -86,6 +86,9 @@ def python_info():
         "version": sys.version.split()[0],
         "executable": sys.executable,
         "implementation": IMPLEMENTATIONS.get(name, name),
+        # A distribution's own python (Debian 12, Ubuntu 24.04): its pip refuses to install (PEP 668), a venv's not.
+        "managed": sys.prefix == getattr(sys, "base_prefix", sys.prefix)
+        and os.path.exists(os.path.join(os.path.dirname(os.__file__), "EXTERNALLY-MANAGED")),
     }
 
 
