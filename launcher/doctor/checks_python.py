@@ -199,7 +199,7 @@ def check_torch(ev: Evidence) -> list[Finding]:
     nccl = {h: probes[h]["torch"]["nccl"] for h in have if probes[h]["torch"].get("nccl")}
     builds = _compared(ev, cuda), _compared(ev, nccl)
     return [
-        _torch_finding(h, p["python"]["executable"], version, *builds, managed=bool(p["python"].get("managed")))
+        _torch_finding(h, p["python"]["executable"], version, *builds, managed=bool(p["torch"].get("managed")))
         for h, p in probes.items()
     ]
 

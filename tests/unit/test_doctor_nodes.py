@@ -99,7 +99,8 @@ def test_torch_missing_cuda_and_nccl_differences() -> None:
     assert (gone.status, gone.detail) == ("fail", "torch is not installed for /opt/venv/bin/python")
     assert "`/opt/venv/bin/python -m pip install torch==2.13.0`" in gone.fix
     # The distribution's own python: its pip refuses (PEP 668), so the fix is a venv, never a system pip install.
-    missing["python"] = {**missing["python"], "executable": "/usr/bin/python3", "managed": True}
+    missing["python"] = {**missing["python"], "executable": "/usr/bin/python3"}
+    missing["torch"] = {"version": None, "managed": True}
     system = only(Evidence(cluster, {"node-0": missing, "node-1": cuda, "node-2": nccl, "node-3": extra},
                            {"free": True}), "torch", "node-0")
     assert system.fix.startswith("make a venv with it there (`/usr/bin/python3 -m venv ~/venvs/train && "

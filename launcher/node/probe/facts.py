@@ -86,9 +86,6 @@ def python_info():
         "version": sys.version.split()[0],
         "executable": sys.executable,
         "implementation": IMPLEMENTATIONS.get(name, name),
-        # A distribution's own python (Debian 12, Ubuntu 24.04): its pip refuses to install (PEP 668), a venv's not.
-        "managed": sys.prefix == getattr(sys, "base_prefix", sys.prefix)
-        and os.path.exists(os.path.join(os.path.dirname(os.__file__), "EXTERNALLY-MANAGED")),
     }
 
 
@@ -148,7 +145,11 @@ def torch_info():
     with_site()
     found = _first_dists(("torch", *NCCL_DISTS))
     if "torch" not in found:
-        return {"version": None}
+        # Where to install it: a distribution's own python (Debian 12, Ubuntu 24.04) refuses pip (PEP 668), a venv not.
+        managed = sys.prefix == getattr(sys, "base_prefix", sys.prefix) and os.path.exists(
+            os.path.join(os.path.dirname(os.__file__), "EXTERNALLY-MANAGED")
+        )
+        return {"version": None, "managed": managed}
     folder, version = found["torch"]
     info = {"version": version, "cuda": None, "cuda_known": False, "nccl": None}
     try:
