@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import hashlib
 import json
 import zlib
 from types import SimpleNamespace
@@ -149,6 +150,22 @@ def test_parts_are_put_together_and_dispatched(monkeypatch: pytest.MonkeyPatch) 
     [message] = _taken(link)
     assert isinstance(message, events.Message) and "nccl event came damaged" in message.text
 
+
+
+def test_a_probe_answer_past_the_line_cut_goes_in_parts_and_comes_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun cuts long output lines: a master's `probed` (its probe, its listener's reply, 8 GPUs) goes in `part` events
+    of at most the request's chunk, and the launcher has it whole (gatechecks.GateChecks.run sends it so)."""
+    lines: list[bytes] = []
+    monkeypatch.setattr(wire, "emit", lambda name, **fields: lines.append(_line(name, **fields)))
+    gpus = [{"index": i, "uuid": "GPU-" + hashlib.sha256(bytes([i])).hexdigest(),
+             "bus": hashlib.sha256(bytes([i, i])).hexdigest()} for i in range(16)]
+    wire.emit_parts(Event.PROBED, 800, probe={"python": {"version": "3.11.2"}, "gpus": gpus}, listener={"free": True})
+    assert len(lines) > 1 and all(len(line) < 1000 for line in lines), [len(line) for line in lines]
+    link, session = _session()
+    for line in lines:
+        link._agent_line(session, line)
+    [event] = _taken(link)
+    assert isinstance(event, events.Probed) and session.checked[Event.PROBED]["probe"]["gpus"] == gpus
 
 
 def test_a_failed_actions_words_are_its_error_events_and_shell_lines() -> None:

@@ -82,7 +82,7 @@ def start(request):
     )
     messages = LauncherMessages(bool(request.get("reattach")))
     section = request.get("gate")  # only with the doctor on
-    checks = GateChecks(section) if section else None
+    checks = GateChecks(section, int(request["event_chunk"])) if section else None
     messages.on_tcp = checks.tcp if checks is not None else None
     threading.Thread(target=messages.listen, daemon=True, name="listen").start()
     problem = node_problem(request, run_dir)

@@ -5,7 +5,7 @@ import os
 import threading
 import time
 
-from launcher.node.wire import Event, emit, seconds
+from launcher.node.wire import Event, emit, emit_parts, seconds
 
 
 def probed(request):
@@ -34,8 +34,10 @@ class GateChecks:
       node connects to master_addr:master_port and says what it found as the `tcp` event.
     """
 
-    def __init__(self, section):
+    def __init__(self, section, chunk):
         self.section = section
+        self.chunk = chunk
+        """The longest event line's data (the request's `event_chunk`): srun cuts long lines."""
         self.listener = None  # (thread, the write end of the pipe that stops it, its read end)
 
     def run(self):
@@ -56,7 +58,9 @@ class GateChecks:
                 )
                 thread.start()
                 self.listener = (thread, stop_w, stop_r)
-        emit(Event.PROBED, probe=probed(self.section["probe"]), listener=reply)
+        # In parts, as every event that can grow: a master's (its probe, its listener's reply, its GPUs) passes the
+        # length at which srun cuts a line, and a cut `probed` never arrived (a SLURM launch waited out its probe).
+        emit_parts(Event.PROBED, self.chunk, probe=probed(self.section["probe"]), listener=reply)
 
     def tcp(self):
         from launcher.node.probe.listener import tcp_connect
