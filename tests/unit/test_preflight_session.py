@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from launcher.doctor.collect import doctor_gate
 from launcher.plan.launchplan import plan_launch
 from launcher.plan.request import start_request
 from launcher.run import actions as run_actions
+from launcher.run import agentevents
 from launcher.run.gate import StartGate
 from launcher.settings import Settings
 from launcher.transport.program import BOOTSTRAP, program_input
@@ -60,10 +62,14 @@ class Agent:
         self.proc.stdin.flush()
 
     def until(self, kind: str) -> dict[str, Any]:
+        """The agent's next `kind` event, put together as the launcher does where it came in parts (`probed`)."""
         assert self.proc.stderr is not None
+        parts = SimpleNamespace(parts={})
         for line in self.proc.stderr:
-            event = json.loads(line)
-            if event["event"] == kind:
+            event: dict[str, Any] | None = json.loads(line)
+            if event is not None and event["event"] == "part":
+                event = agentevents._part(parts, event)  # type: ignore[arg-type]
+            if event is not None and event["event"] == kind:
                 return event
         raise AssertionError(f"the agent ended before saying {kind!r} (exit {self.proc.wait()})")
 
