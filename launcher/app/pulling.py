@@ -4,13 +4,13 @@ starts nothing). The node side is launcher/node/probe/image.py's `pull`, under t
 
 from __future__ import annotations
 
-import json
 import threading
-from typing import IO, Any
+from typing import IO
 
 from launcher.config.model import Cluster, Host
 from launcher.errors import NodeFailure, UsageError
 from launcher.limits import PULL_MARGIN_S
+from launcher.node.wire import probe_answer
 from launcher.parallel import parallel
 from launcher.settings import Settings
 from launcher.transport.channel import Result
@@ -31,7 +31,7 @@ def pull_line(host: Host, image: str, outcome: Result | NodeFailure, timeout: fl
     if isinstance(outcome, NodeFailure):
         why = f"{outcome.kind}: {outcome.detail}"
         return f"{host.name}: pull failed: {why}", why
-    answer = _answer(outcome.stdout.decode("utf-8", "replace"))
+    answer = probe_answer(outcome.stdout.decode("utf-8", "replace"))
     if answer is None or "pulled" not in answer:
         lines = outcome.stderr.decode("utf-8", "replace").strip().splitlines()
         why = (
@@ -44,17 +44,6 @@ def pull_line(host: Host, image: str, outcome: Result | NodeFailure, timeout: fl
         why = str(answer.get("error") or "the runtime gave no reason")
         return f"{host.name}: pull failed: {why}", why
     return f"{host.name}: pulled {image} ({short_id(answer.get('id'))}) in {answer.get('seconds', 0.0):.1f} s", None
-
-
-def _answer(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if line.lstrip().startswith("{"):
-            try:
-                found = json.loads(line)
-            except ValueError:
-                continue
-            return found if isinstance(found, dict) else None
-    return None
 
 
 def pull_images(cluster: Cluster, settings: Settings, err: IO[str]) -> dict[str, str]:

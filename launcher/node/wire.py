@@ -347,7 +347,7 @@ def link_chain(path, target, is_link):
 def probe_answer(stdout):
     """A probe's answer in its output: the last line that is a JSON object. A `python:` that is a wrapper may print
     before its interpreter starts or after it ends (`wrapper-done`), and exit as it likes: the launch's start gate
-    reads the agent's events whatever the wrapper adds, and so do the doctor and the image's probe."""
+    reads the agent's events whatever the wrapper adds, and so do the doctor, the image's probe and `--pull`."""
     for line in reversed(stdout.splitlines()):
         if line.lstrip().startswith("{"):
             try:

@@ -37,7 +37,7 @@ def watch(run_dir, request, proc, stop):
             if not pids <= asked:  # a worker's first record: its rank, while it lives (a NaN may end it first)
                 asked |= pids
                 ranks.update({pid: rank for pid, _, rank, _, _ in rank_processes(request["mark"])[0]})
-            found = went_nonfinite(run_dir, told)
+            found = went_nonfinite(run_dir, told, pids)
             if found:
                 pid, record = min(found, key=lambda item: item[1]["bad_step"])
                 why = words(record, ranks.get(pid))

@@ -121,25 +121,22 @@ def window_rate(moves, now, since=None, slack=0.0):
     return steps / (t1 - t0)
 
 
-def went_nonfinite(run_dir, told):
+def went_nonfinite(run_dir, told, pids=None):
     """The records that newly say their loss went non-finite, as [(pid, record)] (each pid added to `told`): one read
-    of each rank's record, some microseconds a rank."""
+    of each rank's record, some microseconds a rank. `pids`: the records to read (`record_pids`, where the caller
+    listed them already)."""
     found = []
-    try:
-        names = os.listdir(os.path.join(run_dir, PROGRESS_DIR))
-    except OSError:
-        return found
-    for name in names:
-        if name in told or not name.isdigit():
+    for pid in record_pids(run_dir) if pids is None else pids:
+        if pid in told:
             continue
         try:
-            with open(os.path.join(run_dir, PROGRESS_DIR, name), "rb") as handle:
+            with open(record_path(run_dir, pid), "rb") as handle:
                 record = parse_record(handle.read(bounds.RECORD_BYTES))
         except OSError:
             continue
         if record is not None and record["bad_step"]:
-            told.add(name)
-            found.append((int(name), record))
+            told.add(pid)
+            found.append((pid, record))
     return found
 
 
