@@ -69,14 +69,11 @@ def start_request(
     reattach: bool = True,
 ) -> dict[str, Any]:
     """Everything the node's agent needs to start its part; every number comes from the plan's settings and the
-    launcher's limits (it has no defaults).
-
-    With a `gate` (the doctor's checks), its `gate` part: what the agent probes first. `owner`: the launcher the run's
-    supervisor takes back at once when it reconnects; `reattach`: whether one can (over SSH; under SLURM srun owns it).
-
-    `env` is `resolve_env`'s (launcher.run.nodeenv.NodeEnv): the names it marks secret (and the inventory's secret
-    `env`) go in `secret_names`, which the agent keeps out of its run directory's command.json.
-    """
+    launcher's limits (it has no defaults). With a `gate` (the doctor's checks), its `gate` part. `owner`: the
+    launcher the run's supervisor takes back at once when it reconnects; `reattach`: whether one can (over SSH; under
+    SLURM srun owns it). `script`: the job's, which the agent keeps a copy of (its ranks' stacks read their lines
+    from it when the file changed since they started). `env` is `resolve_env`'s (launcher.run.nodeenv.NodeEnv): the
+    names it marks secret (and the inventory's secret `env`) go in `secret_names`, kept out of command.json."""
     secret = {v.name for v in command.env if v.secret} | set(getattr(env, "secret_names", ()))
     rdzv, run = plan.cluster.rendezvous, plan.settings.run
     request: dict[str, Any] = {
@@ -86,6 +83,7 @@ def start_request(
         "mark": f"{plan.run_id}/{command.host.name}",
         "workdir": command.workdir,
         "argv": list(command.argv),
+        "script": plan.job.script,
         "expand_home": list(command.home_args),
         "env": dict(env),
         "launcher_env": dict(command.launcher_env),

@@ -3,7 +3,9 @@ frame explains a wait: a torch.distributed call, a backward (DDP's gradient all-
 DataLoader waiting for its workers, a lock, event or queue, or a sleep or wait on the user's own line.
 
 faulthandler shows Python frames only: a `time.sleep(600)` or a `.item()` shows as the user's line, which the node's
-agent reads from the file there (`launcher/node/agent/stackdump.py` `source_lines`), so the line says what it waits on.
+agent reads from the file there (`launcher/node/agent/stackdump.py` `source_lines`), so the line says what it waits on:
+from the run's copy of the job's script where the file changed since the rank started (people edit a script while it
+trains), and not at all where no copy was kept (the verdict then asks /proc: `launcher.watch.verdict`).
 """
 
 from __future__ import annotations

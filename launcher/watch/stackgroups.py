@@ -105,7 +105,7 @@ def rank_stacks(node: str, workers: Iterable[Mapping[str, Any]]) -> list[RankSta
 
 
 def _stack(node: str, w: Mapping[str, Any]) -> RankStack:
-    extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s") if w.get(k) is not None}
+    extra = {k: w[k] for k in ("pyspy", "wchan", "cpu_s", "unread") if w.get(k) is not None}
     return RankStack(
         node,
         int(w["rank"]),

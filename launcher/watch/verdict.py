@@ -35,9 +35,13 @@ from typing import Any
 from launcher.watch.arrival import Arrivals, Behind, Stuck, answered
 from launcher.watch.flightrec import Collectives, in_flight_said, ranks_text
 from launcher.watch.flightrec import from_answers as recorded_in
-from launcher.watch.frames import in_dataset, wait_of
+from launcher.watch.frames import Wait, in_dataset, wait_of
 from launcher.watch.stackgroups import STUCK_STATES, RankStack, from_answers
 
+ASLEEP = "asleep"
+"""A Wait that only /proc tells: the rank's own line was not read, and it sleeps without CPU."""
+ASLEEP_CPU_SHARE = 0.02
+"""A rank that used at most this share of a CPU between two looks is asleep, not at work."""
 AT_WORK, STUCK = "at work", "stuck"
 """What the verdict found a rank behind a collective to be (`inv top` marks its row `BEHIND, at work`)."""
 
@@ -151,7 +155,7 @@ def judge(
         return Verdict(True, f"{'; '.join(s.line() for s in stuck)}; no stack moved in {apart_s:g} s")
     if moved:
         return Verdict(False, f"the stack of {_who(moved)} moved between two looks {apart_s:g} s apart")
-    waits = {(s.node, s.rank): wait_of(s.frames) for s in second}
+    waits = {(s.node, s.rank): _wait(before.get((s.node, s.rank)), s, apart_s) for s in second}
     busy = [s for s in second if s.frames and waits[(s.node, s.rank)] is None]
     if busy:
         return Verdict(False, f"{_who(busy)} {_verb(busy, 'is', 'are')} busy, not waiting")
@@ -224,12 +228,36 @@ def _suspect(before: RankStack | None, after: RankStack | None, apart_s: float) 
         return False, f"gave no stack ({after.why or 'no answer'})"
     if _moved(before, after):
         return False, f"is at work: its stack moved in {apart_s:g} s (it {_said(after.place)})"
-    wait = wait_of(after.frames)
+    wait = _wait(before, after, apart_s)
     if wait is None:
         return False, f"is at work: it {_said(after.place)}, outside any wait"
+    if wait.kind == ASLEEP:
+        return True, f"{_said(after.place)}, {wait.note}"
     if wait.kind == "data":
         return _loader(before, after, apart_s)
     return True, f"{_said(after.place)}, its stack unchanged in {apart_s:g} s"
+
+
+def _wait(before: RankStack | None, after: RankStack, apart_s: float) -> Wait | None:
+    """What a rank waits on: its innermost frame's word (`launcher.watch.frames`); where that frame is the user's and
+    its line was not read (its file changed since the rank started: people edit a script while it trains), /proc's
+    word: asleep (state S) without a CPU tick between the two looks."""
+    wait = wait_of(after.frames)
+    if wait is not None or not after.frames:
+        return wait
+    inner = after.frames[0]
+    unread = after.extra.get("unread") or {}
+    if inner.library or inner.source is not None or inner.file not in unread:
+        return None
+    cpu = [s.extra.get("cpu_s") if s is not None else None for s in (before, after)]
+    if after.state != "S" or None in cpu or cpu[1] - cpu[0] > ASLEEP_CPU_SHARE * apart_s:
+        return None
+    name = inner.file.rsplit("/", 1)[-1]
+    return Wait(
+        ASLEEP,
+        "a call that sleeps",
+        f"asleep without CPU in {apart_s:g} s ({name} {unread[inner.file]}: its line there now is not the one it runs)",
+    )
 
 
 def _loader(before: RankStack | None, after: RankStack, apart_s: float) -> tuple[bool, str]:

@@ -76,14 +76,21 @@ def test_a_hung_rank_is_named_with_its_line_the_stacks_are_kept_and_the_run_is_s
     assert "last hang suspected" in status.stdout and "rank 1 (node-0" in status.stdout
 
 
-def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tmp_path: Path) -> None:
-    proc, out, logs = _launch(hang_box, tmp_path, "8", "--on-hang", "keep")
+def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(make_sandbox, tmp_path: Path) -> None:
+    script = tmp_path / "hang_rank.py"  # its own copy: the test edits it while the run hangs
+    script.write_text((REPO / SCRIPT).read_text())
+    box = make_sandbox(2, torchrun="stand-in", nproc_per_node=2, master_port=free_port(), script=str(script),
+                       script_args=["1", "600"])
+    proc, out, logs = _launch(box, tmp_path, "8", "--on-hang", "keep")
     try:
         wait_for(lambda: "the run goes on (--on-hang keep)" in out.read_text(errors="replace"), 120, "a kept hang")
         run_id = run_id_of(out.read_text())
         assert proc.poll() is None and len(run_processes(run_id)) >= 6  # torchrun and 2 workers a node: still there
+        # issue 69 (12): the user edits the script while its run hangs (every line shifts by two); the stacks are
+        # read as the ranks run it, not as it is now
+        script.write_text("# an edit while it trains\nimport os\n" + script.read_text())
         t0 = time.monotonic()
-        stacks = inv("stacks", "--hosts", str(hang_box.inventory), log_dir=logs)
+        stacks = inv("stacks", "--hosts", str(box.inventory), log_dir=logs)
         assert time.monotonic() - t0 < 10
         assert stacks.returncode == 0, stacks.stderr
         assert re.search(r"ranks 0,2,3 wait in all_reduce \(hang_rank\.py:20\); rank 1 \(node-0, pid \d+\) is in "
@@ -92,7 +99,7 @@ def test_kept_on_a_hang_then_stacks_from_another_terminal_then_stop(hang_box, tm
         assert re.search(r"collectives: rank 1 never entered all_reduce #\d+ of default_pg \(its last: #\d+\), which "
                          r"ranks 0,2,3 entered \d+ s ago", stacks.stdout), stacks.stdout
         assert proc.poll() is None  # taking stacks stopped nothing
-        stop = inv("stop", "--hosts", str(hang_box.inventory), log_dir=logs)
+        stop = inv("stop", "--hosts", str(box.inventory), log_dir=logs)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         proc.wait(timeout=60)
         assert run_processes(run_id) == []

@@ -310,3 +310,26 @@ def test_stacks_say_a_rank_behind_only_once_the_others_have_waited_for_it_not_on
     assert behind_said(answers(999.8), now=1000.0) == ""  # one step apart at the look: a healthy run (#69 item 3)
     assert behind_said(answers(988.0), now=1000.0) == (
         "rank 1 never entered all_reduce #101 of default_pg (its last: #100), which rank 0 entered 12 s ago")
+
+
+def test_a_rank_behind_in_a_file_edited_since_it_started_is_stuck_when_it_sleeps_without_cpu() -> None:
+    # issue 69 (12): the script was edited while its run hung; the line at job.py:14 is now another, unread.
+    arrivals = Arrivals()
+    arrivals.feed(beat({0: (41, 40), 1: (40, 40)}, name="barrier"), 100.0)
+    behind = arrivals.behind(100.0)
+
+    def edited(cpu_s: float) -> RankStack:
+        worker = {"rank": 1, "local_rank": 0, "pid": 4241, "state": "S", "state_name": "sleeping", "stack": SAVE,
+                  "why": None, "lines": {}, "cpu_s": cpu_s, "unread": {"/home/u/job.py": "changed since the rank "
+                                                                                         "started"}}
+        [found] = rank_stacks("node-1", [worker])
+        return found
+
+    waiting = rank("node-0", 0, BARRIER)
+    verdict = judge([waiting, edited(3.0)], [waiting, edited(3.0)], 5.0, behind=behind)
+    assert verdict.hang, verdict.why
+    assert verdict.why.endswith("rank 1 (node-1, pid 4241) is in save_checkpoint (job.py:14), asleep without CPU in "
+                                "5 s (job.py changed since the rank started: its line there now is not the one it "
+                                "runs)"), verdict.why
+    working = judge([waiting, edited(3.0)], [waiting, edited(5.5)], 5.0, behind=behind)
+    assert not working.hang and "is at work" in working.why

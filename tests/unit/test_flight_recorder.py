@@ -146,7 +146,28 @@ def test_the_agent_reads_each_frames_line_from_the_file_on_the_node(tmp_path: Pa
     script = tmp_path / "job.py"
     script.write_text("import time\n\ntime.sleep(600)  # the odd one out\n")
     stack = f'Current thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
-    assert source_lines(stack) == {f"{script}:3": "time.sleep(600)  # the odd one out"}
+    assert source_lines(stack)[0] == {f"{script}:3": "time.sleep(600)  # the odd one out"}
+
+
+def test_a_frames_line_comes_from_the_runs_copy_when_the_file_changed_after_the_rank_started(tmp_path: Path) -> None:
+    # issue 69 (12): people edit the script while it trains; the line now at :3 is not the one the rank runs.
+    import os
+    import time
+
+    from launcher.node.agent.stackdump import keep_script, kept_sources
+
+    script, run_dir = tmp_path / "job.py", tmp_path / "run"
+    script.write_text("import time\n\ntime.sleep(600)  # the odd one out\n")
+    os.utime(script, (time.time() - 60, time.time() - 60))
+    keep_script(str(run_dir), str(tmp_path), "job.py")
+    started = time.time() - 30  # the rank started after the copy, before the edit
+    script.write_text("# a comment added\nimport time\nprint('edited')\ntime.sleep(600)\n")
+    stack = f'Current thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
+    linecache_said = source_lines(stack)[0]  # no start time: the file as it is now
+    assert linecache_said == {f"{script}:3": "print('edited')"}
+    assert source_lines(stack, started, kept_sources(str(run_dir))) == (
+        {f"{script}:3": "time.sleep(600)  # the odd one out"}, {})
+    assert source_lines(stack, started, {}) == ({}, {str(script): "changed since the rank started"})
 
 
 def test_a_dump_that_is_not_base64_is_neither_kept_nor_read(tmp_path: Path) -> None:

@@ -171,3 +171,29 @@ def test_a_busy_rank_waits_on_nothing(stack: list[Frame]) -> None:
 
 def test_the_main_thread_is_never_the_spinning_one() -> None:
     assert [f.func for f in parse_dump(ALL_REDUCE)] == ["all_reduce", "wrapper", "<module>"]
+
+
+def _edited(number: int, cpu: tuple[float, float], state: str = "S") -> tuple[RankStack, RankStack]:
+    """Two looks at a rank in job.py:28 (a `time.sleep` when it started) whose file changed since: the node read no
+    line of it (`unread`), and /proc gave its CPU seconds at each look."""
+    looks = []
+    for cpu_s in cpu:
+        worker = {"rank": number, "local_rank": 0, "pid": 4240 + number, "state": state, "state_name": "sleeping",
+                  "stack": SLEEP, "why": None, "cpu_s": cpu_s,
+                  "lines": {k: v for k, v in LINES.items() if not k.startswith("/home/u/job.py")},
+                  "unread": {"/home/u/job.py": "changed since the rank started"}}
+        looks.extend(rank_stacks("node-1", [worker]))
+    return looks[0], looks[1]
+
+
+def test_a_rank_in_a_file_edited_since_it_started_is_judged_by_its_process_not_by_the_new_line() -> None:
+    # The line the node would read now is another (the user edited the script while it trained): a rank asleep with
+    # no CPU between the looks still holds the others up; one that used CPU is at work.
+    waiting = [rank("node-0", 0, ALL_REDUCE)]
+    asleep = _edited(1, (2.0, 2.0))
+    verdict = judge([waiting[0], asleep[0]], [waiting[0], asleep[1]], 3.0)
+    assert verdict.hang, verdict.why
+    assert verdict.why == "rank 0 waits in a collective, and rank 1 is stuck; no stack moved in 3 s"
+    busy = _edited(1, (2.0, 4.5), state="R")
+    verdict = judge([waiting[0], busy[0]], [waiting[0], busy[1]], 3.0)
+    assert not verdict.hang and verdict.why == "rank 1 is busy, not waiting", verdict.why

@@ -121,6 +121,10 @@ def spawn(request, run_dir, held=None):
     argv, started = planned_argv(request)
     _write_command(request, run_dir, argv)
     write_atomic(os.path.join(run_dir, "started_at"), repr(time.time()))
+    if request.get("script") and not request.get("container"):  # the text its ranks run, for their stacks' lines
+        from launcher.node.agent.stackdump import keep_script
+
+        keep_script(run_dir, node_path(request["workdir"]), request["script"])
     env = run_env(request, run_dir)
     # torchrun's own lines go to a file of their own, its workers' to theirs (--redirects); the merger makes `log`.
     merger = LogMerger(run_dir, request["mark"], request["log_tail"])

@@ -16,7 +16,7 @@ import time
 
 from launcher.node.common import bounds
 from launcher.node.common.child import which
-from launcher.node.common.proc import rank_processes, signal_process
+from launcher.node.common.proc import rank_processes, signal_process, start_time
 from launcher.node.wire import timing
 from launcher.node.worker import collectives, hook, loss, patches
 
@@ -32,6 +32,7 @@ STATES = {
     "X": "dead",
     "I": "idle",
 }
+SOURCES_DIR = "sources"
 SILENT_STATES = ("T", "t", "Z", "X")
 """States in which a process runs no signal handler: asking for its stack would only wait."""
 
@@ -118,13 +119,16 @@ def collect(run_dir, mark, wait_s):
                     )
                 )
     texts = _read_answers(asked, wait_s)
+    kept = kept_sources(run_dir)
     for entry in report:
         if entry["pid"] in asked:
             entry["stack"] = texts.get(entry["pid"]) or None
             if entry["stack"] is None:
                 state, _, _ = proc_state(entry["pid"])
                 entry["why"] = "no answer within %g s (/proc state %s)" % (wait_s, state)
-        entry["lines"] = source_lines(entry["stack"])
+        entry["lines"], unread = source_lines(entry["stack"], started_epoch(entry["pid"]), kept)
+        if unread:
+            entry["unread"] = unread  # the frames' files changed since the rank started: their lines now are others
         _add_pyspy(entry, wait_s)
     return report
 
@@ -184,22 +188,89 @@ def _read_answers(asked, wait_s):
     return texts
 
 
-def source_lines(stack):
-    """{"file:line": the source line} of every frame in a faulthandler dump (read here, where the files are)."""
+def keep_script(run_dir, workdir, script):
+    """A copy of the job's script in the run directory, taken before its ranks start: a user edits the script while
+    it trains, and a frame's line must be read from the text the rank runs (`source_lines`). Never a cost to the run
+    (a script that cannot be read, or is over bounds.SOURCE_MAX_BYTES, is not kept)."""
+    import json
+    import shutil
+
+    path = os.path.realpath(os.path.join(workdir, os.path.expanduser(script)))
+    try:
+        if os.path.getsize(path) > bounds.SOURCE_MAX_BYTES:
+            return
+        folder = os.path.join(run_dir, SOURCES_DIR)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        mtime = os.stat(path).st_mtime
+        shutil.copyfile(path, os.path.join(folder, "script.py"))
+        with open(os.path.join(folder, "index.json"), "w") as handle:
+            json.dump({path: {"copy": "script.py", "mtime": mtime}}, handle)
+    except (OSError, ValueError):
+        return
+
+
+def kept_sources(run_dir):
+    """{real path: (the copy's path, the file's mtime when it was copied)} of `keep_script`'s copies."""
+    import json
+
+    folder = os.path.join(run_dir, SOURCES_DIR)
+    try:
+        with open(os.path.join(folder, "index.json")) as handle:
+            index = json.load(handle)
+        return {path: (os.path.join(folder, kept["copy"]), float(kept["mtime"])) for path, kept in index.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def started_epoch(pid):
+    """When a process started, in seconds since the epoch (boot time + its start in clock ticks); None if gone."""
+    ticks = start_time(pid)
+    try:
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return None if ticks is None else boot + ticks / float(os.sysconf("SC_CLK_TCK"))
+
+
+def source_lines(stack, started=None, kept=None):
+    """({"file:line": the source line} of every frame in a faulthandler dump, read here where the files are;
+    {file: why its lines were not read}).
+
+    A file changed after the process `started` (epoch seconds) holds other lines than the ones it runs: its lines
+    come from the run's copy of it where one was kept before then (`kept`: `kept_sources`), else none are read."""
     import linecache
 
-    lines = {}
+    lines, unread = {}, {}
     for line in (stack or "").splitlines():
         frame = line.strip()
         if not frame.startswith('File "'):
             continue
         path, _, rest = frame[6:].partition('", line ')
         number = rest.split(" ", 1)[0]
-        if number.isdigit():
-            text = linecache.getline(path, int(number)).strip()
-            if text:
-                lines["%s:%s" % (path, number)] = text
-    return lines
+        if not number.isdigit() or path in unread:
+            continue
+        read = _source_of(path, started, kept or {})
+        if read is None:
+            unread[path] = "changed since the rank started"
+            continue
+        linecache.checkcache(read)  # a long-lived agent: the file may have changed since it last read it
+        text = linecache.getline(read, int(number)).strip()
+        if text:
+            lines["%s:%s" % (path, number)] = text
+    return lines, unread
+
+
+def _source_of(path, started, kept):
+    """The file to read a frame's line from: the frame's own, its kept copy, or None (changed, no copy of it)."""
+    try:
+        changed = started is not None and os.stat(path).st_mtime > started + bounds.MTIME_SLACK_S
+    except OSError:
+        return path  # gone, or not a file (`<frozen ...>`): linecache says nothing
+    if not changed:
+        return path
+    copy = kept.get(os.path.realpath(path))
+    return copy[0] if copy is not None and copy[1] <= started + bounds.MTIME_SLACK_S else None
 
 
 def pyspy():

@@ -149,3 +149,10 @@ EARLY_COPY_BYTES = 1 << 16
 RUNTIME_FAILED = 125
 """A container runtime's client's own failure (docker's and podman's: a bad option, a name in use, no image): its
 container may be left, so the run's end removes it by name and label."""
+
+# A run's stacks (launcher/node/agent/stackdump.py)
+SOURCE_MAX_BYTES = 4 << 20
+"""A job's script larger than this is not copied into the run directory for its stacks' lines (it is no training
+script; its frames are judged without their lines where it changed)."""
+MTIME_SLACK_S = 0.05
+"""A file's mtime and a process's start (in clock ticks of 10 ms) are compared across this much rounding."""
