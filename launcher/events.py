@@ -218,6 +218,8 @@ class HangSuspected(NodeEvent):
     """(node, rank) of each rank that holds the hang up (the verdict's); none where every rank is stuck alike."""
     step: int | None = None
     """The furthest step the ranks' lines named when it hung (None: none names its steps)."""
+    counted: int | None = None
+    """The optimizer steps every rank had made, as the hook counted them (None: not counted)."""
     restarting: bool = False
     """The launcher stops this attempt to start the run again (`--on-hang restart`, a retry left)."""
     stall: bool = False

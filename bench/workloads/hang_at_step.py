@@ -3,8 +3,8 @@ all_reduce; rank 0 saves a checkpoint every `every` steps; one rank sleeps for e
 the others wait for it in the all_reduce: the first rank of the node named WHO, or with `rank:R` global rank R
 (whichever node holds it: a bug of the program's, not of a node). The launcher's next attempt (DDP_LAUNCHER_ATTEMPT
 above 1) goes on from the checkpoint. argv: CHECKPOINT TOTAL AT WHO EVERY and nothing else, as a plain script takes
-its arguments (an argument added on a retry fails it); prints `step N`, `resumed from step N` and `done rank R at
-step N`."""
+its arguments (an argument added on a retry fails it); prints `step N`, `resumed from step N`, `rank R hangs before
+step N` (a line naming a step no rank made) and `done rank R at step N`."""
 
 import os
 import socket
@@ -34,6 +34,7 @@ else:
 while step < total:
     step += 1
     if step == at and hangs_here:
+        print(f"rank {rank} hangs before step {step}", flush=True)  # a line that names a step not made
         while True:  # stuck for ever: the others wait for this rank in the all_reduce below
             time.sleep(3600)
     optimizer.zero_grad()

@@ -109,7 +109,8 @@ def run_end(ends: Sequence[NodeEnd], seen: Supervised) -> RunEnd:
         return RunEnd(AttemptEnd(How.INTERRUPTED, "interrupted (Ctrl-C)"), INTERRUPTED_EXIT)
     if seen.hang is not None:
         node, rank = seen.hang.suspects[0] if seen.hang.suspects else (None, None)
-        return RunEnd(AttemptEnd(How.HANG, seen.hang.why, node, rank, seen.hang.step), HANG_EXIT)
+        hang = seen.hang
+        return RunEnd(AttemptEnd(How.HANG, hang.why, node, rank, hang.step, counted=hang.counted), HANG_EXIT)
     if seen.nonfinite is not None:
         bad = seen.nonfinite
         return RunEnd(AttemptEnd(How.NONFINITE, bad.line(), bad.node, bad.rank, bad.step), NONFINITE_EXIT)

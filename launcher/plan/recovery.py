@@ -79,7 +79,10 @@ class AttemptEnd:
     """The node whose end ended it (a hang's: the node of the rank that held it up)."""
     rank: int | None = None
     step: int | None = None
-    """A hang's: the furthest step the ranks reached when it hung (it hung after this step)."""
+    """A hang's: the furthest step the ranks' lines named when it hung (the program's numbering, which a resumed
+    attempt goes on with: two attempts that hung at one step are the program's hang)."""
+    counted: int | None = None
+    """A hang's: the optimizer steps every rank of the attempt had made, as the hook counted them."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "how", How(self.how))  # ValueError for a way no one decides on
@@ -88,10 +91,18 @@ class AttemptEnd:
     def summary(self) -> str:
         """What ended it, as an attempt's line says it."""
         if self.how == How.HANG:
-            where = "" if self.step is None else f" after step {self.step}"
+            where = self.hung_after
             who = f"{self.node} held the run up (rank {self.rank})" if self.node else "every rank waited alike"
             return f"it hung{where}: {who}"
         return self.why or self.how.value
+
+    @property
+    def hung_after(self) -> str:
+        """` after N optimizer steps` (what the ranks' hooks counted), else ` after step N` (the lines' word), else
+        nothing: a line may name a step the rank never made (`hanging before step 30`); the hook counts those made."""
+        if self.counted is not None:
+            return f" after {self.counted} optimizer step{'' if self.counted == 1 else 's'}"
+        return "" if self.step is None else f" after step {self.step}"
 
 
 class Reason(str, Enum):
@@ -239,8 +250,7 @@ def after_attempt(
     sit_out = blacklisted(failures, now, cooldown)
     left = [n for n in nodes if n not in sit_out]
     if end.how == How.HANG and end.node in left and len(left) - 1 >= min_nodes:  # the run can do without it
-        step = "" if end.step is None else f" after step {end.step}"
-        sit_out = {**sit_out, str(end.node): f"its rank {end.rank} held the run up{step}"}
+        sit_out = {**sit_out, str(end.node): f"its rank {end.rank} held the run up{end.hung_after}"}
     return Retry(said, sit_out)
 
 
@@ -275,7 +285,7 @@ def _same_hang(end: AttemptEnd, before: Sequence[AttemptEnd]) -> str | None:
     if end.node is None or last.node is None or end.node == last.node:
         return None
     return (
-        f"the run hung after step {end.step} twice, on {last.node} then {end.node}: the program, not a node "
+        f"the run hung at the same step twice, on {last.node} then {end.node}: the program, not a node "
         "(no retry: it would hang there again)"
     )
 

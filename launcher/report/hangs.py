@@ -92,6 +92,7 @@ def _keep_verdict(folder: Path, event: HangSuspected) -> None:
         "why": event.why,
         "quiet_s": round(event.quiet_s, 1),
         "step": event.step,
+        "counted": event.counted,
         "suspects": [{"node": node, "rank": rank} for node, rank in event.suspects],
         "collectives": collectives,
     }

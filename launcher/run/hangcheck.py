@@ -148,6 +148,7 @@ class HangCheck:
             verdict.why,
             verdict.suspects,
             self.watch.reached(),
+            self.watch.counted(),
             self.restart and not self.keep,
             stall,
         )

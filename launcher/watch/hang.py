@@ -115,6 +115,13 @@ class HangWatch:
         a CI run said `after step 10` for a rank 11 steps in."""
         return max(self._steps.values(), default=None)
 
+    def counted(self) -> int | None:
+        """The optimizer steps every rank had made (the fewest any rank's hook counted: the step the run got past);
+        None where no rank's hook counts them. Exact at a hang: the worker writes its counts once it is quiet
+        (launcher/node/worker/hook.py `catch_up`), where a line may name a step it has not made (`before step 30`)."""
+        counts = [value for (_, _, counter), value in self._counts.items() if counter == "steps"]
+        return min(counts) if counts and max(counts) > 0 else None
+
     def idle_for(self, now: float, quiet: float, idle: bool) -> float | None:
         """A look found every rank idle (`idle`) or not, after `quiet` s without progress (or since the last look):
         for how long every look has found so, with no progress since; None when this one did not."""

@@ -37,24 +37,26 @@ def test_a_hang_restarts_without_the_node_that_held_it_and_the_run_resumes_to_it
     assert result.returncode == 0, said
     first, second = run_ids(said)[:2]
     assert "stopping this attempt (--on-hang restart: what follows is said below)" in said, said
-    assert (f"attempt 1 of 2 failed: it hung after step {AT - 1}: node-1 held the run up (rank 1); checking the "
-            "nodes again") in said, said
-    assert f"node-1 sits out: its rank 1 held the run up after step {AT - 1}" in said, said
+    assert (f"attempt 1 of 2 failed: it hung after {AT - 1} optimizer steps: node-1 held the run up (rank 1); "
+            "checking the nodes again") in said, said
+    assert f"node-1 sits out: its rank 1 held the run up after {AT - 1} optimizer steps" in said, said
     # The script takes no argument beyond its own: the attempt reaches it in its environment, not as `--resume`.
     assert ("attempt 2: 2 node(s) (node-0, node-2), the same arguments (DDP_LAUNCHER_ATTEMPT=2; job.resume_args adds "
             "some)") in said, said
     assert "resumed from step 10" in result.stdout and "done rank 1 at step 48" in result.stdout, result.stdout
     lines = said[said.rindex("attempts:"):]
-    assert re.search(rf"attempt 1 \(run {first}\) on node-0, node-1, node-2; master node-0: it hung after step "
-                     rf"{AT - 1}: node-1 held the run up \(rank 1\) after \d+ s", lines), lines
+    assert re.search(rf"attempt 1 \(run {first}\) on node-0, node-1, node-2; master node-0: it hung after "
+                     rf"{AT - 1} optimizer steps: node-1 held the run up \(rank 1\) after \d+ s", lines), lines
     assert re.search(rf"attempt 2 \(run {second}\) on node-0, node-2; master node-0; node-1 sat out \(its rank 1 "
-                     rf"held the run up after step {AT - 1}\); resumed at step 1[01]: exit 0 after \d+ s; training "
-                     r"again \d+ s after the hang began", lines), lines
+                     rf"held the run up after {AT - 1} optimizer steps\); resumed at step 1[01]: exit 0 after \d+ s; "
+                     r"training again \d+ s after the hang began", lines), lines
     # the evidence, in the first attempt's own folder: every rank's stack, the verdict as data
     [kept] = (tmp_path / "logs" / first).glob("stacks-*")
     assert {p.name for p in kept.glob("*.txt")} >= {"node-0-r0.txt", "node-1-r1.txt", "node-2-r2.txt", "answer.txt"}
     verdict = json.loads((kept / "verdict.json").read_text())
-    assert verdict["suspects"] == [{"node": "node-1", "rank": 1}] and verdict["step"] == AT - 1, verdict
+    assert verdict["suspects"] == [{"node": "node-1", "rank": 1}] and verdict["counted"] == AT - 1, verdict
+    # its lines named step 12 (`rank 1 hangs before step 12`), a step no rank made: the counted steps say it
+    assert verdict["step"] == AT
     collectives = verdict["collectives"]  # each rank's, as the second look read them
     assert set(collectives) == {"node-0-r0", "node-1-r1", "node-2-r2"} and collectives["node-0-r0"], collectives
     assert run_processes(first) == [] and run_processes(second) == []
@@ -67,7 +69,7 @@ def test_a_hang_restarts_without_the_node_that_held_it_and_the_run_resumes_to_it
     text = page.read_text()
     assert re.search(r"this attempt took [\d.]+ s[^&]*, the launch [\d.]+ s over 2 attempts", text), text
     assert "This run is one of the 2 attempts of its launch" in text, text
-    assert html.escape(f"node-1 sat out (its rank 1 held the run up after step {AT - 1})") in text, text
+    assert html.escape(f"node-1 sat out (its rank 1 held the run up after {AT - 1} optimizer steps)") in text, text
     assert "No hang, straggler, restart, lost node or stop during this attempt (the others: section 4)" in text
 
 
@@ -79,6 +81,6 @@ def test_the_same_hang_on_another_node_is_the_programs_and_no_attempt_follows(ma
     said = result.stderr
     assert result.returncode == 124, said
     assert len(run_ids(said)) == 2, said
-    assert (f"the run hung after step {AT - 1} twice, on node-1 then node-2: the program, not a node (no retry: it "
+    assert ("the run hung at the same step twice, on node-1 then node-2: the program, not a node (no retry: it "
             "would hang there again)") in said, said
     assert all(run_processes(run_id) == [] for run_id in run_ids(said))

@@ -4,6 +4,7 @@ attempts decide on, for every way a run ends; and no code reads a decision's wor
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -52,7 +53,9 @@ def test_every_way_an_attached_run_ends_is_one_typed_value(ends: list[NodeEnd], 
 def test_the_ends_details_are_the_deciders() -> None:
     hung = run_end(OK, Supervised(2, hang=HANG)).end
     assert (hung.node, hung.rank, hung.step) == ("n1", 1, 11)
-    assert hung.summary == "it hung after step 11: n1 held the run up (rank 1)"
+    assert hung.summary == "it hung after step 11: n1 held the run up (rank 1)"  # the lines' word: no counts
+    counted = run_end(OK, Supervised(2, hang=replace(HANG, counted=10))).end
+    assert counted.summary == "it hung after 10 optimizer steps: n1 held the run up (rank 1)"
     failed = run_end([end("n0", code=143, asked_to_stop=True), end("n1", code=1, t=0.5)], Supervised(2))
     assert failed.origin is not None and failed.origin.node == "n1" and failed.end.node == "n1"
     went_on = run_end([end("n0"), end("n1", "lost", None)], Supervised(1))

@@ -97,6 +97,19 @@ def test_steps_or_batches_that_grow_are_progress_where_the_beats_have_them() -> 
     assert learnt.limit() == pytest.approx(max(HANG_FLOOR_S, HANG_FACTOR * 100.0))
 
 
+def test_a_hangs_step_is_the_one_every_rank_made_by_its_hooks_count_not_a_line_that_names_a_later_one() -> None:
+    # issue 69 (10): the hung rank printed `hanging before step 30` after its 29th step; its peer made step 30's
+    # optimizer step and waits in the all_reduce after it.
+    watch = HangWatch(15.0)
+    watch.start(0.0)
+    watch.observe(1.0, "node-0", [{"rank": 0, "quiet_s": 0.5, "steps": 30, "step": 29},
+                                  {"rank": 1, "quiet_s": 0.5, "steps": 29, "step": 30}])
+    assert (watch.reached(), watch.counted()) == (30, 29)
+    plain = HangWatch(15.0)  # no hook's counts (a job without torch.optim): the lines' word alone
+    plain.observe(1.0, "node-0", [{"rank": 0, "quiet_s": 0.5, "step": 29}])
+    assert (plain.reached(), plain.counted()) == (29, None)
+
+
 def test_a_3_minute_silent_save_and_a_silent_eval_pass_are_never_suspected_under_the_default() -> None:
     """A Lightning-like run under the learnt default: steps every 2 s (no lines), then a 3-minute checkpoint save
     (no step, no batch, no line, the CPU busy), then a silent eval pass (batches, no steps), then training again."""

@@ -89,7 +89,7 @@ def test_the_same_hang_on_another_node_is_the_programs_not_a_nodes() -> None:
     again = AttemptEnd(How.HANG, "rank 1 (node-2) never entered all_reduce #12", "node-2", 1, 11)
     decision = decide(again, (HUNG,))
     assert isinstance(decision, Final) and decision.reason == Reason.PROGRAM_HANGS
-    assert decision.text == ("the run hung after step 11 twice, on node-1 then node-2: the program, not a node (no "
+    assert decision.text == ("the run hung at the same step twice, on node-1 then node-2: the program, not a node (no "
                              "retry: it would hang there again)")
     elsewhere = AttemptEnd(How.HANG, "rank 1 (node-2) never entered all_reduce #40", "node-2", 1, 39)
     assert isinstance(decide(elsewhere, (HUNG,)), Retry)  # another step: not the same bug

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+HOOK_MODULE = "_ddp_launcher_hook"
+"""The hook's name in sys.modules (launcher/node/worker/hook.py MODULE_NAME): its `recorder` keeps the progress."""
 READERS = (("flight recorder", "_dump_fr_trace"), ("nccl flight recorder", "_dump_nccl_trace"))
 """torch's recorders, as (the source a rank's figures are said to come from, the function that dumps it)."""
 
@@ -145,6 +147,9 @@ class Watcher:
             while True:
                 time.sleep(self.status_s)
                 now = time.monotonic()
+                recorder = getattr(sys.modules.get(HOOK_MODULE), "recorder", None)
+                if recorder is not None:  # the counts a hang left unwritten (the main thread writes no more)
+                    recorder.catch_up(now)
                 if self.ready():
                     self.look(now)
                     self.write(now)

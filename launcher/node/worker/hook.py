@@ -142,8 +142,9 @@ class Recorder(loss_reading()):  # type: ignore[misc]
         self.steps = self.batches = 0
         self.t_step = self.t_batch = self.forward_s = self.data_s = 0.0
         self.began = None  # when the forward under way began: a batch's arrival or a step's end
-        self.written = None
+        self.written, self.counts_written = None, None
         self.loss_reset()
+        self.loss_written = self.loss_fields()
 
     def forked(self):
         """In a forked child (os.register_at_fork): its own counts, and its own file once it has something to say;
@@ -162,9 +163,12 @@ class Recorder(loss_reading()):  # type: ignore[misc]
         path = os.path.join(self.folder, str(os.getpid()))
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
 
-    def write(self, now):
+    def write(self, now, loss=True):
         if self.fd is None:
             self.open()
+        if loss:
+            self.loss_written = self.loss_fields()
+        counts = self.steps, self.batches
         line = b"%s %d %s %.3f %d %.3f %d %.3f %.4f %.4f %d %.6g %r %d %d %.6g %d %.6g %d %s %s" % (
             VERSION,
             self.start,
@@ -176,11 +180,11 @@ class Recorder(loss_reading()):  # type: ignore[misc]
             self.t_batch,
             self.forward_s,
             self.data_s,
-            *self.loss_fields(),
+            *self.loss_written,
             self.why or self.loss_why,
         )
         os.pwrite(self.fd, line[: self.size - 1].ljust(self.size - 1) + b"\n", 0)
-        self.written = now
+        self.written, self.counts_written = now, counts
 
     def off(self, exc):
         """Recording stops for this process, and its record says why (the program goes on untouched)."""
@@ -227,6 +231,18 @@ class Recorder(loss_reading()):  # type: ignore[misc]
         call the hook makes (a few microseconds in a real loop), and the record carries each count's own time."""
         if self.written is None or now - self.written >= self.flush_s:
             self.write(now)
+
+    def catch_up(self, now):
+        """From the collectives' thread (launcher/node/worker/collectives.py): the counts a step or a batch left
+        unwritten (a write comes at most every flush interval, and after the last step before a hang nothing comes to
+        write them) once nothing has written for two intervals: a hang's record says the steps the rank made. The
+        loss's values wait for the next write (they are the main thread's)."""
+        quiet = self.written is not None and now - self.written >= 2 * self.flush_s
+        if self.on and quiet and (self.steps, self.batches) != self.counts_written:
+            try:
+                self.write(now, loss=False)
+            except Exception:
+                pass
 
     def last(self):
         """At the program's end (atexit): the counts since the last write."""
