@@ -291,11 +291,12 @@ HANG_FACTOR = 4.0
 """The learnt hang timeout is this many times the longest quiet gap the run has shown between progress lines."""
 HANG_LOOKS_APART_S = 3.0
 """Seconds between the two looks at every rank's stack once no progress was seen for the hang timeout: a rank whose
-main thread moved between them is not stuck (a spinning thread keeps CPU time growing in a hung rank, so CPU time is
-never taken as progress)."""
+main thread moved between them is not stuck (a spinning thread keeps a hung rank's CPU time growing: never progress)."""
 STALL_FACTOR = 4.0
 """Every rank idle (a sleep, a dead mount, a stuck loader; none waits for another) for this many hang timeouts is a
 stall, which `--on-hang` acts on (learnt: 20 minutes at least; no evaluation sits idle that long, a dead mount does)."""
+SPARE_AFTER_S = 5.0
+"""A c10d run's node with no worker this long after the others had theirs is a spare (launcher/watch/spares.py)."""
 HANG_EXIT = 124
 """The launcher's exit code when it stopped a run it found hung (`timeout`'s code)."""
 INTERRUPTED_EXIT = 130
@@ -342,9 +343,8 @@ run one rank is often a collective behind another at a single look (the recorded
 tests/data/collectives/healthy)."""
 TOP_BEHIND_HANG_S = 30.0
 """... and takes two looks at every rank's stack once they have waited this long, judged as the hang watch judges them
-(launcher/watch/verdict.py: a rank behind that is at work is no hang), and again this long after (a healthy step,
-even a slow rank's, is far shorter; a launch's own hang watch waits HANG_FLOOR_S of no progress at least before it
-looks)."""
+(launcher/watch/verdict.py: a rank behind at work is no hang), and again this long after (a healthy step, even a slow
+rank's, is far shorter; a launch's own hang watch waits HANG_FLOOR_S of no progress at least before it looks)."""
 TOP_WHY_GAP = 0.1
 """A flagged rank whose data or forward share of each step is this far above the median rank's is flagged for it: a
 narrow view keeps that column (a slow input read 53% against 2% and was dropped at 80 columns)."""

@@ -71,6 +71,8 @@ class Supervised:
     """The hang the watch stopped the run for."""
     nonfinite: NonFinite | None = None
     """The non-finite loss the launcher stopped the run for (`--on-nonfinite stop`)."""
+    spares: frozenset[str] = frozenset()
+    """Nodes of a c10d run that stood by, no worker on them (launcher/watch/spares.py): their end is no failure."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class RunEnd:
     """The root cause: the node end that failed the run."""
     went_on_without: tuple[NodeEnd, ...] = ()
     """An elastic group that succeeded: the nodes it went on without."""
+    stood_by: tuple[NodeEnd, ...] = ()
+    """The spares' ends (a c10d run's hosts past its maximum, no worker on them): neither a failure nor a loss."""
 
     @property
     def going_on(self) -> bool:
@@ -114,14 +118,15 @@ def run_end(ends: Sequence[NodeEnd], seen: Supervised) -> RunEnd:
     if seen.nonfinite is not None:
         bad = seen.nonfinite
         return RunEnd(AttemptEnd(How.NONFINITE, bad.line(), bad.node, bad.rank, bad.step), NONFINITE_EXIT)
-    failed = [e for e in ends if e.failed]
+    stood_by = tuple(e for e in ends if e.node in seen.spares)
+    failed = [e for e in ends if e.failed and e.node not in seen.spares]
     if not failed and any(e.stop_reason == STOPPED_ELSEWHERE for e in ends):
         return RunEnd(AttemptEnd(How.STOPPED, "stopped from elsewhere"), STOPPED_EXIT)
     if not failed:
-        return RunEnd(AttemptEnd(How.OK, "exit 0"), 0)
-    if len(ends) - len(failed) >= seen.needs:  # an elastic run that went on without the nodes it lost
-        return RunEnd(AttemptEnd(How.OK, "exit 0"), 0, went_on_without=tuple(failed))
-    return _failed(ends)
+        return RunEnd(AttemptEnd(How.OK, "exit 0"), 0, stood_by=stood_by)
+    if len(ends) - len(failed) - len(stood_by) >= seen.needs:  # an elastic run that went on without the nodes it lost
+        return RunEnd(AttemptEnd(How.OK, "exit 0"), 0, went_on_without=tuple(failed), stood_by=stood_by)
+    return _failed([e for e in ends if e.node not in seen.spares])
 
 
 def start_failed(interrupted: bool) -> RunEnd:
@@ -211,6 +216,16 @@ def raised_by(end: NodeEnd, local: int | None) -> str | None:
     if local is None:
         return end.raised[0][2] if len(end.raised) == 1 else None
     return next((line for at, _, line in end.raised if at == local), None)
+
+
+def went_on_without(ends: Sequence[NodeEnd], ended: RunEnd) -> str:
+    """A c10d run that succeeded without some of its nodes: `2 node(s) exited 0 (node-0, node-2); node-1 left (exit
+    code 137)`, or `...; node-1 stood by as a spare (no worker ran there)`."""
+    spares = {e.node for e in ended.stood_by}
+    finished = [e.node for e in ends if not e.failed and e.node not in spares]
+    gone = [f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without]
+    gone += [f"{e.node} stood by as a spare (no worker ran there)" for e in ended.stood_by]
+    return f"{len(finished)} node(s) exited 0 ({', '.join(finished)}); {'; '.join(gone)}"
 
 
 def ended_how(end: NodeEnd) -> str:

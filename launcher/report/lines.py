@@ -78,6 +78,10 @@ class LineSplitter:
         return [rest] if rest else []
 
 
+SPARE = "stood by as a spare"
+"""A spare's folded lines' words (`NodeLog.spare`)."""
+
+
 class NodeLog:
     """One node's output: split into lines, printed with a prefix, mirrored raw to a local file, tail kept."""
 
@@ -99,7 +103,7 @@ class NodeLog:
         self._warned: set[int] = set()
         """Local ranks whose last line was a Python warning (its next line, the warning's source line, is noise)."""
         self._hold: str | None = None
-        self._hold_by = "as asked"
+        self._hold_by = "stopped as asked"
         """Once the user asked the run to stop: where torchrun's own lines are, which the console no longer shows."""
         self._held = 0
         label = name.ljust(width)
@@ -255,10 +259,8 @@ class NodeLog:
         one line that says how many of torchrun's own lines it brought and where they are."""
         text, count = self._text(self.splitter.flush())
         if self._held:
-            text += (
-                f"{self.prefix(None)}stopped {self._hold_by}; torchrun's {self._held} line(s) on it (its signal, "
-                f"its traceback) are in {self._hold}\n"
-            )
+            what = "on it (its signal, its traceback)" if self._hold_by != SPARE else "(its wait, its end)"
+            text += f"{self.prefix(None)}{self._hold_by}; torchrun's {self._held} line(s) {what} are in {self._hold}\n"
             count, self._held = count + 1, 0
         return text, count
 
@@ -268,7 +270,14 @@ class NodeLog:
         traceback), which `format_rest` counts in one line at the node's end; the tail, this machine's copy of the
         node's output (in `folder`) and the node's log keep every one. The first stop's words stay."""
         if self._hold is None:
-            self._hold, self._hold_by = f"{folder}/{self.name}.log", by
+            self._hold, self._hold_by = f"{folder}/{self.name}.log", f"stopped {by}"
+
+    def spare(self, folder: Path | str) -> None:
+        """This node stands by as a spare of a c10d run (launcher/watch/spares.py): torchrun's own lines on it (its
+        wait in the rendezvous, the RendezvousConnectionError traceback it ends with when the group ends) fold into
+        one at its end, as on a stop; its workers' lines, if the group takes it later, are shown."""
+        if self._hold is None:
+            self._hold, self._hold_by = f"{folder}/{self.name}.log", SPARE
 
     def _text(self, lines: list[bytes]) -> tuple[str, int]:
         if not lines:

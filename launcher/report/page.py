@@ -39,6 +39,7 @@ MARK_COLOURS = {
     "loss": "#e377c2",
     "straggler": "#ff7f0e",
     "left": "#9467bd",
+    "spare": "#bcbd22",
     "stop": "#7f7f7f",
     "restart": "#17becf",
     "end": "#000000",

@@ -194,7 +194,8 @@ def build_page(
     marks += _journal_marks(journal, began)
     exits = tuple(node_exit(node, answer, offset[node], began) for node, answer in answers.items())
     started = _started(journal, known, answers)
-    end = run_end(journal.get("end") or {}, exits, started, retried)
+    spares = {m.get("node") for m in journal.get("marks") or () if m.get("kind") == "spare"}
+    end = run_end(journal.get("end") or {}, exits, started, retried, spares)
     if end.never:
         exits = tuple(replace(e, detail=e.detail or "nothing was started here") for e in exits)
     shown, hidden = _rows(bars, spread)

@@ -6,7 +6,7 @@ started again (`--retries`: the words its console said); and the end table's row
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,13 +106,24 @@ def stop_sentence(stop: Mapping[str, Any], exit_code: int | None) -> str:
     return f"ended on TERM{within}{code}"
 
 
-def run_end(end: Mapping[str, Any], exits: Sequence[NodeExit], started: bool, retried: Retried | None = None) -> RunEnd:
-    """The run's end: `end` the launch's own (its journal's: code, text), `started` whether anything started."""
+def run_end(
+    end: Mapping[str, Any],
+    exits: Sequence[NodeExit],
+    started: bool,
+    retried: Retried | None = None,
+    spares: Collection[str | None] = (),
+) -> RunEnd:
+    """The run's end: `end` the launch's own (its journal's: code, text), `started` whether anything started;
+    `spares`: nodes that stood by in a c10d run (their end is no failure)."""
     text = str(end.get("text") or "")
     if not started:
         never = text or "no node has this run: it never started there (or its folders were removed)"
         return RunEnd(text, "", never.splitlines()[0], ())
-    failed = [e for e in exits if e.state == "lost" or (e.exit_code not in (0, None) and e.state != "stopped")]
+    failed = [
+        e
+        for e in exits
+        if e.node not in spares and (e.state == "lost" or (e.exit_code not in (0, None) and e.state != "stopped"))
+    ]
     stopped = [e for e in exits if e.state == "stopped"]
     if end.get("code") == AWAY_EXIT and text:  # no launcher was heard from for the bound: its nodes stopped it
         times = [e.stop_at for e in stopped if e.stop_at is not None] or [e.ended for e in stopped if e.ended]

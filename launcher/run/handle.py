@@ -1,6 +1,5 @@
 """One attached run across nodes, as torch elastic's agent runs its worker group: its state (`launcher.run.state`:
-STARTING, RUNNING, STOPPING, ENDED, and each node's) moved by one loop (`step`), `start`, `wait`, `stop(grace)`,
-`close`.
+STARTING, RUNNING, STOPPING, ENDED, and each node's) moved by one loop (`step`), `start`, `wait`, `stop`, `close`.
 
 Each node's agent (`launcher/node/agent/agent.py`) runs in a session (`launcher.run.sessions`): a reader thread per node
 turns its channel into typed events, a heartbeat thread keeps every agent sure the launcher is alive, and this
@@ -52,6 +51,7 @@ from launcher.run.starting import start
 from launcher.run.state import GroupState, RunState
 from launcher.run.sweep import SWEPT, Sweeps
 from launcher.transport.connections import Node
+from launcher.watch.spares import SpareWatch
 
 log = logging.getLogger(__name__)
 TALLY_S = 60.0
@@ -108,6 +108,7 @@ class RunHandle:
         """This handle takes over a run that lives on (`attach`) rather than starting one."""
         self.on_stopping: Callable[[list[str], str], None] = lambda names, why: None
         """Told the nodes a stop goes to, and why, before it goes (the console folds torchrun's lines on it)."""
+        self.spares = SpareWatch.of(plan.cluster.rendezvous.elastic, len(plan.nodes))  # a c10d run's idle hosts
         self._tallied = time.monotonic()
         self.cut_off: float | None = None
         """Since when (monotonic) no node of the run can be reached at all, while that lasts."""
@@ -116,8 +117,7 @@ class RunHandle:
         self.hangs = (
             None if hang_timeout == 0 else HangCheck(hang_timeout, on_hang == "keep", restart=on_hang == "restart")
         )
-        """The whole run's progress and the looks at its stacks (launcher.run.hangcheck); None: hangs are not
-        watched for (--hang-timeout 0)."""
+        """The run's progress and the looks at its stacks (launcher.run.hangcheck); None: --hang-timeout 0."""
         self.losses = LossCheck(settings.run.on_nonfinite, (c.host.name for c in plan.nodes))
 
     @property
@@ -132,9 +132,8 @@ class RunHandle:
 
     def supervised(self) -> Supervised:
         """What the supervision saw, for the run's end (`launcher.plan.ends.run_end`)."""
-        return Supervised(
-            self.needs, self.interrupted, self.left, self.cut_off is not None, self.hang, self.losses.nonfinite
-        )
+        seen = self.needs, self.interrupted, self.left, self.cut_off is not None, self.hang, self.losses.nonfinite
+        return Supervised(*seen, frozenset(self.spares.spares))
 
     @property
     def unswept(self) -> dict[str, str]:
@@ -298,6 +297,7 @@ class RunHandle:
         elif isinstance(event, Message):
             session.messages.append(event.text)
         elif isinstance(event, Beat):
+            self.spares.observe(time.monotonic(), event.node, event.progress)
             if self.hangs is not None:
                 self.hangs.observe(time.monotonic(), time.time(), event.node, event.progress)
             self.losses.observe(event.node, event.progress, self.on_event, self.stop)

@@ -32,7 +32,7 @@ from launcher.events import (
 )
 from launcher.node.wire import HEARTBEAT_TIMEOUT, STOPPED_ELSEWHERE
 from launcher.paths import detached_hint, hint
-from launcher.plan.ends import RunEnd, ended_how, run_end, start_failed
+from launcher.plan.ends import RunEnd, ended_how, run_end, start_failed, went_on_without
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.recovery import How
 from launcher.plan.request import start_request
@@ -96,6 +96,7 @@ class RunConsole:
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
         self.handle = self._handle(envs, opener)
         self.handle.on_stopping = stop_folding(self.logs, self.settings.output.log_dir / plan.run_id)
+        self.handle.spares.on_found = self._spare
         self.interrupts = 0
         """Ctrl-C's so far: the first stops the run (TERM, grace, KILL), the next kills it now."""
         self.end_text = ""
@@ -136,6 +137,12 @@ class RunConsole:
     def _straggler(self, line: str) -> None:
         self.console.message(line)
         self.journal.mark("straggler", line)
+
+    def _spare(self, node: str) -> None:
+        """A node stands by as a spare (launcher/watch/spares.py): said, marked, torchrun's lines on its end folded."""
+        self.logs[node].spare(self.settings.output.log_dir / self.plan.run_id)
+        self.console.message(line := self.handle.spares.line(node))
+        self.journal.mark("spare", line, node)
 
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
@@ -382,12 +389,8 @@ class RunConsole:
                 f"run {run_id} was stopped from elsewhere (`{hint('stop')}`) on "
                 f"{len(elsewhere)} node(s) ({', '.join(elsewhere)}). {self.log_hint}"
             )
-        elif how == How.OK and ended.went_on_without:  # an elastic run that went on without the nodes it lost
-            finished = [e.node for e in ends if not e.failed]
-            gone = "; ".join(f"{e.node} left ({ended_how(e)})" for e in ended.went_on_without)
-            self.console.message(
-                f"run {run_id}: {len(finished)} node(s) exited 0 ({', '.join(finished)}); {gone}. {self.log_hint}"
-            )
+        elif how == How.OK and (ended.went_on_without or ended.stood_by):  # an elastic run without some nodes
+            self.console.message(f"run {run_id}: {went_on_without(ends, ended)}. {self.log_hint}")
         elif how == How.OK:
             self.console.message(f"run {run_id}: all {len(ends)} node(s) exited 0. {self.log_hint}")
         else:

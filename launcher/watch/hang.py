@@ -43,6 +43,8 @@ class HangWatch:
     idle_since: float | None = None
     """Since when every look at the stacks has found every rank idle, with no progress since (None: the last did
     not)."""
+    _seen: set[str] = field(default_factory=set)
+    """The nodes that have had workers."""
     _lines: dict[tuple[str, int], float] = field(default_factory=dict)
     _counts: dict[tuple[str, int, str], int] = field(default_factory=dict)
     _steps: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -58,8 +60,13 @@ class HangWatch:
         if self.started is None:
             self.start(now)
         ranks = list(ranks)
-        if not ranks:  # no worker yet on that node (torchrun is still starting them): starting is not hanging
+        # No worker on that node: torchrun is still starting them (the run's first, or that node's again), and
+        # starting is not hanging. A node that never had one while others train is a spare (a c10d run's host past
+        # its maximum): its beats are no progress, or its run's hang would never be found.
+        if not ranks and (not self._seen or node in self._seen):
             self.last_progress = max(self.last_progress or now, now)
+        if ranks:
+            self._seen.add(node)
         for rank in ranks:
             key = (node, int(rank["rank"]))
             quiet = rank.get("quiet_s")

@@ -169,3 +169,55 @@ def test_a_script_error_on_every_rank_is_not_retried(make_sandbox, tmp_path: Pat
     assert "not retried: the script itself failed" in err
     assert "attempt 1 (run " in err and "attempt 2" not in err
     assert run_processes(run_id_of(err)) == []
+
+
+def test_a_c10d_run_with_a_spare_host_finds_its_hang_and_the_spare_ends_quietly(make_sandbox, tmp_path: Path) -> None:
+    # issue 69 (11a): 3 hosts, `nodes: 2`: torchrun keeps the third as a spare, with no worker. Its beats held the
+    # hang watch's clock (a rank asleep 147 s at --hang-timeout 15 was never found); at the end it printed torch's
+    # RendezvousConnectionError traceback, and the page named it the root cause of a run that ended as its job did.
+    box = make_sandbox(3, master_port=free_port(), script="tests/scripts/hang_rank.py", script_args=["1", "600"])
+    edit_inventory(box.inventory, rendezvous={
+        "master_addr": "node-0", "master_port": box_port(box), "backend": "c10d", "nodes": 2,
+        "conf": {"last_call_timeout": 1}})
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs)}
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(box.inventory),
+                                 "--hang-timeout", "10", "--skip-doctor"], cwd=REPO, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: out.read_text(errors="replace").count("step 1") == 2, 120, "both ranks' second step")
+        hang_began = time.monotonic()
+        code = proc.wait(timeout=120)
+        took = time.monotonic() - hang_began
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text(errors="replace")
+    assert code == 124, text
+    assert took < 2 * 10 + 10, f"{took:.1f} s from the hang to the end\n{text}"
+    assert re.search(r"hang suspected \(no progress for \d+ s\): .*rank 1 \(node-\d, pid \d+\) is in time\.sleep",
+                     text), text
+    run_id = run_id_of(text)
+    assert run_processes(run_id) == []
+    spare = re.search(r"(node-\d) stands by as a spare: the c10d group takes 2 of the 3 hosts", text)
+    assert spare, text
+    # A run that ends as its job did: the spare's end is one line, and no failure.
+    done = inv("launch", "--hosts", str(box.inventory), "--skip-doctor", "--silence-timeout", "6", "--args", "1 10 3",
+               log_dir=logs)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    spare = re.search(r"(node-\d) stands by as a spare", said)
+    assert spare, said
+    node = spare.group(1)
+    assert "RendezvousConnectionError" not in said and "Traceback" not in said, said  # 98 lines before
+    assert re.search(rf"{node} +\| stood by as a spare; torchrun's \d+ line\(s\) \(its wait, its end\) are in ",
+                     said), said
+    assert re.search(rf"run \S+: 2 node\(s\) exited 0 \(node-\d, node-\d\); {node} stood by as a spare "
+                     r"\(no worker ran there\)\.", said), said
+    second = run_id_of(said)
+    report = inv("report", "--hosts", str(box.inventory), "--run", second, "--json", log_dir=logs)
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)
+    assert summary["root_cause"] is None, summary  # it said `root cause: node-1 exited (exit code 1)`
+    assert any(m["kind"] == "spare" and m["node"] == node for m in summary["marks"]), summary["marks"]

@@ -191,3 +191,22 @@ def test_the_inventorys_job_may_set_the_hang_timeout() -> None:
                                              r"86400, got 'soon' \(str\)$"):
         parse_inventory("hosts: [a]\njob: {script: train.py, hang_timeout: soon}\n", "inv.yaml")
 
+
+
+def test_a_spare_node_without_workers_does_not_hold_off_a_hang_of_the_nodes_that_train() -> None:
+    # issue 69 (11a): a c10d run on 3 hosts with `rendezvous.nodes: 2` keeps the third as a spare, no workers on it;
+    # its beats came every second and the hang watch never fired.
+    watch = HangWatch(15.0)
+    watch.start(0.0)
+    watch.observe(0.0, "node-2", [])  # the first beats: nothing started anywhere yet, starting is no hang
+    assert watch.suspected(10.0) is None
+    for t in range(1, 40):
+        training = [{"rank": 0, "quiet_s": max(0.0, t - 5.0), "steps": min(t, 5)}]
+        watch.observe(float(t), "node-0", training)
+        watch.observe(float(t), "node-2", [])
+    assert watch.suspected(19.0) is None and watch.suspected(20.5) is not None  # the last step at 5 s
+    restarting = HangWatch(15.0)  # a node whose workers torchrun starts again: starting, not a hang
+    restarting.start(0.0)
+    restarting.observe(0.0, "node-0", [{"rank": 0, "quiet_s": 0.0, "steps": 1}])
+    restarting.observe(30.0, "node-0", [])
+    assert restarting.suspected(31.0) is None
