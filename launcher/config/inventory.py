@@ -96,11 +96,18 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
     if not raw_hosts:
         raise r.fail("hosts", "is empty: list at least one host")
     hosts = tuple(parse_host(r, raw, f"hosts[{i}]", defaults) for i, raw in enumerate(raw_hosts))
-    seen: dict[str, int] = {}
-    for i, host in enumerate(hosts):
+    raw_spares = top.get("spares") or []
+    if not isinstance(raw_spares, list):
+        raise r.fail("spares", f"must be a list of host names or mappings, as `hosts:` is, got {typed(raw_spares)}")
+    spares = tuple(parse_host(r, raw, f"spares[{i}]", defaults) for i, raw in enumerate(raw_spares))
+    seen: dict[str, str] = {}
+    for entry, host in [
+        *((f"hosts[{i}]", h) for i, h in enumerate(hosts)),
+        *((f"spares[{i}]", h) for i, h in enumerate(spares)),
+    ]:
         if host.name in seen:
-            raise r.fail(f"hosts[{i}]", f"host {render(host.name)} is listed twice (also hosts[{seen[host.name]}])")
-        seen[host.name] = i
+            raise r.fail(entry, f"host {render(host.name)} is listed twice (also {seen[host.name]})")
+        seen[host.name] = entry
     policy = top.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
         choices = ", ".join(HOST_KEY_POLICIES)
@@ -118,6 +125,7 @@ def parse_cluster(r: Reader, data: Any) -> Cluster:
         host_key_policy=policy,
         sync=parse_sync(r, top.get("sync")),
         retries=r.count(top.get("retries", 0), "retries"),
+        spares=spares,
         lines=r.lines,
     )
 

@@ -43,7 +43,7 @@ ENV_FILE_KEYS = ("path", "secret")
 
 SYNC_KEYS = ("src", "dest", "exclude", "relay")
 
-TOP_KEYS = ("defaults", "hosts", "rendezvous", "job", "ssh_config", "host_key_policy", "sync", "retries")
+TOP_KEYS = ("defaults", "hosts", "spares", "rendezvous", "job", "ssh_config", "host_key_policy", "sync", "retries")
 
 
 HOST_KEYS = (
@@ -323,6 +323,9 @@ class Cluster:
     """What to copy from the controller to every node (`sync:`); None: nothing."""
     retries: int = 0
     """How often the launcher relaunches a run that lost a node (`retries:`; `inv launch --retries` wins)."""
+    spares: tuple[Host, ...] = ()
+    """Hosts that start no run (`spares:`, hot spares): a retry takes one that passes the checks in place of a node
+    that sits out, and the run keeps its size."""
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
     """Line numbers of entries in the source ("hosts[1]" -> 7), for messages of later checks."""
 

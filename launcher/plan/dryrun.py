@@ -33,6 +33,13 @@ def dry_run_text(plan: LaunchPlan) -> str:
         lines += [f"  {line}" for line in _feature_lines(node, rdzv.master_addr)]
         lines += [f"  {line}" for line in container_lines(host)]
         lines.append(f"  run dir {node.run_dir}: torchrun runs under setsid, its output in {node.run_dir}/log")
+    if plan.cluster.spares:
+        names = ", ".join(h.name for h in plan.cluster.spares)
+        lines += [
+            "",
+            f"spares: {names} (no run starts there; a retry takes one that passes the checks in place of a "
+            "node that sits out, and the run keeps its size)",
+        ]
     unset = plan.nodes[0].unset_env if plan.nodes else RESERVED_ENV
     lines += ["", f"unset from the node's login environment: {', '.join(unset)} (torchrun sets them)"]
     if plan.cluster.sync is not None:

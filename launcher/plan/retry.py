@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.config.model import Cluster, Job
+from launcher.config.model import Cluster, Host, Job
 from launcher.limits import FAILURES_TO_BLACKLIST
 
 
@@ -102,6 +102,18 @@ def next_nodes(cluster: Cluster, unavailable: Mapping[str, str]) -> NextNodes:
             new_master = kept[0].name
         rdzv = dataclasses.replace(rdzv, master_addr=kept[0].addr)
     return NextNodes(dataclasses.replace(cluster, hosts=kept, rendezvous=rdzv), dropped, new_master)
+
+
+def with_spares(
+    inventory: Cluster, unavailable: Mapping[str, str], spares: Sequence[Host], size: int
+) -> tuple[NextNodes, tuple[Host, ...]]:
+    """`next_nodes`, with as many of `spares` (the inventory's, in its order, each passed its checks) after the nodes
+    it keeps as it takes to run on `size` nodes again; and the spares taken."""
+    chosen = next_nodes(inventory, unavailable)
+    taken = tuple(spares[: max(0, size - len(chosen.cluster.hosts))])
+    if not taken:
+        return chosen, ()
+    return next_nodes(dataclasses.replace(inventory, hosts=(*inventory.hosts, *taken)), unavailable), taken
 
 
 def resumed(job: Job) -> Job:

@@ -30,7 +30,7 @@ from launcher.node.wire import ATTEMPT_ENV
 from launcher.plan.ends import RunEnd
 from launcher.plan.launchplan import LaunchPlan, plan_launch
 from launcher.plan.recovery import AttemptEnd, Final, How, Retry, after_attempt, outcome, restart_needs, too_few
-from launcher.plan.retry import Attempt, NextNodes, next_nodes, resumed, summary
+from launcher.plan.retry import Attempt, NextNodes, next_nodes, resumed, summary, with_spares
 from launcher.run import control as run_control
 from launcher.run.run_io import RunIO
 from launcher.settings import Settings
@@ -208,6 +208,24 @@ def _next_nodes(
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
         run_io.err.write(f"  {name} sits out: {why}\n")
+    return _take_spares(inventory, out, len(first.nodes), health, run_io) if inventory.spares else chosen
+
+
+def _take_spares(inventory: Cluster, out: dict[str, str], size: int, health: AttemptCheck, run_io: RunIO) -> NextNodes:
+    """The next attempt's nodes with the inventory's spares that pass the checks in place of those that sit out, so
+    that the run keeps its size (the spares checked only when one is needed)."""
+    short = size - len(next_nodes(inventory, out).cluster.hosts)
+    if short <= 0:
+        return next_nodes(inventory, out)
+    pool = replace(inventory, hosts=(*inventory.hosts, *inventory.spares))
+    failed = dict(health(next_nodes(pool, out).cluster))  # the nodes kept again too: the rendezvous is checked whole
+    passed = [h for h in inventory.spares if h.name not in failed and h.name not in out]
+    for host in inventory.spares:
+        if host.name in failed:
+            run_io.err.write(f"  {host.name} (a spare) is not taken: {failed[host.name]}\n")
+    chosen, taken = with_spares(inventory, out, passed, size)
+    for host in taken:
+        run_io.err.write(f"  {host.name} (a spare) takes a place: the run keeps its {size} node(s)\n")
     return chosen
 
 

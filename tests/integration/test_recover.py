@@ -84,3 +84,27 @@ def test_the_same_hang_on_another_node_is_the_programs_and_no_attempt_follows(ma
     assert ("the run hung at the same step twice, on node-1 then node-2: the program, not a node (no retry: it "
             "would hang there again)") in said, said
     assert all(run_processes(run_id) == [] for run_id in run_ids(said))
+
+
+def test_a_static_restart_takes_a_named_spare_and_keeps_its_world_size(make_sandbox, tmp_path: Path) -> None:
+    """issue 69 (11b): node-2 is the inventory's spare. node-1's rank hangs; on the restart node-1 sits out and
+    node-2 takes its place: 2 nodes, world size 2, as the run began (it shrank to 1 node before)."""
+    import yaml
+
+    from tests.helpers import edit_inventory
+
+    box = box_of(make_sandbox, tmp_path, "node-1")
+    hosts = yaml.safe_load(box.inventory.read_text())["hosts"]
+    edit_inventory(box.inventory, hosts=hosts[:2], spares=hosts[2:])
+    dry = inv("launch", "--hosts", str(box.inventory), "--dry-run")
+    assert dry.returncode == 0 and "node 2:" not in dry.stdout, dry.stdout
+    assert "spares: node-2 (no run starts there; a retry takes one that passes the checks" in dry.stdout, dry.stdout
+    result = restart(box, tmp_path, retries=1)
+    said = result.stderr
+    assert result.returncode == 0, said
+    assert "node-1 sits out: its rank 1 held the run up" in said, said
+    assert "  node-2 (a spare) takes a place: the run keeps its 2 node(s)" in said, said
+    assert "attempt 2: 2 node(s) (node-0, node-2)" in said, said
+    # world size 2 again: rank 1 lives on node-2 now, and finishes the run
+    assert re.search(r"node-2 r1 +\| done rank 1 at step 48", result.stdout), result.stdout
+    assert all(run_processes(run_id) == [] for run_id in run_ids(said))

@@ -184,3 +184,31 @@ def test_the_report_says_why_there_was_no_retry() -> None:
     spent = said(RunFailed("run FAILED", 1, ends=(end("n1", "lost"),)), 0)
     assert "attempt 1 (run 20261122-101010-abcdef) on n0, n1; master n0: root cause: n1 after 5 s" in spent
     assert spent.endswith("n1 was lost: the connection to it was lost; no retry left (0 allowed)")
+
+
+SPARED = """\
+hosts: [node-0, node-1]
+spares: [node-2, {name: node-3, addr: 10.0.0.4}]
+rendezvous: {master_addr: node-0, master_port: 29611}
+job: {script: train/ddp.py}
+"""
+
+
+def test_spares_start_no_run_and_a_retry_takes_them_in_order_to_keep_the_runs_size() -> None:
+    # issue 69 (11b): a static run whose node sits out shrank while a host stood idle.
+    from launcher.plan.retry import with_spares
+
+    cluster = parse_inventory(SPARED, "c.yaml")
+    assert [h.name for h in cluster.hosts] == ["node-0", "node-1"] and cluster.spares[1].addr == "10.0.0.4"
+    assert [n.host.name for n in plan_launch(cluster, run_id="r").nodes] == ["node-0", "node-1"]
+    assert "spares: node-2, node-3 (no run starts there" in dry_run_text(plan_launch(cluster, run_id="r"))
+    chosen, taken = with_spares(cluster, {"node-1": "held a hang"}, cluster.spares, 2)
+    assert [h.name for h in taken] == ["node-2"] and [h.name for h in chosen.cluster.hosts] == ["node-0", "node-2"]
+    assert plan_launch(chosen.cluster, run_id="r").cluster.world_size == 2
+    lost_master, taken = with_spares(cluster, {"node-0": "unreachable"}, cluster.spares[1:], 2)
+    assert [h.name for h in lost_master.cluster.hosts] == ["node-1", "node-3"]
+    assert lost_master.cluster.rendezvous.master_addr == "node-1"
+    whole, taken = with_spares(cluster, {}, cluster.spares, 2)
+    assert taken == () and [h.name for h in whole.cluster.hosts] == ["node-0", "node-1"]
+    with pytest.raises(InventoryError, match=r"spares\[0\]: host 'node-1' is listed twice \(also hosts\[1\]\)"):
+        parse_inventory(SPARED.replace("spares: [node-2,", "spares: [node-1,"), "c.yaml")
