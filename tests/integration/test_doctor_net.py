@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 from devtools.observe import free_port
@@ -57,9 +58,15 @@ def _slow_link(folder: Path) -> str:
 
 def test_doctor_net_measures_every_node_and_flags_the_slow_one(make_sandbox, tmp_path: Path) -> None:
     box = make_sandbox(3, torchrun="stand-in", master_port=free_port(), python_override={2: _slow_link(tmp_path)})
+    began = time.monotonic()
     result = inv("doctor", "--hosts", str(box.inventory), "--net", "--json", log_dir=tmp_path / "logs")
+    took = time.monotonic() - began
     assert result.returncode == 0, result.stdout + result.stderr  # slow is a warning: the run would work, slowly
     report = json.loads(result.stdout)
+    # the time said is the doctor's whole, the measurement too (it said `in 0.9 s` after 11.8 s): all but inv's start
+    timings = report["timings"]
+    assert timings["net_s"] > 1 and timings["total_s"] >= timings["net_s"] + timings["probe_s"], timings
+    assert timings["total_s"] > took - 5, (timings, took)
     assert "net" in report["checks"] and report["net"]["backend"] == "gloo" and report["net"]["world"] == 3
     assert report["net"]["busbw_gbps"] > 0 and report["net"]["latency_ms"] > 0
     nets = {node: values["net"] for node, values in report["nodes"].items()}
