@@ -301,7 +301,8 @@ def view(
     said = behind_lines(behind, TOP_BEHIND_LINES)
     late = behind_ranks(behind)
     panel = 5 if follow is not None else 0  # at least 3 lines and the panel's borders
-    room = height - 2 - len(footer) - 1 - panel - len(said)  # the title, the blank line; a key's answer; the keys
+    legend = [""] if any(r.get("record") for r in rows) else []  # a line for what the hook's columns mean
+    room = height - 2 - len(footer) - 1 - panel - len(said) - len(legend)  # title, blank; a key's answer; the keys
     problems = [v for v in views if v.snapshot is None]
     shown_nodes = (problems + [v for v in views if v.snapshot is not None])[: max(1, min(len(views), room // 4))]
     shown_nodes = [v for v in views if v in shown_nodes]
@@ -314,7 +315,12 @@ def view(
     parts: list[RenderableType] = [Text(f"run {run_id}", style="bold"), node_table(shown_nodes)]
     if len(shown_nodes) < len(views):
         parts.append(Text(f"+{len(views) - len(shown_nodes)} nodes not shown", style="yellow"))
-    parts += [Text(""), rank_table(views, stragglers, shown, width, behind)]
+    table = rank_table(views, stragglers, shown, width, behind)
+    parts += [Text(""), table]
+    shown_columns = {str(c.header) for c in table.columns}
+    legend = ["   ".join(f"{name}: {said}" for name, said in COLUMNS_SAID.items() if name in shown_columns)][
+        : len(legend)
+    ]
     if len(shown) < len(rows):
         parts.append(_hidden_line([r for r in rows if r not in shown], stragglers, list(late)))
     parts += said
@@ -331,5 +337,10 @@ def view(
             )
         )
     parts += [Text(line) for line in footer]
+    parts += [Text(line, style="dim") for line in legend if line]
     parts.append(keys)
     return Group(*parts)
+
+
+COLUMNS_SAID = {"fwd": "share of a step in its forward", "data": "share waiting for batches"}
+"""What the live view's columns from the workers' hook mean, on one line under the table (under 80 columns)."""

@@ -124,6 +124,7 @@ def test_32_ranks_in_80x24_keep_a_rank_behind_and_a_straggler_on_screen_and_say_
     lines = _screen(view("run-x", views, look.stragglers, height=24, width=80, behind=look.behind))
     text = "\n".join(lines)
     assert len(lines) <= 24 and lines[-1].startswith("q quit"), text
+    assert lines[-2] == "fwd: share of a step in its forward", text  # the columns it shows, said (data is left out)
     assert any(re.match(r"node-7\s+r29\s.*BEHIND", line) for line in lines), text
     assert any(re.match(r"node-5\s+r22\s.*SLOW 0.26x", line) for line in lines), text
     hidden = next(line for line in lines if "ranks not shown" in line)
