@@ -52,6 +52,20 @@ through torch's debug-info pipes (the `nccl` event)."""
 POSITION = "position"
 """Asks an attached run's supervisor how long its log is now (the `position` event): a launcher that was away (frozen,
 asleep) knows from it when it has caught up with what its nodes printed meanwhile."""
+STOPPED_BY = "stopped-by"
+"""`stopped-by WORDS`, before a stop: who stopped the run (`the user (Ctrl-C in its launcher)`, `its launcher (a
+hang)`), which the node keeps for `status`."""
+
+
+def stopped_by(why):
+    """Who a launcher's stop is, from its why (`interrupted (Ctrl-C)`, `a hang: ...`), as `stopped-by` says it."""
+    return (
+        "the user (Ctrl-C in its launcher)"
+        if why.startswith("interrupted")
+        else "its launcher (%s)" % why.split(":")[0]
+    )
+
+
 ENDING_MESSAGES = (STOP, KILL, ABORT)
 """Messages after which no run starts or goes on."""
 STOPPED_ELSEWHERE = "stopped-elsewhere"

@@ -135,3 +135,19 @@ def launcher_lines(states: Sequence[NodeStateRow], attach: str, now: float) -> l
     else:
         line += ": its nodes keep the run going without it (no --heartbeat-timeout)"
     return [f"{line}; `{attach}` takes it over now"]
+
+
+def ended_line(run_id: str, states: Sequence[NodeStateRow]) -> str:
+    """How a run ended, in one line (`inv logs --follow`'s last): `run R ended: 2 node(s) exited 0`, or each way its
+    nodes ended (`node-1 stopped (exit code 143): stopped by the user (...); node-0 exited 0`)."""
+    if states and all(s.state == "exited" and s.exit_code == 0 for s in states):
+        return f"run {run_id} ended: {len(states)} node(s) exited 0"
+    ways: dict[tuple[str, int | None, str], list[str]] = {}
+    for s in states:
+        ways.setdefault((str(s.state), s.exit_code, s.detail), []).append(s.host)
+    said = []
+    for (state, code, detail), hosts in ways.items():
+        head = detail if detail and detail.startswith(state + " ") else state  # `stopped by the user (...)`
+        text = f"{names_text(hosts)} {head}" + ("" if code in (None, 0) else f" (exit code {code})")
+        said.append(text + (f": {detail}" if detail and head == state else ""))
+    return f"run {run_id} ended: {'; '.join(said)}"

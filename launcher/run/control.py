@@ -152,9 +152,20 @@ def _listed_state(
 
 
 def _stopped_why(answer: dict[str, Any]) -> str:
-    """Why a node stopped its part itself (a detached run's non-finite loss, `--on-nonfinite stop`); "" otherwise."""
-    why = answer.get("stopped_why")
-    return f"stopped its part itself (--on-nonfinite stop): {why}" if isinstance(why, str) and why else ""
+    """Why a node stopped its part itself (a detached run's non-finite loss, `--on-nonfinite stop`), or who stopped
+    it (`stopped by the user (inv stop from ana@laptop)`); "" otherwise."""
+    why, by = answer.get("stopped_why"), answer.get("stopped_by")
+    if isinstance(why, str) and why:
+        return f"stopped its part itself (--on-nonfinite stop): {why}"
+    return f"stopped by {by}" if isinstance(by, str) and by else ""
+
+
+def _by(sweep: bool) -> str:
+    """Who a stop from here is, as the nodes keep it for `status`: `the user (ana@laptop (pid 812), from another
+    terminal)`."""
+    from launcher.run.reattach import new_owner
+
+    return "its launcher (between attempts)" if sweep else f"the user ({new_owner().who}, from another terminal)"
 
 
 def _launcher(answer: dict[str, Any]) -> dict[str, Any] | None:
@@ -347,7 +358,7 @@ def stop(
     settings = settings or Settings()
     return _states(
         cluster,
-        {"action": "stop", "run_id": run_id, "grace": settings.run.grace, "kill_supervisor": sweep},
+        {"action": "stop", "run_id": run_id, "grace": settings.run.grace, "kill_supervisor": sweep, "by": _by(sweep)},
         settings,
         (run_io or RunIO()).err,
     )

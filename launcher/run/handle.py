@@ -36,7 +36,7 @@ from launcher.events import (
     Stopping,
 )
 from launcher.limits import STALL, STOP_MARGIN
-from launcher.node.wire import KILL, POSITION, STOP, message_line
+from launcher.node.wire import KILL, POSITION, STOP, STOPPED_BY, message_line, stopped_by
 from launcher.plan.ends import Supervised
 from launcher.plan.launchplan import LaunchPlan
 from launcher.plan.recovery import FailStart, GoOnWithout, StopRun, after_node_end, group_needs
@@ -353,7 +353,7 @@ class RunHandle:
 
     def stop(self, kill: bool = False, why: str = "asked") -> None:
         """Ask every node still running to stop (TERM, grace, KILL; `kill` skips the grace); `why`, for the trace."""
-        message = message_line(KILL if kill else STOP)
+        message = message_line(f"{STOPPED_BY} {stopped_by(why)}") + message_line(KILL if kill else STOP)  # one send
         going = [s.name for s in list(self.sessions.values()) if s.end is None]
         self.on_stopping(going, why)
         for session in list(self.sessions.values()):

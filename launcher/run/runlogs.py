@@ -4,6 +4,7 @@ with `--follow`, followed until the run ends."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import IO
 
 from launcher.config.model import Cluster, Host
@@ -71,6 +72,13 @@ def logs(
         close_all(nodes.values())
     for line in failures:
         run_io.err.write(line + "\n")
+    if follow and not failures and run_id is not None:  # the end followed to: how the run ended, in one line
+        from launcher.report.states import ended_line
+        from launcher.run.control import status
+
+        states = status(replace(cluster, hosts=tuple(hosts)), run_id, settings, run_io)
+        if not any(s.state == "running" for s in states):
+            run_io.err.write(ended_line(run_id, states) + "\n")
     return 1 if failures else 0
 
 

@@ -58,6 +58,8 @@ def test_ctrl_c_stops_the_run_on_every_node(sleeper_box, tmp_path: Path) -> None
         assert len(own) == 1 and re.fullmatch(rf"{node}     \| stopped as asked; torchrun's \d+ line\(s\) on it "
                                               rf"\(its signal, its traceback\) are in {where}", own[0]), said
     assert "death signal" not in said and "SignalException" not in said
+    status = inv("status", "--hosts", str(sleeper_box.inventory), "--run", run_id)  # who stopped it (issue 69, 13)
+    assert "stopped by the user (Ctrl-C in its launcher)" in status.stdout, status.stdout
 
 
 def test_an_attached_run_stopped_from_another_terminal_ends_as_stopped(sleeper_box, tmp_path: Path) -> None:
@@ -100,8 +102,10 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
         stopped = inv("stop", "--hosts", hosts, timeout=60)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert run_processes(run_id) == []
-        rest, errors = follow.communicate(timeout=30)  # --follow ends when the run does
+        rest, errors = follow.communicate(timeout=30)  # --follow ends when the run does, and says how
         assert "tick" in rest and "node-0" not in rest, rest + errors
+        assert re.search(rf"run {run_id} ended: node-1 stopped by the user \(\S+@\S+ \(pid \d+\), from another "
+                         r"terminal\) \(exit code \d+\)", errors), errors
         assert decoy.poll() is None, "inv stop killed a process that only looked like a torchrun"
 
         again = inv("stop", "--hosts", hosts, timeout=60)
@@ -109,7 +113,9 @@ def test_detached_run_survives_the_launcher_and_is_stopped_by_inv_stop(sleeper_b
         assert "nothing was running" in again.stdout
 
         after = inv("status", "--hosts", hosts, "--run", run_id)
-        assert after.stdout.count("stopped") == 2, after.stdout
+        assert after.stdout.count("stopped") == 3, after.stdout  # each node's, and who: the user, from here
+        assert re.search(r"stopped by the user \(\S+@\S+ \(pid \d+\), from another terminal\)",
+                         after.stdout), after.stdout
     finally:
         decoy.kill()
         decoy.wait()

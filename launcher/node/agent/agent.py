@@ -49,13 +49,20 @@ from launcher.node.agent.readonly import (
     listed_runs,
     refuse,
 )
-from launcher.node.agent.rundir import find_run_dir, leader_of, names_problem, run_dir_of, run_state
+from launcher.node.agent.rundir import (
+    find_run_dir,
+    leader_of,
+    names_problem,
+    record_stopped_by,
+    run_dir_of,
+    run_state,
+)
 from launcher.node.agent.runner import choose_gpus, socket_ifname, stop_run
 
 # Each action imports what it alone needs (a start: attached, netif, runner's spawn; stacks: stacks): a node's `stop`
 # or `status` session then compiles and imports a third of the node package and half the stdlib it would.
 from launcher.node.common import bounds
-from launcher.node.common.proc import alive, same_process, signal_process
+from launcher.node.common.proc import alive, marked_pids, same_process, signal_process
 from launcher.node.wire import AGENT_TIMING, RUNS_ROOT, Event, emit, reply, timing, use_timing
 
 
@@ -186,6 +193,8 @@ def action_stop(request):
         deadline = time.time() + timing("supervisor_wait_s")
         while alive(supervisor[0]) and same_process(*supervisor) and time.time() < deadline:
             time.sleep(timing("supervisor_poll_s"))  # dead, its orphans below whoever reaps them: found by a /proc pass
+    if marked_pids(mark):
+        record_stopped_by(run_dir, request.get("by"))  # `inv stop`'s, the API's: whose
     found, left = stop_run(run_dir, mark, grace)
     # The run's supervisor records the exit code a moment after torchrun is gone; a dead supervisor never will.
     deadline = time.time() + timing("supervisor_wait_s")

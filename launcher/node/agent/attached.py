@@ -14,7 +14,7 @@ from launcher.node.agent.consoles import Consoles
 from launcher.node.agent.launcherconsole import Console
 from launcher.node.agent.recorder import ask_dumps, nccl_dumps
 from launcher.node.agent.records import went_nonfinite
-from launcher.node.agent.rundir import END_RECORD, record, stop_recorded
+from launcher.node.agent.rundir import END_RECORD, record, record_stopped_by, stop_recorded
 from launcher.node.agent.runner import finish, signal_run, stop_run
 from launcher.node.agent.stackdump import collect, proc_state
 from launcher.node.common import bounds
@@ -242,6 +242,7 @@ class Attended:
                 messages.stop_message = HEARTBEAT_TIMEOUT
             if messages.stop_message is not None and stopping is None:
                 stopping, stop_at = messages.stop_message, time.monotonic()
+                record_stopped_by(self.run_dir, messages.stopped_by)
                 trace.note(
                     "stopping (%s): TERM to the run's processes, KILL after %g s",
                     stopping,

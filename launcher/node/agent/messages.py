@@ -15,6 +15,7 @@ from launcher.node.wire import (
     LAUNCHER_GONE,
     POSITION,
     STACKS,
+    STOPPED_BY,
     TCP,
     Event,
     emit,
@@ -37,6 +38,8 @@ class LauncherMessages:
         self.last_message = time.monotonic()
         self.last_message_wall = time.time()
         self.stop_message = None
+        self.stopped_by = None
+        """Who asked for the stop, as the launcher said it (`stopped-by WORDS`)."""
         self.go = False
         self.input_ended = False
         """The start session's stdin ended after `go` (before the run's consoles were made)."""
@@ -69,7 +72,9 @@ class LauncherMessages:
         self.heard()
         if message != HEARTBEAT:
             trace.note("message: %s", message)
-        if message in ENDING_MESSAGES:  # abort: the launcher's checks failed somewhere
+        if message.startswith(STOPPED_BY + " "):
+            self.stopped_by = message[len(STOPPED_BY) + 1 :][:200]
+        elif message in ENDING_MESSAGES:  # abort: the launcher's checks failed somewhere
             self.stop(message)
         elif message == GO:
             self.go = self.stop_message is None

@@ -90,6 +90,7 @@ END_RECORD = "end.json"
 """An attached run's end as its supervisor reported it (code, left, reason, workers): a launcher that was away when the
 run ended is told it from here (the `attach` action's replay)."""
 STOP_RECORD = "stop_requested"
+STOPPED_BY_RECORD = "stopped_by"
 """The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
 
 
@@ -98,6 +99,13 @@ def record_stop(run_dir, why=None):
     (the node's own stop for a non-finite loss); best effort."""
     if not stop_recorded(run_dir):
         record(os.path.join(run_dir, STOP_RECORD), "%r%s" % (time.time(), " " + why if why else ""))
+
+
+def record_stopped_by(run_dir, by):
+    """Who asked the run to stop (`the user (inv stop from ana@laptop)`, `its launcher (a hang)`), for `status`; the
+    first stop's words stay; best effort."""
+    if by and not os.path.exists(os.path.join(run_dir, STOPPED_BY_RECORD)):
+        record(os.path.join(run_dir, STOPPED_BY_RECORD), str(by)[:200])
 
 
 def stopped_why(run_dir):
@@ -171,6 +179,9 @@ def run_state(run_id, run_dir, node, left=None):
     why = stopped_why(run_dir) if state in ("stopped", "running") else None
     if why:
         found["stopped_why"] = why
+    by = read_text(os.path.join(run_dir, STOPPED_BY_RECORD)) if state == "stopped" else None
+    if by:
+        found["stopped_by"] = by
     if state == "running":
         # an attached run's record: who owns it, and whether it is there
         from launcher.node.agent.launcherconsole import read_record
