@@ -46,6 +46,8 @@ MARK_COLOURS = {
 }
 """A colour a kind of mark; any other kind (one a newer launcher's journal holds) is drawn in OTHER_MARK."""
 OTHER_MARK = "#333333"
+TIMELINE_FROM_ZERO = 0.3
+"""The timeline's axis starts at 0 unless its first sample comes later than this share of it."""
 LABEL_WIDTH = 0.012
 """The share of the time axis one character of a mark's number takes (7 pt on an 11 in figure), and the gap between
 two labels: marks closer than their labels' width share one label (`1, 2`), never printed over each other."""
@@ -120,7 +122,10 @@ def _facts(page: Page) -> str:
             whole = "" if page.launch_s is None else f", the launch {page.launch_s:.1f} s"
             ended = f"this attempt {ended}{whole} over {len(page.attempts)} attempts"
     stopped = re.match(r"stopped by [^,:]*?(?= at |,|:|$)", page.stopped) if page.stopped else None
-    lines = [f"started {when}", ended, *([stopped.group()] if stopped else []), f"logs: {page.logs}"]
+    said = [stopped.group()] if stopped else []
+    if page.headline.startswith("stopped on a "):  # the launcher stopped it for a hang or a stall (pagedata.hang_said)
+        said = [page.headline.split(":", 1)[0]]
+    lines = [f"started {when}", ended, *said, f"logs: {page.logs}"]
     return "<p>" + " &middot; ".join(_e(line) for line in lines) + "</p>"
 
 
@@ -226,9 +231,18 @@ def _timeline(plt: Any, page: Page) -> Any:
             ha="center",
             va="bottom",
         )
-    axes[-1].set_xlabel("seconds from the command's start (dashed: the marks below, by number)")
-    axes[-1].set_xlim(0, span)
+    said = " (dashed: the marks below, by number)" if page.marks else ""
+    axes[-1].set_xlabel(f"seconds from the command's start{said}")
+    axes[-1].set_xlim(timeline_left(line, page.marks, span), span)
     return fig
+
+
+def timeline_left(line: Any, marks: Sequence[Mark], span: float) -> float:
+    """Where the timeline's axis begins: 0, or a little before its first sample and mark where those come late
+    (the start took most of a short run: a 0.6 s run was a sliver of a 0-12 s axis; its start has its own chart)."""
+    times = [ts[0] for ts in (*(r.t for r in line.ranks), *(n.t for n in line.nodes)) if len(ts)]
+    first = min([*times, *(m.t for m in marks)], default=0.0)
+    return 0.0 if first < TIMELINE_FROM_ZERO * span else max(0.0, first - 0.05 * (span - first))
 
 
 def _loss(ax: Any, ranks: Sequence[Any], end: float) -> None:
@@ -352,19 +366,24 @@ def _ranks_table(page: Page) -> str:
     def figure(value: float | None) -> str:
         return "" if value is None else f"{value:.3g}"
 
+    columns = (  # (header, the cell, text-aligned); a column no shown rank has a value in is left out
+        ("rank", lambda r: f"r{r.rank}", False),
+        ("node", lambda r: r.node, True),
+        ("optimizer steps", lambda r: str(r.steps or ""), False),
+        ("steps/s (first step to last)", lambda r: figure(r.mean_rate()), False),
+        ("waiting for data (share, while drawing batches)", lambda r: figure(r.data_mean), False),
+        ("loss (last)", lambda r: "" if r.loss is None else loss_text(r.loss.last), False),
+        ("loss (lowest mean)", lambda r: "" if r.loss is None else loss_text(r.loss.low), False),
+        ("slowest", lambda r: "slow" if (r.node, r.rank) in slow else "", True),
+    )
+    cells = [[cell(r) for _, cell, _ in columns] for r in shown]
+    kept = [i for i in range(len(columns)) if i < 2 or any(row[i] for row in cells)]
+    head = "".join(f"<th>{_e(columns[i][0])}</th>" for i in kept)
     rows = "".join(
-        f"<tr><td>r{r.rank}</td><td class=text>{_e(r.node)}</td><td>{_e(r.steps or '')}</td>"
-        f"<td>{figure(r.mean_rate())}</td><td>{figure(r.data_mean)}</td>"
-        f"<td>{'' if r.loss is None else loss_text(r.loss.last)}</td>"
-        f"<td>{'' if r.loss is None else loss_text(r.loss.low)}</td>"
-        f"<td class=text>{'slow' if (r.node, r.rank) in slow else ''}</td></tr>"
-        for r in shown
+        "<tr>" + "".join(f"<td{' class=text' if columns[i][2] else ''}>{_e(row[i])}</td>" for i in kept) + "</tr>"
+        for row in cells
     )
-    return (
-        "<table><tr><th>rank</th><th>node</th><th>steps</th><th>steps/s (first step to last)</th>"
-        f"<th>waiting for data (share, while drawing batches)</th><th>loss (last)</th><th>loss (lowest mean)</th>"
-        f"<th></th></tr>{rows}</table>"
-    )
+    return f"<table><tr>{head}</tr>{rows}</table>"
 
 
 def _end(page: Page) -> str:

@@ -200,6 +200,8 @@ def build_page(
         exits = tuple(replace(e, detail=e.detail or "nothing was started here") for e in exits)
     shown, hidden = _rows(bars, spread)
     first, slowest, headline = _headline(bars, spread)
+    hung = hang_said(end.root_cause)
+    headline = f"{hung}; {headline}" if hung else headline  # what ended it first: the rest is how far it got
     ended = [e.ended for e in exits if e.ended is not None]
     said = journal.get("end") or {}
     duration = max(ended) if ended else (said["t"] - began if said.get("t") and started else None)
@@ -349,6 +351,16 @@ def _differ(ranks: list[Bar]) -> bool:
         if times and max(times) - min(times) > RANK_SPREAD_S:
             return True
     return False
+
+
+def hang_said(root_cause: str) -> str:
+    """`stopped on a hang: rank 1 (node-1, pid 812) is in time.sleep (train.py:80)` from a run's end words where the
+    launcher stopped it for a hang or a stall; "" otherwise."""
+    found = re.search(r"(hang suspected|stalled) \((?:[^()]|\([^()]*\))*\): (.*?)(?:\. logs: |\n|$)", root_cause)
+    if found is None:
+        return ""
+    what = "a hang" if found.group(1) == "hang suspected" else "a stall"
+    return f"stopped on {what}: {found.group(2)}"
 
 
 def _headline(

@@ -255,3 +255,32 @@ def test_two_launchers_of_one_run_keep_each_others_marks_and_the_final_end(tmp_p
     assert [m["text"] for m in kept["marks"]] == ["the launcher was away 61 s", "run taken over by `attach` on node-0",
                                                    "the launcher was away 9 s"]
     assert kept["end"]["code"] == 0 and kept["command_start"] == 100.0
+
+
+def test_a_hung_runs_headline_and_header_say_the_hang_first() -> None:
+    # issue 69 (13): its headline said `not every rank made an optimizer step` and its header nothing of the hang
+    found_journal, found = recorded("h200-lightning-hang")
+    page = build_page(found_journal["run_id"], found_journal, found, "logs/x/")
+    assert page.headline.startswith("stopped on a hang: rank 0 is in trainer.fit (lightning_boring.py:58); rank 1 "
+                                    "(node-1, pid 836) is in time.sleep (lightning_boring.py:41, in training_step); "
+                                    "command -> first optimizer step"), page.headline
+    facts = re.search(r"<p>started .*?</p>", render(page, charts=False))
+    assert facts and " &middot; stopped on a hang &middot; " in facts.group(), facts
+
+
+def test_the_rank_table_has_no_empty_column_the_legend_no_marks_it_lacks_and_a_short_run_its_own_axis() -> None:
+    # issue 69 (13): an empty sixth column, `dashed: the marks below` with no mark, a 0.6 s run on a 0-12 s axis
+    page = build_page(RUN, journal(2), answers(2), "logs/x/")
+    table = render(page, charts=False).split("<th>rank</th>", 1)[1].split("</table>", 1)[0]
+    assert "<th></th>" not in table and "<th>slowest</th>" in table  # node-1 r3 is the slow one here
+    assert "loss (last)" not in table  # no rank's loss was read
+    from dataclasses import replace
+
+    from launcher.report.page import timeline_left
+
+    line = page.timeline  # samples from 40 s to 95 s (the start took 40 s: its own chart says how)
+    assert 35.0 < timeline_left(line, (), line.end) < 40.0
+    early = replace(line, ranks=tuple(replace(r, t=(5.0, *r.t)) for r in line.ranks))
+    assert timeline_left(early, (), line.end) == 0.0  # samples from early on: the axis from the command's start
+    if page_module.pyplot() is not None:
+        assert "dashed: the marks below" not in render(page)
