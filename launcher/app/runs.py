@@ -117,7 +117,7 @@ def status(
         say(con, f"run {shown} is one of {len(tried)} attempts of a launch (--retries):")
         for line in summary(tried):
             say(con, f"  {line}")
-    _page_if_due(hosts, shown, [s.state for s in found], settings)
+    _page_if_due(hosts, shown, [s.state for s in found], settings, con)
     return _code(found)
 
 
@@ -132,12 +132,16 @@ def _detached_notes(hosts: str | Hosts, found: list[NodeState]) -> tuple[str, ..
     return for_run(Settings(), load_inventory(hosts), where="detached").run.notes
 
 
-def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], settings: Settings) -> None:
-    """A run that has ended everywhere and has no page yet (a detached run) gets it now, by a process of its own."""
-    from launcher.app.pages import page_due, page_later
+def _page_if_due(hosts: str | Hosts, run_id: str | None, found: list[str], settings: Settings, con: Any) -> None:
+    """A run that has ended everywhere and has no page yet (a detached run) gets it now, by a process of its own; the
+    line says where and when (it appeared seconds later without a word)."""
+    from launcher.app.pages import page_due, page_later, page_path
+    from launcher.paths import relative
+    from launcher.report.states import say
 
     if run_id is not None and page_due(settings, run_id, found):
         page_later(load_inventory(hosts), [run_id], settings)
+        say(con, f"the run's page: {relative(page_path(settings, run_id))} (written in a few seconds)")
 
 
 def stop(

@@ -144,7 +144,7 @@ def ended_line(run_id: str, states: Sequence[NodeStateRow]) -> str:
         return f"run {run_id} ended: {len(states)} node(s) exited 0"
     ways: dict[tuple[str, int | None, str], list[str]] = {}
     for s in states:
-        ways.setdefault((str(s.state), s.exit_code, s.detail), []).append(s.host)
+        ways.setdefault((str(s.state), s.exit_code, s.detail or ""), []).append(s.host)
     said = []
     for (state, code, detail), hosts in ways.items():
         head = detail if detail and detail.startswith(state + " ") else state  # `stopped by the user (...)`

@@ -249,8 +249,8 @@ def _wait(before: RankStack | None, after: RankStack, apart_s: float) -> Wait | 
     unread = after.extra.get("unread") or {}
     if inner.library or inner.source is not None or inner.file not in unread:
         return None
-    cpu = [s.extra.get("cpu_s") if s is not None else None for s in (before, after)]
-    if after.state != "S" or None in cpu or cpu[1] - cpu[0] > ASLEEP_CPU_SHARE * apart_s:
+    was, now = (before.extra.get("cpu_s") if before is not None else None), after.extra.get("cpu_s")
+    if after.state != "S" or was is None or now is None or now - was > ASLEEP_CPU_SHARE * apart_s:
         return None
     name = inner.file.rsplit("/", 1)[-1]
     return Wait(

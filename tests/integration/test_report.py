@@ -110,11 +110,16 @@ def detached_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         run_id = run_id_of(started.stdout + started.stderr)
         assert (logs / run_id / "journal.json").exists() and not (logs / run_id / "report.html").exists()
 
+        said: list[str] = []
+
         def ended() -> bool:
             status = inv("status", "--hosts", str(box.inventory), "--run", run_id, log_dir=logs, env=PAGE_ON)
+            said.append(status.stdout)
             return status.stdout.count("exited") >= 2
 
         wait_for(ended, 120, "the detached run's end", interval=2)
+        # the status that starts the page says where, and when (issue 69, 13: it appeared without a word)
+        assert f"the run's page: {logs / run_id / 'report.html'} (written in a few seconds)" in said[-1], said[-1]
         yield _page(logs, run_id)
     finally:
         factory.close()
