@@ -80,14 +80,26 @@ class LineSplitter:
 
 SPARE = "stood by as a spare"
 """A spare's folded lines' words (`NodeLog.spare`)."""
+EXIT_BARRIER = b"Error waiting on exit barrier"
+"""torchrun's words when its node's agent lost the store in the exit barrier: its peers' torchrun (the store's host)
+ended as this node reached it, after every worker had ended (the run's end, not a failure: exit code 0 follows)."""
+FOLDED_WHAT = {
+    SPARE: "(its wait, its end)",
+    "the exit barrier": "(its store gone as the run ended: no failure)",
+}
+"""What a fold's lines were, by its words (else a stop's: its signal, its traceback)."""
 
 
 class NodeLog:
     """One node's output: split into lines, printed with a prefix, mirrored raw to a local file, tail kept."""
 
-    def __init__(self, name: str, index: int, width: int, rank_offset: int | None, colour: bool):
+    def __init__(
+        self, name: str, index: int, width: int, rank_offset: int | None, colour: bool, folder: Path | None = None
+    ):
         self.name = name
         self.rank_offset = rank_offset
+        self.folder = folder
+        """Where this machine keeps the node's log (a launch's); None: no fold of its own (`inv logs`)."""
         self.splitter = LineSplitter()
         self._recent: deque[str] = deque(maxlen=TAIL_LINES)
         self.raised: dict[int, tuple[int | None, str]] = {}
@@ -159,6 +171,8 @@ class NodeLog:
             prefix = cache.get(line[: end + 2]) if end > 0 else cache.get(b"")
             if prefix is None:
                 prefix, end = self._new_tag(line, parts)
+            if self._hold is None and prefix == cache[b""] and self.folder is not None and EXIT_BARRIER in line:
+                self._hold, self._hold_by = f"{self.folder}/{self.name}.log", "the exit barrier"
             if self._hold is not None and prefix == cache[b""]:  # torchrun's own, on a stop the user asked for
                 self._held += 1
                 continue
@@ -259,7 +273,7 @@ class NodeLog:
         one line that says how many of torchrun's own lines it brought and where they are."""
         text, count = self._text(self.splitter.flush())
         if self._held:
-            what = "on it (its signal, its traceback)" if self._hold_by != SPARE else "(its wait, its end)"
+            what = FOLDED_WHAT.get(self._hold_by, "on it (its signal, its traceback)")
             text += f"{self.prefix(None)}{self._hold_by}; torchrun's {self._held} line(s) {what} are in {self._hold}\n"
             count, self._held = count + 1, 0
         return text, count

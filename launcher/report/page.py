@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.limits import REPORT_MAX_ROWS
 from launcher.report.pagedata import PHASES, Mark, Page, end_rows
-from launcher.report.pageseries import band
+from launcher.report.pageseries import band, mark_labels, timeline_left
 from launcher.report.pyplot import pyplot, release_fonts
 from launcher.watch.loss import loss_text
 
@@ -46,11 +46,6 @@ MARK_COLOURS = {
 }
 """A colour a kind of mark; any other kind (one a newer launcher's journal holds) is drawn in OTHER_MARK."""
 OTHER_MARK = "#333333"
-TIMELINE_FROM_ZERO = 0.3
-"""The timeline's axis starts at 0 unless its first sample comes later than this share of it."""
-LABEL_WIDTH = 0.012
-"""The share of the time axis one character of a mark's number takes (7 pt on an 11 in figure), and the gap between
-two labels: marks closer than their labels' width share one label (`1, 2`), never printed over each other."""
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
 .headline{font-size:1.15em;font-weight:600;background:#f4f6fb;padding:.6em .8em;border-left:4px solid #8da0cb}
@@ -218,10 +213,17 @@ def _timeline(plt: Any, page: Page) -> Any:
             "GPU memory, GiB",
         )
     span = max(line.end, max((m.t for m in page.marks), default=0.0)) * 1.02 or 1
-    for mark in page.marks:
+    _draw_marks(axes, page.marks, span)
+    axes[-1].set_xlim(timeline_left(line, page.marks, span), span)
+    return fig
+
+
+def _draw_marks(axes: Any, marks: Sequence[Mark], span: float) -> None:
+    """Each mark a dashed line through every chart, its number above the first; the axis's words say so."""
+    for mark in marks:
         for ax in axes:
             ax.axvline(mark.t, color=MARK_COLOURS.get(mark.kind, OTHER_MARK), lw=1, ls="--", zorder=1)
-    for t, text, kind in mark_labels(page.marks, span):
+    for t, text, kind in mark_labels(marks, span):
         axes[0].annotate(
             text,
             (t, 1.0),
@@ -231,18 +233,7 @@ def _timeline(plt: Any, page: Page) -> Any:
             ha="center",
             va="bottom",
         )
-    said = " (dashed: the marks below, by number)" if page.marks else ""
-    axes[-1].set_xlabel(f"seconds from the command's start{said}")
-    axes[-1].set_xlim(timeline_left(line, page.marks, span), span)
-    return fig
-
-
-def timeline_left(line: Any, marks: Sequence[Mark], span: float) -> float:
-    """Where the timeline's axis begins: 0, or a little before its first sample and mark where those come late
-    (the start took most of a short run: a 0.6 s run was a sliver of a 0-12 s axis; its start has its own chart)."""
-    times = [ts[0] for ts in (*(r.t for r in line.ranks), *(n.t for n in line.nodes)) if len(ts)]
-    first = min([*times, *(m.t for m in marks)], default=0.0)
-    return 0.0 if first < TIMELINE_FROM_ZERO * span else max(0.0, first - 0.05 * (span - first))
+    axes[-1].set_xlabel("seconds from the command's start" + (" (dashed: the marks below, by number)" * bool(marks)))
 
 
 def _loss(ax: Any, ranks: Sequence[Any], end: float) -> None:
@@ -255,28 +246,6 @@ def _loss(ax: Any, ranks: Sequence[Any], end: float) -> None:
         ax.set_title("loss per rank (its steps' mean; log scale)", fontsize=9, loc="left")
     elif found and min(found) < 0:  # a log-likelihood: below 0, which `_floor` would cut
         ax.set_ylim(min(found) * 1.15, max(0.0, max(found)) * 1.15 or 1)
-
-
-def mark_labels(marks: Sequence[Mark], span: float) -> list[tuple[float, str, str]]:
-    """Each mark's number above the figure, (time, text, kind of its first mark): marks closer than their labels'
-    width (LABEL_WIDTH of `span` a character, one more between labels) share one label, `1, 2` or `3-6`."""
-    groups: list[list[tuple[int, Mark]]] = []
-    for number, mark in enumerate(marks, start=1):
-        if groups:
-            last = groups[-1]
-            width = (len(_numbers([n for n, _ in last])) + len(str(number)) + 2) * LABEL_WIDTH * span / 2
-            if mark.t - last[0][1].t < width:
-                last.append((number, mark))
-                continue
-        groups.append([(number, mark)])
-    return [(g[0][1].t, _numbers([n for n, _ in g]), g[0][1].kind) for g in groups]
-
-
-def _numbers(numbers: Sequence[int]) -> str:
-    """`1`, `1, 2`, `3-6`: consecutive numbers (every group's are) past two as a range."""
-    if len(numbers) <= 2:
-        return ", ".join(str(n) for n in numbers)
-    return f"{numbers[0]}-{numbers[-1]}"
 
 
 def _lines(

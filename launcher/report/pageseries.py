@@ -356,3 +356,42 @@ def band(
         tuple(quart(c)[1] for _, c in rows),
         tuple(c[-1] for _, c in rows),
     )
+
+
+TIMELINE_FROM_ZERO = 0.3
+"""The timeline's axis starts at 0 unless its first sample comes later than this share of it."""
+
+
+def timeline_left(line: Timeline, marks: Sequence[Any], span: float) -> float:
+    """Where the timeline's axis begins: 0, or a little before its first sample and mark where those come late
+    (the start took most of a short run: a 0.6 s run was a sliver of a 0-12 s axis; its start has its own chart)."""
+    times = [ts[0] for ts in (*(r.t for r in line.ranks), *(n.t for n in line.nodes)) if len(ts)]
+    first = min([*times, *(m.t for m in marks)], default=0.0)
+    return 0.0 if first < TIMELINE_FROM_ZERO * span else max(0.0, first - 0.05 * (span - first))
+
+
+LABEL_WIDTH = 0.012
+"""The share of the time axis one character of a mark's number takes (7 pt on an 11 in figure), and the gap between
+two labels: marks closer than their labels' width share one label (`1, 2`), never printed over each other."""
+
+
+def mark_labels(marks: Sequence[Any], span: float) -> list[tuple[float, str, str]]:
+    """Each mark's number above the figure, (time, text, kind of its first mark): marks closer than their labels'
+    width (LABEL_WIDTH of `span` a character, one more between labels) share one label, `1, 2` or `3-6`."""
+    groups: list[list[tuple[int, Any]]] = []
+    for number, mark in enumerate(marks, start=1):
+        if groups:
+            last = groups[-1]
+            width = (len(_label_numbers([n for n, _ in last])) + len(str(number)) + 2) * LABEL_WIDTH * span / 2
+            if mark.t - last[0][1].t < width:
+                last.append((number, mark))
+                continue
+        groups.append([(number, mark)])
+    return [(g[0][1].t, _label_numbers([n for n, _ in g]), g[0][1].kind) for g in groups]
+
+
+def _label_numbers(numbers: Sequence[int]) -> str:
+    """`1`, `1, 2`, `3-6`: consecutive numbers (every group's are) past two as a range."""
+    if len(numbers) <= 2:
+        return ", ".join(str(n) for n in numbers)
+    return f"{numbers[0]}-{numbers[-1]}"

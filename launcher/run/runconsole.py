@@ -91,7 +91,7 @@ class RunConsole:
         colour = supports_colour(run_io.out)
         width = max(len(c.host.name) for c in plan.nodes)
         self.logs = {
-            c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour) for i, c in enumerate(plan.nodes)
+            c.host.name: NodeLog(c.host.name, i, width, c.rank_offset, colour, folder) for i, c in enumerate(plan.nodes)
         }
         self.nodes = nodes  # the handle's, which a node reconnected to replaces in place
         self.handle = self._handle(envs, opener)

@@ -141,7 +141,8 @@ def test_a_detached_run_in_containers_has_status_logs_stacks_and_stop(sleepers, 
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         nothing_left(sleepers, run_id)
         after = inv("status", "--hosts", hosts, "--run", run_id)
-        assert after.stdout.count("stopped") == 2, after.stdout
+        assert after.stdout.count("│ stopped") == 2, after.stdout  # each node's state
+        assert "stopped by the user (" in after.stdout, after.stdout
     finally:
         if run_processes(run_id):
             inv("stop", "--hosts", hosts, "--run", run_id, timeout=60)

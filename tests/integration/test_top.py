@@ -273,7 +273,7 @@ def test_a_slow_rank_comes_first_at_once_in_a_small_terminal_with_the_column_tha
         slow = next(line for line in lines if re.match(r"node-1\s+r6\s", line))
         assert "SLOW" in slow and "data" in header, taken[0].stdout
         assert int(slow[header.index("data") - 1:header.index("data") + 4].strip().rstrip("%")) >= 35, taken[0].stdout
-        _tmux_top(session, input_box, logs, code, 80, 13)  # room for five ranks of eight
+        _tmux_top(session, input_box, logs, code, 80, 14)  # room for five ranks of eight (and the columns' line)
 
         def first_row() -> str:
             rows = [line for line in _screen(session).splitlines() if re.match(r"node-\d\s+r\d\s", line)]

@@ -201,3 +201,27 @@ def test_after_a_stop_the_user_asked_for_torchruns_lines_are_one_line_a_node() -
                                  "traceback) are in logs/r/node-1.log"] and count == 1
     assert log.tail[-1].endswith("SignalException: Process 5898 got signal: 15")
     assert log.format_rest() == ("", 0)
+
+
+def test_torchruns_exit_barrier_traceback_on_a_run_that_ended_well_is_one_line() -> None:
+    """issue 69 (4): a node that reached torchrun's exit barrier as the store's host ended prints ~30 lines of
+    `Error waiting on exit barrier` and the TCPStore's traceback, then exits 0: one line, the rest in the log."""
+    from pathlib import Path
+
+    from launcher.report.lines import NodeLog
+
+    log = NodeLog("node-1", 1, 6, 2, colour=False, folder=Path("logs/r"))
+    done, _ = log.format(b"[default0@r2]:done 2\nI1208 01:02:03.000000 999 api.py:966] Local worker group finished "
+                         b"(WorkerState.SUCCEEDED). Waiting 300 seconds for other agents to finish\n")
+    assert len(done.splitlines()) == 2
+    barrier = (b"E1208 01:02:03.512000 999 .../torch/distributed/elastic/agent/server/api.py:1008] Error waiting on "
+               b"exit barrier. Elapsed: 0.51 seconds\nTraceback (most recent call last):\n"
+               + b'  File ".../torch/distributed/elastic/agent/server/api.py", line 994, in _exit_barrier\n' * 26
+               + b"torch.distributed.DistNetworkError: failed to recv, got 0 bytes\n")
+    text, count = log.format(barrier)
+    assert text == "" and count == 0
+    rest, count = log.format_rest()
+    assert rest.splitlines() == ["node-1     | the exit barrier; torchrun's 29 line(s) (its store gone as the run "
+                                 "ended: no failure) are in logs/r/node-1.log"] and count == 1
+    plain = NodeLog("node-1", 1, 6, 2, colour=False)  # `inv logs`: no folder of the launch's, every line shown
+    assert "Error waiting on exit barrier" in plain.format(barrier)[0]

@@ -276,7 +276,7 @@ def test_the_rank_table_has_no_empty_column_the_legend_no_marks_it_lacks_and_a_s
     assert "loss (last)" not in table  # no rank's loss was read
     from dataclasses import replace
 
-    from launcher.report.page import timeline_left
+    from launcher.report.pageseries import timeline_left
 
     line = page.timeline  # samples from 40 s to 95 s (the start took 40 s: its own chart says how)
     assert 35.0 < timeline_left(line, (), line.end) < 40.0

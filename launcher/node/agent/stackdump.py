@@ -223,14 +223,16 @@ def kept_sources(run_dir):
 
 
 def started_epoch(pid):
-    """When a process started, in seconds since the epoch (boot time + its start in clock ticks); None if gone."""
+    """When a process started, in seconds since the epoch, to the clock tick: now, less the seconds since boot
+    (/proc/uptime, 10 ms) after its start (/proc/<pid>/stat, in ticks); btime is whole seconds, off by up to one).
+    None if it is gone."""
     ticks = start_time(pid)
     try:
-        with open("/proc/stat") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError, IndexError):
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return None if ticks is None else boot + ticks / float(os.sysconf("SC_CLK_TCK"))
+    return None if ticks is None else time.time() - (uptime - ticks / float(os.sysconf("SC_CLK_TCK")))
 
 
 def source_lines(stack, started=None, kept=None):
