@@ -122,6 +122,10 @@ class Mirror:
         self.folder = folder
         self.warn = warn
         self._files: dict[str, IO[bytes]] = {}
+        self._mine: dict[str, int] = {}
+        """Each node's log as far as this launcher queued it."""
+        self._elsewhere: dict[str, int] = {}
+        """Lines of each node another launcher on this machine wrote (and printed) first (`elsewhere`)."""
         self._items: queue.Queue[tuple[str, bytes, int | None] | None] = queue.Queue(maxsize=capacity)
         self._lock = threading.Lock()
         self._closed = False
@@ -129,8 +133,41 @@ class Mirror:
         self._thread = threading.Thread(target=self._write, daemon=True, name="mirror")
         self._thread.start()
 
+    def elsewhere(self, node: str, data: bytes, at: int | None) -> bool:
+        """Whether another launcher on this machine already wrote this block where it goes (one that took the run over
+        while this one was frozen: its socket still held what the other then printed), by the file's size past all
+        this one queued."""
+        if at is None or not data or at < self._mine.get(node, 0):
+            return False
+        try:
+            there = os.stat(self.folder / f"{node}.log").st_size >= at + len(data)
+        except OSError:
+            return False
+        if there:
+            self._elsewhere[node] = self._elsewhere.get(node, 0) + data.count(b"\n")
+        return there
+
+    def elsewhere_line(self, node: str) -> str | None:
+        """What `elsewhere` left off the console for `node`, in a line (None: nothing)."""
+        count = self._elsewhere.pop(node, 0)
+        if not count:
+            return None
+        return (
+            f"{node}: {count} line(s) another launcher on this machine printed already (it took the run over) are "
+            f"in {self.folder / node}.log"
+        )
+
+    def take(self, node: str, data: bytes, at: int | None) -> bool:
+        """Write a node's block, unless another launcher here wrote it first (`elsewhere`): whether to print it."""
+        if self.elsewhere(node, data, at):
+            return False
+        self.write(node, data, at)
+        return True
+
     def write(self, node: str, data: bytes, at: int | None = None) -> None:
         """Queue a node's output (from byte `at` of its log) for the disk; never waits."""
+        if at is not None:
+            self._mine[node] = max(self._mine.get(node, 0), at + len(data))
         if self.failed is not None or self._closed:
             return
         try:

@@ -1,8 +1,6 @@
-"""An attached run on this machine's console (`RunConsole`): its output, prefixed by node and rank and mirrored into
-logs/<run id>/<node>.log; the page's journal; Ctrl-C (stop, then kill) and a closed terminal (the run goes on); and
-how the run ended (`launcher.plan.ends.run_end`), said: its exit code, or the RunFailed with the root cause.
-`launcher.run.handle.RunHandle` holds the run's state and decides; this module renders and asks.
-"""
+"""An attached run on this machine's console (`RunConsole`): its output, prefixed and mirrored into logs/<run id>/;
+the page's journal; Ctrl-C (stop, then kill) and a closed terminal (the run goes on); how the run ended, said (its
+exit code, or the RunFailed with the root cause). `launcher.run.handle.RunHandle` holds the run's state and decides."""
 
 from __future__ import annotations
 
@@ -116,8 +114,7 @@ class RunConsole:
         )
 
     def _handle(self, envs: dict[str, NodeEnv], opener: SessionOpener | None) -> RunHandle:
-        """The run's handle: over SSH with reconnects (an attached run's nodes take this launcher back as their owner),
-        or through an srun step's sessions (`opener`); each node's start request (none for `attach`)."""
+        """The run's handle: over SSH with reconnects, or an srun step's sessions (`opener`); each node's request."""
         plan, run_io, owner = self.plan, self.run_io, new_owner()
         reconnector = (
             None
@@ -147,8 +144,9 @@ class RunConsole:
     def _on_event(self, event: NodeEvent) -> None:
         # Output comes from each node's reader thread: format and queue it, never wait on the console or disk.
         if isinstance(event, Output):
-            if self.mirror is not None:
-                self.mirror.write(event.node, event.data, event.at)
+            if self.mirror is not None and not self.mirror.take(event.node, event.data, event.at):
+                self.logs[event.node].format(event.data)  # its tail only: another launcher printed it here
+                return
             text, count = self.logs[event.node].format(event.data)
             self.console.lines(event.node, text, count)
         else:
@@ -156,6 +154,8 @@ class RunConsole:
         if isinstance(event, Ended):
             text, count = self.logs[event.node].format_rest()
             self.console.lines(event.node, text, count)
+            if self.mirror is not None and (line := self.mirror.elsewhere_line(event.node)) is not None:
+                self.console.message(line)
         elif isinstance(event, Stopping) and event.reason == HEARTBEAT_TIMEOUT:
             self.console.message(
                 f"{event.node}: no launcher heard from for {self.settings.run.heartbeat_bound or 0:g} s "

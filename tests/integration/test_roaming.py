@@ -206,6 +206,8 @@ except LauncherError as exc:
     print("REFUSED", exc)
 result = api.attach(sys.argv[1], log_dir=sys.argv[2], on_output=lines.append, on_message=print, force=True)
 print("RESULT", result.run_id, result.ok, result.exit_code, len(lines))
+with open(sys.argv[3], "w") as kept:
+    kept.write("\\n".join(lines))
 """
 
 
@@ -223,8 +225,8 @@ def test_a_launcher_that_wakes_after_an_attach_lets_go(chatty_box, tmp_path: Pat
         run_id = run_dir(chatty_box, 0).parent.name
         with open(tmp_path / "api", "wb") as sink:
             follower = subprocess.Popen([sys.executable, "-c", ATTACH_BY_API, str(chatty_box.inventory),
-                                         str(tmp_path / "logs")], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                         str(tmp_path / "logs"), str(tmp_path / "api-lines")], cwd=REPO, stdout=sink,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         with ended(follower):
             wait_for(lambda: "attached to run" in (tmp_path / "api").read_text(), 60, "the attach")
             os.killpg(proc.pid, signal.SIGCONT)
@@ -240,6 +242,11 @@ def test_a_launcher_that_wakes_after_an_attach_lets_go(chatty_box, tmp_path: Pat
     assert re.search(rf"RESULT {run_id} True 0 \d+", said), said
     for node in range(2):
         every_line_once((tmp_path / "logs" / run_id / f"node-{node}.log").read_text(), ranks=1, lines=LINES, node=node)
+    # issue 69 (6): what the first launcher had not read when it froze, the attach printed; woken, the first one
+    # prints none of it again (it printed 14 lines twice), and says so
+    shown_twice = set(lines_of(out.read_text())) & set(lines_of((tmp_path / "api-lines").read_text()))
+    assert not shown_twice, sorted(shown_twice)[:10]
+    assert re.search(r"node-\d: \d+ line\(s\) another launcher on this machine printed already", left), left
 
 
 def test_a_node_whose_sshd_is_gone_fails_the_run_within_the_silence_timeout(chatty_box, tmp_path: Path) -> None:

@@ -154,3 +154,21 @@ def test_a_stalled_disk_never_holds_the_reader_nor_the_end(tmp_path: Path) -> No
     assert out.getvalue().count("warning: cannot write the log copy") == 1
     assert "too slow to keep up" in out.getvalue()
     os.close(os.open(folder / "node-0.log", os.O_RDONLY | os.O_NONBLOCK))  # let the stuck writer thread go
+
+
+def test_a_block_another_launcher_here_wrote_first_is_not_printed_again(tmp_path: Path) -> None:
+    # issue 69 (6): a launcher frozen across another's take-over still had in its socket what the other then printed
+    first, second = Mirror(tmp_path, None), Mirror(tmp_path, None)
+    log = b"".join(b"line %d\n" % i for i in range(6))
+    assert first.take("node-0", log[:14], 0)  # lines 0-1, before it froze
+    first.close()
+    assert second.take("node-0", log[14:], 14)  # the take-over's: from where this machine's copy stopped
+    second.close()
+    again = Mirror(tmp_path, None)
+    again.write("node-0", log[:14], 0)  # the frozen one, awake: what it had written before
+    assert not again.take("node-0", log[14:28], 14)  # its socket's backlog: printed by the other already
+    assert again.take("node-0", b"line 6\n", len(log))  # new: its own
+    assert again.elsewhere_line("node-0") == (f"node-0: 2 line(s) another launcher on this machine printed already "
+                                              f"(it took the run over) are in {tmp_path / 'node-0'}.log")
+    again.close()
+    assert (tmp_path / "node-0.log").read_bytes() == log + b"line 6\n"
