@@ -116,12 +116,12 @@ class Prestarted:
         """Kill it (its session: it started nothing yet) and wait for it; nothing once it was let go."""
         if self.go_fd is None:
             return
-        os.close(self.go_fd)
-        self.go_fd = None
-        try:
+        try:  # before the pipe closes: its end of file would let it exit by itself first (0, not killed)
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
             pass
+        os.close(self.go_fd)
+        self.go_fd = None
         self.proc.wait()
 
 
