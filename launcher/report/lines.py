@@ -83,10 +83,9 @@ SPARE = "stood by as a spare"
 EXIT_BARRIER = b"Error waiting on exit barrier"
 """torchrun's words when its node's agent lost the store in the exit barrier: its peers' torchrun (the store's host)
 ended as this node reached it, after every worker had ended (the run's end, not a failure: exit code 0 follows)."""
-FOLDED_WHAT = {
-    SPARE: "(its wait, its end)",
-    "the exit barrier": "(its store gone as the run ended: no failure)",
-}
+BARRIER = "the exit barrier"
+"""Its folded lines' words (`NodeLog._format_lines`, on EXIT_BARRIER)."""
+FOLDED_WHAT = {SPARE: "(its wait, its end)", BARRIER: "(its store gone as the run ended: no failure)"}
 """What a fold's lines were, by its words (else a stop's: its signal, its traceback)."""
 
 
@@ -171,8 +170,8 @@ class NodeLog:
             prefix = cache.get(line[: end + 2]) if end > 0 else cache.get(b"")
             if prefix is None:
                 prefix, end = self._new_tag(line, parts)
-            if self._hold is None and prefix == cache[b""] and self.folder is not None and EXIT_BARRIER in line:
-                self._hold, self._hold_by = f"{self.folder}/{self.name}.log", "the exit barrier"
+            if prefix == cache[b""] and self.folder is not None and EXIT_BARRIER in line:
+                self._fold(self.folder, BARRIER)
             if self._hold is not None and prefix == cache[b""]:  # torchrun's own, on a stop the user asked for
                 self._held += 1
                 continue
@@ -283,15 +282,18 @@ class NodeLog:
         here the console leaves out torchrun's own lines (`Received 15 death signal`, its 30-line SignalException
         traceback), which `format_rest` counts in one line at the node's end; the tail, this machine's copy of the
         node's output (in `folder`) and the node's log keep every one. The first stop's words stay."""
-        if self._hold is None:
-            self._hold, self._hold_by = f"{folder}/{self.name}.log", f"stopped {by}"
+        self._fold(folder, f"stopped {by}")
 
     def spare(self, folder: Path | str) -> None:
         """This node stands by as a spare of a c10d run (launcher/watch/spares.py): torchrun's own lines on it (its
         wait in the rendezvous, the RendezvousConnectionError traceback it ends with when the group ends) fold into
         one at its end, as on a stop; its workers' lines, if the group takes it later, are shown."""
+        self._fold(folder, SPARE)
+
+    def _fold(self, folder: Path | str, words: str) -> None:
+        """From here torchrun's own lines on this node fold into one at its end, said in `words` (the first fold's)."""
         if self._hold is None:
-            self._hold, self._hold_by = f"{folder}/{self.name}.log", SPARE
+            self._hold, self._hold_by = f"{folder}/{self.name}.log", words
 
     def _text(self, lines: list[bytes]) -> tuple[str, int]:
         if not lines:

@@ -301,8 +301,8 @@ def view(
     said = behind_lines(behind, TOP_BEHIND_LINES)
     late = behind_ranks(behind)
     panel = 5 if follow is not None else 0  # at least 3 lines and the panel's borders
-    legend = [""] if any(r.get("record") for r in rows) else []  # a line for what the hook's columns mean
-    room = height - 2 - len(footer) - 1 - panel - len(said) - len(legend)  # title, blank; a key's answer; the keys
+    legend = any(r.get("record") for r in rows)  # a line for what the hook's columns mean
+    room = height - 2 - len(footer) - 1 - panel - len(said) - legend  # title, blank; a key's answer; the keys
     problems = [v for v in views if v.snapshot is None]
     shown_nodes = (problems + [v for v in views if v.snapshot is not None])[: max(1, min(len(views), room // 4))]
     shown_nodes = [v for v in views if v in shown_nodes]
@@ -318,9 +318,7 @@ def view(
     table = rank_table(views, stragglers, shown, width, behind)
     parts += [Text(""), table]
     shown_columns = {str(c.header) for c in table.columns}
-    legend = ["   ".join(f"{name}: {said}" for name, said in COLUMNS_SAID.items() if name in shown_columns)][
-        : len(legend)
-    ]
+    meant = "   ".join(f"{name}: {words}" for name, words in COLUMNS_SAID.items() if name in shown_columns)
     if len(shown) < len(rows):
         parts.append(_hidden_line([r for r in rows if r not in shown], stragglers, list(late)))
     parts += said
@@ -337,7 +335,8 @@ def view(
             )
         )
     parts += [Text(line) for line in footer]
-    parts += [Text(line, style="dim") for line in legend if line]
+    if legend and meant:
+        parts.append(Text(meant, style="dim"))
     parts.append(keys)
     return Group(*parts)
 

@@ -208,15 +208,14 @@ def _next_nodes(
     chosen = next_nodes(inventory, out)
     for name, why in chosen.dropped.items():
         run_io.err.write(f"  {name} sits out: {why}\n")
-    return _take_spares(inventory, out, len(first.nodes), health, run_io) if inventory.spares else chosen
+    if not inventory.spares or len(chosen.cluster.hosts) >= len(first.nodes):
+        return chosen
+    return _take_spares(inventory, out, len(first.nodes), health, run_io)
 
 
 def _take_spares(inventory: Cluster, out: dict[str, str], size: int, health: AttemptCheck, run_io: RunIO) -> NextNodes:
     """The next attempt's nodes with the inventory's spares that pass the checks in place of those that sit out, so
-    that the run keeps its size (the spares checked only when one is needed)."""
-    short = size - len(next_nodes(inventory, out).cluster.hosts)
-    if short <= 0:
-        return next_nodes(inventory, out)
+    that the run keeps its `size` (called only when one is needed: the spares are checked then)."""
     pool = replace(inventory, hosts=(*inventory.hosts, *inventory.spares))
     failed = dict(health(next_nodes(pool, out).cluster))  # the nodes kept again too: the rendezvous is checked whole
     passed = [h for h in inventory.spares if h.name not in failed and h.name not in out]

@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 from devtools import sandbox
 from devtools.observe import children, free_port, pids_with_env, process_name, sshd_family
 from tests._train_helpers import assert_replicas_in_sync
-from tests.helpers import REPO, edit_inventory, inv, run_id_of, run_ids, run_processes, wait_for
+from tests.helpers import edit_inventory, inv, inv_background, run_id_of, run_ids, run_processes, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +34,8 @@ SAVED = re.compile(r"checkpoint saved \S+ step (\d+)")
 
 
 def launch_background(inventory: Path, args: str, logs: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs), "INVOKE_LAUNCHER_RETRY_WAIT": "0.5"}
-    with open(out, "wb") as sink:
-        return subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(inventory), "--script",
-                                 "train/ddp.py", "--args", args, *extra], cwd=REPO, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    return inv_background("launch", "--hosts", str(inventory), "--script", "train/ddp.py", "--args", args, *extra,
+                          log_dir=logs, out=out, env={"INVOKE_LAUNCHER_RETRY_WAIT": "0.5"})
 
 
 def kill_node(box, index: int, run_id: str) -> None:
@@ -180,11 +176,8 @@ def test_a_c10d_run_with_a_spare_host_finds_its_hang_and_the_spare_ends_quietly(
         "master_addr": "node-0", "master_port": box_port(box), "backend": "c10d", "nodes": 2,
         "conf": {"last_call_timeout": 1}})
     out, logs = tmp_path / "out", tmp_path / "logs"
-    env = {**os.environ, "INVOKE_LAUNCHER_LOG_DIR": str(logs)}
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "invoke", "launch", "--hosts", str(box.inventory),
-                                 "--hang-timeout", "10", "--skip-doctor"], cwd=REPO, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    proc = inv_background("launch", "--hosts", str(box.inventory), "--hang-timeout", "10", "--skip-doctor",
+                          log_dir=logs, out=out)
     try:
         wait_for(lambda: out.read_text(errors="replace").count("step 1") == 2, 120, "both ranks' second step")
         hang_began = time.monotonic()

@@ -90,8 +90,9 @@ END_RECORD = "end.json"
 """An attached run's end as its supervisor reported it (code, left, reason, workers): a launcher that was away when the
 run ended is told it from here (the `attach` action's replay)."""
 STOP_RECORD = "stop_requested"
-STOPPED_BY_RECORD = "stopped_by"
 """The run directory's note that a stop asked for the run's end (`record_stop`, read by `stop_recorded`)."""
+STOPPED_BY_RECORD = "stopped_by"
+"""Who asked for that stop, as the launcher or `inv stop` said it (`record_stopped_by`, read by `run_state`)."""
 
 
 def record_stop(run_dir, why=None):

@@ -197,14 +197,14 @@ def keep_script(run_dir, workdir, script):
 
     path = os.path.realpath(os.path.join(workdir, os.path.expanduser(script)))
     try:
-        if os.path.getsize(path) > bounds.SOURCE_MAX_BYTES:
+        found = os.stat(path)
+        if found.st_size > bounds.SOURCE_MAX_BYTES:
             return
         folder = os.path.join(run_dir, SOURCES_DIR)
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        mtime = os.stat(path).st_mtime
         shutil.copyfile(path, os.path.join(folder, "script.py"))
         with open(os.path.join(folder, "index.json"), "w") as handle:
-            json.dump({path: {"copy": "script.py", "mtime": mtime}}, handle)
+            json.dump({path: {"copy": "script.py", "mtime": found.st_mtime}}, handle)
     except (OSError, ValueError):
         return
 
@@ -243,7 +243,7 @@ def source_lines(stack, started=None, kept=None):
     come from the run's copy of it where one was kept before then (`kept`: `kept_sources`), else none are read."""
     import linecache
 
-    lines, unread = {}, {}
+    lines, unread, chosen = {}, {}, {}  # chosen: each file's source, looked at once a dump (dozens of its frames)
     for line in (stack or "").splitlines():
         frame = line.strip()
         if not frame.startswith('File "'):
@@ -252,11 +252,14 @@ def source_lines(stack, started=None, kept=None):
         number = rest.split(" ", 1)[0]
         if not number.isdigit() or path in unread:
             continue
-        read = _source_of(path, started, kept or {})
+        if path not in chosen:
+            chosen[path] = _source_of(path, started, kept or {})
+            if chosen[path] is not None:
+                linecache.checkcache(chosen[path])  # a long-lived agent: the file may have changed since it read it
+        read = chosen[path]
         if read is None:
             unread[path] = "changed since the rank started"
             continue
-        linecache.checkcache(read)  # a long-lived agent: the file may have changed since it last read it
         text = linecache.getline(read, int(number)).strip()
         if text:
             lines["%s:%s" % (path, number)] = text
